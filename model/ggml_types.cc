@@ -1,0 +1,271 @@
+// Scalar reference conversions for ggml tensor types.
+#include "model/ggml_types.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "base/check.h"
+
+namespace troupe::model {
+
+std::optional<TypeTraits> type_traits(uint32_t id) {
+  switch (id) {
+    case 0: return TypeTraits{"f32", 1, 4, true};
+    case 1: return TypeTraits{"f16", 1, 2, true};
+    case 2: return TypeTraits{"q4_0", 32, 18, true};
+    case 3: return TypeTraits{"q4_1", 32, 20, false};
+    case 6: return TypeTraits{"q5_0", 32, 22, false};
+    case 7: return TypeTraits{"q5_1", 32, 24, false};
+    case 8: return TypeTraits{"q8_0", 32, 34, true};
+    case 9: return TypeTraits{"q8_1", 32, 36, false};
+    case 10: return TypeTraits{"q2_K", 256, 84, false};
+    case 11: return TypeTraits{"q3_K", 256, 110, false};
+    case 12: return TypeTraits{"q4_K", 256, 144, true};
+    case 13: return TypeTraits{"q5_K", 256, 176, false};
+    case 14: return TypeTraits{"q6_K", 256, 210, true};
+    case 15: return TypeTraits{"q8_K", 256, 292, false};
+    case 24: return TypeTraits{"i8", 1, 1, false};
+    case 25: return TypeTraits{"i16", 1, 2, false};
+    case 26: return TypeTraits{"i32", 1, 4, false};
+    case 27: return TypeTraits{"i64", 1, 8, false};
+    case 28: return TypeTraits{"f64", 1, 8, false};
+    case 30: return TypeTraits{"bf16", 1, 2, true};
+    default: return std::nullopt;
+  }
+}
+
+std::string type_name(uint32_t id) {
+  auto t = type_traits(id);
+  return t ? std::string(t->name) : "type#" + std::to_string(id);
+}
+
+int64_t row_bytes(GgmlType t, int64_t n) {
+  auto tr = type_traits(static_cast<uint32_t>(t));
+  TROUPE_CHECK(tr.has_value(), "unknown type %u", static_cast<unsigned>(t));
+  TROUPE_CHECK(n % tr->block_elems == 0, "row of %lld not a multiple of %lld",
+               static_cast<long long>(n), static_cast<long long>(tr->block_elems));
+  return n / tr->block_elems * tr->block_bytes;
+}
+
+float fp16_to_fp32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      u = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t fp32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (absx < 0x38800000u) {  // result is subnormal or zero
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);  // < half of smallest subnormal
+    uint32_t e = absx >> 23;
+    uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 113 - e + 13
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = absx + 0xc8000000u;  // rebias exponent: (e - 112) << 23
+  uint32_t lsb = (r >> 13) & 1u;
+  r += 0xfffu + lsb;
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+uint16_t fp32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);  // quiet NaN
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+namespace {
+
+void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void dequant_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>((x[i].qs[j] & 0x0F) - 8) * d;
+      y[j + kQK4_0 / 2] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
+    }
+    y += kQK4_0;
+  }
+}
+
+void dequant_q8_0(const BlockQ8_0* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < kQK8_0; ++j) y[j] = static_cast<float>(x[i].qs[j]) * d;
+    y += kQK8_0;
+  }
+}
+
+void dequant_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* q = x[i].qs;
+    const float d = fp16_to_fp32(x[i].d);
+    const float mn = fp16_to_fp32(x[i].dmin);
+    int is = 0;
+    uint8_t sc, m;
+    for (int j = 0; j < kQK_K; j += 64) {
+      get_scale_min_k4(is + 0, x[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = mn * m;
+      get_scale_min_k4(is + 1, x[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = mn * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      q += 32;
+      is += 2;
+    }
+  }
+}
+
+void dequant_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const uint8_t* ql = x[i].ql;
+    const uint8_t* qh = x[i].qh;
+    const int8_t* sc = x[i].scales;
+    for (int n = 0; n < kQK_K; n += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
+  switch (t) {
+    case GgmlType::kF32:
+      std::memcpy(out, src, static_cast<size_t>(n) * 4);
+      return;
+    case GgmlType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(s[i]);
+      return;
+    }
+    case GgmlType::kBF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(s[i]);
+      return;
+    }
+    case GgmlType::kQ4_0:
+      return dequant_q4_0(static_cast<const BlockQ4_0*>(src), out, n / kQK4_0);
+    case GgmlType::kQ8_0:
+      return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
+    case GgmlType::kQ4_K:
+      return dequant_q4_k(static_cast<const BlockQ4_K*>(src), out, n / kQK_K);
+    case GgmlType::kQ6_K:
+      return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
+    default:
+      TROUPE_INPUT_ERROR("tensor type %s is not supported yet", type_name(t).c_str());
+  }
+}
+
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
+  switch (t) {
+    case GgmlType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case GgmlType::kF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+      return;
+    }
+    case GgmlType::kBF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+      return;
+    }
+    case GgmlType::kQ8_0: {
+      auto* y = static_cast<BlockQ8_0*>(dst);
+      for (int64_t b = 0; b < n / kQK8_0; ++b) {
+        const float* x = src + b * kQK8_0;
+        float amax = 0.f;
+        for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+        const float d = amax / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[b].d = fp32_to_fp16(d);
+        for (int j = 0; j < kQK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::lround(x[j] * id));
+      }
+      return;
+    }
+    case GgmlType::kQ4_0: {
+      auto* y = static_cast<BlockQ4_0*>(dst);
+      for (int64_t b = 0; b < n / kQK4_0; ++b) {
+        const float* x = src + b * kQK4_0;
+        float amax = 0.f, max = 0.f;  // signed value of largest magnitude, as ggml does
+        for (int j = 0; j < kQK4_0; ++j) {
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
+        }
+        const float d = max / -8.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        y[b].d = fp32_to_fp16(d);
+        for (int j = 0; j < kQK4_0 / 2; ++j) {
+          const int x0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+          const int x1 = std::min(15, static_cast<int>(x[j + kQK4_0 / 2] * id + 8.5f));
+          y[b].qs[j] = static_cast<uint8_t>(x0 | (x1 << 4));
+        }
+      }
+      return;
+    }
+    default:
+      TROUPE_INPUT_ERROR("cannot write tensor type %s", type_name(t).c_str());
+  }
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,141 @@
+// Tensor element types in ggml/GGUF numbering, their block layouts, and scalar conversions.
+// Used by the readers, the writer, compute kernels and tests. No threads, no state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace troupe::model {
+
+/// ggml's type ids; the numbers are the on-disk values and never change.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
+};
+
+struct TypeTraits {
+  std::string_view name;   // "f32", "q4_K", ...
+  int64_t block_elems;     // elements per block (1 for plain types)
+  int64_t block_bytes;     // bytes per block
+  bool supported;          // troupe can compute with it (read and dequantize)
+};
+
+/// Traits of a type id as read from a file; nullopt for an id ggml does not define.
+std::optional<TypeTraits> type_traits(uint32_t type_id);
+/// Name for messages ("q8_0"); "type#N" for an unknown id.
+std::string type_name(uint32_t type_id);
+inline std::string type_name(GgmlType t) { return type_name(static_cast<uint32_t>(t)); }
+
+/// Bytes of a row of n elements; requires n to be a multiple of the block size.
+int64_t row_bytes(GgmlType t, int64_t n);
+
+// --- scalar conversions (IEEE half and bfloat16) ---
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);  // round to nearest even, like F16C's default
+inline float bf16_to_fp32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
+
+// --- block layouts (as ggml stores them) ---
+constexpr int kQK4_0 = 32;
+constexpr int kQK8_0 = 32;
+constexpr int kQK_K = 256;
+constexpr int kKScaleSize = 12;
+
+#pragma pack(push, 1)
+struct BlockQ4_0 {
+  uint16_t d;                // f16 scale
+  uint8_t qs[kQK4_0 / 2];    // nibbles: low = element j, high = element j+16
+};
+struct BlockQ4_1 {
+  uint16_t d, m;
+  uint8_t qs[kQK4_0 / 2];
+};
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK4_0 / 2];
+};
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[kQK4_0 / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;                // f16 scale
+  int8_t qs[kQK8_0];
+};
+struct BlockQ4_K {
+  uint16_t d;                // f16 super-block scale for the quantized scales
+  uint16_t dmin;             // f16 super-block scale for the quantized mins
+  uint8_t scales[kKScaleSize];  // 8 scales and 8 mins, 6 bits each
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[kKScaleSize];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];     // low 4 bits
+  uint8_t qh[kQK_K / 4];     // high 2 bits
+  int8_t scales[kQK_K / 16];
+  uint16_t d;                // f16 super-block scale
+};
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];
+  uint8_t qs[kQK_K / 4];
+  uint16_t d, dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
+#pragma pack(pop)
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+
+/// Dequantizes n elements (a multiple of the block size) of type t into out.
+/// Reference scalar code: used by tests and by paths that convert a few rows (embeddings).
+/// Throws InputError for a type troupe cannot read.
+void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
+
+/// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
+/// Supported: f32, f16, bf16, q8_0, q4_0. Throws InputError otherwise.
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
+
+}  // namespace troupe::model

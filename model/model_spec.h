@@ -1,0 +1,135 @@
+// ModelSpec: a decoder described independently of its file format. GGUF and Hugging Face
+// readers both produce one; the compute engine consumes it. Weight views point into memory
+// that the owning Model keeps alive (a file mapping or a converted buffer).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/ggml_types.h"
+
+namespace troupe::model {
+
+/// A read-only view of a weight matrix (or stack of matrices) in its stored type.
+/// Layout as ggml: ne[0] is the row length (input features), ne[1] the number of rows (output
+/// features), ne[2] the number of stacked matrices (experts or heads). Rows are contiguous.
+struct WeightView {
+  std::string name;           // the GGUF-convention name, for messages
+  GgmlType type = GgmlType::kF32;
+  int64_t ne[3] = {0, 1, 1};
+  const uint8_t* data = nullptr;
+
+  bool present() const { return data != nullptr; }
+  int64_t cols() const { return ne[0]; }
+  int64_t rows() const { return ne[1]; }
+  int64_t row_bytes() const { return model::row_bytes(type, ne[0]); }
+  const uint8_t* row(int64_t r) const { return data + r * row_bytes(); }
+  uint64_t nbytes() const { return static_cast<uint64_t>(row_bytes() * ne[1] * ne[2]); }
+  /// The i-th matrix of a 3-D stack as a 2-D view.
+  WeightView slice(int64_t i) const {
+    WeightView v = *this;
+    v.ne[2] = 1;
+    v.data = data + i * row_bytes() * ne[1];
+    v.name = name + "[" + std::to_string(i) + "]";
+    return v;
+  }
+};
+
+enum class Arch : uint8_t {
+  kLlama = 0,      ///< Llama family, dense or Mixtral-style MoE (GGUF arch "llama")
+  kQwen2Moe = 1,   ///< Qwen2-MoE: qkv bias, shared expert with a sigmoid gate
+  kQwen3Moe = 2,   ///< Qwen3-MoE: per-head q/k RMSNorm, normalized top-k
+  kDeepseek2 = 3,  ///< DeepSeek-V2/V3: MLA, shared experts, sigmoid/group routing
+};
+const char* arch_name(Arch a);
+
+enum class RopeStyle : uint8_t {
+  kNormal = 0,  ///< rotate adjacent pairs (x0,x1),(x2,x3)... (GGUF Llama, DeepSeek)
+  kNeox = 1,    ///< rotate (x_i, x_{i+n/2}) (Qwen, and Llama weights straight from HF)
+};
+
+enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1 };
+
+struct ExpertFfn {
+  WeightView gate, up, down;  // gate/up: [n_ff_exp rows, n_embd cols]; down: [n_embd, n_ff_exp]
+};
+
+struct LayerSpec {
+  WeightView attn_norm;  // f32 [n_embd]
+  // Standard attention (absent for MLA).
+  WeightView wq, wk, wv, wo;
+  WeightView bq, bk, bv;            // optional biases (Qwen2)
+  WeightView q_norm, k_norm;        // optional per-head RMSNorm weights [head_dim] (Qwen3)
+  // Multi-head latent attention (DeepSeek2).
+  WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
+  WeightView wkv_a;                 // [kv_lora + rope, n_embd]
+  WeightView kv_a_norm;             // [kv_lora]
+  WeightView wk_b;                  // [n_head] x [kv_lora rows, nope cols]
+  WeightView wv_b;                  // [n_head] x [v_dim rows, kv_lora cols]
+  WeightView ffn_norm;
+  // Dense FFN (SwiGLU).
+  WeightView ffn_gate, ffn_up, ffn_down;
+  // Mixture of experts.
+  bool is_moe = false;
+  WeightView router;                // [n_expert rows, n_embd cols]
+  WeightView router_bias;           // optional [n_expert] (selection bias, DeepSeek-V3)
+  std::vector<ExpertFfn> experts;   // n_expert entries
+  ExpertFfn shared;                 // optional shared expert(s), merged as one FFN
+  WeightView shared_gate;           // optional [1 row, n_embd]: sigmoid gate of the shared expert
+};
+
+struct ModelSpec {
+  Arch arch = Arch::kLlama;
+  std::string name;
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim_k = 0;   // per-head key width (MLA: nope + rope)
+  int64_t head_dim_v = 0;   // per-head value width
+  int64_t n_ff = 0;         // dense FFN width
+  int64_t n_rot = 0;        // rotated dims per head (MLA: the rope part)
+  float rope_theta = 10000.f;
+  RopeStyle rope_style = RopeStyle::kNormal;
+  float rms_eps = 1e-5f;
+  int64_t n_ctx_train = 0;
+
+  // Mixture of experts.
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
+  int64_t n_expert_shared = 0;
+  int64_t n_ff_shexp = 0;
+  int64_t n_leading_dense = 0;
+  Gating gating = Gating::kSoftmax;
+  bool norm_topk = false;        // renormalize the selected weights to sum to 1
+  float routed_scale = 1.f;      // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
+  int64_t n_group = 1;           // expert groups for group-limited routing
+  int64_t n_group_used = 1;
+
+  // Multi-head latent attention.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_dim = 0;
+  int64_t qk_rope_dim = 0;
+  int64_t v_head_dim = 0;
+
+  WeightView token_embd;   // [n_vocab rows, n_embd cols]
+  WeightView output_norm;
+  WeightView output;       // [n_vocab rows, n_embd cols]; equals token_embd when tied
+  std::vector<LayerSpec> layers;
+
+  bool is_mla() const { return arch == Arch::kDeepseek2; }
+  /// Width of one token's K and V cache rows per layer (MLA: the compressed latent + rope key).
+  int64_t kv_k_width() const { return is_mla() ? kv_lora_rank + qk_rope_dim : n_head_kv * head_dim_k; }
+  int64_t kv_v_width() const { return is_mla() ? 0 : n_head_kv * head_dim_v; }
+};
+
+/// Checks that every weight the architecture needs is present with the right shape; throws
+/// InputError naming the tensor, the expected and the actual shape.
+void validate_spec(const ModelSpec& spec, const std::string& source);
+
+}  // namespace troupe::model

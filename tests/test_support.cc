@@ -1,0 +1,51 @@
+#include "tests/test_support.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace troupe::testing {
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string shared_dir() {
+  if (const char* e = std::getenv("TROUPE_SHARED_DIR"); e && *e) {
+    return file_exists(std::string(e) + "/README.md") ? std::string(e) : std::string();
+  }
+  std::string d = TROUPE_SHARED_DIR_DEFAULT;
+  return file_exists(d + "/README.md") ? d : std::string();
+}
+
+std::string binary_dir() { return TROUPE_BINARY_DIR; }
+
+bool shared_required() {
+  const char* e = std::getenv("TROUPE_REQUIRE_SHARED");
+  return e && std::string(e) == "1";
+}
+
+std::vector<float> read_f32_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  f.seekg(0, std::ios::end);
+  const auto n = static_cast<size_t>(f.tellg());
+  f.seekg(0);
+  std::vector<float> v(n / 4);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace troupe::testing

@@ -1,0 +1,32 @@
+// Helpers shared by all test binaries: locating ../shared, reading binary/JSON files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace troupe::testing {
+
+/// The shared data folder, or "" when absent. Order: $TROUPE_SHARED_DIR, then the checkout's
+/// sibling ../shared.
+std::string shared_dir();
+/// The build directory (for finding the troupe binary).
+std::string binary_dir();
+/// True when $TROUPE_REQUIRE_SHARED=1 (CI sets it): a missing ../shared is then a failure.
+bool shared_required();
+
+std::vector<float> read_f32_file(const std::string& path);
+std::string read_text_file(const std::string& path);
+bool file_exists(const std::string& path);
+
+}  // namespace troupe::testing
+
+/// Skips the test (or fails it, in CI) when ../shared is not there; sets `dir` to its path.
+#define TROUPE_SHARED_OR_SKIP(dir)                                                   \
+  std::string dir = ::troupe::testing::shared_dir();                                 \
+  if (dir.empty()) {                                                                 \
+    if (::troupe::testing::shared_required()) FAIL() << "../shared is required here"; \
+    GTEST_SKIP() << "../shared not found (set TROUPE_SHARED_DIR); skipping";         \
+  }
