@@ -1,0 +1,49 @@
+// Small element-wise and per-row operations of the forward pass (private to compute/).
+// Each output depends only on its own input row, in a fixed order: batch-invariant by design.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace troupe::compute::detail {
+
+/// out = x / sqrt(mean(x^2) + eps) * w   (sum of squares in double, like the reference).
+inline void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
+}
+
+/// Fixed-order f32 dot product (8 interleaved partial sums, then a fixed pairwise combine).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  for (int k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+/// Rotary embedding of one head in place. normal: pairs (2i, 2i+1); neox: pairs (i, i+n_rot/2).
+/// Dimensions at and beyond n_rot are left as they are.
+inline void rope(float* x, int64_t n_rot, int64_t pos, float theta_base, bool neox) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double freq = std::pow(static_cast<double>(theta_base),
+                                 -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    const double angle = static_cast<double>(pos) * freq;
+    const float c = static_cast<float>(std::cos(angle));
+    const float s = static_cast<float>(std::sin(angle));
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+  }
+}
+
+}  // namespace troupe::compute::detail

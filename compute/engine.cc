@@ -1,0 +1,508 @@
+// The CPU forward pass: embeddings, attention (GQA or MLA) over paged KV, dense or MoE FFN,
+// output head. Every per-token result is computed by code whose reduction order depends only on
+// that token's inputs, so batching, chunking and threads never change a bit.
+#include "compute/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "base/check.h"
+#include "compute/detail/ops.h"
+#include "compute/matmul.h"
+#include "compute/thread_pool.h"
+
+namespace troupe::compute {
+
+using model::LayerSpec;
+using model::ModelSpec;
+using model::WeightView;
+
+struct Engine::Scratch {
+  int64_t T = 0;
+  std::vector<int32_t> tok_id;    // [T]
+  std::vector<int64_t> tok_pos;   // [T]
+  std::vector<int32_t> tok_seq;   // [T] index into the step's SeqStep list
+  std::vector<float> x, h, tmp;   // [T, n_embd]
+  std::vector<float> q, k, v;     // attention projections
+  std::vector<float> attn;        // [T, n_head * head_dim_v]
+  std::vector<float> qa, kva, qabs, lat;  // MLA
+  std::vector<float> gate, up;    // FFN
+  // MoE
+  std::vector<float> router;      // [T, n_expert]
+  std::vector<int32_t> sel_id;    // [T, k]
+  std::vector<float> sel_w;       // [T, k]
+  std::vector<float> slot_out;    // [T, k, n_embd]
+  std::vector<float> xe, ge, ue, de;
+  std::vector<float> shared_out;
+  std::span<const SeqStep> seqs;
+};
+
+namespace {
+
+void grow(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+const float* f32(const WeightView& w) {
+  TROUPE_CHECK(w.type == model::GgmlType::kF32, "%s: norm/bias weights must be f32, are %s",
+               w.name.c_str(), model::type_name(w.type).c_str());
+  return reinterpret_cast<const float*>(w.data);
+}
+
+}  // namespace
+
+Engine::~Engine() = default;
+
+int Engine::n_threads() const { return pool_->size(); }
+
+Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Model> model,
+                                               const EngineOptions& opts) {
+  try {
+    if (!model) return Error{1, "engine: no model"};
+    if (opts.n_threads < 1 || opts.n_threads > 1024)
+      return Error{1, strfmt("engine: thread count %d must be in 1..1024", opts.n_threads)};
+    if (opts.kv_block_size < 1 || opts.kv_block_size > 4096)
+      return Error{1, "engine: KV block size must be in 1..4096"};
+    // Norm and bias weights are read as f32 directly; anything else is a bad file.
+    const ModelSpec& s = model->spec;
+    auto need_f32 = [&](const WeightView& w) -> bool {
+      return !w.present() || w.type == model::GgmlType::kF32;
+    };
+    bool ok = need_f32(s.output_norm);
+    for (const LayerSpec& L : s.layers) {
+      ok = ok && need_f32(L.attn_norm) && need_f32(L.ffn_norm) && need_f32(L.bq) &&
+           need_f32(L.bk) && need_f32(L.bv) && need_f32(L.q_norm) && need_f32(L.k_norm) &&
+           need_f32(L.q_a_norm) && need_f32(L.kv_a_norm) && need_f32(L.router_bias);
+    }
+    if (!ok) return Error{1, model->path + ": norm and bias weights must be f32"};
+
+    std::unique_ptr<Engine> e(new Engine());
+    e->model_ = std::move(model);
+    e->pool_ = std::make_unique<ThreadPool>(opts.n_threads);
+    KvCacheConfig kc;
+    kc.n_layer = s.n_layer;
+    kc.k_width = s.kv_k_width();
+    kc.v_width = s.kv_v_width();
+    kc.block_size = opts.kv_block_size;
+    kc.num_blocks = opts.kv_num_blocks > 0
+                        ? opts.kv_num_blocks
+                        : (opts.max_tokens_in_cache + kc.block_size - 1) / kc.block_size;
+    e->kv_ = std::make_unique<KvCache>(kc);
+    e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
+    e->s_ = std::make_unique<Scratch>();
+    return e;
+  } catch (const std::exception& ex) {
+    return Error{1, ex.what()};
+  }
+}
+
+Status Engine::step(std::span<const SeqStep> seqs, StepResult* out) {
+  const ModelSpec& s = spec();
+  const int64_t bs = kv_->block_size();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& q = seqs[i];
+    if (q.pos0 < 0) return Error{1, strfmt("step: sequence %zu has negative position", i)};
+    if (q.tokens.empty()) return Error{1, strfmt("step: sequence %zu has no tokens", i)};
+    for (int32_t t : q.tokens)
+      if (t < 0 || t >= s.n_vocab)
+        return Error{1, strfmt("step: sequence %zu: token id %d is outside the vocabulary (0..%lld)",
+                               i, t, static_cast<long long>(s.n_vocab - 1))};
+    const int64_t end = q.pos0 + static_cast<int64_t>(q.tokens.size());
+    const int64_t need = (end + bs - 1) / bs;
+    if (static_cast<int64_t>(q.blocks.size()) < need)
+      return Error{1, strfmt("step: sequence %zu needs %lld KV blocks for %lld positions, has %zu",
+                             i, static_cast<long long>(need), static_cast<long long>(end),
+                             q.blocks.size())};
+    for (int64_t b = 0; b < need; ++b)
+      if (q.blocks[static_cast<size_t>(b)] < 0 || q.blocks[static_cast<size_t>(b)] >= kv_->num_blocks())
+        return Error{1, strfmt("step: sequence %zu: block id %d out of range", i,
+                               q.blocks[static_cast<size_t>(b)])};
+  }
+  try {
+    forward(seqs, out);
+    return Ok{};
+  } catch (const std::exception& ex) {
+    return Error{2, ex.what()};
+  }
+}
+
+void Engine::forward(std::span<const SeqStep> seqs, StepResult* out) {
+  const ModelSpec& s = spec();
+  Scratch& S = *s_;
+  const int64_t E = s.n_embd;
+  int64_t T = 0;
+  for (const SeqStep& q : seqs) T += static_cast<int64_t>(q.tokens.size());
+  S.T = T;
+  S.seqs = seqs;
+  S.tok_id.resize(static_cast<size_t>(T));
+  S.tok_pos.resize(static_cast<size_t>(T));
+  S.tok_seq.resize(static_cast<size_t>(T));
+  {
+    int64_t t = 0;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      for (size_t j = 0; j < seqs[i].tokens.size(); ++j, ++t) {
+        S.tok_id[static_cast<size_t>(t)] = seqs[i].tokens[j];
+        S.tok_pos[static_cast<size_t>(t)] = seqs[i].pos0 + static_cast<int64_t>(j);
+        S.tok_seq[static_cast<size_t>(t)] = static_cast<int32_t>(i);
+      }
+  }
+  grow(S.x, T * E);
+  grow(S.h, T * E);
+  grow(S.tmp, T * E);
+  for (int64_t t = 0; t < T; ++t) get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
+
+  for (int64_t il = 0; il < s.n_layer; ++il) {
+    const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+    const float* an = f32(L.attn_norm);
+    for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], an, &S.h[t * E], E, s.rms_eps);
+    if (s.is_mla()) {
+      attention_mla(il, seqs);
+    } else {
+      attention(il, seqs);
+    }
+    matmul(L.wo, S.attn.data(), T, S.tmp.data(), pool_.get());
+    for (int64_t i = 0; i < T * E; ++i) S.x[i] += S.tmp[i];
+    const float* fn = f32(L.ffn_norm);
+    for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], fn, &S.h[t * E], E, s.rms_eps);
+    if (L.is_moe) {
+      moe(il);
+    } else {
+      ffn(il);
+    }
+    for (int64_t i = 0; i < T * E; ++i) S.x[i] += S.tmp[i];
+  }
+
+  // Output head for the rows that asked for logits.
+  out->n_vocab = s.n_vocab;
+  out->row_begin.assign(seqs.size(), 0);
+  out->row_count.assign(seqs.size(), 0);
+  std::vector<int64_t> rows;
+  {
+    int64_t t = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(seqs[i].tokens.size());
+      out->row_begin[i] = static_cast<int64_t>(rows.size());
+      if (seqs[i].logits == SeqStep::Logits::kAll) {
+        for (int64_t j = 0; j < n; ++j) rows.push_back(t + j);
+        out->row_count[i] = n;
+      } else if (seqs[i].logits == SeqStep::Logits::kLast) {
+        rows.push_back(t + n - 1);
+        out->row_count[i] = 1;
+      }
+      t += n;
+    }
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  out->logits.resize(static_cast<size_t>(R * s.n_vocab));
+  if (R == 0) return;
+  const float* on = f32(s.output_norm);
+  for (int64_t r = 0; r < R; ++r) detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
+  matmul(s.output, S.h.data(), R, out->logits.data(), pool_.get());
+}
+
+void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
+  const ModelSpec& s = spec();
+  const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  const int64_t T = S.T;
+  const int64_t H = s.n_head, HK = s.n_head_kv, dk = s.head_dim_k, dv = s.head_dim_v;
+  const int64_t qw = H * dk, kw = HK * dk, vw = HK * dv;
+  grow(S.q, T * qw);
+  grow(S.k, T * kw);
+  grow(S.v, T * vw);
+  grow(S.attn, T * H * dv);
+  matmul(L.wq, S.h.data(), T, S.q.data(), pool_.get());
+  matmul(L.wk, S.h.data(), T, S.k.data(), pool_.get());
+  matmul(L.wv, S.h.data(), T, S.v.data(), pool_.get());
+  auto add_bias = [&](const WeightView& b, std::vector<float>& y, int64_t w) {
+    if (!b.present()) return;
+    const float* bb = f32(b);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < w; ++i) y[t * w + i] += bb[i];
+  };
+  add_bias(L.bq, S.q, qw);
+  add_bias(L.bk, S.k, kw);
+  add_bias(L.bv, S.v, vw);
+  if (L.q_norm.present()) {
+    const float* qn = f32(L.q_norm);
+    for (int64_t r = 0; r < T * H; ++r) detail::rms_norm(&S.q[r * dk], qn, &S.q[r * dk], dk, s.rms_eps);
+  }
+  if (L.k_norm.present()) {
+    const float* kn = f32(L.k_norm);
+    for (int64_t r = 0; r < T * HK; ++r) detail::rms_norm(&S.k[r * dk], kn, &S.k[r * dk], dk, s.rms_eps);
+  }
+  const bool neox = s.rope_style == model::RopeStyle::kNeox;
+  const int64_t bs = kv_->block_size();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
+    for (int64_t hh = 0; hh < H; ++hh) detail::rope(&S.q[t * qw + hh * dk], s.n_rot, pos, s.rope_theta, neox);
+    for (int64_t hh = 0; hh < HK; ++hh) detail::rope(&S.k[t * kw + hh * dk], s.n_rot, pos, s.rope_theta, neox);
+    const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
+    const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
+    std::memcpy(kv_->k(il, blk, pos % bs), &S.k[t * kw], static_cast<size_t>(kw) * 4);
+    std::memcpy(kv_->v(il, blk, pos % bs), &S.v[t * vw], static_cast<size_t>(vw) * 4);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const int64_t group = H / HK;
+  pool_->parallel_for(T * H, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> sc;
+    std::vector<float> acc(static_cast<size_t>(dv));
+    for (int64_t th = b; th < e; ++th) {
+      const int64_t t = th / H, hh = th % H, kvh = hh / group;
+      const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
+      const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
+      const float* qv = &S.q[t * qw + hh * dk];
+      sc.resize(static_cast<size_t>(pos + 1));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float* kj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
+        sc[static_cast<size_t>(j)] = detail::dot(qv, kj, dk) * scale;
+        mx = std::max(mx, sc[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
+        sc[static_cast<size_t>(j)] = ev;
+        sum += ev;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float w = sc[static_cast<size_t>(j)] * inv;
+        const float* vj = kv_->v(il, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
+        for (int64_t d = 0; d < dv; ++d) acc[static_cast<size_t>(d)] += w * vj[d];
+      }
+      std::memcpy(&S.attn[t * H * dv + hh * dv], acc.data(), static_cast<size_t>(dv) * 4);
+    }
+  });
+}
+
+void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
+  const ModelSpec& s = spec();
+  const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  const int64_t T = S.T;
+  const int64_t H = s.n_head, nope = s.qk_nope_dim, rope = s.qk_rope_dim, lora = s.kv_lora_rank;
+  const int64_t dqk = nope + rope, kw = lora + rope, dv = s.v_head_dim;
+  grow(S.q, T * H * dqk);
+  if (L.wq_a.present()) {
+    grow(S.qa, T * s.q_lora_rank);
+    matmul(L.wq_a, S.h.data(), T, S.qa.data(), pool_.get());
+    const float* qn = f32(L.q_a_norm);
+    for (int64_t t = 0; t < T; ++t)
+      detail::rms_norm(&S.qa[t * s.q_lora_rank], qn, &S.qa[t * s.q_lora_rank], s.q_lora_rank, s.rms_eps);
+    matmul(L.wq_b, S.qa.data(), T, S.q.data(), pool_.get());
+  } else {
+    matmul(L.wq, S.h.data(), T, S.q.data(), pool_.get());
+  }
+  grow(S.kva, T * kw);
+  matmul(L.wkv_a, S.h.data(), T, S.kva.data(), pool_.get());
+  const float* kvn = f32(L.kv_a_norm);
+  const int64_t bs = kv_->block_size();
+  const bool neox = s.rope_style == model::RopeStyle::kNeox;
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = &S.kva[t * kw];
+    detail::rms_norm(row, kvn, row, lora, s.rms_eps);
+    const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
+    detail::rope(row + lora, rope, pos, s.rope_theta, neox);
+    for (int64_t hh = 0; hh < H; ++hh) detail::rope(&S.q[(t * H + hh) * dqk + nope], rope, pos, s.rope_theta, neox);
+    const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
+    std::memcpy(kv_->k(il, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row, static_cast<size_t>(kw) * 4);
+  }
+  // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]].
+  grow(S.qabs, T * H * kw);
+  for (int64_t hh = 0; hh < H; ++hh) {
+    matmul(L.wk_b.slice(hh), &S.q[hh * dqk], H * dqk, T, &S.qabs[hh * kw], H * kw, pool_.get());
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(&S.qabs[(t * H + hh) * kw + lora], &S.q[(t * H + hh) * dqk + nope], static_cast<size_t>(rope) * 4);
+  }
+  grow(S.lat, T * H * lora);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  pool_->parallel_for(T * H, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> sc;
+    std::vector<float> acc(static_cast<size_t>(lora));
+    for (int64_t th = b; th < e; ++th) {
+      const int64_t t = th / H;
+      const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
+      const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
+      const float* qv = &S.qabs[th * kw];
+      sc.resize(static_cast<size_t>(pos + 1));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float* kj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs);
+        sc[static_cast<size_t>(j)] = detail::dot(qv, kj, kw) * scale;
+        mx = std::max(mx, sc[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
+        sc[static_cast<size_t>(j)] = ev;
+        sum += ev;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j <= pos; ++j) {
+        const float w = sc[static_cast<size_t>(j)] * inv;
+        const float* cj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs);
+        for (int64_t d = 0; d < lora; ++d) acc[static_cast<size_t>(d)] += w * cj[d];
+      }
+      std::memcpy(&S.lat[th * lora], acc.data(), static_cast<size_t>(lora) * 4);
+    }
+  });
+  grow(S.attn, T * H * dv);
+  for (int64_t hh = 0; hh < H; ++hh)
+    matmul(L.wv_b.slice(hh), &S.lat[hh * lora], H * lora, T, &S.attn[hh * dv], H * dv, pool_.get());
+}
+
+namespace {
+// y = down(silu(gate(x)) * up(x)) for n rows.
+void swiglu_ffn(const model::ExpertFfn& f, const float* x, int64_t n, float* y,
+                std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
+  const int64_t ff = f.gate.rows();
+  grow(g, n * ff);
+  grow(u, n * ff);
+  matmul(f.gate, x, n, g.data(), pool);
+  matmul(f.up, x, n, u.data(), pool);
+  for (int64_t i = 0; i < n * ff; ++i) g[i] = detail::silu(g[i]) * u[i];
+  matmul(f.down, g.data(), n, y, pool);
+}
+}  // namespace
+
+void Engine::ffn(int64_t il) {
+  const LayerSpec& L = spec().layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  model::ExpertFfn f{L.ffn_gate, L.ffn_up, L.ffn_down};
+  swiglu_ffn(f, S.h.data(), S.T, S.tmp.data(), S.gate, S.up, pool_.get());
+}
+
+void Engine::moe(int64_t il) {
+  const ModelSpec& s = spec();
+  const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  const int64_t T = S.T, E = s.n_embd, NE = s.n_expert, K = s.n_expert_used;
+  grow(S.router, T * NE);
+  matmul(L.router, S.h.data(), T, S.router.data(), pool_.get());
+  S.sel_id.resize(static_cast<size_t>(T * K));
+  S.sel_w.resize(static_cast<size_t>(T * K));
+  const float* bias = L.router_bias.present() ? f32(L.router_bias) : nullptr;
+  std::vector<float> probs(static_cast<size_t>(NE)), selp(static_cast<size_t>(NE));
+  std::vector<int32_t> order(static_cast<size_t>(NE));
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lg = &S.router[t * NE];
+    if (s.gating == model::Gating::kSoftmax) {
+      float mx = kNegInf;
+      for (int64_t e = 0; e < NE; ++e) mx = std::max(mx, lg[e]);
+      double sum = 0;
+      for (int64_t e = 0; e < NE; ++e) {
+        probs[static_cast<size_t>(e)] = std::exp(lg[e] - mx);
+        sum += probs[static_cast<size_t>(e)];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t e = 0; e < NE; ++e) probs[static_cast<size_t>(e)] *= inv;
+    } else {
+      for (int64_t e = 0; e < NE; ++e) probs[static_cast<size_t>(e)] = detail::sigmoid(lg[e]);
+    }
+    for (int64_t e = 0; e < NE; ++e)
+      selp[static_cast<size_t>(e)] = probs[static_cast<size_t>(e)] + (bias ? bias[e] : 0.f);
+    if (s.n_group > 1 && s.n_group_used < s.n_group) {
+      // Group-limited routing: a group's score is the sum of its two best selection scores;
+      // experts outside the best n_group_used groups cannot be chosen.
+      const int64_t per = NE / s.n_group;
+      std::vector<std::pair<float, int64_t>> gs;
+      for (int64_t g = 0; g < s.n_group; ++g) {
+        float b1 = kNegInf, b2 = kNegInf;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+          const float v = selp[static_cast<size_t>(e)];
+          if (v > b1) {
+            b2 = b1;
+            b1 = v;
+          } else if (v > b2) {
+            b2 = v;
+          }
+        }
+        gs.emplace_back(b1 + b2, g);
+      }
+      std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      std::vector<bool> keep(static_cast<size_t>(s.n_group), false);
+      for (int64_t g = 0; g < s.n_group_used; ++g) keep[static_cast<size_t>(gs[static_cast<size_t>(g)].second)] = true;
+      for (int64_t e = 0; e < NE; ++e)
+        if (!keep[static_cast<size_t>(e / per)]) selp[static_cast<size_t>(e)] = kNegInf;
+    }
+    for (int64_t e = 0; e < NE; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return selp[static_cast<size_t>(a)] > selp[static_cast<size_t>(b)];
+    });
+    double wsum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = order[static_cast<size_t>(k)];
+      S.sel_id[static_cast<size_t>(t * K + k)] = e;
+      S.sel_w[static_cast<size_t>(t * K + k)] = probs[static_cast<size_t>(e)];
+      wsum += probs[static_cast<size_t>(e)];
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      float& w = S.sel_w[static_cast<size_t>(t * K + k)];
+      if (s.norm_topk) w = w / static_cast<float>(wsum);
+      w *= s.routed_scale;
+    }
+  }
+  // Run each expert once over the rows routed to it.
+  grow(S.slot_out, T * K * E);
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(NE));  // entries: t * K + k
+  for (int64_t i = 0; i < T * K; ++i) rows[static_cast<size_t>(S.sel_id[static_cast<size_t>(i)])].push_back(i);
+  for (int64_t e = 0; e < NE; ++e) {
+    const auto& r = rows[static_cast<size_t>(e)];
+    if (r.empty()) continue;
+    const int64_t n = static_cast<int64_t>(r.size());
+    grow(S.xe, n * E);
+    grow(S.de, n * E);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(&S.xe[i * E], &S.h[(r[static_cast<size_t>(i)] / K) * E], static_cast<size_t>(E) * 4);
+    swiglu_ffn(L.experts[static_cast<size_t>(e)], S.xe.data(), n, S.de.data(), S.ge, S.ue, pool_.get());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = r[static_cast<size_t>(i)];
+      const float w = S.sel_w[static_cast<size_t>(slot)];
+      for (int64_t d = 0; d < E; ++d) S.slot_out[slot * E + d] = S.de[i * E + d] * w;
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    float* y = &S.tmp[t * E];
+    std::memcpy(y, &S.slot_out[(t * K) * E], static_cast<size_t>(E) * 4);
+    for (int64_t k = 1; k < K; ++k)
+      for (int64_t d = 0; d < E; ++d) y[d] += S.slot_out[(t * K + k) * E + d];
+  }
+  if (L.shared.gate.present()) {
+    grow(S.shared_out, T * E);
+    swiglu_ffn(L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
+    for (int64_t t = 0; t < T; ++t) {
+      float g = 1.f;
+      if (L.shared_gate.present()) {
+        float gl;
+        matmul(L.shared_gate, &S.h[t * E], 1, &gl, nullptr);
+        g = detail::sigmoid(gl);
+      }
+      for (int64_t d = 0; d < E; ++d) S.tmp[t * E + d] += S.shared_out[t * E + d] * g;
+    }
+  }
+}
+
+Sequence::~Sequence() { engine_.blocks().release(blocks_); }
+
+bool Sequence::reserve(int64_t n) {
+  const int64_t bs = engine_.kv_cache().block_size();
+  const int64_t need = (length_ + n + bs - 1) / bs - static_cast<int64_t>(blocks_.size());
+  return need <= 0 || engine_.blocks().allocate(need, &blocks_);
+}
+
+SeqStep Sequence::next(std::span<const int32_t> tokens, SeqStep::Logits logits) const {
+  SeqStep st;
+  st.pos0 = length_;
+  st.tokens = tokens;
+  st.blocks = blocks_;
+  st.logits = logits;
+  return st;
+}
+
+}  // namespace troupe::compute

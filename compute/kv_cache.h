@@ -1,0 +1,60 @@
+// Paged KV cache: one pool per engine, allocated once at start, split into fixed-size blocks.
+// A sequence owns a block table (block ids in position order); attention reads through it.
+// Not thread-safe: owned and mutated by one engine (or KV manager actor) at a time; the compute
+// threads of a step only read and write the rows the step assigns to them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/result.h"
+
+namespace troupe::compute {
+
+struct KvCacheConfig {
+  int64_t n_layer = 0;
+  int64_t k_width = 0;      // floats per token per layer for K (MLA: latent + rope key)
+  int64_t v_width = 0;      // floats per token per layer for V (0 for MLA)
+  int64_t block_size = 16;  // tokens per block
+  int64_t num_blocks = 0;
+};
+
+class KvCache {
+ public:
+  /// Allocates the whole pool up front. Throws InputError when it cannot.
+  explicit KvCache(const KvCacheConfig& cfg);
+
+  const KvCacheConfig& config() const { return cfg_; }
+  int64_t block_size() const { return cfg_.block_size; }
+  int64_t num_blocks() const { return cfg_.num_blocks; }
+  uint64_t bytes() const { return static_cast<uint64_t>(pool_.size()) * sizeof(float); }
+
+  /// K row of (layer, block, slot): f32 [k_width].
+  float* k(int64_t layer, int32_t block, int64_t slot) {
+    return pool_.data() + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
+  }
+  float* v(int64_t layer, int32_t block, int64_t slot) { return k(layer, block, slot) + cfg_.k_width; }
+
+ private:
+  KvCacheConfig cfg_;
+  int64_t stride_ = 0;  // k_width + v_width
+  std::vector<float> pool_;
+};
+
+/// Free-list allocator of block ids. Not thread-safe.
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int64_t num_blocks);
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_total() const { return total_; }
+  /// Appends n block ids to out; false (and nothing taken) when fewer than n are free.
+  bool allocate(int64_t n, std::vector<int32_t>* out);
+  void release(std::span<const int32_t> blocks);
+
+ private:
+  int64_t total_;
+  std::vector<int32_t> free_;
+};
+
+}  // namespace troupe::compute

@@ -1,0 +1,322 @@
+// GGUF → ModelSpec mapping and spec validation.
+#include "model/model.h"
+
+#include <cmath>
+
+#include "base/check.h"
+#include "model/gguf.h"
+
+namespace troupe::model {
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kLlama: return "llama";
+    case Arch::kQwen2Moe: return "qwen2moe";
+    case Arch::kQwen3Moe: return "qwen3moe";
+    case Arch::kDeepseek2: return "deepseek2";
+  }
+  return "?";
+}
+
+namespace {
+
+WeightView view_of(const TensorInfo& t) {
+  WeightView v;
+  v.name = t.name;
+  v.type = t.type;
+  v.ne[0] = t.ne[0];
+  v.ne[1] = t.ne[1];
+  v.ne[2] = t.ne[2] * t.ne[3];
+  v.data = t.data;
+  return v;
+}
+
+class GgufSpecBuilder {
+ public:
+  explicit GgufSpecBuilder(const GgufFile& g) : g_(g) {}
+
+  WeightView req(const std::string& name) const {
+    const TensorInfo* t = g_.find_tensor(name);
+    if (!t) TROUPE_INPUT_ERROR("%s: missing tensor '%s'", g_.path().c_str(), name.c_str());
+    return view_of(*t);
+  }
+  WeightView opt(const std::string& name) const {
+    const TensorInfo* t = g_.find_tensor(name);
+    return t ? view_of(*t) : WeightView{};
+  }
+  bool has(const std::string& name) const { return g_.find_tensor(name) != nullptr; }
+
+  ModelSpec build() {
+    ModelSpec s;
+    const std::string arch = g_.get_string("general.architecture");
+    if (arch == "llama") {
+      s.arch = Arch::kLlama;
+    } else if (arch == "qwen2moe") {
+      s.arch = Arch::kQwen2Moe;
+    } else if (arch == "qwen3moe") {
+      s.arch = Arch::kQwen3Moe;
+    } else if (arch == "deepseek2") {
+      s.arch = Arch::kDeepseek2;
+    } else {
+      TROUPE_INPUT_ERROR("%s: architecture '%s' is not supported (troupe runs llama, mixtral, "
+                         "qwen2moe, qwen3moe, deepseek2)", g_.path().c_str(), arch.c_str());
+    }
+    const std::string p = arch + ".";
+    s.name = g_.get_string_or("general.name", "");
+    s.n_embd = g_.get_int(p + "embedding_length");
+    s.n_layer = g_.get_int(p + "block_count");
+    s.n_head = g_.get_int(p + "attention.head_count");
+    s.n_head_kv = g_.get_int_or(p + "attention.head_count_kv", s.n_head);
+    s.n_ff = g_.get_int_or(p + "feed_forward_length", 0);
+    s.n_ctx_train = g_.get_int_or(p + "context_length", 2048);
+    s.rope_theta = static_cast<float>(g_.get_float_or(p + "rope.freq_base", 10000.0));
+    s.rms_eps = static_cast<float>(g_.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
+    if (s.n_embd <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 ||
+        s.n_layer > 100000 || s.n_head > 100000)
+      TROUPE_INPUT_ERROR("%s: bad hyperparameters (n_embd %lld, n_layer %lld, n_head %lld, "
+                         "n_head_kv %lld)", g_.path().c_str(), static_cast<long long>(s.n_embd),
+                         static_cast<long long>(s.n_layer), static_cast<long long>(s.n_head),
+                         static_cast<long long>(s.n_head_kv));
+    if (s.n_head % s.n_head_kv != 0)
+      TROUPE_INPUT_ERROR("%s: head_count %lld is not a multiple of head_count_kv %lld",
+                         g_.path().c_str(), static_cast<long long>(s.n_head),
+                         static_cast<long long>(s.n_head_kv));
+    const std::string scaling = g_.get_string_or(p + "rope.scaling.type", "none");
+    if (scaling != "none" && scaling != "")
+      TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported yet", g_.path().c_str(),
+                         scaling.c_str());
+    s.head_dim_k = g_.get_int_or(p + "attention.key_length", s.n_embd / s.n_head);
+    s.head_dim_v = g_.get_int_or(p + "attention.value_length", s.n_embd / s.n_head);
+    s.n_rot = g_.get_int_or(p + "rope.dimension_count", s.head_dim_k);
+    s.rope_style = (s.arch == Arch::kQwen2Moe || s.arch == Arch::kQwen3Moe) ? RopeStyle::kNeox
+                                                                            : RopeStyle::kNormal;
+    s.n_expert = g_.get_int_or(p + "expert_count", 0);
+    s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
+    s.n_ff_exp = g_.get_int_or(p + "expert_feed_forward_length", s.n_ff);
+    s.n_expert_shared = g_.get_int_or(p + "expert_shared_count", 0);
+    s.n_ff_shexp = g_.get_int_or(p + "expert_shared_feed_forward_length", 0);
+    s.n_leading_dense = g_.get_int_or(p + "leading_dense_block_count", 0);
+    s.routed_scale = static_cast<float>(g_.get_float_or(p + "expert_weights_scale", 1.0));
+    const int64_t gating = g_.get_int_or(p + "expert_gating_func", 1);
+    s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
+    s.n_group = g_.get_int_or(p + "expert_group_count", 1);
+    s.n_group_used = g_.get_int_or(p + "expert_group_used_count", s.n_group);
+    switch (s.arch) {
+      case Arch::kLlama: s.norm_topk = true; break;
+      case Arch::kQwen3Moe: s.norm_topk = true; break;
+      case Arch::kQwen2Moe: s.norm_topk = false; break;
+      case Arch::kDeepseek2: s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false); break;
+    }
+    if (s.arch == Arch::kDeepseek2) {
+      s.q_lora_rank = g_.get_int_or(p + "attention.q_lora_rank", 0);
+      s.kv_lora_rank = g_.get_int(p + "attention.kv_lora_rank");
+      s.qk_rope_dim = s.n_rot;
+      const int64_t k_mla = g_.get_int_or(p + "attention.key_length_mla", s.head_dim_k);
+      s.v_head_dim = g_.get_int_or(p + "attention.value_length_mla", s.head_dim_v);
+      s.qk_nope_dim = k_mla - s.qk_rope_dim;
+      s.head_dim_k = k_mla;
+      s.head_dim_v = s.v_head_dim;
+      s.n_head_kv = 1;
+    }
+
+    s.token_embd = req("token_embd.weight");
+    s.n_vocab = s.token_embd.rows();
+    s.output_norm = req("output_norm.weight");
+    s.output = has("output.weight") ? req("output.weight") : s.token_embd;
+
+    s.layers.resize(static_cast<size_t>(s.n_layer));
+    for (int64_t il = 0; il < s.n_layer; ++il) build_layer(s, il, s.layers[static_cast<size_t>(il)]);
+    return s;
+  }
+
+ private:
+  void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    L.attn_norm = req(b + "attn_norm.weight");
+    if (s.arch == Arch::kDeepseek2) {
+      if (s.q_lora_rank > 0) {
+        L.wq_a = req(b + "attn_q_a.weight");
+        L.q_a_norm = req(b + "attn_q_a_norm.weight");
+        L.wq_b = req(b + "attn_q_b.weight");
+      } else {
+        L.wq = req(b + "attn_q.weight");
+      }
+      L.wkv_a = req(b + "attn_kv_a_mqa.weight");
+      L.kv_a_norm = req(b + "attn_kv_a_norm.weight");
+      if (!has(b + "attn_k_b.weight"))
+        TROUPE_INPUT_ERROR("%s: '%sattn_kv_b.weight' (pre-MLA layout) is not supported; "
+                           "re-convert with split attn_k_b/attn_v_b", g_.path().c_str(), b.c_str());
+      L.wk_b = req(b + "attn_k_b.weight");
+      L.wv_b = req(b + "attn_v_b.weight");
+    } else {
+      L.wq = req(b + "attn_q.weight");
+      L.wk = req(b + "attn_k.weight");
+      L.wv = req(b + "attn_v.weight");
+      L.bq = opt(b + "attn_q.bias");
+      L.bk = opt(b + "attn_k.bias");
+      L.bv = opt(b + "attn_v.bias");
+      L.q_norm = opt(b + "attn_q_norm.weight");
+      L.k_norm = opt(b + "attn_k_norm.weight");
+    }
+    L.wo = req(b + "attn_output.weight");
+    L.ffn_norm = req(b + "ffn_norm.weight");
+    const bool moe = s.n_expert > 0 && il >= s.n_leading_dense;
+    L.is_moe = moe;
+    if (!moe) {
+      L.ffn_gate = req(b + "ffn_gate.weight");
+      L.ffn_up = req(b + "ffn_up.weight");
+      L.ffn_down = req(b + "ffn_down.weight");
+      return;
+    }
+    L.router = req(b + "ffn_gate_inp.weight");
+    L.router_bias = opt(b + "exp_probs_b.bias");
+    L.experts.resize(static_cast<size_t>(s.n_expert));
+    if (has(b + "ffn_gate_exps.weight")) {
+      const WeightView g = req(b + "ffn_gate_exps.weight");
+      const WeightView u = req(b + "ffn_up_exps.weight");
+      const WeightView d = req(b + "ffn_down_exps.weight");
+      for (int64_t e = 0; e < s.n_expert; ++e) {
+        if (g.ne[2] != s.n_expert || u.ne[2] != s.n_expert || d.ne[2] != s.n_expert)
+          TROUPE_INPUT_ERROR("%s: %sffn_*_exps has %lld experts, expected %lld", g_.path().c_str(),
+                             b.c_str(), static_cast<long long>(g.ne[2]),
+                             static_cast<long long>(s.n_expert));
+        auto& E = L.experts[static_cast<size_t>(e)];
+        E.gate = g.slice(e);
+        E.up = u.slice(e);
+        E.down = d.slice(e);
+      }
+    } else {  // older per-expert layout: blk.N.ffn_gate.E.weight
+      for (int64_t e = 0; e < s.n_expert; ++e) {
+        auto& E = L.experts[static_cast<size_t>(e)];
+        const std::string es = strfmt(".%lld.weight", static_cast<long long>(e));
+        E.gate = req(b + "ffn_gate" + es);
+        E.up = req(b + "ffn_up" + es);
+        E.down = req(b + "ffn_down" + es);
+      }
+    }
+    if (has(b + "ffn_gate_shexp.weight")) {
+      L.shared.gate = req(b + "ffn_gate_shexp.weight");
+      L.shared.up = req(b + "ffn_up_shexp.weight");
+      L.shared.down = req(b + "ffn_down_shexp.weight");
+      L.shared_gate = opt(b + "ffn_gate_inp_shexp.weight");
+    }
+  }
+
+  const GgufFile& g_;
+};
+
+[[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,
+                            int64_t n) {
+  TROUPE_INPUT_ERROR("%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]",
+                     src.c_str(), w.name.c_str(), static_cast<long long>(w.ne[0]),
+                     static_cast<long long>(w.ne[1]), static_cast<long long>(w.ne[2]),
+                     static_cast<long long>(c), static_cast<long long>(r),
+                     static_cast<long long>(n));
+}
+
+void expect(const std::string& src, const WeightView& w, int64_t cols, int64_t rows,
+            int64_t n = 1) {
+  if (!w.present()) TROUPE_INPUT_ERROR("%s: missing a tensor of shape [%lld, %lld]", src.c_str(),
+                                       static_cast<long long>(cols), static_cast<long long>(rows));
+  if (w.ne[0] != cols || w.ne[1] != rows || w.ne[2] != n) bad_shape(src, w, cols, rows, n);
+  auto tr = type_traits(static_cast<uint32_t>(w.type));
+  if (!tr || !tr->supported)
+    TROUPE_INPUT_ERROR("%s: tensor '%s' has type %s, which troupe cannot compute with yet",
+                       src.c_str(), w.name.c_str(), type_name(w.type).c_str());
+}
+
+void expect_opt(const std::string& src, const WeightView& w, int64_t cols, int64_t rows) {
+  if (w.present()) expect(src, w, cols, rows);
+}
+
+}  // namespace
+
+void validate_spec(const ModelSpec& s, const std::string& src) {
+  const int64_t E = s.n_embd;
+  if (s.n_vocab <= 0) TROUPE_INPUT_ERROR("%s: empty vocabulary", src.c_str());
+  if (s.n_rot <= 0 || s.n_rot % 2 != 0 || s.n_rot > s.head_dim_k)
+    TROUPE_INPUT_ERROR("%s: rope dimension %lld must be even and at most the head size %lld",
+                       src.c_str(), static_cast<long long>(s.n_rot),
+                       static_cast<long long>(s.head_dim_k));
+  if (!(s.rms_eps > 0) || !(s.rope_theta > 0))
+    TROUPE_INPUT_ERROR("%s: rms epsilon and rope base must be positive", src.c_str());
+  expect(src, s.token_embd, E, s.n_vocab);
+  expect(src, s.output_norm, E, 1);
+  expect(src, s.output, E, s.n_vocab);
+  if (s.n_expert > 0) {
+    if (s.n_expert_used <= 0 || s.n_expert_used > s.n_expert)
+      TROUPE_INPUT_ERROR("%s: expert_used_count %lld must be in 1..expert_count %lld",
+                         src.c_str(), static_cast<long long>(s.n_expert_used),
+                         static_cast<long long>(s.n_expert));
+    if (s.n_group <= 0 || s.n_expert % s.n_group != 0 || s.n_group_used <= 0 ||
+        s.n_group_used > s.n_group)
+      TROUPE_INPUT_ERROR("%s: bad expert groups (%lld groups, %lld used, %lld experts)",
+                         src.c_str(), static_cast<long long>(s.n_group),
+                         static_cast<long long>(s.n_group_used),
+                         static_cast<long long>(s.n_expert));
+    if (s.n_group > 1 && s.n_expert / s.n_group < 2)
+      TROUPE_INPUT_ERROR("%s: group-limited routing needs at least 2 experts per group",
+                         src.c_str());
+  }
+  if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
+    TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
+                       static_cast<long long>(s.n_layer));
+  for (const LayerSpec& L : s.layers) {
+    expect(src, L.attn_norm, E, 1);
+    if (s.is_mla()) {
+      const int64_t qk = s.qk_nope_dim + s.qk_rope_dim;
+      if (L.wq_a.present()) {
+        expect(src, L.wq_a, E, s.q_lora_rank);
+        expect(src, L.q_a_norm, s.q_lora_rank, 1);
+        expect(src, L.wq_b, s.q_lora_rank, s.n_head * qk);
+      } else {
+        expect(src, L.wq, E, s.n_head * qk);
+      }
+      expect(src, L.wkv_a, E, s.kv_lora_rank + s.qk_rope_dim);
+      expect(src, L.kv_a_norm, s.kv_lora_rank, 1);
+      expect(src, L.wk_b, s.qk_nope_dim, s.kv_lora_rank, s.n_head);
+      expect(src, L.wv_b, s.kv_lora_rank, s.v_head_dim, s.n_head);
+      expect(src, L.wo, s.n_head * s.v_head_dim, E);
+    } else {
+      expect(src, L.wq, E, s.n_head * s.head_dim_k);
+      expect(src, L.wk, E, s.n_head_kv * s.head_dim_k);
+      expect(src, L.wv, E, s.n_head_kv * s.head_dim_v);
+      expect(src, L.wo, s.n_head * s.head_dim_v, E);
+      expect_opt(src, L.bq, s.n_head * s.head_dim_k, 1);
+      expect_opt(src, L.bk, s.n_head_kv * s.head_dim_k, 1);
+      expect_opt(src, L.bv, s.n_head_kv * s.head_dim_v, 1);
+      expect_opt(src, L.q_norm, s.head_dim_k, 1);
+      expect_opt(src, L.k_norm, s.head_dim_k, 1);
+    }
+    expect(src, L.ffn_norm, E, 1);
+    if (!L.is_moe) {
+      expect(src, L.ffn_gate, E, s.n_ff);
+      expect(src, L.ffn_up, E, s.n_ff);
+      expect(src, L.ffn_down, s.n_ff, E);
+      continue;
+    }
+    expect(src, L.router, E, s.n_expert);
+    expect_opt(src, L.router_bias, s.n_expert, 1);
+    for (const ExpertFfn& X : L.experts) {
+      expect(src, X.gate, E, s.n_ff_exp);
+      expect(src, X.up, E, s.n_ff_exp);
+      expect(src, X.down, s.n_ff_exp, E);
+    }
+    if (L.shared.gate.present()) {
+      const int64_t f = L.shared.gate.rows();
+      expect(src, L.shared.gate, E, f);
+      expect(src, L.shared.up, E, f);
+      expect(src, L.shared.down, f, E);
+      expect_opt(src, L.shared_gate, E, 1);
+    }
+  }
+}
+
+ModelSpec spec_from_gguf(const GgufFile& g) {
+  GgufSpecBuilder b(g);
+  ModelSpec s = b.build();
+  validate_spec(s, g.path());
+  return s;
+}
+
+}  // namespace troupe::model
