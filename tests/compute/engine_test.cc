@@ -1,0 +1,177 @@
+// Batch invariance and determinism of the engine: a sequence's logits are bit-identical alone or
+// in any batch, prefilled in one chunk, several chunks or token by token, with 1 or 2 threads.
+#include "compute/engine.h"
+
+#include <cstring>
+#include <random>
+
+#include "tests/compute/engine_test_util.h"
+#include "tests/test_support.h"
+
+namespace troupe::compute {
+namespace {
+
+std::vector<int32_t> make_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return v;
+}
+
+// Logits of every position of `toks`, computed according to a chunking plan.
+std::vector<float> run_chunks(Engine& eng, const std::vector<int32_t>& toks,
+                              const std::vector<int64_t>& chunks) {
+  Sequence seq(eng);
+  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(toks.size())));
+  std::vector<float> out;
+  size_t at = 0;
+  for (size_t c = 0; at < toks.size(); ++c) {
+    const int64_t n = std::min<int64_t>(chunks[c % chunks.size()], static_cast<int64_t>(toks.size() - at));
+    SeqStep st = seq.next({toks.data() + at, static_cast<size_t>(n)}, SeqStep::Logits::kAll);
+    StepResult r;
+    EXPECT_TRUE(eng.step({&st, 1}, &r).has_value());
+    out.insert(out.end(), r.logits.begin(), r.logits.end());
+    seq.advance(n);
+    at += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+class EngineInvariance : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/" + GetParam());
+  ASSERT_TRUE(model);
+  const int64_t V = model->spec.n_vocab;
+  EngineOptions o1;
+  o1.max_tokens_in_cache = 1024;
+  EngineOptions o2 = o1;
+  o2.n_threads = 2;
+  auto e1 = Engine::create(model, o1);
+  auto e2 = Engine::create(model, o2);
+  ASSERT_TRUE(e1 && e2);
+  const auto a = make_tokens(29, V, 1), b = make_tokens(11, V, 2), c = make_tokens(40, V, 3);
+
+  const auto ref = run_chunks(**e1, a, {29});
+  ASSERT_EQ(ref.size(), a.size() * static_cast<size_t>(V));
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {5, 7, 3}))) << "chunked prefill";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {1}))) << "token by token";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {29}))) << "2 threads";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {4, 1, 9}))) << "2 threads, chunked";
+
+  // `a` prefilled in chunks of 8 inside steps that also carry other sequences: `b` decoding one
+  // token at a time after its prompt, and `c` prefilling with a different chunk size.
+  for (Engine* eng : {e1->get(), e2->get()}) {
+    Sequence sa(*eng), sb(*eng), sc(*eng);
+    ASSERT_TRUE(sa.reserve(29) && sb.reserve(11) && sc.reserve(40));
+    std::vector<float> got;
+    size_t ia = 0, ib = 0, ic = 0;
+    while (ia < a.size()) {
+      std::vector<SeqStep> steps;
+      std::vector<int64_t> adv;
+      // Put `a` in the middle of the batch so its rows sit at a varying offset.
+      if (ib < b.size()) {
+        const int64_t n = ib == 0 ? 6 : 1;
+        steps.push_back(sb.next({b.data() + ib, static_cast<size_t>(n)}, SeqStep::Logits::kLast));
+        adv.push_back(n);
+      }
+      const int64_t na = std::min<int64_t>(8, static_cast<int64_t>(a.size() - ia));
+      const size_t a_idx = steps.size();
+      steps.push_back(sa.next({a.data() + ia, static_cast<size_t>(na)}, SeqStep::Logits::kAll));
+      if (ic < c.size()) {
+        const int64_t n = std::min<int64_t>(13, static_cast<int64_t>(c.size() - ic));
+        steps.push_back(sc.next({c.data() + ic, static_cast<size_t>(n)}, SeqStep::Logits::kLast));
+      }
+      StepResult r;
+      ASSERT_TRUE(eng->step(steps, &r).has_value());
+      got.insert(got.end(), r.row(a_idx), r.row(a_idx) + na * V);
+      size_t k = 0;
+      if (ib < b.size()) {
+        sb.advance(adv[0]);
+        ib += static_cast<size_t>(adv[0]);
+        ++k;
+      }
+      sa.advance(na);
+      ia += static_cast<size_t>(na);
+      if (ic < c.size()) {
+        const int64_t n = std::min<int64_t>(13, static_cast<int64_t>(c.size() - ic));
+        sc.advance(n);
+        ic += static_cast<size_t>(n);
+      }
+    }
+    EXPECT_TRUE(bit_equal(ref, got)) << "mixed batch, threads=" << eng->n_threads();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllArchitectures, EngineInvariance,
+    ::testing::Values("models/stories260K/stories260K.gguf", "models/synth/llama-dense-f16/model.gguf",
+                      "models/synth/mixtral-moe/model.gguf", "models/synth/qwen2moe/model.gguf",
+                      "models/synth/qwen3moe/model.gguf", "models/synth/deepseek2/model.gguf"),
+    [](const auto& info) {
+      std::string s = info.param;
+      s = s.substr(0, s.rfind('/'));
+      s = s.substr(s.rfind('/') + 1);
+      for (char& ch : s)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return s;
+    });
+
+TEST(Engine, RejectsBadSteps) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(model);
+  EngineOptions o;
+  o.max_tokens_in_cache = 64;
+  auto e = Engine::create(model, o);
+  ASSERT_TRUE(e);
+  Sequence seq(**e);
+  ASSERT_TRUE(seq.reserve(4));
+  StepResult r;
+  std::vector<int32_t> bad = {1, 512};
+  SeqStep st = seq.next(bad, SeqStep::Logits::kLast);
+  auto s1 = (*e)->step({&st, 1}, &r);
+  ASSERT_FALSE(s1.has_value());
+  EXPECT_NE(s1.error().message.find("token id 512 is outside the vocabulary"), std::string::npos)
+      << s1.error().message;
+  std::vector<int32_t> many(40, 1);
+  SeqStep st2 = seq.next(many, SeqStep::Logits::kLast);
+  auto s2 = (*e)->step({&st2, 1}, &r);
+  ASSERT_FALSE(s2.has_value());
+  EXPECT_NE(s2.error().message.find("needs 3 KV blocks"), std::string::npos) << s2.error().message;
+  SeqStep empty = seq.next({}, SeqStep::Logits::kLast);
+  EXPECT_FALSE((*e)->step({&empty, 1}, &r).has_value());
+}
+
+TEST(Engine, PoolExhaustionIsReported) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(model);
+  EngineOptions o;
+  o.kv_num_blocks = 2;
+  o.kv_block_size = 16;
+  auto e = Engine::create(model, o);
+  ASSERT_TRUE(e);
+  Sequence a(**e), b(**e);
+  EXPECT_TRUE(a.reserve(20));
+  EXPECT_FALSE(b.reserve(20));
+  EXPECT_EQ((*e)->blocks().num_free(), 0);
+}
+
+TEST(Engine, RejectsBadOptions) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  EngineOptions o;
+  o.n_threads = 0;
+  auto e = Engine::create(model, o);
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.error().message.find("thread count"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::compute
