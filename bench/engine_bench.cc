@@ -1,0 +1,212 @@
+// engine_bench: prefill and decode speed of the CPU engine on a model file, beside the machine's
+// measured memory bandwidth (decode is bound by reading every active weight once per step).
+// Usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] [--runs 5]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compute/engine.h"
+#include "compute/matmul.h"
+#include "compute/thread_pool.h"
+#include "model/model.h"
+
+using namespace troupe;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Read bandwidth with n threads over a buffer much larger than the caches (GB/s, median of 5).
+double measure_bandwidth(int n_threads) {
+  const size_t n = size_t{1} << 27;  // 1 GiB of uint64
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  compute::ThreadPool pool(n_threads);
+  std::vector<double> runs;
+  volatile uint64_t sink = 0;
+  for (int r = 0; r < 5; ++r) {
+    std::vector<uint64_t> part(static_cast<size_t>(n_threads), 0);
+    const double t0 = now_s();
+    pool.run([&](int idx, int nt) {
+      const size_t b = n * static_cast<size_t>(idx) / static_cast<size_t>(nt);
+      const size_t e = n * static_cast<size_t>(idx + 1) / static_cast<size_t>(nt);
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      for (size_t i = b; i + 4 <= e; i += 4) {
+        a0 += buf[i];
+        a1 += buf[i + 1];
+        a2 += buf[i + 2];
+        a3 += buf[i + 3];
+      }
+      part[static_cast<size_t>(idx)] = a0 ^ a1 ^ a2 ^ a3;
+    });
+    runs.push_back(static_cast<double>(n * 8) / (now_s() - t0) / 1e9);
+    for (auto p : part) sink = sink + p;
+  }
+  return median(runs);
+}
+
+// Bytes of weights one decode token reads: every matrix, except embeddings (one row) and, for
+// MoE layers, only the experts a token uses.
+double weight_bytes_per_token(const model::ModelSpec& s) {
+  double b = static_cast<double>(s.output.nbytes()) + static_cast<double>(s.token_embd.row_bytes());
+  for (const auto& L : s.layers) {
+    for (const model::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a,
+                                       &L.wk_b, &L.wv_b, &L.ffn_gate, &L.ffn_up, &L.ffn_down,
+                                       &L.router, &L.shared.gate, &L.shared.up, &L.shared.down})
+      if (w->present()) b += static_cast<double>(w->nbytes());
+    if (L.is_moe && !L.experts.empty()) {
+      const auto& e = L.experts[0];
+      b += static_cast<double>(s.n_expert_used) *
+           static_cast<double>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes());
+    }
+  }
+  return b;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
+                         "[--batch 16] [--runs 5]\n");
+    return 2;
+  }
+  std::string path = argv[1];
+  std::vector<int> threads = {1, 2};
+  int64_t n_prefill = 512, n_decode = 32, batch = 16;
+  int runs = 5;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--threads") {
+      threads.clear();
+      for (size_t p = 0; p < v.size();) {
+        threads.push_back(std::atoi(v.c_str() + p));
+        p = v.find(',', p);
+        if (p == std::string::npos) break;
+        ++p;
+      }
+    } else if (k == "--prefill") {
+      n_prefill = std::atoll(v.c_str());
+    } else if (k == "--decode") {
+      n_decode = std::atoll(v.c_str());
+    } else if (k == "--batch") {
+      batch = std::atoll(v.c_str());
+    } else if (k == "--runs") {
+      runs = std::atoi(v.c_str());
+    }
+  }
+  std::string cpu = "unknown";
+  {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("model name", 0) == 0) {
+        cpu = line.substr(line.find(':') + 2);
+        break;
+      }
+  }
+#ifdef NDEBUG
+  const char* build = "release";
+#else
+  const char* build = "DEBUG (asserts on: numbers are not meaningful)";
+#endif
+  std::printf("engine_bench: cpu %s, %u hardware threads, simd %s, build %s\n", cpu.c_str(),
+              std::thread::hardware_concurrency(), compute::simd_level(), build);
+  auto m = model::load_model(path);
+  if (!m) {
+    std::fprintf(stderr, "engine_bench: %s\n", m.error().message.c_str());
+    return 1;
+  }
+  const auto& s = (*m)->spec;
+  const double wbytes = weight_bytes_per_token(s);
+  std::printf("model %s: %s, %lld layers, n_embd %lld, weights read per decode token %.1f MB\n",
+              path.c_str(), model::arch_name(s.arch), (long long)s.n_layer, (long long)s.n_embd,
+              wbytes / 1e6);
+  std::printf("%-8s %-10s %12s %12s %10s %10s\n", "threads", "phase", "tokens/s", "ms/step",
+              "GB/s", "roofline");
+  for (int nt : threads) {
+    const double bw = measure_bandwidth(nt);
+    std::printf("%-8d %-10s %12s %12s %10.1f %10s\n", nt, "membw", "-", "-", bw, "100%");
+    compute::EngineOptions o;
+    o.n_threads = nt;
+    o.max_tokens_in_cache = std::max<int64_t>(n_prefill, batch * (16 + n_decode)) + 64;
+    auto eng = compute::Engine::create(*m, o);
+    if (!eng) {
+      std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());
+      return 1;
+    }
+    compute::StepResult res;
+    // Prefill: one sequence of n_prefill tokens in one step.
+    {
+      const auto toks = random_tokens(n_prefill, s.n_vocab, 1);
+      std::vector<double> t;
+      for (int r = 0; r < runs; ++r) {
+        compute::Sequence seq(**eng);
+        seq.reserve(n_prefill);
+        auto st = seq.next(toks, compute::SeqStep::Logits::kLast);
+        const double t0 = now_s();
+        if (!(*eng)->step({&st, 1}, &res)) return 1;
+        t.push_back(now_s() - t0);
+      }
+      const double sec = median(t);
+      std::printf("%-8d %-10s %12.1f %12.1f %10s %10s\n", nt, "prefill",
+                  static_cast<double>(n_prefill) / sec, sec * 1e3, "-", "-");
+    }
+    // Decode with 1 and `batch` sequences: each prefilled with 16 tokens, then n_decode steps.
+    for (int64_t nb : {int64_t{1}, batch}) {
+      std::vector<double> t;
+      for (int r = 0; r < runs; ++r) {
+        std::vector<std::unique_ptr<compute::Sequence>> seqs;
+        std::vector<std::vector<int32_t>> toks;
+        for (int64_t b = 0; b < nb; ++b) {
+          seqs.push_back(std::make_unique<compute::Sequence>(**eng));
+          seqs.back()->reserve(16 + n_decode);
+          toks.push_back(random_tokens(16 + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
+          auto st = seqs.back()->next({toks.back().data(), 16}, compute::SeqStep::Logits::kLast);
+          if (!(*eng)->step({&st, 1}, &res)) return 1;
+          seqs.back()->advance(16);
+        }
+        const double t0 = now_s();
+        for (int64_t d = 0; d < n_decode; ++d) {
+          std::vector<compute::SeqStep> steps;
+          for (int64_t b = 0; b < nb; ++b)
+            steps.push_back(seqs[static_cast<size_t>(b)]->next(
+                {&toks[static_cast<size_t>(b)][static_cast<size_t>(16 + d)], 1},
+                compute::SeqStep::Logits::kLast));
+          if (!(*eng)->step(steps, &res)) return 1;
+          for (auto& q : seqs) q->advance(1);
+        }
+        t.push_back((now_s() - t0) / static_cast<double>(n_decode));
+      }
+      const double step_s = median(t);
+      const double tps = static_cast<double>(nb) / step_s;
+      const double gbs = wbytes / step_s / 1e9;
+      char phase[32];
+      std::snprintf(phase, sizeof phase, "decode@%lld", (long long)nb);
+      std::printf("%-8d %-10s %12.1f %12.2f %10.1f %9.0f%%\n", nt, phase, tps, step_s * 1e3, gbs,
+                  100.0 * gbs / bw);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,208 @@
+// `troupe generate` and `troupe eval`: single-process runs of the CPU engine.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <optional>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bin/args.h"
+#include "bin/commands.h"
+#include "bin/common.h"
+#include "compute/engine.h"
+#include "compute/sampler.h"
+#include "model/tokenizer.h"
+
+namespace troupe::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr const char* kGenerateHelp =
+    "usage: troupe generate --model PATH (--prompt TEXT | --prompt-tokens 1,2,3) [options]\n"
+    "  --max-tokens N       tokens to generate (default 128)\n"
+    "  --temperature T      0 = greedy (default 0)\n"
+    "  --top-k K --top-p P --min-p P\n"
+    "  --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
+    "  --seed S             sampling seed (default 0)\n"
+    "  --stop TEXT          end the output just before this text\n"
+    "  --ignore-eos         keep generating after end-of-generation tokens\n"
+    "  --no-bos             do not add the BOS token to a text prompt\n"
+    "  --threads N          compute threads (default 1)\n"
+    "  --json               print {\"prompt_tokens\":[...],\"tokens\":[...],\"text\":\"...\"}\n"
+    "  --stats              print prefill/decode speed to stderr\n";
+
+}  // namespace
+
+int cmd_generate(const Args& args) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::fputs(kGenerateHelp, stdout);
+    return 0;
+  }
+  ArgParser ap(args,
+               {"model", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k", "top-p",
+                "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty", "seed", "stop",
+                "threads"},
+               {"json", "stats", "ignore-eos", "no-bos"});
+  const std::string path = ap.required("model");
+  if (ap.has("prompt") == ap.has("prompt-tokens"))
+    throw CliError("give exactly one of --prompt TEXT or --prompt-tokens 1,2,3");
+  const int64_t max_tokens = ap.integer("max-tokens", 128, 0, 1 << 20);
+  const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
+  compute::SamplingParams sp;
+  sp.temperature = static_cast<float>(ap.number("temperature", 0, 0, 100));
+  sp.top_k = static_cast<int32_t>(ap.integer("top-k", 0, 0, 1 << 30));
+  sp.top_p = static_cast<float>(ap.number("top-p", 1, 0, 1));
+  sp.min_p = static_cast<float>(ap.number("min-p", 0, 0, 1));
+  sp.repetition_penalty = static_cast<float>(ap.number("repeat-penalty", 1, 0, 100));
+  sp.presence_penalty = static_cast<float>(ap.number("presence-penalty", 0, -100, 100));
+  sp.frequency_penalty = static_cast<float>(ap.number("frequency-penalty", 0, -100, 100));
+  sp.seed = static_cast<uint64_t>(ap.integer("seed", 0, 0, INT64_MAX));
+  sp.ignore_eos = ap.flag("ignore-eos");
+  if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
+  if (auto st = sp.validate(); !st) throw CliError(st.error().message);
+
+  auto model = load_model_or_throw(path);
+  const model::Tokenizer* tok = model->tokenizer.get();
+  std::vector<int32_t> prompt;
+  if (ap.has("prompt")) {
+    if (!tok) throw CliError(path + " has no vocabulary: use --prompt-tokens");
+    prompt = tok->encode(ap.str("prompt"), !ap.flag("no-bos"));
+  } else {
+    prompt = parse_id_list(ap.str("prompt-tokens"), "--prompt-tokens");
+  }
+  if (prompt.empty()) throw CliError("the prompt is empty (no tokens)");
+  for (int32_t id : prompt)
+    if (id >= model->spec.n_vocab)
+      throw CliError("prompt token " + std::to_string(id) + " is outside the vocabulary (size " +
+                     std::to_string(model->spec.n_vocab) + ")");
+
+  compute::EngineOptions eo;
+  eo.n_threads = threads;
+  eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
+  auto eng = compute::Engine::create(model, eo);
+  if (!eng) throw CliError(eng.error().message);
+  compute::Sequence seq(**eng);
+  if (!seq.reserve(static_cast<int64_t>(prompt.size()) + max_tokens))
+    throw CliError("KV cache too small");
+
+  compute::Sampler sampler(sp);
+  std::vector<int32_t> history = prompt, generated;
+  std::vector<int32_t> eos_ids;
+  if (tok && tok->eos_id() >= 0) eos_ids.push_back(tok->eos_id());
+  const bool json = ap.flag("json");
+  std::optional<model::StreamDecoder> sdec;
+  if (tok) sdec.emplace(*tok);
+  compute::StopMatcher stops(sp.stop_strings);
+  std::string text;
+  auto emit = [&](const std::string& s) {
+    text += s;
+    if (!json && !s.empty()) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
+
+  // Prefill in chunks; only the last chunk asks for logits.
+  constexpr int64_t kChunk = 512;
+  compute::StepResult res;
+  const auto t0 = Clock::now();
+  for (size_t at = 0; at < prompt.size();) {
+    const size_t n = std::min<size_t>(kChunk, prompt.size() - at);
+    const bool last = at + n == prompt.size();
+    compute::SeqStep st = seq.next({prompt.data() + at, n},
+                                   last ? compute::SeqStep::Logits::kLast : compute::SeqStep::Logits::kNone);
+    if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
+    seq.advance(static_cast<int64_t>(n));
+    at += n;
+  }
+  const double t_prefill = seconds_since(t0);
+  const auto t1 = Clock::now();
+  bool stopped = false;
+  for (int64_t i = 0; i < max_tokens && !stopped; ++i) {
+    const int32_t next = sampler.sample({res.row(0), static_cast<size_t>(res.n_vocab)}, history);
+    history.push_back(next);
+    const bool eog = (!sp.ignore_eos && tok && tok->is_eog(next)) ||
+                     std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), next) !=
+                         sp.stop_token_ids.end();
+    if (eog) break;
+    generated.push_back(next);
+    if (sdec) {
+      auto out = stops.feed(sdec->push(next));
+      emit(out.text);
+      if (out.stopped) break;
+    }
+    if (i + 1 == max_tokens) break;
+    compute::SeqStep st = seq.next({&generated.back(), 1}, compute::SeqStep::Logits::kLast);
+    if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
+    seq.advance(1);
+  }
+  if (sdec && !stops.stopped()) {
+    auto out = stops.feed(sdec->flush());
+    emit(out.text);
+    if (!out.stopped) emit(stops.flush());
+  }
+  const double t_decode = seconds_since(t1);
+  if (json) {
+    nlohmann::json j;
+    j["prompt_tokens"] = prompt;
+    j["tokens"] = generated;
+    j["text"] = text;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+  }
+  if (ap.flag("stats")) {
+    std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
+                 "(%.1f tok/s); threads %d\n", prompt.size(), t_prefill,
+                 static_cast<double>(prompt.size()) / t_prefill, generated.size(), t_decode,
+                 generated.empty() ? 0.0 : static_cast<double>(generated.size()) / t_decode, threads);
+  }
+  return 0;
+}
+
+int cmd_eval(const Args& args) {
+  ArgParser ap(args, {"model", "tokens", "logits-out", "threads"}, {});
+  const std::string path = ap.required("model");
+  const std::vector<int32_t> toks = parse_id_list(ap.required("tokens"), "--tokens");
+  const std::string out_path = ap.required("logits-out");
+  const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
+  auto model = load_model_or_throw(path);
+  for (int32_t id : toks)
+    if (id >= model->spec.n_vocab)
+      throw CliError("token " + std::to_string(id) + " is outside the vocabulary (size " +
+                     std::to_string(model->spec.n_vocab) + ")");
+  compute::EngineOptions eo;
+  eo.n_threads = threads;
+  eo.max_tokens_in_cache = static_cast<int64_t>(toks.size()) + 1;
+  auto eng = compute::Engine::create(model, eo);
+  if (!eng) throw CliError(eng.error().message);
+  compute::Sequence seq(**eng);
+  if (!seq.reserve(static_cast<int64_t>(toks.size()))) throw CliError("KV cache too small");
+  std::ofstream f(out_path, std::ios::binary);
+  if (!f) throw CliError("cannot write " + out_path);
+  constexpr size_t kChunk = 512;
+  compute::StepResult res;
+  for (size_t at = 0; at < toks.size();) {
+    const size_t n = std::min(kChunk, toks.size() - at);
+    compute::SeqStep st = seq.next({toks.data() + at, n}, compute::SeqStep::Logits::kAll);
+    if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
+    seq.advance(static_cast<int64_t>(n));
+    f.write(reinterpret_cast<const char*>(res.logits.data()),
+            static_cast<std::streamsize>(res.logits.size() * sizeof(float)));
+    at += n;
+  }
+  if (!f.flush()) throw CliError("error writing " + out_path);
+  std::fprintf(stderr, "wrote %zu x %lld float32 logits to %s\n", toks.size(),
+               static_cast<long long>(model->spec.n_vocab), out_path.c_str());
+  return 0;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,132 @@
+// `troupe inspect PATH`: what a model file holds (metadata, tensors) and what troupe makes of it.
+#include <cstdio>
+#include <map>
+
+#include "bin/args.h"
+#include "bin/commands.h"
+#include "bin/common.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace troupe::cli {
+
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+std::string value_string(const model::GgufValue& v) {
+  using model::GgufType;
+  switch (v.type) {
+    case GgufType::kString: {
+      std::string s(v.str.substr(0, 80));
+      for (char& c : s)
+        if (c == '\n') c = ' ';
+      return "\"" + s + (v.str.size() > 80 ? "...\"" : "\"");
+    }
+    case GgufType::kF32: case GgufType::kF64: return std::to_string(v.f);
+    case GgufType::kBool: return v.u ? "true" : "false";
+    case GgufType::kArray:
+      return "[" + std::string(model::gguf_type_name(v.elem_type)) + " x " +
+             std::to_string(v.count) + "]";
+    default: return std::to_string(v.i);
+  }
+}
+
+void print_spec(const model::ModelSpec& s) {
+  std::printf("architecture: %s%s\n", model::arch_name(s.arch),
+              s.n_expert > 0 ? " (mixture of experts)" : "");
+  std::printf("  n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim "
+              "k/v %lld/%lld, n_ff %lld, rope %s n_rot %lld base %g, rms_eps %g\n",
+              (long long)s.n_vocab, (long long)s.n_embd, (long long)s.n_layer, (long long)s.n_head,
+              (long long)s.n_head_kv, (long long)s.head_dim_k, (long long)s.head_dim_v,
+              (long long)s.n_ff, s.rope_style == model::RopeStyle::kNeox ? "neox" : "normal",
+              (long long)s.n_rot, s.rope_theta, s.rms_eps);
+  if (s.n_expert > 0)
+    std::printf("  experts %lld (used %lld, ff %lld), shared %lld (ff %lld), leading dense %lld, "
+                "gating %s, norm_topk %d, scale %g, groups %lld/%lld\n",
+                (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
+                (long long)s.n_expert_shared, (long long)s.n_ff_shexp,
+                (long long)s.n_leading_dense,
+                s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
+                s.routed_scale, (long long)s.n_group_used, (long long)s.n_group);
+  if (s.is_mla())
+    std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
+                (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,
+                (long long)s.qk_rope_dim, (long long)s.v_head_dim);
+  std::printf("  KV cache per token: %s (f32)\n",
+              human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * s.n_layer * 4))
+                  .c_str());
+}
+
+}  // namespace
+
+int cmd_inspect(const Args& args) {
+  ArgParser ap(args, {}, {"metadata"}, 1);
+  if (ap.positional().empty()) throw CliError("usage: troupe inspect PATH [--metadata]");
+  const std::string path = ap.positional()[0];
+  const bool is_gguf = path.size() > 5 && path.substr(path.size() - 5) == ".gguf";
+  if (!is_gguf) {
+    auto m = load_model_or_throw(path);
+    std::printf("%s: Hugging Face model\n", path.c_str());
+    print_spec(m->spec);
+    if (m->tokenizer)
+      std::printf("tokenizer: %s, %d tokens\n", m->tokenizer->model_kind().c_str(),
+                  m->tokenizer->n_vocab());
+    return 0;
+  }
+  auto g = model::GgufFile::open(path);
+  if (!g) throw CliError(g.error().message);
+  const model::GgufFile& f = **g;
+  std::printf("%s: GGUF v%u, %s, %zu metadata keys, %zu tensors, alignment %llu\n", path.c_str(),
+              f.version(), human_bytes(static_cast<double>(f.file_size())).c_str(),
+              f.metadata().size(), f.tensors().size(), (unsigned long long)f.alignment());
+  if (ap.flag("metadata"))
+    for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), value_string(v).c_str());
+  std::map<std::string, std::pair<int, uint64_t>> by_type;
+  uint64_t total = 0;
+  int64_t params = 0;
+  for (const auto& t : f.tensors()) {
+    std::printf("  %-32s %-6s %-22s %s\n", t.name.c_str(), model::type_name(t.type).c_str(),
+                t.shape_string().c_str(), human_bytes(static_cast<double>(t.nbytes)).c_str());
+    auto& e = by_type[model::type_name(t.type)];
+    e.first++;
+    e.second += t.nbytes;
+    total += t.nbytes;
+    params += t.num_elements();
+  }
+  std::printf("tensors: %lld parameters, %s", (long long)params, human_bytes(static_cast<double>(total)).c_str());
+  for (const auto& [k, v] : by_type)
+    std::printf("; %s: %d (%s)", k.c_str(), v.first, human_bytes(static_cast<double>(v.second)).c_str());
+  std::printf("\n");
+  if (f.tensors().empty()) {
+    std::printf("no weights (vocabulary-only file)\n");
+  } else {
+    try {
+      print_spec(model::spec_from_gguf(f));
+    } catch (const std::exception& e) {
+      std::printf("not runnable by troupe: %s\n", e.what());
+    }
+  }
+  if (f.find("tokenizer.ggml.model")) {
+    auto t = model::Tokenizer::from_gguf(f);
+    if (t)
+      std::printf("tokenizer: %s, %d tokens, bos %d, eos %d\n", (*t)->model_kind().c_str(),
+                  (*t)->n_vocab(), (*t)->bos_id(), (*t)->eos_id());
+    else
+      std::printf("tokenizer: invalid: %s\n", t.error().message.c_str());
+  }
+  return 0;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,176 @@
+// End-to-end tests of the `troupe` command: real processes, real model files. Bad input must
+// give one line on stderr and a non-zero exit; good input the reference tokens and logits.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_support.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+fs::path temp_dir() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("troupe_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+Run troupe(const std::vector<std::string>& args) {
+  std::string cmd = quote(testing::binary_dir() + "/bin/troupe");
+  for (const auto& a : args) cmd += " " + quote(a);
+  const fs::path o = temp_dir() / "out.txt", e = temp_dir() / "err.txt";
+  cmd += " >" + quote(o.string()) + " 2>" + quote(e.string()) + " </dev/null";
+  Run r;
+  const int st = std::system(cmd.c_str());
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  r.out = testing::read_text_file(o.string());
+  r.err = testing::read_text_file(e.string());
+  return r;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// A failure prints exactly one line that contains `what`, and exits non-zero.
+void expect_one_line_error(const Run& r, const std::string& what) {
+  EXPECT_NE(r.rc, 0);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
+}
+
+TEST(Cli, BadInvocationsGiveOneLineErrors) {
+  Run r = troupe({});
+  EXPECT_EQ(r.rc, 2);
+  expect_one_line_error(troupe({"frobnicate"}), "unknown command 'frobnicate'");
+  expect_one_line_error(troupe({"generate", "--prompt", "hi"}), "missing required option --model");
+  expect_one_line_error(troupe({"generate", "--model", "/nonexistent/m.gguf", "--prompt", "x"}),
+                        "/nonexistent/m.gguf");
+  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--max-tokens", "abc", "--prompt", "x"}),
+                        "--max-tokens must be an integer");
+  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--bogus"}), "unknown option --bogus");
+  expect_one_line_error(troupe({"eval", "--model", "x.gguf", "--tokens", "1,x,3", "--logits-out", "/tmp/x"}),
+                        "'x' is not a token id");
+  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--temperature", "-1", "--prompt", "x"}),
+                        "--temperature must be a number");
+}
+
+TEST(Cli, CorruptModelFileIsNamed) {
+  const fs::path p = temp_dir() / "corrupt.gguf";
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "GGUF\x03";  // truncated header
+  }
+  expect_one_line_error(troupe({"generate", "--model", p.string(), "--prompt-tokens", "1"}),
+                        p.string() + ": truncated");
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "this is not a model file at all, just text";
+  }
+  expect_one_line_error(troupe({"inspect", p.string()}), "not a GGUF file");
+}
+
+TEST(Cli, GenerateJsonMatchesGoldenGreedyTokens) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto j = nlohmann::json::parse(
+      testing::read_text_file(shared + "/golden/stories260K/once_upon_a_time/case.json"));
+  const auto prompt = j.at("prompt_tokens").get<std::vector<int32_t>>();
+  const auto greedy = j.at("greedy_tokens").get<std::vector<int32_t>>();
+  std::string csv;
+  for (int32_t t : prompt) csv += (csv.empty() ? "" : ",") + std::to_string(t);
+  Run r = troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf",
+                  "--prompt-tokens", csv, "--max-tokens", std::to_string(greedy.size()), "--json",
+                  "--ignore-eos"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out.at("prompt_tokens").get<std::vector<int32_t>>(), prompt);
+  // Every recorded margin of this case is far above the tolerance bound, so all tokens must match.
+  EXPECT_EQ(out.at("tokens").get<std::vector<int32_t>>(), greedy);
+  EXPECT_FALSE(out.at("text").get<std::string>().empty());
+}
+
+TEST(Cli, TextPromptTokenizesLikeReference) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto j = nlohmann::json::parse(
+      testing::read_text_file(shared + "/golden/stories260K/once_upon_a_time/case.json"));
+  Run r = troupe({"tokenize", "--model", shared + "/models/stories260K/stories260K.gguf", "--text",
+                  j.at("prompt_text").get<std::string>()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).get<std::vector<int32_t>>(),
+            j.at("prompt_tokens").get<std::vector<int32_t>>());
+}
+
+TEST(Cli, EvalWritesReferenceLogits) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string cd = shared + "/golden/mixtral-moe/the_little_dog";
+  const auto j = nlohmann::json::parse(testing::read_text_file(cd + "/case.json"));
+  auto toks = j.at("prompt_tokens").get<std::vector<int32_t>>();
+  for (int32_t t : j.at("greedy_tokens").get<std::vector<int32_t>>()) toks.push_back(t);
+  std::string csv;
+  for (int32_t t : toks) csv += (csv.empty() ? "" : ",") + std::to_string(t);
+  const fs::path out = temp_dir() / "logits.f32";
+  Run r = troupe({"eval", "--model", shared + "/models/synth/mixtral-moe/model.gguf", "--tokens", csv,
+                  "--logits-out", out.string(), "--threads", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto got = testing::read_f32_file(out.string());
+  const auto ref = testing::read_f32_file(cd + "/logits.f32");
+  ASSERT_EQ(got.size(), ref.size());
+  const size_t V = static_cast<size_t>(j.at("vocab").get<int>());
+  for (size_t p = 0; p < toks.size(); ++p) {
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < V; ++i) {
+      mx = std::max(mx, std::fabs(static_cast<double>(ref[p * V + i])));
+      d = std::max(d, std::fabs(static_cast<double>(got[p * V + i]) - ref[p * V + i]));
+    }
+    EXPECT_LE(d, 1e-4 * mx) << "position " << p;
+  }
+}
+
+TEST(Cli, InspectDescribesModel) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  Run r = troupe({"inspect", shared + "/models/synth/deepseek2/model.gguf"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture: deepseek2 (mixture of experts)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MLA: q_lora 64, kv_lora 32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blk.0.attn_k_b.weight"), std::string::npos);
+}
+
+TEST(Cli, DemoSynthesizesAndGenerates) {
+  const fs::path cache = temp_dir() / "cache";
+  Run r = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out.at("tokens").size(), 8u);
+  EXPECT_TRUE(fs::exists(cache / "demo-llama-v1.gguf"));
+  // A second run reuses the cached model and, with the same seed, gives the same tokens.
+  Run r2 = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
+  ASSERT_EQ(r2.rc, 0) << r2.err;
+  EXPECT_EQ(nlohmann::json::parse(r2.out).at("tokens"), out.at("tokens"));
+}
+
+}  // namespace
+}  // namespace troupe
