@@ -159,6 +159,7 @@ int cmd_generate(const Args& args) {
   } else {
     std::printf("\n");
   }
+  std::fflush(stdout);
   if (ap.flag("stats")) {
     std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
                  "(%.1f tok/s); threads %d\n", prompt.size(), t_prefill,

@@ -52,11 +52,14 @@ void print_spec(const model::ModelSpec& s) {
               (long long)s.n_head_kv, (long long)s.head_dim_k, (long long)s.head_dim_v,
               (long long)s.n_ff, s.rope_style == model::RopeStyle::kNeox ? "neox" : "normal",
               (long long)s.n_rot, s.rope_theta, s.rms_eps);
+  int64_t shared_ff = 0;
+  for (const auto& L : s.layers)
+    if (L.is_moe && L.shared.gate.present()) shared_ff = L.shared.gate.rows();
   if (s.n_expert > 0)
     std::printf("  experts %lld (used %lld, ff %lld), shared %lld (ff %lld), leading dense %lld, "
                 "gating %s, norm_topk %d, scale %g, groups %lld/%lld\n",
                 (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
-                (long long)s.n_expert_shared, (long long)s.n_ff_shexp,
+                (long long)s.n_expert_shared, (long long)shared_ff,
                 (long long)s.n_leading_dense,
                 s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
                 s.routed_scale, (long long)s.n_group_used, (long long)s.n_group);
