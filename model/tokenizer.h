@@ -54,6 +54,10 @@ class Tokenizer {
   virtual bool add_bos() const = 0;
   virtual std::string model_kind() const = 0;  // "llama" (SPM) or "gpt2" (byte-level BPE)
   virtual std::string_view token_text(int32_t id) const = 0;  // raw vocabulary entry
+  /// The id whose vocabulary entry is exactly `text` (e.g. "<|im_start|>"), or -1.
+  virtual int32_t find_token(std::string_view /*text*/) const { return -1; }
+  /// The token's type; kUnused for ids out of range.
+  virtual TokenAttr token_attr(int32_t /*id*/) const { return TokenAttr::kNormal; }
 };
 
 /// Turns a stream of token ids into text without ever emitting a partial UTF-8 sequence:

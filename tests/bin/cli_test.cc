@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int rc = -1;
   std::string out, err;
 };
@@ -37,12 +37,12 @@ fs::path temp_dir() {
   return d;
 }
 
-Run troupe(const std::vector<std::string>& args) {
+CliRun troupe(const std::vector<std::string>& args) {
   std::string cmd = quote(testing::binary_dir() + "/bin/troupe");
   for (const auto& a : args) cmd += " " + quote(a);
   const fs::path o = temp_dir() / "out.txt", e = temp_dir() / "err.txt";
   cmd += " >" + quote(o.string()) + " 2>" + quote(e.string()) + " </dev/null";
-  Run r;
+  CliRun r;
   const int st = std::system(cmd.c_str());
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
   r.out = testing::read_text_file(o.string());
@@ -57,14 +57,14 @@ int count_lines(const std::string& s) {
 }
 
 // A failure prints exactly one line that contains `what`, and exits non-zero.
-void expect_one_line_error(const Run& r, const std::string& what) {
+void expect_one_line_error(const CliRun& r, const std::string& what) {
   EXPECT_NE(r.rc, 0);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
 }
 
 TEST(Cli, BadInvocationsGiveOneLineErrors) {
-  Run r = troupe({});
+  CliRun r = troupe({});
   EXPECT_EQ(r.rc, 2);
   expect_one_line_error(troupe({"frobnicate"}), "unknown command 'frobnicate'");
   expect_one_line_error(troupe({"generate", "--prompt", "hi"}), "missing required option --model");
@@ -102,7 +102,7 @@ TEST(Cli, GenerateJsonMatchesGoldenGreedyTokens) {
   const auto greedy = j.at("greedy_tokens").get<std::vector<int32_t>>();
   std::string csv;
   for (int32_t t : prompt) csv += (csv.empty() ? "" : ",") + std::to_string(t);
-  Run r = troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf",
+  CliRun r = troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf",
                   "--prompt-tokens", csv, "--max-tokens", std::to_string(greedy.size()), "--json",
                   "--ignore-eos"});
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -117,7 +117,7 @@ TEST(Cli, TextPromptTokenizesLikeReference) {
   TROUPE_SHARED_OR_SKIP(shared);
   const auto j = nlohmann::json::parse(
       testing::read_text_file(shared + "/golden/stories260K/once_upon_a_time/case.json"));
-  Run r = troupe({"tokenize", "--model", shared + "/models/stories260K/stories260K.gguf", "--text",
+  CliRun r = troupe({"tokenize", "--model", shared + "/models/stories260K/stories260K.gguf", "--text",
                   j.at("prompt_text").get<std::string>()});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).get<std::vector<int32_t>>(),
@@ -133,7 +133,7 @@ TEST(Cli, EvalWritesReferenceLogits) {
   std::string csv;
   for (int32_t t : toks) csv += (csv.empty() ? "" : ",") + std::to_string(t);
   const fs::path out = temp_dir() / "logits.f32";
-  Run r = troupe({"eval", "--model", shared + "/models/synth/mixtral-moe/model.gguf", "--tokens", csv,
+  CliRun r = troupe({"eval", "--model", shared + "/models/synth/mixtral-moe/model.gguf", "--tokens", csv,
                   "--logits-out", out.string(), "--threads", "2"});
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto got = testing::read_f32_file(out.string());
@@ -152,7 +152,7 @@ TEST(Cli, EvalWritesReferenceLogits) {
 
 TEST(Cli, InspectDescribesModel) {
   TROUPE_SHARED_OR_SKIP(shared);
-  Run r = troupe({"inspect", shared + "/models/synth/deepseek2/model.gguf"});
+  CliRun r = troupe({"inspect", shared + "/models/synth/deepseek2/model.gguf"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("architecture: deepseek2 (mixture of experts)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MLA: q_lora 64, kv_lora 32"), std::string::npos) << r.out;
@@ -161,13 +161,13 @@ TEST(Cli, InspectDescribesModel) {
 
 TEST(Cli, DemoSynthesizesAndGenerates) {
   const fs::path cache = temp_dir() / "cache";
-  Run r = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
+  CliRun r = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out.at("tokens").size(), 8u);
   EXPECT_TRUE(fs::exists(cache / "demo-llama-v1.gguf"));
   // A second run reuses the cached model and, with the same seed, gives the same tokens.
-  Run r2 = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
+  CliRun r2 = troupe({"demo", "--cache-dir", cache.string(), "--max-tokens", "8", "--json"});
   ASSERT_EQ(r2.rc, 0) << r2.err;
   EXPECT_EQ(nlohmann::json::parse(r2.out).at("tokens"), out.at("tokens"));
 }
