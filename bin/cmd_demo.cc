@@ -39,7 +39,7 @@ int cmd_demo(const Args& args) {
     o.n_embd = 256;
     o.n_layer = 4;
     o.n_head = 8;
-    o.n_head_kv = 4;
+    if (arch != "deepseek2") o.n_head_kv = 4;  // MLA always has one latent KV head
     if (arch == "llama") o.n_ff = 768;
     const std::string tmp = path + ".tmp";
     auto s = model::synth_model_summary(o, tmp);

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "base/check.h"
 
@@ -80,6 +82,15 @@ int scalar_size(GgufType t) {
 }
 
 bool valid_type(uint32_t t) { return t <= 12; }
+
+// A float element read as an integer: converting NaN or a value outside int64's range is
+// undefined behaviour, so saturate (NaN reads as 0).
+int64_t saturate_i64(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  if (v < -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
+}
 
 // Reads little-endian fields from [p, end) and throws with the file name and offset on overrun.
 class Cursor {
@@ -155,8 +166,8 @@ int64_t GgufValue::array_i64(uint64_t idx) const {
     case GgufType::kI32: { int32_t v; std::memcpy(&v, p, 4); return v; }
     case GgufType::kU64: { uint64_t v; std::memcpy(&v, p, 8); return static_cast<int64_t>(v); }
     case GgufType::kI64: { int64_t v; std::memcpy(&v, p, 8); return v; }
-    case GgufType::kF32: { float v; std::memcpy(&v, p, 4); return static_cast<int64_t>(v); }
-    case GgufType::kF64: { double v; std::memcpy(&v, p, 8); return static_cast<int64_t>(v); }
+    case GgufType::kF32: { float v; std::memcpy(&v, p, 4); return saturate_i64(v); }
+    case GgufType::kF64: { double v; std::memcpy(&v, p, 8); return saturate_i64(v); }
     default: return 0;
   }
 }

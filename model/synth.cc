@@ -1,0 +1,819 @@
+// Synthetic model generation: option defaults and checks per architecture, the tensor plan in
+// llama.cpp's naming and order, seeded weights (splitmix64 per row, so any thread count gives the
+// same bytes), and the built-in byte-level BPE vocabulary.
+#include "model/synth.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <thread>
+#include <unordered_map>
+
+#include "base/check.h"
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
+
+namespace troupe::model {
+
+// ---------------------------------------------------------------------------------------------
+// Built-in vocabulary.
+
+namespace {
+
+// Original text written for troupe (no third-party source); BPE merges are learnt from it.
+constexpr const char* kVocabText =
+    "Once upon a time there was a little town by the sea. The people of the town went out in "
+    "their boats every morning, and they came back in the evening with fish for the market. "
+    "A girl named Mia lived in a small house near the harbour with her mother and her old grey "
+    "cat. Every day she walked along the water and looked at the ships. She wanted to see what "
+    "was on the other side of the sea. One morning the wind was strong and the sky was dark. "
+    "Her mother said that nobody should go out on the water that day. Mia stayed at home and "
+    "read a book about the stars. In the book there were stories of sailors who found their way "
+    "at night by looking at the sky. When the storm was over, the sun came out and the water was "
+    "calm again. Mia ran down to the harbour, where an old man was fixing his nets. He told her "
+    "that the sea is like a friend: it can be kind and it can be angry, but it is always there. "
+    "He showed her how to tie a knot, how to read the wind, and how to find the north star. "
+    "The next summer Mia learned to sail a small boat of her own. At first she stayed close to "
+    "the shore, and then she went a little further every week. She saw birds that followed the "
+    "fish, and she saw the light of the town from far away. In the evening she told her mother "
+    "everything she had seen, and her mother listened with a smile. Years later, Mia became the "
+    "best sailor in the town. Children came to her house to hear her stories, and she taught "
+    "them what the old man had taught her. The town grew, new houses were built on the hill, "
+    "and a school was opened near the market. The teachers wrote numbers on the board: one, "
+    "two, three, ten, twenty, one hundred. The children counted the boats in the harbour and "
+    "the days of the year. They learned that a week has seven days and a year has twelve months. "
+    "In the spring the fields were green, in the summer the air was warm, in the autumn the "
+    "leaves turned red and brown, and in the winter the snow covered the roofs. People worked "
+    "hard, but they also made music and played games together. On the first day of every month "
+    "there was a market with bread, cheese, apples, and fresh fish. Travellers came from other "
+    "towns to sell cloth, tools, and books. They brought news about the world: a new road was "
+    "being built through the mountains, a bridge had been finished over the river, and a "
+    "library was open to anyone who wanted to learn. Mia often thought about how small things "
+    "can change a life. A book about the stars, a kind word from an old man, a boat on a calm "
+    "morning. She wrote these thoughts in a notebook, and one day she gave the notebook to a "
+    "young boy who wanted to be a sailor too. The boy asked her: what is the most important "
+    "thing to know about the sea? She thought for a long time, and then she said: be patient, "
+    "watch the sky, listen to the wind, and always come home before dark. The boy smiled, put "
+    "the notebook in his bag, and walked down to the water. \"I will remember,\" he said. "
+    "It's a simple story, but it's true: we learn from each other, and we pass it on.\n";
+
+// GPT-2's byte-to-unicode table, in its token order: printable bytes first, then the others
+// mapped to U+0100 and up.
+std::vector<std::pair<uint8_t, std::string>> gpt2_byte_tokens() {
+  auto utf8 = [](uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {  // all code points here are below U+0800
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  auto printable = [](int b) {
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  };
+  std::vector<std::pair<uint8_t, std::string>> out;
+  for (int b = 0; b < 256; ++b)
+    if (printable(b)) out.emplace_back(static_cast<uint8_t>(b), utf8(static_cast<uint32_t>(b)));
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b)
+    if (!printable(b)) out.emplace_back(static_cast<uint8_t>(b), utf8(next++));
+  return out;
+}
+
+// Splits text roughly as GPT-2's pre-tokenizer does (contractions, " ?letters", " ?digits",
+// " ?other"); whitespace runs are dropped since they never join words here.
+std::vector<std::string> pretokenize(const std::string& text) {
+  auto is_alpha = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == '\'' && i + 1 < text.size() && std::strchr("stmd", text[i + 1])) {
+      words.push_back(text.substr(i, 2));
+      i += 2;
+      continue;
+    }
+    size_t j = i;
+    if (text[j] == ' ' && j + 1 < text.size() && !is_space(text[j + 1])) ++j;
+    if (j >= text.size() || is_space(text[j])) {
+      i = j + 1;
+      continue;
+    }
+    const char c = text[j];
+    size_t k = j + 1;
+    if (is_alpha(c)) {
+      while (k < text.size() && is_alpha(text[k])) ++k;
+    } else if (is_digit(c)) {
+      while (k < text.size() && is_digit(text[k])) ++k;
+    } else {
+      while (k < text.size() && !is_alpha(text[k]) && !is_digit(text[k]) && !is_space(text[k]) &&
+             text[k] != '\'')
+        ++k;
+    }
+    words.push_back(text.substr(i, k - i));
+    i = k;
+  }
+  return words;
+}
+
+}  // namespace
+
+BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab) {
+  BuiltinVocab v;
+  const auto bytes = gpt2_byte_tokens();
+  std::string byte_str[256];
+  for (const auto& [b, s] : bytes) {
+    byte_str[b] = s;
+    v.tokens.push_back(s);
+    v.token_types.push_back(1);
+  }
+  std::unordered_map<std::string, int32_t> token_id;
+  for (size_t i = 0; i < v.tokens.size(); ++i) token_id[v.tokens[i]] = static_cast<int32_t>(i);
+
+  // Merges until the vocabulary (plus <|bos|> and <|eos|>) reaches the target; default 512.
+  const int64_t target = n_vocab.value_or(512);
+  std::map<std::string, int64_t> word_count;  // ordered: deterministic
+  for (const std::string& w : pretokenize(kVocabText)) ++word_count[w];
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> words;
+  for (const auto& [w, n] : word_count) {
+    std::vector<int32_t> syms;
+    for (unsigned char c : w) syms.push_back(token_id[byte_str[c]]);
+    words.emplace_back(std::move(syms), n);
+  }
+  std::unordered_map<uint64_t, int64_t> pair_count;
+  while (static_cast<int64_t>(v.tokens.size()) + 2 < target) {
+    pair_count.clear();
+    for (const auto& [syms, n] : words)
+      for (size_t k = 0; k + 1 < syms.size(); ++k)
+        pair_count[(static_cast<uint64_t>(syms[k]) << 32) | static_cast<uint32_t>(syms[k + 1])] +=
+            n;
+    if (pair_count.empty()) break;
+    uint64_t best = 0;
+    int64_t best_n = 0;
+    for (const auto& [p, n] : pair_count)  // highest count; ties go to the smallest id pair
+      if (n > best_n || (n == best_n && p < best)) best = p, best_n = n;
+    const int32_t a = static_cast<int32_t>(best >> 32),
+                  b = static_cast<int32_t>(best & 0xffffffffu);
+    const std::string merged = v.tokens[static_cast<size_t>(a)] + v.tokens[static_cast<size_t>(b)];
+    v.merges.push_back(v.tokens[static_cast<size_t>(a)] + " " + v.tokens[static_cast<size_t>(b)]);
+    auto [it, fresh] = token_id.emplace(merged, static_cast<int32_t>(v.tokens.size()));
+    if (fresh) {
+      v.tokens.push_back(merged);
+      v.token_types.push_back(1);
+    }
+    const int32_t m = it->second;
+    for (auto& [syms, n] : words) {
+      size_t out = 0;
+      for (size_t k = 0; k < syms.size(); ++k) {
+        if (k + 1 < syms.size() && syms[k] == a && syms[k + 1] == b) {
+          syms[out++] = m;
+          ++k;
+        } else {
+          syms[out++] = syms[k];
+        }
+      }
+      syms.resize(out);
+    }
+  }
+  v.bos_id = static_cast<int32_t>(v.tokens.size());
+  v.tokens.push_back("<|bos|>");
+  v.token_types.push_back(3);
+  v.eos_id = static_cast<int32_t>(v.tokens.size());
+  v.tokens.push_back("<|eos|>");
+  v.token_types.push_back(3);
+  for (int64_t k = 0; static_cast<int64_t>(v.tokens.size()) < target; ++k) {
+    v.tokens.push_back("<|reserved_" + std::to_string(k) + "|>");
+    v.token_types.push_back(3);
+  }
+  return v;
+}
+
+std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
+  if (s == "f32") return GgmlType::kF32;
+  if (s == "f16") return GgmlType::kF16;
+  if (s == "bf16") return GgmlType::kBF16;
+  if (s == "q8_0") return GgmlType::kQ8_0;
+  if (s == "q4_0") return GgmlType::kQ4_0;
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options resolved against the architecture's defaults.
+
+namespace {
+
+enum class SynthArch { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseek2 };
+
+struct Config {
+  SynthArch arch;
+  std::string gguf_arch;
+  int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim;
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
+  int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
+  bool sigmoid = false, w_norm = false;
+  float w_scale = 1.f;
+  float rope_theta, rms_eps;
+};
+
+void check_positive(const char* flag, int64_t v) {
+  if (v <= 0 || v > (int64_t{1} << 24))
+    TROUPE_INPUT_ERROR("%s must be between 1 and %lld, got %lld", flag,
+                       static_cast<long long>(int64_t{1} << 24), static_cast<long long>(v));
+}
+
+SynthArch parse_arch(const std::string& a) {
+  if (a == "llama") return SynthArch::kLlama;
+  if (a == "mixtral") return SynthArch::kMixtral;
+  if (a == "qwen3moe") return SynthArch::kQwen3Moe;
+  if (a == "qwen2moe") return SynthArch::kQwen2Moe;
+  if (a == "deepseek2") return SynthArch::kDeepseek2;
+  TROUPE_INPUT_ERROR("unknown --arch '%s' (llama, mixtral, qwen3moe, qwen2moe, deepseek2)",
+                     a.c_str());
+}
+
+// Rejects options the architecture does not use (beyond the common ones).
+void check_applicable(const SynthOptions& o, SynthArch arch) {
+  struct Use {
+    const char* flag;
+    bool set;
+    uint8_t archs;  // bit per SynthArch
+  };
+  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16;
+  const Use uses[] = {
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2},
+      {"--head-dim", o.head_dim.has_value(), kQ3},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs},
+      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
+      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs},
+      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs},
+      {"--n-group", o.n_group.has_value(), kDs},
+      {"--n-group-used", o.n_group_used.has_value(), kDs},
+      {"--q-lora-rank", o.q_lora_rank.has_value(), kDs},
+      {"--kv-lora-rank", o.kv_lora_rank.has_value(), kDs},
+      {"--qk-rope-dim", o.qk_rope_dim.has_value(), kDs},
+      {"--qk-nope-dim", o.qk_nope_dim.has_value(), kDs},
+      {"--v-head-dim", o.v_head_dim.has_value(), kDs},
+      {"--gating", o.gating.has_value(), kDs},
+      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs},
+      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs},
+  };
+  const uint8_t bit = static_cast<uint8_t>(1u << static_cast<unsigned>(arch));
+  for (const Use& u : uses)
+    if (u.set && (u.archs & bit) == 0)
+      TROUPE_INPUT_ERROR("%s does not apply to --arch %s", u.flag, o.arch.c_str());
+}
+
+// Sizes every architecture has, and per-head widths of standard attention.
+void resolve_common(const SynthOptions& o, Config& c) {
+  const bool ds = c.arch == SynthArch::kDeepseek2;
+  const bool llama = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral;
+  c.n_embd = o.n_embd.value_or(128);
+  c.n_layer = o.n_layer.value_or(4);
+  c.n_head = o.n_head.value_or(8);
+  // Default GQA: a quarter of the heads (8 -> 2, as in ../shared's models; 32 -> 8).
+  c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
+  c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral ? 32 : 256);
+  c.rope_theta = o.rope_theta.value_or(llama || ds ? 1e4f : 1e6f);
+  c.rms_eps = o.rms_eps.value_or(llama ? 1e-5f : 1e-6f);
+  check_positive("--n-embd", c.n_embd);
+  check_positive("--n-layer", c.n_layer);
+  check_positive("--n-head", c.n_head);
+  check_positive("--n-head-kv", c.n_head_kv);
+  check_positive("--n-ff", c.n_ff);
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    TROUPE_INPUT_ERROR("--rope-theta must be positive");
+  if (!(c.rms_eps > 0) || !(c.rms_eps < 1)) TROUPE_INPUT_ERROR("--rms-eps must be in (0, 1)");
+  if (c.n_head % c.n_head_kv != 0)
+    TROUPE_INPUT_ERROR("--n-head %lld is not a multiple of --n-head-kv %lld",
+                       static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
+  if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
+  if (ds) return;  // MLA widths come from resolve_mla
+  if (c.arch == SynthArch::kQwen3Moe) {
+    // Qwen3-MoE heads are twice n_embd/n_head wide (30B-A3B: 2048/32 heads of 128).
+    c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
+  } else {
+    if (c.n_embd % c.n_head != 0)
+      TROUPE_INPUT_ERROR("--n-embd %lld is not a multiple of --n-head %lld",
+                         static_cast<long long>(c.n_embd), static_cast<long long>(c.n_head));
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  check_positive("--head-dim", c.head_dim);
+  if (c.head_dim % 2 != 0)
+    TROUPE_INPUT_ERROR("head width %lld must be even for rope", static_cast<long long>(c.head_dim));
+  c.rope_dim = c.head_dim;
+}
+
+void resolve_moe(const SynthOptions& o, Config& c) {
+  if (c.arch == SynthArch::kLlama) return;
+  const bool ds = c.arch == SynthArch::kDeepseek2;
+  c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
+  c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
+  check_positive("--n-expert", c.n_expert);
+  check_positive("--n-expert-used", c.n_expert_used);
+  if (c.n_expert > 4096) TROUPE_INPUT_ERROR("--n-expert must be at most 4096");
+  if (c.n_expert_used > c.n_expert)
+    TROUPE_INPUT_ERROR("--n-expert-used %lld exceeds --n-expert %lld",
+                       static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert));
+  // Mixtral's experts are llama.feed_forward_length wide.
+  c.n_ff_exp = c.arch == SynthArch::kMixtral ? c.n_ff : o.n_ff_exp.value_or(32);
+  check_positive("--n-ff-exp", c.n_ff_exp);
+  if (c.arch == SynthArch::kQwen2Moe) {
+    c.n_ff_shexp = o.n_ff_shexp.value_or(64);
+    check_positive("--n-ff-shexp", c.n_ff_shexp);
+  }
+}
+
+// DeepSeek-V2/V3: latent attention widths, shared experts, group-limited routing.
+void resolve_mla(const SynthOptions& o, Config& c) {
+  c.q_lora = o.q_lora_rank.value_or(64);
+  c.kv_lora = o.kv_lora_rank.value_or(32);
+  c.rope_dim = o.qk_rope_dim.value_or(16);
+  c.nope_dim = o.qk_nope_dim.value_or(32);
+  c.v_dim = o.v_head_dim.value_or(32);
+  c.n_dense_lead = o.n_dense_lead.value_or(1);
+  c.n_expert_shared = o.n_expert_shared.value_or(1);
+  c.n_group = o.n_group.value_or(4);
+  c.n_group_used = o.n_group_used.value_or(2);
+  const std::string gating = o.gating.value_or("sigmoid");
+  if (gating != "sigmoid" && gating != "softmax")
+    TROUPE_INPUT_ERROR("--gating must be softmax or sigmoid, got '%s'", gating.c_str());
+  c.sigmoid = gating == "sigmoid";
+  c.w_norm = o.expert_weights_norm.value_or(true);
+  c.w_scale = o.expert_weights_scale.value_or(2.5f);
+  if (c.q_lora < 0 || c.q_lora > (int64_t{1} << 24))
+    TROUPE_INPUT_ERROR("--q-lora-rank must be 0 (no q compression) or positive");
+  check_positive("--kv-lora-rank", c.kv_lora);
+  check_positive("--qk-rope-dim", c.rope_dim);
+  check_positive("--qk-nope-dim", c.nope_dim);
+  check_positive("--v-head-dim", c.v_dim);
+  check_positive("--n-group", c.n_group);
+  check_positive("--n-group-used", c.n_group_used);
+  if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
+  if (c.n_expert_shared < 0 || c.n_expert_shared > 64)
+    TROUPE_INPUT_ERROR("--n-expert-shared must be between 0 and 64");
+  if (c.n_dense_lead < 0 || c.n_dense_lead > c.n_layer)
+    TROUPE_INPUT_ERROR("--n-dense-lead must be between 0 and --n-layer");
+  if (c.n_expert % c.n_group != 0)
+    TROUPE_INPUT_ERROR("--n-expert %lld is not a multiple of --n-group %lld",
+                       static_cast<long long>(c.n_expert), static_cast<long long>(c.n_group));
+  if (c.n_group_used > c.n_group) TROUPE_INPUT_ERROR("--n-group-used exceeds --n-group");
+  if (c.n_expert_used > c.n_group_used * (c.n_expert / c.n_group))
+    TROUPE_INPUT_ERROR("--n-expert-used %lld exceeds the %lld experts of %lld used groups",
+                       static_cast<long long>(c.n_expert_used),
+                       static_cast<long long>(c.n_group_used * (c.n_expert / c.n_group)),
+                       static_cast<long long>(c.n_group_used));
+  if (!(c.w_scale > 0) || !std::isfinite(c.w_scale))
+    TROUPE_INPUT_ERROR("--expert-weights-scale must be positive");
+  c.head_dim = c.nope_dim + c.rope_dim;
+}
+
+Config resolve(const SynthOptions& o) {
+  Config c{};
+  c.arch = parse_arch(o.arch);
+  check_applicable(o, c.arch);
+  c.gguf_arch = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral ? "llama" : o.arch;
+  resolve_common(o, c);
+  resolve_moe(o, c);
+  if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor plan.
+
+enum class Init : uint8_t { kNormal, kNorm, kEmbedding };
+
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  GgmlType type;
+  Init init;
+  float std_dev;
+  const std::vector<bool>* quiet_rows = nullptr;  // rows drawn with kQuietScale * std_dev
+};
+
+// Output rows of control and unused tokens are drawn this much smaller, so that random-weight
+// generation rarely picks <|eos|> or a reserved token and runs on with text tokens.
+constexpr float kQuietScale = 0.05f;
+
+class Planner {
+ public:
+  Planner(GgmlType dtype, std::vector<std::string>* notes) : dtype_(dtype), notes_(notes) {}
+
+  // A matrix (2-D or stacked 3-D) in the requested type, or f16 when rows do not fit its blocks.
+  void matrix(std::string name, std::vector<int64_t> shape) {
+    GgmlType t = dtype_;
+    const int64_t block = type_traits(static_cast<uint32_t>(t))->block_elems;
+    if (shape[0] % block != 0) {
+      t = GgmlType::kF16;
+      note_fallback(name, shape[0]);
+    }
+    const float sd = 1.f / std::sqrt(static_cast<float>(shape[0]));
+    tensors_.push_back({std::move(name), std::move(shape), t, Init::kNormal, sd});
+  }
+  void embedding(std::string name, std::vector<int64_t> shape) {
+    matrix(std::move(name), std::move(shape));
+    tensors_.back().init = Init::kEmbedding;
+    tensors_.back().std_dev = 1.f;
+  }
+  // f32 weights: norms (~1), biases and routers (normal with the given spread).
+  void norm(std::string name, int64_t n) {
+    tensors_.push_back({std::move(name), {n}, GgmlType::kF32, Init::kNorm, 0.05f});
+  }
+  void f32(std::string name, std::vector<int64_t> shape, float sd) {
+    tensors_.push_back({std::move(name), std::move(shape), GgmlType::kF32, Init::kNormal, sd});
+  }
+  PlannedTensor& last() { return tensors_.back(); }
+  std::vector<PlannedTensor> take() { return std::move(tensors_); }
+
+ private:
+  void note_fallback(const std::string& name, int64_t row) {
+    // One note per tensor kind: "blk.3.attn_k_b.weight" -> "attn_k_b.weight".
+    std::string kind = name;
+    if (kind.rfind("blk.", 0) == 0) kind = kind.substr(kind.find('.', 4) + 1);
+    auto it = std::find(kinds_.begin(), kinds_.end(), kind);
+    if (it != kinds_.end()) return;
+    kinds_.push_back(kind);
+    notes_->push_back(
+        strfmt("%s: row of %lld is not a multiple of the %s block (%lld): stored as "
+               "f16",
+               kind.c_str(), static_cast<long long>(row), type_name(dtype_).c_str(),
+               static_cast<long long>(type_traits(static_cast<uint32_t>(dtype_))->block_elems)));
+  }
+  GgmlType dtype_;
+  std::vector<std::string>* notes_;
+  std::vector<std::string> kinds_;
+  std::vector<PlannedTensor> tensors_;
+};
+
+void plan_moe_experts(Planner& p, const std::string& b, int64_t e, int64_t f, int64_t x) {
+  p.matrix(b + "ffn_gate_exps.weight", {e, f, x});
+  p.matrix(b + "ffn_up_exps.weight", {e, f, x});
+  p.matrix(b + "ffn_down_exps.weight", {f, e, x});
+}
+
+void plan_dense_ffn(Planner& p, const std::string& b, int64_t e, int64_t f,
+                    const std::string& suffix = "") {
+  p.matrix(b + "ffn_gate" + suffix + ".weight", {e, f});
+  p.matrix(b + "ffn_up" + suffix + ".weight", {e, f});
+  p.matrix(b + "ffn_down" + suffix + ".weight", {f, e});
+}
+
+std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlType dtype,
+                                        const std::vector<bool>* quiet_rows,
+                                        std::vector<std::string>* notes) {
+  Planner p(dtype, notes);
+  const int64_t e = c.n_embd;
+  const float router_sd = 1.f / std::sqrt(static_cast<float>(e));
+  p.embedding("token_embd.weight", {e, n_vocab});
+  p.norm("output_norm.weight", e);
+  p.matrix("output.weight", {e, n_vocab});
+  p.last().quiet_rows = quiet_rows;
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    p.norm(b + "attn_norm.weight", e);
+    if (c.arch == SynthArch::kDeepseek2) {
+      const int64_t qk = c.nope_dim + c.rope_dim;
+      if (c.q_lora > 0) {
+        p.matrix(b + "attn_q_a.weight", {e, c.q_lora});
+        p.norm(b + "attn_q_a_norm.weight", c.q_lora);
+        p.matrix(b + "attn_q_b.weight", {c.q_lora, c.n_head * qk});
+      } else {
+        p.matrix(b + "attn_q.weight", {e, c.n_head * qk});
+      }
+      p.matrix(b + "attn_kv_a_mqa.weight", {e, c.kv_lora + c.rope_dim});
+      p.norm(b + "attn_kv_a_norm.weight", c.kv_lora);
+      p.matrix(b + "attn_k_b.weight", {c.nope_dim, c.kv_lora, c.n_head});
+      p.matrix(b + "attn_v_b.weight", {c.kv_lora, c.v_dim, c.n_head});
+      p.matrix(b + "attn_output.weight", {c.n_head * c.v_dim, e});
+    } else {
+      const int64_t q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
+      p.matrix(b + "attn_q.weight", {e, q});
+      p.matrix(b + "attn_k.weight", {e, kv});
+      p.matrix(b + "attn_v.weight", {e, kv});
+      if (c.arch == SynthArch::kQwen2Moe) {
+        p.f32(b + "attn_q.bias", {q}, 0.02f);
+        p.f32(b + "attn_k.bias", {kv}, 0.02f);
+        p.f32(b + "attn_v.bias", {kv}, 0.02f);
+      }
+      p.matrix(b + "attn_output.weight", {q, e});
+      if (c.arch == SynthArch::kQwen3Moe) {
+        p.norm(b + "attn_q_norm.weight", c.head_dim);
+        p.norm(b + "attn_k_norm.weight", c.head_dim);
+      }
+    }
+    p.norm(b + "ffn_norm.weight", e);
+    const bool dense = c.n_expert == 0 || il < c.n_dense_lead;
+    if (dense) {
+      plan_dense_ffn(p, b, e, c.n_ff);
+      continue;
+    }
+    // Routers stay f32, as llama.cpp's quantizer leaves them.
+    p.f32(b + "ffn_gate_inp.weight", {e, c.n_expert}, router_sd);
+    if (c.arch == SynthArch::kDeepseek2 && c.sigmoid)
+      p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
+    plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
+    if (c.arch == SynthArch::kQwen2Moe) {
+      p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
+      plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
+    } else if (c.arch == SynthArch::kDeepseek2 && c.n_expert_shared > 0) {
+      plan_dense_ffn(p, b, e, c.n_ff_exp * c.n_expert_shared, "_shexp");
+    }
+  }
+  return p.take();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metadata.
+
+uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 / q8_0 / bf16
+  switch (t) {
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ4_0:
+      return 2;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
+void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_t n_vocab) {
+  const std::string k = c.gguf_arch + ".";
+  auto u32 = [&](const char* key, int64_t v) { w.set_u32(k + key, static_cast<uint32_t>(v)); };
+  u32("context_length", o.n_ctx);
+  u32("embedding_length", c.n_embd);
+  u32("block_count", c.n_layer);
+  u32("feed_forward_length", c.n_ff);
+  u32("attention.head_count", c.n_head);
+  w.set_f32(k + "rope.freq_base", c.rope_theta);
+  w.set_f32(k + "attention.layer_norm_rms_epsilon", c.rms_eps);
+  u32("vocab_size", n_vocab);
+  u32("attention.head_count_kv", c.n_head_kv);
+  switch (c.arch) {
+    case SynthArch::kLlama:
+      u32("rope.dimension_count", c.rope_dim);
+      break;
+    case SynthArch::kMixtral:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      break;
+    case SynthArch::kQwen3Moe:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("attention.value_length", c.head_dim);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      break;
+    case SynthArch::kQwen2Moe:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      break;
+    case SynthArch::kDeepseek2:
+      // MLA is stored as MQA over the latent: key/value_length describe the cache rows,
+      // the _mla variants the decompressed heads (llama.cpp's convention).
+      u32("leading_dense_block_count", c.n_dense_lead);
+      u32("attention.q_lora_rank", c.q_lora);
+      u32("attention.kv_lora_rank", c.kv_lora);
+      u32("attention.key_length", c.kv_lora + c.rope_dim);
+      u32("attention.value_length", c.kv_lora);
+      u32("attention.key_length_mla", c.nope_dim + c.rope_dim);
+      u32("attention.value_length_mla", c.v_dim);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_shared_count", c.n_expert_shared);
+      w.set_f32(k + "expert_weights_scale", c.w_scale);
+      w.set_bool(k + "expert_weights_norm", c.w_norm);
+      u32("expert_gating_func", c.sigmoid ? 2 : 1);
+      u32("expert_group_count", c.n_group);
+      u32("expert_group_used_count", c.n_group_used);
+      u32("rope.dimension_count", c.rope_dim);
+      break;
+  }
+}
+
+struct VocabInfo {
+  int64_t n_vocab = 0;
+  std::vector<bool> quiet;  // control or unused tokens
+};
+
+// Control (3) and unused (5) entries of a tokenizer.ggml.token_type array.
+std::vector<bool> quiet_tokens(const GgufValue* types, int64_t n_vocab) {
+  std::vector<bool> q(static_cast<size_t>(n_vocab), false);
+  if (!types || types->type != GgufType::kArray || types->elem_type == GgufType::kString) return q;
+  for (uint64_t i = 0; i < types->count && i < q.size(); ++i) {
+    const int64_t t = types->array_i64(i);
+    q[i] = t == 3 || t == 5;
+  }
+  return q;
+}
+
+// Writes the vocabulary keys.
+VocabInfo write_vocab(GgufWriter& w, const SynthOptions& o) {
+  if (!o.vocab_donor.empty()) {
+    auto donor = GgufFile::open(o.vocab_donor);
+    if (!donor.has_value()) TROUPE_INPUT_ERROR("--vocab-donor: %s", donor.error().message.c_str());
+    const GgufValue* toks = (*donor)->find("tokenizer.ggml.tokens");
+    if (!toks || toks->type != GgufType::kArray || toks->elem_type != GgufType::kString ||
+        toks->count == 0)
+      TROUPE_INPUT_ERROR("--vocab-donor %s has no tokenizer.ggml.tokens string array",
+                         o.vocab_donor.c_str());
+    const int64_t n = static_cast<int64_t>(toks->count);
+    if (o.n_vocab && *o.n_vocab != n)
+      TROUPE_INPUT_ERROR("--n-vocab %lld differs from the donor's %lld tokens",
+                         static_cast<long long>(*o.n_vocab), static_cast<long long>(n));
+    for (const auto& [key, value] : (*donor)->metadata())
+      if (key.rfind("tokenizer.", 0) == 0) w.copy_value(key, value);
+    return {n, quiet_tokens((*donor)->find("tokenizer.ggml.token_type"), n)};
+  }
+  if (o.n_vocab && (*o.n_vocab < 258 || *o.n_vocab > (int64_t{1} << 22)))
+    TROUPE_INPUT_ERROR("--n-vocab must be between 258 and %lld for the built-in vocabulary",
+                       static_cast<long long>(int64_t{1} << 22));
+  const BuiltinVocab v = builtin_vocab(o.n_vocab);
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", "gpt-2");
+  w.set_string_array("tokenizer.ggml.tokens", v.tokens);
+  w.set_array_i32("tokenizer.ggml.token_type", v.token_types);
+  w.set_string_array("tokenizer.ggml.merges", v.merges);
+  w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos_id));
+  w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos_id));
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+  VocabInfo info{static_cast<int64_t>(v.tokens.size()), {}};
+  for (int32_t t : v.token_types) info.quiet.push_back(t == 3 || t == 5);
+  return info;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights.
+
+inline uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+// Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), rescaled.
+inline float normalish(uint64_t r) {
+  const int64_t s =
+      static_cast<int64_t>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+  constexpr float kMean = 4 * 32767.5f;
+  constexpr float kInvStd = 1.f / 37837.23f;  // sqrt(4 * (65536^2 - 1) / 12)
+  return (static_cast<float>(s) - kMean) * kInvStd;
+}
+
+void fill_row(const PlannedTensor& t, uint64_t tensor_seed, int64_t row, float* out) {
+  uint64_t s = tensor_seed ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);
+  splitmix64(s);
+  const int64_t n = t.shape[0];
+  const bool quiet = t.quiet_rows && static_cast<size_t>(row) < t.quiet_rows->size() &&
+                     (*t.quiet_rows)[static_cast<size_t>(row)];
+  const float sd = quiet ? t.std_dev * kQuietScale : t.std_dev;
+  switch (t.init) {
+    case Init::kNorm:
+      for (int64_t j = 0; j < n; ++j) out[j] = 1.f + sd * normalish(splitmix64(s));
+      break;
+    case Init::kNormal:
+    case Init::kEmbedding:
+      for (int64_t j = 0; j < n; ++j) out[j] = sd * normalish(splitmix64(s));
+      break;
+  }
+}
+
+// Runs body(begin, end) over [0, n) split across up to `threads` threads.
+template <class F>
+void parallel_rows(int64_t n, int threads, int64_t min_per_thread, F&& body) {
+  const int64_t t =
+      std::max<int64_t>(1, std::min<int64_t>(threads, n / std::max<int64_t>(1, min_per_thread)));
+  if (t <= 1) {
+    body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        body(n * i / t, n * (i + 1) / t);
+      } catch (...) {
+        errors[static_cast<size_t>(i)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::string display_arch(const Config& c) {
+  return c.arch == SynthArch::kMixtral ? "llama (mixtral-style MoE)" : c.gguf_arch;
+}
+
+}  // namespace
+
+std::string SynthSummary::line() const {
+  auto human = [](double v, const char* const* units) {
+    int u = 0;
+    while (v >= 1000 && units[u + 1] != nullptr) v /= 1000, ++u;
+    return strfmt(u == 0 ? "%.0f%s" : "%.2f %s", v, units[u]);
+  };
+  static const char* const kCounts[] = {"", "K", "M", "B", "T", nullptr};
+  static const char* const kBytes[] = {" B", "kB", "MB", "GB", "TB", nullptr};
+  return strfmt("%s %s: %s params, %s, %d tensors, n_vocab %lld, in %.2f s", arch.c_str(),
+                dtype.c_str(), human(static_cast<double>(num_params), kCounts).c_str(),
+                human(static_cast<double>(num_bytes), kBytes).c_str(), num_tensors,
+                static_cast<long long>(n_vocab), seconds);
+}
+
+Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::string& out_path) {
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");
+    if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
+      TROUPE_INPUT_ERROR("--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0)",
+                         type_name(opts.dtype).c_str());
+    const Config c = resolve(opts);
+    SynthSummary sum;
+    sum.arch = display_arch(c);
+    sum.dtype = type_name(opts.dtype);
+
+    GgufWriter w;
+    w.set_string("general.architecture", c.gguf_arch);
+    const VocabInfo vocab = write_vocab(w, opts);
+    const int64_t n_vocab = vocab.n_vocab;
+    w.set_string("general.name", opts.name.empty() ? "synth-" + opts.arch : opts.name);
+    w.set_u32("general.file_type", file_type_of(opts.dtype));
+    write_hparams(w, c, opts, n_vocab);
+    if (!opts.command_line.empty()) w.set_string("general.synth.command", opts.command_line);
+
+    const std::vector<PlannedTensor> plan =
+        plan_tensors(c, n_vocab, opts.dtype, &vocab.quiet, &sum.notes);
+    const int threads = opts.num_threads > 0
+                            ? opts.num_threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    for (const PlannedTensor& t : plan) {
+      int64_t elems = 1;
+      for (int64_t d : t.shape) elems *= d;
+      sum.num_params += elems;
+      const uint64_t tseed = hash_name(t.name) ^ (opts.seed * 0x9e3779b97f4a7c15ull);
+      const PlannedTensor* tp = &t;
+      TensorFill fill = [tp, tseed, threads](int64_t row0, int64_t rows, uint8_t* dst) {
+        const int64_t ne0 = tp->shape[0];
+        const int64_t rb = row_bytes(tp->type, ne0);
+        parallel_rows(rows, threads, std::max<int64_t>(1, (1 << 16) / ne0),
+                      [&](int64_t r_begin, int64_t r_end) {
+                        std::vector<float> buf(static_cast<size_t>(ne0));
+                        for (int64_t r = r_begin; r < r_end; ++r) {
+                          fill_row(*tp, tseed, row0 + r, buf.data());
+                          quantize_row(tp->type, buf.data(), dst + r * rb, ne0);
+                        }
+                      });
+      };
+      Status st = w.add_tensor(t.name, t.type, t.shape, std::move(fill));
+      if (!st.has_value()) TROUPE_INPUT_ERROR("%s", st.error().message.c_str());
+    }
+    sum.num_tensors = static_cast<int>(plan.size());
+    sum.n_vocab = n_vocab;
+    Status st = w.write(out_path);
+    if (!st.has_value()) return st.error();
+    sum.num_bytes = w.file_size();
+    sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return sum;
+  } catch (const std::exception& e) {
+    return Error{1, e.what()};
+  }
+}
+
+Status synth_model(const SynthOptions& opts, const std::string& out_path) {
+  auto r = synth_model_summary(opts, out_path);
+  if (!r.has_value()) return r.error();
+  return Ok{};
+}
+
+}  // namespace troupe::model

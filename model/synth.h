@@ -1,0 +1,71 @@
+// Synthetic random-weight models in llama.cpp's GGUF conventions (llama, Mixtral-style MoE,
+// Qwen3-MoE, Qwen2-MoE, DeepSeek-V2/V3 with MLA): deterministic for a seed, any size, streamed to
+// disk with several threads. Used by `troupe synth`, `troupe demo`, tests and benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "model/ggml_types.h"
+
+namespace troupe::model {
+
+/// What to generate. Unset optionals take the architecture's default (the shapes of
+/// ../shared/models/synth/<arch>); options that an architecture does not use must stay unset.
+struct SynthOptions {
+  std::string arch = "llama";  // llama | mixtral | qwen3moe | qwen2moe | deepseek2
+  std::string name;            // general.name; default "synth-<arch>"
+  std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
+  std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width
+  std::optional<int64_t> n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+  std::optional<int64_t> n_expert_shared, n_dense_lead, n_group, n_group_used;  // deepseek2
+  std::optional<int64_t> q_lora_rank, kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
+  std::optional<std::string> gating;          // deepseek2: "softmax" | "sigmoid"
+  std::optional<bool> expert_weights_norm;    // deepseek2
+  std::optional<float> expert_weights_scale;  // deepseek2
+  std::optional<float> rope_theta, rms_eps;
+  std::optional<int64_t> n_vocab;   // built-in vocabulary size (merges added, then padding)
+  int64_t n_ctx = 2048;             // <arch>.context_length
+  GgmlType dtype = GgmlType::kF32;  // for matrices; norms, biases and routers stay f32
+  uint64_t seed = 1;
+  std::string vocab_donor;   // a GGUF whose tokenizer.* keys are copied; "" = built-in
+  int num_threads = 0;       // 0 = all cores
+  std::string command_line;  // recorded as general.synth.command when not empty
+};
+
+struct SynthSummary {
+  std::string arch;   // GGUF architecture ("llama (mixtral-style MoE)" for mixtral)
+  std::string dtype;  // --dtype, e.g. "q4_0"
+  int64_t num_params = 0;
+  uint64_t num_bytes = 0;  // file size
+  int64_t n_vocab = 0;
+  int num_tensors = 0;
+  double seconds = 0;
+  /// One line per tensor kind stored in another type than asked (row not a block multiple).
+  std::vector<std::string> notes;
+  std::string line() const;  // "llama q4_0: 1.10 B params, 619.83 MB, ... in 3.1 s"
+};
+
+/// Generates the model described by `opts` into `out_path`.
+Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::string& out_path);
+/// The same, without the summary.
+Status synth_model(const SynthOptions& opts, const std::string& out_path);
+
+/// The built-in byte-level BPE vocabulary (GPT-2 byte tokens, merges learnt from an embedded
+/// English text, <|bos|>, <|eos|>, then <|reserved_N|> padding up to n_vocab when given).
+struct BuiltinVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> token_types;  // 1 normal, 3 control
+  std::vector<std::string> merges;   // "a b", in rank order
+  int32_t bos_id = 0;
+  int32_t eos_id = 0;
+};
+BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt);
+
+/// Parses "f32", "f16", "bf16", "q8_0", "q4_0"; nullopt otherwise.
+std::optional<GgmlType> parse_synth_dtype(const std::string& s);
+
+}  // namespace troupe::model

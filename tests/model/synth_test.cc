@@ -1,0 +1,326 @@
+// synth_model: metadata and tensors match ../shared's llama.cpp-convention models, weights are
+// deterministic and sensibly scaled, the built-in vocabulary is well formed, bad options fail.
+#include "model/synth.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "model/gguf.h"
+#include "tests/test_support.h"
+
+namespace troupe::model {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("troupe_synth_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string value_string(const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::kString:
+      return "s:" + std::string(v.str);
+    case GgufType::kF32:
+    case GgufType::kF64:
+      return "f:" + std::to_string(v.f);
+    case GgufType::kArray: {
+      std::string s =
+          "a" + std::to_string(static_cast<int>(v.elem_type)) + ":" + std::to_string(v.count);
+      if (v.elem_type == GgufType::kString) {
+        for (auto x : v.strings) s += "|" + std::string(x);
+      } else {
+        for (uint64_t i = 0; i < v.count; ++i) s += "|" + std::to_string(v.array_f64(i));
+      }
+      return s;
+    }
+    default:
+      return "i:" + std::to_string(v.i) + "/" + std::to_string(v.u);
+  }
+}
+
+struct RefCase {
+  const char* dir;
+  const char* arch;
+  GgmlType dtype;
+};
+
+class SynthMatchesShared : public ::testing::TestWithParam<RefCase> {};
+
+TEST_P(SynthMatchesShared, SameKeysTensorsAndShapes) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const RefCase rc = GetParam();
+  auto ref = GgufFile::open(shared + "/models/synth/" + rc.dir + "/model.gguf");
+  ASSERT_TRUE(ref.has_value()) << ref.error().message;
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = rc.arch;
+  o.dtype = rc.dtype;
+  o.vocab_donor = shared + "/models/stories260K/stories260K.gguf";
+  o.command_line = "test";
+  const std::string out = tmp.file("m.gguf");
+  auto sum = synth_model_summary(o, out);
+  ASSERT_TRUE(sum.has_value()) << sum.error().message;
+  auto got = GgufFile::open(out);
+  ASSERT_TRUE(got.has_value()) << got.error().message;
+  const GgufFile& r = **ref;
+  const GgufFile& g = **got;
+
+  for (const auto& [key, value] : r.metadata()) {
+    const GgufValue* mine = g.find(key);
+    ASSERT_NE(mine, nullptr) << "missing key " << key;
+    EXPECT_EQ(mine->type, value.type) << key;
+    if (key == "general.synth.command") continue;
+    EXPECT_EQ(value_string(*mine), value_string(value)) << key;
+  }
+  for (const auto& [key, value] : g.metadata())
+    EXPECT_NE(r.find(key), nullptr) << "extra key " << key;
+
+  ASSERT_EQ(g.tensors().size(), r.tensors().size());
+  for (size_t i = 0; i < r.tensors().size(); ++i) {
+    const TensorInfo& a = r.tensors()[i];
+    const TensorInfo& b = g.tensors()[i];
+    EXPECT_EQ(b.name, a.name) << i;
+    EXPECT_EQ(b.shape_string(), a.shape_string()) << a.name;
+    EXPECT_EQ(b.type, a.type) << a.name;
+  }
+  EXPECT_EQ(sum->num_tensors, static_cast<int>(r.tensors().size()));
+  EXPECT_EQ(sum->n_vocab, 512);
+  EXPECT_EQ(sum->num_bytes, std::filesystem::file_size(out));
+  EXPECT_TRUE(sum->notes.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Synth, SynthMatchesShared,
+                         ::testing::Values(RefCase{"llama-dense", "llama", GgmlType::kF32},
+                                           RefCase{"llama-dense-f16", "llama", GgmlType::kF16},
+                                           RefCase{"mixtral-moe", "mixtral", GgmlType::kF32},
+                                           RefCase{"qwen3moe", "qwen3moe", GgmlType::kF32},
+                                           RefCase{"qwen2moe", "qwen2moe", GgmlType::kF32},
+                                           RefCase{"deepseek2", "deepseek2", GgmlType::kF32}),
+                         [](const ::testing::TestParamInfo<RefCase>& i) {
+                           std::string s = i.param.dir;
+                           for (char& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+TEST(Synth, SameSeedSameBytesAnyThreadCount) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "qwen2moe";
+  o.dtype = GgmlType::kQ8_0;
+  o.seed = 7;
+  o.num_threads = 1;
+  ASSERT_TRUE(synth_model(o, tmp.file("a.gguf")).has_value());
+  o.num_threads = 4;
+  ASSERT_TRUE(synth_model(o, tmp.file("b.gguf")).has_value());
+  o.seed = 8;
+  ASSERT_TRUE(synth_model(o, tmp.file("c.gguf")).has_value());
+  const std::string a = read_bytes(tmp.file("a.gguf"));
+  EXPECT_GT(a.size(), 100000u);
+  EXPECT_EQ(a, read_bytes(tmp.file("b.gguf")));
+  EXPECT_NE(a, read_bytes(tmp.file("c.gguf")));
+}
+
+TEST(Synth, WeightsAreScaledByFanIn) {
+  TempDir tmp;
+  SynthOptions o;
+  o.n_embd = 256;
+  o.n_ff = 512;
+  o.n_layer = 1;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  auto stats = [&](const char* name, double* mean, double* sd) {
+    const TensorInfo* t = (*f)->find_tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    const auto* x = reinterpret_cast<const float*>(t->data);
+    const int64_t n = t->num_elements();
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; ++i) s += x[i], s2 += double(x[i]) * x[i];
+    *mean = s / n;
+    *sd = std::sqrt(s2 / n - *mean * *mean);
+  };
+  double m, sd;
+  stats("blk.0.attn_q.weight", &m, &sd);
+  EXPECT_NEAR(m, 0, 0.01);
+  EXPECT_NEAR(sd, 1 / 16.0, 0.005);
+  stats("blk.0.ffn_down.weight", &m, &sd);
+  EXPECT_NEAR(sd, 1 / std::sqrt(512.0), 0.003);
+  stats("token_embd.weight", &m, &sd);
+  EXPECT_NEAR(sd, 1.0, 0.05);
+  stats("blk.0.attn_norm.weight", &m, &sd);
+  EXPECT_NEAR(m, 1.0, 0.02);
+  EXPECT_LT(sd, 0.1);
+  EXPECT_EQ((*f)->get_string("tokenizer.ggml.model"), "gpt2");
+  // Output rows of <|bos|>/<|eos|> are drawn small so random generation rarely stops early.
+  const TensorInfo* out = (*f)->find_tensor("output.weight");
+  ASSERT_NE(out, nullptr);
+  const auto* w = reinterpret_cast<const float*>(out->data);
+  auto row_rms = [&](int64_t r) {
+    double s2 = 0;
+    for (int64_t j = 0; j < 256; ++j) s2 += double(w[r * 256 + j]) * w[r * 256 + j];
+    return std::sqrt(s2 / 256);
+  };
+  const BuiltinVocab v = builtin_vocab();
+  EXPECT_LT(row_rms(v.eos_id), 0.2 / 16);
+  EXPECT_GT(row_rms(100), 0.7 / 16);
+}
+
+TEST(Synth, BuiltinVocabularyIsWellFormed) {
+  const BuiltinVocab v = builtin_vocab();
+  ASSERT_EQ(v.tokens.size(), 512u);
+  ASSERT_EQ(v.token_types.size(), 512u);
+  EXPECT_EQ(v.tokens[0], "!");
+  EXPECT_EQ(v.tokens[188], "\xC4\x80");  // byte 0 -> U+0100
+  EXPECT_EQ(v.tokens[v.bos_id], "<|bos|>");
+  EXPECT_EQ(v.tokens[v.eos_id], "<|eos|>");
+  EXPECT_EQ(v.token_types[v.bos_id], 3);
+  EXPECT_EQ(v.token_types[0], 1);
+  EXPECT_GE(v.merges.size(), 250u);
+  std::set<std::string> toks(v.tokens.begin(), v.tokens.end());
+  EXPECT_EQ(toks.size(), v.tokens.size()) << "duplicate tokens";
+  for (const std::string& m : v.merges) {
+    const size_t sp = m.find(' ');
+    ASSERT_NE(sp, std::string::npos) << m;
+    EXPECT_TRUE(toks.count(m.substr(0, sp))) << m;
+    EXPECT_TRUE(toks.count(m.substr(sp + 1))) << m;
+    EXPECT_TRUE(toks.count(m.substr(0, sp) + m.substr(sp + 1))) << m;
+  }
+  EXPECT_TRUE(toks.count("\xC4\xA0the")) << "expected a merged ' the' token";
+  // Same every time; a larger target learns more merges, then pads.
+  EXPECT_EQ(builtin_vocab().merges, v.merges);
+  const BuiltinVocab big = builtin_vocab(4000);
+  EXPECT_EQ(big.tokens.size(), 4000u);
+  EXPECT_EQ(big.tokens.back().rfind("<|reserved_", 0), 0u);
+  EXPECT_GT(big.merges.size(), v.merges.size());
+}
+
+TEST(Synth, FallsBackToF16ForRowsOffTheBlockSize) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "deepseek2";
+  o.dtype = GgmlType::kQ4_0;
+  o.qk_nope_dim = 16;  // attn_k_b rows of 16
+  o.n_layer = 2;
+  auto sum = synth_model_summary(o, tmp.file("m.gguf"));
+  ASSERT_TRUE(sum.has_value()) << sum.error().message;
+  ASSERT_EQ(sum->notes.size(), 1u);
+  EXPECT_EQ(sum->notes[0],
+            "attn_k_b.weight: row of 16 is not a multiple of the q4_0 block (32): stored as f16");
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ((*f)->find_tensor("blk.1.attn_k_b.weight")->type, GgmlType::kF16);
+  EXPECT_EQ((*f)->find_tensor("blk.1.attn_v_b.weight")->type, GgmlType::kQ4_0);
+  EXPECT_EQ((*f)->find_tensor("blk.1.ffn_gate_inp.weight")->type, GgmlType::kF32);
+  EXPECT_EQ((*f)->get_int("general.file_type"), 2);
+}
+
+TEST(Synth, DeepseekWithoutQLoraUsesPlainQ) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "deepseek2";
+  o.q_lora_rank = 0;
+  o.gating = "softmax";
+  o.n_expert_shared = 2;
+  o.n_layer = 2;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  const GgufFile& g = **f;
+  EXPECT_NE(g.find_tensor("blk.0.attn_q.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.0.attn_q_a.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.exp_probs_b.bias"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.ffn_up_shexp.weight")->shape_string(), "[128, 64]");
+  EXPECT_EQ(g.get_int("deepseek2.attention.q_lora_rank"), 0);
+  EXPECT_EQ(g.get_int("deepseek2.expert_gating_func"), 1);
+  EXPECT_EQ(g.get_int("deepseek2.attention.key_length"), 32 + 16);
+  EXPECT_EQ(g.get_int("deepseek2.attention.key_length_mla"), 32 + 16);
+}
+
+TEST(Synth, BuiltinVocabGrowsToNVocab) {
+  TempDir tmp;
+  SynthOptions o;
+  o.n_vocab = 1000;
+  o.n_layer = 1;
+  auto sum = synth_model_summary(o, tmp.file("m.gguf"));
+  ASSERT_TRUE(sum.has_value()) << sum.error().message;
+  EXPECT_EQ(sum->n_vocab, 1000);
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ((*f)->get_int("llama.vocab_size"), 1000);
+  EXPECT_EQ((*f)->find_tensor("output.weight")->shape_string(), "[128, 1000]");
+  EXPECT_EQ((*f)->find("tokenizer.ggml.tokens")->count, 1000u);
+}
+
+TEST(Synth, BadOptionsFailWithOneLine) {
+  TempDir tmp;
+  const std::string out = tmp.file("bad.gguf");
+  auto err = [&](SynthOptions o) {
+    auto r = synth_model(o, out);
+    EXPECT_FALSE(r.has_value());
+    return r.has_value() ? std::string() : r.error().message;
+  };
+  SynthOptions o;
+  o.arch = "gpt5";
+  EXPECT_EQ(err(o), "unknown --arch 'gpt5' (llama, mixtral, qwen3moe, qwen2moe, deepseek2)");
+  o = {};
+  o.n_expert = 4;
+  EXPECT_EQ(err(o), "--n-expert does not apply to --arch llama");
+  o = {};
+  o.arch = "mixtral";
+  o.q_lora_rank = 4;
+  EXPECT_EQ(err(o), "--q-lora-rank does not apply to --arch mixtral");
+  o = {};
+  o.n_embd = 100;
+  o.n_head = 8;
+  EXPECT_EQ(err(o), "--n-embd 100 is not a multiple of --n-head 8");
+  o = {};
+  o.n_head_kv = 3;
+  EXPECT_EQ(err(o), "--n-head 8 is not a multiple of --n-head-kv 3");
+  o = {};
+  o.n_layer = 0;
+  EXPECT_EQ(err(o), "--n-layer must be between 1 and 16777216, got 0");
+  o = {};
+  o.arch = "qwen3moe";
+  o.n_expert_used = 9;
+  EXPECT_EQ(err(o), "--n-expert-used 9 exceeds --n-expert 8");
+  o = {};
+  o.arch = "deepseek2";
+  o.n_group = 3;
+  EXPECT_EQ(err(o), "--n-expert 16 is not a multiple of --n-group 3");
+  o = {};
+  o.vocab_donor = "/nonexistent/donor.gguf";
+  EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
+  o = {};
+  o.dtype = GgmlType::kQ4_K;
+  EXPECT_EQ(err(o), "--dtype q4_K cannot be generated (f32, f16, bf16, q8_0, q4_0)");
+  o = {};
+  o.n_vocab = 100;
+  EXPECT_EQ(err(o), "--n-vocab must be between 258 and 4194304 for the built-in vocabulary");
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+}  // namespace
+}  // namespace troupe::model
