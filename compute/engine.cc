@@ -78,11 +78,20 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     }
     if (!ok) return Error{1, model->path + ": norm and bias weights must be f32"};
 
+    LayerRange range = opts.range;
+    if (range.end < 0) range.end = s.n_layer;
+    if (range.begin < 0 || range.begin >= range.end || range.end > s.n_layer)
+      return Error{1, strfmt("engine: layer range [%lld, %lld) is not inside [0, %lld)",
+                             static_cast<long long>(range.begin), static_cast<long long>(range.end),
+                             static_cast<long long>(s.n_layer))};
     std::unique_ptr<Engine> e(new Engine());
     e->model_ = std::move(model);
     e->pool_ = std::make_unique<ThreadPool>(opts.n_threads);
+    e->range_ = range;
+    e->local_experts_ = std::make_unique<ExpertCompute>(e->model_, e->pool_.get());
+    e->experts_ = opts.expert_runner ? opts.expert_runner : e->local_experts_.get();
     KvCacheConfig kc;
-    kc.n_layer = s.n_layer;
+    kc.n_layer = range.end - range.begin;
     kc.k_width = s.kv_k_width();
     kc.v_width = s.kv_v_width();
     kc.block_size = opts.kv_block_size;
@@ -98,8 +107,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
   }
 }
 
-Status Engine::step(std::span<const SeqStep> seqs, StepResult* out) {
+Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in,
+                    std::vector<float>* hidden_out) {
   const ModelSpec& s = spec();
+  if (!range_.embed && hidden_in == nullptr)
+    return Error{1, "step: this stage does not embed: hidden states are required"};
+  if (!range_.head && hidden_out == nullptr)
+    return Error{1, "step: this stage has no output head: a hidden-state buffer is required"};
   const int64_t bs = kv_->block_size();
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
@@ -121,14 +135,15 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out) {
                                q.blocks[static_cast<size_t>(b)])};
   }
   try {
-    forward(seqs, out);
+    forward(seqs, out, hidden_in, hidden_out);
     return Ok{};
   } catch (const std::exception& ex) {
     return Error{2, ex.what()};
   }
 }
 
-void Engine::forward(std::span<const SeqStep> seqs, StepResult* out) {
+void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in,
+                     std::vector<float>* hidden_out) {
   const ModelSpec& s = spec();
   Scratch& S = *s_;
   const int64_t E = s.n_embd;
@@ -151,9 +166,14 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out) {
   grow(S.x, T * E);
   grow(S.h, T * E);
   grow(S.tmp, T * E);
-  for (int64_t t = 0; t < T; ++t) get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
+  if (range_.embed) {
+    for (int64_t t = 0; t < T; ++t)
+      get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
+  } else {
+    std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
+  }
 
-  for (int64_t il = 0; il < s.n_layer; ++il) {
+  for (int64_t il = range_.begin; il < range_.end; ++il) {
     const LayerSpec& L = s.layers[static_cast<size_t>(il)];
     const float* an = f32(L.attn_norm);
     for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], an, &S.h[t * E], E, s.rms_eps);
@@ -176,6 +196,13 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out) {
 
   // Output head for the rows that asked for logits.
   out->n_vocab = s.n_vocab;
+  if (!range_.head) {
+    hidden_out->assign(S.x.begin(), S.x.begin() + T * E);
+    out->row_begin.assign(seqs.size(), 0);
+    out->row_count.assign(seqs.size(), 0);
+    out->logits.clear();
+    return;
+  }
   out->row_begin.assign(seqs.size(), 0);
   out->row_count.assign(seqs.size(), 0);
   std::vector<int64_t> rows;
@@ -241,8 +268,8 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
     for (int64_t hh = 0; hh < HK; ++hh) detail::rope(&S.k[t * kw + hh * dk], s.n_rot, pos, s.rope_theta, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
-    std::memcpy(kv_->k(il, blk, pos % bs), &S.k[t * kw], static_cast<size_t>(kw) * 4);
-    std::memcpy(kv_->v(il, blk, pos % bs), &S.v[t * vw], static_cast<size_t>(vw) * 4);
+    std::memcpy(kv_->k(il - range_.begin, blk, pos % bs), &S.k[t * kw], static_cast<size_t>(kw) * 4);
+    std::memcpy(kv_->v(il - range_.begin, blk, pos % bs), &S.v[t * vw], static_cast<size_t>(vw) * 4);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = H / HK;
@@ -257,7 +284,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       sc.resize(static_cast<size_t>(pos + 1));
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j <= pos; ++j) {
-        const float* kj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
+        const float* kj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
         sc[static_cast<size_t>(j)] = detail::dot(qv, kj, dk) * scale;
         mx = std::max(mx, sc[static_cast<size_t>(j)]);
       }
@@ -271,7 +298,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j <= pos; ++j) {
         const float w = sc[static_cast<size_t>(j)] * inv;
-        const float* vj = kv_->v(il, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
+        const float* vj = kv_->v(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
         for (int64_t d = 0; d < dv; ++d) acc[static_cast<size_t>(d)] += w * vj[d];
       }
       std::memcpy(&S.attn[t * H * dv + hh * dv], acc.data(), static_cast<size_t>(dv) * 4);
@@ -309,7 +336,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     detail::rope(row + lora, rope, pos, s.rope_theta, neox);
     for (int64_t hh = 0; hh < H; ++hh) detail::rope(&S.q[(t * H + hh) * dqk + nope], rope, pos, s.rope_theta, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-    std::memcpy(kv_->k(il, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row, static_cast<size_t>(kw) * 4);
+    std::memcpy(kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row, static_cast<size_t>(kw) * 4);
   }
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]].
   grow(S.qabs, T * H * kw);
@@ -331,7 +358,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       sc.resize(static_cast<size_t>(pos + 1));
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j <= pos; ++j) {
-        const float* kj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs);
+        const float* kj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs);
         sc[static_cast<size_t>(j)] = detail::dot(qv, kj, kw) * scale;
         mx = std::max(mx, sc[static_cast<size_t>(j)]);
       }
@@ -345,7 +372,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j <= pos; ++j) {
         const float w = sc[static_cast<size_t>(j)] * inv;
-        const float* cj = kv_->k(il, q.blocks[static_cast<size_t>(j / bs)], j % bs);
+        const float* cj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs);
         for (int64_t d = 0; d < lora; ++d) acc[static_cast<size_t>(d)] += w * cj[d];
       }
       std::memcpy(&S.lat[th * lora], acc.data(), static_cast<size_t>(lora) * 4);
@@ -448,23 +475,33 @@ void Engine::moe(int64_t il) {
       w *= s.routed_scale;
     }
   }
-  // Run each expert once over the rows routed to it.
+  // Gather the rows routed to each expert, let the runner compute them, then weight.
   grow(S.slot_out, T * K * E);
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(NE));  // entries: t * K + k
   for (int64_t i = 0; i < T * K; ++i) rows[static_cast<size_t>(S.sel_id[static_cast<size_t>(i)])].push_back(i);
+  int64_t total = 0;
+  for (const auto& r : rows) total += static_cast<int64_t>(r.size());
+  grow(S.xe, total * E);
+  grow(S.de, total * E);
+  std::vector<ExpertTask> tasks;
+  int64_t at = 0;
   for (int64_t e = 0; e < NE; ++e) {
     const auto& r = rows[static_cast<size_t>(e)];
     if (r.empty()) continue;
     const int64_t n = static_cast<int64_t>(r.size());
-    grow(S.xe, n * E);
-    grow(S.de, n * E);
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(&S.xe[i * E], &S.h[(r[static_cast<size_t>(i)] / K) * E], static_cast<size_t>(E) * 4);
-    swiglu_ffn(L.experts[static_cast<size_t>(e)], S.xe.data(), n, S.de.data(), S.ge, S.ue, pool_.get());
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = r[static_cast<size_t>(i)];
+      std::memcpy(&S.xe[(at + i) * E], &S.h[(r[static_cast<size_t>(i)] / K) * E], static_cast<size_t>(E) * 4);
+    tasks.push_back(ExpertTask{static_cast<int32_t>(e), n, &S.xe[at * E], &S.de[at * E]});
+    at += n;
+  }
+  experts_->run(il, tasks);
+  at = 0;
+  for (int64_t e = 0; e < NE; ++e) {
+    const auto& r = rows[static_cast<size_t>(e)];
+    for (size_t i = 0; i < r.size(); ++i, ++at) {
+      const int64_t slot = r[i];
       const float w = S.sel_w[static_cast<size_t>(slot)];
-      for (int64_t d = 0; d < E; ++d) S.slot_out[slot * E + d] = S.de[i * E + d] * w;
+      for (int64_t d = 0; d < E; ++d) S.slot_out[slot * E + d] = S.de[at * E + d] * w;
     }
   }
   for (int64_t t = 0; t < T; ++t) {
@@ -485,6 +522,23 @@ void Engine::moe(int64_t il) {
       }
       for (int64_t d = 0; d < E; ++d) S.tmp[t * E + d] += S.shared_out[t * E + d] * g;
     }
+  }
+}
+
+ExpertCompute::ExpertCompute(std::shared_ptr<const model::Model> model, ThreadPool* pool)
+    : model_(std::move(model)), pool_(pool) {}
+
+ExpertCompute::~ExpertCompute() = default;
+
+void ExpertCompute::run(int64_t layer, std::span<const ExpertTask> tasks) {
+  const ModelSpec& s = model_->spec;
+  TROUPE_CHECK(layer >= 0 && layer < s.n_layer, "expert layer %lld out of range",
+               static_cast<long long>(layer));
+  const LayerSpec& L = s.layers[static_cast<size_t>(layer)];
+  for (const ExpertTask& t : tasks) {
+    TROUPE_CHECK(t.expert >= 0 && t.expert < static_cast<int32_t>(L.experts.size()),
+                 "expert %d out of range", t.expert);
+    swiglu_ffn(L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
   }
 }
 

@@ -18,8 +18,51 @@ namespace troupe::compute {
 
 class ThreadPool;
 
+/// The part of the model an engine runs: a contiguous layer range, plus the embedding (first
+/// pipeline stage) and the output head (last stage). The default is the whole model.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = -1;    // exclusive; -1 = n_layer
+  bool embed = true;   // false: the step takes hidden states from the previous stage
+  bool head = true;    // false: the step returns hidden states instead of logits
+};
+
+/// One expert's share of an MoE layer: y = expert(x) for n_rows rows.
+struct ExpertTask {
+  int32_t expert = 0;
+  int64_t n_rows = 0;
+  const float* x = nullptr;  // f32 [n_rows, n_embd] (normed hidden states)
+  float* y = nullptr;        // f32 [n_rows, n_embd] (unweighted expert output)
+};
+
+/// Computes routed experts. The engine routes, gathers rows per expert, calls run(), and then
+/// weights and combines the outputs in a fixed order, so where an expert runs (in process, or on
+/// an expert-shard actor) never changes the result.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  /// Fills every task's y. Throws on failure (the step then fails with the message).
+  virtual void run(int64_t layer, std::span<const ExpertTask> tasks) = 0;
+};
+
+/// Runs experts of a model in this process with a given thread pool: the local ExpertRunner, and
+/// the compute inside an expert-shard actor. Not thread-safe (one run at a time).
+class ExpertCompute : public ExpertRunner {
+ public:
+  ExpertCompute(std::shared_ptr<const model::Model> model, ThreadPool* pool);
+  ~ExpertCompute() override;
+  void run(int64_t layer, std::span<const ExpertTask> tasks) override;
+
+ private:
+  std::shared_ptr<const model::Model> model_;
+  ThreadPool* pool_;
+  std::vector<float> gate_, up_;
+};
+
 struct EngineOptions {
   int n_threads = 1;
+  LayerRange range;
+  ExpertRunner* expert_runner = nullptr;  // not owned; null = compute experts in this engine
   int64_t kv_block_size = 16;   // tokens per KV block
   int64_t kv_num_blocks = 0;    // 0: enough for max_tokens_in_cache
   int64_t max_tokens_in_cache = 4096;
@@ -52,10 +95,15 @@ class Engine {
 
   /// Runs one batched step. Validates every SeqStep (token ids in range, block tables long
   /// enough, block ids in range) and returns an Error without computing when one is bad.
-  Status step(std::span<const SeqStep> seqs, StepResult* out);
+  /// hidden_in: f32 [num_tokens, n_embd] when the range does not embed (else ignored).
+  /// hidden_out: receives f32 [num_tokens, n_embd] when the range has no head (then `out` only
+  /// gets its row bookkeeping and no logits).
+  Status step(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in = nullptr,
+              std::vector<float>* hidden_out = nullptr);
 
   const model::Model& model() const { return *model_; }
   const model::ModelSpec& spec() const { return model_->spec; }
+  const LayerRange& range() const { return range_; }
   KvCache& kv_cache() { return *kv_; }
   BlockAllocator& blocks() { return *alloc_; }
   int n_threads() const;
@@ -63,7 +111,8 @@ class Engine {
  private:
   Engine() = default;
   struct Scratch;
-  void forward(std::span<const SeqStep> seqs, StepResult* out);
+  void forward(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in,
+               std::vector<float>* hidden_out);
   void attention(int64_t il, std::span<const SeqStep> seqs);
   void attention_mla(int64_t il, std::span<const SeqStep> seqs);
   void ffn(int64_t il);
@@ -71,6 +120,9 @@ class Engine {
 
   std::shared_ptr<const model::Model> model_;
   std::unique_ptr<ThreadPool> pool_;
+  LayerRange range_;
+  std::unique_ptr<ExpertCompute> local_experts_;
+  ExpertRunner* experts_ = nullptr;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scratch> s_;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "compute/thread_pool.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/test_support.h"
 
@@ -171,6 +172,115 @@ TEST(Engine, RejectsBadOptions) {
   auto e = Engine::create(model, o);
   ASSERT_FALSE(e);
   EXPECT_NE(e.error().message.find("thread count"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::compute
+
+namespace troupe::compute {
+namespace {
+
+// Sends each expert's rows to one of two ExpertCompute instances (each with its own pool), as an
+// expert-shard split would.
+class SplitExperts : public ExpertRunner {
+ public:
+  explicit SplitExperts(std::shared_ptr<const model::Model> m)
+      : p1_(1), p2_(2), a_(m, &p1_), b_(m, &p2_) {}
+  void run(int64_t layer, std::span<const ExpertTask> tasks) override {
+    std::vector<ExpertTask> even, odd;
+    for (const auto& t : tasks) (t.expert % 2 == 0 ? even : odd).push_back(t);
+    a_.run(layer, even);
+    b_.run(layer, odd);
+    ++calls;
+  }
+  int calls = 0;
+
+ private:
+  ThreadPool p1_, p2_;
+  ExpertCompute a_, b_;
+};
+
+class EngineSplit : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineSplit, PipelineStagesAndExpertShardsAreBitIdentical) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/" + GetParam());
+  ASSERT_TRUE(model);
+  const int64_t V = model->spec.n_vocab, E = model->spec.n_embd, NL = model->spec.n_layer;
+  EngineOptions o;
+  o.max_tokens_in_cache = 256;
+  auto whole = Engine::create(model, o);
+  ASSERT_TRUE(whole);
+  const auto toks = make_tokens(23, V, 9);
+  const auto ref = run_chunks(**whole, toks, {23});
+
+  // Stage 0: layers [0, 1) with the embedding; stage 1: [1, NL) with the head.
+  EngineOptions o0 = o, o1 = o;
+  o0.range = {0, 1, true, false};
+  o1.range = {1, NL, false, true};
+  SplitExperts split(model);
+  o1.expert_runner = &split;
+  o1.n_threads = 2;
+  auto s0 = Engine::create(model, o0);
+  auto s1 = Engine::create(model, o1);
+  ASSERT_TRUE(s0 && s1);
+  Sequence q0(**s0), q1(**s1);
+  ASSERT_TRUE(q0.reserve(23) && q1.reserve(23));
+  std::vector<float> got, hidden;
+  for (int64_t at = 0; at < 23;) {
+    const int64_t n = std::min<int64_t>(6, 23 - at);
+    std::span<const int32_t> chunk(toks.data() + at, static_cast<size_t>(n));
+    SeqStep a = q0.next(chunk, SeqStep::Logits::kAll), b = q1.next(chunk, SeqStep::Logits::kAll);
+    StepResult r0, r1;
+    ASSERT_TRUE((*s0)->step({&a, 1}, &r0, nullptr, &hidden).has_value());
+    ASSERT_EQ(static_cast<int64_t>(hidden.size()), n * E);
+    ASSERT_TRUE((*s1)->step({&b, 1}, &r1, hidden.data()).has_value());
+    got.insert(got.end(), r1.logits.begin(), r1.logits.end());
+    q0.advance(n);
+    q1.advance(n);
+    at += n;
+  }
+  EXPECT_TRUE(bit_equal(ref, got));
+  if (model->spec.n_expert > 0) {
+    EXPECT_GT(split.calls, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeAndDense, EngineSplit,
+                         ::testing::Values("models/synth/mixtral-moe/model.gguf",
+                                           "models/synth/deepseek2/model.gguf",
+                                           "models/synth/qwen2moe/model.gguf",
+                                           "models/stories260K/stories260K.gguf"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           s = s.substr(0, s.rfind('/'));
+                           s = s.substr(s.rfind('/') + 1);
+                           for (char& ch : s) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return s;
+                         });
+
+TEST(Engine, StageWithoutEmbeddingNeedsHiddenStates) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto model = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  EngineOptions o;
+  o.range = {2, 5, false, true};
+  o.max_tokens_in_cache = 32;
+  auto e = Engine::create(model, o);
+  ASSERT_TRUE(e);
+  Sequence q(**e);
+  ASSERT_TRUE(q.reserve(1));
+  const int32_t t = 1;
+  SeqStep st = q.next({&t, 1}, SeqStep::Logits::kLast);
+  StepResult r;
+  auto s = (*e)->step({&st, 1}, &r);
+  ASSERT_FALSE(s.has_value());
+  EXPECT_NE(s.error().message.find("hidden states are required"), std::string::npos);
+  o.range = {3, 9, true, true};
+  auto bad = Engine::create(model, o);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("layer range [3, 9) is not inside [0, 5)"), std::string::npos);
 }
 
 }  // namespace
