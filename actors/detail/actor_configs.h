@@ -1,0 +1,43 @@
+// Construction parameters of the compute actors (private to actors/). The controller keeps them
+// so that it can respawn a failed actor exactly as it was.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "compute/engine.h"
+#include "model/model.h"
+
+namespace troupe::actors {
+
+struct StageConfig {
+  int index = 0;
+  int num_stages = 1;
+  compute::LayerRange range;
+  int threads = 1;
+  int64_t kv_blocks = 0;
+  int64_t kv_block_size = 16;
+  std::shared_ptr<const model::Model> model;
+  std::chrono::milliseconds expert_timeout{10000};  // a shard that does not answer fails the step
+  caf::actor scheduler;  // receives (done, outcome) for a failed step from any stage
+};
+
+struct ExpertShardConfig {
+  int index = 0;
+  std::vector<int32_t> experts;  // routed experts it owns (in every MoE layer)
+  int threads = 1;
+  std::shared_ptr<const model::Model> model;
+};
+
+/// Where each routed expert lives: shards[owner[e]] computes expert e. Empty: in the stage.
+struct ExpertPlacement {
+  std::vector<caf::actor> shards;
+  std::vector<int32_t> owner;  // [n_expert]
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,144 @@
+// In-process message types and atoms of the actor system (private to actors/). Within one process
+// these move between actors as shared pointers: no serialization, no tensor copies. Their
+// cross-host form is the Cap'n Proto schema in schemas/ (step.capnp, expert.capnp).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+
+#include "actors/local_cluster.h"
+#include "compute/engine.h"
+#include "compute/sampler.h"
+
+namespace troupe::actors {
+
+// Atoms: verbs of at most 10 characters (CAF 0.17).
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using token_atom = caf::atom_constant<caf::atom("token")>;
+using finish_atom = caf::atom_constant<caf::atom("finish")>;
+using expert_atom = caf::atom_constant<caf::atom("expert")>;
+using crash_atom = caf::atom_constant<caf::atom("crash")>;
+using next_atom = caf::atom_constant<caf::atom("next")>;
+using shards_atom = caf::atom_constant<caf::atom("shards")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using stage_atom = caf::atom_constant<caf::atom("stage")>;
+
+/// One sequence's share of a pipeline step.
+struct SeqWork {
+  int64_t seq_id = 0;
+  int64_t pos0 = 0;                       // positions [0, pos0) are in the KV cache
+  std::vector<int32_t> tokens;            // new tokens at pos0 ...
+  std::vector<int32_t> blocks;            // block table covering [0, pos0 + tokens.size())
+  bool sample = false;                    // the last stage samples the next token
+  bool want_logits = false;               // return the sampled row's logits (tests, eval)
+  std::shared_ptr<const compute::SamplingParams> sampling;
+  compute::SamplerState rng;              // the request's RNG state before this sample
+  std::shared_ptr<const std::vector<int32_t>> history;  // prompt + generated (penalties)
+};
+
+/// A step descriptor, shared read-only by every stage it passes through.
+struct StepBatch {
+  uint64_t epoch = 0;       // scheduler epoch: outcomes of an older epoch are dropped
+  uint64_t step_id = 0;
+  int32_t microbatch = 0;
+  std::vector<SeqWork> seqs;
+};
+using StepBatchPtr = std::shared_ptr<const StepBatch>;
+using HiddenPtr = std::shared_ptr<const std::vector<float>>;  // f32 [num_tokens, n_embd]
+
+struct SeqResult {
+  int64_t seq_id = 0;
+  int32_t token = -1;               // sampled token, -1 when the step did not sample
+  compute::SamplerState rng;        // RNG state after the sample
+  std::vector<float> logits;        // f32 [n_vocab] when want_logits
+};
+
+struct StepOutcome {
+  uint64_t epoch = 0;
+  uint64_t step_id = 0;
+  int32_t microbatch = 0;
+  std::vector<SeqResult> results;   // one per SeqWork, same order
+  std::string error;                // non-empty: the step failed (the scheduler recomputes)
+};
+using StepOutcomePtr = std::shared_ptr<const StepOutcome>;
+
+/// A one-shot completion flag the stage thread waits on while expert shards compute.
+class Latch {
+ public:
+  explicit Latch(int count) : count_(count) {}
+  void count_down() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--count_ <= 0) cv_.notify_all();
+  }
+  template <class Dur>
+  bool wait_for(Dur d) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, d, [&] { return count_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_;
+};
+
+/// Rows of one MoE layer for one expert shard. The shard owns nothing here: it reads x and writes
+/// y (request-owned buffers, so a stage that timed out never sees late writes into its scratch).
+struct ExpertRequest {
+  int64_t layer = 0;
+  std::vector<int32_t> experts;        // per task
+  std::vector<int64_t> rows;           // per task: number of rows
+  std::vector<float> x;                // f32 [sum rows, n_embd]
+  std::vector<float> y;                // f32 [sum rows, n_embd], filled by the shard
+  std::string error;                   // set by the shard on failure
+  std::shared_ptr<Latch> done;
+};
+using ExpertRequestPtr = std::shared_ptr<ExpertRequest>;
+
+/// A request as the scheduler sees it: tokens in, token events out.
+struct SeqRequest {
+  int64_t seq_id = 0;
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;
+  std::shared_ptr<const compute::SamplingParams> sampling;
+  std::vector<int32_t> eos_ids;        // end-of-generation tokens of the vocabulary
+  bool want_logits = false;
+};
+using SeqRequestPtr = std::shared_ptr<const SeqRequest>;
+
+/// What the scheduler reports to the router for each sampled token.
+struct TokenEvent {
+  int64_t seq_id = 0;
+  int32_t token = -1;
+  bool finished = false;
+  std::string finish_reason;           // "length", "eos", "stop", "cancelled", "error", ...
+  std::string error;
+  std::vector<float> logits;           // when requested
+};
+using TokenEventPtr = std::shared_ptr<const TokenEvent>;
+
+using GenerateRequestPtr = std::shared_ptr<const GenerateRequest>;
+using GenerateResultPtr = std::shared_ptr<const GenerateResult>;
+
+}  // namespace troupe::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateRequestPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateResultPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepBatchPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::HiddenPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepOutcomePtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ExpertRequestPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::SeqRequestPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::TokenEventPtr)

@@ -1,0 +1,72 @@
+// LocalCluster: the whole actor system of a plan inside this process (router, scheduler, pipeline
+// stages, expert shards, controller). The public face of actors/ for the CLI and tests: it hides
+// CAF entirely. Thread safety: generate()/generate_many() may be called from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/plan.h"
+#include "base/result.h"
+#include "compute/sampler.h"
+#include "model/model.h"
+
+namespace troupe::actors {
+
+struct GenerateRequest {
+  std::string prompt;                  // text; used when prompt_tokens is empty
+  std::vector<int32_t> prompt_tokens;  // token ids (take precedence over text)
+  bool add_bos = true;                 // for a text prompt
+  compute::SamplingParams sampling;
+  int64_t max_tokens = 128;
+  bool return_logits = false;          // the logits row of every sampled token (tests, eval)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> tokens;         // generated (without an end-of-generation token)
+  std::string text;
+  std::string finish_reason;           // "length", "stop", "cancelled", "error", "overloaded"
+  std::string error;                   // set for "error" and "overloaded"
+  std::vector<float> logits;           // f32 [tokens sampled, n_vocab] when return_logits
+  bool ok() const { return error.empty(); }
+};
+
+/// Called for each streamed piece: (request index, text delta, token id).
+using StreamCallback = std::function<void(size_t, const std::string&, int32_t)>;
+
+struct ClusterOptions {
+  int64_t expert_timeout_ms = 10000;   // a shard that does not answer fails the step (retried)
+  int64_t request_timeout_ms = 600000; // generate() gives up waiting after this
+};
+
+class LocalCluster {
+ public:
+  /// Builds every actor of a resolved plan. Errors: a stage or shard that cannot be built.
+  static Result<std::unique_ptr<LocalCluster>> start(const Plan& plan,
+                                                     std::shared_ptr<const model::Model> model,
+                                                     const ClusterOptions& opts = {});
+  ~LocalCluster();
+
+  /// Runs requests through the router, at most `concurrency` at once (0 = all at once), and
+  /// returns their results in order. Never throws for a bad request: its result has an error.
+  std::vector<GenerateResult> generate_many(const std::vector<GenerateRequest>& reqs,
+                                            size_t concurrency = 0,
+                                            const StreamCallback& on_delta = nullptr);
+  GenerateResult generate(const GenerateRequest& req, const StreamCallback& on_delta = nullptr);
+
+  /// Fault injection (tests): "stage/N" or "expert/N" throws while handling its next message.
+  Status inject_fault(const std::string& actor);
+  /// A JSON summary: scheduler counters, KV usage, prefix-cache hits, actor restarts.
+  std::string stats_json();
+
+ private:
+  LocalCluster();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,103 @@
+// Plan: how one model is laid out over the actors — pipeline stages (layer ranges), expert shards
+// (expert id sets), the KV pool of each stage and the scheduler's budget. Read from a TOML file
+// (conf/plan-*.toml) or built from `--stages N --expert-shards M`, then resolved against the
+// model once at start. Plain structs; callers on any thread; no toml++ or CAF here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+
+namespace troupe::model {
+struct ModelSpec;
+}
+
+namespace troupe::actors {
+
+/// Why a plan was rejected (Error::code of the functions below). Numbers are pinned.
+enum class PlanErrc : uint8_t {
+  kIo = 1,       ///< the plan file could not be read
+  kSyntax = 2,   ///< the file is not valid TOML
+  kSchema = 3,   ///< an unknown key, a value of the wrong type, or a value out of its range
+  kInvalid = 4,  ///< the plan does not fit the model: overlap, gap, ownership, pool size
+};
+const char* to_string(PlanErrc e);
+
+/// The continuous-batching scheduler's limits. TOML table [scheduler].
+struct SchedulerConfig {
+  int64_t max_tokens_per_step = 512;  // token budget per step: decode tokens + prefill chunks
+  int64_t max_sequences = 64;         // sequences running at once
+  int64_t max_queue = 256;            // waiting requests beyond which admission says overloaded
+  int64_t microbatches = 2;           // micro-batches in flight through the pipeline
+  int64_t max_model_len = 2048;       // prompt + generated tokens per sequence
+  bool prefix_cache = true;           // reuse KV blocks of a shared prompt prefix
+};
+
+/// One pipeline stage. TOML: one [[stage]] table, in pipeline order.
+struct StagePlan {
+  int64_t layer_begin = -1;  // first layer; -1 = auto
+  int64_t layer_end = -1;    // one past the last layer ([begin, end)); -1 = auto
+  int64_t kv_blocks = 0;     // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
+  int threads = 1;           // compute threads of this stage
+  int line = 0;              // line of its [[stage]] table in Plan::source; 0 = not from a file
+};
+
+/// One expert shard: the routed experts it owns in every MoE layer. TOML: one [[expert_shard]].
+struct ExpertShardPlan {
+  std::vector<int32_t> experts;  // expert ids; sorted and unique once resolved
+  bool auto_experts = true;      // true = `experts` is to be filled by resolve_plan
+  int threads = 1;               // compute threads of this shard
+  int line = 0;                  // line of its [[expert_shard]] table; 0 = not from a file
+};
+
+struct Plan {
+  std::string source;          // where the plan came from (file name), the prefix of every message
+  std::string model_path;      // GGUF file or HF directory; "" = the command line names it
+  int64_t kv_block_size = 16;  // tokens per KV block
+  int64_t num_stages = 1;      // pipeline stages
+  int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages
+  std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)
+  std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved
+  SchedulerConfig scheduler;
+};
+
+/// Reads a plan from a TOML file (schema: conf/plan-example.toml). A relative model path is
+/// taken relative to the file's directory. Checks types, unknown keys and the ranges that need
+/// no model; errors read "<path>:<line>: <key path>: <what>" (code PlanErrc). Fields set to
+/// "auto" stay auto (-1 / 0 / auto_experts) until resolve_plan.
+Result<Plan> parse_plan_file(const std::string& path);
+
+/// As parse_plan_file, from text; `source_name` names it in messages and, when it has a
+/// directory part, anchors a relative model path.
+Result<Plan> parse_plan_string(std::string_view toml, const std::string& source_name);
+
+/// The `--stages N --expert-shards M` shortcut: N auto stages, M auto expert shards, defaults
+/// for the rest. Never fails; resolve_plan judges N and M against the model.
+Plan even_plan(const std::string& model_path, int64_t num_stages, int64_t num_expert_shards);
+
+/// Fills every auto part from the model, then validates the whole plan. After success every
+/// field is concrete (no -1, no 0 kv_blocks, auto_experts false) and calling it again changes
+/// nothing.
+///  - Layers: a run of auto stages splits the layers between its explicit neighbours (or 0 and
+///    n_layer) evenly, earlier stages taking the extra layer: 5 over 2 = [0,3) [3,5). Then the
+///    ranges must be non-empty, in order and cover [0, n_layer) exactly; overlap, gap, range
+///    past n_layer and more stages than layers are errors naming the stages and ranges.
+///  - Experts: auto shards split the experts no explicit shard owns evenly and contiguously
+///    (runs of adjacent ids, earlier shards taking the extra one: 8 over 3 = 0-2, 3-5, 6-7), so
+///    a shard's slice of each stacked expert tensor is one contiguous range. Then each of
+///    [0, n_expert) must be owned exactly once; shards for a dense model are an error.
+///  - KV: auto = max_sequences full-length sequences, max_sequences * ceil(max_model_len /
+///    kv_block_size) blocks; any pool below one full-length sequence is an error.
+///  - Scheduler values in range; max_model_len within the model's training context.
+/// Failure: code PlanErrc::kInvalid or kSchema, message prefixed with plan.source; `plan` may
+/// then be partly filled.
+Status resolve_plan(Plan& plan, const model::ModelSpec& spec);
+
+/// A human-readable summary: the model and scheduler on one line, then one line per stage and
+/// per expert shard. Auto parts print as "auto" when the plan is not resolved yet.
+std::string describe_plan(const Plan& plan);
+
+}  // namespace troupe::actors

@@ -1,0 +1,333 @@
+// Scheduler actor: iteration-level continuous batching. Each step packs decode tokens of running
+// sequences and prefill chunks of newly admitted ones under a token budget (first come, first
+// served), allocates KV blocks, keeps up to `microbatches` steps in flight through the pipeline,
+// and preempts by recompute when the KV pool is exhausted. Lightweight: runs on CAF's scheduler.
+#include "actors/scheduler.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/detail/messages.h"
+#include "compute/kv_block_manager.h"
+
+namespace troupe::actors {
+
+namespace {
+
+struct Seq {
+  SeqRequestPtr req;
+  caf::actor reply_to;
+  std::vector<int32_t> tokens;     // prompt + generated: the token log of this sequence
+  int64_t num_computed = 0;        // tokens whose KV is in the cache
+  int64_t num_generated = 0;
+  compute::SamplerState rng;
+  bool admitted = false;           // holds KV blocks
+  bool in_flight = false;
+  bool cancelled = false;
+  int64_t in_flight_tokens = 0;
+};
+
+struct SchedulerState {
+  SchedulerConfig cfg;
+  int64_t n_vocab = 0;
+  std::unique_ptr<compute::KvBlockManager> kv;
+  compute::KvBlockManagerConfig kv_cfg;
+  caf::actor first_stage;
+  std::map<int64_t, Seq> seqs;
+  std::deque<int64_t> waiting;     // FCFS; preempted sequences go back to the front
+  std::vector<int64_t> running;    // admitted, in admission order
+  int64_t in_flight = 0;
+  std::map<uint64_t, std::vector<int64_t>> steps_in_flight;  // step id -> its sequences
+  uint64_t epoch = 1;
+  uint64_t next_step = 1;
+  // statistics
+  uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0;
+  static inline const char* name = "scheduler";
+};
+
+using Self = caf::stateful_actor<SchedulerState>;
+
+void emit(Self* self, Seq& s, int64_t id, int32_t token, bool finished, std::string reason,
+          std::string error = {}, std::vector<float> logits = {}) {
+  auto ev = std::make_shared<TokenEvent>();
+  ev->seq_id = id;
+  ev->token = token;
+  ev->finished = finished;
+  ev->finish_reason = std::move(reason);
+  ev->error = std::move(error);
+  ev->logits = std::move(logits);
+  self->send(s.reply_to, token_atom::value, TokenEventPtr(std::move(ev)));
+}
+
+void release(Self* self, int64_t id) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end()) return;
+  if (it->second.admitted) st.kv->free_sequence(id);
+  st.running.erase(std::remove(st.running.begin(), st.running.end(), id), st.running.end());
+  st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
+  st.seqs.erase(it);
+}
+
+void finish(Self* self, int64_t id, std::string reason, std::string error = {}) {
+  auto& s = self->state.seqs.at(id);
+  emit(self, s, id, -1, true, std::move(reason), std::move(error));
+  release(self, id);
+}
+
+// Frees the KV of the most recently admitted sequence that is not in flight (other than `keep`)
+// and puts it back at the front of the queue; it will be recomputed from its token log.
+bool preempt_one(Self* self, int64_t keep) {
+  auto& st = self->state;
+  for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
+    const int64_t id = *it;
+    Seq& s = st.seqs.at(id);
+    if (id == keep || s.in_flight) continue;
+    st.kv->free_sequence(id);
+    s.admitted = false;
+    s.num_computed = 0;
+    st.running.erase(std::next(it).base());
+    st.waiting.push_front(id);
+    ++st.preemptions;
+    return true;
+  }
+  return false;
+}
+
+SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
+  auto& st = self->state;
+  SeqWork w;
+  w.seq_id = id;
+  w.pos0 = s.num_computed;
+  w.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n);
+  auto bt = st.kv->block_table(id);
+  w.blocks.assign(bt.begin(), bt.end());
+  w.sample = s.num_computed + n == static_cast<int64_t>(s.tokens.size());
+  w.want_logits = w.sample && s.req->want_logits;
+  w.sampling = s.req->sampling;
+  w.rng = s.rng;
+  const auto& sp = *s.req->sampling;
+  if (w.sample && (sp.repetition_penalty != 1.f || sp.presence_penalty != 0.f ||
+                   sp.frequency_penalty != 0.f))
+    w.history = std::make_shared<const std::vector<int32_t>>(s.tokens);
+  s.in_flight = true;
+  s.in_flight_tokens = n;
+  return w;
+}
+
+void schedule(Self* self) {
+  auto& st = self->state;
+  while (st.in_flight < st.cfg.microbatches) {
+    auto batch = std::make_shared<StepBatch>();
+    int64_t budget = st.cfg.max_tokens_per_step;
+    // 1. Running sequences first (they arrived earlier): a decode token or the next prefill chunk.
+    for (size_t i = 0; i < st.running.size() && budget > 0; ++i) {
+      const int64_t id = st.running[i];
+      Seq& s = st.seqs.at(id);
+      if (s.in_flight || s.cancelled) continue;
+      const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      if (n <= 0) continue;
+      bool ok = st.kv->reserve(id, s.num_computed + n);
+      while (!ok && preempt_one(self, id)) ok = st.kv->reserve(id, s.num_computed + n);
+      if (!ok) continue;  // wait for blocks to come back
+      batch->seqs.push_back(make_work(self, id, s, n));
+      budget -= n;
+    }
+    // 2. Admit waiting sequences in arrival order while budget and KV allow.
+    while (budget > 0 && !st.waiting.empty() &&
+           static_cast<int64_t>(st.running.size()) < st.cfg.max_sequences) {
+      const int64_t id = st.waiting.front();
+      Seq& s = st.seqs.at(id);
+      auto cached = st.kv->add_sequence(id, s.tokens);
+      if (!cached) {
+        finish(self, id, "error", cached.error().message);
+        continue;
+      }
+      s.num_computed = *cached;
+      const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      if (!st.kv->reserve(id, s.num_computed + n)) {
+        st.kv->free_sequence(id);  // not enough free blocks now: keep its place in the queue
+        break;
+      }
+      s.admitted = true;
+      st.waiting.pop_front();
+      st.running.push_back(id);
+      batch->seqs.push_back(make_work(self, id, s, n));
+      budget -= n;
+    }
+    if (batch->seqs.empty()) return;
+    batch->epoch = st.epoch;
+    batch->step_id = st.next_step++;
+    batch->microbatch = static_cast<int32_t>(st.in_flight);
+    ++st.in_flight;
+    ++st.steps;
+    auto& ids = st.steps_in_flight[batch->step_id];
+    for (const SeqWork& w : batch->seqs) ids.push_back(w.seq_id);
+    self->send(st.first_stage, step_atom::value, StepBatchPtr(std::move(batch)), HiddenPtr{});
+  }
+}
+
+void on_done(Self* self, const StepOutcomePtr& out) {
+  auto& st = self->state;
+  if (out->epoch != st.epoch) return;  // a step from before a reset: its sequences were requeued
+  auto step_it = st.steps_in_flight.find(out->step_id);
+  if (step_it == st.steps_in_flight.end()) return;  // unknown or duplicate outcome: dropped
+  const std::vector<int64_t> ids = std::move(step_it->second);
+  st.steps_in_flight.erase(step_it);
+  --st.in_flight;
+  if (!out->error.empty()) {
+    // A failed step: its sequences run the same positions again (KV writes are idempotent).
+    for (int64_t id : ids) {
+      auto it = st.seqs.find(id);
+      if (it == st.seqs.end()) continue;
+      it->second.in_flight = false;
+      ++st.recomputes;
+      if (it->second.cancelled) finish(self, id, "cancelled");
+    }
+    schedule(self);
+    return;
+  }
+  for (const SeqResult& r : out->results) {
+    auto it = st.seqs.find(r.seq_id);
+    if (it == st.seqs.end()) continue;
+    Seq& s = it->second;
+    if (!s.in_flight) continue;
+    s.in_flight = false;
+    s.num_computed += s.in_flight_tokens;
+    st.kv->commit(r.seq_id, s.tokens, s.num_computed);
+    if (s.cancelled) {
+      finish(self, r.seq_id, "cancelled");
+      continue;
+    }
+    if (r.token < 0) continue;  // a prefill chunk that did not reach the end of the prompt
+    s.rng = r.rng;
+    s.tokens.push_back(r.token);
+    ++s.num_generated;
+    ++st.tokens_generated;
+    const auto& sp = *s.req->sampling;
+    const bool eos = sp.is_stop_token(r.token, s.req->eos_ids);
+    std::string reason;
+    if (eos) {
+      reason = "stop";
+    } else if (s.num_generated >= s.req->max_tokens) {
+      reason = "length";
+    } else if (static_cast<int64_t>(s.tokens.size()) >= st.cfg.max_model_len) {
+      reason = "length";
+    }
+    emit(self, s, r.seq_id, r.token, false, {}, {}, r.logits);
+    if (!reason.empty()) finish(self, r.seq_id, reason);
+  }
+  schedule(self);
+}
+
+}  // namespace
+
+caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blocks,
+                                 int64_t kv_block_size, int64_t n_vocab) {
+  auto& st = self->state;
+  st.cfg = cfg;
+  st.n_vocab = n_vocab;
+  st.kv_cfg.num_blocks = kv_blocks;
+  st.kv_cfg.block_size = kv_block_size;
+  st.kv_cfg.enable_prefix_cache = cfg.prefix_cache;
+  st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+  return {
+      [=](submit_atom, const SeqRequestPtr& req, caf::actor reply_to) {
+        auto& st = self->state;
+        Seq s;
+        s.req = req;
+        s.reply_to = std::move(reply_to);
+        s.tokens = req->prompt;
+        s.rng = compute::Sampler::seeded_state(req->sampling->seed);
+        const int64_t id = req->seq_id;
+        if (st.seqs.count(id)) {
+          emit(self, s, id, -1, true, "error", "duplicate request id " + std::to_string(id));
+          return;
+        }
+        if (static_cast<int64_t>(st.waiting.size()) >= st.cfg.max_queue) {
+          emit(self, s, id, -1, true, "overloaded",
+               "server overloaded: " + std::to_string(st.waiting.size()) +
+                   " requests waiting (limit " + std::to_string(st.cfg.max_queue) + ")");
+          return;
+        }
+        std::string bad;
+        if (req->prompt.empty()) bad = "the prompt is empty";
+        for (int32_t t : req->prompt)
+          if (t < 0 || t >= st.n_vocab) bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
+        if (static_cast<int64_t>(req->prompt.size()) >= st.cfg.max_model_len)
+          bad = "the prompt has " + std::to_string(req->prompt.size()) +
+                " tokens; the model length limit is " + std::to_string(st.cfg.max_model_len);
+        else if (!st.kv->can_fit(static_cast<int64_t>(req->prompt.size()) + 1))
+          bad = "the prompt does not fit in the KV pool";
+        if (!bad.empty()) {
+          emit(self, s, id, -1, true, "error", bad);
+          return;
+        }
+        st.seqs.emplace(id, std::move(s));
+        st.waiting.push_back(id);
+        schedule(self);
+      },
+      [=](cancel_atom, int64_t id) {
+        auto& st = self->state;
+        auto it = st.seqs.find(id);
+        if (it == st.seqs.end()) return;
+        if (it->second.in_flight) {
+          it->second.cancelled = true;  // finished when its step comes back
+        } else {
+          finish(self, id, "cancelled");
+          schedule(self);
+        }
+      },
+      [=](done_atom, const StepOutcomePtr& out) { on_done(self, out); },
+      [=](stage_atom, caf::actor first) { self->state.first_stage = std::move(first); },
+      [=](reset_atom) {
+        // A stage restarted with an empty KV pool: drop every block (and the prefix cache, whose
+        // contents that stage no longer has) and recompute all sequences from their token logs.
+        auto& st = self->state;
+        ++st.epoch;
+        st.in_flight = 0;
+        st.steps_in_flight.clear();
+        st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+        std::deque<int64_t> requeue;
+        for (int64_t id : st.running) requeue.push_back(id);
+        for (int64_t id : st.waiting) requeue.push_back(id);
+        st.running.clear();
+        st.waiting = std::move(requeue);
+        for (auto& [id, s] : st.seqs) {
+          (void)id;
+          s.admitted = false;
+          s.in_flight = false;
+          s.num_computed = 0;
+        }
+        ++st.recomputes;
+        for (auto it = st.seqs.begin(); it != st.seqs.end();) {
+          auto cur = it++;
+          if (cur->second.cancelled) finish(self, cur->first, "cancelled");
+        }
+        schedule(self);
+      },
+      [=](stats_atom) -> std::string {
+        auto& st = self->state;
+        const auto kv = st.kv->stats();
+        return strfmt("{\"running\":%zu,\"waiting\":%zu,\"steps\":%llu,\"preemptions\":%llu,"
+                      "\"recomputes\":%llu,\"tokens_generated\":%llu,\"kv_usage_perc\":%.2f,"
+                      "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu}",
+                      st.running.size(), st.waiting.size(), (unsigned long long)st.steps,
+                      (unsigned long long)st.preemptions, (unsigned long long)st.recomputes,
+                      (unsigned long long)st.tokens_generated, kv.usage_perc,
+                      (unsigned long long)kv.prefix_hit_tokens,
+                      (unsigned long long)kv.prefix_query_tokens);
+      },
+  };
+}
+
+caf::actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg, int64_t kv_blocks,
+                           int64_t kv_block_size, int64_t n_vocab) {
+  return sys.spawn(scheduler_behavior, cfg, kv_blocks, kv_block_size, n_vocab);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,180 @@
+// Stage actor: a contiguous range of layers on its own thread (spawned detached) with its own
+// compute pool and KV pool. Runs a step, forwards hidden states to the next stage or, on the last
+// stage, samples and reports the outcome to the scheduler. MoE rows go to expert-shard actors.
+#include "actors/stage.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/detail/messages.h"
+#include "base/check.h"
+
+namespace troupe::actors {
+
+namespace {
+
+// Sends each expert's rows to the shard that owns it and waits for all of them.
+class ShardedExperts : public compute::ExpertRunner {
+ public:
+  ShardedExperts(int64_t n_embd, std::chrono::milliseconds timeout)
+      : n_embd_(n_embd), timeout_(timeout) {}
+  ExpertPlacement placement;
+
+  void run(int64_t layer, std::span<const compute::ExpertTask> tasks) override {
+    const size_t num_shards = placement.shards.size();
+    std::vector<ExpertRequestPtr> reqs(num_shards);
+    int used = 0;
+    for (const auto& t : tasks) {
+      TROUPE_CHECK(t.expert >= 0 && static_cast<size_t>(t.expert) < placement.owner.size(),
+                   "expert %d has no owner", t.expert);
+      const size_t s = static_cast<size_t>(placement.owner[static_cast<size_t>(t.expert)]);
+      if (!reqs[s]) {
+        reqs[s] = std::make_shared<ExpertRequest>();
+        reqs[s]->layer = layer;
+        ++used;
+      }
+      auto& r = *reqs[s];
+      r.experts.push_back(t.expert);
+      r.rows.push_back(t.n_rows);
+      r.x.insert(r.x.end(), t.x, t.x + t.n_rows * n_embd_);
+    }
+    auto latch = std::make_shared<Latch>(used);
+    for (size_t s = 0; s < num_shards; ++s) {
+      if (!reqs[s]) continue;
+      reqs[s]->done = latch;
+      reqs[s]->y.resize(reqs[s]->x.size());
+      caf::anon_send(placement.shards[s], expert_atom::value, reqs[s]);
+    }
+    if (!latch->wait_for(timeout_))
+      throw std::runtime_error(strfmt("layer %lld: an expert shard did not answer within %lld ms",
+                                      static_cast<long long>(layer),
+                                      static_cast<long long>(timeout_.count())));
+    // Copy each shard's outputs back in task order.
+    std::vector<size_t> at(num_shards, 0);
+    for (const auto& t : tasks) {
+      const size_t s = static_cast<size_t>(placement.owner[static_cast<size_t>(t.expert)]);
+      const auto& r = *reqs[s];
+      if (!r.error.empty()) throw std::runtime_error("expert shard " + std::to_string(s) + ": " + r.error);
+      std::memcpy(t.y, r.y.data() + at[s], static_cast<size_t>(t.n_rows * n_embd_) * sizeof(float));
+      at[s] += static_cast<size_t>(t.n_rows * n_embd_);
+    }
+  }
+
+ private:
+  int64_t n_embd_;
+  std::chrono::milliseconds timeout_;
+};
+
+struct StageState {
+  StageConfig cfg;
+  std::unique_ptr<ShardedExperts> experts;
+  std::unique_ptr<compute::Engine> engine;
+  caf::actor next;        // the next stage, or the scheduler after the last stage
+  bool crash_next = false;
+  static inline const char* name = "stage";
+};
+
+void fail_step(caf::stateful_actor<StageState>* self, const StepBatch& b, const std::string& err) {
+  auto out = std::make_shared<StepOutcome>();
+  out->epoch = b.epoch;
+  out->step_id = b.step_id;
+  out->microbatch = b.microbatch;
+  out->error = "stage " + std::to_string(self->state.cfg.index) + ": " + err;
+  self->send(self->state.cfg.scheduler, done_atom::value, StepOutcomePtr(std::move(out)));
+}
+
+void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, const HiddenPtr& h) {
+  auto& st = self->state;
+  const bool last = st.cfg.range.head;
+  std::vector<compute::SeqStep> steps(b->seqs.size());
+  for (size_t i = 0; i < b->seqs.size(); ++i) {
+    const SeqWork& w = b->seqs[i];
+    steps[i].pos0 = w.pos0;
+    steps[i].tokens = w.tokens;
+    steps[i].blocks = w.blocks;
+    steps[i].logits = (last && (w.sample || w.want_logits)) ? compute::SeqStep::Logits::kLast
+                                                             : compute::SeqStep::Logits::kNone;
+  }
+  compute::StepResult res;
+  if (!last) {
+    auto hidden = std::make_shared<std::vector<float>>();
+    auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, hidden.get());
+    if (!s) return fail_step(self, *b, s.error().message);
+    self->send(st.next, step_atom::value, b, HiddenPtr(std::move(hidden)));
+    return;
+  }
+  auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, nullptr);
+  if (!s) return fail_step(self, *b, s.error().message);
+  auto out = std::make_shared<StepOutcome>();
+  out->epoch = b->epoch;
+  out->step_id = b->step_id;
+  out->microbatch = b->microbatch;
+  out->results.resize(b->seqs.size());
+  for (size_t i = 0; i < b->seqs.size(); ++i) {
+    const SeqWork& w = b->seqs[i];
+    SeqResult& r = out->results[i];
+    r.seq_id = w.seq_id;
+    r.rng = w.rng;
+    if (res.row_count[i] == 0) continue;
+    std::span<const float> row(res.row(i), static_cast<size_t>(res.n_vocab));
+    if (w.want_logits) r.logits.assign(row.begin(), row.end());
+    if (w.sample) {
+      compute::Sampler sampler(*w.sampling);
+      if (auto ok = sampler.set_state(w.rng); !ok) return fail_step(self, *b, ok.error().message);
+      static const std::vector<int32_t> kNoHistory;
+      r.token = sampler.sample(row, w.history ? *w.history : kNoHistory);
+      r.rng = sampler.state();
+    }
+  }
+  self->send(st.next, done_atom::value, StepOutcomePtr(std::move(out)));
+}
+
+}  // namespace
+
+caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig cfg,
+                             caf::actor next, ExpertPlacement placement) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.next = std::move(next);
+  compute::EngineOptions eo;
+  eo.n_threads = st.cfg.threads;
+  eo.range = st.cfg.range;
+  eo.kv_block_size = st.cfg.kv_block_size;
+  eo.kv_num_blocks = st.cfg.kv_blocks;
+  if (!placement.shards.empty()) {
+    st.experts = std::make_unique<ShardedExperts>(st.cfg.model->spec.n_embd, st.cfg.expert_timeout);
+    st.experts->placement = std::move(placement);
+    eo.expert_runner = st.experts.get();
+  }
+  auto eng = compute::Engine::create(st.cfg.model, eo);
+  if (!eng) throw std::runtime_error("stage " + std::to_string(st.cfg.index) + ": " + eng.error().message);
+  st.engine = std::move(*eng);
+  return {
+      [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h) {
+        if (self->state.crash_next) throw std::runtime_error("injected fault");
+        run_step(self, b, h);
+      },
+      [=](next_atom, caf::actor n) { self->state.next = std::move(n); },
+      [=](shards_atom, std::vector<caf::actor> shards) {
+        if (self->state.experts) self->state.experts->placement.shards = std::move(shards);
+      },
+      [=](crash_atom) { self->state.crash_next = true; },
+      [=](stats_atom) -> std::string {
+        return strfmt("{\"stage\":%d,\"layers\":[%lld,%lld],\"kv_bytes\":%llu}",
+                      self->state.cfg.index, (long long)self->state.cfg.range.begin,
+                      (long long)self->state.cfg.range.end,
+                      (unsigned long long)self->state.engine->kv_cache().bytes());
+      },
+  };
+}
+
+caf::actor spawn_stage(caf::actor_system& sys, const StageConfig& cfg, caf::actor next,
+                       ExpertPlacement placement) {
+  return sys.spawn<caf::detached>(stage_behavior, cfg, std::move(next), std::move(placement));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,272 @@
+// The actor system against the single-process engine: for every plan (stages x expert shards,
+// prefix cache on and off, several scheduler budgets), many concurrent requests, a tiny KV pool
+// that forces preemption, and actors that crash mid-run, every greedy token and every logit is
+// bit-identical to the engine run alone.
+#include "actors/local_cluster.h"
+
+#include <cstring>
+#include <random>
+
+#include "compute/engine.h"
+#include "model/model.h"
+#include "tests/test_support.h"
+
+namespace troupe::actors {
+namespace {
+
+struct Reference {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;  // [tokens, n_vocab]
+};
+
+// Greedy generation on the plain engine: the ground truth every plan must reproduce bit for bit.
+Reference solo(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt, int64_t n) {
+  compute::EngineOptions o;
+  o.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + n + 1;
+  auto eng = compute::Engine::create(m, o);
+  EXPECT_TRUE(eng);
+  compute::Sequence seq(**eng);
+  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(prompt.size()) + n));
+  Reference ref;
+  compute::StepResult r;
+  auto st = seq.next(prompt, compute::SeqStep::Logits::kLast);
+  EXPECT_TRUE((*eng)->step({&st, 1}, &r).has_value());
+  seq.advance(static_cast<int64_t>(prompt.size()));
+  compute::Sampler greedy(compute::SamplingParams{});
+  for (int64_t i = 0; i < n; ++i) {
+    std::span<const float> row(r.row(0), static_cast<size_t>(r.n_vocab));
+    ref.logits.insert(ref.logits.end(), row.begin(), row.end());
+    ref.tokens.push_back(greedy.sample(row, {}));
+    if (i + 1 == n) break;
+    auto st2 = seq.next({&ref.tokens.back(), 1}, compute::SeqStep::Logits::kLast);
+    EXPECT_TRUE((*eng)->step({&st2, 1}, &r).has_value());
+    seq.advance(1);
+  }
+  return ref;
+}
+
+std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(n);
+  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3));
+  return v;
+}
+
+GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int64_t n) {
+  GenerateRequest r;
+  r.prompt_tokens = prompt;
+  r.max_tokens = n;
+  r.sampling.ignore_eos = true;
+  r.return_logits = true;
+  return r;
+}
+
+void expect_identical(const GenerateResult& got, const Reference& ref, const std::string& what) {
+  ASSERT_TRUE(got.ok()) << what << ": " << got.error;
+  EXPECT_EQ(got.tokens, ref.tokens) << what;
+  ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
+  EXPECT_EQ(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0)
+      << what << ": logits differ";
+}
+
+std::shared_ptr<const model::Model> load(const std::string& path) {
+  auto m = model::load_model(path);
+  EXPECT_TRUE(m) << (m ? "" : m.error().message);
+  return m ? *m : nullptr;
+}
+
+class PlanMatrix : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlanMatrix, EveryPlanIsBitIdenticalToTheEngine) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/" + GetParam());
+  ASSERT_TRUE(m);
+  const auto& spec = m->spec;
+  // Prompts that share a prefix (prefix-cache hits) and ones that do not, of mixed lengths.
+  std::vector<std::vector<int32_t>> prompts;
+  const auto common = random_prompt(37, spec.n_vocab, 1);
+  for (uint32_t i = 0; i < 6; ++i) {
+    auto p = random_prompt(3 + 7 * i, spec.n_vocab, 100 + i);
+    if (i % 2 == 0) p.insert(p.begin(), common.begin(), common.end());
+    prompts.push_back(p);
+  }
+  const int64_t n_gen = 12;
+  std::vector<Reference> refs;
+  for (const auto& p : prompts) refs.push_back(solo(m, p, n_gen));
+  std::vector<GenerateRequest> reqs;
+  for (const auto& p : prompts) reqs.push_back(greedy_request(p, n_gen));
+
+  const int64_t max_stages = std::min<int64_t>(4, spec.n_layer);
+  std::vector<int64_t> shard_counts = {0};
+  if (spec.n_expert > 0) shard_counts = {0, 1, 2, 3, 4};
+  const int64_t budgets[] = {5, 16, 512};
+  int combo = 0;
+  for (int64_t ns = 1; ns <= max_stages; ++ns) {
+    for (int64_t ne : shard_counts) {
+      for (bool prefix : {true, false}) {
+        Plan plan = even_plan(m->path, ns, ne);
+        plan.scheduler.prefix_cache = prefix;
+        plan.scheduler.max_tokens_per_step = budgets[combo % 3];
+        plan.scheduler.max_sequences = 8;
+        plan.scheduler.max_model_len = 128;
+        ++combo;
+        ASSERT_TRUE(resolve_plan(plan, spec).has_value());
+        auto lc = LocalCluster::start(plan, m);
+        ASSERT_TRUE(lc) << lc.error().message;
+        const auto res = (*lc)->generate_many(reqs);
+        const std::string what = "stages=" + std::to_string(ns) + " shards=" + std::to_string(ne) +
+                                 " prefix=" + std::to_string(prefix) +
+                                 " budget=" + std::to_string(plan.scheduler.max_tokens_per_step);
+        for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], what + " request " + std::to_string(i));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PlanMatrix,
+                         ::testing::Values("models/stories260K/stories260K.gguf",
+                                           "models/synth/mixtral-moe/model.gguf",
+                                           "models/synth/deepseek2/model.gguf",
+                                           "models/synth/qwen3moe/model.gguf"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           s = s.substr(0, s.rfind('/'));
+                           s = s.substr(s.rfind('/') + 1);
+                           for (char& ch : s) {
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return s;
+                         });
+
+TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/synth/mixtral-moe/model.gguf");
+  ASSERT_TRUE(m);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 64; ++i) {
+    auto p = random_prompt(1 + (i * 13) % 40, m->spec.n_vocab, 500 + i);
+    const int64_t n = 1 + (i * 7) % 20;
+    reqs.push_back(greedy_request(p, n));
+    refs.push_back(solo(m, p, n));
+  }
+  Plan plan = even_plan(m->path, 2, 2);
+  plan.scheduler.max_sequences = 64;
+  plan.scheduler.max_tokens_per_step = 96;
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto res = (*lc)->generate_many(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+}
+
+TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 12; ++i) {
+    auto p = random_prompt(10 + i, m->spec.n_vocab, 900 + i);
+    reqs.push_back(greedy_request(p, 30));
+    refs.push_back(solo(m, p, 30));
+  }
+  Plan plan = even_plan(m->path, 2, 0);
+  plan.kv_block_size = 4;
+  plan.scheduler.max_model_len = 64;
+  plan.scheduler.max_sequences = 12;
+  for (auto& s : plan.stages) s.kv_blocks = 40;  // 160 token slots for 12 x ~50 tokens
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto res = (*lc)->generate_many(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  const std::string stats = (*lc)->stats_json();
+  EXPECT_EQ(stats.find("\"preemptions\":0,"), std::string::npos) << "no preemption happened: " << stats;
+}
+
+TEST(LocalCluster, CrashedStageAndShardAreRestartedWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/synth/mixtral-moe/model.gguf");
+  ASSERT_TRUE(m);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 8; ++i) {
+    auto p = random_prompt(5 + 3 * i, m->spec.n_vocab, 300 + i);
+    reqs.push_back(greedy_request(p, 40));
+    refs.push_back(solo(m, p, 40));
+  }
+  Plan plan = even_plan(m->path, 3, 2);
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  ClusterOptions opts;
+  opts.expert_timeout_ms = 2000;
+  auto lc = LocalCluster::start(plan, m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  ASSERT_TRUE((*lc)->inject_fault("stage/1").has_value());
+  ASSERT_TRUE((*lc)->inject_fault("expert/1").has_value());
+  const auto res = (*lc)->generate_many(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  const std::string stats = (*lc)->stats_json();
+  EXPECT_NE(stats.find("\"stage_restarts\":[0,1,0]"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"expert_restarts\":[0,1]"), std::string::npos) << stats;
+  EXPECT_FALSE((*lc)->inject_fault("stage/9").has_value());
+}
+
+TEST(LocalCluster, BadRequestsGetErrorsAndOthersComplete) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 2, 0);
+  plan.scheduler.max_model_len = 64;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc);
+  GenerateRequest ok = greedy_request({1, 403, 407}, 4);
+  GenerateRequest bad_token = greedy_request({1, 99999}, 4);
+  GenerateRequest too_long = greedy_request(std::vector<int32_t>(80, 5), 4);
+  GenerateRequest bad_temp = ok;
+  bad_temp.sampling.temperature = -1;
+  GenerateRequest text;
+  text.prompt = "Once upon a time";
+  text.max_tokens = 8;
+  const auto res = (*lc)->generate_many({ok, bad_token, too_long, bad_temp, text});
+  EXPECT_TRUE(res[0].ok());
+  EXPECT_EQ(res[0].tokens.size(), 4u);
+  EXPECT_NE(res[1].error.find("outside the vocabulary"), std::string::npos) << res[1].error;
+  EXPECT_NE(res[2].error.find("model length limit is 64"), std::string::npos) << res[2].error;
+  EXPECT_NE(res[3].error.find("temperature"), std::string::npos) << res[3].error;
+  EXPECT_TRUE(res[4].ok()) << res[4].error;
+  EXPECT_EQ(res[4].prompt_tokens, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  EXPECT_FALSE(res[4].text.empty());
+}
+
+TEST(LocalCluster, QueueBeyondItsLimitAnswersOverloaded) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 1, 0);
+  plan.scheduler.max_model_len = 64;
+  plan.scheduler.max_sequences = 1;
+  plan.scheduler.max_queue = 2;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc);
+  std::vector<GenerateRequest> reqs(8, greedy_request({1, 403, 407}, 20));
+  const auto res = (*lc)->generate_many(reqs);
+  int overloaded = 0, completed = 0;
+  for (const auto& r : res) {
+    if (r.finish_reason == "overloaded") {
+      ++overloaded;
+      EXPECT_NE(r.error.find("server overloaded"), std::string::npos);
+    } else if (r.ok() && r.tokens.size() == 20) {
+      ++completed;
+    }
+  }
+  EXPECT_GT(overloaded, 0);
+  EXPECT_EQ(overloaded + completed, 8);
+}
+
+}  // namespace
+}  // namespace troupe::actors

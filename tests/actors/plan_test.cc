@@ -1,0 +1,568 @@
+// Tests of actors/plan.h: reading plan TOML, filling auto parts from a model, and one test per
+// way a plan can be bad, each asserting the message text (file, line, parts at fault).
+#include "actors/plan.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/model.h"
+#include "model/model_spec.h"
+#include "tests/test_support.h"
+
+namespace troupe::actors {
+namespace {
+
+// gmock is not linked into the test binaries; these stand in for its string matchers.
+#define EXPECT_STARTS_WITH(text, prefix) \
+  EXPECT_TRUE(std::string(text).starts_with(prefix)) << "text: " << (text)
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "text: " << (text)
+#define EXPECT_ENDS_WITH(text, suffix) \
+  EXPECT_TRUE(std::string(text).ends_with(suffix)) << "text: " << (text)
+
+/// A model description with only what a plan looks at; no weights.
+model::ModelSpec make_spec(int64_t n_layer, int64_t n_expert, int64_t n_ctx_train = 4096) {
+  model::ModelSpec spec;
+  spec.n_layer = n_layer;
+  spec.layers.resize(static_cast<size_t>(n_layer));
+  for (model::LayerSpec& l : spec.layers) l.is_moe = n_expert > 0;
+  spec.n_expert = n_expert;
+  spec.n_expert_used = n_expert > 0 ? 2 : 0;
+  spec.n_ctx_train = n_ctx_train;
+  return spec;
+}
+
+std::string conf_dir() {
+  // tests/actors/plan_test.cc -> the checkout root.
+  return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "conf")
+      .string();
+}
+
+Plan parse_ok(std::string_view text, const std::string& source = "plan.toml") {
+  Result<Plan> r = parse_plan_string(text, source);
+  EXPECT_TRUE(r.has_value()) << r.error().message;
+  return r.has_value() ? *r : Plan{};
+}
+
+/// The parse error's message ("" and a test failure when it parsed).
+std::string parse_error(std::string_view text, PlanErrc code = PlanErrc::kSchema) {
+  Result<Plan> r = parse_plan_string(text, "plan.toml");
+  EXPECT_FALSE(r.has_value()) << "parsed, but should not have";
+  if (r.has_value()) return "";
+  EXPECT_EQ(r.error().code, static_cast<int>(code)) << r.error().message;
+  return r.error().message;
+}
+
+/// The message of resolve_plan's error on a plan that parses.
+std::string resolve_error(Plan plan, const model::ModelSpec& spec,
+                          PlanErrc code = PlanErrc::kInvalid) {
+  Status s = resolve_plan(plan, spec);
+  EXPECT_FALSE(s.has_value()) << "resolved, but should not have:\n" << describe_plan(plan);
+  if (s.has_value()) return "";
+  EXPECT_EQ(s.error().code, static_cast<int>(code)) << s.error().message;
+  return s.error().message;
+}
+std::string resolve_error(std::string_view text, const model::ModelSpec& spec,
+                          PlanErrc code = PlanErrc::kInvalid) {
+  return resolve_error(parse_ok(text), spec, code);
+}
+
+Plan resolve_ok(Plan plan, const model::ModelSpec& spec) {
+  Status s = resolve_plan(plan, spec);
+  EXPECT_TRUE(s.has_value()) << s.error().message;
+  return plan;
+}
+Plan resolve_ok(std::string_view text, const model::ModelSpec& spec) {
+  return resolve_ok(parse_ok(text), spec);
+}
+
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+Ranges layer_ranges(const Plan& p) {
+  Ranges out;
+  for (const StagePlan& s : p.stages) out.emplace_back(s.layer_begin, s.layer_end);
+  return out;
+}
+std::vector<std::vector<int32_t>> expert_sets(const Plan& p) {
+  std::vector<std::vector<int32_t>> out;
+  for (const ExpertShardPlan& s : p.expert_shards) out.push_back(s.experts);
+  return out;
+}
+
+// --- the files in conf/ ---------------------------------------------------------------------
+
+TEST(PlanConf, ExampleParsesAndResolves) {
+  Result<Plan> r = parse_plan_file(conf_dir() + "/plan-example.toml");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  Plan p = resolve_ok(*r, make_spec(4, 8, 2048));
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 2}, {2, 4}}));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(p.stages[0].kv_blocks, 512);
+  EXPECT_EQ(p.stages[1].kv_blocks, 8 * 16);  // auto: 8 sequences of 256 tokens, 16-token blocks
+  EXPECT_EQ(p.scheduler.max_sequences, 8);
+  EXPECT_EQ(p.scheduler.max_model_len, 256);
+  EXPECT_TRUE(p.scheduler.prefix_cache);
+}
+
+TEST(PlanConf, TwoStageMoeParsesAndResolves) {
+  Result<Plan> r = parse_plan_file(conf_dir() + "/plan-2stage-moe.toml");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->num_stages, 2);
+  EXPECT_EQ(r->num_expert_shards, 2);
+  Plan p = resolve_ok(*r, make_spec(4, 8, 2048));
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 2}, {2, 4}}));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(p.stages[0].kv_blocks, 1024);
+  EXPECT_EQ(p.stages[1].kv_blocks, 1024);
+  EXPECT_EQ(p.scheduler.max_tokens_per_step, 256);
+  EXPECT_EQ(p.scheduler.max_queue, 256);  // default
+}
+
+TEST(PlanConf, AutoParsesAndResolves) {
+  Result<Plan> r = parse_plan_file(conf_dir() + "/plan-auto.toml");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  Plan p = resolve_ok(*r, make_spec(4, 8, 2048));
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 2}, {2, 4}}));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(p.stages[0].kv_blocks, 64 * 128);  // defaults: 64 sequences of 2048 tokens
+}
+
+TEST(PlanConf, ModelPathIsRelativeToTheConfDirectory) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"plan-example.toml", "plan-2stage-moe.toml", "plan-auto.toml"}) {
+    Result<Plan> r = parse_plan_file(conf_dir() + "/" + name);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_ENDS_WITH(r->model_path, "shared/models/synth/mixtral-moe/model.gguf");
+    EXPECT_EQ(r->model_path, fs::path(r->model_path).lexically_normal().string());
+    std::string dir = testing::shared_dir();
+    std::string shared_model = dir + "/models/synth/mixtral-moe/model.gguf";
+    if (!dir.empty() && fs::exists(shared_model) && fs::exists(r->model_path)) {
+      EXPECT_TRUE(fs::equivalent(r->model_path, shared_model)) << r->model_path;
+    }
+  }
+}
+
+TEST(PlanConf, ResolvesAgainstTheSyntheticMixtral) {
+  TROUPE_SHARED_OR_SKIP(dir);
+  auto m = model::load_model(dir + "/models/synth/mixtral-moe/model.gguf");
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  for (const char* name : {"plan-example.toml", "plan-2stage-moe.toml", "plan-auto.toml"}) {
+    Result<Plan> r = parse_plan_file(conf_dir() + "/" + name);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    Plan p = resolve_ok(*r, (*m)->spec);
+    EXPECT_EQ(p.stages.back().layer_end, (*m)->spec.n_layer) << name;
+  }
+}
+
+// --- reading ---------------------------------------------------------------------------------
+
+TEST(PlanParse, EmptyFileIsOneAutoStageAndDefaults) {
+  Plan p = parse_ok("");
+  EXPECT_EQ(p.source, "plan.toml");
+  EXPECT_EQ(p.model_path, "");
+  EXPECT_EQ(p.num_stages, 1);
+  ASSERT_EQ(p.stages.size(), 1u);
+  EXPECT_EQ(p.stages[0].layer_begin, -1);
+  EXPECT_EQ(p.stages[0].kv_blocks, 0);
+  EXPECT_EQ(p.num_expert_shards, 0);
+  EXPECT_EQ(p.kv_block_size, 16);
+  EXPECT_EQ(p.scheduler.max_tokens_per_step, 512);
+  EXPECT_EQ(p.scheduler.microbatches, 2);
+}
+
+TEST(PlanParse, StageTablesSetTheCountAndInheritDefaults) {
+  Plan p = parse_ok(R"([stages]
+kv_blocks = 300
+threads = 3
+[[stage]]
+layers = [0, 1]
+[[stage]]
+layers = "auto"
+kv_blocks = "auto"
+threads = 2
+)");
+  ASSERT_EQ(p.num_stages, 2);
+  EXPECT_EQ(p.stages[0].kv_blocks, 300);
+  EXPECT_EQ(p.stages[0].threads, 3);
+  EXPECT_EQ(p.stages[0].line, 4);
+  EXPECT_EQ(p.stages[1].layer_begin, -1);
+  EXPECT_EQ(p.stages[1].kv_blocks, 0);
+  EXPECT_EQ(p.stages[1].threads, 2);
+}
+
+TEST(PlanParse, ModelPathAnchoredAtTheFileDirectory) {
+  EXPECT_EQ(parse_ok("model.path = \"../m.gguf\"", "a/b/plan.toml").model_path, "a/m.gguf");
+  EXPECT_EQ(parse_ok("model.path = \"/abs/m.gguf\"", "a/b/plan.toml").model_path, "/abs/m.gguf");
+  EXPECT_EQ(parse_ok("model.path = \"m.gguf\"", "plan.toml").model_path, "m.gguf");
+}
+
+TEST(PlanParse, RejectsUnknownTopLevelKey) {
+  EXPECT_EQ(parse_error("[model]\npath = \"m.gguf\"\n\n[schedular]\nmax_queue = 3\n"),
+            "plan.toml:4: unknown key 'schedular' (known here: model, stages, stage, "
+            "expert_shards, expert_shard, scheduler)");
+}
+
+TEST(PlanParse, RejectsUnknownKeyInStageWithLineAndPath) {
+  EXPECT_EQ(parse_error("[[stage]]\nlayers = [0, 2]\n[[stage]]\nlaeyrs = [2, 4]\n"),
+            "plan.toml:4: unknown key 'stage[1].laeyrs' (known here: layers, kv_blocks, threads)");
+}
+
+TEST(PlanParse, RejectsUnknownSchedulerKey) {
+  std::string msg = parse_error("[scheduler]\nmax_seqs = 3\n");
+  EXPECT_STARTS_WITH(msg, ("plan.toml:2: unknown key 'scheduler.max_seqs' (known here: "
+                           "max_tokens_per_step, max_sequences,"));
+}
+
+TEST(PlanParse, RejectsWrongType) {
+  EXPECT_EQ(parse_error("[scheduler]\nmax_sequences = \"64\"\n"),
+            "plan.toml:2: scheduler.max_sequences: expected an integer >= 1, got the string "
+            "\"64\"");
+  EXPECT_EQ(parse_error("[scheduler]\nprefix_cache = 1\n"),
+            "plan.toml:2: scheduler.prefix_cache: expected a boolean (true or false), got the "
+            "integer 1");
+  EXPECT_EQ(parse_error("[model]\npath = 3\n"),
+            "plan.toml:2: model.path: expected a string, got the integer 3");
+}
+
+TEST(PlanParse, RejectsAutoWhereNotAccepted) {
+  EXPECT_EQ(parse_error("[scheduler]\nmicrobatches = \"auto\"\n"),
+            "plan.toml:2: scheduler.microbatches: expected an integer in [1, 1024], got the "
+            "string \"auto\"");
+}
+
+TEST(PlanParse, RejectsMisspeltAuto) {
+  EXPECT_EQ(parse_error("[[stage]]\nkv_blocks = \"aut\"\n"),
+            "plan.toml:2: stage[0].kv_blocks: expected an integer >= 1 or \"auto\", got the "
+            "string \"aut\"");
+}
+
+TEST(PlanParse, RejectsValueOutOfRange) {
+  EXPECT_EQ(parse_error("[scheduler]\nmax_tokens_per_step = 0\n"),
+            "plan.toml:2: scheduler.max_tokens_per_step: expected an integer >= 1, got the "
+            "integer 0");
+  EXPECT_EQ(parse_error("[stages]\nthreads = 0\n"),
+            "plan.toml:2: stages.threads: expected an integer in [1, 1024], got the integer 0");
+}
+
+TEST(PlanParse, RejectsBadLayersShape) {
+  const char* expected =
+      "stage[0].layers: expected [begin, end] as two integers >= 0 (end exclusive), or "
+      "\"auto\", got ";
+  EXPECT_EQ(parse_error("[[stage]]\nlayers = [0, 1, 2]\n"),
+            std::string("plan.toml:2: ") + expected + "the array [0, 1, 2]");
+  EXPECT_EQ(parse_error("[[stage]]\nlayers = [-1, 2]\n"),
+            std::string("plan.toml:2: ") + expected + "the array [-1, 2]");
+  EXPECT_EQ(parse_error("[[stage]]\nlayers = 3\n"),
+            std::string("plan.toml:2: ") + expected + "the integer 3");
+}
+
+TEST(PlanParse, RejectsBadExpertId) {
+  EXPECT_EQ(parse_error("[[expert_shard]]\nexperts = [0, \"1\"]\n"),
+            "plan.toml:2: expert_shard[0].experts[1]: expected an expert id >= 0, got the "
+            "string \"1\"");
+  EXPECT_EQ(parse_error("[[expert_shard]]\nexperts = [0, -3]\n"),
+            "plan.toml:2: expert_shard[0].experts[1]: expected an expert id >= 0, got the "
+            "integer -3");
+}
+
+TEST(PlanParse, RejectsStageWrittenAsPlainTable) {
+  EXPECT_EQ(parse_error("[stage]\nlayers = [0, 2]\n"),
+            "plan.toml:1: stage: expected an array of tables ([[stage]]), got a table");
+}
+
+TEST(PlanParse, RejectsCountDisagreeingWithTables) {
+  EXPECT_EQ(parse_error("[stages]\ncount = 3\n[[stage]]\n[[stage]]\n"),
+            "plan.toml:2: stages.count: says 3 but the file has 2 [[stage]] tables");
+  EXPECT_EQ(parse_error("[expert_shards]\ncount = 2\n[[expert_shard]]\n"),
+            "plan.toml:2: expert_shards.count: says 2 but the file has 1 [[expert_shard]] table");
+}
+
+TEST(PlanParse, RejectsMalformedTomlWithLine) {
+  std::string msg =
+      parse_error("[scheduler]\nmax_sequences = 4\nmax_queue = = 5\n", PlanErrc::kSyntax);
+  EXPECT_STARTS_WITH(msg, ("plan.toml:3:"));
+  EXPECT_CONTAINS(msg, "not valid TOML: ");
+}
+
+TEST(PlanParse, RejectsDuplicateKeyAsSyntaxError) {
+  std::string msg = parse_error("[scheduler]\nmax_queue = 4\nmax_queue = 5\n", PlanErrc::kSyntax);
+  EXPECT_STARTS_WITH(msg, "plan.toml:3:");
+}
+
+TEST(PlanParse, MissingFileIsAnIoError) {
+  Result<Plan> r = parse_plan_file("/nonexistent/plan.toml");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, static_cast<int>(PlanErrc::kIo));
+  EXPECT_EQ(r.error().message,
+            "/nonexistent/plan.toml: cannot open the plan file: No such file or directory");
+}
+
+TEST(PlanParse, DirectoryIsAnIoError) {
+  Result<Plan> r = parse_plan_file(conf_dir());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, static_cast<int>(PlanErrc::kIo)) << r.error().message;
+  EXPECT_STARTS_WITH(r.error().message, conf_dir() + ": cannot read the plan file");
+}
+
+TEST(PlanParse, AcceptsInlineStageTables) {
+  Plan p = parse_ok("stage = [{ layers = [0, 2] }, { layers = \"auto\", threads = 4 }]\n");
+  ASSERT_EQ(p.num_stages, 2);
+  EXPECT_EQ(p.stages[0].layer_end, 2);
+  EXPECT_EQ(p.stages[1].threads, 4);
+}
+
+TEST(PlanReject, ExplicitStagesOverlappingAcrossAnAutoStage) {
+  EXPECT_EQ(resolve_error("[[stage]]\nlayers = [0, 3]\n[[stage]]\n[[stage]]\nlayers = [2, 5]\n",
+                          make_spec(5, 0)),
+            "plan.toml:4: stages 0 [0, 3) and 2 [2, 5) overlap on layers [2, 3)");
+}
+
+// --- auto splits -----------------------------------------------------------------------------
+
+TEST(PlanResolve, SplitsFiveLayersOverTwoStagesEarlierStageTakesTheExtra) {
+  Plan p = resolve_ok("stages.count = 2\n", make_spec(5, 0));
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 3}, {3, 5}}));
+}
+
+TEST(PlanResolve, AutoStagesFillTheLayersBetweenExplicitOnes) {
+  Plan p = resolve_ok(R"([[stage]]
+[[stage]]
+layers = [3, 5]
+[[stage]]
+[[stage]]
+)",
+                      make_spec(10, 0));
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 3}, {3, 5}, {5, 8}, {8, 10}}));
+}
+
+TEST(PlanResolve, SplitsEightExpertsOverThreeShardsContiguously) {
+  Plan p = resolve_ok("expert_shards.count = 3\n", make_spec(2, 8));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7}}));
+  for (const ExpertShardPlan& s : p.expert_shards) EXPECT_FALSE(s.auto_experts);
+}
+
+TEST(PlanResolve, AutoShardsSplitTheExpertsExplicitShardsLeave) {
+  Plan p = resolve_ok(R"([[expert_shard]]
+experts = [7, 2, 3]
+[[expert_shard]]
+[[expert_shard]]
+)",
+                      make_spec(2, 8));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{2, 3, 7}, {0, 1, 4}, {5, 6}}));
+}
+
+TEST(PlanResolve, AutoKvHoldsMaxSequencesFullLengthSequences) {
+  Plan p = resolve_ok("[scheduler]\nmax_sequences = 8\nmax_model_len = 100\n", make_spec(2, 0));
+  EXPECT_EQ(p.stages[0].kv_blocks, 8 * 7);  // ceil(100 / 16) = 7 blocks a sequence
+}
+
+TEST(PlanResolve, KvPoolOfExactlyOneSequenceIsEnough) {
+  Plan p =
+      resolve_ok("[scheduler]\nmax_model_len = 64\n[[stage]]\nkv_blocks = 4\n", make_spec(2, 0));
+  EXPECT_EQ(p.stages[0].kv_blocks, 4);
+}
+
+TEST(PlanResolve, IsIdempotent) {
+  Plan once = resolve_ok("stages.count = 3\nexpert_shards.count = 3\n", make_spec(7, 8));
+  Plan twice = resolve_ok(once, make_spec(7, 8));
+  EXPECT_EQ(layer_ranges(once), layer_ranges(twice));
+  EXPECT_EQ(expert_sets(once), expert_sets(twice));
+  EXPECT_EQ(once.stages[2].kv_blocks, twice.stages[2].kv_blocks);
+}
+
+TEST(PlanResolve, MoeModelWithoutShardsKeepsExpertsInTheStages) {
+  Plan p = resolve_ok("stages.count = 2\n", make_spec(4, 8));
+  EXPECT_TRUE(p.expert_shards.empty());
+}
+
+TEST(EvenPlan, SplitsLayersAndExperts) {
+  Plan p = resolve_ok(even_plan("m.gguf", 3, 2), make_spec(8, 6));
+  EXPECT_EQ(p.model_path, "m.gguf");
+  EXPECT_EQ(p.source, "--stages 3 --expert-shards 2");
+  EXPECT_EQ(layer_ranges(p), (Ranges{{0, 3}, {3, 6}, {6, 8}}));
+  EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(p.stages[0].kv_blocks, 64 * 128);
+}
+
+TEST(EvenPlan, RejectsZeroStages) {
+  EXPECT_EQ(resolve_error(even_plan("m.gguf", 0, 0), make_spec(4, 0), PlanErrc::kSchema),
+            "--stages 0 --expert-shards 0: stages.count: expected an integer in [1, 4096], got 0");
+}
+
+TEST(EvenPlan, RejectsMoreStagesThanLayers) {
+  EXPECT_EQ(resolve_error(even_plan("m.gguf", 5, 0), make_spec(4, 0)),
+            "--stages 5 --expert-shards 0: 5 stages for a model of 4 layers: each stage needs "
+            "at least one layer");
+}
+
+TEST(PlanDescribe, OneLinePerStageAndShard) {
+  Plan p = resolve_ok(even_plan("m.gguf", 2, 3), make_spec(5, 8));
+  EXPECT_EQ(describe_plan(p),
+            "plan --stages 2 --expert-shards 3: model m.gguf, 2 stages, 3 expert shards, KV "
+            "blocks of 16 tokens\n"
+            "scheduler: max_tokens_per_step 512, max_sequences 64, max_queue 256, microbatches "
+            "2, max_model_len 2048, prefix_cache on\n"
+            "stage 0: layers [0, 3), kv_blocks 8192 (131072 tokens), threads 1\n"
+            "stage 1: layers [3, 5), kv_blocks 8192 (131072 tokens), threads 1\n"
+            "expert shard 0: experts 0-2 (3), threads 1\n"
+            "expert shard 1: experts 3-5 (3), threads 1\n"
+            "expert shard 2: experts 6-7 (2), threads 1\n");
+}
+
+TEST(PlanDescribe, ShowsAutoBeforeResolve) {
+  std::string d = describe_plan(parse_ok("expert_shards.count = 1\n"));
+  EXPECT_CONTAINS(d, "model (from the command line)");
+  EXPECT_CONTAINS(d, ("stage 0: layers auto, kv_blocks auto, threads 1\n"));
+  EXPECT_CONTAINS(d, ("expert shard 0: experts auto, threads 1\n"));
+}
+
+// --- bad plans: one test per way ------------------------------------------------------------
+
+TEST(PlanReject, OverlappingLayerRanges) {
+  EXPECT_EQ(
+      resolve_error("[[stage]]\nlayers = [0, 3]\n[[stage]]\nlayers = [2, 5]\n", make_spec(5, 0)),
+      "plan.toml:3: stages 0 [0, 3) and 1 [2, 5) overlap on layers [2, 3)");
+}
+
+TEST(PlanReject, GapBetweenStages) {
+  EXPECT_EQ(
+      resolve_error("[[stage]]\nlayers = [0, 2]\n[[stage]]\nlayers = [3, 5]\n", make_spec(5, 0)),
+      "plan.toml:3: layers [2, 3) are owned by no stage: a gap between stage 0 [0, 2) and "
+      "stage 1 [3, 5)");
+}
+
+TEST(PlanReject, FirstStageNotAtLayerZero) {
+  EXPECT_EQ(resolve_error("[[stage]]\nlayers = [1, 5]\n", make_spec(5, 0)),
+            "plan.toml:1: layers [0, 1) are owned by no stage: the first stage, stage 0 [1, 5), "
+            "must begin at layer 0");
+}
+
+TEST(PlanReject, LastStageShortOfTheLastLayer) {
+  EXPECT_EQ(resolve_error("[[stage]]\nlayers = [0, 4]\n", make_spec(5, 0)),
+            "plan.toml:1: layers [4, 5) are owned by no stage: the last stage, stage 0 [0, 4), "
+            "must end at layer 5, the model's layer count");
+}
+
+TEST(PlanReject, EmptyStage) {
+  EXPECT_EQ(resolve_error("[[stage]]\nlayers = [0, 3]\n[[stage]]\nlayers = [3, 3]\n"
+                          "[[stage]]\nlayers = [3, 5]\n",
+                          make_spec(5, 0)),
+            "plan.toml:3: stage 1 [3, 3) is empty: a stage needs at least one layer");
+}
+
+TEST(PlanReject, LayerBeyondTheModel) {
+  EXPECT_EQ(
+      resolve_error("[[stage]]\nlayers = [0, 3]\n[[stage]]\nlayers = [3, 9]\n", make_spec(5, 0)),
+      "plan.toml:3: stage 1 [3, 9) runs past the model's 5 layers");
+}
+
+TEST(PlanReject, StagesOutOfOrder) {
+  EXPECT_EQ(
+      resolve_error("[[stage]]\nlayers = [3, 5]\n[[stage]]\nlayers = [0, 3]\n", make_spec(5, 0)),
+      "plan.toml:3: stage 1 [0, 3) comes after stage 0 [3, 5): list stages in pipeline "
+      "order, by ascending layers");
+}
+
+TEST(PlanReject, MoreStagesThanLayers) {
+  EXPECT_EQ(resolve_error("stages.count = 6\n", make_spec(5, 0)),
+            "plan.toml: 6 stages for a model of 5 layers: each stage needs at least one layer");
+}
+
+TEST(PlanReject, TooFewLayersLeftForAutoStages) {
+  EXPECT_EQ(resolve_error("[[stage]]\nlayers = [0, 4]\n[[stage]]\n[[stage]]\n", make_spec(5, 0)),
+            "plan.toml:3: stages 1 to 2 are auto but only 1 layer ([4, 5)) is left between the "
+            "explicit ranges: each stage needs at least one");
+}
+
+TEST(PlanReject, ExpertOwnedTwice) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 2, 3, 4]\n"
+                          "[[expert_shard]]\nexperts = [4, 5, 6, 7]\n",
+                          make_spec(2, 8)),
+            "plan.toml:3: expert 4 is owned twice: by expert shards 0 and 1");
+}
+
+TEST(PlanReject, ExpertOwnedByNoShard) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 2, 3]\n"
+                          "[[expert_shard]]\nexperts = [4, 6, 7]\n",
+                          make_spec(2, 8)),
+            "plan.toml: expert 5 is owned by no expert shard");
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 2]\n", make_spec(2, 8)),
+            "plan.toml: experts 3, 4, 5, 6 and 7 are owned by no expert shard");
+}
+
+TEST(PlanReject, ExpertIdOutOfRange) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 2, 3]\n"
+                          "[[expert_shard]]\nexperts = [4, 5, 6, 7, 8]\n",
+                          make_spec(2, 8)),
+            "plan.toml:3: expert shard 1: expert 8 is out of range: the model has 8 experts, ids "
+            "0 to 7");
+}
+
+TEST(PlanReject, ExpertListedTwiceInOneShard) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 1, 2]\n", make_spec(2, 3)),
+            "plan.toml:1: expert shard 0 lists expert 1 twice");
+}
+
+TEST(PlanReject, ShardWithNoExperts) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = []\n[[expert_shard]]\n", make_spec(2, 8)),
+            "plan.toml:1: expert shard 0 owns no experts (experts = [])");
+}
+
+TEST(PlanReject, TooFewExpertsLeftForAutoShards) {
+  EXPECT_EQ(resolve_error("[[expert_shard]]\nexperts = [0, 1, 2]\n[[expert_shard]]\n"
+                          "[[expert_shard]]\n",
+                          make_spec(2, 4)),
+            "plan.toml:3: 2 expert shards are auto but only 1 expert (3) left after the explicit "
+            "shards: each shard needs at least one");
+}
+
+TEST(PlanReject, ExpertShardsForADenseModel) {
+  EXPECT_EQ(resolve_error("expert_shards.count = 2\n", make_spec(4, 0)),
+            "plan.toml: the model is dense (it has no experts) but the plan has 2 expert shards");
+}
+
+TEST(PlanReject, MoreShardsThanExperts) {
+  EXPECT_EQ(resolve_error("expert_shards.count = 5\n", make_spec(4, 4)),
+            "plan.toml: 5 expert shards for a model of 4 experts: each shard needs at least one "
+            "expert");
+}
+
+TEST(PlanReject, KvPoolTooSmallForOneSequence) {
+  EXPECT_EQ(resolve_error("[scheduler]\nmax_model_len = 2048\n[[stage]]\n[[stage]]\n"
+                          "kv_blocks = 100\n",
+                          make_spec(4, 0)),
+            "plan.toml:4: stage 1: a KV pool of 100 blocks (1600 tokens at 16 tokens a block) "
+            "cannot hold one sequence of scheduler.max_model_len = 2048 tokens, which needs 128 "
+            "blocks");
+}
+
+TEST(PlanReject, MaxModelLenBeyondTrainingContext) {
+  EXPECT_EQ(resolve_error("scheduler.max_model_len = 4096\n", make_spec(4, 0, 2048)),
+            "plan.toml: scheduler.max_model_len = 4096 exceeds the model's training context of "
+            "2048 tokens");
+}
+
+TEST(PlanResolve, MicrobatchesAreACeilingNotARequirement) {
+  Plan p = resolve_ok("[scheduler]\nmax_sequences = 1\nmicrobatches = 4\n", make_spec(4, 0));
+  EXPECT_EQ(p.scheduler.microbatches, 4);
+}
+
+TEST(PlanReject, SchedulerValueOutOfRangeInCode) {
+  Plan p = even_plan("m.gguf", 1, 0);
+  p.scheduler.max_tokens_per_step = 0;
+  EXPECT_EQ(resolve_error(p, make_spec(4, 0), PlanErrc::kSchema),
+            "--stages 1 --expert-shards 0: scheduler.max_tokens_per_step: expected an integer "
+            ">= 1, got 0");
+}
+
+TEST(PlanReject, MoreStageEntriesThanNumStagesInCode) {
+  Plan p = even_plan("m.gguf", 1, 0);
+  p.stages.resize(2);
+  EXPECT_EQ(resolve_error(p, make_spec(4, 0)),
+            "--stages 1 --expert-shards 0: num_stages is 1 but 2 stages are listed");
+}
+
+}  // namespace
+}  // namespace troupe::actors
