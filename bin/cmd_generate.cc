@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bin/args.h"
+#include "bin/cluster_generate.h"
 #include "bin/commands.h"
 #include "bin/common.h"
 #include "compute/engine.h"
@@ -37,7 +38,11 @@ constexpr const char* kGenerateHelp =
     "  --no-bos             do not add the BOS token to a text prompt\n"
     "  --threads N          compute threads (default 1)\n"
     "  --json               print {\"prompt_tokens\":[...],\"tokens\":[...],\"text\":\"...\"}\n"
-    "  --stats              print prefill/decode speed to stderr\n";
+    "  --stats              print prefill/decode speed to stderr\n"
+    "through the actor system (router, scheduler, pipeline stages, expert shards):\n"
+    "  --config PLAN.toml   run the plan a TOML file describes (see conf/plan-example.toml)\n"
+    "  --stages N --expert-shards M   an even plan: N pipeline stages, M expert shards\n"
+    "  --prompt-file FILE   one prompt per line; --concurrency K runs K of them at once\n";
 
 }  // namespace
 
@@ -49,11 +54,16 @@ int cmd_generate(const Args& args) {
   ArgParser ap(args,
                {"model", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k", "top-p",
                 "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty", "seed", "stop",
-                "threads"},
+                "threads", "config", "stages", "expert-shards", "concurrency", "prompt-file"},
                {"json", "stats", "ignore-eos", "no-bos"});
-  const std::string path = ap.required("model");
-  if (ap.has("prompt") == ap.has("prompt-tokens"))
-    throw CliError("give exactly one of --prompt TEXT or --prompt-tokens 1,2,3");
+  const bool use_plan = ap.has("config") || ap.has("stages") || ap.has("expert-shards");
+  if (!use_plan && ap.has("prompt-file"))
+    throw CliError("--prompt-file runs through the actor system: add --config or --stages");
+  if (!use_plan && ap.has("concurrency"))
+    throw CliError("--concurrency runs through the actor system: add --config or --stages");
+  if (static_cast<int>(ap.has("prompt")) + static_cast<int>(ap.has("prompt-tokens")) +
+          static_cast<int>(ap.has("prompt-file")) != 1)
+    throw CliError("give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 or --prompt-file FILE");
   const int64_t max_tokens = ap.integer("max-tokens", 128, 0, 1 << 20);
   const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
   compute::SamplingParams sp;
@@ -68,6 +78,8 @@ int cmd_generate(const Args& args) {
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
+  if (use_plan) return generate_with_plan(ap, sp, max_tokens);
+  const std::string path = ap.required("model");
 
   auto model = load_model_or_throw(path);
   const model::Tokenizer* tok = model->tokenizer.get();

@@ -1,0 +1,100 @@
+// `troupe generate --config PLAN | --stages N --expert-shards M`: the same generation as the
+// single-process path, run through the actor system a plan describes (router, scheduler, stages,
+// expert shards), optionally with many prompts at once (--prompt-file, --concurrency).
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/local_cluster.h"
+#include "actors/plan.h"
+#include "bin/args.h"
+#include "bin/cluster_generate.h"
+#include "bin/common.h"
+
+namespace troupe::cli {
+
+int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, int64_t max_tokens) {
+  actors::Plan plan;
+  if (ap.has("config")) {
+    auto p = actors::parse_plan_file(ap.str("config"));
+    if (!p) throw CliError(p.error().message);
+    plan = std::move(*p);
+    if (ap.has("model")) plan.model_path = ap.str("model");
+    if (ap.has("stages") || ap.has("expert-shards"))
+      throw CliError("--stages/--expert-shards cannot be combined with --config");
+  } else {
+    plan = actors::even_plan(ap.required("model"), ap.integer("stages", 1, 1, 4096),
+                             ap.integer("expert-shards", 0, 0, 4096));
+  }
+  if (plan.model_path.empty()) throw CliError(plan.source + ": the plan names no model (give --model)");
+  if (ap.has("threads"))
+    for (auto& s : plan.stages) s.threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
+  auto model = load_model_or_throw(plan.model_path);
+  if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
+  if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
+
+  std::vector<actors::GenerateRequest> reqs;
+  auto add = [&](actors::GenerateRequest r) {
+    r.sampling = sp;
+    r.max_tokens = max_tokens;
+    r.add_bos = !ap.flag("no-bos");
+    reqs.push_back(std::move(r));
+  };
+  if (ap.has("prompt-file")) {
+    std::ifstream f(ap.str("prompt-file"));
+    if (!f) throw CliError("cannot read " + ap.str("prompt-file"));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty()) continue;
+      actors::GenerateRequest r;
+      r.prompt = line;
+      add(std::move(r));
+    }
+    if (reqs.empty()) throw CliError(ap.str("prompt-file") + " has no prompts (one per line)");
+  } else if (ap.has("prompt")) {
+    actors::GenerateRequest r;
+    r.prompt = ap.str("prompt");
+    add(std::move(r));
+  } else {
+    actors::GenerateRequest r;
+    r.prompt_tokens = parse_id_list(ap.str("prompt-tokens"), "--prompt-tokens");
+    add(std::move(r));
+  }
+  auto lc = actors::LocalCluster::start(plan, model);
+  if (!lc) throw CliError(lc.error().message);
+  const bool json = ap.flag("json");
+  const bool stream = !json && reqs.size() == 1;
+  const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
+  actors::StreamCallback cb;
+  if (stream)
+    cb = [](size_t, const std::string& delta, int32_t) {
+      std::fwrite(delta.data(), 1, delta.size(), stdout);
+      std::fflush(stdout);
+    };
+  const auto results = (*lc)->generate_many(reqs, concurrency, cb);
+  int rc = 0;
+  for (const auto& r : results) {
+    if (!r.ok()) {
+      std::fprintf(stderr, "troupe generate: %s\n", r.error.c_str());
+      rc = 1;
+      continue;
+    }
+    if (json) {
+      nlohmann::json j;
+      j["prompt_tokens"] = r.prompt_tokens;
+      j["tokens"] = r.tokens;
+      j["text"] = r.text;
+      j["finish_reason"] = r.finish_reason;
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else if (stream) {
+      std::printf("\n");
+    } else {
+      std::printf("%s\n", r.text.c_str());
+    }
+  }
+  if (ap.flag("stats")) std::fprintf(stderr, "%s\n", (*lc)->stats_json().c_str());
+  return rc;
+}
+
+}  // namespace troupe::cli
