@@ -122,13 +122,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_hf_dir(const std::string& dir
 }
 
 std::string StreamDecoder::push(int32_t id) {
-  if (first_) {
-    // The first piece goes through decode() so that it loses the SentencePiece prefix space.
-    pending_ += tok_.decode(std::span<const int32_t>(&id, 1));
-    first_ = false;
-  } else {
-    pending_ += tok_.token_to_piece(id);
-  }
+  // Generated text continues a prompt, so every piece keeps its leading space (decode() drops
+  // the SentencePiece prefix space of a sequence's first token; a stream has no first token).
+  pending_ += tok_.token_to_piece(id);
   std::string out;
   size_t i = 0;
   while (i < pending_.size()) {

@@ -60,8 +60,9 @@ class Tokenizer {
   virtual TokenAttr token_attr(int32_t /*id*/) const { return TokenAttr::kNormal; }
 };
 
-/// Turns a stream of token ids into text without ever emitting a partial UTF-8 sequence:
-/// bytes of an incomplete character are held back until it completes.
+/// Turns a stream of generated token ids into text without ever emitting a partial UTF-8
+/// sequence: bytes of an incomplete character are held back until it completes. The stream
+/// continues a prompt, so pieces keep their leading spaces.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
@@ -73,7 +74,6 @@ class StreamDecoder {
  private:
   const Tokenizer& tok_;
   std::string pending_;
-  bool first_ = true;
 };
 
 }  // namespace troupe::model
