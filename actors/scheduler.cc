@@ -5,6 +5,7 @@
 #include "actors/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <map>
 
@@ -42,6 +43,8 @@ struct SchedulerState {
   std::vector<int64_t> running;    // admitted, in admission order
   int64_t in_flight = 0;
   std::map<uint64_t, std::vector<int64_t>> steps_in_flight;  // step id -> its sequences
+  std::map<uint64_t, std::chrono::steady_clock::time_point> step_sent;
+  double step_wall_s = 0, step_compute_s = 0;  // summed over completed steps
   uint64_t epoch = 1;
   uint64_t next_step = 1;
   // statistics
@@ -167,7 +170,8 @@ void schedule(Self* self) {
     ++st.steps;
     auto& ids = st.steps_in_flight[batch->step_id];
     for (const SeqWork& w : batch->seqs) ids.push_back(w.seq_id);
-    self->send(st.first_stage, step_atom::value, StepBatchPtr(std::move(batch)), HiddenPtr{});
+    st.step_sent[batch->step_id] = std::chrono::steady_clock::now();
+    self->send(st.first_stage, step_atom::value, StepBatchPtr(std::move(batch)), HiddenPtr{}, 0.0);
   }
 }
 
@@ -178,6 +182,11 @@ void on_done(Self* self, const StepOutcomePtr& out) {
   if (step_it == st.steps_in_flight.end()) return;  // unknown or duplicate outcome: dropped
   const std::vector<int64_t> ids = std::move(step_it->second);
   st.steps_in_flight.erase(step_it);
+  if (auto t = st.step_sent.find(out->step_id); t != st.step_sent.end()) {
+    st.step_wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t->second).count();
+    st.step_compute_s += out->compute_seconds;
+    st.step_sent.erase(t);
+  }
   --st.in_flight;
   if (!out->error.empty()) {
     // A failed step: its sequences run the same positions again (KV writes are idempotent).
@@ -291,6 +300,7 @@ caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blo
         ++st.epoch;
         st.in_flight = 0;
         st.steps_in_flight.clear();
+        st.step_sent.clear();
         st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
         std::deque<int64_t> requeue;
         for (int64_t id : st.running) requeue.push_back(id);
@@ -315,12 +325,14 @@ caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blo
         const auto kv = st.kv->stats();
         return strfmt("{\"running\":%zu,\"waiting\":%zu,\"steps\":%llu,\"preemptions\":%llu,"
                       "\"recomputes\":%llu,\"tokens_generated\":%llu,\"kv_usage_perc\":%.2f,"
-                      "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu}",
+                      "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu,"
+                      "\"step_wall_seconds\":%.6f,\"step_compute_seconds\":%.6f}",
                       st.running.size(), st.waiting.size(), (unsigned long long)st.steps,
                       (unsigned long long)st.preemptions, (unsigned long long)st.recomputes,
                       (unsigned long long)st.tokens_generated, kv.usage_perc,
                       (unsigned long long)kv.prefix_hit_tokens,
-                      (unsigned long long)kv.prefix_query_tokens);
+                      (unsigned long long)kv.prefix_query_tokens, st.step_wall_s,
+                      st.step_compute_s);
       },
   };
 }

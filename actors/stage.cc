@@ -3,6 +3,7 @@
 // stage, samples and reports the outcome to the scheduler. MoE rows go to expert-shard actors.
 #include "actors/stage.h"
 
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -87,7 +88,12 @@ void fail_step(caf::stateful_actor<StageState>* self, const StepBatch& b, const 
   self->send(self->state.cfg.scheduler, done_atom::value, StepOutcomePtr(std::move(out)));
 }
 
-void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, const HiddenPtr& h) {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, const HiddenPtr& h,
+              double compute_s) {
   auto& st = self->state;
   const bool last = st.cfg.range.head;
   std::vector<compute::SeqStep> steps(b->seqs.size());
@@ -102,11 +108,13 @@ void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, cons
   compute::StepResult res;
   if (!last) {
     auto hidden = std::make_shared<std::vector<float>>();
+    const double t0 = now_s();
     auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, hidden.get());
     if (!s) return fail_step(self, *b, s.error().message);
-    self->send(st.next, step_atom::value, b, HiddenPtr(std::move(hidden)));
+    self->send(st.next, step_atom::value, b, HiddenPtr(std::move(hidden)), compute_s + now_s() - t0);
     return;
   }
+  const double t0 = now_s();
   auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, nullptr);
   if (!s) return fail_step(self, *b, s.error().message);
   auto out = std::make_shared<StepOutcome>();
@@ -130,6 +138,7 @@ void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, cons
       r.rng = sampler.state();
     }
   }
+  out->compute_seconds = compute_s + now_s() - t0;  // sampling counts as compute
   self->send(st.next, done_atom::value, StepOutcomePtr(std::move(out)));
 }
 
@@ -154,9 +163,9 @@ caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig 
   if (!eng) throw std::runtime_error("stage " + std::to_string(st.cfg.index) + ": " + eng.error().message);
   st.engine = std::move(*eng);
   return {
-      [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h) {
+      [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {
         if (self->state.crash_next) throw std::runtime_error("injected fault");
-        run_step(self, b, h);
+        run_step(self, b, h, compute_s);
       },
       [=](next_atom, caf::actor n) { self->state.next = std::move(n); },
       [=](shards_atom, std::vector<caf::actor> shards) {

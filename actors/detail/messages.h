@@ -71,6 +71,7 @@ struct StepOutcome {
   int32_t microbatch = 0;
   std::vector<SeqResult> results;   // one per SeqWork, same order
   std::string error;                // non-empty: the step failed (the scheduler recomputes)
+  double compute_seconds = 0;       // summed over the stages: time inside Engine::step
 };
 using StepOutcomePtr = std::shared_ptr<const StepOutcome>;
 
