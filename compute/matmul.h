@@ -1,6 +1,14 @@
 // Matrix products of stored weights (any supported GgmlType) with f32 activations.
 // Batch-invariant by contract: y[t][o] depends only on weight row o and activation row t, never
 // on n_tok, on the thread count, or on which rows are computed together. Tests pin this.
+// Kernels: AVX-512 (+VNNI), AVX2 or scalar, chosen once per process from the CPU (override:
+// TROUPE_SIMD=scalar|avx2|avx512, see matmul.cc); different paths may differ in the last bits.
+// F32/F16/BF16 weights multiply f32 activations with f32 FMA accumulation. Q8_0/Q4_0/Q4_K/Q6_K
+// weights multiply int8-quantized activations (scale per 32 values, per 256 for K-quants) with
+// exact integer dot products: about 1e-3 relative error against f32 math. A NaN or infinity in
+// an activation row makes that row's outputs non-finite.
+// Thread safety: calls may run concurrently on different threads (scratch is per thread), each
+// with its own pool or none.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +21,8 @@ class ThreadPool;
 
 /// y[t * y_stride + o] = dot(W row o, x row t) for t < n_tok, o < w.rows().
 /// x: f32 [n_tok, w.cols()] with row stride x_stride; y: f32 with row stride y_stride.
-/// pool may be null (single-threaded).
+/// pool may be null (single-threaded); it is used for one run at a time (not reentrant).
+/// Throws InputError for a weight type without kernels (the message names the tensor).
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
             int64_t y_stride, ThreadPool* pool);
 
@@ -26,7 +35,7 @@ inline void matmul(const model::WeightView& w, const float* x, int64_t n_tok, fl
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup).
 void get_row(const model::WeightView& w, int64_t r, float* out);
 
-/// Which SIMD path the kernels dispatch to on this CPU ("avx512", "avx2", "scalar").
+/// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").
 const char* simd_level();
 
 }  // namespace troupe::compute

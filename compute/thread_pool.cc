@@ -1,100 +1,122 @@
+// ThreadPool: a generation counter that workers poll, then sleep on (std::atomic::wait).
 #include "compute/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace troupe::compute {
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Waiting in three phases. Polling with `pause` catches the back-to-back parallel sections of
+// a step within microseconds; then yielding, because on an oversubscribed machine the thread
+// we wait for may need this very core; an idle worker finally sleeps on the futex.
+constexpr int kPauseIters = 1 << 10;                      // ~30 us
+constexpr auto kYieldFor = std::chrono::milliseconds(2);  // then sleep (workers only)
+
+class Backoff {
+ public:
+  /// Waits a little; returns false once a worker should stop polling and sleep.
+  bool wait() {
+    if (iters_ < kPauseIters) {
+      ++iters_;
+      cpu_relax();
+      return true;
+    }
+    if (iters_++ == kPauseIters) yield_start_ = std::chrono::steady_clock::now();
+    std::this_thread::yield();
+    return (iters_ & 15) != 0 || std::chrono::steady_clock::now() - yield_start_ < kYieldFor;
+  }
+
+ private:
+  int64_t iters_ = 0;
+  std::chrono::steady_clock::time_point yield_start_;
+};
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(std::max(1, n_threads)),
+      errors_(std::make_unique<std::exception_ptr[]>(static_cast<size_t>(n_threads_))) {
+  threads_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  cv_.notify_all();
+  stop_.store(true, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
 void ThreadPool::worker(int idx) {
   uint64_t seen = 0;
   for (;;) {
-    // Spin briefly: steps issue many short parallel sections back to back.
     uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < 20000; ++spin) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-      g = generation_.load(std::memory_order_acquire);
-    }
-    if (g == seen) {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen || stop_; });
+    Backoff backoff;
+    while (g == seen && backoff.wait()) g = generation_.load(std::memory_order_acquire);
+    while (g == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
       g = generation_.load(std::memory_order_acquire);
     }
     seen = g;
-    const std::function<void(int, int)>* job;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (stop_) return;
-      job = job_;
-    }
+    if (stop_.load(std::memory_order_relaxed)) return;
     try {
-      (*job)(idx, n_threads_);
+      (*job_)(idx, n_threads_);
     } catch (...) {
-      std::lock_guard<std::mutex> lk(error_mu_);
-      if (!error_) error_ = std::current_exception();
+      errors_[static_cast<size_t>(idx)] = std::current_exception();
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    pending_.fetch_sub(1, std::memory_order_release);
   }
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
+void ThreadPool::run(FnRef<void(int, int)> fn) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    pending_.store(n_threads_ - 1, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  cv_.notify_all();
+  job_ = &fn;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();  // a no-op unless some worker sleeps
   std::exception_ptr mine;
   try {
     fn(0, n_threads_);
   } catch (...) {
     mine = std::current_exception();
   }
-  while (pending_.load(std::memory_order_acquire) != 0) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+  Backoff backoff;
+  while (pending_.load(std::memory_order_acquire) != 0) backoff.wait();
+  std::exception_ptr err = mine;
+  for (int i = 1; i < n_threads_; ++i) {
+    auto& e = errors_[static_cast<size_t>(i)];
+    if (!err && e) err = e;
+    e = nullptr;
   }
-  std::exception_ptr err;
-  {
-    std::lock_guard<std::mutex> lk(error_mu_);
-    err = error_;
-    error_ = nullptr;
-  }
-  if (mine) std::rethrow_exception(mine);
   if (err) std::rethrow_exception(err);
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t n_chunks = (n + grain - 1) / grain;
-  run([&](int idx, int nt) {
+  auto part = [&](int idx, int nt) {
     const int64_t c0 = n_chunks * idx / nt;
     const int64_t c1 = n_chunks * (idx + 1) / nt;
     const int64_t b = c0 * grain, e = std::min(n, c1 * grain);
     if (b < e) fn(b, e);
-  });
+  };
+  if (n_chunks == 1) {
+    part(0, 1);  // nothing to share: skip the hand-off
+    return;
+  }
+  run(part);
 }
 
 }  // namespace troupe::compute

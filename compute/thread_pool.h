@@ -1,16 +1,45 @@
 // ThreadPool: a fixed set of compute threads for one engine (or one stage actor). The calling
-// thread takes part in every parallel_for. Not reentrant: one parallel_for at a time per pool.
+// thread takes part in every parallel_for. Not reentrant: one run/parallel_for at a time per
+// pool, from one thread at a time.
+// Low overhead by design (steps call it hundreds of times per token): a call allocates nothing,
+// workers spin on a generation counter for a while before they sleep on it (futex), and the
+// caller spins until the workers are done.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
-#include <mutex>
+#include <exception>
+#include <memory>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace troupe::compute {
+
+/// A non-owning reference to a callable, for arguments only: it never allocates (a
+/// std::function that captures more than two pointers does). The callable must outlive the
+/// call it is passed to, which a lambda or std::function written at the call site does.
+template <typename Sig>
+class FnRef;
+
+template <typename R, typename... Args>
+class FnRef<R(Args...)> {
+ public:
+  template <typename F>
+  requires(!std::is_same_v<std::remove_cvref_t<F>, FnRef> && std::is_invocable_r_v<R, F&, Args...>)
+      FnRef(F&& f)  // NOLINT(google-explicit-constructor): implicit, like std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* obj, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(obj))(std::forward<Args>(args)...);
+        }) {}
+
+  R operator()(Args... args) const { return call_(obj_, std::forward<Args>(args)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
 
 class ThreadPool {
  public:
@@ -23,26 +52,27 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   /// Runs fn(thread_idx, n_threads) on every thread (the caller is thread 0) and returns when
-  /// all have finished. An exception thrown by fn is rethrown here (the first one).
-  void run(const std::function<void(int, int)>& fn);
+  /// all have finished. An exception thrown by fn is rethrown here (the caller's first, else
+  /// the lowest-numbered worker's).
+  void run(FnRef<void(int, int)> fn);
 
   /// Splits [0, n) into size() contiguous chunks aligned to `grain` and runs fn(begin, end)
-  /// on each. The partition depends only on n, grain and size().
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  /// on each non-empty one. The partition depends only on n, grain and size().
+  void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn);
 
  private:
   void worker(int idx);
 
   int n_threads_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const std::function<void(int, int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::mutex error_mu_;
+  // Published by the release increment of generation_, read by workers after acquiring it;
+  // rewritten only after pending_ drops to 0, so no worker still reads it.
+  const FnRef<void(int, int)>* job_ = nullptr;
+  alignas(64) std::atomic<uint64_t> generation_{0};
+  alignas(64) std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  // One slot per worker: each written only by its worker, read by the caller after pending_.
+  std::unique_ptr<std::exception_ptr[]> errors_;
 };
 
 }  // namespace troupe::compute

@@ -1,0 +1,309 @@
+// matmul_bench: compute::matmul for every supported weight type on a 2048x5632 and a 5632x2048
+// matrix (rows x cols) at n_tok 1, 16 and 512 with 1 and 2 threads. Batch-1 decode is
+// reported as weight GB/s against the measured memory bandwidth (weights are streamed from
+// DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
+// GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
+// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q4_K q6_K; default all)
+//        TROUPE_SIMD=scalar|avx2|avx512 pins the kernel path (see compute/matmul.cc).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compute/matmul.h"
+#include "compute/thread_pool.h"
+#include "model/ggml_types.h"
+#include "model/model_spec.h"
+
+namespace {
+
+using troupe::compute::ThreadPool;
+using troupe::model::GgmlType;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+// --- the machine's limits ---
+
+// Sums 64-bit words, reading 8 sections of [p, p + n) in lockstep with software prefetch:
+// one sequential stream per core leaves DRAM bandwidth unused (as few misses in flight as
+// the hardware prefetcher keeps), and the matmul kernels stream several rows at once too.
+__attribute__((target("avx2"))) uint64_t read_sum(const uint64_t* p, int64_t n) {
+  constexpr int kStreams = 8;
+  const int64_t sec = n / kStreams / 8 * 8;
+  __m256i acc[kStreams];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  for (int64_t i = 0; i < sec; i += 8) {  // 64 bytes of each section per iteration
+    for (int s = 0; s < kStreams; ++s) {
+      const uint64_t* q = p + s * sec + i;
+      _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);  // 4 KiB ahead
+      acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q)));
+      acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4)));
+    }
+  }
+  uint64_t r = 0;
+  for (auto& a : acc) {
+    uint64_t v[4];
+    std::memcpy(v, &a, sizeof(v));
+    r += v[0] + v[1] + v[2] + v[3];
+  }
+  for (int64_t i = kStreams * sec; i < n; ++i) r += p[i];
+  return r;
+}
+
+// Read bandwidth over a 512 MiB buffer (as bench/membw_bench.cc measures it), GB/s.
+double memory_bandwidth(ThreadPool& pool) {
+  const int64_t n = (int64_t{512} << 20) / 8;
+  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, static_cast<size_t>(n) * 8));
+  pool.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
+  });
+  std::vector<double> gbs;
+  std::vector<uint64_t> sums(static_cast<size_t>(pool.size()));
+  for (int pass = 0; pass < 8; ++pass) {
+    const auto t0 = Clock::now();
+    pool.run([&](int idx, int nt) {
+      const int64_t b = n * idx / nt / 64 * 64, e = n * (idx + 1) / nt / 64 * 64;
+      sums[static_cast<size_t>(idx)] = read_sum(buf + b, e - b);
+    });
+    const double s = seconds_since(t0);
+    if (pass > 0) gbs.push_back(static_cast<double>(n) * 8 / s / 1e9);
+  }
+  std::free(buf);
+  return median(gbs);
+}
+
+// FMA throughput with 16 independent chains (enough to cover latency x pipes), GFLOP/s: the
+// best of 5 passes, since other load on the machine only ever lowers it.
+__attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
+  __m512 a[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t k = 0; k < iters; ++k)
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  float v[16], s = 0;
+  for (int i = 0; i < 16; ++i) {
+    _mm512_storeu_ps(v, a[i]);
+    for (float x : v) s += x;
+  }
+  return static_cast<double>(iters) * 16 * 16 * 2 + (s == 12345.f ? 1 : 0);
+}
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t k = 0; k < iters; ++k)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  float v[8], s = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_storeu_ps(v, a[i]);
+    for (float x : v) s += x;
+  }
+  return static_cast<double>(iters) * 12 * 8 * 2 + (s == 12345.f ? 1 : 0);
+}
+
+double fma_peak(ThreadPool& pool, const std::string& level) {
+  std::vector<double> gf;
+  for (int pass = 0; pass < 5; ++pass) {
+    std::vector<double> flops(static_cast<size_t>(pool.size()));
+    const auto t0 = Clock::now();
+    pool.run([&](int idx, int) {
+      double f = 0;
+      if (level == "avx512") {
+        f = fma_loop_avx512(2'000'000);
+      } else if (level == "avx2") {
+        f = fma_loop_avx2(2'000'000);
+      } else {
+        f = 2.0 * 2'000'000 * 16;  // scalar: not measured; a nominal figure
+      }
+      flops[static_cast<size_t>(idx)] = f;
+    });
+    const double s = seconds_since(t0);
+    double total = 0;
+    for (double f : flops) total += f;
+    gf.push_back(total / s / 1e9);
+  }
+  return *std::max_element(gf.begin(), gf.end());  // a peak: the best pass
+}
+
+// --- weights ---
+
+struct Matrix {
+  std::vector<uint8_t*> copies;  // each one rows x cols in `type`
+  troupe::model::WeightView view;
+  int64_t bytes = 0;
+};
+
+Matrix make_matrix(GgmlType t, int64_t rows, int64_t cols, int64_t min_total_bytes) {
+  Matrix m;
+  m.view.name = "bench";
+  m.view.type = t;
+  m.view.ne[0] = cols;
+  m.view.ne[1] = rows;
+  m.bytes = m.view.row_bytes() * rows;
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  auto* first =
+      static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>((m.bytes + 63) / 64 * 64)));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* dst = first + r * m.view.row_bytes();
+    if (t == GgmlType::kQ4_K || t == GgmlType::kQ6_K) {
+      for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
+      const uint16_t d = troupe::model::fp32_to_fp16(1e-3f);
+      for (int64_t b = 0; b < cols / troupe::model::kQK_K; ++b) {
+        if (t == GgmlType::kQ4_K) {
+          auto* blk = reinterpret_cast<troupe::model::BlockQ4_K*>(dst) + b;
+          blk->d = blk->dmin = d;
+        } else {
+          reinterpret_cast<troupe::model::BlockQ6_K*>(dst)[b].d = d;
+        }
+      }
+    } else {
+      for (auto& v : row) v = uni(rng);
+      troupe::model::quantize_row(t, row.data(), dst, cols);
+    }
+  }
+  m.copies.push_back(first);
+  while (static_cast<int64_t>(m.copies.size()) * m.bytes < min_total_bytes) {
+    auto* c = static_cast<uint8_t*>(
+        std::aligned_alloc(64, static_cast<size_t>((m.bytes + 63) / 64 * 64)));
+    std::memcpy(c, first, static_cast<size_t>(m.bytes));
+    m.copies.push_back(c);
+  }
+  return m;
+}
+
+void free_matrix(Matrix& m) {
+  for (uint8_t* c : m.copies) std::free(c);
+  m.copies.clear();
+}
+
+// Median seconds of one matmul, timing passes over all copies (cold weights).
+double time_matmul(Matrix& m, const std::vector<float>& x, int64_t n_tok, std::vector<float>& y,
+                   ThreadPool* pool, int passes) {
+  std::vector<double> per_call;
+  const int n_copies = static_cast<int>(m.copies.size());
+  for (int pass = 0; pass <= passes; ++pass) {
+    const auto t0 = Clock::now();
+    for (int c = 0; c < n_copies; ++c) {
+      m.view.data = m.copies[static_cast<size_t>(c)];
+      troupe::compute::matmul(m.view, x.data(), n_tok, y.data(), pool);
+    }
+    if (pass > 0) per_call.push_back(seconds_since(t0) / n_copies);  // pass 0 warms up
+  }
+  return median(per_call);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> want(argv + 1, argv + argc);
+  const std::string level = troupe::compute::simd_level();
+#if defined(NDEBUG) && defined(__OPTIMIZE__)
+  const char* build = "release (optimized, NDEBUG)";
+  const bool release = true;
+#else
+  const char* build = "NOT RELEASE (no optimization or asserts on)";
+  const bool release = false;
+#endif
+  std::printf("matmul_bench\n  cpu: %s, %u hardware threads\n  simd: %s\n  build: %s\n",
+              cpu_model().c_str(), std::thread::hardware_concurrency(), level.c_str(), build);
+  if (!release) std::printf("  WARNING: not a Release build; these numbers mean nothing\n");
+
+  ThreadPool pool1(1), pool2(2);
+  ThreadPool* pools[2] = {&pool1, &pool2};
+  double bw[2], peak[2];
+  for (int i = 0; i < 2; ++i) {
+    bw[i] = memory_bandwidth(*pools[i]);
+    peak[i] = fma_peak(*pools[i], level);
+  }
+  {
+    // The hand-off cost every parallel section pays (workers spinning, as within a step).
+    std::vector<double> us;
+    for (int pass = 0; pass < 5; ++pass) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 2000; ++i) pool2.run([](int, int) {});
+      us.push_back(seconds_since(t0) / 2000 * 1e6);
+    }
+    std::printf("  thread pool: %.2f us per empty run (2 threads, median)\n", median(us));
+  }
+  std::printf("  memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw[0],
+              bw[1]);
+  std::printf(
+      "  f32 FMA peak (measured, best pass): %.0f GFLOP/s (1 thread), %.0f GFLOP/s (2 threads)\n\n",
+      peak[0], peak[1]);
+
+  const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
+                            GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+  const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
+  std::printf("%-5s %-10s %5s %3s %9s %8s %8s %9s %8s %9s\n", "type", "rows x cols", "n_tok", "thr",
+              "ms", "GB/s", "of_bw", "GFLOP/s", "of_peak", "x_vs_n1");
+  for (GgmlType t : types) {
+    const std::string name = troupe::model::type_name(t);
+    if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
+    for (const auto& shape : shapes) {
+      const int64_t rows = shape[0], cols = shape[1];
+      Matrix m = make_matrix(t, rows, cols, int64_t{320} << 20);
+      std::mt19937 rng(7);
+      std::uniform_real_distribution<float> uni(-1.f, 1.f);
+      std::vector<float> x(static_cast<size_t>(512 * cols)), y(static_cast<size_t>(512 * rows));
+      for (auto& v : x) v = uni(rng);
+      for (int th = 0; th < 2; ++th) {
+        double t1 = 0;
+        for (int64_t n_tok : {1, 16, 512}) {
+          Matrix single = m;
+          if (n_tok == 512) single.copies.resize(1);  // compute-bound: one copy is enough
+          const double s =
+              time_matmul(n_tok == 512 ? single : m, x, n_tok, y, pools[th], n_tok == 512 ? 5 : 7);
+          const double gbs = static_cast<double>(m.bytes) / s / 1e9;
+          const double gflops = 2.0 * static_cast<double>(rows * cols * n_tok) / s / 1e9;
+          if (n_tok == 1) t1 = s;
+          char of_bw[16] = "", of_peak[16] = "", speedup[16] = "";
+          if (n_tok == 1) std::snprintf(of_bw, sizeof(of_bw), "%.0f%%", 100 * gbs / bw[th]);
+          if (n_tok > 1) {
+            std::snprintf(of_peak, sizeof(of_peak), "%.0f%%", 100 * gflops / peak[th]);
+            std::snprintf(speedup, sizeof(speedup), "%.1fx", t1 * static_cast<double>(n_tok) / s);
+          }
+          std::printf("%-5s %4lldx%-5lld %5lld %3d %9.3f %8.1f %8s %9.1f %8s %9s\n", name.c_str(),
+                      static_cast<long long>(rows), static_cast<long long>(cols),
+                      static_cast<long long>(n_tok), th + 1, s * 1e3, gbs, of_bw, gflops, of_peak,
+                      speedup);
+          std::fflush(stdout);
+        }
+      }
+      free_matrix(m);
+    }
+  }
+  std::printf(
+      "\nof_bw: weight bytes per second / measured bandwidth (same thread count);\n"
+      "of_peak: 2*rows*cols*n_tok per second / measured f32 FMA peak; x_vs_n1: per-token\n"
+      "throughput relative to n_tok = 1.\n");
+  return 0;
+}

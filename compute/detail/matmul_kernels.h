@@ -1,0 +1,83 @@
+// The per-ISA matmul kernel tables behind compute/matmul.h, and the hooks tests use to run
+// every SIMD path in one process. Private to compute/ (and its tests).
+//
+// Batch invariance (see matmul.h) rests on three rules every kernel here follows:
+//  1. One output element y[t][o] is reduced in a fixed order that depends only on cols: the
+//     same accumulator layout, the same steps, the same final horizontal sum, whatever tile
+//     (rows x tokens) the element was computed in. Tiles are templates over their shape whose
+//     per-element operation sequence is identical; only the reuse of loaded data differs.
+//  2. Activation rows are prepared (quantized) row by row, each depending only on that row.
+//  3. Threads split output rows or tokens, never the reduction dimension.
+// NOTE: kernels never write a separate multiply followed by an add (g++ contracts that into an
+// FMA, or not, depending on the surrounding code); they use explicit FMA intrinsics.
+#pragma once
+
+#include <cstdint>
+
+#include "model/ggml_types.h"
+#include "model/model_spec.h"
+
+namespace troupe::compute {
+class ThreadPool;
+}
+
+namespace troupe::compute::detail {
+
+/// One matmul call as a kernel sees it.
+struct MatmulJob {
+  const uint8_t* w = nullptr;  // weight rows in their stored type
+  int64_t w_row_bytes = 0;
+  int64_t cols = 0;
+  const uint8_t* act = nullptr;  // prepared activation rows (f32 x for float weights)
+  int64_t act_stride = 0;        // bytes between activation rows
+  int64_t n_tok = 0;
+  float* y = nullptr;  // f32 [n_tok, y_stride]
+  int64_t y_stride = 0;
+};
+
+/// The kernels for one weight type at one SIMD level.
+struct TypeKernels {
+  /// Bytes of one prepared activation row of `cols` values; null when the kernel reads f32
+  /// activations directly (then `quantize` is null too).
+  int64_t (*act_row_bytes)(int64_t cols) = nullptr;
+  /// Prepares one activation row (cols floats) into act_row_bytes(cols) bytes at out (64-byte
+  /// aligned). Non-finite values make their block's scale NaN, so they reach the output.
+  void (*quantize)(const float* x, int64_t cols, uint8_t* out) = nullptr;
+  /// Computes y[t][r] for every token t and rows r in [r0, r1).
+  void (*rows)(const MatmulJob& job, int64_t r0, int64_t r1) = nullptr;
+  /// Rows per micro-tile; thread chunks are aligned to it (speed only, never the result).
+  int row_tile = 1;
+};
+
+/// All kernels of one SIMD level; a null `rows` means the type is not supported there.
+struct KernelSet {
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
+  TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
+  const TypeKernels* find(model::GgmlType t) const;
+};
+
+const KernelSet& scalar_kernels();
+const KernelSet& avx2_kernels();                 // requires AVX2, FMA, F16C
+const KernelSet& avx512_kernels(bool use_vnni);  // requires AVX-512 F/BW/VL/DQ (+VNNI if asked)
+
+/// Every kernel set this CPU can run, best first (the first is what matmul() uses unless
+/// TROUPE_SIMD says otherwise).
+int supported_kernel_sets(const KernelSet** out, int max);
+
+/// matmul() through a given kernel set (tests and benchmarks compare paths with it).
+void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x, int64_t x_stride,
+                 int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool);
+
+// --- helpers shared by the kernel files (inline; no ISA-specific code) ---
+
+/// Decodes the 6-bit scales and mins of a Q4_K block (8 of each).
+inline void q4k_scales_mins(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = q[j] & 63;
+    mn[j] = q[j + 4] & 63;
+    sc[j + 4] = static_cast<uint8_t>((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
+    mn[j + 4] = static_cast<uint8_t>((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+  }
+}
+
+}  // namespace troupe::compute::detail

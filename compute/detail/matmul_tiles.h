@@ -1,0 +1,55 @@
+// The loop nest shared by the SIMD kernel files: walks rows [r0, r1) x all tokens in
+// micro-tiles of K::kRows rows x K::kToks tokens (smaller tiles at the edges), token blocks
+// outermost so that a block of prepared activations stays in L2 while the weights stream.
+// Tile shape never changes a result (matmul_kernels.h, rule 1); it only sets data reuse.
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "compute/detail/matmul_kernels.h"
+
+namespace troupe::compute::detail {
+
+/// Software prefetch of `bytes` at p + ahead. Decode streams each tile's rows once, in pieces
+/// too short for the hardware prefetchers to ramp up, so kernels fetch the next tile's rows
+/// (ahead = one or two tiles of rows) while they work on this one.
+inline void prefetch(const void* p, int64_t ahead, int64_t bytes) {
+  const char* c = static_cast<const char*>(p) + ahead;
+  for (int64_t o = 0; o < bytes + 63; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
+/// K provides kRows, kToks, kTokBlock and
+///   template <int R, int NT> static void tile(const MatmulJob&, int64_t row, int64_t tok);
+/// computing rows [row, row+R) for tokens [tok, tok+NT).
+template <class K, int R, int NT>
+inline void tile_tail(const MatmulJob& j, int64_t r, int64_t t, int64_t n) {
+  if constexpr (NT >= 1) {
+    if (n == NT) {
+      K::template tile<R, NT>(j, r, t);
+    } else {
+      tile_tail<K, R, NT - 1>(j, r, t, n);
+    }
+  }
+}
+
+template <class K, int R>
+inline void token_tiles(const MatmulJob& j, int64_t r, int64_t t0, int64_t t1) {
+  int64_t t = t0;
+  for (; t + K::kToks <= t1; t += K::kToks) K::template tile<R, K::kToks>(j, r, t);
+  if (t < t1) tile_tail<K, R, K::kToks - 1>(j, r, t, t1 - t);
+}
+
+template <class K>
+void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
+    const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
+    int64_t r = r0;
+    for (; r + K::kRows <= r1; r += K::kRows) token_tiles<K, K::kRows>(j, r, t0, t1);
+    for (; r < r1; ++r) token_tiles<K, 1>(j, r, t0, t1);
+  }
+}
+
+}  // namespace troupe::compute::detail

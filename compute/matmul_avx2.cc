@@ -1,0 +1,500 @@
+// AVX2 matmul kernels (with FMA and F16C). Float weights use f32 activations with one 8-lane
+// FMA accumulator per output; quantized weights use int8 activations and exact integer dot
+// products (vpmaddubsw + vpmaddwd), scaled into an 8-lane f32 accumulator per output.
+// Compiled with -mavx2 -mfma -mf16c (compute/CMakeLists.txt).
+#include <immintrin.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "compute/detail/matmul_kernels.h"
+#include "compute/detail/matmul_tiles.h"
+
+namespace troupe::compute::detail {
+namespace {
+
+using model::BlockQ4_0;
+using model::BlockQ4_K;
+using model::BlockQ6_K;
+using model::BlockQ8_0;
+using model::GgmlType;
+using model::kQK_K;
+
+// The one horizontal sum every output goes through: halves, then pairs.
+inline float hsum8(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+// int32 lanes: exact 4-byte dot products of unsigned a and signed b (pair sums < 2^15).
+inline __m256i dot_u8s8(__m256i a, __m256i b) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+
+// ------------------------------------------------------------------------------------------
+// Float weights (F32, F16, BF16). Output (r, t): lane l sums w[k]*x[k] for k = l (mod 8) in
+// k order by FMA; the last partial chunk is zero-padded; then hsum8.
+
+template <GgmlType kType>
+struct FloatLoad;
+
+template <>
+struct FloatLoad<GgmlType::kF32> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  }
+};
+
+template <>
+struct FloatLoad<GgmlType::kF16> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+  }
+};
+
+template <>
+struct FloatLoad<GgmlType::kBF16> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+// The last n < 8 values of a row, zero-padded, through the same conversion.
+template <GgmlType kType>
+__m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
+  constexpr int64_t kSize = kType == GgmlType::kF32 ? 4 : 2;
+  alignas(32) uint8_t buf[8 * kSize] = {};
+  std::memcpy(buf, row + k * kSize, static_cast<size_t>(n * kSize));
+  return FloatLoad<kType>::load(buf, 0);
+}
+
+template <GgmlType kType>
+struct FloatKernel {
+  using L = FloatLoad<kType>;
+  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : 2;
+  static constexpr int kRows = 3;
+  static constexpr int kToks = 4;
+  static constexpr int64_t kTokBlock = 48;
+
+  template <int R, int NT>
+  static void tile(const MatmulJob& j, int64_t r, int64_t t) {
+    const uint8_t* w[R];
+    const float* x[NT];
+    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+    for (int n = 0; n < NT; ++n)
+      x[n] = reinterpret_cast<const float*>(j.act + (t + n) * j.act_stride);
+    __m256 acc[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
+    const int64_t pf = R * j.w_row_bytes;  // the same place in the next tile's rows
+    int64_t k = 0;
+    for (; k + 8 <= j.cols; k += 8) {
+      __m256 wv[R];
+      for (int i = 0; i < R; ++i) {
+        if ((k * kElemBytes & 63) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
+        wv[i] = L::load(w[i], k);
+      }
+      for (int n = 0; n < NT; ++n) {
+        const __m256 xv = _mm256_loadu_ps(x[n] + k);
+        for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
+      }
+    }
+    if (k < j.cols) {
+      const int64_t rem = j.cols - k;
+      __m256 wv[R];
+      for (int i = 0; i < R; ++i) wv[i] = load_tail<kType>(w[i], k, rem);
+      for (int n = 0; n < NT; ++n) {
+        const __m256 xv = load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
+        for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
+      }
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum8(acc[i][n]);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// Int8 activation quantization: scale amax/127, round to nearest even (vcvtps2dq); a block
+// holding NaN or an infinity gets a NaN scale and zero values, so the output is NaN.
+
+// Quantizes 8*n_vec floats into int8 q; returns the scale. Group sums of 16 go to gsum.
+float quantize_block(const float* x, int n_vec, int8_t* q, int32_t* gsum16) {
+  __m256 amax = _mm256_setzero_ps();
+  int bad = 0;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int i = 0; i < n_vec; ++i) {
+    const __m256 v = _mm256_loadu_ps(x + 8 * i);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v, abs_mask));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float m = _mm_cvtss_f32(m4);
+  if (bad != 0 || !(m <= FLT_MAX)) {
+    std::memset(q, 0, static_cast<size_t>(8 * n_vec));
+    if (gsum16 != nullptr) std::memset(gsum16, 0, sizeof(int32_t) * static_cast<size_t>(n_vec / 2));
+    return NAN;
+  }
+  const __m256 id = _mm256_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  for (int i = 0; i < n_vec; i += 4) {  // 32 values: 4 x 8 int32 -> 32 int8
+    __m256i v[4];
+    for (int u = 0; u < 4; ++u)
+      v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * (i + u)), id));
+    if (gsum16 != nullptr) {
+      for (int g = 0; g < 2; ++g) {
+        __m256i s = _mm256_add_epi32(v[2 * g], v[2 * g + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+        gsum16[i / 2 + g] = _mm_cvtsi128_si32(s4);
+      }
+    }
+    // Pack with saturation (values are within [-127, 127]) and undo the lane interleave.
+    const __m256i p16a = _mm256_packs_epi32(v[0], v[1]), p16b = _mm256_packs_epi32(v[2], v[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * i), ordered);
+  }
+  return m / 127.f;
+}
+
+// Q8_0 and Q4_0 work on groups of 2 blocks (64 values) laid out so that one int32 lane
+// always belongs to one block: part A holds values 0-15 of each block (lanes 4i..4i+3 for
+// block i), part B values 16-31 in the same lanes; two lane dots then share one conversion
+// and scaling, and Q4_0's low/high nibbles are exactly parts A and B.
+// Activations per group (128 bytes): A (32 int8), B (32 int8), 8 int32 `init` = -8 * the sum
+// of the lane's 8 values (Q4_0's offset folded into the integer dot), 8 floats: the block's
+// scale by lane. A missing second block of an odd last group is x = 0, scale 0.
+constexpr int64_t kGroupBytes = 128;
+
+int64_t act32_bytes(int64_t cols) { return (cols / 32 + 1) / 2 * kGroupBytes; }
+
+void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
+  const int64_t nb = cols / 32;
+  for (int64_t g = 0; g < (nb + 1) / 2; ++g) {
+    uint8_t* a = out + g * kGroupBytes;
+    alignas(32) int8_t q[2][32] = {};
+    alignas(32) float dl[8];
+    for (int i = 0; i < 2; ++i) {
+      const int64_t b = 2 * g + i;
+      const float d = b < nb ? quantize_block(x + 32 * b, 4, q[i], nullptr) : 0.f;
+      for (int l = 0; l < 4; ++l) dl[4 * i + l] = d;
+    }
+    // Part A = values 0-15 of both blocks, part B = values 16-31.
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(q[0]));
+    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(q[1]));
+    const __m256i xa = _mm256_permute2x128_si256(b0, b1, 0x20);
+    const __m256i xb = _mm256_permute2x128_si256(b0, b1, 0x31);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i sums = _mm256_madd_epi16(
+        _mm256_add_epi16(_mm256_maddubs_epi16(ones8, xa), _mm256_maddubs_epi16(ones8, xb)),
+        _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a), xa);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 32), xb);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 64),
+                        _mm256_mullo_epi32(sums, _mm256_set1_epi32(-8)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(a + 96), _mm256_load_ps(dl));
+  }
+}
+
+// Activations for K-quants, per 256 values (384 bytes): 256 int8, 16 floats d*sum(x) over
+// each group of 16, the float scale d, padding.
+constexpr int64_t kActKBytes = 384;
+
+int64_t actk_bytes(int64_t cols) { return cols / kQK_K * kActKBytes; }
+
+void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    uint8_t* a = out + s * kActKBytes;
+    int32_t gsum[16];
+    const float d = quantize_block(x + s * kQK_K, 32, reinterpret_cast<int8_t*>(a), gsum);
+    float* bs = reinterpret_cast<float*>(a + 256);
+    for (int g = 0; g < 16; ++g) bs[g] = d * static_cast<float>(gsum[g]);
+    std::memcpy(a + 320, &d, sizeof(d));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Q8_0 and Q4_0 weights, a group of 2 blocks per step (see above). Output (r, t):
+// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order,
+// then hsum8.
+
+inline __m256i load2x16(const uint8_t* p, int64_t stride) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
+}
+
+template <GgmlType kType>
+struct Blocks32Kernel {
+  using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
+  static constexpr int kRows = 2;
+  static constexpr int kToks = 4;
+  static constexpr int64_t kTokBlock = 64;
+
+  // One row's group, prepared once and used by every token of the tile. Q4_0: the unsigned
+  // nibbles q (values q - 8: the activations' init supplies -8 * sum(x)). Q8_0: magnitudes
+  // and the signed values (to flip the activations' signs: pair sums stay below 2^15).
+  struct WGroup {
+    __m256i a, b;            // unsigned operands for parts A and B
+    __m256i sign_a, sign_b;  // Q8_0: the signed values
+    __m256 dw;               // block scales by lane
+  };
+
+  static WGroup prepare(const Block* blk) {
+    WGroup g;
+    g.dw = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(blk[1].d)), _mm_set1_ps(_cvtsh_ss(blk[0].d)));
+    const auto* p = reinterpret_cast<const uint8_t*>(blk);
+    if constexpr (kType == GgmlType::kQ4_0) {
+      const __m256i z = load2x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      g.a = _mm256_and_si256(z, m4);
+      g.b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+      g.sign_a = g.sign_b = _mm256_setzero_si256();
+    } else {
+      g.sign_a = load2x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
+      g.sign_b = load2x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
+      g.a = _mm256_abs_epi8(g.sign_a);
+      g.b = _mm256_abs_epi8(g.sign_b);
+    }
+    return g;
+  }
+
+  static __m256i lane_dots(const WGroup& g, const uint8_t* act) {
+    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act));
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 32));
+    if constexpr (kType == GgmlType::kQ4_0) {
+      // Pair sums stay below 2 * 2 * 15 * 127 < 2^15: add them as int16.
+      const __m256i pairs =
+          _mm256_add_epi16(_mm256_maddubs_epi16(g.a, xa), _mm256_maddubs_epi16(g.b, xb));
+      return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64)),
+                              _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    } else {
+      return _mm256_add_epi32(dot_u8s8(g.a, _mm256_sign_epi8(xa, g.sign_a)),
+                              dot_u8s8(g.b, _mm256_sign_epi8(xb, g.sign_b)));
+    }
+  }
+
+  // wb[i]: the group's first block in row i; xg[n]: the group's activations of token n.
+  template <int R, int NT>
+  static void group(const Block* const* wb, const uint8_t* const* xg, __m256 (&acc)[R][NT]) {
+    WGroup wg[R];
+    for (int i = 0; i < R; ++i) wg[i] = prepare(wb[i]);
+    for (int n = 0; n < NT; ++n) {
+      const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float*>(xg[n] + 96));
+      for (int i = 0; i < R; ++i) {
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(lane_dots(wg[i], xg[n])), dx);
+        acc[i][n] = _mm256_fmadd_ps(f, wg[i].dw, acc[i][n]);
+      }
+    }
+  }
+
+  template <int R, int NT>
+  static void tile(const MatmulJob& j, int64_t r, int64_t t) {
+    const Block* w[R];
+    const uint8_t* x[NT];
+    for (int i = 0; i < R; ++i)
+      w[i] = reinterpret_cast<const Block*>(j.w + (r + i) * j.w_row_bytes);
+    for (int n = 0; n < NT; ++n) x[n] = j.act + (t + n) * j.act_stride;
+    __m256 acc[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
+    const int64_t nb = j.cols / 32, full = nb / 2;
+    const Block* wb[R];
+    const uint8_t* xg[NT];
+    const int64_t pf = R * j.w_row_bytes;  // the same place in the next tile's rows
+    for (int64_t g = 0; g < full; ++g) {
+      for (int i = 0; i < R; ++i) {
+        wb[i] = w[i] + 2 * g;
+        prefetch(wb[i], pf, 2 * sizeof(Block));
+      }
+      for (int n = 0; n < NT; ++n) xg[n] = x[n] + g * kGroupBytes;
+      group<R, NT>(wb, xg, acc);
+    }
+    if (nb & 1) {
+      // An odd last block, then a zero block (scale 0).
+      Block tail[R][2] = {};
+      for (int i = 0; i < R; ++i) {
+        tail[i][0] = w[i][nb - 1];
+        wb[i] = tail[i];
+      }
+      for (int n = 0; n < NT; ++n) xg[n] = x[n] + full * kGroupBytes;
+      group<R, NT>(wb, xg, acc);
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum8(acc[i][n]);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// K-quants: a super-block (256 values) is 8 steps of 32 values. Per step: pair products of
+// the unsigned weight values with the int8 activations (vpmaddubsw), each pair times its
+// sub-block's scale into int32 lanes (vpmaddwd): exact. Per super-block:
+// acc = fma(float(lanes), d * x_scale, acc), then two FMAs of corr with the activations'
+// d*sum(x) per 16 values (groups 0-7, then 8-15) for the min/offset term. Then hsum8.
+
+struct Q4KDecode {
+  struct Row {
+    const BlockQ4_K* b;
+    float d;
+    int16_t sc[8];
+    __m256 corr_lo, corr_hi;  // group g of 16: -dmin*m[g/2]
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const BlockQ4_K*>(row) + s;
+    uint8_t sc[8], mn[8];
+    q4k_scales_mins(r.b->scales, sc, mn);
+    r.d = _cvtsh_ss(r.b->d);
+    const float dmin = _cvtsh_ss(r.b->dmin);
+    float corr[16];
+    for (int j = 0; j < 8; ++j) {
+      r.sc[j] = sc[j];
+      corr[2 * j] = corr[2 * j + 1] = -dmin * static_cast<float>(mn[j]);
+    }
+    r.corr_lo = _mm256_loadu_ps(corr);
+    r.corr_hi = _mm256_loadu_ps(corr + 8);
+    return r;
+  }
+  // Step q: values 32q..32q+31 (sub-block q: low nibbles of qs[32(q/2)..] for even q, high
+  // for odd).
+  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * (q / 2)));
+    w = _mm256_and_si256(q & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+    sc = _mm256_set1_epi16(r.sc[q]);
+  }
+};
+
+struct Q6KDecode {
+  struct Row {
+    const BlockQ6_K* b;
+    float d;
+    __m256 corr_lo, corr_hi;  // -32*d*sc[g]
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const BlockQ6_K*>(row) + s;
+    r.d = _cvtsh_ss(r.b->d);
+    float corr[16];
+    for (int g = 0; g < 16; ++g) corr[g] = -32.f * r.d * static_cast<float>(r.b->scales[g]);
+    r.corr_lo = _mm256_loadu_ps(corr);
+    r.corr_hi = _mm256_loadu_ps(corr + 8);
+    return r;
+  }
+  // Step q: values 32q..32q+31. Half h = q/4 (128 values); within it, part p = q%4 takes the
+  // low nibbles of ql[64h + 32(p%2)..] for p < 2, the high ones for p >= 2, and bits 2p, 2p+1
+  // of qh[32h..]. Scales: group 2q for int16 words 0-7, 2q+1 for 8-15.
+  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
+    const int h = q / 4, p = q % 4;
+    const __m256i ql =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->ql + 64 * h + 32 * (p % 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh + 32 * h));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(p < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
+    const __m256i hb =
+        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
+    w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    sc = _mm256_set_m128i(_mm_set1_epi16(r.b->scales[2 * q + 1]),
+                          _mm_set1_epi16(r.b->scales[2 * q]));
+  }
+};
+
+template <class D>
+struct KQuantKernel {
+  static constexpr int kRows = 2;
+  static constexpr int kToks = 4;
+  static constexpr int64_t kTokBlock = 64;
+
+  template <int R, int NT>
+  static void tile(const MatmulJob& j, int64_t r, int64_t t) {
+    const uint8_t* w[R];
+    const uint8_t* x[NT];
+    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+    for (int n = 0; n < NT; ++n) x[n] = j.act + (t + n) * j.act_stride;
+    __m256 acc[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
+    const int64_t pf = R * j.w_row_bytes;  // the same place in the next tile's rows
+    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
+      typename D::Row rows[R];
+      for (int i = 0; i < R; ++i) {
+        rows[i] = D::prepare(w[i], s);
+        prefetch(rows[i].b, pf, sizeof(*rows[i].b));
+      }
+      __m256i isum[R][NT];
+      for (int i = 0; i < R; ++i)
+        for (int n = 0; n < NT; ++n) isum[i][n] = _mm256_setzero_si256();
+      for (int q = 0; q < 8; ++q) {
+        __m256i wq[R], sc[R];
+        for (int i = 0; i < R; ++i) D::step(rows[i], q, wq[i], sc[i]);
+        for (int n = 0; n < NT; ++n) {
+          const __m256i xq =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[n] + s * kActKBytes + 32 * q));
+          for (int i = 0; i < R; ++i) {
+            // Pair sums below 2 * 63 * 127 < 2^15: no saturation.
+            const __m256i pairs = _mm256_maddubs_epi16(wq[i], xq);
+            isum[i][n] = _mm256_add_epi32(isum[i][n], _mm256_madd_epi16(pairs, sc[i]));
+          }
+        }
+      }
+      for (int n = 0; n < NT; ++n) {
+        const uint8_t* a = x[n] + s * kActKBytes;
+        float dx;
+        std::memcpy(&dx, a + 320, sizeof(dx));
+        const auto* bs = reinterpret_cast<const float*>(a + 256);
+        const __m256 lo = _mm256_loadu_ps(bs), hi = _mm256_loadu_ps(bs + 8);
+        for (int i = 0; i < R; ++i) {
+          const __m256 scale = _mm256_set1_ps(rows[i].d * dx);
+          acc[i][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][n]), scale, acc[i][n]);
+          acc[i][n] = _mm256_fmadd_ps(rows[i].corr_lo, lo, acc[i][n]);
+          acc[i][n] = _mm256_fmadd_ps(rows[i].corr_hi, hi, acc[i][n]);
+        }
+      }
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum8(acc[i][n]);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+
+template <class K>
+TypeKernels make_kernels(int64_t (*bytes)(int64_t) = nullptr,
+                         void (*quantize)(const float*, int64_t, uint8_t*) = nullptr) {
+  TypeKernels k;
+  k.act_row_bytes = bytes;
+  k.quantize = quantize;
+  k.rows = tiled_rows<K>;
+  k.row_tile = K::kRows;
+  return k;
+}
+
+KernelSet make_set() {
+  KernelSet s{};
+  s.name = "avx2";
+  s.f32 = make_kernels<FloatKernel<GgmlType::kF32>>();
+  s.f16 = make_kernels<FloatKernel<GgmlType::kF16>>();
+  s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
+  s.q8_0 = make_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32);
+  s.q4_0 = make_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32);
+  s.q4_k = make_kernels<KQuantKernel<Q4KDecode>>(actk_bytes, quantize_actk);
+  s.q6_k = make_kernels<KQuantKernel<Q6KDecode>>(actk_bytes, quantize_actk);
+  return s;
+}
+
+}  // namespace
+
+const KernelSet& avx2_kernels() {
+  static const KernelSet s = make_set();
+  return s;
+}
+
+}  // namespace troupe::compute::detail
