@@ -51,6 +51,33 @@ const float* f32(const WeightView& w) {
   return reinterpret_cast<const float*>(w.data);
 }
 
+// Attention of one query over positions [0, n): softmax(q . key(j) * scale) weighted sum of
+// value(j), both read in position order (fixed reduction order: batch-invariant).
+// sc is scratch; out receives f32 [dv].
+template <class KeyFn, class ValueFn>
+void attend(const float* q, int64_t dq, int64_t n, float scale, KeyFn key, ValueFn value,
+            int64_t dv, std::vector<float>& sc, float* out) {
+  sc.resize(static_cast<size_t>(n));
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    sc[static_cast<size_t>(j)] = detail::dot(q, key(j), dq) * scale;
+    mx = std::max(mx, sc[static_cast<size_t>(j)]);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
+    sc[static_cast<size_t>(j)] = ev;
+    sum += ev;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  std::fill(out, out + dv, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float w = sc[static_cast<size_t>(j)] * inv;
+    const float* vj = value(j);
+    for (int64_t d = 0; d < dv; ++d) out[d] += w * vj[d];
+  }
+}
+
 }  // namespace
 
 Engine::~Engine() = default;
@@ -280,27 +307,10 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t t = th / H, hh = th % H, kvh = hh / group;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const float* qv = &S.q[t * qw + hh * dk];
-      sc.resize(static_cast<size_t>(pos + 1));
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float* kj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
-        sc[static_cast<size_t>(j)] = detail::dot(qv, kj, dk) * scale;
-        mx = std::max(mx, sc[static_cast<size_t>(j)]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
-        sc[static_cast<size_t>(j)] = ev;
-        sum += ev;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float w = sc[static_cast<size_t>(j)] * inv;
-        const float* vj = kv_->v(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
-        for (int64_t d = 0; d < dv; ++d) acc[static_cast<size_t>(d)] += w * vj[d];
-      }
+      const int64_t l = il - range_.begin;
+      auto key = [&](int64_t j) { return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk; };
+      auto val = [&](int64_t j) { return kv_->v(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv; };
+      attend(&S.q[t * qw + hh * dk], dk, pos + 1, scale, key, val, dv, sc, acc.data());
       std::memcpy(&S.attn[t * H * dv + hh * dv], acc.data(), static_cast<size_t>(dv) * 4);
     }
   });
@@ -354,27 +364,10 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t t = th / H;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const float* qv = &S.qabs[th * kw];
-      sc.resize(static_cast<size_t>(pos + 1));
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float* kj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs);
-        sc[static_cast<size_t>(j)] = detail::dot(qv, kj, kw) * scale;
-        mx = std::max(mx, sc[static_cast<size_t>(j)]);
-      }
-      double sum = 0;
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
-        sc[static_cast<size_t>(j)] = ev;
-        sum += ev;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j <= pos; ++j) {
-        const float w = sc[static_cast<size_t>(j)] * inv;
-        const float* cj = kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(j / bs)], j % bs);
-        for (int64_t d = 0; d < lora; ++d) acc[static_cast<size_t>(d)] += w * cj[d];
-      }
+      const int64_t l = il - range_.begin;
+      // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows.
+      auto key = [&](int64_t j) { return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs); };
+      attend(&S.qabs[th * kw], kw, pos + 1, scale, key, key, lora, sc, acc.data());
       std::memcpy(&S.lat[th * lora], acc.data(), static_cast<size_t>(lora) * 4);
     }
   });
