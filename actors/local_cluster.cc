@@ -24,6 +24,7 @@ struct LocalCluster::Impl {
   ClusterOptions opts;
   caf::actor scheduler, router, controller;
   std::vector<caf::actor> stages, shards;  // as first spawned (the controller tracks restarts)
+  caf::scoped_actor* active = nullptr;     // the client of the running generate_many
 
   ~Impl() {
     if (!sys) return;
@@ -127,6 +128,7 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
   if (reqs.empty()) return results;
   if (concurrency == 0) concurrency = reqs.size();
   caf::scoped_actor self{*im.sys};
+  im.active = &self;
   size_t next = 0, done = 0;
   auto submit = [&](size_t i) {
     self->send(im.router, submit_atom::value,
@@ -150,12 +152,17 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
         },
         caf::after(std::chrono::milliseconds(im.opts.request_timeout_ms)) >> [&] { timed_out = true; });
   }
+  im.active = nullptr;
   for (size_t i = 0; i < results.size(); ++i) {
     if (finished[i]) continue;
     results[i].finish_reason = "error";
     results[i].error = "no answer within " + std::to_string(im.opts.request_timeout_ms) + " ms";
   }
   return results;
+}
+
+void LocalCluster::cancel(size_t index) {
+  if (impl_->active) (*impl_->active)->send(impl_->router, cancel_atom::value, static_cast<int64_t>(index));
 }
 
 GenerateResult LocalCluster::generate(const GenerateRequest& req, const StreamCallback& on_delta) {

@@ -58,6 +58,10 @@ class LocalCluster {
                                             const StreamCallback& on_delta = nullptr);
   GenerateResult generate(const GenerateRequest& req, const StreamCallback& on_delta = nullptr);
 
+  /// From inside a StreamCallback of the running generate_many: stop request `index`. Its result
+  /// then ends with finish_reason "cancelled" (tokens streamed so far kept) and its KV is freed.
+  void cancel(size_t index);
+
   /// Fault injection (tests): "stage/N" or "expert/N" throws while handling its next message.
   Status inject_fault(const std::string& actor);
   /// A JSON summary: scheduler counters, KV usage, prefix-cache hits, actor restarts.

@@ -12,6 +12,7 @@
 #include "compute/detail/ops.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
+#include "compute/vec_ops.h"
 
 namespace troupe::compute {
 
@@ -24,6 +25,7 @@ struct Engine::Scratch {
   std::vector<int32_t> tok_id;    // [T]
   std::vector<int64_t> tok_pos;   // [T]
   std::vector<int32_t> tok_seq;   // [T] index into the step's SeqStep list
+  std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
   std::vector<float> x, h, tmp;   // [T, n_embd]
   std::vector<float> q, k, v;     // attention projections
   std::vector<float> attn;        // [T, n_head * head_dim_v]
@@ -60,7 +62,7 @@ void attend(const float* q, int64_t dq, int64_t n, float scale, KeyFn key, Value
   sc.resize(static_cast<size_t>(n));
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) {
-    sc[static_cast<size_t>(j)] = detail::dot(q, key(j), dq) * scale;
+    sc[static_cast<size_t>(j)] = vec_dot(q, key(j), dq) * scale;
     mx = std::max(mx, sc[static_cast<size_t>(j)]);
   }
   double sum = 0;
@@ -71,11 +73,7 @@ void attend(const float* q, int64_t dq, int64_t n, float scale, KeyFn key, Value
   }
   const float inv = static_cast<float>(1.0 / sum);
   std::fill(out, out + dv, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
-    const float w = sc[static_cast<size_t>(j)] * inv;
-    const float* vj = value(j);
-    for (int64_t d = 0; d < dv; ++d) out[d] += w * vj[d];
-  }
+  for (int64_t j = 0; j < n; ++j) vec_axpy(sc[static_cast<size_t>(j)] * inv, value(j), out, dv);
 }
 
 }  // namespace
@@ -193,6 +191,19 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   grow(S.x, T * E);
   grow(S.h, T * E);
   grow(S.tmp, T * E);
+  // Rotary angles once per token for all layers and heads: theta_i = pos * base^(-2i/n_rot).
+  const int64_t half = s.n_rot / 2;
+  grow(S.rope_cos, T * half);
+  grow(S.rope_sin, T * half);
+  for (int64_t t = 0; t < T; ++t) {
+    const double pos = static_cast<double>(S.tok_pos[static_cast<size_t>(t)]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double freq = std::pow(static_cast<double>(s.rope_theta),
+                                   -2.0 * static_cast<double>(i) / static_cast<double>(s.n_rot));
+      S.rope_cos[t * half + i] = static_cast<float>(std::cos(pos * freq));
+      S.rope_sin[t * half + i] = static_cast<float>(std::sin(pos * freq));
+    }
+  }
   if (range_.embed) {
     for (int64_t t = 0; t < T; ++t)
       get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
@@ -291,8 +302,10 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   const int64_t bs = kv_->block_size();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
-    for (int64_t hh = 0; hh < H; ++hh) detail::rope(&S.q[t * qw + hh * dk], s.n_rot, pos, s.rope_theta, neox);
-    for (int64_t hh = 0; hh < HK; ++hh) detail::rope(&S.k[t * kw + hh * dk], s.n_rot, pos, s.rope_theta, neox);
+    const float* cs = &S.rope_cos[t * (s.n_rot / 2)];
+    const float* sn = &S.rope_sin[t * (s.n_rot / 2)];
+    for (int64_t hh = 0; hh < H; ++hh) detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
+    for (int64_t hh = 0; hh < HK; ++hh) detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
     std::memcpy(kv_->k(il - range_.begin, blk, pos % bs), &S.k[t * kw], static_cast<size_t>(kw) * 4);
@@ -343,8 +356,10 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     float* row = &S.kva[t * kw];
     detail::rms_norm(row, kvn, row, lora, s.rms_eps);
     const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
-    detail::rope(row + lora, rope, pos, s.rope_theta, neox);
-    for (int64_t hh = 0; hh < H; ++hh) detail::rope(&S.q[(t * H + hh) * dqk + nope], rope, pos, s.rope_theta, neox);
+    const float* cs = &S.rope_cos[t * (rope / 2)];
+    const float* sn = &S.rope_sin[t * (rope / 2)];
+    detail::rope_cs(row + lora, rope, cs, sn, neox);
+    for (int64_t hh = 0; hh < H; ++hh) detail::rope_cs(&S.q[(t * H + hh) * dqk + nope], rope, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     std::memcpy(kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row, static_cast<size_t>(kw) * 4);
   }

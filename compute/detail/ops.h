@@ -28,6 +28,19 @@ inline float dot(const float* a, const float* b, int64_t n) {
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+/// Rotary embedding of one head in place with precomputed cos/sin of each pair's angle
+/// (f32 [n_rot / 2] each). Same pairing as rope() below.
+inline void rope_cs(float* x, int64_t n_rot, const float* cs, const float* sn, bool neox) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * cs[i] - x1 * sn[i];
+    x[b] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
 /// Rotary embedding of one head in place. normal: pairs (2i, 2i+1); neox: pairs (i, i+n_rot/2).
 /// Dimensions at and beyond n_rot are left as they are.
 inline void rope(float* x, int64_t n_rot, int64_t pos, float theta_base, bool neox) {

@@ -4,6 +4,7 @@
 // bit-identical to the engine run alone.
 #include "actors/local_cluster.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -240,6 +241,37 @@ TEST(LocalCluster, BadRequestsGetErrorsAndOthersComplete) {
   EXPECT_TRUE(res[4].ok()) << res[4].error;
   EXPECT_EQ(res[4].prompt_tokens, (std::vector<int32_t>{1, 403, 407, 261, 378}));
   EXPECT_FALSE(res[4].text.empty());
+}
+
+TEST(LocalCluster, CancelledRequestStopsAndFreesItsBlocks) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 2, 0);
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    auto p = random_prompt(6 + i, m->spec.n_vocab, 40 + i);
+    reqs.push_back(greedy_request(p, 60));
+    refs.push_back(solo(m, p, 60));
+  }
+  int seen = 0;
+  LocalCluster* c = lc->get();
+  const auto res = c->generate_many(reqs, 0, [&](size_t i, const std::string&, int32_t) {
+    if (i == 1 && ++seen == 5) c->cancel(1);
+  });
+  EXPECT_EQ(res[1].finish_reason, "cancelled");
+  EXPECT_GE(res[1].tokens.size(), 5u);
+  EXPECT_LT(res[1].tokens.size(), 60u);
+  EXPECT_TRUE(std::equal(res[1].tokens.begin(), res[1].tokens.end(), refs[1].tokens.begin()));
+  for (size_t i : {0u, 2u, 3u}) EXPECT_EQ(res[i].tokens, refs[i].tokens) << i;
+  const std::string stats = c->stats_json();
+  EXPECT_NE(stats.find("\"running\":0,\"waiting\":0"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("\"kv_usage_perc\":0.00"), std::string::npos) << stats;
 }
 
 TEST(LocalCluster, QueueBeyondItsLimitAnswersOverloaded) {
