@@ -51,6 +51,11 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   std::unique_ptr<LocalCluster> lc(new LocalCluster());
   Impl& im = *lc->impl_;
   im.opts = opts;
+  // The light actors (router, scheduler, controller) need one CAF worker; compute runs on the
+  // stages' and shards' own threads. More workers, polling for messages, would take cores away
+  // from the compute pools (measured: a 2-thread stage ran at half speed on a 2-core machine).
+  im.cfg.set("scheduler.max-threads", size_t{1});
+  im.cfg.set("work-stealing.aggressive-poll-attempts", size_t{10});
   im.sys = std::make_unique<caf::actor_system>(im.cfg);
   const auto& spec = model->spec;
   const int64_t num_stages = static_cast<int64_t>(plan.stages.size());
