@@ -56,6 +56,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   // from the compute pools (measured: a 2-thread stage ran at half speed on a 2-core machine).
   im.cfg.set("scheduler.max-threads", size_t{1});
   im.cfg.set("work-stealing.aggressive-poll-attempts", size_t{10});
+  im.cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
   im.sys = std::make_unique<caf::actor_system>(im.cfg);
   const auto& spec = model->spec;
   const int64_t num_stages = static_cast<int64_t>(plan.stages.size());
