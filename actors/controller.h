@@ -15,7 +15,7 @@ namespace troupe::actors {
 struct ControllerConfig {
   std::vector<StageConfig> stages;
   std::vector<ExpertShardConfig> shards;
-  std::vector<int32_t> expert_owner;   // [n_expert] -> shard index; empty when no shards
+  std::vector<int32_t> expert_owner;  // [n_expert] -> shard index; empty when no shards
   std::vector<caf::actor> stage_actors;
   std::vector<caf::actor> shard_actors;
   caf::actor scheduler;

@@ -36,7 +36,8 @@ void serve(caf::stateful_actor<ExpertShardState>* self, const ExpertRequestPtr& 
   for (size_t i = 0; i < r->experts.size(); ++i) {
     const int32_t e = r->experts[i];
     if (e < 0 || static_cast<size_t>(e) >= st.owned.size() || !st.owned[static_cast<size_t>(e)]) {
-      r->error = "expert " + std::to_string(e) + " is not owned by shard " + std::to_string(st.cfg.index);
+      r->error =
+          "expert " + std::to_string(e) + " is not owned by shard " + std::to_string(st.cfg.index);
       return;
     }
     total += r->rows[i];
@@ -57,7 +58,8 @@ void serve(caf::stateful_actor<ExpertShardState>* self, const ExpertRequestPtr& 
 
 }  // namespace
 
-caf::behavior expert_shard_behavior(caf::stateful_actor<ExpertShardState>* self, ExpertShardConfig cfg) {
+caf::behavior expert_shard_behavior(caf::stateful_actor<ExpertShardState>* self,
+                                    ExpertShardConfig cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.owned.assign(static_cast<size_t>(st.cfg.model->spec.n_expert), false);

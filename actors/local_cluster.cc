@@ -75,12 +75,14 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       sc.experts = plan.expert_shards[j].experts;
       sc.threads = plan.expert_shards[j].threads;
       sc.model = model;
-      for (int32_t e : sc.experts) cc.expert_owner[static_cast<size_t>(e)] = static_cast<int32_t>(j);
+      for (int32_t e : sc.experts)
+        cc.expert_owner[static_cast<size_t>(e)] = static_cast<int32_t>(j);
       cc.shards.push_back(sc);
       cc.shard_actors.push_back(spawn_expert_shard(*im.sys, sc));
     }
   }
-  im.scheduler = spawn_scheduler(*im.sys, plan.scheduler, kv_blocks, plan.kv_block_size, spec.n_vocab);
+  im.scheduler =
+      spawn_scheduler(*im.sys, plan.scheduler, kv_blocks, plan.kv_block_size, spec.n_vocab);
   ExpertPlacement placement;
   if (!cc.shard_actors.empty()) {
     placement.shards = cc.shard_actors;
@@ -138,7 +140,8 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
   size_t next = 0, done = 0;
   auto submit = [&](size_t i) {
     self->send(im.router, submit_atom::value,
-               GenerateRequestPtr(std::make_shared<GenerateRequest>(reqs[i])), static_cast<int64_t>(i));
+               GenerateRequestPtr(std::make_shared<GenerateRequest>(reqs[i])),
+               static_cast<int64_t>(i));
   };
   for (; next < reqs.size() && next < concurrency; ++next) submit(next);
   std::vector<bool> finished(reqs.size(), false);
@@ -156,7 +159,8 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
           ++done;
           if (next < reqs.size()) submit(next++);
         },
-        caf::after(std::chrono::milliseconds(im.opts.request_timeout_ms)) >> [&] { timed_out = true; });
+        caf::after(std::chrono::milliseconds(im.opts.request_timeout_ms)) >>
+            [&] { timed_out = true; });
   }
   im.active = nullptr;
   for (size_t i = 0; i < results.size(); ++i) {
@@ -168,7 +172,8 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
 }
 
 void LocalCluster::cancel(size_t index) {
-  if (impl_->active) (*impl_->active)->send(impl_->router, cancel_atom::value, static_cast<int64_t>(index));
+  if (impl_->active)
+    (*impl_->active)->send(impl_->router, cancel_atom::value, static_cast<int64_t>(index));
 }
 
 GenerateResult LocalCluster::generate(const GenerateRequest& req, const StreamCallback& on_delta) {

@@ -22,16 +22,16 @@ struct GenerateRequest {
   bool add_bos = true;                 // for a text prompt
   compute::SamplingParams sampling;
   int64_t max_tokens = 128;
-  bool return_logits = false;          // the logits row of every sampled token (tests, eval)
+  bool return_logits = false;  // the logits row of every sampled token (tests, eval)
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_tokens;
-  std::vector<int32_t> tokens;         // generated (without an end-of-generation token)
+  std::vector<int32_t> tokens;  // generated (without an end-of-generation token)
   std::string text;
-  std::string finish_reason;           // "length", "stop", "cancelled", "error", "overloaded"
-  std::string error;                   // set for "error" and "overloaded"
-  std::vector<float> logits;           // f32 [tokens sampled, n_vocab] when return_logits
+  std::string finish_reason;  // "length", "stop", "cancelled", "error", "overloaded"
+  std::string error;          // set for "error" and "overloaded"
+  std::vector<float> logits;  // f32 [tokens sampled, n_vocab] when return_logits
   bool ok() const { return error.empty(); }
 };
 
@@ -39,8 +39,8 @@ struct GenerateResult {
 using StreamCallback = std::function<void(size_t, const std::string&, int32_t)>;
 
 struct ClusterOptions {
-  int64_t expert_timeout_ms = 10000;   // a shard that does not answer fails the step (retried)
-  int64_t request_timeout_ms = 600000; // generate() gives up waiting after this
+  int64_t expert_timeout_ms = 10000;    // a shard that does not answer fails the step (retried)
+  int64_t request_timeout_ms = 600000;  // generate() gives up waiting after this
 };
 
 class LocalCluster {

@@ -30,7 +30,7 @@ struct RouterState {
   std::shared_ptr<const model::Model> model;
   caf::actor scheduler;
   int64_t next_id = 1;
-  std::map<int64_t, Pending> pending;                    // by sequence id
+  std::map<int64_t, Pending> pending;                             // by sequence id
   std::map<std::pair<caf::actor_addr, int64_t>, int64_t> by_tag;  // (client, tag) -> seq id
   static inline const char* name = "router";
 };
@@ -50,16 +50,20 @@ void on_submit(Self* self, const GenerateRequestPtr& req, int64_t tag) {
   auto client = caf::actor_cast<caf::actor>(self->current_sender());
   if (!client) return;
   const model::Tokenizer* tok = st.model->tokenizer.get();
-  if (auto v = req->sampling.validate(); !v) return reply_error(self, client, tag, "error", v.error().message);
-  if (req->max_tokens < 0) return reply_error(self, client, tag, "error", "max_tokens must be >= 0");
+  if (auto v = req->sampling.validate(); !v)
+    return reply_error(self, client, tag, "error", v.error().message);
+  if (req->max_tokens < 0)
+    return reply_error(self, client, tag, "error", "max_tokens must be >= 0");
   auto sreq = std::make_shared<SeqRequest>();
   if (!req->prompt_tokens.empty()) {
     sreq->prompt = req->prompt_tokens;
   } else {
-    if (!tok) return reply_error(self, client, tag, "error", "the model has no vocabulary: send token ids");
+    if (!tok)
+      return reply_error(self, client, tag, "error", "the model has no vocabulary: send token ids");
     sreq->prompt = tok->encode(req->prompt, req->add_bos);
   }
-  if (sreq->prompt.empty()) return reply_error(self, client, tag, "error", "the prompt is empty (no tokens)");
+  if (sreq->prompt.empty())
+    return reply_error(self, client, tag, "error", "the prompt is empty (no tokens)");
   const int64_t id = st.next_id++;
   sreq->seq_id = id;
   sreq->max_tokens = req->max_tokens;
@@ -101,7 +105,8 @@ void on_token(Self* self, const TokenEventPtr& ev) {
   if (it == st.pending.end()) return;
   Pending& p = it->second;
   if (ev->token >= 0 && !p.stopped) {
-    if (!ev->logits.empty()) p.result->logits.insert(p.result->logits.end(), ev->logits.begin(), ev->logits.end());
+    if (!ev->logits.empty())
+      p.result->logits.insert(p.result->logits.end(), ev->logits.begin(), ev->logits.end());
     // End-of-generation and stop tokens end the output without being part of it.
     if (!p.sampling->is_stop_token(ev->token, p.eos_ids)) {
       p.result->tokens.push_back(ev->token);
@@ -131,14 +136,16 @@ void on_token(Self* self, const TokenEventPtr& ev) {
 
 }  // namespace
 
-caf::behavior router_behavior(Self* self, std::shared_ptr<const model::Model> model, caf::actor scheduler) {
+caf::behavior router_behavior(Self* self, std::shared_ptr<const model::Model> model,
+                              caf::actor scheduler) {
   self->state.model = std::move(model);
   self->state.scheduler = std::move(scheduler);
   return {
       [=](submit_atom, const GenerateRequestPtr& req, int64_t tag) { on_submit(self, req, tag); },
       [=](cancel_atom, int64_t tag) {
         auto& st = self->state;
-        auto it = st.by_tag.find(std::make_pair(caf::actor_cast<caf::actor_addr>(self->current_sender()), tag));
+        auto it = st.by_tag.find(
+            std::make_pair(caf::actor_cast<caf::actor_addr>(self->current_sender()), tag));
         if (it != st.by_tag.end()) self->send(st.scheduler, cancel_atom::value, it->second);
       },
       [=](token_atom, const TokenEventPtr& ev) { on_token(self, ev); },

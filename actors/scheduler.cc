@@ -22,11 +22,11 @@ namespace {
 struct Seq {
   SeqRequestPtr req;
   caf::actor reply_to;
-  std::vector<int32_t> tokens;     // prompt + generated: the token log of this sequence
-  int64_t num_computed = 0;        // tokens whose KV is in the cache
+  std::vector<int32_t> tokens;  // prompt + generated: the token log of this sequence
+  int64_t num_computed = 0;     // tokens whose KV is in the cache
   int64_t num_generated = 0;
   compute::SamplerState rng;
-  bool admitted = false;           // holds KV blocks
+  bool admitted = false;  // holds KV blocks
   bool in_flight = false;
   bool cancelled = false;
   int64_t in_flight_tokens = 0;
@@ -39,8 +39,8 @@ struct SchedulerState {
   compute::KvBlockManagerConfig kv_cfg;
   caf::actor first_stage;
   std::map<int64_t, Seq> seqs;
-  std::deque<int64_t> waiting;     // FCFS; preempted sequences go back to the front
-  std::vector<int64_t> running;    // admitted, in admission order
+  std::deque<int64_t> waiting;   // FCFS; preempted sequences go back to the front
+  std::vector<int64_t> running;  // admitted, in admission order
   int64_t in_flight = 0;
   std::map<uint64_t, std::vector<int64_t>> steps_in_flight;  // step id -> its sequences
   std::map<uint64_t, std::chrono::steady_clock::time_point> step_sent;
@@ -114,8 +114,8 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
   w.sampling = s.req->sampling;
   w.rng = s.rng;
   const auto& sp = *s.req->sampling;
-  if (w.sample && (sp.repetition_penalty != 1.f || sp.presence_penalty != 0.f ||
-                   sp.frequency_penalty != 0.f))
+  if (w.sample &&
+      (sp.repetition_penalty != 1.f || sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f))
     w.history = std::make_shared<const std::vector<int32_t>>(s.tokens);
   s.in_flight = true;
   s.in_flight_tokens = n;
@@ -132,7 +132,8 @@ void schedule(Self* self) {
       const int64_t id = st.running[i];
       Seq& s = st.seqs.at(id);
       if (s.in_flight || s.cancelled) continue;
-      const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      const int64_t n =
+          std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
       if (n <= 0) continue;
       bool ok = st.kv->reserve(id, s.num_computed + n);
       while (!ok && preempt_one(self, id)) ok = st.kv->reserve(id, s.num_computed + n);
@@ -151,7 +152,8 @@ void schedule(Self* self) {
         continue;
       }
       s.num_computed = *cached;
-      const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      const int64_t n =
+          std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
       if (!st.kv->reserve(id, s.num_computed + n)) {
         st.kv->free_sequence(id);  // not enough free blocks now: keep its place in the queue
         break;
@@ -183,7 +185,8 @@ void on_done(Self* self, const StepOutcomePtr& out) {
   const std::vector<int64_t> ids = std::move(step_it->second);
   st.steps_in_flight.erase(step_it);
   if (auto t = st.step_sent.find(out->step_id); t != st.step_sent.end()) {
-    st.step_wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t->second).count();
+    st.step_wall_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t->second).count();
     st.step_compute_s += out->compute_seconds;
     st.step_sent.erase(t);
   }
@@ -266,7 +269,8 @@ caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blo
         std::string bad;
         if (req->prompt.empty()) bad = "the prompt is empty";
         for (int32_t t : req->prompt)
-          if (t < 0 || t >= st.n_vocab) bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
+          if (t < 0 || t >= st.n_vocab)
+            bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
         if (static_cast<int64_t>(req->prompt.size()) >= st.cfg.max_model_len)
           bad = "the prompt has " + std::to_string(req->prompt.size()) +
                 " tokens; the model length limit is " + std::to_string(st.cfg.max_model_len);
@@ -323,16 +327,16 @@ caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blo
       [=](stats_atom) -> std::string {
         auto& st = self->state;
         const auto kv = st.kv->stats();
-        return strfmt("{\"running\":%zu,\"waiting\":%zu,\"steps\":%llu,\"preemptions\":%llu,"
-                      "\"recomputes\":%llu,\"tokens_generated\":%llu,\"kv_usage_perc\":%.2f,"
-                      "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu,"
-                      "\"step_wall_seconds\":%.6f,\"step_compute_seconds\":%.6f}",
-                      st.running.size(), st.waiting.size(), (unsigned long long)st.steps,
-                      (unsigned long long)st.preemptions, (unsigned long long)st.recomputes,
-                      (unsigned long long)st.tokens_generated, kv.usage_perc,
-                      (unsigned long long)kv.prefix_hit_tokens,
-                      (unsigned long long)kv.prefix_query_tokens, st.step_wall_s,
-                      st.step_compute_s);
+        return strfmt(
+            "{\"running\":%zu,\"waiting\":%zu,\"steps\":%llu,\"preemptions\":%llu,"
+            "\"recomputes\":%llu,\"tokens_generated\":%llu,\"kv_usage_perc\":%.2f,"
+            "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu,"
+            "\"step_wall_seconds\":%.6f,\"step_compute_seconds\":%.6f}",
+            st.running.size(), st.waiting.size(), (unsigned long long)st.steps,
+            (unsigned long long)st.preemptions, (unsigned long long)st.recomputes,
+            (unsigned long long)st.tokens_generated, kv.usage_perc,
+            (unsigned long long)kv.prefix_hit_tokens, (unsigned long long)kv.prefix_query_tokens,
+            st.step_wall_s, st.step_compute_s);
       },
   };
 }

@@ -59,7 +59,8 @@ class ShardedExperts : public compute::ExpertRunner {
     for (const auto& t : tasks) {
       const size_t s = static_cast<size_t>(placement.owner[static_cast<size_t>(t.expert)]);
       const auto& r = *reqs[s];
-      if (!r.error.empty()) throw std::runtime_error("expert shard " + std::to_string(s) + ": " + r.error);
+      if (!r.error.empty())
+        throw std::runtime_error("expert shard " + std::to_string(s) + ": " + r.error);
       std::memcpy(t.y, r.y.data() + at[s], static_cast<size_t>(t.n_rows * n_embd_) * sizeof(float));
       at[s] += static_cast<size_t>(t.n_rows * n_embd_);
     }
@@ -74,7 +75,7 @@ struct StageState {
   StageConfig cfg;
   std::unique_ptr<ShardedExperts> experts;
   std::unique_ptr<compute::Engine> engine;
-  caf::actor next;        // the next stage, or the scheduler after the last stage
+  caf::actor next;  // the next stage, or the scheduler after the last stage
   bool crash_next = false;
   static inline const char* name = "stage";
 };
@@ -103,7 +104,7 @@ void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, cons
     steps[i].tokens = w.tokens;
     steps[i].blocks = w.blocks;
     steps[i].logits = (last && (w.sample || w.want_logits)) ? compute::SeqStep::Logits::kLast
-                                                             : compute::SeqStep::Logits::kNone;
+                                                            : compute::SeqStep::Logits::kNone;
   }
   compute::StepResult res;
   if (!last) {
@@ -111,7 +112,8 @@ void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, cons
     const double t0 = now_s();
     auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, hidden.get());
     if (!s) return fail_step(self, *b, s.error().message);
-    self->send(st.next, step_atom::value, b, HiddenPtr(std::move(hidden)), compute_s + now_s() - t0);
+    self->send(st.next, step_atom::value, b, HiddenPtr(std::move(hidden)),
+               compute_s + now_s() - t0);
     return;
   }
   const double t0 = now_s();
@@ -160,7 +162,8 @@ caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig 
     eo.expert_runner = st.experts.get();
   }
   auto eng = compute::Engine::create(st.cfg.model, eo);
-  if (!eng) throw std::runtime_error("stage " + std::to_string(st.cfg.index) + ": " + eng.error().message);
+  if (!eng)
+    throw std::runtime_error("stage " + std::to_string(st.cfg.index) + ": " + eng.error().message);
   st.engine = std::move(*eng);
   return {
       [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {

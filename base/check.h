@@ -48,9 +48,9 @@ namespace detail {
 }  // namespace troupe
 
 /// Throws InternalError with file:line when cond is false. Use for invariants only.
-#define TROUPE_CHECK(cond, ...)                                                           \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]]                                                             \
+#define TROUPE_CHECK(cond, ...)                                                                 \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
       ::troupe::detail::check_failed(__FILE__, __LINE__, #cond, ::troupe::strfmt(__VA_ARGS__)); \
   } while (0)
 

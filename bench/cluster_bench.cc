@@ -58,10 +58,13 @@ RunStats run(const actors::Plan& plan, std::shared_ptr<const model::Model> m,
     r.tokens += static_cast<double>(x.tokens.size());
   }
   const auto after = nlohmann::json::parse((*lc)->stats_json())["scheduler"];
-  r.step_wall = after["step_wall_seconds"].get<double>() - before["step_wall_seconds"].get<double>();
-  r.step_compute = after["step_compute_seconds"].get<double>() - before["step_compute_seconds"].get<double>();
+  r.step_wall =
+      after["step_wall_seconds"].get<double>() - before["step_wall_seconds"].get<double>();
+  r.step_compute =
+      after["step_compute_seconds"].get<double>() - before["step_compute_seconds"].get<double>();
   r.hit = after["prefix_hit_tokens"].get<double>() - before["prefix_hit_tokens"].get<double>();
-  r.query = after["prefix_query_tokens"].get<double>() - before["prefix_query_tokens"].get<double>();
+  r.query =
+      after["prefix_query_tokens"].get<double>() - before["prefix_query_tokens"].get<double>();
   return r;
 }
 
@@ -69,8 +72,9 @@ RunStats run(const actors::Plan& plan, std::shared_ptr<const model::Model> m,
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cluster_bench MODEL [--stages N] [--shards M] [--threads T] "
-                         "[--gen G] [--prompt P] [--concurrency 1,4,16,64]\n");
+    std::fprintf(stderr,
+                 "usage: cluster_bench MODEL [--stages N] [--shards M] [--threads T] "
+                 "[--gen G] [--prompt P] [--concurrency 1,4,16,64]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -79,11 +83,16 @@ int main(int argc, char** argv) {
   std::vector<int> conc = {1, 4, 16, 64};
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--stages") stages = std::atoll(v.c_str());
-    else if (k == "--shards") shards = std::atoll(v.c_str());
-    else if (k == "--threads") threads = std::atoi(v.c_str());
-    else if (k == "--gen") gen = std::atoll(v.c_str());
-    else if (k == "--prompt") prompt = std::atoll(v.c_str());
+    if (k == "--stages")
+      stages = std::atoll(v.c_str());
+    else if (k == "--shards")
+      shards = std::atoll(v.c_str());
+    else if (k == "--threads")
+      threads = std::atoi(v.c_str());
+    else if (k == "--gen")
+      gen = std::atoll(v.c_str());
+    else if (k == "--prompt")
+      prompt = std::atoll(v.c_str());
     else if (k == "--concurrency") {
       conc.clear();
       for (size_t p = 0;;) {
@@ -123,12 +132,13 @@ int main(int argc, char** argv) {
     }
     return p;
   };
-  std::printf("model %s: %s, %lld layers; plan: %lld stage(s), %lld expert shard(s), %d threads "
-              "each; prompt %lld tokens, %lld generated per request\n",
-              path.c_str(), model::arch_name(spec.arch), (long long)spec.n_layer, (long long)stages,
-              (long long)shards, threads, (long long)prompt, (long long)gen);
-  std::printf("%-12s %12s %10s %18s %18s\n", "concurrency", "tokens/s", "wall s",
-              "outside compute", "(per step)");
+  std::printf(
+      "model %s: %s, %lld layers; plan: %lld stage(s), %lld expert shard(s), %d threads "
+      "each; prompt %lld tokens, %lld generated per request\n",
+      path.c_str(), model::arch_name(spec.arch), (long long)spec.n_layer, (long long)stages,
+      (long long)shards, threads, (long long)prompt, (long long)gen);
+  std::printf("%-12s %12s %10s %18s %18s\n", "concurrency", "tokens/s", "wall s", "outside compute",
+              "(per step)");
   for (int k : conc) {
     std::vector<actors::GenerateRequest> reqs;
     for (int i = 0; i < k; ++i) {
@@ -141,7 +151,8 @@ int main(int argc, char** argv) {
     // One micro-batch, so that each step's wall time is its compute plus the actor overhead.
     const RunStats s = run(make_plan(1, false), *m, {}, reqs);
     std::printf("%-12d %12.1f %10.2f %17.1f%% %17.1f%%\n", k, s.tokens / s.wall, s.wall,
-                100.0 * (1.0 - s.step_compute / s.wall), 100.0 * (1.0 - s.step_compute / s.step_wall));
+                100.0 * (1.0 - s.step_compute / s.wall),
+                100.0 * (1.0 - s.step_compute / s.step_wall));
   }
   // Shared system prompt: a 256-token prefix common to 16 requests, each adding 16 of its own.
   const auto system = random_tokens(256, spec.n_vocab, 7);
@@ -159,8 +170,9 @@ int main(int argc, char** argv) {
   warm[0].prompt_tokens.back() ^= 1;
   const RunStats on = run(make_plan(2, true), *m, warm, reqs);
   const RunStats off = run(make_plan(2, false), *m, warm, reqs);
-  std::printf("shared 256-token system prompt, 16 requests: prefix cache on %.2f s (hit rate %.0f%%), "
-              "off %.2f s: speed-up %.2fx\n",
-              on.wall, on.query > 0 ? 100.0 * on.hit / on.query : 0.0, off.wall, off.wall / on.wall);
+  std::printf(
+      "shared 256-token system prompt, 16 requests: prefix cache on %.2f s (hit rate %.0f%%), "
+      "off %.2f s: speed-up %.2fx\n",
+      on.wall, on.query > 0 ? 100.0 * on.hit / on.query : 0.0, off.wall, off.wall / on.wall);
   return 0;
 }

@@ -64,9 +64,9 @@ double measure_bandwidth(int n_threads) {
 double weight_bytes_per_token(const model::ModelSpec& s) {
   double b = static_cast<double>(s.output.nbytes()) + static_cast<double>(s.token_embd.row_bytes());
   for (const auto& L : s.layers) {
-    for (const model::WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a,
-                                       &L.wk_b, &L.wv_b, &L.ffn_gate, &L.ffn_up, &L.ffn_down,
-                                       &L.router, &L.shared.gate, &L.shared.up, &L.shared.down})
+    for (const model::WeightView* w :
+         {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wk_b, &L.wv_b, &L.ffn_gate,
+          &L.ffn_up, &L.ffn_down, &L.router, &L.shared.gate, &L.shared.up, &L.shared.down})
       if (w->present()) b += static_cast<double>(w->nbytes());
     if (L.is_moe && !L.experts.empty()) {
       const auto& e = L.experts[0];
@@ -88,8 +88,9 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                         "[--batch 16] [--runs 5]\n");
+    std::fprintf(stderr,
+                 "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
+                 "[--batch 16] [--runs 5]\n");
     return 2;
   }
   std::string path = argv[1];
@@ -143,10 +144,11 @@ int main(int argc, char** argv) {
   std::printf("model %s: %s, %lld layers, n_embd %lld, weights read per decode token %.1f MB\n",
               path.c_str(), model::arch_name(s.arch), (long long)s.n_layer, (long long)s.n_embd,
               wbytes / 1e6);
-  std::printf("%-8s %-10s %12s %12s %10s %10s\n", "threads", "phase", "tokens/s", "ms/step",
-              "GB/s", "roofline");
-  std::printf("(roofline: weight bytes read per decode token / measured read bandwidth; for batched "
-              "decode the last column is the speed-up over batch 1)\n");
+  std::printf("%-8s %-10s %12s %12s %10s %10s\n", "threads", "phase", "tokens/s", "ms/step", "GB/s",
+              "roofline");
+  std::printf(
+      "(roofline: weight bytes read per decode token / measured read bandwidth; for batched "
+      "decode the last column is the speed-up over batch 1)\n");
   for (int nt : threads) {
     const double bw = measure_bandwidth(nt);
     std::printf("%-8d %-10s %12s %12s %10.1f %10s\n", nt, "membw", "-", "-", bw, "100%");

@@ -17,7 +17,8 @@ double median_ms(Sampler& s, const std::vector<float>& logits, const std::vector
   for (int i = 0; i < 21; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     s.sample(logits, hist);
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

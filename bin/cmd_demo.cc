@@ -1,10 +1,10 @@
 // `troupe demo`: synthesizes the built-in default model (random weights, built-in byte-level
 // vocabulary) once into a cache folder, then streams a generation from it through the engine.
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+
+#include <sys/stat.h>
 
 #include "bin/args.h"
 #include "bin/commands.h"
@@ -13,7 +13,8 @@
 namespace troupe::cli {
 
 int cmd_demo(const Args& args) {
-  ArgParser ap(args, {"prompt", "max-tokens", "threads", "arch", "cache-dir", "temperature", "seed"},
+  ArgParser ap(args,
+               {"prompt", "max-tokens", "threads", "arch", "cache-dir", "temperature", "seed"},
                {"json", "stats"});
   const std::string arch = ap.str("arch", "llama");
   std::string dir = ap.str("cache-dir");
@@ -48,11 +49,16 @@ int cmd_demo(const Args& args) {
     if (ec) throw CliError("cannot move " + tmp + " to " + path + ": " + ec.message());
     std::fprintf(stderr, "demo model: %s -> %s\n", s->line().c_str(), path.c_str());
   }
-  std::fprintf(stderr, "demo: random-weight %s model with the built-in vocabulary (the text is "
-               "noise; run a real model with 'troupe generate --model PATH')\n", arch.c_str());
-  Args gen = {"--model", path, "--prompt", ap.str("prompt", "Once upon a time"), "--max-tokens",
-              ap.str("max-tokens", "48"), "--threads", ap.str("threads", "1"), "--temperature",
-              ap.str("temperature", "0.8"), "--seed", ap.str("seed", "1")};
+  std::fprintf(stderr,
+               "demo: random-weight %s model with the built-in vocabulary (the text is "
+               "noise; run a real model with 'troupe generate --model PATH')\n",
+               arch.c_str());
+  Args gen = {"--model",       path,
+              "--prompt",      ap.str("prompt", "Once upon a time"),
+              "--max-tokens",  ap.str("max-tokens", "48"),
+              "--threads",     ap.str("threads", "1"),
+              "--temperature", ap.str("temperature", "0.8"),
+              "--seed",        ap.str("seed", "1")};
   if (ap.flag("json")) gen.push_back("--json");
   if (ap.flag("stats")) gen.push_back("--stats");
   return cmd_generate(gen);

@@ -2,9 +2,9 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <optional>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -62,8 +62,10 @@ int cmd_generate(const Args& args) {
   if (!use_plan && ap.has("concurrency"))
     throw CliError("--concurrency runs through the actor system: add --config or --stages");
   if (static_cast<int>(ap.has("prompt")) + static_cast<int>(ap.has("prompt-tokens")) +
-          static_cast<int>(ap.has("prompt-file")) != 1)
-    throw CliError("give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 or --prompt-file FILE");
+          static_cast<int>(ap.has("prompt-file")) !=
+      1)
+    throw CliError(
+        "give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 or --prompt-file FILE");
   const int64_t max_tokens = ap.integer("max-tokens", 128, 0, 1 << 20);
   const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
   compute::SamplingParams sp;
@@ -129,8 +131,8 @@ int cmd_generate(const Args& args) {
   for (size_t at = 0; at < prompt.size();) {
     const size_t n = std::min<size_t>(kChunk, prompt.size() - at);
     const bool last = at + n == prompt.size();
-    compute::SeqStep st = seq.next({prompt.data() + at, n},
-                                   last ? compute::SeqStep::Logits::kLast : compute::SeqStep::Logits::kNone);
+    compute::SeqStep st = seq.next({prompt.data() + at, n}, last ? compute::SeqStep::Logits::kLast
+                                                                 : compute::SeqStep::Logits::kNone);
     if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
     seq.advance(static_cast<int64_t>(n));
     at += n;
@@ -173,10 +175,13 @@ int cmd_generate(const Args& args) {
   }
   std::fflush(stdout);
   if (ap.flag("stats")) {
-    std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
-                 "(%.1f tok/s); threads %d\n", prompt.size(), t_prefill,
-                 static_cast<double>(prompt.size()) / t_prefill, generated.size(), t_decode,
-                 generated.empty() ? 0.0 : static_cast<double>(generated.size()) / t_decode, threads);
+    std::fprintf(stderr,
+                 "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %zu tokens in %.3f s "
+                 "(%.1f tok/s); threads %d\n",
+                 prompt.size(), t_prefill, static_cast<double>(prompt.size()) / t_prefill,
+                 generated.size(), t_decode,
+                 generated.empty() ? 0.0 : static_cast<double>(generated.size()) / t_decode,
+                 threads);
   }
   return 0;
 }

@@ -27,7 +27,8 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
     plan = actors::even_plan(ap.required("model"), ap.integer("stages", 1, 1, 4096),
                              ap.integer("expert-shards", 0, 0, 4096));
   }
-  if (plan.model_path.empty()) throw CliError(plan.source + ": the plan names no model (give --model)");
+  if (plan.model_path.empty())
+    throw CliError(plan.source + ": the plan names no model (give --model)");
   if (ap.has("threads"))
     for (auto& s : plan.stages) s.threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
   auto model = load_model_or_throw(plan.model_path);

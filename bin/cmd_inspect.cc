@@ -34,42 +34,47 @@ std::string value_string(const model::GgufValue& v) {
         if (c == '\n') c = ' ';
       return "\"" + s + (v.str.size() > 80 ? "...\"" : "\"");
     }
-    case GgufType::kF32: case GgufType::kF64: return std::to_string(v.f);
-    case GgufType::kBool: return v.u ? "true" : "false";
+    case GgufType::kF32:
+    case GgufType::kF64:
+      return std::to_string(v.f);
+    case GgufType::kBool:
+      return v.u ? "true" : "false";
     case GgufType::kArray:
       return "[" + std::string(model::gguf_type_name(v.elem_type)) + " x " +
              std::to_string(v.count) + "]";
-    default: return std::to_string(v.i);
+    default:
+      return std::to_string(v.i);
   }
 }
 
 void print_spec(const model::ModelSpec& s) {
   std::printf("architecture: %s%s\n", model::arch_name(s.arch),
               s.n_expert > 0 ? " (mixture of experts)" : "");
-  std::printf("  n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim "
-              "k/v %lld/%lld, n_ff %lld, rope %s n_rot %lld base %g, rms_eps %g\n",
-              (long long)s.n_vocab, (long long)s.n_embd, (long long)s.n_layer, (long long)s.n_head,
-              (long long)s.n_head_kv, (long long)s.head_dim_k, (long long)s.head_dim_v,
-              (long long)s.n_ff, s.rope_style == model::RopeStyle::kNeox ? "neox" : "normal",
-              (long long)s.n_rot, s.rope_theta, s.rms_eps);
+  std::printf(
+      "  n_vocab %lld, n_embd %lld, n_layer %lld, n_head %lld, n_head_kv %lld, head_dim "
+      "k/v %lld/%lld, n_ff %lld, rope %s n_rot %lld base %g, rms_eps %g\n",
+      (long long)s.n_vocab, (long long)s.n_embd, (long long)s.n_layer, (long long)s.n_head,
+      (long long)s.n_head_kv, (long long)s.head_dim_k, (long long)s.head_dim_v, (long long)s.n_ff,
+      s.rope_style == model::RopeStyle::kNeox ? "neox" : "normal", (long long)s.n_rot, s.rope_theta,
+      s.rms_eps);
   int64_t shared_ff = 0;
   for (const auto& L : s.layers)
     if (L.is_moe && L.shared.gate.present()) shared_ff = L.shared.gate.rows();
   if (s.n_expert > 0)
-    std::printf("  experts %lld (used %lld, ff %lld), shared %lld (ff %lld), leading dense %lld, "
-                "gating %s, norm_topk %d, scale %g, groups %lld/%lld\n",
-                (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
-                (long long)s.n_expert_shared, (long long)shared_ff,
-                (long long)s.n_leading_dense,
-                s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
-                s.routed_scale, (long long)s.n_group_used, (long long)s.n_group);
+    std::printf(
+        "  experts %lld (used %lld, ff %lld), shared %lld (ff %lld), leading dense %lld, "
+        "gating %s, norm_topk %d, scale %g, groups %lld/%lld\n",
+        (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
+        (long long)s.n_expert_shared, (long long)shared_ff, (long long)s.n_leading_dense,
+        s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
+        s.routed_scale, (long long)s.n_group_used, (long long)s.n_group);
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,
                 (long long)s.qk_rope_dim, (long long)s.v_head_dim);
-  std::printf("  KV cache per token: %s (f32)\n",
-              human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * s.n_layer * 4))
-                  .c_str());
+  std::printf(
+      "  KV cache per token: %s (f32)\n",
+      human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * s.n_layer * 4)).c_str());
 }
 
 }  // namespace
@@ -95,7 +100,8 @@ int cmd_inspect(const Args& args) {
               f.version(), human_bytes(static_cast<double>(f.file_size())).c_str(),
               f.metadata().size(), f.tensors().size(), (unsigned long long)f.alignment());
   if (ap.flag("metadata"))
-    for (const auto& [k, v] : f.metadata()) std::printf("  %s = %s\n", k.c_str(), value_string(v).c_str());
+    for (const auto& [k, v] : f.metadata())
+      std::printf("  %s = %s\n", k.c_str(), value_string(v).c_str());
   std::map<std::string, std::pair<int, uint64_t>> by_type;
   uint64_t total = 0;
   int64_t params = 0;
@@ -108,9 +114,11 @@ int cmd_inspect(const Args& args) {
     total += t.nbytes;
     params += t.num_elements();
   }
-  std::printf("tensors: %lld parameters, %s", (long long)params, human_bytes(static_cast<double>(total)).c_str());
+  std::printf("tensors: %lld parameters, %s", (long long)params,
+              human_bytes(static_cast<double>(total)).c_str());
   for (const auto& [k, v] : by_type)
-    std::printf("; %s: %d (%s)", k.c_str(), v.first, human_bytes(static_cast<double>(v.second)).c_str());
+    std::printf("; %s: %d (%s)", k.c_str(), v.first,
+                human_bytes(static_cast<double>(v.second)).c_str());
   std::printf("\n");
   if (f.tensors().empty()) {
     std::printf("no weights (vocabulary-only file)\n");

@@ -15,7 +15,7 @@ int cmd_eval(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_detokenize(const Args& args);
 int cmd_inspect(const Args& args);
-int cmd_synth(const Args& args);   // bin/cmd_synth.cc
+int cmd_synth(const Args& args);  // bin/cmd_synth.cc
 int cmd_demo(const Args& args);
 
 }  // namespace troupe::cli

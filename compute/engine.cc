@@ -22,20 +22,20 @@ using model::WeightView;
 
 struct Engine::Scratch {
   int64_t T = 0;
-  std::vector<int32_t> tok_id;    // [T]
-  std::vector<int64_t> tok_pos;   // [T]
-  std::vector<int32_t> tok_seq;   // [T] index into the step's SeqStep list
+  std::vector<int32_t> tok_id;            // [T]
+  std::vector<int64_t> tok_pos;           // [T]
+  std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
   std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
-  std::vector<float> x, h, tmp;   // [T, n_embd]
-  std::vector<float> q, k, v;     // attention projections
-  std::vector<float> attn;        // [T, n_head * head_dim_v]
+  std::vector<float> x, h, tmp;           // [T, n_embd]
+  std::vector<float> q, k, v;             // attention projections
+  std::vector<float> attn;                // [T, n_head * head_dim_v]
   std::vector<float> qa, kva, qabs, lat;  // MLA
-  std::vector<float> gate, up;    // FFN
+  std::vector<float> gate, up;            // FFN
   // MoE
-  std::vector<float> router;      // [T, n_expert]
-  std::vector<int32_t> sel_id;    // [T, k]
-  std::vector<float> sel_w;       // [T, k]
-  std::vector<float> slot_out;    // [T, k, n_embd]
+  std::vector<float> router;    // [T, n_expert]
+  std::vector<int32_t> sel_id;  // [T, k]
+  std::vector<float> sel_w;     // [T, k]
+  std::vector<float> slot_out;  // [T, k, n_embd]
   std::vector<float> xe, ge, ue, de;
   std::vector<float> shared_out;
   std::span<const SeqStep> seqs;
@@ -146,16 +146,18 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
     if (q.tokens.empty()) return Error{1, strfmt("step: sequence %zu has no tokens", i)};
     for (int32_t t : q.tokens)
       if (t < 0 || t >= s.n_vocab)
-        return Error{1, strfmt("step: sequence %zu: token id %d is outside the vocabulary (0..%lld)",
-                               i, t, static_cast<long long>(s.n_vocab - 1))};
+        return Error{
+            1, strfmt("step: sequence %zu: token id %d is outside the vocabulary (0..%lld)", i, t,
+                      static_cast<long long>(s.n_vocab - 1))};
     const int64_t end = q.pos0 + static_cast<int64_t>(q.tokens.size());
     const int64_t need = (end + bs - 1) / bs;
     if (static_cast<int64_t>(q.blocks.size()) < need)
-      return Error{1, strfmt("step: sequence %zu needs %lld KV blocks for %lld positions, has %zu",
-                             i, static_cast<long long>(need), static_cast<long long>(end),
-                             q.blocks.size())};
+      return Error{
+          1, strfmt("step: sequence %zu needs %lld KV blocks for %lld positions, has %zu", i,
+                    static_cast<long long>(need), static_cast<long long>(end), q.blocks.size())};
     for (int64_t b = 0; b < need; ++b)
-      if (q.blocks[static_cast<size_t>(b)] < 0 || q.blocks[static_cast<size_t>(b)] >= kv_->num_blocks())
+      if (q.blocks[static_cast<size_t>(b)] < 0 ||
+          q.blocks[static_cast<size_t>(b)] >= kv_->num_blocks())
         return Error{1, strfmt("step: sequence %zu: block id %d out of range", i,
                                q.blocks[static_cast<size_t>(b)])};
   }
@@ -263,7 +265,8 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   out->logits.resize(static_cast<size_t>(R * s.n_vocab));
   if (R == 0) return;
   const float* on = f32(s.output_norm);
-  for (int64_t r = 0; r < R; ++r) detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
+  for (int64_t r = 0; r < R; ++r)
+    detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
   matmul(s.output, S.h.data(), R, out->logits.data(), pool_.get());
 }
 
@@ -292,11 +295,13 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   add_bias(L.bv, S.v, vw);
   if (L.q_norm.present()) {
     const float* qn = f32(L.q_norm);
-    for (int64_t r = 0; r < T * H; ++r) detail::rms_norm(&S.q[r * dk], qn, &S.q[r * dk], dk, s.rms_eps);
+    for (int64_t r = 0; r < T * H; ++r)
+      detail::rms_norm(&S.q[r * dk], qn, &S.q[r * dk], dk, s.rms_eps);
   }
   if (L.k_norm.present()) {
     const float* kn = f32(L.k_norm);
-    for (int64_t r = 0; r < T * HK; ++r) detail::rms_norm(&S.k[r * dk], kn, &S.k[r * dk], dk, s.rms_eps);
+    for (int64_t r = 0; r < T * HK; ++r)
+      detail::rms_norm(&S.k[r * dk], kn, &S.k[r * dk], dk, s.rms_eps);
   }
   const bool neox = s.rope_style == model::RopeStyle::kNeox;
   const int64_t bs = kv_->block_size();
@@ -304,12 +309,16 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
     const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
     const float* cs = &S.rope_cos[t * (s.n_rot / 2)];
     const float* sn = &S.rope_sin[t * (s.n_rot / 2)];
-    for (int64_t hh = 0; hh < H; ++hh) detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
-    for (int64_t hh = 0; hh < HK; ++hh) detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
+    for (int64_t hh = 0; hh < H; ++hh)
+      detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
+    for (int64_t hh = 0; hh < HK; ++hh)
+      detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
-    std::memcpy(kv_->k(il - range_.begin, blk, pos % bs), &S.k[t * kw], static_cast<size_t>(kw) * 4);
-    std::memcpy(kv_->v(il - range_.begin, blk, pos % bs), &S.v[t * vw], static_cast<size_t>(vw) * 4);
+    std::memcpy(kv_->k(il - range_.begin, blk, pos % bs), &S.k[t * kw],
+                static_cast<size_t>(kw) * 4);
+    std::memcpy(kv_->v(il - range_.begin, blk, pos % bs), &S.v[t * vw],
+                static_cast<size_t>(vw) * 4);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t group = H / HK;
@@ -321,8 +330,12 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
       const int64_t l = il - range_.begin;
-      auto key = [&](int64_t j) { return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk; };
-      auto val = [&](int64_t j) { return kv_->v(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv; };
+      auto key = [&](int64_t j) {
+        return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
+      };
+      auto val = [&](int64_t j) {
+        return kv_->v(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
+      };
       attend(&S.q[t * qw + hh * dk], dk, pos + 1, scale, key, val, dv, sc, acc.data());
       std::memcpy(&S.attn[t * H * dv + hh * dv], acc.data(), static_cast<size_t>(dv) * 4);
     }
@@ -342,7 +355,8 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     matmul(L.wq_a, S.h.data(), T, S.qa.data(), pool_.get());
     const float* qn = f32(L.q_a_norm);
     for (int64_t t = 0; t < T; ++t)
-      detail::rms_norm(&S.qa[t * s.q_lora_rank], qn, &S.qa[t * s.q_lora_rank], s.q_lora_rank, s.rms_eps);
+      detail::rms_norm(&S.qa[t * s.q_lora_rank], qn, &S.qa[t * s.q_lora_rank], s.q_lora_rank,
+                       s.rms_eps);
     matmul(L.wq_b, S.qa.data(), T, S.q.data(), pool_.get());
   } else {
     matmul(L.wq, S.h.data(), T, S.q.data(), pool_.get());
@@ -359,16 +373,19 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     const float* cs = &S.rope_cos[t * (rope / 2)];
     const float* sn = &S.rope_sin[t * (rope / 2)];
     detail::rope_cs(row + lora, rope, cs, sn, neox);
-    for (int64_t hh = 0; hh < H; ++hh) detail::rope_cs(&S.q[(t * H + hh) * dqk + nope], rope, cs, sn, neox);
+    for (int64_t hh = 0; hh < H; ++hh)
+      detail::rope_cs(&S.q[(t * H + hh) * dqk + nope], rope, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-    std::memcpy(kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row, static_cast<size_t>(kw) * 4);
+    std::memcpy(kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row,
+                static_cast<size_t>(kw) * 4);
   }
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]].
   grow(S.qabs, T * H * kw);
   for (int64_t hh = 0; hh < H; ++hh) {
     matmul(L.wk_b.slice(hh), &S.q[hh * dqk], H * dqk, T, &S.qabs[hh * kw], H * kw, pool_.get());
     for (int64_t t = 0; t < T; ++t)
-      std::memcpy(&S.qabs[(t * H + hh) * kw + lora], &S.q[(t * H + hh) * dqk + nope], static_cast<size_t>(rope) * 4);
+      std::memcpy(&S.qabs[(t * H + hh) * kw + lora], &S.q[(t * H + hh) * dqk + nope],
+                  static_cast<size_t>(rope) * 4);
   }
   grow(S.lat, T * H * lora);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
@@ -381,7 +398,9 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
       const int64_t l = il - range_.begin;
       // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows.
-      auto key = [&](int64_t j) { return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs); };
+      auto key = [&](int64_t j) {
+        return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs);
+      };
       attend(&S.qabs[th * kw], kw, pos + 1, scale, key, key, lora, sc, acc.data());
       std::memcpy(&S.lat[th * lora], acc.data(), static_cast<size_t>(lora) * 4);
     }
@@ -462,7 +481,8 @@ void Engine::moe(int64_t il) {
       }
       std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
       std::vector<bool> keep(static_cast<size_t>(s.n_group), false);
-      for (int64_t g = 0; g < s.n_group_used; ++g) keep[static_cast<size_t>(gs[static_cast<size_t>(g)].second)] = true;
+      for (int64_t g = 0; g < s.n_group_used; ++g)
+        keep[static_cast<size_t>(gs[static_cast<size_t>(g)].second)] = true;
       for (int64_t e = 0; e < NE; ++e)
         if (!keep[static_cast<size_t>(e / per)]) selp[static_cast<size_t>(e)] = kNegInf;
     }
@@ -486,7 +506,8 @@ void Engine::moe(int64_t il) {
   // Gather the rows routed to each expert, let the runner compute them, then weight.
   grow(S.slot_out, T * K * E);
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(NE));  // entries: t * K + k
-  for (int64_t i = 0; i < T * K; ++i) rows[static_cast<size_t>(S.sel_id[static_cast<size_t>(i)])].push_back(i);
+  for (int64_t i = 0; i < T * K; ++i)
+    rows[static_cast<size_t>(S.sel_id[static_cast<size_t>(i)])].push_back(i);
   int64_t total = 0;
   for (const auto& r : rows) total += static_cast<int64_t>(r.size());
   grow(S.xe, total * E);
@@ -498,7 +519,8 @@ void Engine::moe(int64_t il) {
     if (r.empty()) continue;
     const int64_t n = static_cast<int64_t>(r.size());
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(&S.xe[(at + i) * E], &S.h[(r[static_cast<size_t>(i)] / K) * E], static_cast<size_t>(E) * 4);
+      std::memcpy(&S.xe[(at + i) * E], &S.h[(r[static_cast<size_t>(i)] / K) * E],
+                  static_cast<size_t>(E) * 4);
     tasks.push_back(ExpertTask{static_cast<int32_t>(e), n, &S.xe[at * E], &S.de[at * E]});
     at += n;
   }

@@ -22,9 +22,9 @@ class ThreadPool;
 /// pipeline stage) and the output head (last stage). The default is the whole model.
 struct LayerRange {
   int64_t begin = 0;
-  int64_t end = -1;    // exclusive; -1 = n_layer
-  bool embed = true;   // false: the step takes hidden states from the previous stage
-  bool head = true;    // false: the step returns hidden states instead of logits
+  int64_t end = -1;   // exclusive; -1 = n_layer
+  bool embed = true;  // false: the step takes hidden states from the previous stage
+  bool head = true;   // false: the step returns hidden states instead of logits
 };
 
 /// One expert's share of an MoE layer: y = expert(x) for n_rows rows.
@@ -63,24 +63,24 @@ struct EngineOptions {
   int n_threads = 1;
   LayerRange range;
   ExpertRunner* expert_runner = nullptr;  // not owned; null = compute experts in this engine
-  int64_t kv_block_size = 16;   // tokens per KV block
-  int64_t kv_num_blocks = 0;    // 0: enough for max_tokens_in_cache
+  int64_t kv_block_size = 16;             // tokens per KV block
+  int64_t kv_num_blocks = 0;              // 0: enough for max_tokens_in_cache
   int64_t max_tokens_in_cache = 4096;
 };
 
 /// One sequence's part of a step.
 struct SeqStep {
-  int64_t pos0 = 0;                   // positions [0, pos0) are already in this sequence's KV
-  std::span<const int32_t> tokens;    // new tokens, at positions pos0 ... pos0 + size - 1
-  std::span<const int32_t> blocks;    // block table covering at least [0, pos0 + size)
+  int64_t pos0 = 0;                 // positions [0, pos0) are already in this sequence's KV
+  std::span<const int32_t> tokens;  // new tokens, at positions pos0 ... pos0 + size - 1
+  std::span<const int32_t> blocks;  // block table covering at least [0, pos0 + size)
   enum class Logits : uint8_t { kNone, kLast, kAll } logits = Logits::kLast;
 };
 
 struct StepResult {
   int64_t n_vocab = 0;
-  std::vector<float> logits;        // f32 [num_rows, n_vocab], sequences in step order
-  std::vector<int64_t> row_begin;   // per sequence: its first row in logits
-  std::vector<int64_t> row_count;   // per sequence: how many rows (0, 1 or its token count)
+  std::vector<float> logits;       // f32 [num_rows, n_vocab], sequences in step order
+  std::vector<int64_t> row_begin;  // per sequence: its first row in logits
+  std::vector<int64_t> row_count;  // per sequence: how many rows (0, 1 or its token count)
   const float* row(size_t seq, int64_t i = 0) const {
     return logits.data() + (row_begin[seq] + i) * n_vocab;
   }

@@ -6,16 +6,18 @@ namespace troupe::compute {
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), stride_(cfg.k_width + cfg.v_width) {
   if (cfg.n_layer <= 0 || stride_ <= 0 || cfg.block_size <= 0 || cfg.num_blocks <= 0)
-    TROUPE_INPUT_ERROR("KV cache: bad configuration (layers %lld, width %lld, block %lld, "
-                       "blocks %lld)", static_cast<long long>(cfg.n_layer),
-                       static_cast<long long>(stride_), static_cast<long long>(cfg.block_size),
-                       static_cast<long long>(cfg.num_blocks));
+    TROUPE_INPUT_ERROR(
+        "KV cache: bad configuration (layers %lld, width %lld, block %lld, "
+        "blocks %lld)",
+        static_cast<long long>(cfg.n_layer), static_cast<long long>(stride_),
+        static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.num_blocks));
   const uint64_t n = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
                      static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(stride_);
   try {
     pool_.assign(n, 0.f);
   } catch (const std::bad_alloc&) {
-    TROUPE_INPUT_ERROR("KV cache: cannot allocate %.1f MiB", static_cast<double>(n) * 4 / 1048576.0);
+    TROUPE_INPUT_ERROR("KV cache: cannot allocate %.1f MiB",
+                       static_cast<double>(n) * 4 / 1048576.0);
   }
 }
 

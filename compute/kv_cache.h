@@ -34,7 +34,9 @@ class KvCache {
   float* k(int64_t layer, int32_t block, int64_t slot) {
     return pool_.data() + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
   }
-  float* v(int64_t layer, int32_t block, int64_t slot) { return k(layer, block, slot) + cfg_.k_width; }
+  float* v(int64_t layer, int32_t block, int64_t slot) {
+    return k(layer, block, slot) + cfg_.k_width;
+  }
 
  private:
   KvCacheConfig cfg_;

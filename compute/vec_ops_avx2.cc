@@ -1,4 +1,5 @@
-// AVX2 + FMA attention vector kernels (compiled with -mavx2 -mfma; called only when the CPU has them).
+// AVX2 + FMA attention vector kernels (compiled with -mavx2 -mfma; called only when the CPU has
+// them).
 #include <immintrin.h>
 
 #include "compute/vec_ops.h"
@@ -14,7 +15,8 @@ float dot_avx2(const float* a, const float* b, int64_t n) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= n; i += 8)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
   __m256 acc = _mm256_add_ps(acc0, acc1);
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -1,6 +1,6 @@
-#include "gpu/device.h"
-
 #include <cuda_runtime.h>
+
+#include "gpu/device.h"
 
 namespace troupe::gpu {
 

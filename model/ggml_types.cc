@@ -11,27 +11,48 @@ namespace troupe::model {
 
 std::optional<TypeTraits> type_traits(uint32_t id) {
   switch (id) {
-    case 0: return TypeTraits{"f32", 1, 4, true};
-    case 1: return TypeTraits{"f16", 1, 2, true};
-    case 2: return TypeTraits{"q4_0", 32, 18, true};
-    case 3: return TypeTraits{"q4_1", 32, 20, false};
-    case 6: return TypeTraits{"q5_0", 32, 22, false};
-    case 7: return TypeTraits{"q5_1", 32, 24, false};
-    case 8: return TypeTraits{"q8_0", 32, 34, true};
-    case 9: return TypeTraits{"q8_1", 32, 36, false};
-    case 10: return TypeTraits{"q2_K", 256, 84, false};
-    case 11: return TypeTraits{"q3_K", 256, 110, false};
-    case 12: return TypeTraits{"q4_K", 256, 144, true};
-    case 13: return TypeTraits{"q5_K", 256, 176, false};
-    case 14: return TypeTraits{"q6_K", 256, 210, true};
-    case 15: return TypeTraits{"q8_K", 256, 292, false};
-    case 24: return TypeTraits{"i8", 1, 1, false};
-    case 25: return TypeTraits{"i16", 1, 2, false};
-    case 26: return TypeTraits{"i32", 1, 4, false};
-    case 27: return TypeTraits{"i64", 1, 8, false};
-    case 28: return TypeTraits{"f64", 1, 8, false};
-    case 30: return TypeTraits{"bf16", 1, 2, true};
-    default: return std::nullopt;
+    case 0:
+      return TypeTraits{"f32", 1, 4, true};
+    case 1:
+      return TypeTraits{"f16", 1, 2, true};
+    case 2:
+      return TypeTraits{"q4_0", 32, 18, true};
+    case 3:
+      return TypeTraits{"q4_1", 32, 20, false};
+    case 6:
+      return TypeTraits{"q5_0", 32, 22, false};
+    case 7:
+      return TypeTraits{"q5_1", 32, 24, false};
+    case 8:
+      return TypeTraits{"q8_0", 32, 34, true};
+    case 9:
+      return TypeTraits{"q8_1", 32, 36, false};
+    case 10:
+      return TypeTraits{"q2_K", 256, 84, false};
+    case 11:
+      return TypeTraits{"q3_K", 256, 110, false};
+    case 12:
+      return TypeTraits{"q4_K", 256, 144, true};
+    case 13:
+      return TypeTraits{"q5_K", 256, 176, false};
+    case 14:
+      return TypeTraits{"q6_K", 256, 210, true};
+    case 15:
+      return TypeTraits{"q8_K", 256, 292, false};
+    case 24:
+      return TypeTraits{"i8", 1, 1, false};
+    case 25:
+      return TypeTraits{"i16", 1, 2, false};
+    case 26:
+      return TypeTraits{"i32", 1, 4, false};
+    case 27:
+      return TypeTraits{"i64", 1, 8, false};
+    case 28:
+      return TypeTraits{"f64", 1, 8, false};
+    case 30:
+      return TypeTraits{"bf16", 1, 2, true};
+    default:
+      return std::nullopt;
   }
 }
 
@@ -80,9 +101,9 @@ uint16_t fp32_to_fp16(float f) {
   std::memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absx < 0x38800000u) {  // result is subnormal or zero
+  if (absx < 0x38800000u) {                                      // result is subnormal or zero
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);  // < half of smallest subnormal
     uint32_t e = absx >> 23;
     uint32_t m = (absx & 0x7fffffu) | 0x800000u;

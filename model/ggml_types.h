@@ -36,10 +36,10 @@ enum class GgmlType : uint32_t {
 };
 
 struct TypeTraits {
-  std::string_view name;   // "f32", "q4_K", ...
-  int64_t block_elems;     // elements per block (1 for plain types)
-  int64_t block_bytes;     // bytes per block
-  bool supported;          // troupe can compute with it (read and dequantize)
+  std::string_view name;  // "f32", "q4_K", ...
+  int64_t block_elems;    // elements per block (1 for plain types)
+  int64_t block_bytes;    // bytes per block
+  bool supported;         // troupe can compute with it (read and dequantize)
 };
 
 /// Traits of a type id as read from a file; nullopt for an id ggml does not define.
@@ -70,8 +70,8 @@ constexpr int kKScaleSize = 12;
 
 #pragma pack(push, 1)
 struct BlockQ4_0 {
-  uint16_t d;                // f16 scale
-  uint8_t qs[kQK4_0 / 2];    // nibbles: low = element j, high = element j+16
+  uint16_t d;              // f16 scale
+  uint8_t qs[kQK4_0 / 2];  // nibbles: low = element j, high = element j+16
 };
 struct BlockQ4_1 {
   uint16_t d, m;
@@ -88,12 +88,12 @@ struct BlockQ5_1 {
   uint8_t qs[kQK4_0 / 2];
 };
 struct BlockQ8_0 {
-  uint16_t d;                // f16 scale
+  uint16_t d;  // f16 scale
   int8_t qs[kQK8_0];
 };
 struct BlockQ4_K {
-  uint16_t d;                // f16 super-block scale for the quantized scales
-  uint16_t dmin;             // f16 super-block scale for the quantized mins
+  uint16_t d;                   // f16 super-block scale for the quantized scales
+  uint16_t dmin;                // f16 super-block scale for the quantized mins
   uint8_t scales[kKScaleSize];  // 8 scales and 8 mins, 6 bits each
   uint8_t qs[kQK_K / 2];
 };
@@ -104,10 +104,10 @@ struct BlockQ5_K {
   uint8_t qs[kQK_K / 2];
 };
 struct BlockQ6_K {
-  uint8_t ql[kQK_K / 2];     // low 4 bits
-  uint8_t qh[kQK_K / 4];     // high 2 bits
+  uint8_t ql[kQK_K / 2];  // low 4 bits
+  uint8_t qh[kQK_K / 4];  // high 2 bits
   int8_t scales[kQK_K / 16];
-  uint16_t d;                // f16 super-block scale
+  uint16_t d;  // f16 super-block scale
 };
 struct BlockQ2_K {
   uint8_t scales[kQK_K / 16];

@@ -3,14 +3,15 @@
 #include "model/gguf.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "base/check.h"
 
@@ -49,19 +50,32 @@ MappedFile::~MappedFile() {
 
 std::string_view gguf_type_name(GgufType t) {
   switch (t) {
-    case GgufType::kU8: return "u8";
-    case GgufType::kI8: return "i8";
-    case GgufType::kU16: return "u16";
-    case GgufType::kI16: return "i16";
-    case GgufType::kU32: return "u32";
-    case GgufType::kI32: return "i32";
-    case GgufType::kF32: return "f32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kU64: return "u64";
-    case GgufType::kI64: return "i64";
-    case GgufType::kF64: return "f64";
+    case GgufType::kU8:
+      return "u8";
+    case GgufType::kI8:
+      return "i8";
+    case GgufType::kU16:
+      return "u16";
+    case GgufType::kI16:
+      return "i16";
+    case GgufType::kU32:
+      return "u32";
+    case GgufType::kI32:
+      return "i32";
+    case GgufType::kF32:
+      return "f32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kU64:
+      return "u64";
+    case GgufType::kI64:
+      return "i64";
+    case GgufType::kF64:
+      return "f64";
   }
   return "?";
 }
@@ -73,11 +87,23 @@ constexpr uint64_t kMaxDims = 4;
 
 int scalar_size(GgufType t) {
   switch (t) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-    case GgufType::kU16: case GgufType::kI16: return 2;
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-    case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: return 8;
-    default: return 0;
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -139,36 +165,88 @@ class Cursor {
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kU16: case GgufType::kI16:
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kU64: case GgufType::kI64:
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kU16:
+    case GgufType::kI16:
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kU64:
+    case GgufType::kI64:
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
 double GgufValue::array_f64(uint64_t idx) const {
   const uint8_t* p = data + idx * static_cast<uint64_t>(scalar_size(elem_type));
   switch (elem_type) {
-    case GgufType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
-    case GgufType::kF64: { double v; std::memcpy(&v, p, 8); return v; }
-    default: return static_cast<double>(array_i64(idx));
+    case GgufType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case GgufType::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    default:
+      return static_cast<double>(array_i64(idx));
   }
 }
 
 int64_t GgufValue::array_i64(uint64_t idx) const {
   const uint8_t* p = data + idx * static_cast<uint64_t>(scalar_size(elem_type));
   switch (elem_type) {
-    case GgufType::kU8: case GgufType::kBool: return *p;
-    case GgufType::kI8: return static_cast<int8_t>(*p);
-    case GgufType::kU16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case GgufType::kI16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case GgufType::kU32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-    case GgufType::kI32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case GgufType::kU64: { uint64_t v; std::memcpy(&v, p, 8); return static_cast<int64_t>(v); }
-    case GgufType::kI64: { int64_t v; std::memcpy(&v, p, 8); return v; }
-    case GgufType::kF32: { float v; std::memcpy(&v, p, 4); return saturate_i64(v); }
-    case GgufType::kF64: { double v; std::memcpy(&v, p, 8); return saturate_i64(v); }
-    default: return 0;
+    case GgufType::kU8:
+    case GgufType::kBool:
+      return *p;
+    case GgufType::kI8:
+      return static_cast<int8_t>(*p);
+    case GgufType::kU16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case GgufType::kI16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case GgufType::kU32: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case GgufType::kI32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case GgufType::kU64: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<int64_t>(v);
+    }
+    case GgufType::kI64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case GgufType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return saturate_i64(v);
+    }
+    case GgufType::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return saturate_i64(v);
+    }
+    default:
+      return 0;
   }
 }
 
@@ -215,16 +293,40 @@ static void read_value(Cursor& c, GgufType type, GgufValue& v, const std::string
                        const std::string& key) {
   v.type = type;
   switch (type) {
-    case GgufType::kU8: v.u = c.read<uint8_t>("u8 value"); v.i = static_cast<int64_t>(v.u); break;
-    case GgufType::kI8: v.i = c.read<int8_t>("i8 value"); break;
-    case GgufType::kU16: v.u = c.read<uint16_t>("u16 value"); v.i = static_cast<int64_t>(v.u); break;
-    case GgufType::kI16: v.i = c.read<int16_t>("i16 value"); break;
-    case GgufType::kU32: v.u = c.read<uint32_t>("u32 value"); v.i = static_cast<int64_t>(v.u); break;
-    case GgufType::kI32: v.i = c.read<int32_t>("i32 value"); break;
-    case GgufType::kU64: v.u = c.read<uint64_t>("u64 value"); v.i = static_cast<int64_t>(v.u); break;
-    case GgufType::kI64: v.i = c.read<int64_t>("i64 value"); break;
-    case GgufType::kF32: v.f = c.read<float>("f32 value"); break;
-    case GgufType::kF64: v.f = c.read<double>("f64 value"); break;
+    case GgufType::kU8:
+      v.u = c.read<uint8_t>("u8 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case GgufType::kI8:
+      v.i = c.read<int8_t>("i8 value");
+      break;
+    case GgufType::kU16:
+      v.u = c.read<uint16_t>("u16 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case GgufType::kI16:
+      v.i = c.read<int16_t>("i16 value");
+      break;
+    case GgufType::kU32:
+      v.u = c.read<uint32_t>("u32 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case GgufType::kI32:
+      v.i = c.read<int32_t>("i32 value");
+      break;
+    case GgufType::kU64:
+      v.u = c.read<uint64_t>("u64 value");
+      v.i = static_cast<int64_t>(v.u);
+      break;
+    case GgufType::kI64:
+      v.i = c.read<int64_t>("i64 value");
+      break;
+    case GgufType::kF32:
+      v.f = c.read<float>("f32 value");
+      break;
+    case GgufType::kF64:
+      v.f = c.read<double>("f64 value");
+      break;
     case GgufType::kBool: {
       uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1)
@@ -234,12 +336,14 @@ static void read_value(Cursor& c, GgufType type, GgufValue& v, const std::string
       v.i = b;
       break;
     }
-    case GgufType::kString: v.str = c.read_string("string value"); break;
+    case GgufType::kString:
+      v.str = c.read_string("string value");
+      break;
     case GgufType::kArray: {
       uint32_t et = c.read<uint32_t>("array element type");
       if (!valid_type(et) || static_cast<GgufType>(et) == GgufType::kArray)
-        TROUPE_INPUT_ERROR("%s: key '%s': invalid array element type %u", file.c_str(),
-                           key.c_str(), et);
+        TROUPE_INPUT_ERROR("%s: key '%s': invalid array element type %u", file.c_str(), key.c_str(),
+                           et);
       v.elem_type = static_cast<GgufType>(et);
       v.count = c.read<uint64_t>("array length");
       if (v.elem_type == GgufType::kString) {
@@ -260,8 +364,8 @@ static void read_value(Cursor& c, GgufType type, GgufValue& v, const std::string
         if (v.elem_type == GgufType::kBool) {
           for (uint64_t k = 0; k < v.count; ++k)
             if (v.data[k] > 1)
-              TROUPE_INPUT_ERROR("%s: key '%s': bool element %llu is %u", file.c_str(),
-                                 key.c_str(), static_cast<unsigned long long>(k), v.data[k]);
+              TROUPE_INPUT_ERROR("%s: key '%s': bool element %llu is %u", file.c_str(), key.c_str(),
+                                 static_cast<unsigned long long>(k), v.data[k]);
         }
       }
       break;
@@ -290,8 +394,9 @@ void GgufFile::parse_all() {
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key(c.read_string("metadata key"));
-    if (key.empty()) TROUPE_INPUT_ERROR("%s: metadata entry %llu has an empty key", fn,
-                                        static_cast<unsigned long long>(k));
+    if (key.empty())
+      TROUPE_INPUT_ERROR("%s: metadata entry %llu has an empty key", fn,
+                         static_cast<unsigned long long>(k));
     uint32_t type = c.read<uint32_t>("metadata type");
     if (!valid_type(type))
       TROUPE_INPUT_ERROR("%s: key '%s' has invalid value type %u", fn, key.c_str(), type);
@@ -332,11 +437,13 @@ void GgufFile::parse_all() {
     if (!tr) TROUPE_INPUT_ERROR("%s: tensor '%s' has unknown type id %u", fn, tn, type);
     ti.type = static_cast<GgmlType>(type);
     if (ti.ne[0] % tr->block_elems != 0)
-      TROUPE_INPUT_ERROR("%s: tensor '%s' row of %lld elements is not a multiple of the %s block "
-                         "size %lld", fn, tn, static_cast<long long>(ti.ne[0]),
-                         std::string(tr->name).c_str(), static_cast<long long>(tr->block_elems));
-    ti.nbytes = total / static_cast<uint64_t>(tr->block_elems) *
-                static_cast<uint64_t>(tr->block_bytes);
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' row of %lld elements is not a multiple of the %s block "
+          "size %lld",
+          fn, tn, static_cast<long long>(ti.ne[0]), std::string(tr->name).c_str(),
+          static_cast<long long>(tr->block_elems));
+    ti.nbytes =
+        total / static_cast<uint64_t>(tr->block_elems) * static_cast<uint64_t>(tr->block_bytes);
     ti.offset = c.read<uint64_t>("tensor offset");
     if (ti.offset % alignment_ != 0)
       TROUPE_INPUT_ERROR("%s: tensor '%s' offset %llu is not a multiple of the alignment %llu", fn,
@@ -355,12 +462,12 @@ void GgufFile::parse_all() {
   for (TensorInfo& ti : tensors_) {
     const uint64_t avail = size_ - data_offset_;
     if (ti.offset > avail || ti.nbytes > avail - ti.offset)
-      TROUPE_INPUT_ERROR("%s: tensor '%s' (%s, %s, %llu bytes at data offset %llu) extends past "
-                         "the end of the file (%llu bytes)", fn, ti.name.c_str(),
-                         type_name(ti.type).c_str(), ti.shape_string().c_str(),
-                         static_cast<unsigned long long>(ti.nbytes),
-                         static_cast<unsigned long long>(ti.offset),
-                         static_cast<unsigned long long>(size_));
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' (%s, %s, %llu bytes at data offset %llu) extends past "
+          "the end of the file (%llu bytes)",
+          fn, ti.name.c_str(), type_name(ti.type).c_str(), ti.shape_string().c_str(),
+          static_cast<unsigned long long>(ti.nbytes), static_cast<unsigned long long>(ti.offset),
+          static_cast<unsigned long long>(size_));
     ti.data = base_ + data_offset_ + ti.offset;
   }
 }
@@ -377,8 +484,8 @@ const TensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 namespace {
 [[noreturn]] void missing(const std::string& file, std::string_view key) {
-  TROUPE_INPUT_ERROR("%s: missing metadata key '%.*s'", file.c_str(),
-                     static_cast<int>(key.size()), key.data());
+  TROUPE_INPUT_ERROR("%s: missing metadata key '%.*s'", file.c_str(), static_cast<int>(key.size()),
+                     key.data());
 }
 [[noreturn]] void wrong(const std::string& file, std::string_view key, const char* want,
                         GgufType got) {

@@ -20,8 +20,19 @@ class MappedFile;
 
 /// GGUF metadata value types (on-disk numbering).
 enum class GgufType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 std::string_view gguf_type_name(GgufType t);
 
@@ -30,9 +41,9 @@ std::string_view gguf_type_name(GgufType t);
 /// to their little-endian data in the mapping.
 struct GgufValue {
   GgufType type = GgufType::kU8;
-  uint64_t u = 0;      // unsigned scalars and bool
-  int64_t i = 0;       // signed scalars
-  double f = 0;        // float scalars
+  uint64_t u = 0;  // unsigned scalars and bool
+  int64_t i = 0;   // signed scalars
+  double f = 0;    // float scalars
   std::string_view str;
   // arrays
   GgufType elem_type = GgufType::kU8;
@@ -53,7 +64,7 @@ struct TensorInfo {
   GgmlType type = GgmlType::kF32;
   int n_dims = 0;
   int64_t ne[4] = {1, 1, 1, 1};
-  uint64_t offset = 0;      // from the start of the data section
+  uint64_t offset = 0;  // from the start of the data section
   const uint8_t* data = nullptr;
   uint64_t nbytes = 0;
   int64_t num_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }

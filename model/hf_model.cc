@@ -2,15 +2,15 @@
 // tokenizer, with the same ModelSpec semantics llama.cpp's GGUF converter would produce.
 // Llama/Mixtral q/k rows stay in HF's rotate_half order (RopeStyle::kNeox instead of a
 // permutation); DeepSeek kv_b_proj is split into wk_b/wv_b buffers owned by Model::storage.
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
-#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "base/check.h"
 #include "model/model.h"
@@ -164,9 +164,7 @@ class HfSpecBuilder {
     mark_moe_layers();
   }
 
-  bool is_mla_family() const {
-    return fam_ == Family::kDeepseekV2 || fam_ == Family::kDeepseekV3;
-  }
+  bool is_mla_family() const { return fam_ == Family::kDeepseekV2 || fam_ == Family::kDeepseekV3; }
 
   /// The class name from "architectures"; sets fam_.
   std::string read_family() {
@@ -188,10 +186,11 @@ class HfSpecBuilder {
     } else if (arch == "DeepseekV3ForCausalLM") {
       fam_ = Family::kDeepseekV3;
     } else {
-      TROUPE_INPUT_ERROR("%s: architecture '%s' is not supported (troupe reads LlamaForCausalLM, "
-                         "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
-                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
-                         cfg_.path().c_str(), arch.c_str());
+      TROUPE_INPUT_ERROR(
+          "%s: architecture '%s' is not supported (troupe reads LlamaForCausalLM, "
+          "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+          cfg_.path().c_str(), arch.c_str());
     }
     return arch;
   }
@@ -216,9 +215,11 @@ class HfSpecBuilder {
     s.n_head = cfg_.get_dim("num_attention_heads");
     s.n_head_kv = cfg_.has("num_key_value_heads") ? cfg_.get_dim("num_key_value_heads") : s.n_head;
     if (s.n_head % s.n_head_kv != 0)
-      TROUPE_INPUT_ERROR("%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
-                         "%lld", cfg_.path().c_str(), static_cast<long long>(s.n_head),
-                         static_cast<long long>(s.n_head_kv));
+      TROUPE_INPUT_ERROR(
+          "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
+          "%lld",
+          cfg_.path().c_str(), static_cast<long long>(s.n_head),
+          static_cast<long long>(s.n_head_kv));
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
     s.rms_eps = static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
     s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : 10000.0));
@@ -230,8 +231,7 @@ class HfSpecBuilder {
   /// Standard (non-MLA) attention: head size and RoPE layout.
   void read_attention(const std::string& arch) {
     ModelSpec& s = s_;
-    const int64_t head_dim =
-        cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
+    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
     const double partial = cfg_.get_float_or("partial_rotary_factor", 1.0);
@@ -352,8 +352,8 @@ class HfSpecBuilder {
     // DeepSeek checkpoints store the rope rows of q_b_proj / kv_a_proj_with_mqa as interleaved
     // pairs; modeling_deepseek (and transformers with rope_interleave, the default) de-interleave
     // them before rotate_half, which is pair rotation on the stored order: GGUF's kNormal.
-    s.rope_style = cfg_.get_bool_or("rope_interleave", true) ? RopeStyle::kNormal
-                                                              : RopeStyle::kNeox;
+    s.rope_style =
+        cfg_.get_bool_or("rope_interleave", true) ? RopeStyle::kNormal : RopeStyle::kNeox;
     if (cfg_.get_bool_or("attention_bias", false))
       TROUPE_INPUT_ERROR("%s: attention_bias is not supported for DeepSeek", cfg_.path().c_str());
 
@@ -435,16 +435,16 @@ class HfSpecBuilder {
     const int64_t qk = s.qk_nope_dim + s.qk_rope_dim;
     if (s.q_lora_rank > 0) {
       L.wq_a = take(a + "q_a_proj.weight", g + "attn_q_a.weight", {s.q_lora_rank, E});
-      L.q_a_norm = take_f32(a + "q_a_layernorm.weight", g + "attn_q_a_norm.weight",
-                            {s.q_lora_rank});
+      L.q_a_norm =
+          take_f32(a + "q_a_layernorm.weight", g + "attn_q_a_norm.weight", {s.q_lora_rank});
       L.wq_b = take(a + "q_b_proj.weight", g + "attn_q_b.weight", {s.n_head * qk, s.q_lora_rank});
     } else {
       L.wq = take(a + "q_proj.weight", g + "attn_q.weight", {s.n_head * qk, E});
     }
     L.wkv_a = take(a + "kv_a_proj_with_mqa.weight", g + "attn_kv_a_mqa.weight",
                    {s.kv_lora_rank + s.qk_rope_dim, E});
-    L.kv_a_norm = take_f32(a + "kv_a_layernorm.weight", g + "attn_kv_a_norm.weight",
-                           {s.kv_lora_rank});
+    L.kv_a_norm =
+        take_f32(a + "kv_a_layernorm.weight", g + "attn_kv_a_norm.weight", {s.kv_lora_rank});
     L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.v_head_dim});
     split_kv_b(a + "kv_b_proj.weight", g, L);
   }

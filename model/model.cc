@@ -10,10 +10,14 @@ namespace troupe::model {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::kLlama: return "llama";
-    case Arch::kQwen2Moe: return "qwen2moe";
-    case Arch::kQwen3Moe: return "qwen3moe";
-    case Arch::kDeepseek2: return "deepseek2";
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kQwen2Moe:
+      return "qwen2moe";
+    case Arch::kQwen3Moe:
+      return "qwen3moe";
+    case Arch::kDeepseek2:
+      return "deepseek2";
   }
   return "?";
 }
@@ -58,8 +62,10 @@ class GgufSpecBuilder {
     } else if (arch == "deepseek2") {
       s.arch = Arch::kDeepseek2;
     } else {
-      TROUPE_INPUT_ERROR("%s: architecture '%s' is not supported (troupe runs llama, mixtral, "
-                         "qwen2moe, qwen3moe, deepseek2)", g_.path().c_str(), arch.c_str());
+      TROUPE_INPUT_ERROR(
+          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, "
+          "qwen2moe, qwen3moe, deepseek2)",
+          g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
     s.name = g_.get_string_or("general.name", "");
@@ -73,10 +79,11 @@ class GgufSpecBuilder {
     s.rms_eps = static_cast<float>(g_.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-5));
     if (s.n_embd <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.n_head_kv <= 0 ||
         s.n_layer > 100000 || s.n_head > 100000)
-      TROUPE_INPUT_ERROR("%s: bad hyperparameters (n_embd %lld, n_layer %lld, n_head %lld, "
-                         "n_head_kv %lld)", g_.path().c_str(), static_cast<long long>(s.n_embd),
-                         static_cast<long long>(s.n_layer), static_cast<long long>(s.n_head),
-                         static_cast<long long>(s.n_head_kv));
+      TROUPE_INPUT_ERROR(
+          "%s: bad hyperparameters (n_embd %lld, n_layer %lld, n_head %lld, "
+          "n_head_kv %lld)",
+          g_.path().c_str(), static_cast<long long>(s.n_embd), static_cast<long long>(s.n_layer),
+          static_cast<long long>(s.n_head), static_cast<long long>(s.n_head_kv));
     if (s.n_head % s.n_head_kv != 0)
       TROUPE_INPUT_ERROR("%s: head_count %lld is not a multiple of head_count_kv %lld",
                          g_.path().c_str(), static_cast<long long>(s.n_head),
@@ -102,10 +109,18 @@ class GgufSpecBuilder {
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
     s.n_group_used = g_.get_int_or(p + "expert_group_used_count", s.n_group);
     switch (s.arch) {
-      case Arch::kLlama: s.norm_topk = true; break;
-      case Arch::kQwen3Moe: s.norm_topk = true; break;
-      case Arch::kQwen2Moe: s.norm_topk = false; break;
-      case Arch::kDeepseek2: s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false); break;
+      case Arch::kLlama:
+        s.norm_topk = true;
+        break;
+      case Arch::kQwen3Moe:
+        s.norm_topk = true;
+        break;
+      case Arch::kQwen2Moe:
+        s.norm_topk = false;
+        break;
+      case Arch::kDeepseek2:
+        s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
+        break;
     }
     if (s.arch == Arch::kDeepseek2) {
       s.q_lora_rank = g_.get_int_or(p + "attention.q_lora_rank", 0);
@@ -125,7 +140,8 @@ class GgufSpecBuilder {
     s.output = has("output.weight") ? req("output.weight") : s.token_embd;
 
     s.layers.resize(static_cast<size_t>(s.n_layer));
-    for (int64_t il = 0; il < s.n_layer; ++il) build_layer(s, il, s.layers[static_cast<size_t>(il)]);
+    for (int64_t il = 0; il < s.n_layer; ++il)
+      build_layer(s, il, s.layers[static_cast<size_t>(il)]);
     return s;
   }
 
@@ -144,8 +160,10 @@ class GgufSpecBuilder {
       L.wkv_a = req(b + "attn_kv_a_mqa.weight");
       L.kv_a_norm = req(b + "attn_kv_a_norm.weight");
       if (!has(b + "attn_k_b.weight"))
-        TROUPE_INPUT_ERROR("%s: '%sattn_kv_b.weight' (pre-MLA layout) is not supported; "
-                           "re-convert with split attn_k_b/attn_v_b", g_.path().c_str(), b.c_str());
+        TROUPE_INPUT_ERROR(
+            "%s: '%sattn_kv_b.weight' (pre-MLA layout) is not supported; "
+            "re-convert with split attn_k_b/attn_v_b",
+            g_.path().c_str(), b.c_str());
       L.wk_b = req(b + "attn_k_b.weight");
       L.wv_b = req(b + "attn_v_b.weight");
     } else {
@@ -216,8 +234,9 @@ class GgufSpecBuilder {
 
 void expect(const std::string& src, const WeightView& w, int64_t cols, int64_t rows,
             int64_t n = 1) {
-  if (!w.present()) TROUPE_INPUT_ERROR("%s: missing a tensor of shape [%lld, %lld]", src.c_str(),
-                                       static_cast<long long>(cols), static_cast<long long>(rows));
+  if (!w.present())
+    TROUPE_INPUT_ERROR("%s: missing a tensor of shape [%lld, %lld]", src.c_str(),
+                       static_cast<long long>(cols), static_cast<long long>(rows));
   if (w.ne[0] != cols || w.ne[1] != rows || w.ne[2] != n) bad_shape(src, w, cols, rows, n);
   auto tr = type_traits(static_cast<uint32_t>(w.type));
   if (!tr || !tr->supported)
@@ -245,8 +264,8 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
   expect(src, s.output, E, s.n_vocab);
   if (s.n_expert > 0) {
     if (s.n_expert_used <= 0 || s.n_expert_used > s.n_expert)
-      TROUPE_INPUT_ERROR("%s: expert_used_count %lld must be in 1..expert_count %lld",
-                         src.c_str(), static_cast<long long>(s.n_expert_used),
+      TROUPE_INPUT_ERROR("%s: expert_used_count %lld must be in 1..expert_count %lld", src.c_str(),
+                         static_cast<long long>(s.n_expert_used),
                          static_cast<long long>(s.n_expert));
     if (s.n_group <= 0 || s.n_expert % s.n_group != 0 || s.n_group_used <= 0 ||
         s.n_group_used > s.n_group)

@@ -16,10 +16,10 @@ class Tokenizer;
 
 struct Model {
   std::string path;
-  std::string format;                          // "gguf" or "hf"
+  std::string format;  // "gguf" or "hf"
   ModelSpec spec;
-  std::shared_ptr<const Tokenizer> tokenizer;  // null when the file has no vocabulary
-  std::string chat_template;                   // may be empty
+  std::shared_ptr<const Tokenizer> tokenizer;        // null when the file has no vocabulary
+  std::string chat_template;                         // may be empty
   std::vector<std::shared_ptr<const void>> storage;  // keeps mappings and buffers alive
 };
 

@@ -1,4 +1,5 @@
-// load_model(): dispatches a path to the GGUF or the Hugging Face reader and attaches the tokenizer.
+// load_model(): dispatches a path to the GGUF or the Hugging Face reader and attaches the
+// tokenizer.
 #include <sys/stat.h>
 
 #include "model/gguf.h"

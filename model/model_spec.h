@@ -16,7 +16,7 @@ namespace troupe::model {
 /// Layout as ggml: ne[0] is the row length (input features), ne[1] the number of rows (output
 /// features), ne[2] the number of stacked matrices (experts or heads). Rows are contiguous.
 struct WeightView {
-  std::string name;           // the GGUF-convention name, for messages
+  std::string name;  // the GGUF-convention name, for messages
   GgmlType type = GgmlType::kF32;
   int64_t ne[3] = {0, 1, 1};
   const uint8_t* data = nullptr;
@@ -60,8 +60,8 @@ struct LayerSpec {
   WeightView attn_norm;  // f32 [n_embd]
   // Standard attention (absent for MLA).
   WeightView wq, wk, wv, wo;
-  WeightView bq, bk, bv;            // optional biases (Qwen2)
-  WeightView q_norm, k_norm;        // optional per-head RMSNorm weights [head_dim] (Qwen3)
+  WeightView bq, bk, bv;      // optional biases (Qwen2)
+  WeightView q_norm, k_norm;  // optional per-head RMSNorm weights [head_dim] (Qwen3)
   // Multi-head latent attention (DeepSeek2).
   WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
   WeightView wkv_a;                 // [kv_lora + rope, n_embd]
@@ -73,11 +73,11 @@ struct LayerSpec {
   WeightView ffn_gate, ffn_up, ffn_down;
   // Mixture of experts.
   bool is_moe = false;
-  WeightView router;                // [n_expert rows, n_embd cols]
-  WeightView router_bias;           // optional [n_expert] (selection bias, DeepSeek-V3)
-  std::vector<ExpertFfn> experts;   // n_expert entries
-  ExpertFfn shared;                 // optional shared expert(s), merged as one FFN
-  WeightView shared_gate;           // optional [1 row, n_embd]: sigmoid gate of the shared expert
+  WeightView router;               // [n_expert rows, n_embd cols]
+  WeightView router_bias;          // optional [n_expert] (selection bias, DeepSeek-V3)
+  std::vector<ExpertFfn> experts;  // n_expert entries
+  ExpertFfn shared;                // optional shared expert(s), merged as one FFN
+  WeightView shared_gate;          // optional [1 row, n_embd]: sigmoid gate of the shared expert
 };
 
 struct ModelSpec {
@@ -88,10 +88,10 @@ struct ModelSpec {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
-  int64_t head_dim_k = 0;   // per-head key width (MLA: nope + rope)
-  int64_t head_dim_v = 0;   // per-head value width
-  int64_t n_ff = 0;         // dense FFN width
-  int64_t n_rot = 0;        // rotated dims per head (MLA: the rope part)
+  int64_t head_dim_k = 0;  // per-head key width (MLA: nope + rope)
+  int64_t head_dim_v = 0;  // per-head value width
+  int64_t n_ff = 0;        // dense FFN width
+  int64_t n_rot = 0;       // rotated dims per head (MLA: the rope part)
   float rope_theta = 10000.f;
   RopeStyle rope_style = RopeStyle::kNormal;
   float rms_eps = 1e-5f;
@@ -105,9 +105,9 @@ struct ModelSpec {
   int64_t n_ff_shexp = 0;
   int64_t n_leading_dense = 0;
   Gating gating = Gating::kSoftmax;
-  bool norm_topk = false;        // renormalize the selected weights to sum to 1
-  float routed_scale = 1.f;      // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
-  int64_t n_group = 1;           // expert groups for group-limited routing
+  bool norm_topk = false;    // renormalize the selected weights to sum to 1
+  float routed_scale = 1.f;  // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
+  int64_t n_group = 1;       // expert groups for group-limited routing
   int64_t n_group_used = 1;
 
   // Multi-head latent attention.
@@ -117,14 +117,16 @@ struct ModelSpec {
   int64_t qk_rope_dim = 0;
   int64_t v_head_dim = 0;
 
-  WeightView token_embd;   // [n_vocab rows, n_embd cols]
+  WeightView token_embd;  // [n_vocab rows, n_embd cols]
   WeightView output_norm;
-  WeightView output;       // [n_vocab rows, n_embd cols]; equals token_embd when tied
+  WeightView output;  // [n_vocab rows, n_embd cols]; equals token_embd when tied
   std::vector<LayerSpec> layers;
 
   bool is_mla() const { return arch == Arch::kDeepseek2; }
   /// Width of one token's K and V cache rows per layer (MLA: the compressed latent + rope key).
-  int64_t kv_k_width() const { return is_mla() ? kv_lora_rank + qk_rope_dim : n_head_kv * head_dim_k; }
+  int64_t kv_k_width() const {
+    return is_mla() ? kv_lora_rank + qk_rope_dim : n_head_kv * head_dim_k;
+  }
   int64_t kv_v_width() const { return is_mla() ? 0 : n_head_kv * head_dim_v; }
 };
 

@@ -3,10 +3,10 @@
 // allocation. Sharded directories are resolved through model.safetensors.index.json.
 #include "model/safetensors.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
+
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "base/check.h"
 #include "model/gguf.h"
@@ -18,25 +18,25 @@ namespace {
 using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation
-constexpr int kMaxJsonDepth = 64;                    // a tensor header needs 3
+constexpr int kMaxJsonDepth = 64;                   // a tensor header needs 3
 
 struct DtypeInfo {
   std::string_view name;
-  uint64_t size;        // bytes per element
+  uint64_t size;  // bytes per element
   bool supported;
   GgmlType type;
 };
 
 // Every byte-sized dtype the format defines; only the float ones can become weights.
 constexpr DtypeInfo kDtypes[] = {
-    {"F32", 4, true, GgmlType::kF32},      {"F16", 2, true, GgmlType::kF16},
-    {"BF16", 2, true, GgmlType::kBF16},    {"F64", 8, false, GgmlType::kF64},
-    {"I64", 8, false, GgmlType::kI64},     {"U64", 8, false, GgmlType::kI64},
-    {"I32", 4, false, GgmlType::kI32},     {"U32", 4, false, GgmlType::kI32},
-    {"I16", 2, false, GgmlType::kI16},     {"U16", 2, false, GgmlType::kI16},
-    {"I8", 1, false, GgmlType::kI8},       {"U8", 1, false, GgmlType::kI8},
-    {"BOOL", 1, false, GgmlType::kI8},     {"F8_E4M3", 1, false, GgmlType::kI8},
-    {"F8_E5M2", 1, false, GgmlType::kI8},  {"F8_E8M0", 1, false, GgmlType::kI8},
+    {"F32", 4, true, GgmlType::kF32},     {"F16", 2, true, GgmlType::kF16},
+    {"BF16", 2, true, GgmlType::kBF16},   {"F64", 8, false, GgmlType::kF64},
+    {"I64", 8, false, GgmlType::kI64},    {"U64", 8, false, GgmlType::kI64},
+    {"I32", 4, false, GgmlType::kI32},    {"U32", 4, false, GgmlType::kI32},
+    {"I16", 2, false, GgmlType::kI16},    {"U16", 2, false, GgmlType::kI16},
+    {"I8", 1, false, GgmlType::kI8},      {"U8", 1, false, GgmlType::kI8},
+    {"BOOL", 1, false, GgmlType::kI8},    {"F8_E4M3", 1, false, GgmlType::kI8},
+    {"F8_E5M2", 1, false, GgmlType::kI8}, {"F8_E8M0", 1, false, GgmlType::kI8},
 };
 
 const DtypeInfo* find_dtype(std::string_view s) {
@@ -52,8 +52,10 @@ void check_depth(std::string_view text, const std::string& file) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') {
@@ -123,18 +125,18 @@ SafetensorsTensor parse_entry(const std::string& name, const json& e, const std:
                        file.c_str(), name.c_str(), static_cast<unsigned long long>(begin),
                        static_cast<unsigned long long>(end));
   if (end > data_size)
-    TROUPE_INPUT_ERROR("%s: tensor '%s': data_offsets [%llu, %llu] out of range: the data "
-                       "buffer holds %llu bytes",
-                       file.c_str(), name.c_str(), static_cast<unsigned long long>(begin),
-                       static_cast<unsigned long long>(end),
-                       static_cast<unsigned long long>(data_size));
+    TROUPE_INPUT_ERROR(
+        "%s: tensor '%s': data_offsets [%llu, %llu] out of range: the data "
+        "buffer holds %llu bytes",
+        file.c_str(), name.c_str(), static_cast<unsigned long long>(begin),
+        static_cast<unsigned long long>(end), static_cast<unsigned long long>(data_size));
   if (end - begin != expect_bytes)
-    TROUPE_INPUT_ERROR("%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets "
-                       "[%llu, %llu] span %llu",
-                       file.c_str(), name.c_str(), t.shape_string().c_str(), t.dtype.c_str(),
-                       static_cast<unsigned long long>(expect_bytes),
-                       static_cast<unsigned long long>(begin), static_cast<unsigned long long>(end),
-                       static_cast<unsigned long long>(end - begin));
+    TROUPE_INPUT_ERROR(
+        "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets "
+        "[%llu, %llu] span %llu",
+        file.c_str(), name.c_str(), t.shape_string().c_str(), t.dtype.c_str(),
+        static_cast<unsigned long long>(expect_bytes), static_cast<unsigned long long>(begin),
+        static_cast<unsigned long long>(end), static_cast<unsigned long long>(end - begin));
   t.data = data + begin;
   t.nbytes = expect_bytes;
   return t;
@@ -196,10 +198,11 @@ void SafetensorsFile::parse_all(const uint8_t* base, uint64_t size) {
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];  // little-endian
   if (header_len > size - 8)
-    TROUPE_INPUT_ERROR("%s: header length %llu exceeds the file size (%llu bytes after the "
-                       "length field)",
-                       file.c_str(), static_cast<unsigned long long>(header_len),
-                       static_cast<unsigned long long>(size - 8));
+    TROUPE_INPUT_ERROR(
+        "%s: header length %llu exceeds the file size (%llu bytes after the "
+        "length field)",
+        file.c_str(), static_cast<unsigned long long>(header_len),
+        static_cast<unsigned long long>(size - 8));
   if (header_len > kMaxHeaderBytes)
     TROUPE_INPUT_ERROR("%s: header length %llu exceeds the %llu-byte limit", file.c_str(),
                        static_cast<unsigned long long>(header_len),
@@ -214,8 +217,7 @@ void SafetensorsFile::parse_all(const uint8_t* base, uint64_t size) {
   } catch (const json::exception& e) {
     TROUPE_INPUT_ERROR("%s: header is not valid JSON: %s", file.c_str(), e.what());
   }
-  if (!header.is_object())
-    TROUPE_INPUT_ERROR("%s: header is not a JSON object", file.c_str());
+  if (!header.is_object()) TROUPE_INPUT_ERROR("%s: header is not a JSON object", file.c_str());
 
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
@@ -240,8 +242,9 @@ void SafetensorsFile::parse_all(const uint8_t* base, uint64_t size) {
   std::vector<const SafetensorsTensor*> by_offset;
   for (const SafetensorsTensor& t : tensors_)
     if (t.nbytes > 0) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsTensor* a, const SafetensorsTensor* b) { return a->data < b->data; });
+  std::sort(
+      by_offset.begin(), by_offset.end(),
+      [](const SafetensorsTensor* a, const SafetensorsTensor* b) { return a->data < b->data; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const SafetensorsTensor* a = by_offset[i - 1];
     const SafetensorsTensor* b = by_offset[i];
@@ -250,15 +253,16 @@ void SafetensorsFile::parse_all(const uint8_t* base, uint64_t size) {
         return static_cast<unsigned long long>(t->data - data);
       };
       TROUPE_INPUT_ERROR("%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
-                         file.c_str(), a->name.c_str(), off(a), off(a) + a->nbytes,
-                         b->name.c_str(), off(b), off(b) + b->nbytes);
+                         file.c_str(), a->name.c_str(), off(a), off(a) + a->nbytes, b->name.c_str(),
+                         off(b), off(b) + b->nbytes);
     }
   }
 }
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
-  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
-                             [](const SafetensorsTensor& t, std::string_view n) { return t.name < n; });
+  auto it =
+      std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                       [](const SafetensorsTensor& t, std::string_view n) { return t.name < n; });
   return it != tensors_.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -290,8 +294,7 @@ Result<std::unique_ptr<SafetensorsSet>> SafetensorsSet::open_dir(const std::stri
     if (!is_regular_file(index_path)) {
       const std::string single = dir + "/model.safetensors";
       if (!is_regular_file(single))
-        TROUPE_INPUT_ERROR("%s: no model.safetensors or model.safetensors.index.json",
-                           dir.c_str());
+        TROUPE_INPUT_ERROR("%s: no model.safetensors or model.safetensors.index.json", dir.c_str());
       return open_file(single);
     }
     MappedFile map(index_path);
@@ -315,9 +318,10 @@ Result<std::unique_ptr<SafetensorsSet>> SafetensorsSet::open_dir(const std::stri
                            it.key().c_str());
       const std::string shard = it->get<std::string>();
       if (shard.empty() || shard[0] == '/' || shard.find("..") != std::string::npos)
-        TROUPE_INPUT_ERROR("%s: weight_map entry '%s' names '%s', which is not a file inside "
-                           "the model directory",
-                           index_path.c_str(), it.key().c_str(), shard.c_str());
+        TROUPE_INPUT_ERROR(
+            "%s: weight_map entry '%s' names '%s', which is not a file inside "
+            "the model directory",
+            index_path.c_str(), it.key().c_str(), shard.c_str());
       if (shard_of.count(shard)) continue;
       auto f = SafetensorsFile::open(dir + "/" + shard);
       if (!f) return f.error();

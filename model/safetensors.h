@@ -22,11 +22,11 @@ class MappedFile;
 /// torch.nn.Linear weight is [out_features, in_features].
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;                // as written: "F32", "BF16", "I64", ...
-  bool supported = false;           // dtype is F32, F16 or BF16 (then `type` is meaningful)
+  std::string dtype;       // as written: "F32", "BF16", "I64", ...
+  bool supported = false;  // dtype is F32, F16 or BF16 (then `type` is meaningful)
   GgmlType type = GgmlType::kF32;
-  std::vector<int64_t> shape;       // may be empty (a scalar)
-  const uint8_t* data = nullptr;    // into the file mapping
+  std::vector<int64_t> shape;     // may be empty (a scalar)
+  const uint8_t* data = nullptr;  // into the file mapping
   uint64_t nbytes = 0;
   const std::string* file = nullptr;  // path of the file holding it (owned by the reader)
 

@@ -48,8 +48,8 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
 
   virtual int32_t n_vocab() const = 0;
-  virtual int32_t bos_id() const = 0;   // -1 when none
-  virtual int32_t eos_id() const = 0;   // -1 when none
+  virtual int32_t bos_id() const = 0;         // -1 when none
+  virtual int32_t eos_id() const = 0;         // -1 when none
   virtual bool is_eog(int32_t id) const = 0;  // end of generation (eos, eot, ...)
   virtual bool add_bos() const = 0;
   virtual std::string model_kind() const = 0;  // "llama" (SPM) or "gpt2" (byte-level BPE)

@@ -1,11 +1,11 @@
 #include "tests/test_support.h"
 
-#include <sys/stat.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include <sys/stat.h>
 
 namespace troupe::testing {
 

@@ -24,9 +24,9 @@ bool file_exists(const std::string& path);
 }  // namespace troupe::testing
 
 /// Skips the test (or fails it, in CI) when ../shared is not there; sets `dir` to its path.
-#define TROUPE_SHARED_OR_SKIP(dir)                                                   \
-  std::string dir = ::troupe::testing::shared_dir();                                 \
-  if (dir.empty()) {                                                                 \
+#define TROUPE_SHARED_OR_SKIP(dir)                                                    \
+  std::string dir = ::troupe::testing::shared_dir();                                  \
+  if (dir.empty()) {                                                                  \
     if (::troupe::testing::shared_required()) FAIL() << "../shared is required here"; \
-    GTEST_SKIP() << "../shared not found (set TROUPE_SHARED_DIR); skipping";         \
+    GTEST_SKIP() << "../shared not found (set TROUPE_SHARED_DIR); skipping";          \
   }

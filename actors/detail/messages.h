@@ -38,19 +38,19 @@ using stage_atom = caf::atom_constant<caf::atom("stage")>;
 /// One sequence's share of a pipeline step.
 struct SeqWork {
   int64_t seq_id = 0;
-  int64_t pos0 = 0;                       // positions [0, pos0) are in the KV cache
-  std::vector<int32_t> tokens;            // new tokens at pos0 ...
-  std::vector<int32_t> blocks;            // block table covering [0, pos0 + tokens.size())
-  bool sample = false;                    // the last stage samples the next token
-  bool want_logits = false;               // return the sampled row's logits (tests, eval)
+  int64_t pos0 = 0;             // positions [0, pos0) are in the KV cache
+  std::vector<int32_t> tokens;  // new tokens at pos0 ...
+  std::vector<int32_t> blocks;  // block table covering [0, pos0 + tokens.size())
+  bool sample = false;          // the last stage samples the next token
+  bool want_logits = false;     // return the sampled row's logits (tests, eval)
   std::shared_ptr<const compute::SamplingParams> sampling;
-  compute::SamplerState rng;              // the request's RNG state before this sample
+  compute::SamplerState rng;  // the request's RNG state before this sample
   std::shared_ptr<const std::vector<int32_t>> history;  // prompt + generated (penalties)
 };
 
 /// A step descriptor, shared read-only by every stage it passes through.
 struct StepBatch {
-  uint64_t epoch = 0;       // scheduler epoch: outcomes of an older epoch are dropped
+  uint64_t epoch = 0;  // scheduler epoch: outcomes of an older epoch are dropped
   uint64_t step_id = 0;
   int32_t microbatch = 0;
   std::vector<SeqWork> seqs;
@@ -60,18 +60,18 @@ using HiddenPtr = std::shared_ptr<const std::vector<float>>;  // f32 [num_tokens
 
 struct SeqResult {
   int64_t seq_id = 0;
-  int32_t token = -1;               // sampled token, -1 when the step did not sample
-  compute::SamplerState rng;        // RNG state after the sample
-  std::vector<float> logits;        // f32 [n_vocab] when want_logits
+  int32_t token = -1;         // sampled token, -1 when the step did not sample
+  compute::SamplerState rng;  // RNG state after the sample
+  std::vector<float> logits;  // f32 [n_vocab] when want_logits
 };
 
 struct StepOutcome {
   uint64_t epoch = 0;
   uint64_t step_id = 0;
   int32_t microbatch = 0;
-  std::vector<SeqResult> results;   // one per SeqWork, same order
-  std::string error;                // non-empty: the step failed (the scheduler recomputes)
-  double compute_seconds = 0;       // summed over the stages: time inside Engine::step
+  std::vector<SeqResult> results;  // one per SeqWork, same order
+  std::string error;               // non-empty: the step failed (the scheduler recomputes)
+  double compute_seconds = 0;      // summed over the stages: time inside Engine::step
 };
 using StepOutcomePtr = std::shared_ptr<const StepOutcome>;
 
@@ -99,11 +99,11 @@ class Latch {
 /// y (request-owned buffers, so a stage that timed out never sees late writes into its scratch).
 struct ExpertRequest {
   int64_t layer = 0;
-  std::vector<int32_t> experts;        // per task
-  std::vector<int64_t> rows;           // per task: number of rows
-  std::vector<float> x;                // f32 [sum rows, n_embd]
-  std::vector<float> y;                // f32 [sum rows, n_embd], filled by the shard
-  std::string error;                   // set by the shard on failure
+  std::vector<int32_t> experts;  // per task
+  std::vector<int64_t> rows;     // per task: number of rows
+  std::vector<float> x;          // f32 [sum rows, n_embd]
+  std::vector<float> y;          // f32 [sum rows, n_embd], filled by the shard
+  std::string error;             // set by the shard on failure
   std::shared_ptr<Latch> done;
 };
 using ExpertRequestPtr = std::shared_ptr<ExpertRequest>;
@@ -114,7 +114,7 @@ struct SeqRequest {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 0;
   std::shared_ptr<const compute::SamplingParams> sampling;
-  std::vector<int32_t> eos_ids;        // end-of-generation tokens of the vocabulary
+  std::vector<int32_t> eos_ids;  // end-of-generation tokens of the vocabulary
   bool want_logits = false;
 };
 using SeqRequestPtr = std::shared_ptr<const SeqRequest>;
@@ -124,9 +124,9 @@ struct TokenEvent {
   int64_t seq_id = 0;
   int32_t token = -1;
   bool finished = false;
-  std::string finish_reason;           // "length", "eos", "stop", "cancelled", "error", ...
+  std::string finish_reason;  // "length", "eos", "stop", "cancelled", "error", ...
   std::string error;
-  std::vector<float> logits;           // when requested
+  std::vector<float> logits;  // when requested
 };
 using TokenEventPtr = std::shared_ptr<const TokenEvent>;
 

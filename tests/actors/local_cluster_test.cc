@@ -21,7 +21,8 @@ struct Reference {
 };
 
 // Greedy generation on the plain engine: the ground truth every plan must reproduce bit for bit.
-Reference solo(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt, int64_t n) {
+Reference solo(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt,
+               int64_t n) {
   compute::EngineOptions o;
   o.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + n + 1;
   auto eng = compute::Engine::create(m, o);
@@ -118,7 +119,8 @@ TEST_P(PlanMatrix, EveryPlanIsBitIdenticalToTheEngine) {
         const std::string what = "stages=" + std::to_string(ns) + " shards=" + std::to_string(ne) +
                                  " prefix=" + std::to_string(prefix) +
                                  " budget=" + std::to_string(plan.scheduler.max_tokens_per_step);
-        for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], what + " request " + std::to_string(i));
+        for (size_t i = 0; i < reqs.size(); ++i)
+          expect_identical(res[i], refs[i], what + " request " + std::to_string(i));
       }
     }
   }
@@ -159,7 +161,8 @@ TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
   auto lc = LocalCluster::start(plan, m);
   ASSERT_TRUE(lc) << lc.error().message;
   const auto res = (*lc)->generate_many(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  for (size_t i = 0; i < reqs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
 }
 
 TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
@@ -182,9 +185,11 @@ TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
   auto lc = LocalCluster::start(plan, m);
   ASSERT_TRUE(lc) << lc.error().message;
   const auto res = (*lc)->generate_many(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  for (size_t i = 0; i < reqs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
   const std::string stats = (*lc)->stats_json();
-  EXPECT_EQ(stats.find("\"preemptions\":0,"), std::string::npos) << "no preemption happened: " << stats;
+  EXPECT_EQ(stats.find("\"preemptions\":0,"), std::string::npos)
+      << "no preemption happened: " << stats;
 }
 
 TEST(LocalCluster, CrashedStageAndShardAreRestartedWithIdenticalOutput) {
@@ -208,7 +213,8 @@ TEST(LocalCluster, CrashedStageAndShardAreRestartedWithIdenticalOutput) {
   ASSERT_TRUE((*lc)->inject_fault("stage/1").has_value());
   ASSERT_TRUE((*lc)->inject_fault("expert/1").has_value());
   const auto res = (*lc)->generate_many(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  for (size_t i = 0; i < reqs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
   const std::string stats = (*lc)->stats_json();
   EXPECT_NE(stats.find("\"stage_restarts\":[0,1,0]"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"expert_restarts\":[0,1]"), std::string::npos) << stats;

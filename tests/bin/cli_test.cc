@@ -1,7 +1,5 @@
 // End-to-end tests of the `troupe` command: real processes, real model files. Bad input must
 // give one line on stderr and a non-zero exit; good input the reference tokens and logits.
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +7,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <sys/wait.h>
 
 #include "tests/test_support.h"
 
@@ -70,13 +69,17 @@ TEST(Cli, BadInvocationsGiveOneLineErrors) {
   expect_one_line_error(troupe({"generate", "--prompt", "hi"}), "missing required option --model");
   expect_one_line_error(troupe({"generate", "--model", "/nonexistent/m.gguf", "--prompt", "x"}),
                         "/nonexistent/m.gguf");
-  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--max-tokens", "abc", "--prompt", "x"}),
-                        "--max-tokens must be an integer");
-  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--bogus"}), "unknown option --bogus");
-  expect_one_line_error(troupe({"eval", "--model", "x.gguf", "--tokens", "1,x,3", "--logits-out", "/tmp/x"}),
-                        "'x' is not a token id");
-  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--temperature", "-1", "--prompt", "x"}),
-                        "--temperature must be a number");
+  expect_one_line_error(
+      troupe({"generate", "--model", "x.gguf", "--max-tokens", "abc", "--prompt", "x"}),
+      "--max-tokens must be an integer");
+  expect_one_line_error(troupe({"generate", "--model", "x.gguf", "--bogus"}),
+                        "unknown option --bogus");
+  expect_one_line_error(
+      troupe({"eval", "--model", "x.gguf", "--tokens", "1,x,3", "--logits-out", "/tmp/x"}),
+      "'x' is not a token id");
+  expect_one_line_error(
+      troupe({"generate", "--model", "x.gguf", "--temperature", "-1", "--prompt", "x"}),
+      "--temperature must be a number");
 }
 
 TEST(Cli, CorruptModelFileIsNamed) {
@@ -103,8 +106,8 @@ TEST(Cli, GenerateJsonMatchesGoldenGreedyTokens) {
   std::string csv;
   for (int32_t t : prompt) csv += (csv.empty() ? "" : ",") + std::to_string(t);
   CliRun r = troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf",
-                  "--prompt-tokens", csv, "--max-tokens", std::to_string(greedy.size()), "--json",
-                  "--ignore-eos"});
+                     "--prompt-tokens", csv, "--max-tokens", std::to_string(greedy.size()),
+                     "--json", "--ignore-eos"});
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out.at("prompt_tokens").get<std::vector<int32_t>>(), prompt);
@@ -117,8 +120,8 @@ TEST(Cli, TextPromptTokenizesLikeReference) {
   TROUPE_SHARED_OR_SKIP(shared);
   const auto j = nlohmann::json::parse(
       testing::read_text_file(shared + "/golden/stories260K/once_upon_a_time/case.json"));
-  CliRun r = troupe({"tokenize", "--model", shared + "/models/stories260K/stories260K.gguf", "--text",
-                  j.at("prompt_text").get<std::string>()});
+  CliRun r = troupe({"tokenize", "--model", shared + "/models/stories260K/stories260K.gguf",
+                     "--text", j.at("prompt_text").get<std::string>()});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).get<std::vector<int32_t>>(),
             j.at("prompt_tokens").get<std::vector<int32_t>>());
@@ -133,8 +136,8 @@ TEST(Cli, EvalWritesReferenceLogits) {
   std::string csv;
   for (int32_t t : toks) csv += (csv.empty() ? "" : ",") + std::to_string(t);
   const fs::path out = temp_dir() / "logits.f32";
-  CliRun r = troupe({"eval", "--model", shared + "/models/synth/mixtral-moe/model.gguf", "--tokens", csv,
-                  "--logits-out", out.string(), "--threads", "2"});
+  CliRun r = troupe({"eval", "--model", shared + "/models/synth/mixtral-moe/model.gguf", "--tokens",
+                     csv, "--logits-out", out.string(), "--threads", "2"});
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto got = testing::read_f32_file(out.string());
   const auto ref = testing::read_f32_file(cd + "/logits.f32");

@@ -27,7 +27,8 @@ std::vector<float> run_chunks(Engine& eng, const std::vector<int32_t>& toks,
   std::vector<float> out;
   size_t at = 0;
   for (size_t c = 0; at < toks.size(); ++c) {
-    const int64_t n = std::min<int64_t>(chunks[c % chunks.size()], static_cast<int64_t>(toks.size() - at));
+    const int64_t n =
+        std::min<int64_t>(chunks[c % chunks.size()], static_cast<int64_t>(toks.size() - at));
     SeqStep st = seq.next({toks.data() + at, static_cast<size_t>(n)}, SeqStep::Logits::kAll);
     StepResult r;
     EXPECT_TRUE(eng.step({&st, 1}, &r).has_value());
@@ -109,19 +110,21 @@ TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllArchitectures, EngineInvariance,
-    ::testing::Values("models/stories260K/stories260K.gguf", "models/synth/llama-dense-f16/model.gguf",
-                      "models/synth/mixtral-moe/model.gguf", "models/synth/qwen2moe/model.gguf",
-                      "models/synth/qwen3moe/model.gguf", "models/synth/deepseek2/model.gguf"),
-    [](const auto& info) {
-      std::string s = info.param;
-      s = s.substr(0, s.rfind('/'));
-      s = s.substr(s.rfind('/') + 1);
-      for (char& ch : s)
-        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      return s;
-    });
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, EngineInvariance,
+                         ::testing::Values("models/stories260K/stories260K.gguf",
+                                           "models/synth/llama-dense-f16/model.gguf",
+                                           "models/synth/mixtral-moe/model.gguf",
+                                           "models/synth/qwen2moe/model.gguf",
+                                           "models/synth/qwen3moe/model.gguf",
+                                           "models/synth/deepseek2/model.gguf"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           s = s.substr(0, s.rfind('/'));
+                           s = s.substr(s.rfind('/') + 1);
+                           for (char& ch : s)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
 
 TEST(Engine, RejectsBadSteps) {
   TROUPE_SHARED_OR_SKIP(shared);

@@ -1,8 +1,8 @@
 // Golden tests: logits and greedy tokens of every model in ../shared/golden against the
 // reference implementation's recorded outputs (see each case.json).
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 
@@ -21,13 +21,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 struct RowCheck {
-  double max_rel = 0;      // max |Δ| / max|ref| over rows
-  int argmax_mismatch = 0; // rows where top-1 differs although the reference margin was clear
+  double max_rel = 0;       // max |Δ| / max|ref| over rows
+  int argmax_mismatch = 0;  // rows where top-1 differs although the reference margin was clear
 };
 
-int argmax(const float* v, int64_t n) {
-  return static_cast<int>(std::max_element(v, v + n) - v);
-}
+int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
 
 // Compares one row; returns max|Δ|/max|ref| and flags a top-1 mismatch beyond a clear margin.
 void check_row(const float* got, const float* ref, int64_t n, double tol, RowCheck* rc) {
@@ -105,8 +103,9 @@ void check_case(const GoldenCase& g, std::shared_ptr<const model::Model> model) 
     ASSERT_TRUE((*eng)->step({&st, 1}, &res).has_value());
     RowCheck rc;
     for (int64_t p = 0; p < n_pos; ++p) check_row(res.row(0, p), &ref_all[p * V], V, g.tol, &rc);
-    std::printf("[golden] %s %s/%s batch: max|d|/max|ref| = %.3g (tol %.0e)\n", model->format.c_str(), g.model_name.c_str(),
-                g.case_name.c_str(), rc.max_rel, g.tol);
+    std::printf("[golden] %s %s/%s batch: max|d|/max|ref| = %.3g (tol %.0e)\n",
+                model->format.c_str(), g.model_name.c_str(), g.case_name.c_str(), rc.max_rel,
+                g.tol);
     EXPECT_LE(rc.max_rel, g.tol) << "batch logits";
     EXPECT_EQ(rc.argmax_mismatch, 0) << "batch top-1";
   }
@@ -140,7 +139,8 @@ void check_case(const GoldenCase& g, std::shared_ptr<const model::Model> model) 
       seq.advance(1);
     }
     std::printf("[golden] %s %s/%s steps: max|d|/max|ref| = %.3g, diverged at near-tie: %s\n",
-                model->format.c_str(), g.model_name.c_str(), g.case_name.c_str(), rc.max_rel, diverged ? "yes" : "no");
+                model->format.c_str(), g.model_name.c_str(), g.case_name.c_str(), rc.max_rel,
+                diverged ? "yes" : "no");
     EXPECT_LE(rc.max_rel, g.tol) << "step logits";
     EXPECT_EQ(rc.argmax_mismatch, 0) << "step top-1";
   }

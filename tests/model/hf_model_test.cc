@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+
 #include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
@@ -69,15 +70,33 @@ std::vector<std::pair<std::string, const WeightView*>> all_weights(const ModelSp
   for (size_t il = 0; il < s.layers.size(); ++il) {
     const LayerSpec& L = s.layers[il];
     const std::string p = "layers[" + std::to_string(il) + "].";
-    const std::pair<const char*, const WeightView*> fields[] = {
-        {"attn_norm", &L.attn_norm}, {"wq", &L.wq}, {"wk", &L.wk}, {"wv", &L.wv},
-        {"wo", &L.wo}, {"bq", &L.bq}, {"bk", &L.bk}, {"bv", &L.bv}, {"q_norm", &L.q_norm},
-        {"k_norm", &L.k_norm}, {"wq_a", &L.wq_a}, {"q_a_norm", &L.q_a_norm}, {"wq_b", &L.wq_b},
-        {"wkv_a", &L.wkv_a}, {"kv_a_norm", &L.kv_a_norm}, {"wk_b", &L.wk_b}, {"wv_b", &L.wv_b},
-        {"ffn_norm", &L.ffn_norm}, {"ffn_gate", &L.ffn_gate}, {"ffn_up", &L.ffn_up},
-        {"ffn_down", &L.ffn_down}, {"router", &L.router}, {"router_bias", &L.router_bias},
-        {"shared.gate", &L.shared.gate}, {"shared.up", &L.shared.up},
-        {"shared.down", &L.shared.down}, {"shared_gate", &L.shared_gate}};
+    const std::pair<const char*, const WeightView*> fields[] = {{"attn_norm", &L.attn_norm},
+                                                                {"wq", &L.wq},
+                                                                {"wk", &L.wk},
+                                                                {"wv", &L.wv},
+                                                                {"wo", &L.wo},
+                                                                {"bq", &L.bq},
+                                                                {"bk", &L.bk},
+                                                                {"bv", &L.bv},
+                                                                {"q_norm", &L.q_norm},
+                                                                {"k_norm", &L.k_norm},
+                                                                {"wq_a", &L.wq_a},
+                                                                {"q_a_norm", &L.q_a_norm},
+                                                                {"wq_b", &L.wq_b},
+                                                                {"wkv_a", &L.wkv_a},
+                                                                {"kv_a_norm", &L.kv_a_norm},
+                                                                {"wk_b", &L.wk_b},
+                                                                {"wv_b", &L.wv_b},
+                                                                {"ffn_norm", &L.ffn_norm},
+                                                                {"ffn_gate", &L.ffn_gate},
+                                                                {"ffn_up", &L.ffn_up},
+                                                                {"ffn_down", &L.ffn_down},
+                                                                {"router", &L.router},
+                                                                {"router_bias", &L.router_bias},
+                                                                {"shared.gate", &L.shared.gate},
+                                                                {"shared.up", &L.shared.up},
+                                                                {"shared.down", &L.shared.down},
+                                                                {"shared_gate", &L.shared_gate}};
     for (const auto& [name, w] : fields) v.emplace_back(p + name, w);
     for (size_t e = 0; e < L.experts.size(); ++e) {
       const std::string x = p + "experts[" + std::to_string(e) + "].";
@@ -98,8 +117,8 @@ int64_t gguf_row_of_hf_row(int64_t r, int64_t head_dim) {
 }
 
 struct TwinCase {
-  std::string hf_dir;    // under shared/models/hf
-  std::string gguf;      // under shared/models
+  std::string hf_dir;  // under shared/models/hf
+  std::string gguf;    // under shared/models
 };
 
 /// Loads both forms and compares hyperparameters and every weight. Returns the HF model.
@@ -345,8 +364,9 @@ TEST(HfModel, ShapeMismatchNamesTensorAndFile) {
   TROUPE_SHARED_OR_SKIP(shared);
   EditedModel m(shared, "stories260K", [](json& c) { c["vocab_size"] = 1000; });
   const std::string msg = load_error(m.path());
-  EXPECT_HAS(msg, "model.safetensors: tensor 'model.embed_tokens.weight' has shape [512, 64], "
-                  "expected [1000, 64]");
+  EXPECT_HAS(msg,
+             "model.safetensors: tensor 'model.embed_tokens.weight' has shape [512, 64], "
+             "expected [1000, 64]");
 }
 
 TEST(HfModel, MissingTensor) {
@@ -404,7 +424,7 @@ TEST(HfModel, DeepseekV2Defaults) {
   EXPECT_EQ(s.arch, Arch::kDeepseek2);
   EXPECT_EQ(s.gating, Gating::kSoftmax);  // DeepSeek-V2's default scoring
   EXPECT_FALSE(s.norm_topk);
-  EXPECT_EQ(s.n_group, 1);                // topk_method greedy: no group limit
+  EXPECT_EQ(s.n_group, 1);  // topk_method greedy: no group limit
   EXPECT_EQ(s.rope_style, RopeStyle::kNormal);
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/test_support.h"
@@ -18,7 +19,8 @@ namespace {
 std::string image(const std::string& header, const std::string& data = "") {
   std::string out(8, '\0');
   uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   return out + header + data;
 }
 
@@ -181,7 +183,8 @@ TEST(Safetensors, RejectsHugeOffsetsWithoutOverflow) {
 
 TEST(Safetensors, RejectsReversedOffsets) {
   const std::string h = R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})";
-  EXPECT_HAS(open_error(image(h, k16Bytes)), "tensor 'w': data_offsets [8, 0] end before they begin");
+  EXPECT_HAS(open_error(image(h, k16Bytes)),
+             "tensor 'w': data_offsets [8, 0] end before they begin");
 }
 
 TEST(Safetensors, RejectsOverlappingTensors) {
@@ -198,7 +201,8 @@ TEST(Safetensors, RejectsShapeByteSizeMismatch) {
   std::string path;
   const std::string msg = open_error(image(h, k16Bytes), &path);
   EXPECT_HAS(msg, path);
-  EXPECT_HAS(msg, "tensor 'w': shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 16] span 16");
+  EXPECT_HAS(msg,
+             "tensor 'w': shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 16] span 16");
 }
 
 TEST(Safetensors, RejectsShapeOverflow) {
@@ -208,19 +212,18 @@ TEST(Safetensors, RejectsShapeOverflow) {
 }
 
 TEST(Safetensors, RejectsNegativeOrFractionalShape) {
-  EXPECT_HAS(open_error(image(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})",
-                              k16Bytes)),
-             "tensor 'w': shape entries must be non-negative integers, got -4");
-  EXPECT_HAS(open_error(image(R"({"w":{"dtype":"F32","shape":[4.5],"data_offsets":[0,16]}})",
-                              k16Bytes)),
-             "shape entries must be non-negative integers, got 4.5");
+  EXPECT_HAS(
+      open_error(image(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", k16Bytes)),
+      "tensor 'w': shape entries must be non-negative integers, got -4");
+  EXPECT_HAS(
+      open_error(image(R"({"w":{"dtype":"F32","shape":[4.5],"data_offsets":[0,16]}})", k16Bytes)),
+      "shape entries must be non-negative integers, got 4.5");
 }
 
 TEST(Safetensors, RejectsUnknownDtype) {
   std::string path;
-  const std::string msg =
-      open_error(image(R"({"w":{"dtype":"Q9","shape":[4],"data_offsets":[0,16]}})", k16Bytes),
-                 &path);
+  const std::string msg = open_error(
+      image(R"({"w":{"dtype":"Q9","shape":[4],"data_offsets":[0,16]}})", k16Bytes), &path);
   EXPECT_HAS(msg, path);
   EXPECT_HAS(msg, "tensor 'w': unknown dtype 'Q9'");
 }
@@ -230,8 +233,7 @@ TEST(Safetensors, RejectsMissingFields) {
              "tensor 'w': missing or non-string \"dtype\"");
   EXPECT_HAS(open_error(image(R"({"w":{"dtype":"F32","data_offsets":[0,16]}})", k16Bytes)),
              "tensor 'w': missing or non-array \"shape\"");
-  EXPECT_HAS(open_error(image(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})",
-                              k16Bytes)),
+  EXPECT_HAS(open_error(image(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", k16Bytes)),
              "tensor 'w': \"data_offsets\" must be an array [begin, end]");
   EXPECT_HAS(open_error(image(R"({"w":7})", k16Bytes)), "tensor 'w': entry is not a JSON object");
 }
@@ -265,7 +267,8 @@ TEST(Safetensors, SurvivesCorruptedAndTruncatedHeaders) {
         ++opened;
         for (const SafetensorsTensor& t : (*f)->tensors()) {
           ASSERT_GE(t.data, reinterpret_cast<const uint8_t*>(bytes.data()));
-          ASSERT_LE(t.data + t.nbytes, reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+          ASSERT_LE(t.data + t.nbytes,
+                    reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
         }
       } else {
         ++failed;
