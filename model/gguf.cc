@@ -48,6 +48,28 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+int gguf_scalar_size(GgufType t) {
+  switch (t) {
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
 std::string_view gguf_type_name(GgufType t) {
   switch (t) {
     case GgufType::kU8:
@@ -85,27 +107,7 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxDims = 4;
 
-int scalar_size(GgufType t) {
-  switch (t) {
-    case GgufType::kU8:
-    case GgufType::kI8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kU16:
-    case GgufType::kI16:
-      return 2;
-    case GgufType::kU32:
-    case GgufType::kI32:
-    case GgufType::kF32:
-      return 4;
-    case GgufType::kU64:
-    case GgufType::kI64:
-    case GgufType::kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
+int scalar_size(GgufType t) { return gguf_scalar_size(t); }
 
 bool valid_type(uint32_t t) { return t <= 12; }
 

@@ -35,6 +35,8 @@ enum class GgufType : uint32_t {
   kF64 = 12,
 };
 std::string_view gguf_type_name(GgufType t);
+/// Bytes of one scalar of type t (1, 2, 4 or 8); 0 for strings and arrays.
+int gguf_scalar_size(GgufType t);
 
 /// One metadata value. Scalars are widened into the matching member; strings and string
 /// arrays point into the mapping (valid while the GgufFile lives); numeric arrays keep a pointer

@@ -36,27 +36,7 @@ void put_string(std::vector<uint8_t>& out, std::string_view s) {
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-int elem_size(GgufType t) {
-  switch (t) {
-    case GgufType::kU8:
-    case GgufType::kI8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kU16:
-    case GgufType::kI16:
-      return 2;
-    case GgufType::kU32:
-    case GgufType::kI32:
-    case GgufType::kF32:
-      return 4;
-    case GgufType::kU64:
-    case GgufType::kI64:
-    case GgufType::kF64:
-      return 8;
-    default:
-      return 0;
-  }
-}
+int elem_size(GgufType t) { return gguf_scalar_size(t); }
 
 // Owns a file descriptor; writes everything or throws naming the path.
 class OutFile {
