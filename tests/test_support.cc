@@ -1,5 +1,6 @@
 #include "tests/test_support.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -46,6 +47,15 @@ std::string read_text_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+std::string model_param_name(const std::string& path) {
+  std::string s = path.substr(0, path.rfind('/'));
+  s = s.substr(s.rfind('/') + 1);
+  for (char& ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
 }
 
 }  // namespace troupe::testing

@@ -21,6 +21,10 @@ std::vector<float> read_f32_file(const std::string& path);
 std::string read_text_file(const std::string& path);
 bool file_exists(const std::string& path);
 
+/// A gtest parameter name for a model path: its folder name with non-alphanumerics as '_'
+/// ("models/synth/mixtral-moe/model.gguf" -> "mixtral_moe").
+std::string model_param_name(const std::string& path);
+
 }  // namespace troupe::testing
 
 /// Skips the test (or fails it, in CI) when ../shared is not there; sets `dir` to its path.

@@ -126,20 +126,11 @@ TEST_P(PlanMatrix, EveryPlanIsBitIdenticalToTheEngine) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PlanMatrix,
-                         ::testing::Values("models/stories260K/stories260K.gguf",
-                                           "models/synth/mixtral-moe/model.gguf",
-                                           "models/synth/deepseek2/model.gguf",
-                                           "models/synth/qwen3moe/model.gguf"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(0, s.rfind('/'));
-                           s = s.substr(s.rfind('/') + 1);
-                           for (char& ch : s) {
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, PlanMatrix,
+    ::testing::Values("models/stories260K/stories260K.gguf", "models/synth/mixtral-moe/model.gguf",
+                      "models/synth/deepseek2/model.gguf", "models/synth/qwen3moe/model.gguf"),
+    [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
 
 TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
   TROUPE_SHARED_OR_SKIP(shared);

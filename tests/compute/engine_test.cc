@@ -110,21 +110,13 @@ TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllArchitectures, EngineInvariance,
-                         ::testing::Values("models/stories260K/stories260K.gguf",
-                                           "models/synth/llama-dense-f16/model.gguf",
-                                           "models/synth/mixtral-moe/model.gguf",
-                                           "models/synth/qwen2moe/model.gguf",
-                                           "models/synth/qwen3moe/model.gguf",
-                                           "models/synth/deepseek2/model.gguf"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(0, s.rfind('/'));
-                           s = s.substr(s.rfind('/') + 1);
-                           for (char& ch : s)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllArchitectures, EngineInvariance,
+    ::testing::Values("models/stories260K/stories260K.gguf",
+                      "models/synth/llama-dense-f16/model.gguf",
+                      "models/synth/mixtral-moe/model.gguf", "models/synth/qwen2moe/model.gguf",
+                      "models/synth/qwen3moe/model.gguf", "models/synth/deepseek2/model.gguf"),
+    [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
 
 TEST(Engine, RejectsBadSteps) {
   TROUPE_SHARED_OR_SKIP(shared);
@@ -249,20 +241,11 @@ TEST_P(EngineSplit, PipelineStagesAndExpertShardsAreBitIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(MoeAndDense, EngineSplit,
-                         ::testing::Values("models/synth/mixtral-moe/model.gguf",
-                                           "models/synth/deepseek2/model.gguf",
-                                           "models/synth/qwen2moe/model.gguf",
-                                           "models/stories260K/stories260K.gguf"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(0, s.rfind('/'));
-                           s = s.substr(s.rfind('/') + 1);
-                           for (char& ch : s) {
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    MoeAndDense, EngineSplit,
+    ::testing::Values("models/synth/mixtral-moe/model.gguf", "models/synth/deepseek2/model.gguf",
+                      "models/synth/qwen2moe/model.gguf", "models/stories260K/stories260K.gguf"),
+    [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
 
 TEST(Engine, StageWithoutEmbeddingNeedsHiddenStates) {
   TROUPE_SHARED_OR_SKIP(shared);
