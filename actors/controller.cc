@@ -1,7 +1,9 @@
-// Controller actor: supervision. Monitors every stage and expert shard; when one terminates
-// (an exception escaped a handler, or it was killed) it spawns a replacement from the same
-// configuration, rewires its neighbours, and — for a stage, whose KV pool is lost — tells the
-// scheduler to recompute the running sequences from their token logs.
+// Controller actor: supervision. Monitors every stage, expert shard, the scheduler and the router;
+// when one terminates (an exception escaped a handler, or it was killed) it spawns a replacement
+// from the same configuration and rewires its peers. A stage's KV pool is lost with it: the
+// scheduler recomputes the running sequences from their token logs. A scheduler's sequences are
+// lost with it: the router resubmits them from its token logs. A router's token logs are lost
+// with it: its clients resubmit what they have seen (see LocalCluster::generate_many).
 #include "actors/controller.h"
 
 #include <cstdio>
@@ -11,6 +13,8 @@
 
 #include "actors/detail/messages.h"
 #include "actors/expert_shard.h"
+#include "actors/router.h"
+#include "actors/scheduler.h"
 #include "actors/stage.h"
 
 namespace troupe::actors {
@@ -20,6 +24,7 @@ namespace {
 struct ControllerState {
   ControllerConfig cfg;
   std::vector<int> stage_restarts, shard_restarts;
+  int scheduler_restarts = 0, router_restarts = 0;
   static inline const char* name = "controller";
 };
 
@@ -62,6 +67,38 @@ void restart_shard(Self* self, size_t j) {
   for (const auto& s : c.stage_actors) self->send(s, shards_atom::value, c.shard_actors);
 }
 
+// The replacement gets the same limits and pool, an epoch range of its own (steps of the failed
+// scheduler still in the pipeline come back to it and must be dropped) and the first stage at
+// spawn (the router's resubmissions may reach it before any further message from us).
+void restart_scheduler(Self* self) {
+  auto& st = self->state;
+  auto& c = st.cfg;
+  ++st.scheduler_restarts;
+  c.scheduler_cfg.epoch0 = (static_cast<uint64_t>(st.scheduler_restarts) << 32) + 1;
+  auto a = spawn_scheduler(self->system(), c.scheduler_cfg, c.stage_actors.front());
+  self->monitor(a);
+  c.scheduler = a;
+  std::fprintf(stderr, "troupe: restart actor=scheduler reason=failed (restart %d)\n",
+               st.scheduler_restarts);
+  for (auto& sc : c.stages) sc.scheduler = a;  // a stage restarted later reports failures there
+  for (const auto& s : c.stage_actors) self->send(s, sched_atom::value, a);
+  self->send(c.stage_actors.back(), next_atom::value, a);
+  self->send(c.router, sched_atom::value, a);
+}
+
+// Sequence ids of the replacement start above any its predecessors used: the scheduler may still
+// hold the old router's sequences while it cancels them.
+void restart_router(Self* self) {
+  auto& st = self->state;
+  auto& c = st.cfg;
+  ++st.router_restarts;
+  const int64_t first_seq_id = (static_cast<int64_t>(st.router_restarts) << 40) + 1;
+  c.router = spawn_router(self->system(), c.model, c.scheduler, first_seq_id);
+  self->monitor(c.router);
+  std::fprintf(stderr, "troupe: restart actor=router reason=failed (restart %d)\n",
+               st.router_restarts);
+}
+
 }  // namespace
 
 caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
@@ -71,8 +108,13 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
   st.shard_restarts.assign(st.cfg.shard_actors.size(), 0);
   for (const auto& a : st.cfg.stage_actors) self->monitor(a);
   for (const auto& a : st.cfg.shard_actors) self->monitor(a);
+  self->monitor(st.cfg.scheduler);
+  self->monitor(st.cfg.router);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& c = self->state.cfg;
+    if (dm.source == c.scheduler.address()) return restart_scheduler(self);
+    // A router a client already had replaced (see router_atom) is not the current one any more.
+    if (dm.source == c.router.address()) return restart_router(self);
     for (size_t i = 0; i < c.stage_actors.size(); ++i)
       if (dm.source == c.stage_actors[i].address()) return restart_stage(self, i);
     for (size_t j = 0; j < c.shard_actors.size(); ++j)
@@ -81,6 +123,10 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
   return {
       [=](crash_atom, const std::string& target) -> bool {
         auto& c = self->state.cfg;
+        if (target == "scheduler" || target == "router") {
+          self->send(target == "router" ? c.router : c.scheduler, crash_atom::value);
+          return true;
+        }
         const auto slash = target.find('/');
         if (slash == std::string::npos) return false;
         const std::string kind = target.substr(0, slash);
@@ -100,8 +146,20 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
         }
         return false;
       },
+      [=](router_atom, const caf::actor_addr& failed) -> caf::actor {
+        auto& c = self->state.cfg;
+        if (failed && failed == c.router.address()) restart_router(self);
+        return c.router;
+      },
+      [=](actors_atom) -> ActorHandles {
+        const auto& c = self->state.cfg;
+        return ActorHandles{c.router, c.scheduler, c.stage_actors, c.shard_actors};
+      },
       [=](stats_atom) -> std::string {
-        std::string s = "{\"stage_restarts\":[";
+        std::string s =
+            "{\"scheduler_restarts\":" + std::to_string(self->state.scheduler_restarts) +
+            ",\"router_restarts\":" + std::to_string(self->state.router_restarts) +
+            ",\"stage_restarts\":[";
         for (size_t i = 0; i < self->state.stage_restarts.size(); ++i)
           s += (i ? "," : "") + std::to_string(self->state.stage_restarts[i]);
         s += "],\"expert_restarts\":[";

@@ -1,8 +1,11 @@
 // LocalCluster: spawns the actors of a resolved plan in one actor system and drives requests
-// through the router from a scoped actor.
+// through the router from a scoped actor. The client side of router supervision lives here: the
+// client keeps what it was streamed, and when its router fails it resumes each request it still
+// waits for at the replacement the controller names.
 #include "actors/local_cluster.h"
 
 #include <chrono>
+#include <cstdlib>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -15,27 +18,75 @@
 #include "actors/router.h"
 #include "actors/scheduler.h"
 #include "actors/stage.h"
+#include "base/check.h"
 
 namespace troupe::actors {
+
+namespace {
+
+constexpr auto kControlTimeout = std::chrono::seconds(10);
+
+// The value of an unsigned field of a stage's one-line stats JSON; 0 when absent. actors/ may not
+// include a JSON parser (STYLE.md), and the stage writes this field itself with "%llu".
+uint64_t json_uint(const std::string& s, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const size_t at = s.find(k);
+  if (at == std::string::npos) return 0;
+  return std::strtoull(s.c_str() + at + k.size(), nullptr, 10);
+}
+
+void stop_all(const ActorHandles& h) {
+  for (const caf::actor& a : {h.router, h.scheduler})
+    if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  for (const caf::actor& a : h.stages) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  for (const caf::actor& a : h.shards) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+
+/// The client's side of one generate_many call.
+struct ClientRun {
+  caf::scoped_actor* self = nullptr;
+  std::vector<char> cancelled;  // per request: the caller cancelled it
+};
 
 struct LocalCluster::Impl {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   ClusterOptions opts;
-  caf::actor scheduler, router, controller;
-  std::vector<caf::actor> stages, shards;  // as first spawned (the controller tracks restarts)
-  caf::scoped_actor* active = nullptr;     // the client of the running generate_many
+  caf::actor controller;
+  caf::actor router;     // the router the client talks to (the controller's current one)
+  ActorHandles spawned;  // until the controller exists: what start() spawned
+  std::vector<std::pair<int64_t, int64_t>> layers;  // per stage: [begin, end)
+  ClientRun* active = nullptr;                      // the running generate_many
+
+  // The supervised actors as they are now, restarted ones included; `spawned` without controller.
+  ActorHandles handles(caf::scoped_actor& self) {
+    if (!controller) return spawned;
+    ActorHandles h;
+    self->request(controller, kControlTimeout, actors_atom::value)
+        .receive([&](ActorHandles& x) { h = std::move(x); }, [](const caf::error&) {});
+    return h;
+  }
+
+  // The current router; `failed` (non-null) is one this client saw terminate.
+  caf::actor current_router(caf::scoped_actor& self, const caf::actor_addr& failed) {
+    caf::actor r;
+    self->request(controller, kControlTimeout, router_atom::value, failed)
+        .receive([&](caf::actor& x) { r = std::move(x); }, [](const caf::error&) {});
+    return r;
+  }
 
   ~Impl() {
     if (!sys) return;
-    // Stop supervision first, so that shutting the others down does not restart them.
-    for (const caf::actor& a : {controller, router, scheduler})
-      if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    // Replacements the controller spawned after a failure are not listed here: they hold no
-    // references once their peers are gone and end with the system.
-    // TODO(#3): ask the controller for its current actors and stop those explicitly.
-    for (const caf::actor& a : stages) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (const caf::actor& a : shards) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::scoped_actor self{*sys};
+    const ActorHandles h = handles(self);
+    // Stop supervision first, and wait for it, so that shutting the others down restarts nothing.
+    if (controller) {
+      self->send_exit(controller, caf::exit_reason::user_shutdown);
+      self->wait_for(controller);
+    }
+    stop_all(h);
   }
 };
 
@@ -64,6 +115,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   for (const auto& s : plan.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
 
   ControllerConfig cc;
+  cc.model = model;
   if (!plan.expert_shards.empty()) {
     cc.expert_owner.assign(static_cast<size_t>(spec.n_expert), -1);
     for (size_t j = 0; j < plan.expert_shards.size(); ++j) {
@@ -78,8 +130,15 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       cc.shard_actors.push_back(spawn_expert_shard(*im.sys, sc));
     }
   }
-  im.scheduler =
-      spawn_scheduler(*im.sys, plan.scheduler, kv_blocks, plan.kv_block_size, spec.n_vocab);
+  im.spawned.shards = cc.shard_actors;
+  cc.scheduler_cfg.limits = plan.scheduler;
+  cc.scheduler_cfg.kv_blocks = kv_blocks;
+  cc.scheduler_cfg.kv_block_size = plan.kv_block_size;
+  cc.scheduler_cfg.n_vocab = spec.n_vocab;
+  // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
+  // by message, before any request exists.
+  cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, caf::actor{});
+  im.spawned.scheduler = cc.scheduler;
   ExpertPlacement placement;
   if (!cc.shard_actors.empty()) {
     placement.shards = cc.shard_actors;
@@ -87,7 +146,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   }
   cc.stages.resize(static_cast<size_t>(num_stages));
   cc.stage_actors.resize(static_cast<size_t>(num_stages));
-  caf::actor next = im.scheduler;
+  caf::actor next = cc.scheduler;
   for (int64_t i = num_stages - 1; i >= 0; --i) {
     const StagePlan& sp = plan.stages[static_cast<size_t>(i)];
     StageConfig c;
@@ -99,12 +158,14 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.kv_block_size = plan.kv_block_size;
     c.model = model;
     c.expert_timeout = std::chrono::milliseconds(opts.expert_timeout_ms);
-    c.scheduler = im.scheduler;
+    c.scheduler = cc.scheduler;
     cc.stages[static_cast<size_t>(i)] = c;
     next = spawn_stage(*im.sys, c, next, placement);
     cc.stage_actors[static_cast<size_t>(i)] = next;
   }
-  caf::anon_send(im.scheduler, stage_atom::value, cc.stage_actors[0]);
+  im.spawned.stages = cc.stage_actors;
+  for (const StagePlan& sp : plan.stages) im.layers.emplace_back(sp.layer_begin, sp.layer_end);
+  caf::anon_send(cc.scheduler, stage_atom::value, cc.stage_actors[0]);
   // Every stage must have built its engine (KV pool allocated) before we accept requests.
   {
     caf::scoped_actor self{*im.sys};
@@ -116,11 +177,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       if (!err.empty()) return Error{1, "stage " + std::to_string(i) + " failed to start: " + err};
     }
   }
-  im.stages = cc.stage_actors;
-  im.shards = cc.shard_actors;
-  cc.scheduler = im.scheduler;
-  im.router = spawn_router(*im.sys, model, im.scheduler);
-  cc.router = im.router;
+  cc.router = spawn_router(*im.sys, model, cc.scheduler, 1);
+  im.spawned.router = cc.router;
+  im.router = cc.router;
   im.controller = spawn_controller(*im.sys, std::move(cc));
   return lc;
 }
@@ -133,20 +192,37 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
   if (reqs.empty()) return results;
   if (concurrency == 0) concurrency = reqs.size();
   caf::scoped_actor self{*im.sys};
-  im.active = &self;
+  ClientRun run;
+  run.self = &self;
+  run.cancelled.assign(reqs.size(), 0);
+  im.active = &run;
+  // A router replaced while no call ran is picked up here; a failure during this call arrives as
+  // a down message.
+  if (auto r = im.current_router(self, caf::actor_addr{})) im.router = r;
+  self->monitor(im.router);
+  std::vector<GenerateRequestPtr> ptrs;
+  for (const auto& r : reqs) ptrs.push_back(std::make_shared<GenerateRequest>(r));
+  // What the client was streamed per request: a replacement router resumes from it.
+  std::vector<ResumeState> seen(reqs.size());
+  std::vector<bool> submitted(reqs.size(), false), finished(reqs.size(), false);
   size_t next = 0, done = 0;
   auto submit = [&](size_t i) {
-    self->send(im.router, submit_atom::value,
-               GenerateRequestPtr(std::make_shared<GenerateRequest>(reqs[i])),
-               static_cast<int64_t>(i));
+    submitted[i] = true;
+    self->send(im.router, submit_atom::value, ptrs[i], static_cast<int64_t>(i));
   };
   for (; next < reqs.size() && next < concurrency; ++next) submit(next);
-  std::vector<bool> finished(reqs.size(), false);
-  bool timed_out = false;
-  while (done < reqs.size() && !timed_out) {
+  std::string failure;  // why the remaining requests got no answer
+  while (done < reqs.size() && failure.empty()) {
     self->receive(
-        [&](token_atom, int64_t tag, const std::string& delta, int32_t token) {
-          if (on_delta) on_delta(static_cast<size_t>(tag), delta, token);
+        [&](token_atom, int64_t tag, const StreamPiecePtr& piece) {
+          const size_t i = static_cast<size_t>(tag);
+          if (i >= results.size() || finished[i]) return;
+          if (piece->token >= 0) {
+            seen[i].tokens.push_back(piece->token);
+            seen[i].logits.insert(seen[i].logits.end(), piece->logits.begin(), piece->logits.end());
+            seen[i].rng = piece->rng;
+          }
+          if (on_delta) on_delta(i, piece->delta, piece->token);
         },
         [&](finish_atom, int64_t tag, const GenerateResultPtr& r) {
           const size_t i = static_cast<size_t>(tag);
@@ -156,21 +232,44 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
           ++done;
           if (next < reqs.size()) submit(next++);
         },
+        [&](caf::down_msg& dm) {
+          // Everything the failed router sent us was delivered before this message: resume each
+          // request it held from exactly what we were streamed.
+          if (dm.source != im.router.address()) return;
+          caf::actor r = im.current_router(self, dm.source);
+          if (!r) {
+            failure = "the router failed and the controller named no replacement";
+            return;
+          }
+          im.router = r;
+          self->monitor(im.router);
+          for (size_t i = 0; i < reqs.size(); ++i) {
+            if (!submitted[i] || finished[i]) continue;
+            self->send(im.router, submit_atom::value, ptrs[i], static_cast<int64_t>(i),
+                       ResumeStatePtr(std::make_shared<ResumeState>(seen[i])));
+            if (run.cancelled[i])
+              self->send(im.router, cancel_atom::value, static_cast<int64_t>(i));
+          }
+        },
         caf::after(std::chrono::milliseconds(im.opts.request_timeout_ms)) >>
-            [&] { timed_out = true; });
+            [&] {
+              failure = "no answer within " + std::to_string(im.opts.request_timeout_ms) + " ms";
+            });
   }
   im.active = nullptr;
   for (size_t i = 0; i < results.size(); ++i) {
     if (finished[i]) continue;
     results[i].finish_reason = "error";
-    results[i].error = "no answer within " + std::to_string(im.opts.request_timeout_ms) + " ms";
+    results[i].error = failure;
   }
   return results;
 }
 
 void LocalCluster::cancel(size_t index) {
-  if (impl_->active)
-    (*impl_->active)->send(impl_->router, cancel_atom::value, static_cast<int64_t>(index));
+  ClientRun* run = impl_->active;
+  if (!run || index >= run->cancelled.size()) return;
+  run->cancelled[index] = 1;  // a router that replaces a failed one is told again
+  (*run->self)->send(impl_->router, cancel_atom::value, static_cast<int64_t>(index));
 }
 
 GenerateResult LocalCluster::generate(const GenerateRequest& req, const StreamCallback& on_delta) {
@@ -180,20 +279,46 @@ GenerateResult LocalCluster::generate(const GenerateRequest& req, const StreamCa
 Status LocalCluster::inject_fault(const std::string& actor) {
   caf::scoped_actor self{*impl_->sys};
   bool ok = false;
-  self->request(impl_->controller, std::chrono::seconds(10), crash_atom::value, actor)
+  self->request(impl_->controller, kControlTimeout, crash_atom::value, actor)
       .receive([&](bool r) { ok = r; }, [&](const caf::error&) { ok = false; });
-  if (!ok) return Error{1, "no actor named '" + actor + "' (use stage/N or expert/N)"};
+  if (!ok)
+    return Error{1, "no actor named '" + actor + "' (use stage/N, expert/N, scheduler or router)"};
   return Ok{};
 }
 
 std::string LocalCluster::stats_json() {
-  caf::scoped_actor self{*impl_->sys};
+  Impl& im = *impl_;
+  caf::scoped_actor self{*im.sys};
+  const ActorHandles h = im.handles(self);
   std::string sched = "null", ctrl = "null";
-  self->request(impl_->scheduler, std::chrono::seconds(10), stats_atom::value)
-      .receive([&](const std::string& s) { sched = s; }, [&](const caf::error&) {});
-  self->request(impl_->controller, std::chrono::seconds(10), stats_atom::value)
+  compute::KvStats kv;
+  if (h.scheduler) {
+    self->request(h.scheduler, kControlTimeout, stats_atom::value)
+        .receive([&](const std::string& s) { sched = s; }, [&](const caf::error&) {});
+    self->request(h.scheduler, kControlTimeout, kv_atom::value)
+        .receive([&](const compute::KvStats& s) { kv = s; }, [&](const caf::error&) {});
+  }
+  self->request(im.controller, kControlTimeout, stats_atom::value)
       .receive([&](const std::string& s) { ctrl = s; }, [&](const caf::error&) {});
-  return "{\"scheduler\":" + sched + ",\"controller\":" + ctrl + "}";
+  std::string stages;
+  for (size_t i = 0; i < h.stages.size() && i < im.layers.size(); ++i) {
+    uint64_t pool_bytes = 0;
+    self->request(h.stages[i], kControlTimeout, stats_atom::value)
+        .receive([&](const std::string& s) { pool_bytes = json_uint(s, "kv_bytes"); },
+                 [&](const caf::error&) {});
+    const uint64_t block_bytes =
+        kv.num_blocks > 0 ? pool_bytes / static_cast<uint64_t>(kv.num_blocks) : 0;
+    stages += strfmt(
+        "%s{\"stage\":%zu,\"layers\":[%lld,%lld],\"blocks_total\":%lld,\"blocks_used\":%lld,"
+        "\"blocks_cached\":%lld,\"blocks_free\":%lld,\"block_bytes\":%llu,\"bytes_used\":%llu,"
+        "\"fragmentation_perc\":%.4f}",
+        i ? "," : "", i, (long long)im.layers[i].first, (long long)im.layers[i].second,
+        (long long)kv.num_blocks, (long long)kv.num_used, (long long)kv.num_cached,
+        (long long)kv.num_free, (unsigned long long)block_bytes,
+        (unsigned long long)(block_bytes * static_cast<uint64_t>(kv.num_used)),
+        kv.fragmentation_perc);
+  }
+  return "{\"scheduler\":" + sched + ",\"controller\":" + ctrl + ",\"kv_stages\":[" + stages + "]}";
 }
 
 }  // namespace troupe::actors

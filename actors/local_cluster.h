@@ -62,9 +62,24 @@ class LocalCluster {
   /// then ends with finish_reason "cancelled" (tokens streamed so far kept) and its KV is freed.
   void cancel(size_t index);
 
-  /// Fault injection (tests): "stage/N" or "expert/N" throws while handling its next message.
+  /// Fault injection (tests): "stage/N", "expert/N", "scheduler" or "router" throws while
+  /// handling its next message; its supervisor restarts it and no accepted request is lost. May be
+  /// called from inside a StreamCallback.
   Status inject_fault(const std::string& actor);
-  /// A JSON summary: scheduler counters, KV usage, prefix-cache hits, actor restarts.
+  /// A JSON summary:
+  ///   "scheduler":  counters, KV usage, prefix-cache hits (one line from the scheduler)
+  ///   "controller": restarts per actor
+  ///   "kv_stages":  one object per pipeline stage, in order. Block ids are shared along the
+  ///                 pipeline (one logical block table per sequence), so the block counts are the
+  ///                 same for every stage; the bytes are that stage's own pool:
+  ///     stage, layers [begin, end)
+  ///     blocks_total, blocks_used (held by live sequences), blocks_cached (unreferenced but
+  ///     holding a reusable prefix: evictable), blocks_free; used + cached + free = total
+  ///     block_bytes: bytes of one block in this stage's pool (all its layers' K and V)
+  ///     bytes_used: blocks_used * block_bytes
+  ///     fragmentation_perc: of the token slots of used blocks, the share holding no computed
+  ///                         token yet (partly filled tail blocks, slots reserved for a step in
+  ///                         flight), in [0, 1]
   std::string stats_json();
 
  private:

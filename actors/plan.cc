@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +59,8 @@ constexpr Bound kBlockSize{1, 4096};
 constexpr Bound kKvBlocks{1, int64_t{1} << 40};
 constexpr Bound kLayerIdx{0, int64_t{1} << 24};
 constexpr Bound kExpertId{0, INT32_MAX};
+constexpr Bound kHeartbeatMs{10, 600000};
+constexpr Bound kLeaseMs{20, 3600000};
 
 struct SchedField {
   const char* name;
@@ -282,12 +285,13 @@ class Parser {
       for (size_t i = 0; i < arr->size(); ++i) {
         const toml::table& t = *(*arr)[i].as_table();
         std::string path = "stage[" + std::to_string(i) + "]";
-        check_keys(t, path, {"layers", "kv_blocks", "threads"});
+        check_keys(t, path, {"layers", "kv_blocks", "threads", "node"});
         StagePlan sp = defaults;
         sp.line = static_cast<int>(t.source().begin.line);
         read_layers(t, path, sp);
         read_int(t, path, "kv_blocks", kKvBlocks, sp.kv_blocks, 0);
         read_threads(t, path, sp.threads);
+        read_node_name(t, path, sp.node);
         p.stages.push_back(sp);
       }
     }
@@ -313,11 +317,12 @@ class Parser {
       for (size_t i = 0; i < arr->size(); ++i) {
         const toml::table& t = *(*arr)[i].as_table();
         std::string path = "expert_shard[" + std::to_string(i) + "]";
-        check_keys(t, path, {"experts", "threads"});
+        check_keys(t, path, {"experts", "threads", "node"});
         ExpertShardPlan sp = defaults;
         sp.line = static_cast<int>(t.source().begin.line);
         read_experts(t, path, sp);
         read_threads(t, path, sp.threads);
+        read_node_name(t, path, sp.node);
         p.expert_shards.push_back(sp);
       }
     }
@@ -346,7 +351,8 @@ class Parser {
     Plan p;
     p.source = source_;
     check_keys(root, "",
-               {"model", "stages", "stage", "expert_shards", "expert_shard", "scheduler"});
+               {"model", "stages", "stage", "expert_shards", "expert_shard", "scheduler", "cluster",
+                "node"});
     if (const toml::table* m = read_table(root, "model")) {
       check_keys(*m, "model", {"path"});
       read_string(*m, "model", "path", p.model_path);
@@ -354,7 +360,63 @@ class Parser {
     read_stages(root, p);
     read_expert_shards(root, p);
     read_scheduler(root, p.scheduler);
+    read_cluster(root, p.cluster);
     return p;
+  }
+
+  /// A stage's or shard's `node`: a node name, or "auto" (stored as "").
+  void read_node_name(const toml::table& t, const std::string& path, std::string& out) const {
+    read_string(t, path, "node", out);
+    if (out == "auto") out.clear();
+  }
+
+  void read_cluster(const toml::table& root, ClusterPlan& c) const {
+    if (const toml::table* t = read_table(root, "cluster")) {
+      c.line = static_cast<int>(t->source().begin.line);
+      check_keys(*t, "cluster",
+                 {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms", "ucx_tls",
+                  "ucx_net_devices", "error_mode"});
+      read_string(*t, "cluster", "name", c.name);
+      read_string(*t, "cluster", "token", c.token);
+      read_string(*t, "cluster", "token_file", c.token_file);
+      read_string(*t, "cluster", "head", c.head);
+      read_int(*t, "cluster", "heartbeat_ms", kHeartbeatMs, c.heartbeat_ms);
+      read_int(*t, "cluster", "lease_ms", kLeaseMs, c.lease_ms);
+      read_string(*t, "cluster", "ucx_tls", c.ucx_tls);
+      read_string(*t, "cluster", "ucx_net_devices", c.ucx_net_devices);
+      read_string(*t, "cluster", "error_mode", c.error_mode);
+      if (c.error_mode != "auto" && c.error_mode != "peer" && c.error_mode != "none")
+        fail(t->get("error_mode")->source().begin.line, "cluster.error_mode",
+             "expected \"auto\", \"peer\" or \"none\", got \"" + c.error_mode + "\"");
+      if (c.lease_ms < 2 * c.heartbeat_ms)
+        fail(c.line, "cluster.lease_ms",
+             "must be at least twice heartbeat_ms (" + std::to_string(c.heartbeat_ms) +
+                 " ms), got " + std::to_string(c.lease_ms) + " ms");
+    }
+    const toml::array* arr = read_table_array(root, "node");
+    if (arr == nullptr) return;
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table& t = *(*arr)[i].as_table();
+      std::string path = "node[" + std::to_string(i) + "]";
+      check_keys(t, path, {"name", "address"});
+      NodePlan n;
+      n.line = static_cast<int>(t.source().begin.line);
+      read_string(t, path, "name", n.name);
+      if (n.name.empty()) fail(n.line, path + ".name", "every node needs a non-empty name");
+      std::string address;
+      read_string(t, path, "address", address);
+      const size_t colon = address.rfind(':');
+      char* end = nullptr;
+      const long port =
+          colon == std::string::npos ? 0 : std::strtol(address.c_str() + colon + 1, &end, 10);
+      if (colon == std::string::npos || colon == 0 || !end || *end != '\0' || port < 1 ||
+          port > 65535)
+        fail(n.line, path + ".address",
+             "expected \"host:port\" with a port in 1..65535, got \"" + address + "\"");
+      n.host = address.substr(0, colon);
+      n.port = port;
+      c.nodes.push_back(n);
+    }
   }
 
  private:
@@ -711,6 +773,79 @@ Status resolve_plan(Plan& plan, const model::ModelSpec& spec) {
   }
 }
 
+int node_index(const Plan& plan, const std::string& name) {
+  for (size_t i = 0; i < plan.cluster.nodes.size(); ++i)
+    if (plan.cluster.nodes[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+Status resolve_placement(Plan& p) {
+  ClusterPlan& c = p.cluster;
+  auto err = [&](int line, const std::string& what) -> Status {
+    return Error{static_cast<int>(PlanErrc::kInvalid), where(p.source, line) + ": " + what};
+  };
+  if (!c.present()) {
+    for (size_t i = 0; i < p.stages.size(); ++i)
+      if (!p.stages[i].node.empty())
+        return err(p.stages[i].line, "stage[" + std::to_string(i) + "].node: names node '" +
+                                         p.stages[i].node +
+                                         "' but the plan has no [[node]] tables");
+    for (size_t i = 0; i < p.expert_shards.size(); ++i)
+      if (!p.expert_shards[i].node.empty())
+        return err(p.expert_shards[i].line, "expert_shard[" + std::to_string(i) +
+                                                "].node: names node '" + p.expert_shards[i].node +
+                                                "' but the plan has no [[node]] tables");
+    return Ok{};
+  }
+  for (size_t i = 0; i < c.nodes.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      if (c.nodes[i].name == c.nodes[j].name)
+        return err(c.nodes[i].line, "node[" + std::to_string(i) + "]: the name '" +
+                                        c.nodes[i].name + "' is taken by node[" +
+                                        std::to_string(j) + "]");
+      if (c.nodes[i].host == c.nodes[j].host && c.nodes[i].port == c.nodes[j].port)
+        return err(c.nodes[i].line, "node[" + std::to_string(i) + "]: the address " +
+                                        c.nodes[i].host + ":" + std::to_string(c.nodes[i].port) +
+                                        " is taken by node[" + std::to_string(j) + "]");
+    }
+  if (c.head.empty()) c.head = c.nodes[0].name;
+  if (node_index(p, c.head) < 0)
+    return err(c.line, "cluster.head: no [[node]] is named '" + c.head + "'");
+  if (const char* env = std::getenv("TROUPE_CLUSTER_TOKEN"); env && *env) {
+    c.token = env;
+  } else if (c.token.empty() && !c.token_file.empty()) {
+    namespace fs = std::filesystem;
+    fs::path f(c.token_file);
+    if (f.is_relative() && !fs::path(p.source).parent_path().empty())
+      f = fs::path(p.source).parent_path() / f;
+    std::ifstream in(f);
+    std::string tok;
+    if (!in || !std::getline(in, tok) || tok.empty())
+      return err(c.line, "cluster.token_file: cannot read a token from " + f.string());
+    c.token = tok;
+  }
+  if (c.token.empty())
+    return err(c.line,
+               "cluster: a cluster needs a token (cluster.token, cluster.token_file or the "
+               "TROUPE_CLUSTER_TOKEN environment variable)");
+  const size_t num_nodes = c.nodes.size();
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    StagePlan& s = p.stages[i];
+    if (s.node.empty()) s.node = c.nodes[i % num_nodes].name;
+    if (node_index(p, s.node) < 0)
+      return err(s.line,
+                 "stage[" + std::to_string(i) + "].node: no [[node]] is named '" + s.node + "'");
+  }
+  for (size_t j = 0; j < p.expert_shards.size(); ++j) {
+    ExpertShardPlan& s = p.expert_shards[j];
+    if (s.node.empty()) s.node = c.nodes[(p.stages.size() + j) % num_nodes].name;
+    if (node_index(p, s.node) < 0)
+      return err(s.line, "expert_shard[" + std::to_string(j) + "].node: no [[node]] is named '" +
+                             s.node + "'");
+  }
+  return Ok{};
+}
+
 std::string describe_plan(const Plan& p) {
   std::ostringstream os;
   const SchedulerConfig& sc = p.scheduler;
@@ -730,7 +865,9 @@ std::string describe_plan(const Plan& p) {
       os << ", kv_blocks auto";
     else
       os << ", kv_blocks " << s.kv_blocks << " (" << s.kv_blocks * p.kv_block_size << " tokens)";
-    os << ", threads " << s.threads << "\n";
+    os << ", threads " << s.threads;
+    if (!s.node.empty()) os << ", on " << s.node;
+    os << "\n";
   }
   for (size_t i = 0; i < p.expert_shards.size(); ++i) {
     const ExpertShardPlan& s = p.expert_shards[i];
@@ -739,7 +876,15 @@ std::string describe_plan(const Plan& p) {
       os << "auto";
     else
       os << compress_ids(s.experts) << " (" << s.experts.size() << ")";
-    os << ", threads " << s.threads << "\n";
+    os << ", threads " << s.threads;
+    if (!s.node.empty()) os << ", on " << s.node;
+    os << "\n";
+  }
+  if (p.cluster.present()) {
+    os << "cluster " << p.cluster.name << ": head "
+       << (p.cluster.head.empty() ? p.cluster.nodes[0].name : p.cluster.head) << ", nodes";
+    for (const NodePlan& n : p.cluster.nodes) os << " " << n.name << "@" << n.host << ":" << n.port;
+    os << "\n";
   }
   return os.str();
 }

@@ -42,6 +42,7 @@ struct StagePlan {
   int64_t layer_end = -1;    // one past the last layer ([begin, end)); -1 = auto
   int64_t kv_blocks = 0;     // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
   int threads = 1;           // compute threads of this stage
+  std::string node;          // node daemon hosting it (multi-host plans); "" = auto
   int line = 0;              // line of its [[stage]] table in Plan::source; 0 = not from a file
 };
 
@@ -50,7 +51,33 @@ struct ExpertShardPlan {
   std::vector<int32_t> experts;  // expert ids; sorted and unique once resolved
   bool auto_experts = true;      // true = `experts` is to be filled by resolve_plan
   int threads = 1;               // compute threads of this shard
+  std::string node;              // node daemon hosting it (multi-host plans); "" = auto
   int line = 0;                  // line of its [[expert_shard]] table; 0 = not from a file
+};
+
+/// One node daemon of a multi-host cluster. TOML: one [[node]] table.
+struct NodePlan {
+  std::string name;  // unique in the cluster, e.g. "node-b"
+  std::string host;  // address its transport listens on (and peers connect to)
+  int64_t port = 0;  // 1..65535
+  int line = 0;
+};
+
+/// The cluster around a plan (ARCHITECTURE §9). TOML: [cluster] and [[node]] tables; a plan
+/// without them runs in one process.
+struct ClusterPlan {
+  std::string name = "troupe";
+  std::string token;       // shared secret; TROUPE_CLUSTER_TOKEN in the environment overrides it
+  std::string token_file;  // or read from this file (relative to the plan's directory)
+  std::string head;        // node running the controller, router and scheduler; "" = first node
+  int64_t heartbeat_ms = 500;       // node -> controller heartbeat period
+  int64_t lease_ms = 3000;          // a node missing heartbeats this long is declared dead
+  std::string ucx_tls;              // UCX_TLS for the transport; "" = UCX's default (all)
+  std::string ucx_net_devices;      // UCX_NET_DEVICES; "" = UCX's default
+  std::string error_mode = "auto";  // transport error handling: auto, peer or none
+  std::vector<NodePlan> nodes;
+  int line = 0;  // line of [cluster]
+  bool present() const { return !nodes.empty(); }
 };
 
 struct Plan {
@@ -62,6 +89,7 @@ struct Plan {
   std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)
   std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved
   SchedulerConfig scheduler;
+  ClusterPlan cluster;
 };
 
 /// Reads a plan from a TOML file (schema: conf/plan-example.toml). A relative model path is
@@ -95,6 +123,16 @@ Plan even_plan(const std::string& model_path, int64_t num_stages, int64_t num_ex
 /// Failure: code PlanErrc::kInvalid or kSchema, message prefixed with plan.source; `plan` may
 /// then be partly filled.
 Status resolve_plan(Plan& plan, const model::ModelSpec& spec);
+
+/// For a multi-host plan (cluster.present()): checks the nodes (unique names and addresses, a
+/// head among them), resolves the token (environment, then token, then token_file), and places
+/// every stage and expert shard without a node round-robin over the nodes in file order (stages
+/// first, then shards). Errors name the key and its line. No-op for a single-process plan that
+/// names no nodes; an error when stages or shards name nodes but no [[node]] table exists.
+Status resolve_placement(Plan& plan);
+
+/// Index of the node named `name` in plan.cluster.nodes, or -1.
+int node_index(const Plan& plan, const std::string& name);
 
 /// A human-readable summary: the model and scheduler on one line, then one line per stage and
 /// per expert shard. Auto parts print as "auto" when the plan is not resolved yet.

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <set>
+#include <stdexcept>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -47,6 +49,8 @@ struct SchedulerState {
   double step_wall_s = 0, step_compute_s = 0;  // summed over completed steps
   uint64_t epoch = 1;
   uint64_t next_step = 1;
+  std::set<caf::actor_addr> watched;  // reply_to actors we monitor (their requests die with them)
+  bool crash_next = false;            // fault injection
   // statistics
   uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0;
   static inline const char* name = "scheduler";
@@ -63,6 +67,7 @@ void emit(Self* self, Seq& s, int64_t id, int32_t token, bool finished, std::str
   ev->finish_reason = std::move(reason);
   ev->error = std::move(error);
   ev->logits = std::move(logits);
+  ev->rng = s.rng;
   self->send(s.reply_to, token_atom::value, TokenEventPtr(std::move(ev)));
 }
 
@@ -124,6 +129,7 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
 
 void schedule(Self* self) {
   auto& st = self->state;
+  if (!st.first_stage) return;  // requests wait until the pipeline is wired
   while (st.in_flight < st.cfg.microbatches) {
     auto batch = std::make_shared<StepBatch>();
     int64_t budget = st.cfg.max_tokens_per_step;
@@ -236,68 +242,114 @@ void on_done(Self* self, const StepOutcomePtr& out) {
   schedule(self);
 }
 
+// Stops sequence `id`: now, or when its step in flight comes back. Returns whether it existed.
+bool cancel_seq(Self* self, int64_t id) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end()) return false;
+  if (it->second.in_flight) {
+    it->second.cancelled = true;  // finished when its step comes back
+  } else {
+    finish(self, id, "cancelled");
+  }
+  return true;
+}
+
+// An injected fault: an exception escaping a handler ends the actor; its supervisor restarts it.
+void maybe_crash(Self* self) {
+  if (self->state.crash_next) throw std::runtime_error("scheduler: injected fault");
+}
+
+void on_submit(Self* self, const SeqRequestPtr& req, caf::actor reply_to) {
+  auto& st = self->state;
+  Seq s;
+  s.req = req;
+  s.reply_to = std::move(reply_to);
+  s.tokens = req->prompt;
+  s.rng = req->rng == compute::SamplerState{} ? compute::Sampler::seeded_state(req->sampling->seed)
+                                              : req->rng;
+  const int64_t id = req->seq_id;
+  if (st.seqs.count(id)) {
+    emit(self, s, id, -1, true, "error", "duplicate request id " + std::to_string(id));
+    return;
+  }
+  if (!req->replay && static_cast<int64_t>(st.waiting.size()) >= st.cfg.max_queue) {
+    emit(self, s, id, -1, true, "overloaded",
+         "server overloaded: " + std::to_string(st.waiting.size()) + " requests waiting (limit " +
+             std::to_string(st.cfg.max_queue) + ")");
+    return;
+  }
+  const int64_t len = static_cast<int64_t>(req->prompt.size());
+  if (req->num_generated > 0 && len >= st.cfg.max_model_len) {
+    // Its last token reached the limit before the failure; only the finish event was lost.
+    emit(self, s, id, -1, true, "length");
+    return;
+  }
+  std::string bad;
+  if (req->prompt.empty()) bad = "the prompt is empty";
+  for (int32_t t : req->prompt)
+    if (t < 0 || t >= st.n_vocab)
+      bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
+  if (len >= st.cfg.max_model_len)
+    bad = "the prompt has " + std::to_string(req->prompt.size()) +
+          " tokens; the model length limit is " + std::to_string(st.cfg.max_model_len);
+  else if (!st.kv->can_fit(len + 1))
+    bad = "the prompt does not fit in the KV pool";
+  if (!bad.empty()) {
+    emit(self, s, id, -1, true, "error", bad);
+    return;
+  }
+  if (s.reply_to && st.watched.insert(s.reply_to.address()).second) self->monitor(s.reply_to);
+  st.seqs.emplace(id, std::move(s));
+  st.waiting.push_back(id);
+  schedule(self);
+}
+
+// A requester (the router) terminated: nobody will read its token events, so its sequences are
+// cancelled and their blocks freed (a replacement router resubmits them under new ids).
+void on_requester_down(Self* self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  if (st.watched.erase(dm.source) == 0) return;
+  std::vector<int64_t> ids;
+  for (const auto& [id, s] : st.seqs)
+    if (s.reply_to.address() == dm.source) ids.push_back(id);
+  for (int64_t id : ids) cancel_seq(self, id);
+  schedule(self);
+}
+
 }  // namespace
 
-caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blocks,
-                                 int64_t kv_block_size, int64_t n_vocab) {
+caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::actor first_stage) {
   auto& st = self->state;
-  st.cfg = cfg;
-  st.n_vocab = n_vocab;
-  st.kv_cfg.num_blocks = kv_blocks;
-  st.kv_cfg.block_size = kv_block_size;
-  st.kv_cfg.enable_prefix_cache = cfg.prefix_cache;
+  st.cfg = cfg.limits;
+  st.n_vocab = cfg.n_vocab;
+  st.epoch = cfg.epoch0;
+  st.first_stage = std::move(first_stage);
+  st.kv_cfg.num_blocks = cfg.kv_blocks;
+  st.kv_cfg.block_size = cfg.kv_block_size;
+  st.kv_cfg.enable_prefix_cache = cfg.limits.prefix_cache;
   st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+  self->set_down_handler([=](caf::down_msg& dm) { on_requester_down(self, dm); });
   return {
       [=](submit_atom, const SeqRequestPtr& req, caf::actor reply_to) {
-        auto& st = self->state;
-        Seq s;
-        s.req = req;
-        s.reply_to = std::move(reply_to);
-        s.tokens = req->prompt;
-        s.rng = compute::Sampler::seeded_state(req->sampling->seed);
-        const int64_t id = req->seq_id;
-        if (st.seqs.count(id)) {
-          emit(self, s, id, -1, true, "error", "duplicate request id " + std::to_string(id));
-          return;
-        }
-        if (static_cast<int64_t>(st.waiting.size()) >= st.cfg.max_queue) {
-          emit(self, s, id, -1, true, "overloaded",
-               "server overloaded: " + std::to_string(st.waiting.size()) +
-                   " requests waiting (limit " + std::to_string(st.cfg.max_queue) + ")");
-          return;
-        }
-        std::string bad;
-        if (req->prompt.empty()) bad = "the prompt is empty";
-        for (int32_t t : req->prompt)
-          if (t < 0 || t >= st.n_vocab)
-            bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
-        if (static_cast<int64_t>(req->prompt.size()) >= st.cfg.max_model_len)
-          bad = "the prompt has " + std::to_string(req->prompt.size()) +
-                " tokens; the model length limit is " + std::to_string(st.cfg.max_model_len);
-        else if (!st.kv->can_fit(static_cast<int64_t>(req->prompt.size()) + 1))
-          bad = "the prompt does not fit in the KV pool";
-        if (!bad.empty()) {
-          emit(self, s, id, -1, true, "error", bad);
-          return;
-        }
-        st.seqs.emplace(id, std::move(s));
-        st.waiting.push_back(id);
-        schedule(self);
+        maybe_crash(self);
+        on_submit(self, req, std::move(reply_to));
       },
       [=](cancel_atom, int64_t id) {
-        auto& st = self->state;
-        auto it = st.seqs.find(id);
-        if (it == st.seqs.end()) return;
-        if (it->second.in_flight) {
-          it->second.cancelled = true;  // finished when its step comes back
-        } else {
-          finish(self, id, "cancelled");
-          schedule(self);
-        }
+        maybe_crash(self);
+        if (cancel_seq(self, id)) schedule(self);
       },
-      [=](done_atom, const StepOutcomePtr& out) { on_done(self, out); },
-      [=](stage_atom, caf::actor first) { self->state.first_stage = std::move(first); },
+      [=](done_atom, const StepOutcomePtr& out) {
+        maybe_crash(self);
+        on_done(self, out);
+      },
+      [=](stage_atom, caf::actor first) {
+        maybe_crash(self);
+        self->state.first_stage = std::move(first);
+        schedule(self);
+      },
       [=](reset_atom) {
+        maybe_crash(self);
         // A stage restarted with an empty KV pool: drop every block (and the prefix cache, whose
         // contents that stage no longer has) and recompute all sequences from their token logs.
         auto& st = self->state;
@@ -338,12 +390,14 @@ caf::behavior scheduler_behavior(Self* self, SchedulerConfig cfg, int64_t kv_blo
             (unsigned long long)kv.prefix_hit_tokens, (unsigned long long)kv.prefix_query_tokens,
             st.step_wall_s, st.step_compute_s);
       },
+      [=](kv_atom) -> compute::KvStats { return self->state.kv->stats(); },
+      [=](crash_atom) { self->state.crash_next = true; },
   };
 }
 
-caf::actor spawn_scheduler(caf::actor_system& sys, const SchedulerConfig& cfg, int64_t kv_blocks,
-                           int64_t kv_block_size, int64_t n_vocab) {
-  return sys.spawn(scheduler_behavior, cfg, kv_blocks, kv_block_size, n_vocab);
+caf::actor spawn_scheduler(caf::actor_system& sys, const SchedulerActorConfig& cfg,
+                           caf::actor first_stage) {
+  return sys.spawn(scheduler_behavior, cfg, std::move(first_stage));
 }
 
 }  // namespace troupe::actors

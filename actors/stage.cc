@@ -171,6 +171,8 @@ caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig 
         run_step(self, b, h, compute_s);
       },
       [=](next_atom, caf::actor n) { self->state.next = std::move(n); },
+      // (sched, actor): the scheduler was replaced; failed steps are reported to the new one.
+      [=](sched_atom, caf::actor s) { self->state.cfg.scheduler = std::move(s); },
       [=](shards_atom, std::vector<caf::actor> shards) {
         if (self->state.experts) self->state.experts->placement.shards = std::move(shards);
       },

@@ -10,6 +10,7 @@
 
 #include <caf/actor.hpp>
 
+#include "actors/plan.h"
 #include "compute/engine.h"
 #include "model/model.h"
 
@@ -32,6 +33,24 @@ struct ExpertShardConfig {
   std::vector<int32_t> experts;  // routed experts it owns (in every MoE layer)
   int threads = 1;
   std::shared_ptr<const model::Model> model;
+};
+
+struct SchedulerActorConfig {
+  SchedulerConfig limits;
+  int64_t kv_blocks = 0;  // the logical pool shared by every stage (block ids are pipeline-wide)
+  int64_t kv_block_size = 16;
+  int64_t n_vocab = 0;
+  // First step epoch. A replacement starts far above its predecessor's epochs, so outcomes of
+  // steps the failed scheduler sent (still in the pipeline) are recognised and dropped.
+  uint64_t epoch0 = 1;
+};
+
+/// The actors a controller supervises, as they are now (replacements included).
+struct ActorHandles {
+  caf::actor router;
+  caf::actor scheduler;
+  std::vector<caf::actor> stages;  // pipeline order
+  std::vector<caf::actor> shards;
 };
 
 /// Where each routed expert lives: shards[owner[e]] computes expert e. Empty: in the stage.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,8 +15,10 @@
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 
+#include "actors/detail/actor_configs.h"
 #include "actors/local_cluster.h"
 #include "compute/engine.h"
+#include "compute/kv_block_manager.h"
 #include "compute/sampler.h"
 
 namespace troupe::actors {
@@ -34,6 +37,10 @@ using shards_atom = caf::atom_constant<caf::atom("shards")>;
 using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using stage_atom = caf::atom_constant<caf::atom("stage")>;
+using sched_atom = caf::atom_constant<caf::atom("sched")>;
+using router_atom = caf::atom_constant<caf::atom("router")>;
+using actors_atom = caf::atom_constant<caf::atom("actors")>;
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
 
 /// One sequence's share of a pipeline step.
 struct SeqWork {
@@ -79,9 +86,19 @@ using StepOutcomePtr = std::shared_ptr<const StepOutcome>;
 class Latch {
  public:
   explicit Latch(int count) : count_(count) {}
+  /// With `on_zero`: called once, on the thread whose count_down() reaches zero (a node daemon
+  /// uses it to send an expert shard's answer back over the network).
+  Latch(int count, std::function<void()> on_zero) : count_(count), on_zero_(std::move(on_zero)) {}
   void count_down() {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (--count_ <= 0) cv_.notify_all();
+    std::function<void()> fire;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--count_ == 0) {
+        cv_.notify_all();
+        fire = std::move(on_zero_);
+      }
+    }
+    if (fire) fire();
   }
   template <class Dur>
   bool wait_for(Dur d) {
@@ -93,6 +110,7 @@ class Latch {
   std::mutex mu_;
   std::condition_variable cv_;
   int count_;
+  std::function<void()> on_zero_;
 };
 
 /// Rows of one MoE layer for one expert shard. The shard owns nothing here: it reads x and writes
@@ -116,6 +134,14 @@ struct SeqRequest {
   std::shared_ptr<const compute::SamplingParams> sampling;
   std::vector<int32_t> eos_ids;  // end-of-generation tokens of the vocabulary
   bool want_logits = false;
+  // A resubmission after a scheduler or router failure. The request was admitted once already,
+  // so it bypasses the queue limit. `prompt` ends with the num_generated tokens sampled before
+  // the failure, `max_tokens` counts only the rest, and `rng` is the sampler state after the last
+  // of them (all zero: start from sampling->seed); with num_generated > 0, a prompt that reached
+  // max_model_len finishes as "length" (only its finish event was lost).
+  bool replay = false;
+  int64_t num_generated = 0;
+  compute::SamplerState rng;
 };
 using SeqRequestPtr = std::shared_ptr<const SeqRequest>;
 
@@ -127,8 +153,28 @@ struct TokenEvent {
   std::string finish_reason;  // "length", "eos", "stop", "cancelled", "error", ...
   std::string error;
   std::vector<float> logits;  // when requested
+  compute::SamplerState rng;  // after sampling `token`: a replay continues from it
 };
 using TokenEventPtr = std::shared_ptr<const TokenEvent>;
+
+/// One piece the router streams to its client. Besides the text it carries what the client needs
+/// to resume the request at a new router if this one fails (the router holds the token logs).
+struct StreamPiece {
+  std::string delta;          // text safe to show now (may be empty)
+  int32_t token = -1;         // the generated token; -1: text flushed at the end
+  std::vector<float> logits;  // f32 [n_vocab] of `token` when return_logits
+  compute::SamplerState rng;  // the sampler state after `token`
+};
+using StreamPiecePtr = std::shared_ptr<const StreamPiece>;
+
+/// What a client saw of a request before its router failed; (submit, request, tag, resume) asks
+/// the new router to continue from there without streaming any of it again.
+struct ResumeState {
+  std::vector<int32_t> tokens;  // streamed tokens, in order
+  std::vector<float> logits;    // f32 [tokens, n_vocab] when return_logits
+  compute::SamplerState rng;    // after the last token; all zero when none was streamed
+};
+using ResumeStatePtr = std::shared_ptr<const ResumeState>;
 
 using GenerateRequestPtr = std::shared_ptr<const GenerateRequest>;
 using GenerateResultPtr = std::shared_ptr<const GenerateResult>;
@@ -143,3 +189,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepOutcomePtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ExpertRequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::SeqRequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::TokenEventPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StreamPiecePtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ResumeStatePtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ActorHandles)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::compute::KvStats)

@@ -1,12 +1,16 @@
 // The actor system against the single-process engine: for every plan (stages x expert shards,
 // prefix cache on and off, several scheduler budgets), many concurrent requests, a tiny KV pool
 // that forces preemption, and actors that crash mid-run, every greedy token and every logit is
-// bit-identical to the engine run alone.
+// bit-identical to the engine run alone; a crashed scheduler or router changes no result and no
+// streamed byte; and the per-stage KV statistics add up.
 #include "actors/local_cluster.h"
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "compute/engine.h"
 #include "model/model.h"
@@ -295,6 +299,225 @@ TEST(LocalCluster, QueueBeyondItsLimitAnswersOverloaded) {
   }
   EXPECT_GT(overloaded, 0);
   EXPECT_EQ(overloaded + completed, 8);
+}
+
+// One generate_many run as the client saw it: results and what was streamed per request.
+struct Streamed {
+  std::vector<GenerateResult> results;
+  std::vector<std::string> text;             // concatenated deltas
+  std::vector<std::vector<int32_t>> tokens;  // streamed token ids
+};
+
+// hook(i, n) runs after request i streamed its n-th token.
+Streamed run_streaming(LocalCluster& lc, const std::vector<GenerateRequest>& reqs,
+                       const std::function<void(size_t, size_t)>& hook = nullptr) {
+  Streamed s;
+  s.text.resize(reqs.size());
+  s.tokens.resize(reqs.size());
+  s.results = lc.generate_many(reqs, 0, [&](size_t i, const std::string& delta, int32_t token) {
+    s.text[i] += delta;
+    if (token < 0) return;
+    s.tokens[i].push_back(token);
+    if (hook) hook(i, s.tokens[i].size());
+  });
+  return s;
+}
+
+void expect_same_run(const Streamed& got, const Streamed& want) {
+  ASSERT_EQ(got.results.size(), want.results.size());
+  for (size_t i = 0; i < want.results.size(); ++i) {
+    const GenerateResult& g = got.results[i];
+    const GenerateResult& w = want.results[i];
+    const std::string what = "request " + std::to_string(i);
+    EXPECT_TRUE(g.ok()) << what << ": " << g.error;
+    EXPECT_EQ(g.finish_reason, w.finish_reason) << what;
+    EXPECT_EQ(g.prompt_tokens, w.prompt_tokens) << what;
+    EXPECT_EQ(g.tokens, w.tokens) << what;
+    EXPECT_EQ(g.text, w.text) << what;
+    ASSERT_EQ(g.logits.size(), w.logits.size()) << what;
+    EXPECT_EQ(std::memcmp(g.logits.data(), w.logits.data(), w.logits.size() * 4), 0)
+        << what << ": logits differ";
+    // Nothing streamed twice, nothing missing: the stream is the result.
+    EXPECT_EQ(got.text[i], g.text) << what;
+    EXPECT_EQ(got.tokens[i], want.tokens[i]) << what;
+  }
+}
+
+// Greedy and seeded-temperature requests, token and text prompts, of different lengths.
+std::vector<GenerateRequest> mixed_requests(int64_t vocab, int64_t n) {
+  std::vector<GenerateRequest> reqs;
+  for (uint32_t i = 0; i < 6; ++i) {
+    GenerateRequest r = greedy_request(random_prompt(4 + 5 * i, vocab, 700 + i), n + i);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_k = 40;
+      r.sampling.seed = 1000 + i;
+    }
+    reqs.push_back(r);
+  }
+  GenerateRequest text;
+  text.prompt = "Once upon a time, there was a little";
+  text.max_tokens = n;
+  text.sampling.temperature = 0.8f;
+  text.sampling.seed = 42;
+  text.sampling.ignore_eos = true;
+  text.return_logits = true;
+  reqs.push_back(text);
+  return reqs;
+}
+
+nlohmann::json stats_of(LocalCluster& lc) { return nlohmann::json::parse(lc.stats_json()); }
+
+void expect_no_blocks_held(const nlohmann::json& st) {
+  EXPECT_EQ(st["scheduler"]["running"], 0) << st.dump();
+  EXPECT_EQ(st["scheduler"]["waiting"], 0) << st.dump();
+  for (const auto& s : st["kv_stages"]) EXPECT_EQ(s["blocks_used"], 0) << st.dump();
+}
+
+// A fault injected while request 0 streams its fifth token, into `actor`; the run must equal the
+// fault-free one byte for byte and leave no KV behind.
+void crash_mid_generation(const std::string& actor, const std::string& restart_key) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 2, 0);
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  auto reqs = mixed_requests(m->spec.n_vocab, 30);
+  // A stop string from the middle of the text request's output: the router holds text back while
+  // it may match, and that state must survive the failure too.
+  const GenerateResult probe = (*lc)->generate(reqs.back());
+  ASSERT_GE(probe.text.size(), 30u) << probe.text;
+  GenerateRequest stop = reqs.back();
+  stop.sampling.stop_strings = {probe.text.substr(20, 6)};
+  reqs.push_back(stop);
+  const Streamed clean = run_streaming(**lc, reqs);
+  ASSERT_EQ(clean.results.back().finish_reason, "stop");
+  EXPECT_EQ(stats_of(**lc)["controller"][restart_key], 0);
+  bool injected = false;
+  const Streamed faulty = run_streaming(**lc, reqs, [&](size_t i, size_t n) {
+    if (i != 0 || n != 5 || injected) return;
+    injected = true;
+    EXPECT_TRUE((*lc)->inject_fault(actor).has_value());
+  });
+  ASSERT_TRUE(injected);
+  expect_same_run(faulty, clean);
+  const auto st = stats_of(**lc);
+  EXPECT_EQ(st["controller"][restart_key], 1) << st.dump();
+  expect_no_blocks_held(st);
+  // The replacement serves the next call as well.
+  expect_same_run(run_streaming(**lc, reqs), clean);
+}
+
+TEST(LocalCluster, SchedulerCrashMidGenerationChangesNoResult) {
+  crash_mid_generation("scheduler", "scheduler_restarts");
+}
+
+TEST(LocalCluster, RouterCrashMidGenerationChangesNoResultOrStream) {
+  crash_mid_generation("router", "router_restarts");
+}
+
+TEST(LocalCluster, SchedulerAndStageCrashTogetherChangeNoResult) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/synth/mixtral-moe/model.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 3, 2);
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  ClusterOptions opts;
+  opts.expert_timeout_ms = 2000;
+  auto lc = LocalCluster::start(plan, m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  std::vector<GenerateRequest> reqs;
+  for (uint32_t i = 0; i < 6; ++i) {
+    GenerateRequest r = greedy_request(random_prompt(5 + 3 * i, m->spec.n_vocab, 310 + i), 24);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 77 + i;
+    }
+    reqs.push_back(r);
+  }
+  const Streamed clean = run_streaming(**lc, reqs);
+  bool injected = false;
+  const Streamed faulty = run_streaming(**lc, reqs, [&](size_t i, size_t n) {
+    if (i != 2 || n != 3 || injected) return;
+    injected = true;
+    EXPECT_TRUE((*lc)->inject_fault("scheduler").has_value());
+    EXPECT_TRUE((*lc)->inject_fault("stage/2").has_value());
+    EXPECT_TRUE((*lc)->inject_fault("router").has_value());
+  });
+  ASSERT_TRUE(injected);
+  expect_same_run(faulty, clean);
+  const auto st = stats_of(**lc);
+  EXPECT_EQ(st["controller"]["scheduler_restarts"], 1) << st.dump();
+  EXPECT_EQ(st["controller"]["router_restarts"], 1) << st.dump();
+  EXPECT_EQ(st["controller"]["stage_restarts"][2], 1) << st.dump();
+  expect_no_blocks_held(st);
+  EXPECT_FALSE((*lc)->inject_fault("scheduler/0").has_value());
+}
+
+TEST(LocalCluster, StatsReportEachStagesKvPool) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan(m->path, 3, 0);
+  plan.kv_block_size = 4;
+  plan.scheduler.max_model_len = 64;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto lc = LocalCluster::start(plan, m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  int64_t pool_blocks = plan.stages[0].kv_blocks;
+  for (const auto& s : plan.stages) pool_blocks = std::min(pool_blocks, s.kv_blocks);
+
+  auto check = [&](const nlohmann::json& st) {
+    const auto& stages = st["kv_stages"];
+    ASSERT_EQ(stages.size(), plan.stages.size()) << st.dump();
+    int64_t layer = 0;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const auto& s = stages[i];
+      EXPECT_EQ(s["stage"], i);
+      EXPECT_EQ(s["layers"][0], layer) << st.dump();
+      layer = s["layers"][1];
+      EXPECT_EQ(s["blocks_total"], pool_blocks);
+      EXPECT_EQ(s["blocks_used"].get<int64_t>() + s["blocks_cached"].get<int64_t>() +
+                    s["blocks_free"].get<int64_t>(),
+                pool_blocks);
+      EXPECT_GT(s["block_bytes"], 0);
+      EXPECT_EQ(s["bytes_used"],
+                s["block_bytes"].get<uint64_t>() * s["blocks_used"].get<uint64_t>());
+      EXPECT_GE(s["fragmentation_perc"], 0.0);
+      EXPECT_LE(s["fragmentation_perc"], 1.0);
+      // Every layer of this model has the same KV width: bytes per block follow the layer count.
+      const int64_t n = s["layers"][1].get<int64_t>() - s["layers"][0].get<int64_t>();
+      const auto& s0 = stages[0];
+      const int64_t n0 = s0["layers"][1].get<int64_t>() - s0["layers"][0].get<int64_t>();
+      EXPECT_EQ(s["block_bytes"].get<uint64_t>() * static_cast<uint64_t>(n0),
+                s0["block_bytes"].get<uint64_t>() * static_cast<uint64_t>(n));
+    }
+    EXPECT_EQ(layer, m->spec.n_layer);
+  };
+
+  std::vector<GenerateRequest> reqs;
+  for (uint32_t i = 0; i < 4; ++i)
+    reqs.push_back(greedy_request(random_prompt(9 + 2 * i, m->spec.n_vocab, 60 + i), 20));
+  bool sampled = false;
+  run_streaming(**lc, reqs, [&](size_t i, size_t n) {
+    if (i != 0 || n != 3 || sampled) return;
+    sampled = true;
+    const auto st = stats_of(**lc);
+    check(st);
+    EXPECT_GT(st["kv_stages"][0]["blocks_used"], 0) << st.dump();
+    EXPECT_GT(st["kv_stages"][0]["bytes_used"], 0) << st.dump();
+  });
+  ASSERT_TRUE(sampled);
+  const auto st = stats_of(**lc);
+  check(st);
+  expect_no_blocks_held(st);
+  // The prompts' full blocks stay in the prefix cache for the next request.
+  EXPECT_GT(st["kv_stages"][0]["blocks_cached"], 0) << st.dump();
+  EXPECT_EQ(st["kv_stages"][0]["fragmentation_perc"], 0.0) << st.dump();
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // way a plan can be bad, each asserting the message text (file, line, parts at fault).
 #include "actors/plan.h"
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -201,12 +203,13 @@ TEST(PlanParse, ModelPathAnchoredAtTheFileDirectory) {
 TEST(PlanParse, RejectsUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("[model]\npath = \"m.gguf\"\n\n[schedular]\nmax_queue = 3\n"),
             "plan.toml:4: unknown key 'schedular' (known here: model, stages, stage, "
-            "expert_shards, expert_shard, scheduler)");
+            "expert_shards, expert_shard, scheduler, cluster, node)");
 }
 
 TEST(PlanParse, RejectsUnknownKeyInStageWithLineAndPath) {
   EXPECT_EQ(parse_error("[[stage]]\nlayers = [0, 2]\n[[stage]]\nlaeyrs = [2, 4]\n"),
-            "plan.toml:4: unknown key 'stage[1].laeyrs' (known here: layers, kv_blocks, threads)");
+            "plan.toml:4: unknown key 'stage[1].laeyrs' (known here: layers, kv_blocks, threads, "
+            "node)");
 }
 
 TEST(PlanParse, RejectsUnknownSchedulerKey) {
@@ -562,6 +565,98 @@ TEST(PlanReject, MoreStageEntriesThanNumStagesInCode) {
   p.stages.resize(2);
   EXPECT_EQ(resolve_error(p, make_spec(4, 0)),
             "--stages 1 --expert-shards 0: num_stages is 1 but 2 stages are listed");
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+// --- clusters: [cluster], [[node]] and placement of stages and shards on nodes ----------------
+
+namespace troupe::actors {
+namespace {
+
+const char* kCluster =
+    "[cluster]\ntoken = \"s3cret\"\nhead = \"b\"\n"
+    "[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7401\"\n"
+    "[[node]]\nname = \"b\"\naddress = \"10.0.0.2:7401\"\n";
+
+TEST(ClusterPlan, ParsesNodesAndPlacesRoundRobin) {
+  auto p = parse_plan_string(
+      std::string(kCluster) + "[stages]\ncount = 3\n[expert_shards]\ncount = 3\n", "c.toml");
+  ASSERT_TRUE(p) << p.error().message;
+  ASSERT_EQ(p->cluster.nodes.size(), 2u);
+  EXPECT_EQ(p->cluster.nodes[1].host, "10.0.0.2");
+  EXPECT_EQ(p->cluster.nodes[1].port, 7401);
+  ASSERT_TRUE(resolve_placement(*p));
+  EXPECT_EQ(p->cluster.head, "b");
+  EXPECT_EQ(p->cluster.token, "s3cret");
+  std::vector<std::string> stages, shards;
+  for (const auto& s : p->stages) stages.push_back(s.node);
+  for (const auto& s : p->expert_shards) shards.push_back(s.node);
+  EXPECT_EQ(stages, (std::vector<std::string>{"a", "b", "a"}));
+  EXPECT_EQ(shards, (std::vector<std::string>{"b", "a", "b"}));
+  EXPECT_EQ(node_index(*p, "b"), 1);
+  EXPECT_EQ(node_index(*p, "zz"), -1);
+}
+
+std::string placement_error(const std::string& toml) {
+  auto p = parse_plan_string(toml, "c.toml");
+  if (!p) return "parse: " + p.error().message;
+  auto s = resolve_placement(*p);
+  return s ? std::string("ok") : s.error().message;
+}
+
+TEST(ClusterPlan, RejectsBadClusters) {
+  const std::string nodes =
+      "[[node]]\nname = \"a\"\naddress = \"h:1\"\n[[node]]\nname = \"a\"\naddress = \"h:2\"\n";
+  EXPECT_EQ(placement_error("[cluster]\ntoken = \"t\"\n" + nodes),
+            "c.toml:6: node[1]: the name 'a' is taken by node[0]");
+  EXPECT_EQ(placement_error("[cluster]\ntoken = \"t\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+                            "[[node]]\nname = \"b\"\naddress = \"h:1\"\n"),
+            "c.toml:6: node[1]: the address h:1 is taken by node[0]");
+  EXPECT_EQ(placement_error("[cluster]\ntoken = \"t\"\nhead = \"x\"\n[[node]]\nname = \"a\"\n"
+                            "address = \"h:1\"\n"),
+            "c.toml:1: cluster.head: no [[node]] is named 'x'");
+  EXPECT_EQ(placement_error("[[node]]\nname = \"a\"\naddress = \"h:1\"\n[[stage]]\nnode = \"q\"\n"),
+            "c.toml: cluster: a cluster needs a token (cluster.token, cluster.token_file or the "
+            "TROUPE_CLUSTER_TOKEN environment variable)");
+  EXPECT_EQ(placement_error("[cluster]\ntoken = \"t\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+                            "[[stage]]\nnode = \"q\"\n"),
+            "c.toml:6: stage[0].node: no [[node]] is named 'q'");
+  EXPECT_EQ(placement_error("[[stage]]\nnode = \"q\"\n"),
+            "c.toml:1: stage[0].node: names node 'q' but the plan has no [[node]] tables");
+  EXPECT_NE(placement_error("[[node]]\nname = \"a\"\naddress = \"nohostport\"\n")
+                .find("node[0].address: expected \"host:port\""),
+            std::string::npos);
+  EXPECT_NE(placement_error("[[node]]\nname = \"a\"\naddress = \"h:70000\"\n").find("1..65535"),
+            std::string::npos);
+  EXPECT_NE(placement_error("[cluster]\nheartbeat_ms = 500\nlease_ms = 600\n")
+                .find("must be at least twice heartbeat_ms"),
+            std::string::npos);
+  EXPECT_NE(placement_error("[cluster]\nerror_mode = \"sometimes\"\n").find("cluster.error_mode"),
+            std::string::npos);
+}
+
+TEST(ClusterPlan, TokenFromEnvironmentOrFile) {
+  const std::string dir = ::testing::TempDir();
+  {
+    std::ofstream f(dir + "/troupe-plan-test-token");
+    f << "from-file\n";
+  }
+  auto p = parse_plan_string(
+      "[cluster]\ntoken_file = \"troupe-plan-test-token\"\n[[node]]\nname = \"a\"\n"
+      "address = \"h:1\"\n",
+      dir + "/c.toml");
+  ASSERT_TRUE(p) << p.error().message;
+  auto s = resolve_placement(*p);
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(p->cluster.token, "from-file");
+  setenv("TROUPE_CLUSTER_TOKEN", "from-env", 1);
+  auto q = parse_plan_string(std::string(kCluster), "c.toml");
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(resolve_placement(*q));
+  unsetenv("TROUPE_CLUSTER_TOKEN");
+  EXPECT_EQ(q->cluster.token, "from-env");
 }
 
 }  // namespace
