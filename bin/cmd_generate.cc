@@ -42,7 +42,10 @@ constexpr const char* kGenerateHelp =
     "through the actor system (router, scheduler, pipeline stages, expert shards):\n"
     "  --config PLAN.toml   run the plan a TOML file describes (see conf/plan-example.toml)\n"
     "  --stages N --expert-shards M   an even plan: N pipeline stages, M expert shards\n"
-    "  --prompt-file FILE   one prompt per line; --concurrency K runs K of them at once\n";
+    "  --prompt-file FILE   one prompt per line; --concurrency K runs K of them at once\n"
+    "on a running cluster (troupe serve / troupe node):\n"
+    "  --head HOST:PORT     send the prompts to the cluster's head node\n"
+    "  --token T            the cluster token (or TROUPE_CLUSTER_TOKEN, or --config CLUSTER)\n";
 
 }  // namespace
 
@@ -54,9 +57,11 @@ int cmd_generate(const Args& args) {
   ArgParser ap(args,
                {"model", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k", "top-p",
                 "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty", "seed", "stop",
-                "threads", "config", "stages", "expert-shards", "concurrency", "prompt-file"},
+                "threads", "config", "stages", "expert-shards", "concurrency", "prompt-file", "head",
+                "token"},
                {"json", "stats", "ignore-eos", "no-bos"});
-  const bool use_plan = ap.has("config") || ap.has("stages") || ap.has("expert-shards");
+  const bool use_plan =
+      ap.has("config") || ap.has("stages") || ap.has("expert-shards") || ap.has("head");
   if (!use_plan && ap.has("prompt-file"))
     throw CliError("--prompt-file runs through the actor system: add --config or --stages");
   if (!use_plan && ap.has("concurrency"))
@@ -80,6 +85,7 @@ int cmd_generate(const Args& args) {
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
+  if (ap.has("head")) return generate_with_head(ap, sp, max_tokens);
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");
 

@@ -1,11 +1,14 @@
-// `troupe generate --config PLAN | --stages N --expert-shards M`: the same generation as the
-// single-process path, run through the actor system a plan describes (router, scheduler, stages,
-// expert shards), optionally with many prompts at once (--prompt-file, --concurrency).
+// `troupe generate --config PLAN | --stages N --expert-shards M | --head HOST:PORT`: the same
+// generation as the single-process path, run through the actor system a plan describes (router,
+// scheduler, stages, expert shards) in this process, or sent to a running cluster's head;
+// optionally with many prompts at once (--prompt-file, --concurrency).
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "actors/cluster_client.h"
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "bin/args.h"
@@ -14,27 +17,11 @@
 
 namespace troupe::cli {
 
-int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, int64_t max_tokens) {
-  actors::Plan plan;
-  if (ap.has("config")) {
-    auto p = actors::parse_plan_file(ap.str("config"));
-    if (!p) throw CliError(p.error().message);
-    plan = std::move(*p);
-    if (ap.has("model")) plan.model_path = ap.str("model");
-    if (ap.has("stages") || ap.has("expert-shards"))
-      throw CliError("--stages/--expert-shards cannot be combined with --config");
-  } else {
-    plan = actors::even_plan(ap.required("model"), ap.integer("stages", 1, 1, 4096),
-                             ap.integer("expert-shards", 0, 0, 4096));
-  }
-  if (plan.model_path.empty())
-    throw CliError(plan.source + ": the plan names no model (give --model)");
-  if (ap.has("threads"))
-    for (auto& s : plan.stages) s.threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
-  auto model = load_model_or_throw(plan.model_path);
-  if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
-  if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
+namespace {
 
+std::vector<actors::GenerateRequest> build_requests(const ArgParser& ap,
+                                                    const compute::SamplingParams& sp,
+                                                    int64_t max_tokens) {
   std::vector<actors::GenerateRequest> reqs;
   auto add = [&](actors::GenerateRequest r) {
     r.sampling = sp;
@@ -62,18 +49,20 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
     r.prompt_tokens = parse_id_list(ap.str("prompt-tokens"), "--prompt-tokens");
     add(std::move(r));
   }
-  auto lc = actors::LocalCluster::start(plan, model);
-  if (!lc) throw CliError(lc.error().message);
+  return reqs;
+}
+
+actors::StreamCallback stream_callback(const ArgParser& ap, size_t num_requests) {
+  if (ap.flag("json") || num_requests != 1) return nullptr;
+  return [](size_t, const std::string& delta, int32_t) {
+    std::fwrite(delta.data(), 1, delta.size(), stdout);
+    std::fflush(stdout);
+  };
+}
+
+int print_results(const ArgParser& ap, const std::vector<actors::GenerateResult>& results) {
   const bool json = ap.flag("json");
-  const bool stream = !json && reqs.size() == 1;
-  const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
-  actors::StreamCallback cb;
-  if (stream)
-    cb = [](size_t, const std::string& delta, int32_t) {
-      std::fwrite(delta.data(), 1, delta.size(), stdout);
-      std::fflush(stdout);
-    };
-  const auto results = (*lc)->generate_many(reqs, concurrency, cb);
+  const bool stream = !json && results.size() == 1;
   int rc = 0;
   for (const auto& r : results) {
     if (!r.ok()) {
@@ -94,8 +83,76 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
       std::printf("%s\n", r.text.c_str());
     }
   }
+  return rc;
+}
+
+/// host:port of --head, or of the plan's head node with --config.
+std::pair<std::string, uint16_t> head_address(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  char* end = nullptr;
+  const long port = colon == std::string::npos ? 0 : std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || !end || *end || port < 1 || port > 65535)
+    throw CliError("--head: expected HOST:PORT, got '" + s + "'");
+  return {s.substr(0, colon), static_cast<uint16_t>(port)};
+}
+
+}  // namespace
+
+std::string cluster_token(const ArgParser& ap) {
+  if (ap.has("token")) return ap.str("token");
+  if (const char* env = std::getenv("TROUPE_CLUSTER_TOKEN"); env && *env) return env;
+  if (ap.has("config")) {
+    auto p = actors::parse_plan_file(ap.str("config"));
+    if (!p) throw CliError(p.error().message);
+    if (auto s = actors::resolve_placement(*p); !s) throw CliError(s.error().message);
+    return p->cluster.token;
+  }
+  throw CliError("no cluster token: give --token, TROUPE_CLUSTER_TOKEN or --config CLUSTER.toml");
+}
+
+std::unique_ptr<actors::ClusterClient> connect_head(const ArgParser& ap) {
+  auto [host, port] = head_address(ap.required("head"));
+  auto c = actors::ClusterClient::connect(host, port, cluster_token(ap));
+  if (!c) throw CliError(c.error().message);
+  return std::move(*c);
+}
+
+int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, int64_t max_tokens) {
+  actors::Plan plan;
+  if (ap.has("config")) {
+    auto p = actors::parse_plan_file(ap.str("config"));
+    if (!p) throw CliError(p.error().message);
+    plan = std::move(*p);
+    if (ap.has("model")) plan.model_path = ap.str("model");
+    if (ap.has("stages") || ap.has("expert-shards"))
+      throw CliError("--stages/--expert-shards cannot be combined with --config");
+  } else {
+    plan = actors::even_plan(ap.required("model"), ap.integer("stages", 1, 1, 4096),
+                             ap.integer("expert-shards", 0, 0, 4096));
+  }
+  if (plan.model_path.empty())
+    throw CliError(plan.source + ": the plan names no model (give --model)");
+  if (ap.has("threads"))
+    for (auto& s : plan.stages) s.threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
+  auto model = load_model_or_throw(plan.model_path);
+  if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
+  if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
+  const auto reqs = build_requests(ap, sp, max_tokens);
+  auto lc = actors::LocalCluster::start(plan, model);
+  if (!lc) throw CliError(lc.error().message);
+  const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
+  const auto results = (*lc)->generate_many(reqs, concurrency, stream_callback(ap, reqs.size()));
+  const int rc = print_results(ap, results);
   if (ap.flag("stats")) std::fprintf(stderr, "%s\n", (*lc)->stats_json().c_str());
   return rc;
+}
+
+int generate_with_head(const ArgParser& ap, const compute::SamplingParams& sp, int64_t max_tokens) {
+  auto client = connect_head(ap);
+  const auto reqs = build_requests(ap, sp, max_tokens);
+  const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
+  return print_results(ap,
+                       client->generate_many(reqs, concurrency, stream_callback(ap, reqs.size())));
 }
 
 }  // namespace troupe::cli

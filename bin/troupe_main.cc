@@ -22,6 +22,9 @@ constexpr const char* kUsage =
     "  inspect     describe a model file: architecture, shapes, tensor types and sizes\n"
     "  synth       write a deterministic random-weight model of any supported architecture\n"
     "  demo        synthesize the built-in demo model and generate from it\n"
+    "  serve       run the head node of a cluster (controller, router, scheduler)\n"
+    "  node        run a node daemon of a cluster\n"
+    "  status      print a running cluster's membership, placement and start-up phases\n"
     "\n"
     "run 'troupe <command> --help' for a command's options\n";
 
@@ -34,7 +37,8 @@ constexpr Command kCommands[] = {
     {"generate", troupe::cli::cmd_generate}, {"eval", troupe::cli::cmd_eval},
     {"tokenize", troupe::cli::cmd_tokenize}, {"detokenize", troupe::cli::cmd_detokenize},
     {"inspect", troupe::cli::cmd_inspect},   {"synth", troupe::cli::cmd_synth},
-    {"demo", troupe::cli::cmd_demo},
+    {"demo", troupe::cli::cmd_demo},         {"serve", troupe::cli::cmd_serve},
+    {"node", troupe::cli::cmd_node},         {"status", troupe::cli::cmd_status},
 };
 
 }  // namespace

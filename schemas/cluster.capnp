@@ -174,6 +174,8 @@ struct StagePlacement {
   # true for stage 0: owns the token embedding
   hasOutputHead @6 :Bool;
   # true for the last stage: owns the final norm and the output head
+  threads @7 :UInt32;
+  # compute threads of the stage (CPU); 0 = the node's choice
 }
 
 struct ExpertShardPlacement {
@@ -185,6 +187,8 @@ struct ExpertShardPlacement {
   # device index on that node; -1 = CPU
   experts @3 :List(UInt32);
   # [numExperts] global expert ids it owns (the same ids in every MoE layer), ascending
+  threads @4 :UInt32;
+  # compute threads of the shard (CPU); 0 = the node's choice
 }
 
 struct KvPoolPlacement {
@@ -229,6 +233,28 @@ struct Placement {
   # empty for text-only models
   numMicrobatches @8 :UInt32;
   # micro-batches the scheduler keeps in flight
+}
+
+struct PlacementReport {
+  # Node daemon -> controller: the actors of Placement `version` placed on this node are running
+  # (ok) or could not start (error). The controller serves requests once every node reported ok.
+  header @0 :Common.Header;
+  version @1 :UInt64;
+  # Placement.version this report is about
+  ok @2 :Bool;
+  # true: every actor placed here runs
+  error @3 :Common.ErrorReport;
+  # why not (model file missing or different, not enough memory, a bad range)
+  startupPhases @4 :List(StartupPhase);
+  # this node's start-up phases (map weights, alloc kv, ...), in start order
+}
+
+struct LeaveNotice {
+  # Node daemon -> controller: the node leaves in an orderly way (SIGTERM, after draining). The
+  # controller marks it `left` at once instead of waiting for its lease to expire.
+  header @0 :Common.Header;
+  reason @1 :Text;
+  # why, for the log (e.g. "SIGTERM")
 }
 
 # --- Status ----------------------------------------------------------------------------------
@@ -311,6 +337,10 @@ struct StatusSnapshot {
   # absent where no scheduler runs
   placementVersion @7 :UInt64;
   # Placement.version the reporter runs
+  reporter @8 :Text;
+  # node name of the reporter
+  serving @9 :Bool;
+  # the head: every placed actor runs and requests are served; another node: its actors run
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

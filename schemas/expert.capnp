@@ -31,13 +31,17 @@ struct ExpertDispatch {
   rows @5 :Common.Tensor;
   # f32|bf16 [numRows, nEmbd]: normalized hidden states of the routed tokens
   tokenIdx @6 :List(UInt32);
-  # [numRows] token index of each row within the step (0 .. numTokens - 1)
+  # [numRows] token index of each row within the step (0 .. numTokens - 1); troupe sends it empty
+  # (the stage keeps the row -> token map itself)
   expertIds @7 :List(UInt32);
   # [numRows] global expert id of each row, in [0, nExpert); must be one this shard owns
   slots @8 :List(UInt8);
-  # [numRows] position of the expert in the token's top-k, in [0, nExpertUsed)
+  # [numRows] position of the expert in the token's top-k, in [0, nExpertUsed); troupe sends it
+  # empty (the stage keeps the slots itself)
   weights @9 :List(Float32);
-  # [numRows] router gate weight of the (token, expert) pair; the shard scales its output by it
+  # [numRows] router gate weight of the (token, expert) pair; troupe sends it empty and its shards
+  # reject a non-empty list: the shard returns UNWEIGHTED outputs, and the stage weights and sums
+  # them in a fixed order, so the numerics are exact whatever the split across shards
 }
 
 struct ExpertCombine {
@@ -52,7 +56,8 @@ struct ExpertCombine {
   layer @4 :UInt32;
   # as in the ExpertDispatch
   outputs @5 :Common.Tensor;
-  # f32|bf16 [numRows, nEmbd]: weight * expert(row), same row order as the dispatch's rows
+  # f32|bf16 [numRows, nEmbd]: UNWEIGHTED expert(row), same row order as the dispatch's rows; the
+  # stage weights and combines them in a fixed order for exact numerics
   error @6 :Common.ErrorReport;
   # set when the dispatch was rejected (then `outputs` is absent): unknown expert, bad shape
   computeNs @7 :UInt64;

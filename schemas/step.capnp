@@ -108,6 +108,8 @@ struct SequenceStep {
   # step (all of them when penaltyLastN = -1); empty when penalties are off
   splices @11 :List(EmbeddingSplice);
   # image embeddings to splice in at stage 0, in position order, non-overlapping
+  returnLogits @12 :Bool;
+  # true: return the logits row(s) of this sequence in StepResult.logits
 }
 
 struct BatchDescriptor {

@@ -1,0 +1,449 @@
+// ClusterNode: the node daemon (see cluster_node.h). One CAF actor, the node actor, owns the
+// daemon's state; the transport's thread hands it every frame and link event. The head's
+// controller part (joins, leases, placement, client requests) lives in node_head.cc, the
+// placement of actors on a node in node_place.cc; this file starts the daemon, joins and
+// heartbeats, and routes the data plane (steps, results, expert rows) to local actors.
+#include "actors/cluster_node.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/detail/node_state.h"
+#include "transport/auth.h"
+
+namespace troupe::actors {
+
+using namespace detail;
+
+namespace {
+
+// The data plane: frames that go straight to a local actor after validation.
+void route_step(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  const auto& spec = st.model->spec;
+  StepLimits lim;
+  lim.n_embd = spec.n_embd;
+  lim.n_vocab = spec.n_vocab;
+  lim.block_size = st.plan.kv_block_size;
+  lim.max_positions = st.plan.scheduler.max_model_len;
+  lim.num_kv_blocks = st.kv_blocks;
+  // StepBatch.epoch is the scheduler's epoch (it drops stale outcomes itself), not the cluster's.
+  lim.expected_epoch = 0;
+  auto d = decode_step(m->data(), lim);
+  if (!d) return drop_malformed(self, m, "step", d.error().message);
+  auto it = st.stages.find(d->stage);
+  if (it == st.stages.end())
+    return drop_malformed(self, m, "step",
+                          "stage " + std::to_string(d->stage) + " is not placed on this node");
+  self->send(it->second, step_atom::value, d->batch, d->hidden, 0.0);
+}
+
+void route_outcome(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  if (!st.head || !st.scheduler) return drop_malformed(self, m, "step result", "not the head");
+  OutcomeLimits lim;
+  lim.n_vocab = st.model->spec.n_vocab;
+  auto d = decode_step_outcome(m->data(), lim);
+  if (!d) return drop_malformed(self, m, "step result", d.error().message);
+  self->send(st.scheduler, done_atom::value, d->outcome);
+}
+
+void route_dispatch(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  const auto& spec = st.model->spec;
+  DispatchLimits lim;
+  lim.n_embd = spec.n_embd;
+  lim.n_layer = spec.n_layer;
+  lim.owned = st.owned_experts;
+  lim.expected_epoch = st.link->epoch();
+  auto d = decode_expert_dispatch(m->data(), lim);
+  if (!d) return drop_malformed(self, m, "expert dispatch", d.error().message);
+  ExpertRequestPtr req = d->request;
+  if (req->experts.empty()) return drop_malformed(self, m, "expert dispatch", "no rows");
+  const int32_t shard = st.expert_shard_of[static_cast<size_t>(req->experts[0])];
+  for (int32_t e : req->experts)
+    if (st.expert_shard_of[static_cast<size_t>(e)] != shard)
+      return drop_malformed(self, m, "expert dispatch", "rows for experts of several shards");
+  // Answer when the shard is done (on its thread): the Latch fires the send.
+  std::weak_ptr<ExpertRequest> weak = req;
+  auto link = st.link;
+  const transport::PeerId peer = m->peer;
+  const ExpertStep step = d->step;
+  const int64_t n_embd = spec.n_embd;
+  req->done = std::make_shared<Latch>(1, [weak, link, peer, step, n_embd, shard] {
+    ExpertRequestPtr r = weak.lock();
+    if (!r) return;
+    auto f = encode_expert_combine(
+        r, n_embd, step, link->send_info(ActorRole::kExpertShard, static_cast<uint32_t>(shard)),
+        0.0);
+    if (f) (void)link->send(peer, ControlMsg::kExpertCombine, *f);
+  });
+  self->send(st.shards.at(static_cast<uint32_t>(shard)), expert_atom::value, req);
+}
+
+void route_combine(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  const std::string name = st.link->peer_name(m->peer);
+  auto it = st.shard_proxies.find(name);
+  if (it == st.shard_proxies.end())
+    return drop_malformed(self, m, "expert answer", "no expert request went to " + name);
+  self->send(it->second, combine_atom::value, m);
+}
+
+// --- joining and heartbeats (every node but the head) -------------------------------------
+
+void send_join(NodeSelf* self) {
+  auto& st = self->state;
+  JoinRequestMsg j;
+  j.name = st.me.name;
+  j.address = st.me.host + ":" + std::to_string(st.me.port);
+  j.version = st.opts.version;
+  j.pid = static_cast<uint32_t>(getpid());
+  j.model_hash = st.model_hash;
+  j.resources = local_resources();
+  transport::random_bytes(st.join_nonce);
+  j.nonce = st.join_nonce;
+  const auto proof = transport::hmac_sha256(
+      st.plan.cluster.token, "troupe-join",
+      {st.join_nonce, {reinterpret_cast<const uint8_t*>(j.name.data()), j.name.size()}});
+  std::copy(proof.begin(), proof.end(), j.proof.begin());
+  send_to(self, st.head_peer, j, ActorRole::kNodeDaemon);
+}
+
+void on_join_reply(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  auto r = decode_join_reply(m->data(), {});
+  if (!r) return drop_malformed(self, m, "join reply", r.error().message);
+  if (!r->accepted) return fail(self, "the head refused this node: " + r->error);
+  const auto want =
+      transport::hmac_sha256(st.plan.cluster.token, "troupe-join-reply", {st.join_nonce});
+  if (!transport::digest_equal(want, r->proof))
+    return fail(self, "the head's join reply does not prove the cluster token");
+  st.link->set_node_id(r->node_id);
+  st.link->set_epoch(r->header.cluster_epoch);
+  st.lease_ms = r->lease_ms;
+  st.heartbeat_ms = r->heartbeat_ms;
+  st.last_ack = Clock::now();
+  st.joined = true;
+  end_phase(self, "join");
+  std::fprintf(stderr, "troupe: node %s joined as node %u (epoch %llu)\n", st.me.name.c_str(),
+               r->node_id, static_cast<unsigned long long>(r->header.cluster_epoch));
+  self->send(self, tick_atom::value);
+}
+
+void worker_tick(NodeSelf* self) {
+  auto& st = self->state;
+  if (!st.joined || st.leaving) return;
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = st.link->epoch();
+  hb.lease_ms = st.lease_ms;
+  hb.resources = local_resources();
+  hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
+  hb.uptime_ms = ms_since(st.started);
+  send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);
+  const auto silent = ms_since(st.last_ack);
+  if (silent > st.lease_ms && !st.head_lost) {
+    st.head_lost = true;
+    std::fprintf(stderr, "troupe: node %s: no heartbeat answer from the head for %llu ms\n",
+                 st.me.name.c_str(), static_cast<unsigned long long>(silent));
+  }
+  self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+}
+
+void on_wire(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  ControlMsg kind;
+  if (!control_msg_of(m->type, &kind))
+    return drop_malformed(self, m, "message", "unknown message type " + std::to_string(m->type));
+  switch (kind) {
+    case ControlMsg::kBatchDescriptor:
+      return route_step(self, m);
+    case ControlMsg::kStepResult:
+      return route_outcome(self, m);
+    case ControlMsg::kExpertDispatch:
+      return route_dispatch(self, m);
+    case ControlMsg::kExpertCombine:
+      return route_combine(self, m);
+    case ControlMsg::kJoinReply:
+      return on_join_reply(self, m);
+    case ControlMsg::kHeartbeatAck:
+      if (auto a = decode_heartbeat_ack(m->data(), {}); a) {
+        st.last_ack = Clock::now();
+        st.head_lost = false;
+      } else {
+        drop_malformed(self, m, "heartbeat ack", a.error().message);
+      }
+      return;
+    case ControlMsg::kMembership:
+      if (auto ms = decode_membership(m->data(), {}); !ms) {
+        drop_malformed(self, m, "membership", ms.error().message);
+      } else if (ms->version >= st.membership.version) {  // an older view may arrive late
+        st.membership = std::move(*ms);
+        if (st.pending_placement) {
+          PlacementMsg p = std::move(*st.pending_placement);
+          st.pending_placement.reset();
+          start_placement(self, std::move(p));
+        }
+      }
+      return;
+    case ControlMsg::kPlacement:
+      if (auto p = decode_placement(m->data(), {}); p)
+        start_placement(self, std::move(*p));
+      else
+        drop_malformed(self, m, "placement", p.error().message);
+      return;
+    case ControlMsg::kStatusRequest:
+      return answer_status(self, m);
+    default:
+      if (st.head) return head_on_wire(self, kind, m);
+      return drop_malformed(self, m, to_string(kind), "not handled by a node that is not the head");
+  }
+}
+
+}  // namespace
+
+caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
+  auto& st = self->state;
+  st.plan = std::move(cfg.plan);
+  st.opts = std::move(cfg.opts);
+  st.link = std::move(cfg.link);
+  st.shared = std::move(cfg.shared);
+  st.model = std::move(cfg.model);
+  st.model_hash = cfg.model_hash;
+  st.started = cfg.started;
+  st.phases = std::move(cfg.phases);
+  st.me = st.plan.cluster.nodes[static_cast<size_t>(node_index(st.plan, st.opts.name))];
+  st.head = st.opts.name == st.plan.cluster.head;
+  if (st.head)
+    head_init(self);
+  else
+    begin_phase(self, "join");
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (self->state.leaving || dm.reason == caf::exit_reason::user_shutdown) return;
+    // Restarting actors on a node is the recovery work still to come; say plainly what failed.
+    std::fprintf(stderr, "troupe: node %s: an actor failed: %s\n", self->state.me.name.c_str(),
+                 self->system().render(dm.reason).c_str());
+  });
+  return {
+      [=](wire_atom, const MessagePtr& m) { on_wire(self, m); },
+      [=](peer_atom, uint64_t peer, bool up, const std::string& name, const std::string& why) {
+        on_peer_event(self, peer, up, name, why);
+      },
+      [=](joined_atom, uint64_t peer, const std::string& error) {
+        if (peer == 0) return fail(self, error);
+        self->state.head_peer = peer;
+        send_join(self);
+      },
+      [=](placed_atom, uint64_t version, const std::string& error) {
+        finish_placement(self, version, error);
+      },
+      [=](tick_atom) {
+        if (self->state.head)
+          head_tick(self);
+        else
+          worker_tick(self);
+      },
+      [=](leave_atom, const std::string& reason) -> bool {
+        auto& s = self->state;
+        if (s.leaving) return true;
+        s.leaving = true;
+        if (!s.head && s.joined) {
+          LeaveNoticeMsg n;
+          n.header.cluster_epoch = s.link->epoch();
+          n.reason = reason;
+          send_to(self, s.head_peer, n, ActorRole::kNodeDaemon);
+        }
+        stop_local_actors(self);
+        return true;
+      },
+      [=](status_atom) -> std::string { return status_json(self); },
+  };
+}
+
+// --- ClusterNode ----------------------------------------------------------------------------
+
+struct ClusterNode::Impl {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor node;
+  std::shared_ptr<Link> link;
+  std::shared_ptr<NodeShared> shared;
+  std::shared_ptr<transport::Transport> tx;
+  std::thread joiner;
+  bool head = false;
+  bool left = false;
+
+  ~Impl() {
+    if (joiner.joinable()) joiner.join();
+    if (link) link->set_transport(nullptr);
+    tx.reset();  // no more frames to the node actor
+    if (sys) {
+      if (node) {
+        caf::scoped_actor self{*sys};
+        self->request(node, std::chrono::seconds(5), leave_atom::value, std::string("shutdown"))
+            .receive([](bool) {}, [](const caf::error&) {});
+        caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+      }
+    }
+  }
+};
+
+ClusterNode::ClusterNode() : impl_(std::make_unique<Impl>()) {}
+
+ClusterNode::~ClusterNode() {
+  if (impl_ && !impl_->left) leave("shutdown");
+}
+
+Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOptions& opts) {
+  const auto started = Clock::now();
+  if (!plan.cluster.present())
+    return Error{1, plan.source + ": no [[node]] tables: this plan describes no cluster"};
+  if (auto s = resolve_placement(plan); !s) return s.error();
+  const int idx = node_index(plan, opts.name);
+  if (idx < 0) {
+    std::string names;
+    for (const auto& n : plan.cluster.nodes) names += (names.empty() ? "" : ", ") + n.name;
+    return Error{1,
+                 plan.source + ": no [[node]] is named '" + opts.name + "' (nodes: " + names + ")"};
+  }
+  std::unique_ptr<ClusterNode> cn(new ClusterNode());
+  Impl& im = *cn->impl_;
+  im.head = opts.name == plan.cluster.head;
+  std::vector<Phase> phases;
+  // Every node maps the model at start: the join carries its hash, so that a node with another
+  // file is refused before anything is placed on it. The mapping is lazy: only the pages of the
+  // tensors this node's actors use are ever read.
+  phases.push_back({"load model", ms_since(started), 0, false});
+  auto model = model::load_model(plan.model_path);
+  if (!model) return model.error();
+  if (auto s = resolve_plan(plan, (*model)->spec); !s) return s.error();
+  if (auto s = resolve_placement(plan); !s) return s.error();
+  phases.back().duration_ms = ms_since(started) - phases.back().start_ms;
+  phases.back().done = true;
+
+  im.cfg.set("scheduler.max-threads", size_t{1});
+  im.cfg.set("work-stealing.aggressive-poll-attempts", size_t{10});
+  im.cfg.set("work-stealing.moderate-poll-attempts", size_t{1});
+  im.sys = std::make_unique<caf::actor_system>(im.cfg);
+  im.link = std::make_shared<Link>(im.head ? 1u : 0u);
+  im.shared = std::make_shared<NodeShared>();
+
+  const NodePlan me = plan.cluster.nodes[static_cast<size_t>(idx)];
+  NodeConfig nc;
+  nc.plan = plan;
+  nc.opts = opts;
+  nc.link = im.link;
+  nc.shared = im.shared;
+  nc.model = *model;
+  nc.model_hash = model_file_hash(plan.model_path);
+  nc.started = started;
+  nc.phases = std::move(phases);
+  im.node = im.sys->spawn(node_behavior, std::move(nc));
+
+  transport::TransportOptions to;
+  to.node_name = opts.name;
+  to.cluster_token = plan.cluster.token;
+  to.listen_host = me.host;
+  to.listen_port = static_cast<uint16_t>(me.port);
+  to.tls = plan.cluster.ucx_tls;
+  to.net_devices = plan.cluster.ucx_net_devices;
+  to.error_mode = plan.cluster.error_mode == "peer"   ? transport::ErrorMode::kPeer
+                  : plan.cluster.error_mode == "none" ? transport::ErrorMode::kNone
+                                                      : transport::ErrorMode::kAuto;
+  to.faults = opts.faults;
+  caf::actor node = im.node;
+  auto tx = transport::Transport::start(
+      to,
+      [node](transport::Message&& m) {
+        caf::anon_send(node, wire_atom::value,
+                       MessagePtr(std::make_shared<transport::Message>(std::move(m))));
+      },
+      [node](transport::PeerId p, transport::PeerEvent e, const std::string& name,
+             const std::string& why) {
+        caf::anon_send(node, peer_atom::value, static_cast<uint64_t>(p),
+                       e == transport::PeerEvent::kUp, name, why);
+      });
+  if (!tx) {
+    caf::anon_send_exit(im.node, caf::exit_reason::user_shutdown);
+    im.node = nullptr;
+    return Error{1, "node " + opts.name + ": " + tx.error().message};
+  }
+  im.tx = std::move(*tx);
+  im.link->set_transport(im.tx);
+  std::fprintf(stderr, "troupe: node %s listening on %s:%u%s\n", opts.name.c_str(), me.host.c_str(),
+               im.tx->port(), im.head ? " (head)" : "");
+  if (!im.head) {
+    // Reach the head in the background; the node actor sends the join once linked.
+    const NodePlan head =
+        plan.cluster.nodes[static_cast<size_t>(node_index(plan, plan.cluster.head))];
+    auto link = im.link;
+    const auto timeout = opts.join_timeout;
+    im.joiner = std::thread([link, head, node, timeout] {
+      const auto deadline = Clock::now() + timeout;
+      std::string last;
+      while (Clock::now() < deadline) {
+        auto r = link->ensure(head.name, head.host, static_cast<uint16_t>(head.port),
+                              std::chrono::milliseconds(2000));
+        if (r)
+          return caf::anon_send(node, joined_atom::value, static_cast<uint64_t>(*r), std::string());
+        last = r.error().message;
+        if (last.find("refused by") != std::string::npos) break;  // wrong token: do not retry
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      caf::anon_send(node, joined_atom::value, uint64_t{0},
+                     "cannot join the head " + head.name + " at " + head.host + ":" +
+                         std::to_string(head.port) + ": " + last);
+    });
+  } else {
+    caf::anon_send(im.node, tick_atom::value);
+  }
+  return cn;
+}
+
+bool ClusterNode::is_head() const { return impl_->head; }
+uint16_t ClusterNode::port() const { return impl_->tx ? impl_->tx->port() : 0; }
+
+Status ClusterNode::wait_ready(std::chrono::milliseconds timeout) {
+  NodeShared& sh = *impl_->shared;
+  std::unique_lock<std::mutex> lk(sh.mu);
+  if (!sh.cv.wait_for(lk, timeout, [&] { return sh.ready || !sh.failed.empty(); }))
+    return Error{1, "not ready within " + std::to_string(timeout.count()) + " ms: " +
+                        (sh.waiting_for.empty() ? std::string("still starting") : sh.waiting_for)};
+  if (!sh.failed.empty()) return Error{1, sh.failed};
+  return Ok{};
+}
+
+void ClusterNode::leave(const std::string& reason) {
+  Impl& im = *impl_;
+  if (im.left) return;
+  im.left = true;
+  if (im.sys && im.node) {
+    caf::scoped_actor self{*im.sys};
+    self->request(im.node, std::chrono::seconds(5), leave_atom::value, reason)
+        .receive([](bool) {}, [](const caf::error&) {});
+  }
+  if (im.joiner.joinable()) im.joiner.join();
+  im.link->set_transport(nullptr);
+  im.tx.reset();  // says bye on every link (after the leave notice, in order)
+}
+
+std::string ClusterNode::status_json() {
+  Impl& im = *impl_;
+  std::string out = "{}";
+  if (!im.sys || !im.node) return out;
+  caf::scoped_actor self{*im.sys};
+  self->request(im.node, std::chrono::seconds(5), status_atom::value)
+      .receive([&](const std::string& s) { out = s; }, [](const caf::error&) {});
+  return out;
+}
+
+}  // namespace troupe::actors

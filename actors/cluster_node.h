@@ -1,0 +1,59 @@
+// ClusterNode: one node daemon of a multi-host cluster (`troupe node`, `troupe serve`). Every
+// node listens on its [[node]] address, joins the head through it with the cluster token,
+// heartbeats, and hosts the stages and expert shards the head places on it; the head node also
+// runs the controller (membership, leases, placement), the router and the scheduler, and serves
+// clients (ClusterClient). The public face of the multi-host actor system: it hides CAF and UCX.
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/local_cluster.h"
+#include "actors/plan.h"
+#include "base/result.h"
+#include "transport/fault.h"
+
+namespace troupe::actors {
+
+struct NodeOptions {
+  std::string name;  // which [[node]] of the plan this process is
+  ClusterOptions cluster;
+  std::chrono::milliseconds join_timeout{120000};  // keep trying to reach the head this long
+  transport::FaultRules faults;                    // fault-injection shim (tests); off if empty
+  std::string version = "0.1.0";                   // told to the head in the join
+};
+
+class ClusterNode {
+ public:
+  /// Starts the daemon for `plan` (parsed; placement is resolved here): the transport on this
+  /// node's address, then joining in the background. Errors: a bad plan, a name not in the plan,
+  /// an address that cannot be bound, a model that cannot be loaded (the head loads it first).
+  static Result<std::unique_ptr<ClusterNode>> start(Plan plan, const NodeOptions& opts);
+  /// Leaves (if not done) and stops.
+  ~ClusterNode();
+
+  bool is_head() const;
+  uint16_t port() const;
+
+  /// Blocks until this node is part of a serving cluster — the head: every node joined and
+  /// reported its actors running; another node: its own actors run — or fails: placement failed
+  /// (the message says where and why), or the time ran out.
+  Status wait_ready(std::chrono::milliseconds timeout);
+
+  /// Orderly leave: a node tells the head (which marks it `left` at once), then closes its links.
+  /// Idempotent.
+  void leave(const std::string& reason);
+
+  /// Membership, placement, actors and start-up phases as JSON (what `troupe status` prints).
+  std::string status_json();
+
+ private:
+  ClusterNode();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::actors

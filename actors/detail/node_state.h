@@ -1,0 +1,184 @@
+// The node daemon's actor: its state and the functions of cluster_node.cc (joining, heartbeats,
+// the data plane), node_place.cc (placing actors on this node, status) and node_head.cc (the
+// head's controller and client gateway). Private to actors/; everything here runs on the node
+// actor (one message at a time) unless it says otherwise.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/cluster_node.h"
+#include "actors/detail/control_wire.h"
+#include "actors/detail/link.h"
+#include "actors/detail/messages.h"
+#include "actors/detail/node_messages.h"
+#include "actors/plan.h"
+#include "model/model.h"
+
+namespace troupe::actors::detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline uint64_t ms_since(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+/// A timed start-up phase (StartupPhase in cluster.capnp).
+struct Phase {
+  std::string name;
+  uint64_t start_ms = 0, duration_ms = 0;  // from the daemon's start
+  bool done = false;
+};
+
+/// What the node actor shares with ClusterNode (wait_ready).
+struct NodeShared {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;
+  std::string failed;       // why the node cannot serve
+  std::string waiting_for;  // what it waits for now (for a timeout's message)
+};
+
+struct NodeConfig {
+  Plan plan;
+  NodeOptions opts;
+  std::shared_ptr<Link> link;
+  std::shared_ptr<NodeShared> shared;
+  std::shared_ptr<const model::Model> model;
+  uint64_t model_hash = 0;
+  Clock::time_point started;
+  std::vector<Phase> phases;
+};
+
+/// One node as the head's controller sees it.
+struct Member {
+  uint32_t node_id = 0;
+  std::string name, address;
+  MemberState state = MemberState::kJoining;
+  transport::PeerId peer = 0;
+  Clock::time_point last_heartbeat;
+  ResourcesInfo resources;
+  bool reported = false;      // its PlacementReport said ok
+  std::vector<Phase> phases;  // from its PlacementReport
+};
+
+/// A client request in flight at the head: who asked, under which tag.
+struct ClientTag {
+  transport::PeerId peer = 0;
+  uint64_t tag = 0;
+};
+
+struct NodeState {
+  Plan plan;
+  NodeOptions opts;
+  NodePlan me;
+  bool head = false;
+  std::shared_ptr<Link> link;
+  std::shared_ptr<NodeShared> shared;
+  std::shared_ptr<const model::Model> model;
+  uint64_t model_hash = 0;
+  Clock::time_point started;
+  std::vector<Phase> phases;
+  bool leaving = false;
+
+  // Joining (every node but the head).
+  transport::PeerId head_peer = 0;
+  std::array<uint8_t, 32> join_nonce{};
+  bool joined = false, head_lost = false;
+  uint32_t lease_ms = 0, heartbeat_ms = 0;
+  Clock::time_point last_ack;
+  MembershipMsg membership;  // the head's view, as last received
+
+  // Placement (every node). Local actors by index; proxies for remote ones.
+  std::optional<PlacementMsg> placement;
+  std::optional<PlacementMsg> pending_placement;  // waits for a membership naming its nodes
+  int64_t kv_blocks = 0;
+  std::map<uint32_t, caf::actor> stages, shards;
+  std::map<std::string, caf::actor> shard_proxies;  // by node name
+  std::vector<caf::actor> proxies;                  // every other proxy
+  std::vector<int32_t> owned_experts;               // experts of this node's shards, ascending
+  std::vector<int32_t> expert_shard_of;             // [n_expert] -> shard index, -1 = elsewhere
+  bool placed = false;
+
+  // The head: controller, router, scheduler, client gateway.
+  caf::actor scheduler, router, gateway;
+  std::map<std::string, Member> members;  // by node name
+  uint32_t next_node_id = 2;              // the head is node 1
+  uint64_t membership_version = 0;
+  bool placement_sent = false, serving = false;
+  static inline const char* name = "node";
+};
+
+using NodeSelf = caf::stateful_actor<NodeState>;
+
+caf::behavior node_behavior(NodeSelf* self, NodeConfig cfg);
+
+// --- shared helpers (node_place.cc) ---------------------------------------------------------
+
+/// Counts, logs (to stderr) and drops a frame that failed validation.
+void drop_malformed(NodeSelf* self, const MessagePtr& m, const std::string& what,
+                    const std::string& why);
+/// The node cannot serve: log, and let wait_ready() return the error.
+void fail(NodeSelf* self, const std::string& why);
+void set_ready(NodeSelf* self);
+void set_waiting(NodeSelf* self, const std::string& what);
+void begin_phase(NodeSelf* self, const std::string& name);
+void end_phase(NodeSelf* self, const std::string& name);
+ResourcesInfo local_resources();
+/// Hash of the model file's first MiB and size (of config.json for a Hugging Face directory).
+uint64_t model_file_hash(const std::string& path);
+
+/// Encodes and sends a control message; failures are logged (the caller's next step is the
+/// same either way: leases and timeouts recover).
+template <class Msg>
+void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole role) {
+  auto f = encode(m, self->state.link->send_info(role));
+  Status s = f ? self->state.link->send(peer, control_kind(m), *f) : Status(f.error());
+  if (!s) report_send_error(self, control_kind(m), s.error().message);
+}
+void report_send_error(NodeSelf* self, ControlMsg kind, const std::string& why);
+ControlMsg control_kind(const JoinRequestMsg&);
+ControlMsg control_kind(const JoinReplyMsg&);
+ControlMsg control_kind(const HeartbeatMsg&);
+ControlMsg control_kind(const HeartbeatAckMsg&);
+ControlMsg control_kind(const MembershipMsg&);
+ControlMsg control_kind(const PlacementMsg&);
+ControlMsg control_kind(const PlacementReportMsg&);
+ControlMsg control_kind(const LeaveNoticeMsg&);
+ControlMsg control_kind(const StatusSnapshotMsg&);
+
+/// Placement on this node: connect to the peers it needs (on a helper thread), then spawn the
+/// local stages and shards and the proxies of remote ones; report to the head.
+void start_placement(NodeSelf* self, PlacementMsg p);
+void finish_placement(NodeSelf* self, uint64_t version, const std::string& error);
+void stop_local_actors(NodeSelf* self);
+void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,
+                   const std::string& why);
+void answer_status(NodeSelf* self, const MessagePtr& m);
+std::string status_json(NodeSelf* self);
+StatusSnapshotMsg snapshot(NodeSelf* self);
+std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint32_t node_id);
+
+// --- the head (node_head.cc) ----------------------------------------------------------------
+
+void head_init(NodeSelf* self);
+void head_tick(NodeSelf* self);
+void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
+/// A node's placement finished on the head itself or a report arrived.
+void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
+                           const std::string& error, std::vector<Phase> phases);
+
+}  // namespace troupe::actors::detail

@@ -1,0 +1,421 @@
+// The head node's controller and client gateway (see detail/node_state.h): joins (token proof,
+// plan membership, model identity), leases, membership broadcasts, the placement of the plan
+// once every node has joined, and client requests handed to the router.
+#include <cstdio>
+#include <filesystem>
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/detail/node_state.h"
+#include "actors/router.h"
+#include "actors/scheduler.h"
+#include "transport/auth.h"
+
+namespace troupe::actors::detail {
+
+namespace {
+
+// --- client gateway ---------------------------------------------------------------------------
+
+struct GatewayState {
+  std::shared_ptr<Link> link;
+  caf::actor router;
+  int64_t n_vocab = 0;
+  int64_t next_tag = 1;
+  std::map<int64_t, ClientTag> by_tag;                                  // router tag -> client
+  std::map<std::pair<transport::PeerId, uint64_t>, int64_t> by_client;  // client -> router tag
+  static inline const char* name = "gateway";
+};
+using GatewaySelf = caf::stateful_actor<GatewayState>;
+
+void send_event(GatewaySelf* self, transport::PeerId peer, GenerateEventMsg e) {
+  auto& st = self->state;
+  e.header.cluster_epoch = st.link->epoch();
+  auto f = encode(e, st.n_vocab, st.link->send_info(ActorRole::kGateway));
+  Status s = f ? st.link->send(peer, ControlMsg::kGenerateEvent, *f) : Status(f.error());
+  if (!s)
+    std::fprintf(stderr, "troupe: gateway: cannot answer request %llu of '%s': %s\n",
+                 static_cast<unsigned long long>(e.tag), st.link->peer_name(peer).c_str(),
+                 s.error().message.c_str());
+}
+
+caf::behavior gateway_behavior(GatewaySelf* self, std::shared_ptr<Link> link, caf::actor router,
+                               int64_t n_vocab) {
+  self->state.link = std::move(link);
+  self->state.router = std::move(router);
+  self->state.n_vocab = n_vocab;
+  return {
+      [=](submit_atom, transport::PeerId peer, uint64_t tag, const GenerateRequestPtr& req) {
+        auto& st = self->state;
+        if (st.by_client.count({peer, tag})) {
+          GenerateEventMsg e;
+          e.tag = tag;
+          e.finished = true;
+          e.result.finish_reason = "error";
+          e.result.error = "request tag " + std::to_string(tag) + " is already in flight";
+          return send_event(self, peer, e);
+        }
+        const int64_t rtag = st.next_tag++;
+        st.by_tag[rtag] = {peer, tag};
+        st.by_client[{peer, tag}] = rtag;
+        self->send(st.router, submit_atom::value, req, rtag);
+      },
+      [=](cancel_atom, transport::PeerId peer, uint64_t tag) {
+        auto& st = self->state;
+        auto it = st.by_client.find({peer, tag});
+        if (it != st.by_client.end()) self->send(st.router, cancel_atom::value, it->second);
+      },
+      [=](linkdown_atom, transport::PeerId peer) {
+        // The client is gone: stop its requests (their KV is freed), nothing to answer.
+        auto& st = self->state;
+        for (auto& [key, rtag] : st.by_client)
+          if (key.first == peer) self->send(st.router, cancel_atom::value, rtag);
+      },
+      [=](token_atom, int64_t rtag, const StreamPiecePtr& p) {
+        auto& st = self->state;
+        auto it = st.by_tag.find(rtag);
+        if (it == st.by_tag.end()) return;
+        GenerateEventMsg e;
+        e.tag = it->second.tag;
+        e.delta = p->delta;
+        e.token = p->token;
+        send_event(self, it->second.peer, e);
+      },
+      [=](finish_atom, int64_t rtag, const GenerateResultPtr& r) {
+        auto& st = self->state;
+        auto it = st.by_tag.find(rtag);
+        if (it == st.by_tag.end()) return;
+        GenerateEventMsg e;
+        e.tag = it->second.tag;
+        e.finished = true;
+        e.result = *r;
+        send_event(self, it->second.peer, e);
+        st.by_client.erase({it->second.peer, it->second.tag});
+        st.by_tag.erase(it);
+      },
+  };
+}
+
+// --- membership ---------------------------------------------------------------------------
+
+MembershipMsg membership_of(NodeSelf* self) {
+  auto& st = self->state;
+  MembershipMsg ms;
+  ms.header.cluster_epoch = st.link->epoch();
+  ms.version = st.membership_version;
+  for (const auto& [name, m] : st.members) {
+    MemberInfo mi;
+    mi.node_id = m.node_id;
+    mi.name = name;
+    mi.address = m.address;
+    mi.state = m.state;
+    mi.last_heartbeat_age_ms = name == st.me.name ? 0 : ms_since(m.last_heartbeat);
+    mi.resources = m.resources;
+    ms.members.push_back(std::move(mi));
+  }
+  return ms;
+}
+
+void broadcast_membership(NodeSelf* self) {
+  auto& st = self->state;
+  ++st.membership_version;
+  const MembershipMsg ms = membership_of(self);
+  for (const auto& [name, m] : st.members)
+    if (name != st.me.name && m.state == MemberState::kAlive)
+      send_to(self, m.peer, ms, ActorRole::kController);
+}
+
+std::string missing_nodes(NodeSelf* self) {
+  auto& st = self->state;
+  std::string out;
+  for (const auto& n : st.plan.cluster.nodes) {
+    auto it = st.members.find(n.name);
+    if (it == st.members.end() || it->second.state != MemberState::kAlive)
+      out += (out.empty() ? "" : ", ") + n.name;
+  }
+  return out;
+}
+
+PlacementMsg build_placement(NodeSelf* self) {
+  auto& st = self->state;
+  const Plan& p = st.plan;
+  PlacementMsg pl;
+  pl.header.cluster_epoch = st.link->epoch();
+  pl.version = 1;
+  pl.model_name = std::filesystem::path(p.model_path).filename().string();
+  pl.model_hash = st.model_hash;
+  pl.microbatches = static_cast<uint32_t>(p.scheduler.microbatches);
+  int64_t kv_blocks = p.stages.empty() ? 0 : p.stages[0].kv_blocks;
+  for (const auto& s : p.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
+  const size_t n = p.stages.size();
+  for (size_t i = 0; i < n; ++i) {
+    const StagePlan& s = p.stages[i];
+    StagePlacementInfo sp;
+    sp.stage = static_cast<uint32_t>(i);
+    sp.node_id = st.members.at(s.node).node_id;
+    sp.layer_begin = static_cast<uint32_t>(s.layer_begin);
+    sp.layer_end = static_cast<uint32_t>(s.layer_end);
+    sp.has_embedding = i == 0;
+    sp.has_output_head = i + 1 == n;
+    sp.threads = static_cast<uint32_t>(s.threads);
+    pl.stages.push_back(sp);
+    pl.kv_pools.push_back({sp.stage, sp.node_id, static_cast<uint32_t>(kv_blocks),
+                           static_cast<uint32_t>(p.kv_block_size)});
+  }
+  for (size_t j = 0; j < p.expert_shards.size(); ++j) {
+    const ExpertShardPlan& s = p.expert_shards[j];
+    ShardPlacementInfo sp;
+    sp.shard = static_cast<uint32_t>(j);
+    sp.node_id = st.members.at(s.node).node_id;
+    sp.experts = s.experts;
+    sp.threads = static_cast<uint32_t>(s.threads);
+    pl.shards.push_back(std::move(sp));
+  }
+  return pl;
+}
+
+void maybe_place(NodeSelf* self) {
+  auto& st = self->state;
+  if (st.placement_sent) return;
+  const std::string missing = missing_nodes(self);
+  if (!missing.empty()) {
+    set_waiting(self, "nodes to join: " + missing);
+    return;
+  }
+  st.placement_sent = true;
+  end_phase(self, "wait for nodes");
+  begin_phase(self, "placement");
+  set_waiting(self, "nodes to start their actors");
+  const PlacementMsg pl = build_placement(self);
+  std::fprintf(stderr,
+               "troupe: head: every node joined; placing %zu stages and %zu expert shards\n",
+               pl.stages.size(), pl.shards.size());
+  for (const auto& [name, m] : st.members)
+    if (name != st.me.name) send_to(self, m.peer, pl, ActorRole::kController);
+  start_placement(self, pl);
+}
+
+// --- joins --------------------------------------------------------------------------------
+
+void refuse(NodeSelf* self, const MessagePtr& m, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  std::fprintf(stderr, "troupe: head: refused node '%s': %s\n", name.c_str(), why.c_str());
+  JoinReplyMsg r;
+  r.header.cluster_epoch = st.link->epoch();
+  r.accepted = false;
+  r.error = why;
+  send_to(self, m->peer, r, ActorRole::kController);
+}
+
+void on_join(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  auto j = decode_join_request(m->data(), {});
+  if (!j) return drop_malformed(self, m, "join request", j.error().message);
+  const std::string& name = j->name;
+  if (node_index(st.plan, name) < 0)
+    return refuse(self, m, name, "the head's plan has no [[node]] named '" + name + "'");
+  const auto want = transport::hmac_sha256(
+      st.plan.cluster.token, "troupe-join",
+      {j->nonce, {reinterpret_cast<const uint8_t*>(name.data()), name.size()}});
+  if (!transport::digest_equal(want, j->proof))
+    return refuse(self, m, name, "the join proof does not match the cluster token");
+  if (st.link->peer_name(m->peer) != name)
+    return refuse(self, m, name, "the link was opened by '" + st.link->peer_name(m->peer) + "'");
+  if (j->model_hash != st.model_hash)
+    return refuse(self, m, name,
+                  "its model file differs from the head's (" + st.plan.model_path + ")");
+  auto it = st.members.find(name);
+  if (it != st.members.end() && it->second.state == MemberState::kAlive &&
+      it->second.peer != m->peer)
+    return refuse(self, m, name, "a node named '" + name + "' is already a member");
+  if (it != st.members.end() && st.placement_sent)
+    return refuse(self, m, name,
+                  "it was placed already and re-placement after a restart is not supported yet");
+  Member& mem = st.members[name];
+  if (mem.node_id == 0) mem.node_id = st.next_node_id++;
+  mem.address = j->address;
+  mem.state = MemberState::kAlive;
+  mem.peer = m->peer;
+  mem.last_heartbeat = Clock::now();
+  mem.resources = j->resources;
+  JoinReplyMsg r;
+  r.header.cluster_epoch = st.link->epoch();
+  r.accepted = true;
+  r.node_id = mem.node_id;
+  r.lease_ms = static_cast<uint32_t>(st.plan.cluster.lease_ms);
+  r.heartbeat_ms = static_cast<uint32_t>(st.plan.cluster.heartbeat_ms);
+  const auto proof = transport::hmac_sha256(st.plan.cluster.token, "troupe-join-reply", {j->nonce});
+  std::copy(proof.begin(), proof.end(), r.proof.begin());
+  send_to(self, m->peer, r, ActorRole::kController);
+  std::fprintf(stderr, "troupe: head: node %s joined as node %u from %s\n", name.c_str(),
+               mem.node_id, j->address.c_str());
+  broadcast_membership(self);
+  maybe_place(self);
+}
+
+Member* member_of_peer(NodeSelf* self, transport::PeerId peer) {
+  for (auto& [name, m] : self->state.members)
+    if (m.peer == peer && m.state == MemberState::kAlive) return &m;
+  return nullptr;
+}
+
+void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState state,
+                 const std::string& why) {
+  auto& st = self->state;
+  m.state = state;
+  std::fprintf(stderr, "troupe: head: node %s is %s: %s\n", name.c_str(), to_string(state),
+               why.c_str());
+  if (st.placement_sent && st.serving) {
+    bool hosted = false;
+    for (const auto& s : st.placement->stages) hosted |= s.node_id == m.node_id;
+    for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
+    if (hosted) {
+      st.serving = false;
+      std::fprintf(stderr,
+                   "troupe: head: the cluster stops serving: node %s hosted placed actors "
+                   "(re-placement arrives with the recovery work)\n",
+                   name.c_str());
+    }
+  }
+  broadcast_membership(self);
+}
+
+}  // namespace
+
+// --- entry points -------------------------------------------------------------------------
+
+void head_init(NodeSelf* self) {
+  auto& st = self->state;
+  st.link->set_node_id(1);
+  st.link->set_epoch(1);
+  Member& me = st.members[st.me.name];
+  me.node_id = 1;
+  me.address = st.me.host + ":" + std::to_string(st.me.port);
+  me.state = MemberState::kAlive;
+  me.last_heartbeat = Clock::now();
+  me.resources = local_resources();
+  st.membership_version = 1;
+  SchedulerActorConfig sc;
+  sc.limits = st.plan.scheduler;
+  sc.kv_blocks = st.plan.stages.empty() ? 0 : st.plan.stages[0].kv_blocks;
+  for (const auto& s : st.plan.stages) sc.kv_blocks = std::min(sc.kv_blocks, s.kv_blocks);
+  sc.kv_block_size = st.plan.kv_block_size;
+  sc.n_vocab = st.model->spec.n_vocab;
+  auto& sys = self->system();
+  st.scheduler = spawn_scheduler(sys, sc, caf::actor());
+  st.router = spawn_router(sys, st.model, st.scheduler, 1);
+  st.gateway = sys.spawn(gateway_behavior, st.link, st.router, st.model->spec.n_vocab);
+  begin_phase(self, "wait for nodes");
+  maybe_place(self);
+}
+
+void head_tick(NodeSelf* self) {
+  auto& st = self->state;
+  if (st.leaving) return;
+  for (auto& [name, m] : st.members) {
+    if (name == st.me.name || m.state != MemberState::kAlive) continue;
+    const uint64_t silent = ms_since(m.last_heartbeat);
+    if (silent > static_cast<uint64_t>(st.plan.cluster.lease_ms))
+      member_gone(self, m, name, MemberState::kDead,
+                  "no heartbeat for " + std::to_string(silent) + " ms (lease " +
+                      std::to_string(st.plan.cluster.lease_ms) + " ms)");
+  }
+  self->delayed_send(self, std::chrono::milliseconds(st.plan.cluster.heartbeat_ms),
+                     tick_atom::value);
+}
+
+void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
+                           const std::string& error, std::vector<Phase> phases) {
+  auto& st = self->state;
+  auto it = st.members.find(node);
+  if (it == st.members.end()) return;
+  it->second.phases = std::move(phases);
+  if (!ok) return fail(self, "placement failed on node " + node + ": " + error);
+  it->second.reported = true;
+  for (const auto& [name, m] : st.members)
+    if (!m.reported) {
+      set_waiting(self, "node " + name + " to start its actors");
+      return;
+    }
+  end_phase(self, "placement");
+  st.serving = true;
+  std::fprintf(stderr, "troupe: head: serving (%zu nodes)\n", st.members.size());
+  set_ready(self);
+}
+
+void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
+  auto& st = self->state;
+  switch (kind) {
+    case ControlMsg::kJoinRequest:
+      return on_join(self, m);
+    case ControlMsg::kHeartbeat: {
+      auto hb = decode_heartbeat(m->data(), {});
+      if (!hb) return drop_malformed(self, m, "heartbeat", hb.error().message);
+      Member* mem = member_of_peer(self, m->peer);
+      if (!mem) return;  // not a member (any more): it will notice its lease ran out
+      mem->last_heartbeat = Clock::now();
+      mem->resources = hb->resources;
+      HeartbeatAckMsg ack;
+      ack.header.cluster_epoch = st.link->epoch();
+      ack.lease_ms = static_cast<uint32_t>(st.plan.cluster.lease_ms);
+      ack.membership_version = st.membership_version;
+      send_to(self, m->peer, ack, ActorRole::kController);
+      return;
+    }
+    case ControlMsg::kPlacementReport: {
+      auto r = decode_placement_report(m->data(), {});
+      if (!r) return drop_malformed(self, m, "placement report", r.error().message);
+      Member* mem = member_of_peer(self, m->peer);
+      if (!mem) return;
+      std::vector<Phase> phases;
+      for (const auto& p : r->phases) phases.push_back({p.name, p.start_ms, p.duration_ms, p.done});
+      return head_placement_report(self, st.link->peer_name(m->peer), r->ok, r->error,
+                                   std::move(phases));
+    }
+    case ControlMsg::kLeaveNotice: {
+      auto r = decode_leave_notice(m->data(), {});
+      if (!r) return drop_malformed(self, m, "leave notice", r.error().message);
+      Member* mem = member_of_peer(self, m->peer);
+      if (!mem) return;
+      return member_gone(self, *mem, st.link->peer_name(m->peer), MemberState::kLeft,
+                         "left (" + r->reason + ")");
+    }
+    case ControlMsg::kGenerateRequest: {
+      ClientLimits lim;  // token ids are the router's to check: it answers with an error result
+      auto r = decode_generate_request(m->data(), lim);
+      if (!r) return drop_malformed(self, m, "generate request", r.error().message);
+      if (!st.serving) {
+        GenerateEventMsg e;
+        e.header.cluster_epoch = st.link->epoch();
+        e.tag = r->tag;
+        e.finished = true;
+        e.result.finish_reason = "error";
+        std::string waiting;
+        {
+          std::lock_guard<std::mutex> lk(st.shared->mu);
+          waiting = st.shared->waiting_for;
+        }
+        e.result.error = "the cluster is not serving" +
+                         (waiting.empty() ? std::string() : " (waiting for " + waiting + ")");
+        auto f = encode(e, st.model->spec.n_vocab, st.link->send_info(ActorRole::kGateway));
+        if (f) (void)st.link->send(m->peer, ControlMsg::kGenerateEvent, *f);
+        return;
+      }
+      self->send(st.gateway, submit_atom::value, m->peer, r->tag,
+                 GenerateRequestPtr(std::make_shared<GenerateRequest>(std::move(r->request))));
+      return;
+    }
+    case ControlMsg::kCancelRequest: {
+      auto r = decode_cancel_request(m->data(), {});
+      if (!r) return drop_malformed(self, m, "cancel request", r.error().message);
+      self->send(st.gateway, cancel_atom::value, m->peer, r->tag);
+      return;
+    }
+    default:
+      return drop_malformed(self, m, to_string(kind), "not expected by the head");
+  }
+}
+
+}  // namespace troupe::actors::detail

@@ -1,0 +1,445 @@
+// Node daemon: placing actors on this node, link events, status, and the helpers the node
+// actor's files share (see detail/node_state.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <sys/sysinfo.h>
+
+#include "actors/detail/node_state.h"
+#include "actors/detail/remote.h"
+#include "actors/expert_shard.h"
+#include "actors/stage.h"
+
+namespace troupe::actors::detail {
+
+// --- helpers ----------------------------------------------------------------------------------
+
+void drop_malformed(NodeSelf* self, const MessagePtr& m, const std::string& what,
+                    const std::string& why) {
+  auto& st = self->state;
+  st.link->report_malformed(m->peer);
+  std::fprintf(stderr, "troupe: node %s: dropped a %s from '%s': %s\n", st.me.name.c_str(),
+               what.c_str(), st.link->peer_name(m->peer).c_str(), why.c_str());
+}
+
+void fail(NodeSelf* self, const std::string& why) {
+  auto& st = self->state;
+  std::fprintf(stderr, "troupe: node %s: %s\n", st.me.name.c_str(), why.c_str());
+  std::lock_guard<std::mutex> lk(st.shared->mu);
+  if (st.shared->failed.empty()) st.shared->failed = why;
+  st.shared->cv.notify_all();
+}
+
+void set_ready(NodeSelf* self) {
+  auto& sh = *self->state.shared;
+  std::lock_guard<std::mutex> lk(sh.mu);
+  sh.ready = true;
+  sh.waiting_for.clear();
+  sh.cv.notify_all();
+}
+
+void set_waiting(NodeSelf* self, const std::string& what) {
+  auto& sh = *self->state.shared;
+  std::lock_guard<std::mutex> lk(sh.mu);
+  sh.waiting_for = what;
+}
+
+void begin_phase(NodeSelf* self, const std::string& name) {
+  auto& st = self->state;
+  st.phases.push_back({name, ms_since(st.started), 0, false});
+}
+
+void end_phase(NodeSelf* self, const std::string& name) {
+  auto& st = self->state;
+  for (auto& p : st.phases)
+    if (p.name == name && !p.done) {
+      p.duration_ms = ms_since(st.started) - p.start_ms;
+      p.done = true;
+      std::fprintf(stderr, "troupe: node %s: start-up phase '%s' took %llu ms\n",
+                   st.me.name.c_str(), name.c_str(),
+                   static_cast<unsigned long long>(p.duration_ms));
+    }
+}
+
+ResourcesInfo local_resources() {
+  ResourcesInfo r;
+  r.cpu_cores = static_cast<uint32_t>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  struct sysinfo si {};
+  if (sysinfo(&si) == 0) {
+    r.memory_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
+    r.free_memory_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
+  }
+  return r;
+}
+
+uint64_t model_file_hash(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path f = fs::is_directory(path, ec) ? fs::path(path) / "config.json" : fs::path(path);
+  std::ifstream in(f, std::ios::binary);
+  if (!in) return 0;
+  std::vector<char> buf(1 << 20);
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  const size_t n = static_cast<size_t>(in.gcount());
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the bytes, then the size
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(buf[i])) * 0x100000001b3ull;
+  const uint64_t size = fs::file_size(f, ec);
+  for (int i = 0; i < 8; ++i) h = (h ^ ((size >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  return h ? h : 1;
+}
+
+void report_send_error(NodeSelf* self, ControlMsg kind, const std::string& why) {
+  std::fprintf(stderr, "troupe: node %s: cannot send a %s: %s\n", self->state.me.name.c_str(),
+               to_string(kind), why.c_str());
+}
+
+ControlMsg control_kind(const JoinRequestMsg&) { return ControlMsg::kJoinRequest; }
+ControlMsg control_kind(const JoinReplyMsg&) { return ControlMsg::kJoinReply; }
+ControlMsg control_kind(const HeartbeatMsg&) { return ControlMsg::kHeartbeat; }
+ControlMsg control_kind(const HeartbeatAckMsg&) { return ControlMsg::kHeartbeatAck; }
+ControlMsg control_kind(const MembershipMsg&) { return ControlMsg::kMembership; }
+ControlMsg control_kind(const PlacementMsg&) { return ControlMsg::kPlacement; }
+ControlMsg control_kind(const PlacementReportMsg&) { return ControlMsg::kPlacementReport; }
+ControlMsg control_kind(const LeaveNoticeMsg&) { return ControlMsg::kLeaveNotice; }
+ControlMsg control_kind(const StatusSnapshotMsg&) { return ControlMsg::kStatusSnapshot; }
+
+std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint32_t node_id) {
+  std::vector<StartupPhaseInfo> out;
+  for (const auto& p : phases) {
+    StartupPhaseInfo i;
+    i.name = p.name;
+    i.actor = {node_id, ActorRole::kNodeDaemon, 0};
+    i.start_ms = p.start_ms;
+    i.duration_ms = p.duration_ms;
+    i.done = p.done;
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+// --- placement ------------------------------------------------------------------------------
+
+namespace {
+
+struct Where {
+  std::string name, host;
+  uint16_t port = 0;
+};
+
+// Node id -> name and address: the head's member table, or the membership it sent.
+std::map<uint32_t, Where> node_table(NodeSelf* self) {
+  auto& st = self->state;
+  std::map<uint32_t, Where> out;
+  auto address_of = [&](const std::string& name) {
+    const int i = node_index(st.plan, name);
+    Where w;
+    w.name = name;
+    if (i >= 0) {
+      w.host = st.plan.cluster.nodes[static_cast<size_t>(i)].host;
+      w.port = static_cast<uint16_t>(st.plan.cluster.nodes[static_cast<size_t>(i)].port);
+    }
+    return w;
+  };
+  if (st.head) {
+    for (const auto& [name, m] : st.members) out[m.node_id] = address_of(name);
+  } else {
+    for (const auto& m : st.membership.members) out[m.node_id] = address_of(m.name);
+  }
+  return out;
+}
+
+void report(NodeSelf* self, bool ok, const std::string& error) {
+  auto& st = self->state;
+  if (st.head) return head_placement_report(self, st.me.name, ok, error, st.phases);
+  PlacementReportMsg r;
+  r.header.cluster_epoch = st.link->epoch();
+  r.version = st.placement ? st.placement->version : 0;
+  r.ok = ok;
+  r.error = error;
+  r.phases = phase_infos(st.phases, st.link->node_id());
+  send_to(self, st.head_peer, r, ActorRole::kNodeDaemon);
+  if (ok)
+    set_ready(self);
+  else
+    fail(self, error);
+}
+
+}  // namespace
+
+void start_placement(NodeSelf* self, PlacementMsg p) {
+  auto& st = self->state;
+  if (st.placement) {
+    std::fprintf(stderr,
+                 "troupe: node %s: ignored placement %llu (re-placement is not supported "
+                 "yet)\n",
+                 st.me.name.c_str(), static_cast<unsigned long long>(p.version));
+    return;
+  }
+  const uint32_t me = st.link->node_id();
+  // Messages of one link may overtake each other (UCX does not order active messages across
+  // its lanes): wait for the membership that names every node of this placement.
+  {
+    auto known = node_table(self);
+    bool complete = known.count(me) > 0;
+    for (const auto& s : p.stages) complete &= known.count(s.node_id) > 0;
+    for (const auto& s : p.shards) complete &= known.count(s.node_id) > 0;
+    if (!complete) {
+      st.pending_placement = std::move(p);
+      return;
+    }
+  }
+  st.pending_placement.reset();
+  st.placement = std::move(p);
+  const PlacementMsg& pl = *st.placement;
+  begin_phase(self, "connect peers");
+  set_waiting(self, "connecting to the nodes of its neighbours");
+  // The nodes this one sends to: the next stage of each local stage, every expert shard's node,
+  // and (the head) stage 0's node. Answers go back on the link they came by.
+  auto table = node_table(self);
+  std::vector<Where> peers;
+  auto want = [&](uint32_t id) {
+    if (id == me) return;
+    auto it = table.find(id);
+    if (it == table.end()) return;
+    for (const auto& w : peers)
+      if (w.name == it->second.name) return;
+    peers.push_back(it->second);
+  };
+  for (size_t s = 0; s < pl.stages.size(); ++s) {
+    if (pl.stages[s].node_id != me) continue;
+    if (s + 1 < pl.stages.size()) want(pl.stages[s + 1].node_id);
+    for (const auto& sh : pl.shards) want(sh.node_id);
+  }
+  if (st.head && !pl.stages.empty()) want(pl.stages[0].node_id);
+  auto link = st.link;
+  caf::actor node = caf::actor_cast<caf::actor>(self);
+  const uint64_t version = pl.version;
+  std::thread([link, peers, node, version] {
+    std::string error;
+    for (const auto& w : peers) {
+      auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
+      if (!r) {
+        error = "cannot reach node " + w.name + ": " + r.error().message;
+        break;
+      }
+    }
+    caf::anon_send(node, placed_atom::value, version, error);
+  }).detach();
+}
+
+void finish_placement(NodeSelf* self, uint64_t version, const std::string& error) {
+  auto& st = self->state;
+  if (!st.placement || st.placement->version != version) return;
+  end_phase(self, "connect peers");
+  if (!error.empty()) return report(self, false, error);
+  begin_phase(self, "start actors");
+  set_waiting(self, "its stages to map their weights and allocate their KV pools");
+  const PlacementMsg& pl = *st.placement;
+  const auto& spec = st.model->spec;
+  const uint32_t me = st.link->node_id();
+  auto table = node_table(self);
+  auto name_of = [&](uint32_t id) { return table.count(id) ? table[id].name : std::string(); };
+  auto& sys = self->system();
+  st.kv_blocks = pl.kv_pools.empty() ? 0 : pl.kv_pools[0].num_blocks;
+  for (const auto& k : pl.kv_pools) st.kv_blocks = std::min<int64_t>(st.kv_blocks, k.num_blocks);
+
+  caf::actor to_scheduler = st.scheduler;
+  if (!st.head) {
+    to_scheduler = spawn_remote_scheduler(sys, st.link, st.plan.cluster.head, spec.n_vocab);
+    st.proxies.push_back(to_scheduler);
+  }
+  ExpertPlacement ep;
+  if (!pl.shards.empty()) {
+    ep.owner.assign(static_cast<size_t>(spec.n_expert), -1);
+    ep.shards.resize(pl.shards.size());
+    st.expert_shard_of.assign(static_cast<size_t>(spec.n_expert), -1);
+    for (size_t j = 0; j < pl.shards.size(); ++j) {
+      const auto& sp = pl.shards[j];
+      for (int32_t e : sp.experts) ep.owner[static_cast<size_t>(e)] = static_cast<int32_t>(j);
+      if (sp.node_id == me) {
+        ExpertShardConfig sc;
+        sc.index = static_cast<int>(j);
+        sc.experts = sp.experts;
+        sc.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
+        sc.model = st.model;
+        caf::actor a = spawn_expert_shard(sys, sc);
+        self->monitor(a);
+        st.shards[static_cast<uint32_t>(j)] = a;
+        ep.shards[j] = a;
+        for (int32_t e : sp.experts) {
+          st.owned_experts.push_back(e);
+          st.expert_shard_of[static_cast<size_t>(e)] = static_cast<int32_t>(j);
+        }
+      } else {
+        const std::string n = name_of(sp.node_id);
+        auto it = st.shard_proxies.find(n);
+        if (it == st.shard_proxies.end())
+          it = st.shard_proxies.emplace(n, spawn_remote_shards(sys, st.link, n, spec.n_embd)).first;
+        ep.shards[j] = it->second;
+      }
+    }
+    std::sort(st.owned_experts.begin(), st.owned_experts.end());
+  }
+  const size_t num_stages = pl.stages.size();
+  for (size_t k = num_stages; k-- > 0;) {
+    const auto& sp = pl.stages[k];
+    if (sp.node_id != me) continue;
+    caf::actor next;
+    if (k + 1 == num_stages) {
+      next = to_scheduler;
+    } else if (pl.stages[k + 1].node_id == me) {
+      next = st.stages[static_cast<uint32_t>(k + 1)];
+    } else {
+      next = spawn_remote_stage(sys, st.link, name_of(pl.stages[k + 1].node_id),
+                                static_cast<uint32_t>(k + 1), spec.n_embd, to_scheduler);
+      st.proxies.push_back(next);
+    }
+    StageConfig c;
+    c.index = static_cast<int>(k);
+    c.num_stages = static_cast<int>(num_stages);
+    c.range = {sp.layer_begin, sp.layer_end, sp.has_embedding, sp.has_output_head};
+    c.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
+    c.kv_blocks = st.kv_blocks;
+    c.kv_block_size = st.plan.kv_block_size;
+    c.model = st.model;
+    c.expert_timeout = std::chrono::milliseconds(st.opts.cluster.expert_timeout_ms);
+    c.scheduler = to_scheduler;
+    caf::actor a = spawn_stage(sys, c, next, ep);
+    self->monitor(a);
+    st.stages[static_cast<uint32_t>(k)] = a;
+  }
+  if (st.head && num_stages > 0) {
+    caf::actor first = pl.stages[0].node_id == me
+                           ? st.stages[0]
+                           : spawn_remote_stage(sys, st.link, name_of(pl.stages[0].node_id), 0,
+                                                spec.n_embd, st.scheduler);
+    if (pl.stages[0].node_id != me) st.proxies.push_back(first);
+    self->send(st.scheduler, stage_atom::value, first);
+  }
+  // Ready once every local stage answers: its engine is built and its KV pool allocated.
+  auto remaining = std::make_shared<size_t>(st.stages.size());
+  auto failed = std::make_shared<std::string>();
+  auto done = [self, remaining, failed] {
+    if (--*remaining > 0) return;
+    end_phase(self, "start actors");
+    self->state.placed = failed->empty();
+    report(self, failed->empty(), *failed);
+  };
+  if (st.stages.empty()) {
+    ++*remaining;
+    done();
+    return;
+  }
+  for (auto& [idx, a] : st.stages) {
+    const uint32_t i = idx;
+    self->request(a, std::chrono::seconds(300), stats_atom::value)
+        .then([done](const std::string&) { done(); },
+              [self, i, done, failed](const caf::error& e) {
+                if (failed->empty())
+                  *failed = "stage " + std::to_string(i) + " on " + self->state.me.name +
+                            " failed to start: " + self->system().render(e);
+                done();
+              });
+  }
+}
+
+void stop_local_actors(NodeSelf* self) {
+  auto& st = self->state;
+  for (auto& [i, a] : st.stages) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [i, a] : st.shards) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : st.proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (const caf::actor& a : {st.router, st.scheduler, st.gateway})
+    if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
+  st.stages.clear();
+  st.shards.clear();
+  st.shard_proxies.clear();
+  st.proxies.clear();
+}
+
+void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,
+                   const std::string& why) {
+  auto& st = self->state;
+  if (up) {
+    st.link->add_peer(name, peer);
+    return;
+  }
+  st.link->drop_peer(peer);
+  if (!st.leaving)
+    std::fprintf(stderr, "troupe: node %s: link to %s down: %s\n", st.me.name.c_str(), name.c_str(),
+                 why.c_str());
+  auto it = st.shard_proxies.find(name);
+  if (it != st.shard_proxies.end()) self->send(it->second, linkdown_atom::value);
+  if (st.gateway)
+    self->send(st.gateway, linkdown_atom::value, static_cast<transport::PeerId>(peer));
+  if (!st.head && peer == st.head_peer && !st.leaving) st.head_lost = true;
+}
+
+// --- status ---------------------------------------------------------------------------------
+
+StatusSnapshotMsg snapshot(NodeSelf* self) {
+  auto& st = self->state;
+  StatusSnapshotMsg s;
+  s.header.cluster_epoch = std::max<uint64_t>(1, st.link->epoch());
+  s.taken_at_ms = ms_since(st.started);
+  s.placement_version = st.placement ? st.placement->version : 0;
+  s.reporter = st.me.name;
+  s.serving = st.head ? st.serving : st.placed;
+  if (st.head) {
+    s.has_membership = true;
+    s.membership.version = st.membership_version;
+    for (const auto& [name, m] : st.members) {
+      MemberInfo mi;
+      mi.node_id = m.node_id;
+      mi.name = name;
+      mi.address = m.address;
+      mi.state = m.state;
+      mi.last_heartbeat_age_ms = name == st.me.name ? 0 : ms_since(m.last_heartbeat);
+      mi.resources = m.resources;
+      s.membership.members.push_back(std::move(mi));
+      auto ph = phase_infos(name == st.me.name ? st.phases : m.phases, m.node_id);
+      s.phases.insert(s.phases.end(), ph.begin(), ph.end());
+    }
+  } else {
+    s.phases = phase_infos(st.phases, st.link->node_id());
+  }
+  if (st.placement) {
+    auto table = node_table(self);
+    auto add = [&](ActorRole role, uint32_t index, uint32_t node, const char* kind) {
+      ActorStatusInfo a;
+      a.actor = {node, role, index};
+      a.name = std::string(kind) + "/" + std::to_string(index) + "@" +
+               (table.count(node) ? table[node].name : "?");
+      bool up = false;
+      if (st.head) {
+        for (const auto& [n, m] : st.members)
+          if (m.node_id == node) up = m.reported && m.state == MemberState::kAlive;
+      } else {
+        up = node == st.link->node_id() && st.placed;
+      }
+      a.state = up ? ActorStateInfo::kRunning : ActorStateInfo::kStarting;
+      s.actors.push_back(std::move(a));
+    };
+    for (const auto& sp : st.placement->stages)
+      add(ActorRole::kStage, sp.stage, sp.node_id, "stage");
+    for (const auto& sp : st.placement->shards)
+      add(ActorRole::kExpertShard, sp.shard, sp.node_id, "expert");
+  }
+  return s;
+}
+
+std::string status_json(NodeSelf* self) { return detail::status_json(snapshot(self)); }
+
+void answer_status(NodeSelf* self, const MessagePtr& m) {
+  auto r = decode_status_request(m->data(), {});
+  if (!r) return drop_malformed(self, m, "status request", r.error().message);
+  send_to(self, m->peer, snapshot(self), ActorRole::kNodeDaemon);
+}
+
+}  // namespace troupe::actors::detail

@@ -1,0 +1,265 @@
+// Node daemons in this process (each with its own transport, UCX worker and actor system) on
+// loopback: the cluster forms, places stages and expert shards across the nodes, and serves
+// requests whose greedy tokens and logits are bit-identical to the single-process actor system;
+// a wrong token is refused; a node that leaves is marked `left`; garbage frames are survived.
+#include "actors/cluster_node.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+
+#include "actors/cluster_client.h"
+#include "actors/detail/control_wire.h"
+#include "model/model.h"
+#include "tests/test_support.h"
+#include "transport/transport.h"
+
+namespace troupe::actors {
+namespace {
+
+using namespace std::chrono_literals;
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+struct Layout {
+  std::vector<std::string> stage_nodes;  // per stage
+  std::vector<std::string> shard_nodes;  // per expert shard
+};
+
+// A cluster TOML for nodes a, b, c on free loopback ports.
+std::string cluster_toml(const std::string& model, const Layout& l, std::vector<uint16_t>* ports,
+                         const std::string& token = "test-token", size_t num_nodes = 3) {
+  std::string t = "[model]\npath = \"" + model + "\"\n";
+  t += "[cluster]\ntoken = \"" + token + "\"\nhead = \"a\"\nheartbeat_ms = 100\nlease_ms = 1000\n";
+  t += "ucx_net_devices = \"lo\"\n";
+  ports->clear();
+  for (size_t i = 0; i < num_nodes; ++i) {
+    ports->push_back(free_port());
+    t += "[[node]]\nname = \"" + std::string(1, static_cast<char>('a' + i)) +
+         "\"\naddress = \"127.0.0.1:" + std::to_string(ports->back()) + "\"\n";
+  }
+  for (const auto& n : l.stage_nodes) t += "[[stage]]\nnode = \"" + n + "\"\n";
+  for (const auto& n : l.shard_nodes) t += "[[expert_shard]]\nnode = \"" + n + "\"\n";
+  t += "[stages]\nkv_blocks = 64\n[scheduler]\nmax_sequences = 8\nmax_model_len = 256\n";
+  return t;
+}
+
+Plan parse(const std::string& toml) {
+  auto p = parse_plan_string(toml, "cluster-test.toml");
+  EXPECT_TRUE(p) << (p ? "" : p.error().message);
+  return p ? *p : Plan{};
+}
+
+std::vector<GenerateRequest> requests(int64_t n_vocab, size_t count, int64_t n_gen) {
+  std::vector<GenerateRequest> reqs;
+  std::mt19937 rng(7);
+  for (size_t i = 0; i < count; ++i) {
+    GenerateRequest r;
+    for (size_t k = 0; k < 5 + 9 * i; ++k)
+      r.prompt_tokens.push_back(
+          static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(n_vocab - 3)));
+    r.max_tokens = n_gen;
+    r.sampling.ignore_eos = true;
+    r.return_logits = true;
+    if (i % 2 == 1) {  // seeded sampling travels with the steps too
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 100 + i;
+    }
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+// The same requests through the single-process actor system (itself bit-identical to the engine).
+std::vector<GenerateResult> local_results(const std::string& model_path,
+                                          const std::vector<GenerateRequest>& reqs) {
+  auto m = model::load_model(model_path);
+  EXPECT_TRUE(m);
+  Plan plan = even_plan(model_path, 1, 0);
+  plan.scheduler.max_sequences = 8;
+  plan.scheduler.max_model_len = 256;
+  EXPECT_TRUE(resolve_plan(plan, (*m)->spec));
+  auto lc = LocalCluster::start(plan, *m);
+  EXPECT_TRUE(lc);
+  return (*lc)->generate_many(reqs);
+}
+
+struct Nodes {
+  std::vector<std::unique_ptr<ClusterNode>> nodes;
+  void start(const Plan& plan, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      NodeOptions o;
+      o.name = std::string(1, static_cast<char>('a' + i));
+      o.join_timeout = 30s;
+      auto node = ClusterNode::start(plan, o);
+      ASSERT_TRUE(node) << node.error().message;
+      nodes.push_back(std::move(*node));
+    }
+    auto s = nodes[0]->wait_ready(120s);
+    ASSERT_TRUE(s) << s.error().message;
+  }
+};
+
+void expect_same(const std::vector<GenerateResult>& got, const std::vector<GenerateResult>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    ASSERT_EQ(got[i].logits.size(), want[i].logits.size()) << "request " << i;
+    EXPECT_EQ(std::memcmp(got[i].logits.data(), want[i].logits.data(), want[i].logits.size() * 4),
+              0)
+        << "request " << i << ": logits differ";
+  }
+}
+
+void run_exactness(const std::string& rel, const Layout& layout) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/" + rel;
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
+  const auto want = local_results(path, reqs);
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, layout, &ports));
+  Nodes n;
+  n.start(plan, 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+  // The head's status names every node, every placed actor, and every node's start-up phases.
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  auto j = nlohmann::json::parse(*st);
+  EXPECT_TRUE(j["serving"].get<bool>());
+  EXPECT_EQ(j["members"].size(), 3u);
+  EXPECT_EQ(j["actors"].size(), layout.stage_nodes.size() + layout.shard_nodes.size());
+  std::set<std::string> phase_nodes;
+  for (const auto& p : j["phases"]) phase_nodes.insert(p["node"].get<std::string>());
+  EXPECT_EQ(phase_nodes.size(), 3u) << *st;
+}
+
+TEST(ClusterNode, DenseStagesOnThreeNodesAreBitIdentical) {
+  run_exactness("models/stories260K/stories260K.gguf", {{"a", "b", "c"}, {}});
+}
+
+TEST(ClusterNode, MoeStagesAndExpertShardsAcrossNodesAreBitIdentical) {
+  run_exactness("models/synth/mixtral-moe/model.gguf", {{"b", "c"}, {"c", "a", "b"}});
+}
+
+TEST(ClusterNode, WrongTokenIsRefused) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::vector<uint16_t> ports;
+  const std::string toml = cluster_toml(path, {{"a", "b"}, {}}, &ports, "right", 2);
+  Plan good = parse(toml);
+  std::string bad_toml = toml;
+  bad_toml.replace(bad_toml.find("token = \"right\""), 15, "token = \"wrong\"");
+  Plan bad = parse(bad_toml);
+  NodeOptions ho;
+  ho.name = "a";
+  auto head = ClusterNode::start(good, ho);
+  ASSERT_TRUE(head) << head.error().message;
+  NodeOptions bo;
+  bo.name = "b";
+  bo.join_timeout = 10s;
+  auto b = ClusterNode::start(bad, bo);
+  ASSERT_TRUE(b);
+  auto s = (*b)->wait_ready(20s);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("bad cluster token"), std::string::npos) << s.error().message;
+  EXPECT_FALSE((*head)->wait_ready(100ms));
+  // A client with the wrong token gets no further than the handshake either.
+  EXPECT_FALSE(ClusterClient::connect("127.0.0.1", ports[0], "wrong"));
+}
+
+TEST(ClusterNode, RequestsBeforeTheClusterFormsGetAClearError) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"a", "b"}, {}}, &ports, "t", 2));
+  NodeOptions ho;
+  ho.name = "a";
+  auto head = ClusterNode::start(plan, ho);
+  ASSERT_TRUE(head);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "t");
+  ASSERT_TRUE(client);
+  GenerateRequest r;
+  r.prompt = "Once upon a time";
+  r.max_tokens = 4;
+  auto res = (*client)->generate_many({r});
+  ASSERT_FALSE(res[0].ok());
+  EXPECT_NE(res[0].error.find("not serving"), std::string::npos) << res[0].error;
+  EXPECT_NE(res[0].error.find("b"), std::string::npos) << res[0].error;
+}
+
+TEST(ClusterNode, NodeThatLeavesIsMarkedLeftAndGarbageIsSurvived) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::vector<uint16_t> ports;
+  // Node c hosts nothing: its leaving does not stop the service.
+  Plan plan = parse(cluster_toml(path, {{"a", "b"}, {}}, &ports, "t", 3));
+  Nodes n;
+  n.start(plan, 3);
+  // Garbage: frames of unknown and of known types with random bytes, from an authenticated peer.
+  {
+    transport::TransportOptions o;
+    o.node_name = "prober";
+    o.cluster_token = "t";
+    o.listen_host = "";
+    auto tx = transport::Transport::start(o, [](transport::Message&&) {});
+    ASSERT_TRUE(tx);
+    auto p = (*tx)->connect("127.0.0.1", ports[0]);
+    ASSERT_TRUE(p);
+    std::mt19937 rng(3);
+    std::vector<uint8_t> junk(4096);
+    for (auto& b : junk) b = static_cast<uint8_t>(rng());
+    for (uint64_t type : {uint64_t{1}, uint64_t{0xdeadbeef}})
+      ASSERT_TRUE((*tx)->send(*p, transport::copy_message(type, junk)));
+    // Every message type the head knows, with junk inside.
+    for (int k = 0; k <= static_cast<int>(detail::ControlMsg::kExpertCombine); ++k)
+      ASSERT_TRUE((*tx)->send(
+          *p, transport::copy_message(detail::type_id(static_cast<detail::ControlMsg>(k)), junk)));
+    // The prober's transport closes here (after flushing): the head has them all by then.
+  }
+  n.nodes[2]->leave("test");
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "t");
+  ASSERT_TRUE(client);
+  bool left = false;
+  std::string last;
+  for (int i = 0; i < 50 && !left; ++i) {
+    auto st = (*client)->status_json();
+    ASSERT_TRUE(st) << st.error().message;
+    last = *st;
+    const auto j = nlohmann::json::parse(*st);
+    for (const auto& m : j["members"])
+      if (m["name"] == "c" && m["state"] == "left") left = true;
+    if (!left) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(left) << "node c not marked left within 1 s (its lease): " << last;
+  GenerateRequest r;
+  r.prompt = "Once upon a time";
+  r.max_tokens = 8;
+  auto res = (*client)->generate_many({r});
+  EXPECT_TRUE(res[0].ok()) << res[0].error;
+  EXPECT_EQ(res[0].tokens.size(), 8u);
+}
+
+}  // namespace
+}  // namespace troupe::actors

@@ -1,0 +1,969 @@
+// Tests of actors/detail/control_wire.h: round trips of every control and client message that
+// compare every field, message kinds and type ids, one test per kind of malformed input (each
+// asserting the error names the problem), and a byte-flip loop over every decoder.
+#include "actors/detail/control_wire.h"
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+
+#include "schemas/client.capnp.h"
+#include "schemas/cluster.capnp.h"
+#include "schemas/errc.h"
+#include "schemas/expert.capnp.h"
+#include "schemas/frame.h"
+#include "schemas/step.capnp.h"
+
+namespace troupe::actors::detail {
+namespace {
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "text: " << (text)
+
+constexpr uint64_t kEpoch = 9;
+constexpr int64_t kVocab = 16;
+const SendInfo kSend{.sender = {.node = 3, .role = ActorRole::kNodeDaemon, .index = 0}, .seq = 5};
+
+using Bytes = std::vector<uint8_t>;
+
+ControlLimits control_limits() { return {.expected_epoch = kEpoch}; }
+ClientLimits client_limits() { return {.n_vocab = kVocab, .expected_epoch = kEpoch}; }
+
+template <class Msg>
+Msg with_epoch(Msg m, uint64_t epoch = kEpoch) {
+  m.header.cluster_epoch = epoch;
+  return m;
+}
+
+Bytes frame_of(const Result<WireFrame>& f) {
+  EXPECT_TRUE(f) << (f ? "" : f.error().message);
+  return f ? f->flatten() : Bytes{};
+}
+
+// Reads a valid frame into a builder, lets `edit` break it, and frames the result again.
+template <class T, class Edit>
+Bytes mutate(const Bytes& frame, Edit edit) {
+  auto r = schemas::read_frame(frame, size_t{1} << 30);
+  EXPECT_TRUE(r);
+  capnp::MallocMessageBuilder mb;
+  mb.setRoot((*r)->getRoot<T>());
+  edit(mb.getRoot<T>());
+  auto words = schemas::to_frame(mb);
+  auto b = words.asBytes();
+  return Bytes(b.begin(), b.end());
+}
+
+template <class T>
+void expect_error(const Result<T>& r, int code, const std::string& text) {
+  ASSERT_FALSE(r.has_value()) << "expected an error containing: " << text;
+  EXPECT_EQ(r.error().code, code) << r.error().message;
+  EXPECT_CONTAINS(r.error().message, text);
+  EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << "one line: " << r.error().message;
+}
+
+int wire(WireErrc e) { return code(e); }
+int schema(schemas::Errc e) { return schemas::code(e); }
+
+void expect_header(const WireHeader& h, uint64_t epoch = kEpoch) {
+  EXPECT_EQ(h.cluster_epoch, epoch);
+  EXPECT_EQ(h.sender, kSend.sender);
+  EXPECT_EQ(h.seq, kSend.seq);
+}
+
+void expect_same(const ResourcesInfo& a, const ResourcesInfo& b) {
+  EXPECT_EQ(a.cpu_cores, b.cpu_cores);
+  EXPECT_EQ(a.memory_bytes, b.memory_bytes);
+  EXPECT_EQ(a.free_memory_bytes, b.free_memory_bytes);
+}
+
+void expect_same(const std::vector<StartupPhaseInfo>& a, const std::vector<StartupPhaseInfo>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].actor, b[i].actor);
+    EXPECT_EQ(a[i].start_ms, b[i].start_ms);
+    EXPECT_EQ(a[i].duration_ms, b[i].duration_ms);
+    EXPECT_EQ(a[i].done, b[i].done);
+  }
+}
+
+void expect_same_members(const MembershipMsg& a, const MembershipMsg& b) {
+  EXPECT_EQ(a.version, b.version);
+  ASSERT_EQ(a.members.size(), b.members.size());
+  for (size_t i = 0; i < a.members.size(); ++i) {
+    EXPECT_EQ(a.members[i].node_id, b.members[i].node_id);
+    EXPECT_EQ(a.members[i].name, b.members[i].name);
+    EXPECT_EQ(a.members[i].address, b.members[i].address);
+    EXPECT_EQ(a.members[i].state, b.members[i].state);
+    EXPECT_EQ(a.members[i].last_heartbeat_age_ms, b.members[i].last_heartbeat_age_ms);
+    expect_same(a.members[i].resources, b.members[i].resources);
+  }
+}
+
+// ---- Sample messages: every field set to a non-default value ----
+
+const ResourcesInfo kResources{
+    .cpu_cores = 16, .memory_bytes = 64ull << 30, .free_memory_bytes = 40ull << 30};
+
+JoinRequestMsg make_join_request() {
+  JoinRequestMsg m;
+  m.name = "node-b";
+  m.address = "10.0.0.2:7100";
+  m.version = "0.1.0+42e1bc1";
+  m.pid = 4242;
+  m.model_hash = 0x0123456789abcdefull;
+  m.resources = kResources;
+  for (size_t i = 0; i < 32; ++i) {
+    m.nonce[i] = static_cast<uint8_t>(i + 1);
+    m.proof[i] = static_cast<uint8_t>(200 - i);
+  }
+  return m;
+}
+
+JoinReplyMsg make_join_reply() {
+  JoinReplyMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.accepted = true;
+  m.node_id = 2;
+  m.lease_ms = 3000;
+  m.heartbeat_ms = 500;
+  for (size_t i = 0; i < 32; ++i) m.proof[i] = static_cast<uint8_t>(i * 7);
+  m.error = "";
+  return m;
+}
+
+MembershipMsg make_membership() {
+  MembershipMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.version = 17;
+  m.members.push_back({1, "node-a", "10.0.0.1:7100", MemberState::kAlive, 12, kResources});
+  m.members.push_back({2, "node-b", "10.0.0.2:7100", MemberState::kSuspect, 2500, {4, 8, 2}});
+  m.members.push_back({5, "node-c", "", MemberState::kLeft, 99999, {}});
+  return m;
+}
+
+PlacementMsg make_placement() {
+  PlacementMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.version = 4;
+  m.model_name = "qwen3-moe-tiny";
+  m.model_hash = 0xfeedfacecafebeefull;
+  m.stages = {
+      {0, 1, 0, 4, true, false, 2}, {1, 2, 4, 8, false, false, 0}, {2, 3, 8, 12, false, true, 6}};
+  m.shards = {{0, 2, {0, 2, 4}, 1}, {1, 3, {1, 3, 5}, 3}};
+  m.kv_pools = {{2, 3, 100, 16}, {0, 1, 120, 16}, {1, 2, 110, 16}};  // any order
+  m.microbatches = 2;
+  return m;
+}
+
+std::vector<StartupPhaseInfo> make_phases() {
+  return {{"join", {2, ActorRole::kNodeDaemon, 0}, 0, 15, true},
+          {"map weights", {2, ActorRole::kStage, 1}, 15, 800, false}};
+}
+
+PlacementReportMsg make_placement_report() {
+  PlacementReportMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.version = 4;
+  m.ok = false;
+  m.error = "model file missing: /models/x.gguf";
+  m.phases = make_phases();
+  return m;
+}
+
+StatusSnapshotMsg make_snapshot() {
+  StatusSnapshotMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.taken_at_ms = 123456;
+  m.has_membership = true;
+  m.membership = make_membership();
+  m.actors.push_back({{2, ActorRole::kStage, 1},
+                      "stage/1@node-b",
+                      ActorStateInfo::kRestarting,
+                      3,
+                      4000,
+                      "injected fault"});
+  m.actors.push_back(
+      {{1, ActorRole::kScheduler, 0}, "scheduler/0@node-a", ActorStateInfo::kRunning, 0, 9, ""});
+  m.phases = make_phases();
+  m.has_throughput = true;
+  m.throughput = {10000, 512.5, 33.25, 8.0, 4, 7};
+  m.placement_version = 4;
+  m.reporter = "node-a";
+  m.serving = true;
+  return m;
+}
+
+GenerateRequestMsg make_generate_request() {
+  GenerateRequestMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.tag = 77;
+  GenerateRequest& r = m.request;
+  r.prompt = "Once upon a time";
+  r.prompt_tokens = {1, 5, 15, 0};
+  r.add_bos = false;
+  r.sampling.temperature = 0.7f;
+  r.sampling.top_k = 40;
+  r.sampling.top_p = 0.95f;
+  r.sampling.min_p = 0.05f;
+  r.sampling.repetition_penalty = 1.1f;
+  r.sampling.presence_penalty = 0.5f;
+  r.sampling.frequency_penalty = -0.25f;
+  r.sampling.penalty_last_n = -1;
+  r.sampling.seed = 31337;
+  r.sampling.stop_token_ids = {2, 7};
+  r.sampling.stop_strings = {"\n\n", "END"};
+  r.sampling.ignore_eos = true;
+  r.max_tokens = 300;
+  r.return_logits = true;
+  return m;
+}
+
+GenerateEventMsg make_finished_event() {
+  GenerateEventMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.tag = 77;
+  m.delta = "end";
+  m.token = 9;
+  m.finished = true;
+  GenerateResult& r = m.result;
+  r.prompt_tokens = {1, 5, 15};
+  r.tokens = {9, 3, 12};
+  r.text = "a b c";
+  r.finish_reason = "length";
+  r.error = "";
+  r.logits.resize(3 * kVocab);
+  for (size_t i = 0; i < r.logits.size(); ++i) r.logits[i] = 0.125f * static_cast<float>(i) - 2;
+  return m;
+}
+
+// ---- Message kinds ----
+
+TEST(ControlWireKinds, TypeIdsNameTheRootStructs) {
+  EXPECT_EQ(type_id(ControlMsg::kJoinRequest), capnp::typeId<schemas::JoinRequest>());
+  EXPECT_EQ(type_id(ControlMsg::kPlacementReport), capnp::typeId<schemas::PlacementReport>());
+  EXPECT_EQ(type_id(ControlMsg::kStatusSnapshot), capnp::typeId<schemas::StatusSnapshot>());
+  EXPECT_EQ(type_id(ControlMsg::kGenerateEvent), capnp::typeId<schemas::GenerateEvent>());
+  EXPECT_EQ(type_id(ControlMsg::kBatchDescriptor), capnp::typeId<schemas::BatchDescriptor>());
+  EXPECT_EQ(type_id(ControlMsg::kStepResult), capnp::typeId<schemas::StepResult>());
+  EXPECT_EQ(type_id(ControlMsg::kExpertDispatch), capnp::typeId<schemas::ExpertDispatch>());
+  EXPECT_EQ(type_id(ControlMsg::kExpertCombine), capnp::typeId<schemas::ExpertCombine>());
+  std::vector<uint64_t> seen;
+  for (int i = 0; i <= static_cast<int>(ControlMsg::kExpertCombine); ++i) {
+    const auto m = static_cast<ControlMsg>(i);
+    SCOPED_TRACE(to_string(m));
+    EXPECT_NE(type_id(m), 0u);
+    EXPECT_STRNE(to_string(m), "unknown");
+    ControlMsg back{};
+    ASSERT_TRUE(control_msg_of(type_id(m), &back));
+    EXPECT_EQ(back, m);
+    for (uint64_t id : seen) EXPECT_NE(id, type_id(m));
+    seen.push_back(type_id(m));
+  }
+  ControlMsg out = ControlMsg::kJoinReply;
+  EXPECT_FALSE(control_msg_of(0x1234, &out));
+  EXPECT_EQ(out, ControlMsg::kJoinReply);
+  EXPECT_STREQ(to_string(ControlMsg::kLeaveNotice), "LeaveNotice");
+  EXPECT_STREQ(to_string(MemberState::kSuspect), "suspect");
+}
+
+// ---- Round trips ----
+
+TEST(ControlWireRoundTrip, JoinRequestKeepsEveryFieldWithEpochZero) {
+  const JoinRequestMsg m = make_join_request();  // epoch 0: first start
+  auto d = decode_join_request(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header, 0);
+  EXPECT_EQ(d->name, m.name);
+  EXPECT_EQ(d->address, m.address);
+  EXPECT_EQ(d->version, m.version);
+  EXPECT_EQ(d->pid, m.pid);
+  EXPECT_EQ(d->model_hash, m.model_hash);
+  expect_same(d->resources, m.resources);
+  EXPECT_EQ(d->nonce, m.nonce);
+  EXPECT_EQ(d->proof, m.proof);
+  // A stale epoch (a fenced node joining again) is accepted whatever the receiver's epoch.
+  d = decode_join_request(frame_of(encode(with_epoch(m, 3), kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->header.cluster_epoch, 3u);
+}
+
+TEST(ControlWireRoundTrip, JoinReplyKeepsEveryField) {
+  JoinReplyMsg m = make_join_reply();
+  auto d = decode_join_reply(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->accepted, m.accepted);
+  EXPECT_EQ(d->node_id, m.node_id);
+  EXPECT_EQ(d->lease_ms, m.lease_ms);
+  EXPECT_EQ(d->heartbeat_ms, m.heartbeat_ms);
+  EXPECT_EQ(d->proof, m.proof);
+  EXPECT_EQ(d->error, "");
+  m.accepted = false;
+  m.node_id = 0;
+  m.error = "bad proof";
+  d = decode_join_reply(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_FALSE(d->accepted);
+  EXPECT_EQ(d->error, "bad proof");
+}
+
+TEST(ControlWireRoundTrip, HeartbeatAndAckKeepEveryField) {
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = kEpoch;
+  hb.lease_ms = 3000;
+  hb.resources = kResources;
+  hb.num_actors = 5;
+  hb.uptime_ms = 1ull << 40;
+  auto d = decode_heartbeat(frame_of(encode(hb, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->lease_ms, hb.lease_ms);
+  expect_same(d->resources, hb.resources);
+  EXPECT_EQ(d->num_actors, hb.num_actors);
+  EXPECT_EQ(d->uptime_ms, hb.uptime_ms);
+  HeartbeatAckMsg ack;
+  ack.header.cluster_epoch = kEpoch;
+  ack.lease_ms = 2500;
+  ack.membership_version = 17;
+  ack.fenced = true;
+  auto a = decode_heartbeat_ack(frame_of(encode(ack, kSend)), control_limits());
+  ASSERT_TRUE(a) << a.error().message;
+  expect_header(a->header);
+  EXPECT_EQ(a->lease_ms, ack.lease_ms);
+  EXPECT_EQ(a->membership_version, ack.membership_version);
+  EXPECT_EQ(a->fenced, ack.fenced);
+}
+
+TEST(ControlWireRoundTrip, MembershipKeepsEveryField) {
+  const MembershipMsg m = make_membership();
+  auto d = decode_membership(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  expect_same_members(*d, m);
+}
+
+TEST(ControlWireRoundTrip, PlacementKeepsEveryField) {
+  const PlacementMsg m = make_placement();
+  auto d = decode_placement(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->version, m.version);
+  EXPECT_EQ(d->model_name, m.model_name);
+  EXPECT_EQ(d->model_hash, m.model_hash);
+  ASSERT_EQ(d->stages.size(), m.stages.size());
+  for (size_t i = 0; i < m.stages.size(); ++i) {
+    const auto& x = m.stages[i];
+    const auto& y = d->stages[i];
+    EXPECT_EQ(y.stage, x.stage);
+    EXPECT_EQ(y.node_id, x.node_id);
+    EXPECT_EQ(y.layer_begin, x.layer_begin);
+    EXPECT_EQ(y.layer_end, x.layer_end);
+    EXPECT_EQ(y.has_embedding, x.has_embedding);
+    EXPECT_EQ(y.has_output_head, x.has_output_head);
+    EXPECT_EQ(y.threads, x.threads);
+  }
+  ASSERT_EQ(d->shards.size(), m.shards.size());
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    EXPECT_EQ(d->shards[i].shard, m.shards[i].shard);
+    EXPECT_EQ(d->shards[i].node_id, m.shards[i].node_id);
+    EXPECT_EQ(d->shards[i].experts, m.shards[i].experts);
+    EXPECT_EQ(d->shards[i].threads, m.shards[i].threads);
+  }
+  ASSERT_EQ(d->kv_pools.size(), m.kv_pools.size());
+  for (size_t i = 0; i < m.kv_pools.size(); ++i) {
+    EXPECT_EQ(d->kv_pools[i].stage, m.kv_pools[i].stage);
+    EXPECT_EQ(d->kv_pools[i].node_id, m.kv_pools[i].node_id);
+    EXPECT_EQ(d->kv_pools[i].num_blocks, m.kv_pools[i].num_blocks);
+    EXPECT_EQ(d->kv_pools[i].block_size, m.kv_pools[i].block_size);
+  }
+  EXPECT_EQ(d->microbatches, m.microbatches);
+}
+
+TEST(ControlWireRoundTrip, PlacementReportLeaveNoticeAndStatusRequestKeepEveryField) {
+  const PlacementReportMsg m = make_placement_report();
+  auto d = decode_placement_report(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->version, m.version);
+  EXPECT_EQ(d->ok, m.ok);
+  EXPECT_EQ(d->error, m.error);
+  expect_same(d->phases, m.phases);
+  LeaveNoticeMsg leave;
+  leave.header.cluster_epoch = kEpoch;
+  leave.reason = std::string("SIGTERM\0after drain", 19);  // embedded NUL survives
+  auto l = decode_leave_notice(frame_of(encode(leave, kSend)), control_limits());
+  ASSERT_TRUE(l) << l.error().message;
+  expect_header(l->header);
+  EXPECT_EQ(l->reason, leave.reason);
+  StatusRequestMsg req;
+  req.header.cluster_epoch = kEpoch;
+  req.include_kv = true;
+  auto r = decode_status_request(frame_of(encode(req, kSend)), control_limits());
+  ASSERT_TRUE(r) << r.error().message;
+  expect_header(r->header);
+  EXPECT_TRUE(r->include_kv);
+}
+
+TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
+  const StatusSnapshotMsg m = make_snapshot();
+  auto d = decode_status_snapshot(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->taken_at_ms, m.taken_at_ms);
+  ASSERT_TRUE(d->has_membership);
+  expect_same_members(d->membership, m.membership);
+  ASSERT_EQ(d->actors.size(), m.actors.size());
+  for (size_t i = 0; i < m.actors.size(); ++i) {
+    EXPECT_EQ(d->actors[i].actor, m.actors[i].actor);
+    EXPECT_EQ(d->actors[i].name, m.actors[i].name);
+    EXPECT_EQ(d->actors[i].state, m.actors[i].state);
+    EXPECT_EQ(d->actors[i].restarts, m.actors[i].restarts);
+    EXPECT_EQ(d->actors[i].uptime_ms, m.actors[i].uptime_ms);
+    EXPECT_EQ(d->actors[i].last_error, m.actors[i].last_error);
+  }
+  expect_same(d->phases, m.phases);
+  ASSERT_TRUE(d->has_throughput);
+  EXPECT_EQ(d->throughput.window_ms, m.throughput.window_ms);
+  EXPECT_EQ(d->throughput.prompt_tokens_per_s, m.throughput.prompt_tokens_per_s);
+  EXPECT_EQ(d->throughput.generation_tokens_per_s, m.throughput.generation_tokens_per_s);
+  EXPECT_EQ(d->throughput.steps_per_s, m.throughput.steps_per_s);
+  EXPECT_EQ(d->throughput.num_requests_running, m.throughput.num_requests_running);
+  EXPECT_EQ(d->throughput.num_requests_waiting, m.throughput.num_requests_waiting);
+  EXPECT_EQ(d->placement_version, m.placement_version);
+  EXPECT_EQ(d->reporter, m.reporter);
+  EXPECT_EQ(d->serving, m.serving);
+  // A single node's snapshot: no membership, no throughput.
+  StatusSnapshotMsg node = m;
+  node.has_membership = false;
+  node.has_throughput = false;
+  d = decode_status_snapshot(frame_of(encode(node, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_FALSE(d->has_membership);
+  EXPECT_FALSE(d->has_throughput);
+  EXPECT_TRUE(d->membership.members.empty());
+}
+
+TEST(ControlWireRoundTrip, GenerateRequestKeepsEveryFieldAndStopStrings) {
+  const GenerateRequestMsg m = make_generate_request();
+  auto d = decode_generate_request(frame_of(encode(m, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  expect_header(d->header);
+  EXPECT_EQ(d->tag, m.tag);
+  const GenerateRequest& x = m.request;
+  const GenerateRequest& y = d->request;
+  EXPECT_EQ(y.prompt, x.prompt);
+  EXPECT_EQ(y.prompt_tokens, x.prompt_tokens);
+  EXPECT_EQ(y.add_bos, x.add_bos);
+  EXPECT_EQ(y.sampling.temperature, x.sampling.temperature);
+  EXPECT_EQ(y.sampling.top_k, x.sampling.top_k);
+  EXPECT_EQ(y.sampling.top_p, x.sampling.top_p);
+  EXPECT_EQ(y.sampling.min_p, x.sampling.min_p);
+  EXPECT_EQ(y.sampling.repetition_penalty, x.sampling.repetition_penalty);
+  EXPECT_EQ(y.sampling.presence_penalty, x.sampling.presence_penalty);
+  EXPECT_EQ(y.sampling.frequency_penalty, x.sampling.frequency_penalty);
+  EXPECT_EQ(y.sampling.penalty_last_n, x.sampling.penalty_last_n);
+  EXPECT_EQ(y.sampling.seed, x.sampling.seed);
+  EXPECT_EQ(y.sampling.stop_token_ids, x.sampling.stop_token_ids);
+  EXPECT_EQ(y.sampling.stop_strings, x.sampling.stop_strings);
+  EXPECT_EQ(y.sampling.ignore_eos, x.sampling.ignore_eos);
+  EXPECT_EQ(y.max_tokens, x.max_tokens);
+  EXPECT_EQ(y.return_logits, x.return_logits);
+  // Defaults survive too (the schema's defaults equal the C++ ones).
+  GenerateRequestMsg plain;
+  plain.header.cluster_epoch = kEpoch;
+  plain.request.prompt = "hi";
+  d = decode_generate_request(frame_of(encode(plain, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_TRUE(d->request.add_bos);
+  EXPECT_EQ(d->request.max_tokens, 128);
+  EXPECT_EQ(d->request.sampling.top_p, 1.0f);
+  EXPECT_EQ(d->request.sampling.penalty_last_n, 64);
+}
+
+TEST(ControlWireRoundTrip, CancelAndGenerateEventsKeepEveryField) {
+  CancelRequestMsg cancel;
+  cancel.header.cluster_epoch = kEpoch;
+  cancel.tag = 77;
+  auto c = decode_cancel_request(frame_of(encode(cancel, kSend)), client_limits());
+  ASSERT_TRUE(c) << c.error().message;
+  expect_header(c->header);
+  EXPECT_EQ(c->tag, 77u);
+
+  GenerateEventMsg piece;
+  piece.header.cluster_epoch = kEpoch;
+  piece.tag = 77;
+  piece.delta = " wor";
+  piece.token = 11;
+  auto p = decode_generate_event(frame_of(encode(piece, kVocab, kSend)), client_limits());
+  ASSERT_TRUE(p) << p.error().message;
+  expect_header(p->header);
+  EXPECT_EQ(p->tag, piece.tag);
+  EXPECT_EQ(p->delta, piece.delta);
+  EXPECT_EQ(p->token, piece.token);
+  EXPECT_FALSE(p->finished);
+
+  const GenerateEventMsg m = make_finished_event();
+  auto d = decode_generate_event(frame_of(encode(m, kVocab, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->tag, m.tag);
+  EXPECT_EQ(d->delta, m.delta);
+  EXPECT_EQ(d->token, m.token);
+  EXPECT_TRUE(d->finished);
+  EXPECT_EQ(d->result.prompt_tokens, m.result.prompt_tokens);
+  EXPECT_EQ(d->result.tokens, m.result.tokens);
+  EXPECT_EQ(d->result.text, m.result.text);
+  EXPECT_EQ(d->result.finish_reason, m.result.finish_reason);
+  EXPECT_EQ(d->result.error, m.result.error);
+  EXPECT_EQ(d->result.logits, m.result.logits);
+  // The client does not know n_vocab: the width comes from the tensor.
+  ClientLimits any_width = client_limits();
+  any_width.n_vocab = 0;
+  d = decode_generate_event(frame_of(encode(m, kVocab, kSend)), any_width);
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->result.logits, m.result.logits);
+}
+
+TEST(ControlWireRoundTrip, GenerateEventOfAnErrorAndOfAStopToken) {
+  GenerateEventMsg m = make_finished_event();
+  m.result.finish_reason = "error";
+  m.result.error = "prompt too long";
+  m.result.logits.clear();
+  m.token = -1;
+  auto d = decode_generate_event(frame_of(encode(m, kVocab, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->result.error, "prompt too long");
+  EXPECT_EQ(d->token, -1);
+  EXPECT_TRUE(d->result.logits.empty());
+  // EOS ended it: the router keeps the EOS row but not the token, so rows = tokens + 1.
+  m = make_finished_event();
+  m.result.finish_reason = "stop";
+  m.result.tokens.pop_back();
+  d = decode_generate_event(frame_of(encode(m, kVocab, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->result.logits.size(), 3u * kVocab);
+  EXPECT_EQ(d->result.tokens.size(), 2u);
+}
+
+// ---- Encoders refuse what has no wire form ----
+
+TEST(ControlWireEncode, RejectsEpochZeroExceptInJoinRequest) {
+  HeartbeatMsg hb;  // epoch 0
+  expect_error(encode(hb, kSend), wire(WireErrc::kUnencodable), "encode Heartbeat: epoch 0");
+  PlacementMsg p = make_placement();
+  p.header.cluster_epoch = 0;
+  expect_error(encode(p, kSend), wire(WireErrc::kUnencodable), "encode Placement: epoch 0");
+  EXPECT_TRUE(encode(make_join_request(), kSend));
+  SendInfo no_seq = kSend;
+  no_seq.seq = 0;
+  expect_error(encode(make_join_request(), no_seq), wire(WireErrc::kUnencodable), "seq 0");
+}
+
+TEST(ControlWireEncode, RejectsNegativeExpertAndBadLogits) {
+  PlacementMsg p = make_placement();
+  p.shards[1].experts[0] = -3;
+  expect_error(encode(p, kSend), wire(WireErrc::kUnencodable), "shards[1] has expert -3");
+  GenerateEventMsg e = make_finished_event();
+  e.result.logits.pop_back();
+  expect_error(encode(e, kVocab, kSend), wire(WireErrc::kUnencodable),
+               "47 logits for 3 tokens at n_vocab 16");
+  e = make_finished_event();
+  expect_error(encode(e, 0, kSend), wire(WireErrc::kUnencodable), "at n_vocab 0");
+}
+
+// ---- Malformed input: one test per way a frame can be bad ----
+
+// One valid frame of each control and client message, with its decoder.
+struct Case {
+  const char* name;
+  Bytes frame;
+  std::function<bool(const Bytes&, std::string*)> decode;  // ok? and the error text
+};
+
+template <class Decode, class Limits>
+std::function<bool(const Bytes&, std::string*)> wrap(Decode decode, Limits lim) {
+  return [decode, lim](const Bytes& b, std::string* error) {
+    auto r = decode(b, lim);
+    if (!r && error) *error = r.error().message;
+    return r.has_value();
+  };
+}
+
+std::vector<Case> all_cases() {
+  const ControlLimits c = control_limits();
+  const ClientLimits k = client_limits();
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = kEpoch;
+  hb.resources = kResources;
+  HeartbeatAckMsg ack;
+  ack.header.cluster_epoch = kEpoch;
+  LeaveNoticeMsg leave;
+  leave.header.cluster_epoch = kEpoch;
+  leave.reason = "SIGTERM";
+  StatusRequestMsg sreq;
+  sreq.header.cluster_epoch = kEpoch;
+  CancelRequestMsg cancel;
+  cancel.header.cluster_epoch = kEpoch;
+  return {
+      {"JoinRequest", frame_of(encode(make_join_request(), kSend)), wrap(decode_join_request, c)},
+      {"JoinReply", frame_of(encode(make_join_reply(), kSend)), wrap(decode_join_reply, c)},
+      {"Heartbeat", frame_of(encode(hb, kSend)), wrap(decode_heartbeat, c)},
+      {"HeartbeatAck", frame_of(encode(ack, kSend)), wrap(decode_heartbeat_ack, c)},
+      {"Membership", frame_of(encode(make_membership(), kSend)), wrap(decode_membership, c)},
+      {"Placement", frame_of(encode(make_placement(), kSend)), wrap(decode_placement, c)},
+      {"PlacementReport", frame_of(encode(make_placement_report(), kSend)),
+       wrap(decode_placement_report, c)},
+      {"LeaveNotice", frame_of(encode(leave, kSend)), wrap(decode_leave_notice, c)},
+      {"StatusRequest", frame_of(encode(sreq, kSend)), wrap(decode_status_request, c)},
+      {"StatusSnapshot", frame_of(encode(make_snapshot(), kSend)), wrap(decode_status_snapshot, c)},
+      {"GenerateRequest", frame_of(encode(make_generate_request(), kSend)),
+       wrap(decode_generate_request, k)},
+      {"CancelRequest", frame_of(encode(cancel, kSend)), wrap(decode_cancel_request, k)},
+      {"GenerateEvent", frame_of(encode(make_finished_event(), kVocab, kSend)),
+       wrap(decode_generate_event, k)},
+  };
+}
+
+TEST(ControlWireMalformed, RejectsTruncatedFrames) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    std::string error;
+    ASSERT_TRUE(c.decode(c.frame, &error)) << error;
+    Bytes cut = c.frame;
+    cut.resize(cut.size() - 8);
+    EXPECT_FALSE(c.decode(cut, &error));
+    EXPECT_CONTAINS(error, "need");
+    EXPECT_FALSE(c.decode(Bytes{}, &error));
+  }
+}
+
+TEST(ControlWireMalformed, RejectsGarbage) {
+  std::mt19937 gen(23);
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    for (size_t size : {7, 8, 64, 1000}) {
+      Bytes junk(size);
+      for (uint8_t& x : junk) x = static_cast<uint8_t>(gen());
+      std::string error;
+      EXPECT_FALSE(c.decode(junk, &error));
+      EXPECT_FALSE(error.empty());
+    }
+    // A segment table that fits, then garbage words: Cap'n Proto rejects the root pointer.
+    Bytes junk(64);
+    for (uint8_t& x : junk) x = static_cast<uint8_t>(gen());
+    const uint32_t table[2] = {0, 7};
+    std::memcpy(junk.data(), table, sizeof(table));
+    std::string error;
+    EXPECT_FALSE(c.decode(junk, &error));
+    EXPECT_FALSE(error.empty());
+  }
+}
+
+TEST(ControlWireMalformed, RejectsWrongEpoch) {
+  const Bytes frame = frame_of(encode(make_placement(), kSend));
+  ControlLimits lim = control_limits();
+  lim.expected_epoch = kEpoch + 1;
+  expect_error(decode_placement(frame, lim), schema(schemas::Errc::kStaleEpoch),
+               "Placement.header: message from epoch 9, receiver is in epoch 10: stale");
+  lim.expected_epoch = kEpoch - 1;
+  expect_error(decode_placement(frame, lim), schema(schemas::Errc::kFutureEpoch),
+               "receiver is behind");
+  ClientLimits k = client_limits();
+  k.expected_epoch = kEpoch + 1;
+  expect_error(decode_generate_request(frame_of(encode(make_generate_request(), kSend)), k),
+               schema(schemas::Errc::kStaleEpoch), "GenerateRequest.header: message from epoch 9");
+  // Epoch 0 is unset everywhere but in a JoinRequest, even when no epoch is expected.
+  Bytes zero = mutate<schemas::Heartbeat>(frame_of(encode(with_epoch(HeartbeatMsg{}), kSend)),
+                                          [](auto root) { root.getHeader().setClusterEpoch(0); });
+  expect_error(decode_heartbeat(zero, ControlLimits{}), schema(schemas::Errc::kBadHeader),
+               "Heartbeat.header: cluster epoch is unset (0)");
+  Bytes no_seq = mutate<schemas::Placement>(frame, [](auto root) { root.getHeader().setSeq(0); });
+  expect_error(decode_placement(no_seq, control_limits()), schema(schemas::Errc::kBadHeader),
+               "header seq is unset");
+}
+
+TEST(ControlWireMalformed, RejectsOverLongLists) {
+  ControlLimits lim = control_limits();
+  lim.max_list = 2;
+  expect_error(decode_membership(frame_of(encode(make_membership(), kSend)), lim),
+               wire(WireErrc::kTooLong), "Membership.members: 3 entries exceed the limit of 2");
+  expect_error(decode_placement(frame_of(encode(make_placement(), kSend)), lim),
+               wire(WireErrc::kTooLong), "Placement.stages: 3 entries exceed the limit of 2");
+  lim.max_list = 1;
+  expect_error(decode_placement_report(frame_of(encode(make_placement_report(), kSend)), lim),
+               wire(WireErrc::kTooLong), "PlacementReport.startupPhases: 2 entries exceed");
+  expect_error(decode_status_snapshot(frame_of(encode(make_snapshot(), kSend)), lim),
+               wire(WireErrc::kTooLong), "StatusSnapshot.membership.members: 3 entries exceed");
+  ClientLimits k = client_limits();
+  k.max_prompt_tokens = 3;
+  expect_error(decode_generate_request(frame_of(encode(make_generate_request(), kSend)), k),
+               wire(WireErrc::kTooLong), "GenerateRequest.promptTokens: 4 entries exceed");
+  k = client_limits();
+  k.max_stop_strings = 1;
+  expect_error(decode_generate_request(frame_of(encode(make_generate_request(), kSend)), k),
+               wire(WireErrc::kTooLong), "GenerateRequest.stopStrings: 2 entries exceed");
+  k = client_limits();
+  k.max_tokens = 2;
+  expect_error(decode_generate_event(frame_of(encode(make_finished_event(), kVocab, kSend)), k),
+               wire(WireErrc::kTooLong), "GenerateEvent.tokens: 3 entries exceed the limit of 2");
+}
+
+TEST(ControlWireMalformed, RejectsOverLongText) {
+  ControlLimits lim = control_limits();
+  lim.max_text = 8;
+  expect_error(decode_join_request(frame_of(encode(make_join_request(), kSend)), lim),
+               wire(WireErrc::kTooLong),
+               "JoinRequest.node.address: 13 bytes exceed the limit of 8");
+  expect_error(decode_status_snapshot(frame_of(encode(make_snapshot(), kSend)), lim),
+               wire(WireErrc::kTooLong), "StatusSnapshot.membership.members[0].address: 13 bytes");
+  ClientLimits k = client_limits();
+  k.max_text = 10;
+  expect_error(decode_generate_request(frame_of(encode(make_generate_request(), kSend)), k),
+               wire(WireErrc::kTooLong), "GenerateRequest.prompt: 16 bytes exceed the limit of 10");
+}
+
+TEST(ControlWireMalformed, RejectsEmptyNames) {
+  JoinRequestMsg join = make_join_request();
+  join.name.clear();
+  expect_error(decode_join_request(frame_of(encode(join, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "JoinRequest.node.name: empty, expected a name");
+  MembershipMsg m = make_membership();
+  m.members[1].name.clear();
+  expect_error(decode_membership(frame_of(encode(m, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "Membership.members[1].name: empty");
+}
+
+TEST(ControlWireMalformed, RejectsBadEnumsAndRoles) {
+  Bytes state = mutate<schemas::Membership>(
+      frame_of(encode(make_membership(), kSend)),
+      [](auto root) { root.getMembers()[2].setState(static_cast<schemas::MemberState>(9)); });
+  expect_error(decode_membership(state, control_limits()), wire(WireErrc::kInvalid),
+               "Membership.members[2].state: unknown value 9, expected 0..4");
+  Bytes actor = mutate<schemas::StatusSnapshot>(
+      frame_of(encode(make_snapshot(), kSend)),
+      [](auto root) { root.getActors()[1].setState(static_cast<schemas::ActorState>(5)); });
+  expect_error(decode_status_snapshot(actor, control_limits()), wire(WireErrc::kInvalid),
+               "StatusSnapshot.actors[1].state: unknown value 5, expected 0..4");
+  Bytes role = mutate<schemas::PlacementReport>(
+      frame_of(encode(make_placement_report(), kSend)), [](auto root) {
+        root.getStartupPhases()[0].getActor().setRole(static_cast<schemas::Role>(42));
+      });
+  expect_error(decode_placement_report(role, control_limits()), wire(WireErrc::kInvalid),
+               "PlacementReport.startupPhases[0].actor.role: 42 is not a known role");
+  Bytes sender = mutate<schemas::Membership>(
+      frame_of(encode(make_membership(), kSend)),
+      [](auto root) { root.getHeader().getSender().setRole(schemas::Role::UNKNOWN); });
+  expect_error(decode_membership(sender, control_limits()), schema(schemas::Errc::kBadHeader),
+               "header sender role 0 is invalid");
+}
+
+TEST(ControlWireMalformed, RejectsBadNonceAndProofLength) {
+  const Bytes join = frame_of(encode(make_join_request(), kSend));
+  Bytes nonce = mutate<schemas::JoinRequest>(join, [](auto root) { root.initNonce(31); });
+  expect_error(decode_join_request(nonce, control_limits()), wire(WireErrc::kInvalid),
+               "JoinRequest.nonce: 31 bytes, expected 32");
+  Bytes proof = mutate<schemas::JoinRequest>(join, [](auto root) { root.disownProof(); });
+  expect_error(decode_join_request(proof, control_limits()), wire(WireErrc::kInvalid),
+               "JoinRequest.proof: 0 bytes, expected 32");
+  Bytes reply = mutate<schemas::JoinReply>(frame_of(encode(make_join_reply(), kSend)),
+                                           [](auto root) { root.initProof(33); });
+  expect_error(decode_join_reply(reply, control_limits()), wire(WireErrc::kInvalid),
+               "JoinReply.proof: 33 bytes, expected 32");
+}
+
+TEST(ControlWireMalformed, RejectsMembersWithoutOrWithDuplicateIds) {
+  MembershipMsg m = make_membership();
+  m.members[2].node_id = 1;
+  expect_error(decode_membership(frame_of(encode(m, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "Membership.members: node id 1 appears twice");
+  m.members[2].node_id = 0;
+  expect_error(decode_membership(frame_of(encode(m, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "Membership.members[2].nodeId: node id 0");
+  JoinReplyMsg r = make_join_reply();
+  r.node_id = 0;
+  expect_error(decode_join_reply(frame_of(encode(r, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "JoinReply.nodeId: node id 0");
+}
+
+Result<PlacementMsg> decode_edited_placement(const std::function<void(PlacementMsg&)>& edit) {
+  PlacementMsg p = make_placement();
+  edit(p);
+  return decode_placement(frame_of(encode(p, kSend)), control_limits());
+}
+
+TEST(ControlWireMalformed, RejectsOverlappingLayerRanges) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages[1].layer_begin = 3; }),
+               wire(WireErrc::kInvalid),
+               "Placement.stages[1].layerBegin: 3, expected 4: the layer ranges overlap");
+}
+
+TEST(ControlWireMalformed, RejectsLayerGapsAndEmptyRanges) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages[2].layer_begin = 9; }),
+               wire(WireErrc::kInvalid),
+               "Placement.stages[2].layerBegin: 9, expected 8: the layer ranges leave a gap");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages[0].layer_begin = 1; }),
+               wire(WireErrc::kInvalid), "Placement.stages[0].layerBegin: 1, expected 0");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages[1].layer_end = 4; }),
+               wire(WireErrc::kInvalid), "Placement.stages[1]: layers [4, 4) are empty");
+}
+
+TEST(ControlWireMalformed, RejectsUnorderedStagesAndShards) {
+  expect_error(
+      decode_edited_placement([](PlacementMsg& p) { std::swap(p.stages[0], p.stages[1]); }),
+      wire(WireErrc::kInvalid), "Placement.stages[0].stage: 1, expected 0 (stages in index order)");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.shards[1].shard = 0; }),
+               wire(WireErrc::kInvalid),
+               "Placement.expertShards[1].shard: 0, expected 1 (shards in index order)");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages[1].has_embedding = true; }),
+               wire(WireErrc::kInvalid),
+               "Placement.stages[1]: hasEmbedding 1, hasOutputHead 0: expected the embedding on "
+               "the first stage only");
+  expect_error(
+      decode_edited_placement([](PlacementMsg& p) { p.stages[2].has_output_head = false; }),
+      wire(WireErrc::kInvalid), "Placement.stages[2]: hasEmbedding 0, hasOutputHead 0");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.stages.clear(); }),
+               wire(WireErrc::kInvalid), "Placement.stages: empty, expected >= 1");
+}
+
+TEST(ControlWireMalformed, RejectsExpertInTwoShards) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) {
+                 p.shards[1].experts = {2, 3, 5};
+               }),
+               wire(WireErrc::kInvalid),
+               "Placement.expertShards: expert 2 is in shards 0 and 1, expected one owner");
+}
+
+TEST(ControlWireMalformed, RejectsUnsortedOrNegativeExperts) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) {
+                 p.shards[0].experts = {0, 4, 2};
+               }),
+               wire(WireErrc::kInvalid),
+               "Placement.expertShards[0].experts[2]: 2 after 4, expected strictly ascending");
+  Bytes neg = mutate<schemas::Placement>(frame_of(encode(make_placement(), kSend)), [](auto root) {
+    root.getExpertShards()[1].getExperts().set(0, 0x80000000u);
+  });
+  expect_error(decode_placement(neg, control_limits()), wire(WireErrc::kInvalid),
+               "Placement.expertShards[1].experts[0]: 2147483648 is outside [0, 2^31)");
+}
+
+TEST(ControlWireMalformed, RejectsKvPoolsNotOnePerStage) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.kv_pools.pop_back(); }),
+               wire(WireErrc::kInvalid), "Placement.kvPools: 2 pools for 3 stages");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.kv_pools[2].stage = 2; }),
+               wire(WireErrc::kInvalid),
+               "Placement.kvPools[2].stage: 2 is a second pool of its stage");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.kv_pools[0].block_size = 0; }),
+               wire(WireErrc::kInvalid), "Placement.kvPools[0]: 100 blocks of 0 tokens");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.microbatches = 0; }),
+               wire(WireErrc::kInvalid), "Placement.numMicrobatches: 0, expected >= 1");
+}
+
+Result<GenerateRequestMsg> decode_edited_request(
+    const std::function<void(GenerateRequestMsg&)>& edit, ClientLimits lim = client_limits()) {
+  GenerateRequestMsg m = make_generate_request();
+  edit(m);
+  return decode_generate_request(frame_of(encode(m, kSend)), lim);
+}
+
+TEST(ControlWireMalformed, RejectsGenerateRequestWithZeroMaxTokens) {
+  expect_error(decode_edited_request([](GenerateRequestMsg& m) { m.request.max_tokens = 0; }),
+               wire(WireErrc::kInvalid), "GenerateRequest.maxTokens: 0, expected 1 .. 1048576");
+  ClientLimits lim = client_limits();
+  lim.max_tokens = 100;
+  expect_error(decode_edited_request([](GenerateRequestMsg&) {}, lim), wire(WireErrc::kInvalid),
+               "GenerateRequest.maxTokens: 300, expected 1 .. 100");
+}
+
+TEST(ControlWireMalformed, RejectsGenerateRequestWithTokenOutOfRange) {
+  expect_error(
+      decode_edited_request([](GenerateRequestMsg& m) { m.request.prompt_tokens[1] = kVocab; }),
+      wire(WireErrc::kInvalid), "GenerateRequest.promptTokens[1]: token id 16 is outside [0, 16)");
+  ClientLimits any = client_limits();
+  any.n_vocab = 0;  // unknown vocabulary: only negative ids are out of range
+  EXPECT_TRUE(decode_edited_request(
+      [](GenerateRequestMsg& m) { m.request.prompt_tokens[1] = 1000000; }, any));
+  expect_error(
+      decode_edited_request([](GenerateRequestMsg& m) { m.request.prompt_tokens[3] = -1; }, any),
+      wire(WireErrc::kInvalid), "GenerateRequest.promptTokens[3]: token id -1 is outside");
+}
+
+TEST(ControlWireMalformed, RejectsGenerateRequestWithEmptyStopString) {
+  expect_error(
+      decode_edited_request([](GenerateRequestMsg& m) { m.request.sampling.stop_strings[1] = ""; }),
+      wire(WireErrc::kInvalid), "GenerateRequest.stopStrings[1]: empty");
+}
+
+TEST(ControlWireMalformed, RejectsGenerateRequestWithInvalidSampling) {
+  expect_error(decode_edited_request([](GenerateRequestMsg& m) { m.request.sampling.top_p = 0; }),
+               wire(WireErrc::kInvalid), "GenerateRequest.sampling: top_p must be in (0, 1]");
+  expect_error(
+      decode_edited_request([](GenerateRequestMsg& m) { m.request.sampling.temperature = -1; }),
+      wire(WireErrc::kInvalid), "GenerateRequest.sampling: temperature");
+  Bytes logprobs =
+      mutate<schemas::GenerateRequest>(frame_of(encode(make_generate_request(), kSend)),
+                                       [](auto root) { root.getSampling().setNumLogprobs(3); });
+  expect_error(decode_generate_request(logprobs, client_limits()), wire(WireErrc::kUnsupported),
+               "GenerateRequest.sampling.numLogprobs: expected 0");
+}
+
+TEST(ControlWireMalformed, RejectsLogitsShapeMismatch) {
+  const Bytes valid = frame_of(encode(make_finished_event(), kVocab, kSend));
+  // One token fewer than logits rows, finish reason "length": no room for a stop-token row.
+  Bytes rows =
+      mutate<schemas::GenerateEvent>(valid, [](auto root) { root.initTokens(2).set(0, 1); });
+  expect_error(decode_generate_event(rows, client_limits()), wire(WireErrc::kInvalid),
+               "GenerateEvent.logits: f32 [3, 16], expected [2 tokens");
+  Bytes wide = mutate<schemas::GenerateEvent>(valid, [](auto root) {
+    auto shape = root.getLogits().getShape();
+    shape.set(0, 2);
+    shape.set(1, 24);  // 48 floats as [2, 24]: a valid tensor of the wrong width
+  });
+  expect_error(decode_generate_event(wide, client_limits()), schema(schemas::Errc::kShapeMismatch),
+               "GenerateEvent.logits: expected f32 [*, 16], got f32 [2, 24]");
+  Bytes dtype = mutate<schemas::GenerateEvent>(
+      valid, [](auto root) { root.getLogits().setDtype(schemas::DType::I32); });
+  expect_error(decode_generate_event(dtype, client_limits()), schema(schemas::Errc::kShapeMismatch),
+               "got i32 [3, 16]");
+  Bytes reason =
+      mutate<schemas::GenerateEvent>(valid, [](auto root) { root.setFinishReason("exploded"); });
+  expect_error(decode_generate_event(reason, client_limits()), wire(WireErrc::kInvalid),
+               "GenerateEvent.finishReason: 'exploded', expected length, eos, stop");
+  Bytes token = mutate<schemas::GenerateEvent>(valid, [](auto root) { root.setToken(kVocab); });
+  expect_error(decode_generate_event(token, client_limits()), wire(WireErrc::kInvalid),
+               "GenerateEvent.token: 16, expected -1 or a token id in [0, 16)");
+}
+
+// ---- Byte flips: decoding must never crash (run under ASan) ----
+
+TEST(ControlWireFuzz, FlippedBytesNeverCrashTheDecoders) {
+  uint32_t seed = 1;
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    std::mt19937 gen(seed++);
+    int accepted = 0;
+    constexpr int kIterations = 2000;
+    for (int it = 0; it < kIterations; ++it) {
+      Bytes frame = c.frame;
+      const int flips = 1 + static_cast<int>(gen() % 4);
+      for (int k = 0; k < flips; ++k)
+        frame[gen() % frame.size()] ^= static_cast<uint8_t>(1 + gen() % 255);
+      std::string error;
+      if (c.decode(frame, &error)) {
+        ++accepted;  // a flip inside a payload or an unchecked field is still a valid message
+      } else {
+        EXPECT_FALSE(error.empty());
+        EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+      }
+    }
+    EXPECT_LT(accepted, kIterations);
+  }
+}
+
+}  // namespace
+}  // namespace troupe::actors::detail

@@ -1,0 +1,393 @@
+// Multi-process clusters: `troupe serve` and `troupe node` daemons as real processes — on
+// loopback, and in network namespaces joined by veth pairs and a bridge with UCX over TCP only —
+// serve requests whose greedy tokens and logits are bit-identical to the single-process actor
+// system; 16 daemons form a cluster; a daemon that gets SIGTERM leaves; a wrong token is refused.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include "actors/cluster_client.h"
+#include "actors/local_cluster.h"
+#include "actors/plan.h"
+#include "model/model.h"
+#include "tests/test_support.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+fs::path temp_dir() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("troupe_cluster_test_" + std::to_string(::getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// A daemon process; killed (SIGKILL) if still running when the test ends.
+struct Daemon {
+  pid_t pid = -1;
+  std::string log;
+  ~Daemon() { kill_now(); }
+  void kill_now() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  // SIGTERM and wait (up to 10 s); the exit status, or -1.
+  int terminate() {
+    if (pid <= 0) return -1;
+    ::kill(pid, SIGTERM);
+    for (int i = 0; i < 1000; ++i) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  // Waits for the process to exit by itself; its status, or -1 after `timeout`.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  std::string output() const { return testing::read_text_file(log); }
+};
+
+// Starts `prefix... troupe args...` with stdout+stderr to a log file.
+std::unique_ptr<Daemon> spawn(const std::vector<std::string>& prefix,
+                              const std::vector<std::string>& args, const std::string& name) {
+  auto d = std::make_unique<Daemon>();
+  d->log = (temp_dir() / (name + ".log")).string();
+  std::vector<std::string> argv = prefix;
+  argv.push_back(testing::binary_dir() + "/bin/troupe");
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(d->log.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execvp(cargv[0], cargv.data());
+    _exit(127);
+  }
+  d->pid = pid;
+  return d;
+}
+
+bool wait_log(const Daemon& d, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (d.output().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+struct Node {
+  std::string name, host;
+  uint16_t port = 0;
+};
+
+std::string cluster_file(const std::string& model, const std::vector<Node>& nodes,
+                         const std::vector<std::string>& stage_nodes,
+                         const std::vector<std::string>& shard_nodes, const std::string& extra,
+                         const std::string& name) {
+  std::string t = "[model]\npath = \"" + model + "\"\n[cluster]\ntoken = \"proc-token\"\n";
+  t += "head = \"" + nodes[0].name + "\"\nheartbeat_ms = 200\nlease_ms = 2000\n" + extra;
+  for (const auto& n : nodes)
+    t += "[[node]]\nname = \"" + n.name + "\"\naddress = \"" + n.host + ":" +
+         std::to_string(n.port) + "\"\n";
+  for (const auto& s : stage_nodes) t += "[[stage]]\nnode = \"" + s + "\"\n";
+  for (const auto& s : shard_nodes) t += "[[expert_shard]]\nnode = \"" + s + "\"\n";
+  t += "[stages]\nkv_blocks = 64\n[scheduler]\nmax_sequences = 8\nmax_model_len = 256\n";
+  const std::string path = (temp_dir() / (name + ".toml")).string();
+  std::ofstream(path) << t;
+  return path;
+}
+
+std::vector<actors::GenerateRequest> requests(int64_t n_vocab) {
+  std::vector<actors::GenerateRequest> reqs;
+  std::mt19937 rng(11);
+  for (size_t i = 0; i < 3; ++i) {
+    actors::GenerateRequest r;
+    for (size_t k = 0; k < 4 + 11 * i; ++k)
+      r.prompt_tokens.push_back(
+          static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(n_vocab - 3)));
+    r.max_tokens = 8;
+    r.sampling.ignore_eos = true;
+    r.return_logits = true;
+    if (i == 1) {
+      r.sampling.temperature = 0.7f;
+      r.sampling.seed = 5;
+    }
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+std::vector<actors::GenerateResult> local_results(
+    const std::string& path, const std::vector<actors::GenerateRequest>& reqs) {
+  auto m = model::load_model(path);
+  EXPECT_TRUE(m);
+  actors::Plan plan = actors::even_plan(path, 1, 0);
+  plan.scheduler.max_sequences = 8;
+  plan.scheduler.max_model_len = 256;
+  EXPECT_TRUE(actors::resolve_plan(plan, (*m)->spec));
+  auto lc = actors::LocalCluster::start(plan, *m);
+  EXPECT_TRUE(lc);
+  return (*lc)->generate_many(reqs);
+}
+
+void expect_same(const std::vector<actors::GenerateResult>& got,
+                 const std::vector<actors::GenerateResult>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].error;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    ASSERT_EQ(got[i].logits.size(), want[i].logits.size());
+    EXPECT_EQ(std::memcmp(got[i].logits.data(), want[i].logits.data(), want[i].logits.size() * 4),
+              0)
+        << "request " << i << ": logits differ";
+  }
+}
+
+// Starts the head (serve) and the other nodes; waits until the head serves.
+std::vector<std::unique_ptr<Daemon>> start_cluster(
+    const std::string& conf, const std::vector<Node>& nodes,
+    const std::vector<std::vector<std::string>>& prefix) {
+  std::vector<std::unique_ptr<Daemon>> ds;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<std::string> args = {i == 0 ? "serve" : "node", "--config", conf};
+    if (i > 0) {
+      args.push_back("--name");
+      args.push_back(nodes[i].name);
+    }
+    ds.push_back(
+        spawn(prefix.empty() ? std::vector<std::string>{} : prefix[i], args, nodes[i].name));
+  }
+  EXPECT_TRUE(wait_log(*ds[0], "the cluster is serving", 120s)) << ds[0]->output();
+  return ds;
+}
+
+std::vector<Node> loopback_nodes(size_t n) {
+  std::vector<Node> nodes;
+  for (size_t i = 0; i < n; ++i)
+    nodes.push_back({"n" + std::to_string(i), "127.0.0.1", free_port()});
+  return nodes;
+}
+
+void run_loopback(const std::string& rel, const std::vector<std::string>& stages,
+                  const std::vector<std::string>& shards) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/" + rel;
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab);
+  const auto want = local_results(path, reqs);
+  const auto nodes = loopback_nodes(3);
+  const std::string conf =
+      cluster_file(path, nodes, stages, shards, "ucx_net_devices = \"lo\"\n", "loopback");
+  auto ds = start_cluster(conf, nodes, {});
+  auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+  // SIGTERM: every daemon leaves cleanly (exit 0).
+  for (size_t i = ds.size(); i-- > 0;) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+}
+
+TEST(ClusterProcesses, DenseOnThreeLoopbackDaemonsIsBitIdentical) {
+  run_loopback("models/stories260K/stories260K.gguf", {"n0", "n1", "n2"}, {});
+}
+
+TEST(ClusterProcesses, MoeOnThreeLoopbackDaemonsIsBitIdentical) {
+  run_loopback("models/synth/mixtral-moe/model.gguf", {"n1", "n2"}, {"n2", "n0", "n1"});
+}
+
+// Three namespaces on a bridge: real TCP between "hosts" (UCX would otherwise use shared memory
+// between processes of one machine, DEPENDENCIES.md §4).
+struct Netns {
+  std::string tag = "tr" + std::to_string(::getpid() % 100000);
+  std::vector<std::string> names;
+  bool ok = false;
+  std::string why;
+  static int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+  explicit Netns(size_t n) {
+    if (geteuid() != 0) {
+      why = "not root";
+      return;
+    }
+    if (sh("ip link add " + tag + "br type bridge") != 0) {
+      why = "cannot create a bridge (ip link add ... type bridge)";
+      return;
+    }
+    sh("ip addr add 10.78.0.254/24 dev " + tag + "br");
+    sh("ip link set " + tag + "br up");
+    for (size_t i = 0; i < n; ++i) {
+      const std::string ns = tag + "n" + std::to_string(i), a = tag + "a" + std::to_string(i),
+                        b = tag + "b" + std::to_string(i);
+      if (sh("ip netns add " + ns) != 0) {
+        why = "cannot create a network namespace (ip netns add)";
+        return;
+      }
+      names.push_back(ns);
+      if (sh("ip link add " + a + " type veth peer name " + b) != 0 ||
+          sh("ip link set " + b + " netns " + ns) != 0 ||
+          sh("ip link set " + a + " master " + tag + "br") != 0 ||
+          sh("ip link set " + a + " up") != 0 ||
+          sh("ip netns exec " + ns + " ip addr add 10.78.0." + std::to_string(i + 1) + "/24 dev " +
+             b) != 0 ||
+          sh("ip netns exec " + ns + " ip link set " + b + " up") != 0 ||
+          sh("ip netns exec " + ns + " ip link set lo up") != 0) {
+        why = "cannot wire namespace " + ns + " with a veth pair";
+        return;
+      }
+    }
+    ok = true;
+  }
+  ~Netns() {
+    for (const auto& ns : names) sh("ip netns del " + ns);
+    sh("ip link del " + tag + "br");
+    for (size_t i = 0; i < 16; ++i) sh("ip link del " + tag + "a" + std::to_string(i));
+  }
+};
+
+TEST(ClusterProcesses, MoeAcrossThreeNetworkNamespacesOverTcpIsBitIdentical) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  Netns net(3);
+  if (!net.ok) GTEST_SKIP() << "network namespaces unavailable here: " << net.why;
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab);
+  const auto want = local_results(path, reqs);
+  std::vector<Node> nodes;
+  for (size_t i = 0; i < 3; ++i)
+    nodes.push_back({"h" + std::to_string(i), "10.78.0." + std::to_string(i + 1), 7500});
+  const std::string conf =
+      cluster_file(path, nodes, {"h1", "h2"}, {"h2", "h0", "h1"}, "ucx_tls = \"tcp\"\n", "netns");
+  std::vector<std::vector<std::string>> prefix;
+  for (const auto& ns : net.names) prefix.push_back({"ip", "netns", "exec", ns});
+  auto ds = start_cluster(conf, nodes, prefix);
+  // The test process is in the root namespace: it reaches the head through the bridge.
+  auto client = actors::ClusterClient::connect("10.78.0.1", 7500, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+  for (size_t i = ds.size(); i-- > 0;) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+}
+
+TEST(ClusterProcesses, SixteenDaemonsFormAClusterAndServe) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  const auto nodes = loopback_nodes(16);
+  // stories260K has 5 layers: stages on 5 daemons, the other 11 are members without actors.
+  const std::string conf = cluster_file(path, nodes, {"n3", "n6", "n9", "n12", "n15"}, {},
+                                        "ucx_net_devices = \"lo\"\n", "sixteen");
+  auto ds = start_cluster(conf, nodes, {});
+  auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  auto j = nlohmann::json::parse(*st);
+  EXPECT_EQ(j["members"].size(), 16u);
+  for (const auto& mem : j["members"]) EXPECT_EQ(mem["state"], "alive") << mem.dump();
+  actors::GenerateRequest r;
+  r.prompt = "Once upon a time";
+  r.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  auto res = (*client)->generate_many({r, r, r});
+  for (const auto& x : res) {
+    ASSERT_TRUE(x.ok()) << x.error;
+    EXPECT_EQ(x.tokens, res[0].tokens);
+    EXPECT_EQ(x.tokens.size(), 12u);
+  }
+  // SIGTERM to a daemon without actors: the head marks it `left` at once (well within its lease).
+  ASSERT_EQ(ds[5]->terminate(), 0) << ds[5]->output();
+  bool left = false;
+  for (int i = 0; i < 100 && !left; ++i) {
+    auto s = (*client)->status_json();
+    ASSERT_TRUE(s);
+    const auto now = nlohmann::json::parse(*s);
+    for (const auto& mem : now["members"])
+      if (mem["name"] == "n5" && mem["state"] == "left") left = true;
+    if (!left) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(left);
+  // Killed without a goodbye: the lease (2 s) expires and the node is declared dead.
+  ds[7]->kill_now();
+  bool dead = false;
+  for (int i = 0; i < 300 && !dead; ++i) {
+    auto s = (*client)->status_json();
+    ASSERT_TRUE(s);
+    const auto now = nlohmann::json::parse(*s);
+    for (const auto& mem : now["members"])
+      if (mem["name"] == "n7" && mem["state"] == "dead") dead = true;
+    if (!dead) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(dead) << "n7 not declared dead within 6 s (lease 2 s)";
+  auto again = (*client)->generate_many({r});
+  ASSERT_TRUE(again[0].ok()) << again[0].error;
+  EXPECT_EQ(again[0].tokens, res[0].tokens);
+}
+
+TEST(ClusterProcesses, WrongTokenDaemonExitsWithAClearError) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  const auto nodes = loopback_nodes(2);
+  const std::string conf = cluster_file(path, nodes, {"n0", "n1"}, {}, "", "good");
+  std::string bad_text = testing::read_text_file(conf);
+  bad_text.replace(bad_text.find("proc-token"), 10, "not-it-xyz");
+  const std::string bad = (temp_dir() / "bad.toml").string();
+  std::ofstream(bad) << bad_text;
+  auto head = spawn({}, {"serve", "--config", conf}, "good-head");
+  auto intruder = spawn({}, {"node", "--config", bad, "--name", "n1"}, "intruder");
+  EXPECT_EQ(intruder->wait_exit(30s), 1) << intruder->output();
+  EXPECT_NE(intruder->output().find("bad cluster token"), std::string::npos) << intruder->output();
+  EXPECT_TRUE(wait_log(*head, "refused peer", 5s)) << head->output();
+}
+
+}  // namespace
+}  // namespace troupe
