@@ -54,11 +54,27 @@ int cmd_generate(const Args& args) {
     std::fputs(kGenerateHelp, stdout);
     return 0;
   }
-  ArgParser ap(args,
-               {"model", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k", "top-p",
-                "min-p", "repeat-penalty", "presence-penalty", "frequency-penalty", "seed", "stop",
-                "threads", "config", "stages", "expert-shards", "concurrency", "prompt-file", "head",
-                "token"},
+  ArgParser ap(args, {"model",
+                      "prompt",
+                      "prompt-tokens",
+                      "max-tokens",
+                      "temperature",
+                      "top-k",
+                      "top-p",
+                      "min-p",
+                      "repeat-penalty",
+                      "presence-penalty",
+                      "frequency-penalty",
+                      "seed",
+                      "stop",
+                      "threads",
+                      "config",
+                      "stages",
+                      "expert-shards",
+                      "concurrency",
+                      "prompt-file",
+                      "head",
+                      "token"},
                {"json", "stats", "ignore-eos", "no-bos"});
   const bool use_plan =
       ap.has("config") || ap.has("stages") || ap.has("expert-shards") || ap.has("head");

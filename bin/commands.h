@@ -17,7 +17,7 @@ int cmd_detokenize(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_synth(const Args& args);  // bin/cmd_synth.cc
 int cmd_demo(const Args& args);
-int cmd_node(const Args& args);    // bin/cmd_node.cc
+int cmd_node(const Args& args);  // bin/cmd_node.cc
 int cmd_serve(const Args& args);
 int cmd_status(const Args& args);
 
