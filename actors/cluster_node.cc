@@ -266,6 +266,17 @@ caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
         return true;
       },
       [=](status_atom) -> std::string { return status_json(self); },
+      [=](drain_atom) -> caf::result<int64_t> {
+        // The head stops admitting; the answer is the number of client requests in flight.
+        auto& s = self->state;
+        s.draining = true;
+        if (!s.head || !s.gateway) return int64_t{0};
+        auto rp = self->make_response_promise<int64_t>();
+        self->request(s.gateway, std::chrono::seconds(5), drain_atom::value)
+            .then([rp](int64_t n) mutable { rp.deliver(n); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
   };
 }
 
@@ -281,6 +292,7 @@ struct ClusterNode::Impl {
   std::thread joiner;
   bool head = false;
   bool left = false;
+  std::chrono::milliseconds drain_timeout{30000};
 
   ~Impl() {
     if (joiner.joinable()) joiner.join();
@@ -318,6 +330,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   std::unique_ptr<ClusterNode> cn(new ClusterNode());
   Impl& im = *cn->impl_;
   im.head = opts.name == plan.cluster.head;
+  im.drain_timeout = opts.drain_timeout;
   std::vector<Phase> phases;
   // Every node maps the model at start: the join carries its hash, so that a node with another
   // file is refused before anything is placed on it. The mapping is lazy: only the pages of the
@@ -428,6 +441,20 @@ void ClusterNode::leave(const std::string& reason) {
   im.left = true;
   if (im.sys && im.node) {
     caf::scoped_actor self{*im.sys};
+    if (im.head) {
+      // Drain: no new requests; those in flight get drain_timeout to finish.
+      const auto deadline = std::chrono::steady_clock::now() + im.drain_timeout;
+      int64_t in_flight = 1;
+      while (in_flight > 0 && std::chrono::steady_clock::now() < deadline) {
+        self->request(im.node, std::chrono::seconds(5), drain_atom::value)
+            .receive([&](int64_t n) { in_flight = n; }, [&](const caf::error&) { in_flight = 0; });
+        if (in_flight > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (in_flight > 0)
+        std::fprintf(
+            stderr, "troupe: head: %lld requests still in flight after draining for %lld ms\n",
+            static_cast<long long>(in_flight), static_cast<long long>(im.drain_timeout.count()));
+    }
     self->request(im.node, std::chrono::seconds(5), leave_atom::value, reason)
         .receive([](bool) {}, [](const caf::error&) {});
   }

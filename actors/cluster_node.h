@@ -24,6 +24,9 @@ struct NodeOptions {
   std::chrono::milliseconds join_timeout{120000};  // keep trying to reach the head this long
   transport::FaultRules faults;                    // fault-injection shim (tests); off if empty
   std::string version = "0.1.0";                   // told to the head in the join
+  /// The head, when leaving: stop admitting and let requests in flight finish for this long.
+  std::chrono::milliseconds drain_timeout{30000};
+  NodeOptions() { cluster.step_timeout_ms = 30000; }
 };
 
 class ClusterNode {
@@ -43,8 +46,10 @@ class ClusterNode {
   /// (the message says where and why), or the time ran out.
   Status wait_ready(std::chrono::milliseconds timeout);
 
-  /// Orderly leave: a node tells the head (which marks it `left` at once), then closes its links.
-  /// Idempotent.
+  /// Orderly leave. The head first drains: new requests are refused ("shutting down") and those
+  /// in flight get up to drain_timeout to finish. A node tells the head (which marks it `left` at
+  /// once; requests whose pipeline ran through it end with an error naming it), then closes its
+  /// links. Idempotent.
   void leave(const std::string& reason);
 
   /// Membership, placement, actors and start-up phases as JSON (what `troupe status` prints).

@@ -41,6 +41,9 @@ using StreamCallback = std::function<void(size_t, const std::string&, int32_t)>;
 struct ClusterOptions {
   int64_t expert_timeout_ms = 10000;    // a shard that does not answer fails the step (retried)
   int64_t request_timeout_ms = 600000;  // generate() gives up waiting after this
+  /// Multi-host clusters: a pipeline step not back after this long is run again (a lost
+  /// message); 0 = never (in one process nothing is lost).
+  int64_t step_timeout_ms = 0;
 };
 
 class LocalCluster {

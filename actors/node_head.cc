@@ -67,6 +67,7 @@ caf::behavior gateway_behavior(GatewaySelf* self, std::shared_ptr<Link> link, ca
         auto it = st.by_client.find({peer, tag});
         if (it != st.by_client.end()) self->send(st.router, cancel_atom::value, it->second);
       },
+      [=](drain_atom) -> int64_t { return static_cast<int64_t>(self->state.by_tag.size()); },
       [=](linkdown_atom, transport::PeerId peer) {
         // The client is gone: stop its requests (their KV is freed), nothing to answer.
         auto& st = self->state;
@@ -273,10 +274,15 @@ void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState
     for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
     if (hosted) {
       st.serving = false;
+      st.not_serving_why = "node " + name + ", which hosts part of the pipeline, is " +
+                           to_string(state) + " (" + why + ")";
       std::fprintf(stderr,
-                   "troupe: head: the cluster stops serving: node %s hosted placed actors "
-                   "(re-placement arrives with the recovery work)\n",
-                   name.c_str());
+                   "troupe: head: the cluster stops serving: %s; re-placing its actors is not "
+                   "supported yet\n",
+                   st.not_serving_why.c_str());
+      // Requests in flight cannot finish: end them now with the reason rather than let them
+      // wait for steps that will never come back.
+      self->send(st.scheduler, fail_atom::value, st.not_serving_why);
     }
   }
   broadcast_membership(self);
@@ -303,6 +309,7 @@ void head_init(NodeSelf* self) {
   for (const auto& s : st.plan.stages) sc.kv_blocks = std::min(sc.kv_blocks, s.kv_blocks);
   sc.kv_block_size = st.plan.kv_block_size;
   sc.n_vocab = st.model->spec.n_vocab;
+  sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
   auto& sys = self->system();
   st.scheduler = spawn_scheduler(sys, sc, caf::actor());
   st.router = spawn_router(sys, st.model, st.scheduler, 1);
@@ -386,7 +393,7 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
       ClientLimits lim;  // token ids are the router's to check: it answers with an error result
       auto r = decode_generate_request(m->data(), lim);
       if (!r) return drop_malformed(self, m, "generate request", r.error().message);
-      if (!st.serving) {
+      if (!st.serving || st.draining) {
         GenerateEventMsg e;
         e.header.cluster_epoch = st.link->epoch();
         e.tag = r->tag;
@@ -397,8 +404,13 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
           std::lock_guard<std::mutex> lk(st.shared->mu);
           waiting = st.shared->waiting_for;
         }
-        e.result.error = "the cluster is not serving" +
-                         (waiting.empty() ? std::string() : " (waiting for " + waiting + ")");
+        if (st.draining)
+          e.result.error = "the cluster is shutting down";
+        else if (!st.not_serving_why.empty())
+          e.result.error = "the cluster is not serving: " + st.not_serving_why;
+        else
+          e.result.error = "the cluster is not serving" +
+                           (waiting.empty() ? std::string() : " (waiting for " + waiting + ")");
         auto f = encode(e, st.model->spec.n_vocab, st.link->send_info(ActorRole::kGateway));
         if (f) (void)st.link->send(m->peer, ControlMsg::kGenerateEvent, *f);
         return;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <set>
@@ -52,7 +53,8 @@ struct SchedulerState {
   std::set<caf::actor_addr> watched;  // reply_to actors we monitor (their requests die with them)
   bool crash_next = false;            // fault injection
   // statistics
-  uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0;
+  uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0, step_timeouts = 0;
+  int64_t step_timeout_ms = 0;
   static inline const char* name = "scheduler";
 };
 
@@ -179,8 +181,53 @@ void schedule(Self* self) {
     auto& ids = st.steps_in_flight[batch->step_id];
     for (const SeqWork& w : batch->seqs) ids.push_back(w.seq_id);
     st.step_sent[batch->step_id] = std::chrono::steady_clock::now();
+    if (st.step_timeout_ms > 0)
+      self->delayed_send(self, std::chrono::milliseconds(st.step_timeout_ms), deadline_atom::value,
+                         batch->step_id, st.epoch);
     self->send(st.first_stage, step_atom::value, StepBatchPtr(std::move(batch)), HiddenPtr{}, 0.0);
   }
+}
+
+// A failed or timed-out step: its sequences run the same positions again (KV writes are
+// idempotent).
+void retry_sequences(Self* self, const std::vector<int64_t>& ids) {
+  auto& st = self->state;
+  for (int64_t id : ids) {
+    auto it = st.seqs.find(id);
+    if (it == st.seqs.end()) continue;
+    it->second.in_flight = false;
+    ++st.recomputes;
+    if (it->second.cancelled) finish(self, id, "cancelled");
+  }
+}
+
+// The step's deadline passed without its outcome: give up on it (a late outcome is dropped,
+// since the step is no longer in flight) and run its sequences again.
+void on_deadline(Self* self, uint64_t step_id, uint64_t epoch) {
+  auto& st = self->state;
+  if (epoch != st.epoch) return;
+  auto it = st.steps_in_flight.find(step_id);
+  if (it == st.steps_in_flight.end()) return;  // it came back in time
+  const std::vector<int64_t> ids = std::move(it->second);
+  st.steps_in_flight.erase(it);
+  st.step_sent.erase(step_id);
+  --st.in_flight;
+  ++st.step_timeouts;
+  std::fprintf(stderr, "troupe: scheduler: step %llu timed out after %lld ms; running it again\n",
+               static_cast<unsigned long long>(step_id),
+               static_cast<long long>(st.step_timeout_ms));
+  retry_sequences(self, ids);
+  schedule(self);
+}
+
+// Drops every block and step in flight (a new epoch: late outcomes are dropped).
+void reset_pipeline(Self* self) {
+  auto& st = self->state;
+  ++st.epoch;
+  st.in_flight = 0;
+  st.steps_in_flight.clear();
+  st.step_sent.clear();
+  st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
 }
 
 void on_done(Self* self, const StepOutcomePtr& out) {
@@ -198,14 +245,7 @@ void on_done(Self* self, const StepOutcomePtr& out) {
   }
   --st.in_flight;
   if (!out->error.empty()) {
-    // A failed step: its sequences run the same positions again (KV writes are idempotent).
-    for (int64_t id : ids) {
-      auto it = st.seqs.find(id);
-      if (it == st.seqs.end()) continue;
-      it->second.in_flight = false;
-      ++st.recomputes;
-      if (it->second.cancelled) finish(self, id, "cancelled");
-    }
+    retry_sequences(self, ids);
     schedule(self);
     return;
   }
@@ -324,6 +364,7 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
   st.cfg = cfg.limits;
   st.n_vocab = cfg.n_vocab;
   st.epoch = cfg.epoch0;
+  st.step_timeout_ms = cfg.step_timeout_ms;
   st.first_stage = std::move(first_stage);
   st.kv_cfg.num_blocks = cfg.kv_blocks;
   st.kv_cfg.block_size = cfg.kv_block_size;
@@ -353,11 +394,7 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
         // A stage restarted with an empty KV pool: drop every block (and the prefix cache, whose
         // contents that stage no longer has) and recompute all sequences from their token logs.
         auto& st = self->state;
-        ++st.epoch;
-        st.in_flight = 0;
-        st.steps_in_flight.clear();
-        st.step_sent.clear();
-        st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+        reset_pipeline(self);
         std::deque<int64_t> requeue;
         for (int64_t id : st.running) requeue.push_back(id);
         for (int64_t id : st.waiting) requeue.push_back(id);
@@ -381,16 +418,27 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
         const auto kv = st.kv->stats();
         return strfmt(
             "{\"running\":%zu,\"waiting\":%zu,\"steps\":%llu,\"preemptions\":%llu,"
-            "\"recomputes\":%llu,\"tokens_generated\":%llu,\"kv_usage_perc\":%.2f,"
+            "\"recomputes\":%llu,\"step_timeouts\":%llu,\"tokens_generated\":%llu,\"kv_usage_"
+            "perc\":%.2f,"
             "\"prefix_hit_tokens\":%llu,\"prefix_query_tokens\":%llu,"
             "\"step_wall_seconds\":%.6f,\"step_compute_seconds\":%.6f}",
             st.running.size(), st.waiting.size(), (unsigned long long)st.steps,
             (unsigned long long)st.preemptions, (unsigned long long)st.recomputes,
-            (unsigned long long)st.tokens_generated, kv.usage_perc,
-            (unsigned long long)kv.prefix_hit_tokens, (unsigned long long)kv.prefix_query_tokens,
-            st.step_wall_s, st.step_compute_s);
+            (unsigned long long)st.step_timeouts, (unsigned long long)st.tokens_generated,
+            kv.usage_perc, (unsigned long long)kv.prefix_hit_tokens,
+            (unsigned long long)kv.prefix_query_tokens, st.step_wall_s, st.step_compute_s);
       },
       [=](kv_atom) -> compute::KvStats { return self->state.kv->stats(); },
+      [=](deadline_atom, uint64_t step_id, uint64_t epoch) { on_deadline(self, step_id, epoch); },
+      [=](fail_atom, const std::string& why) {
+        // The pipeline cannot run (a node hosting its actors is gone): end every request with
+        // the reason instead of letting it wait.
+        auto& st = self->state;
+        std::vector<int64_t> ids;
+        for (const auto& [id, s] : st.seqs) ids.push_back(id);
+        for (int64_t id : ids) finish(self, id, "error", why);
+        reset_pipeline(self);
+      },
       [=](crash_atom) { self->state.crash_next = true; },
   };
 }

@@ -43,6 +43,10 @@ struct SchedulerActorConfig {
   // First step epoch. A replacement starts far above its predecessor's epochs, so outcomes of
   // steps the failed scheduler sent (still in the pipeline) are recognised and dropped.
   uint64_t epoch0 = 1;
+  // A step whose outcome has not come back after this long is treated as failed and its
+  // sequences run again (a lost message, a dead node); 0 = no deadline. The late outcome, if it
+  // ever comes, is dropped.
+  int64_t step_timeout_ms = 0;
 };
 
 /// The actors a controller supervises, as they are now (replacements included).

@@ -41,6 +41,9 @@ using sched_atom = caf::atom_constant<caf::atom("sched")>;
 using router_atom = caf::atom_constant<caf::atom("router")>;
 using actors_atom = caf::atom_constant<caf::atom("actors")>;
 using kv_atom = caf::atom_constant<caf::atom("kv")>;
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;  // a step's time is up
+using fail_atom = caf::atom_constant<caf::atom("fail")>;          // end every request with an error
+using drain_atom = caf::atom_constant<caf::atom("drain")>;        // stop admitting; -> in flight
 
 /// One sequence's share of a pipeline step.
 struct SeqWork {

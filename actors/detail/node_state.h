@@ -118,7 +118,8 @@ struct NodeState {
   std::map<std::string, Member> members;  // by node name
   uint32_t next_node_id = 2;              // the head is node 1
   uint64_t membership_version = 0;
-  bool placement_sent = false, serving = false;
+  bool placement_sent = false, serving = false, draining = false;
+  std::string not_serving_why;  // set when the cluster stopped serving (a node left or died)
   static inline const char* name = "node";
 };
 

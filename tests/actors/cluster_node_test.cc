@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -103,11 +104,13 @@ std::vector<GenerateResult> local_results(const std::string& model_path,
 
 struct Nodes {
   std::vector<std::unique_ptr<ClusterNode>> nodes;
+  std::function<void(NodeOptions&)> tweak;  // per-node options (faults, timeouts)
   void start(const Plan& plan, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       NodeOptions o;
       o.name = std::string(1, static_cast<char>('a' + i));
       o.join_timeout = 30s;
+      if (tweak) tweak(o);
       auto node = ClusterNode::start(plan, o);
       ASSERT_TRUE(node) << node.error().message;
       nodes.push_back(std::move(*node));
@@ -259,6 +262,108 @@ TEST(ClusterNode, NodeThatLeavesIsMarkedLeftAndGarbageIsSurvived) {
   auto res = (*client)->generate_many({r});
   EXPECT_TRUE(res[0].ok()) << res[0].error;
   EXPECT_EQ(res[0].tokens.size(), 8u);
+}
+
+// Faults on the links: lost, duplicated, corrupted and delayed steps, lost expert rows. The
+// scheduler's step deadline and the stage's expert deadline run the work again; outputs stay
+// bit-identical to the fault-free run.
+TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
+  const auto want = local_results(path, reqs);
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
+  using detail::ControlMsg;
+  using detail::type_id;
+  Nodes n;
+  n.tweak = [](NodeOptions& o) {
+    o.cluster.step_timeout_ms = 400;
+    o.cluster.expert_timeout_ms = 300;
+    auto rule = [](transport::FaultAction a, ControlMsg msg, double p, uint64_t seed, uint32_t max,
+                   bool out = true) {
+      transport::FaultRule r;
+      r.action = a;
+      r.type = type_id(msg);
+      r.probability = p;
+      r.seed = seed;
+      r.max_count = max;
+      r.outgoing = out;
+      r.delay_ms = 50;
+      return r;
+    };
+    using transport::FaultAction;
+    if (o.name == "a")  // the head: steps out, results in
+      o.faults = {rule(FaultAction::kDrop, ControlMsg::kBatchDescriptor, 0.15, 1, 4),
+                  rule(FaultAction::kDuplicate, ControlMsg::kStepResult, 0.2, 2, 4, false),
+                  rule(FaultAction::kCorrupt, ControlMsg::kStepResult, 0.1, 3, 2, false)};
+    if (o.name == "b")  // stage 0: hidden states to stage 1, rows to the shards
+      o.faults = {rule(FaultAction::kDelay, ControlMsg::kBatchDescriptor, 0.2, 4, 4),
+                  rule(FaultAction::kDrop, ControlMsg::kExpertDispatch, 0.05, 5, 3)};
+    if (o.name == "c")  // stage 1 and shard 0: answers back
+      o.faults = {rule(FaultAction::kDrop, ControlMsg::kExpertCombine, 0.05, 6, 3)};
+  };
+  n.start(plan, 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+}
+
+// A node that hosts a stage dies: requests in flight end with an error that names it (no hang),
+// and new ones are refused with the same reason.
+TEST(ClusterNode, DeadStageNodeEndsRequestsWithAClearError) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"a", "b"}, {}}, &ports, "t", 2));
+  Nodes n;
+  n.start(plan, 2);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "t");
+  ASSERT_TRUE(client);
+  GenerateRequest r;
+  r.prompt = "Once upon a time";
+  r.max_tokens = 100000;  // long enough to be in flight when the node goes
+  r.sampling.ignore_eos = true;
+  // Node b (stage 1) leaves as soon as the first token has streamed: the request is in flight.
+  bool gone = false;
+  auto res = (*client)->generate_many(
+      {r}, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (!gone) n.nodes[1]->leave("test");
+        gone = true;
+      },
+      60s);
+  ASSERT_FALSE(res[0].ok());
+  EXPECT_NE(res[0].error.find("node b"), std::string::npos) << res[0].error;
+  auto again = (*client)->generate_many({r}, 0, nullptr, 10s);
+  ASSERT_FALSE(again[0].ok());
+  EXPECT_NE(again[0].error.find("not serving"), std::string::npos) << again[0].error;
+}
+
+// The head drains when it leaves: requests in flight finish; new ones are refused.
+TEST(ClusterNode, HeadDrainsBeforeLeaving) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"a", "b"}, {}}, &ports, "t", 2));
+  Nodes n;
+  n.start(plan, 2);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "t");
+  ASSERT_TRUE(client);
+  GenerateRequest r;
+  r.prompt = "Once upon a time";
+  r.max_tokens = 200;
+  r.sampling.ignore_eos = true;
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(100ms);
+    n.nodes[0]->leave("test");
+  });
+  auto res = (*client)->generate_many({r}, 0, nullptr, 60s);
+  leaver.join();
+  ASSERT_TRUE(res[0].ok()) << res[0].error;
+  EXPECT_EQ(res[0].tokens.size(), 200u);
 }
 
 }  // namespace
