@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -227,12 +228,7 @@ caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
     head_init(self);
   else
     begin_phase(self, "join");
-  self->set_down_handler([self](caf::down_msg& dm) {
-    if (self->state.leaving || dm.reason == caf::exit_reason::user_shutdown) return;
-    // Restarting actors on a node is the recovery work still to come; say plainly what failed.
-    std::fprintf(stderr, "troupe: node %s: an actor failed: %s\n", self->state.me.name.c_str(),
-                 self->system().render(dm.reason).c_str());
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { on_actor_down(self, dm); });
   return {
       [=](wire_atom, const MessagePtr& m) { on_wire(self, m); },
       [=](peer_atom, uint64_t peer, bool up, const std::string& name, const std::string& why) {
@@ -266,6 +262,7 @@ caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
         return true;
       },
       [=](status_atom) -> std::string { return status_json(self); },
+      [=](crash_atom, const std::string& actor) -> bool { return inject_fault(self, actor); },
       [=](drain_atom) -> caf::result<int64_t> {
         // The head stops admitting; the answer is the number of client requests in flight.
         auto& s = self->state;
@@ -290,11 +287,13 @@ struct ClusterNode::Impl {
   std::shared_ptr<NodeShared> shared;
   std::shared_ptr<transport::Transport> tx;
   std::thread joiner;
+  std::shared_ptr<std::atomic<bool>> stop_joining = std::make_shared<std::atomic<bool>>(false);
   bool head = false;
   bool left = false;
   std::chrono::milliseconds drain_timeout{30000};
 
   ~Impl() {
+    stop_joining->store(true);
     if (joiner.joinable()) joiner.join();
     if (link) link->set_transport(nullptr);
     tx.reset();  // no more frames to the node actor
@@ -400,18 +399,23 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
         plan.cluster.nodes[static_cast<size_t>(node_index(plan, plan.cluster.head))];
     auto link = im.link;
     const auto timeout = opts.join_timeout;
-    im.joiner = std::thread([link, head, node, timeout] {
+    auto stop = im.stop_joining;
+    im.joiner = std::thread([link, head, node, timeout, stop] {
       const auto deadline = Clock::now() + timeout;
       std::string last;
-      while (Clock::now() < deadline) {
+      // Nodes usually start together with the head: retry soon, then back off.
+      auto pause = std::chrono::milliseconds(10);
+      while (Clock::now() < deadline && !stop->load()) {
         auto r = link->ensure(head.name, head.host, static_cast<uint16_t>(head.port),
                               std::chrono::milliseconds(2000));
         if (r)
           return caf::anon_send(node, joined_atom::value, static_cast<uint64_t>(*r), std::string());
         last = r.error().message;
         if (last.find("refused by") != std::string::npos) break;  // wrong token: do not retry
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(500));
       }
+      if (stop->load()) return;
       caf::anon_send(node, joined_atom::value, uint64_t{0},
                      "cannot join the head " + head.name + " at " + head.host + ":" +
                          std::to_string(head.port) + ": " + last);
@@ -458,9 +462,22 @@ void ClusterNode::leave(const std::string& reason) {
     self->request(im.node, std::chrono::seconds(5), leave_atom::value, reason)
         .receive([](bool) {}, [](const caf::error&) {});
   }
+  im.stop_joining->store(true);
   if (im.joiner.joinable()) im.joiner.join();
   im.link->set_transport(nullptr);
   im.tx.reset();  // says bye on every link (after the leave notice, in order)
+}
+
+Status ClusterNode::inject_fault(const std::string& actor) {
+  Impl& im = *impl_;
+  bool ok = false;
+  if (im.sys && im.node) {
+    caf::scoped_actor self{*im.sys};
+    self->request(im.node, std::chrono::seconds(5), crash_atom::value, actor)
+        .receive([&](bool r) { ok = r; }, [](const caf::error&) {});
+  }
+  if (!ok) return Error{1, "no actor '" + actor + "' on this node (stage/N or expert/N)"};
+  return Ok{};
 }
 
 std::string ClusterNode::status_json() {

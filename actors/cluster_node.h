@@ -52,6 +52,10 @@ class ClusterNode {
   /// links. Idempotent.
   void leave(const std::string& reason);
 
+  /// Fault injection (tests): "stage/N" or "expert/N" placed on this node throws while handling
+  /// its next message; the node restarts it and the outputs stay identical.
+  Status inject_fault(const std::string& actor);
+
   /// Membership, placement, actors and start-up phases as JSON (what `troupe status` prints).
   std::string status_json();
 

@@ -69,6 +69,7 @@ constexpr KindInfo kKinds[] = {
     {ControlMsg::kStepResult, capnp::typeId<schemas::StepResult>(), "StepResult"},
     {ControlMsg::kExpertDispatch, capnp::typeId<schemas::ExpertDispatch>(), "ExpertDispatch"},
     {ControlMsg::kExpertCombine, capnp::typeId<schemas::ExpertCombine>(), "ExpertCombine"},
+    {ControlMsg::kActorRestart, capnp::typeId<schemas::ActorRestart>(), "ActorRestart"},
 };
 
 constexpr bool kinds_in_order() {
@@ -77,7 +78,7 @@ constexpr bool kinds_in_order() {
   return true;
 }
 static_assert(kinds_in_order(), "kKinds must list ControlMsg values in order");
-static_assert(std::size(kKinds) == size_t(ControlMsg::kExpertCombine) + 1,
+static_assert(std::size(kKinds) == size_t(ControlMsg::kActorRestart) + 1,
               "a ControlMsg is missing");
 
 const KindInfo* kind_info(ControlMsg m) {
@@ -480,6 +481,37 @@ Result<LeaveNoticeMsg> decode_leave_notice(std::span<const uint8_t> f, const Con
         auto reason = read_text(root.getReason(), l.max_text, "LeaveNotice.reason");
         if (!reason) return reason.error();
         m.reason = std::move(*reason);
+        return m;
+      });
+}
+
+Result<WireFrame> encode(const ActorRestartMsg& m, const SendInfo& send) {
+  return encode_msg<schemas::ActorRestart>("encode ActorRestart", m.header.cluster_epoch, send,
+                                           [&](schemas::ActorRestart::Builder root) -> Status {
+                                             write_actor(root.initActor(), m.actor);
+                                             root.setReason(text(m.reason));
+                                             root.setKvLost(m.kv_lost);
+                                             root.setRestarts(m.restarts);
+                                             return Ok{};
+                                           });
+}
+
+Result<ActorRestartMsg> decode_actor_restart(std::span<const uint8_t> f, const ControlLimits& l) {
+  return decode_frame<schemas::ActorRestart, ActorRestartMsg>(
+      f, l.max_frame_bytes, "ActorRestart",
+      [&](schemas::ActorRestart::Reader root) -> Result<ActorRestartMsg> {
+        ActorRestartMsg m;
+        auto h = read_wire_header(root.getHeader(), l.expected_epoch, "ActorRestart");
+        if (!h) return h.error();
+        m.header = *h;
+        auto a = read_actor(root.getActor(), "ActorRestart.actor");
+        if (!a) return a.error();
+        m.actor = *a;
+        auto reason = read_text(root.getReason(), l.max_text, "ActorRestart.reason");
+        if (!reason) return reason.error();
+        m.reason = std::move(*reason);
+        m.kv_lost = root.getKvLost();
+        m.restarts = root.getRestarts();
         return m;
       });
 }

@@ -419,6 +419,15 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
                  GenerateRequestPtr(std::make_shared<GenerateRequest>(std::move(r->request))));
       return;
     }
+    case ControlMsg::kActorRestart: {
+      auto r = decode_actor_restart(m->data(), {});
+      if (!r) return drop_malformed(self, m, "actor restart", r.error().message);
+      std::fprintf(stderr, "troupe: head: %s restarted an actor (%s, restart %u)%s\n",
+                   st.link->peer_name(m->peer).c_str(), r->reason.c_str(), r->restarts,
+                   r->kv_lost ? ": recomputing the running sequences" : "");
+      if (r->kv_lost) self->send(st.scheduler, reset_atom::value);
+      return;
+    }
     case ControlMsg::kCancelRequest: {
       auto r = decode_cancel_request(m->data(), {});
       if (!r) return drop_malformed(self, m, "cancel request", r.error().message);

@@ -108,6 +108,7 @@ ControlMsg control_kind(const PlacementMsg&) { return ControlMsg::kPlacement; }
 ControlMsg control_kind(const PlacementReportMsg&) { return ControlMsg::kPlacementReport; }
 ControlMsg control_kind(const LeaveNoticeMsg&) { return ControlMsg::kLeaveNotice; }
 ControlMsg control_kind(const StatusSnapshotMsg&) { return ControlMsg::kStatusSnapshot; }
+ControlMsg control_kind(const ActorRestartMsg&) { return ControlMsg::kActorRestart; }
 
 std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint32_t node_id) {
   std::vector<StartupPhaseInfo> out;
@@ -270,6 +271,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
         sc.model = st.model;
         caf::actor a = spawn_expert_shard(sys, sc);
         self->monitor(a);
+        st.shard_builds[static_cast<uint32_t>(j)] = sc;
         st.shards[static_cast<uint32_t>(j)] = a;
         ep.shards[j] = a;
         for (int32_t e : sp.experts) {
@@ -286,6 +288,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     }
     std::sort(st.owned_experts.begin(), st.owned_experts.end());
   }
+  st.expert_placement = ep;
   const size_t num_stages = pl.stages.size();
   for (size_t k = num_stages; k-- > 0;) {
     const auto& sp = pl.stages[k];
@@ -313,6 +316,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     caf::actor a = spawn_stage(sys, c, next, ep);
     self->monitor(a);
     st.stages[static_cast<uint32_t>(k)] = a;
+    st.stage_builds[static_cast<uint32_t>(k)] = {c, next};
   }
   if (st.head && num_stages > 0) {
     caf::actor first = pl.stages[0].node_id == me
@@ -347,6 +351,74 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
                 done();
               });
   }
+}
+
+void on_actor_down(NodeSelf* self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  if (st.leaving || dm.reason == caf::exit_reason::user_shutdown) return;
+  const std::string why = self->system().render(dm.reason);
+  auto& sys = self->system();
+  auto tell_head = [&](ActorRole role, uint32_t index, const std::string& name, bool kv_lost) {
+    const uint32_t n = ++st.restarts[name];
+    std::fprintf(stderr, "troupe: node %s: restarted %s (restart %u): %s\n", st.me.name.c_str(),
+                 name.c_str(), n, why.c_str());
+    if (st.head) {
+      if (kv_lost) self->send(st.scheduler, reset_atom::value);
+      return;
+    }
+    ActorRestartMsg m;
+    m.header.cluster_epoch = st.link->epoch();
+    m.actor = {st.link->node_id(), role, index};
+    m.reason = why;
+    m.kv_lost = kv_lost;
+    m.restarts = n;
+    send_to(self, st.head_peer, m, ActorRole::kNodeDaemon);
+  };
+  for (auto& [i, a] : st.stages) {
+    if (dm.source != a.address()) continue;
+    const auto& b = st.stage_builds.at(i);
+    caf::actor fresh = spawn_stage(sys, b.cfg, b.next, st.expert_placement);
+    self->monitor(fresh);
+    a = fresh;
+    // A local previous stage (or the scheduler, for stage 0 on the head) points at the old one;
+    // remote ones reach it by index through this node, so they need nothing.
+    if (auto prev = st.stages.find(i - 1); i > 0 && prev != st.stages.end()) {
+      self->send(prev->second, next_atom::value, fresh);
+      st.stage_builds.at(i - 1).next = fresh;
+    }
+    if (i == 0 && st.head) self->send(st.scheduler, stage_atom::value, fresh);
+    return tell_head(ActorRole::kStage, i, "stage/" + std::to_string(i) + "@" + st.me.name, true);
+  }
+  for (auto& [j, a] : st.shards) {
+    if (dm.source != a.address()) continue;
+    caf::actor fresh = spawn_expert_shard(sys, st.shard_builds.at(j));
+    self->monitor(fresh);
+    a = fresh;
+    st.expert_placement.shards[j] = fresh;
+    for (auto& [i, s] : st.stages) self->send(s, shards_atom::value, st.expert_placement.shards);
+    return tell_head(ActorRole::kExpertShard, j, "expert/" + std::to_string(j) + "@" + st.me.name,
+                     false);
+  }
+  std::fprintf(stderr, "troupe: node %s: an actor failed: %s\n", st.me.name.c_str(), why.c_str());
+}
+
+bool inject_fault(NodeSelf* self, const std::string& actor) {
+  auto& st = self->state;
+  const size_t slash = actor.find('/');
+  if (slash == std::string::npos) return false;
+  const std::string kind = actor.substr(0, slash);
+  uint32_t idx = 0;
+  try {
+    idx = static_cast<uint32_t>(std::stoul(actor.substr(slash + 1)));
+  } catch (...) {
+    return false;
+  }
+  auto& map = kind == "stage" ? st.stages : st.shards;
+  if (kind != "stage" && kind != "expert") return false;
+  auto it = map.find(idx);
+  if (it == map.end()) return false;
+  self->send(it->second, crash_atom::value);
+  return true;
 }
 
 void stop_local_actors(NodeSelf* self) {

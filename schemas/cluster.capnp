@@ -257,6 +257,21 @@ struct LeaveNotice {
   # why, for the log (e.g. "SIGTERM")
 }
 
+struct ActorRestart {
+  # Node daemon -> controller: an actor placed on this node failed and the node restarted it in
+  # place (same configuration). A restarted stage has an empty KV pool: the scheduler then
+  # recomputes its running sequences from their token logs.
+  header @0 :Common.Header;
+  actor @1 :Common.ActorId;
+  # the actor that failed (and now runs again)
+  reason @2 :Text;
+  # why it failed, for the log
+  kvLost @3 :Bool;
+  # true: its KV pool is empty now (a stage)
+  restarts @4 :UInt32;
+  # restarts of this actor since the node started
+}
+
 # --- Status ----------------------------------------------------------------------------------
 
 struct StatusRequest {

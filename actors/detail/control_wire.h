@@ -38,6 +38,7 @@ enum class ControlMsg : uint8_t {
   kStepResult,
   kExpertDispatch,
   kExpertCombine,
+  kActorRestart,
 };
 /// capnp::typeId of the message's root struct (kExpertDispatch/kExpertCombine: ExpertDispatch/
 /// ExpertCombine; the data-plane kinds are those of actors/detail/wire.h); 0 for a value out of
@@ -150,6 +151,15 @@ struct LeaveNoticeMsg {
   std::string reason;
 };
 
+/// An actor of a node failed and was restarted in place (cluster.capnp ActorRestart).
+struct ActorRestartMsg {
+  WireHeader header;
+  ActorRef actor;
+  std::string reason;
+  bool kv_lost = false;
+  uint32_t restarts = 0;
+};
+
 struct StatusRequestMsg {
   WireHeader header;
   bool include_kv = false;
@@ -207,6 +217,7 @@ Result<WireFrame> encode(const PlacementMsg& m, const SendInfo& send);
 Result<WireFrame> encode(const PlacementReportMsg& m, const SendInfo& send);
 Result<WireFrame> encode(const LeaveNoticeMsg& m, const SendInfo& send);
 Result<WireFrame> encode(const StatusRequestMsg& m, const SendInfo& send);
+Result<WireFrame> encode(const ActorRestartMsg& m, const SendInfo& send);
 Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send);
 
 /// Each encoder above fills Header.sender/seq from `send` and Header.clusterEpoch from
@@ -242,6 +253,7 @@ Result<PlacementMsg> decode_placement(std::span<const uint8_t> f, const ControlL
 Result<PlacementReportMsg> decode_placement_report(std::span<const uint8_t> f,
                                                    const ControlLimits& l);
 Result<LeaveNoticeMsg> decode_leave_notice(std::span<const uint8_t> f, const ControlLimits& l);
+Result<ActorRestartMsg> decode_actor_restart(std::span<const uint8_t> f, const ControlLimits& l);
 Result<StatusRequestMsg> decode_status_request(std::span<const uint8_t> f, const ControlLimits& l);
 Result<StatusSnapshotMsg> decode_status_snapshot(std::span<const uint8_t> f,
                                                  const ControlLimits& l);

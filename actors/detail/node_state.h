@@ -20,6 +20,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/cluster_node.h"
+#include "actors/detail/actor_configs.h"
 #include "actors/detail/control_wire.h"
 #include "actors/detail/link.h"
 #include "actors/detail/messages.h"
@@ -110,7 +111,16 @@ struct NodeState {
   std::map<std::string, caf::actor> shard_proxies;  // by node name
   std::vector<caf::actor> proxies;                  // every other proxy
   std::vector<int32_t> owned_experts;               // experts of this node's shards, ascending
-  std::vector<int32_t> expert_shard_of;             // [n_expert] -> shard index, -1 = elsewhere
+  // How each local actor was built, to restart it in place when it fails.
+  struct StageBuild {
+    StageConfig cfg;
+    caf::actor next;
+  };
+  std::map<uint32_t, StageBuild> stage_builds;
+  std::map<uint32_t, ExpertShardConfig> shard_builds;
+  ExpertPlacement expert_placement;  // what local stages were given (shards: local or proxies)
+  std::map<std::string, uint32_t> restarts;  // by actor name
+  std::vector<int32_t> expert_shard_of;      // [n_expert] -> shard index, -1 = elsewhere
   bool placed = false;
 
   // The head: controller, router, scheduler, client gateway.
@@ -144,12 +154,6 @@ uint64_t model_file_hash(const std::string& path);
 
 /// Encodes and sends a control message; failures are logged (the caller's next step is the
 /// same either way: leases and timeouts recover).
-template <class Msg>
-void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole role) {
-  auto f = encode(m, self->state.link->send_info(role));
-  Status s = f ? self->state.link->send(peer, control_kind(m), *f) : Status(f.error());
-  if (!s) report_send_error(self, control_kind(m), s.error().message);
-}
 void report_send_error(NodeSelf* self, ControlMsg kind, const std::string& why);
 ControlMsg control_kind(const JoinRequestMsg&);
 ControlMsg control_kind(const JoinReplyMsg&);
@@ -160,12 +164,25 @@ ControlMsg control_kind(const PlacementMsg&);
 ControlMsg control_kind(const PlacementReportMsg&);
 ControlMsg control_kind(const LeaveNoticeMsg&);
 ControlMsg control_kind(const StatusSnapshotMsg&);
+ControlMsg control_kind(const ActorRestartMsg&);
+
+template <class Msg>
+void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole role) {
+  auto f = encode(m, self->state.link->send_info(role));
+  Status s = f ? self->state.link->send(peer, control_kind(m), *f) : Status(f.error());
+  if (!s) report_send_error(self, control_kind(m), s.error().message);
+}
 
 /// Placement on this node: connect to the peers it needs (on a helper thread), then spawn the
 /// local stages and shards and the proxies of remote ones; report to the head.
 void start_placement(NodeSelf* self, PlacementMsg p);
 void finish_placement(NodeSelf* self, uint64_t version, const std::string& error);
 void stop_local_actors(NodeSelf* self);
+/// A local actor ended with `reason`: restart it in place, rewire its local neighbours and tell
+/// the head (whose scheduler recomputes the sequences whose KV a restarted stage lost).
+void on_actor_down(NodeSelf* self, const caf::down_msg& dm);
+/// Fault injection (tests): "stage/N" or "expert/N" placed on this node throws on its next message.
+bool inject_fault(NodeSelf* self, const std::string& actor);
 void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,
                    const std::string& why);
 void answer_status(NodeSelf* self, const MessagePtr& m);

@@ -366,5 +366,32 @@ TEST(ClusterNode, HeadDrainsBeforeLeaving) {
   EXPECT_EQ(res[0].tokens.size(), 200u);
 }
 
+// A stage and an expert shard on worker nodes throw mid-generation: each node restarts its
+// actor in place, the head's scheduler recomputes from the token logs, and every token and
+// logit equals the fault-free run.
+TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
+  const auto want = local_results(path, reqs);
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
+  Nodes n;
+  n.start(plan, 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client);
+  EXPECT_FALSE(n.nodes[1]->inject_fault("stage/1"));  // placed on c, not b
+  int pieces = 0;
+  auto got = (*client)->generate_many(reqs, 0, [&](size_t, const std::string&, int32_t) {
+    if (++pieces == 3) {
+      EXPECT_TRUE(n.nodes[1]->inject_fault("stage/0"));
+      EXPECT_TRUE(n.nodes[2]->inject_fault("expert/0"));
+    }
+  });
+  expect_same(got, want);
+}
+
 }  // namespace
 }  // namespace troupe::actors
