@@ -239,9 +239,13 @@ caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
         self->state.head_peer = peer;
         send_join(self);
       },
-      [=](placed_atom, uint64_t version, const std::string& error) {
-        finish_placement(self, version, error);
+      [=](placed_atom, uint64_t version, const std::string& error, uint64_t map_start_ms,
+          uint64_t map_ms, uint64_t map_bytes) {
+        finish_placement(self, version, error, map_start_ms, map_ms, map_bytes);
       },
+      // The head's warm-up generation (see head_placement_report) answers here.
+      [=](token_atom, int64_t, const StreamPiecePtr&) {},
+      [=](finish_atom, int64_t, const GenerateResultPtr& r) { head_warmed_up(self, *r); },
       [=](tick_atom) {
         if (self->state.head)
           head_tick(self);

@@ -347,6 +347,22 @@ void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
       return;
     }
   end_phase(self, "placement");
+  // Warm-up: one token through every stage (and every expert shard the router picks), so the
+  // first client does not pay for cold caches, page faults and first connections.
+  begin_phase(self, "warm-up");
+  set_waiting(self, "the warm-up generation");
+  auto req = std::make_shared<GenerateRequest>();
+  req->prompt_tokens = {static_cast<int32_t>(std::min<int64_t>(1, st.model->spec.n_vocab - 1))};
+  req->max_tokens = 1;
+  req->sampling.ignore_eos = true;
+  self->send(st.router, submit_atom::value, GenerateRequestPtr(std::move(req)), int64_t{0});
+}
+
+void head_warmed_up(NodeSelf* self, const GenerateResult& r) {
+  auto& st = self->state;
+  if (st.serving || !st.placement_sent) return;
+  if (!r.ok()) return fail(self, "the warm-up generation failed: " + r.error);
+  end_phase(self, "warm-up");
   st.serving = true;
   std::fprintf(stderr, "troupe: head: serving (%zu nodes)\n", st.members.size());
   set_ready(self);

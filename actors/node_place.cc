@@ -2,6 +2,7 @@
 // actor's files share (see detail/node_state.h).
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
+#include <sys/mman.h>
 #include <sys/sysinfo.h>
 
 #include "actors/detail/node_state.h"
@@ -155,6 +157,75 @@ std::map<uint32_t, Where> node_table(NodeSelf* self) {
   return out;
 }
 
+// The bytes of the model file this node's actors read: the layers (and embedding or output
+// head) of its stages — routed experts only when no shard owns them — and its shards' experts.
+std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec,
+                                                    const PlacementMsg& pl, uint32_t me) {
+  std::vector<std::span<const uint8_t>> out;
+  auto add = [&](const model::WeightView& w) {
+    if (w.present()) out.push_back({w.data, static_cast<size_t>(w.nbytes())});
+  };
+  auto add_ffn = [&](const model::ExpertFfn& f) {
+    add(f.gate);
+    add(f.up);
+    add(f.down);
+  };
+  for (const auto& sp : pl.stages) {
+    if (sp.node_id != me) continue;
+    if (sp.has_embedding) add(spec.token_embd);
+    if (sp.has_output_head) {
+      add(spec.output_norm);
+      if (spec.output.data != spec.token_embd.data || !sp.has_embedding) add(spec.output);
+    }
+    for (uint32_t l = sp.layer_begin; l < sp.layer_end && l < spec.layers.size(); ++l) {
+      const model::LayerSpec& L = spec.layers[l];
+      for (const model::WeightView* w :
+           {&L.attn_norm, &L.wq,     &L.wk,        &L.wv,     &L.wo,          &L.bq,
+            &L.bk,        &L.bv,     &L.q_norm,    &L.k_norm, &L.wq_a,        &L.q_a_norm,
+            &L.wq_b,      &L.wkv_a,  &L.kv_a_norm, &L.wk_b,   &L.wv_b,        &L.ffn_norm,
+            &L.ffn_gate,  &L.ffn_up, &L.ffn_down,  &L.router, &L.router_bias, &L.shared_gate})
+        add(*w);
+      add_ffn(L.shared);
+      if (pl.shards.empty())
+        for (const auto& e : L.experts) add_ffn(e);
+    }
+  }
+  for (const auto& sh : pl.shards) {
+    if (sh.node_id != me) continue;
+    for (const auto& L : spec.layers)
+      for (int32_t e : sh.experts)
+        if (L.is_moe && static_cast<size_t>(e) < L.experts.size())
+          add_ffn(L.experts[static_cast<size_t>(e)]);
+  }
+  return out;
+}
+
+// Reads every page of `ranges` into memory (page cache) with `threads` threads: the weights are
+// resident before the first request instead of faulting in during it.
+uint64_t prefetch(const std::vector<std::span<const uint8_t>>& ranges, int threads) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  uint64_t total = 0;
+  for (const auto& r : ranges) total += r.size();
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> sink{0};
+  auto work = [&] {
+    uint64_t acc = 0;
+    for (size_t i = next++; i < ranges.size(); i = next++) {
+      const uint8_t* p = ranges[i].data();
+      const size_t n = ranges[i].size();
+      const uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+      madvise(reinterpret_cast<void*>(a), n + (reinterpret_cast<uintptr_t>(p) - a), MADV_WILLNEED);
+      for (size_t off = 0; off < n; off += page) acc += p[off];
+    }
+    sink += acc;
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return total;
+}
+
 void report(NodeSelf* self, bool ok, const std::string& error) {
   auto& st = self->state;
   if (st.head) return head_placement_report(self, st.me.name, ok, error, st.phases);
@@ -221,7 +292,11 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   auto link = st.link;
   caf::actor node = caf::actor_cast<caf::actor>(self);
   const uint64_t version = pl.version;
-  std::thread([link, peers, node, version] {
+  auto ranges = owned_weights(st.model->spec, pl, me);
+  auto model = st.model;  // keeps the mapping alive while the thread reads it
+  const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const auto started = st.started;
+  std::thread([link, peers, node, version, ranges, model, threads, started] {
     std::string error;
     for (const auto& w : peers) {
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
@@ -230,15 +305,28 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
         break;
       }
     }
-    caf::anon_send(node, placed_atom::value, version, error);
+    const uint64_t map_start = ms_since(started);
+    const uint64_t bytes = error.empty() ? prefetch(ranges, threads) : 0;
+    caf::anon_send(node, placed_atom::value, version, error, map_start,
+                   ms_since(started) - map_start, bytes);
   }).detach();
 }
 
-void finish_placement(NodeSelf* self, uint64_t version, const std::string& error) {
+void finish_placement(NodeSelf* self, uint64_t version, const std::string& error,
+                      uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes) {
   auto& st = self->state;
   if (!st.placement || st.placement->version != version) return;
-  end_phase(self, "connect peers");
+  for (auto& p : st.phases)  // connecting ended where mapping began
+    if (p.name == "connect peers" && !p.done) {
+      p.duration_ms = map_start_ms - std::min(map_start_ms, p.start_ms);
+      p.done = true;
+    }
   if (!error.empty()) return report(self, false, error);
+  st.phases.push_back({"map weights", map_start_ms, map_ms, true});
+  std::fprintf(stderr,
+               "troupe: node %s: mapped %.1f MB of weights (its actors' tensors) in %llu ms\n",
+               st.me.name.c_str(), static_cast<double>(map_bytes) / 1e6,
+               static_cast<unsigned long long>(map_ms));
   begin_phase(self, "start actors");
   set_waiting(self, "its stages to map their weights and allocate their KV pools");
   const PlacementMsg& pl = *st.placement;

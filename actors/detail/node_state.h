@@ -176,7 +176,8 @@ void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole rol
 /// Placement on this node: connect to the peers it needs (on a helper thread), then spawn the
 /// local stages and shards and the proxies of remote ones; report to the head.
 void start_placement(NodeSelf* self, PlacementMsg p);
-void finish_placement(NodeSelf* self, uint64_t version, const std::string& error);
+void finish_placement(NodeSelf* self, uint64_t version, const std::string& error,
+                      uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes);
 void stop_local_actors(NodeSelf* self);
 /// A local actor ended with `reason`: restart it in place, rewire its local neighbours and tell
 /// the head (whose scheduler recomputes the sequences whose KV a restarted stage lost).
@@ -196,6 +197,8 @@ void head_init(NodeSelf* self);
 void head_tick(NodeSelf* self);
 void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
 /// A node's placement finished on the head itself or a report arrived.
+/// The warm-up generation finished: the head serves (or fails with its error).
+void head_warmed_up(NodeSelf* self, const GenerateResult& r);
 void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
                            const std::string& error, std::vector<Phase> phases);
 
