@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,7 @@ namespace troupe::transport {
 namespace {
 
 constexpr uint32_t kMagic = 0x50525254;  // "TRRP" little-endian
-constexpr uint32_t kWireVersion = 2;     // 2: the header carries a CRC-32C of the payload
+constexpr uint32_t kWireVersion = 3;     // 2: CRC-32C of the payload; 3: link id and key
 enum AmId : unsigned {
   kAmHello = 1,
   kAmHelloAck = 2,
@@ -60,8 +61,13 @@ struct WireHeader {
   uint64_t type = 0;
   uint32_t crc = 0;  // CRC-32C of the payload: a corrupted message is dropped, never delivered
   uint32_t reserved = 0;
+  // The receiver's own id and key of this link (told in the handshake): how it finds the peer a
+  // message comes from without asking UCX for the sending endpoint, which UCX 1.13 resolves
+  // fatally when that endpoint is gone (seen at shutdown with several workers in one process).
+  uint64_t link = 0;
+  uint64_t key = 0;
 };
-static_assert(sizeof(WireHeader) == 24);
+static_assert(sizeof(WireHeader) == 40);
 
 // CRC-32C (Castagnoli), with the SSE4.2 instruction where the CPU has it (about 8 bytes per
 // 3 cycles), else a table. Payloads are tensors of up to hundreds of MiB: this is cheap next to
@@ -111,6 +117,14 @@ void put_name(std::vector<uint8_t>& out, const std::string& name) {
   out.push_back(static_cast<uint8_t>(n >> 8));
   out.insert(out.end(), name.begin(), name.end());
 }
+// A link's (id, key) as the peer must put them in the headers it sends us.
+void append_link(std::vector<uint8_t>& out, uint64_t id, uint64_t key) {
+  const auto* a = reinterpret_cast<const uint8_t*>(&id);
+  const auto* b = reinterpret_cast<const uint8_t*>(&key);
+  out.insert(out.end(), a, a + 8);
+  out.insert(out.end(), b, b + 8);
+}
+
 bool get_name(std::span<const uint8_t>& in, std::string* name) {
   if (in.size() < 2) return false;
   const size_t n = in[0] | (static_cast<size_t>(in[1]) << 8);
@@ -147,6 +161,71 @@ bool is_loopback(const sockaddr_storage& ss) {
   return false;
 }
 
+// Receive buffers. Large messages landing in fresh memory pay a page fault per 4 KiB, which caps
+// receiving at ~0.35 GB/s on the 2-core VM where shared memory moves ~10 GB/s. Buffers of
+// >= 64 KiB therefore come in power-of-two size classes and return to a free list when the last
+// reference to the message drops (decoders copy out what they keep), up to kMaxHeld bytes; the
+// largest are 2 MiB aligned with transparent huge pages asked for.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  ~BufferPool() {
+    for (auto& [cls, list] : free_)
+      for (uint64_t* p : list) std::free(p);
+  }
+
+  std::shared_ptr<uint64_t[]> get(size_t bytes) {
+    if (bytes < kMinPooled) return std::shared_ptr<uint64_t[]>(new uint64_t[(bytes + 7) / 8 + 1]);
+    const size_t cls = std::bit_ceil(bytes);
+    uint64_t* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto& list = free_[cls];
+      if (!list.empty()) {
+        p = list.back();
+        list.pop_back();
+        held_ -= cls;
+      }
+    }
+    if (!p) p = allocate(cls);
+    if (!p) throw std::bad_alloc();
+    std::weak_ptr<BufferPool> weak = weak_from_this();
+    return std::shared_ptr<uint64_t[]>(p, [weak, cls](uint64_t* q) {
+      if (auto pool = weak.lock())
+        pool->put(q, cls);
+      else
+        std::free(q);
+    });
+  }
+
+ private:
+  static constexpr size_t kMinPooled = size_t{64} << 10;
+  static constexpr size_t kMaxHeld = size_t{256} << 20;
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
+  static uint64_t* allocate(size_t cls) {
+    const size_t align = cls >= 2 * kHugePage ? kHugePage : 64;
+    void* p = std::aligned_alloc(align, cls);
+    if (p && align == kHugePage) madvise(p, cls, MADV_HUGEPAGE);
+    return static_cast<uint64_t*>(p);
+  }
+
+  void put(uint64_t* p, size_t cls) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (held_ + cls <= kMaxHeld) {
+        free_[cls].push_back(p);
+        held_ += cls;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  std::mutex mu_;
+  std::map<size_t, std::vector<uint64_t*>> free_;  // by size class
+  size_t held_ = 0;
+};
+
 }  // namespace
 
 size_t OutMessage::size_bytes() const {
@@ -168,10 +247,13 @@ struct Transport::Impl {
   struct Peer {
     PeerId id = 0;
     ucp_ep_h ep = nullptr;
-    bool client = false;    // we connected to it
-    bool up = false;        // authenticated
-    bool down = false;      // closed or failed; waiting to be forgotten
-    bool bye_sent = false;  // we said goodbye and wait for its answer before closing
+    bool client = false;     // we connected to it
+    bool up = false;         // authenticated
+    bool down = false;       // closed or failed; waiting to be forgotten
+    bool bye_sent = false;   // we said goodbye and wait for its answer before closing
+    uint64_t key = 0;        // ours: messages to us on this link carry (id, key)
+    uint64_t remote_id = 0;  // theirs: what we put in the headers we send
+    uint64_t remote_key = 0;
     std::array<uint8_t, kNonceBytes> nonce{};  // client: the nonce of our hello
     Clock::time_point since;
     std::shared_ptr<std::promise<Result<PeerId>>> waiter;  // client: connect() waiting
@@ -197,6 +279,7 @@ struct Transport::Impl {
   };
 
   TransportOptions opts;
+  std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   MessageHandler on_message;
   PeerHandler on_peer;
   ucp_context_h context = nullptr;
@@ -517,6 +600,7 @@ struct Transport::Impl {
     p.since = Clock::now();
     p.stats.peer = id;
     p.stats.address = address;
+    random_bytes({reinterpret_cast<uint8_t*>(&p.key), sizeof(p.key)});
     by_ep[ep] = id;
     return p;
   }
@@ -655,7 +739,12 @@ struct Transport::Impl {
                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
     prm.cb.send = &Impl::on_send_done;
     prm.user_data = ctx;
-    prm.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver learns which endpoint sent it
+    // Only the hello asks UCX to name the sending endpoint (the server does not know the link
+    // yet); every later message names its link in the header.
+    header.link = p.remote_id;
+    header.key = p.remote_key;
+    ctx->header = header;
+    prm.flags = am_id == kAmHello ? UCP_AM_SEND_FLAG_REPLY : 0;
     const void* buf = nullptr;
     size_t count = 0;
     if (ctx->iov.size() <= 1) {
@@ -730,25 +819,21 @@ struct Transport::Impl {
 
   // --- receiving --------------------------------------------------------------------------
 
-  // Large messages land in fresh memory, and faulting it in 4 KiB at a time caps the receive
-  // rate (0.35 GB/s on the 2-core VM, where shared memory moves 10 GB/s): ask for transparent
-  // huge pages there (THP "madvise" mode; a no-op where THP is off). Costs < 2 MiB of rounding.
-  static std::shared_ptr<uint64_t[]> alloc_words(size_t bytes) {
-    constexpr size_t kHugePage = 2u << 20;
-    if (bytes >= 2 * kHugePage) {
-      const size_t n = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      if (void* p = std::aligned_alloc(kHugePage, n)) {
-        madvise(p, n, MADV_HUGEPAGE);
-        return std::shared_ptr<uint64_t[]>(static_cast<uint64_t*>(p),
-                                           [](uint64_t* q) { std::free(q); });
-      }
-    }
-    return std::shared_ptr<uint64_t[]>(new uint64_t[(bytes + 7) / 8 + 1]);
-  }
+  std::shared_ptr<uint64_t[]> alloc_words(size_t bytes) { return pool->get(bytes); }
 
   // The sender's endpoint, or nullptr when it did not say (we always send with REPLY).
   static ucp_ep_h sender(const ucp_am_recv_param_t* param) {
     return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  }
+
+  // The peer a message names in its header (link id and key), or null: unknown, stale or forged.
+  Peer* peer_of_header(const void* header, size_t header_length, WireHeader* out) {
+    if (header_length != sizeof(WireHeader)) return nullptr;
+    std::memcpy(out, header, sizeof(WireHeader));
+    if (out->magic != kMagic || out->version != kWireVersion) return nullptr;
+    auto it = peers.find(out->link);
+    if (it == peers.end() || it->second.key != out->key || !it->second.ep) return nullptr;
+    return &it->second;
   }
 
   static bool is_rndv(const ucp_am_recv_param_t* param) {
@@ -758,20 +843,11 @@ struct Transport::Impl {
   static ucs_status_t am_data(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param) {
     auto* im = static_cast<Impl*>(arg);
-    Peer* p = im->peer_of(sender(param));
-    if (!p || !p->up) {
-      ++im->unauth_dropped;
-      return UCS_OK;  // an unread rendezvous is dropped by UCX
-    }
     WireHeader h;
-    if (header_length != sizeof(WireHeader)) {
-      ++p->stats.malformed;
-      return UCS_OK;
-    }
-    std::memcpy(&h, header, sizeof(h));
-    if (h.magic != kMagic || h.version != kWireVersion) {
-      ++p->stats.malformed;
-      return UCS_OK;
+    Peer* p = im->peer_of_header(header, header_length, &h);
+    if (!p || !p->up) {
+      ++im->unauth_dropped;  // no such link, a forged key, or a peer not (or no longer) up
+      return UCS_OK;         // an unread rendezvous is dropped by UCX
     }
     if (length > im->opts.max_message_bytes) {
       ++p->stats.oversized;
@@ -782,7 +858,7 @@ struct Transport::Impl {
     m.peer = p->id;
     m.type = h.type;
     m.size_bytes = length;
-    m.storage = alloc_words(length);
+    m.storage = im->alloc_words(length);
     if (!is_rndv(param)) {
       if (length) std::memcpy(m.storage.get(), data, length);
       im->received(*p, std::move(m), h.crc);
@@ -889,10 +965,12 @@ struct Transport::Impl {
     std::span<const uint8_t> in;
     if (small_payload(param, length)) in = {static_cast<const uint8_t*>(data), length};
     std::string why;
-    if (!get_name(in, &name) || in.size() != 2 * kNonceBytes) {
+    if (!get_name(in, &name) || in.size() != 2 * kNonceBytes + 16) {
       why = "malformed hello";
     } else {
-      const auto nonce = in.first(kNonceBytes), proof = in.subspan(kNonceBytes);
+      const auto nonce = in.first(kNonceBytes), proof = in.subspan(kNonceBytes, kNonceBytes);
+      std::memcpy(&p->remote_id, in.data() + 2 * kNonceBytes, 8);
+      std::memcpy(&p->remote_key, in.data() + 2 * kNonceBytes + 8, 8);
       const Digest want = hmac_sha256(im->opts.cluster_token, kHelloLabel, {nonce, as_bytes(name)});
       if (!digest_equal(want, proof)) {
         why = "bad cluster token";
@@ -905,6 +983,7 @@ struct Transport::Impl {
         const Digest reply = hmac_sha256(im->opts.cluster_token, kHelloReplyLabel,
                                          {nonce, as_bytes(im->opts.node_name)});
         out.insert(out.end(), reply.begin(), reply.end());
+        append_link(out, p->id, p->key);
         auto buf = std::make_shared<std::vector<uint8_t>>(std::move(out));
         im->post_am(*p, kAmHelloAck, WireHeader{}, {{buf->data(), buf->size()}}, buf);
         im->events.push_back({p->id, PeerEvent::kUp, name, ""});
@@ -928,18 +1007,23 @@ struct Transport::Impl {
     return UCS_OK;
   }
 
-  static ucs_status_t am_hello_ack(void* arg, const void*, size_t, void* data, size_t length,
-                                   const ucp_am_recv_param_t* param) {
+  static ucs_status_t am_hello_ack(void* arg, const void* header, size_t header_length, void* data,
+                                   size_t length, const ucp_am_recv_param_t* param) {
     auto* im = static_cast<Impl*>(arg);
-    Peer* p = im->peer_of(sender(param));
+    WireHeader h;
+    Peer* p = im->peer_of_header(header, header_length, &h);
     if (!p || !p->client || p->up || p->down) return UCS_OK;
     std::string name;
     std::span<const uint8_t> in;
     if (small_payload(param, length)) in = {static_cast<const uint8_t*>(data), length};
-    const bool ok =
-        get_name(in, &name) && in.size() == kNonceBytes &&
-        digest_equal(
-            hmac_sha256(im->opts.cluster_token, kHelloReplyLabel, {p->nonce, as_bytes(name)}), in);
+    const bool ok = get_name(in, &name) && in.size() == kNonceBytes + 16 &&
+                    digest_equal(hmac_sha256(im->opts.cluster_token, kHelloReplyLabel,
+                                             {p->nonce, as_bytes(name)}),
+                                 in.first(kNonceBytes));
+    if (ok) {
+      std::memcpy(&p->remote_id, in.data() + kNonceBytes, 8);
+      std::memcpy(&p->remote_key, in.data() + kNonceBytes + 8, 8);
+    }
     if (!ok) {
       ++im->auth_failures;
       std::fprintf(stderr, "troupe: transport: peer at %s did not prove the cluster token\n",
@@ -959,10 +1043,11 @@ struct Transport::Impl {
     return UCS_OK;
   }
 
-  static ucs_status_t am_hello_nack(void* arg, const void*, size_t, void* data, size_t length,
-                                    const ucp_am_recv_param_t* param) {
+  static ucs_status_t am_hello_nack(void* arg, const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param) {
     auto* im = static_cast<Impl*>(arg);
-    Peer* p = im->peer_of(sender(param));
+    WireHeader h;
+    Peer* p = im->peer_of_header(header, header_length, &h);
     if (!p || !p->client || p->up || p->down) return UCS_OK;
     std::string why = "no reason given";
     if (small_payload(param, length) && length > 0 && length <= 256)
@@ -971,10 +1056,11 @@ struct Transport::Impl {
     return UCS_OK;
   }
 
-  static ucs_status_t am_bye(void* arg, const void*, size_t, void*, size_t,
-                             const ucp_am_recv_param_t* param) {
+  static ucs_status_t am_bye(void* arg, const void* header, size_t header_length, void*, size_t,
+                             const ucp_am_recv_param_t*) {
     auto* im = static_cast<Impl*>(arg);
-    Peer* p = im->peer_of(sender(param));
+    WireHeader h;
+    Peer* p = im->peer_of_header(header, header_length, &h);
     if (!p) return UCS_OK;
     // Every message the peer sent before its goodbye has arrived: answer, then close (flushing
     // the answer out).
@@ -984,10 +1070,11 @@ struct Transport::Impl {
     return UCS_OK;
   }
 
-  static ucs_status_t am_bye_ack(void* arg, const void*, size_t, void*, size_t,
-                                 const ucp_am_recv_param_t* param) {
+  static ucs_status_t am_bye_ack(void* arg, const void* header, size_t header_length, void*, size_t,
+                                 const ucp_am_recv_param_t*) {
     auto* im = static_cast<Impl*>(arg);
-    if (Peer* p = im->peer_of(sender(param)); p && p->bye_sent)
+    WireHeader h;
+    if (Peer* p = im->peer_of_header(header, header_length, &h); p && p->bye_sent)
       im->close_peer(*p, "closed here", /*flush=*/false);
     return UCS_OK;
   }
@@ -1015,6 +1102,7 @@ struct Transport::Impl {
     const Digest proof =
         hmac_sha256(opts.cluster_token, kHelloLabel, {p.nonce, as_bytes(opts.node_name)});
     out.insert(out.end(), proof.begin(), proof.end());
+    append_link(out, p.id, p.key);
     auto buf = std::make_shared<std::vector<uint8_t>>(std::move(out));
     post_am(p, kAmHello, WireHeader{}, {{buf->data(), buf->size()}}, buf);
     const PeerId id = p.id;

@@ -39,16 +39,22 @@ fs::path temp_dir() {
   return d;
 }
 
+// A port below the kernel's ephemeral range (32768+ by default), so that the outgoing sockets of
+// other tests running at the same time cannot take it between this check and the daemon's bind.
 uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  socklen_t len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
+  static std::mt19937 rng(static_cast<uint32_t>(::getpid()) * 2654435761u);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const uint16_t port = static_cast<uint16_t>(20000 + rng() % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+  return 0;
 }
 
 // A daemon process; killed (SIGKILL) if still running when the test ends.
@@ -90,7 +96,10 @@ struct Daemon {
     }
     return -1;
   }
-  std::string output() const { return testing::read_text_file(log); }
+  // The log so far ("" until the child has created it).
+  std::string output() const {
+    return testing::file_exists(log) ? testing::read_text_file(log) : std::string();
+  }
 };
 
 // Starts `prefix... troupe args...` with stdout+stderr to a log file.
