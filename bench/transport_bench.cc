@@ -92,6 +92,9 @@ tp::TransportOptions link_options(const LinkConfig& c, const std::string& name, 
   o.net_devices = "lo";  // else UCX adds a rail over eth0 (DEPENDENCIES.md §4)
   o.error_mode = c.mode;
   o.spin = std::chrono::microseconds(spin_us);
+  // env: TROUPE_BENCH_NO_CHECKSUM=1 — measure without payload checksums (both processes see it).
+  const char* nc = std::getenv("TROUPE_BENCH_NO_CHECKSUM");
+  o.checksum_payloads = !(nc && std::string(nc) == "1");
   return o;
 }
 

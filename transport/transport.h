@@ -54,6 +54,10 @@ struct TransportOptions {
   /// lower latency for more CPU. 0 = sleep at once (the default: these hosts are 2-core).
   std::chrono::microseconds spin{0};
   FaultRules faults;  // fault-injection shim: off when empty
+  /// Checksum every payload (64-bit, position-dependent; a mismatch is counted and the message
+  /// dropped). Costs a pass over the bytes on each side: measured in docs/benchmarks.md. A
+  /// message that carries no checksum (its sender turned this off) is not checked.
+  bool checksum_payloads = true;
 };
 
 /// One received message. `data` is 8-byte aligned (Cap'n Proto reads it in place) and owned by
