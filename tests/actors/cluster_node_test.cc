@@ -19,6 +19,7 @@
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
 #include "model/model.h"
+#include "tests/cluster_test_util.h"
 #include "tests/test_support.h"
 #include "transport/transport.h"
 
@@ -26,23 +27,12 @@ namespace troupe::actors {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::expect_same;
+using testing::free_port;
+using testing::local_results;
 
-// A port below the kernel's ephemeral range (32768+ by default), so that the outgoing sockets of
-// other tests running at the same time cannot take it between this check and the daemon's bind.
-uint16_t free_port() {
-  static std::mt19937 rng(static_cast<uint32_t>(::getpid()) * 2654435761u);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const uint16_t port = static_cast<uint16_t>(20000 + rng() % 12000);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
-    ::close(fd);
-    if (ok) return port;
-  }
-  return 0;
+std::vector<GenerateRequest> requests(int64_t n_vocab, size_t count, int64_t n_gen) {
+  return testing::cluster_requests(n_vocab, count, n_gen, 7);
 }
 
 struct Layout {
@@ -74,40 +64,6 @@ Plan parse(const std::string& toml) {
   return p ? *p : Plan{};
 }
 
-std::vector<GenerateRequest> requests(int64_t n_vocab, size_t count, int64_t n_gen) {
-  std::vector<GenerateRequest> reqs;
-  std::mt19937 rng(7);
-  for (size_t i = 0; i < count; ++i) {
-    GenerateRequest r;
-    for (size_t k = 0; k < 5 + 9 * i; ++k)
-      r.prompt_tokens.push_back(
-          static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(n_vocab - 3)));
-    r.max_tokens = n_gen;
-    r.sampling.ignore_eos = true;
-    r.return_logits = true;
-    if (i % 2 == 1) {  // seeded sampling travels with the steps too
-      r.sampling.temperature = 0.8f;
-      r.sampling.seed = 100 + i;
-    }
-    reqs.push_back(std::move(r));
-  }
-  return reqs;
-}
-
-// The same requests through the single-process actor system (itself bit-identical to the engine).
-std::vector<GenerateResult> local_results(const std::string& model_path,
-                                          const std::vector<GenerateRequest>& reqs) {
-  auto m = model::load_model(model_path);
-  EXPECT_TRUE(m);
-  Plan plan = even_plan(model_path, 1, 0);
-  plan.scheduler.max_sequences = 8;
-  plan.scheduler.max_model_len = 256;
-  EXPECT_TRUE(resolve_plan(plan, (*m)->spec));
-  auto lc = LocalCluster::start(plan, *m);
-  EXPECT_TRUE(lc);
-  return (*lc)->generate_many(reqs);
-}
-
 struct Nodes {
   std::vector<std::unique_ptr<ClusterNode>> nodes;
   std::function<void(NodeOptions&)> tweak;  // per-node options (faults, timeouts)
@@ -125,18 +81,6 @@ struct Nodes {
     ASSERT_TRUE(s) << s.error().message;
   }
 };
-
-void expect_same(const std::vector<GenerateResult>& got, const std::vector<GenerateResult>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].error;
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
-    ASSERT_EQ(got[i].logits.size(), want[i].logits.size()) << "request " << i;
-    EXPECT_EQ(std::memcmp(got[i].logits.data(), want[i].logits.data(), want[i].logits.size() * 4),
-              0)
-        << "request " << i << ": logits differ";
-  }
-}
 
 void run_exactness(const std::string& rel, const Layout& layout) {
   TROUPE_SHARED_OR_SKIP(shared);

@@ -22,6 +22,7 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
+#include "tests/cluster_test_util.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -29,6 +30,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using testing::expect_same;
+using testing::free_port;
+using testing::local_results;
+
+std::vector<actors::GenerateRequest> requests(int64_t n_vocab) {
+  return testing::cluster_requests(n_vocab, 3, 8, 11);
+}
 
 fs::path temp_dir() {
   static fs::path d = [] {
@@ -37,24 +45,6 @@ fs::path temp_dir() {
     return p;
   }();
   return d;
-}
-
-// A port below the kernel's ephemeral range (32768+ by default), so that the outgoing sockets of
-// other tests running at the same time cannot take it between this check and the daemon's bind.
-uint16_t free_port() {
-  static std::mt19937 rng(static_cast<uint32_t>(::getpid()) * 2654435761u);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const uint16_t port = static_cast<uint16_t>(20000 + rng() % 12000);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
-    ::close(fd);
-    if (ok) return port;
-  }
-  return 0;
 }
 
 // A daemon process; killed (SIGKILL) if still running when the test ends.
@@ -156,52 +146,6 @@ std::string cluster_file(const std::string& model, const std::vector<Node>& node
   const std::string path = (temp_dir() / (name + ".toml")).string();
   std::ofstream(path) << t;
   return path;
-}
-
-std::vector<actors::GenerateRequest> requests(int64_t n_vocab) {
-  std::vector<actors::GenerateRequest> reqs;
-  std::mt19937 rng(11);
-  for (size_t i = 0; i < 3; ++i) {
-    actors::GenerateRequest r;
-    for (size_t k = 0; k < 4 + 11 * i; ++k)
-      r.prompt_tokens.push_back(
-          static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(n_vocab - 3)));
-    r.max_tokens = 8;
-    r.sampling.ignore_eos = true;
-    r.return_logits = true;
-    if (i == 1) {
-      r.sampling.temperature = 0.7f;
-      r.sampling.seed = 5;
-    }
-    reqs.push_back(std::move(r));
-  }
-  return reqs;
-}
-
-std::vector<actors::GenerateResult> local_results(
-    const std::string& path, const std::vector<actors::GenerateRequest>& reqs) {
-  auto m = model::load_model(path);
-  EXPECT_TRUE(m);
-  actors::Plan plan = actors::even_plan(path, 1, 0);
-  plan.scheduler.max_sequences = 8;
-  plan.scheduler.max_model_len = 256;
-  EXPECT_TRUE(actors::resolve_plan(plan, (*m)->spec));
-  auto lc = actors::LocalCluster::start(plan, *m);
-  EXPECT_TRUE(lc);
-  return (*lc)->generate_many(reqs);
-}
-
-void expect_same(const std::vector<actors::GenerateResult>& got,
-                 const std::vector<actors::GenerateResult>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].error;
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
-    ASSERT_EQ(got[i].logits.size(), want[i].logits.size());
-    EXPECT_EQ(std::memcmp(got[i].logits.data(), want[i].logits.data(), want[i].logits.size() * 4),
-              0)
-        << "request " << i << ": logits differ";
-  }
 }
 
 // Starts the head (serve) and the other nodes; waits until the head serves.
