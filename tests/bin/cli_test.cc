@@ -82,6 +82,29 @@ TEST(Cli, BadInvocationsGiveOneLineErrors) {
       "--temperature must be a number");
 }
 
+TEST(Cli, ClusterCommandsGiveOneLineErrors) {
+  const fs::path conf = temp_dir() / "cluster.toml";
+  std::ofstream(conf) << "[cluster]\ntoken = \"t\"\n[[node]]\nname = \"a\"\n"
+                         "address = \"127.0.0.1:1\"\n";
+  expect_one_line_error(troupe({"node", "--config", "/nonexistent/c.toml", "--name", "a"}),
+                        "/nonexistent/c.toml");
+  expect_one_line_error(troupe({"node", "--config", conf.string()}),
+                        "missing required option --name");
+  expect_one_line_error(troupe({"node", "--config", conf.string(), "--name", "zz"}),
+                        "no [[node]] is named 'zz' (nodes: a)");
+  expect_one_line_error(troupe({"serve", "--config", conf.string(), "--name", "b"}),
+                        "'b' is not the head of this cluster");
+  expect_one_line_error(
+      troupe({"node", "--config", conf.string(), "--name", "a", "--fault", "explode:p=1"}),
+      "unknown action 'explode'");
+  expect_one_line_error(troupe({"status", "--head", "nohostport", "--token", "t"}),
+                        "--head: expected HOST:PORT");
+  expect_one_line_error(troupe({"status", "--head", "127.0.0.1:9"}), "no cluster token");
+  expect_one_line_error(
+      troupe({"generate", "--head", "127.0.0.1:9", "--token", "t", "--prompt", "x"}),
+      "cannot reach the head at 127.0.0.1:9");
+}
+
 TEST(Cli, CorruptModelFileIsNamed) {
   const fs::path p = temp_dir() / "corrupt.gguf";
   {
