@@ -33,8 +33,14 @@
 #include <ucp/api/ucp.h>
 
 #include "transport/auth.h"
+#include "transport/detail/buffer_pool.h"
+#include "transport/detail/checksum.h"
 
 namespace troupe::transport {
+
+using detail::BufferPool;
+using detail::Checksum;
+using detail::checksum;
 
 namespace {
 
@@ -66,65 +72,6 @@ struct WireHeader {
   uint64_t key = 0;
 };
 static_assert(sizeof(WireHeader) == 40);
-
-// Payload checksum: a Fletcher-style sum over little-endian 64-bit words in four lanes (a per
-// lane, b summing a), mixed with the length at the end. Position-dependent, so a flipped,
-// dropped or swapped byte changes it; no lookup tables or long dependency chains, so it runs
-// near memory speed (a CRC-32C instruction chain ran at ~8 GB/s and capped shared-memory
-// transfers). Streaming: parts of any size give the same sum as one contiguous buffer.
-class Checksum {
- public:
-  void update(std::span<const uint8_t> bytes) {
-    const uint8_t* p = bytes.data();
-    size_t n = bytes.size();
-    len_ += n;
-    if (ncarry_ > 0) {  // finish a partial block first
-      const size_t take = std::min(n, sizeof(carry_) - ncarry_);
-      std::memcpy(carry_ + ncarry_, p, take);
-      ncarry_ += take;
-      p += take;
-      n -= take;
-      if (ncarry_ < sizeof(carry_)) return;
-      block(carry_);
-      ncarry_ = 0;
-    }
-    for (; n >= 32; p += 32, n -= 32) block(p);
-    std::memcpy(carry_, p, n);
-    ncarry_ = n;
-  }
-  uint64_t final() const {
-    uint8_t last[32] = {0};
-    std::memcpy(last, carry_, ncarry_);
-    Checksum c = *this;
-    if (ncarry_ > 0) c.block(last);
-    uint64_t h = len_ * 0x9e3779b97f4a7c15ull;
-    for (int l = 0; l < 4; ++l) {
-      h ^= c.a_[l] + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
-      h ^= c.b_[l] * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
-    }
-    return h;
-  }
-
- private:
-  void block(const uint8_t* p) {
-    uint64_t w[4];
-    std::memcpy(w, p, 32);
-    for (int l = 0; l < 4; ++l) {
-      a_[l] += w[l];
-      b_[l] += a_[l];
-    }
-  }
-  uint64_t a_[4] = {0, 0, 0, 0}, b_[4] = {0, 0, 0, 0};
-  uint64_t len_ = 0;
-  uint8_t carry_[32] = {};
-  size_t ncarry_ = 0;
-};
-
-uint64_t checksum(std::span<const uint8_t> bytes) {
-  Checksum c;
-  c.update(bytes);
-  return c.final();
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -182,71 +129,6 @@ bool is_loopback(const sockaddr_storage& ss) {
   }
   return false;
 }
-
-// Receive buffers. Large messages landing in fresh memory pay a page fault per 4 KiB, which caps
-// receiving at ~0.35 GB/s on the 2-core VM where shared memory moves ~10 GB/s. Buffers of
-// >= 64 KiB therefore come in power-of-two size classes and return to a free list when the last
-// reference to the message drops (decoders copy out what they keep), up to kMaxHeld bytes; the
-// largest are 2 MiB aligned with transparent huge pages asked for.
-class BufferPool : public std::enable_shared_from_this<BufferPool> {
- public:
-  ~BufferPool() {
-    for (auto& [cls, list] : free_)
-      for (uint64_t* p : list) std::free(p);
-  }
-
-  std::shared_ptr<uint64_t[]> get(size_t bytes) {
-    if (bytes < kMinPooled) return std::shared_ptr<uint64_t[]>(new uint64_t[(bytes + 7) / 8 + 1]);
-    const size_t cls = std::bit_ceil(bytes);
-    uint64_t* p = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto& list = free_[cls];
-      if (!list.empty()) {
-        p = list.back();
-        list.pop_back();
-        held_ -= cls;
-      }
-    }
-    if (!p) p = allocate(cls);
-    if (!p) throw std::bad_alloc();
-    std::weak_ptr<BufferPool> weak = weak_from_this();
-    return std::shared_ptr<uint64_t[]>(p, [weak, cls](uint64_t* q) {
-      if (auto pool = weak.lock())
-        pool->put(q, cls);
-      else
-        std::free(q);
-    });
-  }
-
- private:
-  static constexpr size_t kMinPooled = size_t{64} << 10;
-  static constexpr size_t kMaxHeld = size_t{256} << 20;
-  static constexpr size_t kHugePage = size_t{2} << 20;
-
-  static uint64_t* allocate(size_t cls) {
-    const size_t align = cls >= 2 * kHugePage ? kHugePage : 64;
-    void* p = std::aligned_alloc(align, cls);
-    if (p && align == kHugePage) madvise(p, cls, MADV_HUGEPAGE);
-    return static_cast<uint64_t*>(p);
-  }
-
-  void put(uint64_t* p, size_t cls) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (held_ + cls <= kMaxHeld) {
-        free_[cls].push_back(p);
-        held_ += cls;
-        return;
-      }
-    }
-    std::free(p);
-  }
-
-  std::mutex mu_;
-  std::map<size_t, std::vector<uint64_t*>> free_;  // by size class
-  size_t held_ = 0;
-};
 
 }  // namespace
 
