@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/rng.h"
 
 namespace troupe::compute {
 
@@ -20,15 +21,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int kBadSamplingParams = 0;
 // select_top() keeps a bounded heap up to this k, and uses nth_element over all tokens above it.
 constexpr int64_t kMaxHeapK = 4096;
-
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 Error bad_param(std::string message) { return make_error(kBadSamplingParams, std::move(message)); }
 
@@ -99,19 +91,8 @@ Status Sampler::set_state(const SamplerState& state) {
   return Ok{};
 }
 
-// xoshiro256** 1.0 (Blackman and Vigna).
-uint64_t Sampler::next_u64() {
-  uint64_t* s = rng_.s;
-  const uint64_t result = rotl(s[1] * 5, 7) * 9;
-  const uint64_t t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
+// xoshiro256** 1.0 (base/rng.h).
+uint64_t Sampler::next_u64() { return xoshiro256ss_next(rng_.s); }
 
 // ---- Sampler: steps 1-2 ----
 

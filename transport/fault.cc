@@ -3,31 +3,11 @@
 
 #include <cstdlib>
 
+#include "base/rng.h"
+
 namespace troupe::transport {
 
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-// xoshiro256**: the same generator family the sampler uses; plenty for test decisions.
-uint64_t next_u64(uint64_t (&s)[4]) {
-  const uint64_t result = rotl(s[1] * 5, 7) * 9;
-  const uint64_t t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
 
 bool parse_u64(const std::string& s, uint64_t* out) {
   if (s.empty()) return false;
@@ -115,14 +95,14 @@ std::optional<FaultDecision> FaultShim::decide(const std::string& peer, uint64_t
     if (!r.peer.empty() && r.peer != peer) continue;
     if (r.type != 0 && r.type != type) continue;
     if (r.max_count != 0 && s.fired >= r.max_count) continue;
-    const uint64_t draw = next_u64(s.rng);
+    const uint64_t draw = xoshiro256ss_next(s.rng);
     const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;  // uniform in [0, 1)
     if (!(u < r.probability)) continue;
     ++s.fired;
     FaultDecision d;
     d.action = r.action;
     d.delay_ms = r.delay_ms;
-    d.corrupt_at = size_bytes ? static_cast<size_t>(next_u64(s.rng) % size_bytes) : 0;
+    d.corrupt_at = size_bytes ? static_cast<size_t>(xoshiro256ss_next(s.rng) % size_bytes) : 0;
     return d;
   }
   return std::nullopt;
