@@ -99,6 +99,8 @@ caf::behavior gateway_behavior(GatewaySelf* self, std::shared_ptr<Link> link, ca
   };
 }
 
+}  // namespace
+
 // --- membership ---------------------------------------------------------------------------
 
 MembershipMsg membership_of(NodeSelf* self) {
@@ -118,6 +120,8 @@ MembershipMsg membership_of(NodeSelf* self) {
   }
   return ms;
 }
+
+namespace {
 
 void broadcast_membership(NodeSelf* self) {
   auto& st = self->state;

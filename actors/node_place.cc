@@ -254,8 +254,9 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     return;
   }
   const uint32_t me = st.link->node_id();
-  // Messages of one link may overtake each other (UCX does not order active messages across
-  // its lanes): wait for the membership that names every node of this placement.
+  // A placement names nodes by id; their names and addresses come in a Membership. The head
+  // sends the membership first, but nothing here relies on the order: wait for one that names
+  // every node of this placement.
   {
     auto known = node_table(self);
     bool complete = known.count(me) > 0;
@@ -553,16 +554,8 @@ StatusSnapshotMsg snapshot(NodeSelf* self) {
   s.serving = st.head ? st.serving : st.placed;
   if (st.head) {
     s.has_membership = true;
-    s.membership.version = st.membership_version;
+    s.membership = membership_of(self);
     for (const auto& [name, m] : st.members) {
-      MemberInfo mi;
-      mi.node_id = m.node_id;
-      mi.name = name;
-      mi.address = m.address;
-      mi.state = m.state;
-      mi.last_heartbeat_age_ms = name == st.me.name ? 0 : ms_since(m.last_heartbeat);
-      mi.resources = m.resources;
-      s.membership.members.push_back(std::move(mi));
       auto ph = phase_infos(name == st.me.name ? st.phases : m.phases, m.node_id);
       s.phases.insert(s.phases.end(), ph.begin(), ph.end());
     }

@@ -3,6 +3,8 @@
 //                                    the last stage send (done, StepOutcomePtr) to `next`
 //   (next, actor)                    rewire after a neighbour restarted
 //   (shards, vector<actor>)          new expert-shard addresses after a shard restarted
+//   (sched, actor)                   the scheduler was replaced: failed steps go to the new one
+//                                    (the last stage's `next` is rewired with (next, actor))
 //   (crash)                          fault injection: throw on the next step
 #pragma once
 

@@ -194,6 +194,8 @@ std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint
 // --- the head (node_head.cc) ----------------------------------------------------------------
 
 void head_init(NodeSelf* self);
+/// The head's member table as a Membership message (also the status snapshot's).
+MembershipMsg membership_of(NodeSelf* self);
 void head_tick(NodeSelf* self);
 void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
 /// A node's placement finished on the head itself or a report arrived.

@@ -82,13 +82,29 @@ struct Nodes {
   }
 };
 
+// The model at shared/rel, the request mix on it, and the single-process results to compare with
+// (empty when the model cannot be loaded).
+struct Workload {
+  std::string path;
+  std::vector<GenerateRequest> reqs;
+  std::vector<GenerateResult> want;
+};
+
+Workload workload(const std::string& shared, const std::string& rel) {
+  Workload w;
+  w.path = shared + "/" + rel;
+  auto m = model::load_model(w.path);
+  EXPECT_TRUE(m) << (m ? "" : m.error().message);
+  if (!m) return w;
+  w.reqs = requests((*m)->spec.n_vocab, 4, 10);
+  w.want = local_results(w.path, w.reqs);
+  return w;
+}
+
 void run_exactness(const std::string& rel, const Layout& layout) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/" + rel;
-  auto m = model::load_model(path);
-  ASSERT_TRUE(m);
-  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
-  const auto want = local_results(path, reqs);
+  const auto [path, reqs, want] = workload(shared, rel);
+  ASSERT_FALSE(want.empty());
   std::vector<uint16_t> ports;
   Plan plan = parse(cluster_toml(path, layout, &ports));
   Nodes n;
@@ -219,11 +235,8 @@ TEST(ClusterNode, NodeThatLeavesIsMarkedLeftAndGarbageIsSurvived) {
 // bit-identical to the fault-free run.
 TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
-  auto m = model::load_model(path);
-  ASSERT_TRUE(m);
-  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
-  const auto want = local_results(path, reqs);
+  const auto [path, reqs, want] = workload(shared, "models/synth/mixtral-moe/model.gguf");
+  ASSERT_FALSE(want.empty());
   std::vector<uint16_t> ports;
   Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
   using detail::ControlMsg;
@@ -321,11 +334,8 @@ TEST(ClusterNode, HeadDrainsBeforeLeaving) {
 // logit equals the fault-free run.
 TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
-  auto m = model::load_model(path);
-  ASSERT_TRUE(m);
-  const auto reqs = requests((*m)->spec.n_vocab, 4, 10);
-  const auto want = local_results(path, reqs);
+  const auto [path, reqs, want] = workload(shared, "models/synth/mixtral-moe/model.gguf");
+  ASSERT_FALSE(want.empty());
   std::vector<uint16_t> ports;
   Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
   Nodes n;

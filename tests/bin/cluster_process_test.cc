@@ -63,15 +63,7 @@ struct Daemon {
   int terminate() {
     if (pid <= 0) return -1;
     ::kill(pid, SIGTERM);
-    for (int i = 0; i < 1000; ++i) {
-      int st = 0;
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
+    return wait_exit(10s);
   }
   // Waits for the process to exit by itself; its status, or -1 after `timeout`.
   int wait_exit(std::chrono::milliseconds timeout) {
