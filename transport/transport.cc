@@ -856,6 +856,14 @@ struct Transport::Impl {
     p.stats.bytes_received += m.size_bytes;
   }
 
+  // The handshake succeeded (either side): the peer may send and be sent to.
+  void mark_up(Peer& p, const std::string& name) {
+    p.up = true;
+    p.stats.up = true;
+    p.stats.name = name;
+    events.push_back({p.id, PeerEvent::kUp, name, ""});
+  }
+
   // Handshake payloads are small: take them eagerly, refuse rendezvous ones.
   static bool small_payload(const ucp_am_recv_param_t* param, size_t length) {
     return !is_rndv(param) && length <= 4096;
@@ -880,9 +888,6 @@ struct Transport::Impl {
       if (!digest_equal(want, proof)) {
         why = "bad cluster token";
       } else {
-        p->up = true;
-        p->stats.up = true;
-        p->stats.name = name;
         std::vector<uint8_t> out;
         put_name(out, im->opts.node_name);
         const Digest reply = hmac_sha256(im->opts.cluster_token, kHelloReplyLabel,
@@ -891,7 +896,7 @@ struct Transport::Impl {
         append_link(out, p->id, p->key);
         auto buf = std::make_shared<std::vector<uint8_t>>(std::move(out));
         im->post_am(*p, kAmHelloAck, WireHeader{}, {{buf->data(), buf->size()}}, buf);
-        im->events.push_back({p->id, PeerEvent::kUp, name, ""});
+        im->mark_up(*p, name);
         return UCS_OK;
       }
     }
@@ -905,9 +910,7 @@ struct Transport::Impl {
     p->down = true;  // no data from it in the meantime
     im->add_timer(std::chrono::milliseconds(200), [im, id] {
       auto it = im->peers.find(id);
-      if (it == im->peers.end() || !it->second.ep) return;
-      it->second.down = false;
-      im->close_peer(it->second, "refused", false);
+      if (it != im->peers.end()) im->close_peer(it->second, "refused", false);
     });
     return UCS_OK;
   }
@@ -937,10 +940,7 @@ struct Transport::Impl {
                      false);
       return UCS_OK;
     }
-    p->up = true;
-    p->stats.up = true;
-    p->stats.name = name;
-    im->events.push_back({p->id, PeerEvent::kUp, name, ""});
+    im->mark_up(*p, name);
     if (p->waiter) {
       p->waiter->set_value(p->id);
       p->waiter.reset();
