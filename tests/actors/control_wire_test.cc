@@ -19,18 +19,20 @@
 #include "schemas/expert.capnp.h"
 #include "schemas/frame.h"
 #include "schemas/step.capnp.h"
+#include "tests/actors/wire_test_util.h"
 
 namespace troupe::actors::detail {
 namespace {
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "text: " << (text)
 
 constexpr uint64_t kEpoch = 9;
 constexpr int64_t kVocab = 16;
 const SendInfo kSend{.sender = {.node = 3, .role = ActorRole::kNodeDaemon, .index = 0}, .seq = 5};
 
-using Bytes = std::vector<uint8_t>;
+using testing::Bytes;
+using testing::expect_error;
+using testing::mutate;
+using testing::schema;
+using testing::wire;
 
 ControlLimits control_limits() { return {.expected_epoch = kEpoch}; }
 ClientLimits client_limits() { return {.n_vocab = kVocab, .expected_epoch = kEpoch}; }
@@ -45,30 +47,6 @@ Bytes frame_of(const Result<WireFrame>& f) {
   EXPECT_TRUE(f) << (f ? "" : f.error().message);
   return f ? f->flatten() : Bytes{};
 }
-
-// Reads a valid frame into a builder, lets `edit` break it, and frames the result again.
-template <class T, class Edit>
-Bytes mutate(const Bytes& frame, Edit edit) {
-  auto r = schemas::read_frame(frame, size_t{1} << 30);
-  EXPECT_TRUE(r);
-  capnp::MallocMessageBuilder mb;
-  mb.setRoot((*r)->getRoot<T>());
-  edit(mb.getRoot<T>());
-  auto words = schemas::to_frame(mb);
-  auto b = words.asBytes();
-  return Bytes(b.begin(), b.end());
-}
-
-template <class T>
-void expect_error(const Result<T>& r, int code, const std::string& text) {
-  ASSERT_FALSE(r.has_value()) << "expected an error containing: " << text;
-  EXPECT_EQ(r.error().code, code) << r.error().message;
-  EXPECT_CONTAINS(r.error().message, text);
-  EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << "one line: " << r.error().message;
-}
-
-int wire(WireErrc e) { return code(e); }
-int schema(schemas::Errc e) { return schemas::code(e); }
 
 void expect_header(const WireHeader& h, uint64_t epoch = kEpoch) {
   EXPECT_EQ(h.cluster_epoch, epoch);

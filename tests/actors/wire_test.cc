@@ -19,12 +19,10 @@
 #include "schemas/expert.capnp.h"
 #include "schemas/frame.h"
 #include "schemas/step.capnp.h"
+#include "tests/actors/wire_test_util.h"
 
 namespace troupe::actors::detail {
 namespace {
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "text: " << (text)
 
 constexpr int64_t kEmbd = 8;
 constexpr int64_t kVocab = 50;
@@ -33,7 +31,11 @@ constexpr uint64_t kEpoch = 7;
 const SendInfo kSend{
     .sender = {.node = 2, .role = ActorRole::kStage, .index = 1}, .seq = 11, .attempt = 3};
 
-using Bytes = std::vector<uint8_t>;
+using testing::Bytes;
+using testing::expect_error;
+using testing::mutate;
+using testing::schema;
+using testing::wire;
 
 StepLimits step_limits() {
   StepLimits l;
@@ -122,30 +124,6 @@ Bytes encode_valid_step(uint32_t stage = 1) {
   EXPECT_TRUE(f) << (f ? "" : f.error().message);
   return f ? f->flatten() : Bytes{};
 }
-
-// Reads a valid frame into a builder, lets `edit` break it, and frames the result again.
-template <class T, class Edit>
-Bytes mutate(const Bytes& frame, Edit edit) {
-  auto r = schemas::read_frame(frame, size_t{1} << 30);
-  EXPECT_TRUE(r);
-  capnp::MallocMessageBuilder mb;
-  mb.setRoot((*r)->getRoot<T>());
-  edit(mb.getRoot<T>());
-  auto words = schemas::to_frame(mb);
-  auto b = words.asBytes();
-  return Bytes(b.begin(), b.end());
-}
-
-template <class T>
-void expect_error(const Result<T>& r, int code, const std::string& text) {
-  ASSERT_FALSE(r.has_value()) << "expected an error containing: " << text;
-  EXPECT_EQ(r.error().code, code) << r.error().message;
-  EXPECT_CONTAINS(r.error().message, text);
-  EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << "one line: " << r.error().message;
-}
-
-int wire(WireErrc e) { return code(e); }
-int schema(schemas::Errc e) { return schemas::code(e); }
 
 void expect_same_params(const compute::SamplingParams& a, const compute::SamplingParams& b) {
   EXPECT_EQ(a.temperature, b.temperature);
