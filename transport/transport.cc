@@ -45,7 +45,7 @@ using detail::checksum;
 namespace {
 
 constexpr uint32_t kMagic = 0x50525254;  // "TRRP" little-endian
-constexpr uint32_t kWireVersion = 3;     // 2: CRC-32C of the payload; 3: link id and key
+constexpr uint32_t kWireVersion = 4;  // 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum
 enum AmId : unsigned {
   kAmHello = 1,
   kAmHelloAck = 2,

@@ -10,11 +10,19 @@
 
 namespace troupe::transport::detail {
 
-// Payload checksum: a Fletcher-style sum over little-endian 64-bit words in four lanes (a per
+// Payload checksum: a Fletcher-style sum over little-endian 64-bit words in eight lanes (a per
 // lane, b summing a), mixed with the length at the end. Position-dependent, so a flipped,
-// dropped or swapped byte changes it; no lookup tables or long dependency chains, so it runs
-// near memory speed (a CRC-32C instruction chain ran at ~8 GB/s and capped shared-memory
-// transfers). Streaming: parts of any size give the same sum as one contiguous buffer.
+// dropped or swapped byte changes it; no lookup tables or long dependency chains. The block
+// loop (checksum.cc) is compiled for AVX-512, AVX2 and plain x86-64 and picked at load time: on
+// a received 1 MiB message still in cache it runs at ~70 GB/s with AVX-512 (4 lanes of SSE2 ran
+// at 15-20 GB/s and cost more than the shared-memory copy itself; a CRC-32C instruction chain
+// ran at ~8 GB/s). Streaming: parts of any size give the same sum as one contiguous buffer.
+inline constexpr int kChecksumLanes = 8;
+inline constexpr size_t kChecksumBlock = 8 * kChecksumLanes;  // bytes per block
+
+/// Adds n_blocks blocks of kChecksumBlock bytes at p to the lane sums a and b.
+void checksum_blocks(uint64_t* a, uint64_t* b, const uint8_t* p, size_t n_blocks);
+
 class Checksum {
  public:
   void update(std::span<const uint8_t> bytes) {
@@ -28,20 +36,23 @@ class Checksum {
       p += take;
       n -= take;
       if (ncarry_ < sizeof(carry_)) return;
-      block(carry_);
+      checksum_blocks(a_, b_, carry_, 1);
       ncarry_ = 0;
     }
-    for (; n >= 32; p += 32, n -= 32) block(p);
+    const size_t blocks = n / kChecksumBlock;
+    if (blocks > 0) checksum_blocks(a_, b_, p, blocks);
+    p += blocks * kChecksumBlock;
+    n -= blocks * kChecksumBlock;
     std::memcpy(carry_, p, n);
     ncarry_ = n;
   }
   uint64_t final() const {
-    uint8_t last[32] = {0};
+    uint8_t last[kChecksumBlock] = {0};
     std::memcpy(last, carry_, ncarry_);
     Checksum c = *this;
-    if (ncarry_ > 0) c.block(last);
+    if (ncarry_ > 0) checksum_blocks(c.a_, c.b_, last, 1);
     uint64_t h = len_ * 0x9e3779b97f4a7c15ull;
-    for (int l = 0; l < 4; ++l) {
+    for (int l = 0; l < kChecksumLanes; ++l) {
       h ^= c.a_[l] + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
       h ^= c.b_[l] * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
     }
@@ -49,17 +60,9 @@ class Checksum {
   }
 
  private:
-  void block(const uint8_t* p) {
-    uint64_t w[4];
-    std::memcpy(w, p, 32);
-    for (int l = 0; l < 4; ++l) {
-      a_[l] += w[l];
-      b_[l] += a_[l];
-    }
-  }
-  uint64_t a_[4] = {0, 0, 0, 0}, b_[4] = {0, 0, 0, 0};
+  uint64_t a_[kChecksumLanes] = {}, b_[kChecksumLanes] = {};
   uint64_t len_ = 0;
-  uint8_t carry_[32] = {};
+  uint8_t carry_[kChecksumBlock] = {};
   size_t ncarry_ = 0;
 };
 
