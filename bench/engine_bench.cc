@@ -1,6 +1,7 @@
 // engine_bench: prefill and decode speed of the CPU engine on a model file, beside the machine's
 // measured memory bandwidth (decode is bound by reading every active weight once per step).
 // Usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] [--runs 5]
+//                     [--weights map|memory|both]   (both: the two side by side in one run)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -90,13 +91,14 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                 "[--batch 16] [--runs 5]\n");
+                 "[--batch 16] [--runs 5] [--weights map|memory|both]\n");
     return 2;
   }
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
   int64_t n_prefill = 512, n_decode = 32, batch = 16;
   int runs = 5;
+  std::string weights = "both";
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -115,6 +117,8 @@ int main(int argc, char** argv) {
       batch = std::atoll(v.c_str());
     } else if (k == "--runs") {
       runs = std::atoi(v.c_str());
+    } else if (k == "--weights") {
+      weights = v;
     }
   }
   std::string cpu = "unknown";
@@ -144,79 +148,101 @@ int main(int argc, char** argv) {
   std::printf("model %s: %s, %lld layers, n_embd %lld, weights read per decode token %.1f MB\n",
               path.c_str(), model::arch_name(s.arch), (long long)s.n_layer, (long long)s.n_embd,
               wbytes / 1e6);
-  std::printf("%-8s %-10s %12s %12s %10s %10s\n", "threads", "phase", "tokens/s", "ms/step", "GB/s",
-              "roofline");
+  // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
+  std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
+  if (weights == "map" || weights == "both") variants.push_back({"map", *m});
+  if (weights == "memory" || weights == "both") {
+    const double t0 = now_s();
+    auto copy = model::copy_weights_to_memory(
+        *m, {}, static_cast<int>(std::thread::hardware_concurrency()));
+    if (!copy) {
+      std::fprintf(stderr, "engine_bench: %s\n", copy.error().message.c_str());
+      return 1;
+    }
+    std::printf("weights copied to huge-page memory in %.2f s\n", now_s() - t0);
+    variants.push_back({"memory", *copy});
+  }
+  if (variants.empty()) {
+    std::fprintf(stderr, "engine_bench: --weights must be map, memory or both\n");
+    return 2;
+  }
+  std::printf("%-8s %-8s %-10s %12s %12s %10s %10s\n", "threads", "weights", "phase", "tokens/s",
+              "ms/step", "GB/s", "roofline");
   std::printf(
       "(roofline: weight bytes read per decode token / measured read bandwidth; for batched "
       "decode the last column is the speed-up over batch 1)\n");
   for (int nt : threads) {
     const double bw = measure_bandwidth(nt);
-    std::printf("%-8d %-10s %12s %12s %10.1f %10s\n", nt, "membw", "-", "-", bw, "100%");
-    compute::EngineOptions o;
-    o.n_threads = nt;
-    o.max_tokens_in_cache = std::max<int64_t>(n_prefill, batch * (16 + n_decode)) + 64;
-    auto eng = compute::Engine::create(*m, o);
-    if (!eng) {
-      std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());
-      return 1;
-    }
-    compute::StepResult res;
-    // Prefill: one sequence of n_prefill tokens in one step.
-    {
-      const auto toks = random_tokens(n_prefill, s.n_vocab, 1);
-      std::vector<double> t;
-      for (int r = 0; r < runs; ++r) {
-        compute::Sequence seq(**eng);
-        seq.reserve(n_prefill);
-        auto st = seq.next(toks, compute::SeqStep::Logits::kLast);
-        const double t0 = now_s();
-        if (!(*eng)->step({&st, 1}, &res)) return 1;
-        t.push_back(now_s() - t0);
+    std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s\n", nt, "-", "membw", "-", "-", bw, "100%");
+    for (const auto& [wname, model] : variants) {
+      const char* wn = wname.c_str();
+      compute::EngineOptions o;
+      o.n_threads = nt;
+      o.max_tokens_in_cache = std::max<int64_t>(n_prefill, batch * (16 + n_decode)) + 64;
+      auto eng = compute::Engine::create(model, o);
+      if (!eng) {
+        std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());
+        return 1;
       }
-      const double sec = median(t);
-      std::printf("%-8d %-10s %12.1f %12.1f %10s %10s\n", nt, "prefill",
-                  static_cast<double>(n_prefill) / sec, sec * 1e3, "-", "-");
-    }
-    // Decode with 1 and `batch` sequences: each prefilled with 16 tokens, then n_decode steps.
-    double tps1 = 0;
-    for (int64_t nb : {int64_t{1}, batch}) {
-      std::vector<double> t;
-      for (int r = 0; r < runs; ++r) {
-        std::vector<std::unique_ptr<compute::Sequence>> seqs;
-        std::vector<std::vector<int32_t>> toks;
-        for (int64_t b = 0; b < nb; ++b) {
-          seqs.push_back(std::make_unique<compute::Sequence>(**eng));
-          seqs.back()->reserve(16 + n_decode);
-          toks.push_back(random_tokens(16 + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
-          auto st = seqs.back()->next({toks.back().data(), 16}, compute::SeqStep::Logits::kLast);
+      compute::StepResult res;
+      // Prefill: one sequence of n_prefill tokens in one step.
+      {
+        const auto toks = random_tokens(n_prefill, s.n_vocab, 1);
+        std::vector<double> t;
+        for (int r = 0; r < runs; ++r) {
+          compute::Sequence seq(**eng);
+          seq.reserve(n_prefill);
+          auto st = seq.next(toks, compute::SeqStep::Logits::kLast);
+          const double t0 = now_s();
           if (!(*eng)->step({&st, 1}, &res)) return 1;
-          seqs.back()->advance(16);
+          t.push_back(now_s() - t0);
         }
-        const double t0 = now_s();
-        for (int64_t d = 0; d < n_decode; ++d) {
-          std::vector<compute::SeqStep> steps;
-          for (int64_t b = 0; b < nb; ++b)
-            steps.push_back(seqs[static_cast<size_t>(b)]->next(
-                {&toks[static_cast<size_t>(b)][static_cast<size_t>(16 + d)], 1},
-                compute::SeqStep::Logits::kLast));
-          if (!(*eng)->step(steps, &res)) return 1;
-          for (auto& q : seqs) q->advance(1);
-        }
-        t.push_back((now_s() - t0) / static_cast<double>(n_decode));
+        const double sec = median(t);
+        std::printf("%-8d %-8s %-10s %12.1f %12.1f %10s %10s\n", nt, wn, "prefill",
+                    static_cast<double>(n_prefill) / sec, sec * 1e3, "-", "-");
       }
-      const double step_s = median(t);
-      const double tps = static_cast<double>(nb) / step_s;
-      const double gbs = wbytes / step_s / 1e9;
-      char phase[32];
-      std::snprintf(phase, sizeof phase, "decode@%lld", (long long)nb);
-      if (nb == 1) {
-        tps1 = tps;
-        std::printf("%-8d %-10s %12.1f %12.2f %10.1f %9.0f%%\n", nt, phase, tps, step_s * 1e3, gbs,
-                    100.0 * gbs / bw);
-      } else {
-        // Weights are shared by the batch; report the speed-up over batch 1 instead of a roofline.
-        std::printf("%-8d %-10s %12.1f %12.2f %10s %9.1fx\n", nt, phase, tps, step_s * 1e3, "-",
-                    tps / tps1);
+      // Decode with 1 and `batch` sequences: each prefilled with 16 tokens, then n_decode steps.
+      double tps1 = 0;
+      for (int64_t nb : {int64_t{1}, batch}) {
+        std::vector<double> t;
+        for (int r = 0; r < runs; ++r) {
+          std::vector<std::unique_ptr<compute::Sequence>> seqs;
+          std::vector<std::vector<int32_t>> toks;
+          for (int64_t b = 0; b < nb; ++b) {
+            seqs.push_back(std::make_unique<compute::Sequence>(**eng));
+            seqs.back()->reserve(16 + n_decode);
+            toks.push_back(random_tokens(16 + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
+            auto st = seqs.back()->next({toks.back().data(), 16}, compute::SeqStep::Logits::kLast);
+            if (!(*eng)->step({&st, 1}, &res)) return 1;
+            seqs.back()->advance(16);
+          }
+          const double t0 = now_s();
+          for (int64_t d = 0; d < n_decode; ++d) {
+            std::vector<compute::SeqStep> steps;
+            for (int64_t b = 0; b < nb; ++b)
+              steps.push_back(seqs[static_cast<size_t>(b)]->next(
+                  {&toks[static_cast<size_t>(b)][static_cast<size_t>(16 + d)], 1},
+                  compute::SeqStep::Logits::kLast));
+            if (!(*eng)->step(steps, &res)) return 1;
+            for (auto& q : seqs) q->advance(1);
+          }
+          t.push_back((now_s() - t0) / static_cast<double>(n_decode));
+        }
+        const double step_s = median(t);
+        const double tps = static_cast<double>(nb) / step_s;
+        const double gbs = wbytes / step_s / 1e9;
+        char phase[32];
+        std::snprintf(phase, sizeof phase, "decode@%lld", (long long)nb);
+        if (nb == 1) {
+          tps1 = tps;
+          std::printf("%-8d %-8s %-10s %12.1f %12.2f %10.1f %9.0f%%\n", nt, wn, phase, tps,
+                      step_s * 1e3, gbs, 100.0 * gbs / bw);
+        } else {
+          // Weights are shared by the batch; report the speed-up over batch 1 instead of a
+          // roofline.
+          std::printf("%-8d %-8s %-10s %12.1f %12.2f %10s %9.1fx\n", nt, wn, phase, tps,
+                      step_s * 1e3, "-", tps / tps1);
+        }
       }
     }
   }

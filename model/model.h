@@ -2,7 +2,9 @@
 // tokenizer + the storage the weight views point into). Immutable after load; share freely.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,27 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& path);
 /// Builds a ModelSpec from an open GGUF file (weight views point into its mapping).
 /// Throws InputError naming the file and the key or tensor.
 ModelSpec spec_from_gguf(const GgufFile& gguf);
+
+/// Calls fn on every weight view of the spec (layers, experts, shared experts, embedding, output
+/// norm and head), present or not. A tied head is visited as its own view.
+void for_each_weight(ModelSpec& spec, const std::function<void(WeightView&)>& fn);
+void for_each_weight(const ModelSpec& spec, const std::function<void(const WeightView&)>& fn);
+
+/// Where compute reads the weights from. kMap: the file mapping (page-cache pages of 4 KiB,
+/// shared between processes, nothing copied; a node faults in only what it reads). kMemory: a
+/// private copy in anonymous memory backed by transparent huge pages, made at start (fewer TLB
+/// misses while decode streams every weight once per step; see docs/benchmarks.md).
+enum class WeightStorage : uint8_t { kMap = 0, kMemory = 1 };
+/// Parses "map" or "memory"; an error names the value.
+Result<WeightStorage> parse_weight_storage(const std::string& s);
+
+/// Returns a Model equal to `model` except that every weight view lying inside one of `ranges`
+/// (all present views when `ranges` is empty) points into one private buffer of anonymous
+/// memory with transparent huge pages, filled by `threads` threads. Views outside the ranges
+/// keep pointing into the file mapping. Errors: the memory cannot be allocated.
+Result<std::shared_ptr<const Model>> copy_weights_to_memory(
+    std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
+    int threads);
 
 /// Implemented by the Hugging Face reader (model/hf_model.cc).
 Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir);

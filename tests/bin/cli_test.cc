@@ -82,6 +82,21 @@ TEST(Cli, BadInvocationsGiveOneLineErrors) {
       "--temperature must be a number");
 }
 
+TEST(Cli, WeightStorageOptionIsChecked) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string m = shared + "/models/stories260K/stories260K.gguf";
+  expect_one_line_error(troupe({"generate", "--model", m, "--prompt", "x", "--weights", "ram"}),
+                        "--weights: expected \"map\" or \"memory\", got \"ram\"");
+  // Both storages give the same greedy tokens.
+  CliRun a = troupe({"generate", "--model", m, "--prompt", "Once", "--max-tokens", "12", "--json",
+                     "--weights", "map"});
+  CliRun b = troupe({"generate", "--model", m, "--prompt", "Once", "--max-tokens", "12", "--json",
+                     "--weights", "memory"});
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST(Cli, ClusterCommandsGiveOneLineErrors) {
   const fs::path conf = temp_dir() / "cluster.toml";
   std::ofstream(conf) << "[cluster]\ntoken = \"t\"\n[[node]]\nname = \"a\"\n"

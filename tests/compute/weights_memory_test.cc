@@ -1,0 +1,103 @@
+// Weights copied into huge-page memory (model::copy_weights_to_memory): the engine gives
+// bit-identical logits from the copy, the copied views really moved out of the file mapping,
+// and a partial copy moves exactly the views inside the given ranges.
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "compute/engine.h"
+#include "model/model.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/test_support.h"
+
+namespace troupe::compute {
+namespace {
+
+std::vector<float> logits_of(std::shared_ptr<const model::Model> m,
+                             const std::vector<int32_t>& toks) {
+  EngineOptions o;
+  o.max_tokens_in_cache = 256;
+  auto eng = Engine::create(m, o);
+  EXPECT_TRUE(eng.has_value());
+  if (!eng) return {};
+  Sequence seq(**eng);
+  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(toks.size())));
+  SeqStep st = seq.next(toks, SeqStep::Logits::kAll);
+  StepResult r;
+  EXPECT_TRUE((*eng)->step({&st, 1}, &r).has_value());
+  return r.logits;
+}
+
+// Whether p lies in the span of the file mapping's weights (from the first to the last byte
+// of any view of the mapped model).
+bool inside(const uint8_t* p, const model::Model& mapped) {
+  const uint8_t* lo = nullptr;
+  const uint8_t* hi = nullptr;
+  model::for_each_weight(mapped.spec, [&](const model::WeightView& w) {
+    if (!w.present()) return;
+    if (!lo || w.data < lo) lo = w.data;
+    if (!hi || w.data + w.nbytes() > hi) hi = w.data + w.nbytes();
+  });
+  return p >= lo && p < hi;
+}
+
+class WeightsInMemory : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WeightsInMemory, EngineLogitsAreBitIdentical) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto mapped = load_model_for_test(shared + "/" + GetParam());
+  ASSERT_TRUE(mapped);
+  auto copied = model::copy_weights_to_memory(mapped, {}, 2);
+  ASSERT_TRUE(copied.has_value()) << copied.error().message;
+  int moved = 0, present = 0;
+  model::for_each_weight((*copied)->spec, [&](const model::WeightView& w) {
+    if (!w.present()) return;
+    ++present;
+    moved += !inside(w.data, *mapped);
+  });
+  EXPECT_GT(present, 0);
+  EXPECT_EQ(moved, present) << "every present view should point into the copy";
+  std::mt19937 rng(7);
+  std::vector<int32_t> toks(23);
+  for (auto& t : toks)
+    t = static_cast<int32_t>(rng() % static_cast<uint32_t>(mapped->spec.n_vocab));
+  const auto a = logits_of(mapped, toks), b = logits_of(*copied, toks);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, WeightsInMemory,
+                         ::testing::Values("models/stories260K/stories260K.gguf",
+                                           "models/synth/mixtral-moe/model.gguf",
+                                           "models/synth/deepseek2/model.gguf"),
+                         [](const auto& info) {
+                           return troupe::testing::model_param_name(info.param);
+                         });
+
+TEST(WeightsInMemory, PartialCopyMovesOnlyViewsInsideTheRanges) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto mapped = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(mapped);
+  const auto& L0 = mapped->spec.layers.at(0);
+  std::vector<std::span<const uint8_t>> ranges = {{L0.wq.data, L0.wq.nbytes()},
+                                                  {L0.ffn_down.data, L0.ffn_down.nbytes()}};
+  auto copied = model::copy_weights_to_memory(mapped, ranges, 1);
+  ASSERT_TRUE(copied.has_value()) << copied.error().message;
+  const auto& C0 = (*copied)->spec.layers.at(0);
+  EXPECT_FALSE(inside(C0.wq.data, *mapped));
+  EXPECT_FALSE(inside(C0.ffn_down.data, *mapped));
+  EXPECT_EQ(std::memcmp(C0.wq.data, L0.wq.data, L0.wq.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(C0.ffn_down.data, L0.ffn_down.data, L0.ffn_down.nbytes()), 0);
+  EXPECT_TRUE(inside(C0.wk.data, *mapped));
+  EXPECT_TRUE(inside((*copied)->spec.token_embd.data, *mapped));
+  EXPECT_TRUE(inside((*copied)->spec.layers.at(1).wq.data, *mapped));
+  EXPECT_TRUE(model::parse_weight_storage("memory").has_value());
+  auto bad = model::parse_weight_storage("ram");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("\"ram\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::compute
