@@ -212,7 +212,7 @@ void on_wire(NodeSelf* self, const MessagePtr& m) {
 
 }  // namespace
 
-caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
+NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
   auto& st = self->state;
   st.plan = std::move(cfg.plan);
   st.opts = std::move(cfg.opts);
@@ -286,7 +286,7 @@ caf::behavior detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
 struct ClusterNode::Impl {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
-  caf::actor node;
+  NodeActor node;
   std::shared_ptr<Link> link;
   std::shared_ptr<NodeShared> shared;
   std::shared_ptr<transport::Transport> tx;
@@ -376,7 +376,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
                   : plan.cluster.error_mode == "none" ? transport::ErrorMode::kNone
                                                       : transport::ErrorMode::kAuto;
   to.faults = opts.faults;
-  caf::actor node = im.node;
+  NodeActor node = im.node;
   auto tx = transport::Transport::start(
       to,
       [node](transport::Message&& m) {

@@ -8,8 +8,8 @@
 
 #include <cstdio>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
 #include "actors/expert_shard.h"
@@ -28,7 +28,7 @@ struct ControllerState {
   static inline const char* name = "controller";
 };
 
-using Self = caf::stateful_actor<ControllerState>;
+using Self = ControllerActor::stateful_base<ControllerState>;
 
 ExpertPlacement placement_of(const ControllerConfig& c) {
   ExpertPlacement p;
@@ -41,7 +41,9 @@ ExpertPlacement placement_of(const ControllerConfig& c) {
 
 void restart_stage(Self* self, size_t i) {
   auto& c = self->state.cfg;
-  caf::actor next = i + 1 < c.stage_actors.size() ? c.stage_actors[i + 1] : c.scheduler;
+  // The last stage has no next stage: it reports to c.stages[i].scheduler.
+  StageInputActor next;
+  if (i + 1 < c.stage_actors.size()) next = c.stage_actors[i + 1];
   auto a = spawn_stage(self->system(), c.stages[i], next, placement_of(c));
   self->monitor(a);
   c.stage_actors[i] = a;
@@ -49,9 +51,9 @@ void restart_stage(Self* self, size_t i) {
   std::fprintf(stderr, "troupe: restart actor=stage/%zu reason=failed (restart %d)\n", i,
                self->state.stage_restarts[i]);
   if (i > 0) {
-    self->send(c.stage_actors[i - 1], next_atom::value, a);
+    self->send(c.stage_actors[i - 1], next_atom::value, StageInputActor{a});
   } else {
-    self->send(c.scheduler, stage_atom::value, a);
+    self->send(c.scheduler, stage_atom::value, StageInputActor{a});
   }
   self->send(c.scheduler, reset_atom::value);
 }
@@ -80,9 +82,9 @@ void restart_scheduler(Self* self) {
   c.scheduler = a;
   std::fprintf(stderr, "troupe: restart actor=scheduler reason=failed (restart %d)\n",
                st.scheduler_restarts);
-  for (auto& sc : c.stages) sc.scheduler = a;  // a stage restarted later reports failures there
+  for (auto& sc : c.stages) sc.scheduler = a;  // a stage restarted later reports there
+  // Every stage reports failed steps, and the last one its outcomes, to the new scheduler.
   for (const auto& s : c.stage_actors) self->send(s, sched_atom::value, a);
-  self->send(c.stage_actors.back(), next_atom::value, a);
   self->send(c.router, sched_atom::value, a);
 }
 
@@ -101,7 +103,8 @@ void restart_router(Self* self) {
 
 }  // namespace
 
-caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
+ControllerActor::behavior_type controller_behavior(
+    ControllerActor::stateful_pointer<ControllerState> self, ControllerConfig cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.stage_restarts.assign(st.cfg.stage_actors.size(), 0);
@@ -123,8 +126,12 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
   return {
       [=](crash_atom, const std::string& target) -> bool {
         auto& c = self->state.cfg;
-        if (target == "scheduler" || target == "router") {
-          self->send(target == "router" ? c.router : c.scheduler, crash_atom::value);
+        if (target == "router") {
+          self->send(c.router, crash_atom::value);
+          return true;
+        }
+        if (target == "scheduler") {
+          self->send(c.scheduler, crash_atom::value);
           return true;
         }
         const auto slash = target.find('/');
@@ -146,7 +153,7 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
         }
         return false;
       },
-      [=](router_atom, const caf::actor_addr& failed) -> caf::actor {
+      [=](router_atom, const caf::actor_addr& failed) -> RouterActor {
         auto& c = self->state.cfg;
         if (failed && failed == c.router.address()) restart_router(self);
         return c.router;
@@ -170,7 +177,7 @@ caf::behavior controller_behavior(Self* self, ControllerConfig cfg) {
   };
 }
 
-caf::actor spawn_controller(caf::actor_system& sys, ControllerConfig cfg) {
+ControllerActor spawn_controller(caf::actor_system& sys, ControllerConfig cfg) {
   return sys.spawn(controller_behavior, std::move(cfg));
 }
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
 #include "base/check.h"
@@ -28,7 +28,9 @@ struct ExpertShardState {
   static inline const char* name = "expert_shard";
 };
 
-void serve(caf::stateful_actor<ExpertShardState>* self, const ExpertRequestPtr& r) {
+using Self = ExpertShardActor::stateful_base<ExpertShardState>;
+
+void serve(Self* self, const ExpertRequestPtr& r) {
   auto& st = self->state;
   const int64_t E = st.cfg.model->spec.n_embd;
   // Validate before computing: a malformed request is answered with an error, never a crash.
@@ -58,8 +60,8 @@ void serve(caf::stateful_actor<ExpertShardState>* self, const ExpertRequestPtr& 
 
 }  // namespace
 
-caf::behavior expert_shard_behavior(caf::stateful_actor<ExpertShardState>* self,
-                                    ExpertShardConfig cfg) {
+ExpertShardActor::behavior_type expert_shard_behavior(
+    ExpertShardActor::stateful_pointer<ExpertShardState> self, ExpertShardConfig cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.owned.assign(static_cast<size_t>(st.cfg.model->spec.n_expert), false);
@@ -89,7 +91,7 @@ caf::behavior expert_shard_behavior(caf::stateful_actor<ExpertShardState>* self,
   };
 }
 
-caf::actor spawn_expert_shard(caf::actor_system& sys, const ExpertShardConfig& cfg) {
+ExpertShardActor spawn_expert_shard(caf::actor_system& sys, const ExpertShardConfig& cfg) {
   return sys.spawn<caf::detached>(expert_shard_behavior, cfg);
 }
 

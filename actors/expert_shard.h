@@ -1,15 +1,14 @@
-// Expert-shard actor factory (see actors/expert_shard.cc). Messages:
-//   (expert, ExpertRequestPtr)  compute the request's rows for experts this shard owns, fill y,
-//                               count down the request's latch (also when it fails)
-//   (crash)                     fault injection: throw while computing the next request
+// Expert-shard actor factory (see actors/expert_shard.cc). Its interface, ExpertShardActor, and
+// its messages (expert, crash) are in actors/interfaces.h.
 #pragma once
 
 #include <caf/fwd.hpp>
 
 #include "actors/detail/actor_configs.h"
+#include "actors/interfaces.h"
 
 namespace troupe::actors {
 
-caf::actor spawn_expert_shard(caf::actor_system& sys, const ExpertShardConfig& cfg);
+ExpertShardActor spawn_expert_shard(caf::actor_system& sys, const ExpertShardConfig& cfg);
 
 }  // namespace troupe::actors

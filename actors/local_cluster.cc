@@ -36,10 +36,10 @@ uint64_t json_uint(const std::string& s, const std::string& key) {
 }
 
 void stop_all(const ActorHandles& h) {
-  for (const caf::actor& a : {h.router, h.scheduler})
-    if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  for (const caf::actor& a : h.stages) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  for (const caf::actor& a : h.shards) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  if (h.router) caf::anon_send_exit(h.router, caf::exit_reason::user_shutdown);
+  if (h.scheduler) caf::anon_send_exit(h.scheduler, caf::exit_reason::user_shutdown);
+  for (const auto& a : h.stages) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  for (const auto& a : h.shards) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace
@@ -54,8 +54,8 @@ struct LocalCluster::Impl {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   ClusterOptions opts;
-  caf::actor controller;
-  caf::actor router;     // the router the client talks to (the controller's current one)
+  ControllerActor controller;
+  RouterActor router;    // the router the client talks to (the controller's current one)
   ActorHandles spawned;  // until the controller exists: what start() spawned
   std::vector<std::pair<int64_t, int64_t>> layers;  // per stage: [begin, end)
   ClientRun* active = nullptr;                      // the running generate_many
@@ -70,10 +70,10 @@ struct LocalCluster::Impl {
   }
 
   // The current router; `failed` (non-null) is one this client saw terminate.
-  caf::actor current_router(caf::scoped_actor& self, const caf::actor_addr& failed) {
-    caf::actor r;
+  RouterActor current_router(caf::scoped_actor& self, const caf::actor_addr& failed) {
+    RouterActor r;
     self->request(controller, kControlTimeout, router_atom::value, failed)
-        .receive([&](caf::actor& x) { r = std::move(x); }, [](const caf::error&) {});
+        .receive([&](RouterActor& x) { r = std::move(x); }, [](const caf::error&) {});
     return r;
   }
 
@@ -137,7 +137,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
   // by message, before any request exists.
-  cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, caf::actor{});
+  cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, StageInputActor{});
   im.spawned.scheduler = cc.scheduler;
   ExpertPlacement placement;
   if (!cc.shard_actors.empty()) {
@@ -146,7 +146,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   }
   cc.stages.resize(static_cast<size_t>(num_stages));
   cc.stage_actors.resize(static_cast<size_t>(num_stages));
-  caf::actor next = cc.scheduler;
+  StageInputActor next;  // none after the last stage: it reports to c.scheduler
   for (int64_t i = num_stages - 1; i >= 0; --i) {
     const StagePlan& sp = plan.stages[static_cast<size_t>(i)];
     StageConfig c;
@@ -160,12 +160,12 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.expert_timeout = std::chrono::milliseconds(opts.expert_timeout_ms);
     c.scheduler = cc.scheduler;
     cc.stages[static_cast<size_t>(i)] = c;
-    next = spawn_stage(*im.sys, c, next, placement);
-    cc.stage_actors[static_cast<size_t>(i)] = next;
+    cc.stage_actors[static_cast<size_t>(i)] = spawn_stage(*im.sys, c, next, placement);
+    next = cc.stage_actors[static_cast<size_t>(i)];
   }
   im.spawned.stages = cc.stage_actors;
   for (const StagePlan& sp : plan.stages) im.layers.emplace_back(sp.layer_begin, sp.layer_end);
-  caf::anon_send(cc.scheduler, stage_atom::value, cc.stage_actors[0]);
+  caf::anon_send(cc.scheduler, stage_atom::value, StageInputActor{cc.stage_actors[0]});
   // Every stage must have built its engine (KV pool allocated) before we accept requests.
   {
     caf::scoped_actor self{*im.sys};
@@ -236,7 +236,7 @@ std::vector<GenerateResult> LocalCluster::generate_many(const std::vector<Genera
           // Everything the failed router sent us was delivered before this message: resume each
           // request it held from exactly what we were streamed.
           if (dm.source != im.router.address()) return;
-          caf::actor r = im.current_router(self, dm.source);
+          RouterActor r = im.current_router(self, dm.source);
           if (!r) {
             failure = "the router failed and the controller named no replacement";
             return;

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/node_state.h"
 #include "actors/router.h"
@@ -21,14 +21,14 @@ namespace {
 
 struct GatewayState {
   std::shared_ptr<Link> link;
-  caf::actor router;
+  RouterActor router;
   int64_t n_vocab = 0;
   int64_t next_tag = 1;
   std::map<int64_t, ClientTag> by_tag;                                  // router tag -> client
   std::map<std::pair<transport::PeerId, uint64_t>, int64_t> by_client;  // client -> router tag
   static inline const char* name = "gateway";
 };
-using GatewaySelf = caf::stateful_actor<GatewayState>;
+using GatewaySelf = GatewayActor::stateful_base<GatewayState>;
 
 void send_event(GatewaySelf* self, transport::PeerId peer, GenerateEventMsg e) {
   auto& st = self->state;
@@ -41,8 +41,8 @@ void send_event(GatewaySelf* self, transport::PeerId peer, GenerateEventMsg e) {
                  s.error().message.c_str());
 }
 
-caf::behavior gateway_behavior(GatewaySelf* self, std::shared_ptr<Link> link, caf::actor router,
-                               int64_t n_vocab) {
+GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<Link> link,
+                                             RouterActor router, int64_t n_vocab) {
   self->state.link = std::move(link);
   self->state.router = std::move(router);
   self->state.n_vocab = n_vocab;
@@ -315,7 +315,7 @@ void head_init(NodeSelf* self) {
   sc.n_vocab = st.model->spec.n_vocab;
   sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
   auto& sys = self->system();
-  st.scheduler = spawn_scheduler(sys, sc, caf::actor());
+  st.scheduler = spawn_scheduler(sys, sc, StageInputActor{});
   st.router = spawn_router(sys, st.model, st.scheduler, 1);
   st.gateway = sys.spawn(gateway_behavior, st.link, st.router, st.model->spec.n_vocab);
   begin_phase(self, "wait for nodes");

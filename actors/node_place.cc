@@ -8,7 +8,6 @@
 #include <fstream>
 #include <thread>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
@@ -291,7 +290,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   }
   if (st.head && !pl.stages.empty()) want(pl.stages[0].node_id);
   auto link = st.link;
-  caf::actor node = caf::actor_cast<caf::actor>(self);
+  NodeActor node = caf::actor_cast<NodeActor>(self);
   const uint64_t version = pl.version;
   auto ranges = owned_weights(st.model->spec, pl, me);
   auto model = st.model;  // keeps the mapping alive while the thread reads it
@@ -339,10 +338,10 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
   st.kv_blocks = pl.kv_pools.empty() ? 0 : pl.kv_pools[0].num_blocks;
   for (const auto& k : pl.kv_pools) st.kv_blocks = std::min<int64_t>(st.kv_blocks, k.num_blocks);
 
-  caf::actor to_scheduler = st.scheduler;
+  SchedulerActor to_scheduler = st.scheduler;
   if (!st.head) {
     to_scheduler = spawn_remote_scheduler(sys, st.link, st.plan.cluster.head, spec.n_vocab);
-    st.proxies.push_back(to_scheduler);
+    st.scheduler_proxy = to_scheduler;
   }
   ExpertPlacement ep;
   if (!pl.shards.empty()) {
@@ -358,7 +357,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
         sc.experts = sp.experts;
         sc.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
         sc.model = st.model;
-        caf::actor a = spawn_expert_shard(sys, sc);
+        ExpertShardActor a = spawn_expert_shard(sys, sc);
         self->monitor(a);
         st.shard_builds[static_cast<uint32_t>(j)] = sc;
         st.shards[static_cast<uint32_t>(j)] = a;
@@ -382,15 +381,15 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
   for (size_t k = num_stages; k-- > 0;) {
     const auto& sp = pl.stages[k];
     if (sp.node_id != me) continue;
-    caf::actor next;
-    if (k + 1 == num_stages) {
-      next = to_scheduler;
-    } else if (pl.stages[k + 1].node_id == me) {
+    StageInputActor next;  // stays null for the last stage: it reports to c.scheduler
+    if (k + 1 < num_stages && pl.stages[k + 1].node_id == me) {
       next = st.stages[static_cast<uint32_t>(k + 1)];
-    } else {
-      next = spawn_remote_stage(sys, st.link, name_of(pl.stages[k + 1].node_id),
-                                static_cast<uint32_t>(k + 1), spec.n_embd, to_scheduler);
-      st.proxies.push_back(next);
+    } else if (k + 1 < num_stages) {
+      StageActor proxy =
+          spawn_remote_stage(sys, st.link, name_of(pl.stages[k + 1].node_id),
+                             static_cast<uint32_t>(k + 1), spec.n_embd, to_scheduler);
+      st.stage_proxies.push_back(proxy);
+      next = proxy;
     }
     StageConfig c;
     c.index = static_cast<int>(k);
@@ -402,18 +401,18 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.model = st.model;
     c.expert_timeout = std::chrono::milliseconds(st.opts.cluster.expert_timeout_ms);
     c.scheduler = to_scheduler;
-    caf::actor a = spawn_stage(sys, c, next, ep);
+    StageActor a = spawn_stage(sys, c, next, ep);
     self->monitor(a);
     st.stages[static_cast<uint32_t>(k)] = a;
     st.stage_builds[static_cast<uint32_t>(k)] = {c, next};
   }
   if (st.head && num_stages > 0) {
-    caf::actor first = pl.stages[0].node_id == me
+    StageActor first = pl.stages[0].node_id == me
                            ? st.stages[0]
                            : spawn_remote_stage(sys, st.link, name_of(pl.stages[0].node_id), 0,
                                                 spec.n_embd, st.scheduler);
-    if (pl.stages[0].node_id != me) st.proxies.push_back(first);
-    self->send(st.scheduler, stage_atom::value, first);
+    if (pl.stages[0].node_id != me) st.stage_proxies.push_back(first);
+    self->send(st.scheduler, stage_atom::value, StageInputActor{first});
   }
   // Ready once every local stage answers: its engine is built and its KV pool allocated.
   auto remaining = std::make_shared<size_t>(st.stages.size());
@@ -466,21 +465,21 @@ void on_actor_down(NodeSelf* self, const caf::down_msg& dm) {
   for (auto& [i, a] : st.stages) {
     if (dm.source != a.address()) continue;
     const auto& b = st.stage_builds.at(i);
-    caf::actor fresh = spawn_stage(sys, b.cfg, b.next, st.expert_placement);
+    StageActor fresh = spawn_stage(sys, b.cfg, b.next, st.expert_placement);
     self->monitor(fresh);
     a = fresh;
     // A local previous stage (or the scheduler, for stage 0 on the head) points at the old one;
     // remote ones reach it by index through this node, so they need nothing.
     if (auto prev = st.stages.find(i - 1); i > 0 && prev != st.stages.end()) {
-      self->send(prev->second, next_atom::value, fresh);
+      self->send(prev->second, next_atom::value, StageInputActor{fresh});
       st.stage_builds.at(i - 1).next = fresh;
     }
-    if (i == 0 && st.head) self->send(st.scheduler, stage_atom::value, fresh);
+    if (i == 0 && st.head) self->send(st.scheduler, stage_atom::value, StageInputActor{fresh});
     return tell_head(ActorRole::kStage, i, "stage/" + std::to_string(i) + "@" + st.me.name, true);
   }
   for (auto& [j, a] : st.shards) {
     if (dm.source != a.address()) continue;
-    caf::actor fresh = spawn_expert_shard(sys, st.shard_builds.at(j));
+    ExpertShardActor fresh = spawn_expert_shard(sys, st.shard_builds.at(j));
     self->monitor(fresh);
     a = fresh;
     st.expert_placement.shards[j] = fresh;
@@ -502,12 +501,15 @@ bool inject_fault(NodeSelf* self, const std::string& actor) {
   } catch (...) {
     return false;
   }
-  auto& map = kind == "stage" ? st.stages : st.shards;
-  if (kind != "stage" && kind != "expert") return false;
-  auto it = map.find(idx);
-  if (it == map.end()) return false;
-  self->send(it->second, crash_atom::value);
-  return true;
+  auto crash = [&](const auto& actors) {
+    auto it = actors.find(idx);
+    if (it == actors.end()) return false;
+    self->send(it->second, crash_atom::value);
+    return true;
+  };
+  if (kind == "stage") return crash(st.stages);
+  if (kind == "expert") return crash(st.shards);
+  return false;
 }
 
 void stop_local_actors(NodeSelf* self) {
@@ -515,13 +517,16 @@ void stop_local_actors(NodeSelf* self) {
   for (auto& [i, a] : st.stages) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& [i, a] : st.shards) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& a : st.proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (const caf::actor& a : {st.router, st.scheduler, st.gateway})
-    if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
+  for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(st.router, caf::exit_reason::user_shutdown);
+  self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
+  self->send_exit(st.gateway, caf::exit_reason::user_shutdown);
   st.stages.clear();
   st.shards.clear();
   st.shard_proxies.clear();
-  st.proxies.clear();
+  st.scheduler_proxy = nullptr;
+  st.stage_proxies.clear();
 }
 
 void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,

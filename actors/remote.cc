@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <map>
 
-#include <caf/event_based_actor.hpp>
+#include <caf/sec.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
-#include "actors/detail/node_messages.h"
 
 namespace troupe::actors::detail {
 
@@ -17,7 +17,7 @@ namespace {
 
 // A step that cannot leave this node fails at the scheduler (which recomputes it), instead of
 // vanishing.
-void fail_step(const caf::actor& scheduler, const StepBatch& b, const std::string& why) {
+void fail_step(const SchedulerActor& scheduler, const StepBatch& b, const std::string& why) {
   auto out = std::make_shared<StepOutcome>();
   out->epoch = b.epoch;
   out->step_id = b.step_id;
@@ -26,8 +26,24 @@ void fail_step(const caf::actor& scheduler, const StepBatch& b, const std::strin
   if (scheduler) caf::anon_send(scheduler, done_atom::value, StepOutcomePtr(std::move(out)));
 }
 
+// A message of the interface that no proxy forwards (see detail/remote.h): logged and dropped,
+// as CAF's default handler did for the untyped proxies; refuse() answers a request with
+// sec::unexpected_message, as that handler did.
+void drop(const char* proxy, const char* what) {
+  std::fprintf(stderr, "troupe: %s proxy: dropped an unexpected (%s)\n", proxy, what);
+}
+
+caf::error refuse(const char* proxy, const char* what) {
+  drop(proxy, what);
+  return caf::make_error(caf::sec::unexpected_message);
+}
+
 struct RemoteStageState {
   static inline const char* name = "remote_stage";
+};
+
+struct RemoteSchedulerState {
+  static inline const char* name = "remote_scheduler";
 };
 
 struct RemoteShardsState {
@@ -41,85 +57,114 @@ void fail_request(const ExpertRequestPtr& r, const std::string& why) {
   r->done->count_down();
 }
 
+StageActor::behavior_type remote_stage(StageActor::stateful_pointer<RemoteStageState>,
+                                       std::shared_ptr<Link> link, std::string node, uint32_t stage,
+                                       int64_t n_embd, SchedulerActor scheduler) {
+  return {
+      [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h, double) {
+        auto f = encode_step(*b, h, n_embd, stage, link->send_info(ActorRole::kStage, stage));
+        Status s = f ? link->send(node, ControlMsg::kBatchDescriptor, *f) : Status(f.error());
+        if (!s)
+          fail_step(scheduler, *b,
+                    "stage " + std::to_string(stage) + " on " + node + ": " + s.error().message);
+      },
+      [](sched_atom, const SchedulerActor&) { drop("remote stage", "sched"); },
+      [](next_atom, const StageInputActor&) { drop("remote stage", "next"); },
+      [](shards_atom, const std::vector<ExpertShardActor>&) { drop("remote stage", "shards"); },
+      [](crash_atom) { drop("remote stage", "crash"); },
+      [](stats_atom) -> caf::result<std::string> { return refuse("remote stage", "stats"); },
+  };
+}
+
+SchedulerActor::behavior_type remote_scheduler(
+    SchedulerActor::stateful_pointer<RemoteSchedulerState>, std::shared_ptr<Link> link,
+    std::string head, int64_t n_vocab) {
+  return {
+      [=](done_atom, const StepOutcomePtr& out) {
+        auto f = encode_step_outcome(*out, n_vocab, link->send_info(ActorRole::kStage));
+        Status s = f ? link->send(head, ControlMsg::kStepResult, *f) : Status(f.error());
+        // The scheduler is on the head: if it cannot be told, its step deadline (or the
+        // head's lease check) recovers; say why here.
+        if (!s)
+          std::fprintf(stderr, "troupe: step %llu: cannot return the result to %s: %s\n",
+                       static_cast<unsigned long long>(out->step_id), head.c_str(),
+                       s.error().message.c_str());
+      },
+      [](submit_atom, const SeqRequestPtr&, const SchedulerClientActor&) {
+        drop("remote scheduler", "submit");
+      },
+      [](cancel_atom, int64_t) { drop("remote scheduler", "cancel"); },
+      [](stage_atom, const StageInputActor&) { drop("remote scheduler", "stage"); },
+      [](reset_atom) { drop("remote scheduler", "reset"); },
+      [](deadline_atom, uint64_t, uint64_t) { drop("remote scheduler", "deadline"); },
+      [](fail_atom, const std::string&) { drop("remote scheduler", "fail"); },
+      [](crash_atom) { drop("remote scheduler", "crash"); },
+      [](stats_atom) -> caf::result<std::string> { return refuse("remote scheduler", "stats"); },
+      [](kv_atom) -> caf::result<compute::KvStats> { return refuse("remote scheduler", "kv"); },
+  };
+}
+
+RemoteShardsActor::behavior_type remote_shards(
+    RemoteShardsActor::stateful_pointer<RemoteShardsState> self, std::shared_ptr<Link> link,
+    std::string node, int64_t n_embd) {
+  return {
+      [=](expert_atom, const ExpertRequestPtr& r) {
+        const uint64_t id = self->state.next_id++;
+        ExpertStep step{link->epoch(), id, 0};
+        auto f = encode_expert_dispatch(r, n_embd, step, link->send_info(ActorRole::kStage));
+        Status s = f ? link->send(node, ControlMsg::kExpertDispatch, *f) : Status(f.error());
+        if (!s) return fail_request(r, "expert shards on " + node + ": " + s.error().message);
+        self->state.pending.emplace(id, r);
+      },
+      [=](combine_atom, const MessagePtr& m) {
+        CombineLimits lim;
+        lim.n_embd = n_embd;
+        lim.expected_rows = 0;  // any: checked against the pending request below
+        lim.expected_epoch = link->epoch();
+        auto d = decode_expert_combine(m->data(), lim);
+        if (!d) {
+          link->report_malformed(m->peer);
+          std::fprintf(stderr, "troupe: dropped an expert answer from %s: %s\n", node.c_str(),
+                       d.error().message.c_str());
+          return;
+        }
+        auto it = self->state.pending.find(d->step.step_id);
+        if (it == self->state.pending.end()) return;  // late answer of a failed step
+        ExpertRequestPtr r = it->second;
+        self->state.pending.erase(it);
+        if (!d->error.empty()) return fail_request(r, d->error);
+        if (d->y.size() != r->y.size())
+          return fail_request(r, "expert shards on " + node + " answered " +
+                                     std::to_string(d->y.size()) + " values, expected " +
+                                     std::to_string(r->y.size()));
+        r->y = std::move(d->y);
+        r->done->count_down();
+      },
+      [=](linkdown_atom) {
+        for (auto& [id, r] : self->state.pending)
+          fail_request(r, "the link to " + node + " went down");
+        self->state.pending.clear();
+      },
+      [](crash_atom) { drop("remote shards", "crash"); },
+  };
+}
+
 }  // namespace
 
-caf::actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
-                              uint32_t stage, int64_t n_embd, caf::actor scheduler) {
-  return sys.spawn([=](caf::stateful_actor<RemoteStageState>*) -> caf::behavior {
-    return {
-        [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h, double) {
-          auto f = encode_step(*b, h, n_embd, stage, link->send_info(ActorRole::kStage, stage));
-          Status s = f ? link->send(node, ControlMsg::kBatchDescriptor, *f) : Status(f.error());
-          if (!s)
-            fail_step(scheduler, *b,
-                      "stage " + std::to_string(stage) + " on " + node + ": " + s.error().message);
-        },
-    };
-  });
+StageActor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
+                              uint32_t stage, int64_t n_embd, SchedulerActor scheduler) {
+  return sys.spawn(remote_stage, std::move(link), std::move(node), stage, n_embd,
+                   std::move(scheduler));
 }
 
-caf::actor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Link> link,
-                                  std::string head, int64_t n_vocab) {
-  return sys.spawn([=](caf::event_based_actor*) -> caf::behavior {
-    return {
-        [=](done_atom, const StepOutcomePtr& out) {
-          auto f = encode_step_outcome(*out, n_vocab, link->send_info(ActorRole::kStage));
-          Status s = f ? link->send(head, ControlMsg::kStepResult, *f) : Status(f.error());
-          // The scheduler is on the head: if it cannot be told, its step deadline (or the
-          // head's lease check) recovers; say why here.
-          if (!s)
-            std::fprintf(stderr, "troupe: step %llu: cannot return the result to %s: %s\n",
-                         static_cast<unsigned long long>(out->step_id), head.c_str(),
-                         s.error().message.c_str());
-        },
-    };
-  });
+SchedulerActor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                      std::string head, int64_t n_vocab) {
+  return sys.spawn(remote_scheduler, std::move(link), std::move(head), n_vocab);
 }
 
-caf::actor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
-                               int64_t n_embd) {
-  using Self = caf::stateful_actor<RemoteShardsState>;
-  return sys.spawn([=](Self* self) -> caf::behavior {
-    return {
-        [=](expert_atom, const ExpertRequestPtr& r) {
-          const uint64_t id = self->state.next_id++;
-          ExpertStep step{link->epoch(), id, 0};
-          auto f = encode_expert_dispatch(r, n_embd, step, link->send_info(ActorRole::kStage));
-          Status s = f ? link->send(node, ControlMsg::kExpertDispatch, *f) : Status(f.error());
-          if (!s) return fail_request(r, "expert shards on " + node + ": " + s.error().message);
-          self->state.pending.emplace(id, r);
-        },
-        [=](combine_atom, const MessagePtr& m) {
-          CombineLimits lim;
-          lim.n_embd = n_embd;
-          lim.expected_rows = 0;  // any: checked against the pending request below
-          lim.expected_epoch = link->epoch();
-          auto d = decode_expert_combine(m->data(), lim);
-          if (!d) {
-            link->report_malformed(m->peer);
-            std::fprintf(stderr, "troupe: dropped an expert answer from %s: %s\n", node.c_str(),
-                         d.error().message.c_str());
-            return;
-          }
-          auto it = self->state.pending.find(d->step.step_id);
-          if (it == self->state.pending.end()) return;  // late answer of a failed step
-          ExpertRequestPtr r = it->second;
-          self->state.pending.erase(it);
-          if (!d->error.empty()) return fail_request(r, d->error);
-          if (d->y.size() != r->y.size())
-            return fail_request(r, "expert shards on " + node + " answered " +
-                                       std::to_string(d->y.size()) + " values, expected " +
-                                       std::to_string(r->y.size()));
-          r->y = std::move(d->y);
-          r->done->count_down();
-        },
-        [=](linkdown_atom) {
-          for (auto& [id, r] : self->state.pending)
-            fail_request(r, "the link to " + node + " went down");
-          self->state.pending.clear();
-        },
-    };
-  });
+RemoteShardsActor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                      std::string node, int64_t n_embd) {
+  return sys.spawn(remote_shards, std::move(link), std::move(node), n_embd);
 }
 
 }  // namespace troupe::actors::detail

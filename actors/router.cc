@@ -8,8 +8,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include <caf/event_based_actor.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
 #include "model/tokenizer.h"
@@ -19,7 +20,7 @@ namespace troupe::actors {
 namespace {
 
 struct Pending {
-  caf::actor client;
+  RouterClientActor client;  // whoever sent the submit
   int64_t tag = 0;
   std::optional<model::StreamDecoder> decoder;
   std::optional<compute::StopMatcher> stops;
@@ -33,7 +34,7 @@ struct Pending {
 
 struct RouterState {
   std::shared_ptr<const model::Model> model;
-  caf::actor scheduler;
+  SchedulerActor scheduler;
   int64_t next_id = 1;
   std::map<int64_t, Pending> pending;                             // by sequence id
   std::map<std::pair<caf::actor_addr, int64_t>, int64_t> by_tag;  // (client, tag) -> seq id
@@ -41,11 +42,11 @@ struct RouterState {
   static inline const char* name = "router";
 };
 
-using Self = caf::stateful_actor<RouterState>;
+using Self = RouterActor::stateful_base<RouterState>;
 using PendingIt = std::map<int64_t, Pending>::iterator;
 
-void reply_error(Self* self, const caf::actor& client, int64_t tag, const std::string& reason,
-                 const std::string& error) {
+void reply_error(Self* self, const RouterClientActor& client, int64_t tag,
+                 const std::string& reason, const std::string& error) {
   auto r = std::make_shared<GenerateResult>();
   r->finish_reason = reason;
   r->error = error;
@@ -97,7 +98,7 @@ void send_to_scheduler(Self* self, PendingIt it, bool replay) {
     req = std::move(r);
   }
   self->send(self->state.scheduler, submit_atom::value, std::move(req),
-             caf::actor_cast<caf::actor>(self));
+             caf::actor_cast<SchedulerClientActor>(self));
   if (p.cancelled) self->send(self->state.scheduler, cancel_atom::value, it->first);
 }
 
@@ -121,7 +122,9 @@ void replay_seen(Pending& p, const ResumeState& seen) {
 
 void on_submit(Self* self, const GenerateRequestPtr& req, int64_t tag, const ResumeStatePtr& seen) {
   auto& st = self->state;
-  auto client = caf::actor_cast<caf::actor>(self->current_sender());
+  // Any sender may submit (the caller's scoped actor, the gateway, the node actor); it gets the
+  // answers a RouterClientActor takes.
+  auto client = caf::actor_cast<RouterClientActor>(self->current_sender());
   if (!client) return;
   const model::Tokenizer* tok = st.model->tokenizer.get();
   if (auto v = req->sampling.validate(); !v)
@@ -208,7 +211,7 @@ void on_token(Self* self, const TokenEventPtr& ev) {
 // The scheduler was replaced: every sequence it held is gone. Requests whose stop string already
 // matched only waited for their cancellation and finish now; the others go to the new scheduler
 // from their token logs.
-void on_new_scheduler(Self* self, caf::actor scheduler) {
+void on_new_scheduler(Self* self, SchedulerActor scheduler) {
   auto& st = self->state;
   st.scheduler = std::move(scheduler);
   std::vector<int64_t> ids;
@@ -229,8 +232,9 @@ void maybe_crash(Self* self) {
 
 }  // namespace
 
-caf::behavior router_behavior(Self* self, std::shared_ptr<const model::Model> model,
-                              caf::actor scheduler, int64_t first_seq_id) {
+RouterActor::behavior_type router_behavior(RouterActor::stateful_pointer<RouterState> self,
+                                           std::shared_ptr<const model::Model> model,
+                                           SchedulerActor scheduler, int64_t first_seq_id) {
   self->state.model = std::move(model);
   self->state.scheduler = std::move(scheduler);
   self->state.next_id = first_seq_id;
@@ -256,13 +260,13 @@ caf::behavior router_behavior(Self* self, std::shared_ptr<const model::Model> mo
         maybe_crash(self);
         on_token(self, ev);
       },
-      [=](sched_atom, caf::actor scheduler) { on_new_scheduler(self, std::move(scheduler)); },
+      [=](sched_atom, SchedulerActor scheduler) { on_new_scheduler(self, std::move(scheduler)); },
       [=](crash_atom) { self->state.crash_next = true; },
   };
 }
 
-caf::actor spawn_router(caf::actor_system& sys, std::shared_ptr<const model::Model> model,
-                        caf::actor scheduler, int64_t first_seq_id) {
+RouterActor spawn_router(caf::actor_system& sys, std::shared_ptr<const model::Model> model,
+                         SchedulerActor scheduler, int64_t first_seq_id) {
   return sys.spawn(router_behavior, std::move(model), std::move(scheduler), first_seq_id);
 }
 

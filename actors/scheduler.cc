@@ -12,8 +12,8 @@
 #include <set>
 #include <stdexcept>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
 #include "compute/kv_block_manager.h"
@@ -24,7 +24,7 @@ namespace {
 
 struct Seq {
   SeqRequestPtr req;
-  caf::actor reply_to;
+  SchedulerClientActor reply_to;
   std::vector<int32_t> tokens;  // prompt + generated: the token log of this sequence
   int64_t num_computed = 0;     // tokens whose KV is in the cache
   int64_t num_generated = 0;
@@ -40,7 +40,7 @@ struct SchedulerState {
   int64_t n_vocab = 0;
   std::unique_ptr<compute::KvBlockManager> kv;
   compute::KvBlockManagerConfig kv_cfg;
-  caf::actor first_stage;
+  StageInputActor first_stage;
   std::map<int64_t, Seq> seqs;
   std::deque<int64_t> waiting;   // FCFS; preempted sequences go back to the front
   std::vector<int64_t> running;  // admitted, in admission order
@@ -58,7 +58,7 @@ struct SchedulerState {
   static inline const char* name = "scheduler";
 };
 
-using Self = caf::stateful_actor<SchedulerState>;
+using Self = SchedulerActor::stateful_base<SchedulerState>;
 
 void emit(Self* self, Seq& s, int64_t id, int32_t token, bool finished, std::string reason,
           std::string error = {}, std::vector<float> logits = {}) {
@@ -300,7 +300,7 @@ void maybe_crash(Self* self) {
   if (self->state.crash_next) throw std::runtime_error("scheduler: injected fault");
 }
 
-void on_submit(Self* self, const SeqRequestPtr& req, caf::actor reply_to) {
+void on_submit(Self* self, const SeqRequestPtr& req, SchedulerClientActor reply_to) {
   auto& st = self->state;
   Seq s;
   s.req = req;
@@ -359,7 +359,9 @@ void on_requester_down(Self* self, const caf::down_msg& dm) {
 
 }  // namespace
 
-caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::actor first_stage) {
+SchedulerActor::behavior_type scheduler_behavior(
+    SchedulerActor::stateful_pointer<SchedulerState> self, SchedulerActorConfig cfg,
+    StageInputActor first_stage) {
   auto& st = self->state;
   st.cfg = cfg.limits;
   st.n_vocab = cfg.n_vocab;
@@ -372,7 +374,7 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
   st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
   self->set_down_handler([=](caf::down_msg& dm) { on_requester_down(self, dm); });
   return {
-      [=](submit_atom, const SeqRequestPtr& req, caf::actor reply_to) {
+      [=](submit_atom, const SeqRequestPtr& req, SchedulerClientActor reply_to) {
         maybe_crash(self);
         on_submit(self, req, std::move(reply_to));
       },
@@ -384,7 +386,7 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
         maybe_crash(self);
         on_done(self, out);
       },
-      [=](stage_atom, caf::actor first) {
+      [=](stage_atom, StageInputActor first) {
         maybe_crash(self);
         self->state.first_stage = std::move(first);
         schedule(self);
@@ -443,8 +445,8 @@ caf::behavior scheduler_behavior(Self* self, SchedulerActorConfig cfg, caf::acto
   };
 }
 
-caf::actor spawn_scheduler(caf::actor_system& sys, const SchedulerActorConfig& cfg,
-                           caf::actor first_stage) {
+SchedulerActor spawn_scheduler(caf::actor_system& sys, const SchedulerActorConfig& cfg,
+                               StageInputActor first_stage) {
   return sys.spawn(scheduler_behavior, cfg, std::move(first_stage));
 }
 

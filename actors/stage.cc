@@ -7,9 +7,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
 #include "base/check.h"
@@ -75,12 +75,14 @@ struct StageState {
   StageConfig cfg;
   std::unique_ptr<ShardedExperts> experts;
   std::unique_ptr<compute::Engine> engine;
-  caf::actor next;  // the next stage, or the scheduler after the last stage
+  StageInputActor next;  // the next stage; null on the last stage (it reports to cfg.scheduler)
   bool crash_next = false;
   static inline const char* name = "stage";
 };
 
-void fail_step(caf::stateful_actor<StageState>* self, const StepBatch& b, const std::string& err) {
+using Self = StageActor::stateful_base<StageState>;
+
+void fail_step(Self* self, const StepBatch& b, const std::string& err) {
   auto out = std::make_shared<StepOutcome>();
   out->epoch = b.epoch;
   out->step_id = b.step_id;
@@ -93,8 +95,7 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, const HiddenPtr& h,
-              double compute_s) {
+void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {
   auto& st = self->state;
   const bool last = st.cfg.range.head;
   std::vector<compute::SeqStep> steps(b->seqs.size());
@@ -141,13 +142,14 @@ void run_step(caf::stateful_actor<StageState>* self, const StepBatchPtr& b, cons
     }
   }
   out->compute_seconds = compute_s + now_s() - t0;  // sampling counts as compute
-  self->send(st.next, done_atom::value, StepOutcomePtr(std::move(out)));
+  self->send(st.cfg.scheduler, done_atom::value, StepOutcomePtr(std::move(out)));
 }
 
 }  // namespace
 
-caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig cfg,
-                             caf::actor next, ExpertPlacement placement) {
+StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState> self,
+                                         StageConfig cfg, StageInputActor next,
+                                         ExpertPlacement placement) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.next = std::move(next);
@@ -170,10 +172,10 @@ caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig 
         if (self->state.crash_next) throw std::runtime_error("injected fault");
         run_step(self, b, h, compute_s);
       },
-      [=](next_atom, caf::actor n) { self->state.next = std::move(n); },
-      // (sched, actor): the scheduler was replaced; failed steps are reported to the new one.
-      [=](sched_atom, caf::actor s) { self->state.cfg.scheduler = std::move(s); },
-      [=](shards_atom, std::vector<caf::actor> shards) {
+      [=](next_atom, StageInputActor n) { self->state.next = std::move(n); },
+      // The scheduler was replaced: outcomes and failed steps are reported to the new one.
+      [=](sched_atom, SchedulerActor s) { self->state.cfg.scheduler = std::move(s); },
+      [=](shards_atom, std::vector<ExpertShardActor> shards) {
         if (self->state.experts) self->state.experts->placement.shards = std::move(shards);
       },
       [=](crash_atom) { self->state.crash_next = true; },
@@ -186,7 +188,7 @@ caf::behavior stage_behavior(caf::stateful_actor<StageState>* self, StageConfig 
   };
 }
 
-caf::actor spawn_stage(caf::actor_system& sys, const StageConfig& cfg, caf::actor next,
+StageActor spawn_stage(caf::actor_system& sys, const StageConfig& cfg, StageInputActor next,
                        ExpertPlacement placement) {
   return sys.spawn<caf::detached>(stage_behavior, cfg, std::move(next), std::move(placement));
 }

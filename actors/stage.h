@@ -1,22 +1,21 @@
-// Stage actor factory (see actors/stage.cc). Messages it handles:
-//   (step, StepBatchPtr, HiddenPtr)  run the step; forward (step, batch, hidden) to `next`, or on
-//                                    the last stage send (done, StepOutcomePtr) to `next`
-//   (next, actor)                    rewire after a neighbour restarted
-//   (shards, vector<actor>)          new expert-shard addresses after a shard restarted
-//   (sched, actor)                   the scheduler was replaced: failed steps go to the new one
-//                                    (the last stage's `next` is rewired with (next, actor))
-//   (crash)                          fault injection: throw on the next step
+// Stage actor factory (see actors/stage.cc). Its interface, StageActor, and every message it
+// takes are in actors/interfaces.h: step, next (the next stage was replaced), sched (the
+// scheduler was replaced), shards (an expert shard was replaced), crash and the stats query. It
+// forwards (step, ...) to the next stage; the last stage, and any stage whose step failed, sends
+// (done, StepOutcomePtr) to cfg.scheduler.
 #pragma once
 
 #include <caf/fwd.hpp>
 
 #include "actors/detail/actor_configs.h"
+#include "actors/interfaces.h"
 
 namespace troupe::actors {
 
-/// Spawns a stage on its own thread. Throws (from the actor's init) when its engine cannot be
-/// built; the actor then terminates with that error.
-caf::actor spawn_stage(caf::actor_system& sys, const StageConfig& cfg, caf::actor next,
+/// Spawns a stage on its own thread. `next` is the next stage, null for the last one. Throws
+/// (from the actor's init) when its engine cannot be built; the actor then terminates with that
+/// error.
+StageActor spawn_stage(caf::actor_system& sys, const StageConfig& cfg, StageInputActor next,
                        ExpertPlacement placement);
 
 }  // namespace troupe::actors

@@ -8,8 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
-
+#include "actors/interfaces.h"
 #include "actors/plan.h"
 #include "compute/engine.h"
 #include "model/model.h"
@@ -25,7 +24,7 @@ struct StageConfig {
   int64_t kv_block_size = 16;
   std::shared_ptr<const model::Model> model;
   std::chrono::milliseconds expert_timeout{10000};  // a shard that does not answer fails the step
-  caf::actor scheduler;  // receives (done, outcome) for a failed step from any stage
+  SchedulerActor scheduler;  // gets (done, outcome): the last stage's, and failed steps of any
 };
 
 struct ExpertShardConfig {
@@ -51,16 +50,16 @@ struct SchedulerActorConfig {
 
 /// The actors a controller supervises, as they are now (replacements included).
 struct ActorHandles {
-  caf::actor router;
-  caf::actor scheduler;
-  std::vector<caf::actor> stages;  // pipeline order
-  std::vector<caf::actor> shards;
+  RouterActor router;
+  SchedulerActor scheduler;
+  std::vector<StageActor> stages;  // pipeline order
+  std::vector<ExpertShardActor> shards;
 };
 
 /// Where each routed expert lives: shards[owner[e]] computes expert e. Empty: in the stage.
 struct ExpertPlacement {
-  std::vector<caf::actor> shards;
-  std::vector<int32_t> owner;  // [n_expert]
+  std::vector<ExpertShardActor> shards;  // local shards or remote proxies (detail/remote.h)
+  std::vector<int32_t> owner;            // [n_expert]
 };
 
 }  // namespace troupe::actors

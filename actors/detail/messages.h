@@ -1,5 +1,6 @@
-// In-process message types and atoms of the actor system (private to actors/). Within one process
-// these move between actors as shared pointers: no serialization, no tensor copies. Their
+// In-process message types of the actor system (private to actors/). Within one process these
+// move between actors as shared pointers: no serialization, no tensor copies. The atoms and the
+// interfaces that carry them are in actors/interfaces.h; no CAF here (wire.cc needs none). Their
 // cross-host form is the Cap'n Proto schema in schemas/ (step.capnp, expert.capnp).
 #pragma once
 
@@ -12,38 +13,12 @@
 #include <string>
 #include <vector>
 
-#include <caf/allowed_unsafe_message_type.hpp>
-#include <caf/atom.hpp>
-
-#include "actors/detail/actor_configs.h"
 #include "actors/local_cluster.h"
 #include "compute/engine.h"
 #include "compute/kv_block_manager.h"
 #include "compute/sampler.h"
 
 namespace troupe::actors {
-
-// Atoms: verbs of at most 10 characters (CAF 0.17).
-using step_atom = caf::atom_constant<caf::atom("step")>;
-using done_atom = caf::atom_constant<caf::atom("done")>;
-using submit_atom = caf::atom_constant<caf::atom("submit")>;
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
-using token_atom = caf::atom_constant<caf::atom("token")>;
-using finish_atom = caf::atom_constant<caf::atom("finish")>;
-using expert_atom = caf::atom_constant<caf::atom("expert")>;
-using crash_atom = caf::atom_constant<caf::atom("crash")>;
-using next_atom = caf::atom_constant<caf::atom("next")>;
-using shards_atom = caf::atom_constant<caf::atom("shards")>;
-using reset_atom = caf::atom_constant<caf::atom("reset")>;
-using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using stage_atom = caf::atom_constant<caf::atom("stage")>;
-using sched_atom = caf::atom_constant<caf::atom("sched")>;
-using router_atom = caf::atom_constant<caf::atom("router")>;
-using actors_atom = caf::atom_constant<caf::atom("actors")>;
-using kv_atom = caf::atom_constant<caf::atom("kv")>;
-using deadline_atom = caf::atom_constant<caf::atom("deadline")>;  // a step's time is up
-using fail_atom = caf::atom_constant<caf::atom("fail")>;          // end every request with an error
-using drain_atom = caf::atom_constant<caf::atom("drain")>;        // stop admitting; -> in flight
 
 /// One sequence's share of a pipeline step.
 struct SeqWork {
@@ -65,6 +40,8 @@ struct StepBatch {
   int32_t microbatch = 0;
   std::vector<SeqWork> seqs;
 };
+// The pointer aliases are the same as actors/interfaces.h's (a redeclaration naming the same type
+// is allowed).
 using StepBatchPtr = std::shared_ptr<const StepBatch>;
 using HiddenPtr = std::shared_ptr<const std::vector<float>>;  // f32 [num_tokens, n_embd]
 
@@ -183,16 +160,3 @@ using GenerateRequestPtr = std::shared_ptr<const GenerateRequest>;
 using GenerateResultPtr = std::shared_ptr<const GenerateResult>;
 
 }  // namespace troupe::actors
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateRequestPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateResultPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepBatchPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::HiddenPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepOutcomePtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ExpertRequestPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::SeqRequestPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::TokenEventPtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StreamPiecePtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ResumeStatePtr)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ActorHandles)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::compute::KvStats)

@@ -1,12 +1,19 @@
 // In-process messages of the node daemon (private to actors/): frames from the transport handed
-// to actors, and the daemon's own timers and notices.
+// to actors, the daemon's own timers and notices, and the typed interfaces of its actors (the
+// node actor, the head's client gateway, the remote expert-shard proxy). The engine's actors are
+// in actors/interfaces.h.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
 
+#include "actors/interfaces.h"
 #include "transport/transport.h"
 
 namespace troupe::actors {
@@ -22,6 +29,49 @@ using leave_atom = caf::atom_constant<caf::atom("leave")>;        // orderly lea
 using status_atom = caf::atom_constant<caf::atom("status")>;      // -> JSON
 
 using MessagePtr = std::shared_ptr<const transport::Message>;
+
+/// The stand-in for every expert shard of one other node (detail/remote.h): an ExpertShardActor
+/// to the stages, plus what the node actor hands it:
+///   (combine, MessagePtr)  an ExpertCombine frame from that node: completes its waiting request
+///   (linkdown)             the link to that node went down: fail every pending request
+using RemoteShardsActor = ExpertShardActor::extend<caf::reacts_to<combine_atom, MessagePtr>,
+                                                   caf::reacts_to<linkdown_atom>>;
+
+/// The head's client gateway (node_head.cc): client requests that came over the transport, and
+/// the router's answers (as RouterClientActor), sent back as GenerateEvent frames.
+///   (submit, PeerId, uint64 tag, GenerateRequestPtr)  hand a client's request to the router
+///   (cancel, PeerId, uint64 tag)                      stop that client's request
+///   (linkdown, PeerId)                                the client is gone: cancel its requests
+///   (drain) -> int64                                  the number of client requests in flight
+using GatewayActor = RouterClientActor::extend<
+    caf::reacts_to<submit_atom, transport::PeerId, uint64_t, GenerateRequestPtr>,
+    caf::reacts_to<cancel_atom, transport::PeerId, uint64_t>,
+    caf::reacts_to<linkdown_atom, transport::PeerId>, caf::replies_to<drain_atom>::with<int64_t>>;
+
+/// The node actor (cluster_node.cc; detail/node_state.h), which owns a node daemon's state:
+///   (wire, MessagePtr)                       a frame from the transport's thread
+///   (peer, uint64 id, bool up, string name, string reason)
+///                                            a link came up or went down
+///   (joined, uint64 head_peer, string error) the joiner thread reached the head (peer 0: failed)
+///   (placed, uint64 version, string error, uint64 map_start_ms, uint64 map_ms, uint64 map_bytes)
+///                                            the placement thread connected and mapped weights
+///   (tick)                                   its own heartbeat (lease check on the head) timer
+///   (token, int64, StreamPiecePtr), (finish, int64, GenerateResultPtr)
+///                                            the head's warm-up generation (RouterClientActor)
+///   (leave, string reason) -> bool           orderly leave: tell the head, stop local actors
+///   (status) -> string                       the status snapshot as JSON
+///   (crash, string "stage/N" | "expert/N") -> bool
+///                                            fault injection on a local actor; false if no such
+///   (drain) -> int64                         the head stops admitting; -> requests in flight
+using NodeActor = RouterClientActor::extend<
+    caf::reacts_to<wire_atom, MessagePtr>,
+    caf::reacts_to<peer_atom, uint64_t, bool, std::string, std::string>,
+    caf::reacts_to<joined_atom, uint64_t, std::string>,
+    caf::reacts_to<placed_atom, uint64_t, std::string, uint64_t, uint64_t, uint64_t>,
+    caf::reacts_to<tick_atom>, caf::replies_to<leave_atom, std::string>::with<bool>,
+    caf::replies_to<status_atom>::with<std::string>,
+    caf::replies_to<crash_atom, std::string>::with<bool>,
+    caf::replies_to<drain_atom>::with<int64_t>>;
 
 }  // namespace troupe::actors
 

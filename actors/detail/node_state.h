@@ -15,9 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/cluster_node.h"
 #include "actors/detail/actor_configs.h"
@@ -25,6 +24,7 @@
 #include "actors/detail/link.h"
 #include "actors/detail/messages.h"
 #include "actors/detail/node_messages.h"
+#include "actors/interfaces.h"
 #include "actors/plan.h"
 #include "model/model.h"
 
@@ -107,14 +107,16 @@ struct NodeState {
   std::optional<PlacementMsg> placement;
   std::optional<PlacementMsg> pending_placement;  // waits for a membership naming its nodes
   int64_t kv_blocks = 0;
-  std::map<uint32_t, caf::actor> stages, shards;
-  std::map<std::string, caf::actor> shard_proxies;  // by node name
-  std::vector<caf::actor> proxies;                  // every other proxy
-  std::vector<int32_t> owned_experts;               // experts of this node's shards, ascending
+  std::map<uint32_t, StageActor> stages;
+  std::map<uint32_t, ExpertShardActor> shards;
+  std::map<std::string, RemoteShardsActor> shard_proxies;  // by node name
+  SchedulerActor scheduler_proxy;                          // not on the head: the head's scheduler
+  std::vector<StageActor> stage_proxies;                   // stages on other nodes this one feeds
+  std::vector<int32_t> owned_experts;  // experts of this node's shards, ascending
   // How each local actor was built, to restart it in place when it fails.
   struct StageBuild {
     StageConfig cfg;
-    caf::actor next;
+    StageInputActor next;  // null for the last stage
   };
   std::map<uint32_t, StageBuild> stage_builds;
   std::map<uint32_t, ExpertShardConfig> shard_builds;
@@ -124,7 +126,9 @@ struct NodeState {
   bool placed = false;
 
   // The head: controller, router, scheduler, client gateway.
-  caf::actor scheduler, router, gateway;
+  SchedulerActor scheduler;
+  RouterActor router;
+  GatewayActor gateway;
   std::map<std::string, Member> members;  // by node name
   uint32_t next_node_id = 2;              // the head is node 1
   uint64_t membership_version = 0;
@@ -133,9 +137,9 @@ struct NodeState {
   static inline const char* name = "node";
 };
 
-using NodeSelf = caf::stateful_actor<NodeState>;
+using NodeSelf = NodeActor::stateful_base<NodeState>;
 
-caf::behavior node_behavior(NodeSelf* self, NodeConfig cfg);
+NodeActor::behavior_type node_behavior(NodeSelf* self, NodeConfig cfg);
 
 // --- shared helpers (node_place.cc) ---------------------------------------------------------
 

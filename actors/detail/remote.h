@@ -1,11 +1,18 @@
 // Remote proxies: local stand-ins for actors on other nodes. A stage, the scheduler or an expert
-// shard placed elsewhere is represented here by an actor that takes the same in-process messages
-// (messages.h) and sends their wire form (wire.h) over the Link. Private to actors/.
-//   remote stage      (step, StepBatchPtr, HiddenPtr, double)  -> BatchDescriptor
-//   remote scheduler  (done, StepOutcomePtr)                    -> StepResult
-//   remote shards     (expert, ExpertRequestPtr)                -> ExpertDispatch; the node daemon
-//                     hands it each ExpertCombine of its node as (combine, MessagePtr) and the
-//                     proxy completes the waiting request (or fails every pending one on (down)).
+// shard placed elsewhere is represented here by an actor of the same interface (interfaces.h),
+// so the rest of the node holds one handle type; it sends the messages' wire form (wire.h) over
+// the Link. Private to actors/.
+//   remote stage      StageActor:     (step, StepBatchPtr, HiddenPtr, double) -> BatchDescriptor;
+//                                     a step that cannot be sent fails at `scheduler`
+//   remote scheduler  SchedulerActor: (done, StepOutcomePtr) -> StepResult
+//   remote shards     RemoteShardsActor (an ExpertShardActor): (expert, ExpertRequestPtr) ->
+//                     ExpertDispatch; the node daemon hands it each ExpertCombine of its node as
+//                     (combine, MessagePtr) and the proxy completes the waiting request (or fails
+//                     every pending one on (linkdown)).
+// The interfaces' other messages never reach a proxy (the node wires, supervises and queries
+// only its local actors; the actor a proxy stands for is looked after on its own node): a proxy
+// logs and drops them, and answers a request with sec::unexpected_message, as CAF's default
+// handler did for the untyped proxies.
 // The proxies run on CAF's shared workers; encoding references the tensors in place.
 #pragma once
 
@@ -15,15 +22,17 @@
 #include <caf/fwd.hpp>
 
 #include "actors/detail/link.h"
+#include "actors/detail/node_messages.h"
+#include "actors/interfaces.h"
 
 namespace troupe::actors::detail {
 
-caf::actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
-                              uint32_t stage, int64_t n_embd, caf::actor scheduler);
-caf::actor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Link> link,
-                                  std::string head, int64_t n_vocab);
+StageActor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
+                              uint32_t stage, int64_t n_embd, SchedulerActor scheduler);
+SchedulerActor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                      std::string head, int64_t n_vocab);
 /// One proxy for every expert shard hosted on `node`.
-caf::actor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
-                               int64_t n_embd);
+RemoteShardsActor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                      std::string node, int64_t n_embd);
 
 }  // namespace troupe::actors::detail

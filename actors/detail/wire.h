@@ -45,7 +45,7 @@ namespace troupe::actors {
 struct StepBatch;
 struct StepOutcome;
 struct ExpertRequest;
-// The same aliases as messages.h (a redeclaration naming the same type is allowed).
+// The same aliases as actors/interfaces.h (a redeclaration naming the same type is allowed).
 using StepBatchPtr = std::shared_ptr<const StepBatch>;
 using HiddenPtr = std::shared_ptr<const std::vector<float>>;  // f32 [num_tokens, n_embd]
 using StepOutcomePtr = std::shared_ptr<const StepOutcome>;

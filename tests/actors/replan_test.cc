@@ -1,0 +1,79 @@
+// Re-placement after node loss: actors of gone nodes move to the least-loaded survivor with room,
+// the others stay, KV pools follow their stages, and a lack of room is a clear error.
+#include "actors/detail/replan.h"
+
+#include <gtest/gtest.h>
+
+namespace troupe::actors::detail {
+namespace {
+
+PlacementMsg three_nodes() {
+  PlacementMsg pl;
+  pl.version = 1;
+  for (uint32_t i = 0; i < 3; ++i) {
+    StagePlacementInfo s;
+    s.stage = i;
+    s.node_id = i + 1;  // stage 0 on node 1 (the head), 1 on node 2, 2 on node 3
+    pl.stages.push_back(s);
+    pl.kv_pools.push_back({i, i + 1, 64, 16});
+  }
+  for (uint32_t j = 0; j < 2; ++j) {
+    ShardPlacementInfo sh;
+    sh.shard = j;
+    sh.node_id = j == 0 ? 2 : 3;
+    sh.experts = {static_cast<int32_t>(2 * j), static_cast<int32_t>(2 * j + 1)};
+    pl.shards.push_back(sh);
+  }
+  return pl;
+}
+
+TEST(Replan, ActorsOfAGoneNodeMoveToTheLeastLoadedSurvivor) {
+  const PlacementMsg old = three_nodes();
+  auto r = replan(old, {{1, {}}, {2, {}}}, nullptr);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->version, 2u);
+  // Node 1 hosts 1 actor, node 2 hosts 2: stage 2 goes to node 1, then shard 1 (loads now 2/2)
+  // to the lower id, node 1.
+  EXPECT_EQ(r->stages[0].node_id, 1u);
+  EXPECT_EQ(r->stages[1].node_id, 2u);
+  EXPECT_EQ(r->stages[2].node_id, 1u);
+  EXPECT_EQ(r->shards[0].node_id, 2u);
+  EXPECT_EQ(r->shards[1].node_id, 1u);
+  EXPECT_EQ(r->shards[1].experts, old.shards[1].experts);
+  for (const auto& k : r->kv_pools) EXPECT_EQ(k.node_id, r->stages[k.stage].node_id);
+}
+
+TEST(Replan, NothingMovesWhenTheGoneNodeHostedNothing) {
+  PlacementMsg old = three_nodes();
+  auto r = replan(old, {{1, {}}, {2, {}}, {3, {}}, {4, {}}}, nullptr);
+  ASSERT_TRUE(r.has_value());
+  for (size_t i = 0; i < old.stages.size(); ++i)
+    EXPECT_EQ(r->stages[i].node_id, old.stages[i].node_id);
+}
+
+TEST(Replan, RoomIsCheckedAgainstReportedFreeMemory) {
+  const PlacementMsg old = three_nodes();
+  auto bytes = [](ActorRole role, uint32_t) -> uint64_t {
+    return role == ActorRole::kStage ? 600'000'000 : 100'000'000;
+  };
+  // Node 1 (least loaded) has no room for a 600 MB stage; node 2 has.
+  auto r = replan(old, {{1, {500'000'000}}, {2, {2'000'000'000}}}, bytes);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->stages[2].node_id, 2u);
+  EXPECT_EQ(r->shards[1].node_id, 1u);  // 100 MB fits on node 1
+  // Nobody has room: a clear error naming the actor and the sizes.
+  auto bad = replan(old, {{1, {500'000'000}}, {2, {400'000'000}}}, bytes);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("stage 2 of node 3"), std::string::npos)
+      << bad.error().message;
+  EXPECT_NE(bad.error().message.find("600.0 MB"), std::string::npos) << bad.error().message;
+}
+
+TEST(Replan, NoSurvivorIsAnError) {
+  auto r = replan(three_nodes(), {}, nullptr);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("no node is left"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::actors::detail
