@@ -484,6 +484,10 @@ Status ClusterNode::inject_fault(const std::string& actor) {
   return Ok{};
 }
 
+void ClusterNode::set_faults(transport::FaultRules rules) {
+  if (impl_->tx) impl_->tx->set_faults(std::move(rules));
+}
+
 std::string ClusterNode::status_json() {
   Impl& im = *impl_;
   std::string out = "{}";

@@ -56,6 +56,9 @@ class ClusterNode {
   /// its next message; the node restarts it and the outputs stay identical.
   Status inject_fault(const std::string& actor);
 
+  /// Replaces the transport's fault-injection rules (tests: e.g. "cut" every link of this node
+  /// to make it look dead to the others). Empty: no faults.
+  void set_faults(transport::FaultRules rules);
   /// Membership, placement, actors and start-up phases as JSON (what `troupe status` prints).
   std::string status_json();
 

@@ -44,6 +44,7 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;  // a step's time is up
 using fail_atom = caf::atom_constant<caf::atom("fail")>;          // end every request with an error
 using drain_atom = caf::atom_constant<caf::atom("drain")>;        // stop admitting; -> in flight
+using hold_atom = caf::atom_constant<caf::atom("hold")>;          // send no steps until (reset)
 
 // Within one process messages move as shared pointers: no serialization, no tensor copies.
 struct GenerateRequest;  // local_cluster.h
@@ -93,7 +94,10 @@ using SchedulerClientActor = caf::typed_actor<caf::reacts_to<token_atom, TokenEv
 ///   (cancel, int64 seq_id)      stop a request; its KV blocks are freed
 ///   (done, StepOutcomePtr)      a step came back from the last stage (or failed at any stage)
 ///   (stage, StageInputActor)    the first stage was replaced (or is known at last)
-///   (reset)                     a stage lost its KV: recompute every running sequence
+///   (reset)                     a stage lost its KV: recompute every running sequence (also
+///                               ends a hold)
+///   (hold)                      the pipeline is being re-placed: queue, send no steps, until
+///                               (reset)
 ///   (deadline, uint64 step_id, uint64 epoch)
 ///                               its own timer: that step's time is up, run it again
 ///   (fail, string why)          the pipeline cannot run: end every request with `why`
@@ -101,13 +105,15 @@ using SchedulerClientActor = caf::typed_actor<caf::reacts_to<token_atom, TokenEv
 ///                               done, stage or reset
 ///   (stats) -> string           a one-line summary (JSON)
 ///   (kv) -> compute::KvStats    the logical KV pool (every stage's pool mirrors it)
-using SchedulerActor = caf::typed_actor<
-    caf::reacts_to<submit_atom, SeqRequestPtr, SchedulerClientActor>,
-    caf::reacts_to<cancel_atom, int64_t>, caf::reacts_to<done_atom, StepOutcomePtr>,
-    caf::reacts_to<stage_atom, StageInputActor>, caf::reacts_to<reset_atom>,
-    caf::reacts_to<deadline_atom, uint64_t, uint64_t>, caf::reacts_to<fail_atom, std::string>,
-    caf::reacts_to<crash_atom>, caf::replies_to<stats_atom>::with<std::string>,
-    caf::replies_to<kv_atom>::with<compute::KvStats>>;
+using SchedulerActor =
+    caf::typed_actor<caf::reacts_to<submit_atom, SeqRequestPtr, SchedulerClientActor>,
+                     caf::reacts_to<cancel_atom, int64_t>,
+                     caf::reacts_to<done_atom, StepOutcomePtr>,
+                     caf::reacts_to<stage_atom, StageInputActor>, caf::reacts_to<reset_atom>,
+                     caf::reacts_to<hold_atom>, caf::reacts_to<deadline_atom, uint64_t, uint64_t>,
+                     caf::reacts_to<fail_atom, std::string>, caf::reacts_to<crash_atom>,
+                     caf::replies_to<stats_atom>::with<std::string>,
+                     caf::replies_to<kv_atom>::with<compute::KvStats>>;
 
 /// Pipeline stage (stage.cc):
 ///   (step, StepBatchPtr, HiddenPtr, double compute_s)

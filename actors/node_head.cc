@@ -9,6 +9,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/node_state.h"
+#include "actors/detail/replan.h"
 #include "actors/router.h"
 #include "actors/scheduler.h"
 #include "transport/auth.h"
@@ -266,27 +267,60 @@ Member* member_of_peer(NodeSelf* self, transport::PeerId peer) {
   return nullptr;
 }
 
+// The cluster cannot serve: requests in flight end with `why` (rather than wait for steps that
+// will never come back) and new ones are refused with it.
+void stop_serving(NodeSelf* self, const std::string& why) {
+  auto& st = self->state;
+  st.serving = false;
+  st.replacing = false;
+  st.not_serving_why = why;
+  std::fprintf(stderr, "troupe: head: the cluster stops serving: %s\n", why.c_str());
+  self->send(st.scheduler, fail_atom::value, why);
+}
+
+// Node `gone` hosted part of the pipeline: move its actors to the survivors (replan) and start
+// the new placement everywhere. The scheduler holds its requests meanwhile (new ones queue too)
+// and recomputes them from their token logs once every survivor reports (head_placement_report),
+// so clients see added latency and the same tokens. A node that comes back is not a member any
+// more (its lease ended) and its old steps are dropped by the scheduler's epoch.
+void replace_actors(NodeSelf* self, const std::string& gone, const std::string& why) {
+  auto& st = self->state;
+  std::map<uint32_t, Survivor> alive;
+  for (const auto& [n, mem] : st.members)
+    if (mem.state == MemberState::kAlive) alive[mem.node_id] = {mem.resources.free_memory_bytes};
+  const auto& spec = st.model->spec;
+  const PlacementMsg& old = *st.placement;
+  auto next = replan(old, alive, [&](ActorRole role, uint32_t index) {
+    return actor_weight_bytes(spec, old, role, index);
+  });
+  const std::string what = "node " + gone + ", which hosts part of the pipeline, is " + why;
+  if (!next)
+    return stop_serving(self, what + "; cannot re-place its actors: " + next.error().message);
+  std::fprintf(stderr, "troupe: head: %s; re-placing its actors (placement %llu)\n", what.c_str(),
+               static_cast<unsigned long long>(next->version));
+  st.replacing = true;
+  self->send(st.scheduler, hold_atom::value);
+  for (auto& [n, mem] : st.members) mem.reported = false;
+  next->header.cluster_epoch = st.link->epoch();
+  for (const auto& [n, mem] : st.members)
+    if (n != st.me.name && mem.state == MemberState::kAlive)
+      send_to(self, mem.peer, *next, ActorRole::kController);
+  start_placement(self, std::move(*next));
+}
+
 void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState state,
                  const std::string& why) {
   auto& st = self->state;
   m.state = state;
   std::fprintf(stderr, "troupe: head: node %s is %s: %s\n", name.c_str(), to_string(state),
                why.c_str());
-  if (st.placement_sent && st.serving) {
+  if (st.placement_sent && st.serving && st.placement) {
     bool hosted = false;
     for (const auto& s : st.placement->stages) hosted |= s.node_id == m.node_id;
     for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
     if (hosted) {
-      st.serving = false;
-      st.not_serving_why = "node " + name + ", which hosts part of the pipeline, is " +
-                           to_string(state) + " (" + why + ")";
-      std::fprintf(stderr,
-                   "troupe: head: the cluster stops serving: %s; re-placing its actors is not "
-                   "supported yet\n",
-                   st.not_serving_why.c_str());
-      // Requests in flight cannot finish: end them now with the reason rather than let them
-      // wait for steps that will never come back.
-      self->send(st.scheduler, fail_atom::value, st.not_serving_why);
+      broadcast_membership(self);
+      return replace_actors(self, name, to_string(state) + std::string(" (") + why + ")");
     }
   }
   broadcast_membership(self);
@@ -338,18 +372,31 @@ void head_tick(NodeSelf* self) {
 }
 
 void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
-                           const std::string& error, std::vector<Phase> phases) {
+                           const std::string& error, std::vector<Phase> phases, uint64_t version) {
   auto& st = self->state;
   auto it = st.members.find(node);
   if (it == st.members.end()) return;
+  if (!st.placement || version != st.placement->version) return;  // an earlier placement's
   it->second.phases = std::move(phases);
+  if (!ok && st.replacing)
+    return stop_serving(self, "re-placement failed on node " + node + ": " + error);
   if (!ok) return fail(self, "placement failed on node " + node + ": " + error);
   it->second.reported = true;
   for (const auto& [name, m] : st.members)
-    if (!m.reported) {
-      set_waiting(self, "node " + name + " to start its actors");
+    if (m.state == MemberState::kAlive && !m.reported) {
+      if (!st.replacing) set_waiting(self, "node " + name + " to start its actors");
       return;
     }
+  if (st.replacing) {
+    // Every survivor runs its actors of the new placement and stage 0's handle went to the
+    // scheduler: recompute every request from its token log on the new pipeline.
+    st.replacing = false;
+    std::fprintf(stderr,
+                 "troupe: head: re-placement %llu done; recomputing the requests in flight\n",
+                 static_cast<unsigned long long>(version));
+    self->send(st.scheduler, reset_atom::value);
+    return;
+  }
   end_phase(self, "placement");
   // Warm-up: one token through every stage (and every expert shard the router picks), so the
   // first client does not pay for cold caches, page faults and first connections.
@@ -399,7 +446,7 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
       std::vector<Phase> phases;
       for (const auto& p : r->phases) phases.push_back({p.name, p.start_ms, p.duration_ms, p.done});
       return head_placement_report(self, st.link->peer_name(m->peer), r->ok, r->error,
-                                   std::move(phases));
+                                   std::move(phases), r->version);
     }
     case ControlMsg::kLeaveNotice: {
       auto r = decode_leave_notice(m->data(), {});

@@ -227,7 +227,9 @@ uint64_t prefetch(const std::vector<std::span<const uint8_t>>& ranges, int threa
 
 void report(NodeSelf* self, bool ok, const std::string& error) {
   auto& st = self->state;
-  if (st.head) return head_placement_report(self, st.me.name, ok, error, st.phases);
+  if (st.head)
+    return head_placement_report(self, st.me.name, ok, error, st.phases,
+                                 st.placement ? st.placement->version : 0);
   PlacementReportMsg r;
   r.header.cluster_epoch = st.link->epoch();
   r.version = st.placement ? st.placement->version : 0;
@@ -243,14 +245,57 @@ void report(NodeSelf* self, bool ok, const std::string& error) {
 
 }  // namespace
 
+uint64_t actor_weight_bytes(const model::ModelSpec& spec, const PlacementMsg& pl, ActorRole role,
+                            uint32_t index) {
+  // The weights owned_weights() gives a node that hosts this one actor and nothing else.
+  constexpr uint32_t kOnly = 0xffffffffu;
+  PlacementMsg one = pl;
+  for (auto& s : one.stages) s.node_id = role == ActorRole::kStage && s.stage == index ? kOnly : 0;
+  for (auto& s : one.shards)
+    s.node_id = role == ActorRole::kExpertShard && s.shard == index ? kOnly : 0;
+  uint64_t bytes = 0;
+  for (const auto& r : owned_weights(spec, one, kOnly)) bytes += r.size();
+  return bytes;
+}
+
+// Stops the actors of the current placement (stages, shards and the proxies they use) before a
+// re-placement: the head's scheduler recomputes every sequence afterwards, so nothing they hold
+// is needed. Stopped with user_shutdown, so on_actor_down does not restart them.
+void stop_placed_actors(NodeSelf* self) {
+  auto& st = self->state;
+  for (auto& [i, a] : st.stages) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [i, a] : st.shards) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
+  for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  st.stages.clear();
+  st.shards.clear();
+  st.shard_proxies.clear();
+  st.scheduler_proxy = nullptr;
+  st.stage_proxies.clear();
+  st.stage_builds.clear();
+  st.shard_builds.clear();
+  st.owned_experts.clear();
+  st.expert_shard_of.clear();
+  st.expert_placement = {};
+  st.placed = false;
+}
+
 void start_placement(NodeSelf* self, PlacementMsg p) {
   auto& st = self->state;
-  if (st.placement) {
-    std::fprintf(stderr,
-                 "troupe: node %s: ignored placement %llu (re-placement is not supported "
-                 "yet)\n",
-                 st.me.name.c_str(), static_cast<unsigned long long>(p.version));
+  if (st.placement && p.version <= st.placement->version) {
+    std::fprintf(stderr, "troupe: node %s: ignored placement %llu (have %llu)\n",
+                 st.me.name.c_str(), static_cast<unsigned long long>(p.version),
+                 static_cast<unsigned long long>(st.placement->version));
     return;
+  }
+  if (st.placement && !st.pending_placement) {
+    // A re-placement (a node hosting part of the pipeline is gone): start over with the new
+    // placement. Actors that stay on this node are rebuilt too; their weights are resident.
+    std::fprintf(stderr, "troupe: node %s: re-placement %llu\n", st.me.name.c_str(),
+                 static_cast<unsigned long long>(p.version));
+    stop_placed_actors(self);
+    st.placement.reset();
   }
   const uint32_t me = st.link->node_id();
   // A placement names nodes by id; their names and addresses come in a Membership. The head
@@ -417,8 +462,10 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
   // Ready once every local stage answers: its engine is built and its KV pool allocated.
   auto remaining = std::make_shared<size_t>(st.stages.size());
   auto failed = std::make_shared<std::string>();
-  auto done = [self, remaining, failed] {
+  auto done = [self, remaining, failed, version] {
     if (--*remaining > 0) return;
+    // A newer placement replaced this one while its stages started: it reports for itself.
+    if (!self->state.placement || self->state.placement->version != version) return;
     end_phase(self, "start actors");
     self->state.placed = failed->empty();
     report(self, failed->empty(), *failed);

@@ -96,6 +96,7 @@ SchedulerActor::behavior_type remote_scheduler(
       [](cancel_atom, int64_t) { drop("remote scheduler", "cancel"); },
       [](stage_atom, const StageInputActor&) { drop("remote scheduler", "stage"); },
       [](reset_atom) { drop("remote scheduler", "reset"); },
+      [](hold_atom) { drop("remote scheduler", "hold"); },
       [](deadline_atom, uint64_t, uint64_t) { drop("remote scheduler", "deadline"); },
       [](fail_atom, const std::string&) { drop("remote scheduler", "fail"); },
       [](crash_atom) { drop("remote scheduler", "crash"); },

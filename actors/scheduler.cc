@@ -52,6 +52,7 @@ struct SchedulerState {
   uint64_t next_step = 1;
   std::set<caf::actor_addr> watched;  // reply_to actors we monitor (their requests die with them)
   bool crash_next = false;            // fault injection
+  bool held = false;                  // (hold): no steps until the next (reset)
   // statistics
   uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0, step_timeouts = 0;
   int64_t step_timeout_ms = 0;
@@ -132,6 +133,7 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
 void schedule(Self* self) {
   auto& st = self->state;
   if (!st.first_stage) return;  // requests wait until the pipeline is wired
+  if (st.held) return;          // the pipeline is being re-placed: requests wait for (reset)
   while (st.in_flight < st.cfg.microbatches) {
     auto batch = std::make_shared<StepBatch>();
     int64_t budget = st.cfg.max_tokens_per_step;
@@ -396,6 +398,7 @@ SchedulerActor::behavior_type scheduler_behavior(
         // A stage restarted with an empty KV pool: drop every block (and the prefix cache, whose
         // contents that stage no longer has) and recompute all sequences from their token logs.
         auto& st = self->state;
+        st.held = false;
         reset_pipeline(self);
         std::deque<int64_t> requeue;
         for (int64_t id : st.running) requeue.push_back(id);
@@ -432,6 +435,11 @@ SchedulerActor::behavior_type scheduler_behavior(
       },
       [=](kv_atom) -> compute::KvStats { return self->state.kv->stats(); },
       [=](deadline_atom, uint64_t step_id, uint64_t epoch) { on_deadline(self, step_id, epoch); },
+      [=](hold_atom) {
+        // Part of the pipeline is gone and is being re-placed: send no steps (they would go to
+        // actors that are no more) until (reset) says the new pipeline is wired.
+        self->state.held = true;
+      },
       [=](fail_atom, const std::string& why) {
         // The pipeline cannot run (a node hosting its actors is gone): end every request with
         // the reason instead of letting it wait.
@@ -439,6 +447,7 @@ SchedulerActor::behavior_type scheduler_behavior(
         std::vector<int64_t> ids;
         for (const auto& [id, s] : st.seqs) ids.push_back(id);
         for (int64_t id : ids) finish(self, id, "error", why);
+        st.held = false;
         reset_pipeline(self);
       },
       [=](crash_atom) { self->state.crash_next = true; },

@@ -133,6 +133,7 @@ struct NodeState {
   uint32_t next_node_id = 2;              // the head is node 1
   uint64_t membership_version = 0;
   bool placement_sent = false, serving = false, draining = false;
+  bool replacing = false;       // a re-placement is under way: requests queue at the scheduler
   std::string not_serving_why;  // set when the cluster stopped serving (a node left or died)
   static inline const char* name = "node";
 };
@@ -179,7 +180,12 @@ void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole rol
 
 /// Placement on this node: connect to the peers it needs (on a helper thread), then spawn the
 /// local stages and shards and the proxies of remote ones; report to the head.
+/// Starts this node's actors of placement p; a newer version than the current one (a
+/// re-placement) first stops the actors of the current one.
 void start_placement(NodeSelf* self, PlacementMsg p);
+/// Bytes of the weights that the actor (role, index) of placement pl reads.
+uint64_t actor_weight_bytes(const model::ModelSpec& spec, const PlacementMsg& pl, ActorRole role,
+                            uint32_t index);
 void finish_placement(NodeSelf* self, uint64_t version, const std::string& error,
                       uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes);
 void stop_local_actors(NodeSelf* self);
@@ -202,10 +208,10 @@ void head_init(NodeSelf* self);
 MembershipMsg membership_of(NodeSelf* self);
 void head_tick(NodeSelf* self);
 void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
-/// A node's placement finished on the head itself or a report arrived.
 /// The warm-up generation finished: the head serves (or fails with its error).
 void head_warmed_up(NodeSelf* self, const GenerateResult& r);
+/// A node's placement `version` finished on the head itself or a report arrived.
 void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
-                           const std::string& error, std::vector<Phase> phases);
+                           const std::string& error, std::vector<Phase> phases, uint64_t version);
 
 }  // namespace troupe::actors::detail

@@ -276,33 +276,65 @@ TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
 
 // A node that hosts a stage dies: requests in flight end with an error that names it (no hang),
 // and new ones are refused with the same reason.
-TEST(ClusterNode, DeadStageNodeEndsRequestsWithAClearError) {
+// A node hosting part of the pipeline goes while requests are in flight: the head re-places its
+// actors on the survivors, the scheduler recomputes the requests from their token logs, and every
+// token and logit equals the fault-free single-process run. `lose` makes node c go.
+void expect_replaced(const std::string& rel, const Layout& layout,
+                     const std::function<void(ClusterNode&)>& lose, const std::string& state) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/models/stories260K/stories260K.gguf";
+  const auto [path, reqs, want] = workload(shared, rel);
+  ASSERT_FALSE(want.empty());
   std::vector<uint16_t> ports;
-  Plan plan = parse(cluster_toml(path, {{"a", "b"}, {}}, &ports, "t", 2));
+  Plan plan = parse(cluster_toml(path, layout, &ports));
   Nodes n;
-  n.start(plan, 2);
-  auto client = ClusterClient::connect("127.0.0.1", ports[0], "t");
-  ASSERT_TRUE(client);
-  GenerateRequest r;
-  r.prompt = "Once upon a time";
-  r.max_tokens = 100000;  // long enough to be in flight when the node goes
-  r.sampling.ignore_eos = true;
-  // Node b (stage 1) leaves as soon as the first token has streamed: the request is in flight.
-  bool gone = false;
-  auto res = (*client)->generate_many(
-      {r}, 0,
+  n.start(plan, 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  std::atomic<bool> gone{false};
+  auto got = (*client)->generate_many(
+      reqs, 0,
       [&](size_t, const std::string&, int32_t) {
-        if (!gone) n.nodes[1]->leave("test");
-        gone = true;
+        if (!gone.exchange(true)) lose(*n.nodes[2]);
       },
       60s);
-  ASSERT_FALSE(res[0].ok());
-  EXPECT_NE(res[0].error.find("node b"), std::string::npos) << res[0].error;
-  auto again = (*client)->generate_many({r}, 0, nullptr, 10s);
-  ASSERT_FALSE(again[0].ok());
-  EXPECT_NE(again[0].error.find("not serving"), std::string::npos) << again[0].error;
+  ASSERT_TRUE(gone.load());
+  expect_same(got, want);
+  // Node c is out of the membership and hosts nothing; the cluster serves on.
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  auto j = nlohmann::json::parse(*st);
+  EXPECT_TRUE(j["serving"].get<bool>()) << *st;
+  for (const auto& m : j["members"]) {
+    if (m["name"] == "c") {
+      EXPECT_EQ(m["state"], state) << *st;
+    }
+  }
+  for (const auto& a : j["actors"])
+    EXPECT_EQ(a["name"].get<std::string>().find("@c"), std::string::npos) << *st;
+  expect_same((*client)->generate_many(reqs), want);
+  // Node c first (it may be retrying to reach the head it lost), then the others.
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
+}
+
+TEST(ClusterNode, StageNodeThatLeavesMidRequestIsReplacedWithIdenticalOutput) {
+  expect_replaced(
+      "models/stories260K/stories260K.gguf", {{"a", "b", "c"}, {}},
+      [](ClusterNode& c) { c.leave("test"); }, "left");
+}
+
+TEST(ClusterNode, StageAndShardNodeThatDiesIsReplacedWithIdenticalOutput) {
+  // Node c hosts stage 1 and an expert shard; every link of it is cut (it looks dead: no
+  // heartbeats), so the head declares it dead when its lease (1 s) runs out.
+  expect_replaced(
+      "models/synth/mixtral-moe/model.gguf", {{"a", "c"}, {"b", "c"}},
+      [](ClusterNode& c) {
+        auto rule = transport::parse_fault_rule("cut");
+        ASSERT_TRUE(rule.has_value());
+        auto in = *rule;
+        in.outgoing = false;
+        c.set_faults({*rule, in});
+      },
+      "dead");
 }
 
 // The head drains when it leaves: requests in flight finish; new ones are refused.

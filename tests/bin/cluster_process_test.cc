@@ -192,6 +192,35 @@ TEST(ClusterProcesses, MoeOnThreeLoopbackDaemonsIsBitIdentical) {
   run_loopback("models/synth/mixtral-moe/model.gguf", {"n1", "n2"}, {"n2", "n0", "n1"});
 }
 
+// A daemon hosting a stage and an expert shard is killed (SIGKILL: no goodbye) while requests
+// stream: the head declares it dead when its lease (2 s) runs out, re-places its actors on the two
+// survivors, recomputes the requests, and every token and logit equals the single-process run.
+TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab);
+  const auto want = local_results(path, reqs);
+  const auto nodes = loopback_nodes(3);
+  const std::string conf =
+      cluster_file(path, nodes, {"n0", "n2"}, {"n1", "n2"}, "ucx_net_devices = \"lo\"\n", "killed");
+  auto ds = start_cluster(conf, nodes, {});
+  auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  std::atomic<bool> killed{false};
+  auto got = (*client)->generate_many(
+      reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (!killed.exchange(true)) ds[2]->kill_now();
+      },
+      120s);
+  ASSERT_TRUE(killed.load());
+  expect_same(got, want);
+  EXPECT_TRUE(wait_log(*ds[0], "re-placement 2 done", 1s)) << ds[0]->output();
+  for (size_t i = 2; i-- > 0;) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+}
+
 // Three namespaces on a bridge: real TCP between "hosts" (UCX would otherwise use shared memory
 // between processes of one machine, DEPENDENCIES.md §4).
 struct Netns {
