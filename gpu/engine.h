@@ -1,0 +1,83 @@
+// GpuEngine: the forward pass of compute::Engine on one CUDA device, for a stage (a layer range,
+// with or without the embedding and the head) over a batch of sequences with a paged bf16 KV
+// cache. Weights are dequantized to bf16 at start (norms and biases stay f32); the residual
+// stream is f32; every GEMM reads bf16 and accumulates in f32 (gpu/gemm.h).
+// Users: the stage actor's GPU executor, gpu_bench, tests. Same step() contract as
+// compute::Engine::step, and the same batch invariance: a sequence's logits are bitwise the same
+// alone or in any batch, prefilled in one chunk or in chunks of more than one token, with or
+// without CUDA graphs (see gpu/engine.cc for how each piece keeps this).
+// Thread safety: one step at a time per engine, from any one thread at a time; the engine makes
+// its device current at every call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "compute/engine.h"
+#include "compute/kv_cache.h"
+#include "model/model.h"
+
+namespace troupe::gpu {
+
+class StreamPair;
+
+struct GpuEngineOptions {
+  int device = 0;
+  compute::LayerRange range;  // as compute::Engine: layer range, embed, head
+  int64_t kv_block_size = 16;
+  int64_t kv_num_blocks = 0;  // 0: enough for max_tokens_in_cache
+  int64_t max_tokens_in_cache = 4096;
+  int64_t max_step_tokens = 4096;  // bound on the tokens of one step (sizes the workspace)
+  int64_t max_step_seqs = 256;
+  bool cuda_graphs = true;  // decode-only steps of a seen batch size replay a graph
+};
+
+class GpuEngine {
+ public:
+  /// Uploads the range's weights (dequantized to bf16; norms f32), allocates the KV pool and one
+  /// workspace arena up front (no cudaMalloc in step()). Errors: no GPU (the message says why),
+  /// out of device memory (says how much was needed), unsupported architecture or weight type,
+  /// bad options (as compute::Engine::create). Error codes: Errc::kNoDevice, Errc::kOutOfMemory,
+  /// another Errc for a CUDA/cuBLAS failure during set-up, 1 for bad options or an unsupported
+  /// model (compute::Engine's code for bad input).
+  static Result<std::unique_ptr<GpuEngine>> create(std::shared_ptr<const model::Model> model,
+                                                   const GpuEngineOptions& opts);
+  ~GpuEngine();
+  GpuEngine(const GpuEngine&) = delete;
+  GpuEngine& operator=(const GpuEngine&) = delete;
+
+  /// Same contract as compute::Engine::step: validates every SeqStep (token ids, block tables,
+  /// block ids, sizes against max_step_*, positions inside the KV pool), returns an Error without
+  /// computing when one is bad; fills out->logits (f32, host) for the rows each SeqStep asks for;
+  /// hidden_in (f32 [num_tokens, n_embd]) / hidden_out for ranges without embedding / head.
+  /// Synchronous: returns when results are on the host. Error codes as compute::Engine: 1 for a
+  /// bad step (nothing computed), 2 for a device failure during the step (the KV rows of that
+  /// step are then undefined).
+  Status step(std::span<const compute::SeqStep> seqs, compute::StepResult* out,
+              const float* hidden_in = nullptr, std::vector<float>* hidden_out = nullptr);
+
+  const model::ModelSpec& spec() const;
+  const compute::LayerRange& range() const;
+  compute::BlockAllocator& blocks();  // the KV block ids of this engine's pool
+  uint64_t weight_bytes() const;      // device bytes of weights held
+  uint64_t kv_bytes() const;          // device bytes of the KV pool
+  float last_step_ms() const;         // device time of the last step (events on the compute stream)
+  StreamPair& streams();
+
+  /// Diagnostics (tests, benchmarks): CUDA graphs captured so far, and the last capture failure
+  /// ("" when none; a step whose capture fails still returns its eager results, and that batch
+  /// shape then stays eager).
+  size_t num_graphs() const;
+  const std::string& graph_error() const;
+
+ private:
+  struct Impl;
+  explicit GpuEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::gpu

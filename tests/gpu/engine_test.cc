@@ -1,0 +1,587 @@
+// GpuEngine (gpu/engine.h) against the CPU engine and the golden references of ../shared, and its
+// invariances, bitwise: a sequence alone or in a batch, prefilled in one chunk or in chunks of
+// more than one token, with CUDA graphs on or off, and a whole model against two pipeline stages
+// chained through hidden states. Bad steps are rejected with compute::Engine's messages.
+// Without a GPU only CreateWithoutGpuSaysWhy runs; every other test skips.
+//
+// Tolerances (GPU against the CPU engine's f32 logits, per logits row):
+//   bf16 keeps 8 significant bits, so each rounding is a relative error of at most 2^-9 (RMS
+//   about 2^-9 / sqrt(3) = 1.1e-3). The GPU rounds every weight once and the input of every GEMM
+//   and of attention (normed h, q, k, v, the attention output, the SwiGLU product). Measured on
+//   these models with the CPU engine and bf16-rounded weights (the weight half of the error): a
+//   row's relative L2 error is 1.4e-3 to 6.6e-3 on average, 8.6e-3 at worst, and the max-abs
+//   error at most 1e-2 of the row's max|x|. The activation roundings add a comparable amount in
+//   quadrature (~1.5e-2 expected); kRowTol = 3e-2 is twice that.
+//   Top-1 must agree where the reference's top-2 margin exceeds kMarginFrac = 6e-2 of the row's
+//   max|x| (three times the expected max-abs error of ~2e-2, which could at most flip 4e-2).
+//   MoE layers may route a token to another expert when two router scores lie within the bf16
+//   error (a near tie, then a large change of that token's row): for MoE models at least 75% of
+//   the rows must be within kRowTol, every row within kMoeRowMax (a broken layer gives ~1 or
+//   NaN), and the top-1 check skips the rows beyond kRowTol.
+#include "gpu/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "compute/engine.h"
+#include "gpu/runtime.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_support.h"
+
+namespace troupe::gpu {
+namespace {
+
+using compute::SeqStep;
+using compute::StepResult;
+using Logits = compute::SeqStep::Logits;
+
+constexpr double kRowTol = 3e-2;
+constexpr double kMarginFrac = 6e-2;
+constexpr double kMoeRowMax = 1.0;
+constexpr double kMoeMinFractionWithin = 0.75;
+constexpr int64_t kBlockSize = 16;
+
+const char* const kModels[] = {
+    "models/stories260K/stories260K.gguf",     "models/synth/llama-dense/model.gguf",
+    "models/synth/llama-dense-f16/model.gguf", "models/synth/mixtral-moe/model.gguf",
+    "models/synth/qwen3moe/model.gguf",        "models/synth/qwen2moe/model.gguf",
+    "models/synth/deepseek2/model.gguf"};
+
+std::string message(const Status& s) { return s.has_value() ? std::string() : s.error().message; }
+
+std::vector<int32_t> make_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return v;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool has_moe(const model::ModelSpec& s) {
+  return std::any_of(s.layers.begin(), s.layers.end(), [](const auto& L) { return L.is_moe; });
+}
+
+GpuEngineOptions small_options() {
+  GpuEngineOptions o;
+  o.kv_block_size = kBlockSize;
+  o.max_tokens_in_cache = 1024;
+  o.max_step_tokens = 256;
+  o.max_step_seqs = 16;
+  return o;
+}
+
+std::unique_ptr<GpuEngine> make_gpu(std::shared_ptr<const model::Model> m,
+                                    const GpuEngineOptions& o) {
+  auto e = GpuEngine::create(std::move(m), o);
+  EXPECT_TRUE(e.has_value()) << (e.has_value() ? "" : e.error().message);
+  return e.has_value() ? std::move(*e) : nullptr;
+}
+
+/// A sequence on any engine's block pool: owns its blocks, grows them as tokens are added.
+class Seq {
+ public:
+  Seq(compute::BlockAllocator& alloc, std::vector<int32_t> tokens)
+      : alloc_(alloc), tokens_(std::move(tokens)) {}
+  ~Seq() { alloc_.release(blocks_); }
+  Seq(const Seq&) = delete;
+  Seq& operator=(const Seq&) = delete;
+
+  /// The step of the next n tokens (blocks reserved); advance(n) after the step.
+  SeqStep next(int64_t n, Logits logits) {
+    const int64_t need =
+        (len_ + n + kBlockSize - 1) / kBlockSize - static_cast<int64_t>(blocks_.size());
+    if (need > 0) {
+      EXPECT_TRUE(alloc_.allocate(need, &blocks_)) << "KV pool exhausted";
+    }
+    EXPECT_LE(len_ + n, static_cast<int64_t>(tokens_.size()));
+    SeqStep st;
+    st.pos0 = len_;
+    st.tokens = std::span<const int32_t>(tokens_.data() + len_, static_cast<size_t>(n));
+    st.blocks = blocks_;
+    st.logits = logits;
+    return st;
+  }
+  void advance(int64_t n) { len_ += n; }
+
+ private:
+  compute::BlockAllocator& alloc_;
+  std::vector<int32_t> tokens_;
+  std::vector<int32_t> blocks_;
+  int64_t len_ = 0;
+};
+
+/// One sequence's part of a scripted step.
+struct Part {
+  int seq;
+  int64_t n;
+  Logits logits;
+};
+using Script = std::vector<std::vector<Part>>;
+
+/// Runs `script` on `eng` (compute::Engine or GpuEngine) for sequences with the given token
+/// streams; returns, per sequence, the logits rows it received, in order.
+template <class Engine>
+std::vector<std::vector<float>> run_script(Engine& eng,
+                                           const std::vector<std::vector<int32_t>>& toks,
+                                           const Script& script) {
+  std::vector<std::unique_ptr<Seq>> seqs;
+  for (const auto& t : toks) seqs.push_back(std::make_unique<Seq>(eng.blocks(), t));
+  std::vector<std::vector<float>> got(toks.size());
+  for (size_t s = 0; s < script.size(); ++s) {
+    std::vector<SeqStep> steps;
+    for (const Part& p : script[s])
+      steps.push_back(seqs[static_cast<size_t>(p.seq)]->next(p.n, p.logits));
+    StepResult r;
+    const Status st = eng.step(steps, &r);
+    EXPECT_TRUE(st.has_value()) << "step " << s << ": " << message(st);
+    if (!st.has_value()) return {};
+    for (size_t i = 0; i < script[s].size(); ++i) {
+      const Part& p = script[s][i];
+      if (r.row_count[i] > 0) {
+        const float* row = r.row(i);
+        got[static_cast<size_t>(p.seq)].insert(got[static_cast<size_t>(p.seq)].end(), row,
+                                               row + r.row_count[i] * r.n_vocab);
+      }
+      seqs[static_cast<size_t>(p.seq)]->advance(p.n);
+    }
+  }
+  return got;
+}
+
+/// Per-row comparison of GPU logits with a reference (CPU engine or golden).
+struct RowStats {
+  int rows = 0, within = 0, argmax_checked = 0, argmax_mismatch = 0;
+  double max_rel = 0, worst_row = 0;
+  bool finite = true;
+};
+
+int argmax(const float* v, int64_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
+
+void compare_row(const float* got, const float* ref, int64_t n, RowStats* st) {
+  double num = 0, den = 0, mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i])) st->finite = false;
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+    mx = std::max(mx, std::fabs(static_cast<double>(ref[i])));
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  st->rows++;
+  st->worst_row = std::max(st->worst_row, rel);
+  if (rel <= kRowTol) st->within++;
+  std::vector<float> top(ref, ref + n);
+  std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+  if (rel <= kRowTol && static_cast<double>(top[0]) - top[1] > kMarginFrac * mx) {
+    st->argmax_checked++;
+    if (argmax(got, n) != argmax(ref, n)) st->argmax_mismatch++;
+  }
+}
+
+void expect_stats(const RowStats& st, bool moe, const std::string& what) {
+  std::printf(
+      "[gpu-engine] %s: %d rows, %d within %.0e (worst %.3g), top-1 checked %d, "
+      "mismatched %d\n",
+      what.c_str(), st.rows, st.within, kRowTol, st.worst_row, st.argmax_checked,
+      st.argmax_mismatch);
+  EXPECT_TRUE(st.finite) << what << ": NaN or infinity in the logits";
+  EXPECT_GT(st.rows, 0) << what;
+  if (moe) {
+    EXPECT_GE(st.within, static_cast<int>(std::ceil(kMoeMinFractionWithin * st.rows))) << what;
+    EXPECT_LE(st.worst_row, kMoeRowMax) << what;
+  } else {
+    EXPECT_EQ(st.within, st.rows) << what << ": worst row error " << st.worst_row;
+  }
+  EXPECT_EQ(st.argmax_mismatch, 0) << what;
+}
+
+// ---- without a GPU ----------------------------------------------------------------------------
+
+TEST(GpuEngine, CreateWithoutGpuSaysWhy) {
+  std::string why;
+  if (gpu_available(&why)) GTEST_SKIP() << "a GPU is present: the other GpuEngine tests run";
+  auto empty = GpuEngine::create(std::make_shared<model::Model>(), GpuEngineOptions{});
+  ASSERT_FALSE(empty.has_value());
+  EXPECT_NE(empty.error().message.find("no usable CUDA GPU"), std::string::npos)
+      << empty.error().message;
+  EXPECT_EQ(empty.error().code, static_cast<int>(Errc::kNoDevice));
+  auto none = GpuEngine::create(nullptr, GpuEngineOptions{});
+  ASSERT_FALSE(none.has_value());
+  EXPECT_NE(none.error().message.find("no model"), std::string::npos) << none.error().message;
+  const std::string shared = troupe::testing::shared_dir();
+  if (!shared.empty()) {
+    auto model = compute::load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+    ASSERT_TRUE(model);
+    auto e = GpuEngine::create(model, GpuEngineOptions{});
+    ASSERT_FALSE(e.has_value());
+    EXPECT_NE(e.error().message.find("no usable CUDA GPU"), std::string::npos) << e.error().message;
+  }
+}
+
+// ---- against the CPU engine, and invariances (per model) --------------------------------------
+
+class GpuEngineModel : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    TROUPE_REQUIRE_GPU();
+    TROUPE_SHARED_OR_SKIP(shared);
+    model_ = compute::load_model_for_test(shared + "/" + GetParam());
+    ASSERT_TRUE(model_) << GetParam();
+    V_ = model_->spec.n_vocab;
+    moe_ = has_moe(model_->spec);
+  }
+  std::shared_ptr<const model::Model> model_;
+  int64_t V_ = 0;
+  bool moe_ = false;
+};
+
+TEST_P(GpuEngineModel, LogitsMatchCpuEngine) {
+  // Two sequences prefilled together (every row), then five decode steps together.
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(25, V_, 11), make_tokens(18, V_, 12)};
+  Script script = {{{0, 20, Logits::kAll}, {1, 13, Logits::kAll}}};
+  for (int i = 0; i < 5; ++i) script.push_back({{0, 1, Logits::kLast}, {1, 1, Logits::kLast}});
+  compute::EngineOptions co;
+  co.n_threads = 4;
+  co.max_tokens_in_cache = 1024;
+  co.kv_block_size = kBlockSize;
+  auto cpu = compute::Engine::create(model_, co);
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  auto gpu = make_gpu(model_, small_options());
+  ASSERT_TRUE(gpu);
+  const auto want = run_script(**cpu, toks, script);
+  const auto got = run_script(*gpu, toks, script);
+  ASSERT_EQ(want.size(), 2u);
+  ASSERT_EQ(got.size(), 2u);
+  RowStats st;
+  for (size_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(got[s].size(), want[s].size());
+    ASSERT_EQ(want[s].size(), static_cast<size_t>(V_) * (s == 0 ? 25 : 18));
+    for (size_t r = 0; r < want[s].size() / static_cast<size_t>(V_); ++r)
+      compare_row(&got[s][r * static_cast<size_t>(V_)], &want[s][r * static_cast<size_t>(V_)], V_,
+                  &st);
+  }
+  expect_stats(st, moe_, std::string("vs CPU ") + GetParam());
+  EXPECT_GT(gpu->last_step_ms(), 0.f);
+  EXPECT_GT(gpu->weight_bytes(), 0u);
+  EXPECT_GT(gpu->kv_bytes(), 0u);
+}
+
+TEST_P(GpuEngineModel, BatchAndChunkInvariantBitwise) {
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(33, V_, 1), make_tokens(17, V_, 2),
+                                                  make_tokens(60, V_, 3)};
+  auto gpu = make_gpu(model_, small_options());
+  ASSERT_TRUE(gpu);
+  // Reference: sequence 0 prefilled alone in one chunk, then 4 decode steps alone.
+  Script alone = {{{0, 29, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) alone.push_back({{0, 1, Logits::kLast}});
+  const auto ref = run_script(*gpu, toks, alone);
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(ref[0].size(), static_cast<size_t>(V_) * 33);
+
+  // Chunks of more than one token (the prefill kernel path).
+  Script chunked = {{{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 5, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) chunked.push_back({{0, 1, Logits::kLast}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(*gpu, toks, chunked)[0])) << "chunked prefill";
+
+  // In mixed batches: sequence 1 prefills 6 then decodes, sequence 2 prefills 13 per step; then
+  // all three decode together. Sequence 0 sits in the middle (its rows at varying offsets).
+  Script mixed;
+  const int64_t chunks0[] = {8, 8, 8, 5};
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, i == 0 ? 6 : 1, Logits::kLast},
+                     {0, chunks0[i], Logits::kAll},
+                     {2, 13, Logits::kLast}});
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, 1, Logits::kLast}, {0, 1, Logits::kLast}, {2, 1, Logits::kAll}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(*gpu, toks, mixed)[0])) << "mixed batch";
+}
+
+TEST_P(GpuEngineModel, CudaGraphsOnOffBitwise) {
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(40, V_, 21), make_tokens(40, V_, 22),
+                                                  make_tokens(40, V_, 23)};
+  Script script = {{{0, 10, Logits::kLast}, {1, 17, Logits::kLast}, {2, 5, Logits::kLast}}};
+  // Decode: three sequences (contexts crossing a block boundary: new graph keys), then two, then
+  // three again with one asking for no logits.
+  for (int i = 0; i < 9; ++i)
+    script.push_back({{0, 1, Logits::kLast}, {1, 1, Logits::kLast}, {2, 1, Logits::kLast}});
+  for (int i = 0; i < 3; ++i) script.push_back({{0, 1, Logits::kLast}, {2, 1, Logits::kLast}});
+  for (int i = 0; i < 3; ++i)
+    script.push_back({{0, 1, Logits::kLast}, {1, 1, Logits::kNone}, {2, 1, Logits::kLast}});
+  GpuEngineOptions on = small_options(), off = small_options();
+  on.cuda_graphs = true;
+  off.cuda_graphs = false;
+  auto g_on = make_gpu(model_, on);
+  auto g_off = make_gpu(model_, off);
+  ASSERT_TRUE(g_on && g_off);
+  const auto a = run_script(*g_on, toks, script);
+  const auto b = run_script(*g_off, toks, script);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_TRUE(bit_equal(a[s], b[s])) << "sequence " << s;
+  EXPECT_EQ(g_off->num_graphs(), 0u);
+  if (moe_) {
+    EXPECT_EQ(g_on->num_graphs(), 0u) << "MoE layers sync the host: no graphs";
+  } else {
+    EXPECT_GE(g_on->num_graphs(), 2u);
+    EXPECT_EQ(g_on->graph_error(), "");
+  }
+}
+
+TEST_P(GpuEngineModel, PipelineStagesBitwise) {
+  const int64_t E = model_->spec.n_embd, NL = model_->spec.n_layer;
+  ASSERT_GE(NL, 2);
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(26, V_, 9)};
+  Script script;
+  for (int64_t at = 0; at < 23; at += 6)
+    script.push_back({{0, std::min<int64_t>(6, 23 - at), Logits::kAll}});
+  for (int i = 0; i < 3; ++i) script.push_back({{0, 1, Logits::kLast}});
+  auto whole = make_gpu(model_, small_options());
+  ASSERT_TRUE(whole);
+  const auto ref = run_script(*whole, toks, script);
+  ASSERT_EQ(ref.size(), 1u);
+
+  GpuEngineOptions o0 = small_options(), o1 = small_options();
+  o0.range = {0, 1, true, false};
+  o1.range = {1, NL, false, true};
+  auto s0 = make_gpu(model_, o0);
+  auto s1 = make_gpu(model_, o1);
+  ASSERT_TRUE(s0 && s1);
+  Seq q0(s0->blocks(), toks[0]), q1(s1->blocks(), toks[0]);
+  std::vector<float> got, hidden;
+  for (const auto& step : script) {
+    const Part& p = step[0];
+    SeqStep a = q0.next(p.n, p.logits), b = q1.next(p.n, p.logits);
+    StepResult r0, r1;
+    const Status st0 = s0->step({&a, 1}, &r0, nullptr, &hidden);
+    ASSERT_TRUE(st0.has_value()) << message(st0);
+    ASSERT_EQ(static_cast<int64_t>(hidden.size()), p.n * E);
+    EXPECT_TRUE(r0.logits.empty());
+    const Status st1 = s1->step({&b, 1}, &r1, hidden.data());
+    ASSERT_TRUE(st1.has_value()) << message(st1);
+    got.insert(got.end(), r1.logits.begin(), r1.logits.end());
+    q0.advance(p.n);
+    q1.advance(p.n);
+  }
+  EXPECT_TRUE(bit_equal(ref[0], got));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, GpuEngineModel, ::testing::ValuesIn(kModels),
+                         [](const auto& info) {
+                           return ::troupe::testing::model_param_name(info.param);
+                         });
+
+// ---- golden greedy tokens ---------------------------------------------------------------------
+
+// The prompt in one chunk, then the reference's greedy tokens one at a time (teacher forcing):
+// top-1 must be the reference's token wherever its recorded margin is clear of the bf16 error.
+TEST(GpuEngineGolden, GreedyTokensMatchWhereMarginsAreClear) {
+  TROUPE_REQUIRE_GPU();
+  TROUPE_SHARED_OR_SKIP(shared);
+  namespace fs = std::filesystem;
+  using nlohmann::json;
+  int cases = 0;
+  for (const char* name : {"stories260K", "llama-dense", "llama-dense-f16", "mixtral-moe",
+                           "qwen2moe", "qwen3moe", "deepseek2"}) {
+    const fs::path dir = fs::path(shared) / "golden" / name;
+    if (!fs::exists(dir)) continue;
+    std::vector<fs::path> case_dirs;
+    for (const auto& c : fs::directory_iterator(dir))
+      if (fs::exists(c.path() / "case.json")) case_dirs.push_back(c.path());
+    std::sort(case_dirs.begin(), case_dirs.end());
+    for (const fs::path& cd : case_dirs) {
+      const std::string what = std::string(name) + "/" + cd.filename().string();
+      SCOPED_TRACE(what);
+      const json j = json::parse(troupe::testing::read_text_file((cd / "case.json").string()));
+      std::string mf = j.at("model_file").get<std::string>();
+      if (mf.rfind("shared/", 0) == 0) mf = mf.substr(7);
+      auto model = compute::load_model_for_test(shared + "/" + mf);
+      ASSERT_TRUE(model) << mf;
+      const int64_t V = model->spec.n_vocab;
+      const auto prompt = j.at("prompt_tokens").get<std::vector<int32_t>>();
+      const auto greedy = j.at("greedy_tokens").get<std::vector<int32_t>>();
+      const auto margins = j.at("diagnostics").at("greedy_margins").get<std::vector<double>>();
+      const auto ref = troupe::testing::read_f32_file((cd / "step_logits.f32").string());
+      ASSERT_GE(ref.size(), greedy.size() * static_cast<size_t>(V));
+      ASSERT_EQ(margins.size(), greedy.size());
+
+      GpuEngineOptions o;  // the default workspace sizes
+      o.max_tokens_in_cache = 256;
+      auto eng = make_gpu(model, o);
+      ASSERT_TRUE(eng);
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), greedy.begin(), greedy.end());
+      Seq seq(eng->blocks(), all);
+      RowStats st;
+      int clear = 0, clear_wrong = 0;
+      int64_t n = static_cast<int64_t>(prompt.size());
+      for (size_t s = 0; s < greedy.size(); ++s) {
+        SeqStep step = seq.next(n, Logits::kLast);
+        StepResult r;
+        const Status ok = eng->step({&step, 1}, &r);
+        ASSERT_TRUE(ok.has_value()) << message(ok);
+        seq.advance(n);
+        n = 1;
+        const float* row = r.row(0);
+        const float* want = &ref[s * static_cast<size_t>(V)];
+        const int within_before = st.within;
+        compare_row(row, want, V, &st);
+        double mx = 0;
+        for (int64_t i = 0; i < V; ++i) mx = std::max(mx, std::fabs(static_cast<double>(want[i])));
+        if (st.within > within_before && margins[s] > kMarginFrac * mx) {
+          ++clear;
+          if (argmax(row, V) != greedy[s]) {
+            ++clear_wrong;
+            ADD_FAILURE() << what << " step " << s << ": top-1 " << argmax(row, V) << ", reference "
+                          << greedy[s] << " (margin " << margins[s] << ")";
+          }
+        }
+      }
+      std::printf("[gpu-engine] golden %s: %d clear greedy steps, %d wrong\n", what.c_str(), clear,
+                  clear_wrong);
+      expect_stats(st, has_moe(model->spec), "golden " + what);
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 21) << "expected 7 models x 3 cases under golden/";
+}
+
+// ---- bad steps and options --------------------------------------------------------------------
+
+class GpuEngineErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TROUPE_REQUIRE_GPU();
+    TROUPE_SHARED_OR_SKIP(shared);
+    model_ = compute::load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+    ASSERT_TRUE(model_);
+  }
+  std::shared_ptr<const model::Model> model_;
+};
+
+TEST_F(GpuEngineErrors, RejectsBadStepsWithTheCpuMessages) {
+  GpuEngineOptions o = small_options();
+  o.max_tokens_in_cache = 64;  // 4 blocks
+  o.max_step_tokens = 48;
+  o.max_step_seqs = 2;
+  auto e = make_gpu(model_, o);
+  ASSERT_TRUE(e);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(e->blocks().allocate(1, &blocks));
+  auto expect_error = [&](const SeqStep* steps, size_t n, const std::string& text) {
+    StepResult r;
+    const Status s = e->step({steps, n}, &r);
+    ASSERT_FALSE(s.has_value()) << "expected: " << text;
+    EXPECT_NE(s.error().message.find(text), std::string::npos) << s.error().message;
+  };
+  const std::vector<int32_t> bad_token = {1, 512};
+  SeqStep st{0, bad_token, blocks, Logits::kLast};
+  expect_error(&st, 1, "token id 512 is outside the vocabulary");
+  const std::vector<int32_t> many(40, 1);
+  st = SeqStep{0, many, blocks, Logits::kLast};
+  expect_error(&st, 1, "needs 3 KV blocks");
+  st = SeqStep{0, {}, blocks, Logits::kLast};
+  expect_error(&st, 1, "has no tokens");
+  const std::vector<int32_t> one = {1};
+  st = SeqStep{-1, one, blocks, Logits::kLast};
+  expect_error(&st, 1, "negative position");
+  const std::vector<int32_t> bad_block = {99};
+  st = SeqStep{0, one, bad_block, Logits::kLast};
+  expect_error(&st, 1, "block id 99 out of range");
+  const std::vector<int32_t> four = {0, 1, 2, 3, 0};  // repeats a block: past the pool's 64 slots
+  st = SeqStep{64, one, four, Logits::kLast};
+  expect_error(&st, 1, "beyond the KV pool");
+  const SeqStep three[3] = {{0, one, blocks, Logits::kLast},
+                            {0, one, blocks, Logits::kLast},
+                            {0, one, blocks, Logits::kLast}};
+  expect_error(three, 3, "max_step_seqs");
+  const std::vector<int32_t> thirty(30, 1);
+  std::vector<int32_t> b2, b3;
+  ASSERT_TRUE(e->blocks().allocate(2, &b2));
+  ASSERT_TRUE(e->blocks().allocate(1, &b3));
+  b3.push_back(b2[0]);  // not a real sharing, only long enough for the size check
+  const SeqStep big[2] = {{0, thirty, b2, Logits::kLast}, {0, thirty, b3, Logits::kLast}};
+  expect_error(big, 2, "max_step_tokens");
+  // A good step still works after the rejected ones.
+  st = SeqStep{0, one, blocks, Logits::kLast};
+  StepResult r;
+  const Status ok = e->step({&st, 1}, &r);
+  ASSERT_TRUE(ok.has_value()) << message(ok);
+  ASSERT_EQ(r.logits.size(), static_cast<size_t>(model_->spec.n_vocab));
+  for (float x : r.logits) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST_F(GpuEngineErrors, StageWithoutEmbeddingOrHeadNeedsHiddenStates) {
+  GpuEngineOptions o = small_options();
+  o.range = {2, 5, false, true};
+  auto e = make_gpu(model_, o);
+  ASSERT_TRUE(e);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(e->blocks().allocate(1, &blocks));
+  const std::vector<int32_t> one = {1};
+  SeqStep st{0, one, blocks, Logits::kLast};
+  StepResult r;
+  const Status s = e->step({&st, 1}, &r);
+  ASSERT_FALSE(s.has_value());
+  EXPECT_NE(s.error().message.find("hidden states are required"), std::string::npos)
+      << s.error().message;
+  o.range = {0, 2, true, false};
+  auto e2 = make_gpu(model_, o);
+  ASSERT_TRUE(e2);
+  std::vector<int32_t> blocks2;
+  ASSERT_TRUE(e2->blocks().allocate(1, &blocks2));
+  st.blocks = blocks2;
+  const Status s2 = e2->step({&st, 1}, &r);
+  ASSERT_FALSE(s2.has_value());
+  EXPECT_NE(s2.error().message.find("a hidden-state buffer is required"), std::string::npos)
+      << s2.error().message;
+}
+
+TEST_F(GpuEngineErrors, RejectsBadOptions) {
+  GpuEngineOptions o = small_options();
+  o.kv_block_size = 0;
+  auto a = GpuEngine::create(model_, o);
+  ASSERT_FALSE(a.has_value());
+  EXPECT_NE(a.error().message.find("block size"), std::string::npos) << a.error().message;
+  o = small_options();
+  o.range = {3, 2, true, true};
+  auto b = GpuEngine::create(model_, o);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_NE(b.error().message.find("layer range"), std::string::npos) << b.error().message;
+  o = small_options();
+  o.device = 1000;
+  auto c = GpuEngine::create(model_, o);
+  ASSERT_FALSE(c.has_value());
+  EXPECT_NE(c.error().message.find("does not exist"), std::string::npos) << c.error().message;
+  o = small_options();
+  o.max_tokens_in_cache = int64_t{1} << 46;  // more positions than int32 indices reach
+  auto d = GpuEngine::create(model_, o);
+  ASSERT_FALSE(d.has_value());
+  EXPECT_NE(d.error().message.find("positions"), std::string::npos) << d.error().message;
+  o = small_options();
+  o.max_tokens_in_cache = int64_t{1} << 30;  // a 640 GiB KV pool: more than any GPU has
+  auto f = GpuEngine::create(model_, o);
+  ASSERT_FALSE(f.has_value());
+  EXPECT_NE(f.error().message.find("out of device memory"), std::string::npos) << f.error().message;
+  EXPECT_EQ(f.error().code, static_cast<int>(Errc::kOutOfMemory));
+}
+
+}  // namespace
+}  // namespace troupe::gpu
