@@ -199,6 +199,18 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
   return out;
 }
 
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+uint64_t available_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kb) * 1024;
+}
+
 // Reads every page of `ranges` into memory (page cache) with `threads` threads: the weights are
 // resident before the first request instead of faulting in during it.
 uint64_t prefetch(const std::vector<std::span<const uint8_t>>& ranges, int threads) {
@@ -341,7 +353,15 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   auto model = st.model;  // keeps the mapping alive while the thread reads it
   const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   const auto started = st.started;
-  std::thread([link, peers, node, version, ranges, model, threads, started] {
+  // Where this node's stages and shards read their weights: the file mapping (prefetched), or a
+  // copy of just their tensors in huge-page memory (faster decode; [model] weights).
+  uint64_t owned = 0;
+  for (const auto& r : ranges) owned += r.size();
+  const bool to_memory =
+      st.plan.weights == "memory" || (st.plan.weights == "auto" && owned <= available_memory() / 2);
+  auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
+  st.placed_model = slot;
+  std::thread([link, peers, node, version, ranges, model, threads, started, to_memory, slot] {
     std::string error;
     for (const auto& w : peers) {
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
@@ -351,7 +371,19 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
       }
     }
     const uint64_t map_start = ms_since(started);
-    const uint64_t bytes = error.empty() ? prefetch(ranges, threads) : 0;
+    uint64_t bytes = 0;
+    if (error.empty() && to_memory) {
+      // Written before the message below, read by the node actor after it: no race.
+      auto copy = model::copy_weights_to_memory(model, ranges, threads);
+      if (copy) {
+        *slot = *copy;
+        for (const auto& r : ranges) bytes += r.size();
+      } else {
+        error = copy.error().message;
+      }
+    } else if (error.empty()) {
+      bytes = prefetch(ranges, threads);
+    }
     caf::anon_send(node, placed_atom::value, version, error, map_start,
                    ms_since(started) - map_start, bytes);
   }).detach();
@@ -368,10 +400,12 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     }
   if (!error.empty()) return report(self, false, error);
   st.phases.push_back({"map weights", map_start_ms, map_ms, true});
-  std::fprintf(stderr,
-               "troupe: node %s: mapped %.1f MB of weights (its actors' tensors) in %llu ms\n",
-               st.me.name.c_str(), static_cast<double>(map_bytes) / 1e6,
-               static_cast<unsigned long long>(map_ms));
+  // The model the actors compute with: the copy in memory when one was made, else the mapping.
+  std::shared_ptr<const model::Model> weights = st.model;
+  if (st.placed_model && *st.placed_model) weights = *st.placed_model;
+  std::fprintf(stderr, "troupe: node %s: %s %.1f MB of weights (its actors' tensors) in %llu ms\n",
+               st.me.name.c_str(), weights == st.model ? "mapped" : "copied into huge-page memory",
+               static_cast<double>(map_bytes) / 1e6, static_cast<unsigned long long>(map_ms));
   begin_phase(self, "start actors");
   set_waiting(self, "its stages to map their weights and allocate their KV pools");
   const PlacementMsg& pl = *st.placement;
@@ -401,7 +435,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
         sc.index = static_cast<int>(j);
         sc.experts = sp.experts;
         sc.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
-        sc.model = st.model;
+        sc.model = weights;
         ExpertShardActor a = spawn_expert_shard(sys, sc);
         self->monitor(a);
         st.shard_builds[static_cast<uint32_t>(j)] = sc;
@@ -443,7 +477,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
     c.kv_blocks = st.kv_blocks;
     c.kv_block_size = st.plan.kv_block_size;
-    c.model = st.model;
+    c.model = weights;
     c.expert_timeout = std::chrono::milliseconds(st.opts.cluster.expert_timeout_ms);
     c.scheduler = to_scheduler;
     StageActor a = spawn_stage(sys, c, next, ep);

@@ -354,8 +354,12 @@ class Parser {
                {"model", "stages", "stage", "expert_shards", "expert_shard", "scheduler", "cluster",
                 "node"});
     if (const toml::table* m = read_table(root, "model")) {
-      check_keys(*m, "model", {"path"});
+      check_keys(*m, "model", {"path", "weights"});
       read_string(*m, "model", "path", p.model_path);
+      read_string(*m, "model", "weights", p.weights);
+      if (p.weights != "auto" && p.weights != "map" && p.weights != "memory")
+        fail(m->get("weights")->source().begin.line, "model.weights",
+             "expected \"map\", \"memory\" or \"auto\", got \"" + p.weights + "\"");
     }
     read_stages(root, p);
     read_expert_shards(root, p);

@@ -104,19 +104,30 @@ class DeviceBuffer {
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
 
+  // upload/download/fill_bytes are for set-up and tests, not the hot path: each waits for the
+  // whole device first and after, so they are ordered with work on any stream, including the
+  // non-blocking streams of a StreamPair (which the legacy default stream does not wait for).
   void upload(const std::vector<T>& host) {
     if (host.size() != n_) throw DeviceError(Errc::kCuda, "DeviceBuffer::upload: size mismatch");
-    if (n_) TROUPE_CUDA_CHECK(cudaMemcpy(p_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    if (!n_) return;
+    TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+    TROUPE_CUDA_CHECK(cudaMemcpy(p_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
-    if (n_) TROUPE_CUDA_CHECK(cudaMemcpy(host.data(), p_, bytes(), cudaMemcpyDeviceToHost));
+    if (!n_) return host;
+    TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+    TROUPE_CUDA_CHECK(cudaMemcpy(host.data(), p_, bytes(), cudaMemcpyDeviceToHost));
     return host;
   }
   /// Fills every byte with `byte` (0xFF makes every f32/bf16/f16 element a NaN: tests poison
   /// outputs with it so that an element a kernel never writes fails the comparison).
   void fill_bytes(int byte) {
-    if (n_) TROUPE_CUDA_CHECK(cudaMemset(p_, byte, bytes()));
+    if (!n_) return;
+    TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+    TROUPE_CUDA_CHECK(cudaMemset(p_, byte, bytes()));
+    TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:

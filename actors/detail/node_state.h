@@ -124,6 +124,9 @@ struct NodeState {
   std::map<std::string, uint32_t> restarts;  // by actor name
   std::vector<int32_t> expert_shard_of;      // [n_expert] -> shard index, -1 = elsewhere
   bool placed = false;
+  // The current placement's weights in huge-page memory, once its thread made them (else null:
+  // the actors read the file mapping, `model`).
+  std::shared_ptr<std::shared_ptr<const model::Model>> placed_model;
 
   // The head: controller, router, scheduler, client gateway.
   SchedulerActor scheduler;
