@@ -199,18 +199,6 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
   return out;
 }
 
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
-uint64_t available_memory() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-  std::fclose(f);
-  return static_cast<uint64_t>(kb) * 1024;
-}
-
 // Reads every page of `ranges` into memory (page cache) with `threads` threads: the weights are
 // resident before the first request instead of faulting in during it.
 uint64_t prefetch(const std::vector<std::span<const uint8_t>>& ranges, int threads) {
@@ -301,7 +289,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
                  static_cast<unsigned long long>(st.placement->version));
     return;
   }
-  if (st.placement && !st.pending_placement) {
+  if (st.placement) {
     // A re-placement (a node hosting part of the pipeline is gone): start over with the new
     // placement. Actors that stay on this node are rebuilt too; their weights are resident.
     std::fprintf(stderr, "troupe: node %s: re-placement %llu\n", st.me.name.c_str(),
@@ -354,11 +342,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   const auto started = st.started;
   // Where this node's stages and shards read their weights: the file mapping (prefetched), or a
-  // copy of just their tensors in huge-page memory (faster decode; [model] weights).
-  uint64_t owned = 0;
-  for (const auto& r : ranges) owned += r.size();
-  const bool to_memory =
-      st.plan.weights == "memory" || (st.plan.weights == "auto" && owned <= available_memory() / 2);
+  // copy of just their tensors in huge-page memory ([model] weights = "memory").
+  const bool to_memory = st.plan.weights == "memory";
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
   std::thread([link, peers, node, version, ranges, model, threads, started, to_memory, slot] {

@@ -357,9 +357,9 @@ class Parser {
       check_keys(*m, "model", {"path", "weights"});
       read_string(*m, "model", "path", p.model_path);
       read_string(*m, "model", "weights", p.weights);
-      if (p.weights != "auto" && p.weights != "map" && p.weights != "memory")
+      if (p.weights != "map" && p.weights != "memory")
         fail(m->get("weights")->source().begin.line, "model.weights",
-             "expected \"map\", \"memory\" or \"auto\", got \"" + p.weights + "\"");
+             "expected \"map\" or \"memory\", got \"" + p.weights + "\"");
     }
     read_stages(root, p);
     read_expert_shards(root, p);

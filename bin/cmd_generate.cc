@@ -37,9 +37,8 @@ constexpr const char* kGenerateHelp =
     "  --ignore-eos         keep generating after end-of-generation tokens\n"
     "  --no-bos             do not add the BOS token to a text prompt\n"
     "  --threads N          compute threads (default 1)\n"
-    "  --weights W          where compute reads weights: map (the file mapping), memory (a copy\n"
-    "                       in huge-page memory: faster decode) or auto (default: memory when\n"
-    "                       the weights take at most half of the available memory)\n"
+    "  --weights W          where compute reads weights: map (the file mapping, default) or\n"
+    "                       memory (a private copy in huge-page memory, made at start)\n"
     "  --json               print {\"prompt_tokens\":[...],\"tokens\":[...],\"text\":\"...\"}\n"
     "  --stats              print prefill/decode speed to stderr\n"
     "through the actor system (router, scheduler, pipeline stages, expert shards):\n"
@@ -109,7 +108,7 @@ int cmd_generate(const Args& args) {
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");
 
-  auto model = load_model_or_throw(path, ap.str("weights", "auto"));
+  auto model = load_model_or_throw(path, ap.str("weights", "map"));
   const model::Tokenizer* tok = model->tokenizer.get();
   std::vector<int32_t> prompt;
   if (ap.has("prompt")) {

@@ -11,9 +11,8 @@ namespace troupe::cli {
 /// load_model(path), or a CliError with the loader's message.
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path);
 
-/// load_model(path) with its weights where `weights` says: "map" (the file mapping), "memory"
-/// (a private copy in huge-page memory, faster decode) or "auto" (memory when the weights take
-/// at most half of the memory available now, else map). A CliError names a bad value.
+/// load_model(path) with its weights where `weights` says: "map" (the file mapping) or "memory"
+/// (a private copy in huge-page memory). A CliError names a bad value.
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
                                                         const std::string& weights);
 

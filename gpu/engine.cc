@@ -103,8 +103,8 @@ using model::WeightView;
 
 constexpr size_t kStagingBytes = size_t{64} << 20;       // weight upload: raw bytes per copy
 constexpr size_t kDeviceSlackBytes = size_t{256} << 20;  // cuBLASLt, streams, graphs, staging
-constexpr int kErrBadInput = 1;    // as compute::Engine: bad options, model or step
-constexpr int kErrStepFailed = 2;  // as compute::Engine: the forward pass failed
+constexpr int kErrBadInput = static_cast<int>(Errc::kBadInput);
+constexpr int kErrStepFailed = static_cast<int>(Errc::kStepFailed);
 
 long long ll(int64_t v) { return static_cast<long long>(v); }
 size_t sz(int64_t n) { return static_cast<size_t>(n); }

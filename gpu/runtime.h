@@ -17,7 +17,16 @@
 
 namespace troupe::gpu {
 
-enum class Errc : int { kCuda = 1, kCublas = 2, kNccl = 3, kOutOfMemory = 4, kNoDevice = 5 };
+/// Error codes of the GPU backend (Error::code). Pinned numbers: they are logged and compared.
+enum class Errc : int {
+  kCuda = 1,
+  kCublas = 2,
+  kNccl = 3,
+  kOutOfMemory = 4,
+  kNoDevice = 5,
+  kBadInput = 6,    // bad options, an unsupported model, a malformed step
+  kStepFailed = 7,  // the forward pass failed after it started (the message says where)
+};
 
 class DeviceError : public std::runtime_error {
  public:

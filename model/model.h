@@ -41,7 +41,7 @@ void for_each_weight(const ModelSpec& spec, const std::function<void(const Weigh
 /// Where compute reads the weights from. kMap: the file mapping (page-cache pages of 4 KiB,
 /// shared between processes, nothing copied; a node faults in only what it reads). kMemory: a
 /// private copy in anonymous memory backed by transparent huge pages, made at start (fewer TLB
-/// misses while decode streams every weight once per step; see docs/benchmarks.md).
+/// misses; measured: faster for Q8_0, not for Q4_0 on the 2-core VM, docs/benchmarks.md).
 enum class WeightStorage : uint8_t { kMap = 0, kMemory = 1 };
 /// Parses "map" or "memory"; an error names the value.
 Result<WeightStorage> parse_weight_storage(const std::string& s);
