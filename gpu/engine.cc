@@ -34,63 +34,13 @@
 
 #include "base/check.h"
 #include "gpu/attention.h"
+#include "gpu/detail/engine_kernels.h"
 #include "gpu/gemm.h"
 #include "gpu/moe.h"
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
 
 namespace troupe::gpu {
-namespace detail {
-
-// The kernels of gpu/engine_kernels.cu. KEEP IN SYNC with the definitions there (the
-// static_asserts on both sides catch a size or layout change made on one side only).
-struct MlaPrepArgs {
-  int64_t num_tokens = 0;
-  int64_t n_head = 0, nope = 0, rope = 0, lora = 0;  // q head: nope + rope; cache row: lora + rope
-  const float* kva = nullptr;      // f32 [num_tokens, lora + rope]: the wkv_a projection
-  const float* kv_norm = nullptr;  // f32 [lora]: kv_a_norm weights
-  float eps = 0;
-  const float* q = nullptr;         // f32 [num_tokens, n_head, nope + rope]
-  const float* rope_cos = nullptr;  // f32 [max_pos, rope / 2]
-  const float* rope_sin = nullptr;
-  int64_t max_pos = 0;
-  int32_t neox = 0;
-  const int32_t* positions = nullptr;  // [num_tokens]
-  const int64_t* slots = nullptr;      // [num_tokens]: cache slot of each token; < 0: no write
-  __nv_bfloat16* cache = nullptr;      // bf16 [num_slots, lora + rope]
-  int64_t num_slots = 0;
-  __nv_bfloat16* q_abs = nullptr;   // bf16 [num_tokens, n_head, lora + rope]: [lora, +rope) written
-  __nv_bfloat16* q_nope = nullptr;  // bf16 element (h, t, d) at h * nope_head_stride + t * nope_ld
-  int64_t nope_head_stride = 0, nope_ld = 0;
-};
-static_assert(sizeof(MlaPrepArgs) == 168 && offsetof(MlaPrepArgs, nope_ld) == 160,
-              "MlaPrepArgs changed: update the copy in gpu/engine_kernels.cu");
-
-struct HeadCopyArgs {
-  const __nv_bfloat16* src = nullptr;  // element (a, b, c) at a * src_a + b * src_b + c
-  int64_t src_a = 0, src_b = 0;
-  __nv_bfloat16* dst = nullptr;  // element (a, b, c) at a * dst_a + b * dst_b + c
-  int64_t dst_a = 0, dst_b = 0;
-  int64_t n_a = 0, n_b = 0, n_c = 0;
-};
-static_assert(sizeof(HeadCopyArgs) == 72 && offsetof(HeadCopyArgs, n_c) == 64,
-              "HeadCopyArgs changed: update the copy in gpu/engine_kernels.cu");
-
-/// compute/engine.cc attention_mla() per token: RMSNorm + RoPE of the latent cache row, written
-/// as bf16 at the token's slot; RoPE of each head's q_pe into q_abs[.., lora:]; q_nope as bf16
-/// into a head-major matrix. One block per token.
-void launch_mla_prep(const MlaPrepArgs& a, cudaStream_t stream);
-/// dst(a, b, :) = src(a, b, :) for the n_c elements of every (a < n_a, b < n_b). bf16.
-void launch_copy_heads(const HeadCopyArgs& a, cudaStream_t stream);
-/// dst[r, :] = src[rows[r], :] for r < num_rows; f32 rows of `width`; rows: device int32.
-void launch_gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t num_rows,
-                        float* dst, cudaStream_t stream);
-/// out[t] = dot(x[t, 0:n], w[0:n]) for t < num_rows, f32 accumulation in a fixed order (one warp
-/// per row: lane-strided partial sums, then a fixed butterfly). x: bf16 rows of stride ldx.
-void launch_row_dot(const __nv_bfloat16* x, int64_t ldx, const __nv_bfloat16* w, int64_t n,
-                    int64_t num_rows, float* out, cudaStream_t stream);
-
-}  // namespace detail
 
 namespace {
 
@@ -134,21 +84,6 @@ class ArenaSizer {
  private:
   size_t used_ = 0;
 };
-
-bool dequant_supported(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
 
 /// Copies weights to the device: matrices dequantized to bf16 through a staging buffer, norm and
 /// bias vectors as f32. Runs at create() only; synchronous.
@@ -423,7 +358,7 @@ void expect_matrix(const WeightView& w, int64_t rows, int64_t cols, int64_t stac
   if (w.ne[0] != cols || w.ne[1] != rows || w.ne[2] != stack)
     shape_error(
         w, strfmt("[%lld, %lld, %lld] (cols, rows, stack)", ll(cols), ll(rows), ll(stack)).c_str());
-  if (!dequant_supported(w.type))
+  if (!dequantize_supported(w.type))
     TROUPE_INPUT_ERROR(
         "GpuEngine: weight %s has type %s, which the GPU backend does not support (f32, f16, "
         "bf16, q8_0, q4_0, q4_K and q6_K are)",

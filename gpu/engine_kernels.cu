@@ -1,5 +1,5 @@
 // The GpuEngine's own kernels (gpu/engine.cc is their only user; their argument structs and
-// launchers are declared there, in troupe::gpu::detail): the MLA cache write and query split of
+// launchers are declared in gpu/detail/engine_kernels.h): the MLA cache write and query split of
 // compute/engine.cc attention_mla(), a copy between token-major and head-major layouts (the
 // per-head GEMMs of MLA need 16-byte aligned, dense head matrices), and the row gather of the
 // output head. Every kernel computes a row or a token from that row alone, in a fixed order:
@@ -13,43 +13,10 @@
 #include <cstdint>
 
 #include "base/check.h"
+#include "gpu/detail/engine_kernels.h"
 #include "gpu/runtime.h"
 
 namespace troupe::gpu::detail {
-
-// KEEP IN SYNC with the copy in gpu/engine.cc (the static_asserts below and there catch a size
-// or layout change made on one side only).
-struct MlaPrepArgs {
-  int64_t num_tokens = 0;
-  int64_t n_head = 0, nope = 0, rope = 0, lora = 0;  // q head: nope + rope; cache row: lora + rope
-  const float* kva = nullptr;      // f32 [num_tokens, lora + rope]: the wkv_a projection
-  const float* kv_norm = nullptr;  // f32 [lora]: kv_a_norm weights
-  float eps = 0;
-  const float* q = nullptr;         // f32 [num_tokens, n_head, nope + rope]
-  const float* rope_cos = nullptr;  // f32 [max_pos, rope / 2]
-  const float* rope_sin = nullptr;
-  int64_t max_pos = 0;
-  int32_t neox = 0;
-  const int32_t* positions = nullptr;  // [num_tokens]
-  const int64_t* slots = nullptr;      // [num_tokens]: cache slot of each token; < 0: no write
-  __nv_bfloat16* cache = nullptr;      // bf16 [num_slots, lora + rope]
-  int64_t num_slots = 0;
-  __nv_bfloat16* q_abs = nullptr;   // bf16 [num_tokens, n_head, lora + rope]: [lora, +rope) written
-  __nv_bfloat16* q_nope = nullptr;  // bf16 element (h, t, d) at h * nope_head_stride + t * nope_ld
-  int64_t nope_head_stride = 0, nope_ld = 0;
-};
-static_assert(sizeof(MlaPrepArgs) == 168 && offsetof(MlaPrepArgs, nope_ld) == 160,
-              "MlaPrepArgs changed: update the copy in gpu/engine.cc");
-
-struct HeadCopyArgs {
-  const __nv_bfloat16* src = nullptr;  // element (a, b, c) at a * src_a + b * src_b + c
-  int64_t src_a = 0, src_b = 0;
-  __nv_bfloat16* dst = nullptr;  // element (a, b, c) at a * dst_a + b * dst_b + c
-  int64_t dst_a = 0, dst_b = 0;
-  int64_t n_a = 0, n_b = 0, n_c = 0;
-};
-static_assert(sizeof(HeadCopyArgs) == 72 && offsetof(HeadCopyArgs, n_c) == 64,
-              "HeadCopyArgs changed: update the copy in gpu/engine.cc");
 
 namespace {
 

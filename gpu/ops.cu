@@ -323,20 +323,6 @@ __global__ void __launch_bounds__(kElemThreads)
 
 // ---- host-side validation helpers ----
 
-bool dequant_supported(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // rows * cols without overflow (both >= 0).
 bool fits_product(int64_t a, int64_t b) {
@@ -368,11 +354,26 @@ void check_elementwise(const char* what, int64_t n, const void* a, const void* b
 
 }  // namespace
 
+bool dequantize_supported(model::GgmlType t) {
+  switch (t) {
+    case model::GgmlType::kF32:
+    case model::GgmlType::kF16:
+    case model::GgmlType::kBF16:
+    case model::GgmlType::kQ8_0:
+    case model::GgmlType::kQ4_0:
+    case model::GgmlType::kQ4_K:
+    case model::GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // ---- launchers ----
 
 void dequantize_to_bf16(const void* src, size_t src_bytes, GgmlType type, int64_t rows,
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream) {
-  OPS_REQUIRE(dequant_supported(type),
+  OPS_REQUIRE(dequantize_supported(type),
               "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, "
               "q6_K are)",
               model::type_name(type).c_str());

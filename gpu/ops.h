@@ -38,6 +38,8 @@ constexpr int64_t kMaxHeadDim = 1024;
 /// size, negative sizes, a null pointer or a short src.
 void dequantize_to_bf16(const void* src, size_t src_bytes, model::GgmlType type, int64_t rows,
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream);
+/// True for the weight types dequantize_to_bf16 takes.
+bool dequantize_supported(model::GgmlType type);
 
 // ---- embedding ----
 
