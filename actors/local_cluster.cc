@@ -154,6 +154,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.num_stages = static_cast<int>(num_stages);
     c.range = {sp.layer_begin, sp.layer_end, i == 0, i == num_stages - 1};
     c.threads = sp.threads;
+    c.device = sp.device;
     c.kv_blocks = kv_blocks;
     c.kv_block_size = plan.kv_block_size;
     c.model = model;
@@ -173,7 +174,13 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       std::string err;
       self->request(cc.stage_actors[i], std::chrono::seconds(120), stats_atom::value)
           .receive([](const std::string&) {},
-                   [&](const caf::error& e) { err = im.sys->render(e); });
+                   [&](const caf::error& e) {
+                     // A stage that could not build its engine says why in the error's text.
+                     if (e.context().match_elements<std::string>())
+                       err = e.context().get_as<std::string>(0);
+                     else
+                       err = im.sys->render(e);
+                   });
       if (!err.empty()) return Error{1, "stage " + std::to_string(i) + " failed to start: " + err};
     }
   }

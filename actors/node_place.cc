@@ -460,6 +460,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.num_stages = static_cast<int>(num_stages);
     c.range = {sp.layer_begin, sp.layer_end, sp.has_embedding, sp.has_output_head};
     c.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
+    c.device = k < st.plan.stages.size() ? st.plan.stages[k].device : "cpu";
     c.kv_blocks = st.kv_blocks;
     c.kv_block_size = st.plan.kv_block_size;
     c.model = weights;
@@ -501,7 +502,10 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
               [self, i, done, failed](const caf::error& e) {
                 if (failed->empty())
                   *failed = "stage " + std::to_string(i) + " on " + self->state.me.name +
-                            " failed to start: " + self->system().render(e);
+                            " failed to start: " +
+                            (e.context().match_elements<std::string>()
+                                 ? e.context().get_as<std::string>(0)
+                                 : self->system().render(e));
                 done();
               });
   }

@@ -285,13 +285,19 @@ class Parser {
       for (size_t i = 0; i < arr->size(); ++i) {
         const toml::table& t = *(*arr)[i].as_table();
         std::string path = "stage[" + std::to_string(i) + "]";
-        check_keys(t, path, {"layers", "kv_blocks", "threads", "node"});
+        check_keys(t, path, {"layers", "kv_blocks", "threads", "node", "device"});
         StagePlan sp = defaults;
         sp.line = static_cast<int>(t.source().begin.line);
         read_layers(t, path, sp);
         read_int(t, path, "kv_blocks", kKvBlocks, sp.kv_blocks, 0);
         read_threads(t, path, sp.threads);
         read_node_name(t, path, sp.node);
+        read_string(t, path, "device", sp.device);
+        if (sp.device != "cpu" &&
+            !(sp.device.rfind("cuda:", 0) == 0 && sp.device.size() > 5 && sp.device.size() <= 8 &&
+              sp.device.find_first_not_of("0123456789", 5) == std::string::npos))
+          fail(t.get("device")->source().begin.line, path + ".device",
+               "expected \"cpu\" or \"cuda:N\" (N a GPU index), got \"" + sp.device + "\"");
         p.stages.push_back(sp);
       }
     }
@@ -769,6 +775,14 @@ Plan even_plan(const std::string& model_path, int64_t num_stages, int64_t num_ex
 Status resolve_plan(Plan& plan, const model::ModelSpec& spec) {
   try {
     resolve(plan, spec);
+    for (size_t i = 0; i < plan.stages.size(); ++i)
+      if (plan.stages[i].device != "cpu" && !plan.expert_shards.empty())
+        return make_error(static_cast<int>(PlanErrc::kInvalid),
+                          where(plan.source, plan.stages[i].line) + ": stage[" + std::to_string(i) +
+                              "] runs on " + plan.stages[i].device +
+                              ", and a GPU stage computes its layers' experts itself: expert "
+                              "shards with GPU stages are not supported yet (drop the "
+                              "[[expert_shard]] tables or use device = \"cpu\")");
     return Ok{};
   } catch (const PlanError& e) {
     return to_error(e);

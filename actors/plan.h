@@ -38,12 +38,13 @@ struct SchedulerConfig {
 
 /// One pipeline stage. TOML: one [[stage]] table, in pipeline order.
 struct StagePlan {
-  int64_t layer_begin = -1;  // first layer; -1 = auto
-  int64_t layer_end = -1;    // one past the last layer ([begin, end)); -1 = auto
-  int64_t kv_blocks = 0;     // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
-  int threads = 1;           // compute threads of this stage
-  std::string node;          // node daemon hosting it (multi-host plans); "" = auto
-  int line = 0;              // line of its [[stage]] table in Plan::source; 0 = not from a file
+  int64_t layer_begin = -1;    // first layer; -1 = auto
+  int64_t layer_end = -1;      // one past the last layer ([begin, end)); -1 = auto
+  int64_t kv_blocks = 0;       // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
+  int threads = 1;             // compute threads of this stage
+  std::string node;            // node daemon hosting it (multi-host plans); "" = auto
+  std::string device = "cpu";  // "cpu" (compute::Engine) or "cuda:N" (gpu::GpuEngine on GPU N)
+  int line = 0;                // line of its [[stage]] table in Plan::source; 0 = not from a file
 };
 
 /// One expert shard: the routed experts it owns in every MoE layer. TOML: one [[expert_shard]].

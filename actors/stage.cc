@@ -3,6 +3,10 @@
 // stage, samples and reports the outcome to the scheduler. MoE rows go to expert-shard actors.
 #include "actors/stage.h"
 
+#ifdef TROUPE_HAVE_CUDA
+#include "gpu/engine.h"
+#endif
+
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -71,10 +75,73 @@ class ShardedExperts : public compute::ExpertRunner {
   std::chrono::milliseconds timeout_;
 };
 
+// The engine a stage computes with: the CPU engine, or the GPU engine on device "cuda:N" (when
+// this build has the CUDA backend). Both take the same steps and give the same results' shape.
+class StageCompute {
+ public:
+  virtual ~StageCompute() = default;
+  virtual Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
+                      const float* hidden_in, std::vector<float>* hidden_out) = 0;
+  virtual uint64_t kv_bytes() const = 0;
+};
+
+class CpuCompute : public StageCompute {
+ public:
+  explicit CpuCompute(std::unique_ptr<compute::Engine> e) : e_(std::move(e)) {}
+  Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
+              const float* hidden_in, std::vector<float>* hidden_out) override {
+    return e_->step(steps, out, hidden_in, hidden_out);
+  }
+  uint64_t kv_bytes() const override { return e_->kv_cache().bytes(); }
+
+ private:
+  std::unique_ptr<compute::Engine> e_;
+};
+
+#ifdef TROUPE_HAVE_CUDA
+class GpuCompute : public StageCompute {
+ public:
+  explicit GpuCompute(std::unique_ptr<gpu::GpuEngine> e) : e_(std::move(e)) {}
+  Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
+              const float* hidden_in, std::vector<float>* hidden_out) override {
+    return e_->step(steps, out, hidden_in, hidden_out);
+  }
+  uint64_t kv_bytes() const override { return e_->kv_bytes(); }
+
+ private:
+  std::unique_ptr<gpu::GpuEngine> e_;
+};
+#endif
+
+// Builds the stage's engine on its device; errors name the stage.
+Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
+                                                   const compute::EngineOptions& eo) {
+  if (cfg.device == "cpu") {
+    auto eng = compute::Engine::create(cfg.model, eo);
+    if (!eng) return eng.error();
+    return std::unique_ptr<StageCompute>(std::make_unique<CpuCompute>(std::move(*eng)));
+  }
+#ifdef TROUPE_HAVE_CUDA
+  gpu::GpuEngineOptions go;
+  go.device = std::atoi(cfg.device.c_str() + 5);  // "cuda:N" (checked by the plan parser)
+  go.range = eo.range;
+  go.kv_block_size = eo.kv_block_size;
+  go.kv_num_blocks = eo.kv_num_blocks;
+  auto eng = gpu::GpuEngine::create(cfg.model, go);
+  if (!eng) return Error{eng.error().code, cfg.device + ": " + eng.error().message};
+  return std::unique_ptr<StageCompute>(std::make_unique<GpuCompute>(std::move(*eng)));
+#else
+  return Error{1, "device " + cfg.device +
+                      ": this build has no CUDA backend (configure with -DTROUPE_CUDA=ON where "
+                      "nvcc is installed)"};
+#endif
+}
+
 struct StageState {
   StageConfig cfg;
   std::unique_ptr<ShardedExperts> experts;
-  std::unique_ptr<compute::Engine> engine;
+  std::unique_ptr<StageCompute> engine;  // null when it could not be built: create_error says why
+  std::string create_error;
   StageInputActor next;  // the next stage; null on the last stage (it reports to cfg.scheduler)
   bool crash_next = false;
   static inline const char* name = "stage";
@@ -163,13 +230,17 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
     st.experts->placement = std::move(placement);
     eo.expert_runner = st.experts.get();
   }
-  auto eng = compute::Engine::create(st.cfg.model, eo);
-  if (!eng)
-    throw std::runtime_error("stage " + std::to_string(st.cfg.index) + ": " + eng.error().message);
-  st.engine = std::move(*eng);
+  // A stage whose engine cannot be built (no GPU, no memory for its KV pool) stays up and says
+  // why: its readiness check (stats) answers with the error, and steps fail with it.
+  auto eng = make_compute(st.cfg, eo);
+  if (eng)
+    st.engine = std::move(*eng);
+  else
+    st.create_error = "stage " + std::to_string(st.cfg.index) + ": " + eng.error().message;
   return {
       [=](step_atom, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {
         if (self->state.crash_next) throw std::runtime_error("injected fault");
+        if (!self->state.engine) return fail_step(self, *b, self->state.create_error);
         run_step(self, b, h, compute_s);
       },
       [=](next_atom, StageInputActor n) { self->state.next = std::move(n); },
@@ -179,11 +250,13 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
         if (self->state.experts) self->state.experts->placement.shards = std::move(shards);
       },
       [=](crash_atom) { self->state.crash_next = true; },
-      [=](stats_atom) -> std::string {
+      [=](stats_atom) -> caf::result<std::string> {
+        if (!self->state.engine)
+          return caf::make_error(caf::sec::runtime_error, self->state.create_error);
         return strfmt("{\"stage\":%d,\"layers\":[%lld,%lld],\"kv_bytes\":%llu}",
                       self->state.cfg.index, (long long)self->state.cfg.range.begin,
                       (long long)self->state.cfg.range.end,
-                      (unsigned long long)self->state.engine->kv_cache().bytes());
+                      (unsigned long long)self->state.engine->kv_bytes());
       },
   };
 }

@@ -156,6 +156,13 @@ TEST(PlanConf, ResolvesAgainstTheSyntheticMixtral) {
     Plan p = resolve_ok(*r, (*m)->spec);
     EXPECT_EQ(p.stages.back().layer_end, (*m)->spec.n_layer) << name;
   }
+  // A GPU stage computes its experts itself: expert shards beside it are refused.
+  Result<Plan> r = parse_plan_file(conf_dir() + "/plan-2stage-moe.toml");
+  ASSERT_TRUE(r.has_value());
+  r->stages[1].device = "cuda:0";
+  const std::string e = resolve_error(*r, (*m)->spec);
+  EXPECT_NE(e.find("stage[1] runs on cuda:0"), std::string::npos) << e;
+  EXPECT_NE(e.find("expert shards with GPU stages are not supported yet"), std::string::npos) << e;
 }
 
 // --- reading ---------------------------------------------------------------------------------
@@ -209,7 +216,7 @@ TEST(PlanParse, RejectsUnknownTopLevelKey) {
 TEST(PlanParse, RejectsUnknownKeyInStageWithLineAndPath) {
   EXPECT_EQ(parse_error("[[stage]]\nlayers = [0, 2]\n[[stage]]\nlaeyrs = [2, 4]\n"),
             "plan.toml:4: unknown key 'stage[1].laeyrs' (known here: layers, kv_blocks, threads, "
-            "node)");
+            "node, device)");
 }
 
 TEST(PlanParse, RejectsUnknownSchedulerKey) {
@@ -673,6 +680,27 @@ TEST(PlanWeights, StorageIsReadAndChecked) {
   EXPECT_NE(e.find("plan.toml:3: model.weights: expected \"map\" or \"memory\", got \"ram\""),
             std::string::npos)
       << e;
+}
+
+}  // namespace
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+TEST(PlanDevice, StageDeviceIsReadAndChecked) {
+  const Plan p =
+      parse_ok("[model]\npath = \"m.gguf\"\n[[stage]]\n[[stage]]\ndevice = \"cuda:1\"\n");
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].device, "cpu");
+  EXPECT_EQ(p.stages[1].device, "cuda:1");
+  for (const char* bad : {"tpu", "cuda:", "cuda:x", "cuda:-1", "gpu0"}) {
+    const std::string e = parse_error(
+        std::string("[model]\npath = \"m.gguf\"\n[[stage]]\ndevice = \"") + bad + "\"\n");
+    EXPECT_NE(e.find("plan.toml:4: stage[0].device: expected \"cpu\" or \"cuda:N\""),
+              std::string::npos)
+        << e;
+  }
 }
 
 }  // namespace

@@ -82,6 +82,33 @@ TEST(Cli, BadInvocationsGiveOneLineErrors) {
       "--temperature must be a number");
 }
 
+// A stage placed on a GPU: without one (or without the CUDA backend) the run fails at start with
+// one line saying so; with one, it generates.
+TEST(Cli, GpuStageWithoutAGpuIsAClearError) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string plan = testing::binary_dir() + "/gpu-stage-plan.toml";
+  {
+    std::FILE* f = std::fopen(plan.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "[model]\npath = \"%s/models/stories260K/stories260K.gguf\"\n[[stage]]\ndevice = "
+                 "\"cuda:0\"\n",
+                 shared.c_str());
+    std::fclose(f);
+  }
+  CliRun r =
+      troupe({"generate", "--config", plan, "--prompt", "Once", "--max-tokens", "4", "--json"});
+  if (r.rc == 0) {
+    EXPECT_NE(r.out.find("\"tokens\""), std::string::npos) << r.out;
+    return;
+  }
+  EXPECT_NE(r.err.find("stage 0 failed to start: stage 0: cuda:0: "), std::string::npos) << r.err;
+  EXPECT_TRUE(r.err.find("no usable CUDA GPU") != std::string::npos ||
+              r.err.find("no CUDA backend") != std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("unhandled exception"), std::string::npos) << r.err;
+}
+
 TEST(Cli, WeightStorageOptionIsChecked) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string m = shared + "/models/stories260K/stories260K.gguf";

@@ -218,7 +218,13 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
   ASSERT_TRUE(killed.load());
   expect_same(got, want);
   EXPECT_TRUE(wait_log(*ds[0], "re-placement 2 done", 1s)) << ds[0]->output();
-  for (size_t i = 2; i-- > 0;) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+  // Both survivors leave cleanly (exit 0). The head can take 10-20 s here after a re-placement
+  // (two 5 s requests to its node actor time out during leave; not yet explained), so this waits
+  // longer than Daemon::terminate's 10 s.
+  for (size_t i = 2; i-- > 0;) {
+    ::kill(ds[i]->pid, SIGTERM);
+    EXPECT_EQ(ds[i]->wait_exit(60s), 0) << ds[i]->output();
+  }
 }
 
 // Three namespaces on a bridge: real TCP between "hosts" (UCX would otherwise use shared memory
