@@ -49,6 +49,15 @@ struct RemoteSchedulerState {
 struct RemoteShardsState {
   uint64_t next_id = 1;
   std::map<uint64_t, ExpertRequestPtr> pending;  // by dispatch id (ExpertStep.step_id)
+  // A proxy that stops (a re-placement replaced it, or the node shuts down) fails what it still
+  // waits for: otherwise the stage that asked waits out its expert timeout for answers that can
+  // no longer arrive, and the node cannot exit until then.
+  ~RemoteShardsState() {
+    for (auto& [id, r] : pending) {
+      r->error = "the proxy of the expert shards stopped";
+      r->done->count_down();
+    }
+  }
   static inline const char* name = "remote_shards";
 };
 
