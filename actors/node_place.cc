@@ -584,19 +584,10 @@ bool inject_fault(NodeSelf* self, const std::string& actor) {
 
 void stop_local_actors(NodeSelf* self) {
   auto& st = self->state;
-  for (auto& [i, a] : st.stages) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& [i, a] : st.shards) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
-  for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  stop_placed_actors(self);
   self->send_exit(st.router, caf::exit_reason::user_shutdown);
   self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send_exit(st.gateway, caf::exit_reason::user_shutdown);
-  st.stages.clear();
-  st.shards.clear();
-  st.shard_proxies.clear();
-  st.scheduler_proxy = nullptr;
-  st.stage_proxies.clear();
 }
 
 void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,

@@ -1,8 +1,6 @@
 // Kernels and host launchers of gpu/ops.h (contracts there). Where a result must equal the CPU's,
 // the f32 arithmetic uses the __f*_rn intrinsics: nvcc would otherwise contract a * b + c into
 // an FMA, which the CPU build (no -mfma in compute/ and model/) never does.
-#include "gpu/ops.h"
-
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -11,6 +9,7 @@
 #include <limits>
 
 #include "base/check.h"
+#include "gpu/ops.h"
 #include "gpu/runtime.h"
 
 namespace troupe::gpu {
@@ -322,7 +321,6 @@ __global__ void __launch_bounds__(kElemThreads)
 }
 
 // ---- host-side validation helpers ----
-
 
 // rows * cols without overflow (both >= 0).
 bool fits_product(int64_t a, int64_t b) {

@@ -40,11 +40,11 @@ class DeviceError : public std::runtime_error {
 [[noreturn]] void throw_cuda(cudaError_t err, const char* call, const char* file, int line);
 
 /// Checks a CUDA runtime call; throws DeviceError naming the call on failure.
-#define TROUPE_CUDA_CHECK(call)                                                   \
-  do {                                                                            \
-    const cudaError_t troupe_cuda_err_ = (call);                                  \
-    if (troupe_cuda_err_ != cudaSuccess)                                          \
-      ::troupe::gpu::throw_cuda(troupe_cuda_err_, #call, __FILE__, __LINE__);     \
+#define TROUPE_CUDA_CHECK(call)                                               \
+  do {                                                                        \
+    const cudaError_t troupe_cuda_err_ = (call);                              \
+    if (troupe_cuda_err_ != cudaSuccess)                                      \
+      ::troupe::gpu::throw_cuda(troupe_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 /// Checks the last kernel launch (launch configuration errors surface here, not at the <<<>>>).
@@ -97,7 +97,8 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (p_) cudaFree(p_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       if (p_) cudaFree(p_);

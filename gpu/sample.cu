@@ -2,8 +2,6 @@
 // by step (names in comments refer to it); see sample.h for why each sum is exact or ordered.
 // Block-wide control flow is uniform: every branch that contains a barrier depends only on values
 // all threads of the block share (row parameters, block reductions, shared-memory broadcasts).
-#include "gpu/sample.h"
-
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +11,7 @@
 #include "base/check.h"
 #include "base/rng.h"
 #include "gpu/runtime.h"
+#include "gpu/sample.h"
 
 namespace troupe::gpu {
 namespace {

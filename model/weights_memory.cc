@@ -1,4 +1,6 @@
 // Weight views and their private copy in huge-page memory (see model.h: WeightStorage).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -7,7 +9,6 @@
 #include <thread>
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "base/check.h"
 #include "model/model.h"

@@ -111,7 +111,6 @@ OutMessage Transport::Impl::corrupted(const OutMessage& m, size_t at) {
   return copy_message(m.type, flat);
 }
 
-
 Transport::Impl::Peer* Transport::Impl::peer_of_header(const void* header, size_t header_length,
                                                        WireHeader* out) {
   if (header_length != sizeof(WireHeader)) return nullptr;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -12,15 +11,17 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "gpu/runtime.h"
 
 /// Every GPU test starts with this: it skips, saying why, where cudaGetDeviceCount fails or
 /// finds no device (DEPENDENCIES.md §5: a failing call reports count 0 too).
-#define TROUPE_REQUIRE_GPU()                                           \
-  do {                                                                 \
-    std::string troupe_gpu_why_;                                       \
-    if (!::troupe::gpu::gpu_available(&troupe_gpu_why_))               \
-      GTEST_SKIP() << "no usable CUDA GPU: " << troupe_gpu_why_;       \
+#define TROUPE_REQUIRE_GPU()                                     \
+  do {                                                           \
+    std::string troupe_gpu_why_;                                 \
+    if (!::troupe::gpu::gpu_available(&troupe_gpu_why_))         \
+      GTEST_SKIP() << "no usable CUDA GPU: " << troupe_gpu_why_; \
   } while (0)
 
 namespace troupe::gpu::testing {
@@ -42,7 +43,8 @@ inline std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& v) {
 /// Rounds through bf16 and back: the host reference uses the same inputs the device sees.
 inline std::vector<float> round_bf16(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
 
-inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f,
+                                        float hi = 1.0f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
@@ -71,9 +73,9 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got,
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size()
-                                       << " elements outside rtol " << rtol << " atol " << atol
-                                       << first;
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << got.size() << " elements outside rtol " << rtol
+         << " atol " << atol << first;
 }
 
 }  // namespace troupe::gpu::testing

@@ -1,9 +1,10 @@
 // The GPU runtime: availability is reported (never a crash) without a GPU; the arena hands out
 // aligned, bounded memory and refuses with a clear message when full; streams order work.
+#include "gpu/runtime.h"
+
 #include <gtest/gtest.h>
 
 #include "gpu/device.h"
-#include "gpu/runtime.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace troupe::gpu {
