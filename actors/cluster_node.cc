@@ -88,7 +88,10 @@ void route_dispatch(NodeSelf* self, const MessagePtr& m) {
         0.0);
     if (f) (void)link->send(peer, ControlMsg::kExpertCombine, *f);
   });
-  self->send(st.shards.at(static_cast<uint32_t>(shard)), expert_atom::value, req);
+  // Guarded: if the shard stops with the request unanswered, the stage still gets an answer.
+  self->send(st.shards.at(static_cast<uint32_t>(shard)), expert_atom::value,
+             guard_request(req, "expert shard " + std::to_string(shard) + " on " + st.me.name +
+                                    " stopped without answering"));
 }
 
 void route_combine(NodeSelf* self, const MessagePtr& m) {

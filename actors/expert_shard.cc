@@ -70,10 +70,8 @@ ExpertShardActor::behavior_type expert_shard_behavior(
   st.compute = std::make_unique<compute::ExpertCompute>(st.cfg.model, st.pool.get());
   // If this actor dies while computing, release the waiting stage at once with an error.
   self->attach_functor([cur = st.current, idx = st.cfg.index](const caf::error&) {
-    if (ExpertRequestPtr r = *cur) {
-      r->error = "expert shard " + std::to_string(idx) + " failed";
-      r->done->count_down();
-    }
+    if (ExpertRequestPtr r = *cur)
+      fail_request(*r, "expert shard " + std::to_string(idx) + " failed");
   });
   return {
       [=](expert_atom, const ExpertRequestPtr& r) {
@@ -85,7 +83,7 @@ ExpertShardActor::behavior_type expert_shard_behavior(
           r->error = e.what();
         }
         *self->state.current = nullptr;
-        r->done->count_down();
+        answer_request(*r);
       },
       [=](crash_atom) { self->state.crash_next = true; },
   };

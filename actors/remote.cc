@@ -48,23 +48,13 @@ struct RemoteSchedulerState {
 
 struct RemoteShardsState {
   uint64_t next_id = 1;
-  std::map<uint64_t, ExpertRequestPtr> pending;  // by dispatch id (ExpertStep.step_id)
-  // A proxy that stops (a re-placement replaced it, or the node shuts down) fails what it still
-  // waits for: otherwise the stage that asked waits out its expert timeout for answers that can
-  // no longer arrive, and the node cannot exit until then.
-  ~RemoteShardsState() {
-    for (auto& [id, r] : pending) {
-      r->error = "the proxy of the expert shards stopped";
-      r->done->count_down();
-    }
-  }
+  // By dispatch id (ExpertStep.step_id). The stage sends guarded requests (guard_request): a
+  // proxy that stops with requests pending (a re-placement replaced it, the node shuts down)
+  // drops them here, and each guard fails its request, so the stage does not wait out its expert
+  // timeout for answers that can no longer arrive.
+  std::map<uint64_t, ExpertRequestPtr> pending;
   static inline const char* name = "remote_shards";
 };
-
-void fail_request(const ExpertRequestPtr& r, const std::string& why) {
-  r->error = why;
-  r->done->count_down();
-}
 
 StageActor::behavior_type remote_stage(StageActor::stateful_pointer<RemoteStageState>,
                                        std::shared_ptr<Link> link, std::string node, uint32_t stage,
@@ -123,7 +113,7 @@ RemoteShardsActor::behavior_type remote_shards(
         ExpertStep step{link->epoch(), id, 0};
         auto f = encode_expert_dispatch(r, n_embd, step, link->send_info(ActorRole::kStage));
         Status s = f ? link->send(node, ControlMsg::kExpertDispatch, *f) : Status(f.error());
-        if (!s) return fail_request(r, "expert shards on " + node + ": " + s.error().message);
+        if (!s) return fail_request(*r, "expert shards on " + node + ": " + s.error().message);
         self->state.pending.emplace(id, r);
       },
       [=](combine_atom, const MessagePtr& m) {
@@ -142,17 +132,17 @@ RemoteShardsActor::behavior_type remote_shards(
         if (it == self->state.pending.end()) return;  // late answer of a failed step
         ExpertRequestPtr r = it->second;
         self->state.pending.erase(it);
-        if (!d->error.empty()) return fail_request(r, d->error);
+        if (!d->error.empty()) return fail_request(*r, d->error);
         if (d->y.size() != r->y.size())
-          return fail_request(r, "expert shards on " + node + " answered " +
-                                     std::to_string(d->y.size()) + " values, expected " +
-                                     std::to_string(r->y.size()));
+          return fail_request(*r, "expert shards on " + node + " answered " +
+                                      std::to_string(d->y.size()) + " values, expected " +
+                                      std::to_string(r->y.size()));
         r->y = std::move(d->y);
-        r->done->count_down();
+        answer_request(*r);
       },
       [=](linkdown_atom) {
         for (auto& [id, r] : self->state.pending)
-          fail_request(r, "the link to " + node + " went down");
+          fail_request(*r, "the link to " + node + " went down");
         self->state.pending.clear();
       },
       [](crash_atom) { drop("remote shards", "crash"); },

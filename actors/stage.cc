@@ -52,7 +52,11 @@ class ShardedExperts : public compute::ExpertRunner {
       if (!reqs[s]) continue;
       reqs[s]->done = latch;
       reqs[s]->y.resize(reqs[s]->x.size());
-      caf::anon_send(placement.shards[s], expert_atom::value, reqs[s]);
+      // Guarded: a request the shard drops unanswered (it stopped, or was replaced) fails at
+      // once instead of leaving this thread to wait out the timeout.
+      caf::anon_send(placement.shards[s], expert_atom::value,
+                     guard_request(reqs[s], "expert shard " + std::to_string(s) +
+                                                " stopped without answering"));
     }
     if (!latch->wait_for(timeout_))
       throw std::runtime_error(strfmt("layer %lld: an expert shard did not answer within %lld ms",

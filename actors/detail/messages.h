@@ -103,8 +103,42 @@ struct ExpertRequest {
   std::vector<float> y;          // f32 [sum rows, n_embd], filled by the shard
   std::string error;             // set by the shard on failure
   std::shared_ptr<Latch> done;
+  std::atomic<bool> answered{false};  // set by the first answer (answer_request / fail_request)
 };
 using ExpertRequestPtr = std::shared_ptr<ExpertRequest>;
+
+/// Answers the request: counts its latch down, once. Whoever holds a request may answer it (the
+/// shard that computed it, a proxy whose link went down, the guard below); later answers are
+/// ignored, so the latch of a stage waiting on several shards is never counted down twice.
+inline void answer_request(ExpertRequest& r) {
+  if (!r.answered.exchange(true)) r.done->count_down();
+}
+/// Answers the request with an error (ignored when it was answered already).
+inline void fail_request(ExpertRequest& r, const std::string& why) {
+  if (r.answered.exchange(true)) return;
+  r.error = why;
+  r.done->count_down();
+}
+
+/// The pointer to send to an expert shard (or its proxy): it shares the request but owns a guard
+/// that fails the request with `why` when the last copy of this pointer goes away unanswered -- the
+/// message was dropped in a stopped shard's mailbox, a proxy stopped with it pending, the receiver
+/// was already gone. The sender keeps its own plain pointer to read the answer. Without the guard
+/// the waiting stage would wait out its expert timeout for an answer that can never come (and a
+/// node could not exit until then).
+inline ExpertRequestPtr guard_request(ExpertRequestPtr r, std::string why) {
+  struct Guard {
+    Guard(ExpertRequestPtr req, std::string reason) : r(std::move(req)), why(std::move(reason)) {}
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+    ~Guard() { fail_request(*r, why); }
+    ExpertRequestPtr r;
+    std::string why;
+  };
+  ExpertRequest* raw = r.get();
+  auto g = std::make_shared<Guard>(std::move(r), std::move(why));
+  return ExpertRequestPtr(std::move(g), raw);
+}
 
 /// A request as the scheduler sees it: tokens in, token events out.
 struct SeqRequest {
