@@ -236,11 +236,16 @@ void on_join(NodeSelf* self, const MessagePtr& m) {
   if (it != st.members.end() && it->second.state == MemberState::kAlive &&
       it->second.peer != m->peer)
     return refuse(self, m, name, "a node named '" + name + "' is already a member");
-  if (it != st.members.end() && st.placement_sent)
-    return refuse(self, m, name,
-                  "it was placed already and re-placement after a restart is not supported yet");
+  if (it != st.members.end() && it->second.state == MemberState::kAlive && st.placement_sent)
+    return refuse(self, m, name, "a node named '" + name + "' is already a member");
+  // A node that left or died after the placement and comes back (a restarted daemon) joins as a
+  // new incarnation: a new node id, hosting nothing, room for the next re-placement. Its old
+  // actors were re-placed already and its old steps carry an old scheduler epoch.
+  const bool rejoin = it != st.members.end() && st.placement_sent;
   Member& mem = st.members[name];
-  if (mem.node_id == 0) mem.node_id = st.next_node_id++;
+  if (mem.node_id == 0 || rejoin) mem.node_id = st.next_node_id++;
+  mem.reported = rejoin;  // it has no actor of the current placement to start
+  if (rejoin) mem.phases.clear();
   mem.address = j->address;
   mem.state = MemberState::kAlive;
   mem.peer = m->peer;
@@ -255,9 +260,11 @@ void on_join(NodeSelf* self, const MessagePtr& m) {
   const auto proof = transport::hmac_sha256(st.plan.cluster.token, "troupe-join-reply", {j->nonce});
   std::copy(proof.begin(), proof.end(), r.proof.begin());
   send_to(self, m->peer, r, ActorRole::kController);
-  std::fprintf(stderr, "troupe: head: node %s joined as node %u from %s\n", name.c_str(),
-               mem.node_id, j->address.c_str());
+  std::fprintf(stderr, "troupe: head: node %s %s as node %u from %s\n", name.c_str(),
+               rejoin ? "rejoined (spare capacity)" : "joined", mem.node_id, j->address.c_str());
   broadcast_membership(self);
+  // A rejoined node learns the current placement (where the actors are; none on it).
+  if (rejoin && st.placement) send_to(self, mem.peer, *st.placement, ActorRole::kController);
   maybe_place(self);
 }
 
@@ -382,6 +389,7 @@ void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
     return stop_serving(self, "re-placement failed on node " + node + ": " + error);
   if (!ok) return fail(self, "placement failed on node " + node + ": " + error);
   it->second.reported = true;
+  if (st.placement_done && !st.replacing) return;  // a rejoined node took the current placement
   for (const auto& [name, m] : st.members)
     if (m.state == MemberState::kAlive && !m.reported) {
       if (!st.replacing) set_waiting(self, "node " + name + " to start its actors");
@@ -397,6 +405,7 @@ void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
     self->send(st.scheduler, reset_atom::value);
     return;
   }
+  st.placement_done = true;
   end_phase(self, "placement");
   // Warm-up: one token through every stage (and every expert shard the router picks), so the
   // first client does not pay for cold caches, page faults and first connections.

@@ -136,6 +136,7 @@ struct NodeState {
   uint32_t next_node_id = 2;              // the head is node 1
   uint64_t membership_version = 0;
   bool placement_sent = false, serving = false, draining = false;
+  bool placement_done = false;  // every node started the first placement (warm-up follows)
   bool replacing = false;       // a re-placement is under way: requests queue at the scheduler
   std::string not_serving_why;  // set when the cluster stopped serving (a node left or died)
   static inline const char* name = "node";

@@ -231,6 +231,35 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
   }
 }
 
+// A killed daemon restarted under its old name rejoins as spare capacity (a new node id, no
+// actors), and when another daemon dies the next re-placement moves that one's actors onto it:
+// the cluster heals back to its size, and the output is still bit-identical.
+TEST(ClusterProcesses, RestartedDaemonRejoinsAndHostsTheNextReplacement) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m);
+  const auto reqs = requests((*m)->spec.n_vocab);
+  const auto want = local_results(path, reqs);
+  const auto nodes = loopback_nodes(3);
+  const std::string conf =
+      cluster_file(path, nodes, {"n0", "n2"}, {"n1", "n2"}, "ucx_net_devices = \"lo\"\n", "rejoin");
+  auto ds = start_cluster(conf, nodes, {});
+  ds[2]->kill_now();
+  ASSERT_TRUE(wait_log(*ds[0], "re-placement 2 done", 60s)) << ds[0]->output();
+  ds[2] = spawn({}, {"node", "--config", conf, "--name", "n2"}, "n2-again");
+  ASSERT_TRUE(wait_log(*ds[0], "node n2 rejoined (spare capacity) as node 4", 60s))
+      << ds[0]->output() << ds[2]->output();
+  ds[1]->kill_now();
+  ASSERT_TRUE(wait_log(*ds[0], "re-placement 3 done", 60s)) << ds[0]->output();
+  // n1's stage and shard went to n2, the survivor with nothing on it.
+  EXPECT_NE(ds[2]->output().find("node n2: re-placement 3"), std::string::npos) << ds[2]->output();
+  auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+  for (size_t i : {2, 0}) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+}
+
 // Three namespaces on a bridge: real TCP between "hosts" (UCX would otherwise use shared memory
 // between processes of one machine, DEPENDENCIES.md §4).
 struct Netns {
