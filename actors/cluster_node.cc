@@ -137,6 +137,13 @@ void on_join_reply(NodeSelf* self, const MessagePtr& m) {
   st.lease_ms = r->lease_ms;
   st.heartbeat_ms = r->heartbeat_ms;
   st.last_ack = Clock::now();
+  if (st.joined) {
+    // The answer to a rejoin (worker_tick): the head had declared this node gone and takes it
+    // back as a new incarnation; the placement it sends next stops the actors it had.
+    st.head_lost = false;
+    std::fprintf(stderr, "troupe: node %s rejoined as node %u\n", st.me.name.c_str(), r->node_id);
+    return;
+  }
   st.joined = true;
   end_phase(self, "join");
   std::fprintf(stderr, "troupe: node %s joined as node %u (epoch %llu)\n", st.me.name.c_str(),
@@ -157,8 +164,16 @@ void worker_tick(NodeSelf* self) {
   const auto silent = ms_since(st.last_ack);
   if (silent > st.lease_ms && !st.head_lost) {
     st.head_lost = true;
+    st.last_join = Clock::now();
     std::fprintf(stderr, "troupe: node %s: no heartbeat answer from the head for %llu ms\n",
                  st.me.name.c_str(), static_cast<unsigned long long>(silent));
+  }
+  // The head does not answer: either it is unreachable or it declared this node gone (its lease
+  // ran out while a link was cut) and ignores its heartbeats. Ask to join again once per lease;
+  // a head that declared it gone takes it back as spare capacity.
+  if (st.head_lost && ms_since(st.last_join) > st.lease_ms) {
+    st.last_join = Clock::now();
+    send_join(self);
   }
   self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
 }

@@ -236,16 +236,19 @@ void on_join(NodeSelf* self, const MessagePtr& m) {
   if (it != st.members.end() && it->second.state == MemberState::kAlive &&
       it->second.peer != m->peer)
     return refuse(self, m, name, "a node named '" + name + "' is already a member");
-  if (it != st.members.end() && it->second.state == MemberState::kAlive && st.placement_sent)
-    return refuse(self, m, name, "a node named '" + name + "' is already a member");
   // A node that left or died after the placement and comes back (a restarted daemon) joins as a
   // new incarnation: a new node id, hosting nothing, room for the next re-placement. Its old
   // actors were re-placed already and its old steps carry an old scheduler epoch.
-  const bool rejoin = it != st.members.end() && st.placement_sent;
+  // (A join from a member that is alive on the same link is a repeat -- it missed the head's
+  // heartbeat answers for a lease -- and is answered again with nothing changed.)
+  const bool rejoin =
+      it != st.members.end() && it->second.state != MemberState::kAlive && st.placement_sent;
   Member& mem = st.members[name];
   if (mem.node_id == 0 || rejoin) mem.node_id = st.next_node_id++;
-  mem.reported = rejoin;  // it has no actor of the current placement to start
-  if (rejoin) mem.phases.clear();
+  if (rejoin) {
+    mem.reported = true;  // it has no actor of the current placement to start
+    mem.phases.clear();
+  }
   mem.address = j->address;
   mem.state = MemberState::kAlive;
   mem.peer = m->peer;

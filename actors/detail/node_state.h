@@ -101,7 +101,8 @@ struct NodeState {
   bool joined = false, head_lost = false;
   uint32_t lease_ms = 0, heartbeat_ms = 0;
   Clock::time_point last_ack;
-  MembershipMsg membership;  // the head's view, as last received
+  Clock::time_point last_join;  // the last join request sent while the head did not answer
+  MembershipMsg membership;     // the head's view, as last received
 
   // Placement (every node). Local actors by index; proxies for remote ones.
   std::optional<PlacementMsg> placement;

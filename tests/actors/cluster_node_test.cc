@@ -274,13 +274,13 @@ TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
   expect_same((*client)->generate_many(reqs), want);
 }
 
-// A node that hosts a stage dies: requests in flight end with an error that names it (no hang),
-// and new ones are refused with the same reason.
 // A node hosting part of the pipeline goes while requests are in flight: the head re-places its
 // actors on the survivors, the scheduler recomputes the requests from their token logs, and every
-// token and logit equals the fault-free single-process run. `lose` makes node c go.
+// token and logit equals the fault-free single-process run. `lose` makes node c go; `heal`, if
+// given, brings it back (it then rejoins as spare capacity).
 void expect_replaced(const std::string& rel, const Layout& layout,
-                     const std::function<void(ClusterNode&)>& lose, const std::string& state) {
+                     const std::function<void(ClusterNode&)>& lose, const std::string& state,
+                     const std::function<void(ClusterNode&)>& heal = {}) {
   TROUPE_SHARED_OR_SKIP(shared);
   const auto [path, reqs, want] = workload(shared, rel);
   ASSERT_FALSE(want.empty());
@@ -312,6 +312,29 @@ void expect_replaced(const std::string& rel, const Layout& layout,
   for (const auto& a : j["actors"])
     EXPECT_EQ(a["name"].get<std::string>().find("@c"), std::string::npos) << *st;
   expect_same((*client)->generate_many(reqs), want);
+  if (heal) {
+    // The links heal: node c, which the head declared dead, asks to join again and is taken
+    // back as spare capacity (alive, a new node id, no actors).
+    const int64_t old_id = [&] {
+      for (const auto& m : j["members"])
+        if (m["name"] == "c") return m["id"].get<int64_t>();
+      return int64_t{-1};
+    }();
+    heal(*n.nodes[2]);
+    bool back = false;
+    std::string last;
+    for (int i = 0; i < 300 && !back; ++i) {  // up to 30 s: a hang guard, not a timing check
+      std::this_thread::sleep_for(100ms);
+      auto s2 = (*client)->status_json();
+      if (!s2) continue;
+      last = *s2;
+      const auto j2 = nlohmann::json::parse(*s2);
+      for (const auto& m : j2["members"])
+        back |= m["name"] == "c" && m["state"] == "alive" && m["id"] != old_id;
+    }
+    EXPECT_TRUE(back) << "node c did not rejoin: " << last;
+    expect_same((*client)->generate_many(reqs), want);
+  }
   // Node c first (it may be retrying to reach the head it lost), then the others.
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
@@ -334,7 +357,7 @@ TEST(ClusterNode, StageAndShardNodeThatDiesIsReplacedWithIdenticalOutput) {
         in.outgoing = false;
         c.set_faults({*rule, in});
       },
-      "dead");
+      "dead", [](ClusterNode& c) { c.set_faults({}); });
 }
 
 // The head drains when it leaves: requests in flight finish; new ones are refused.
