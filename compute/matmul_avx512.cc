@@ -5,9 +5,11 @@
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -265,8 +267,35 @@ inline __m512i dot_s16(__m512i acc, __m512i a, __m512i b) {
   return acc;
 }
 
-template <GgmlType kType, bool kVnni>
+// vpermt2b (AVX512-VBMI): bytes of `a` (index bit 6 clear) or `b` (set) picked by `idx`.
+// Inline assembly, as for vpdpwssd: the file is not compiled for VBMI, and the caller checks it.
+inline __m512i permute2_bytes(__m512i idx, __m512i a, __m512i b) {
+  __asm__("vpermt2b %2, %1, %0" : "+v"(a) : "v"(idx), "v"(b));
+  return a;
+}
+
+// With VBMI, a Q4_0 group's four 16-byte quant runs (bytes 2-17, 20-35, 38-53, 56-71 of its 72
+// bytes) come out of one two-register byte permute instead of four loads and three inserts.
+inline __m512i q4_0_quants_vbmi(const uint8_t* p) {
+  static_assert(sizeof(BlockQ4_0) == 18 && offsetof(BlockQ4_0, qs) == 2);
+  alignas(64) static constexpr auto kIdx = [] {
+    std::array<uint8_t, 64> idx{};
+    for (int i = 0; i < 4; ++i)
+      for (int k = 0; k < 16; ++k)
+        idx[static_cast<size_t>(16 * i + k)] =
+            static_cast<uint8_t>(18 * i + 2 + k);  // >= 64: from the second register
+    return idx;
+  }();
+  const __m512i lo = _mm512_loadu_si512(p);
+  // The group's last 8 bytes only: a 64-byte load could run past the end of the tensor.
+  const __m512i hi =
+      _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+  return permute2_bytes(_mm512_load_si512(kIdx.data()), lo, hi);
+}
+
+template <GgmlType kType, bool kVnni, bool kVbmi = false>
 struct Blocks32Kernel {
+  static_assert(!kVbmi || kType == GgmlType::kQ4_0);
   using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
   static constexpr int kRows = 4;
   static constexpr int kToks = 4;
@@ -289,7 +318,8 @@ struct Blocks32Kernel {
     g.dw = scales4<sizeof(Block)>(p);
     g.neg_a = g.neg_b = 0;
     if constexpr (kType == GgmlType::kQ4_0) {
-      const __m512i z = load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+      const __m512i z =
+          kVbmi ? q4_0_quants_vbmi(p) : load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       g.a = _mm512_and_si512(z, m4);
       g.b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
@@ -689,8 +719,15 @@ KernelSet make_set() {
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
   s.q8_0 =
       streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0, kVnni>>(act32_bytes, quantize_act32<-128>);
-  s.q4_0 =
-      streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni>>(act32_bytes, quantize_act32<-8>);
+  // VBMI only changes how Q4_0 groups are loaded (same lanes, same results); TROUPE_NO_VBMI=1
+  // turns it off to compare.
+  const char* no_vbmi = std::getenv("TROUPE_NO_VBMI");
+  if (__builtin_cpu_supports("avx512vbmi") && !(no_vbmi && *no_vbmi == '1'))
+    s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, true>>(act32_bytes,
+                                                                             quantize_act32<-8>);
+  else
+    s.q4_0 =
+        streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni>>(act32_bytes, quantize_act32<-8>);
   s.q4_k = streaming_kernels<KQuantKernel<Q4KDecode, kVnni>>(actk_bytes, quantize_actk);
   s.q6_k = streaming_kernels<KQuantKernel<Q6KDecode, kVnni>>(actk_bytes, quantize_actk);
   return s;
