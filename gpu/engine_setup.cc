@@ -1,0 +1,574 @@
+// GpuEngine::create (gpu/engine.h) and the set-up it runs once, on the caller's thread: the model
+// shape checks (init_dims), the weight upload (place_weights, dequantizing to bf16 through a
+// staging buffer), the KV pool (place_kv) and the workspace carve (carve_work). Each placement runs
+// twice over the same code: a sizing pass (ArenaSizer, which also does every shape and type check)
+// and, when everything fits in free device memory, the real pass into the arenas.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+#include "base/check.h"
+#include "gpu/attention.h"
+#include "gpu/detail/engine_impl.h"
+#include "gpu/engine.h"
+#include "gpu/gemm.h"
+#include "gpu/moe.h"
+#include "gpu/ops.h"
+#include "gpu/runtime.h"
+
+namespace troupe::gpu {
+
+using detail::align_up;
+using detail::bf16;
+using detail::DevLayer;
+using detail::InputLayout;
+using detail::kErrBadInput;
+using detail::ll;
+using detail::sz;
+using detail::Uploader;
+using detail::Work;
+using model::GgmlType;
+using model::LayerSpec;
+using model::ModelSpec;
+using model::WeightView;
+
+namespace {
+
+constexpr size_t kStagingBytes = size_t{64} << 20;       // weight upload: raw bytes per copy
+constexpr size_t kDeviceSlackBytes = size_t{256} << 20;  // cuBLASLt, streams, graphs, staging
+
+int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
+double mib(uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+/// Counts what an Arena hands out for the same sequence of allocate() calls (the same 256-byte
+/// alignment of every start): the sizing pass before the real allocation.
+class ArenaSizer {
+ public:
+  void* allocate(size_t bytes, const char* /*what*/) {
+    used_ = align_up(used_, 256) + bytes;
+    return nullptr;
+  }
+  template <class T>
+  T* allocate_n(size_t n, const char* what) {
+    return static_cast<T*>(allocate(n * sizeof(T), what));
+  }
+  size_t used() const { return used_; }
+
+ private:
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+namespace detail {
+
+/// Copies weights to the device: matrices dequantized to bf16 through a staging buffer, norm and
+/// bias vectors as f32. Runs at create() only; synchronous.
+class Uploader {
+ public:
+  explicit Uploader(cudaStream_t stream) : stream_(stream) {}
+
+  /// All rows of w (ne[1] * ne[2] rows of ne[0] columns) as bf16 at dst, row-major.
+  void rows(const WeightView& w, bf16* dst) {
+    const int64_t n_rows = w.ne[1] * w.ne[2], row_bytes = w.row_bytes();
+    if (n_rows == 0) return;
+    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / row_bytes);
+    const size_t need = sz(std::min(per, n_rows) * row_bytes);
+    if (staging_.size() < need) staging_ = DeviceBuffer<uint8_t>(need);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += per) {
+      const int64_t n = std::min(per, n_rows - r0);
+      const size_t bytes = sz(n * row_bytes);
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(staging_.get(), w.data + r0 * row_bytes, bytes,
+                                        cudaMemcpyHostToDevice, stream_));
+      dequantize_to_bf16(staging_.get(), bytes, w.type, n, w.cols(), dst + r0 * w.cols(), stream_);
+      // The next chunk overwrites the staging buffer.
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+  }
+  void f32(const float* host, int64_t n, float* dst) {
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host, sz(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void zeros(float* dst, int64_t n) {
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(dst, 0, sz(n) * sizeof(float), stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+  DeviceBuffer<uint8_t> staging_;
+};
+
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void shape_error(const WeightView& w, const char* expected) {
+  TROUPE_INPUT_ERROR("GpuEngine: weight %s has shape [%lld, %lld, %lld], expected %s",
+                     w.name.c_str(), ll(w.ne[0]), ll(w.ne[1]), ll(w.ne[2]), expected);
+}
+
+void expect_matrix(const WeightView& w, int64_t rows, int64_t cols, int64_t stack = 1) {
+  if (!w.present()) TROUPE_INPUT_ERROR("GpuEngine: weight %s is missing", w.name.c_str());
+  if (w.ne[0] != cols || w.ne[1] != rows || w.ne[2] != stack)
+    shape_error(
+        w, strfmt("[%lld, %lld, %lld] (cols, rows, stack)", ll(cols), ll(rows), ll(stack)).c_str());
+  if (!dequantize_supported(w.type))
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: weight %s has type %s, which the GPU backend does not support (f32, f16, "
+        "bf16, q8_0, q4_0, q4_K and q6_K are)",
+        w.name.c_str(), model::type_name(w.type).c_str());
+}
+
+void expect_f32_vector(const WeightView& w, int64_t n) {
+  if (w.type != GgmlType::kF32)
+    TROUPE_INPUT_ERROR("GpuEngine: norm/bias weight %s must be f32, is %s", w.name.c_str(),
+                       model::type_name(w.type).c_str());
+  if (w.ne[0] * w.ne[1] * w.ne[2] != n) shape_error(w, strfmt("%lld elements", ll(n)).c_str());
+}
+
+/// A bf16 matrix of the given views' rows, in order (each [rows_i, cols]).
+template <class Alloc>
+bf16* place_matrix(Alloc& a, Uploader* up, std::initializer_list<const WeightView*> parts,
+                   const char* what) {
+  int64_t rows = 0, cols = -1;
+  for (const WeightView* p : parts) {
+    if (cols < 0) cols = p->cols();
+    if (p->cols() != cols)
+      TROUPE_INPUT_ERROR("GpuEngine: %s: %s has %lld columns, expected %lld", what, p->name.c_str(),
+                         ll(p->cols()), ll(cols));
+    rows += p->ne[1] * p->ne[2];
+  }
+  bf16* dst = a.template allocate_n<bf16>(sz(rows * cols), what);
+  if (up) {
+    int64_t at = 0;
+    for (const WeightView* p : parts) {
+      up->rows(*p, dst + at * cols);
+      at += p->ne[1] * p->ne[2];
+    }
+  }
+  return dst;
+}
+
+template <class Alloc>
+const float* place_f32(Alloc& a, Uploader* up, const WeightView& w, int64_t n, const char* what) {
+  if (!w.present()) return nullptr;
+  expect_f32_vector(w, n);
+  float* dst = a.template allocate_n<float>(sz(n), what);
+  if (up) up->f32(reinterpret_cast<const float*>(w.data), n, dst);
+  return dst;
+}
+
+/// place_f32 of a weight the architecture needs: a missing one is an error (in both passes).
+template <class Alloc>
+const float* place_f32_required(Alloc& a, Uploader* up, const WeightView& w, int64_t n,
+                                const char* what) {
+  if (!w.present()) TROUPE_INPUT_ERROR("GpuEngine: the model lacks a needed %s weight", what);
+  return place_f32(a, up, w, n, what);
+}
+
+}  // namespace
+
+void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
+  const ModelSpec& s = model->spec;
+  E = s.n_embd;
+  V = s.n_vocab;
+  H = s.n_head;
+  HK = s.n_head_kv;
+  n_rot = s.n_rot;
+  neox = s.rope_style == model::RopeStyle::kNeox;
+  eps = s.rms_eps;
+  mla = s.is_mla();
+  n_layers = range.end - range.begin;
+  if (E < 1 || V < 1 || H < 1) TROUPE_INPUT_ERROR("GpuEngine: model has an empty shape");
+  if (H > 65535)
+    TROUPE_INPUT_ERROR("GpuEngine: %lld heads are more than the GPU kernels take (65535)", ll(H));
+  if (n_rot < 0 || n_rot % 2 != 0)
+    TROUPE_INPUT_ERROR("GpuEngine: n_rot %lld must be even and >= 0", ll(n_rot));
+  if (mla) {
+    q_lora = s.q_lora_rank;
+    lora = s.kv_lora_rank;
+    rope = s.qk_rope_dim;
+    nope = s.qk_nope_dim;
+    dv = s.v_head_dim;
+    dqk = nope + rope;
+    kw = lora + rope;
+    if (lora < 1 || lora > 512 || rope > 64 || rope % 2 != 0 || nope < 1 || dv < 1)
+      TROUPE_INPUT_ERROR(
+          "GpuEngine: MLA shape not supported on the GPU: kv_lora_rank %lld (1..512), "
+          "qk_rope_dim %lld (even, <= 64), qk_nope_dim %lld (>= 1), v_head_dim %lld (>= 1)",
+          ll(lora), ll(rope), ll(nope), ll(dv));
+    if (rope != n_rot)
+      TROUPE_INPUT_ERROR("GpuEngine: MLA needs n_rot (%lld) == qk_rope_dim (%lld)", ll(n_rot),
+                         ll(rope));
+    nope_ld = round_up8(nope);
+    lora_ld = round_up8(lora);
+    dv_ld = round_up8(dv);
+    attn_width = H * dv;
+  } else {
+    D = s.head_dim_k;
+    if (HK < 1 || H % HK != 0)
+      TROUPE_INPUT_ERROR("GpuEngine: n_head %lld is not a multiple of n_head_kv %lld", ll(H),
+                         ll(HK));
+    if (s.head_dim_v != D)
+      TROUPE_INPUT_ERROR(
+          "GpuEngine: key and value head widths differ (%lld, %lld): not supported on the GPU",
+          ll(D), ll(s.head_dim_v));
+    if (D < 1 || D > 256)
+      TROUPE_INPUT_ERROR("GpuEngine: head_dim %lld is outside 1..256 (the GPU attention kernels)",
+                         ll(D));
+    if (n_rot > D) TROUPE_INPUT_ERROR("GpuEngine: n_rot %lld > head_dim %lld", ll(n_rot), ll(D));
+    qkv_rows = (H + 2 * HK) * D;
+    attn_width = H * D;
+  }
+  for (int64_t il = range.begin; il < range.end; ++il) {
+    const LayerSpec& L = s.layers[sz(il)];
+    if (L.is_moe) {
+      any_moe = true;
+      if (L.shared.gate.present()) {
+        any_shared = true;
+        ff_max = std::max(ff_max, L.shared.gate.rows());
+        if (L.shared_gate.present()) any_shared_gate = true;
+      }
+    } else {
+      ff_max = std::max(ff_max, L.ffn_gate.rows());
+    }
+  }
+  if (any_moe) {
+    n_expert = s.n_expert;
+    n_expert_used = s.n_expert_used;
+    ff_exp = s.n_ff_exp;
+    if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8)
+      TROUPE_INPUT_ERROR(
+          "GpuEngine: MoE on the GPU needs n_embd (%lld) and n_ff_exp (%lld) to be positive "
+          "multiples of 8",
+          ll(E), ll(ff_exp));
+    validate_moe_routing(MoeRouting::from_spec(s));
+  }
+  bs = o.kv_block_size;
+  num_blocks = o.kv_num_blocks > 0 ? o.kv_num_blocks : (o.max_tokens_in_cache + bs - 1) / bs;
+  if (num_blocks < 1 || num_blocks > std::numeric_limits<int32_t>::max() / bs)
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: the KV pool of %lld blocks of %lld positions must hold 1 .. 2^31 - 1 "
+        "positions",
+        ll(num_blocks), ll(bs));
+  num_slots = num_blocks * bs;
+  T_cap = o.max_step_tokens;
+  S_cap = std::min(o.max_step_seqs, o.max_step_tokens);
+  C_cap = S_cap;
+  const int64_t kv_heads = mla ? 1 : HK;
+  if (S_cap * kv_heads > 65535)
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: max_step_seqs %lld times %lld KV heads exceeds 65535 (the attention grid)",
+        ll(S_cap), ll(kv_heads));
+  in_cap = InputLayout::make(T_cap, S_cap, num_blocks, T_cap);
+}
+
+template <class Alloc>
+void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
+  const ModelSpec& s = model->spec;
+  layers.assign(sz(n_layers), DevLayer{});
+  tok_embd = output = nullptr;
+  out_norm = rope_cos = rope_sin = nullptr;
+  if (range.embed) {
+    expect_matrix(s.token_embd, V, E);
+    tok_embd = place_matrix(a, up, {&s.token_embd}, "token_embd");
+  }
+  if (range.head) {
+    out_norm = place_f32_required(a, up, s.output_norm, E, "output_norm");
+    expect_matrix(s.output, V, E);
+    // A tied head reads the embedding table already on the device.
+    if (range.embed && s.output.data == s.token_embd.data && s.output.type == s.token_embd.type)
+      output = tok_embd;
+    else
+      output = place_matrix(a, up, {&s.output}, "output");
+  }
+  if (n_rot >= 2) {
+    const int64_t half = n_rot / 2;
+    float* c = a.template allocate_n<float>(sz(num_slots * half), "rope cos");
+    float* sn = a.template allocate_n<float>(sz(num_slots * half), "rope sin");
+    if (up) {
+      const RopeTable t = make_rope_table(num_slots, n_rot, s.rope_theta);
+      up->f32(t.cos.data(), num_slots * half, c);
+      up->f32(t.sin.data(), num_slots * half, sn);
+    }
+    rope_cos = c;
+    rope_sin = sn;
+  }
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const LayerSpec& L = s.layers[sz(range.begin + l)];
+    DevLayer& d = layers[sz(l)];
+    d.attn_norm = place_f32_required(a, up, L.attn_norm, E, "attn_norm");
+    d.ffn_norm = place_f32_required(a, up, L.ffn_norm, E, "ffn_norm");
+    if (mla) {
+      if (L.wq_a.present()) {
+        expect_matrix(L.wq_a, q_lora, E);
+        expect_matrix(L.wq_b, H * dqk, q_lora);
+        d.wq_a = place_matrix(a, up, {&L.wq_a}, "wq_a");
+        d.q_a_norm = place_f32_required(a, up, L.q_a_norm, q_lora, "q_a_norm");
+        d.wq_b = place_matrix(a, up, {&L.wq_b}, "wq_b");
+      } else {
+        expect_matrix(L.wq, H * dqk, E);
+        d.wq = place_matrix(a, up, {&L.wq}, "wq");
+      }
+      expect_matrix(L.wkv_a, kw, E);
+      d.wkv_a = place_matrix(a, up, {&L.wkv_a}, "wkv_a");
+      d.kv_a_norm = place_f32_required(a, up, L.kv_a_norm, lora, "kv_a_norm");
+      // Per-head matrices, each starting 16-byte aligned (Gemm's requirement on w).
+      expect_matrix(L.wk_b, lora, nope, H);
+      expect_matrix(L.wv_b, dv, lora, H);
+      d.wk_b_stride = round_up8(lora * nope);
+      d.wv_b_stride = round_up8(dv * lora);
+      bf16* kb = a.template allocate_n<bf16>(sz(H * d.wk_b_stride), "wk_b");
+      bf16* vb = a.template allocate_n<bf16>(sz(H * d.wv_b_stride), "wv_b");
+      if (up) {
+        for (int64_t h = 0; h < H; ++h) {
+          up->rows(L.wk_b.slice(h), kb + h * d.wk_b_stride);
+          up->rows(L.wv_b.slice(h), vb + h * d.wv_b_stride);
+        }
+      }
+      d.wk_b = kb;
+      d.wv_b = vb;
+    } else {
+      expect_matrix(L.wq, H * D, E);
+      expect_matrix(L.wk, HK * D, E);
+      expect_matrix(L.wv, HK * D, E);
+      d.wqkv = place_matrix(a, up, {&L.wq, &L.wk, &L.wv}, "wqkv");
+      if (L.bq.present() || L.bk.present() || L.bv.present()) {
+        float* b = a.template allocate_n<float>(sz(qkv_rows), "bqkv");
+        const WeightView* parts[3] = {&L.bq, &L.bk, &L.bv};
+        const int64_t widths[3] = {H * D, HK * D, HK * D};
+        int64_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+          if (parts[i]->present()) {
+            expect_f32_vector(*parts[i], widths[i]);
+            if (up) up->f32(reinterpret_cast<const float*>(parts[i]->data), widths[i], b + at);
+          } else if (up) {
+            up->zeros(b + at, widths[i]);  // x + 0 == x: the CPU adds nothing there
+          }
+          at += widths[i];
+        }
+        d.bqkv = b;
+      }
+      d.q_norm = place_f32(a, up, L.q_norm, D, "q_norm");
+      d.k_norm = place_f32(a, up, L.k_norm, D, "k_norm");
+    }
+    expect_matrix(L.wo, E, attn_width);
+    d.wo = place_matrix(a, up, {&L.wo}, "wo");
+    d.moe = L.is_moe;
+    if (L.is_moe) {
+      expect_matrix(L.router, n_expert, E);
+      d.router = place_matrix(a, up, {&L.router}, "router");
+      d.router_bias = place_f32(a, up, L.router_bias, n_expert, "router_bias");
+      if (static_cast<int64_t>(L.experts.size()) != n_expert)
+        TROUPE_INPUT_ERROR("GpuEngine: layer %lld has %zu experts, expected %lld",
+                           ll(range.begin + l), L.experts.size(), ll(n_expert));
+      bf16* g = a.template allocate_n<bf16>(sz(n_expert * ff_exp * E), "experts gate");
+      bf16* u = a.template allocate_n<bf16>(sz(n_expert * ff_exp * E), "experts up");
+      bf16* dn = a.template allocate_n<bf16>(sz(n_expert * E * ff_exp), "experts down");
+      for (int64_t e = 0; e < n_expert; ++e) {
+        const model::ExpertFfn& f = L.experts[sz(e)];
+        expect_matrix(f.gate, ff_exp, E);
+        expect_matrix(f.up, ff_exp, E);
+        expect_matrix(f.down, E, ff_exp);
+        if (up) {
+          up->rows(f.gate, g + e * ff_exp * E);
+          up->rows(f.up, u + e * ff_exp * E);
+          up->rows(f.down, dn + e * E * ff_exp);
+        }
+      }
+      d.exp_gate = g;
+      d.exp_up = u;
+      d.exp_down = dn;
+      if (L.shared.gate.present()) {
+        d.n_ff_sh = L.shared.gate.rows();
+        expect_matrix(L.shared.gate, d.n_ff_sh, E);
+        expect_matrix(L.shared.up, d.n_ff_sh, E);
+        expect_matrix(L.shared.down, E, d.n_ff_sh);
+        d.sh_gate_up = place_matrix(a, up, {&L.shared.gate, &L.shared.up}, "shared gate_up");
+        d.sh_down = place_matrix(a, up, {&L.shared.down}, "shared down");
+        if (L.shared_gate.present()) {
+          expect_matrix(L.shared_gate, 1, E);
+          d.sh_gate = place_matrix(a, up, {&L.shared_gate}, "shared_gate");
+        }
+      }
+    } else {
+      d.n_ff = L.ffn_gate.rows();
+      expect_matrix(L.ffn_gate, d.n_ff, E);
+      expect_matrix(L.ffn_up, d.n_ff, E);
+      expect_matrix(L.ffn_down, E, d.n_ff);
+      d.w_gate_up = place_matrix(a, up, {&L.ffn_gate, &L.ffn_up}, "ffn gate_up");
+      d.w_down = place_matrix(a, up, {&L.ffn_down}, "ffn down");
+    }
+  }
+}
+
+template <class Alloc>
+void GpuEngine::Impl::place_kv(Alloc& a) {
+  const int64_t k_width = mla ? kw : HK * D;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    DevLayer& d = layers[sz(l)];
+    d.k = a.template allocate_n<bf16>(sz(num_slots * k_width), "KV cache K");
+    d.v = mla ? nullptr : a.template allocate_n<bf16>(sz(num_slots * HK * D), "KV cache V");
+  }
+}
+
+template <class Alloc>
+void GpuEngine::Impl::carve_work(Alloc& a) {
+  const size_t T = sz(T_cap), C = sz(C_cap);
+  w = Work{};
+  w.gemm_ws = a.allocate(Gemm::kDefaultWorkspaceBytes, "gemm workspace");
+  w.in_dev = a.template allocate_n<uint8_t>(in_cap.total, "step inputs");
+  w.x = a.template allocate_n<float>(T * sz(E), "residual");
+  w.h = a.template allocate_n<bf16>(T * sz(E), "normed hidden");
+  if (mla) {
+    if (q_lora > 0) {
+      w.qa = a.template allocate_n<float>(T * sz(q_lora), "q_a");
+      w.qa_n = a.template allocate_n<bf16>(T * sz(q_lora), "q_a normed");
+    }
+    w.qf = a.template allocate_n<float>(T * sz(H * dqk), "q");
+    w.kva = a.template allocate_n<float>(T * sz(kw), "kv_a");
+    w.q_nope_h = a.template allocate_n<bf16>(sz(H) * T * sz(nope_ld), "q_nope by head");
+    w.qlat_h = a.template allocate_n<bf16>(sz(H) * T * sz(lora_ld), "q latent by head");
+    w.q_abs = a.template allocate_n<bf16>(T * sz(H * kw), "q_abs");
+    w.lat = a.template allocate_n<bf16>(T * sz(H * lora), "attention latent");
+    w.lat_h = a.template allocate_n<bf16>(sz(H) * T * sz(lora_ld), "latent by head");
+    w.attn_h = a.template allocate_n<bf16>(sz(H) * T * sz(dv_ld), "values by head");
+  } else {
+    w.qkv = a.template allocate_n<float>(T * sz(qkv_rows), "qkv");
+    w.q = a.template allocate_n<bf16>(T * sz(H * D), "q");
+  }
+  w.attn = a.template allocate_n<bf16>(T * sz(attn_width), "attention output");
+  w.attn_ws_bytes = paged_attention_workspace_bytes(
+      static_cast<int32_t>(S_cap), static_cast<int32_t>(H), static_cast<int32_t>(mla ? lora : D),
+      static_cast<int32_t>(num_slots));
+  w.attn_ws = a.allocate(w.attn_ws_bytes, "attention workspace");
+  if (ff_max > 0) {
+    w.gate_up = a.template allocate_n<float>(T * sz(2 * ff_max), "gate_up");
+    w.act = a.template allocate_n<bf16>(T * sz(ff_max), "swiglu");
+  }
+  if (any_moe) {
+    w.router = a.template allocate_n<float>(T * sz(n_expert), "router logits");
+    w.moe_y = a.template allocate_n<float>(T * sz(E), "moe output");
+    if (any_shared) w.shared_out = a.template allocate_n<float>(T * sz(E), "shared expert");
+    if (any_shared_gate) w.shared_gate = a.template allocate_n<float>(T, "shared gate logit");
+  }
+  if (range.head) {
+    w.head_x = a.template allocate_n<float>(C * sz(E), "head rows");
+    w.head_h = a.template allocate_n<bf16>(C * sz(E), "head rows normed");
+    w.logits = a.template allocate_n<float>(C * sz(V), "logits");
+  }
+}
+
+// What MoeForward::run and run_moe_experts take from the arena for T_cap tokens (gpu/moe.cu):
+// ids, weights, row_entry, entry_row (4 B per entry), x_sorted (bf16) and expert_out (f32) rows,
+// per-expert counts and offsets, then gate and up (f32) and the SwiGLU product (bf16) per entry;
+// 256 bytes of alignment for each of the 11 allocations.
+size_t GpuEngine::Impl::moe_scratch_bytes() const {
+  if (!any_moe) return 0;
+  const size_t n_ent = sz(T_cap) * sz(n_expert_used);
+  const size_t d = sz(E), ff = sz(ff_exp);
+  return n_ent * (16 + 6 * d + 10 * ff) + 8 * sz(n_expert) + 4 + 16 * 256 + (size_t{1} << 20);
+}
+
+Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model::Model> model,
+                                                     const GpuEngineOptions& opts) {
+  if (!model) return Error{kErrBadInput, "GpuEngine: no model"};
+  std::string why;
+  if (!gpu_available(&why))
+    return Error{static_cast<int>(Errc::kNoDevice), "GpuEngine: no usable CUDA GPU: " + why};
+  if (opts.kv_block_size < 1 || opts.kv_block_size > 4096)
+    return Error{kErrBadInput, "GpuEngine: KV block size must be in 1..4096"};
+  if (opts.max_step_tokens < 1 || opts.max_step_tokens > std::numeric_limits<int32_t>::max())
+    return Error{kErrBadInput, "GpuEngine: max_step_tokens must be in 1..2^31 - 1"};
+  if (opts.max_step_seqs < 1) return Error{kErrBadInput, "GpuEngine: max_step_seqs must be >= 1"};
+  const ModelSpec& s = model->spec;
+  compute::LayerRange range = opts.range;
+  if (range.end < 0) range.end = s.n_layer;
+  if (range.begin < 0 || range.begin >= range.end || range.end > s.n_layer)
+    return Error{kErrBadInput, strfmt("GpuEngine: layer range [%lld, %lld) is not inside [0, %lld)",
+                                      ll(range.begin), ll(range.end), ll(s.n_layer))};
+  uint64_t need = 0;
+  size_t free_bytes = 0;
+  try {
+    int count = 0;
+    TROUPE_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (opts.device < 0 || opts.device >= count)
+      return Error{kErrBadInput, strfmt("GpuEngine: device %d does not exist (%d CUDA devices)",
+                                        opts.device, count)};
+    TROUPE_CUDA_CHECK(cudaSetDevice(opts.device));
+    cudaDeviceProp prop{};
+    TROUPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.device));
+    if (prop.major < 8)
+      return Error{kErrBadInput,
+                   strfmt("GpuEngine: %s is sm_%d%d: unsupported architecture (the GPU backend "
+                          "needs sm_80 or newer for bf16)",
+                          prop.name, prop.major, prop.minor)};
+
+    auto impl = std::make_unique<Impl>();
+    Impl& m = *impl;
+    m.model = std::move(model);
+    m.opts = opts;
+    m.range = range;
+    m.device = opts.device;
+    m.init_dims(opts);
+
+    // Sizing passes (also every shape and type check), then one check against free memory.
+    ArenaSizer wsz, ksz, xsz;
+    m.place_weights(wsz, nullptr);
+    m.place_kv(ksz);
+    m.carve_work(xsz);
+    const size_t work_bytes = xsz.used() + m.moe_scratch_bytes();
+    need = wsz.used() + ksz.used() + work_bytes + kDeviceSlackBytes;
+    size_t total_bytes = 0;
+    TROUPE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    auto oom = [&](const std::string& detail) {
+      return Error{static_cast<int>(Errc::kOutOfMemory),
+                   strfmt("GpuEngine: out of device memory on GPU %d: needs %.1f MiB (weights "
+                          "%.1f, KV pool %.1f, workspace %.1f, slack %.1f), %.1f MiB free%s",
+                          opts.device, mib(need), mib(wsz.used()), mib(ksz.used()), mib(work_bytes),
+                          mib(kDeviceSlackBytes), mib(free_bytes), detail.c_str())};
+    };
+    if (need > free_bytes) return oom("");
+
+    try {
+      m.streams = std::make_unique<StreamPair>();
+      TROUPE_CUDA_CHECK(cudaEventCreate(&m.ev_start));
+      TROUPE_CUDA_CHECK(cudaEventCreate(&m.ev_stop));
+      TROUPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.in_host), m.in_cap.total));
+      m.weights = Arena(wsz.used());
+      m.kv = Arena(ksz.used());
+      m.work = Arena(work_bytes);
+      {
+        Uploader up(m.streams->compute());
+        m.place_weights(m.weights, &up);
+      }
+      m.place_kv(m.kv);
+      if (m.kv.capacity() > 0)
+        TROUPE_CUDA_CHECK(cudaMemsetAsync(m.layers[0].k, 0, m.kv.capacity(), m.streams->compute()));
+      m.carve_work(m.work);
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(m.streams->compute()));
+    } catch (const DeviceError& ex) {
+      if (ex.code() == Errc::kOutOfMemory) return oom(std::string(": ") + ex.what());
+      throw;
+    }
+    m.gemmer = std::make_unique<Gemm>(m.w.gemm_ws, Gemm::kDefaultWorkspaceBytes);
+    if (m.any_moe)
+      m.moe_fwd = std::make_unique<MoeForward>(MoeRouting::from_spec(s), m.gemmer.get());
+    m.alloc = std::make_unique<compute::BlockAllocator>(m.num_blocks);
+    m.graphs_allowed = !m.any_moe;
+    return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
+  } catch (const DeviceError& ex) {
+    return Error{static_cast<int>(ex.code()), ex.what()};
+  } catch (const std::exception& ex) {
+    return Error{kErrBadInput, ex.what()};
+  }
+}
+
+}  // namespace troupe::gpu
