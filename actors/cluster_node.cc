@@ -25,6 +25,32 @@ namespace troupe::actors {
 
 using namespace detail;
 
+namespace detail {
+
+// This node's resources as the head should see them: the host's, with free memory capped by
+// the node's memory_limit_mb less the weights of the actors placed on it now.
+ResourcesInfo node_resources(NodeSelf* self) {
+  auto& st = self->state;
+  ResourcesInfo r = local_resources();
+  if (st.me.memory_limit_mb <= 0) return r;
+  uint64_t used = 0;
+  if (st.placement) {
+    const uint32_t me = st.link->node_id();
+    const auto& spec = st.model->spec;
+    for (const auto& s : st.placement->stages)
+      if (s.node_id == me)
+        used += actor_weight_bytes(spec, *st.placement, ActorRole::kStage, s.stage);
+    for (const auto& s : st.placement->shards)
+      if (s.node_id == me)
+        used += actor_weight_bytes(spec, *st.placement, ActorRole::kExpertShard, s.shard);
+  }
+  const uint64_t limit = static_cast<uint64_t>(st.me.memory_limit_mb) << 20;
+  r.free_memory_bytes = std::min(r.free_memory_bytes, limit > used ? limit - used : 0);
+  return r;
+}
+
+}  // namespace detail
+
 namespace {
 
 // The data plane: frames that go straight to a local actor after validation.
@@ -113,7 +139,7 @@ void send_join(NodeSelf* self) {
   j.version = st.opts.version;
   j.pid = static_cast<uint32_t>(getpid());
   j.model_hash = st.model_hash;
-  j.resources = local_resources();
+  j.resources = node_resources(self);
   transport::random_bytes(st.join_nonce);
   j.nonce = st.join_nonce;
   const auto proof = transport::hmac_sha256(
@@ -157,7 +183,7 @@ void worker_tick(NodeSelf* self) {
   HeartbeatMsg hb;
   hb.header.cluster_epoch = st.link->epoch();
   hb.lease_ms = st.lease_ms;
-  hb.resources = local_resources();
+  hb.resources = node_resources(self);
   hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
   hb.uptime_ms = ms_since(st.started);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);

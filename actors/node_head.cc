@@ -203,6 +203,9 @@ void maybe_place(NodeSelf* self) {
   start_placement(self, pl);
 }
 
+void replace_actors(NodeSelf* self, const std::string& what);
+void wait_for_capacity(NodeSelf* self, const std::string& what, const std::string& why);
+
 // --- joins --------------------------------------------------------------------------------
 
 void refuse(NodeSelf* self, const MessagePtr& m, const std::string& name, const std::string& why) {
@@ -268,6 +271,8 @@ void on_join(NodeSelf* self, const MessagePtr& m) {
   broadcast_membership(self);
   // A rejoined node learns the current placement (where the actors are; none on it).
   if (rejoin && st.placement) send_to(self, mem.peer, *st.placement, ActorRole::kController);
+  // Requests wait for room for a gone node's actors: try again with this node.
+  if (rejoin && st.awaiting_capacity) return replace_actors(self, st.capacity_what);
   maybe_place(self);
 }
 
@@ -292,8 +297,9 @@ void stop_serving(NodeSelf* self, const std::string& why) {
 // the new placement everywhere. The scheduler holds its requests meanwhile (new ones queue too)
 // and recomputes them from their token logs once every survivor reports (head_placement_report),
 // so clients see added latency and the same tokens. A node that comes back is not a member any
-// more (its lease ended) and its old steps are dropped by the scheduler's epoch.
-void replace_actors(NodeSelf* self, const std::string& gone, const std::string& why) {
+// more (its lease ended) and its old steps are dropped by the scheduler's epoch. `what` says
+// which node is gone and why.
+void replace_actors(NodeSelf* self, const std::string& what) {
   auto& st = self->state;
   std::map<uint32_t, Survivor> alive;
   for (const auto& [n, mem] : st.members)
@@ -303,9 +309,11 @@ void replace_actors(NodeSelf* self, const std::string& gone, const std::string& 
   auto next = replan(old, alive, [&](ActorRole role, uint32_t index) {
     return actor_weight_bytes(spec, old, role, index);
   });
-  const std::string what = "node " + gone + ", which hosts part of the pipeline, is " + why;
-  if (!next)
-    return stop_serving(self, what + "; cannot re-place its actors: " + next.error().message);
+  if (!next) return wait_for_capacity(self, what, next.error().message);
+  if (st.awaiting_capacity)
+    std::fprintf(stderr, "troupe: head: a node with room is back after %llu ms\n",
+                 static_cast<unsigned long long>(ms_since(st.capacity_since)));
+  st.awaiting_capacity = false;
   std::fprintf(stderr, "troupe: head: %s; re-placing its actors (placement %llu)\n", what.c_str(),
                static_cast<unsigned long long>(next->version));
   st.replacing = true;
@@ -316,6 +324,25 @@ void replace_actors(NodeSelf* self, const std::string& gone, const std::string& 
     if (n != st.me.name && mem.state == MemberState::kAlive)
       send_to(self, mem.peer, *next, ActorRole::kController);
   start_placement(self, std::move(*next));
+}
+
+// No survivor has room for the gone node's actors: hold the requests (new ones queue too) and
+// wait, up to [cluster] replace_wait_ms, for a node to join or rejoin (on_join retries); then
+// the requests end with an error that says what is missing (ARCHITECTURE.md §7).
+void wait_for_capacity(NodeSelf* self, const std::string& what, const std::string& why) {
+  auto& st = self->state;
+  st.capacity_what = what;
+  st.capacity_why = why;
+  if (st.plan.cluster.replace_wait_ms <= 0)
+    return stop_serving(self, what + "; cannot re-place its actors: " + why);
+  if (st.awaiting_capacity) return;  // still waiting: the first deadline stands
+  st.awaiting_capacity = true;
+  st.capacity_since = Clock::now();
+  self->send(st.scheduler, hold_atom::value);
+  std::fprintf(stderr,
+               "troupe: head: %s; cannot re-place its actors now: %s; requests wait up to %lld ms "
+               "for a node with room to join\n",
+               what.c_str(), why.c_str(), static_cast<long long>(st.plan.cluster.replace_wait_ms));
 }
 
 void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState state,
@@ -330,7 +357,8 @@ void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState
     for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
     if (hosted) {
       broadcast_membership(self);
-      return replace_actors(self, name, to_string(state) + std::string(" (") + why + ")");
+      return replace_actors(self, "node " + name + ", which hosts part of the pipeline, is " +
+                                      to_string(state) + " (" + why + ")");
     }
   }
   broadcast_membership(self);
@@ -349,7 +377,7 @@ void head_init(NodeSelf* self) {
   me.address = st.me.host + ":" + std::to_string(st.me.port);
   me.state = MemberState::kAlive;
   me.last_heartbeat = Clock::now();
-  me.resources = local_resources();
+  me.resources = node_resources(self);
   st.membership_version = 1;
   SchedulerActorConfig sc;
   sc.limits = st.plan.scheduler;
@@ -369,6 +397,14 @@ void head_init(NodeSelf* self) {
 void head_tick(NodeSelf* self) {
   auto& st = self->state;
   if (st.leaving) return;
+  st.members[st.me.name].resources = node_resources(self);  // the head's own, for re-placement
+  if (st.awaiting_capacity &&
+      ms_since(st.capacity_since) > static_cast<uint64_t>(st.plan.cluster.replace_wait_ms)) {
+    st.awaiting_capacity = false;
+    stop_serving(self, st.capacity_what + "; cannot re-place its actors: " + st.capacity_why +
+                           "; no node with room joined within " +
+                           std::to_string(st.plan.cluster.replace_wait_ms) + " ms");
+  }
   for (auto& [name, m] : st.members) {
     if (name == st.me.name || m.state != MemberState::kAlive) continue;
     const uint64_t silent = ms_since(m.last_heartbeat);

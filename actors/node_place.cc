@@ -76,6 +76,18 @@ ResourcesInfo local_resources() {
     r.memory_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
     r.free_memory_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
   }
+  // The kernel's estimate of what can be allocated without swapping (free memory plus the page
+  // cache it can drop): a host that has read a model file has most of its memory in page cache.
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") {
+      r.free_memory_bytes = kib * 1024;
+      break;
+    }
+    meminfo.ignore(64, '\n');
+  }
   return r;
 }
 

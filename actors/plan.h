@@ -61,6 +61,10 @@ struct NodePlan {
   std::string name;  // unique in the cluster, e.g. "node-b"
   std::string host;  // address its transport listens on (and peers connect to)
   int64_t port = 0;  // 1..65535
+  // The most memory the actors placed on this node may take for their weights, in MiB (for a
+  // host shared with other work); 0 = no limit beyond the memory it has. Re-placement moves an
+  // actor onto this node only if its weights fit under it.
+  int64_t memory_limit_mb = 0;
   int line = 0;
 };
 
@@ -71,8 +75,11 @@ struct ClusterPlan {
   std::string token;       // shared secret; TROUPE_CLUSTER_TOKEN in the environment overrides it
   std::string token_file;  // or read from this file (relative to the plan's directory)
   std::string head;        // node running the controller, router and scheduler; "" = first node
-  int64_t heartbeat_ms = 500;       // node -> controller heartbeat period
-  int64_t lease_ms = 3000;          // a node missing heartbeats this long is declared dead
+  int64_t heartbeat_ms = 500;  // node -> controller heartbeat period
+  int64_t lease_ms = 3000;     // a node missing heartbeats this long is declared dead
+  // When no survivor has room for a lost node's actors, requests wait this long for a node with
+  // room to join (or rejoin) before they fail; 0 fails them at once.
+  int64_t replace_wait_ms = 60000;
   std::string ucx_tls;              // UCX_TLS for the transport; "" = UCX's default (all)
   std::string ucx_net_devices;      // UCX_NET_DEVICES; "" = UCX's default
   std::string error_mode = "auto";  // transport error handling: auto, peer or none

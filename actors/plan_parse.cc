@@ -26,6 +26,8 @@ using detail::plan_internal::kHeartbeatMs;
 using detail::plan_internal::kKvBlocks;
 using detail::plan_internal::kLayerIdx;
 using detail::plan_internal::kLeaseMs;
+using detail::plan_internal::kMemoryLimitMb;
+using detail::plan_internal::kReplaceWaitMs;
 using detail::plan_internal::kSchedFields;
 using detail::plan_internal::kShardCount;
 using detail::plan_internal::kStageCount;
@@ -330,14 +332,15 @@ class Parser {
     if (const toml::table* t = read_table(root, "cluster")) {
       c.line = static_cast<int>(t->source().begin.line);
       check_keys(*t, "cluster",
-                 {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms", "ucx_tls",
-                  "ucx_net_devices", "error_mode"});
+                 {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms",
+                  "replace_wait_ms", "ucx_tls", "ucx_net_devices", "error_mode"});
       read_string(*t, "cluster", "name", c.name);
       read_string(*t, "cluster", "token", c.token);
       read_string(*t, "cluster", "token_file", c.token_file);
       read_string(*t, "cluster", "head", c.head);
       read_int(*t, "cluster", "heartbeat_ms", kHeartbeatMs, c.heartbeat_ms);
       read_int(*t, "cluster", "lease_ms", kLeaseMs, c.lease_ms);
+      read_int(*t, "cluster", "replace_wait_ms", kReplaceWaitMs, c.replace_wait_ms);
       read_string(*t, "cluster", "ucx_tls", c.ucx_tls);
       read_string(*t, "cluster", "ucx_net_devices", c.ucx_net_devices);
       read_string(*t, "cluster", "error_mode", c.error_mode);
@@ -354,7 +357,7 @@ class Parser {
     for (size_t i = 0; i < arr->size(); ++i) {
       const toml::table& t = *(*arr)[i].as_table();
       std::string path = "node[" + std::to_string(i) + "]";
-      check_keys(t, path, {"name", "address"});
+      check_keys(t, path, {"name", "address", "memory_limit_mb"});
       NodePlan n;
       n.line = static_cast<int>(t.source().begin.line);
       read_string(t, path, "name", n.name);
@@ -371,6 +374,7 @@ class Parser {
              "expected \"host:port\" with a port in 1..65535, got \"" + address + "\"");
       n.host = address.substr(0, colon);
       n.port = port;
+      read_int(t, path, "memory_limit_mb", kMemoryLimitMb, n.memory_limit_mb);
       c.nodes.push_back(n);
     }
   }

@@ -31,7 +31,7 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
       const uint64_t free_left =
           s.free_memory_bytes > moved_in[id] ? s.free_memory_bytes - moved_in[id] : 0;
       most_free = std::max(most_free, free_left);
-      const bool fits = s.free_memory_bytes == 0 || need <= free_left;
+      const bool fits = need <= free_left;
       if (fits && load[id] < best_load) {
         best = id;
         best_load = load[id];

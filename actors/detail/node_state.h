@@ -138,6 +138,11 @@ struct NodeState {
   uint64_t membership_version = 0;
   bool placement_sent = false, serving = false, draining = false;
   bool placement_done = false;  // every node started the first placement (warm-up follows)
+  // No survivor had room for a gone node's actors: requests are held until a node with room
+  // (re)joins, or replace_wait_ms after capacity_since (then they fail with what + why).
+  bool awaiting_capacity = false;
+  Clock::time_point capacity_since;
+  std::string capacity_what, capacity_why;
   bool replacing = false;       // a re-placement is under way: requests queue at the scheduler
   std::string not_serving_why;  // set when the cluster stopped serving (a node left or died)
   static inline const char* name = "node";
@@ -159,6 +164,9 @@ void set_waiting(NodeSelf* self, const std::string& what);
 void begin_phase(NodeSelf* self, const std::string& name);
 void end_phase(NodeSelf* self, const std::string& name);
 ResourcesInfo local_resources();
+/// The resources this node reports (join, heartbeats): local_resources() with the free memory
+/// capped by its [[node]] memory_limit_mb less the weights of the actors placed on it.
+ResourcesInfo node_resources(NodeSelf* self);
 /// Hash of the model file's first MiB and size (of config.json for a Hugging Face directory).
 uint64_t model_file_hash(const std::string& path);
 

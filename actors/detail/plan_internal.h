@@ -39,6 +39,8 @@ inline constexpr Bound kLayerIdx{0, int64_t{1} << 24};
 inline constexpr Bound kExpertId{0, INT32_MAX};
 inline constexpr Bound kHeartbeatMs{10, 600000};
 inline constexpr Bound kLeaseMs{20, 3600000};
+inline constexpr Bound kReplaceWaitMs{0, 86400000};
+inline constexpr Bound kMemoryLimitMb{0, int64_t{1} << 40};
 
 struct SchedField {
   const char* name;

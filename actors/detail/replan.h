@@ -13,7 +13,7 @@
 namespace troupe::actors::detail {
 
 struct Survivor {
-  uint64_t free_memory_bytes = 0;  // as the node reported at join; 0 = unknown (no check)
+  uint64_t free_memory_bytes = 0;  // as the node last reported it (join, heartbeats)
 };
 
 /// The placement that follows `old` once only the nodes of `alive` remain (node id -> what it

@@ -360,6 +360,112 @@ TEST(ClusterNode, StageAndShardNodeThatDiesIsReplacedWithIdenticalOutput) {
       "dead", [](ClusterNode& c) { c.set_faults({}); });
 }
 
+// Node c hosts stage 1 and an expert shard; a and b may hold only 1 MiB of weights each, so when
+// c's links are cut and its lease runs out no survivor has room for its actors. The head holds the
+// requests for up to replace_wait_ms (ARCHITECTURE.md §7, "queued until it returns").
+struct NoRoom {
+  Workload w;
+  std::vector<uint16_t> ports;
+  Nodes n;
+  std::unique_ptr<ClusterClient> client;
+
+  void start(const std::string& shared, int64_t replace_wait_ms) {
+    w = workload(shared, "models/synth/mixtral-moe/model.gguf");
+    ASSERT_FALSE(w.want.empty());
+    std::string t = cluster_toml(w.path, {{"a", "c"}, {"b", "c"}}, &ports);
+    auto put_after = [&](const std::string& at, const std::string& what) {
+      const size_t i = t.find(at);
+      ASSERT_NE(i, std::string::npos) << at;
+      t.insert(i + at.size(), what);
+    };
+    put_after("lease_ms = 1000\n", "replace_wait_ms = " + std::to_string(replace_wait_ms) + "\n");
+    put_after("name = \"a\"\n", "memory_limit_mb = 1\n");
+    put_after("name = \"b\"\n", "memory_limit_mb = 1\n");
+    n.start(parse(t), 3);
+    auto c = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+    ASSERT_TRUE(c) << c.error().message;
+    client = std::move(*c);
+  }
+
+  void cut_c() {
+    auto rule = transport::parse_fault_rule("cut");
+    ASSERT_TRUE(rule.has_value());
+    auto in = *rule;
+    in.outgoing = false;
+    n.nodes[2]->set_faults({*rule, in});
+  }
+
+  // Node c's state in the head's status, seen through a connection of its own.
+  std::string c_state() {
+    auto other = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+    if (!other) return "";
+    auto st = (*other)->status_json();
+    if (!st) return "";
+    const auto j = nlohmann::json::parse(*st);
+    for (const auto& m : j["members"])
+      if (m["name"] == "c") return m["state"].get<std::string>();
+    return "";
+  }
+};
+
+TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  NoRoom r;
+  r.start(shared, 60000);
+  std::atomic<bool> cut{false};
+  std::thread healer;
+  auto got = r.client->generate_many(
+      r.w.reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (cut.exchange(true)) return;
+        r.cut_c();
+        // Once the head has declared c dead (and found no room for its actors), heal c's links:
+        // it asks to join again, and the held requests resume on its actors.
+        healer = std::thread([&] {
+          for (int i = 0; i < 300 && r.c_state() != "dead"; ++i) std::this_thread::sleep_for(100ms);
+          r.n.nodes[2]->set_faults({});
+        });
+      },
+      120s);
+  if (healer.joinable()) healer.join();
+  ASSERT_TRUE(cut.load());
+  expect_same(got, r.w.want);
+  auto st = r.client->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  const auto j = nlohmann::json::parse(*st);
+  EXPECT_TRUE(j["serving"].get<bool>()) << *st;
+  int on_c = 0;
+  for (const auto& a : j["actors"])
+    on_c += a["name"].get<std::string>().find("@c") != std::string::npos;
+  EXPECT_EQ(on_c, 2) << "c's stage and shard should be back on c: " << *st;
+  expect_same(r.client->generate_many(r.w.reqs), r.w.want);
+  for (size_t i = r.n.nodes.size(); i-- > 0;) r.n.nodes[i].reset();
+}
+
+TEST(ClusterNode, RequestsWaitingForRoomFailWithAClearErrorAfterTheWait) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  NoRoom r;
+  r.start(shared, 1500);
+  std::atomic<bool> cut{false};
+  auto got = r.client->generate_many(
+      r.w.reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (!cut.exchange(true)) r.cut_c();
+      },
+      120s);
+  ASSERT_TRUE(cut.load());
+  ASSERT_EQ(got.size(), r.w.reqs.size());
+  for (const auto& g : got) {
+    EXPECT_EQ(g.finish_reason, "error");
+    EXPECT_NE(g.error.find("node c, which hosts part of the pipeline, is dead"), std::string::npos)
+        << g.error;
+    EXPECT_NE(g.error.find("no surviving node has room"), std::string::npos) << g.error;
+    EXPECT_NE(g.error.find("no node with room joined within 1500 ms"), std::string::npos)
+        << g.error;
+  }
+  for (size_t i = r.n.nodes.size(); i-- > 0;) r.n.nodes[i].reset();
+}
+
 // The head drains when it leaves: requests in flight finish; new ones are refused.
 TEST(ClusterNode, HeadDrainsBeforeLeaving) {
   TROUPE_SHARED_OR_SKIP(shared);

@@ -642,6 +642,26 @@ TEST(ClusterPlan, RejectsBadClusters) {
             std::string::npos);
   EXPECT_NE(placement_error("[cluster]\nerror_mode = \"sometimes\"\n").find("cluster.error_mode"),
             std::string::npos);
+  EXPECT_NE(placement_error("[cluster]\nreplace_wait_ms = -1\n").find("cluster.replace_wait_ms"),
+            std::string::npos);
+  EXPECT_NE(placement_error("[[node]]\nname = \"a\"\naddress = \"h:1\"\nmemory_limit_mb = -5\n")
+                .find("node[0].memory_limit_mb"),
+            std::string::npos);
+}
+
+TEST(ClusterPlan, ReadsReplaceWaitAndMemoryLimits) {
+  auto p = parse_plan_string(
+      "[cluster]\ntoken = \"t\"\nreplace_wait_ms = 2500\n[[node]]\nname = \"a\"\n"
+      "address = \"h:1\"\nmemory_limit_mb = 4096\n[[node]]\nname = \"b\"\naddress = \"h:2\"\n",
+      "c.toml");
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->cluster.replace_wait_ms, 2500);
+  ASSERT_EQ(p->cluster.nodes.size(), 2u);
+  EXPECT_EQ(p->cluster.nodes[0].memory_limit_mb, 4096);
+  EXPECT_EQ(p->cluster.nodes[1].memory_limit_mb, 0);  // no limit
+  auto d = parse_plan_string("[cluster]\ntoken = \"t\"\n", "d.toml");
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->cluster.replace_wait_ms, 60000);
 }
 
 TEST(ClusterPlan, TokenFromEnvironmentOrFile) {
