@@ -193,20 +193,36 @@ TEST(ClusterProcesses, MoeOnThreeLoopbackDaemonsIsBitIdentical) {
   run_loopback("models/synth/mixtral-moe/model.gguf", {"n1", "n2"}, {"n2", "n0", "n1"});
 }
 
+// The synthetic Mixtral on three loopback daemons: stages on n0 and n2, expert shards on n1 and
+// n2 (so losing n2 loses a stage and a shard), with the requests and their single-process results.
+struct MoeOnThree {
+  std::string path;
+  std::vector<actors::GenerateRequest> reqs;
+  std::vector<actors::GenerateResult> want;  // empty if the model cannot be loaded
+  std::vector<Node> nodes;
+  std::string conf;
+  std::vector<std::unique_ptr<Daemon>> ds;
+  MoeOnThree(const std::string& shared, const std::string& name) {
+    path = shared + "/models/synth/mixtral-moe/model.gguf";
+    auto m = model::load_model(path);
+    if (!m) return;
+    reqs = requests((*m)->spec.n_vocab);
+    want = local_results(path, reqs);
+    nodes = loopback_nodes(3);
+    conf =
+        cluster_file(path, nodes, {"n0", "n2"}, {"n1", "n2"}, "ucx_net_devices = \"lo\"\n", name);
+    ds = start_cluster(conf, nodes, {});
+  }
+};
+
 // A daemon hosting a stage and an expert shard is killed (SIGKILL: no goodbye) while requests
 // stream: the head declares it dead when its lease (2 s) runs out, re-places its actors on the two
 // survivors, recomputes the requests, and every token and logit equals the single-process run.
 TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
-  auto m = model::load_model(path);
-  ASSERT_TRUE(m);
-  const auto reqs = requests((*m)->spec.n_vocab);
-  const auto want = local_results(path, reqs);
-  const auto nodes = loopback_nodes(3);
-  const std::string conf =
-      cluster_file(path, nodes, {"n0", "n2"}, {"n1", "n2"}, "ucx_net_devices = \"lo\"\n", "killed");
-  auto ds = start_cluster(conf, nodes, {});
+  MoeOnThree c(shared, "killed");
+  ASSERT_FALSE(c.want.empty());
+  auto& [path, reqs, want, nodes, conf, ds] = c;
   auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
   ASSERT_TRUE(client) << client.error().message;
   std::atomic<bool> killed{false};
@@ -236,15 +252,9 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
 // the cluster heals back to its size, and the output is still bit-identical.
 TEST(ClusterProcesses, RestartedDaemonRejoinsAndHostsTheNextReplacement) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
-  auto m = model::load_model(path);
-  ASSERT_TRUE(m);
-  const auto reqs = requests((*m)->spec.n_vocab);
-  const auto want = local_results(path, reqs);
-  const auto nodes = loopback_nodes(3);
-  const std::string conf =
-      cluster_file(path, nodes, {"n0", "n2"}, {"n1", "n2"}, "ucx_net_devices = \"lo\"\n", "rejoin");
-  auto ds = start_cluster(conf, nodes, {});
+  MoeOnThree c(shared, "rejoin");
+  ASSERT_FALSE(c.want.empty());
+  auto& [path, reqs, want, nodes, conf, ds] = c;
   ds[2]->kill_now();
   ASSERT_TRUE(wait_log(*ds[0], "re-placement 2 done", 60s)) << ds[0]->output();
   ds[2] = spawn({}, {"node", "--config", conf, "--name", "n2"}, "n2-again");
