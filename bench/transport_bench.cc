@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -24,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include "transport/transport.h"
@@ -36,9 +38,11 @@ using namespace std::chrono_literals;
 
 // Message types of the bench protocol (client -> server unless noted).
 constexpr uint64_t kPing = 0x7462'0001;     // echoed back as is
-constexpr uint64_t kBwStart = 0x7462'0002;  // {total, ack_every}: resets the sink's counters
+constexpr uint64_t kBwStart = 0x7462'0002;  // {total, ack_every}: resets the sink's counters,
+                                            // answered by a kBwAck {0, 0, cpu_ns}
 constexpr uint64_t kBwData = 0x7462'0003;   // counted, then dropped
-constexpr uint64_t kBwAck = 0x7462'0004;    // server -> client: {messages, bytes} so far
+// server -> client: {messages, bytes} so far and the server's process CPU time (ns)
+constexpr uint64_t kBwAck = 0x7462'0004;
 constexpr const char* kToken = "transport-bench-token";
 
 // One way of linking the two processes: our options and perftest's equivalent.
@@ -95,6 +99,10 @@ tp::TransportOptions link_options(const LinkConfig& c, const std::string& name, 
   // env: TROUPE_BENCH_NO_CHECKSUM=1 — measure without payload checksums (both processes see it).
   const char* nc = std::getenv("TROUPE_BENCH_NO_CHECKSUM");
   o.checksum_payloads = !(nc && std::string(nc) == "1");
+  // env: TROUPE_BENCH_POLL_US=N — TransportOptions::poll_in_flight in both processes (0: sleep
+  // at once, as the transport did before it polled during transfers).
+  if (const char* poll = std::getenv("TROUPE_BENCH_POLL_US"))
+    o.poll_in_flight = std::chrono::microseconds(std::atoi(poll));
   return o;
 }
 
@@ -178,13 +186,21 @@ std::string run_capture(const char* cmd) {
 
 // --- the server (--serve): echoes pings, counts streamed data and acknowledges it -------------
 
+// CPU time (user + system) of this whole process so far, in ns: both the transport's progress
+// thread and the caller's, so that a run's cost per message does not depend on other jobs.
+uint64_t process_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 struct Sink {
   uint64_t total = 0, ack_every = 1, messages = 0, bytes = 0;
 };
 
-void send_pair(tp::Transport& t, tp::PeerId peer, uint64_t type, uint64_t a, uint64_t b) {
-  const uint64_t v[2] = {a, b};
-  (void)t.send(peer, tp::copy_message(type, {reinterpret_cast<const uint8_t*>(v), sizeof(v)}));
+void send_words(tp::Transport& t, tp::PeerId peer, uint64_t type, std::vector<uint64_t> v) {
+  (void)t.send(peer, tp::copy_message(type, {reinterpret_cast<const uint8_t*>(v.data()),
+                                             v.size() * sizeof(uint64_t)}));
 }
 
 int serve(const LinkConfig& c, int spin_us) {
@@ -199,11 +215,12 @@ int serve(const LinkConfig& c, int spin_us) {
       (void)self->send(m.peer, std::move(out));
     } else if (m.type == kBwStart && m.size_bytes == 16) {
       sink = Sink{m.storage[0], std::max<uint64_t>(1, m.storage[1]), 0, 0};
+      send_words(*self, m.peer, kBwAck, {0, 0, process_cpu_ns()});
     } else if (m.type == kBwData) {
       ++sink.messages;
       sink.bytes += m.size_bytes;
       if (sink.messages % sink.ack_every == 0 || sink.messages == sink.total)
-        send_pair(*self, m.peer, kBwAck, sink.messages, sink.bytes);
+        send_words(*self, m.peer, kBwAck, {sink.messages, sink.bytes, process_cpu_ns()});
     }
   };
   auto t = tp::Transport::start(link_options(c, "bench-server", spin_us, true), handler);
@@ -222,6 +239,25 @@ int serve(const LinkConfig& c, int spin_us) {
 
 // --- the client -------------------------------------------------------------------------------
 
+// The bandwidth test's source buffer, filled with `fill`. From 1 MiB up it is 2 MiB-aligned with
+// transparent huge pages asked for, like ucx_perftest's (UCX maps it): over shared memory the
+// receiver's kernel pins the sender's pages for every message, and 4 KiB pages made that pinning
+// cost a fifth of the receiver's time.
+std::shared_ptr<uint8_t[]> send_buffer(size_t size, uint8_t fill) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  uint8_t* p = nullptr;
+  if (size >= (size_t{1} << 20)) {
+    const size_t rounded = (size + kHuge - 1) / kHuge * kHuge;
+    p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, rounded));
+    if (p) madvise(p, rounded, MADV_HUGEPAGE);
+  } else {
+    p = static_cast<uint8_t*>(std::malloc(std::max<size_t>(size, 1)));
+  }
+  if (!p) return nullptr;
+  std::memset(p, fill, size);
+  return std::shared_ptr<uint8_t[]>(p, [](uint8_t* q) { std::free(q); });
+}
+
 // The client's side of one link: a transport connected to a fresh server process.
 class Link {
  public:
@@ -230,8 +266,12 @@ class Link {
   ~Link();
   // One-way latency (round trip / 2) in us: {p50 of all round trips, median of the reps' means}.
   std::optional<std::pair<double, double>> latency(size_t size, int reps, int round_trips);
-  // Median bytes/s over `reps` runs of `count` messages of `size` bytes.
-  std::optional<double> bandwidth(size_t size, uint64_t count, int reps, uint64_t window_bytes);
+  // Medians over `reps` runs of `count` messages of `size` bytes.
+  struct Bandwidth {
+    double bytes_s = 0;
+    double send_cpu_us = 0, recv_cpu_us = 0;  // CPU per message, each process as a whole
+  };
+  std::optional<Bandwidth> bandwidth(size_t size, uint64_t count, int reps, uint64_t window_bytes);
 
  private:
   void on_message(tp::Message&& m);
@@ -248,7 +288,8 @@ class Link {
   Clock::time_point ping_sent_;
   std::vector<double> rtt_us_;
   // Bandwidth state.
-  uint64_t acked_ = 0, acked_bytes_ = 0;
+  uint64_t acked_ = 0, acked_bytes_ = 0, acked_cpu_ns_ = 0;
+  uint64_t num_acks_ = 0;
 };
 
 std::unique_ptr<Link> Link::open(const LinkConfig& c, int spin_us, std::string* err) {
@@ -306,10 +347,12 @@ void Link::on_message(tp::Message&& m) {
     } else {
       cv_.notify_all();
     }
-  } else if (m.type == kBwAck && m.size_bytes == 16) {
+  } else if (m.type == kBwAck && m.size_bytes == 24) {
     std::lock_guard<std::mutex> lk(mu_);
     acked_ = m.storage[0];
     acked_bytes_ = m.storage[1];
+    acked_cpu_ns_ = m.storage[2];
+    ++num_acks_;
     cv_.notify_all();
   }
 }
@@ -343,20 +386,27 @@ std::optional<std::pair<double, double>> Link::latency(size_t size, int reps, in
   return std::make_pair(median(all), median(means));
 }
 
-std::optional<double> Link::bandwidth(size_t size, uint64_t count, int reps,
-                                      uint64_t window_bytes) {
-  auto data = std::make_shared<std::vector<uint8_t>>(size, uint8_t{0xa5});
+std::optional<Link::Bandwidth> Link::bandwidth(size_t size, uint64_t count, int reps,
+                                               uint64_t window_bytes) {
+  auto data = send_buffer(size, uint8_t{0xa5});
+  if (!data) return std::nullopt;
   // Window: keep up to window_bytes (2..1024 messages) queued, acknowledged every quarter of it.
   const uint64_t window = std::clamp<uint64_t>(window_bytes / size, 2, 1024);
   const uint64_t ack_every = std::max<uint64_t>(1, window / 4);
-  std::vector<double> rates;
+  std::vector<double> rates, send_cpu, recv_cpu;
   for (int r = 0; r < reps; ++r) {
+    uint64_t recv_cpu0 = 0;
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      acked_ = acked_bytes_ = 0;
+      // The server answers the start with its CPU time: wait for it, so that what the server
+      // spends on this run is measured from here (its handler may run late in a burst).
+      std::unique_lock<std::mutex> lk(mu_);
+      acked_ = acked_bytes_ = acked_cpu_ns_ = num_acks_ = 0;
+      send_words(*t_, peer_, kBwStart, {count, ack_every});
+      if (!wait(lk, [&] { return num_acks_ > 0; })) return std::nullopt;
+      recv_cpu0 = acked_cpu_ns_;
     }
-    send_pair(*t_, peer_, kBwStart, count, ack_every);
     const auto t0 = Clock::now();
+    const uint64_t cpu0 = process_cpu_ns();
     for (uint64_t sent = 0; sent < count; ++sent) {
       {
         std::unique_lock<std::mutex> lk(mu_);
@@ -365,20 +415,22 @@ std::optional<double> Link::bandwidth(size_t size, uint64_t count, int reps,
       }
       tp::OutMessage out;
       out.type = kBwData;
-      out.parts.push_back({data->data(), data->size()});
+      out.parts.push_back({data.get(), size});
       out.keep_alive = data;
       if (!t_->send(peer_, std::move(out))) return std::nullopt;
     }
     std::unique_lock<std::mutex> lk(mu_);
     if (!wait(lk, [&] { return acked_ == count; })) return std::nullopt;
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    send_cpu.push_back(static_cast<double>(process_cpu_ns() - cpu0) / 1e3 / count);
+    recv_cpu.push_back(static_cast<double>(acked_cpu_ns_ - recv_cpu0) / 1e3 / count);
     if (acked_bytes_ != count * size)
       std::fprintf(stderr, "transport_bench: server counted %llu bytes, expected %llu\n",
                    static_cast<unsigned long long>(acked_bytes_),
                    static_cast<unsigned long long>(count * size));
     rates.push_back(static_cast<double>(count * size) / s);
   }
-  return median(rates);
+  return Bandwidth{median(rates), median(send_cpu), median(recv_cpu)};
 }
 
 // --- ucx_perftest -----------------------------------------------------------------------------
@@ -561,11 +613,15 @@ void latency_table(const LinkConfig& c, const Flags& f, Perftest* pt) {
 
 void bandwidth_table(const LinkConfig& c, const Flags& f, Perftest* pt, int spin_us) {
   const int reps = std::max(3, f.reps / 2 + 1);
-  std::printf("\n[%s] bandwidth, one-way streaming, MB/s (1e6); ours: spin=%dus, median of %d\n",
-              c.name, spin_us, reps);
   std::printf(
-      "| size | ours | perftest | ours/perftest | target (>= 90%% at >= 1 MiB) |\n"
-      "|---|---|---|---|---|\n");
+      "\n[%s] bandwidth, one-way streaming, MB/s (1e6); ours: spin=%dus, poll_in_flight=%lldus, "
+      "median of %d\n",
+      c.name, spin_us,
+      static_cast<long long>(link_options(c, "x", spin_us, false).poll_in_flight.count()), reps);
+  std::printf(
+      "| size | ours | perftest | ours/perftest | target (>= 90%% at >= 1 MiB) | "
+      "ours us/msg | CPU us/msg sender | receiver |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   std::string err;
   auto l = Link::open(c, spin_us, &err);
   if (!l) {
@@ -576,14 +632,23 @@ void bandwidth_table(const LinkConfig& c, const Flags& f, Perftest* pt, int spin
     // ~64 MiB per run (at least 4 and at most 100k messages) keeps a run under ~0.1-0.5 s.
     const auto bytes = static_cast<uint64_t>(f.bw_scale * (64u << 20));
     const uint64_t count = std::clamp<uint64_t>(bytes / size, 4, 100000);
-    const auto ours = l->bandwidth(size, count, reps, f.window_bytes);
+    const auto bw = l->bandwidth(size, count, reps, f.window_bytes);
+    const auto ours = bw ? std::optional<double>(bw->bytes_s) : std::nullopt;
     std::optional<PerftestResult> p;
     if (pt) p = pt->run(c, "ucp_am_bw", size, std::max<uint64_t>(count, 8));
     const auto pbw = p ? std::optional<double>(p->bw_bytes_s) : std::nullopt;
     std::string verdict = "";
     if (size >= (1u << 20) && ours && pbw) verdict = *ours >= 0.9 * *pbw ? "met" : "BELOW";
-    std::printf("| %s | %s | %s | %s | %s |\n", size_str(size).c_str(), mb_str(ours).c_str(),
-                mb_str(pbw).c_str(), ratio_str(ours, pbw).c_str(), verdict.c_str());
+    auto cpu = [&](double Link::Bandwidth::*field) {
+      return num_str(bw ? std::optional<double>((*bw).*field) : std::nullopt, "%.1f");
+    };
+    const auto wall_us =
+        ours ? std::optional<double>(static_cast<double>(size) / *ours * 1e6) : std::nullopt;
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", size_str(size).c_str(),
+                mb_str(ours).c_str(), mb_str(pbw).c_str(), ratio_str(ours, pbw).c_str(),
+                verdict.c_str(), num_str(wall_us, "%.1f").c_str(),
+                cpu(&Link::Bandwidth::send_cpu_us).c_str(),
+                cpu(&Link::Bandwidth::recv_cpu_us).c_str());
     std::fflush(stdout);
   }
 }

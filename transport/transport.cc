@@ -167,6 +167,9 @@ void Transport::Impl::loop() {
       }
       busy = !cmds.empty();
       for (auto& c : cmds) c();
+      // After the last round's deliveries, so that a receive can reuse the buffer (still in
+      // cache) that the handler just gave back.
+      busy |= start_receives();
       const auto now = Clock::now();
       while (!timers.empty() && timers.top().at <= now) {
         auto fn = timers.top().fn;
@@ -178,7 +181,13 @@ void Transport::Impl::loop() {
         check_auth_deadlines(now);
         next_auth_check = now + std::chrono::milliseconds(50);
       }
-      while (ucp_worker_progress(worker) != 0) busy = true;
+      // Hand over what arrived before progressing further: the handler frees the buffers the
+      // next receives reuse, and messages do not wait behind a whole burst.
+      while (deliveries.empty() && events.empty() && ucp_worker_progress(worker) != 0) busy = true;
+      // Fragments announced in the last progress call (which may count as no event, over TCP)
+      // must not wait for a wake-up. With deliveries pending, the next round starts them after
+      // the handler has given its buffers back.
+      if (deliveries.empty()) busy |= start_receives();
       reap_closing();
     }
     busy |= deliver();
@@ -188,6 +197,13 @@ void Transport::Impl::loop() {
       continue;
     }
     if (opts.spin.count() > 0 && now - last_activity < opts.spin) continue;
+    if (sends_in_flight + rndv_in_flight > 0 && now - last_activity < opts.poll_in_flight) {
+      // A completion is on its way. Sleeping would cost a wake-up here and, over shared memory,
+      // a signal from the peer for every message; yield instead, so that other threads (the
+      // peer's, on a small host) still get the core.
+      sched_yield();
+      continue;
+    }
     if (!prepare_to_sleep()) continue;
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -224,8 +240,12 @@ bool Transport::Impl::deliver() {
     msgs.swap(deliveries);
     evs.swap(events);
   }
-  for (auto& e : evs)
-    if (on_peer) on_peer(e.peer, e.ev, e.name, e.reason);
+  // A peer's kUp before its messages, its kDown after them (both may land in one round).
+  auto tell = [&](PeerEvent which) {
+    for (auto& e : evs)
+      if (e.ev == which && on_peer) on_peer(e.peer, e.ev, e.name, e.reason);
+  };
+  tell(PeerEvent::kUp);
   for (auto& m : msgs) {
     try {
       on_message(std::move(m));
@@ -233,6 +253,7 @@ bool Transport::Impl::deliver() {
       std::fprintf(stderr, "troupe: transport: message handler threw: %s\n", e.what());
     }
   }
+  tell(PeerEvent::kDown);
   return !msgs.empty() || !evs.empty();
 }
 
@@ -264,6 +285,7 @@ void Transport::Impl::shutdown() {
     if (p.ep) close_peer(p, "transport shutting down", /*flush=*/false);
   for (void* r : closing) ucp_request_free(r);
   closing.clear();
+  rndv_waiting.clear();  // each was released when its peer closed
   if (listener) ucp_listener_destroy(listener);
   listener = nullptr;
 }

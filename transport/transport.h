@@ -1,7 +1,8 @@
 // Transport: one UCX UCP worker per process (per node daemon), a listener, and one endpoint per
 // peer. Peers prove the cluster token at connect (mutual HMAC-SHA256); messages are typed byte
 // frames (usually Cap'n Proto, typed by the root struct's id) sent as UCX active messages: eager
-// for small ones, rendezvous for large ones, gathered from the caller's buffers without a copy.
+// for small ones, rendezvous for large ones (in fragments of at most 1 MiB), gathered from the
+// caller's buffers without a copy, and delivered in send order per peer.
 // Users: actors/ (node daemon, remote proxies), bench/, tests.
 // Thread safety: every public method may be called from any thread. All UCX calls run on the
 // transport's own progress thread, which also runs the handlers: they must return quickly
@@ -53,6 +54,13 @@ struct TransportOptions {
   /// Busy-poll for this long after the last activity before sleeping on the worker's event fd:
   /// lower latency for more CPU. 0 = sleep at once (the default: these hosts are 2-core).
   std::chrono::microseconds spin{0};
+  /// While this transport's own transfers are in flight (a rendezvous receive, or a send UCX has
+  /// not completed), poll for up to this long after the last activity instead of sleeping,
+  /// yielding the core between polls. Sleeping costs a wake-up per completion (and over shared
+  /// memory a signal from the peer per message): streaming 1 MiB messages it halved the rate
+  /// over shared memory and cost a quarter over TCP (docs/transport.md). An idle transport still
+  /// sleeps at once. 0 = always sleep at once.
+  std::chrono::microseconds poll_in_flight{100};
   FaultRules faults;  // fault-injection shim: off when empty
   /// Checksum every payload (64-bit, position-dependent; a mismatch is counted and the message
   /// dropped). Costs a pass over the bytes on each side: measured in docs/benchmarks.md. A

@@ -1,12 +1,14 @@
-// Data of the transport: sending (faults, checksums, active messages) and receiving (eager and
-// rendezvous receives into pooled buffers, checksum checks, delivery). Runs on the progress
-// thread (see detail/transport_impl.h).
+// Data of the transport: sending (faults, fragments, checksums, active messages) and receiving
+// (eager and rendezvous fragments into pooled buffers, a few receives at a time, checksums as
+// fragments land, delivery in send order per peer). Runs on the progress thread (see
+// detail/transport_impl.h).
 #include "transport/detail/transport_impl.h"
 
 namespace troupe::transport {
 
 void Transport::Impl::on_send_done(void* request, ucs_status_t status, void* user) {
   auto* ctx = static_cast<SendCtx*>(user);
+  --ctx->im->sends_in_flight;
   if (status != UCS_OK) ctx->im->count_send_error(ctx->peer);
   delete ctx;
   ucp_request_free(request);
@@ -58,6 +60,8 @@ void Transport::Impl::post_am(Peer& p, unsigned am_id, WireHeader header,
   } else if (UCS_PTR_IS_ERR(r)) {
     ++p.stats.send_errors;
     delete ctx;
+  } else {
+    ++sends_in_flight;
   }
 }
 
@@ -70,9 +74,7 @@ void Transport::Impl::send_data(PeerId id, OutMessage m, bool apply_faults) {
     return;
   }
   const size_t n = m.size_bytes();
-  Checksum sum;
-  if (opts.checksum_payloads)
-    for (const auto& part : m.parts) sum.update(part);
+  std::optional<uint64_t> sum;  // known before sending only when a fault corrupts the copy
   if (apply_faults && faults_on) {
     if (auto d = shim.decide(p.stats.name, m.type, true, n)) {
       ++p.stats.faults_fired;
@@ -89,18 +91,60 @@ void Transport::Impl::send_data(PeerId id, OutMessage m, bool apply_faults) {
         case FaultAction::kDuplicate:
           send_data(id, m, false);
           break;
-        case FaultAction::kCorrupt:
-          m = corrupted(m, d->corrupt_at);  // after the checksum: the receiver must notice
+        case FaultAction::kCorrupt: {
+          Checksum c;  // of the original: the receiver must notice the corrupted copy
+          for (const auto& part : m.parts) c.update(part);
+          sum = c.final();
+          m = corrupted(m, d->corrupt_at);
           break;
+        }
       }
     }
   }
   ++p.stats.messages_sent;
   p.stats.bytes_sent += n;
+  send_fragments(p, m, sum);
+}
+
+void Transport::Impl::send_fragments(Peer& p, const OutMessage& m, std::optional<uint64_t> sum) {
+  const size_t n = m.size_bytes();
+  const bool checksums = opts.checksum_payloads;
+  // Equal fragments (8-byte multiples), so that none is small enough to go eagerly.
+  const size_t num_fragments = std::max<size_t>(1, (n + kFragmentBytes - 1) / kFragmentBytes);
+  const size_t fragment_bytes = ((n + num_fragments - 1) / num_fragments + 7) / 8 * 8;
   WireHeader h;
   h.type = m.type;
-  h.sum = opts.checksum_payloads ? sum.final() | 1 : 0;  // 0 = no checksum; a real one is odd
-  post_am(p, kAmData, h, m.parts, std::move(m.keep_alive));
+  h.total_bytes = n;
+  Checksum running;
+  size_t part_idx = 0, part_off = 0;  // where the next fragment starts in m.parts
+  std::vector<std::span<const uint8_t>> parts;
+  for (size_t off = 0;; off += fragment_bytes) {  // an empty message is one empty fragment
+    const size_t len = std::min(fragment_bytes, n - off);
+    parts.clear();
+    for (size_t left = len; left > 0;) {
+      const auto& part = m.parts[part_idx];
+      const size_t take = std::min(left, part.size() - part_off);
+      if (take > 0) parts.push_back(part.subspan(part_off, take));
+      left -= take;
+      part_off += take;
+      if (part_off == part.size()) ++part_idx, part_off = 0;
+    }
+    if (checksums && !sum)
+      for (const auto& s : parts) running.update(s);
+    const bool last = off + len >= n;
+    h.offset = off;
+    // 0 = no checksum; on the last fragment the checksum itself, always odd, else 1 = one comes.
+    h.sum = !checksums ? 0 : !last ? 1 : (sum ? *sum : running.final()) | 1;
+    post_am(p, kAmData, h, parts, m.keep_alive);
+    if (last) break;
+    // Let UCX move what it can before the next fragment's checksum: over TCP the sender pushes
+    // the bytes itself, and a 64 MiB message summed in one go left the socket idle meanwhile.
+    ucp_worker_progress(worker);
+    if (!p.ep || p.down) {  // closed from a callback meanwhile: the rest cannot go
+      ++p.stats.send_errors;
+      return;
+    }
+  }
 }
 
 OutMessage Transport::Impl::corrupted(const OutMessage& m, size_t at) {
@@ -134,54 +178,202 @@ ucs_status_t Transport::Impl::am_data(void* arg, const void* header, size_t head
     ++im->unauth_dropped;  // no such link, a forged key, or a peer not (or no longer) up
     return UCS_OK;         // an unread rendezvous is dropped by UCX
   }
-  if (length > im->opts.max_message_bytes) {
-    ++p->stats.oversized;
+  if (h.total_bytes > im->opts.max_message_bytes) {
+    if (h.offset == 0) ++p->stats.oversized;  // once per message
     return UCS_OK;
   }
   if (p->stats.cut) return UCS_OK;
-  Message m;
-  m.peer = p->id;
-  m.type = h.type;
-  m.size_bytes = length;
-  m.storage = im->alloc_words(length);
-  if (!is_rndv(param)) {
+  // The common case first: a whole message that came eagerly, with nothing before it waiting.
+  if (!is_rndv(param) && h.offset == 0 && length == h.total_bytes && p->inbox.empty() &&
+      !p->assembling) {
+    Message m;
+    m.peer = p->id;
+    m.type = h.type;
+    m.size_bytes = length;
+    m.storage = im->alloc_words(length);
     if (length) std::memcpy(m.storage.get(), data, length);
-    im->received(*p, std::move(m), h.sum);
+    im->received(*p, std::move(m), h.sum, std::nullopt);
     return UCS_OK;
   }
-  auto* ctx = new RecvCtx{im, std::move(m), h.sum};
+  std::shared_ptr<Incoming> in = im->message_of(*p, h, length);
+  if (!in) return UCS_OK;  // malformed: counted; an unread rendezvous is dropped by UCX
+  if (!is_rndv(param)) {
+    if (!in->msg.storage) in->msg.storage = im->alloc_words(in->msg.size_bytes);
+    if (length)
+      std::memcpy(reinterpret_cast<uint8_t*>(in->msg.storage.get()) + h.offset, data, length);
+    im->fragment_landed(*in, h.offset, length);
+    im->drain_inbox(p->id);
+    return UCS_OK;
+  }
+  if (in->state != Incoming::State::kAssembling) return UCS_OK;  // UCX drops the rendezvous
+  // Rendezvous: keep UCX's descriptor (UCS_INPROGRESS) until the progress loop has a receive
+  // slot for it (start_receives). Never started here: releasing a descriptor from inside its
+  // own callback is not something UCX allows.
+  ++in->parts_pending;
+  im->rndv_waiting.push_back({in, data, h.offset, length});
+  return UCS_INPROGRESS;
+}
+
+std::shared_ptr<Transport::Impl::Incoming> Transport::Impl::message_of(Peer& p, const WireHeader& h,
+                                                                       size_t length) {
+  std::shared_ptr<Incoming> in;
+  if (h.offset == 0) {
+    if (p.assembling) fail(*p.assembling);  // it stopped short (counted when drained)
+    in = std::make_shared<Incoming>();
+    in->msg.peer = p.id;
+    in->msg.type = h.type;
+    in->msg.size_bytes = h.total_bytes;
+    in->verify = h.sum != 0;
+    p.inbox.push_back(in);
+  } else if (p.assembling && p.assembling->announced_bytes == h.offset &&
+             p.assembling->msg.size_bytes == h.total_bytes && p.assembling->msg.type == h.type) {
+    in = p.assembling;
+  }
+  p.assembling.reset();
+  if (!in) {
+    ++p.stats.malformed;  // a fragment out of sequence
+    return nullptr;
+  }
+  if (h.offset > h.total_bytes || length > h.total_bytes - h.offset) {
+    fail(*in);  // past its message's end (counted when drained)
+    return nullptr;
+  }
+  in->announced_bytes += length;
+  if (in->announced_bytes == h.total_bytes) {
+    in->all_announced = true;
+    in->sum = h.sum;
+  } else {
+    p.assembling = in;
+  }
+  return in;
+}
+
+bool Transport::Impl::start_receives() {
+  bool started = false;
+  while (!rndv_waiting.empty() &&
+         (rndv_in_flight == 0 ||
+          rndv_bytes_in_flight + rndv_waiting.front().length <= kMaxReceiveBytesInFlight)) {
+    Receive r = std::move(rndv_waiting.front());
+    rndv_waiting.pop_front();
+    start_receive(std::move(r));
+    started = true;
+  }
+  return started;
+}
+
+void Transport::Impl::start_receive(Receive r) {
+  Incoming& in = *r.in;
+  const PeerId id = in.msg.peer;
+  if (in.state == Incoming::State::kAssembling && !in.msg.storage) {
+    try {
+      in.msg.storage = alloc_words(in.msg.size_bytes);
+    } catch (const std::bad_alloc&) {
+      fail(in);
+    }
+  }
+  if (in.state != Incoming::State::kAssembling) {
+    ucp_am_data_release(worker, r.desc);  // tells the sender; the message is lost anyway
+    --in.parts_pending;
+    drain_inbox(id);
+    return;
+  }
+  auto* ctx = new RecvCtx{this, r.in, r.offset, r.length};
   ucp_request_param_t prm{};
   prm.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   prm.cb.recv_am = &Impl::on_recv_done;
   prm.user_data = ctx;
   prm.datatype = ucp_dt_make_contig(1);
-  ucs_status_ptr_t r = ucp_am_recv_data_nbx(im->worker, data, ctx->msg.storage.get(), length, &prm);
-  if (r == nullptr) {
-    im->received(*p, std::move(ctx->msg), ctx->sum);
-    delete ctx;
-  } else if (UCS_PTR_IS_ERR(r)) {
-    ++p->stats.malformed;
-    delete ctx;
+  uint8_t* dst = reinterpret_cast<uint8_t*>(in.msg.storage.get()) + r.offset;
+  ucs_status_ptr_t st = ucp_am_recv_data_nbx(worker, r.desc, dst, r.length, &prm);
+  if (st != nullptr && !UCS_PTR_IS_ERR(st)) {
+    ++rndv_in_flight;
+    rndv_bytes_in_flight += r.length;
+    return;
   }
-  return UCS_OK;
+  delete ctx;
+  --in.parts_pending;
+  if (st == nullptr)
+    fragment_landed(in, r.offset, r.length);
+  else
+    fail(in);
+  drain_inbox(id);
 }
 
 void Transport::Impl::on_recv_done(void* request, ucs_status_t status, size_t, void* user) {
   auto* ctx = static_cast<RecvCtx*>(user);
   Impl* im = ctx->im;
-  auto it = im->peers.find(ctx->msg.peer);
-  if (it != im->peers.end() && !it->second.down) {
-    if (status == UCS_OK)
-      im->received(it->second, std::move(ctx->msg), ctx->sum);
-    else
-      ++it->second.stats.malformed;
-  }
+  Incoming& in = *ctx->in;
+  --im->rndv_in_flight;
+  im->rndv_bytes_in_flight -= ctx->length;
+  --in.parts_pending;
+  if (status == UCS_OK)
+    im->fragment_landed(in, ctx->offset, ctx->length);
+  else
+    fail(in);
+  im->drain_inbox(in.msg.peer);
   delete ctx;
   ucp_request_free(request);
 }
 
-void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum) {
+void Transport::Impl::fragment_landed(Incoming& in, size_t offset, size_t length) {
+  if (in.state != Incoming::State::kAssembling) return;
+  if (in.verify) {
+    const auto* base = reinterpret_cast<const uint8_t*>(in.msg.storage.get());
+    in.landed[offset] = length;
+    for (auto it = in.landed.begin(); it != in.landed.end() && it->first == in.checked_bytes;
+         it = in.landed.erase(it)) {
+      in.running.update({base + it->first, it->second});
+      in.checked_bytes += it->second;
+    }
+  }
+  if (in.all_announced && in.parts_pending == 0) in.state = Incoming::State::kDone;
+}
+
+void Transport::Impl::fail(Incoming& in) {
+  in.state = Incoming::State::kFailed;
+  in.landed.clear();
+}
+
+void Transport::Impl::drain_inbox(PeerId id) {
+  auto it = peers.find(id);
+  if (it == peers.end() || it->second.down) return;  // its inbox was dropped with it
+  Peer& p = it->second;
+  while (!p.inbox.empty()) {
+    Incoming& in = *p.inbox.front();
+    if (in.state == Incoming::State::kDone) {
+      std::optional<uint64_t> computed;
+      if (in.verify && in.checked_bytes == in.msg.size_bytes) computed = in.running.final();
+      if (!in.msg.storage) in.msg.storage = alloc_words(0);  // an empty message
+      received(p, std::move(in.msg), in.sum, computed);
+    } else if (in.state == Incoming::State::kFailed) {
+      ++p.stats.malformed;
+    } else {
+      break;
+    }
+    p.inbox.pop_front();
+  }
+  if (p.inbox.empty() && p.bye_pending && !p.down) answer_bye(p);
+}
+
+void Transport::Impl::drop_inbox(Peer& p) {
+  // Release this peer's fragments still waiting for a receive slot (UCX needs the endpoint).
+  for (auto it = rndv_waiting.begin(); it != rndv_waiting.end();) {
+    if (it->in->msg.peer == p.id) {
+      ucp_am_data_release(worker, it->desc);
+      it = rndv_waiting.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Receives in flight keep their message (the RecvCtx owns it) until UCX is done with them.
+  for (auto& in : p.inbox) fail(*in);
+  p.inbox.clear();
+  p.assembling.reset();
+}
+
+void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum,
+                               std::optional<uint64_t> computed) {
   if (faults_on) {
     if (auto d = shim.decide(p.stats.name, m.type, false, m.size_bytes)) {
       ++p.stats.faults_fired;
@@ -194,10 +386,10 @@ void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum) {
         case FaultAction::kDelay: {
           auto held = std::make_shared<Message>(std::move(m));
           const PeerId id = p.id;
-          add_timer(std::chrono::milliseconds(d->delay_ms), [this, id, held, sum] {
+          add_timer(std::chrono::milliseconds(d->delay_ms), [this, id, held, sum, computed] {
             auto it = peers.find(id);
             if (it == peers.end() || it->second.down) return;
-            deliver_checked(it->second, std::move(*held), sum);
+            deliver_checked(it->second, std::move(*held), sum, computed);
           });
           return;
         }
@@ -205,21 +397,23 @@ void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum) {
           Message dup = m;
           dup.storage = alloc_words(m.size_bytes);
           std::memcpy(dup.storage.get(), m.storage.get(), m.size_bytes);
-          deliver_checked(p, std::move(dup), sum);
+          deliver_checked(p, std::move(dup), sum, computed);
           break;
         }
         case FaultAction::kCorrupt:
           if (m.size_bytes)
             reinterpret_cast<uint8_t*>(m.storage.get())[d->corrupt_at % m.size_bytes] ^= 0x5a;
+          computed.reset();  // the bytes changed after they were checksummed: check them again
           break;
       }
     }
   }
-  deliver_checked(p, std::move(m), sum);
+  deliver_checked(p, std::move(m), sum, computed);
 }
 
-void Transport::Impl::deliver_checked(Peer& p, Message&& m, uint64_t sum) {
-  if (sum != 0 && (checksum(m.data()) | 1) != sum) {
+void Transport::Impl::deliver_checked(Peer& p, Message&& m, uint64_t sum,
+                                      std::optional<uint64_t> computed) {
+  if (sum != 0 && ((computed ? *computed : checksum(m.data())) | 1) != sum) {
     ++p.stats.malformed;
     ++p.stats.corrupted;
     return;

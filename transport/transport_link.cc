@@ -44,6 +44,7 @@ void Transport::Impl::close_peer(Peer& p, const std::string& reason, bool flush)
     if (was_up) events.push_back({p.id, PeerEvent::kDown, p.stats.name, reason});
   }
   if (!p.ep) return;
+  drop_inbox(p);  // releases rendezvous descriptors, which needs the endpoint
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   prm.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
@@ -58,6 +59,7 @@ void Transport::Impl::say_goodbye(Peer& p, const std::string& reason) {
   if (!p.up) return close_peer(p, reason, false);
   p.bye_sent = true;
   post_am(p, kAmBye, WireHeader{}, {}, nullptr);
+  drop_inbox(p);  // nothing more is delivered from it
   const PeerId id = p.id;
   const std::string why = reason;
   // Down for the handler now; the endpoint stays until the answer.
@@ -237,13 +239,22 @@ ucs_status_t Transport::Impl::am_bye(void* arg, const void* header, size_t heade
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
   Peer* p = im->peer_of_header(header, header_length, &h);
-  if (!p) return UCS_OK;
-  // Every message the peer sent before its goodbye has arrived: answer, then close (flushing
-  // the answer out).
-  if (!p->ep) return UCS_OK;
-  im->post_am(*p, kAmByeAck, WireHeader{}, {}, nullptr);
-  im->close_peer(*p, "closed by the peer", /*flush=*/true);
+  if (!p || !p->ep) return UCS_OK;
+  // Every message the peer sent before its goodbye has been announced; some may still be on
+  // their way (rendezvous). Answer once they are delivered (drain_inbox), so that the peer's
+  // close waits for them.
+  if (!p->inbox.empty()) {
+    p->bye_pending = true;
+    return UCS_OK;
+  }
+  im->answer_bye(*p);
   return UCS_OK;
+}
+
+void Transport::Impl::answer_bye(Peer& p) {
+  p.bye_pending = false;
+  post_am(p, kAmByeAck, WireHeader{}, {}, nullptr);
+  close_peer(p, "closed by the peer", /*flush=*/true);  // flushes the answer out
 }
 
 ucs_status_t Transport::Impl::am_bye_ack(void* arg, const void* header, size_t header_length, void*,

@@ -1,6 +1,7 @@
 // The transport's payload checksum and receive-buffer pool, alone: a checksum over parts of any
 // size equals the contiguous one; every single flipped byte and every swap of two different
-// bytes changes it; pooled buffers come back for the next message of their size class.
+// bytes changes it; pooled buffers come back for the next message of their size class, and a
+// new size class makes room by evicting old ones.
 #include "transport/detail/checksum.h"
 
 #include <random>
@@ -74,6 +75,26 @@ TEST(BufferPool, ReusesBuffersOfASizeClass) {
   b.reset();
   pool.reset();  // buffers outliving the pool are freed, not returned
   c.reset();
+}
+
+TEST(BufferPool, ANewSizeClassEvictsOldOnesWhenFull) {
+  auto pool = std::make_shared<BufferPool>();
+  constexpr size_t kSmall = size_t{1} << 20, kLarge = size_t{64} << 20;
+  {
+    std::vector<std::shared_ptr<uint64_t[]>> held;
+    for (size_t i = 0; i < BufferPool::kMaxHeld / kSmall; ++i) held.push_back(pool->get(kSmall));
+  }
+  EXPECT_EQ(pool->held_bytes(), BufferPool::kMaxHeld);  // full of 1 MiB buffers
+  const uint64_t* large = nullptr;
+  {
+    auto a = pool->get(kLarge);
+    large = a.get();
+  }
+  // The 64 MiB buffer stayed (64 of the 1 MiB ones went) and comes back for the next message.
+  EXPECT_EQ(pool->held_bytes(), BufferPool::kMaxHeld);
+  auto b = pool->get(kLarge);
+  EXPECT_EQ(b.get(), large);
+  EXPECT_EQ(pool->held_bytes(), BufferPool::kMaxHeld - kLarge);
 }
 
 }  // namespace

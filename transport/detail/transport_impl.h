@@ -6,6 +6,7 @@
 #pragma once
 
 #include <netdb.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -38,8 +40,8 @@ namespace troupe::transport {
 namespace detail {
 
 constexpr uint32_t kMagic = 0x50525254;  // "TRRP" little-endian
-constexpr uint32_t kWireVersion =
-    4;  // 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum
+// 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum; 5: fragments (total, offset).
+constexpr uint32_t kWireVersion = 5;
 enum AmId : unsigned {
   kAmHello = 1,
   kAmHelloAck = 2,
@@ -53,6 +55,17 @@ constexpr size_t kMaxNameBytes = 256;
 constexpr std::string_view kHelloLabel = "troupe-hello";
 constexpr std::string_view kHelloReplyLabel = "troupe-hello-reply";
 constexpr std::chrono::milliseconds kByeTimeout{1000};  // wait this long for a bye's answer
+// Bytes of rendezvous receives (fragments) running at once per transport, at most (one always
+// may). Over shared memory the receiver copies them one after the other anyway, and more only
+// adds buffers that fall out of the cache; over TCP each receive costs the sender a round trip
+// before its data flows, so small ones need many in flight (64 KiB messages: 32 here; with two
+// at a time they streamed at a third of the rate).
+constexpr size_t kMaxReceiveBytesInFlight = size_t{2} << 20;
+// Data messages larger than this go in fragments of at most this size. The receiver checksums
+// each fragment as soon as it lands, while the bytes are still in cache (a whole 64 MiB message
+// checked after its copy is read back from DRAM), and the sender checksums the next fragment
+// while the receiver copies the previous one instead of before sending anything.
+constexpr size_t kFragmentBytes = size_t{1} << 20;
 
 struct WireHeader {
   uint32_t magic = kMagic;
@@ -64,8 +77,13 @@ struct WireHeader {
   // fatally when that endpoint is gone (seen at shutdown with several workers in one process).
   uint64_t link = 0;
   uint64_t key = 0;
+  // A data message over kFragmentBytes travels as several active messages ("fragments"), sent
+  // back to back in order, each `offset` bytes into the message of `total_bytes`. Only the last
+  // carries the checksum; the others say in `sum` whether one comes (1) or not (0).
+  uint64_t total_bytes = 0;
+  uint64_t offset = 0;
 };
-static_assert(sizeof(WireHeader) == 40);
+static_assert(sizeof(WireHeader) == 56);
 
 using Clock = std::chrono::steady_clock;
 
@@ -130,20 +148,51 @@ inline bool is_loopback(const sockaddr_storage& ss) {
 using namespace detail;
 
 struct Transport::Impl {
+  // A data message from its first fragment's arrival to its delivery.
+  struct Incoming {
+    enum class State : uint8_t {
+      kAssembling,  // fragments announced or being received
+      kDone,        // every byte arrived (and was checksummed, when the sender sent a sum)
+      kFailed,      // a fragment failed, broke the sequence, or was abandoned: dropped
+    };
+    State state = State::kAssembling;
+    Message msg;                 // storage: allocated with the first fragment's receive
+    uint64_t sum = 0;            // the sender's checksum (from the last fragment)
+    bool verify = false;         // the sender sent a checksum
+    bool all_announced = false;  // the last fragment arrived (its data may still be coming)
+    size_t announced_bytes = 0;  // fragments that arrived so far cover [0, announced_bytes)
+    size_t parts_pending = 0;    // rendezvous fragments not yet received
+    // The checksum of [0, checked_bytes), run as fragments land, and fragments that landed past
+    // a gap (out of order): offset -> length.
+    Checksum running;
+    size_t checked_bytes = 0;
+    std::map<size_t, size_t> landed;
+  };
+  // A rendezvous fragment waiting for a receive slot: UCX's descriptor and where it goes.
+  struct Receive {
+    std::shared_ptr<Incoming> in;
+    void* desc = nullptr;
+    size_t offset = 0, length = 0;
+  };
   struct Peer {
     PeerId id = 0;
     ucp_ep_h ep = nullptr;
-    bool client = false;     // we connected to it
-    bool up = false;         // authenticated
-    bool down = false;       // closed or failed; waiting to be forgotten
-    bool bye_sent = false;   // we said goodbye and wait for its answer before closing
-    uint64_t key = 0;        // ours: messages to us on this link carry (id, key)
-    uint64_t remote_id = 0;  // theirs: what we put in the headers we send
+    bool client = false;       // we connected to it
+    bool up = false;           // authenticated
+    bool down = false;         // closed or failed; waiting to be forgotten
+    bool bye_sent = false;     // we said goodbye and wait for its answer before closing
+    bool bye_pending = false;  // it said goodbye; we answer once its inbox is delivered
+    uint64_t key = 0;          // ours: messages to us on this link carry (id, key)
+    uint64_t remote_id = 0;    // theirs: what we put in the headers we send
     uint64_t remote_key = 0;
     std::array<uint8_t, kNonceBytes> nonce{};  // client: the nonce of our hello
     Clock::time_point since;
     std::shared_ptr<std::promise<Result<PeerId>>> waiter;  // client: connect() waiting
     LinkStats stats;
+    // Data messages from this peer that arrived but wait for an earlier rendezvous one: the
+    // handler gets them in the order they were sent, though small ones come in at once.
+    std::deque<std::shared_ptr<Incoming>> inbox;
+    std::shared_ptr<Incoming> assembling;  // the message whose next fragment is expected
   };
   struct SendCtx {
     Impl* im = nullptr;
@@ -154,8 +203,8 @@ struct Transport::Impl {
   };
   struct RecvCtx {
     Impl* im = nullptr;
-    Message msg;
-    uint64_t sum = 0;  // the sender's checksum of the payload
+    std::shared_ptr<Incoming> in;
+    size_t offset = 0, length = 0;
   };
   struct Timer {
     Clock::time_point at;
@@ -192,6 +241,13 @@ struct Transport::Impl {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers;
   uint64_t timer_order = 0;
   std::vector<Message> deliveries;  // received, waiting for the handler (outside the lock)
+  // Rendezvous fragments whose receive has not started, across peers in arrival order, and how
+  // many receives UCX is running. Few run at once so that each lands in a buffer the handler
+  // just gave back, still in cache: with a receive started for every announced message (64 at
+  // 1 MiB in the bench), copy and checksum each ran at DRAM speed, 3-4x slower.
+  std::deque<Receive> rndv_waiting;
+  size_t rndv_in_flight = 0, rndv_bytes_in_flight = 0;
+  size_t sends_in_flight = 0;  // sends UCX has not completed yet
   struct Event {
     PeerId peer;
     PeerEvent ev;
@@ -268,6 +324,10 @@ struct Transport::Impl {
 
   void send_data(PeerId id, OutMessage m, bool apply_faults);
 
+  // Posts a message as fragments of at most kFragmentBytes, checksumming each before it goes
+  // (unless `sum` is already known: a corrupted copy carries the original's).
+  void send_fragments(Peer& p, const OutMessage& m, std::optional<uint64_t> sum);
+
   static OutMessage corrupted(const OutMessage& m, size_t at);
 
   // --- receiving --------------------------------------------------------------------------
@@ -287,11 +347,35 @@ struct Transport::Impl {
 
   static void on_recv_done(void* request, ucs_status_t status, size_t, void* user);
 
+  // The message a fragment belongs to (a new one for offset 0), or null: the fragment does not
+  // continue the peer's message in progress (counted as malformed, with that message).
+  std::shared_ptr<Incoming> message_of(Peer& p, const WireHeader& h, size_t length);
+
+  // Starts waiting rendezvous receives within kMaxReceiveBytesInFlight (from the
+  // progress loop, never from a UCX callback); true if it started or released any.
+  bool start_receives();
+
+  void start_receive(Receive r);
+
+  // A fragment's bytes are in the message's buffer: checksum what is contiguous, and complete
+  // the message when it was the last.
+  void fragment_landed(Incoming& in, size_t offset, size_t length);
+
+  static void fail(Incoming& in);
+
+  // Hands on the messages at the head of a peer's inbox that are complete.
+  void drain_inbox(PeerId id);
+
+  // Abandons what a peer's inbox holds (the peer is going): rendezvous fragments not started are
+  // released to UCX, which tells their sender; receives in flight are dropped when they finish.
+  void drop_inbox(Peer& p);
+
   // A whole message arrived from an authenticated peer: incoming faults, counters, delivery.
-  void received(Peer& p, Message&& m, uint64_t sum);
+  // `computed`: the checksum of its bytes when already known (taken as they landed).
+  void received(Peer& p, Message&& m, uint64_t sum, std::optional<uint64_t> computed);
 
   // Delivers a message whose payload matches the sender's checksum; counts and drops the rest.
-  void deliver_checked(Peer& p, Message&& m, uint64_t sum);
+  void deliver_checked(Peer& p, Message&& m, uint64_t sum, std::optional<uint64_t> computed);
 
   static void count_received(Peer& p, const Message& m);
 
@@ -312,6 +396,9 @@ struct Transport::Impl {
 
   static ucs_status_t am_bye(void* arg, const void* header, size_t header_length, void*, size_t,
                              const ucp_am_recv_param_t*);
+
+  // Acknowledges a peer's goodbye (everything it sent before is delivered) and closes the link.
+  void answer_bye(Peer& p);
 
   static ucs_status_t am_bye_ack(void* arg, const void* header, size_t header_length, void*, size_t,
                                  const ucp_am_recv_param_t*);
