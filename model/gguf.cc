@@ -409,8 +409,10 @@ void GgufFile::parse_all() {
   }
 
   if (const GgufValue* a = find("general.alignment")) {
-    if (!a->is_integer() || a->i <= 0 || a->i > (1 << 20) || (a->i & (a->i - 1)) != 0)
-      TROUPE_INPUT_ERROR("%s: general.alignment must be a power of two up to 1 MiB", fn);
+    // GGUF requires a multiple of 8; below that, tensor data could sit at addresses that its
+    // 16-bit values (f16, block scales) cannot be read from.
+    if (!a->is_integer() || a->i < 8 || a->i > (1 << 20) || (a->i & (a->i - 1)) != 0)
+      TROUPE_INPUT_ERROR("%s: general.alignment must be a power of two from 8 to 1 MiB", fn);
     alignment_ = static_cast<uint64_t>(a->i);
   }
 

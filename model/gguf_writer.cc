@@ -215,8 +215,9 @@ void GgufWriter::copy_value(std::string_view key, const GgufValue& v) {
 }
 
 void GgufWriter::set_alignment(uint32_t alignment) {
-  TROUPE_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
-               "alignment %u is not a power of two", alignment);
+  TROUPE_CHECK(alignment >= 8 && (alignment & (alignment - 1)) == 0,
+               "alignment %u is not a power of two from 8 (GGUF requires a multiple of 8)",
+               alignment);
   set_u32("general.alignment", alignment);
 }
 
@@ -237,8 +238,8 @@ uint64_t GgufWriter::alignment() const {
         kv.type != GgufType::kBool) {
       std::memcpy(&a, kv.payload.data(), static_cast<size_t>(es));  // little-endian host
     }
-    TROUPE_CHECK(a > 0 && (a & (a - 1)) == 0 && a <= (1u << 20),
-                 "general.alignment must be an unsigned power of two up to 1 MiB");
+    TROUPE_CHECK(a >= 8 && (a & (a - 1)) == 0 && a <= (1u << 20),
+                 "general.alignment must be an unsigned power of two from 8 to 1 MiB");
     return a;
   }
   return kDefaultAlignment;

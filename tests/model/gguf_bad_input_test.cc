@@ -325,21 +325,21 @@ TEST(GgufBadInput, TensorPastTheEndOfTheFile) {
 }
 
 TEST(GgufBadInput, BadAlignmentValues) {
-  for (uint32_t a : {0u, 3u, 48u, 2u << 20}) {
+  for (uint32_t a : {0u, 1u, 2u, 3u, 4u, 48u, 2u << 20}) {
     Bytes b;
     b.header(0, 1).kv_u32("general.alignment", a);
-    EXPECT_EQ(parse_error(b), "bad.gguf: general.alignment must be a power of two up to 1 MiB")
+    EXPECT_EQ(parse_error(b), "bad.gguf: general.alignment must be a power of two from 8 to 1 MiB")
         << a;
   }
   Bytes s;
   s.header(0, 1).kv_str("general.alignment", "32");
-  EXPECT_EQ(parse_error(s), "bad.gguf: general.alignment must be a power of two up to 1 MiB");
+  EXPECT_EQ(parse_error(s), "bad.gguf: general.alignment must be a power of two from 8 to 1 MiB");
   Bytes n;
   n.header(0, 1).str("general.alignment").u32(5).u32(static_cast<uint32_t>(-32));  // i32 -32
-  EXPECT_EQ(parse_error(n), "bad.gguf: general.alignment must be a power of two up to 1 MiB");
+  EXPECT_EQ(parse_error(n), "bad.gguf: general.alignment must be a power of two from 8 to 1 MiB");
   Bytes u;
   u.header(0, 1).str("general.alignment").u32(10).u64(~uint64_t{0} - 31);  // u64 2^64-32
-  EXPECT_EQ(parse_error(u), "bad.gguf: general.alignment must be a power of two up to 1 MiB");
+  EXPECT_EQ(parse_error(u), "bad.gguf: general.alignment must be a power of two from 8 to 1 MiB");
 }
 
 TEST(GgufBadInput, CustomAlignmentIsHonoured) {
