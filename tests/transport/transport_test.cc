@@ -495,6 +495,21 @@ TEST(TransportFaults, CorruptedFragmentedMessageIsDropped) {
   EXPECT_EQ(p.b->stats().links[0].corrupted, 1u);
 }
 
+TEST(TransportFaults, SenderWithoutChecksumsIsNotChecked) {
+  Pair p;
+  auto ao = options("node-a");
+  ao.checksum_payloads = false;  // send() takes no sum; the headers say none comes
+  p.start(ao);
+  p.a->set_faults({FaultRule{FaultAction::kCorrupt, "", 3, 1.0, 1, 0, 1, true}});
+  const auto big = pattern(3u << 20, 4);
+  ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(3, pattern(3u << 20, 3))));
+  ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(4, big)));
+  ASSERT_TRUE(p.b_in.wait_messages(2));
+  EXPECT_EQ(p.b_in.msgs[0].type, 3u);  // corrupted, but nothing to check it against
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), p.b_in.msgs[1].data().begin()));
+  EXPECT_EQ(p.b->stats().links[0].corrupted, 0u);
+}
+
 TEST(TransportFaults, CutLinkDropsBothWaysUntilCleared) {
   Pair p;
   p.start();
