@@ -298,6 +298,7 @@ struct Blocks32Kernel {
   static_assert(!kVbmi || kType == GgmlType::kQ4_0);
   using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
   static constexpr int kRows = 4;
+  static constexpr int kDecodeRowsQ4 = 8;  // Q4_0, one token (rows below)
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;     // tiled_rows (few tokens)
   static constexpr int64_t kStreamBlock = 32;  // streaming (many tokens)
@@ -452,6 +453,16 @@ struct Blocks32Kernel {
   // Both loop structures compute every output with the same arithmetic (token_*), so which one
   // runs, chosen by n_tok, changes speed only: BatchInvariant tests pin it.
   static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+    if (kType == GgmlType::kQ4_0 && j.n_tok == 1) {
+      // Batch-1 Q4_0 streams 8 rows at once: with 4 (half of Q8_0's bytes per group step) it
+      // read its weights 15-25 % slower from DRAM while its cache-resident rate was twice the
+      // bandwidth (docs/benchmarks.md). Q8_0 gets slower with 8 (register pressure), so it
+      // keeps 4. Same per-row arithmetic: the outputs do not change.
+      int64_t r = r0;
+      for (; r + kDecodeRowsQ4 <= r1; r += kDecodeRowsQ4) tile<kDecodeRowsQ4, 1>(j, r, 0);
+      for (; r < r1; ++r) tile<1, 1>(j, r, 0);
+      return;
+    }
     if (j.n_tok <= kToks) {
       tiled_rows<Blocks32Kernel>(j, r0, r1);
       return;
