@@ -128,6 +128,7 @@ Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
         root.setPlacementVersion(m.placement_version);
         root.setReporter(text(m.reporter));
         root.setServing(m.serving);
+        root.setCondition(text(m.condition));
         return Ok{};
       });
 }
@@ -166,6 +167,9 @@ Result<StatusSnapshotMsg> decode_status_snapshot(std::span<const uint8_t> f,
         if (!reporter) return reporter.error();
         m.reporter = std::move(*reporter);
         m.serving = root.getServing();
+        auto condition = read_text(root.getCondition(), l.max_text, "StatusSnapshot.condition");
+        if (!condition) return condition.error();
+        m.condition = std::move(*condition);
         return m;
       });
 }

@@ -394,6 +394,30 @@ void head_init(NodeSelf* self) {
   maybe_place(self);
 }
 
+std::string head_condition(NodeSelf* self) {
+  auto& st = self->state;
+  if (st.draining) return "draining: the head is shutting down";
+  if (!st.serving && !st.not_serving_why.empty()) return "not serving: " + st.not_serving_why;
+  if (st.awaiting_capacity) {
+    const uint64_t waited = ms_since(st.capacity_since);
+    const uint64_t wait = static_cast<uint64_t>(st.plan.cluster.replace_wait_ms);
+    return "requests held: " + st.capacity_what +
+           "; cannot re-place its actors: " + st.capacity_why + "; waiting " +
+           std::to_string(wait > waited ? wait - waited : 0) +
+           " ms more for a node with room to join";
+  }
+  if (st.replacing)
+    return "requests held: re-placing actors (placement " +
+           std::to_string(st.placement ? st.placement->version : 0) +
+           "); they are recomputed when every node has started its actors";
+  if (!st.serving) {
+    std::lock_guard<std::mutex> lk(st.shared->mu);
+    return "forming: waiting for " +
+           (st.shared->waiting_for.empty() ? std::string("the placement") : st.shared->waiting_for);
+  }
+  return "";
+}
+
 void head_tick(NodeSelf* self) {
   auto& st = self->state;
   if (st.leaving) return;

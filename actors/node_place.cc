@@ -508,6 +508,7 @@ StatusSnapshotMsg snapshot(NodeSelf* self) {
   s.reporter = st.me.name;
   s.serving = st.head ? st.serving : st.placed;
   if (st.head) {
+    s.condition = head_condition(self);
     s.has_membership = true;
     s.membership = membership_of(self);
     for (const auto& [name, m] : st.members) {

@@ -48,6 +48,7 @@ std::string status_json(const StatusSnapshotMsg& s) {
   for (const auto& m : s.membership.members) names[m.node_id] = m.name;
   std::string o =
       "{\"node\":" + json_str(s.reporter) + ",\"serving\":" + (s.serving ? "true" : "false") +
+      ",\"condition\":" + json_str(s.condition) +
       ",\"epoch\":" + std::to_string(s.header.cluster_epoch) +
       ",\"placement_version\":" + std::to_string(s.placement_version) +
       ",\"membership_version\":" + std::to_string(s.membership.version) + ",\"members\":[";

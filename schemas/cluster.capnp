@@ -356,6 +356,10 @@ struct StatusSnapshot {
   # node name of the reporter
   serving @9 :Bool;
   # the head: every placed actor runs and requests are served; another node: its actors run
+  condition @10 :Text;
+  # the head: why requests are not being served right now, in words ("" when they are): the
+  # cluster is forming, re-placing a lost node's actors, waiting for a node with room, or has
+  # stopped serving (and why)
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

@@ -199,8 +199,9 @@ struct StatusSnapshotMsg {
   bool has_throughput = false;
   ThroughputInfo throughput;
   uint64_t placement_version = 0;
-  std::string reporter;  // node name of the reporter
-  bool serving = false;  // the head: the cluster serves; another node: its actors run
+  std::string reporter;   // node name of the reporter
+  bool serving = false;   // the head: the cluster serves; another node: its actors run
+  std::string condition;  // the head: why requests are not served right now; "" when they are
 };
 
 /// The snapshot as one JSON object (what `troupe status` prints): node, serving, placement

@@ -220,6 +220,8 @@ void head_init(NodeSelf* self);
 /// The head's member table as a Membership message (also the status snapshot's).
 MembershipMsg membership_of(NodeSelf* self);
 void head_tick(NodeSelf* self);
+/// Why the head does not serve requests right now, in words; "" when it does (status snapshot).
+std::string head_condition(NodeSelf* self);
 void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
 /// The warm-up generation finished: the head serves (or fails with its error).
 void head_warmed_up(NodeSelf* self, const GenerateResult& r);

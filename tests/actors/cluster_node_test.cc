@@ -117,6 +117,7 @@ void run_exactness(const std::string& rel, const Layout& layout) {
   ASSERT_TRUE(st) << st.error().message;
   auto j = nlohmann::json::parse(*st);
   EXPECT_TRUE(j["serving"].get<bool>());
+  EXPECT_EQ(j["condition"], "") << *st;
   EXPECT_EQ(j["members"].size(), 3u);
   EXPECT_EQ(j["actors"].size(), layout.stage_nodes.size() + layout.shard_nodes.size());
   std::set<std::string> phase_nodes;
@@ -395,13 +396,15 @@ struct NoRoom {
     n.nodes[2]->set_faults({*rule, in});
   }
 
-  // Node c's state in the head's status, seen through a connection of its own.
-  std::string c_state() {
+  // Node c's state in the head's status, seen through a connection of its own; `condition`
+  // gets the head's condition of the same snapshot.
+  std::string c_state(std::string* condition = nullptr) {
     auto other = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
     if (!other) return "";
     auto st = (*other)->status_json();
     if (!st) return "";
     const auto j = nlohmann::json::parse(*st);
+    if (condition) *condition = j["condition"].get<std::string>();
     for (const auto& m : j["members"])
       if (m["name"] == "c") return m["state"].get<std::string>();
     return "";
@@ -414,6 +417,7 @@ TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins)
   r.start(shared, 60000);
   std::atomic<bool> cut{false};
   std::thread healer;
+  std::string held_condition;  // the head's condition once c was dead
   auto got = r.client->generate_many(
       r.w.reqs, 0,
       [&](size_t, const std::string&, int32_t) {
@@ -422,7 +426,8 @@ TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins)
         // Once the head has declared c dead (and found no room for its actors), heal c's links:
         // it asks to join again, and the held requests resume on its actors.
         healer = std::thread([&] {
-          for (int i = 0; i < 300 && r.c_state() != "dead"; ++i) std::this_thread::sleep_for(100ms);
+          for (int i = 0; i < 300 && r.c_state(&held_condition) != "dead"; ++i)
+            std::this_thread::sleep_for(100ms);
           r.n.nodes[2]->set_faults({});
         });
       },
@@ -430,6 +435,12 @@ TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins)
   if (healer.joinable()) healer.join();
   ASSERT_TRUE(cut.load());
   expect_same(got, r.w.want);
+  // While c was dead the status said why requests were held.
+  EXPECT_NE(held_condition.find("requests held: node c, which hosts part of the pipeline, is dead"),
+            std::string::npos)
+      << held_condition;
+  EXPECT_NE(held_condition.find("ms more for a node with room to join"), std::string::npos)
+      << held_condition;
   auto st = r.client->status_json();
   ASSERT_TRUE(st) << st.error().message;
   const auto j = nlohmann::json::parse(*st);

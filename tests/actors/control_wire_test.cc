@@ -175,6 +175,7 @@ StatusSnapshotMsg make_snapshot() {
   m.placement_version = 4;
   m.reporter = "node-a";
   m.serving = true;
+  m.condition = "requests held: re-placing actors (placement 2)";
   return m;
 }
 
@@ -417,6 +418,7 @@ TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   EXPECT_EQ(d->placement_version, m.placement_version);
   EXPECT_EQ(d->reporter, m.reporter);
   EXPECT_EQ(d->serving, m.serving);
+  EXPECT_EQ(d->condition, m.condition);
   // A single node's snapshot: no membership, no throughput.
   StatusSnapshotMsg node = m;
   node.has_membership = false;
