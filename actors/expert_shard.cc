@@ -21,9 +21,6 @@ struct ExpertShardState {
   std::vector<bool> owned;  // [n_expert]
   std::unique_ptr<compute::ThreadPool> pool;
   std::unique_ptr<compute::ExpertCompute> compute;
-  // The request being computed, shared with the exit hook: released with an error if the actor
-  // dies mid-way (the hook may run after the state is gone, so it holds its own reference).
-  std::shared_ptr<ExpertRequestPtr> current = std::make_shared<ExpertRequestPtr>();
   bool crash_next = false;
   static inline const char* name = "expert_shard";
 };
@@ -68,21 +65,16 @@ ExpertShardActor::behavior_type expert_shard_behavior(
   for (int32_t e : st.cfg.experts) st.owned.at(static_cast<size_t>(e)) = true;
   st.pool = std::make_unique<compute::ThreadPool>(st.cfg.threads);
   st.compute = std::make_unique<compute::ExpertCompute>(st.cfg.model, st.pool.get());
-  // If this actor dies while computing, release the waiting stage at once with an error.
-  self->attach_functor([cur = st.current, idx = st.cfg.index](const caf::error&) {
-    if (ExpertRequestPtr r = *cur)
-      fail_request(*r, "expert shard " + std::to_string(idx) + " failed");
-  });
   return {
       [=](expert_atom, const ExpertRequestPtr& r) {
-        *self->state.current = r;
+        // A request this actor dies with (a throw, an exit) is failed by its guard
+        // (guard_request) when the message goes away, so the stage waiting on it goes on.
         if (self->state.crash_next) throw std::runtime_error("injected fault");
         try {
           serve(self, r);
         } catch (const std::exception& e) {
           r->error = e.what();
         }
-        *self->state.current = nullptr;
         answer_request(*r);
       },
       [=](crash_atom) { self->state.crash_next = true; },

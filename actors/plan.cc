@@ -17,19 +17,7 @@
 
 namespace troupe::actors {
 
-using detail::plan_internal::Bound;
-using detail::plan_internal::expect_text;
-using detail::plan_internal::kBlockSize;
-using detail::plan_internal::kKvBlocks;
-using detail::plan_internal::kSchedFields;
-using detail::plan_internal::kShardCount;
-using detail::plan_internal::kStageCount;
-using detail::plan_internal::kThreads;
-using detail::plan_internal::PlanError;
-using detail::plan_internal::plural;
-using detail::plan_internal::SchedField;
-using detail::plan_internal::to_error;
-using detail::plan_internal::where;
+using namespace detail::plan_internal;
 
 const char* to_string(PlanErrc e) {
   switch (e) {

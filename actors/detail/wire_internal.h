@@ -1,8 +1,9 @@
 // Internals shared by the two wire codecs: actors/wire.cc (steps, outcomes, experts) and
-// actors/control_wire*.cc (control plane, clients; through detail/control_wire_internal.h). Building and finishing a WireFrame, guarded
-// reads of untrusted frames, Header, ErrorReport, SamplingParams and SamplerState, length checks.
-// Includes Cap'n Proto headers: only those codec .cc files may include it (STYLE.md "Header
-// hygiene"). Thread safety: free functions with no shared state.
+// actors/control_wire*.cc (control plane, clients; through detail/control_wire_internal.h).
+// Building and finishing a WireFrame, guarded reads of untrusted frames, Header, ErrorReport,
+// SamplingParams and SamplerState, length checks. Includes Cap'n Proto headers: only those codec
+// .cc files may include it (STYLE.md "Header hygiene"). Thread safety: free functions with no
+// shared state.
 #pragma once
 
 #include <algorithm>

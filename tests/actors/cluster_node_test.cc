@@ -279,6 +279,15 @@ TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
 // actors on the survivors, the scheduler recomputes the requests from their token logs, and every
 // token and logit equals the fault-free single-process run. `lose` makes node c go; `heal`, if
 // given, brings it back (it then rejoins as spare capacity).
+// Cuts every link of node c both ways: it looks dead (no heartbeats) until set_faults({}).
+void cut_all_links(ClusterNode& c) {
+  auto rule = transport::parse_fault_rule("cut");
+  ASSERT_TRUE(rule.has_value());
+  auto in = *rule;
+  in.outgoing = false;
+  c.set_faults({*rule, in});
+}
+
 void expect_replaced(const std::string& rel, const Layout& layout,
                      const std::function<void(ClusterNode&)>& lose, const std::string& state,
                      const std::function<void(ClusterNode&)>& heal = {}) {
@@ -349,16 +358,8 @@ TEST(ClusterNode, StageNodeThatLeavesMidRequestIsReplacedWithIdenticalOutput) {
 TEST(ClusterNode, StageAndShardNodeThatDiesIsReplacedWithIdenticalOutput) {
   // Node c hosts stage 1 and an expert shard; every link of it is cut (it looks dead: no
   // heartbeats), so the head declares it dead when its lease (1 s) runs out.
-  expect_replaced(
-      "models/synth/mixtral-moe/model.gguf", {{"a", "c"}, {"b", "c"}},
-      [](ClusterNode& c) {
-        auto rule = transport::parse_fault_rule("cut");
-        ASSERT_TRUE(rule.has_value());
-        auto in = *rule;
-        in.outgoing = false;
-        c.set_faults({*rule, in});
-      },
-      "dead", [](ClusterNode& c) { c.set_faults({}); });
+  expect_replaced("models/synth/mixtral-moe/model.gguf", {{"a", "c"}, {"b", "c"}}, cut_all_links,
+                  "dead", [](ClusterNode& c) { c.set_faults({}); });
 }
 
 // Node c hosts stage 1 and an expert shard; a and b may hold only 1 MiB of weights each, so when
@@ -388,13 +389,7 @@ struct NoRoom {
     client = std::move(*c);
   }
 
-  void cut_c() {
-    auto rule = transport::parse_fault_rule("cut");
-    ASSERT_TRUE(rule.has_value());
-    auto in = *rule;
-    in.outgoing = false;
-    n.nodes[2]->set_faults({*rule, in});
-  }
+  void cut_c() { cut_all_links(*n.nodes[2]); }
 
   // Node c's state in the head's status, seen through a connection of its own; `condition`
   // gets the head's condition of the same snapshot.
