@@ -10,6 +10,7 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,14 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// One engine step; a failure is printed (the bench then exits 1).
+bool run_step(compute::Engine& eng, std::span<const compute::SeqStep> steps,
+              compute::StepResult* res) {
+  auto r = eng.step(steps, res);
+  if (!r) std::fprintf(stderr, "engine_bench: step failed: %s\n", r.error().message.c_str());
+  return static_cast<bool>(r);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -178,7 +187,8 @@ int main(int argc, char** argv) {
       const char* wn = wname.c_str();
       compute::EngineOptions o;
       o.n_threads = nt;
-      o.max_tokens_in_cache = std::max<int64_t>(n_prefill, batch * (16 + n_decode)) + 64;
+      o.max_tokens_in_cache =
+          std::max<int64_t>(n_prefill, std::max<int64_t>(batch, 1) * (16 + n_decode)) + 64;
       auto eng = compute::Engine::create(model, o);
       if (!eng) {
         std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());
@@ -194,7 +204,7 @@ int main(int argc, char** argv) {
           seq.reserve(n_prefill);
           auto st = seq.next(toks, compute::SeqStep::Logits::kLast);
           const double t0 = now_s();
-          if (!(*eng)->step({&st, 1}, &res)) return 1;
+          if (!run_step(**eng, {&st, 1}, &res)) return 1;
           t.push_back(now_s() - t0);
         }
         const double sec = median(t);
@@ -204,6 +214,7 @@ int main(int argc, char** argv) {
       // Decode with 1 and `batch` sequences: each prefilled with 16 tokens, then n_decode steps.
       double tps1 = 0;
       for (int64_t nb : {int64_t{1}, batch}) {
+        if (nb < 1) continue;  // --batch 0: batch 1 only
         std::vector<double> t;
         for (int r = 0; r < runs; ++r) {
           std::vector<std::unique_ptr<compute::Sequence>> seqs;
@@ -213,7 +224,7 @@ int main(int argc, char** argv) {
             seqs.back()->reserve(16 + n_decode);
             toks.push_back(random_tokens(16 + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
             auto st = seqs.back()->next({toks.back().data(), 16}, compute::SeqStep::Logits::kLast);
-            if (!(*eng)->step({&st, 1}, &res)) return 1;
+            if (!run_step(**eng, {&st, 1}, &res)) return 1;
             seqs.back()->advance(16);
           }
           const double t0 = now_s();
@@ -223,7 +234,7 @@ int main(int argc, char** argv) {
               steps.push_back(seqs[static_cast<size_t>(b)]->next(
                   {&toks[static_cast<size_t>(b)][static_cast<size_t>(16 + d)], 1},
                   compute::SeqStep::Logits::kLast));
-            if (!(*eng)->step(steps, &res)) return 1;
+            if (!run_step(**eng, steps, &res)) return 1;
             for (auto& q : seqs) q->advance(1);
           }
           t.push_back((now_s() - t0) / static_cast<double>(n_decode));
