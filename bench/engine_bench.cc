@@ -1,6 +1,7 @@
 // engine_bench: prefill and decode speed of the CPU engine on a model file, beside the machine's
 // measured memory bandwidth (decode is bound by reading every active weight once per step).
 // Usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] [--runs 5]
+//                     [--context 16]   (prompt tokens of each decoding sequence)
 //                     [--weights map|memory|both]   (both: the two side by side in one run)
 #include <algorithm>
 #include <chrono>
@@ -100,12 +101,12 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                 "[--batch 16] [--runs 5] [--weights map|memory|both]\n");
+                 "[--batch 16] [--runs 5] [--context 16] [--weights map|memory|both]\n");
     return 2;
   }
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
-  int64_t n_prefill = 512, n_decode = 32, batch = 16;
+  int64_t n_prefill = 512, n_decode = 32, batch = 16, ctx = 16;
   int runs = 5;
   std::string weights = "both";
   for (int i = 2; i + 1 < argc; i += 2) {
@@ -126,8 +127,13 @@ int main(int argc, char** argv) {
       batch = std::atoll(v.c_str());
     } else if (k == "--runs") {
       runs = std::atoi(v.c_str());
+    } else if (k == "--context") {
+      ctx = std::max<int64_t>(1, std::atoll(v.c_str()));
     } else if (k == "--weights") {
       weights = v;
+    } else {
+      std::fprintf(stderr, "engine_bench: unknown option %s\n", k.c_str());
+      return 2;
     }
   }
   std::string cpu = "unknown";
@@ -188,7 +194,7 @@ int main(int argc, char** argv) {
       compute::EngineOptions o;
       o.n_threads = nt;
       o.max_tokens_in_cache =
-          std::max<int64_t>(n_prefill, std::max<int64_t>(batch, 1) * (16 + n_decode)) + 64;
+          std::max<int64_t>(n_prefill, std::max<int64_t>(batch, 1) * (ctx + n_decode)) + 64;
       auto eng = compute::Engine::create(model, o);
       if (!eng) {
         std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());
@@ -211,7 +217,7 @@ int main(int argc, char** argv) {
         std::printf("%-8d %-8s %-10s %12.1f %12.1f %10s %10s\n", nt, wn, "prefill",
                     static_cast<double>(n_prefill) / sec, sec * 1e3, "-", "-");
       }
-      // Decode with 1 and `batch` sequences: each prefilled with 16 tokens, then n_decode steps.
+      // Decode with 1 and `batch` sequences: each prefilled with ctx tokens, then n_decode steps.
       double tps1 = 0;
       for (int64_t nb : {int64_t{1}, batch}) {
         if (nb < 1) continue;  // --batch 0: batch 1 only
@@ -221,18 +227,19 @@ int main(int argc, char** argv) {
           std::vector<std::vector<int32_t>> toks;
           for (int64_t b = 0; b < nb; ++b) {
             seqs.push_back(std::make_unique<compute::Sequence>(**eng));
-            seqs.back()->reserve(16 + n_decode);
-            toks.push_back(random_tokens(16 + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
-            auto st = seqs.back()->next({toks.back().data(), 16}, compute::SeqStep::Logits::kLast);
+            seqs.back()->reserve(ctx + n_decode);
+            toks.push_back(random_tokens(ctx + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
+            auto st = seqs.back()->next({toks.back().data(), static_cast<size_t>(ctx)},
+                                         compute::SeqStep::Logits::kLast);
             if (!run_step(**eng, {&st, 1}, &res)) return 1;
-            seqs.back()->advance(16);
+            seqs.back()->advance(ctx);
           }
           const double t0 = now_s();
           for (int64_t d = 0; d < n_decode; ++d) {
             std::vector<compute::SeqStep> steps;
             for (int64_t b = 0; b < nb; ++b)
               steps.push_back(seqs[static_cast<size_t>(b)]->next(
-                  {&toks[static_cast<size_t>(b)][static_cast<size_t>(16 + d)], 1},
+                  {&toks[static_cast<size_t>(b)][static_cast<size_t>(ctx + d)], 1},
                   compute::SeqStep::Logits::kLast));
             if (!run_step(**eng, steps, &res)) return 1;
             for (auto& q : seqs) q->advance(1);

@@ -53,27 +53,28 @@ const float* f32(const WeightView& w) {
   return reinterpret_cast<const float*>(w.data);
 }
 
-// Attention of one query over positions [0, n): softmax(q . key(j) * scale) weighted sum of
-// value(j), both read in position order (fixed reduction order: batch-invariant).
-// sc is scratch; out receives f32 [dv].
-template <class KeyFn, class ValueFn>
-void attend(const float* q, int64_t dq, int64_t n, float scale, KeyFn key, ValueFn value,
-            int64_t dv, std::vector<float>& sc, float* out) {
-  sc.resize(static_cast<size_t>(n));
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    sc[static_cast<size_t>(j)] = vec_dot(q, key(j), dq) * scale;
-    mx = std::max(mx, sc[static_cast<size_t>(j)]);
-  }
-  double sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const float ev = std::exp(sc[static_cast<size_t>(j)] - mx);
-    sc[static_cast<size_t>(j)] = ev;
-    sum += ev;
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  std::fill(out, out + dv, 0.f);
-  for (int64_t j = 0; j < n; ++j) vec_axpy(sc[static_cast<size_t>(j)] * inv, value(j), out, dv);
+// Splits the g query heads of a KV head into parts of at most 8 (a divisor of g), so that a
+// decode step (one token) still gives the threads several pieces of work.
+int64_t head_part(int64_t g) {
+  for (int64_t p = std::min<int64_t>(g, 8); p > 1; --p)
+    if (g % p == 0) return p;
+  return 1;
+}
+
+// The KV view of one sequence at layer l: its blocks' first rows, in position order.
+KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t k_offset,
+               int64_t v_offset, std::vector<const float*>& blocks) {
+  const int64_t bs = kv.block_size(), nb = (n + bs - 1) / bs;
+  blocks.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b)
+    blocks[static_cast<size_t>(b)] = kv.k(l, q.blocks[static_cast<size_t>(b)], 0);
+  KvView v;
+  v.blocks = blocks.data();
+  v.block_size = bs;
+  v.row_stride = kv.row_stride();
+  v.k_offset = k_offset;
+  v.v_offset = v_offset;
+  return v;
 }
 
 }  // namespace
@@ -281,9 +282,10 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   grow(S.k, T * kw);
   grow(S.v, T * vw);
   grow(S.attn, T * H * dv);
-  matmul(L.wq, S.h.data(), T, S.q.data(), pool_.get());
-  matmul(L.wk, S.h.data(), T, S.k.data(), pool_.get());
-  matmul(L.wv, S.h.data(), T, S.v.data(), pool_.get());
+  const MatmulTarget qkv[] = {{L.wq, S.q.data(), L.wq.rows()},
+                              {L.wk, S.k.data(), L.wk.rows()},
+                              {L.wv, S.v.data(), L.wv.rows()}};
+  matmul_shared(qkv, S.h.data(), L.wq.cols(), T, pool_.get());
   auto add_bias = [&](const WeightView& b, std::vector<float>& y, int64_t w) {
     if (!b.present()) return;
     const float* bb = f32(b);
@@ -321,23 +323,17 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
                 static_cast<size_t>(vw) * 4);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  const int64_t group = H / HK;
-  pool_->parallel_for(T * H, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> sc;
-    std::vector<float> acc(static_cast<size_t>(dv));
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / H, hh = th % H, kvh = hh / group;
+  const int64_t group = H / HK, part = head_part(group), parts = H / part;
+  const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
+  pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<const float*> blocks;
+    for (int64_t tp = b; tp < e; ++tp) {
+      const int64_t t = tp / parts, h0 = tp % parts * part, kvh = h0 / group;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const int64_t l = il - range_.begin;
-      auto key = [&](int64_t j) {
-        return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dk;
-      };
-      auto val = [&](int64_t j) {
-        return kv_->v(l, q.blocks[static_cast<size_t>(j / bs)], j % bs) + kvh * dv;
-      };
-      attend(&S.q[t * qw + hh * dk], dk, pos + 1, scale, key, val, dv, sc, acc.data());
-      std::memcpy(&S.attn[t * H * dv + hh * dv], acc.data(), static_cast<size_t>(dv) * 4);
+      const KvView kv = kv_view(*kv_, l, q, pos + 1, kvh * dk, k_width + kvh * dv, blocks);
+      attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, pos + 1, scale, dv,
+                   &S.attn[t * H * dv + h0 * dv], dv);
     }
   });
 }
@@ -389,20 +385,18 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
   }
   grow(S.lat, T * H * lora);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
-  pool_->parallel_for(T * H, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> sc;
-    std::vector<float> acc(static_cast<size_t>(lora));
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / H;
+  // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows, and
+  // every head shares them (one KV "head").
+  const int64_t part = head_part(H), parts = H / part, l = il - range_.begin;
+  pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<const float*> blocks;
+    for (int64_t tp = b; tp < e; ++tp) {
+      const int64_t t = tp / parts, h0 = tp % parts * part;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const int64_t l = il - range_.begin;
-      // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows.
-      auto key = [&](int64_t j) {
-        return kv_->k(l, q.blocks[static_cast<size_t>(j / bs)], j % bs);
-      };
-      attend(&S.qabs[th * kw], kw, pos + 1, scale, key, key, lora, sc, acc.data());
-      std::memcpy(&S.lat[th * lora], acc.data(), static_cast<size_t>(lora) * 4);
+      const KvView kv = kv_view(*kv_, l, q, pos + 1, 0, 0, blocks);
+      attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, pos + 1, scale, lora,
+                   &S.lat[(t * H + h0) * lora], lora);
     }
   });
   grow(S.attn, T * H * dv);
@@ -417,8 +411,8 @@ void swiglu_ffn(const model::ExpertFfn& f, const float* x, int64_t n, float* y,
   const int64_t ff = f.gate.rows();
   grow(g, n * ff);
   grow(u, n * ff);
-  matmul(f.gate, x, n, g.data(), pool);
-  matmul(f.up, x, n, u.data(), pool);
+  const MatmulTarget gate_up[] = {{f.gate, g.data(), ff}, {f.up, u.data(), ff}};
+  matmul_shared(gate_up, x, f.gate.cols(), n, pool);
   for (int64_t i = 0; i < n * ff; ++i) g[i] = detail::silu(g[i]) * u[i];
   matmul(f.down, g.data(), n, y, pool);
 }

@@ -37,6 +37,8 @@ class KvCache {
   float* v(int64_t layer, int32_t block, int64_t slot) {
     return k(layer, block, slot) + cfg_.k_width;
   }
+  /// Floats from one slot's K row to the next slot's (K and V of a slot are one row).
+  int64_t row_stride() const { return stride_; }
 
  private:
   KvCacheConfig cfg_;

@@ -6,6 +6,7 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cfloat>
 #include <cmath>
@@ -375,15 +376,56 @@ int supported_kernel_sets(const KernelSet** out, int max) {
   return n;
 }
 
-void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x, int64_t x_stride,
-                 int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool) {
-  const int64_t rows = w.rows(), cols = w.cols();
-  if (n_tok <= 0 || rows <= 0) return;
+namespace {
+
+const TypeKernels& kernels_for(const KernelSet& ks, const model::WeightView& w) {
   const TypeKernels* k = ks.find(w.type);
   if (k == nullptr) {
     TROUPE_INPUT_ERROR("matmul: weight %s has type %s, which troupe cannot multiply yet",
                        w.name.c_str(), model::type_name(w.type).c_str());
   }
+  return *k;
+}
+
+// The activation side of a job: x quantized once (in this thread's scratch) for quantized
+// weights, or x itself for float weights.
+void prepare_activations(const TypeKernels& k, const float* x, int64_t x_stride, int64_t cols,
+                         int64_t n_tok, int n_threads, ThreadPool* pool, MatmulJob* job) {
+  job->cols = cols;
+  job->n_tok = n_tok;
+  if (k.quantize == nullptr) {
+    job->act = reinterpret_cast<const uint8_t*>(x);
+    job->act_stride = x_stride * static_cast<int64_t>(sizeof(float));
+    return;
+  }
+  const int64_t bytes = k.act_row_bytes(cols);
+  uint8_t* act = act_scratch(bytes * n_tok);
+  auto quantize = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) k.quantize(x + t * x_stride, cols, act + t * bytes);
+  };
+  if (n_threads > 1 && n_tok > 1 && n_tok * cols >= kMinParallelQuant) {
+    pool->parallel_for(n_tok, 1, quantize);
+  } else {
+    quantize(0, n_tok);
+  }
+  job->act = act;
+  job->act_stride = bytes;
+}
+
+// Rows go out in chunks from a shared counter, dynamically (a descheduled thread does not hold up
+// the rest): that changes who computes a row, never how, so results stay bit-identical.
+int64_t row_chunk(int64_t rows, int64_t tile, int n_threads) {
+  const int64_t chunk = (rows + 4 * n_threads - 1) / (4 * n_threads);
+  return (chunk + tile - 1) / tile * tile;
+}
+
+}  // namespace
+
+void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x, int64_t x_stride,
+                 int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool) {
+  const int64_t rows = w.rows(), cols = w.cols();
+  if (n_tok <= 0 || rows <= 0) return;
+  const TypeKernels& k = kernels_for(ks, w);
   TROUPE_CHECK(x_stride >= cols && y_stride >= rows, "matmul %s: strides x %lld y %lld",
                w.name.c_str(), static_cast<long long>(x_stride), static_cast<long long>(y_stride));
   if (cols == 0) {
@@ -395,44 +437,23 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
   MatmulJob job;
   job.w = w.data;
   job.w_row_bytes = w.row_bytes();
-  job.cols = cols;
-  job.n_tok = n_tok;
   job.y = y;
   job.y_stride = y_stride;
-  if (k->quantize != nullptr) {
-    const int64_t bytes = k->act_row_bytes(cols);
-    uint8_t* act = act_scratch(bytes * n_tok);
-    auto quantize = [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) k->quantize(x + t * x_stride, cols, act + t * bytes);
-    };
-    if (n_threads > 1 && n_tok > 1 && n_tok * cols >= kMinParallelQuant) {
-      pool->parallel_for(n_tok, 1, quantize);
-    } else {
-      quantize(0, n_tok);
-    }
-    job.act = act;
-    job.act_stride = bytes;
-  } else {
-    job.act = reinterpret_cast<const uint8_t*>(x);
-    job.act_stride = x_stride * static_cast<int64_t>(sizeof(float));
-  }
+  prepare_activations(k, x, x_stride, cols, n_tok, n_threads, pool, &job);
 
   if (n_threads == 1 || rows * n_tok * cols < kMinParallelMacs) {
-    k->rows(job, 0, rows);
+    k.rows(job, 0, rows);
     return;
   }
-  // Chunks are handed out dynamically (a descheduled thread does not hold up the rest):
-  // that changes who computes a row, never how, so results stay bit-identical.
-  const int64_t tile = k->row_tile;
+  const int64_t tile = k.row_tile;
   std::atomic<int64_t> next{0};
   if (rows >= 2 * tile * n_threads) {  // split output rows
-    int64_t chunk = (rows + 4 * n_threads - 1) / (4 * n_threads);
-    chunk = (chunk + tile - 1) / tile * tile;
+    const int64_t chunk = row_chunk(rows, tile, n_threads);
     pool->run([&](int, int) {
       for (;;) {
         const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
         if (r0 >= rows) break;
-        k->rows(job, r0, std::min(rows, r0 + chunk));
+        k.rows(job, r0, std::min(rows, r0 + chunk));
       }
     });
   } else {  // few rows, many tokens (a router, a gate): split tokens
@@ -445,10 +466,63 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
         part.act += t0 * job.act_stride;
         part.y += t0 * y_stride;
         part.n_tok = std::min(n_tok, t0 + chunk) - t0;
-        k->rows(part, 0, rows);
+        k.rows(part, 0, rows);
       }
     });
   }
+}
+
+void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
+                        int64_t x_stride, int64_t n_tok, ThreadPool* pool) {
+  const int n_threads = pool != nullptr ? pool->size() : 1;
+  // One run for all only where each would split rows anyway, with one activation preparation.
+  bool together =
+      n_threads > 1 && n_tok > 0 && !targets.empty() && targets.size() <= kMaxSharedTargets;
+  int64_t macs = 0;
+  for (const MatmulTarget& t : targets) {
+    if (!together) break;
+    const TypeKernels* k = ks.find(t.w.type);
+    together = k != nullptr && t.w.type == targets[0].w.type && t.w.cols() == targets[0].w.cols() &&
+               t.w.cols() > 0 && t.w.rows() >= 2 * k->row_tile * n_threads &&
+               x_stride >= t.w.cols() && t.y_stride >= t.w.rows();
+    macs += t.w.rows() * t.w.cols() * n_tok;
+  }
+  if (!together || macs < kMinParallelMacs) {
+    for (const MatmulTarget& t : targets)
+      matmul_with(ks, t.w, x, x_stride, n_tok, t.y, t.y_stride, pool);
+    return;
+  }
+  const TypeKernels& k = kernels_for(ks, targets[0].w);
+  MatmulJob shared;
+  prepare_activations(k, x, x_stride, targets[0].w.cols(), n_tok, n_threads, pool, &shared);
+  // Chunk c of the run: target i where first[i] <= c < first[i + 1], rows from
+  // (c - first[i]) * chunk[i].
+  std::array<MatmulJob, kMaxSharedTargets> jobs;
+  std::array<int64_t, kMaxSharedTargets> chunk{};
+  std::array<int64_t, kMaxSharedTargets + 1> first{};
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    MatmulJob& j = jobs[i];
+    j = shared;
+    j.w = t.w.data;
+    j.w_row_bytes = t.w.row_bytes();
+    j.y = t.y;
+    j.y_stride = t.y_stride;
+    chunk[i] = row_chunk(t.w.rows(), k.row_tile, n_threads);
+    first[i + 1] = first[i] + (t.w.rows() + chunk[i] - 1) / chunk[i];
+  }
+  const int64_t n_chunks = first[targets.size()];
+  std::atomic<int64_t> next{0};
+  pool->run([&](int, int) {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) break;
+      size_t i = 0;
+      while (c >= first[i + 1]) ++i;
+      const int64_t r0 = (c - first[i]) * chunk[i];
+      k.rows(jobs[i], r0, std::min(targets[i].w.rows(), r0 + chunk[i]));
+    }
+  });
 }
 
 }  // namespace detail
@@ -460,6 +534,11 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
             int64_t y_stride, ThreadPool* pool) {
   detail::matmul_with(detail::active_kernels(), w, x, x_stride, n_tok, y, y_stride, pool);
+}
+
+void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
+                   int64_t n_tok, ThreadPool* pool) {
+  detail::matmul_shared_with(detail::active_kernels(), targets, x, x_stride, n_tok, pool);
 }
 
 const char* simd_level() {

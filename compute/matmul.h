@@ -11,7 +11,9 @@
 // with its own pool or none.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "model/model_spec.h"
 
@@ -31,6 +33,20 @@ inline void matmul(const model::WeightView& w, const float* x, int64_t n_tok, fl
                    ThreadPool* pool) {
   matmul(w, x, w.cols(), n_tok, y, w.rows(), pool);
 }
+
+/// One of several products with the same input rows: y[t * y_stride + o] = dot(w row o, x row t).
+struct MatmulTarget {
+  const model::WeightView& w;
+  float* y;
+  int64_t y_stride;
+};
+inline constexpr size_t kMaxSharedTargets = 4;
+
+/// Several matrices applied to the same x (q/k/v, gate/up): every output exactly as matmul()
+/// computes it, with one hand-off to the pool and one preparation of x when the matrices share
+/// a type and a width (else one matmul() each). At most kMaxSharedTargets run together.
+void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
+                   int64_t n_tok, ThreadPool* pool);
 
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup).
 void get_row(const model::WeightView& w, int64_t r, float* out);

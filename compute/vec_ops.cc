@@ -1,41 +1,106 @@
-// Dispatch and the scalar fallback of the attention vector kernels.
+// Dispatch and the portable build of the attention kernel (compute/detail/attend_simd.h).
 #include "compute/vec_ops.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string_view>
 
+#include "compute/detail/attend_simd.h"
 #include "compute/matmul.h"
 
 namespace troupe::compute {
 
 namespace {
 
-float dot_scalar(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  for (int k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-void axpy_scalar(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+// Eight lanes in plain C++ (no instruction-set assumptions): the portable level.
+struct Portable {
+  static constexpr int kLanes = 8;
+  struct Reg {
+    float v[8];
+  };
+  template <class F>
+  static Reg map(F f) {
+    Reg r;
+    for (int i = 0; i < 8; ++i) r.v[i] = f(i);
+    return r;
+  }
+  static Reg zero() { return set1(0.0f); }
+  static Reg set1(float f) {
+    return map([&](int) { return f; });
+  }
+  static Reg load(const float* p) {
+    return map([&](int i) { return p[i]; });
+  }
+  static Reg load_n(const float* p, int k) {
+    return map([&](int i) { return i < k ? p[i] : 0.0f; });
+  }
+  static void store(float* p, const Reg& r) { std::memcpy(p, r.v, sizeof r.v); }
+  static void store_n(float* p, const Reg& r, int k) {
+    std::memcpy(p, r.v, static_cast<size_t>(k) * sizeof(float));
+  }
+  static Reg add(const Reg& a, const Reg& b) {
+    return map([&](int i) { return a.v[i] + b.v[i]; });
+  }
+  static Reg sub(const Reg& a, const Reg& b) {
+    return map([&](int i) { return a.v[i] - b.v[i]; });
+  }
+  static Reg mul(const Reg& a, const Reg& b) {
+    return map([&](int i) { return a.v[i] * b.v[i]; });
+  }
+  static Reg max(const Reg& a, const Reg& b) {
+    return map([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
+  }
+  static Reg fmadd(const Reg& a, const Reg& b, const Reg& c) {
+    return map([&](int i) { return a.v[i] * b.v[i] + c.v[i]; });
+  }
+  static float tree(Reg r) {
+    for (int w = 4; w >= 1; w /= 2)
+      for (int i = 0; i < w; ++i) r.v[i] += r.v[i + w];
+    return r.v[0];
+  }
+  static float hsum(const Reg& r) { return tree(r); }
+  static float hmax(const Reg& r) { return *std::max_element(r.v, r.v + 8); }
+  static Reg lane_sums(Reg (&a)[8]) {
+    return map([&](int i) { return tree(a[i]); });
+  }
+  // e^x for x <= 0 as in the SIMD files: x = n ln2 + r, a degree-6 polynomial, 2^n in the
+  // exponent bits; below -87 it is 0, a NaN stays NaN.
+  static Reg exp_nonpos(const Reg& in) {
+    return map([&](int i) {
+      const float x0 = in.v[i];
+      const float x = x0 < -87.0f ? -87.0f : x0;  // a NaN x0 is kept
+      const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+      float r = x - n * 0.693145751953125f;
+      r = r - n * 1.42860682030941723212e-6f;
+      float p = 1.0f / 720;
+      for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = p * r + c;
+      if (x0 < -87.0f) return 0.0f;
+      const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+      float scale;
+      std::memcpy(&scale, &bits, sizeof scale);
+      return p * scale;
+    });
+  }
+};
 
 // Chosen once, from the same level the matmul kernels use (TROUPE_SIMD applies to both).
-const detail::VecOps& ops() {
-  static const detail::VecOps o = [] {
+detail::AttendFn attend_fn() {
+  static const detail::AttendFn f = [] {
     const std::string_view level = simd_level();
-    if (level == "avx512") return detail::vec_ops_avx512();
-    if (level == "avx2") return detail::vec_ops_avx2();
-    return detail::VecOps{dot_scalar, axpy_scalar};
+    if (level == "avx512") return detail::attend_avx512();
+    if (level == "avx2") return detail::attend_avx2();
+    return static_cast<detail::AttendFn>(detail::attend_simd<Portable>);
   }();
-  return o;
+  return f;
 }
 
 }  // namespace
 
-float vec_dot(const float* a, const float* b, int64_t n) { return ops().dot(a, b, n); }
-void vec_axpy(float alpha, const float* x, float* y, int64_t n) { ops().axpy(alpha, x, y, n); }
+void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+                  int64_t n, float scale, int64_t dv, float* out, int64_t out_stride) {
+  attend_fn()(q, q_stride, g, dk, kv, n, scale, dv, out, out_stride);
+}
 
 }  // namespace troupe::compute

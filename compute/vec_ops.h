@@ -1,24 +1,34 @@
-// Small f32 vector kernels for attention (dot products and scaled adds), dispatched once per
-// process to the same SIMD level as the matmul kernels. Each function's result depends only on
-// its inputs and n, so attention stays batch-invariant. Thread-safe (pure functions).
+// The attention kernel (scores, softmax, weighted values over paged K/V rows), dispatched once
+// per process to the same SIMD level as the matmul kernels. A head's result depends only on its
+// query row, the K/V rows and their count, so attention stays batch-invariant. Thread-safe.
 #pragma once
 
 #include <cstdint>
 
 namespace troupe::compute {
 
-/// sum_i a[i] * b[i] in a fixed order for a given n.
-float vec_dot(const float* a, const float* b, int64_t n);
-/// y[i] += alpha * x[i].
-void vec_axpy(float alpha, const float* x, float* y, int64_t n);
+/// K/V rows of one sequence at one layer, in its blocks: position j's row starts at
+/// blocks[j / block_size] + (j % block_size) * row_stride; its key at k_offset floats from the
+/// row's start, its value at v_offset (MLA: both 0, the value is the key's latent prefix).
+struct KvView {
+  const float* const* blocks = nullptr;
+  int64_t block_size = 0;
+  int64_t row_stride = 0;
+  int64_t k_offset = 0;
+  int64_t v_offset = 0;
+};
+
+/// Attention of g query heads that share one KV head, over positions [0, n):
+/// out_h = sum_j softmax_j(q_h . k_j * scale) v_j. q: g rows of dk floats, q_stride apart;
+/// out: g rows of dv floats, out_stride apart. Each K and V row is read once for all g heads.
+void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+                  int64_t n, float scale, int64_t dv, float* out, int64_t out_stride);
 
 namespace detail {
-struct VecOps {
-  float (*dot)(const float*, const float*, int64_t);
-  void (*axpy)(float, const float*, float*, int64_t);
-};
-VecOps vec_ops_avx2();
-VecOps vec_ops_avx512();
+using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const KvView&, int64_t, float,
+                          int64_t, float*, int64_t);
+AttendFn attend_avx2();
+AttendFn attend_avx512();
 }  // namespace detail
 
 }  // namespace troupe::compute

@@ -1,41 +1,85 @@
-// AVX2 + FMA attention vector kernels (compiled with -mavx2 -mfma; called only when the CPU has
-// them).
+// The attention kernel built for AVX2 + FMA (this file is compiled with -mavx2 -mfma; it is
+// called only when the CPU has them). The algorithm is compute/detail/attend_simd.h.
 #include <immintrin.h>
 
+#include <cstdint>
+
+#include "compute/detail/attend_simd.h"
 #include "compute/vec_ops.h"
 
 namespace troupe::compute::detail {
-
 namespace {
 
-float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  using Reg = __m256;
+  // Lanes [0, k) set: the mask of maskload/maskstore.
+  static __m256i first(int k) {
+    alignas(32) static constexpr int32_t kTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                       0,  0,  0,  0,  0,  0,  0,  0};
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - k));
   }
-  for (; i + 8 <= n; i += 8)
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  __m256 acc = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  float r = _mm_cvtss_f32(s);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg set1(float f) { return _mm256_set1_ps(f); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load_n(const float* p, int k) { return _mm256_maskload_ps(p, first(k)); }
+  static void store(float* p, Reg r) { _mm256_storeu_ps(p, r); }
+  static void store_n(float* p, Reg r, int k) { _mm256_maskstore_ps(p, first(k), r); }
+  static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(Reg r) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+  }
+  static float hmax(Reg r) {
+    __m128 b = _mm_max_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_max_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+  }
 
-void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(alpha);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
+  // Lane i of the result: the sum of every lane of a[i] (folds as in the AVX-512 file).
+  static Reg lane_sums(Reg (&a)[8]) {
+    Reg t[4], u[2];
+    for (int i = 0; i < 4; ++i)
+      t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                           _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; ++i) {
+      const __m256d x = _mm256_castps_pd(t[2 * i]), y = _mm256_castps_pd(t[2 * i + 1]);
+      u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                           _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20),
+                         _mm256_permute2f128_ps(u[0], u[1], 0x31));
+  }
+
+  // e^x for x <= 0 as in the AVX-512 file, with 2^n built in the exponent bits.
+  static Reg exp_nonpos(Reg x) {
+    const Reg tiny = _mm256_cmp_ps(x, set1(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(set1(-87.0f), x);  // a NaN x is kept (max returns its second operand)
+    const Reg n = _mm256_floor_ps(_mm256_fmadd_ps(x, set1(1.44269504088896341f), set1(0.5f)));
+    Reg r = _mm256_fnmadd_ps(n, set1(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, set1(1.42860682030941723212e-6f), r);
+    Reg p = set1(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, set1(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, set1(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, set1(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, set1(0.5f));
+    p = _mm256_fmadd_ps(p, r, set1(1.0f));
+    p = _mm256_fmadd_ps(p, r, set1(1.0f));
+    const __m256i bits =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+  }
+};
 
 }  // namespace
 
-VecOps vec_ops_avx2() { return VecOps{dot_avx2, axpy_avx2}; }
+AttendFn attend_avx2() { return attend_simd<Avx2>; }
 
 }  // namespace troupe::compute::detail

@@ -1,43 +1,80 @@
-// AVX-512 attention vector kernels (compiled with -mavx512f; called only when the CPU has it).
+// The attention kernel built for AVX-512 (this file is compiled with -mavx512f and friends; it
+// is called only when the CPU has them). The algorithm is compute/detail/attend_simd.h.
 #include <immintrin.h>
 
+#include "compute/detail/attend_simd.h"
 #include "compute/vec_ops.h"
 
 namespace troupe::compute::detail {
-
 namespace {
 
-float dot_avx512(const float* a, const float* b, int64_t n) {
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+struct Avx512 {
+  static constexpr int kLanes = 16;
+  using Reg = __m512;
+  static __mmask16 first(int k) { return static_cast<__mmask16>((1u << k) - 1u); }
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float f) { return _mm512_set1_ps(f); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load_n(const float* p, int k) { return _mm512_maskz_loadu_ps(first(k), p); }
+  static void store(float* p, Reg r) { _mm512_storeu_ps(p, r); }
+  static void store_n(float* p, Reg r, int k) { _mm512_mask_storeu_ps(p, first(k), r); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static float hsum(Reg r) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(r), _mm512_extractf32x8_ps(r, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
   }
-  for (; i + 16 <= n; i += 16)
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
+  static float hmax(Reg r) { return _mm512_reduce_max_ps(r); }
 
-void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
-  const __m512 va = _mm512_set1_ps(alpha);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(
-        y + i, m,
-        _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  // Lane i of the result: the sum of every lane of a[i]. Pairs of registers are folded within
+  // 128-bit chunks (unpack), then chunks are folded across registers (shuffle_f32x4).
+  static Reg lane_sums(Reg (&a)[16]) {
+    Reg t[8], u[4];
+    for (int i = 0; i < 8; ++i)
+      t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                           _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {
+      const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+      u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    // u[i], chunk c: the chunk-c sums of a[4i .. 4i+3].
+    constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+    const Reg w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], kEven),
+                                 _mm512_shuffle_f32x4(u[0], u[1], kOdd));
+    const Reg w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], kEven),
+                                 _mm512_shuffle_f32x4(u[2], u[3], kOdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, kEven), _mm512_shuffle_f32x4(w0, w1, kOdd));
   }
-}
+
+  // e^x for x <= 0: x = n ln2 + r, a degree-6 polynomial for e^r, scaled by 2^n (vscalefps).
+  // Below -87 the result is 0; a NaN stays NaN.
+  static Reg exp_nonpos(Reg x) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, set1(-87.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(set1(-87.0f), x);  // a NaN x is kept (max returns its second operand)
+    const Reg n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, set1(1.44269504088896341f), set1(0.5f)),
+                                       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    Reg r = _mm512_fnmadd_ps(n, set1(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, set1(1.42860682030941723212e-6f), r);
+    Reg p = set1(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, set1(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, set1(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, set1(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, set1(0.5f));
+    p = _mm512_fmadd_ps(p, r, set1(1.0f));
+    p = _mm512_fmadd_ps(p, r, set1(1.0f));
+    return _mm512_mask_mov_ps(_mm512_scalef_ps(p, n), tiny, zero());
+  }
+};
 
 }  // namespace
 
-VecOps vec_ops_avx512() { return VecOps{dot_avx512, axpy_avx512}; }
+AttendFn attend_avx512() { return attend_simd<Avx512>; }
 
 }  // namespace troupe::compute::detail

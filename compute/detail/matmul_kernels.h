@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "compute/matmul.h"
 #include "model/ggml_types.h"
 #include "model/model_spec.h"
 
@@ -67,6 +68,8 @@ int supported_kernel_sets(const KernelSet** out, int max);
 /// matmul() through a given kernel set (tests and benchmarks compare paths with it).
 void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x, int64_t x_stride,
                  int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool);
+void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
+                        int64_t x_stride, int64_t n_tok, ThreadPool* pool);
 
 // --- helpers shared by the kernel files (inline; no ISA-specific code) ---
 

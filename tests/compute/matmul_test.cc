@@ -240,6 +240,55 @@ TEST(Matmul, BatchInvariant) {
   }
 }
 
+// Several matrices on one input (q/k/v, gate/up) in one run: each output bit-identical to its
+// own matmul, whatever the thread count; mixed types or widths fall back to one call each.
+TEST(Matmul, SharedInputMatchesSeparateProducts) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  for (const auto* ks : kernel_sets()) {
+    for (GgmlType t : kTypes) {
+      SCOPED_TRACE(std::string(ks->name) + " " + model::type_name(t));
+      const int64_t cols = test_cols(t);
+      // Row counts: a big one (split across threads), a small one, an odd one.
+      const Weights a = make_weights(t, 96, cols, 31), b = make_weights(t, 40, cols, 32),
+                    c = make_weights(t, 37, cols, 33);
+      // A fourth of another type (or width), which sends the call down the fallback.
+      const GgmlType other = t == GgmlType::kF32 ? GgmlType::kF16 : GgmlType::kF32;
+      const Weights d = make_weights(other, 48, cols, 34);
+      for (int64_t n_tok : {1, 5, 33}) {
+        const auto x = random_x(n_tok, cols, 35);
+        for (ThreadPool* pool : pools) {
+          for (const bool mixed : {false, true}) {
+            std::vector<const Weights*> ws = {&a, &b, &c};
+            if (mixed) ws.push_back(&d);
+            std::vector<std::vector<float>> ys;
+            std::vector<MatmulTarget> targets;
+            ys.reserve(ws.size());
+            for (const Weights* w : ws) {
+              ys.emplace_back(static_cast<size_t>(n_tok * (w->view.rows() + 3)), -7.f);
+              targets.push_back({w->view, ys.back().data(), w->view.rows() + 3});
+            }
+            detail::matmul_shared_with(*ks, targets, x.data(), cols, n_tok, pool);
+            for (size_t i = 0; i < ws.size(); ++i) {
+              const int64_t rows = ws[i]->view.rows(), ys_stride = rows + 3;
+              const auto want = run(*ks, ws[i]->view, x, n_tok, nullptr);
+              for (int64_t tk = 0; tk < n_tok; ++tk) {
+                ASSERT_EQ(std::memcmp(ys[i].data() + tk * ys_stride, want.data() + tk * rows,
+                                      rows * sizeof(float)),
+                          0)
+                    << "target " << i << " n_tok=" << n_tok << " mixed=" << mixed
+                    << " threads=" << (pool ? pool->size() : 1);
+                for (int64_t k = rows; k < ys_stride; ++k)
+                  ASSERT_EQ(ys[i][static_cast<size_t>(tk * ys_stride + k)], -7.f);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, StridedInputAndOutput) {
   for (const auto* ks : kernel_sets()) {
     for (GgmlType t : {GgmlType::kF32, GgmlType::kQ4_0}) {

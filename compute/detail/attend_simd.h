@@ -1,0 +1,161 @@
+// The attention kernel of vec_ops.h for a SIMD level, over a vector-traits type V that the
+// level's file defines (vec_ops_avx2.cc, vec_ops_avx512.cc; see AttendTraits there):
+//   V::kLanes; V::Reg; zero(), set1(f), load(p), load_n(p, k) (first k lanes, rest 0),
+//   store(p, r), store_n(p, r, k), add, sub, mul, max, fmadd(a, b, c) = a * b + c,
+//   lane_sums(Reg (&)[kLanes]) (lane i = the sum of every lane of input i), hsum(r),
+//   hmax(r), exp_nonpos(r) (e^x for x <= 0; below -87 it is 0).
+// Everything is in an unnamed namespace: each including file keeps its own copy built for its
+// instruction set.
+//
+// Fixed arithmetic order, so a head's result depends only on its query row, the K/V rows and
+// n (never on its neighbours in the group, the positions' alignment or the thread):
+//  - score(j) = lane_sums over [q[c] * k_j[c] accumulated over the dk chunks c in order] * scale;
+//  - the softmax sum runs in lanes over position chunks in order, then hsum;
+//  - out[d] = (sum over j in order of e_j * v_j[d], by FMA) * (1 / sum).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "compute/vec_ops.h"
+
+namespace troupe::compute::detail {
+namespace {  // NOLINT(google-build-namespaces): one copy per SIMD level, see above
+
+// Output columns in registers per pass over the positions (x kLanes floats).
+constexpr int kValueRegs = 8;
+
+template <class V, int R>
+void weighted_values(const float* const* rows, int64_t n, int64_t v_offset, const float* e,
+                     float inv, int64_t cols, float* out) {
+  constexpr int L = V::kLanes;
+  typename V::Reg acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  const int last = static_cast<int>(cols - (R - 1) * L);  // lanes in the last register
+  for (int64_t j = 0; j < n; ++j) {
+    const typename V::Reg w = V::set1(e[j]);
+    const float* v = rows[j] + v_offset;
+    for (int r = 0; r + 1 < R; ++r) acc[r] = V::fmadd(w, V::load(v + r * L), acc[r]);
+    acc[R - 1] = V::fmadd(w, V::load_n(v + (R - 1) * L, last), acc[R - 1]);
+  }
+  const typename V::Reg s = V::set1(inv);
+  for (int r = 0; r + 1 < R; ++r) V::store(out + r * L, V::mul(acc[r], s));
+  V::store_n(out + (R - 1) * L, V::mul(acc[R - 1], s), last);
+}
+
+template <class V>
+void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+                 int64_t n, float scale, int64_t dv, float* out, int64_t out_stride) {
+  using Reg = typename V::Reg;
+  constexpr int L = V::kLanes;
+  const int64_t n_pad = (n + L - 1) / L * L;
+  thread_local std::vector<float> scores;  // [g][n_pad]: scores, then exp(score - max)
+  thread_local std::vector<const float*> rows;
+  if (static_cast<int64_t>(scores.size()) < g * n_pad)
+    scores.resize(static_cast<size_t>(g * n_pad));
+  if (static_cast<int64_t>(rows.size()) < n_pad) rows.resize(static_cast<size_t>(n_pad));
+  // Row pointers once, block by block (no division per position).
+  for (int64_t b = 0, j = 0; j < n; ++b) {
+    const float* base = kv.blocks[b];
+    for (int64_t i = 0; i < kv.block_size && j < n; ++i, ++j)
+      rows[static_cast<size_t>(j)] = base + i * kv.row_stride;
+  }
+  for (int64_t j = n; j < n_pad; ++j) rows[static_cast<size_t>(j)] = rows[0];  // read, unused
+
+  // Scores, L positions at a time: one register per position, summed across lanes at the end.
+  const int64_t k_full = dk / L * L;
+  const int k_tail = static_cast<int>(dk - k_full);
+  const Reg vscale = V::set1(scale);
+  for (int64_t j0 = 0; j0 < n; j0 += L) {
+    const float* const* kr = &rows[static_cast<size_t>(j0)];
+    for (int64_t h = 0; h < g; ++h) {
+      const float* qh = q + h * q_stride;
+      Reg acc[L];
+      for (int i = 0; i < L; ++i) acc[i] = V::zero();
+      for (int64_t c = 0; c < k_full; c += L) {
+        const Reg qv = V::load(qh + c);
+        for (int i = 0; i < L; ++i) acc[i] = V::fmadd(qv, V::load(kr[i] + kv.k_offset + c), acc[i]);
+      }
+      if (k_tail > 0) {
+        const Reg qv = V::load_n(qh + k_full, k_tail);
+        for (int i = 0; i < L; ++i)
+          acc[i] = V::fmadd(qv, V::load_n(kr[i] + kv.k_offset + k_full, k_tail), acc[i]);
+      }
+      V::store(&scores[static_cast<size_t>(h * n_pad + j0)], V::mul(V::lane_sums(acc), vscale));
+    }
+  }
+
+  // Softmax numerators; positions past n become 0.
+  std::vector<float> inv_sum_storage;
+  float inv_sum[64];
+  float* inv =
+      g <= 64 ? inv_sum : (inv_sum_storage.resize(static_cast<size_t>(g)), inv_sum_storage.data());
+  const int64_t n_full = n / L * L;
+  const int n_tail = static_cast<int>(n - n_full);
+  for (int64_t h = 0; h < g; ++h) {
+    float* sh = &scores[static_cast<size_t>(h * n_pad)];
+    Reg mx = V::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n_full; j += L) mx = V::max(mx, V::load(sh + j));
+    if (n_tail > 0) {
+      float tmp[L];
+      for (int i = 0; i < L; ++i) tmp[i] = i < n_tail ? sh[n_full + i] : sh[0];
+      mx = V::max(mx, V::load(tmp));
+    }
+    const Reg m = V::set1(V::hmax(mx));
+    Reg sum = V::zero();
+    for (int64_t j = 0; j < n_full; j += L) {
+      const Reg ev = V::exp_nonpos(V::sub(V::load(sh + j), m));
+      V::store(sh + j, ev);
+      sum = V::add(sum, ev);
+    }
+    if (n_tail > 0) {
+      const Reg ev = V::exp_nonpos(V::sub(V::load(sh + n_full), m));
+      V::store_n(sh + n_full, ev, n_tail);
+      for (int i = n_tail; i < L; ++i) sh[n_full + i] = 0.0f;
+      sum = V::add(sum, V::load(sh + n_full));
+    }
+    inv[h] = 1.0f / V::hsum(sum);
+  }
+
+  // Weighted values, kValueRegs registers of output columns per pass.
+  for (int64_t h = 0; h < g; ++h) {
+    const float* e = &scores[static_cast<size_t>(h * n_pad)];
+    float* oh = out + h * out_stride;
+    for (int64_t c0 = 0; c0 < dv; c0 += kValueRegs * L) {
+      const int64_t cols = std::min<int64_t>(kValueRegs * L, dv - c0);
+      const float* const* rp = rows.data();
+      const int64_t off = kv.v_offset + c0;
+      switch ((cols + L - 1) / L) {
+        case 1:
+          weighted_values<V, 1>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 2:
+          weighted_values<V, 2>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 3:
+          weighted_values<V, 3>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 4:
+          weighted_values<V, 4>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 5:
+          weighted_values<V, 5>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 6:
+          weighted_values<V, 6>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        case 7:
+          weighted_values<V, 7>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+        default:
+          weighted_values<V, 8>(rp, n, off, e, inv[h], cols, oh + c0);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::compute::detail

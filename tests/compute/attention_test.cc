@@ -1,0 +1,129 @@
+// The attention kernel (compute/vec_ops.h) against a double-precision reference, on K/V rows
+// laid out in blocks as the paged cache holds them.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "compute/vec_ops.h"
+
+namespace troupe::compute {
+namespace {
+
+// n positions in blocks of bs rows, each row [K (dk) | V (dv) | 3 floats of padding], with the
+// blocks scattered over the pool in reverse order.
+struct Paged {
+  std::vector<float> pool;
+  std::vector<const float*> blocks;
+  KvView view;
+};
+
+Paged make_paged(int64_t n, int64_t bs, int64_t dk, int64_t dv, std::mt19937& rng, float spread) {
+  Paged p;
+  std::normal_distribution<float> nd(0.f, spread);
+  const int64_t stride = dk + dv + 3, nb = (n + bs - 1) / bs;
+  p.pool.resize(static_cast<size_t>(nb * bs * stride));
+  for (auto& v : p.pool) v = nd(rng);
+  for (int64_t b = 0; b < nb; ++b)
+    p.blocks.push_back(&p.pool[static_cast<size_t>((nb - 1 - b) * bs * stride)]);
+  p.view.blocks = p.blocks.data();
+  p.view.block_size = bs;
+  p.view.row_stride = stride;
+  p.view.k_offset = 0;
+  p.view.v_offset = dk;
+  return p;
+}
+
+const float* row(const KvView& kv, int64_t j) {
+  return kv.blocks[j / kv.block_size] + (j % kv.block_size) * kv.row_stride;
+}
+
+std::vector<double> reference(const float* q, int64_t dk, const KvView& kv, int64_t n, float scale,
+                              int64_t dv) {
+  std::vector<double> s(static_cast<size_t>(n)), out(static_cast<size_t>(dv), 0.0);
+  double mx = -INFINITY, sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double d = 0;
+    for (int64_t i = 0; i < dk; ++i) d += double{q[i]} * row(kv, j)[kv.k_offset + i];
+    s[static_cast<size_t>(j)] = d * scale;
+    mx = std::max(mx, d * scale);
+  }
+  for (auto& v : s) sum += (v = std::exp(v - mx));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < dv; ++i)
+      out[static_cast<size_t>(i)] += s[static_cast<size_t>(j)] / sum * row(kv, j)[kv.v_offset + i];
+  return out;
+}
+
+struct Shape {
+  int64_t g, dk, dv, n, bs;
+};
+
+TEST(Attention, MatchesReferenceAndEachHeadIsIndependentOfItsGroup) {
+  std::mt19937 rng(5);
+  // Widths that are and are not multiples of 8 and 16; one position; several blocks; long.
+  const Shape shapes[] = {{8, 64, 64, 1, 16},   {8, 64, 64, 37, 16}, {4, 128, 128, 300, 16},
+                          {2, 40, 24, 17, 4},   {1, 7, 5, 3, 2},     {3, 72, 64, 1000, 32},
+                          {8, 576, 512, 20, 16}};
+  for (const Shape& sh : shapes) {
+    for (const float spread : {0.3f, 3.0f}) {  // flat and peaked softmax
+      SCOPED_TRACE(::testing::Message() << "g=" << sh.g << " dk=" << sh.dk << " dv=" << sh.dv
+                                        << " n=" << sh.n << " spread=" << spread);
+      Paged p = make_paged(sh.n, sh.bs, sh.dk, sh.dv, rng, spread);
+      std::normal_distribution<float> nd(0.f, spread);
+      const int64_t q_stride = sh.dk + 1, out_stride = sh.dv + 2;
+      std::vector<float> q(static_cast<size_t>(sh.g * q_stride));
+      for (auto& v : q) v = nd(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.dk));
+      std::vector<float> out(static_cast<size_t>(sh.g * out_stride), -99.f);
+      attend_heads(q.data(), q_stride, sh.g, sh.dk, p.view, sh.n, scale, sh.dv, out.data(),
+                   out_stride);
+      for (int64_t h = 0; h < sh.g; ++h) {
+        const auto want =
+            reference(&q[static_cast<size_t>(h * q_stride)], sh.dk, p.view, sh.n, scale, sh.dv);
+        double vmax = 0;
+        for (double v : want) vmax = std::max(vmax, std::fabs(v));
+        for (int64_t i = 0; i < sh.dv; ++i) {
+          const float got = out[static_cast<size_t>(h * out_stride + i)];
+          ASSERT_TRUE(std::isfinite(got));
+          ASSERT_NEAR(got, want[static_cast<size_t>(i)], 2e-5 * (vmax + spread))
+              << "head " << h << " value " << i;
+        }
+        for (int64_t i = sh.dv; i < out_stride; ++i)
+          ASSERT_EQ(out[static_cast<size_t>(h * out_stride + i)], -99.f) << "wrote past dv";
+        // The same head alone: bit-identical (a head never depends on its neighbours).
+        std::vector<float> solo(static_cast<size_t>(sh.dv));
+        attend_heads(&q[static_cast<size_t>(h * q_stride)], q_stride, 1, sh.dk, p.view, sh.n, scale,
+                     sh.dv, solo.data(), sh.dv);
+        ASSERT_EQ(std::memcmp(solo.data(), &out[static_cast<size_t>(h * out_stride)],
+                              static_cast<size_t>(sh.dv) * sizeof(float)),
+                  0)
+            << "head " << h;
+      }
+    }
+  }
+}
+
+// Scores far apart: the smallest weights underflow to 0 without NaN, the largest dominates.
+TEST(Attention, ExtremeScoresStayFinite) {
+  const int64_t dk = 16, dv = 16, n = 5;
+  std::vector<float> rows(static_cast<size_t>(n * (dk + dv)), 0.f);
+  std::vector<const float*> blocks = {rows.data()};
+  KvView kv{blocks.data(), n, dk + dv, 0, dk};
+  std::vector<float> q(dk, 0.f);
+  q[0] = 1.f;
+  const float keys[n] = {-1e4f, 0.f, 50.f, 1e4f, -3e38f};
+  for (int64_t j = 0; j < n; ++j) {
+    rows[static_cast<size_t>(j * (dk + dv))] = keys[j];
+    rows[static_cast<size_t>(j * (dk + dv) + dk)] = static_cast<float>(j + 1);  // v[0] = j + 1
+  }
+  std::vector<float> out(dv);
+  attend_heads(q.data(), dk, 1, dk, kv, n, 1.0f, dv, out.data(), dv);
+  EXPECT_FLOAT_EQ(out[0], 4.f);  // all weight on position 3
+  for (float v : out) EXPECT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace troupe::compute
