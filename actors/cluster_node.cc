@@ -419,6 +419,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   to.error_mode = plan.cluster.error_mode == "peer"   ? transport::ErrorMode::kPeer
                   : plan.cluster.error_mode == "none" ? transport::ErrorMode::kNone
                                                       : transport::ErrorMode::kAuto;
+  to.checksum_payloads = plan.cluster.payload_checksums;
   to.faults = opts.faults;
   NodeActor node = im.node;
   auto tx = transport::Transport::start(

@@ -83,6 +83,10 @@ struct ClusterPlan {
   std::string ucx_tls;              // UCX_TLS for the transport; "" = UCX's default (all)
   std::string ucx_net_devices;      // UCX_NET_DEVICES; "" = UCX's default
   std::string error_mode = "auto";  // transport error handling: auto, peer or none
+  // A checksum on every message payload, verified by the receiver (docs/transport.md). Off saves
+  // a pass over each payload on both sides (TCP at >= 4 MiB: 0.72-0.83 of ucx_perftest with it,
+  // 0.91-1.20 without, docs/benchmarks.md) and leaves corruption above the link undetected.
+  bool payload_checksums = true;
   std::vector<NodePlan> nodes;
   int line = 0;  // line of [cluster]
   bool present() const { return !nodes.empty(); }

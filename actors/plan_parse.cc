@@ -313,9 +313,10 @@ class Parser {
   void read_cluster(const toml::table& root, ClusterPlan& c) const {
     if (const toml::table* t = read_table(root, "cluster")) {
       c.line = static_cast<int>(t->source().begin.line);
-      check_keys(*t, "cluster",
-                 {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms",
-                  "replace_wait_ms", "ucx_tls", "ucx_net_devices", "error_mode"});
+      check_keys(
+          *t, "cluster",
+          {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms", "replace_wait_ms",
+           "ucx_tls", "ucx_net_devices", "error_mode", "payload_checksums"});
       read_string(*t, "cluster", "name", c.name);
       read_string(*t, "cluster", "token", c.token);
       read_string(*t, "cluster", "token_file", c.token_file);
@@ -326,6 +327,7 @@ class Parser {
       read_string(*t, "cluster", "ucx_tls", c.ucx_tls);
       read_string(*t, "cluster", "ucx_net_devices", c.ucx_net_devices);
       read_string(*t, "cluster", "error_mode", c.error_mode);
+      read_bool(*t, "cluster", "payload_checksums", c.payload_checksums);
       if (c.error_mode != "auto" && c.error_mode != "peer" && c.error_mode != "none")
         fail(t->get("error_mode")->source().begin.line, "cluster.error_mode",
              "expected \"auto\", \"peer\" or \"none\", got \"" + c.error_mode + "\"");

@@ -24,6 +24,10 @@
 
 namespace troupe::transport {
 
+namespace detail {
+struct TransportTesting;  // test-only access to the wire (detail/testing.h)
+}  // namespace detail
+
 /// A connected, authenticated peer of this transport; 0 is never a valid id.
 using PeerId = uint64_t;
 
@@ -164,6 +168,7 @@ class Transport {
   std::string peer_name(PeerId peer) const;
 
  private:
+  friend struct detail::TransportTesting;
   Transport();
   struct Impl;
   std::unique_ptr<Impl> impl_;

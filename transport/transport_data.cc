@@ -155,6 +155,16 @@ OutMessage Transport::Impl::corrupted(const OutMessage& m, size_t at) {
   return copy_message(m.type, flat);
 }
 
+Transport::Impl::Peer* Transport::Impl::link_of(const void* header, size_t header_length) {
+  if (header_length < offsetof(WireHeader, key) + sizeof(uint64_t)) return nullptr;
+  uint64_t link = 0, key = 0;
+  std::memcpy(&link, static_cast<const uint8_t*>(header) + offsetof(WireHeader, link), 8);
+  std::memcpy(&key, static_cast<const uint8_t*>(header) + offsetof(WireHeader, key), 8);
+  auto it = peers.find(link);
+  if (it == peers.end() || it->second.key != key || !it->second.ep) return nullptr;
+  return &it->second;
+}
+
 Transport::Impl::Peer* Transport::Impl::peer_of_header(const void* header, size_t header_length,
                                                        WireHeader* out) {
   if (header_length != sizeof(WireHeader)) return nullptr;
@@ -174,9 +184,18 @@ ucs_status_t Transport::Impl::am_data(void* arg, const void* header, size_t head
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
   Peer* p = im->peer_of_header(header, header_length, &h);
-  if (!p || !p->up) {
-    ++im->unauth_dropped;  // no such link, a forged key, or a peer not (or no longer) up
-    return UCS_OK;         // an unread rendezvous is dropped by UCX
+  if (!p) {
+    // A header that names a live link with its key comes from that peer, whatever else is
+    // wrong with it: count it there (a bad header is the peer's bug, not an intruder).
+    if (Peer* q = im->link_of(header, header_length); q && q->up)
+      im->count_malformed(*q, "bad frame header (" + std::to_string(header_length) + " bytes)");
+    else
+      ++im->unauth_dropped;  // no such link, a forged key, or too short to name one
+    return UCS_OK;           // an unread rendezvous is dropped by UCX
+  }
+  if (!p->up) {
+    ++im->unauth_dropped;  // a peer not (or no longer) up
+    return UCS_OK;
   }
   if (h.total_bytes > im->opts.max_message_bytes) {
     if (h.offset == 0) ++p->stats.oversized;  // once per message
@@ -196,7 +215,10 @@ ucs_status_t Transport::Impl::am_data(void* arg, const void* header, size_t head
     return UCS_OK;
   }
   std::shared_ptr<Incoming> in = im->message_of(*p, h, length);
-  if (!in) return UCS_OK;  // malformed: counted; an unread rendezvous is dropped by UCX
+  if (!in) {                 // malformed: counted; an unread rendezvous is dropped by UCX
+    im->drain_inbox(p->id);  // the message it failed may be at the head: count it now
+    return UCS_OK;
+  }
   if (!is_rndv(param)) {
     if (!in->msg.storage) in->msg.storage = im->alloc_words(in->msg.size_bytes);
     if (length)
@@ -218,7 +240,7 @@ std::shared_ptr<Transport::Impl::Incoming> Transport::Impl::message_of(Peer& p, 
                                                                        size_t length) {
   std::shared_ptr<Incoming> in;
   if (h.offset == 0) {
-    if (p.assembling) fail(*p.assembling);  // it stopped short (counted when drained)
+    if (p.assembling) fail(*p.assembling, "it stopped short: the next message began");
     in = std::make_shared<Incoming>();
     in->msg.peer = p.id;
     in->msg.type = h.type;
@@ -229,13 +251,19 @@ std::shared_ptr<Transport::Impl::Incoming> Transport::Impl::message_of(Peer& p, 
              p.assembling->msg.size_bytes == h.total_bytes && p.assembling->msg.type == h.type) {
     in = p.assembling;
   }
-  p.assembling.reset();
   if (!in) {
-    ++p.stats.malformed;  // a fragment out of sequence
+    // The sequence is broken: the message in progress cannot complete either (without this it
+    // stayed at the head of the inbox and held every later message of the peer).
+    if (p.assembling) fail(*p.assembling, "a fragment out of sequence interrupted it");
+    p.assembling.reset();
+    count_malformed(p, "fragment out of sequence (type " + std::to_string(h.type) + ", offset " +
+                           std::to_string(h.offset) + " of " + std::to_string(h.total_bytes) +
+                           " bytes)");
     return nullptr;
   }
+  p.assembling.reset();
   if (h.offset > h.total_bytes || length > h.total_bytes - h.offset) {
-    fail(*in);  // past its message's end (counted when drained)
+    fail(*in, "a fragment past its end");
     return nullptr;
   }
   in->announced_bytes += length;
@@ -268,7 +296,7 @@ void Transport::Impl::start_receive(Receive r) {
     try {
       in.msg.storage = alloc_words(in.msg.size_bytes);
     } catch (const std::bad_alloc&) {
-      fail(in);
+      fail(in, "no memory for it");
     }
   }
   if (in.state != Incoming::State::kAssembling) {
@@ -296,7 +324,7 @@ void Transport::Impl::start_receive(Receive r) {
   if (st == nullptr)
     fragment_landed(in, r.offset, r.length);
   else
-    fail(in);
+    fail(in, "its receive failed");
   drain_inbox(id);
 }
 
@@ -310,7 +338,7 @@ void Transport::Impl::on_recv_done(void* request, ucs_status_t status, size_t, v
   if (status == UCS_OK)
     im->fragment_landed(in, ctx->offset, ctx->length);
   else
-    fail(in);
+    fail(in, "its receive failed");
   im->drain_inbox(in.msg.peer);
   delete ctx;
   ucp_request_free(request);
@@ -330,9 +358,20 @@ void Transport::Impl::fragment_landed(Incoming& in, size_t offset, size_t length
   if (in.all_announced && in.parts_pending == 0) in.state = Incoming::State::kDone;
 }
 
-void Transport::Impl::fail(Incoming& in) {
+void Transport::Impl::fail(Incoming& in, const char* why) {
+  if (in.state != Incoming::State::kFailed) in.why = why;
   in.state = Incoming::State::kFailed;
   in.landed.clear();
+}
+
+void Transport::Impl::count_malformed(Peer& p, const std::string& why) {
+  const uint64_t n = ++p.stats.malformed;
+  // The first few, then every 1000th: a broken or hostile peer must not flood the log; the
+  // counter always counts.
+  if (n <= 8 || n % 1000 == 0)
+    std::fprintf(stderr, "troupe: transport: dropped from '%s' (%s): %s; malformed=%llu\n",
+                 p.stats.name.c_str(), p.stats.address.c_str(), why.c_str(),
+                 static_cast<unsigned long long>(n));
 }
 
 void Transport::Impl::drain_inbox(PeerId id) {
@@ -347,7 +386,8 @@ void Transport::Impl::drain_inbox(PeerId id) {
       if (!in.msg.storage) in.msg.storage = alloc_words(0);  // an empty message
       received(p, std::move(in.msg), in.sum, computed);
     } else if (in.state == Incoming::State::kFailed) {
-      ++p.stats.malformed;
+      count_malformed(p, "message (type " + std::to_string(in.msg.type) + ", " +
+                             std::to_string(in.msg.size_bytes) + " bytes): " + in.why);
     } else {
       break;
     }
@@ -367,7 +407,7 @@ void Transport::Impl::drop_inbox(Peer& p) {
     }
   }
   // Receives in flight keep their message (the RecvCtx owns it) until UCX is done with them.
-  for (auto& in : p.inbox) fail(*in);
+  for (auto& in : p.inbox) fail(*in, "the link closed");
   p.inbox.clear();
   p.assembling.reset();
 }
@@ -414,8 +454,9 @@ void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum,
 void Transport::Impl::deliver_checked(Peer& p, Message&& m, uint64_t sum,
                                       std::optional<uint64_t> computed) {
   if (sum != 0 && ((computed ? *computed : checksum(m.data())) | 1) != sum) {
-    ++p.stats.malformed;
     ++p.stats.corrupted;
+    count_malformed(p, "message (type " + std::to_string(m.type) + ", " +
+                           std::to_string(m.size_bytes) + " bytes): payload checksum mismatch");
     return;
   }
   count_received(p, m);

@@ -101,12 +101,14 @@ Workload workload(const std::string& shared, const std::string& rel) {
   return w;
 }
 
-void run_exactness(const std::string& rel, const Layout& layout) {
+void run_exactness(const std::string& rel, const Layout& layout,
+                   const std::function<void(Plan&)>& tweak = {}) {
   TROUPE_SHARED_OR_SKIP(shared);
   const auto [path, reqs, want] = workload(shared, rel);
   ASSERT_FALSE(want.empty());
   std::vector<uint16_t> ports;
   Plan plan = parse(cluster_toml(path, layout, &ports));
+  if (tweak) tweak(plan);
   Nodes n;
   n.start(plan, 3);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
@@ -131,6 +133,12 @@ TEST(ClusterNode, DenseStagesOnThreeNodesAreBitIdentical) {
 
 TEST(ClusterNode, MoeStagesAndExpertShardsAcrossNodesAreBitIdentical) {
   run_exactness("models/synth/mixtral-moe/model.gguf", {{"b", "c"}, {"c", "a", "b"}});
+}
+
+// [cluster] payload_checksums = false: the same results without the transport's payload sums.
+TEST(ClusterNode, WithoutPayloadChecksumsResultsAreBitIdentical) {
+  run_exactness("models/synth/mixtral-moe/model.gguf", {{"b", "c"}, {"c", "a", "b"}},
+                [](Plan& p) { p.cluster.payload_checksums = false; });
 }
 
 TEST(ClusterNode, WrongTokenIsRefused) {
@@ -360,6 +368,40 @@ TEST(ClusterNode, StageAndShardNodeThatDiesIsReplacedWithIdenticalOutput) {
   // heartbeats), so the head declares it dead when its lease (1 s) runs out.
   expect_replaced("models/synth/mixtral-moe/model.gguf", {{"a", "c"}, {"b", "c"}}, cut_all_links,
                   "dead", [](ClusterNode& c) { c.set_faults({}); });
+}
+
+// Two nodes lost at once: b (an expert shard) and c (stage 1 and a shard) look dead in the same
+// lease, so the head re-places c's actors onto a and b (placement 2), then finds b dead too while
+// that placement starts and re-places everything onto a (placement 3). The requests in flight
+// must survive both re-placements and finish bit-identically on a alone.
+TEST(ClusterNode, TwoNodesLostInOneLeaseAreReplacedWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto [path, reqs, want] = workload(shared, "models/synth/mixtral-moe/model.gguf");
+  ASSERT_FALSE(want.empty());
+  std::vector<uint16_t> ports;
+  Nodes n;
+  n.start(parse(cluster_toml(path, {{"a", "c"}, {"b", "c"}}, &ports)), 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  std::atomic<bool> gone{false};
+  auto got = (*client)->generate_many(
+      reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (gone.exchange(true)) return;
+        cut_all_links(*n.nodes[2]);
+        cut_all_links(*n.nodes[1]);
+      },
+      60s);
+  ASSERT_TRUE(gone.load());
+  expect_same(got, want);
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  const auto j = nlohmann::json::parse(*st);
+  EXPECT_TRUE(j["serving"].get<bool>()) << *st;
+  for (const auto& a : j["actors"])
+    EXPECT_NE(a["name"].get<std::string>().find("@a"), std::string::npos) << *st;
+  expect_same((*client)->generate_many(reqs), want);
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 
 // Node c hosts stage 1 and an expert shard; a and b may hold only 1 MiB of weights each, so when

@@ -664,6 +664,19 @@ TEST(ClusterPlan, ReadsReplaceWaitAndMemoryLimits) {
   EXPECT_EQ(d->cluster.replace_wait_ms, 60000);
 }
 
+TEST(ClusterPlan, PayloadChecksumsAreOnUnlessTurnedOff) {
+  auto on = parse_plan_string("[cluster]\ntoken = \"t\"\n", "c.toml");
+  ASSERT_TRUE(on) << on.error().message;
+  EXPECT_TRUE(on->cluster.payload_checksums);
+  auto off = parse_plan_string("[cluster]\ntoken = \"t\"\npayload_checksums = false\n", "c.toml");
+  ASSERT_TRUE(off) << off.error().message;
+  EXPECT_FALSE(off->cluster.payload_checksums);
+  auto bad = parse_plan_string("[cluster]\npayload_checksums = \"no\"\n", "c.toml");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("cluster.payload_checksums"), std::string::npos)
+      << bad.error().message;
+}
+
 TEST(ClusterPlan, TokenFromEnvironmentOrFile) {
   const std::string dir = ::testing::TempDir();
   {

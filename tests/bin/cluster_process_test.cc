@@ -247,6 +247,48 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
   }
 }
 
+// One daemon killed and, in the same lease, another frozen (SIGSTOP: a stalled host, a long
+// pause) and then thawed: the head declares both dead, re-places everything on the head's
+// node, and the thawed daemon, which missed all of it, must not disturb the new placement.
+// Every request still finishes bit-identically.
+TEST(ClusterProcesses, KilledAndFrozenDaemonsInOneLeaseLeaveIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  MoeOnThree c(shared, "frozen");
+  ASSERT_FALSE(c.want.empty());
+  auto& [path, reqs, want, nodes, conf, ds] = c;
+  auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
+  ASSERT_TRUE(client) << client.error().message;
+  std::atomic<bool> hit{false};
+  std::thread thaw;
+  auto got = (*client)->generate_many(
+      reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (hit.exchange(true)) return;
+        ::kill(ds[1]->pid, SIGSTOP);
+        ds[2]->kill_now();
+        thaw = std::thread([&] {
+          std::this_thread::sleep_for(3500ms);  // past the 2 s lease
+          ::kill(ds[1]->pid, SIGCONT);
+        });
+      },
+      60s);
+  if (thaw.joinable()) thaw.join();
+  ASSERT_TRUE(hit.load());
+  for (const auto& r : got)
+    if (!r.ok()) {
+      auto st = (*client)->status_json();
+      ADD_FAILURE() << "status: " << (st ? *st : st.error().message) << "\n" << ds[0]->output();
+      break;
+    }
+  expect_same(got, want);
+  expect_same((*client)->generate_many(reqs, 0, {}, 120s), want);
+  for (size_t i = 2; i-- > 0;) {
+    ::kill(ds[i]->pid, SIGTERM);
+    EXPECT_EQ(ds[i]->wait_exit(10s), 0) << ds[i]->output();
+  }
+  std::printf("%s\n", ds[0]->output().c_str());
+}
+
 // A killed daemon restarted under its old name rejoins as spare capacity (a new node id, no
 // actors), and when another daemon dies the next re-placement moves that one's actors onto it:
 // the cluster heals back to its size, and the output is still bit-identical.

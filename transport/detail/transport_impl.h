@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -167,6 +168,7 @@ struct Transport::Impl {
     Checksum running;
     size_t checked_bytes = 0;
     std::map<size_t, size_t> landed;
+    const char* why = "";  // kFailed: why (for the log)
   };
   // A rendezvous fragment waiting for a receive slot: UCX's descriptor and where it goes.
   struct Receive {
@@ -340,6 +342,10 @@ struct Transport::Impl {
   // The peer a message names in its header (link id and key), or null: unknown, stale or forged.
   Peer* peer_of_header(const void* header, size_t header_length, WireHeader* out);
 
+  // The live link a header names with its right key, even when the rest of the header is bad
+  // (wrong size, magic or version); null when it names none (unknown, forged, or too short).
+  Peer* link_of(const void* header, size_t header_length);
+
   static bool is_rndv(const ucp_am_recv_param_t* param);
 
   static ucs_status_t am_data(void* arg, const void* header, size_t header_length, void* data,
@@ -361,7 +367,10 @@ struct Transport::Impl {
   // the message when it was the last.
   void fragment_landed(Incoming& in, size_t offset, size_t length);
 
-  static void fail(Incoming& in);
+  static void fail(Incoming& in, const char* why);
+
+  // Counts a dropped fragment or message in the link's `malformed` and logs it (rate-limited).
+  static void count_malformed(Peer& p, const std::string& why);
 
   // Hands on the messages at the head of a peer's inbox that are complete.
   void drain_inbox(PeerId id);
