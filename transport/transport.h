@@ -113,8 +113,11 @@ struct LinkStats {
   bool up = false;
   bool cut = false;  // cut by the fault shim
   uint64_t messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
-  uint64_t send_errors = 0;   // sends UCX failed (peer gone, link cut)
-  uint64_t malformed = 0;     // dropped: bad frame header here, or reported by report_malformed()
+  uint64_t send_errors = 0;  // sends UCX failed (peer gone, link cut)
+  // Dropped from an authenticated link: a bad header (size, magic, version), a fragment out of
+  // sequence or past its total, a message it interrupted, a checksum mismatch, or reported by
+  // report_malformed() (docs/transport.md, Counters).
+  uint64_t malformed = 0;
   uint64_t corrupted = 0;     // dropped (and counted in malformed): payload checksum mismatch
   uint64_t oversized = 0;     // dropped: larger than max_message_bytes
   uint64_t faults_fired = 0;  // fault-shim actions applied on this link

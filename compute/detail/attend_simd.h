@@ -15,8 +15,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "compute/vec_ops.h"
@@ -45,16 +47,29 @@ void weighted_values(const float* const* rows, int64_t n, int64_t v_offset, cons
   V::store_n(out + (R - 1) * L, V::mul(acc[R - 1], s), last);
 }
 
+// weighted_values<V, r> for r = 1 .. kValueRegs registers.
+template <class V>
+auto value_pass(int64_t regs) {
+  using Fn = void (*)(const float* const*, int64_t, int64_t, const float*, float, int64_t, float*);
+  static constexpr auto kPasses = []<int... R>(std::integer_sequence<int, R...>) {
+    return std::array<Fn, sizeof...(R)>{&weighted_values<V, R + 1>...};
+  }
+  (std::make_integer_sequence<int, kValueRegs>{});
+  return kPasses[static_cast<size_t>(regs - 1)];
+}
+
 template <class V>
 void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                  int64_t n, float scale, int64_t dv, float* out, int64_t out_stride) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
   const int64_t n_pad = (n + L - 1) / L * L;
-  thread_local std::vector<float> scores;  // [g][n_pad]: scores, then exp(score - max)
+  // [g][n_pad]: scores, then exp(score - max); then [g]: 1 / their sums.
+  thread_local std::vector<float> scores;
   thread_local std::vector<const float*> rows;
-  if (static_cast<int64_t>(scores.size()) < g * n_pad)
-    scores.resize(static_cast<size_t>(g * n_pad));
+  if (static_cast<int64_t>(scores.size()) < g * (n_pad + 1))
+    scores.resize(static_cast<size_t>(g * (n_pad + 1)));
+  float* inv = &scores[static_cast<size_t>(g * n_pad)];
   if (static_cast<int64_t>(rows.size()) < n_pad) rows.resize(static_cast<size_t>(n_pad));
   // Row pointers once, block by block (no division per position).
   for (int64_t b = 0, j = 0; j < n; ++b) {
@@ -88,10 +103,6 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   }
 
   // Softmax numerators; positions past n become 0.
-  std::vector<float> inv_sum_storage;
-  float inv_sum[64];
-  float* inv =
-      g <= 64 ? inv_sum : (inv_sum_storage.resize(static_cast<size_t>(g)), inv_sum_storage.data());
   const int64_t n_full = n / L * L;
   const int n_tail = static_cast<int>(n - n_full);
   for (int64_t h = 0; h < g; ++h) {
@@ -125,34 +136,7 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     float* oh = out + h * out_stride;
     for (int64_t c0 = 0; c0 < dv; c0 += kValueRegs * L) {
       const int64_t cols = std::min<int64_t>(kValueRegs * L, dv - c0);
-      const float* const* rp = rows.data();
-      const int64_t off = kv.v_offset + c0;
-      switch ((cols + L - 1) / L) {
-        case 1:
-          weighted_values<V, 1>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 2:
-          weighted_values<V, 2>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 3:
-          weighted_values<V, 3>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 4:
-          weighted_values<V, 4>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 5:
-          weighted_values<V, 5>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 6:
-          weighted_values<V, 6>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        case 7:
-          weighted_values<V, 7>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-        default:
-          weighted_values<V, 8>(rp, n, off, e, inv[h], cols, oh + c0);
-          break;
-      }
+      value_pass<V>((cols + L - 1) / L)(rows.data(), n, kv.v_offset + c0, e, inv[h], cols, oh + c0);
     }
   }
 }
