@@ -53,11 +53,13 @@ const float* f32(const WeightView& w) {
   return reinterpret_cast<const float*>(w.data);
 }
 
-// Splits the g query heads of a KV head into parts of at most 8 (a divisor of g), so that a
-// decode step (one token) still gives the threads several pieces of work.
-int64_t head_part(int64_t g) {
+// Query heads per piece of attention work: the g heads of a KV head share each K/V row read,
+// so the largest divisor of g up to 8 -- but smaller while the step's T tokens x h heads would
+// give the threads fewer than two pieces each (a decode step on a many-core CPU). A head's
+// result does not depend on its piece (Attention tests), so this changes speed only.
+int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads) {
   for (int64_t p = std::min<int64_t>(g, 8); p > 1; --p)
-    if (g % p == 0) return p;
+    if (g % p == 0 && T * (h / p) >= 2 * static_cast<int64_t>(n_threads)) return p;
   return 1;
 }
 
@@ -323,7 +325,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
                 static_cast<size_t>(vw) * 4);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  const int64_t group = H / HK, part = head_part(group), parts = H / part;
+  const int64_t group = H / HK, part = head_part(group, T, H, pool_->size()), parts = H / part;
   const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const float*> blocks;
@@ -387,7 +389,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
   // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows, and
   // every head shares them (one KV "head").
-  const int64_t part = head_part(H), parts = H / part, l = il - range_.begin;
+  const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part, l = il - range_.begin;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const float*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {

@@ -65,6 +65,12 @@ TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
   EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {1}))) << "token by token";
   EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {29}))) << "2 threads";
   EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {4, 1, 9}))) << "2 threads, chunked";
+  // Many threads: attention splits one token's query heads into smaller pieces (head_part).
+  EngineOptions o8 = o1;
+  o8.n_threads = 8;
+  auto e8 = Engine::create(model, o8);
+  ASSERT_TRUE(e8);
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e8, a, {1}))) << "8 threads, token by token";
 
   // `a` prefilled in chunks of 8 inside steps that also carry other sequences: `b` decoding one
   // token at a time after its prompt, and `c` prefilling with a different chunk size.
