@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
             seqs.back()->reserve(ctx + n_decode);
             toks.push_back(random_tokens(ctx + n_decode, s.n_vocab, static_cast<uint32_t>(b + 7)));
             auto st = seqs.back()->next({toks.back().data(), static_cast<size_t>(ctx)},
-                                         compute::SeqStep::Logits::kLast);
+                                        compute::SeqStep::Logits::kLast);
             if (!run_step(**eng, {&st, 1}, &res)) return 1;
             seqs.back()->advance(ctx);
           }

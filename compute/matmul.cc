@@ -412,11 +412,33 @@ void prepare_activations(const TypeKernels& k, const float* x, int64_t x_stride,
   job->act_stride = bytes;
 }
 
-// Rows go out in chunks from a shared counter, dynamically (a descheduled thread does not hold up
-// the rest): that changes who computes a row, never how, so results stay bit-identical.
-int64_t row_chunk(int64_t rows, int64_t tile, int n_threads) {
-  const int64_t chunk = (rows + 4 * n_threads - 1) / (4 * n_threads);
-  return (chunk + tile - 1) / tile * tile;
+// The output rows of jobs[i] (rows[i] of them) in one pool run. Rows go out in chunks (about 4
+// per thread per job, whole tiles) from a shared counter, dynamically (a descheduled thread
+// does not hold up the rest): that changes who computes a row, never how, so results stay
+// bit-identical. Chunk c belongs to job i where first[i] <= c < first[i + 1].
+void run_row_chunks(const TypeKernels& k, std::span<const MatmulJob> jobs,
+                    std::span<const int64_t> rows, int n_threads, ThreadPool* pool) {
+  TROUPE_CHECK(jobs.size() == rows.size() && jobs.size() <= kMaxSharedTargets,
+               "matmul: %zu jobs, %zu row counts", jobs.size(), rows.size());
+  std::array<int64_t, kMaxSharedTargets> chunk{};
+  std::array<int64_t, kMaxSharedTargets + 1> first{};
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const int64_t c = (rows[i] + 4 * n_threads - 1) / (4 * n_threads);
+    chunk[i] = (c + k.row_tile - 1) / k.row_tile * k.row_tile;
+    first[i + 1] = first[i] + (rows[i] + chunk[i] - 1) / chunk[i];
+  }
+  const int64_t n_chunks = first[jobs.size()];
+  std::atomic<int64_t> next{0};
+  pool->run([&](int, int) {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) break;
+      size_t i = 0;
+      while (c >= first[i + 1]) ++i;
+      const int64_t r0 = (c - first[i]) * chunk[i];
+      k.rows(jobs[i], r0, std::min(rows[i], r0 + chunk[i]));
+    }
+  });
 }
 
 }  // namespace
@@ -445,19 +467,11 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
     k.rows(job, 0, rows);
     return;
   }
-  const int64_t tile = k.row_tile;
-  std::atomic<int64_t> next{0};
-  if (rows >= 2 * tile * n_threads) {  // split output rows
-    const int64_t chunk = row_chunk(rows, tile, n_threads);
-    pool->run([&](int, int) {
-      for (;;) {
-        const int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed);
-        if (r0 >= rows) break;
-        k.rows(job, r0, std::min(rows, r0 + chunk));
-      }
-    });
+  if (rows >= 2 * k.row_tile * n_threads) {  // split output rows
+    run_row_chunks(k, {&job, 1}, {&rows, 1}, n_threads, pool);
   } else {  // few rows, many tokens (a router, a gate): split tokens
     const int64_t chunk = std::max<int64_t>(1, n_tok / (4 * n_threads));
+    std::atomic<int64_t> next{0};
     pool->run([&](int, int) {
       for (;;) {
         const int64_t t0 = next.fetch_add(chunk, std::memory_order_relaxed);
@@ -495,34 +509,18 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   const TypeKernels& k = kernels_for(ks, targets[0].w);
   MatmulJob shared;
   prepare_activations(k, x, x_stride, targets[0].w.cols(), n_tok, n_threads, pool, &shared);
-  // Chunk c of the run: target i where first[i] <= c < first[i + 1], rows from
-  // (c - first[i]) * chunk[i].
   std::array<MatmulJob, kMaxSharedTargets> jobs;
-  std::array<int64_t, kMaxSharedTargets> chunk{};
-  std::array<int64_t, kMaxSharedTargets + 1> first{};
+  std::array<int64_t, kMaxSharedTargets> rows{};
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
-    MatmulJob& j = jobs[i];
-    j = shared;
-    j.w = t.w.data;
-    j.w_row_bytes = t.w.row_bytes();
-    j.y = t.y;
-    j.y_stride = t.y_stride;
-    chunk[i] = row_chunk(t.w.rows(), k.row_tile, n_threads);
-    first[i + 1] = first[i] + (t.w.rows() + chunk[i] - 1) / chunk[i];
+    jobs[i] = shared;
+    jobs[i].w = t.w.data;
+    jobs[i].w_row_bytes = t.w.row_bytes();
+    jobs[i].y = t.y;
+    jobs[i].y_stride = t.y_stride;
+    rows[i] = t.w.rows();
   }
-  const int64_t n_chunks = first[targets.size()];
-  std::atomic<int64_t> next{0};
-  pool->run([&](int, int) {
-    for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= n_chunks) break;
-      size_t i = 0;
-      while (c >= first[i + 1]) ++i;
-      const int64_t r0 = (c - first[i]) * chunk[i];
-      k.rows(jobs[i], r0, std::min(targets[i].w.rows(), r0 + chunk[i]));
-    }
-  });
+  run_row_chunks(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
 }
 
 }  // namespace detail

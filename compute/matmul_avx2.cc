@@ -12,6 +12,7 @@
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
+#include "compute/detail/simd_hsum.h"
 
 namespace troupe::compute::detail {
 namespace {
@@ -22,14 +23,6 @@ using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::GgmlType;
 using model::kQK_K;
-
-// The one horizontal sum every output goes through: halves, then pairs.
-inline float hsum8(__m256 v) {
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
 
 // int32 lanes: exact 4-byte dot products of unsigned a and signed b (pair sums < 2^15).
 inline __m256i dot_u8s8(__m256i a, __m256i b) {

@@ -15,6 +15,7 @@
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
+#include "compute/detail/simd_hsum.h"
 
 namespace troupe::compute::detail {
 namespace {
@@ -25,15 +26,6 @@ using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::GgmlType;
 using model::kQK_K;
-
-// The one horizontal sum every output goes through: halves, then quarters, then pairs.
-inline float hsum16(__m512 v) {
-  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
 
 // int32 lanes += 4-byte dot products of unsigned a and signed b. Both variants are exact, so
 // they give the same lanes; the pairwise one needs |a*b| pair sums below 2^15, which every

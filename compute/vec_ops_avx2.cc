@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "compute/detail/attend_simd.h"
+#include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
 
 namespace troupe::compute::detail {
@@ -30,12 +31,7 @@ struct Avx2 {
   static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static float hsum(Reg r) {
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-  }
+  static float hsum(Reg r) { return hsum8(r); }
   static float hmax(Reg r) {
     __m128 b = _mm_max_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
     b = _mm_max_ps(b, _mm_movehl_ps(b, b));

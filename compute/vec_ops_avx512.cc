@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "compute/detail/attend_simd.h"
+#include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
 
 namespace troupe::compute::detail {
@@ -23,13 +24,7 @@ struct Avx512 {
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static float hsum(Reg r) {
-    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(r), _mm512_extractf32x8_ps(r, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-  }
+  static float hsum(Reg r) { return hsum16(r); }
   static float hmax(Reg r) { return _mm512_reduce_max_ps(r); }
 
   // Lane i of the result: the sum of every lane of a[i]. Pairs of registers are folded within

@@ -170,9 +170,7 @@ Transport::Impl::Peer* Transport::Impl::peer_of_header(const void* header, size_
   if (header_length != sizeof(WireHeader)) return nullptr;
   std::memcpy(out, header, sizeof(WireHeader));
   if (out->magic != kMagic || out->version != kWireVersion) return nullptr;
-  auto it = peers.find(out->link);
-  if (it == peers.end() || it->second.key != out->key || !it->second.ep) return nullptr;
-  return &it->second;
+  return link_of(header, header_length);
 }
 
 bool Transport::Impl::is_rndv(const ucp_am_recv_param_t* param) {
