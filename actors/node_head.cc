@@ -448,8 +448,13 @@ void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
   if (it == st.members.end()) return;
   if (!st.placement || version != st.placement->version) return;  // an earlier placement's
   it->second.phases = std::move(phases);
-  if (!ok && st.replacing)
-    return stop_serving(self, "re-placement failed on node " + node + ": " + error);
+  if (!ok && st.replacing) {
+    // Often a node that dies in the same lease as the one being replaced (its actors could not
+    // be reached): its own verdict re-places again. So the requests wait as for missing
+    // capacity, and fail only if nothing changes within replace_wait_ms.
+    return wait_for_capacity(
+        self, "re-placement " + std::to_string(version) + " failed on node " + node, error);
+  }
   if (!ok) return fail(self, "placement failed on node " + node + ": " + error);
   it->second.reported = true;
   if (st.placement_done && !st.replacing) return;  // a rejoined node took the current placement
