@@ -54,8 +54,8 @@ struct LinkConfig {
 };
 constexpr LinkConfig kConfigs[] = {
     {"tcp", "tcp", tp::ErrorMode::kPeer, true},
-    {"shm", "shm,tcp,self", tp::ErrorMode::kAuto, false},      // loopback: NONE, so shm is allowed
-    {"shm+peer", "shm,tcp,self", tp::ErrorMode::kPeer, true},  // PEER excludes shm (trap 6)
+    {"shm", "shm,tcp,self", tp::ErrorMode::kNone, false},      // NONE: shared memory allowed
+    {"shm+peer", "shm,tcp,self", tp::ErrorMode::kPeer, true},  // PEER (the default) excludes shm
 };
 
 struct Flags {

@@ -114,16 +114,13 @@ Status Transport::Impl::resolve(const std::string& host, uint16_t port, sockaddr
   return Ok{};
 }
 
-ucp_err_handling_mode_t Transport::Impl::err_mode_for(const sockaddr_storage& ss) const {
-  switch (opts.error_mode) {
-    case ErrorMode::kPeer:
-      return UCP_ERR_HANDLING_MODE_PEER;
-    case ErrorMode::kNone:
-      return UCP_ERR_HANDLING_MODE_NONE;
-    case ErrorMode::kAuto:
-      break;
-  }
-  return is_loopback(ss) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+ucp_err_handling_mode_t Transport::Impl::err_mode() const {
+  // auto and peer: UCX reports a dead peer, and UCX 1.13 then leaves its shared-memory
+  // transports out (they cannot report one), so peers on this host talk over TCP. none: shared
+  // memory on one host, where a peer that dies while it writes into our receive queue can
+  // leave the worker unable to receive from anyone (docs/transport.md, error_mode).
+  return opts.error_mode == ErrorMode::kNone ? UCP_ERR_HANDLING_MODE_NONE
+                                             : UCP_ERR_HANDLING_MODE_PEER;
 }
 
 void Transport::Impl::signal() {
@@ -156,6 +153,10 @@ void Transport::Impl::add_timer(std::chrono::milliseconds after, std::function<v
 void Transport::Impl::loop() {
   auto last_activity = Clock::now();
   auto next_auth_check = Clock::now();
+  // A UCX worker that keeps saying "busy" (ucp_worker_arm) while its progress finds nothing has
+  // stopped receiving (err_mode: error mode none); say so once rather than hang silently.
+  Clock::time_point stalled_since{};
+  bool stall_reported = false;
   while (!stop.load(std::memory_order_acquire)) {
     bool busy = false;
     {
@@ -194,6 +195,7 @@ void Transport::Impl::loop() {
     const auto now = Clock::now();
     if (busy) {
       last_activity = now;
+      stalled_since = Clock::time_point{};
       continue;
     }
     if (opts.spin.count() > 0 && now - last_activity < opts.spin) continue;
@@ -209,9 +211,18 @@ void Transport::Impl::loop() {
       std::lock_guard<std::mutex> lk(mu);
       if (ucp_worker_arm(worker) == UCS_ERR_BUSY) {
         sleeping.store(false, std::memory_order_relaxed);
+        if (stalled_since == Clock::time_point{}) stalled_since = now;
+        if (!stall_reported && now - stalled_since > std::chrono::seconds(5)) {
+          stall_reported = true;
+          std::fprintf(stderr,
+                       "troupe: transport: the UCX worker has reported pending events for 5 s "
+                       "but its progress finds none; messages may not be received "
+                       "(docs/transport.md, error_mode)\n");
+        }
         continue;
       }
     }
+    stalled_since = Clock::time_point{};
     int timeout_ms = 100;
     {
       std::lock_guard<std::mutex> lk(mu);

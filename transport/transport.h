@@ -31,15 +31,19 @@ struct TransportTesting;  // test-only access to the wire (detail/testing.h)
 /// A connected, authenticated peer of this transport; 0 is never a valid id.
 using PeerId = uint64_t;
 
-/// How an endpoint learns that its peer failed (DEPENDENCIES.md §4, trap 6).
+/// How an endpoint learns that its peer failed, and with it whether peers on one host may use
+/// shared memory (docs/transport.md, error_mode).
 enum class ErrorMode : uint8_t {
-  /// UCP_ERR_HANDLING_MODE_NONE for peers on this host (loopback addresses), so that UCX may use
-  /// shared memory (≈20x faster than TCP here); PEER for every other peer.
+  /// The default: the same as kPeer.
   kAuto = 0,
-  /// UCP_ERR_HANDLING_MODE_PEER everywhere: a failed peer is reported, but same-host traffic
-  /// goes over TCP.
+  /// UCP_ERR_HANDLING_MODE_PEER everywhere: a failed peer is reported, and same-host traffic
+  /// goes over TCP through the loopback device (UCX 1.13 leaves shared memory out).
   kPeer = 1,
-  /// UCP_ERR_HANDLING_MODE_NONE everywhere: a dead peer is only noticed by heartbeats above.
+  /// UCP_ERR_HANDLING_MODE_NONE everywhere: shared memory between processes of one host
+  /// (about 3x TCP's bandwidth here), but a dead peer is noticed only by heartbeats above, and
+  /// one killed while it writes into this process's receive queue (a shared ring) leaves this
+  /// transport unable to receive from anyone. For benchmarks, not for clusters that must
+  /// survive a process dying.
   kNone = 2,
 };
 

@@ -99,9 +99,9 @@ void Transport::Impl::check_auth_deadlines(Clock::time_point now) {
   }
 }
 
-ucp_ep_h Transport::Impl::create_ep(ucp_ep_params_t& ep, const sockaddr_storage& ss) {
+ucp_ep_h Transport::Impl::create_ep(ucp_ep_params_t& ep) {
   ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.err_mode = err_mode_for(ss);
+  ep.err_mode = err_mode();
   ep.err_handler.cb = &Impl::on_ep_error;
   ep.err_handler.arg = this;
   ucp_ep_h h = nullptr;
@@ -118,7 +118,7 @@ void Transport::Impl::on_conn_request(ucp_conn_request_h req, void* arg) {
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   ep.conn_request = req;
-  ucp_ep_h h = im->create_ep(ep, attr.client_address);
+  ucp_ep_h h = im->create_ep(ep);
   if (!h) {
     std::fprintf(stderr, "troupe: transport: cannot accept a connection from %s\n", addr.c_str());
     return;
@@ -277,7 +277,7 @@ void Transport::Impl::do_connect(const std::string& host, uint16_t port,
   ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
   ep.sockaddr.addrlen = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   const std::string where = host + ":" + std::to_string(port);
-  ucp_ep_h h = create_ep(ep, ss);
+  ucp_ep_h h = create_ep(ep);
   if (!h) return waiter->set_value(Error{1, "cannot connect to " + where});
   Peer& p = add_peer(h, true, where);
   p.waiter = waiter;

@@ -250,12 +250,10 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
 // One daemon killed and, in the same lease, another frozen (SIGSTOP: a stalled host, a long
 // pause) and then thawed: the head declares both dead, re-places everything on the head's
 // node, and the thawed daemon, which missed all of it, must not disturb the new placement.
-// Every request still finishes bit-identically.
-// DISABLED (run it with --gtest_also_run_disabled_tests): it reproduces an open bug in a few
-// per cent of runs -- after the two re-placements the requests sometimes get no answer (no step
-// timeout either); the same happens rarely to KilledDaemonsActorsAreReplaced… under load when a
-// live node misses its lease. Enable it when that is fixed.
-TEST(ClusterProcesses, DISABLED_KilledAndFrozenDaemonsInOneLeaseLeaveIdenticalOutput) {
+// Every request still finishes bit-identically. In about 1 run in 100 this used to hang: with
+// shared memory and no UCX error handling (error mode "none", then auto's choice on loopback)
+// the killed daemon left the head's UCX worker unable to receive anything (docs/transport.md).
+TEST(ClusterProcesses, KilledAndFrozenDaemonsInOneLeaseLeaveIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
   MoeOnThree c(shared, "frozen");
   ASSERT_FALSE(c.want.empty());

@@ -131,18 +131,6 @@ inline std::string sockaddr_string(const sockaddr_storage& ss) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
-inline bool is_loopback(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
-  }
-  return false;
-}
-
 }  // namespace detail
 
 // Every file of the transport uses these unqualified (this header is private to transport/).
@@ -269,7 +257,7 @@ struct Transport::Impl {
 
   static Status resolve(const std::string& host, uint16_t port, sockaddr_storage* out);
 
-  ucp_err_handling_mode_t err_mode_for(const sockaddr_storage& ss) const;
+  ucp_err_handling_mode_t err_mode() const;
 
   // --- the progress thread ----------------------------------------------------------------
 
@@ -308,7 +296,7 @@ struct Transport::Impl {
 
   void check_auth_deadlines(Clock::time_point now);
 
-  ucp_ep_h create_ep(ucp_ep_params_t& ep, const sockaddr_storage& ss);
+  ucp_ep_h create_ep(ucp_ep_params_t& ep);
 
   static void on_conn_request(ucp_conn_request_h req, void* arg);
 
