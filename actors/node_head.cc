@@ -276,9 +276,14 @@ void on_join(NodeSelf* self, const MessagePtr& m) {
   maybe_place(self);
 }
 
-Member* member_of_peer(NodeSelf* self, transport::PeerId peer) {
-  for (auto& [name, m] : self->state.members)
-    if (m.peer == peer && m.state == MemberState::kAlive) return &m;
+// The live member on `peer`, and its name in `name` (the link may have forgotten it already: a
+// message can be handled after its peer's link went down).
+Member* member_of_peer(NodeSelf* self, transport::PeerId peer, std::string* name = nullptr) {
+  for (auto& [n, m] : self->state.members)
+    if (m.peer == peer && m.state == MemberState::kAlive) {
+      if (name) *name = n;
+      return &m;
+    }
   return nullptr;
 }
 
@@ -518,20 +523,19 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
     case ControlMsg::kPlacementReport: {
       auto r = decode_placement_report(m->data(), {});
       if (!r) return drop_malformed(self, m, "placement report", r.error().message);
-      Member* mem = member_of_peer(self, m->peer);
-      if (!mem) return;
+      std::string name;
+      if (!member_of_peer(self, m->peer, &name)) return;
       std::vector<Phase> phases;
       for (const auto& p : r->phases) phases.push_back({p.name, p.start_ms, p.duration_ms, p.done});
-      return head_placement_report(self, st.link->peer_name(m->peer), r->ok, r->error,
-                                   std::move(phases), r->version);
+      return head_placement_report(self, name, r->ok, r->error, std::move(phases), r->version);
     }
     case ControlMsg::kLeaveNotice: {
       auto r = decode_leave_notice(m->data(), {});
       if (!r) return drop_malformed(self, m, "leave notice", r.error().message);
-      Member* mem = member_of_peer(self, m->peer);
+      std::string name;
+      Member* mem = member_of_peer(self, m->peer, &name);
       if (!mem) return;
-      return member_gone(self, *mem, st.link->peer_name(m->peer), MemberState::kLeft,
-                         "left (" + r->reason + ")");
+      return member_gone(self, *mem, name, MemberState::kLeft, "left (" + r->reason + ")");
     }
     case ControlMsg::kGenerateRequest: {
       ClientLimits lim;  // token ids are the router's to check: it answers with an error result

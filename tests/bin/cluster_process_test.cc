@@ -181,8 +181,13 @@ void run_loopback(const std::string& rel, const std::vector<std::string>& stages
   auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
   ASSERT_TRUE(client) << client.error().message;
   expect_same((*client)->generate_many(reqs), want);
-  // SIGTERM: every daemon leaves cleanly (exit 0).
-  for (size_t i = ds.size(); i-- > 0;) EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+  // SIGTERM: every daemon leaves cleanly (exit 0), and the head names each one that left.
+  for (size_t i = ds.size(); i-- > 0;) {
+    EXPECT_EQ(ds[i]->terminate(), 0) << ds[i]->output();
+    if (i > 0) {
+      EXPECT_TRUE(wait_log(*ds[0], "node " + nodes[i].name + " is left", 5s)) << ds[0]->output();
+    }
+  }
 }
 
 TEST(ClusterProcesses, DenseOnThreeLoopbackDaemonsIsBitIdentical) {
