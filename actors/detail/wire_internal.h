@@ -108,6 +108,20 @@ inline void write_error(schemas::ErrorReport::Builder dst, const std::string& me
   dst.setMessage(message.substr(0, kMaxErrorBytes));
 }
 
+// Writes f32 [rows, n_embd] from `data`: in place when Cap'n Proto can read the last word whole
+// within the vector's capacity, else as a copy.
+inline Status write_f32(schemas::Tensor::Builder dst, const std::vector<float>& data, uint64_t rows,
+                        int64_t n_embd) {
+  const uint64_t shape[] = {rows, static_cast<uint64_t>(n_embd)};
+  std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data()),
+                                 data.size() * sizeof(float));
+  Status st = schemas::set_tensor_external(dst, schemas::TensorDtype::kF32, shape, bytes,
+                                           data.capacity() * 4);
+  if (!st && st.error().code == schemas::code(schemas::Errc::kMisaligned))
+    st = schemas::set_tensor_copy(dst, schemas::TensorDtype::kF32, shape, bytes);
+  return st;
+}
+
 inline uint64_t to_ns(double seconds) {
   if (!(seconds > 0)) return 0;  // also NaN
   if (seconds >= 1.8e10) return std::numeric_limits<uint64_t>::max();
