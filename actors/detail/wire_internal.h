@@ -1,4 +1,4 @@
-// Internals shared by the two wire codecs: actors/wire.cc (steps, outcomes, experts) and
+// Internals shared by the wire codecs: actors/wire.cc (steps, outcomes), wire_experts.cc and
 // actors/control_wire*.cc (control plane, clients; through detail/control_wire_internal.h).
 // Building and finishing a WireFrame, guarded reads of untrusted frames, Header, ErrorReport,
 // SamplingParams and SamplerState, length checks. Includes Cap'n Proto headers: only those codec
