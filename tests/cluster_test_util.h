@@ -1,11 +1,14 @@
 // Helpers shared by the cluster tests (tests/actors/cluster_node_test.cc: daemons in one
 // process; tests/bin/cluster_process_test.cc: daemons as processes): loopback ports, a request
-// mix, the single-process reference, and the bit-exact comparison.
+// mix, the single-process reference, the bit-exact comparison, and a fault injected mid-stream.
 #pragma once
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -16,6 +19,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "actors/cluster_client.h"
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
@@ -94,6 +98,22 @@ inline void expect_same(const std::vector<actors::GenerateResult>& got,
               0)
         << "request " << i << ": logits differ";
   }
+}
+
+// Streams `reqs` through `client` and runs `fault` once, at the first piece any request streams
+// (so requests are in flight when it strikes); `*fired` says whether it ran.
+inline std::vector<actors::GenerateResult> generate_with_fault(
+    actors::ClusterClient& client, const std::vector<actors::GenerateRequest>& reqs,
+    const std::function<void()>& fault, std::chrono::milliseconds timeout, bool* fired) {
+  std::atomic<bool> hit{false};
+  auto got = client.generate_many(
+      reqs, 0,
+      [&](size_t, const std::string&, int32_t) {
+        if (!hit.exchange(true)) fault();
+      },
+      timeout);
+  *fired = hit.load();
+  return got;
 }
 
 }  // namespace troupe::testing

@@ -29,6 +29,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::expect_same;
 using testing::free_port;
+using testing::generate_with_fault;
 using testing::local_results;
 
 std::vector<GenerateRequest> requests(int64_t n_vocab, size_t count, int64_t n_gen) {
@@ -308,14 +309,10 @@ void expect_replaced(const std::string& rel, const Layout& layout,
   n.start(plan, 3);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
-  std::atomic<bool> gone{false};
-  auto got = (*client)->generate_many(
-      reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (!gone.exchange(true)) lose(*n.nodes[2]);
-      },
-      60s);
-  ASSERT_TRUE(gone.load());
+  bool gone = false;
+  auto got = generate_with_fault(
+      **client, reqs, [&] { lose(*n.nodes[2]); }, 60s, &gone);
+  ASSERT_TRUE(gone);
   expect_same(got, want);
   // Node c is out of the membership and hosts nothing; the cluster serves on.
   auto st = (*client)->status_json();
@@ -383,16 +380,15 @@ TEST(ClusterNode, TwoNodesLostInOneLeaseAreReplacedWithIdenticalOutput) {
   n.start(parse(cluster_toml(path, {{"a", "c"}, {"b", "c"}}, &ports)), 3);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
-  std::atomic<bool> gone{false};
-  auto got = (*client)->generate_many(
-      reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (gone.exchange(true)) return;
+  bool gone = false;
+  auto got = generate_with_fault(
+      **client, reqs,
+      [&] {
         cut_all_links(*n.nodes[2]);
         cut_all_links(*n.nodes[1]);
       },
-      60s);
-  ASSERT_TRUE(gone.load());
+      60s, &gone);
+  ASSERT_TRUE(gone);
   expect_same(got, want);
   auto st = (*client)->status_json();
   ASSERT_TRUE(st) << st.error().message;
@@ -452,13 +448,12 @@ TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins)
   TROUPE_SHARED_OR_SKIP(shared);
   NoRoom r;
   r.start(shared, 60000);
-  std::atomic<bool> cut{false};
+  bool cut = false;
   std::thread healer;
   std::string held_condition;  // the head's condition once c was dead
-  auto got = r.client->generate_many(
-      r.w.reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (cut.exchange(true)) return;
+  auto got = generate_with_fault(
+      *r.client, r.w.reqs,
+      [&] {
         r.cut_c();
         // Once the head has declared c dead (and found no room for its actors), heal c's links:
         // it asks to join again, and the held requests resume on its actors.
@@ -468,9 +463,9 @@ TEST(ClusterNode, RequestsWaitForRoomAndFinishIdenticallyWhenTheLostNodeRejoins)
           r.n.nodes[2]->set_faults({});
         });
       },
-      120s);
+      120s, &cut);
   if (healer.joinable()) healer.join();
-  ASSERT_TRUE(cut.load());
+  ASSERT_TRUE(cut);
   expect_same(got, r.w.want);
   // While c was dead the status said why requests were held.
   EXPECT_NE(held_condition.find("requests held: node c, which hosts part of the pipeline, is dead"),
@@ -494,14 +489,10 @@ TEST(ClusterNode, RequestsWaitingForRoomFailWithAClearErrorAfterTheWait) {
   TROUPE_SHARED_OR_SKIP(shared);
   NoRoom r;
   r.start(shared, 1500);
-  std::atomic<bool> cut{false};
-  auto got = r.client->generate_many(
-      r.w.reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (!cut.exchange(true)) r.cut_c();
-      },
-      120s);
-  ASSERT_TRUE(cut.load());
+  bool cut = false;
+  auto got = generate_with_fault(
+      *r.client, r.w.reqs, [&] { r.cut_c(); }, 120s, &cut);
+  ASSERT_TRUE(cut);
   ASSERT_EQ(got.size(), r.w.reqs.size());
   for (const auto& g : got) {
     EXPECT_EQ(g.finish_reason, "error");

@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::expect_same;
 using testing::free_port;
+using testing::generate_with_fault;
 using testing::local_results;
 
 std::vector<actors::GenerateRequest> requests(int64_t n_vocab) {
@@ -230,14 +231,10 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
   auto& [path, reqs, want, nodes, conf, ds] = c;
   auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
   ASSERT_TRUE(client) << client.error().message;
-  std::atomic<bool> killed{false};
-  auto got = (*client)->generate_many(
-      reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (!killed.exchange(true)) ds[2]->kill_now();
-      },
-      120s);
-  ASSERT_TRUE(killed.load());
+  bool killed = false;
+  auto got = generate_with_fault(
+      **client, reqs, [&] { ds[2]->kill_now(); }, 120s, &killed);
+  ASSERT_TRUE(killed);
   expect_same(got, want);
   EXPECT_TRUE(wait_log(*ds[0], "re-placement 2 done", 1s)) << ds[0]->output();
   // Both survivors leave cleanly (exit 0). Before expert requests were guarded (guard_request),
@@ -265,12 +262,11 @@ TEST(ClusterProcesses, KilledAndFrozenDaemonsInOneLeaseLeaveIdenticalOutput) {
   auto& [path, reqs, want, nodes, conf, ds] = c;
   auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
   ASSERT_TRUE(client) << client.error().message;
-  std::atomic<bool> hit{false};
+  bool hit = false;
   std::thread thaw;
-  auto got = (*client)->generate_many(
-      reqs, 0,
-      [&](size_t, const std::string&, int32_t) {
-        if (hit.exchange(true)) return;
+  auto got = generate_with_fault(
+      **client, reqs,
+      [&] {
         ::kill(ds[1]->pid, SIGSTOP);
         ds[2]->kill_now();
         thaw = std::thread([&] {
@@ -278,9 +274,9 @@ TEST(ClusterProcesses, KilledAndFrozenDaemonsInOneLeaseLeaveIdenticalOutput) {
           ::kill(ds[1]->pid, SIGCONT);
         });
       },
-      60s);
+      60s, &hit);
   if (thaw.joinable()) thaw.join();
-  ASSERT_TRUE(hit.load());
+  ASSERT_TRUE(hit);
   for (const auto& r : got)
     if (!r.ok()) {
       auto st = (*client)->status_json();

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -66,28 +67,25 @@ TEST(TransportPeerHelper, DISABLED_StreamUntilKilled) {
   // 16384 messages (64 MiB) ahead, nor for more than 10 s.
   const auto end = std::chrono::steady_clock::now() + 10s;
   uint64_t posted = 0;
-  while (std::chrono::steady_clock::now() < end) {
+  auto ahead = [&]() -> uint64_t {  // posted, not yet handed to UCX
+    const auto st = (*t)->stats();
+    return st.links.empty() ? 0 : posted - std::min(posted, st.links[0].messages_sent);
+  };
+  for (int round = 0; std::chrono::steady_clock::now() < end; ++round) {
     for (int i = 0; i < 32; ++i)
       posted += static_cast<bool>((*t)->send(*p, copy_message(11, bytes)));
     std::this_thread::sleep_for(20us);
-    if (posted % 1024 >= 32) continue;
-    const auto st = (*t)->stats();
-    while (!st.links.empty() && st.links[0].messages_sent + 16384 < posted &&
-           std::chrono::steady_clock::now() < end) {
+    while (round % 32 == 0 && ahead() > 16384 && std::chrono::steady_clock::now() < end)
       std::this_thread::sleep_for(1ms);
-      const auto again = (*t)->stats();
-      if (again.links.empty() || again.links[0].messages_sent + 16384 >= posted) break;
-    }
   }
 }
 
 pid_t spawn_helper(uint16_t hub_port, const char* which = "ReceiveUntilKilled") {
-  const std::string env = std::string(kHubPortEnv) + "=" + std::to_string(hub_port);
+  std::string env = std::string(kHubPortEnv) + "=" + std::to_string(hub_port);
   std::string exe = "/proc/self/exe",
               filter = std::string("--gtest_filter=TransportPeerHelper.DISABLED_") + which,
               disabled = "--gtest_also_run_disabled_tests";
   std::vector<char*> argv = {exe.data(), filter.data(), disabled.data(), nullptr};
-  std::string e = env;
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);                // never outlive the test
@@ -96,7 +94,7 @@ pid_t spawn_helper(uint16_t hub_port, const char* which = "ReceiveUntilKilled") 
       dup2(null, 1);
       dup2(null, 2);
     }
-    putenv(e.data());
+    putenv(env.data());
     execv("/proc/self/exe", argv.data());
     _exit(127);
   }
