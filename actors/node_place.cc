@@ -230,12 +230,24 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   auto model = st.model;  // keeps the mapping alive while the thread reads it
   const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   const auto started = st.started;
-  // Where this node's stages and shards read their weights: the file mapping (prefetched), or a
-  // copy of just their tensors in huge-page memory ([model] weights = "memory").
-  const bool to_memory = st.plan.weights == "memory";
+  // Where this node's stages and shards read their weights ([model] weights): a copy of just
+  // their tensors in huge-page memory, or the file mapping (prefetched). "auto" copies where a
+  // CPU computes with them and the copy fits (model::choose_weight_storage); a node whose
+  // stages are all on GPUs uploads from the mapping, and a copy would only cost time.
+  bool cpu_here = false;
+  for (const auto& sh : pl.shards) cpu_here |= sh.node_id == me;
+  for (size_t k = 0; k < pl.stages.size(); ++k)
+    cpu_here |= pl.stages[k].node_id == me &&
+                (k >= st.plan.stages.size() || st.plan.stages[k].device == "cpu");
+  const auto requested = model::parse_weight_storage(st.plan.weights);
+  const model::WeightStorage storage =
+      requested ? *requested : model::WeightStorage::kMap;  // the plan parser checked it
+  const bool to_memory = storage == model::WeightStorage::kMemory ||
+                         (storage == model::WeightStorage::kAuto && cpu_here);
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
-  std::thread([link, peers, node, version, ranges, model, threads, started, to_memory, slot] {
+  std::thread([link, peers, node, version, ranges, model, threads, started, to_memory, storage,
+               slot] {
     std::string error;
     for (const auto& w : peers) {
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
@@ -246,7 +258,19 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     }
     const uint64_t map_start = ms_since(started);
     uint64_t bytes = 0;
+    bool copy_here = to_memory;
     if (error.empty() && to_memory) {
+      std::string why;
+      auto where = model::choose_weight_storage(
+          storage, model::weight_copy_bytes(*model, ranges), model::available_memory_bytes(), &why);
+      if (!where)
+        error = where.error().message;
+      else if (*where == model::WeightStorage::kMap)
+        std::fprintf(stderr, "troupe: reading this node's weights through the file mapping: %s\n",
+                     why.c_str());
+      copy_here = where && *where == model::WeightStorage::kMemory;
+    }
+    if (error.empty() && copy_here) {
       // Written before the message below, read by the node actor after it: no race.
       auto copy = model::copy_weights_to_memory(model, ranges, threads);
       if (copy) {

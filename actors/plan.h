@@ -95,7 +95,7 @@ struct ClusterPlan {
 struct Plan {
   std::string source;           // where the plan came from (file name), the prefix of every message
   std::string model_path;       // GGUF file or HF directory; "" = the command line names it
-  std::string weights = "map";  // [model] weights: "map" or "memory" (model.h WeightStorage)
+  std::string weights = "auto";  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
   int64_t kv_block_size = 16;   // tokens per KV block
   int64_t num_stages = 1;       // pipeline stages
   int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages

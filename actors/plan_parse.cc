@@ -14,6 +14,7 @@
 #include <toml++/toml.h>
 
 #include "actors/detail/plan_internal.h"
+#include "model/model.h"
 #include "actors/plan.h"
 
 namespace troupe::actors {
@@ -293,9 +294,9 @@ class Parser {
       check_keys(*m, "model", {"path", "weights"});
       read_string(*m, "model", "path", p.model_path);
       read_string(*m, "model", "weights", p.weights);
-      if (p.weights != "map" && p.weights != "memory")
+      if (!model::parse_weight_storage(p.weights))
         fail(m->get("weights")->source().begin.line, "model.weights",
-             "expected \"map\" or \"memory\", got \"" + p.weights + "\"");
+             "expected \"auto\", \"memory\" or \"map\", got \"" + p.weights + "\"");
     }
     read_stages(root, p);
     read_expert_shards(root, p);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/detail/membw.h"
 #include "compute/engine.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
@@ -42,32 +43,11 @@ double median(std::vector<double> v) {
 }
 
 // Read bandwidth with n threads over a buffer much larger than the caches (GB/s, median of 5).
+// The machine's read bandwidth with n_threads (bench/detail/membw.h, as membw_bench measures
+// it: 1 GiB, median of 5 passes), GB/s.
 double measure_bandwidth(int n_threads) {
-  const size_t n = size_t{1} << 27;  // 1 GiB of uint64
-  std::vector<uint64_t> buf(n);
-  for (size_t i = 0; i < n; ++i) buf[i] = i;
   compute::ThreadPool pool(n_threads);
-  std::vector<double> runs;
-  volatile uint64_t sink = 0;
-  for (int r = 0; r < 5; ++r) {
-    std::vector<uint64_t> part(static_cast<size_t>(n_threads), 0);
-    const double t0 = now_s();
-    pool.run([&](int idx, int nt) {
-      const size_t b = n * static_cast<size_t>(idx) / static_cast<size_t>(nt);
-      const size_t e = n * static_cast<size_t>(idx + 1) / static_cast<size_t>(nt);
-      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      for (size_t i = b; i + 4 <= e; i += 4) {
-        a0 += buf[i];
-        a1 += buf[i + 1];
-        a2 += buf[i + 2];
-        a3 += buf[i + 3];
-      }
-      part[static_cast<size_t>(idx)] = a0 ^ a1 ^ a2 ^ a3;
-    });
-    runs.push_back(static_cast<double>(n * 8) / (now_s() - t0) / 1e9);
-    for (auto p : part) sink = sink + p;
-  }
-  return median(runs);
+  return bench::measure_read_bandwidth(pool, 1024, 5).median;
 }
 
 // Bytes of weights one decode token reads: every matrix, except embeddings (one row) and, for

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/detail/membw.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
 #include "model/ggml_types.h"
@@ -50,52 +51,9 @@ std::string cpu_model() {
 
 // --- the machine's limits ---
 
-// Sums 64-bit words, reading 8 sections of [p, p + n) in lockstep with software prefetch:
-// one sequential stream per core leaves DRAM bandwidth unused (as few misses in flight as
-// the hardware prefetcher keeps), and the matmul kernels stream several rows at once too.
-__attribute__((target("avx2"))) uint64_t read_sum(const uint64_t* p, int64_t n) {
-  constexpr int kStreams = 8;
-  const int64_t sec = n / kStreams / 8 * 8;
-  __m256i acc[kStreams];
-  for (auto& a : acc) a = _mm256_setzero_si256();
-  for (int64_t i = 0; i < sec; i += 8) {  // 64 bytes of each section per iteration
-    for (int s = 0; s < kStreams; ++s) {
-      const uint64_t* q = p + s * sec + i;
-      _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);  // 4 KiB ahead
-      acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q)));
-      acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4)));
-    }
-  }
-  uint64_t r = 0;
-  for (auto& a : acc) {
-    uint64_t v[4];
-    std::memcpy(v, &a, sizeof(v));
-    r += v[0] + v[1] + v[2] + v[3];
-  }
-  for (int64_t i = kStreams * sec; i < n; ++i) r += p[i];
-  return r;
-}
-
-// Read bandwidth over a 512 MiB buffer (as bench/membw_bench.cc measures it), GB/s.
+// Read bandwidth over a 512 MiB buffer (bench/detail/membw.h, as membw_bench), GB/s.
 double memory_bandwidth(ThreadPool& pool) {
-  const int64_t n = (int64_t{512} << 20) / 8;
-  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, static_cast<size_t>(n) * 8));
-  pool.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
-  });
-  std::vector<double> gbs;
-  std::vector<uint64_t> sums(static_cast<size_t>(pool.size()));
-  for (int pass = 0; pass < 8; ++pass) {
-    const auto t0 = Clock::now();
-    pool.run([&](int idx, int nt) {
-      const int64_t b = n * idx / nt / 64 * 64, e = n * (idx + 1) / nt / 64 * 64;
-      sums[static_cast<size_t>(idx)] = read_sum(buf + b, e - b);
-    });
-    const double s = seconds_since(t0);
-    if (pass > 0) gbs.push_back(static_cast<double>(n) * 8 / s / 1e9);
-  }
-  std::free(buf);
-  return median(gbs);
+  return troupe::bench::measure_read_bandwidth(pool, 512, 7).median;
 }
 
 // FMA throughput with 16 independent chains (enough to cover latency x pipes), GFLOP/s: the

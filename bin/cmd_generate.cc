@@ -37,8 +37,9 @@ constexpr const char* kGenerateHelp =
     "  --ignore-eos         keep generating after end-of-generation tokens\n"
     "  --no-bos             do not add the BOS token to a text prompt\n"
     "  --threads N          compute threads (default 1)\n"
-    "  --weights W          where compute reads weights: map (the file mapping, default) or\n"
-    "                       memory (a private copy in huge-page memory, made at start)\n"
+    "  --weights W          where compute reads weights: auto (default: memory if the copy\n"
+    "                       fits with room to spare, else map), memory (a private copy in\n"
+    "                       huge-page memory, made at start) or map (the file mapping)\n"
     "  --json               print {\"prompt_tokens\":[...],\"tokens\":[...],\"text\":\"...\"}\n"
     "  --stats              print prefill/decode speed to stderr\n"
     "through the actor system (router, scheduler, pipeline stages, expert shards):\n"
@@ -108,7 +109,7 @@ int cmd_generate(const Args& args) {
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");
 
-  auto model = load_model_or_throw(path, ap.str("weights", "map"));
+  auto model = load_model_or_throw(path, ap.str("weights", "auto"));
   const model::Tokenizer* tok = model->tokenizer.get();
   std::vector<int32_t> prompt;
   if (ap.has("prompt")) {

@@ -11,8 +11,10 @@ namespace troupe::cli {
 /// load_model(path), or a CliError with the loader's message.
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path);
 
-/// load_model(path) with its weights where `weights` says: "map" (the file mapping) or "memory"
-/// (a private copy in huge-page memory). A CliError names a bad value.
+/// load_model(path) with its weights where `weights` says: "map" (the file mapping), "memory"
+/// (a private copy in huge-page memory) or "auto" (the copy where it fits with room to spare,
+/// model::choose_weight_storage; else the mapping, with a note on stderr). A CliError names a
+/// bad value, or a "memory" copy that does not fit.
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
                                                         const std::string& weights);
 

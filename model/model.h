@@ -41,10 +41,28 @@ void for_each_weight(const ModelSpec& spec, const std::function<void(const Weigh
 /// Where compute reads the weights from. kMap: the file mapping (page-cache pages of 4 KiB,
 /// shared between processes, nothing copied; a node faults in only what it reads). kMemory: a
 /// private copy in anonymous memory backed by transparent huge pages, made at start (fewer TLB
-/// misses; measured: faster for Q8_0, not for Q4_0 on the 2-core VM, docs/benchmarks.md).
-enum class WeightStorage : uint8_t { kMap = 0, kMemory = 1 };
-/// Parses "map" or "memory"; an error names the value.
+/// misses: batch-1 decode 6-70 % faster on the 2-core VM, docs/benchmarks.md "Engine, session
+/// 7"). kAuto (the default): kMemory where the copy fits in the memory available with room to
+/// spare, else kMap (choose_weight_storage).
+enum class WeightStorage : uint8_t { kMap = 0, kMemory = 1, kAuto = 2 };
+/// Parses "map", "memory" or "auto"; an error names the value.
 Result<WeightStorage> parse_weight_storage(const std::string& s);
+
+/// Bytes this process can still allocate: /proc/meminfo's MemAvailable, bounded by its cgroup
+/// (v2) limit less its usage where one is set. 0 when neither can be read.
+uint64_t available_memory_bytes();
+
+/// Bytes copy_weights_to_memory(model, ranges, ...) would copy.
+uint64_t weight_copy_bytes(const Model& model, const std::vector<std::span<const uint8_t>>& ranges);
+
+/// Resolves `requested` for a copy of `bytes` with `available` bytes of memory (normally
+/// available_memory_bytes()): kAuto becomes kMemory when the copy leaves at least 1 GiB and a
+/// tenth of `available` free (for KV pools, activations and the rest), else kMap, with the reason
+/// in *why; kMemory that does not fit in `available` is an error naming both sizes (rather than
+/// the kernel's out-of-memory killer midway through the copy). kMap stays kMap. An unknown
+/// `available` (0) lets kMemory through and makes kAuto kMap.
+Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t bytes,
+                                            uint64_t available, std::string* why);
 
 /// Returns a Model equal to `model` except that every weight view lying inside one of `ranges`
 /// (all present views when `ranges` is empty) points into one private buffer of anonymous

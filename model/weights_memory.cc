@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -58,16 +59,82 @@ void for_each_weight(const ModelSpec& spec, const std::function<void(const Weigh
 Result<WeightStorage> parse_weight_storage(const std::string& s) {
   if (s == "map") return WeightStorage::kMap;
   if (s == "memory") return WeightStorage::kMemory;
-  return make_error(0, "weights: expected \"map\" or \"memory\", got \"" + s + "\"");
+  if (s == "auto") return WeightStorage::kAuto;
+  return make_error(0, "weights: expected \"map\", \"memory\" or \"auto\", got \"" + s + "\"");
 }
 
-Result<std::shared_ptr<const Model>> copy_weights_to_memory(
-    std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
-    int threads) {
-  // The views to copy, as byte intervals; overlapping or touching ones merge (a tied head, the
-  // slices of a stacked expert tensor).
+uint64_t available_memory_bytes() {
+  uint64_t avail = 0;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof(line), f))
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+        avail = static_cast<uint64_t>(kb) * 1024;
+        break;
+      }
+    std::fclose(f);
+  }
+  // cgroup v2: the limit of this process's group (a container's), less what it already uses.
+  auto read_u64 = [](const std::string& path, uint64_t* v) {
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) return false;
+    unsigned long long x = 0;
+    const bool ok = std::fscanf(f, "%llu", &x) == 1;  // "max" (no limit) does not parse
+    std::fclose(f);
+    *v = static_cast<uint64_t>(x);
+    return ok;
+  };
+  std::string group;
+  if (std::FILE* f = std::fopen("/proc/self/cgroup", "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof(line), f)) {
+      std::string l(line);
+      if (l.rfind("0::", 0) == 0) {
+        group = l.substr(3);
+        while (!group.empty() && (group.back() == '\n' || group.back() == '\r')) group.pop_back();
+      }
+    }
+    std::fclose(f);
+  }
+  uint64_t max = 0, cur = 0;
+  const std::string dir = "/sys/fs/cgroup" + (group == "/" ? std::string() : group);
+  if (!group.empty() && read_u64(dir + "/memory.max", &max) && read_u64(dir + "/memory.current", &cur)) {
+    const uint64_t left = max > cur ? max - cur : 0;
+    avail = avail == 0 ? left : std::min(avail, left);
+  }
+  return avail;
+}
+
+Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t bytes,
+                                            uint64_t available, std::string* why) {
+  auto mb = [](uint64_t b) { return static_cast<double>(b) / 1e6; };
+  if (requested == WeightStorage::kMap) return WeightStorage::kMap;
+  if (requested == WeightStorage::kMemory) {
+    if (available != 0 && bytes > available)
+      return make_error(0, strfmt("weights = \"memory\": a copy of %.1f MB of weights does not fit "
+                                  "in the %.1f MB of memory available (use \"map\" or \"auto\")",
+                                  mb(bytes), mb(available)));
+    return WeightStorage::kMemory;
+  }
+  const uint64_t reserve = std::max<uint64_t>(uint64_t{1} << 30, available / 10);
+  if (available != 0 && bytes + reserve <= available) return WeightStorage::kMemory;
+  if (why != nullptr)
+    *why = available == 0
+               ? "the memory available could not be read"
+               : strfmt("a copy of %.1f MB would leave less than %.1f MB of the %.1f MB available",
+                        mb(bytes), mb(reserve), mb(available));
+  return WeightStorage::kMap;
+}
+
+namespace {
+
+// The views to copy, as byte intervals, sorted; overlapping or touching ones merge (a tied
+// head, the slices of a stacked expert tensor).
+std::vector<Interval> copy_intervals(const Model& model,
+                                     const std::vector<std::span<const uint8_t>>& ranges) {
   std::vector<Interval> iv;
-  for_each_weight(model->spec, [&](const WeightView& w) {
+  for_each_weight(model.spec, [&](const WeightView& w) {
     if (!w.present()) return;
     const uint8_t* b = w.data;
     const uint8_t* e = w.data + w.nbytes();
@@ -84,6 +151,23 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     else
       merged.push_back(i);
   }
+  return merged;
+}
+
+}  // namespace
+
+uint64_t weight_copy_bytes(const Model& model,
+                           const std::vector<std::span<const uint8_t>>& ranges) {
+  uint64_t total = 0;
+  for (const auto& m : copy_intervals(model, ranges))
+    total += static_cast<uint64_t>(m.end - m.begin);
+  return total;
+}
+
+Result<std::shared_ptr<const Model>> copy_weights_to_memory(
+    std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
+    int threads) {
+  std::vector<Interval> merged = copy_intervals(*model, ranges);
   // Each interval starts 64-byte aligned in the copy, like the tensors of a GGUF file.
   uint64_t total = 0;
   for (auto& m : merged) {

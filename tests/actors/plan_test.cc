@@ -706,11 +706,12 @@ namespace troupe::actors {
 namespace {
 
 TEST(PlanWeights, StorageIsReadAndChecked) {
-  EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\n").weights, "map");
+  EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\n").weights, "auto");
+  EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\nweights = \"auto\"\n").weights, "auto");
   EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\nweights = \"memory\"\n").weights, "memory");
   EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\nweights = \"map\"\n").weights, "map");
   const std::string e = parse_error("[model]\npath = \"m.gguf\"\nweights = \"ram\"\n");
-  EXPECT_NE(e.find("plan.toml:3: model.weights: expected \"map\" or \"memory\", got \"ram\""),
+  EXPECT_NE(e.find("plan.toml:3: model.weights: expected \"auto\", \"memory\" or \"map\", got \"ram\""),
             std::string::npos)
       << e;
 }

@@ -113,15 +113,19 @@ TEST(Cli, WeightStorageOptionIsChecked) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string m = shared + "/models/stories260K/stories260K.gguf";
   expect_one_line_error(troupe({"generate", "--model", m, "--prompt", "x", "--weights", "ram"}),
-                        "--weights: expected \"map\" or \"memory\", got \"ram\"");
-  // Both storages give the same greedy tokens.
+                        "--weights: expected \"map\", \"memory\" or \"auto\", got \"ram\"");
+  // Every storage gives the same greedy tokens (auto, the default, copies this small model).
   CliRun a = troupe({"generate", "--model", m, "--prompt", "Once", "--max-tokens", "12", "--json",
                      "--weights", "map"});
   CliRun b = troupe({"generate", "--model", m, "--prompt", "Once", "--max-tokens", "12", "--json",
                      "--weights", "memory"});
+  CliRun c = troupe({"generate", "--model", m, "--prompt", "Once", "--max-tokens", "12", "--json"});
   ASSERT_EQ(a.rc, 0) << a.err;
   ASSERT_EQ(b.rc, 0) << b.err;
+  ASSERT_EQ(c.rc, 0) << c.err;
   EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+  EXPECT_EQ(c.err.find("file mapping"), std::string::npos) << c.err;
 }
 
 TEST(Cli, ClusterCommandsGiveOneLineErrors) {

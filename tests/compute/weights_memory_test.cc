@@ -93,10 +93,46 @@ TEST(WeightsInMemory, PartialCopyMovesOnlyViewsInsideTheRanges) {
   EXPECT_TRUE(inside(C0.wk.data, *mapped));
   EXPECT_TRUE(inside((*copied)->spec.token_embd.data, *mapped));
   EXPECT_TRUE(inside((*copied)->spec.layers.at(1).wq.data, *mapped));
+  EXPECT_EQ(model::weight_copy_bytes(*mapped, ranges), L0.wq.nbytes() + L0.ffn_down.nbytes());
   EXPECT_TRUE(model::parse_weight_storage("memory").has_value());
   auto bad = model::parse_weight_storage("ram");
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.error().message.find("\"ram\""), std::string::npos);
+}
+
+// Where the weights go: "auto" copies only with room to spare, "memory" refuses a copy that
+// cannot fit (instead of the out-of-memory killer), "map" never copies.
+TEST(WeightStorage, AutoCopiesOnlyWithRoomToSpareAndMemoryRefusesWhatCannotFit) {
+  using model::WeightStorage;
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  std::string why;
+  auto pick = [&](WeightStorage r, uint64_t bytes, uint64_t avail) {
+    why.clear();
+    return model::choose_weight_storage(r, bytes, avail, &why);
+  };
+  EXPECT_EQ(*pick(WeightStorage::kAuto, kGiB, 4 * kGiB), WeightStorage::kMemory);
+  EXPECT_EQ(*pick(WeightStorage::kAuto, 3 * kGiB, 4 * kGiB), WeightStorage::kMemory);  // 1 GiB left
+  EXPECT_EQ(*pick(WeightStorage::kAuto, 3 * kGiB + 1, 4 * kGiB), WeightStorage::kMap);
+  EXPECT_NE(why.find("would leave less than 1073.7 MB of the 4295.0 MB available"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(*pick(WeightStorage::kAuto, 90 * kGiB, 100 * kGiB), WeightStorage::kMemory);  // 10 %
+  EXPECT_EQ(*pick(WeightStorage::kAuto, 90 * kGiB + 1, 100 * kGiB), WeightStorage::kMap);
+  EXPECT_EQ(*pick(WeightStorage::kAuto, 1, 0), WeightStorage::kMap);  // unknown: do not copy
+  EXPECT_NE(why.find("could not be read"), std::string::npos) << why;
+  EXPECT_EQ(*pick(WeightStorage::kMemory, 3 * kGiB, 4 * kGiB), WeightStorage::kMemory);
+  EXPECT_EQ(*pick(WeightStorage::kMemory, 3 * kGiB, 0), WeightStorage::kMemory);
+  auto too_big = pick(WeightStorage::kMemory, 5 * kGiB, 4 * kGiB);
+  ASSERT_FALSE(too_big.has_value());
+  EXPECT_NE(too_big.error().message.find("5368.7 MB of weights does not fit in the 4295.0 MB"),
+            std::string::npos)
+      << too_big.error().message;
+  EXPECT_EQ(*pick(WeightStorage::kMap, 1, 100 * kGiB), WeightStorage::kMap);
+  EXPECT_EQ(*model::parse_weight_storage("auto"), WeightStorage::kAuto);
+  // This machine's figure is readable and plausible (Linux: /proc/meminfo).
+  const uint64_t avail = model::available_memory_bytes();
+  EXPECT_GT(avail, uint64_t{16} << 20);
+  EXPECT_LT(avail, uint64_t{1} << 50);
 }
 
 }  // namespace
