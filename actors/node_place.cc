@@ -261,8 +261,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     bool copy_here = to_memory;
     if (error.empty() && to_memory) {
       std::string why;
-      auto where = model::choose_weight_storage(
-          storage, model::weight_copy_bytes(*model, ranges), model::available_memory_bytes(), &why);
+      auto where = model::choose_weight_storage(storage, model::weight_copy_bytes(*model, ranges),
+                                                model::available_memory_bytes(), &why);
       if (!where)
         error = where.error().message;
       else if (*where == model::WeightStorage::kMap)

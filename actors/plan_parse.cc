@@ -14,8 +14,8 @@
 #include <toml++/toml.h>
 
 #include "actors/detail/plan_internal.h"
-#include "model/model.h"
 #include "actors/plan.h"
+#include "model/model.h"
 
 namespace troupe::actors {
 

@@ -99,7 +99,8 @@ uint64_t available_memory_bytes() {
   }
   uint64_t max = 0, cur = 0;
   const std::string dir = "/sys/fs/cgroup" + (group == "/" ? std::string() : group);
-  if (!group.empty() && read_u64(dir + "/memory.max", &max) && read_u64(dir + "/memory.current", &cur)) {
+  if (!group.empty() && read_u64(dir + "/memory.max", &max) &&
+      read_u64(dir + "/memory.current", &cur)) {
     const uint64_t left = max > cur ? max - cur : 0;
     avail = avail == 0 ? left : std::min(avail, left);
   }

@@ -711,8 +711,9 @@ TEST(PlanWeights, StorageIsReadAndChecked) {
   EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\nweights = \"memory\"\n").weights, "memory");
   EXPECT_EQ(parse_ok("[model]\npath = \"m.gguf\"\nweights = \"map\"\n").weights, "map");
   const std::string e = parse_error("[model]\npath = \"m.gguf\"\nweights = \"ram\"\n");
-  EXPECT_NE(e.find("plan.toml:3: model.weights: expected \"auto\", \"memory\" or \"map\", got \"ram\""),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("plan.toml:3: model.weights: expected \"auto\", \"memory\" or \"map\", got \"ram\""),
+      std::string::npos)
       << e;
 }
 
