@@ -4,6 +4,8 @@
 // requests, side by side in each of several rounds; prints medians and ratios.
 // Usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] [--prompt 64]
 //                        [--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] [--no-reference]
+//                        [--weights auto|memory|map]   (the daemons' [model] weights; the
+//                        in-process runs read their weights the same way)
 // Daemons are killed on every exit path (SIGKILL when the bench dies, via PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <signal.h>
@@ -107,6 +109,7 @@ uint16_t free_port() {
 
 struct Options {
   std::string model, troupe, tls, dir;
+  std::string weights = "auto";
   int runs = 3;
   std::vector<int> daemons = {2, 3}, concurrency = {1, 16};
   int64_t prompt = 64, gen = 64;
@@ -119,7 +122,7 @@ struct Options {
 std::string plan_text(const Options& o, int n, int threads, bool cluster,
                       const std::vector<uint16_t>& ports) {
   std::ostringstream t;
-  t << "[model]\npath = \"" << o.model << "\"\n";
+  t << "[model]\npath = \"" << o.model << "\"\nweights = \"" << o.weights << "\"\n";
   if (cluster) {
     t << "[cluster]\nname = \"bench\"\ntoken = \"" << kToken << "\"\nhead = \"n0\"\n"
       << "ucx_net_devices = \"lo\"\nucx_tls = \"" << o.tls << "\"\n";
@@ -449,7 +452,7 @@ Options parse_args(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] "
                  "[--prompt 64] [--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] "
-                 "[--no-reference]\n");
+                 "[--no-reference] [--weights auto|memory|map]\n");
     std::exit(2);
   }
   Options o;
@@ -483,6 +486,8 @@ Options parse_args(int argc, char** argv) {
       o.troupe = v;
     else if (k == "--tls")
       o.tls = v;
+    else if (k == "--weights")
+      o.weights = v;
     else if (k == "--timeout-s")
       o.timeout_s = std::atoi(v.c_str());
     else
@@ -490,6 +495,7 @@ Options parse_args(int argc, char** argv) {
   }
   for (int n : o.daemons)
     if (n < 1 || n > kMaxChildren) fail("--daemons: each count must be in [1, 16]");
+  if (!model::parse_weight_storage(o.weights)) fail("--weights: expected auto, memory or map");
   if (access(o.troupe.c_str(), X_OK) != 0)
     fail("no troupe binary at " + o.troupe + " (build the `troupe` target or pass --troupe)");
   return o;
@@ -551,6 +557,21 @@ int main(int argc, char** argv) {
   if (!m) fail(m.error().message);
   b.model = *m;
   print_header(b.o, *b.model);
+  // The in-process runs read their weights as the daemons do (each daemon copies its own
+  // stage's tensors under "auto" or "memory"; here one copy of all of them).
+  if (auto want = model::parse_weight_storage(b.o.weights); *want != model::WeightStorage::kMap) {
+    std::string why;
+    auto where = model::choose_weight_storage(*want, model::weight_copy_bytes(*b.model, {}),
+                                              model::available_memory_bytes(), &why);
+    if (!where) fail(where.error().message);
+    if (*where == model::WeightStorage::kMemory) {
+      auto copy = model::copy_weights_to_memory(b.model, {}, 2);
+      if (!copy) fail(copy.error().message);
+      b.model = *copy;
+    }
+    std::printf("weights (--weights %s): in-process runs read them from %s\n", b.o.weights.c_str(),
+                *where == model::WeightStorage::kMemory ? "huge-page memory" : "the file mapping");
+  }
   b.o.dir = (fs::temp_directory_path() / ("troupe_multihost_" + std::to_string(getpid()))).string();
   fs::create_directories(b.o.dir);
   for (int k : b.o.concurrency)

@@ -1,8 +1,9 @@
 // AVX-512 matmul kernels (F, BW, VL, DQ; VNNI when the CPU has it). Float weights use f32
 // activations with one 16-lane FMA accumulator per output; quantized weights use int8
 // activations and exact integer dot products (vpdpbusd, or vpmaddubsw+vpmaddwd without VNNI:
-// both give the same integers), scaled into a 16-lane f32 accumulator per output.
-// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt).
+// both give the same integers), scaled into a 16-lane f32 accumulator per output. The K-quant
+// kernels (Q4_K, Q6_K) are in matmul_kquant_avx512.cc. Compiled with -mavx512f -mavx512bw
+// -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/simd_hsum.h"
@@ -21,31 +23,8 @@ namespace troupe::compute::detail {
 namespace {
 
 using model::BlockQ4_0;
-using model::BlockQ4_K;
-using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::GgmlType;
-using model::kQK_K;
-
-// int32 lanes += 4-byte dot products of unsigned a and signed b. Both variants are exact, so
-// they give the same lanes; the pairwise one needs |a*b| pair sums below 2^15, which every
-// caller keeps (a <= 128 with |b| <= 127, or a <= 63).
-template <bool kVnni>
-inline __m512i dot_u8s8(__m512i acc, __m512i a, __m512i b);
-
-// vpdpbusd through inline asm: a target attribute would stop the kernels from inlining it
-// (they are compiled without -mavx512vnni), and this runs only where VNNI was detected.
-template <>
-inline __m512i dot_u8s8<true>(__m512i acc, __m512i a, __m512i b) {
-  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-
-template <>
-inline __m512i dot_u8s8<false>(__m512i acc, __m512i a, __m512i b) {
-  const __m512i pairs = _mm512_maddubs_epi16(a, b);
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-}
 
 // ------------------------------------------------------------------------------------------
 // Float weights (F32, F16, BF16)
@@ -134,28 +113,7 @@ struct FloatKernel {
 };
 
 // ------------------------------------------------------------------------------------------
-// Int8 activation quantization. Scale amax/127, round to nearest even (vcvtps2dq); a block
-// holding NaN or an infinity gets a NaN scale and zero values, so the output is NaN.
-
-// Quantizes 16*n_vec floats to int32 lanes q[]; returns the scale.
-inline float quantize_vecs(const float* x, int n_vec, __m512i* q) {
-  __m512 amax = _mm512_setzero_ps();
-  __mmask16 bad = 0;
-  __m512 v[16];
-  for (int i = 0; i < n_vec; ++i) {
-    v[i] = _mm512_loadu_ps(x + 16 * i);
-    bad |= _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q);
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
-  }
-  const float m = _mm512_reduce_max_ps(amax);
-  if (bad != 0 || !(m <= FLT_MAX)) {
-    for (int i = 0; i < n_vec; ++i) q[i] = _mm512_setzero_si512();
-    return NAN;
-  }
-  const __m512 id = _mm512_set1_ps(m > 0.f ? 127.f / m : 0.f);
-  for (int i = 0; i < n_vec; ++i) q[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], id));
-  return m / 127.f;
-}
+// Int8 activations of Q8_0 and Q4_0 (quantize_vecs: avx512_common.h).
 
 // Q8_0 and Q4_0 work on groups of 4 blocks (128 values) laid out so that one int32 lane
 // always belongs to one block: part A holds values 0-15 of each block (lanes 4i..4i+3 for
@@ -197,26 +155,6 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-// Activations for K-quants, per 256 values (384 bytes): 256 int8, 16 floats d*sum(x) over
-// each group of 16, the float scale d, padding.
-constexpr int64_t kActKBytes = 384;
-
-int64_t actk_bytes(int64_t cols) { return cols / kQK_K * kActKBytes; }
-
-void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
-  for (int64_t s = 0; s < cols / kQK_K; ++s) {
-    uint8_t* a = out + s * kActKBytes;
-    __m512i q[16];
-    const float d = quantize_vecs(x + s * kQK_K, 16, q);
-    float* bs = reinterpret_cast<float*>(a + 256);
-    for (int g = 0; g < 16; ++g) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(a + 16 * g), _mm512_cvtepi32_epi8(q[g]));
-      bs[g] = d * static_cast<float>(_mm512_reduce_add_epi32(q[g]));
-    }
-    std::memcpy(a + 320, &d, sizeof(d));
-  }
-}
-
 // ------------------------------------------------------------------------------------------
 // Q8_0 and Q4_0 weights, a group of 4 blocks per step (see above). Output (r, t):
 // acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order,
@@ -251,12 +189,6 @@ inline __m512 scales4(const uint8_t* p) {
         _mm512_loadu_si512(p), _mm512_castsi256_si512(idx), _mm512_loadu_si512(p + 64)));
   }
   return _mm512_cvtph_ps(words);
-}
-
-// vpdpwssd (AVX512-VNNI): int32 lanes += pairs of int16 products.
-inline __m512i dot_s16(__m512i acc, __m512i a, __m512i b) {
-  __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
 }
 
 // vpermt2b (AVX512-VBMI): bytes of `a` (index bit 6 clear) or `b` (set) picked by `idx`.
@@ -470,217 +402,6 @@ struct Blocks32Kernel {
 };
 
 // ------------------------------------------------------------------------------------------
-// K-quants. A super-block (256 values) is 4 steps of 64 values. Per step: pair products of
-// the unsigned weight values with the int8 activations (vpmaddubsw), each pair times its
-// sub-block's scale (int16) into int32 lanes (vpdpwssd, or vpmaddwd + add): exact. Per
-// super-block: acc = fma(float(lanes), d * x_scale, acc), then acc = fma(corr, x_sums, acc)
-// for the min/offset term (per-16-group weight factor times the activations' d*sum(x)).
-// Then hsum16.
-
-struct Q4KDecode {
-  struct Row {
-    const BlockQ4_K* b;
-    float d;
-    __m512i sc;   // int16 words 0-7: sc[0..7]
-    __m512 corr;  // lane g: -dmin*m[g/2]
-  };
-  static Row prepare(const uint8_t* row, int64_t s) {
-    Row r;
-    r.b = reinterpret_cast<const BlockQ4_K*>(row) + s;
-    uint32_t w[3];
-    std::memcpy(w, r.b->scales, 12);
-    // 6-bit fields: sc[0..3] and m[0..3] are the low 6 bits of bytes 0-3 and 4-7; sc[4..7]
-    // and m[4..7] take their low 4 bits from bytes 8-11 and their top 2 from bits 6-7 of
-    // bytes 0-3 and 4-7.
-    const uint32_t sc_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
-    const uint32_t sc_hi = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
-    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
-    const __m128i bytes = _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo),
-                                        static_cast<int>(sc_hi), static_cast<int>(sc_lo));
-    r.sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(bytes));
-    r.d = _cvtsh_ss(r.b->d);
-    const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    r.corr = _mm512_mul_ps(
-        _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), m),
-        _mm512_set1_ps(-_cvtsh_ss(r.b->dmin)));
-    return r;
-  }
-  // Step q: values 64q..64q+63 = the low nibbles (sub-block 2q) and high nibbles (2q+1) of
-  // qs[32q..32q+31]; scales by int16 word: 2q for words 0-15, 2q+1 for 16-31.
-  static void step(const Row& r, int q, __m512i& w, __m512i& sc) {
-    const __m512i z = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * q)));
-    w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)),
-                         _mm512_set1_epi8(0x0F));
-    sc = _mm512_permutexvar_epi16(
-        _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * q)),
-                           _mm256_set1_epi16(static_cast<int16_t>(2 * q + 1)), 1),
-        r.sc);
-  }
-};
-
-struct Q6KDecode {
-  struct Row {
-    const BlockQ6_K* b;
-    float d;
-    __m512i sc;   // int16 words 0-15: sc[0..15]
-    __m512 corr;  // lane g: -32*d*sc[g]
-  };
-  static Row prepare(const uint8_t* row, int64_t s) {
-    Row r;
-    r.b = reinterpret_cast<const BlockQ6_K*>(row) + s;
-    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->scales));
-    r.sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-    r.d = _cvtsh_ss(r.b->d);
-    r.corr =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(-32.f * r.d));
-    return r;
-  }
-  // Step q: values 64q..64q+63 of the super-block. Half h = q/2 holds 128 values: ql[64h..]
-  // gives the low 4 bits (low nibbles for even steps, high for odd), qh[32h..] the top 2
-  // (bits 0-1 and 2-3 for the step's two 32-value halves in even steps, 4-5 and 6-7 in odd).
-  // Scales by int16 word: group 4q + word/8.
-  static void step(const Row& r, int q, __m512i& w, __m512i& sc) {
-    const int h = q / 2;
-    const __m512i ql = _mm512_loadu_si512(r.b->ql + 64 * h);
-    const __m512i qh = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh + 32 * h)));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i lo, hb;
-    if (q & 1) {
-      lo = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
-      hb = _mm512_srlv_epi64(qh, _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4));
-    } else {
-      lo = _mm512_and_si512(ql, m4);
-      hb = _mm512_srlv_epi64(qh, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0));
-    }
-    hb = _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4);
-    w = _mm512_or_si512(lo, hb);
-    const auto g = static_cast<int16_t>(4 * q);
-    const __m512i idx =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(
-                               _mm_set1_epi16(static_cast<int16_t>(g + 1)), _mm_set1_epi16(g))),
-                           _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(g + 3)),
-                                            _mm_set1_epi16(static_cast<int16_t>(g + 2))),
-                           1);
-    sc = _mm512_permutexvar_epi16(idx, r.sc);
-  }
-};
-
-template <class D, bool kVnni>
-struct KQuantKernel {
-  static constexpr int kRows = 2;
-  static constexpr int kToks = 4;
-  static constexpr int64_t kTokBlock = 64;     // tiled_rows (few tokens)
-  static constexpr int64_t kStreamBlock = 32;  // streaming (many tokens)
-
-  // The one arithmetic of an output for one super-block (both loop structures use it):
-  // isum over the 4 steps (exact), then two FMAs.
-  static __m512i token_step(__m512i isum, __m512i w, __m512i sc, __m512i xq) {
-    // Pair sums below 2 * 63 * 127 < 2^15: no saturation.
-    const __m512i pairs = _mm512_maddubs_epi16(w, xq);
-    if constexpr (kVnni) {
-      return dot_s16(isum, pairs, sc);
-    } else {
-      return _mm512_add_epi32(isum, _mm512_madd_epi16(pairs, sc));
-    }
-  }
-  static __m512 token_finish(const typename D::Row& row, __m512i isum, const uint8_t* a,
-                             __m512 acc) {
-    float dx;
-    std::memcpy(&dx, a + 320, sizeof(dx));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(row.d * dx), acc);
-    return _mm512_fmadd_ps(row.corr, _mm512_loadu_ps(a + 256), acc);
-  }
-
-  // Few tokens (decode): register tiles of kRows x kToks through tiled_rows.
-  template <int R, int NT>
-  static void tile(const MatmulJob& j, int64_t r, int64_t t) {
-    const uint8_t* w[R];
-    const uint8_t* x[NT];
-    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
-    for (int n = 0; n < NT; ++n) x[n] = j.act + (t + n) * j.act_stride;
-    __m512 acc[R][NT];
-    for (int i = 0; i < R; ++i)
-      for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
-    const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
-    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
-      typename D::Row rows[R];
-      for (int i = 0; i < R; ++i) {
-        rows[i] = D::prepare(w[i], s);
-        prefetch(rows[i].b, pf, sizeof(*rows[i].b));
-      }
-      __m512i isum[R][NT];
-      for (int i = 0; i < R; ++i)
-        for (int n = 0; n < NT; ++n) isum[i][n] = _mm512_setzero_si512();
-      for (int q = 0; q < 4; ++q) {
-        __m512i wq[R], sc[R];
-        for (int i = 0; i < R; ++i) D::step(rows[i], q, wq[i], sc[i]);
-        for (int n = 0; n < NT; ++n) {
-          const __m512i xq = _mm512_loadu_si512(x[n] + s * kActKBytes + 64 * q);
-          for (int i = 0; i < R; ++i) isum[i][n] = token_step(isum[i][n], wq[i], sc[i], xq);
-        }
-      }
-      for (int n = 0; n < NT; ++n)
-        for (int i = 0; i < R; ++i)
-          acc[i][n] = token_finish(rows[i], isum[i][n], x[n] + s * kActKBytes, acc[i][n]);
-    }
-    for (int n = 0; n < NT; ++n)
-      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
-  }
-
-  // Many tokens: rows [r, r + R) for tokens [t0, t1) (at most kStreamBlock). Each row's
-  // super-block is decoded once and then meets every token of the block; the accumulators
-  // live in `acc`.
-  template <int R>
-  static void row_tile(const MatmulJob& j, int64_t r, int64_t t0, int64_t t1, __m512* acc) {
-    const int64_t nt = t1 - t0;
-    const uint8_t* w[R];
-    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
-    for (int64_t k = 0; k < R * nt; ++k) acc[k] = _mm512_setzero_ps();
-    const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
-    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
-      typename D::Row rows[R];
-      __m512i wq[R][4], sc[R][4];
-      for (int i = 0; i < R; ++i) {
-        rows[i] = D::prepare(w[i], s);
-        prefetch(rows[i].b, pf, sizeof(*rows[i].b));
-        for (int q = 0; q < 4; ++q) D::step(rows[i], q, wq[i][q], sc[i][q]);
-      }
-      for (int64_t n = 0; n < nt; ++n) {
-        const uint8_t* a = j.act + (t0 + n) * j.act_stride + s * kActKBytes;
-        __m512i isum[R];
-        for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
-        for (int q = 0; q < 4; ++q) {
-          const __m512i xq = _mm512_loadu_si512(a + 64 * q);
-          for (int i = 0; i < R; ++i) isum[i] = token_step(isum[i], wq[i][q], sc[i][q], xq);
-        }
-        for (int i = 0; i < R; ++i)
-          acc[i * nt + n] = token_finish(rows[i], isum[i], a, acc[i * nt + n]);
-      }
-    }
-    for (int64_t n = 0; n < nt; ++n)
-      for (int i = 0; i < R; ++i) j.y[(t0 + n) * j.y_stride + r + i] = hsum16(acc[i * nt + n]);
-  }
-
-  // Both loop structures compute every output with the same arithmetic (token_*), so which one
-  // runs, chosen by n_tok, changes speed only: BatchInvariant tests pin it.
-  static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-    if (j.n_tok <= kToks) {
-      tiled_rows<KQuantKernel>(j, r0, r1);
-      return;
-    }
-    alignas(64) __m512 acc[kRows * kStreamBlock];
-    for (int64_t t0 = 0; t0 < j.n_tok; t0 += kStreamBlock) {
-      const int64_t t1 = std::min(j.n_tok, t0 + kStreamBlock);
-      int64_t r = r0;
-      for (; r + kRows <= r1; r += kRows) row_tile<kRows>(j, r, t0, t1, acc);
-      for (; r < r1; ++r) row_tile<1>(j, r, t0, t1, acc);
-    }
-  }
-};
-
-// ------------------------------------------------------------------------------------------
 
 template <class K>
 TypeKernels float_kernels() {
@@ -697,18 +418,6 @@ TypeKernels quant_kernels(int64_t (*bytes)(int64_t),
   k.act_row_bytes = bytes;
   k.quantize = quantize;
   k.rows = tiled_rows<K>;
-  k.row_tile = K::kRows;
-  return k;
-}
-
-// Kernels that walk their rows themselves (K::rows) rather than through tiled_rows.
-template <class K>
-TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
-                              void (*quantize)(const float*, int64_t, uint8_t*)) {
-  TypeKernels k;
-  k.act_row_bytes = bytes;
-  k.quantize = quantize;
-  k.rows = K::rows;
   k.row_tile = K::kRows;
   return k;
 }
@@ -731,8 +440,7 @@ KernelSet make_set() {
   else
     s.q4_0 =
         streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni>>(act32_bytes, quantize_act32<-8>);
-  s.q4_k = streaming_kernels<KQuantKernel<Q4KDecode, kVnni>>(actk_bytes, quantize_actk);
-  s.q6_k = streaming_kernels<KQuantKernel<Q6KDecode, kVnni>>(actk_bytes, quantize_actk);
+  avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
   return s;
 }
 

@@ -46,8 +46,9 @@ class WeightsInMemory : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(WeightsInMemory, EngineLogitsAreBitIdentical) {
   TROUPE_SHARED_OR_SKIP(shared);
-  auto mapped = load_model_for_test(shared + "/" + GetParam());
-  ASSERT_TRUE(mapped);
+  auto loaded = model::load_model(shared + "/" + GetParam());  // a GGUF file or an HF directory
+  ASSERT_TRUE(loaded.has_value()) << loaded.error().message;
+  auto mapped = *loaded;
   auto copied = model::copy_weights_to_memory(mapped, {}, 2);
   ASSERT_TRUE(copied.has_value()) << copied.error().message;
   int moved = 0, present = 0;
@@ -68,13 +69,11 @@ TEST_P(WeightsInMemory, EngineLogitsAreBitIdentical) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, WeightsInMemory,
-                         ::testing::Values("models/stories260K/stories260K.gguf",
-                                           "models/synth/mixtral-moe/model.gguf",
-                                           "models/synth/deepseek2/model.gguf"),
-                         [](const auto& info) {
-                           return troupe::testing::model_param_name(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, WeightsInMemory,
+    ::testing::Values("models/stories260K/stories260K.gguf", "models/synth/mixtral-moe/model.gguf",
+                      "models/synth/deepseek2/model.gguf", "models/hf/mixtral-moe"),
+    [](const auto& info) { return troupe::testing::model_param_name(info.param); });
 
 TEST(WeightsInMemory, PartialCopyMovesOnlyViewsInsideTheRanges) {
   TROUPE_SHARED_OR_SKIP(shared);

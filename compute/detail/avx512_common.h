@@ -1,0 +1,76 @@
+// Pieces shared by the AVX-512 kernel files (matmul_avx512.cc: float, Q8_0, Q4_0;
+// matmul_kquant_avx512.cc: Q4_K, Q6_K). Include only from *_avx512.cc files: they are compiled
+// with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt), and these inline
+// functions use those instructions.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "compute/detail/matmul_kernels.h"
+
+namespace troupe::compute::detail {
+
+// int32 lanes += 4-byte dot products of unsigned a and signed b. Both variants are exact, so
+// they give the same lanes; the pairwise one needs |a*b| pair sums below 2^15, which every
+// caller keeps (a <= 128 with |b| <= 127, or a <= 63).
+template <bool kVnni>
+inline __m512i dot_u8s8(__m512i acc, __m512i a, __m512i b);
+
+// vpdpbusd through inline asm: a target attribute would stop the kernels from inlining it
+// (they are compiled without -mavx512vnni), and this runs only where VNNI was detected.
+template <>
+inline __m512i dot_u8s8<true>(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+template <>
+inline __m512i dot_u8s8<false>(__m512i acc, __m512i a, __m512i b) {
+  const __m512i pairs = _mm512_maddubs_epi16(a, b);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+
+// ------------------------------------------------------------------------------------------
+// Int8 activation quantization. Scale amax/127, round to nearest even (vcvtps2dq); a block
+// holding NaN or an infinity gets a NaN scale and zero values, so the output is NaN.
+
+// Quantizes 16*n_vec floats to int32 lanes q[]; returns the scale.
+inline float quantize_vecs(const float* x, int n_vec, __m512i* q) {
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  __m512 v[16];
+  for (int i = 0; i < n_vec; ++i) {
+    v[i] = _mm512_loadu_ps(x + 16 * i);
+    bad |= _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
+  }
+  const float m = _mm512_reduce_max_ps(amax);
+  if (bad != 0 || !(m <= FLT_MAX)) {
+    for (int i = 0; i < n_vec; ++i) q[i] = _mm512_setzero_si512();
+    return NAN;
+  }
+  const __m512 id = _mm512_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  for (int i = 0; i < n_vec; ++i) q[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], id));
+  return m / 127.f;
+}
+
+// Kernels that walk their rows themselves (K::rows) rather than through tiled_rows.
+template <class K>
+TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
+                              void (*quantize)(const float*, int64_t, uint8_t*)) {
+  TypeKernels k;
+  k.act_row_bytes = bytes;
+  k.quantize = quantize;
+  k.rows = K::rows;
+  k.row_tile = K::kRows;
+  return k;
+}
+
+/// The Q4_K and Q6_K kernels (matmul_kquant_avx512.cc), with or without VNNI.
+void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k);
+
+}  // namespace troupe::compute::detail
