@@ -244,10 +244,15 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
       requested ? *requested : model::WeightStorage::kMap;  // the plan parser checked it
   const bool to_memory = storage == model::WeightStorage::kMemory ||
                          (storage == model::WeightStorage::kAuto && cpu_here);
+  // A re-placement copies only what this node does not hold yet: the views of the model its
+  // actors computed with point into its earlier copy (which the new one keeps alive), the rest
+  // into the mapping; a survivor that takes over a lost stage copies that stage's tensors only.
+  std::shared_ptr<const model::Model> held = model;
+  if (st.placed_model && *st.placed_model) held = *st.placed_model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
-  std::thread([link, peers, node, version, ranges, model, threads, started, to_memory, storage,
-               slot] {
+  std::thread([link, peers, node, version, ranges, model, held, threads, started, to_memory,
+               storage, slot] {
     std::string error;
     for (const auto& w : peers) {
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
@@ -261,7 +266,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     bool copy_here = to_memory;
     if (error.empty() && to_memory) {
       std::string why;
-      auto where = model::choose_weight_storage(storage, model::weight_copy_bytes(*model, ranges),
+      auto where = model::choose_weight_storage(storage, model::weight_copy_bytes(*held, ranges),
                                                 model::available_memory_bytes(), &why);
       if (!where)
         error = where.error().message;
@@ -272,10 +277,10 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     }
     if (error.empty() && copy_here) {
       // Written before the message below, read by the node actor after it: no race.
-      auto copy = model::copy_weights_to_memory(model, ranges, threads);
+      bytes = model::weight_copy_bytes(*held, ranges);
+      auto copy = model::copy_weights_to_memory(held, ranges, threads);
       if (copy) {
         *slot = *copy;
-        for (const auto& r : ranges) bytes += r.size();
       } else {
         error = copy.error().message;
       }
@@ -301,9 +306,12 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
   // The model the actors compute with: the copy in memory when one was made, else the mapping.
   std::shared_ptr<const model::Model> weights = st.model;
   if (st.placed_model && *st.placed_model) weights = *st.placed_model;
-  std::fprintf(stderr, "troupe: node %s: %s %.1f MB of weights (its actors' tensors) in %llu ms\n",
-               st.me.name.c_str(), weights == st.model ? "mapped" : "copied into huge-page memory",
-               static_cast<double>(map_bytes) / 1e6, static_cast<unsigned long long>(map_ms));
+  const bool mapped = weights == st.model;
+  std::fprintf(stderr, "troupe: node %s: %s %.1f MB of weights (%s) in %llu ms\n",
+               st.me.name.c_str(), mapped ? "mapped" : "copied into huge-page memory",
+               static_cast<double>(map_bytes) / 1e6,
+               mapped ? "its actors' tensors" : "the tensors of its actors it did not hold yet",
+               static_cast<unsigned long long>(map_ms));
   begin_phase(self, "start actors");
   set_waiting(self, "its stages to map their weights and allocate their KV pools");
   const PlacementMsg& pl = *st.placement;

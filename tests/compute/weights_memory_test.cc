@@ -99,6 +99,31 @@ TEST(WeightsInMemory, PartialCopyMovesOnlyViewsInsideTheRanges) {
   EXPECT_NE(bad.error().message.find("\"ram\""), std::string::npos);
 }
 
+// A re-placement (actors/node_place.cc) copies from the model its actors computed with: views
+// already in an earlier copy stay there (that copy is kept alive), only views still in the
+// mapping move, and only they count as bytes to copy.
+TEST(WeightsInMemory, CopyFromACopyMovesOnlyViewsStillInTheMapping) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto mapped = load_model_for_test(shared + "/models/stories260K/stories260K.gguf");
+  ASSERT_TRUE(mapped);
+  const auto& L0 = mapped->spec.layers.at(0);
+  const auto& L1 = mapped->spec.layers.at(1);
+  std::vector<std::span<const uint8_t>> first = {{L0.wq.data, L0.wq.nbytes()}};
+  auto made = model::copy_weights_to_memory(mapped, first, 1);
+  ASSERT_TRUE(made.has_value()) << made.error().message;
+  std::shared_ptr<const model::Model> once = std::move(*made);
+  std::vector<std::span<const uint8_t>> both = {{L0.wq.data, L0.wq.nbytes()},
+                                                {L1.wq.data, L1.wq.nbytes()}};
+  EXPECT_EQ(model::weight_copy_bytes(*once, both), L1.wq.nbytes());
+  auto twice = model::copy_weights_to_memory(once, both, 1);
+  ASSERT_TRUE(twice.has_value()) << twice.error().message;
+  EXPECT_EQ((*twice)->spec.layers.at(0).wq.data, once->spec.layers.at(0).wq.data);
+  EXPECT_FALSE(inside((*twice)->spec.layers.at(1).wq.data, *mapped));
+  EXPECT_EQ(std::memcmp((*twice)->spec.layers.at(1).wq.data, L1.wq.data, L1.wq.nbytes()), 0);
+  once.reset();  // the second copy keeps the first one's buffer alive
+  EXPECT_EQ(std::memcmp((*twice)->spec.layers.at(0).wq.data, L0.wq.data, L0.wq.nbytes()), 0);
+}
+
 // Where the weights go: "auto" copies only with room to spare, "memory" refuses a copy that
 // cannot fit (instead of the out-of-memory killer), "map" never copies.
 TEST(WeightStorage, AutoCopiesOnlyWithRoomToSpareAndMemoryRefusesWhatCannotFit) {
