@@ -247,6 +247,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // A re-placement copies only what this node does not hold yet: the views of the model its
   // actors computed with point into its earlier copy (which the new one keeps alive), the rest
   // into the mapping; a survivor that takes over a lost stage copies that stage's tensors only.
+  // So a node copies each tensor at most once; the copies of actors moved away stay allocated
+  // (they share buffers with the ones kept) until a placement falls back to the mapping.
   std::shared_ptr<const model::Model> held = model;
   if (st.placed_model && *st.placed_model) held = *st.placed_model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
