@@ -304,11 +304,11 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
       p.done = true;
     }
   if (!error.empty()) return report(self, false, error);
-  st.phases.push_back({"map weights", map_start_ms, map_ms, true});
   // The model the actors compute with: the copy in memory when one was made, else the mapping.
   std::shared_ptr<const model::Model> weights = st.model;
   if (st.placed_model && *st.placed_model) weights = *st.placed_model;
   const bool mapped = weights == st.model;
+  st.phases.push_back({mapped ? "map weights" : "copy weights", map_start_ms, map_ms, true});
   std::fprintf(stderr, "troupe: node %s: %s %.1f MB of weights (%s) in %llu ms\n",
                st.me.name.c_str(), mapped ? "mapped" : "copied into huge-page memory",
                static_cast<double>(map_bytes) / 1e6,
