@@ -249,8 +249,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // into the mapping; a survivor that takes over a lost stage copies that stage's tensors only.
   // So a node copies each tensor at most once; the copies of actors moved away stay allocated
   // (they share buffers with the ones kept) until a placement falls back to the mapping.
-  std::shared_ptr<const model::Model> held = model;
-  if (st.placed_model && *st.placed_model) held = *st.placed_model;
+  std::shared_ptr<const model::Model> held = st.placed_weights ? st.placed_weights : model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
   std::thread([link, peers, node, version, ranges, model, held, threads, started, to_memory,
@@ -308,6 +307,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
   std::shared_ptr<const model::Model> weights = st.model;
   if (st.placed_model && *st.placed_model) weights = *st.placed_model;
   const bool mapped = weights == st.model;
+  st.placed_weights = weights;
   st.phases.push_back({mapped ? "map weights" : "copy weights", map_start_ms, map_ms, true});
   std::fprintf(stderr, "troupe: node %s: %s %.1f MB of weights (%s) in %llu ms\n",
                st.me.name.c_str(), mapped ? "mapped" : "copied into huge-page memory",

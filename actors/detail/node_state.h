@@ -128,6 +128,10 @@ struct NodeState {
   // The current placement's weights in huge-page memory, once its thread made them (else null:
   // the actors read the file mapping, `model`).
   std::shared_ptr<std::shared_ptr<const model::Model>> placed_model;
+  // The model the actors of the last finished placement compute with (the copy or `model`);
+  // set on this actor's thread only, so a new placement may read it while an older
+  // placement's thread may still be writing its slot above.
+  std::shared_ptr<const model::Model> placed_weights;
 
   // The head: controller, router, scheduler, client gateway.
   SchedulerActor scheduler;
