@@ -151,6 +151,14 @@ std::vector<GenerateResult> ClusterClient::generate_many(const std::vector<Gener
 }
 
 Result<std::string> ClusterClient::status_json(std::chrono::milliseconds timeout) {
+  return status(timeout, false);
+}
+
+Result<std::string> ClusterClient::status_text(std::chrono::milliseconds timeout) {
+  return status(timeout, true);
+}
+
+Result<std::string> ClusterClient::status(std::chrono::milliseconds timeout, bool text) {
   Impl& im = *impl_;
   StatusRequestMsg r;
   r.header.cluster_epoch = kClientEpoch;
@@ -162,7 +170,7 @@ Result<std::string> ClusterClient::status_json(std::chrono::milliseconds timeout
     if (!control_msg_of(m.type, &kind) || kind != ControlMsg::kStatusSnapshot) continue;
     auto s = decode_status_snapshot(m.data(), {});
     if (!s) return Error{1, "the head's status is malformed: " + s.error().message};
-    return detail::status_json(*s);
+    return text ? detail::status_text(*s) : detail::status_json(*s);
   }
   return Error{1, im.head_down ? "lost the link to the head: " + im.down_reason
                                : "no status from the head within " +

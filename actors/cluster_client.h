@@ -30,12 +30,16 @@ class ClusterClient {
       const StreamCallback& on_delta = nullptr,
       std::chrono::milliseconds timeout = std::chrono::milliseconds(600000));
 
-  /// The head's status snapshot as JSON (see `troupe status`).
+  /// The head's status snapshot as JSON (see `troupe status --json`).
   Result<std::string> status_json(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  /// The same as text for a person (`troupe status`).
+  Result<std::string> status_text(
       std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
  private:
   ClusterClient();
+  Result<std::string> status(std::chrono::milliseconds timeout, bool text);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,6 +1,8 @@
-// JSON rendering of a status snapshot (see detail/control_wire.h status_json).
+// JSON and text renderings of a status snapshot (see detail/control_wire.h status_json).
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "actors/detail/control_wire.h"
 
@@ -78,6 +80,71 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"done\":" + (p.done ? "true" : "false") + "}";
   }
   return o + "]}";
+}
+
+namespace {
+
+// Rows of cells printed as left-aligned columns (right-aligned where `right` says), two spaces
+// apart, each line indented by two.
+std::string table(const std::vector<std::vector<std::string>>& rows,
+                  const std::vector<bool>& right) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) {
+      if (w.size() <= c) w.push_back(0);
+      w[c] = std::max(w[c], r[c].size());
+    }
+  std::string o;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(w[c] - r[c].size(), ' ');
+      const bool ra = c < right.size() && right[c];
+      line += "  " + (ra ? pad + r[c] : r[c] + (c + 1 < r.size() ? pad : ""));
+    }
+    o += line + "\n";
+  }
+  return o;
+}
+
+std::string gb(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f", static_cast<double>(bytes) / 1e9);
+  return b;
+}
+
+}  // namespace
+
+std::string status_text(const StatusSnapshotMsg& s) {
+  std::map<uint32_t, std::string> names;
+  for (const auto& m : s.membership.members) names[m.node_id] = m.name;
+  std::string o = "cluster: " + std::string(s.serving ? "serving" : "not serving") +
+                  (s.condition.empty() ? "" : " (" + s.condition + ")") + "; reported by " +
+                  s.reporter + "; epoch " + std::to_string(s.header.cluster_epoch) +
+                  ", membership " + std::to_string(s.membership.version) + ", placement " +
+                  std::to_string(s.placement_version) + "\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"id", "name", "address", "state", "heartbeat", "cores", "free/total GB"}};
+  for (const auto& m : s.membership.members)
+    rows.push_back({std::to_string(m.node_id), m.name, m.address, to_string(m.state),
+                    std::to_string(m.last_heartbeat_age_ms) + " ms",
+                    std::to_string(m.resources.cpu_cores),
+                    gb(m.resources.free_memory_bytes) + "/" + gb(m.resources.memory_bytes)});
+  o += "members:\n" + table(rows, {true, false, false, false, true, true, true});
+  rows = {{"actor", "state", "restarts"}};
+  for (const auto& a : s.actors)
+    rows.push_back({a.name, state_name(a.state), std::to_string(a.restarts)});
+  o += "actors:\n" +
+       (s.actors.empty() ? std::string("  (none placed)\n") : table(rows, {false, false, true}));
+  rows = {{"node", "phase", "start ms", "duration ms"}};
+  for (const auto& p : s.phases) {
+    const auto it = names.find(p.actor.node);
+    rows.push_back({it != names.end() ? it->second : s.reporter, p.name, std::to_string(p.start_ms),
+                    p.done ? std::to_string(p.duration_ms) : "(running)"});
+  }
+  o += "start-up phases (ms since each node's start):\n" +
+       (s.phases.empty() ? std::string("  (none)\n") : table(rows, {false, false, true, true}));
+  return o;
 }
 
 }  // namespace troupe::actors::detail

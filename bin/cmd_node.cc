@@ -28,9 +28,10 @@ constexpr const char* kNodeHelp =
     "  --ready-timeout S    give up when not serving after S seconds (default 600)\n";
 
 constexpr const char* kStatusHelp =
-    "usage: troupe status --head HOST:PORT [--token T | --config CLUSTER.toml]\n"
-    "Prints the head's view as JSON: members and their leases, placement, actors, start-up\n"
-    "phases of every node.\n";
+    "usage: troupe status --head HOST:PORT [--token T | --config CLUSTER.toml] [--json]\n"
+    "Prints the head's view: whether the cluster serves (and why not), members and their\n"
+    "leases, placement versions, actors, start-up phases of every node. --json: the same as\n"
+    "one JSON object.\n";
 
 int run_node(const Args& args, bool serve) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
@@ -110,11 +111,12 @@ int cmd_status(const Args& args) {
     std::fputs(kStatusHelp, stdout);
     return 0;
   }
-  ArgParser ap(args, {"head", "token", "config"}, {});
+  ArgParser ap(args, {"head", "token", "config"}, {"json"});
   auto client = connect_head(ap);
-  auto s = client->status_json();
+  const bool json = ap.flag("json");
+  auto s = json ? client->status_json() : client->status_text();
   if (!s) throw CliError(s.error().message);
-  std::printf("%s\n", s->c_str());
+  std::printf("%s%s", s->c_str(), json ? "\n" : "");
   return 0;
 }
 

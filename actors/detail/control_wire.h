@@ -207,6 +207,9 @@ struct StatusSnapshotMsg {
 /// The snapshot as one JSON object (what `troupe status` prints): node, serving, placement
 /// version, members, actors, and start-up phases grouped by node name. actors/status_json.cc.
 std::string status_json(const StatusSnapshotMsg& s);
+/// The same for a person (`troupe status` without --json): whether the cluster serves and why
+/// not, then tables of members, actors and start-up phases. actors/status_json.cc.
+std::string status_text(const StatusSnapshotMsg& s);
 
 // Encoders. Errors: kUnencodable for values with no wire form (epoch 0 where required, ...).
 Result<WireFrame> encode(const JoinRequestMsg& m, const SendInfo& send);

@@ -390,6 +390,55 @@ TEST(ControlWireRoundTrip, PlacementReportLeaveNoticeAndStatusRequestKeepEveryFi
   EXPECT_TRUE(r->include_kv);
 }
 
+// `troupe status` without --json: the headline says whether the cluster serves and why not;
+// each table's columns line up (a column starts at the same offset on every row).
+TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
+  StatusSnapshotMsg m = make_snapshot();
+  m.reporter = "node-a";
+  m.serving = false;
+  m.condition = "waiting for a node with room for stage 2";
+  const std::string t = status_text(m);
+  EXPECT_EQ(t.rfind("cluster: not serving (waiting for a node with room for stage 2); reported by "
+                    "node-a; epoch " +
+                        std::to_string(kEpoch) + ", membership 17, placement 4\n",
+                    0),
+            0u)
+      << t;
+  std::vector<std::string> lines;
+  for (size_t b = 0, e; b < t.size(); b = e + 1) {
+    e = t.find('\n', b);
+    lines.push_back(t.substr(b, e - b));
+  }
+  auto line_with = [&](const std::string& a, const std::string& b) -> std::string {
+    for (const auto& l : lines)
+      if (l.find(a) != std::string::npos && l.find(b) != std::string::npos) return l;
+    ADD_FAILURE() << "no line with " << a << " and " << b << " in\n" << t;
+    return "";
+  };
+  const std::string head = line_with("address", "heartbeat");
+  const std::string b = line_with("node-b", "10.0.0.2:7100");
+  EXPECT_NE(b.find("suspect"), std::string::npos) << b;
+  EXPECT_NE(b.find("2500 ms"), std::string::npos) << b;
+  EXPECT_EQ(head.find("address"), b.find("10.0.0.2:7100")) << t;
+  EXPECT_EQ(head.find("state"), b.find("suspect")) << t;
+  EXPECT_EQ(line_with("node-c", "left").find("left"), head.find("state")) << t;
+  const std::string actor = line_with("stage/1@node-b", "restarting");
+  EXPECT_EQ(actor.back(), '3') << actor;  // restarts, right-aligned
+  EXPECT_EQ(line_with("actor", "state").find("state"),
+            line_with("scheduler/0@node-a", "running").find("running"))
+      << t;
+  EXPECT_NE(line_with("node-b", "join").find("15"), std::string::npos) << t;
+  EXPECT_NE(line_with("map weights", "(running)").find("node-b"), std::string::npos) << t;
+  // Nothing placed, no phases yet: said, not an empty table.
+  StatusSnapshotMsg empty;
+  empty.reporter = "node-a";
+  empty.serving = true;
+  const std::string e = status_text(empty);
+  EXPECT_NE(e.find("cluster: serving; reported by node-a"), std::string::npos) << e;
+  EXPECT_NE(e.find("actors:\n  (none placed)\n"), std::string::npos) << e;
+  EXPECT_NE(e.find("(ms since each node's start):\n  (none)\n"), std::string::npos) << e;
+}
+
 TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   const StatusSnapshotMsg m = make_snapshot();
   auto d = decode_status_snapshot(frame_of(encode(m, kSend)), control_limits());
