@@ -11,6 +11,8 @@
 #include <thread>
 
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "base/check.h"
 #include "model/model.h"
@@ -42,10 +44,12 @@ void visit(Spec& spec, const Fn& fn) {
 }
 
 // A file mapping of this process, from /proc/self/maps: the bytes at [begin, end) are the file's
-// from `offset` on.
+// from `offset` on; the file is the one at `path` only if that still has this device and inode.
 struct FileMapping {
   uintptr_t begin = 0, end = 0;
   uint64_t offset = 0;
+  unsigned dev_major = 0, dev_minor = 0;
+  uint64_t inode = 0;
   std::string path;
 };
 
@@ -57,16 +61,18 @@ std::vector<FileMapping> file_mappings() {
   while (std::fgets(line, sizeof(line), f)) {
     unsigned long b = 0, e = 0;
     unsigned long long off = 0, inode = 0;
+    unsigned major = 0, minor = 0;
     char perms[8] = {};
     int pos = 0;
-    if (std::sscanf(line, "%lx-%lx %7s %llx %*s %llu %n", &b, &e, perms, &off, &inode, &pos) < 5)
+    if (std::sscanf(line, "%lx-%lx %7s %llx %x:%x %llu %n", &b, &e, perms, &off, &major, &minor,
+                    &inode, &pos) < 7)
       continue;
     std::string path(line + pos);
     while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
     if (inode == 0 || perms[0] != 'r' || path.empty() || path[0] != '/' ||
         path.ends_with(" (deleted)"))
       continue;
-    out.push_back({b, e, off, std::move(path)});
+    out.push_back({b, e, off, major, minor, inode, std::move(path)});
   }
   std::fclose(f);
   std::sort(out.begin(), out.end(),
@@ -241,9 +247,20 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   // GB/s against 7-11 GB/s, docs/benchmarks.md "Engine, session 7"). Elsewhere (weights the
   // loader converted into memory), or if the read fails, memcpy.
   const std::vector<FileMapping> maps = file_mappings();
-  std::map<std::string, int> fds;
-  for (const auto& fm : maps)
-    if (!fds.count(fm.path)) fds[fm.path] = ::open(fm.path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct OpenFile {
+    int fd = -1;
+    struct stat st {};
+  };
+  std::map<std::string, OpenFile> files;
+  for (const auto& fm : maps) {
+    if (files.count(fm.path)) continue;
+    OpenFile& f = files[fm.path];
+    f.fd = ::open(fm.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd >= 0 && ::fstat(f.fd, &f.st) != 0) {
+      ::close(f.fd);
+      f.fd = -1;
+    }
+  }
   auto read_from_file = [&](uint8_t* dst, const uint8_t* src, uint64_t n) {
     const auto a = reinterpret_cast<uintptr_t>(src);
     auto it = std::upper_bound(maps.begin(), maps.end(), a,
@@ -251,8 +268,12 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     if (it == maps.begin()) return false;
     --it;
     if (a + n > it->end) return false;  // not (wholly) in this mapping
-    const int fd = fds.at(it->path);
-    return fd >= 0 && pread_all(fd, dst, n, it->offset + (a - it->begin));
+    const OpenFile& f = files.at(it->path);
+    // Only the very file that is mapped: the path may name another one now (replaced since).
+    if (f.fd < 0 || f.st.st_ino != it->inode || major(f.st.st_dev) != it->dev_major ||
+        minor(f.st.st_dev) != it->dev_minor)
+      return false;
+    return pread_all(f.fd, dst, n, it->offset + (a - it->begin));
   };
   constexpr uint64_t kPiece = uint64_t{8} << 20;
   std::vector<std::pair<size_t, uint64_t>> pieces;  // (interval, offset within it)
@@ -274,8 +295,8 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
-  for (const auto& [path, fd] : fds)
-    if (fd >= 0) ::close(fd);
+  for (const auto& [path, f] : files)
+    if (f.fd >= 0) ::close(f.fd);
   ::mprotect(mem, bytes, PROT_READ);  // weights are read-only, as in the mapping
   // Drop the copied file pages from this process (the page cache may keep them): the mapping
   // stays valid and would fault them in again if anything read it.

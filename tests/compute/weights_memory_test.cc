@@ -1,7 +1,12 @@
 // Weights copied into huge-page memory (model::copy_weights_to_memory): the engine gives
 // bit-identical logits from the copy, the copied views really moved out of the file mapping,
 // and a partial copy moves exactly the views inside the given ranges.
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -122,6 +127,45 @@ TEST(WeightsInMemory, CopyFromACopyMovesOnlyViewsStillInTheMapping) {
   EXPECT_EQ(std::memcmp((*twice)->spec.layers.at(1).wq.data, L1.wq.data, L1.wq.nbytes()), 0);
   once.reset();  // the second copy keeps the first one's buffer alive
   EXPECT_EQ(std::memcmp((*twice)->spec.layers.at(0).wq.data, L0.wq.data, L0.wq.nbytes()), 0);
+}
+
+// The copy reads the mapped file itself, not whatever its path names now: a model file
+// replaced on disk after it was mapped (here by a rename, as a download tool would) must not
+// leak the new file's bytes into the running model. Two guards each catch this alone (checked
+// by disabling them): /proc/self/maps marks the old file "(deleted)", and the inode differs.
+TEST(WeightsInMemory, ACopyReadsTheMappedFileEvenIfItsPathNowNamesAnother) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("troupe_wm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path path = dir / "model.gguf";
+  fs::copy_file(shared + "/models/stories260K/stories260K.gguf", path);
+  auto mapped = load_model_for_test(path.string());
+  ASSERT_TRUE(mapped);
+  // Another file of the same size, every byte different, renamed over the path.
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : bytes) c = static_cast<char>(~c);
+    std::ofstream(dir / "other.gguf", std::ios::binary) << bytes;
+  }
+  fs::rename(dir / "other.gguf", path);
+  auto copied = model::copy_weights_to_memory(mapped, {}, 2);
+  ASSERT_TRUE(copied.has_value()) << copied.error().message;
+  // Compare view by view with the mapping (still the old file's bytes).
+  std::vector<const model::WeightView*> a, b;
+  model::for_each_weight(mapped->spec, [&](const model::WeightView& w) { a.push_back(&w); });
+  model::for_each_weight((*copied)->spec, [&](const model::WeightView& w) { b.push_back(&w); });
+  ASSERT_EQ(a.size(), b.size());
+  int present = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i]->present()) continue;
+    ++present;
+    EXPECT_FALSE(inside(b[i]->data, *mapped)) << a[i]->name;
+    ASSERT_EQ(std::memcmp(a[i]->data, b[i]->data, a[i]->nbytes()), 0) << a[i]->name;
+  }
+  EXPECT_GT(present, 0);
+  fs::remove_all(dir);
 }
 
 // Where the weights go: "auto" copies only with room to spare, "memory" refuses a copy that
