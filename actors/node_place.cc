@@ -227,7 +227,6 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   NodeActor node = caf::actor_cast<NodeActor>(self);
   const uint64_t version = pl.version;
   auto ranges = owned_weights(st.model->spec, pl, me);
-  auto model = st.model;  // keeps the mapping alive while the thread reads it
   const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   const auto started = st.started;
   // Where this node's stages and shards read their weights ([model] weights): a copy of just
@@ -239,21 +238,20 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   for (size_t k = 0; k < pl.stages.size(); ++k)
     cpu_here |= pl.stages[k].node_id == me &&
                 (k >= st.plan.stages.size() || st.plan.stages[k].device == "cpu");
-  const auto requested = model::parse_weight_storage(st.plan.weights);
-  const model::WeightStorage storage =
-      requested ? *requested : model::WeightStorage::kMap;  // the plan parser checked it
-  const bool to_memory = storage == model::WeightStorage::kMemory ||
-                         (storage == model::WeightStorage::kAuto && cpu_here);
+  const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
+  model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;
+  if (storage == model::WeightStorage::kAuto && !cpu_here) storage = model::WeightStorage::kMap;
   // A re-placement copies only what this node does not hold yet: the views of the model its
   // actors computed with point into its earlier copy (which the new one keeps alive), the rest
   // into the mapping; a survivor that takes over a lost stage copies that stage's tensors only.
   // So a node copies each tensor at most once; the copies of actors moved away stay allocated
   // (they share buffers with the ones kept) until a placement falls back to the mapping.
-  std::shared_ptr<const model::Model> held = st.placed_weights ? st.placed_weights : model;
+  // `held` (a copy's storage holds the mapping too) keeps the mapping alive while the thread
+  // reads it.
+  std::shared_ptr<const model::Model> held = st.placed_weights ? st.placed_weights : st.model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
-  std::thread([link, peers, node, version, ranges, model, held, threads, started, to_memory,
-               storage, slot] {
+  std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot] {
     std::string error;
     for (const auto& w : peers) {
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
@@ -264,29 +262,20 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     }
     const uint64_t map_start = ms_since(started);
     uint64_t bytes = 0;
-    bool copy_here = to_memory;
-    if (error.empty() && to_memory) {
+    if (error.empty()) {
       std::string why;
-      auto where = model::choose_weight_storage(storage, model::weight_copy_bytes(*held, ranges),
-                                                model::available_memory_bytes(), &why);
-      if (!where)
-        error = where.error().message;
-      else if (*where == model::WeightStorage::kMap)
-        std::fprintf(stderr, "troupe: reading this node's weights through the file mapping: %s\n",
-                     why.c_str());
-      copy_here = where && *where == model::WeightStorage::kMemory;
-    }
-    if (error.empty() && copy_here) {
-      // Written before the message below, read by the node actor after it: no race.
-      bytes = model::weight_copy_bytes(*held, ranges);
-      auto copy = model::copy_weights_to_memory(held, ranges, threads);
-      if (copy) {
-        *slot = *copy;
+      auto placed = model::place_weights(held, storage, ranges, threads, &why);
+      if (!placed) {
+        error = placed.error().message;
+      } else if (*placed != held) {
+        *slot = *placed;  // written before the message below, read by the node actor after it
+        bytes = model::weight_copy_bytes(*held, ranges);
       } else {
-        error = copy.error().message;
+        if (!why.empty())
+          std::fprintf(stderr, "troupe: reading this node's weights through the file mapping: %s\n",
+                       why.c_str());
+        bytes = prefetch(ranges, threads);
       }
-    } else if (error.empty()) {
-      bytes = prefetch(ranges, threads);
     }
     caf::anon_send(node, placed_atom::value, version, error, map_start,
                    ms_since(started) - map_start, bytes);

@@ -93,11 +93,12 @@ struct ClusterPlan {
 };
 
 struct Plan {
-  std::string source;           // where the plan came from (file name), the prefix of every message
-  std::string model_path;       // GGUF file or HF directory; "" = the command line names it
-  std::string weights = "auto";  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
-  int64_t kv_block_size = 16;   // tokens per KV block
-  int64_t num_stages = 1;       // pipeline stages
+  std::string source;      // where the plan came from (file name), the prefix of every message
+  std::string model_path;  // GGUF file or HF directory; "" = the command line names it
+  std::string weights =
+      "auto";                  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
+  int64_t kv_block_size = 16;  // tokens per KV block
+  int64_t num_stages = 1;      // pipeline stages
   int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages
   std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)
   std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved

@@ -80,6 +80,25 @@ Status read_tasks(capnp::List<uint32_t>::Reader ids, std::span<const int32_t> ow
   return Ok{};
 }
 
+// `have` floats of `field` must be rows x n_embd.
+Status check_floats(const char* what, const char* field, size_t have, uint64_t rows,
+                    int64_t n_embd) {
+  if (have == rows * uint64_t(n_embd)) return Ok{};
+  return fail(WireErrc::kUnencodable,
+              strfmt("%s: %s has %zu floats, expected %llu rows x %lld", what, field, have,
+                     static_cast<unsigned long long>(rows), static_cast<long long>(n_embd)));
+}
+
+// The fields an ExpertDispatch and an ExpertCombine share: header, step, attempt, layer.
+template <class Builder>
+void write_expert_step(Builder root, const ExpertStep& step, const SendInfo& send, int64_t layer) {
+  write_header(root.initHeader(), step.epoch, send);
+  root.setStepId(step.step_id);
+  root.setMicrobatch(step.microbatch);
+  root.setAttempt(send.attempt);
+  root.setLayer(static_cast<uint32_t>(layer));
+}
+
 }  // namespace
 
 Result<WireFrame> encode_expert_dispatch(ExpertRequestPtr req, int64_t n_embd,
@@ -89,18 +108,10 @@ Result<WireFrame> encode_expert_dispatch(ExpertRequestPtr req, int64_t n_embd,
   if (!req || n_embd < 1) return fail(WireErrc::kUnencodable, "encode_expert_dispatch: no request");
   auto rows = task_rows(*req, what);
   if (!rows) return rows.error();
-  if (req->x.size() != *rows * uint64_t(n_embd)) {
-    return fail(WireErrc::kUnencodable,
-                strfmt("%s: x has %zu floats, expected %llu rows x %lld", what, req->x.size(),
-                       static_cast<unsigned long long>(*rows), static_cast<long long>(n_embd)));
-  }
+  if (auto st = check_floats(what, "x", req->x.size(), *rows, n_embd); !st) return st.error();
   return build_frame<schemas::ExpertDispatch>(
       what, [&](schemas::ExpertDispatch::Builder root, WireFrame::Impl& impl) -> Status {
-        write_header(root.initHeader(), step.epoch, send);
-        root.setStepId(step.step_id);
-        root.setMicrobatch(step.microbatch);
-        root.setAttempt(send.attempt);
-        root.setLayer(static_cast<uint32_t>(req->layer));
+        write_expert_step(root, step, send, req->layer);
         auto ids = root.initExpertIds(static_cast<unsigned>(*rows));
         unsigned at = 0;
         for (size_t t = 0; t < req->experts.size(); ++t)
@@ -179,18 +190,12 @@ Result<WireFrame> encode_expert_combine(ExpertRequestPtr req, int64_t n_embd,
   auto rows = task_rows(*req, what);
   if (!rows) return rows.error();
   const bool failed = !req->error.empty();
-  if (!failed && req->y.size() != *rows * uint64_t(n_embd)) {
-    return fail(WireErrc::kUnencodable,
-                strfmt("%s: y has %zu floats, expected %llu rows x %lld", what, req->y.size(),
-                       static_cast<unsigned long long>(*rows), static_cast<long long>(n_embd)));
+  if (!failed) {
+    if (auto st = check_floats(what, "y", req->y.size(), *rows, n_embd); !st) return st.error();
   }
   return build_frame<schemas::ExpertCombine>(
       what, [&](schemas::ExpertCombine::Builder root, WireFrame::Impl& impl) -> Status {
-        write_header(root.initHeader(), step.epoch, send);
-        root.setStepId(step.step_id);
-        root.setMicrobatch(step.microbatch);
-        root.setAttempt(send.attempt);
-        root.setLayer(static_cast<uint32_t>(req->layer));
+        write_expert_step(root, step, send, req->layer);
         root.setComputeNs(to_ns(compute_seconds));
         if (failed) {
           write_error(root.initError(), req->error);

@@ -559,18 +559,16 @@ int main(int argc, char** argv) {
   print_header(b.o, *b.model);
   // The in-process runs read their weights as the daemons do (each daemon copies its own
   // stage's tensors under "auto" or "memory"; here one copy of all of them).
-  if (auto want = model::parse_weight_storage(b.o.weights); *want != model::WeightStorage::kMap) {
+  {
     std::string why;
-    auto where = model::choose_weight_storage(*want, model::weight_copy_bytes(*b.model, {}),
-                                              model::available_memory_bytes(), &why);
-    if (!where) fail(where.error().message);
-    if (*where == model::WeightStorage::kMemory) {
-      auto copy = model::copy_weights_to_memory(b.model, {}, 2);
-      if (!copy) fail(copy.error().message);
-      b.model = *copy;
-    }
-    std::printf("weights (--weights %s): in-process runs read them from %s\n", b.o.weights.c_str(),
-                *where == model::WeightStorage::kMemory ? "huge-page memory" : "the file mapping");
+    auto placed =
+        model::place_weights(b.model, *model::parse_weight_storage(b.o.weights), {}, 2, &why);
+    if (!placed) fail(placed.error().message);
+    const bool copied = *placed != b.model;
+    b.model = *placed;
+    std::printf("weights (--weights %s): in-process runs read them from %s%s%s\n",
+                b.o.weights.c_str(), copied ? "huge-page memory" : "the file mapping",
+                why.empty() ? "" : ": ", why.c_str());
   }
   b.o.dir = (fs::temp_directory_path() / ("troupe_multihost_" + std::to_string(getpid()))).string();
   fs::create_directories(b.o.dir);

@@ -21,20 +21,14 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
   auto storage = model::parse_weight_storage(weights);
   if (!storage) throw CliError("--" + storage.error().message);
   auto m = load_model_or_throw(path);
-  if (*storage == model::WeightStorage::kMap) return m;
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string why;
-  auto where = model::choose_weight_storage(*storage, model::weight_copy_bytes(*m, {}),
-                                            model::available_memory_bytes(), &why);
-  if (!where) throw CliError(path + ": " + where.error().message);
-  if (*where == model::WeightStorage::kMap) {
+  auto placed = model::place_weights(m, *storage, {}, threads, &why);
+  if (!placed) throw CliError(placed.error().message);
+  if (!why.empty())
     std::fprintf(stderr, "troupe: %s: reading the weights through the file mapping: %s\n",
                  path.c_str(), why.c_str());
-    return m;
-  }
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto copy = model::copy_weights_to_memory(m, {}, threads);
-  if (!copy) throw CliError(copy.error().message);
-  return *copy;
+  return *placed;
 }
 
 std::string json_quote(const std::string& s) {

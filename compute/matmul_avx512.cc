@@ -411,17 +411,6 @@ TypeKernels float_kernels() {
   return k;
 }
 
-template <class K>
-TypeKernels quant_kernels(int64_t (*bytes)(int64_t),
-                          void (*quantize)(const float*, int64_t, uint8_t*)) {
-  TypeKernels k;
-  k.act_row_bytes = bytes;
-  k.quantize = quantize;
-  k.rows = tiled_rows<K>;
-  k.row_tile = K::kRows;
-  return k;
-}
-
 template <bool kVnni>
 KernelSet make_set() {
   KernelSet s{};

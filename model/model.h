@@ -64,6 +64,14 @@ uint64_t weight_copy_bytes(const Model& model, const std::vector<std::span<const
 Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t bytes,
                                             uint64_t available, std::string* why);
 
+/// Puts the weight views of `model` inside `ranges` (all present views when empty) where
+/// `requested` says, with the memory available now (choose_weight_storage): a copy
+/// (copy_weights_to_memory), or `model` itself when nothing is to be copied (kMap, or kAuto
+/// without room: then the reason is in *why). Errors name the model's path.
+Result<std::shared_ptr<const Model>> place_weights(
+    std::shared_ptr<const Model> model, WeightStorage requested,
+    const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why);
+
 /// Returns a Model equal to `model` except that every weight view lying inside one of `ranges`
 /// (all present views when `ranges` is empty) points into one private buffer of anonymous
 /// memory with transparent huge pages, filled by `threads` threads. Views outside the ranges

@@ -181,6 +181,17 @@ Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t by
   return WeightStorage::kMap;
 }
 
+Result<std::shared_ptr<const Model>> place_weights(
+    std::shared_ptr<const Model> model, WeightStorage requested,
+    const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why) {
+  if (requested == WeightStorage::kMap) return model;
+  auto where = choose_weight_storage(requested, weight_copy_bytes(*model, ranges),
+                                     available_memory_bytes(), why);
+  if (!where) return make_error(0, model->path + ": " + where.error().message);
+  if (*where == WeightStorage::kMap) return model;
+  return copy_weights_to_memory(std::move(model), ranges, threads);
+}
+
 namespace {
 
 // The views to copy, as byte intervals, sorted; overlapping or touching ones merge (a tied
@@ -246,49 +257,58 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   // through the mapping instead page-faults 4 KiB at a time, ~10x slower (a 1.2 GB model: 0.6-1.1
   // GB/s against 7-11 GB/s, docs/benchmarks.md "Engine, session 7"). Elsewhere (weights the
   // loader converted into memory), or if the read fails, memcpy.
-  const std::vector<FileMapping> maps = file_mappings();
   struct OpenFile {
     int fd = -1;
     struct stat st {};
   };
-  std::map<std::string, OpenFile> files;
-  for (const auto& fm : maps) {
-    if (files.count(fm.path)) continue;
-    OpenFile& f = files[fm.path];
-    f.fd = ::open(fm.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd >= 0 && ::fstat(f.fd, &f.st) != 0) {
-      ::close(f.fd);
-      f.fd = -1;
-    }
-  }
-  auto read_from_file = [&](uint8_t* dst, const uint8_t* src, uint64_t n) {
+  std::map<std::string, OpenFile> files;  // opened on first use
+  const std::vector<FileMapping> maps = file_mappings();
+  // The file descriptor and offset to pread n bytes at src from, or -1 (read the memory).
+  auto file_source = [&](const uint8_t* src, uint64_t n, uint64_t* file_off) -> int {
     const auto a = reinterpret_cast<uintptr_t>(src);
     auto it = std::upper_bound(maps.begin(), maps.end(), a,
                                [](uintptr_t x, const FileMapping& fm) { return x < fm.begin; });
-    if (it == maps.begin()) return false;
+    if (it == maps.begin()) return -1;
     --it;
-    if (a + n > it->end) return false;  // not (wholly) in this mapping
-    const OpenFile& f = files.at(it->path);
+    if (a + n > it->end) return -1;  // not (wholly) in this mapping
+    auto [at, fresh] = files.try_emplace(it->path);
+    OpenFile& f = at->second;
+    if (fresh) {
+      f.fd = ::open(it->path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (f.fd >= 0 && ::fstat(f.fd, &f.st) != 0) {
+        ::close(f.fd);
+        f.fd = -1;
+      }
+    }
     // Only the very file that is mapped: the path may name another one now (replaced since).
     if (f.fd < 0 || f.st.st_ino != it->inode || major(f.st.st_dev) != it->dev_major ||
         minor(f.st.st_dev) != it->dev_minor)
-      return false;
-    return pread_all(f.fd, dst, n, it->offset + (a - it->begin));
+      return -1;
+    *file_off = it->offset + (a - it->begin);
+    return f.fd;
   };
   constexpr uint64_t kPiece = uint64_t{8} << 20;
-  std::vector<std::pair<size_t, uint64_t>> pieces;  // (interval, offset within it)
-  for (size_t i = 0; i < merged.size(); ++i)
-    for (uint64_t off = 0; off < static_cast<uint64_t>(merged[i].end - merged[i].begin);
-         off += kPiece)
-      pieces.push_back({i, off});
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t n;
+    int fd;  // -1: memcpy from src
+    uint64_t file_off = 0;
+  };
+  std::vector<Piece> pieces;
+  for (const Interval& m : merged)
+    for (uint64_t off = 0; off < static_cast<uint64_t>(m.end - m.begin); off += kPiece) {
+      Piece pc{base + m.offset + off, m.begin + off,
+               std::min<uint64_t>(kPiece, static_cast<uint64_t>(m.end - m.begin) - off), -1};
+      pc.fd = file_source(pc.src, pc.n, &pc.file_off);
+      pieces.push_back(pc);
+    }
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t k = next++; k < pieces.size(); k = next++) {
-      const Interval& m = merged[pieces[k].first];
-      const uint64_t off = pieces[k].second;
-      const uint64_t n = std::min<uint64_t>(kPiece, static_cast<uint64_t>(m.end - m.begin) - off);
-      if (!read_from_file(base + m.offset + off, m.begin + off, n))
-        std::memcpy(base + m.offset + off, m.begin + off, n);
+      const Piece& pc = pieces[k];
+      if (pc.fd < 0 || !pread_all(pc.fd, pc.dst, pc.n, pc.file_off))
+        std::memcpy(pc.dst, pc.src, pc.n);
     }
   };
   std::vector<std::thread> pool;
