@@ -10,6 +10,7 @@ void Transport::Impl::on_send_done(void* request, ucs_status_t status, void* use
   auto* ctx = static_cast<SendCtx*>(user);
   --ctx->im->sends_in_flight;
   if (status != UCS_OK) ctx->im->count_send_error(ctx->peer);
+  if (ctx->out) ctx->im->fragment_sent(*ctx->out, ctx->fragment, status == UCS_OK);
   delete ctx;
   ucp_request_free(request);
 }
@@ -21,12 +22,15 @@ void Transport::Impl::count_send_error(PeerId id) {
 
 void Transport::Impl::post_am(Peer& p, unsigned am_id, WireHeader header,
                               const std::vector<std::span<const uint8_t>>& parts,
-                              std::shared_ptr<const void> keep_alive) {
+                              std::shared_ptr<const void> keep_alive,
+                              std::shared_ptr<Outgoing> out, size_t fragment) {
   auto* ctx = new SendCtx;
   ctx->im = this;
   ctx->peer = p.id;
   ctx->header = header;
   ctx->keep_alive = std::move(keep_alive);
+  ctx->out = std::move(out);
+  ctx->fragment = fragment;
   for (const auto& s : parts)
     if (!s.empty()) ctx->iov.push_back({const_cast<uint8_t*>(s.data()), s.size()});
   ucp_request_param_t prm{};
@@ -55,10 +59,10 @@ void Transport::Impl::post_am(Peer& p, unsigned am_id, WireHeader header,
   }
   ucs_status_ptr_t r =
       ucp_am_send_nbx(p.ep, am_id, &ctx->header, sizeof(WireHeader), buf, count, &prm);
-  if (r == nullptr) {
-    delete ctx;
-  } else if (UCS_PTR_IS_ERR(r)) {
-    ++p.stats.send_errors;
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    const bool ok = r == nullptr;
+    if (!ok) ++p.stats.send_errors;
+    if (ctx->out) fragment_sent(*ctx->out, ctx->fragment, ok);
     delete ctx;
   } else {
     ++sends_in_flight;
@@ -116,6 +120,19 @@ void Transport::Impl::send_fragments(Peer& p, const OutMessage& m, std::optional
   h.type = m.type;
   h.total_bytes = n;
   Checksum running;
+  // Several fragments, sum unknown: each fragment is summed after UCX is done with its bytes,
+  // and the sum follows in a trailer (see kSumFollows).
+  std::shared_ptr<Outgoing> out;
+  if (checksums && !sum && num_fragments > 1) {
+    out = std::make_shared<Outgoing>();
+    out->peer = p.id;
+    out->type = m.type;
+    out->total_bytes = n;
+    out->fragments.reserve(num_fragments);
+    out->sent.assign(num_fragments, false);
+    out->keep_alive = m.keep_alive;
+    p.sums_due.push_back(out);
+  }
   size_t part_idx = 0, part_off = 0;  // where the next fragment starts in m.parts
   std::vector<std::span<const uint8_t>> parts;
   for (size_t off = 0;; off += fragment_bytes) {  // an empty message is one empty fragment
@@ -129,21 +146,64 @@ void Transport::Impl::send_fragments(Peer& p, const OutMessage& m, std::optional
       part_off += take;
       if (part_off == part.size()) ++part_idx, part_off = 0;
     }
-    if (checksums && !sum)
+    if (out)
+      out->fragments.push_back(parts);
+    else if (checksums && !sum)
       for (const auto& s : parts) running.update(s);
     const bool last = off + len >= n;
     h.offset = off;
-    // 0 = no checksum; on the last fragment the checksum itself, always odd, else 1 = one comes.
-    h.sum = !checksums ? 0 : !last ? 1 : (sum ? *sum : running.final()) | 1;
-    post_am(p, kAmData, h, parts, m.keep_alive);
+    // 0 = no checksum; on the last fragment the checksum itself (always odd) or kSumFollows,
+    // else 1 = one comes.
+    h.sum = !checksums ? 0 : !last ? 1 : out ? kSumFollows : (sum ? *sum : running.final()) | 1;
+    post_am(p, kAmData, h, parts, m.keep_alive, out, out ? out->fragments.size() - 1 : 0);
     if (last) break;
     // Let UCX move what it can before the next fragment's checksum: over TCP the sender pushes
     // the bytes itself, and a 64 MiB message summed in one go left the socket idle meanwhile.
     ucp_worker_progress(worker);
     if (!p.ep || p.down) {  // closed from a callback meanwhile: the rest cannot go
       ++p.stats.send_errors;
+      if (out) out->failed = true;
       return;
     }
+  }
+}
+
+void Transport::Impl::fragment_sent(Outgoing& out, size_t fragment, bool ok) {
+  if (!ok) {
+    out.failed = true;
+  } else if (fragment < out.sent.size()) {
+    out.sent[fragment] = true;
+    // In order (the sum is position-dependent); completions come in order in practice.
+    while (out.summed < out.fragments.size() && out.sent[out.summed]) {
+      for (const auto& s : out.fragments[out.summed]) out.running.update(s);
+      ++out.summed;
+    }
+  }
+  auto it = peers.find(out.peer);
+  if (it != peers.end()) post_trailers(it->second, false);
+}
+
+void Transport::Impl::post_trailers(Peer& p, bool now) {
+  while (!p.sums_due.empty()) {
+    Outgoing& out = *p.sums_due.front();
+    if (out.failed || !p.ep || p.stats.cut) {
+      // The link is failing (or cut): the receiver drops these messages with it. Later trailers
+      // would complete the wrong messages there, so none goes.
+      p.sums_due.clear();
+      return;
+    }
+    if (out.summed < out.sent.size()) {
+      if (!now || out.fragments.size() < out.sent.size()) return;  // not all posted yet
+      for (; out.summed < out.fragments.size(); ++out.summed)
+        for (const auto& s : out.fragments[out.summed]) out.running.update(s);
+    }
+    WireHeader h;
+    h.type = out.type;
+    h.total_bytes = out.total_bytes;
+    h.offset = out.total_bytes;
+    h.sum = out.running.final() | 1;
+    p.sums_due.pop_front();
+    post_am(p, kAmSum, h, {}, nullptr);
   }
 }
 
@@ -201,8 +261,8 @@ ucs_status_t Transport::Impl::am_data(void* arg, const void* header, size_t head
   }
   if (p->stats.cut) return UCS_OK;
   // The common case first: a whole message that came eagerly, with nothing before it waiting.
-  if (!is_rndv(param) && h.offset == 0 && length == h.total_bytes && p->inbox.empty() &&
-      !p->assembling) {
+  if (!is_rndv(param) && h.offset == 0 && length == h.total_bytes && h.sum != kSumFollows &&
+      p->inbox.empty() && !p->assembling) {
     Message m;
     m.peer = p->id;
     m.type = h.type;
@@ -268,6 +328,10 @@ std::shared_ptr<Transport::Impl::Incoming> Transport::Impl::message_of(Peer& p, 
   if (in->announced_bytes == h.total_bytes) {
     in->all_announced = true;
     in->sum = h.sum;
+    if (h.sum == kSumFollows) {
+      in->sum_pending = true;
+      p.awaiting_sum.push_back(in);
+    }
   } else {
     p.assembling = in;
   }
@@ -353,7 +417,48 @@ void Transport::Impl::fragment_landed(Incoming& in, size_t offset, size_t length
       in.checked_bytes += it->second;
     }
   }
-  if (in.all_announced && in.parts_pending == 0) in.state = Incoming::State::kDone;
+  if (in.all_announced && in.parts_pending == 0 && !in.sum_pending)
+    in.state = Incoming::State::kDone;
+}
+
+ucs_status_t Transport::Impl::am_sum(void* arg, const void* header, size_t header_length, void*,
+                                     size_t length, const ucp_am_recv_param_t*) {
+  auto* im = static_cast<Impl*>(arg);
+  WireHeader h;
+  Peer* p = im->peer_of_header(header, header_length, &h);
+  if (!p) {
+    if (Peer* q = im->link_of(header, header_length); q && q->up)
+      im->count_malformed(*q, "bad checksum trailer header (" + std::to_string(header_length) +
+                                  " bytes)");
+    else
+      ++im->unauth_dropped;
+    return UCS_OK;
+  }
+  if (!p->up) {
+    ++im->unauth_dropped;
+    return UCS_OK;
+  }
+  if (p->stats.cut) return UCS_OK;
+  const std::string what = "checksum trailer (type " + std::to_string(h.type) + ", " +
+                           std::to_string(h.total_bytes) + " bytes)";
+  if (p->awaiting_sum.empty()) {
+    im->count_malformed(*p, what + " for no message waiting for one");
+    return UCS_OK;
+  }
+  std::shared_ptr<Incoming> in = std::move(p->awaiting_sum.front());
+  p->awaiting_sum.pop_front();
+  in->sum_pending = false;
+  if (length != 0 || h.type != in->msg.type || h.total_bytes != in->msg.size_bytes ||
+      h.offset != h.total_bytes || (h.sum & 1) == 0) {
+    fail(*in, "its checksum trailer did not match it");
+  } else {
+    in->sum = h.sum;
+    if (in->state == Incoming::State::kAssembling && in->parts_pending == 0 &&
+        in->announced_bytes == in->msg.size_bytes)
+      in->state = Incoming::State::kDone;
+  }
+  im->drain_inbox(p->id);
+  return UCS_OK;
 }
 
 void Transport::Impl::fail(Incoming& in, const char* why) {
@@ -408,6 +513,7 @@ void Transport::Impl::drop_inbox(Peer& p) {
   for (auto& in : p.inbox) fail(*in, "the link closed");
   p.inbox.clear();
   p.assembling.reset();
+  p.awaiting_sum.clear();
 }
 
 void Transport::Impl::received(Peer& p, Message&& m, uint64_t sum,

@@ -58,6 +58,7 @@ void Transport::Impl::say_goodbye(Peer& p, const std::string& reason) {
   if (p.down) return;
   if (!p.up) return close_peer(p, reason, false);
   p.bye_sent = true;
+  post_trailers(p, /*now=*/true);  // the goodbye follows every message sent before it
   post_am(p, kAmBye, WireHeader{}, {}, nullptr);
   drop_inbox(p);  // nothing more is delivered from it
   const PeerId id = p.id;

@@ -36,7 +36,8 @@ Status TransportTesting::send_on_thread(Transport::Impl& im, PeerId peer, const 
   prm.flags = frame.protocol == RawFrame::Protocol::kEager        ? UCP_AM_SEND_FLAG_EAGER
               : frame.protocol == RawFrame::Protocol::kRendezvous ? UCP_AM_SEND_FLAG_RNDV
                                                                   : 0;
-  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kAmData, header->data(), header->size(),
+  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, frame.trailer ? kAmSum : kAmData, header->data(),
+                                       header->size(),
                                        payload->data(), payload->size(), &prm);
   if (UCS_PTR_IS_ERR(r))
     return Error{1,

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/transport/transport_test_util.h"
+#include "transport/detail/checksum.h"
 #include "transport/detail/testing.h"
 
 namespace troupe::transport {
@@ -105,6 +106,80 @@ TEST(TransportFragments, RawWellFormedFragmentsAreDelivered) {
   p.expect_link_still_works();
   EXPECT_EQ(p.link().malformed, 0u);
   EXPECT_EQ(p.link().messages_received, 3u);
+}
+
+// A fragmented message whose checksum follows in a trailer (as the transport sends them):
+// fragments with sum 1, the last with 2, then a header-only trailer with the sum.
+struct Trailed {
+  std::vector<uint8_t> whole = pattern(2 * kMiB, 5);
+  void send_fragments(RawPair& p, uint64_t type = 9) const {
+    for (size_t off : {size_t{0}, kMiB}) {
+      RawFrame f = frame(type, whole.size(), off, 0);
+      f.payload.assign(whole.begin() + off, whole.begin() + off + kMiB);
+      f.sum = off == 0 ? 1 : 2;
+      p.send(f);
+    }
+  }
+  RawFrame trailer(uint64_t type = 9) const {
+    RawFrame t = frame(type, whole.size(), whole.size(), 0, Protocol::kEager);
+    t.trailer = true;
+    t.sum = detail::checksum(whole) | 1;
+    return t;
+  }
+};
+
+TEST(TransportFragments, MessageWaitsForItsChecksumTrailerThenIsDelivered) {
+  RawPair p;
+  p.start();
+  Trailed m;
+  m.send_fragments(p);
+  // Every byte is there, but not the sum: nothing may be delivered yet.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(p.b_in.count(), 0u);
+  EXPECT_EQ(TransportTesting::receive_state(*p.b).inbox_messages, 1u);
+  p.send(m.trailer());
+  ASSERT_TRUE(p.b_in.wait_messages(1));
+  EXPECT_EQ(p.b_in.msgs[0].type, 9u);
+  EXPECT_TRUE(std::equal(m.whole.begin(), m.whole.end(), p.b_in.msgs[0].data().begin()));
+  p.expect_link_still_works();
+  EXPECT_EQ(p.link().malformed, 0u);
+  EXPECT_EQ(p.link().corrupted, 0u);
+}
+
+TEST(TransportFragments, TrailerWithAnotherSumDropsItsMessageAsCorrupted) {
+  RawPair p;
+  p.start();
+  Trailed m;
+  m.send_fragments(p);
+  RawFrame t = m.trailer();
+  t.sum ^= 2;  // still odd, not the sum
+  p.send(t);
+  p.expect_link_still_works();
+  EXPECT_EQ(p.link().corrupted, 1u);
+  EXPECT_EQ(p.link().messages_received, 2u);  // the follow-ups only
+  p.expect_logged("message (type 9, 2097152 bytes): payload checksum mismatch");
+}
+
+TEST(TransportFragments, TrailerForNoMessageIsMalformed) {
+  RawPair p;
+  p.start();
+  p.send(Trailed{}.trailer());
+  p.expect_link_still_works();
+  EXPECT_EQ(p.link().malformed, 1u);
+  EXPECT_EQ(p.link().messages_received, 2u);
+  p.expect_logged("checksum trailer (type 9, 2097152 bytes) for no message waiting for one");
+}
+
+TEST(TransportFragments, TrailerThatDoesNotMatchItsMessageDropsIt) {
+  RawPair p;
+  p.start();
+  Trailed m;
+  m.send_fragments(p);
+  p.send(m.trailer(/*type=*/10));
+  p.expect_link_still_works();
+  EXPECT_EQ(p.link().malformed, 1u);
+  EXPECT_EQ(p.link().messages_received, 2u);
+  p.expect_logged("message (type 9, 2097152 bytes): its checksum trailer did not match it");
 }
 
 TEST(TransportFragments, FragmentWithoutItsStartIsDropped) {
@@ -208,7 +283,7 @@ TEST(TransportFragments, BadMagicOrVersionOnTheLinkIsMalformed) {
   RawFrame old_version = frame(9, 64, 0, 64, Protocol::kEager);
   old_version.version = 4;
   RawFrame rndv_version = frame(9, kMiB, 0, kMiB, Protocol::kRendezvous);
-  rndv_version.version = 6;
+  rndv_version.version = 99;  // a future one
   for (const auto& f : {bad_magic, old_version, rndv_version}) p.send(f);
   p.expect_link_still_works();
   EXPECT_EQ(p.link().malformed, 3u);

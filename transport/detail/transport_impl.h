@@ -41,8 +41,9 @@ namespace troupe::transport {
 namespace detail {
 
 constexpr uint32_t kMagic = 0x50525254;  // "TRRP" little-endian
-// 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum; 5: fragments (total, offset).
-constexpr uint32_t kWireVersion = 5;
+// 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum; 5: fragments (total, offset);
+// 6: the checksum of a fragmented message in a trailer (kAmSum) after its fragments.
+constexpr uint32_t kWireVersion = 6;
 enum AmId : unsigned {
   kAmHello = 1,
   kAmHelloAck = 2,
@@ -50,6 +51,7 @@ enum AmId : unsigned {
   kAmData = 4,
   kAmBye = 5,
   kAmByeAck = 6,
+  kAmSum = 7,  // the checksum of the fragmented data message before it (header only)
 };
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMaxNameBytes = 256;
@@ -67,6 +69,11 @@ constexpr size_t kMaxReceiveBytesInFlight = size_t{2} << 20;
 // checked after its copy is read back from DRAM), and the sender checksums the next fragment
 // while the receiver copies the previous one instead of before sending anything.
 constexpr size_t kFragmentBytes = size_t{1} << 20;
+// `sum` of a fragmented message's last fragment when its checksum follows in a kAmSum trailer.
+// The sender sums each fragment once UCX is done with its bytes, just after the kernel's copy
+// (TCP) or the peer's read (shared memory) brought them into the cache; summed before posting,
+// the fragments of a 64 MiB message were read from DRAM twice.
+constexpr uint64_t kSumFollows = 2;
 
 struct WireHeader {
   uint32_t magic = kMagic;
@@ -80,7 +87,9 @@ struct WireHeader {
   uint64_t key = 0;
   // A data message over kFragmentBytes travels as several active messages ("fragments"), sent
   // back to back in order, each `offset` bytes into the message of `total_bytes`. Only the last
-  // carries the checksum; the others say in `sum` whether one comes (1) or not (0).
+  // carries the checksum (odd), or kSumFollows: a kAmSum with the same type and total_bytes
+  // brings it later (trailers come in the order of their messages); the others say in `sum`
+  // whether one comes (1) or not (0).
   uint64_t total_bytes = 0;
   uint64_t offset = 0;
 };
@@ -146,8 +155,9 @@ struct Transport::Impl {
     };
     State state = State::kAssembling;
     Message msg;                 // storage: allocated with the first fragment's receive
-    uint64_t sum = 0;            // the sender's checksum (from the last fragment)
+    uint64_t sum = 0;            // the sender's checksum (from the last fragment or the trailer)
     bool verify = false;         // the sender sent a checksum
+    bool sum_pending = false;    // it comes in a trailer (kAmSum) that has not arrived yet
     bool all_announced = false;  // the last fragment arrived (its data may still be coming)
     size_t announced_bytes = 0;  // fragments that arrived so far cover [0, announced_bytes)
     size_t parts_pending = 0;    // rendezvous fragments not yet received
@@ -163,6 +173,18 @@ struct Transport::Impl {
     std::shared_ptr<Incoming> in;
     void* desc = nullptr;
     size_t offset = 0, length = 0;
+  };
+  // A fragmented message whose checksum goes in a trailer: summed fragment by fragment, in
+  // order, as UCX completes their sends.
+  struct Outgoing {
+    PeerId peer = 0;
+    uint64_t type = 0, total_bytes = 0;
+    std::vector<std::vector<std::span<const uint8_t>>> fragments;  // each fragment's byte ranges
+    std::vector<bool> sent;  // UCX completed the fragment's send
+    size_t summed = 0;       // fragments [0, summed) are in `running`
+    Checksum running;
+    bool failed = false;  // a fragment did not go: no trailer (the link is failing)
+    std::shared_ptr<const void> keep_alive;
   };
   struct Peer {
     PeerId id = 0;
@@ -183,6 +205,10 @@ struct Transport::Impl {
     // handler gets them in the order they were sent, though small ones come in at once.
     std::deque<std::shared_ptr<Incoming>> inbox;
     std::shared_ptr<Incoming> assembling;  // the message whose next fragment is expected
+    // Messages whose checksum trailer has not arrived, in the order the trailers will come.
+    std::deque<std::shared_ptr<Incoming>> awaiting_sum;
+    // Our fragmented messages to it whose trailer has not gone yet, in send order.
+    std::deque<std::shared_ptr<Outgoing>> sums_due;
   };
   struct SendCtx {
     Impl* im = nullptr;
@@ -190,6 +216,8 @@ struct Transport::Impl {
     WireHeader header;
     std::vector<ucp_dt_iov_t> iov;
     std::shared_ptr<const void> keep_alive;
+    std::shared_ptr<Outgoing> out;  // set for a fragment whose message's sum goes in a trailer
+    size_t fragment = 0;
   };
   struct RecvCtx {
     Impl* im = nullptr;
@@ -308,9 +336,19 @@ struct Transport::Impl {
 
   void count_send_error(PeerId id);
 
+  // `out`, `fragment`: a fragment whose checksum goes in a trailer (fragment_sent follows).
   void post_am(Peer& p, unsigned am_id, WireHeader header,
                const std::vector<std::span<const uint8_t>>& parts,
-               std::shared_ptr<const void> keep_alive);
+               std::shared_ptr<const void> keep_alive, std::shared_ptr<Outgoing> out = nullptr,
+               size_t fragment = 0);
+
+  // UCX is done with a fragment of `out` (ok) or failed it: sums the fragments now complete in
+  // order, then posts the trailers that are due.
+  void fragment_sent(Outgoing& out, size_t fragment, bool ok);
+
+  // Posts the peer's trailers whose messages are summed, in send order; with `now`, first sums
+  // what is left of every message (a goodbye must follow all of them).
+  void post_trailers(Peer& p, bool now);
 
   void send_data(PeerId id, OutMessage m, bool apply_faults);
 
@@ -340,6 +378,10 @@ struct Transport::Impl {
                               size_t length, const ucp_am_recv_param_t* param);
 
   static void on_recv_done(void* request, ucs_status_t status, size_t, void* user);
+
+  // A checksum trailer (kAmSum): completes the oldest message of the peer waiting for one.
+  static ucs_status_t am_sum(void* arg, const void* header, size_t header_length, void*,
+                             size_t length, const ucp_am_recv_param_t* param);
 
   // The message a fragment belongs to (a new one for offset 0), or null: the fragment does not
   // continue the peer's message in progress (counted as malformed, with that message).
