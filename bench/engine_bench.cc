@@ -42,14 +42,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Read bandwidth with n threads over a buffer much larger than the caches (GB/s, median of 5).
-// The machine's read bandwidth with n_threads (bench/detail/membw.h, as membw_bench measures
-// it: 1 GiB, median of 5 passes), GB/s.
-double measure_bandwidth(int n_threads) {
-  compute::ThreadPool pool(n_threads);
-  return bench::measure_read_bandwidth(pool, 1024, 5).median;
-}
-
 // Bytes of weights one decode token reads: every matrix, except embeddings (one row) and, for
 // MoE layers, only the experts a token uses.
 double weight_bytes_per_token(const model::ModelSpec& s) {
@@ -164,10 +156,16 @@ int main(int argc, char** argv) {
   std::printf("%-8s %-8s %-10s %12s %12s %10s %10s\n", "threads", "weights", "phase", "tokens/s",
               "ms/step", "GB/s", "roofline");
   std::printf(
-      "(roofline: weight bytes read per decode token / measured read bandwidth; for batched "
-      "decode the last column is the speed-up over batch 1)\n");
+      "(roofline: weight bytes read per decode token / the read bandwidth measured just before "
+      "and after each run, median over the runs; for batched decode the last column is the "
+      "speed-up over batch 1)\n");
   for (int nt : threads) {
-    const double bw = measure_bandwidth(nt);
+    // The machine's read bandwidth with nt threads (bench/detail/membw.h, as membw_bench
+    // measures it: 1 GiB), once up front (median of 5 passes) and again around every batch-1
+    // decode run, whose roofline fraction is taken against the bandwidth of its own minutes.
+    compute::ThreadPool probe_pool(nt);
+    bench::ReadBandwidthProbe probe(probe_pool, 1024);
+    const double bw = probe.measure(5).median;
     std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s\n", nt, "-", "membw", "-", "-", bw, "100%");
     for (const auto& [wname, model] : variants) {
       const char* wn = wname.c_str();
@@ -201,7 +199,12 @@ int main(int argc, char** argv) {
       double tps1 = 0;
       for (int64_t nb : {int64_t{1}, batch}) {
         if (nb < 1) continue;  // --batch 0: batch 1 only
-        std::vector<double> t;
+        std::vector<double> t, bw_around;  // bw_around[r], [r + 1]: before and after run r
+        const auto probe_now = [&] {
+          bw_around.push_back(probe.measure(2).median);
+          // Let the probe's workers stop polling before the engine's run.
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        };
         for (int r = 0; r < runs; ++r) {
           std::vector<std::unique_ptr<compute::Sequence>> seqs;
           std::vector<std::vector<int32_t>> toks;
@@ -214,6 +217,7 @@ int main(int argc, char** argv) {
             if (!run_step(**eng, {&st, 1}, &res)) return 1;
             seqs.back()->advance(ctx);
           }
+          if (nb == 1 && r == 0) probe_now();
           const double t0 = now_s();
           for (int64_t d = 0; d < n_decode; ++d) {
             std::vector<compute::SeqStep> steps;
@@ -225,6 +229,7 @@ int main(int argc, char** argv) {
             for (auto& q : seqs) q->advance(1);
           }
           t.push_back((now_s() - t0) / static_cast<double>(n_decode));
+          if (nb == 1) probe_now();
         }
         const double step_s = median(t);
         const double tps = static_cast<double>(nb) / step_s;
@@ -233,8 +238,21 @@ int main(int argc, char** argv) {
         std::snprintf(phase, sizeof phase, "decode@%lld", (long long)nb);
         if (nb == 1) {
           tps1 = tps;
+          // Each run against the mean of the bandwidth measured just before and after it.
+          std::vector<double> frac;
+          std::string runs_text;
+          for (size_t r = 0; r < t.size(); ++r) {
+            const double around = (bw_around[r] + bw_around[r + 1]) / 2;
+            frac.push_back(wbytes / t[r] / 1e9 / around);
+            char one[48];
+            std::snprintf(one, sizeof one, "%s%.0f%% of %.1f", r ? ", " : "", 100 * frac.back(),
+                          around);
+            runs_text += one;
+          }
           std::printf("%-8d %-8s %-10s %12.1f %12.2f %10.1f %9.0f%%\n", nt, wn, phase, tps,
-                      step_s * 1e3, gbs, 100.0 * gbs / bw);
+                      step_s * 1e3, gbs, 100.0 * median(frac));
+          std::printf("         (each run against the bandwidth around it: %s GB/s)\n",
+                      runs_text.c_str());
         } else {
           // Weights are shared by the batch; report the speed-up over batch 1 instead of a
           // roofline.

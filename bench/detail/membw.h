@@ -59,37 +59,65 @@ struct ReadBandwidth {
   double median = 0, min = 0, max = 0;  // GB/s over the timed passes
 };
 
-/// Reads a buffer of `mib` MiB `passes` times (after one untimed pass) with the pool's threads,
-/// each its own part (first touched by the thread that reads it). Zero GB/s if the buffer
-/// cannot be allocated.
-inline ReadBandwidth measure_read_bandwidth(compute::ThreadPool& pool, int64_t mib, int passes) {
-  const int64_t n = mib * (int64_t{1} << 20) / 8;
-  const size_t bytes = static_cast<size_t>(n) * 8;
-  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return {};
-  ::madvise(mem, bytes, MADV_HUGEPAGE);
-  auto* buf = static_cast<uint64_t*>(mem);
-  pool.parallel_for(n, 1 << 12, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
-  });
-  const bool avx2 = membw_uses_avx2();
-  std::vector<double> gbs;
-  std::vector<uint64_t> sums(static_cast<size_t>(pool.size()));
-  volatile uint64_t sink = 0;
-  for (int p = 0; p < passes + 1; ++p) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pool.run([&](int idx, int nt) {
-      const int64_t b = n * idx / nt / 64 * 64, e = n * (idx + 1) / nt / 64 * 64;
-      sums[static_cast<size_t>(idx)] =
-          avx2 ? read_sum_avx2(buf + b, e - b) : read_sum_plain(buf + b, e - b);
+/// A buffer of `mib` MiB that `measure` reads with the pool's threads, each its own part (first
+/// touched by the thread that reads it). Kept between measurements, so that a benchmark can
+/// measure the bandwidth right next to each of its timed runs (it moves by ±30 % over minutes
+/// on a shared VM) without paying for fresh pages every time.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(compute::ThreadPool& pool, int64_t mib)
+      : pool_(pool), n_(mib * (int64_t{1} << 20) / 8), bytes_(static_cast<size_t>(n_) * 8) {
+    void* mem =
+        ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return;
+    ::madvise(mem, bytes_, MADV_HUGEPAGE);
+    buf_ = static_cast<uint64_t*>(mem);
+    pool_.parallel_for(n_, 1 << 12, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) buf_[i] = static_cast<uint64_t>(i);
     });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (uint64_t v : sums) sink = sink + v;
-    if (p > 0) gbs.push_back(static_cast<double>(bytes) / s / 1e9);  // pass 0: warm-up
   }
-  ::munmap(mem, bytes);
-  std::sort(gbs.begin(), gbs.end());
-  return {gbs[gbs.size() / 2], gbs.front(), gbs.back()};
+  ~ReadBandwidthProbe() {
+    if (buf_) ::munmap(buf_, bytes_);
+  }
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+
+  /// Reads the buffer `passes` times after one untimed pass. Zero GB/s if the buffer could not
+  /// be allocated.
+  ReadBandwidth measure(int passes) {
+    if (!buf_ || passes < 1) return {};
+    const bool avx2 = membw_uses_avx2();
+    std::vector<double> gbs;
+    std::vector<uint64_t> sums(static_cast<size_t>(pool_.size()));
+    volatile uint64_t sink = 0;
+    for (int p = 0; p < passes + 1; ++p) {
+      const auto t0 = std::chrono::steady_clock::now();
+      pool_.run([&](int idx, int nt) {
+        const int64_t b = n_ * idx / nt / 64 * 64, e = n_ * (idx + 1) / nt / 64 * 64;
+        sums[static_cast<size_t>(idx)] =
+            avx2 ? read_sum_avx2(buf_ + b, e - b) : read_sum_plain(buf_ + b, e - b);
+      });
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (uint64_t v : sums) sink = sink + v;
+      if (p > 0) gbs.push_back(static_cast<double>(bytes_) / s / 1e9);  // pass 0: warm-up
+    }
+    std::sort(gbs.begin(), gbs.end());
+    return {gbs[gbs.size() / 2], gbs.front(), gbs.back()};
+  }
+
+ private:
+  compute::ThreadPool& pool_;
+  int64_t n_;
+  size_t bytes_;
+  uint64_t* buf_ = nullptr;
+};
+
+/// Reads a buffer of `mib` MiB `passes` times (after one untimed pass) with the pool's threads.
+/// Zero GB/s if the buffer cannot be allocated.
+inline ReadBandwidth measure_read_bandwidth(compute::ThreadPool& pool, int64_t mib, int passes) {
+  ReadBandwidthProbe probe(pool, mib);
+  return probe.measure(passes);
 }
 
 }  // namespace troupe::bench
