@@ -1,6 +1,12 @@
 #include "compute/kv_cache.h"
 
+#include <cerrno>
+#include <cstring>
+
+#include <sys/mman.h>
+
 #include "base/check.h"
+#include "model/model.h"
 
 namespace troupe::compute {
 
@@ -13,12 +19,29 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), stride_(cfg.k_width + cf
         static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.num_blocks));
   const uint64_t n = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
                      static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(stride_);
-  try {
-    pool_.assign(n, 0.f);
-  } catch (const std::bad_alloc&) {
-    TROUPE_INPUT_ERROR("KV cache: cannot allocate %.1f MiB",
-                       static_cast<double>(n) * 4 / 1048576.0);
-  }
+  bytes_ = n * sizeof(float);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const uint64_t available = model::available_memory_bytes();  // 0: unknown
+  if (available > 0 && bytes_ > available)
+    TROUPE_INPUT_ERROR(
+        "KV cache: a pool of %lld blocks of %lld tokens over %lld layers needs %.2f GiB, more "
+        "than the %.2f GiB of memory available (lower kv_blocks, or scheduler.max_sequences or "
+        "max_model_len, which size an \"auto\" pool)",
+        static_cast<long long>(cfg.num_blocks), static_cast<long long>(cfg.block_size),
+        static_cast<long long>(cfg.n_layer), static_cast<double>(bytes_) / kGiB,
+        static_cast<double>(available) / kGiB);
+  constexpr size_t kHugePage = size_t{2} << 20;
+  mapped_ = (bytes_ + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    TROUPE_INPUT_ERROR("KV cache: cannot map %.2f GiB: %s", static_cast<double>(bytes_) / kGiB,
+                       std::strerror(errno));
+  ::madvise(p, mapped_, MADV_HUGEPAGE);  // advice only: 4 KiB pages work too
+  pool_ = static_cast<float*>(p);
+}
+
+KvCache::~KvCache() {
+  if (pool_) ::munmap(pool_, mapped_);
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : total_(num_blocks) {

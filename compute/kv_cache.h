@@ -1,5 +1,9 @@
 // Paged KV cache: one pool per engine, allocated once at start, split into fixed-size blocks.
 // A sequence owns a block table (block ids in position order); attention reads through it.
+// The pool is anonymous memory with transparent huge pages asked for: its size is checked at
+// start against the memory available, and the kernel commits (and zeroes) its pages as blocks
+// are first written. Zero-filling the default pool of a 1.1B model (131072 tokens, 5.9 GB) took
+// ~25 s of start-up on the 2-core VM (4 KiB page faults); reserving it takes none.
 // Not thread-safe: owned and mutated by one engine (or KV manager actor) at a time; the compute
 // threads of a step only read and write the rows the step assigns to them.
 #pragma once
@@ -22,17 +26,21 @@ struct KvCacheConfig {
 
 class KvCache {
  public:
-  /// Allocates the whole pool up front. Throws InputError when it cannot.
+  /// Reserves the whole pool up front (zeroed, committed as used). Throws InputError when it is
+  /// larger than the memory available or cannot be mapped.
   explicit KvCache(const KvCacheConfig& cfg);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
   const KvCacheConfig& config() const { return cfg_; }
   int64_t block_size() const { return cfg_.block_size; }
   int64_t num_blocks() const { return cfg_.num_blocks; }
-  uint64_t bytes() const { return static_cast<uint64_t>(pool_.size()) * sizeof(float); }
+  uint64_t bytes() const { return bytes_; }
 
   /// K row of (layer, block, slot): f32 [k_width].
   float* k(int64_t layer, int32_t block, int64_t slot) {
-    return pool_.data() + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
+    return pool_ + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
   }
   float* v(int64_t layer, int32_t block, int64_t slot) {
     return k(layer, block, slot) + cfg_.k_width;
@@ -43,7 +51,9 @@ class KvCache {
  private:
   KvCacheConfig cfg_;
   int64_t stride_ = 0;  // k_width + v_width
-  std::vector<float> pool_;
+  float* pool_ = nullptr;
+  uint64_t bytes_ = 0;   // of the pool
+  size_t mapped_ = 0;    // bytes mapped (whole huge pages)
 };
 
 /// Free-list allocator of block ids. Not thread-safe.

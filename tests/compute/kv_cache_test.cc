@@ -1,0 +1,105 @@
+// Tests of compute/kv_cache.h: the pool reads as zeros before anything is written, rows of
+// different layers, blocks and slots do not overlap, and a pool larger than the memory
+// available is refused at start with a message that names the sizes and the settings to lower.
+#include "compute/kv_cache.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "base/check.h"
+#include "model/model.h"
+
+namespace troupe::compute {
+namespace {
+
+KvCacheConfig small_config() {
+  KvCacheConfig c;
+  c.n_layer = 3;
+  c.k_width = 8;
+  c.v_width = 4;
+  c.block_size = 4;
+  c.num_blocks = 5;
+  return c;
+}
+
+TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
+  KvCache kv(small_config());
+  EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
+  EXPECT_EQ(kv.row_stride(), 12);
+  // Every float reads 0 before any write (attention may read a block's unwritten slots as
+  // padding; the old pool was zero-filled and the mapped one must read the same).
+  for (int64_t l = 0; l < 3; ++l)
+    for (int32_t b = 0; b < 5; ++b)
+      for (int64_t s = 0; s < 4; ++s)
+        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(kv.k(l, b, s)[i], 0.f);
+  // Write a distinct value everywhere through k() and v(), then read every one back.
+  auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
+    return static_cast<float>(((l * 5 + b) * 4 + s) * 12 + i + 1);
+  };
+  for (int64_t l = 0; l < 3; ++l)
+    for (int32_t b = 0; b < 5; ++b)
+      for (int64_t s = 0; s < 4; ++s) {
+        for (int64_t i = 0; i < 8; ++i) kv.k(l, b, s)[i] = value(l, b, s, i);
+        for (int64_t i = 0; i < 4; ++i) kv.v(l, b, s)[i] = value(l, b, s, 8 + i);
+      }
+  for (int64_t l = 0; l < 3; ++l)
+    for (int32_t b = 0; b < 5; ++b)
+      for (int64_t s = 0; s < 4; ++s)
+        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(kv.k(l, b, s)[i], value(l, b, s, i));
+}
+
+TEST(KvCache, PoolLargerThanTheMemoryAvailableIsRefusedAtStart) {
+  const uint64_t available = model::available_memory_bytes();
+  if (available == 0) GTEST_SKIP() << "this machine does not say how much memory is available";
+  KvCacheConfig c;
+  c.n_layer = 64;
+  c.k_width = 1024;
+  c.v_width = 1024;
+  c.block_size = 16;
+  // Blocks of 64 layers x 16 tokens x 8 KiB = 8 MiB each: twice the memory available.
+  c.num_blocks = static_cast<int64_t>(2 * available / (uint64_t{8} << 20)) + 1;
+  try {
+    KvCache kv(c);
+    FAIL() << "a pool of " << c.num_blocks << " blocks was accepted";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("KV cache: a pool of " + std::to_string(c.num_blocks) +
+                     " blocks of 16 tokens over 64 layers needs"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("GiB of memory available"), std::string::npos) << m;
+    EXPECT_NE(m.find("lower kv_blocks"), std::string::npos) << m;
+  }
+}
+
+TEST(KvCache, PoolOfTheDefaultPlanStartsWithoutTouchingItsMemory) {
+  // The default plan's pool for a 1.1B model (131072 tokens x 22 layers x 512 floats, 5.9 GB)
+  // where the machine has room for it: reserving must not commit it. Resident memory of the
+  // process grows by far less than the pool.
+  const uint64_t bytes = uint64_t{131072} * 22 * 512 * sizeof(float);
+  if (model::available_memory_bytes() < bytes + (uint64_t{1} << 30))
+    GTEST_SKIP() << "less than 7 GB of memory available";
+  auto resident = [] {
+    long pages = 0, rss = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+      std::fclose(f);
+    }
+    return static_cast<uint64_t>(rss) * 4096;
+  };
+  const uint64_t before = resident();
+  KvCacheConfig c;
+  c.n_layer = 22;
+  c.k_width = 256;
+  c.v_width = 256;
+  c.block_size = 16;
+  c.num_blocks = 8192;
+  KvCache kv(c);
+  EXPECT_EQ(kv.bytes(), bytes);
+  kv.k(21, 8191, 15)[511] = 1.f;  // the last float is there
+  EXPECT_LT(resident() - before, uint64_t{64} << 20);
+}
+
+}  // namespace
+}  // namespace troupe::compute
