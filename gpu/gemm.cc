@@ -7,16 +7,82 @@
 #include "gpu/gemm.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <map>
+#include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "base/check.h"
 #include "gpu/runtime.h"
 
 namespace troupe::gpu {
 namespace {
+
+// cuBLASLt is loaded on first use (dlopen), not linked: its static initialization ran in every
+// process that linked it, GPU or not -- ~0.45 s of each `troupe` command's start on the 2-core VM
+// (84 % of a `perf record` of `troupe --help`), and of every test process of the CLI and actors.
+// The *Init functions of cublasLt.h are inline wrappers of the *_internal entry points.
+struct LtApi {
+  decltype(&::cublasLtCreate) create = nullptr;
+  decltype(&::cublasLtDestroy) destroy = nullptr;
+  decltype(&::cublasLtGetStatusName) status_name = nullptr;
+  decltype(&::cublasLtGetStatusString) status_string = nullptr;
+  decltype(&::cublasLtMatmul) matmul = nullptr;
+  decltype(&::cublasLtMatmulAlgoCheck) algo_check = nullptr;
+  decltype(&::cublasLtMatmulAlgoConfigGetAttribute) algo_config_get = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&::cublasLtMatmulDescInit_internal) desc_init = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&::cublasLtMatmulPreferenceInit_internal) pref_init = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&::cublasLtMatrixLayoutInit_internal) layout_init = nullptr;
+  std::string error;  // why it could not be loaded ("" when loaded)
+};
+
+LtApi load_cublaslt() {
+  LtApi a;
+  // The toolkit's soname first (LD_LIBRARY_PATH, ld.so.cache, this program's run path), then the
+  // library the build found.
+  void* h = nullptr;
+  std::string tried;
+  for (const char* name : {TROUPE_CUBLASLT_SONAME, TROUPE_CUBLASLT_PATH}) {
+    h = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h) break;
+    const char* e = ::dlerror();
+    tried += std::string(tried.empty() ? "" : "; ") + (e ? e : name);
+  }
+  if (!h) {
+    a.error = "cannot load cuBLASLt: " + tried;
+    return a;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+    if (!fn && a.error.empty()) a.error = std::string("cuBLASLt has no ") + name;
+  };
+  sym(a.create, "cublasLtCreate");
+  sym(a.destroy, "cublasLtDestroy");
+  sym(a.status_name, "cublasLtGetStatusName");
+  sym(a.status_string, "cublasLtGetStatusString");
+  sym(a.matmul, "cublasLtMatmul");
+  sym(a.algo_check, "cublasLtMatmulAlgoCheck");
+  sym(a.algo_config_get, "cublasLtMatmulAlgoConfigGetAttribute");
+  sym(a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  sym(a.desc_init, "cublasLtMatmulDescInit_internal");
+  sym(a.desc_set, "cublasLtMatmulDescSetAttribute");
+  sym(a.pref_init, "cublasLtMatmulPreferenceInit_internal");
+  sym(a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+  sym(a.layout_init, "cublasLtMatrixLayoutInit_internal");
+  return a;  // the library stays loaded for the life of the process
+}
+
+/// The loaded API; only a Gemm calls this, after its constructor checked `error` is empty.
+const LtApi& lt() {
+  static const LtApi api = load_cublaslt();
+  return api;
+}
 
 const char* out_name(GemmOut t) { return t == GemmOut::kF32 ? "f32" : "bf16"; }
 size_t out_size(GemmOut t) { return t == GemmOut::kF32 ? 4 : 2; }
@@ -34,8 +100,8 @@ std::string shape_of(const GemmArgs& a) {
 void lt_check(cublasStatus_t st, const char* call, const GemmArgs& a) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
   throw DeviceError(Errc::kCublas,
-                    strfmt("%s failed: %s (%s) [%s]", call, cublasLtGetStatusName(st),
-                           cublasLtGetStatusString(st), shape_of(a).c_str()));
+                    strfmt("%s failed: %s (%s) [%s]", call, lt().status_name(st),
+                           lt().status_string(st), shape_of(a).c_str()));
 }
 
 /// Largest of 16, 8, 4, 2 (not below the element size) dividing a row stride in bytes: with
@@ -79,13 +145,13 @@ struct Entry {
 struct Layouts {
   cublasLtMatrixLayoutOpaque_t a{}, b{}, d{};
   Layouts(const GemmArgs& g, int64_t m) {
-    lt_check(cublasLtMatrixLayoutInit(&a, CUDA_R_16BF, static_cast<uint64_t>(g.k),
+    lt_check(lt().layout_init(&a, sizeof(a), CUDA_R_16BF, static_cast<uint64_t>(g.k),
                                       static_cast<uint64_t>(g.n), g.ldw),
              "cublasLtMatrixLayoutInit(A = W)", g);
-    lt_check(cublasLtMatrixLayoutInit(&b, CUDA_R_16BF, static_cast<uint64_t>(g.k),
+    lt_check(lt().layout_init(&b, sizeof(b), CUDA_R_16BF, static_cast<uint64_t>(g.k),
                                       static_cast<uint64_t>(m), g.ldx),
              "cublasLtMatrixLayoutInit(B = x)", g);
-    lt_check(cublasLtMatrixLayoutInit(&d, out_cuda_type(g.y_type), static_cast<uint64_t>(g.n),
+    lt_check(lt().layout_init(&d, sizeof(d), out_cuda_type(g.y_type), static_cast<uint64_t>(g.n),
                                       static_cast<uint64_t>(m), g.ldy),
              "cublasLtMatrixLayoutInit(C = D = y)", g);
   }
@@ -94,13 +160,13 @@ struct Layouts {
 template <class T>
 void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value,
               const char* what, const GemmArgs& a) {
-  lt_check(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what, a);
+  lt_check(lt().desc_set(desc, attr, &value, sizeof(value)), what, a);
 }
 
 template <class T>
 void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
               const T& value, const char* what, const GemmArgs& a) {
-  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), what, a);
+  lt_check(lt().pref_set(pref, attr, &value, sizeof(value)), what, a);
 }
 
 /// An algorithm config attribute for the debug string, or -1 where cuBLASLt does not report it
@@ -109,7 +175,7 @@ template <class T>
 long long config_or(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
   size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
+  if (lt().algo_config_get(&algo, attr, &v, sizeof(v), &written) !=
           CUBLAS_STATUS_SUCCESS ||
       written != sizeof(v))
     return -1;
@@ -117,6 +183,8 @@ long long config_or(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAt
 }
 
 }  // namespace
+
+std::string cublaslt_load_error() { return lt().error; }
 
 void validate_gemm_args(const GemmArgs& in) {
   const GemmArgs a = resolved(in);
@@ -168,15 +236,16 @@ Gemm::Gemm(void* workspace, size_t workspace_bytes, GemmOptions opts)
   impl_->workspace = workspace_bytes ? workspace : nullptr;
   impl_->workspace_bytes = workspace_bytes;
   impl_->opts = opts;
-  const cublasStatus_t st = cublasLtCreate(&impl_->handle);
+  if (!lt().error.empty()) throw DeviceError(Errc::kCublas, lt().error);
+  const cublasStatus_t st = lt().create(&impl_->handle);
   if (st != CUBLAS_STATUS_SUCCESS)
     throw DeviceError(Errc::kCublas,
-                      strfmt("cublasLtCreate failed: %s (%s)", cublasLtGetStatusName(st),
-                             cublasLtGetStatusString(st)));
+                      strfmt("cublasLtCreate failed: %s (%s)", lt().status_name(st),
+                             lt().status_string(st)));
 }
 
 Gemm::~Gemm() {
-  if (impl_ && impl_->handle) cublasLtDestroy(impl_->handle);
+  if (impl_ && impl_->handle) lt().destroy(impl_->handle);
 }
 
 Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
@@ -186,8 +255,8 @@ Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
   Entry& en = it->second;
   try {
     cublasLtMatmulDesc_t desc = &en.desc;
-    lt_check(cublasLtMatmulDescInit(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit",
-             a);
+    lt_check(lt().desc_init(desc, sizeof(*desc), CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescInit", a);
     set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t{CUBLAS_OP_T}, "set TRANSA", a);
     set_desc(desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t{CUBLAS_OP_N}, "set TRANSB", a);
     const uint32_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -200,7 +269,7 @@ Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
 
     cublasLtMatmulPreferenceOpaque_t pref_storage{};
     cublasLtMatmulPreference_t pref = &pref_storage;
-    lt_check(cublasLtMatmulPreferenceInit(pref), "cublasLtMatmulPreferenceInit", a);
+    lt_check(lt().pref_init(pref, sizeof(*pref)), "cublasLtMatmulPreferenceInit", a);
     set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{workspace_bytes},
              "set MAX_WORKSPACE_BYTES", a);
     // Batch invariance: no split-K of any kind (each dot product is one sequence).
@@ -219,8 +288,8 @@ Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
     constexpr int kWanted = 16;
     cublasLtMatmulHeuristicResult_t results[kWanted] = {};
     int found = 0;
-    lt_check(cublasLtMatmulAlgoGetHeuristic(handle, desc, &at_hint.a, &at_hint.b, &at_hint.d,
-                                            &at_hint.d, pref, kWanted, results, &found),
+    lt_check(lt().heuristic(handle, desc, &at_hint.a, &at_hint.b, &at_hint.d, &at_hint.d, pref,
+                            kWanted, results, &found),
              "cublasLtMatmulAlgoGetHeuristic", a);
     Layouts at_one(a, 1);
     int picked = -1;
@@ -230,8 +299,8 @@ Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
       if (r.state != CUBLAS_STATUS_SUCCESS) continue;
       int32_t splitk = 0;
       size_t written = 0;
-      lt_check(cublasLtMatmulAlgoConfigGetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                    &splitk, sizeof(splitk), &written),
+      lt_check(lt().algo_config_get(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                    sizeof(splitk), &written),
                "cublasLtMatmulAlgoConfigGetAttribute(SPLITK_NUM)", a);
       if (splitk > 1) {
         rejected += strfmt(" #%d:splitk=%d", i, splitk);
@@ -239,11 +308,11 @@ Entry& Gemm::Impl::entry_for(const Key& key, const GemmArgs& a) {
       }
       // The pinned algorithm must also run at M = 1 (decode) within the workspace.
       cublasLtMatmulHeuristicResult_t check{};
-      const cublasStatus_t st = cublasLtMatmulAlgoCheck(handle, desc, &at_one.a, &at_one.b,
-                                                        &at_one.d, &at_one.d, &r.algo, &check);
+      const cublasStatus_t st = lt().algo_check(handle, desc, &at_one.a, &at_one.b, &at_one.d,
+                                                &at_one.d, &r.algo, &check);
       if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize > workspace_bytes ||
           r.workspaceSize > workspace_bytes) {
-        rejected += strfmt(" #%d:check=%s", i, cublasLtGetStatusName(st));
+        rejected += strfmt(" #%d:check=%s", i, lt().status_name(st));
         continue;
       }
       picked = i;
@@ -301,8 +370,8 @@ void Gemm::run(const GemmArgs& in, cudaStream_t stream) {
   const float alpha = 1.0f;
   const float beta = a.accumulate ? 1.0f : 0.0f;
   // C = D = y: with beta = 0 C is not read; with beta = 1 the add is in place (same layout).
-  lt_check(cublasLtMatmul(impl_->handle, desc, &alpha, a.w, &l.a, a.x, &l.b, &beta, a.y, &l.d, a.y,
-                          &l.d, &en.algo, impl_->workspace, impl_->workspace_bytes, stream),
+  lt_check(lt().matmul(impl_->handle, desc, &alpha, a.w, &l.a, a.x, &l.b, &beta, a.y, &l.d, a.y,
+                       &l.d, &en.algo, impl_->workspace, impl_->workspace_bytes, stream),
            "cublasLtMatmul", a);
 }
 

@@ -46,6 +46,10 @@ struct GemmArgs {
 /// Throws troupe::InputError when `a` breaks a requirement above. Needs no GPU.
 void validate_gemm_args(const GemmArgs& a);
 
+/// Loads cuBLASLt if not yet loaded (a Gemm does at construction; it is not linked, see
+/// gemm.cc) and returns why it could not be: "" when it is loaded. Needs no GPU.
+std::string cublaslt_load_error();
+
 struct GemmOptions {
   /// The M the cuBLASLt heuristic is asked about when it picks the algorithm that is then pinned
   /// for every M of that (N, K, type, epilogue, alignment) key: a decode-heavy actor may prefer a

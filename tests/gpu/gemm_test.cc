@@ -296,6 +296,12 @@ void expect_input_error(const GemmArgs& a, const std::string& needle) {
   }
 }
 
+TEST(Gemm, CublasLtLoadsWithEveryEntryPoint) {
+  // No GPU needed: the library is loaded at first use, not linked, and a missing library or
+  // entry point would otherwise only show on a GPU machine.
+  EXPECT_EQ(cublaslt_load_error(), "");
+}
+
 TEST(Gemm, RejectsBadArgumentsWithClearMessages) {
   EXPECT_NO_THROW(validate_gemm_args(valid_args()));
   GemmArgs a = valid_args();
