@@ -36,7 +36,9 @@ constexpr const char* kGenerateHelp =
     "  --stop TEXT          end the output just before this text\n"
     "  --ignore-eos         keep generating after end-of-generation tokens\n"
     "  --no-bos             do not add the BOS token to a text prompt\n"
-    "  --threads N          compute threads (default 1)\n"
+    "  --threads N|auto     compute threads (default auto: the CPUs this process may use;\n"
+    "                       with a plan, each stage's own setting, or auto = those CPUs\n"
+    "                       divided among the stages and expert shards)\n"
     "  --weights W          where compute reads weights: auto (default: memory if the copy\n"
     "                       fits with room to spare, else map), memory (a private copy in\n"
     "                       huge-page memory, made at start) or map (the file mapping)\n"
@@ -92,7 +94,6 @@ int cmd_generate(const Args& args) {
     throw CliError(
         "give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 or --prompt-file FILE");
   const int64_t max_tokens = ap.integer("max-tokens", 128, 0, 1 << 20);
-  const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
   compute::SamplingParams sp;
   sp.temperature = static_cast<float>(ap.number("temperature", 0, 0, 100));
   sp.top_k = static_cast<int32_t>(ap.integer("top-k", 0, 0, 1 << 30));
@@ -124,6 +125,7 @@ int cmd_generate(const Args& args) {
       throw CliError("prompt token " + std::to_string(id) + " is outside the vocabulary (size " +
                      std::to_string(model->spec.n_vocab) + ")");
 
+  const int threads = threads_option(ap, /*auto_by_default=*/true);
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
@@ -217,7 +219,7 @@ int cmd_eval(const Args& args) {
   const std::string path = ap.required("model");
   const std::vector<int32_t> toks = parse_id_list(ap.required("tokens"), "--tokens");
   const std::string out_path = ap.required("logits-out");
-  const int threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
+  const int threads = threads_option(ap, /*auto_by_default=*/true);
   auto model = load_model_or_throw(path);
   for (int32_t id : toks)
     if (id >= model->spec.n_vocab)

@@ -132,11 +132,15 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   }
   if (plan.model_path.empty())
     throw CliError(plan.source + ": the plan names no model (give --model)");
-  if (ap.has("threads"))
-    for (auto& s : plan.stages) s.threads = static_cast<int>(ap.integer("threads", 1, 1, 1024));
   auto model =
       load_model_or_throw(plan.model_path, ap.has("weights") ? ap.str("weights") : plan.weights);
   if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
+  if (ap.has("threads")) {  // every stage and expert shard of this process, once resolved
+    const int sharers = static_cast<int>(plan.stages.size() + plan.expert_shards.size());
+    const int n = threads_option(ap, /*auto_by_default=*/false, sharers);
+    for (auto& s : plan.stages) s.threads = n;
+    for (auto& s : plan.expert_shards) s.threads = n;
+  }
   if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
   const auto reqs = build_requests(ap, sp, max_tokens);
   auto lc = actors::LocalCluster::start(plan, model);

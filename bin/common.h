@@ -18,6 +18,18 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path)
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
                                                         const std::string& weights);
 
+class ArgParser;
+
+/// The CPUs this process may run on (its affinity mask, which taskset and cpusets narrow), at
+/// least 1.
+int available_cpus();
+
+/// The value of --threads: an integer in [1, 1024], or "auto" (also when the option is absent
+/// and `auto_by_default`): available_cpus() divided among `sharers` compute actors, at least 1.
+/// `fallback` is the value when the option is absent and not auto by default. CliError names a
+/// bad value.
+int threads_option(const ArgParser& ap, bool auto_by_default, int sharers = 1, int fallback = 1);
+
 /// A JSON string literal for s (UTF-8 passed through, invalid bytes as U+FFFD).
 std::string json_quote(const std::string& s);
 
