@@ -19,6 +19,7 @@
 #include "actors/scheduler.h"
 #include "actors/stage.h"
 #include "base/check.h"
+#include "compute/thread_pool.h"
 
 namespace troupe::actors {
 
@@ -114,6 +115,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   int64_t kv_blocks = plan.stages[0].kv_blocks;
   for (const auto& s : plan.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
 
+  // threads = 0 ("auto"): this process's CPUs divided among its CPU stages and expert shards.
+  int cpu_actors = static_cast<int>(plan.expert_shards.size());
+  for (const auto& s : plan.stages) cpu_actors += s.device == "cpu" || s.device.empty();
   ControllerConfig cc;
   cc.model = model;
   if (!plan.expert_shards.empty()) {
@@ -122,7 +126,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       ExpertShardConfig sc;
       sc.index = static_cast<int>(j);
       sc.experts = plan.expert_shards[j].experts;
-      sc.threads = plan.expert_shards[j].threads;
+      sc.threads = compute::resolve_threads(plan.expert_shards[j].threads, cpu_actors);
       sc.model = model;
       for (int32_t e : sc.experts)
         cc.expert_owner[static_cast<size_t>(e)] = static_cast<int32_t>(j);
@@ -153,7 +157,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.index = static_cast<int>(i);
     c.num_stages = static_cast<int>(num_stages);
     c.range = {sp.layer_begin, sp.layer_end, i == 0, i == num_stages - 1};
-    c.threads = sp.threads;
+    c.threads = compute::resolve_threads(sp.threads, cpu_actors);
     c.device = sp.device;
     c.kv_blocks = kv_blocks;
     c.kv_block_size = plan.kv_block_size;

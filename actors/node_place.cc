@@ -13,6 +13,7 @@
 #include "actors/detail/remote.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
+#include "compute/thread_pool.h"
 
 namespace troupe::actors::detail {
 
@@ -319,6 +320,12 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     to_scheduler = spawn_remote_scheduler(sys, st.link, st.plan.cluster.head, spec.n_vocab);
     st.scheduler_proxy = to_scheduler;
   }
+  // threads = 0 ("auto"): this node's CPUs divided among the CPU stages and shards it hosts.
+  int cpu_actors = 0;
+  for (size_t k = 0; k < pl.stages.size(); ++k)
+    cpu_actors += pl.stages[k].node_id == me &&
+                  (k >= st.plan.stages.size() || st.plan.stages[k].device == "cpu");
+  for (const auto& sp : pl.shards) cpu_actors += sp.node_id == me;
   ExpertPlacement ep;
   if (!pl.shards.empty()) {
     ep.owner.assign(static_cast<size_t>(spec.n_expert), -1);
@@ -331,7 +338,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
         ExpertShardConfig sc;
         sc.index = static_cast<int>(j);
         sc.experts = sp.experts;
-        sc.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
+        sc.threads = compute::resolve_threads(static_cast<int>(sp.threads), cpu_actors);
         sc.model = weights;
         ExpertShardActor a = spawn_expert_shard(sys, sc);
         self->monitor(a);
@@ -371,7 +378,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.index = static_cast<int>(k);
     c.num_stages = static_cast<int>(num_stages);
     c.range = {sp.layer_begin, sp.layer_end, sp.has_embedding, sp.has_output_head};
-    c.threads = static_cast<int>(std::max<uint32_t>(1, sp.threads));
+    c.threads = compute::resolve_threads(static_cast<int>(sp.threads), cpu_actors);
     c.device = k < st.plan.stages.size() ? st.plan.stages[k].device : "cpu";
     c.kv_blocks = st.kv_blocks;
     c.kv_block_size = st.plan.kv_block_size;

@@ -64,13 +64,14 @@ void check_bounds(const Plan& p) {
     check_bound(p, std::string("scheduler.") + f.name, f.bound, p.scheduler.*f.field);
   for (size_t i = 0; i < p.stages.size(); ++i) {
     std::string key = "stage[" + std::to_string(i) + "]";
-    check_bound(p, key + ".threads", kThreads, p.stages[i].threads);
+    if (p.stages[i].threads != 0) check_bound(p, key + ".threads", kThreads, p.stages[i].threads);
     if (p.stages[i].kv_blocks != 0)
       check_bound(p, key + ".kv_blocks", kKvBlocks, p.stages[i].kv_blocks);
   }
   for (size_t i = 0; i < p.expert_shards.size(); ++i)
-    check_bound(p, "expert_shard[" + std::to_string(i) + "].threads", kThreads,
-                p.expert_shards[i].threads);
+    if (p.expert_shards[i].threads != 0)
+      check_bound(p, "expert_shard[" + std::to_string(i) + "].threads", kThreads,
+                  p.expert_shards[i].threads);
 }
 
 std::string stage_text(const Plan& p, size_t i) {
@@ -439,7 +440,7 @@ std::string describe_plan(const Plan& p) {
       os << ", kv_blocks auto";
     else
       os << ", kv_blocks " << s.kv_blocks << " (" << s.kv_blocks * p.kv_block_size << " tokens)";
-    os << ", threads " << s.threads;
+    os << ", threads " << (s.threads == 0 ? std::string("auto") : std::to_string(s.threads));
     if (!s.node.empty()) os << ", on " << s.node;
     os << "\n";
   }
@@ -450,7 +451,7 @@ std::string describe_plan(const Plan& p) {
       os << "auto";
     else
       os << compress_ids(s.experts) << " (" << s.experts.size() << ")";
-    os << ", threads " << s.threads;
+    os << ", threads " << (s.threads == 0 ? std::string("auto") : std::to_string(s.threads));
     if (!s.node.empty()) os << ", on " << s.node;
     os << "\n";
   }

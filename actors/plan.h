@@ -41,7 +41,7 @@ struct StagePlan {
   int64_t layer_begin = -1;    // first layer; -1 = auto
   int64_t layer_end = -1;      // one past the last layer ([begin, end)); -1 = auto
   int64_t kv_blocks = 0;       // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
-  int threads = 1;             // compute threads of this stage
+  int threads = 1;             // compute threads of this stage; 0 = "auto" (resolve_threads)
   std::string node;            // node daemon hosting it (multi-host plans); "" = auto
   std::string device = "cpu";  // "cpu" (compute::Engine) or "cuda:N" (gpu::GpuEngine on GPU N)
   int line = 0;                // line of its [[stage]] table in Plan::source; 0 = not from a file
@@ -51,7 +51,7 @@ struct StagePlan {
 struct ExpertShardPlan {
   std::vector<int32_t> experts;  // expert ids; sorted and unique once resolved
   bool auto_experts = true;      // true = `experts` is to be filled by resolve_plan
-  int threads = 1;               // compute threads of this shard
+  int threads = 1;               // compute threads of this shard; 0 = "auto"
   std::string node;              // node daemon hosting it (multi-host plans); "" = auto
   int line = 0;                  // line of its [[expert_shard]] table; 0 = not from a file
 };

@@ -145,7 +145,7 @@ class Parser {
 
   void read_threads(const toml::table& t, const std::string& path, int& out) const {
     int64_t v = out;
-    read_int(t, path, "threads", kThreads, v);
+    read_int(t, path, "threads", kThreads, v, /*auto_value=*/0);
     out = static_cast<int>(v);
   }
 

@@ -14,6 +14,7 @@
 #include "bin/common.h"
 #include "compute/engine.h"
 #include "compute/sampler.h"
+#include "compute/thread_pool.h"
 #include "model/tokenizer.h"
 
 namespace troupe::cli {
@@ -37,8 +38,8 @@ constexpr const char* kGenerateHelp =
     "  --ignore-eos         keep generating after end-of-generation tokens\n"
     "  --no-bos             do not add the BOS token to a text prompt\n"
     "  --threads N|auto     compute threads (default auto: the CPUs this process may use;\n"
-    "                       with a plan, each stage's own setting, or auto = those CPUs\n"
-    "                       divided among the stages and expert shards)\n"
+    "                       with a plan, each stage's and expert shard's own setting unless\n"
+    "                       given, auto dividing those CPUs among them)\n"
     "  --weights W          where compute reads weights: auto (default: memory if the copy\n"
     "                       fits with room to spare, else map), memory (a private copy in\n"
     "                       huge-page memory, made at start) or map (the file mapping)\n"
@@ -125,7 +126,7 @@ int cmd_generate(const Args& args) {
       throw CliError("prompt token " + std::to_string(id) + " is outside the vocabulary (size " +
                      std::to_string(model->spec.n_vocab) + ")");
 
-  const int threads = threads_option(ap, /*auto_by_default=*/true);
+  const int threads = compute::resolve_threads(threads_option(ap), 1);
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
@@ -219,7 +220,7 @@ int cmd_eval(const Args& args) {
   const std::string path = ap.required("model");
   const std::vector<int32_t> toks = parse_id_list(ap.required("tokens"), "--tokens");
   const std::string out_path = ap.required("logits-out");
-  const int threads = threads_option(ap, /*auto_by_default=*/true);
+  const int threads = compute::resolve_threads(threads_option(ap), 1);
   auto model = load_model_or_throw(path);
   for (int32_t id : toks)
     if (id >= model->spec.n_vocab)

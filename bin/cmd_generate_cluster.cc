@@ -135,9 +135,8 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   auto model =
       load_model_or_throw(plan.model_path, ap.has("weights") ? ap.str("weights") : plan.weights);
   if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
-  if (ap.has("threads")) {  // every stage and expert shard of this process, once resolved
-    const int sharers = static_cast<int>(plan.stages.size() + plan.expert_shards.size());
-    const int n = threads_option(ap, /*auto_by_default=*/false, sharers);
+  if (ap.has("threads")) {  // every stage and expert shard (0 = auto: LocalCluster divides)
+    const int n = threads_option(ap);
     for (auto& s : plan.stages) s.threads = n;
     for (auto& s : plan.expert_shards) s.threads = n;
   }

@@ -1,7 +1,5 @@
 #include "bin/common.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <thread>
@@ -33,17 +31,8 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
   return *placed;
 }
 
-int available_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-int threads_option(const ArgParser& ap, bool auto_by_default, int sharers, int fallback) {
-  const bool is_auto = ap.has("threads") ? ap.str("threads") == "auto" : auto_by_default;
-  if (is_auto) return std::max(1, available_cpus() / std::max(1, sharers));
-  if (!ap.has("threads")) return fallback;
+int threads_option(const ArgParser& ap) {
+  if (!ap.has("threads") || ap.str("threads") == "auto") return 0;
   const std::string v = ap.str("threads");
   const bool digits = !v.empty() && v.size() <= 4 &&
                       std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });

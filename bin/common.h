@@ -20,15 +20,9 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
 
 class ArgParser;
 
-/// The CPUs this process may run on (its affinity mask, which taskset and cpusets narrow), at
-/// least 1.
-int available_cpus();
-
-/// The value of --threads: an integer in [1, 1024], or "auto" (also when the option is absent
-/// and `auto_by_default`): available_cpus() divided among `sharers` compute actors, at least 1.
-/// `fallback` is the value when the option is absent and not auto by default. CliError names a
-/// bad value.
-int threads_option(const ArgParser& ap, bool auto_by_default, int sharers = 1, int fallback = 1);
+/// The value of --threads: an integer in [1, 1024], or 0 for "auto" (also when the option is
+/// absent). CliError names a bad value. compute::resolve_threads turns 0 into a count.
+int threads_option(const ArgParser& ap);
 
 /// A JSON string literal for s (UTF-8 passed through, invalid bytes as U+FFFD).
 std::string json_quote(const std::string& s);

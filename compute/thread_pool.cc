@@ -1,6 +1,8 @@
 // ThreadPool: a generation counter that workers poll, then sleep on (std::atomic::wait).
 #include "compute/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -40,6 +42,18 @@ class Backoff {
 };
 
 }  // namespace
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int resolve_threads(int requested, int sharers) {
+  if (requested > 0) return requested;
+  return std::max(1, available_cpus() / std::max(1, sharers));
+}
 
 ThreadPool::ThreadPool(int n_threads)
     : n_threads_(std::max(1, n_threads)),

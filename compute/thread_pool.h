@@ -41,6 +41,14 @@ class FnRef<R(Args...)> {
   R (*call_)(void*, Args...);
 };
 
+/// The CPUs this process may run on (its affinity mask, which taskset and cpusets narrow), at
+/// least 1.
+int available_cpus();
+
+/// Compute threads for one of `sharers` CPU compute actors of a process: `requested` when > 0,
+/// else ("auto") available_cpus() divided among them, at least 1.
+int resolve_threads(int requested, int sharers);
+
 class ThreadPool {
  public:
   /// n_threads >= 1 counts the caller: ThreadPool(1) runs everything on the calling thread.

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "compute/thread_pool.h"
 #include "model/model.h"
 #include "model/model_spec.h"
 #include "tests/test_support.h"
@@ -201,6 +202,33 @@ threads = 2
   EXPECT_EQ(p.stages[1].threads, 2);
 }
 
+TEST(PlanParse, ThreadsAutoIsZeroAndShownAsAuto) {
+  Plan p = parse_ok(R"([stages]
+threads = "auto"
+[[stage]]
+layers = [0, 1]
+[[stage]]
+layers = [1, 2]
+threads = 2
+[expert_shards]
+count = 1
+threads = "auto"
+)");
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].threads, 0);
+  EXPECT_EQ(p.stages[1].threads, 2);
+  const std::string d = describe_plan(p);
+  EXPECT_NE(d.find("stage 0: layers [0, 1), kv_blocks auto, threads auto"), std::string::npos) << d;
+  EXPECT_NE(d.find("stage 1: layers [1, 2), kv_blocks auto, threads 2"), std::string::npos) << d;
+  EXPECT_EQ(parse_error("[stages]\nthreads = \"all\"\n"),
+            "plan.toml:2: stages.threads: expected an integer in [1, 1024] or \"auto\", got the "
+            "string \"all\"");
+  // The rule that resolves it, per process (LocalCluster) or per node (node daemons).
+  EXPECT_EQ(compute::resolve_threads(3, 4), 3);
+  EXPECT_EQ(compute::resolve_threads(0, 1), compute::available_cpus());
+  EXPECT_EQ(compute::resolve_threads(0, 1024), 1);
+}
+
 TEST(PlanParse, ModelPathAnchoredAtTheFileDirectory) {
   EXPECT_EQ(parse_ok("model.path = \"../m.gguf\"", "a/b/plan.toml").model_path, "a/m.gguf");
   EXPECT_EQ(parse_ok("model.path = \"/abs/m.gguf\"", "a/b/plan.toml").model_path, "/abs/m.gguf");
@@ -253,7 +281,8 @@ TEST(PlanParse, RejectsValueOutOfRange) {
             "plan.toml:2: scheduler.max_tokens_per_step: expected an integer >= 1, got the "
             "integer 0");
   EXPECT_EQ(parse_error("[stages]\nthreads = 0\n"),
-            "plan.toml:2: stages.threads: expected an integer in [1, 1024], got the integer 0");
+            "plan.toml:2: stages.threads: expected an integer in [1, 1024] or \"auto\", got the "
+            "integer 0");
 }
 
 TEST(PlanParse, RejectsBadLayersShape) {

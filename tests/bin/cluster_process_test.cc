@@ -136,7 +136,11 @@ std::string cluster_file(const std::string& model, const std::vector<Node>& node
          std::to_string(n.port) + "\"\n";
   for (const auto& s : stage_nodes) t += "[[stage]]\nnode = \"" + s + "\"\n";
   for (const auto& s : shard_nodes) t += "[[expert_shard]]\nnode = \"" + s + "\"\n";
-  t += "[stages]\nkv_blocks = 64\n[scheduler]\nmax_sequences = 8\nmax_model_len = 256\n";
+  // threads "auto": each daemon divides its CPUs among the actors placed on it (node_place.cc);
+  // the outputs must not depend on it.
+  t += "[stages]\nkv_blocks = 64\nthreads = \"auto\"\n";
+  if (!shard_nodes.empty()) t += "[expert_shards]\nthreads = \"auto\"\n";
+  t += "[scheduler]\nmax_sequences = 8\nmax_model_len = 256\n";
   const std::string path = (temp_dir() / (name + ".toml")).string();
   std::ofstream(path) << t;
   return path;
