@@ -28,6 +28,7 @@ class Checksum {
   void update(std::span<const uint8_t> bytes) {
     const uint8_t* p = bytes.data();
     size_t n = bytes.size();
+    if (n == 0) return;  // an empty span's data() may be null: memcpy must not see it
     len_ += n;
     if (ncarry_ > 0) {  // finish a partial block first
       const size_t take = std::min(n, sizeof(carry_) - ncarry_);
