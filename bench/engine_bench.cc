@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/detail/membw.h"
+#include "bench/detail/peaks.h"
 #include "compute/engine.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
@@ -42,22 +43,38 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Bytes of weights one decode token reads: every matrix, except embeddings (one row) and, for
-// MoE layers, only the experts a token uses.
-double weight_bytes_per_token(const model::ModelSpec& s) {
-  double b = static_cast<double>(s.output.nbytes()) + static_cast<double>(s.token_embd.row_bytes());
+// Weights one decode token reads: every matrix, except embeddings (one row) and, for MoE
+// layers, only the experts a token uses; in bytes and in multiply-adds (parameters).
+struct PerToken {
+  double bytes = 0, params = 0;
+};
+PerToken weights_per_token(const model::ModelSpec& s) {
+  PerToken t;
+  auto add = [&](const model::WeightView& w, double times) {
+    t.bytes += times * static_cast<double>(w.nbytes());
+    t.params += times * static_cast<double>(w.rows() * w.cols() * w.ne[2]);
+  };
+  add(s.output, 1);
+  t.bytes += static_cast<double>(s.token_embd.row_bytes());
   for (const auto& L : s.layers) {
     for (const model::WeightView* w :
          {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wk_b, &L.wv_b, &L.ffn_gate,
           &L.ffn_up, &L.ffn_down, &L.router, &L.shared.gate, &L.shared.up, &L.shared.down})
-      if (w->present()) b += static_cast<double>(w->nbytes());
+      if (w->present()) add(*w, 1);
     if (L.is_moe && !L.experts.empty()) {
       const auto& e = L.experts[0];
-      b += static_cast<double>(s.n_expert_used) *
-           static_cast<double>(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes());
+      for (const model::WeightView* w : {&e.gate, &e.up, &e.down})
+        add(*w, static_cast<double>(s.n_expert_used));
     }
   }
-  return b;
+  return t;
+}
+
+// The kernels' arithmetic: int8 dot products for quantized weights, f32 FMA for float ones.
+bool int8_kernels(const model::ModelSpec& s) {
+  const model::GgmlType t = s.layers.empty() ? s.output.type : s.layers[0].wo.type;
+  return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 &&
+         t != model::GgmlType::kBF16;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
@@ -131,7 +148,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& s = (*m)->spec;
-  const double wbytes = weight_bytes_per_token(s);
+  const PerToken per_token = weights_per_token(s);
+  const double wbytes = per_token.bytes;
+  const bool int8 = int8_kernels(s);
   std::printf("model %s: %s, %lld layers, n_embd %lld, weights read per decode token %.1f MB\n",
               path.c_str(), model::arch_name(s.arch), (long long)s.n_layer, (long long)s.n_embd,
               wbytes / 1e6);
@@ -167,6 +186,12 @@ int main(int argc, char** argv) {
     bench::ReadBandwidthProbe probe(probe_pool, 1024);
     const double bw = probe.measure(5).median;
     std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s\n", nt, "-", "membw", "-", "-", bw, "100%");
+    // The arithmetic peak the batched decode is bound by (bench/detail/peaks.h).
+    const double peak = bench::compute_peak(
+        probe_pool, compute::simd_level(),
+        int8 ? bench::PeakKind::kInt8Dot : bench::PeakKind::kF32Fma);
+    std::printf("%-8d %-8s %-10s %s peak %.0f GOP/s (best of 5 passes)\n", nt, "-", "peak",
+                int8 ? "int8 dot-product" : "f32 FMA", peak);
     for (const auto& [wname, model] : variants) {
       const char* wn = wname.c_str();
       compute::EngineOptions o;
@@ -254,10 +279,14 @@ int main(int argc, char** argv) {
           std::printf("         (each run against the bandwidth around it: %s GB/s)\n",
                       runs_text.c_str());
         } else {
-          // Weights are shared by the batch; report the speed-up over batch 1 instead of a
-          // roofline.
+          // Weights are shared by the batch: the speed-up over batch 1, and the arithmetic
+          // (2 operations per weight per token) against the peak.
+          const double gops = 2 * per_token.params * static_cast<double>(nb) / step_s / 1e9;
           std::printf("%-8d %-8s %-10s %12.1f %12.2f %10s %9.1fx\n", nt, wn, phase, tps,
                       step_s * 1e3, "-", tps / tps1);
+          if (peak > 0)
+            std::printf("         (%.0f GOP/s of weight arithmetic: %.0f%% of the %s peak)\n",
+                        gops, 100 * gops / peak, int8 ? "int8" : "f32 FMA");
         }
       }
     }

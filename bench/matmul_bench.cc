@@ -5,8 +5,6 @@
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
 // Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q4_K q6_K; default all)
 //        TROUPE_SIMD=scalar|avx2|avx512 pins the kernel path (see compute/matmul.cc).
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "bench/detail/membw.h"
+#include "bench/detail/peaks.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
 #include "model/ggml_types.h"
@@ -56,58 +55,9 @@ double memory_bandwidth(ThreadPool& pool) {
   return troupe::bench::measure_read_bandwidth(pool, 512, 7).median;
 }
 
-// FMA throughput with 16 independent chains (enough to cover latency x pipes), GFLOP/s: the
-// best of 5 passes, since other load on the machine only ever lowers it.
-__attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
-  __m512 a[16];
-  for (int i = 0; i < 16; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t k = 0; k < iters; ++k)
-    for (int i = 0; i < 16; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  float v[16], s = 0;
-  for (int i = 0; i < 16; ++i) {
-    _mm512_storeu_ps(v, a[i]);
-    for (float x : v) s += x;
-  }
-  return static_cast<double>(iters) * 16 * 16 * 2 + (s == 12345.f ? 1 : 0);
-}
-
-__attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iters) {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t k = 0; k < iters; ++k)
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  float v[8], s = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm256_storeu_ps(v, a[i]);
-    for (float x : v) s += x;
-  }
-  return static_cast<double>(iters) * 12 * 8 * 2 + (s == 12345.f ? 1 : 0);
-}
-
+// The f32 FMA peak (bench/detail/peaks.h), GFLOP/s.
 double fma_peak(ThreadPool& pool, const std::string& level) {
-  std::vector<double> gf;
-  for (int pass = 0; pass < 5; ++pass) {
-    std::vector<double> flops(static_cast<size_t>(pool.size()));
-    const auto t0 = Clock::now();
-    pool.run([&](int idx, int) {
-      double f = 0;
-      if (level == "avx512") {
-        f = fma_loop_avx512(2'000'000);
-      } else if (level == "avx2") {
-        f = fma_loop_avx2(2'000'000);
-      } else {
-        f = 2.0 * 2'000'000 * 16;  // scalar: not measured; a nominal figure
-      }
-      flops[static_cast<size_t>(idx)] = f;
-    });
-    const double s = seconds_since(t0);
-    double total = 0;
-    for (double f : flops) total += f;
-    gf.push_back(total / s / 1e9);
-  }
-  return *std::max_element(gf.begin(), gf.end());  // a peak: the best pass
+  return troupe::bench::compute_peak(pool, level, troupe::bench::PeakKind::kF32Fma);
 }
 
 // --- weights ---
@@ -254,7 +204,8 @@ int main(int argc, char** argv) {
             hot_gbs = static_cast<double>(m.bytes) / time_matmul(hot, x, 1, y, pools[th], 21) / 1e9;
           }
           if (n_tok > 1) {
-            std::snprintf(of_peak, sizeof(of_peak), "%.0f%%", 100 * gflops / peak[th]);
+            if (peak[th] > 0)  // 0: not measured (scalar kernels)
+              std::snprintf(of_peak, sizeof(of_peak), "%.0f%%", 100 * gflops / peak[th]);
             std::snprintf(speedup, sizeof(speedup), "%.1fx", t1 * static_cast<double>(n_tok) / s);
           }
           char hot_col[16] = "";
