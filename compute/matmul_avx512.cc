@@ -346,7 +346,6 @@ struct Blocks32Kernel {
     const Block* w[R];
     for (int i = 0; i < R; ++i)
       w[i] = reinterpret_cast<const Block*>(j.w + (r + i) * j.w_row_bytes);
-    for (int64_t k = 0; k < R * nt; ++k) acc[k] = _mm512_setzero_ps();
     const int64_t nb = j.cols / 32, full = nb / 4;
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
     Block tail[R][4];
@@ -364,10 +363,14 @@ struct Blocks32Kernel {
         }
         wg[i] = prepare(b);
       }
+      // The first group starts every accumulator at zero (no pass that zeroes them first).
+      const bool first = g == 0;
       for (int64_t n = 0; n < nt; ++n) {
         const uint8_t* a = j.act + (t0 + n) * j.act_stride + g * kGroupBytes;
         const __m512 dx = _mm512_loadu_ps(a + 192);
-        for (int i = 0; i < R; ++i) acc[i * nt + n] = token_group(wg[i], a, dx, acc[i * nt + n]);
+        for (int i = 0; i < R; ++i)
+          acc[i * nt + n] =
+              token_group(wg[i], a, dx, first ? _mm512_setzero_ps() : acc[i * nt + n]);
       }
     }
     for (int64_t n = 0; n < nt; ++n)

@@ -212,9 +212,9 @@ struct KQuantKernel {
     const int64_t nt = t1 - t0;
     const uint8_t* w[R];
     for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
-    for (int64_t k = 0; k < R * nt; ++k) acc[k] = _mm512_setzero_ps();
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
+      const bool first = s == 0;  // starts every accumulator at zero (no zeroing pass first)
       typename D::Row rows[R];
       __m512i wq[R][4], sc[R][4];
       for (int i = 0; i < R; ++i) {
@@ -231,7 +231,8 @@ struct KQuantKernel {
           for (int i = 0; i < R; ++i) isum[i] = token_step(isum[i], wq[i][q], sc[i][q], xq);
         }
         for (int i = 0; i < R; ++i)
-          acc[i * nt + n] = token_finish(rows[i], isum[i], a, acc[i * nt + n]);
+          acc[i * nt + n] = token_finish(rows[i], isum[i], a,
+                                         first ? _mm512_setzero_ps() : acc[i * nt + n]);
       }
     }
     for (int64_t n = 0; n < nt; ++n)
