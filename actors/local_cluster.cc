@@ -117,7 +117,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
 
   // threads = 0 ("auto"): this process's CPUs divided among its CPU stages and expert shards.
   int cpu_actors = static_cast<int>(plan.expert_shards.size());
-  for (const auto& s : plan.stages) cpu_actors += s.device == "cpu" || s.device.empty();
+  for (const auto& s : plan.stages) cpu_actors += s.on_cpu();
   ControllerConfig cc;
   cc.model = model;
   if (!plan.expert_shards.empty()) {

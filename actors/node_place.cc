@@ -46,6 +46,16 @@ std::map<uint32_t, Where> node_table(NodeSelf* self) {
   return out;
 }
 
+// The stages and expert shards of `pl` placed on node `me` that compute on its CPUs (`plan`
+// names each stage's device; stages past its list run on the CPU).
+int cpu_actors_on(const PlacementMsg& pl, uint32_t me, const Plan& plan) {
+  int n = 0;
+  for (size_t k = 0; k < pl.stages.size(); ++k)
+    n += pl.stages[k].node_id == me && (k >= plan.stages.size() || plan.stages[k].on_cpu());
+  for (const auto& sh : pl.shards) n += sh.node_id == me;
+  return n;
+}
+
 // The bytes of the model file this node's actors read: the layers (and embedding or output
 // head) of its stages — routed experts only when no shard owns them — and its shards' experts.
 std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec,
@@ -228,17 +238,13 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   NodeActor node = caf::actor_cast<NodeActor>(self);
   const uint64_t version = pl.version;
   auto ranges = owned_weights(st.model->spec, pl, me);
-  const int threads = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const int threads = compute::available_cpus();
   const auto started = st.started;
   // Where this node's stages and shards read their weights ([model] weights): a copy of just
   // their tensors in huge-page memory, or the file mapping (prefetched). "auto" copies where a
   // CPU computes with them and the copy fits (model::choose_weight_storage); a node whose
   // stages are all on GPUs uploads from the mapping, and a copy would only cost time.
-  bool cpu_here = false;
-  for (const auto& sh : pl.shards) cpu_here |= sh.node_id == me;
-  for (size_t k = 0; k < pl.stages.size(); ++k)
-    cpu_here |= pl.stages[k].node_id == me &&
-                (k >= st.plan.stages.size() || st.plan.stages[k].device == "cpu");
+  const bool cpu_here = cpu_actors_on(pl, me, st.plan) > 0;
   const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
   model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;
   if (storage == model::WeightStorage::kAuto && !cpu_here) storage = model::WeightStorage::kMap;
@@ -321,11 +327,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     st.scheduler_proxy = to_scheduler;
   }
   // threads = 0 ("auto"): this node's CPUs divided among the CPU stages and shards it hosts.
-  int cpu_actors = 0;
-  for (size_t k = 0; k < pl.stages.size(); ++k)
-    cpu_actors += pl.stages[k].node_id == me &&
-                  (k >= st.plan.stages.size() || st.plan.stages[k].device == "cpu");
-  for (const auto& sp : pl.shards) cpu_actors += sp.node_id == me;
+  const int cpu_actors = cpu_actors_on(pl, me, st.plan);
   ExpertPlacement ep;
   if (!pl.shards.empty()) {
     ep.owner.assign(static_cast<size_t>(spec.n_expert), -1);

@@ -74,6 +74,10 @@ void check_bounds(const Plan& p) {
                   p.expert_shards[i].threads);
 }
 
+std::string threads_text(int threads) {
+  return threads == 0 ? "auto" : std::to_string(threads);
+}
+
 std::string stage_text(const Plan& p, size_t i) {
   return "stage " + std::to_string(i) + " " +
          range_text(p.stages[i].layer_begin, p.stages[i].layer_end);
@@ -333,7 +337,7 @@ Status resolve_plan(Plan& plan, const model::ModelSpec& spec) {
   try {
     resolve(plan, spec);
     for (size_t i = 0; i < plan.stages.size(); ++i)
-      if (plan.stages[i].device != "cpu" && !plan.expert_shards.empty())
+      if (!plan.stages[i].on_cpu() && !plan.expert_shards.empty())
         return make_error(static_cast<int>(PlanErrc::kInvalid),
                           where(plan.source, plan.stages[i].line) + ": stage[" + std::to_string(i) +
                               "] runs on " + plan.stages[i].device +
@@ -440,7 +444,7 @@ std::string describe_plan(const Plan& p) {
       os << ", kv_blocks auto";
     else
       os << ", kv_blocks " << s.kv_blocks << " (" << s.kv_blocks * p.kv_block_size << " tokens)";
-    os << ", threads " << (s.threads == 0 ? std::string("auto") : std::to_string(s.threads));
+    os << ", threads " << threads_text(s.threads);
     if (!s.node.empty()) os << ", on " << s.node;
     os << "\n";
   }
@@ -451,7 +455,7 @@ std::string describe_plan(const Plan& p) {
       os << "auto";
     else
       os << compress_ids(s.experts) << " (" << s.experts.size() << ")";
-    os << ", threads " << (s.threads == 0 ? std::string("auto") : std::to_string(s.threads));
+    os << ", threads " << threads_text(s.threads);
     if (!s.node.empty()) os << ", on " << s.node;
     os << "\n";
   }

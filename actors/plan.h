@@ -44,6 +44,7 @@ struct StagePlan {
   int threads = 1;             // compute threads of this stage; 0 = "auto" (resolve_threads)
   std::string node;            // node daemon hosting it (multi-host plans); "" = auto
   std::string device = "cpu";  // "cpu" (compute::Engine) or "cuda:N" (gpu::GpuEngine on GPU N)
+  bool on_cpu() const { return device == "cpu"; }
   int line = 0;                // line of its [[stage]] table in Plan::source; 0 = not from a file
 };
 

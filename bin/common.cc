@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <thread>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "bin/args.h"
+#include "compute/thread_pool.h"
 
 namespace troupe::cli {
 
@@ -21,9 +22,8 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
   auto storage = model::parse_weight_storage(weights);
   if (!storage) throw CliError("--" + storage.error().message);
   auto m = load_model_or_throw(path);
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string why;
-  auto placed = model::place_weights(m, *storage, {}, threads, &why);
+  auto placed = model::place_weights(m, *storage, {}, compute::available_cpus(), &why);
   if (!placed) throw CliError(placed.error().message);
   if (!why.empty())
     std::fprintf(stderr, "troupe: %s: reading the weights through the file mapping: %s\n",

@@ -3,9 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include <sys/mman.h>
-
 #include "base/check.h"
+#include "base/huge_pages.h"
 #include "model/model.h"
 
 namespace troupe::compute {
@@ -30,18 +29,11 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), stride_(cfg.k_width + cf
         static_cast<long long>(cfg.num_blocks), static_cast<long long>(cfg.block_size),
         static_cast<long long>(cfg.n_layer), static_cast<double>(bytes_) / kGiB,
         static_cast<double>(available) / kGiB);
-  constexpr size_t kHugePage = size_t{2} << 20;
-  mapped_ = (bytes_ + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
+  std::shared_ptr<uint8_t> mem = map_huge_pages(bytes_);
+  if (!mem)
     TROUPE_INPUT_ERROR("KV cache: cannot map %.2f GiB: %s", static_cast<double>(bytes_) / kGiB,
                        std::strerror(errno));
-  ::madvise(p, mapped_, MADV_HUGEPAGE);  // advice only: 4 KiB pages work too
-  pool_ = static_cast<float*>(p);
-}
-
-KvCache::~KvCache() {
-  if (pool_) ::munmap(pool_, mapped_);
+  pool_ = std::shared_ptr<float>(mem, reinterpret_cast<float*>(mem.get()));
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : total_(num_blocks) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -29,8 +30,7 @@ class KvCache {
   /// Reserves the whole pool up front (zeroed, committed as used). Throws InputError when it is
   /// larger than the memory available or cannot be mapped.
   explicit KvCache(const KvCacheConfig& cfg);
-  ~KvCache();
-  KvCache(const KvCache&) = delete;
+  KvCache(const KvCache&) = delete;  // one pool per owner (a copy would share it)
   KvCache& operator=(const KvCache&) = delete;
 
   const KvCacheConfig& config() const { return cfg_; }
@@ -40,7 +40,7 @@ class KvCache {
 
   /// K row of (layer, block, slot): f32 [k_width].
   float* k(int64_t layer, int32_t block, int64_t slot) {
-    return pool_ + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
+    return pool_.get() + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
   }
   float* v(int64_t layer, int32_t block, int64_t slot) {
     return k(layer, block, slot) + cfg_.k_width;
@@ -51,9 +51,8 @@ class KvCache {
  private:
   KvCacheConfig cfg_;
   int64_t stride_ = 0;  // k_width + v_width
-  float* pool_ = nullptr;
-  uint64_t bytes_ = 0;   // of the pool
-  size_t mapped_ = 0;    // bytes mapped (whole huge pages)
+  std::shared_ptr<float> pool_;  // base/huge_pages.h: zero, committed as blocks are written
+  uint64_t bytes_ = 0;           // of the pool
 };
 
 /// Free-list allocator of block ids. Not thread-safe.

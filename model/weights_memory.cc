@@ -15,6 +15,7 @@
 #include <sys/sysmacros.h>
 
 #include "base/check.h"
+#include "base/huge_pages.h"
 #include "model/model.h"
 
 namespace troupe::model {
@@ -241,17 +242,13 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   }
   auto copy = std::make_shared<Model>(*model);
   if (total == 0) return std::shared_ptr<const Model>(std::move(copy));
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  const uint64_t bytes = (total + kHuge - 1) / kHuge * kHuge;
-  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED)
+  const uint64_t bytes = huge_page_round(total);
+  std::shared_ptr<uint8_t> mem = map_huge_pages(bytes);
+  if (!mem)
     return make_error(
         0, strfmt("%s: cannot allocate %.1f MB for the weights in memory: %s", model->path.c_str(),
                   static_cast<double>(bytes) / 1e6, std::strerror(errno)));
-  ::madvise(mem, bytes, MADV_HUGEPAGE);
-  std::shared_ptr<const void> owner(
-      mem, [bytes](const void* p) { ::munmap(const_cast<void*>(p), bytes); });
-  auto* base = static_cast<uint8_t*>(mem);
+  uint8_t* base = mem.get();
   // Copy in 8 MiB pieces handed out to the threads. A piece that lies in a file mapping is read
   // from the file with pread (the page cache's copy, or the disk, in large reads): reading it
   // through the mapping instead page-faults 4 KiB at a time, ~10x slower (a 1.2 GB model: 0.6-1.1
@@ -317,7 +314,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   for (auto& t : pool) t.join();
   for (const auto& [path, f] : files)
     if (f.fd >= 0) ::close(f.fd);
-  ::mprotect(mem, bytes, PROT_READ);  // weights are read-only, as in the mapping
+  ::mprotect(base, bytes, PROT_READ);  // weights are read-only, as in the mapping
   // Drop the copied file pages from this process (the page cache may keep them): the mapping
   // stays valid and would fault them in again if anything read it.
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -335,7 +332,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     --it;
     if (w.data + w.nbytes() <= it->end) w.data = base + it->offset + (w.data - it->begin);
   });
-  copy->storage.push_back(std::move(owner));
+  copy->storage.push_back(std::move(mem));
   return std::shared_ptr<const Model>(std::move(copy));
 }
 

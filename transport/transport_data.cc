@@ -225,6 +225,26 @@ Transport::Impl::Peer* Transport::Impl::link_of(const void* header, size_t heade
   return &it->second;
 }
 
+Transport::Impl::Peer* Transport::Impl::sender_up(const void* header, size_t header_length,
+                                                  WireHeader* out, const char* bad_header) {
+  Peer* p = peer_of_header(header, header_length, out);
+  if (!p) {
+    // A header that names a live link with its key comes from that peer, whatever else is
+    // wrong with it: count it there (a bad header is the peer's bug, not an intruder).
+    if (Peer* q = link_of(header, header_length); q && q->up)
+      count_malformed(*q, std::string(bad_header) + " (" + std::to_string(header_length) +
+                              " bytes)");
+    else
+      ++unauth_dropped;  // no such link, a forged key, or too short to name one
+    return nullptr;
+  }
+  if (!p->up) {
+    ++unauth_dropped;  // a peer not (or no longer) up
+    return nullptr;
+  }
+  return p;
+}
+
 Transport::Impl::Peer* Transport::Impl::peer_of_header(const void* header, size_t header_length,
                                                        WireHeader* out) {
   if (header_length != sizeof(WireHeader)) return nullptr;
@@ -241,20 +261,8 @@ ucs_status_t Transport::Impl::am_data(void* arg, const void* header, size_t head
                                       void* data, size_t length, const ucp_am_recv_param_t* param) {
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
-  Peer* p = im->peer_of_header(header, header_length, &h);
-  if (!p) {
-    // A header that names a live link with its key comes from that peer, whatever else is
-    // wrong with it: count it there (a bad header is the peer's bug, not an intruder).
-    if (Peer* q = im->link_of(header, header_length); q && q->up)
-      im->count_malformed(*q, "bad frame header (" + std::to_string(header_length) + " bytes)");
-    else
-      ++im->unauth_dropped;  // no such link, a forged key, or too short to name one
-    return UCS_OK;           // an unread rendezvous is dropped by UCX
-  }
-  if (!p->up) {
-    ++im->unauth_dropped;  // a peer not (or no longer) up
-    return UCS_OK;
-  }
+  Peer* p = im->sender_up(header, header_length, &h, "bad frame header");
+  if (!p) return UCS_OK;  // counted; an unread rendezvous is dropped by UCX
   if (h.total_bytes > im->opts.max_message_bytes) {
     if (h.offset == 0) ++p->stats.oversized;  // once per message
     return UCS_OK;
@@ -417,7 +425,12 @@ void Transport::Impl::fragment_landed(Incoming& in, size_t offset, size_t length
       in.checked_bytes += it->second;
     }
   }
-  if (in.all_announced && in.parts_pending == 0 && !in.sum_pending)
+  complete_if_whole(in);
+}
+
+void Transport::Impl::complete_if_whole(Incoming& in) {
+  if (in.state == Incoming::State::kAssembling && in.all_announced && in.parts_pending == 0 &&
+      !in.sum_pending)
     in.state = Incoming::State::kDone;
 }
 
@@ -425,20 +438,8 @@ ucs_status_t Transport::Impl::am_sum(void* arg, const void* header, size_t heade
                                      size_t length, const ucp_am_recv_param_t*) {
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
-  Peer* p = im->peer_of_header(header, header_length, &h);
-  if (!p) {
-    if (Peer* q = im->link_of(header, header_length); q && q->up)
-      im->count_malformed(*q, "bad checksum trailer header (" + std::to_string(header_length) +
-                                  " bytes)");
-    else
-      ++im->unauth_dropped;
-    return UCS_OK;
-  }
-  if (!p->up) {
-    ++im->unauth_dropped;
-    return UCS_OK;
-  }
-  if (p->stats.cut) return UCS_OK;
+  Peer* p = im->sender_up(header, header_length, &h, "bad checksum trailer header");
+  if (!p || p->stats.cut) return UCS_OK;
   const std::string what = "checksum trailer (type " + std::to_string(h.type) + ", " +
                            std::to_string(h.total_bytes) + " bytes)";
   if (p->awaiting_sum.empty()) {
@@ -453,9 +454,7 @@ ucs_status_t Transport::Impl::am_sum(void* arg, const void* header, size_t heade
     fail(*in, "its checksum trailer did not match it");
   } else {
     in->sum = h.sum;
-    if (in->state == Incoming::State::kAssembling && in->parts_pending == 0 &&
-        in->announced_bytes == in->msg.size_bytes)
-      in->state = Incoming::State::kDone;
+    im->complete_if_whole(*in);
   }
   im->drain_inbox(p->id);
   return UCS_OK;

@@ -15,8 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include <sys/mman.h>
-
+#include "base/huge_pages.h"
 #include "compute/thread_pool.h"
 
 namespace troupe::bench {
@@ -67,25 +66,20 @@ class ReadBandwidthProbe {
  public:
   ReadBandwidthProbe(compute::ThreadPool& pool, int64_t mib)
       : pool_(pool), n_(mib * (int64_t{1} << 20) / 8), bytes_(static_cast<size_t>(n_) * 8) {
-    void* mem =
-        ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return;
-    ::madvise(mem, bytes_, MADV_HUGEPAGE);
-    buf_ = static_cast<uint64_t*>(mem);
+    std::shared_ptr<uint8_t> mem = map_huge_pages(bytes_);
+    if (!mem) return;
+    buf_ = std::shared_ptr<uint64_t>(mem, reinterpret_cast<uint64_t*>(mem.get()));
+    uint64_t* buf = buf_.get();
     pool_.parallel_for(n_, 1 << 12, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) buf_[i] = static_cast<uint64_t>(i);
+      for (int64_t i = b; i < e; ++i) buf[i] = static_cast<uint64_t>(i);
     });
   }
-  ~ReadBandwidthProbe() {
-    if (buf_) ::munmap(buf_, bytes_);
-  }
-  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
-  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
 
   /// Reads the buffer `passes` times after one untimed pass. Zero GB/s if the buffer could not
   /// be allocated.
   ReadBandwidth measure(int passes) {
     if (!buf_ || passes < 1) return {};
+    const uint64_t* buf = buf_.get();
     const bool avx2 = membw_uses_avx2();
     std::vector<double> gbs;
     std::vector<uint64_t> sums(static_cast<size_t>(pool_.size()));
@@ -95,7 +89,7 @@ class ReadBandwidthProbe {
       pool_.run([&](int idx, int nt) {
         const int64_t b = n_ * idx / nt / 64 * 64, e = n_ * (idx + 1) / nt / 64 * 64;
         sums[static_cast<size_t>(idx)] =
-            avx2 ? read_sum_avx2(buf_ + b, e - b) : read_sum_plain(buf_ + b, e - b);
+            avx2 ? read_sum_avx2(buf + b, e - b) : read_sum_plain(buf + b, e - b);
       });
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -110,7 +104,7 @@ class ReadBandwidthProbe {
   compute::ThreadPool& pool_;
   int64_t n_;
   size_t bytes_;
-  uint64_t* buf_ = nullptr;
+  std::shared_ptr<uint64_t> buf_;  // base/huge_pages.h
 };
 
 /// Reads a buffer of `mib` MiB `passes` times (after one untimed pass) with the pool's threads.

@@ -13,18 +13,19 @@
 namespace troupe::compute {
 namespace {
 
-KvCacheConfig small_config() {
+KvCacheConfig config(int64_t n_layer, int64_t k_width, int64_t v_width, int64_t block_size,
+                     int64_t num_blocks) {
   KvCacheConfig c;
-  c.n_layer = 3;
-  c.k_width = 8;
-  c.v_width = 4;
-  c.block_size = 4;
-  c.num_blocks = 5;
+  c.n_layer = n_layer;
+  c.k_width = k_width;
+  c.v_width = v_width;
+  c.block_size = block_size;
+  c.num_blocks = num_blocks;
   return c;
 }
 
 TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
-  KvCache kv(small_config());
+  KvCache kv(config(3, 8, 4, 4, 5));
   EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
   EXPECT_EQ(kv.row_stride(), 12);
   // Every float reads 0 before any write (attention may read a block's unwritten slots as
@@ -52,13 +53,9 @@ TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
 TEST(KvCache, PoolLargerThanTheMemoryAvailableIsRefusedAtStart) {
   const uint64_t available = model::available_memory_bytes();
   if (available == 0) GTEST_SKIP() << "this machine does not say how much memory is available";
-  KvCacheConfig c;
-  c.n_layer = 64;
-  c.k_width = 1024;
-  c.v_width = 1024;
-  c.block_size = 16;
   // Blocks of 64 layers x 16 tokens x 8 KiB = 8 MiB each: twice the memory available.
-  c.num_blocks = static_cast<int64_t>(2 * available / (uint64_t{8} << 20)) + 1;
+  const KvCacheConfig c =
+      config(64, 1024, 1024, 16, static_cast<int64_t>(2 * available / (uint64_t{8} << 20)) + 1);
   try {
     KvCache kv(c);
     FAIL() << "a pool of " << c.num_blocks << " blocks was accepted";
@@ -89,13 +86,7 @@ TEST(KvCache, PoolOfTheDefaultPlanStartsWithoutTouchingItsMemory) {
     return static_cast<uint64_t>(rss) * 4096;
   };
   const uint64_t before = resident();
-  KvCacheConfig c;
-  c.n_layer = 22;
-  c.k_width = 256;
-  c.v_width = 256;
-  c.block_size = 16;
-  c.num_blocks = 8192;
-  KvCache kv(c);
+  KvCache kv(config(22, 256, 256, 16, 8192));
   EXPECT_EQ(kv.bytes(), bytes);
   kv.k(21, 8191, 15)[511] = 1.f;  // the last float is there
   EXPECT_LT(resident() - before, uint64_t{64} << 20);

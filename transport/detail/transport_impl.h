@@ -372,6 +372,12 @@ struct Transport::Impl {
   // (wrong size, magic or version); null when it names none (unknown, forged, or too short).
   Peer* link_of(const void* header, size_t header_length);
 
+  // The authenticated, up peer a data or trailer header comes from, or null, counted: in the
+  // link's `malformed` (as `bad_header`) when the header names a live link with its key but is
+  // otherwise bad, else in unauthenticated_dropped.
+  Peer* sender_up(const void* header, size_t header_length, WireHeader* out,
+                  const char* bad_header);
+
   static bool is_rndv(const ucp_am_recv_param_t* param);
 
   static ucs_status_t am_data(void* arg, const void* header, size_t header_length, void* data,
@@ -396,6 +402,10 @@ struct Transport::Impl {
   // A fragment's bytes are in the message's buffer: checksum what is contiguous, and complete
   // the message when it was the last.
   void fragment_landed(Incoming& in, size_t offset, size_t length);
+
+  // Marks a message still assembling done once every fragment has landed and its checksum (if
+  // one follows in a trailer) has arrived.
+  static void complete_if_whole(Incoming& in);
 
   static void fail(Incoming& in, const char* why);
 
