@@ -74,9 +74,7 @@ void check_bounds(const Plan& p) {
                   p.expert_shards[i].threads);
 }
 
-std::string threads_text(int threads) {
-  return threads == 0 ? "auto" : std::to_string(threads);
-}
+std::string threads_text(int threads) { return threads == 0 ? "auto" : std::to_string(threads); }
 
 std::string stage_text(const Plan& p, size_t i) {
   return "stage " + std::to_string(i) + " " +

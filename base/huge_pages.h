@@ -1,12 +1,13 @@
 // Anonymous memory with transparent huge pages asked for, for the large buffers that compute
-// streams through: the weights copy (model/weights_memory.cc) and the KV pool
-// (compute/kv_cache.cc). The kernel hands out zeroed pages and commits each on first touch.
+// streams through: the weights copy (model/weights_memory.cc), the KV pool (compute/kv_cache.cc)
+// and the benchmarks' bandwidth probe (bench/detail/membw.h). The kernel hands out zeroed pages
+// and commits each on first touch.
 #pragma once
-
-#include <sys/mman.h>
 
 #include <cstdint>
 #include <memory>
+
+#include <sys/mman.h>
 
 namespace troupe {
 

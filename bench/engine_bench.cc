@@ -73,8 +73,7 @@ PerToken weights_per_token(const model::ModelSpec& s) {
 // The kernels' arithmetic: int8 dot products for quantized weights, f32 FMA for float ones.
 bool int8_kernels(const model::ModelSpec& s) {
   const model::GgmlType t = s.layers.empty() ? s.output.type : s.layers[0].wo.type;
-  return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 &&
-         t != model::GgmlType::kBF16;
+  return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 && t != model::GgmlType::kBF16;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
@@ -187,9 +186,9 @@ int main(int argc, char** argv) {
     const double bw = probe.measure(5).median;
     std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s\n", nt, "-", "membw", "-", "-", bw, "100%");
     // The arithmetic peak the batched decode is bound by (bench/detail/peaks.h).
-    const double peak = bench::compute_peak(
-        probe_pool, compute::simd_level(),
-        int8 ? bench::PeakKind::kInt8Dot : bench::PeakKind::kF32Fma);
+    const double peak =
+        bench::compute_peak(probe_pool, compute::simd_level(),
+                            int8 ? bench::PeakKind::kInt8Dot : bench::PeakKind::kF32Fma);
     std::printf("%-8d %-8s %-10s %s peak %.0f GOP/s (best of 5 passes)\n", nt, "-", "peak",
                 int8 ? "int8 dot-product" : "f32 FMA", peak);
     for (const auto& [wname, model] : variants) {
@@ -223,7 +222,7 @@ int main(int argc, char** argv) {
       // Decode with 1 and `batch` sequences: each prefilled with ctx tokens, then n_decode steps.
       double tps1 = 0;
       for (int64_t nb : {int64_t{1}, batch}) {
-        if (nb < 1) continue;  // --batch 0: batch 1 only
+        if (nb < 1) continue;              // --batch 0: batch 1 only
         std::vector<double> t, bw_around;  // bw_around[r], [r + 1]: before and after run r
         const auto probe_now = [&] {
           bw_around.push_back(probe.measure(2).median);
@@ -285,8 +284,8 @@ int main(int argc, char** argv) {
           std::printf("%-8d %-8s %-10s %12.1f %12.2f %10s %9.1fx\n", nt, wn, phase, tps,
                       step_s * 1e3, "-", tps / tps1);
           if (peak > 0)
-            std::printf("         (%.0f GOP/s of weight arithmetic: %.0f%% of the %s peak)\n",
-                        gops, 100 * gops / peak, int8 ? "int8" : "f32 FMA");
+            std::printf("         (%.0f GOP/s of weight arithmetic: %.0f%% of the %s peak)\n", gops,
+                        100 * gops / peak, int8 ? "int8" : "f32 FMA");
         }
       }
     }

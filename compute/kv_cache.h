@@ -50,7 +50,7 @@ class KvCache {
 
  private:
   KvCacheConfig cfg_;
-  int64_t stride_ = 0;  // k_width + v_width
+  int64_t stride_ = 0;           // k_width + v_width
   std::shared_ptr<float> pool_;  // base/huge_pages.h: zero, committed as blocks are written
   uint64_t bytes_ = 0;           // of the pool
 };

@@ -231,8 +231,8 @@ struct KQuantKernel {
           for (int i = 0; i < R; ++i) isum[i] = token_step(isum[i], wq[i][q], sc[i][q], xq);
         }
         for (int i = 0; i < R; ++i)
-          acc[i * nt + n] = token_finish(rows[i], isum[i], a,
-                                         first ? _mm512_setzero_ps() : acc[i * nt + n]);
+          acc[i * nt + n] =
+              token_finish(rows[i], isum[i], a, first ? _mm512_setzero_ps() : acc[i * nt + n]);
       }
     }
     for (int64_t n = 0; n < nt; ++n)

@@ -99,9 +99,8 @@ std::string shape_of(const GemmArgs& a) {
 /// Throws DeviceError(kCublas) naming the call, the status and the problem.
 void lt_check(cublasStatus_t st, const char* call, const GemmArgs& a) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
-  throw DeviceError(Errc::kCublas,
-                    strfmt("%s failed: %s (%s) [%s]", call, lt().status_name(st),
-                           lt().status_string(st), shape_of(a).c_str()));
+  throw DeviceError(Errc::kCublas, strfmt("%s failed: %s (%s) [%s]", call, lt().status_name(st),
+                                          lt().status_string(st), shape_of(a).c_str()));
 }
 
 /// Largest of 16, 8, 4, 2 (not below the element size) dividing a row stride in bytes: with
@@ -146,13 +145,13 @@ struct Layouts {
   cublasLtMatrixLayoutOpaque_t a{}, b{}, d{};
   Layouts(const GemmArgs& g, int64_t m) {
     lt_check(lt().layout_init(&a, sizeof(a), CUDA_R_16BF, static_cast<uint64_t>(g.k),
-                                      static_cast<uint64_t>(g.n), g.ldw),
+                              static_cast<uint64_t>(g.n), g.ldw),
              "cublasLtMatrixLayoutInit(A = W)", g);
     lt_check(lt().layout_init(&b, sizeof(b), CUDA_R_16BF, static_cast<uint64_t>(g.k),
-                                      static_cast<uint64_t>(m), g.ldx),
+                              static_cast<uint64_t>(m), g.ldx),
              "cublasLtMatrixLayoutInit(B = x)", g);
     lt_check(lt().layout_init(&d, sizeof(d), out_cuda_type(g.y_type), static_cast<uint64_t>(g.n),
-                                      static_cast<uint64_t>(m), g.ldy),
+                              static_cast<uint64_t>(m), g.ldy),
              "cublasLtMatrixLayoutInit(C = D = y)", g);
   }
 };
@@ -175,8 +174,7 @@ template <class T>
 long long config_or(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
   size_t written = 0;
-  if (lt().algo_config_get(&algo, attr, &v, sizeof(v), &written) !=
-          CUBLAS_STATUS_SUCCESS ||
+  if (lt().algo_config_get(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS ||
       written != sizeof(v))
     return -1;
   return static_cast<long long>(v);
@@ -239,9 +237,8 @@ Gemm::Gemm(void* workspace, size_t workspace_bytes, GemmOptions opts)
   if (!lt().error.empty()) throw DeviceError(Errc::kCublas, lt().error);
   const cublasStatus_t st = lt().create(&impl_->handle);
   if (st != CUBLAS_STATUS_SUCCESS)
-    throw DeviceError(Errc::kCublas,
-                      strfmt("cublasLtCreate failed: %s (%s)", lt().status_name(st),
-                             lt().status_string(st)));
+    throw DeviceError(Errc::kCublas, strfmt("cublasLtCreate failed: %s (%s)", lt().status_name(st),
+                                            lt().status_string(st)));
 }
 
 Gemm::~Gemm() {

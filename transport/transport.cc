@@ -34,8 +34,7 @@ Status Transport::Impl::init() {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
   if (ucs_status_t s = ucp_worker_create(context, &wp, &worker); s != UCS_OK)
     return Error{1, std::string("UCX: cannot create a worker: ") + ucs_status_string(s)};
-  for (unsigned id :
-       {kAmHello, kAmHelloAck, kAmHelloNack, kAmData, kAmBye, kAmByeAck, kAmSum}) {
+  for (unsigned id : {kAmHello, kAmHelloAck, kAmHelloNack, kAmData, kAmBye, kAmByeAck, kAmSum}) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG;

@@ -22,8 +22,8 @@ void Transport::Impl::count_send_error(PeerId id) {
 
 void Transport::Impl::post_am(Peer& p, unsigned am_id, WireHeader header,
                               const std::vector<std::span<const uint8_t>>& parts,
-                              std::shared_ptr<const void> keep_alive,
-                              std::shared_ptr<Outgoing> out, size_t fragment) {
+                              std::shared_ptr<const void> keep_alive, std::shared_ptr<Outgoing> out,
+                              size_t fragment) {
   auto* ctx = new SendCtx;
   ctx->im = this;
   ctx->peer = p.id;
@@ -232,8 +232,8 @@ Transport::Impl::Peer* Transport::Impl::sender_up(const void* header, size_t hea
     // A header that names a live link with its key comes from that peer, whatever else is
     // wrong with it: count it there (a bad header is the peer's bug, not an intruder).
     if (Peer* q = link_of(header, header_length); q && q->up)
-      count_malformed(*q, std::string(bad_header) + " (" + std::to_string(header_length) +
-                              " bytes)");
+      count_malformed(*q,
+                      std::string(bad_header) + " (" + std::to_string(header_length) + " bytes)");
     else
       ++unauth_dropped;  // no such link, a forged key, or too short to name one
     return nullptr;

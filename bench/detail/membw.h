@@ -91,8 +91,7 @@ class ReadBandwidthProbe {
         sums[static_cast<size_t>(idx)] =
             avx2 ? read_sum_avx2(buf + b, e - b) : read_sum_plain(buf + b, e - b);
       });
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (uint64_t v : sums) sink = sink + v;
       if (p > 0) gbs.push_back(static_cast<double>(bytes_) / s / 1e9);  // pass 0: warm-up
     }

@@ -102,8 +102,7 @@ inline double compute_peak(compute::ThreadPool& pool, const std::string& level, 
         f = level == "avx512" ? int8_loop_avx512vnni(kIters) : int8_loop_avx2(kIters);
       ops[static_cast<size_t>(idx)] = f;
     });
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double total = 0;
     for (double f : ops) total += f;
     g.push_back(total / s / 1e9);

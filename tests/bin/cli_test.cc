@@ -86,8 +86,8 @@ TEST(Cli, ThreadsTakesAutoOrACountAndRejectsTheRest) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string m = shared + "/models/stories260K/stories260K.gguf";
   auto gen = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = {"generate", "--model", m, "--prompt", "Once upon a time",
-                                  "--max-tokens", "24", "--json"};
+    std::vector<std::string> a = {"generate",         "--model",      m,    "--prompt",
+                                  "Once upon a time", "--max-tokens", "24", "--json"};
     a.insert(a.end(), extra.begin(), extra.end());
     return troupe(a);
   };
@@ -98,13 +98,14 @@ TEST(Cli, ThreadsTakesAutoOrACountAndRejectsTheRest) {
            {}, {"--threads", "auto"}, {"--threads", "3"}, {"--stages", "2", "--threads", "auto"}}) {
     const CliRun r = gen(extra);
     ASSERT_EQ(r.rc, 0) << r.err;
-    EXPECT_EQ(nlohmann::json::parse(r.out).at("tokens"), nlohmann::json::parse(one.out).at("tokens"))
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("tokens"),
+              nlohmann::json::parse(one.out).at("tokens"))
         << (extra.empty() ? "default" : extra.back());
   }
   for (const std::string bad : {"0", "two", "2000", "-1", ""})
-    expect_one_line_error(gen({"--threads", bad}),
-                          "--threads must be an integer from 1 to 1024 or \"auto\", got '" + bad +
-                              "'");
+    expect_one_line_error(
+        gen({"--threads", bad}),
+        "--threads must be an integer from 1 to 1024 or \"auto\", got '" + bad + "'");
 }
 
 // A stage placed on a GPU: without one (or without the CUDA backend) the run fails at start with

@@ -22,7 +22,7 @@ struct RawFrame {
   std::optional<uint32_t> magic;    // default: the real magic
   std::optional<uint32_t> version;  // default: this build's wire version
   uint64_t type = 0;
-  uint64_t sum = 0;  // 0: no checksum; 1: one comes later; 2: in a trailer; else the checksum
+  uint64_t sum = 0;      // 0: no checksum; 1: one comes later; 2: in a trailer; else the checksum
   bool trailer = false;  // a checksum trailer (kAmSum) rather than a data fragment
   uint64_t total_bytes = 0;
   uint64_t offset = 0;
