@@ -34,7 +34,8 @@ Status Transport::Impl::init() {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
   if (ucs_status_t s = ucp_worker_create(context, &wp, &worker); s != UCS_OK)
     return Error{1, std::string("UCX: cannot create a worker: ") + ucs_status_string(s)};
-  for (unsigned id : {kAmHello, kAmHelloAck, kAmHelloNack, kAmData, kAmBye, kAmByeAck, kAmSum}) {
+  for (unsigned id : {kAmHello, kAmHelloAck, kAmHelloNack, kAmData, kAmBye, kAmByeAck, kAmSum,
+                      kAmPullOffer, kAmPullAccept, kAmPull, kAmPullDone}) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -59,6 +60,18 @@ Status Transport::Impl::init() {
       case kAmBye:
         hp.cb = &Impl::am_bye;
         break;
+      case kAmPullOffer:
+        hp.cb = &Impl::am_pull_offer;
+        break;
+      case kAmPullAccept:
+        hp.cb = &Impl::am_pull_accept;
+        break;
+      case kAmPull:
+        hp.cb = &Impl::am_pull;
+        break;
+      case kAmPullDone:
+        hp.cb = &Impl::am_pull_done;
+        break;
       default:  // kAmByeAck
         hp.cb = &Impl::am_bye_ack;
         break;
@@ -66,6 +79,7 @@ Status Transport::Impl::init() {
     if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker, &hp); s != UCS_OK)
       return Error{1, std::string("UCX: cannot set a message handler: ") + ucs_status_string(s)};
   }
+  init_pulls();  // off (or impossible here): every message takes the endpoint
   if (ucs_status_t s = ucp_worker_get_efd(worker, &worker_fd); s != UCS_OK)
     return Error{1, std::string("UCX: no worker event fd: ") + ucs_status_string(s)};
   event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -177,6 +191,7 @@ void Transport::Impl::loop() {
       // After the last round's deliveries, so that a receive can reuse the buffer (still in
       // cache) that the handler just gave back.
       busy |= start_receives();
+      busy |= run_pulls();
       const auto now = Clock::now();
       while (!timers.empty() && timers.top().at <= now) {
         auto fn = timers.top().fn;

@@ -74,6 +74,16 @@ struct TransportOptions {
   /// dropped). Costs a pass over the bytes on each side: measured in docs/benchmarks.md. A
   /// message that carries no checksum (its sender turned this off) is not checked.
   bool checksum_payloads = true;
+  /// Peers on this host (same boot, and each able to read the other's memory: checked at
+  /// connect) move messages of at least pull_min_bytes by cross-memory attach: the sender
+  /// announces where the bytes are, the receiver reads them with one process_vm_readv copy
+  /// and says when it is done. The announcement and everything else still go over the UCX
+  /// endpoint (with its failure reports), so a peer that dies mid-transfer costs that
+  /// message only (docs/transport.md, Same-host pulls). Needs ptrace access between the
+  /// processes (same user; Yama's ptrace_scope at most 1, which this opens to any process of
+  /// the same user with PR_SET_PTRACER_ANY). Pulled bytes are not checksummed (no wire).
+  bool same_host_pull = true;
+  size_t pull_min_bytes = 256u << 10;
 };
 
 /// One received message. `data` is 8-byte aligned (Cap'n Proto reads it in place) and owned by
@@ -125,6 +135,9 @@ struct LinkStats {
   uint64_t corrupted = 0;     // dropped (and counted in malformed): payload checksum mismatch
   uint64_t oversized = 0;     // dropped: larger than max_message_bytes
   uint64_t faults_fired = 0;  // fault-shim actions applied on this link
+  bool pulls_to = false;      // messages to it may go by same-host pull (it can read ours)
+  bool pulls_from = false;    // we can read its memory (same host): it may send us pulls
+  uint64_t pulled = 0;        // messages received from it by pull (also in messages_received)
 };
 
 struct TransportStats {

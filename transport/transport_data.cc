@@ -107,7 +107,7 @@ void Transport::Impl::send_data(PeerId id, OutMessage m, bool apply_faults) {
   }
   ++p.stats.messages_sent;
   p.stats.bytes_sent += n;
-  send_fragments(p, m, sum);
+  if (!send_pull(p, m, sum)) send_fragments(p, m, sum);
 }
 
 void Transport::Impl::send_fragments(Peer& p, const OutMessage& m, std::optional<uint64_t> sum) {

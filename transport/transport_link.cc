@@ -44,6 +44,7 @@ void Transport::Impl::close_peer(Peer& p, const std::string& reason, bool flush)
     if (was_up) events.push_back({p.id, PeerEvent::kDown, p.stats.name, reason});
   }
   if (!p.ep) return;
+  revoke_pulls(p);
   drop_inbox(p);  // releases rendezvous descriptors, which needs the endpoint
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -139,6 +140,7 @@ void Transport::Impl::mark_up(Peer& p, const std::string& name) {
   p.stats.up = true;
   p.stats.name = name;
   events.push_back({p.id, PeerEvent::kUp, name, ""});
+  offer_pull(p);
 }
 
 ucs_status_t Transport::Impl::am_hello(void* arg, const void*, size_t, void* data, size_t length,

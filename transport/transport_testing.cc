@@ -5,6 +5,8 @@
 
 namespace troupe::transport::detail {
 
+static_assert(RawAm::kPull == kAmPull && RawAm::kPullDone == kAmPullDone);
+
 Status TransportTesting::send_raw_frame(Transport& t, PeerId peer, const RawFrame& frame) {
   Transport::Impl& im = *t.impl_;
   std::promise<Status> done;
@@ -36,7 +38,7 @@ Status TransportTesting::send_on_thread(Transport::Impl& im, PeerId peer, const 
   prm.flags = frame.protocol == RawFrame::Protocol::kEager        ? UCP_AM_SEND_FLAG_EAGER
               : frame.protocol == RawFrame::Protocol::kRendezvous ? UCP_AM_SEND_FLAG_RNDV
                                                                   : 0;
-  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, frame.trailer ? kAmSum : kAmData, header->data(),
+  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, frame.am ? frame.am : frame.trailer ? kAmSum : kAmData, header->data(),
                                        header->size(), payload->data(), payload->size(), &prm);
   if (UCS_PTR_IS_ERR(r))
     return Error{1,
@@ -58,6 +60,17 @@ Status TransportTesting::send_on_thread(Transport::Impl& im, PeerId peer, const 
     if (s != UCS_OK) return Error{1, std::string("raw frame: ") + ucs_status_string(s)};
   }
   return Ok{};
+}
+
+void TransportTesting::set_pull_slot(Transport& t, size_t slot, uint64_t id) {
+  Transport::Impl& im = *t.impl_;
+  std::promise<void> done;
+  auto result = done.get_future();
+  im.post([&] {
+    if (im.pull_table && slot < kPullSlots) im.pull_table[slot].store(id);
+    done.set_value();
+  });
+  result.get();
 }
 
 ReceiveState TransportTesting::receive_state(const Transport& t) {

@@ -77,6 +77,10 @@ inline TransportOptions options(const std::string& name,
   o.cluster_token = token;
   o.listen_host = "127.0.0.1";
   o.net_devices = "lo";  // keep UCX off the other interfaces (DEPENDENCIES.md §4)
+  // These tests are about the endpoint's own paths (eager, rendezvous fragments, trailers),
+  // which two transports of one process would otherwise skip for large messages: same-host
+  // pulls are tested with it on (pull_test.cc).
+  o.same_host_pull = false;
   return o;
 }
 

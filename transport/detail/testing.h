@@ -24,6 +24,7 @@ struct RawFrame {
   uint64_t type = 0;
   uint64_t sum = 0;      // 0: no checksum; 1: one comes later; 2: in a trailer; else the checksum
   bool trailer = false;  // a checksum trailer (kAmSum) rather than a data fragment
+  unsigned am = 0;       // else: this active message id (detail/transport_impl.h, AmId)
   uint64_t total_bytes = 0;
   uint64_t offset = 0;
   std::optional<uint64_t> key;  // default: the link's key as the receiver gave it
@@ -31,6 +32,11 @@ struct RawFrame {
   std::optional<size_t> header_bytes;
   std::vector<uint8_t> payload;
   enum class Protocol : uint8_t { kAuto, kEager, kRendezvous } protocol = Protocol::kAuto;
+};
+
+/// Active message ids for RawFrame::am (detail/transport_impl.h, AmId; checked there).
+struct RawAm {
+  static constexpr unsigned kPull = 10, kPullDone = 11;
 };
 
 /// What a transport's receive side holds at one moment (read on its progress thread).
@@ -47,6 +53,8 @@ struct TransportTesting {
   /// until UCX has taken it. Errors: unknown peer, link down, UCX refused the send.
   static Status send_raw_frame(Transport& t, PeerId peer, const RawFrame& frame);
   static ReceiveState receive_state(const Transport& t);
+  /// Sets slot `slot` of `t`'s pull table (same-host pulls) to `id`: a pull it holds open.
+  static void set_pull_slot(Transport& t, size_t slot, uint64_t id);
 
  private:
   static Status send_on_thread(Transport::Impl& im, PeerId peer, const RawFrame& frame);

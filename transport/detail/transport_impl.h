@@ -42,8 +42,9 @@ namespace detail {
 
 constexpr uint32_t kMagic = 0x50525254;  // "TRRP" little-endian
 // 2: CRC-32C of the payload; 3: link id and key; 4: 8-lane sum; 5: fragments (total, offset);
-// 6: the checksum of a fragmented message in a trailer (kAmSum) after its fragments.
-constexpr uint32_t kWireVersion = 6;
+// 6: the checksum of a fragmented message in a trailer (kAmSum) after its fragments;
+// 7: same-host pulls (kAmPullOffer .. kAmPullDone).
+constexpr uint32_t kWireVersion = 7;
 enum AmId : unsigned {
   kAmHello = 1,
   kAmHelloAck = 2,
@@ -52,7 +53,21 @@ enum AmId : unsigned {
   kAmBye = 5,
   kAmByeAck = 6,
   kAmSum = 7,  // the checksum of the fragmented data message before it (header only)
+  // Same-host pulls (transport_pull.cc): "you may read my memory, check with this cookie";
+  // "I checked it" (header only); a data message to read (header: type, sum, total_bytes,
+  // offset = pull id; payload: slot and byte ranges); "done reading pull id" (header only).
+  kAmPullOffer = 8,
+  kAmPullAccept = 9,
+  kAmPull = 10,
+  kAmPullDone = 11,
 };
+// A pull's byte ranges: at most this many; the receiver reads at most kPullStepBytes per round
+// of the progress loop, so that other peers' messages do not wait behind a large one.
+constexpr size_t kMaxPullRanges = 64;
+constexpr size_t kPullStepBytes = size_t{4} << 20;
+// The sender's table of pulls it holds open (slot -> pull id, 0 = free): the receiver reads the
+// slot after the bytes, so a pull the sender gave up (its link failed) is never delivered.
+constexpr size_t kPullSlots = 1024;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMaxNameBytes = 256;
 constexpr std::string_view kHelloLabel = "troupe-hello";
@@ -167,6 +182,10 @@ struct Transport::Impl {
     size_t checked_bytes = 0;
     std::map<size_t, size_t> landed;
     const char* why = "";  // kFailed: why (for the log)
+    // A same-host pull: the sender's byte ranges, its slot and id, and how far reading got.
+    std::vector<std::pair<uint64_t, uint64_t>> pull_ranges;  // (address, length)
+    uint64_t pull_id = 0, pull_slot = 0;
+    size_t pulled_bytes = 0;
   };
   // A rendezvous fragment waiting for a receive slot: UCX's descriptor and where it goes.
   struct Receive {
@@ -209,6 +228,11 @@ struct Transport::Impl {
     std::deque<std::shared_ptr<Incoming>> awaiting_sum;
     // Our fragmented messages to it whose trailer has not gone yet, in send order.
     std::deque<std::shared_ptr<Outgoing>> sums_due;
+    // Same-host pulls: its process and pull table (from its offer, checked), and our messages
+    // it has not finished reading: pull id -> (slot, what keeps the bytes alive).
+    int64_t pull_pid = 0;
+    uint64_t pull_table = 0;
+    std::map<uint64_t, std::pair<size_t, std::shared_ptr<const void>>> pulls_out;
   };
   struct SendCtx {
     Impl* im = nullptr;
@@ -266,6 +290,14 @@ struct Transport::Impl {
   std::deque<Receive> rndv_waiting;
   size_t rndv_in_flight = 0, rndv_bytes_in_flight = 0;
   size_t sends_in_flight = 0;  // sends UCX has not completed yet
+  // Same-host pulls: ours to read, in arrival order; what we offer (a cookie the peer reads
+  // back, this host's boot id) and the table of our pulls in flight (kPullSlots).
+  std::deque<std::shared_ptr<Incoming>> pulls_waiting;
+  std::array<uint8_t, kNonceBytes> pull_cookie{};
+  std::string boot_id;
+  std::unique_ptr<std::atomic<uint64_t>[]> pull_table;
+  std::vector<size_t> free_pull_slots;
+  uint64_t next_pull_id = 1;
   struct Event {
     PeerId peer;
     PeerEvent ev;
@@ -451,6 +483,35 @@ struct Transport::Impl {
 
   static ucs_status_t am_bye_ack(void* arg, const void* header, size_t header_length, void*, size_t,
                                  const ucp_am_recv_param_t*);
+
+  // --- same-host pulls (transport_pull.cc) -----------------------------------------------
+
+  // At start: this host's boot id, the cookie and the table; false when pulls cannot work here.
+  bool init_pulls();
+
+  // A peer came up: offer it to read our memory (when pulls are on and could work).
+  void offer_pull(Peer& p);
+
+  // Sends a message as a pull when the peer takes them and it is large enough; false: not sent.
+  bool send_pull(Peer& p, const OutMessage& m, std::optional<uint64_t> sum);
+
+  // Reads the oldest waiting pulls (at most kPullStepBytes); true if it did any work.
+  bool run_pulls();
+
+  // Tells the sender we are done with a pull (read, failed or dropped).
+  void pull_done(PeerId id, uint64_t pull_id);
+
+  // Gives up our pulls to a peer that is going: frees their slots first, then their bytes.
+  void revoke_pulls(Peer& p);
+
+  static ucs_status_t am_pull_offer(void* arg, const void* header, size_t header_length,
+                                    void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_pull_accept(void* arg, const void* header, size_t header_length, void*,
+                                     size_t, const ucp_am_recv_param_t*);
+  static ucs_status_t am_pull(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_pull_done(void* arg, const void* header, size_t header_length, void*,
+                                   size_t, const ucp_am_recv_param_t*);
 
   // --- commands (run on the progress thread) ------------------------------------------------
 
