@@ -420,6 +420,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
                   : plan.cluster.error_mode == "none" ? transport::ErrorMode::kNone
                                                       : transport::ErrorMode::kAuto;
   to.checksum_payloads = plan.cluster.payload_checksums;
+  to.same_host_pull = plan.cluster.same_host_pull;
   to.faults = opts.faults;
   NodeActor node = im.node;
   auto tx = transport::Transport::start(

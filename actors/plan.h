@@ -88,6 +88,9 @@ struct ClusterPlan {
   // a pass over each payload on both sides (TCP at >= 4 MiB: 0.72-0.83 of ucx_perftest with it,
   // 0.91-1.20 without, docs/benchmarks.md) and leaves corruption above the link undetected.
   bool payload_checksums = true;
+  // Nodes of one host read each other's large messages out of memory (docs/transport.md,
+  // Same-host pulls); false sends them over the UCX endpoint like any other.
+  bool same_host_pull = true;
   std::vector<NodePlan> nodes;
   int line = 0;  // line of [cluster]
   bool present() const { return !nodes.empty(); }

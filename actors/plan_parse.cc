@@ -317,7 +317,7 @@ class Parser {
       check_keys(
           *t, "cluster",
           {"name", "token", "token_file", "head", "heartbeat_ms", "lease_ms", "replace_wait_ms",
-           "ucx_tls", "ucx_net_devices", "error_mode", "payload_checksums"});
+           "ucx_tls", "ucx_net_devices", "error_mode", "payload_checksums", "same_host_pull"});
       read_string(*t, "cluster", "name", c.name);
       read_string(*t, "cluster", "token", c.token);
       read_string(*t, "cluster", "token_file", c.token_file);
@@ -329,6 +329,7 @@ class Parser {
       read_string(*t, "cluster", "ucx_net_devices", c.ucx_net_devices);
       read_string(*t, "cluster", "error_mode", c.error_mode);
       read_bool(*t, "cluster", "payload_checksums", c.payload_checksums);
+      read_bool(*t, "cluster", "same_host_pull", c.same_host_pull);
       if (c.error_mode != "auto" && c.error_mode != "peer" && c.error_mode != "none")
         fail(t->get("error_mode")->source().begin.line, "cluster.error_mode",
              "expected \"auto\", \"peer\" or \"none\", got \"" + c.error_mode + "\"");

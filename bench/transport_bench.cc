@@ -1,7 +1,7 @@
 // transport_bench: transport::Transport between two processes on 127.0.0.1 (this binary re-runs
 // itself with --serve as the echo/sink server), side by side with ucx_perftest's UCP
 // active-message tests (ucp_am_lat, ucp_am_bw) on the same UCX transports and sizes.
-// Usage: transport_bench [--reps N] [--configs tcp,shm,shm+peer] [--no-perftest] [--quick] ...
+// Usage: transport_bench [--reps N] [--configs tcp,shm,shm+peer,pull] [--no-perftest] [--quick] ...
 // (--help lists every flag). Prints markdown tables: ours, perftest's, and their ratio.
 #include <fcntl.h>
 #include <poll.h>
@@ -51,11 +51,16 @@ struct LinkConfig {
   const char* tls;  // TransportOptions::tls and UCX_TLS for perftest
   tp::ErrorMode mode;
   bool perftest_err;  // perftest -e (endpoints with error handling, i.e. PEER)
+  bool pull = false;  // TransportOptions::same_host_pull (the two processes share this host)
+  const char* perftest_tls = nullptr;  // UCX_TLS for perftest when not `tls`
 };
 constexpr LinkConfig kConfigs[] = {
     {"tcp", "tcp", tp::ErrorMode::kPeer, true},
     {"shm", "shm,tcp,self", tp::ErrorMode::kNone, false},      // NONE: shared memory allowed
     {"shm+peer", "shm,tcp,self", tp::ErrorMode::kPeer, true},  // PEER (the default) excludes shm
+    // The default between daemons of one host: TCP with PEER, large messages by same-host pull;
+    // against perftest over UCX's shared memory without error handling (its fastest, unsafe).
+    {"pull", "tcp", tp::ErrorMode::kPeer, false, true, "shm,tcp,self"},
 };
 
 struct Flags {
@@ -95,6 +100,7 @@ tp::TransportOptions link_options(const LinkConfig& c, const std::string& name, 
   o.tls = c.tls;
   o.net_devices = "lo";  // else UCX adds a rail over eth0 (DEPENDENCIES.md §4)
   o.error_mode = c.mode;
+  o.same_host_pull = c.pull;
   o.spin = std::chrono::microseconds(spin_us);
   // env: TROUPE_BENCH_NO_CHECKSUM=1 — measure without payload checksums (both processes see it).
   const char* nc = std::getenv("TROUPE_BENCH_NO_CHECKSUM");
@@ -403,7 +409,7 @@ void latency_table(const LinkConfig& c, const Flags& f, Perftest* pt) {
   for (size_t i = 0; i < f.lat_sizes.size(); ++i) {
     std::optional<PerftestResult> p;
     if (pt)
-      p = pt->run(c.tls, c.perftest_err, "ucp_am_lat", f.lat_sizes[i], 10 * f.lat_round_trips);
+      p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_lat", f.lat_sizes[i], 10 * f.lat_round_trips);
     auto first = [](auto& o) { return o ? std::optional<double>(o->first) : std::nullopt; };
     auto second = [](auto& o) { return o ? std::optional<double>(o->second) : std::nullopt; };
     const auto pp50 = p ? std::optional<double>(p->lat_p50_us) : std::nullopt;
@@ -442,7 +448,7 @@ void bandwidth_table(const LinkConfig& c, const Flags& f, Perftest* pt, int spin
     const auto bw = l->bandwidth(size, count, reps, f.window_bytes);
     const auto ours = bw ? std::optional<double>(bw->bytes_s) : std::nullopt;
     std::optional<PerftestResult> p;
-    if (pt) p = pt->run(c.tls, c.perftest_err, "ucp_am_bw", size, std::max<uint64_t>(count, 8));
+    if (pt) p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_bw", size, std::max<uint64_t>(count, 8));
     const auto pbw = p ? std::optional<double>(p->bw_bytes_s) : std::nullopt;
     std::string verdict = "";
     if (size >= (1u << 20) && ours && pbw) verdict = *ours >= 0.9 * *pbw ? "met" : "BELOW";
@@ -521,7 +527,7 @@ int usage() {
   std::fprintf(
       stderr,
       "usage: transport_bench [--reps N (5)] [--round-trips N (2000)] [--bw-scale X (1)]\n"
-      "         [--configs tcp,shm,shm+peer (tcp,shm)] [--spin-us N (200)] [--bw-spin-us N (0)]\n"
+      "         [--configs tcp,shm,shm+peer,pull (tcp,shm)] [--spin-us N (200)] [--bw-spin-us N (0)]\n"
       "         [--lat-sizes 8,64,1K,4K,64K] [--bw-sizes 8,...,64M] [--window-mib N (64)]\n"
       "         [--only lat|bw] [--no-perftest] [--perftest PATH] [--quick]\n");
   return 2;

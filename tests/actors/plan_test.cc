@@ -693,6 +693,19 @@ TEST(ClusterPlan, ReadsReplaceWaitAndMemoryLimits) {
   EXPECT_EQ(d->cluster.replace_wait_ms, 60000);
 }
 
+TEST(ClusterPlan, SameHostPullIsOnUnlessTurnedOff) {
+  auto on = parse_plan_string("[cluster]\ntoken = \"t\"\n", "c.toml");
+  ASSERT_TRUE(on) << on.error().message;
+  EXPECT_TRUE(on->cluster.same_host_pull);
+  auto off = parse_plan_string("[cluster]\ntoken = \"t\"\nsame_host_pull = false\n", "c.toml");
+  ASSERT_TRUE(off) << off.error().message;
+  EXPECT_FALSE(off->cluster.same_host_pull);
+  auto bad = parse_plan_string("[cluster]\nsame_host_pull = 1\n", "c.toml");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("cluster.same_host_pull"), std::string::npos)
+      << bad.error().message;
+}
+
 TEST(ClusterPlan, PayloadChecksumsAreOnUnlessTurnedOff) {
   auto on = parse_plan_string("[cluster]\ntoken = \"t\"\n", "c.toml");
   ASSERT_TRUE(on) << on.error().message;

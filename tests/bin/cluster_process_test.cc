@@ -379,8 +379,9 @@ TEST(ClusterProcesses, MoeAcrossThreeNetworkNamespacesOverTcpIsBitIdentical) {
   std::vector<Node> nodes;
   for (size_t i = 0; i < 3; ++i)
     nodes.push_back({"h" + std::to_string(i), "10.78.0." + std::to_string(i + 1), 7500});
-  const std::string conf =
-      cluster_file(path, nodes, {"h1", "h2"}, {"h2", "h0", "h1"}, "ucx_tls = \"tcp\"\n", "netns");
+  // The namespaces stand for separate hosts: TCP over the veth links, no same-host pulls.
+  const std::string conf = cluster_file(path, nodes, {"h1", "h2"}, {"h2", "h0", "h1"},
+                                        "ucx_tls = \"tcp\"\nsame_host_pull = false\n", "netns");
   std::vector<std::vector<std::string>> prefix;
   for (const auto& ns : net.names) prefix.push_back({"ip", "netns", "exec", ns});
   auto ds = start_cluster(conf, nodes, prefix);

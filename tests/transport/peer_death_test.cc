@@ -80,6 +80,40 @@ TEST(TransportPeerHelper, DISABLED_StreamUntilKilled) {
   }
 }
 
+// The third helper: streams 1 MiB messages, all the same bytes, to the hub by same-host pull
+// (the hub reads them from this process's memory) until killed.
+TEST(TransportPeerHelper, DISABLED_PullUntilKilled) {
+  const char* port = std::getenv(kHubPortEnv);
+  if (!port) GTEST_SKIP() << kHubPortEnv << " is not set: this runs only as a helper process";
+  auto o = options("puller", "secret-token");
+  o.same_host_pull = true;
+  auto t = Transport::start(o, [](Message&&) {}, nullptr);
+  ASSERT_TRUE(t) << t.error().message;
+  auto p = (*t)->connect("127.0.0.1", static_cast<uint16_t>(std::atoi(port)), 10s);
+  ASSERT_TRUE(p) << p.error().message;
+  // At most 16 messages held (sent, not yet read by the hub), for at most 20 s.
+  const auto bytes = std::make_shared<const std::vector<uint8_t>>(pattern(1 << 20, 12));
+  auto held = std::make_shared<std::atomic<int>>(0);
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < end) {
+    if (held->load() >= 16) {
+      std::this_thread::sleep_for(100us);
+      continue;
+    }
+    held->fetch_add(1);
+    // The bytes are the same for every message; each message's keep-alive counts itself out.
+    std::shared_ptr<const void> token(new int(0), [held, bytes](const int* p) {
+      held->fetch_sub(1);
+      delete p;
+    });
+    OutMessage m;
+    m.type = 12;
+    m.parts = {{bytes->data(), bytes->size()}};
+    m.keep_alive = std::move(token);
+    if (!(*t)->send(*p, std::move(m))) break;
+  }
+}
+
 pid_t spawn_helper(uint16_t hub_port, const char* which = "ReceiveUntilKilled") {
   std::string env = std::string(kHubPortEnv) + "=" + std::to_string(hub_port);
   std::string exe = "/proc/self/exe",
@@ -129,8 +163,10 @@ struct HubAndWatcher {
   PeerId hub_id = 0, watcher_id = 0;  // each as the other sees it
   size_t pings = 0;
 
-  void start() {
-    auto h = Transport::start(options("hub"), hub_in.handler(), hub_in.peer_handler());
+  void start(bool hub_pulls = false) {
+    auto ho = options("hub");
+    ho.same_host_pull = hub_pulls;
+    auto h = Transport::start(ho, hub_in.handler(), hub_in.peer_handler());
     ASSERT_TRUE(h) << h.error().message;
     hub = std::move(*h);
     auto wo = options("watcher");
@@ -246,6 +282,46 @@ TEST(TransportProcesses, PeerKilledWhileSendingToUsLeavesOtherLinksWorking) {
     t.watcher_in.msgs.clear();
     t.pings = 0;
   }
+}
+
+// A peer killed while the hub reads messages out of its memory (same-host pulls): every
+// message the hub delivers from it is whole and right (a pull the sender gave up, or whose
+// memory went with it, is dropped, never delivered half-read), and the hub's other links work.
+TEST(TransportProcesses, PeerKilledWhileWeReadItsMemoryLeavesOtherLinksWorking) {
+  HubAndWatcher t;
+  ASSERT_NO_FATAL_FAILURE(t.start(/*hub_pulls=*/true));
+  auto& hub_in = t.hub_in;
+  const auto want = pattern(1 << 20, 12);
+  uint64_t pulled = 0;
+  for (int round = 0; round < 12; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const size_t before = ups(hub_in);
+    const pid_t child = spawn_helper(t.hub->port(), "PullUntilKilled");
+    ASSERT_GT(child, 0);
+    const PeerId victim = wait_new_peer(hub_in, before);
+    ASSERT_NE(victim, 0u) << "the helper process did not connect";
+    {
+      std::unique_lock<std::mutex> lk(hub_in.mu);
+      ASSERT_TRUE(hub_in.cv.wait_for(lk, 10s, [&] { return t.from(victim) >= 4; }))
+          << "the helper sent nothing";
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300 * (round % 5)));
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    ASSERT_NO_FATAL_FAILURE(t.ping("a peer died while we read its memory"));
+    for (const auto& l : t.hub->stats().links)
+      if (l.peer == victim) pulled += l.pulled;
+    std::scoped_lock lk(hub_in.mu, t.watcher_in.mu);
+    for (const auto& m : hub_in.msgs)
+      if (m.peer == victim) {
+        ASSERT_EQ(m.type, 12u);
+        ASSERT_TRUE(std::ranges::equal(m.data(), want)) << "a message arrived damaged";
+      }
+    hub_in.msgs.clear();
+    t.watcher_in.msgs.clear();
+    t.pings = 0;
+  }
+  EXPECT_GT(pulled, 0u) << "the messages did not go by pull";
 }
 
 }  // namespace
