@@ -409,7 +409,8 @@ void latency_table(const LinkConfig& c, const Flags& f, Perftest* pt) {
   for (size_t i = 0; i < f.lat_sizes.size(); ++i) {
     std::optional<PerftestResult> p;
     if (pt)
-      p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_lat", f.lat_sizes[i], 10 * f.lat_round_trips);
+      p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_lat",
+                  f.lat_sizes[i], 10 * f.lat_round_trips);
     auto first = [](auto& o) { return o ? std::optional<double>(o->first) : std::nullopt; };
     auto second = [](auto& o) { return o ? std::optional<double>(o->second) : std::nullopt; };
     const auto pp50 = p ? std::optional<double>(p->lat_p50_us) : std::nullopt;
@@ -448,7 +449,9 @@ void bandwidth_table(const LinkConfig& c, const Flags& f, Perftest* pt, int spin
     const auto bw = l->bandwidth(size, count, reps, f.window_bytes);
     const auto ours = bw ? std::optional<double>(bw->bytes_s) : std::nullopt;
     std::optional<PerftestResult> p;
-    if (pt) p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_bw", size, std::max<uint64_t>(count, 8));
+    if (pt)
+      p = pt->run(c.perftest_tls ? c.perftest_tls : c.tls, c.perftest_err, "ucp_am_bw", size,
+                  std::max<uint64_t>(count, 8));
     const auto pbw = p ? std::optional<double>(p->bw_bytes_s) : std::nullopt;
     std::string verdict = "";
     if (size >= (1u << 20) && ours && pbw) verdict = *ours >= 0.9 * *pbw ? "met" : "BELOW";
@@ -524,12 +527,12 @@ void print_header(const Flags& f, bool perftest) {
 }
 
 int usage() {
-  std::fprintf(
-      stderr,
-      "usage: transport_bench [--reps N (5)] [--round-trips N (2000)] [--bw-scale X (1)]\n"
-      "         [--configs tcp,shm,shm+peer,pull (tcp,shm)] [--spin-us N (200)] [--bw-spin-us N (0)]\n"
-      "         [--lat-sizes 8,64,1K,4K,64K] [--bw-sizes 8,...,64M] [--window-mib N (64)]\n"
-      "         [--only lat|bw] [--no-perftest] [--perftest PATH] [--quick]\n");
+  std::fprintf(stderr,
+               "usage: transport_bench [--reps N (5)] [--round-trips N (2000)] [--bw-scale X (1)]\n"
+               "         [--configs tcp,shm,shm+peer,pull (tcp,shm)] [--spin-us N (200)]\n"
+               "         [--bw-spin-us N (0)] [--lat-sizes 8,64,1K,4K,64K] [--bw-sizes 8,...,64M] "
+               "[--window-mib N (64)]\n"
+               "         [--only lat|bw] [--no-perftest] [--perftest PATH] [--quick]\n");
   return 2;
 }
 

@@ -2,7 +2,9 @@
 // peer. Peers prove the cluster token at connect (mutual HMAC-SHA256); messages are typed byte
 // frames (usually Cap'n Proto, typed by the root struct's id) sent as UCX active messages: eager
 // for small ones, rendezvous for large ones (in fragments of at most 1 MiB), gathered from the
-// caller's buffers without a copy, and delivered in send order per peer.
+// caller's buffers without a copy, and delivered in send order per peer. Between processes of
+// one host, messages of 256 KiB and more are read out of the sender's memory instead (same-host
+// pulls, transport_pull.cc).
 // Users: actors/ (node daemon, remote proxies), bench/, tests.
 // Thread safety: every public method may be called from any thread. All UCX calls run on the
 // transport's own progress thread, which also runs the handlers: they must return quickly

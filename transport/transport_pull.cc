@@ -4,11 +4,11 @@
 // per round, then reads the sender's pull-table slot to make sure the sender still held them.
 // Everything but the bytes goes over the UCX endpoint, so failures are reported as for any
 // message (docs/transport.md, Same-host pulls). Runs on the progress thread.
-#include <sys/prctl.h>
-#include <sys/uio.h>
-
 #include <cerrno>
 #include <fstream>
+
+#include <sys/prctl.h>
+#include <sys/uio.h>
 
 #include "transport/detail/transport_impl.h"
 
@@ -146,14 +146,13 @@ bool Transport::Impl::send_pull(Peer& p, const OutMessage& m, std::optional<uint
 }
 
 ucs_status_t Transport::Impl::am_pull(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length,
-                                      const ucp_am_recv_param_t* param) {
+                                      void* data, size_t length, const ucp_am_recv_param_t* param) {
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
   Peer* p = im->sender_up(header, header_length, &h, "bad pull header");
   if (!p || p->stats.cut) return UCS_OK;
-  const std::string what = "pull (type " + std::to_string(h.type) + ", " +
-                           std::to_string(h.total_bytes) + " bytes)";
+  const std::string what =
+      "pull (type " + std::to_string(h.type) + ", " + std::to_string(h.total_bytes) + " bytes)";
   std::string bad;
   const auto* in = static_cast<const uint8_t*>(data);
   uint64_t slot = 0, ranges = 0, total = 0;

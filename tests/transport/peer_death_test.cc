@@ -87,7 +87,8 @@ TEST(TransportPeerHelper, DISABLED_PullUntilKilled) {
   if (!port) GTEST_SKIP() << kHubPortEnv << " is not set: this runs only as a helper process";
   auto o = options("puller", "secret-token");
   o.same_host_pull = true;
-  auto t = Transport::start(o, [](Message&&) {}, nullptr);
+  auto t = Transport::start(
+      o, [](Message&&) {}, nullptr);
   ASSERT_TRUE(t) << t.error().message;
   auto p = (*t)->connect("127.0.0.1", static_cast<uint16_t>(std::atoi(port)), 10s);
   ASSERT_TRUE(p) << p.error().message;
@@ -186,6 +187,24 @@ struct HubAndWatcher {
     for (const auto& m : hub_in.msgs) n += m.peer == peer;
     return n;
   }
+  // Starts helper `which` (a streamer) and waits until the hub has `n` messages from it.
+  void start_streamer(const char* which, size_t n, pid_t* child, PeerId* victim) {
+    const size_t before = ups(hub_in);
+    *child = spawn_helper(hub->port(), which);
+    ASSERT_GT(*child, 0);
+    *victim = wait_new_peer(hub_in, before);
+    ASSERT_NE(*victim, 0u) << "the helper process did not connect";
+    std::unique_lock<std::mutex> lk(hub_in.mu);
+    ASSERT_TRUE(hub_in.cv.wait_for(lk, 10s, [&] { return from(*victim) >= n; }))
+        << "the helper sent nothing";
+  }
+  // The streamers' messages add up: the next round starts from empty inboxes.
+  void clear_inboxes() {
+    std::scoped_lock lk(hub_in.mu, watcher_in.mu);
+    hub_in.msgs.clear();
+    watcher_in.msgs.clear();
+    pings = 0;
+  }
   // One message watcher -> hub and one back, each within 10 s.
   void ping(const std::string& after) {
     ASSERT_TRUE(watcher->send(hub_id, copy_message(9, pattern(64, 1))));
@@ -259,28 +278,16 @@ TEST(TransportProcesses, PeersKilledMidTransferLeaveOtherLinksWorking) {
 TEST(TransportProcesses, PeerKilledWhileSendingToUsLeavesOtherLinksWorking) {
   HubAndWatcher t;
   ASSERT_NO_FATAL_FAILURE(t.start());
-  auto& hub_in = t.hub_in;
   for (int round = 0; round < 60; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    const size_t before = ups(hub_in);
-    const pid_t child = spawn_helper(t.hub->port(), "StreamUntilKilled");
-    ASSERT_GT(child, 0);
-    const PeerId victim = wait_new_peer(hub_in, before);
-    ASSERT_NE(victim, 0u) << "the helper process did not connect";
-    {
-      std::unique_lock<std::mutex> lk(hub_in.mu);
-      ASSERT_TRUE(hub_in.cv.wait_for(lk, 10s, [&] { return t.from(victim) >= 100; }))
-          << "the helper sent nothing";
-    }
+    pid_t child = 0;
+    PeerId victim = 0;  // (unused here: the hub only has to survive it)
+    ASSERT_NO_FATAL_FAILURE(t.start_streamer("StreamUntilKilled", 100, &child, &victim));
     std::this_thread::sleep_for(std::chrono::milliseconds(1 + round % 7));
     ::kill(child, SIGKILL);
     ::waitpid(child, nullptr, 0);
     ASSERT_NO_FATAL_FAILURE(t.ping("a peer died while sending to it"));
-    // The streamer's messages add up: start the next round from empty inboxes.
-    std::scoped_lock lk(hub_in.mu, t.watcher_in.mu);
-    hub_in.msgs.clear();
-    t.watcher_in.msgs.clear();
-    t.pings = 0;
+    t.clear_inboxes();
   }
 }
 
@@ -295,31 +302,24 @@ TEST(TransportProcesses, PeerKilledWhileWeReadItsMemoryLeavesOtherLinksWorking) 
   uint64_t pulled = 0;
   for (int round = 0; round < 12; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    const size_t before = ups(hub_in);
-    const pid_t child = spawn_helper(t.hub->port(), "PullUntilKilled");
-    ASSERT_GT(child, 0);
-    const PeerId victim = wait_new_peer(hub_in, before);
-    ASSERT_NE(victim, 0u) << "the helper process did not connect";
-    {
-      std::unique_lock<std::mutex> lk(hub_in.mu);
-      ASSERT_TRUE(hub_in.cv.wait_for(lk, 10s, [&] { return t.from(victim) >= 4; }))
-          << "the helper sent nothing";
-    }
+    pid_t child = 0;
+    PeerId victim = 0;
+    ASSERT_NO_FATAL_FAILURE(t.start_streamer("PullUntilKilled", 4, &child, &victim));
     std::this_thread::sleep_for(std::chrono::microseconds(300 * (round % 5)));
     ::kill(child, SIGKILL);
     ::waitpid(child, nullptr, 0);
     ASSERT_NO_FATAL_FAILURE(t.ping("a peer died while we read its memory"));
     for (const auto& l : t.hub->stats().links)
       if (l.peer == victim) pulled += l.pulled;
-    std::scoped_lock lk(hub_in.mu, t.watcher_in.mu);
-    for (const auto& m : hub_in.msgs)
-      if (m.peer == victim) {
-        ASSERT_EQ(m.type, 12u);
-        ASSERT_TRUE(std::ranges::equal(m.data(), want)) << "a message arrived damaged";
-      }
-    hub_in.msgs.clear();
-    t.watcher_in.msgs.clear();
-    t.pings = 0;
+    {
+      std::lock_guard<std::mutex> lk(hub_in.mu);
+      for (const auto& m : hub_in.msgs)
+        if (m.peer == victim) {
+          ASSERT_EQ(m.type, 12u);
+          ASSERT_TRUE(std::ranges::equal(m.data(), want)) << "a message arrived damaged";
+        }
+    }
+    t.clear_inboxes();
   }
   EXPECT_GT(pulled, 0u) << "the messages did not go by pull";
 }

@@ -63,9 +63,9 @@ TEST(Pulls, LargeMessagesArePulledIntactAndInOrder) {
   PullPair p;
   ASSERT_NO_FATAL_FAILURE(p.start_pulling());
   const size_t min = pulling("x").pull_min_bytes;
-  const std::vector<std::vector<uint8_t>> bodies = {
-      pattern(10, 1), pattern(5 << 20, 2), pattern(min - 1, 3), pattern(min, 4),
-      pattern(64 << 20, 5), pattern(100, 6)};
+  const std::vector<std::vector<uint8_t>> bodies = {pattern(10, 1),       pattern(5 << 20, 2),
+                                                    pattern(min - 1, 3),  pattern(min, 4),
+                                                    pattern(64 << 20, 5), pattern(100, 6)};
   for (size_t i = 0; i < bodies.size(); ++i)
     ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(i, bodies[i])));
   // Three parts gathered from separate buffers, as a Cap'n Proto message's segments go.

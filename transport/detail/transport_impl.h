@@ -504,8 +504,8 @@ struct Transport::Impl {
   // Gives up our pulls to a peer that is going: frees their slots first, then their bytes.
   void revoke_pulls(Peer& p);
 
-  static ucs_status_t am_pull_offer(void* arg, const void* header, size_t header_length,
-                                    void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_pull_offer(void* arg, const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t am_pull_accept(void* arg, const void* header, size_t header_length, void*,
                                      size_t, const ucp_am_recv_param_t*);
   static ucs_status_t am_pull(void* arg, const void* header, size_t header_length, void* data,
