@@ -115,6 +115,7 @@ struct Options {
   int64_t prompt = 64, gen = 64;
   int timeout_s = 300;
   bool reference = true;
+  bool pull = true;  // [cluster] same_host_pull (the daemons share this host)
 };
 
 // The plan text: one stage per node, `threads` compute threads each. With `cluster` false the
@@ -125,7 +126,8 @@ std::string plan_text(const Options& o, int n, int threads, bool cluster,
   t << "[model]\npath = \"" << o.model << "\"\nweights = \"" << o.weights << "\"\n";
   if (cluster) {
     t << "[cluster]\nname = \"bench\"\ntoken = \"" << kToken << "\"\nhead = \"n0\"\n"
-      << "ucx_net_devices = \"lo\"\nucx_tls = \"" << o.tls << "\"\n";
+      << "ucx_net_devices = \"lo\"\nucx_tls = \"" << o.tls << "\"\n"
+      << "same_host_pull = " << (o.pull ? "true" : "false") << "\n";
     for (int i = 0; i < n; ++i)
       t << "[[node]]\nname = \"n" << i << "\"\naddress = \"127.0.0.1:" << ports[size_t(i)]
         << "\"\n";
@@ -452,7 +454,7 @@ Options parse_args(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] "
                  "[--prompt 64] [--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] "
-                 "[--no-reference] [--weights auto|memory|map]\n");
+                 "[--no-reference] [--weights auto|memory|map] [--pull on|off]\n");
     std::exit(2);
   }
   Options o;
@@ -490,8 +492,10 @@ Options parse_args(int argc, char** argv) {
       o.weights = v;
     else if (k == "--timeout-s")
       o.timeout_s = std::atoi(v.c_str());
+    else if (k == "--pull" && (v == "on" || v == "off"))
+      o.pull = v == "on";
     else
-      fail("unknown option " + k);
+      fail("unknown option " + k + " " + v);
   }
   for (int n : o.daemons)
     if (n < 1 || n > kMaxChildren) fail("--daemons: each count must be in [1, 16]");
@@ -537,9 +541,9 @@ void print_header(const Options& o, const model::Model& m) {
   std::printf("; %d rounds\n", o.runs);
   std::printf(
       "daemons: one pipeline stage each, 1 compute thread per stage (%u hardware threads: "
-      "3 stages oversubscribe them), UCX %s on loopback; troupe %s\n",
+      "3 stages oversubscribe them), UCX %s on loopback, same-host pulls %s; troupe %s\n",
       std::thread::hardware_concurrency(), o.tls.empty() ? "default transports" : o.tls.c_str(),
-      o.troupe.c_str());
+      o.pull ? "on" : "off", o.troupe.c_str());
   std::printf("in-process: LocalCluster with the same plan minus [cluster]/[[node]]\n\n");
 }
 

@@ -3,6 +3,7 @@
 // process are peers on one host here; processes that die mid-pull are in peer_death_test.cc.
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -87,6 +88,38 @@ TEST(Pulls, LargeMessagesArePulledIntactAndInOrder) {
   EXPECT_TRUE(std::ranges::equal(p.b_in.msgs.back().data(), joined));
   EXPECT_EQ(p.pulled(), 4u);  // 5 MiB, min, 64 MiB and the three parts
   EXPECT_EQ(p.malformed(), 0u);
+}
+
+// More messages than the sender's pull table has slots, while the receiver is stuck in its
+// handler: the first 1024 wait as pulls, the rest go over the endpoint, and all arrive in order.
+TEST(Pulls, AFullPullTableFallsBackToTheEndpointInOrder) {
+  PullPair p;
+  ASSERT_NO_FATAL_FAILURE(p.start_pulling());
+  const size_t n = 1100, min = pulling("x").pull_min_bytes;
+  auto body = std::make_shared<const std::vector<uint8_t>>(pattern(min, 11));
+  auto arrived = std::make_shared<std::promise<void>>();
+  auto first = arrived->get_future();
+  std::promise<void> release;
+  p.b_in.release = release.get_future().share();
+  p.b_in.first_arrived = arrived;
+  for (size_t i = 0; i < n; ++i) {
+    OutMessage m;
+    m.type = i;
+    m.parts = {{body->data(), body->size()}};
+    m.keep_alive = body;  // one buffer for all: 1100 x 256 KiB would be 280 MB
+    ASSERT_TRUE(p.a->send(p.b_from_a, std::move(m)));
+  }
+  ASSERT_EQ(first.wait_for(10s), std::future_status::ready);
+  for (int i = 0; i < 400 && p.a->stats().links[0].messages_sent < n; ++i)
+    std::this_thread::sleep_for(5ms);
+  release.set_value();
+  ASSERT_TRUE(p.b_in.wait_messages(n, 60s));
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p.b_in.msgs[i].type, i);
+    ASSERT_TRUE(std::ranges::equal(p.b_in.msgs[i].data(), *body)) << "message " << i;
+  }
+  EXPECT_GE(p.pulled(), 1024u);
+  EXPECT_LT(p.pulled(), n) << "no message took the endpoint with the table full";
 }
 
 // The sender lets go of a pulled message's bytes once the receiver has read them.
