@@ -47,7 +47,6 @@ bool Transport::Impl::init_pulls() {
   std::string id;
   if (!(f >> id) || id.size() != kBootIdBytes) return false;
   boot_id = id;
-  random_bytes(pull_cookie);
   pull_table = std::make_unique<std::atomic<uint64_t>[]>(kPullSlots);
   for (size_t i = 0; i < kPullSlots; ++i) pull_table[i].store(0);
   free_pull_slots.clear();
@@ -60,6 +59,9 @@ bool Transport::Impl::init_pulls() {
 
 void Transport::Impl::offer_pull(Peer& p) {
   if (!pull_table) return;
+  const auto* key = reinterpret_cast<const uint8_t*>(&p.remote_key);
+  p.pull_cookie = hmac_sha256(opts.cluster_token, kPullLabel, {{key, sizeof(p.remote_key)}});
+  const auto& pull_cookie = p.pull_cookie;
   auto buf = std::make_shared<std::vector<uint8_t>>(kOfferBytes);
   std::memcpy(buf->data(), boot_id.data(), kBootIdBytes);
   buf->resize(kBootIdBytes);
@@ -92,9 +94,13 @@ ucs_status_t Transport::Impl::am_pull_offer(void* arg, const void* header, size_
   const uint8_t* cookie = in + 16;
   const uint64_t table = get_u64(in + 16 + kNonceBytes);
   const uint64_t slots = get_u64(in + 24 + kNonceBytes);
+  // The cookie is bound to this link (our key for it) and must be in the offering process's
+  // memory where it says: another process of this user cannot have shown it.
+  const auto* key = reinterpret_cast<const uint8_t*>(&p->key);
+  const Digest want = hmac_sha256(im->opts.cluster_token, kPullLabel, {{key, sizeof(p->key)}});
   std::array<uint8_t, kNonceBytes> seen{};
-  if (pid <= 0 || slots != kPullSlots || !read_remote(pid, cookie_at, seen.data(), seen.size()) ||
-      std::memcmp(seen.data(), cookie, kNonceBytes) != 0)
+  if (pid <= 0 || slots != kPullSlots || !digest_equal(want, {cookie, kNonceBytes}) ||
+      !read_remote(pid, cookie_at, seen.data(), seen.size()) || !digest_equal(want, seen))
     return UCS_OK;
   p->pull_pid = pid;
   p->pull_table = table;

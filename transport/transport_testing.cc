@@ -5,7 +5,8 @@
 
 namespace troupe::transport::detail {
 
-static_assert(RawAm::kPull == kAmPull && RawAm::kPullDone == kAmPullDone);
+static_assert(RawAm::kPullOffer == kAmPullOffer && RawAm::kPull == kAmPull &&
+              RawAm::kPullDone == kAmPullDone);
 
 Status TransportTesting::send_raw_frame(Transport& t, PeerId peer, const RawFrame& frame) {
   Transport::Impl& im = *t.impl_;

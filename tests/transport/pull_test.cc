@@ -1,10 +1,14 @@
 // Same-host pulls (transport_pull.cc): large messages between transports of one host are read
 // from the sender's memory; everything else goes over the endpoint. Two transports of this
 // process are peers on one host here; processes that die mid-pull are in peer_death_test.cc.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "tests/transport/transport_test_util.h"
@@ -234,6 +238,40 @@ TEST(Pulls, BadAnnouncementsAreCountedAndDropped) {
   EXPECT_TRUE(std::ranges::equal(p.b_in.msgs[1].data(), big));
   EXPECT_EQ(p.pulled(), 2u);
   EXPECT_EQ(p.malformed(), want_malformed);
+}
+
+// An offer whose cookie is not the one bound to the link (here: 32 random bytes that are where
+// the offer says, as any process of this user could show) is not accepted.
+TEST(Pulls, AnOfferWithoutTheLinksCookieIsNotAccepted) {
+  PullPair p;
+  auto ao = pulling("node-a");
+  ao.same_host_pull = false;  // a offers nothing itself; the forged offer is the only one
+  ASSERT_NO_FATAL_FAILURE(p.start(ao, pulling("node-b")));
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  ASSERT_TRUE(f >> boot);
+  ASSERT_EQ(boot.size(), 36u);
+  const auto cookie = pattern(32, 7);
+  std::vector<uint8_t> offer(boot.begin(), boot.end());
+  auto put = [&](uint64_t v) {
+    offer.resize(offer.size() + 8);
+    std::memcpy(offer.data() + offer.size() - 8, &v, 8);
+  };
+  put(static_cast<uint64_t>(getpid()));
+  put(reinterpret_cast<uint64_t>(cookie.data()));
+  offer.insert(offer.end(), cookie.begin(), cookie.end());
+  const std::vector<uint64_t> table(1024, 0);
+  put(reinterpret_cast<uint64_t>(table.data()));
+  put(table.size());
+  RawFrame fr;
+  fr.am = RawAm::kPullOffer;
+  fr.payload = offer;
+  fr.protocol = RawFrame::Protocol::kEager;
+  ASSERT_TRUE(TransportTesting::send_raw_frame(*p.a, p.b_from_a, fr));
+  // Something sent after the offer has arrived: the offer was handled by then.
+  ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(1, pattern(10, 1))));
+  ASSERT_TRUE(p.b_in.wait_messages(1));
+  EXPECT_FALSE(p.b->stats().links[0].pulls_from);
 }
 
 // A pull from a peer whose memory we never checked (we turned pulls off) is refused.

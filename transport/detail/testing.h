@@ -36,7 +36,7 @@ struct RawFrame {
 
 /// Active message ids for RawFrame::am (detail/transport_impl.h, AmId; checked there).
 struct RawAm {
-  static constexpr unsigned kPull = 10, kPullDone = 11;
+  static constexpr unsigned kPullOffer = 8, kPull = 10, kPullDone = 11;
 };
 
 /// What a transport's receive side holds at one moment (read on its progress thread).

@@ -72,6 +72,7 @@ constexpr size_t kNonceBytes = 32;
 constexpr size_t kMaxNameBytes = 256;
 constexpr std::string_view kHelloLabel = "troupe-hello";
 constexpr std::string_view kHelloReplyLabel = "troupe-hello-reply";
+constexpr std::string_view kPullLabel = "troupe-pull";
 constexpr std::chrono::milliseconds kByeTimeout{1000};  // wait this long for a bye's answer
 // Bytes of rendezvous receives (fragments) running at once per transport, at most (one always
 // may). Over shared memory the receiver copies them one after the other anyway, and more only
@@ -232,6 +233,9 @@ struct Transport::Impl {
     // it has not finished reading: pull id -> (slot, what keeps the bytes alive).
     int64_t pull_pid = 0;
     uint64_t pull_table = 0;
+    // Our offer's cookie for it, which it reads back out of our memory: HMAC(token,
+    // "troupe-pull" | its link key), so only this process, on this link, can have shown it.
+    std::array<uint8_t, kNonceBytes> pull_cookie{};
     std::map<uint64_t, std::pair<size_t, std::shared_ptr<const void>>> pulls_out;
   };
   struct SendCtx {
@@ -290,10 +294,9 @@ struct Transport::Impl {
   std::deque<Receive> rndv_waiting;
   size_t rndv_in_flight = 0, rndv_bytes_in_flight = 0;
   size_t sends_in_flight = 0;  // sends UCX has not completed yet
-  // Same-host pulls: ours to read, in arrival order; what we offer (a cookie the peer reads
-  // back, this host's boot id) and the table of our pulls in flight (kPullSlots).
+  // Same-host pulls: ours to read, in arrival order; this host's boot id (told in offers) and
+  // the table of our pulls in flight (kPullSlots).
   std::deque<std::shared_ptr<Incoming>> pulls_waiting;
-  std::array<uint8_t, kNonceBytes> pull_cookie{};
   std::string boot_id;
   std::unique_ptr<std::atomic<uint64_t>[]> pull_table;
   std::vector<size_t> free_pull_slots;
@@ -486,7 +489,7 @@ struct Transport::Impl {
 
   // --- same-host pulls (transport_pull.cc) -----------------------------------------------
 
-  // At start: this host's boot id, the cookie and the table; false when pulls cannot work here.
+  // At start: this host's boot id and the pull table; false when pulls cannot work here.
   bool init_pulls();
 
   // A peer came up: offer it to read our memory (when pulls are on and could work).
