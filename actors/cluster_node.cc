@@ -49,6 +49,32 @@ ResourcesInfo node_resources(NodeSelf* self) {
   return r;
 }
 
+std::vector<LinkCountersInfo> link_counters(NodeSelf* self) {
+  std::vector<LinkCountersInfo> out;
+  auto tx = self->state.link->transport();
+  if (!tx) return out;
+  for (const auto& l : tx->stats().links) {
+    if (!l.up) continue;  // closed links (every finished client's) would pile up
+    LinkCountersInfo c;
+    c.node = self->state.me.name;
+    c.peer = l.name;
+    c.address = l.address;
+    c.messages_sent = l.messages_sent;
+    c.bytes_sent = l.bytes_sent;
+    c.messages_received = l.messages_received;
+    c.bytes_received = l.bytes_received;
+    c.send_errors = l.send_errors;
+    c.malformed = l.malformed;
+    c.corrupted = l.corrupted;
+    c.oversized = l.oversized;
+    c.pulled = l.pulled;
+    c.pulls_to = l.pulls_to;
+    c.pulls_from = l.pulls_from;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -186,6 +212,7 @@ void worker_tick(NodeSelf* self) {
   hb.resources = node_resources(self);
   hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
   hb.uptime_ms = ms_since(st.started);
+  hb.links = link_counters(self);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);
   const auto silent = ms_since(st.last_ack);
   if (silent > st.lease_ms && !st.head_lost) {

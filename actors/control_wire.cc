@@ -27,11 +27,13 @@ namespace troupe::actors::detail {
 using control_wire_internal::check_node_id;
 using control_wire_internal::encode_msg;
 using control_wire_internal::read_actor;
+using control_wire_internal::read_links;
 using control_wire_internal::read_membership;
 using control_wire_internal::read_resources;
 using control_wire_internal::read_text;
 using control_wire_internal::text;
 using control_wire_internal::write_actor;
+using control_wire_internal::write_links;
 using control_wire_internal::write_membership;
 using control_wire_internal::write_resources;
 using wire_internal::build_frame;
@@ -234,14 +236,16 @@ Result<JoinReplyMsg> decode_join_reply(std::span<const uint8_t> f, const Control
 }
 
 Result<WireFrame> encode(const HeartbeatMsg& m, const SendInfo& send) {
-  return encode_msg<schemas::Heartbeat>("encode Heartbeat", m.header.cluster_epoch, send,
-                                        [&](schemas::Heartbeat::Builder root) -> Status {
-                                          root.setLeaseMs(m.lease_ms);
-                                          write_resources(root.initResources(), m.resources);
-                                          root.setNumActors(m.num_actors);
-                                          root.setUptimeMs(m.uptime_ms);
-                                          return Ok{};
-                                        });
+  return encode_msg<schemas::Heartbeat>(
+      "encode Heartbeat", m.header.cluster_epoch, send,
+      [&](schemas::Heartbeat::Builder root) -> Status {
+        root.setLeaseMs(m.lease_ms);
+        write_resources(root.initResources(), m.resources);
+        root.setNumActors(m.num_actors);
+        root.setUptimeMs(m.uptime_ms);
+        write_links(root.initLinks(static_cast<unsigned>(m.links.size())), m.links);
+        return Ok{};
+      });
 }
 
 Result<HeartbeatMsg> decode_heartbeat(std::span<const uint8_t> f, const ControlLimits& l) {
@@ -256,6 +260,9 @@ Result<HeartbeatMsg> decode_heartbeat(std::span<const uint8_t> f, const ControlL
         m.resources = read_resources(root.getResources());
         m.num_actors = root.getNumActors();
         m.uptime_ms = root.getUptimeMs();
+        auto links = read_links(root.getLinks(), l, "Heartbeat.links");
+        if (!links) return links.error();
+        m.links = std::move(*links);
         return m;
       });
 }

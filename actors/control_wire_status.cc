@@ -16,11 +16,13 @@ namespace troupe::actors::detail {
 using control_wire_internal::encode_msg;
 using control_wire_internal::read_actor;
 using control_wire_internal::read_enum;
+using control_wire_internal::read_links;
 using control_wire_internal::read_membership;
 using control_wire_internal::read_phases;
 using control_wire_internal::read_text;
 using control_wire_internal::text;
 using control_wire_internal::write_actor;
+using control_wire_internal::write_links;
 using control_wire_internal::write_membership;
 using control_wire_internal::write_phases;
 using wire_internal::check_len;
@@ -129,6 +131,7 @@ Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
         root.setReporter(text(m.reporter));
         root.setServing(m.serving);
         root.setCondition(text(m.condition));
+        write_links(root.initLinks(static_cast<unsigned>(m.links.size())), m.links);
         return Ok{};
       });
 }
@@ -170,6 +173,9 @@ Result<StatusSnapshotMsg> decode_status_snapshot(std::span<const uint8_t> f,
         auto condition = read_text(root.getCondition(), l.max_text, "StatusSnapshot.condition");
         if (!condition) return condition.error();
         m.condition = std::move(*condition);
+        auto links = read_links(root.getLinks(), l, "StatusSnapshot.links");
+        if (!links) return links.error();
+        m.links = std::move(*links);
         return m;
       });
 }

@@ -513,6 +513,7 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
       if (!mem) return;  // not a member (any more): it will notice its lease ran out
       mem->last_heartbeat = Clock::now();
       mem->resources = hb->resources;
+      mem->links = std::move(hb->links);
       HeartbeatAckMsg ack;
       ack.header.cluster_epoch = st.link->epoch();
       ack.lease_ms = static_cast<uint32_t>(st.plan.cluster.lease_ms);

@@ -43,6 +43,14 @@ const char* state_name(ActorStateInfo s) {
   return "unknown";
 }
 
+// How a link's large messages travel: by same-host pull (each way or both) or the UCX link.
+const char* large_path(const LinkCountersInfo& l) {
+  if (l.pulls_to && l.pulls_from) return "pull";
+  if (l.pulls_to) return "pull out";
+  if (l.pulls_from) return "pull in";
+  return "ucx";
+}
+
 }  // namespace
 
 std::string status_json(const StatusSnapshotMsg& s) {
@@ -79,6 +87,19 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"duration_ms\":" + std::to_string(p.duration_ms) +
          ",\"done\":" + (p.done ? "true" : "false") + "}";
   }
+  o += "],\"links\":[";
+  for (size_t i = 0; i < s.links.size(); ++i) {
+    const auto& l = s.links[i];
+    auto n = [](uint64_t v) { return std::to_string(v); };
+    o += (i ? "," : "") + std::string("{\"node\":") + json_str(l.node) +
+         ",\"peer\":" + json_str(l.peer) + ",\"address\":" + json_str(l.address) +
+         ",\"large_messages\":" + json_str(large_path(l)) +
+         ",\"messages_sent\":" + n(l.messages_sent) + ",\"bytes_sent\":" + n(l.bytes_sent) +
+         ",\"messages_received\":" + n(l.messages_received) +
+         ",\"bytes_received\":" + n(l.bytes_received) + ",\"pulled\":" + n(l.pulled) +
+         ",\"malformed\":" + n(l.malformed) + ",\"corrupted\":" + n(l.corrupted) +
+         ",\"oversized\":" + n(l.oversized) + ",\"send_errors\":" + n(l.send_errors) + "}";
+  }
   return o + "]}";
 }
 
@@ -113,6 +134,14 @@ std::string gb(uint64_t bytes) {
   return b;
 }
 
+// "N msgs / X MB".
+std::string traffic(uint64_t messages, uint64_t bytes) {
+  char b[64];
+  std::snprintf(b, sizeof(b), "%llu / %.1f MB", static_cast<unsigned long long>(messages),
+                static_cast<double>(bytes) / 1e6);
+  return b;
+}
+
 }  // namespace
 
 std::string status_text(const StatusSnapshotMsg& s) {
@@ -144,6 +173,18 @@ std::string status_text(const StatusSnapshotMsg& s) {
   }
   o += "start-up phases (ms since each node's start):\n" +
        (s.phases.empty() ? std::string("  (none)\n") : table(rows, {false, false, true, true}));
+  rows = {{"node", "peer", "large msgs", "sent msgs / MB", "received msgs / MB", "pulled",
+           "dropped (corrupt/oversized)", "send errors"}};
+  for (const auto& l : s.links)
+    rows.push_back({l.node, l.peer.empty() ? l.address : l.peer, large_path(l),
+                    traffic(l.messages_sent, l.bytes_sent),
+                    traffic(l.messages_received, l.bytes_received), std::to_string(l.pulled),
+                    std::to_string(l.malformed + l.oversized) + " (" + std::to_string(l.corrupted) +
+                        "/" + std::to_string(l.oversized) + ")",
+                    std::to_string(l.send_errors)});
+  o += "links (live; each node's own counts, other nodes' as of their last heartbeat):\n" +
+       (s.links.empty() ? std::string("  (none)\n")
+                        : table(rows, {false, false, false, true, true, true, true, true}));
   return o;
 }
 

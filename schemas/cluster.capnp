@@ -99,6 +99,35 @@ struct JoinReply {
   # why the join was refused (bad proof, duplicate name, incompatible version)
 }
 
+struct LinkCounters {
+  # One live transport link as a node daemon sees it (transport::LinkStats), for operators:
+  # traffic, what was dropped and why, and whether large messages take same-host pulls.
+  node @0 :Text;
+  # the reporting node
+  peer @1 :Text;
+  # the node name the peer proved at connect (a client's own name for `troupe generate`)
+  address @2 :Text;
+  # "ip:port" of the peer's end
+  messagesSent @3 :UInt64;
+  bytesSent @4 :UInt64;
+  messagesReceived @5 :UInt64;
+  bytesReceived @6 :UInt64;
+  sendErrors @7 :UInt64;
+  # sends the transport failed (peer gone, link cut)
+  malformed @8 :UInt64;
+  # dropped: bad header, broken fragment sequence, failed validation above the transport, ...
+  corrupted @9 :UInt64;
+  # dropped (and counted in malformed): payload checksum mismatch
+  oversized @10 :UInt64;
+  # dropped: larger than the transport's limit
+  pulled @11 :UInt64;
+  # messages received by same-host pull (also in messagesReceived)
+  pullsTo @12 :Bool;
+  # large messages to the peer go by same-host pull
+  pullsFrom @13 :Bool;
+  # large messages from the peer come by same-host pull
+}
+
 struct Heartbeat {
   # Node daemon -> controller every heartbeatIntervalMs.
   header @0 :Common.Header;
@@ -110,6 +139,8 @@ struct Heartbeat {
   # actors the node hosts now
   uptimeMs @4 :UInt64;
   # ms since the daemon started
+  links @5 :List(LinkCounters);
+  # the node's live links, for the controller's status
 }
 
 struct HeartbeatAck {
@@ -360,6 +391,8 @@ struct StatusSnapshot {
   # the head: why requests are not being served right now, in words ("" when they are): the
   # cluster is forming, re-placing a lost node's actors, waiting for a node with room, or has
   # stopped serving (and why)
+  links @11 :List(LinkCounters);
+  # the reporter's live links; the controller's adds each node's from its last heartbeat
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

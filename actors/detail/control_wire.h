@@ -54,6 +54,15 @@ struct ResourcesInfo {
   uint64_t free_memory_bytes = 0;
 };
 
+/// One live transport link as a node sees it (schemas/cluster.capnp LinkCounters).
+struct LinkCountersInfo {
+  std::string node, peer, address;
+  uint64_t messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
+  uint64_t send_errors = 0, malformed = 0, corrupted = 0, oversized = 0, pulled = 0;
+  bool pulls_to = false, pulls_from = false;
+  bool operator==(const LinkCountersInfo&) const = default;
+};
+
 struct JoinRequestMsg {
   WireHeader header;  // sender {node 0, nodeDaemon, 0}
   std::string name, address, version;
@@ -78,6 +87,7 @@ struct HeartbeatMsg {
   ResourcesInfo resources;
   uint32_t num_actors = 0;
   uint64_t uptime_ms = 0;
+  std::vector<LinkCountersInfo> links;
 };
 
 struct HeartbeatAckMsg {
@@ -202,13 +212,15 @@ struct StatusSnapshotMsg {
   std::string reporter;   // node name of the reporter
   bool serving = false;   // the head: the cluster serves; another node: its actors run
   std::string condition;  // the head: why requests are not served right now; "" when they are
+  std::vector<LinkCountersInfo> links;  // the reporter's links (the head: and its nodes')
 };
 
-/// The snapshot as one JSON object (what `troupe status` prints): node, serving, placement
-/// version, members, actors, and start-up phases grouped by node name. actors/status_json.cc.
+/// The snapshot as one JSON object (what `troupe status --json` prints): node, serving,
+/// placement version, members, actors, start-up phases grouped by node name, and links with
+/// their counters. actors/status_json.cc.
 std::string status_json(const StatusSnapshotMsg& s);
 /// The same for a person (`troupe status` without --json): whether the cluster serves and why
-/// not, then tables of members, actors and start-up phases. actors/status_json.cc.
+/// not, then tables of members, actors, start-up phases and links. actors/status_json.cc.
 std::string status_text(const StatusSnapshotMsg& s);
 
 // Encoders. Errors: kUnencodable for values with no wire form (epoch 0 where required, ...).

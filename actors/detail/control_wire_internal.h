@@ -143,6 +143,64 @@ inline Result<std::vector<StartupPhaseInfo>> read_phases(
   return out;
 }
 
+inline void write_links(capnp::List<schemas::LinkCounters>::Builder dst,
+                        const std::vector<LinkCountersInfo>& links) {
+  for (size_t i = 0; i < links.size(); ++i) {
+    const LinkCountersInfo& x = links[i];
+    auto y = dst[unsigned(i)];
+    y.setNode(text(x.node));
+    y.setPeer(text(x.peer));
+    y.setAddress(text(x.address));
+    y.setMessagesSent(x.messages_sent);
+    y.setBytesSent(x.bytes_sent);
+    y.setMessagesReceived(x.messages_received);
+    y.setBytesReceived(x.bytes_received);
+    y.setSendErrors(x.send_errors);
+    y.setMalformed(x.malformed);
+    y.setCorrupted(x.corrupted);
+    y.setOversized(x.oversized);
+    y.setPulled(x.pulled);
+    y.setPullsTo(x.pulls_to);
+    y.setPullsFrom(x.pulls_from);
+  }
+}
+
+inline Result<std::vector<LinkCountersInfo>> read_links(
+    capnp::List<schemas::LinkCounters>::Reader src, const ControlLimits& l,
+    const std::string& where) {
+  if (auto st = check_len(where, src.size(), l.max_list); !st) return st.error();
+  std::vector<LinkCountersInfo> out(src.size());
+  for (unsigned i = 0; i < src.size(); ++i) {
+    const std::string at = strfmt("%s[%u]", where.c_str(), i);
+    auto x = src[i];
+    LinkCountersInfo& y = out[i];
+    auto node = read_text(x.getNode(), l.max_text, at + ".node", true);
+    if (!node) return node.error();
+    auto peer = read_text(x.getPeer(), l.max_text, at + ".peer");
+    if (!peer) return peer.error();
+    auto address = read_text(x.getAddress(), l.max_text, at + ".address");
+    if (!address) return address.error();
+    y.node = std::move(*node);
+    y.peer = std::move(*peer);
+    y.address = std::move(*address);
+    y.messages_sent = x.getMessagesSent();
+    y.bytes_sent = x.getBytesSent();
+    y.messages_received = x.getMessagesReceived();
+    y.bytes_received = x.getBytesReceived();
+    y.send_errors = x.getSendErrors();
+    y.malformed = x.getMalformed();
+    y.corrupted = x.getCorrupted();
+    y.oversized = x.getOversized();
+    y.pulled = x.getPulled();
+    y.pulls_to = x.getPullsTo();
+    y.pulls_from = x.getPullsFrom();
+    if (y.corrupted > y.malformed || y.pulled > y.messages_received)
+      return fail(WireErrc::kInvalid,
+                  at + ": counters that cannot be (corrupted > malformed or pulled > received)");
+  }
+  return out;
+}
+
 // Membership without its header (StatusSnapshot embeds one whose header is unused).
 inline Result<MembershipMsg> read_membership(schemas::Membership::Reader src,
                                              const ControlLimits& l, const std::string& where) {

@@ -74,6 +74,7 @@ struct Member {
   ResourcesInfo resources;
   bool reported = false;      // its PlacementReport said ok
   std::vector<Phase> phases;  // from its PlacementReport
+  std::vector<LinkCountersInfo> links;  // from its last heartbeat
 };
 
 /// A client request in flight at the head: who asked, under which tag.
@@ -171,6 +172,8 @@ ResourcesInfo local_resources();
 /// The resources this node reports (join, heartbeats): local_resources() with the free memory
 /// capped by its [[node]] memory_limit_mb less the weights of the actors placed on it.
 ResourcesInfo node_resources(NodeSelf* self);
+/// This node's live transport links and their counters (heartbeats, status).
+std::vector<LinkCountersInfo> link_counters(NodeSelf* self);
 /// Hash of the model file's first MiB and size (of config.json for a Hugging Face directory).
 uint64_t model_file_hash(const std::string& path);
 

@@ -126,6 +126,36 @@ void run_exactness(const std::string& rel, const Layout& layout,
   std::set<std::string> phase_nodes;
   for (const auto& p : j["phases"]) phase_nodes.insert(p["node"].get<std::string>());
   EXPECT_EQ(phase_nodes.size(), 3u) << *st;
+  // And every node's live links with their counters (the other nodes' from their heartbeats):
+  // traffic both ways between each node and the head "a" (a link between two workers may be
+  // idle: of two connections between a pair one carries the traffic), nothing dropped, and
+  // large messages by same-host pull between nodes of this process (one host).
+  std::set<std::string> names;
+  for (const auto& m : j["members"]) names.insert(m["name"].get<std::string>());
+  std::set<std::string> reporters;
+  for (int i = 0; i < 100 && reporters.size() < 3; ++i) {
+    if (i > 0) std::this_thread::sleep_for(100ms);
+    st = (*client)->status_json();
+    ASSERT_TRUE(st) << st.error().message;
+    j = nlohmann::json::parse(*st);
+    reporters.clear();
+    for (const auto& l : j["links"]) reporters.insert(l["node"].get<std::string>());
+  }
+  EXPECT_EQ(reporters, names) << *st;
+  size_t between_nodes = 0;
+  for (const auto& l : j["links"]) {
+    if (l["node"] == "a" || l["peer"] == "a") {
+      EXPECT_GT(l["messages_received"].get<uint64_t>(), 0u) << l;
+      EXPECT_GT(l["messages_sent"].get<uint64_t>(), 0u) << l;
+    }
+    EXPECT_EQ(l["malformed"].get<uint64_t>(), 0u) << l;
+    EXPECT_EQ(l["send_errors"].get<uint64_t>(), 0u) << l;
+    if (names.count(l["peer"].get<std::string>())) {
+      ++between_nodes;
+      EXPECT_EQ(l["large_messages"], "pull") << l;
+    }
+  }
+  EXPECT_GE(between_nodes, 4u) << *st;  // at least each worker <-> the head, both ends
 }
 
 TEST(ClusterNode, DenseStagesOnThreeNodesAreBitIdentical) {
@@ -282,6 +312,19 @@ TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
   expect_same((*client)->generate_many(reqs), want);
+  // The corrupted step results were caught, and an operator sees them in the head's status: its
+  // links' corrupted counters (each one also counted as dropped).
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  uint64_t corrupted = 0, malformed = 0;
+  const auto j = nlohmann::json::parse(*st);
+  for (const auto& l : j["links"])
+    if (l["node"] == "a") {
+      corrupted += l["corrupted"].get<uint64_t>();
+      malformed += l["malformed"].get<uint64_t>();
+    }
+  EXPECT_GE(corrupted, 1u) << *st;
+  EXPECT_GE(malformed, corrupted) << *st;
 }
 
 // A node hosting part of the pipeline goes while requests are in flight: the head re-places its

@@ -155,6 +155,30 @@ PlacementReportMsg make_placement_report() {
   return m;
 }
 
+std::vector<LinkCountersInfo> make_links() {
+  LinkCountersInfo a;
+  a.node = "node-a";
+  a.peer = "node-b";
+  a.address = "10.0.0.2:7100";
+  a.messages_sent = 1;
+  a.bytes_sent = 2;
+  a.messages_received = 3;
+  a.bytes_received = 4;
+  a.send_errors = 5;
+  a.malformed = 6;
+  a.corrupted = 6;
+  a.oversized = 8;
+  a.pulled = 3;
+  a.pulls_to = true;
+  LinkCountersInfo b;
+  b.node = "node-b";
+  b.peer = "";  // a client without a name is still shown by its address
+  b.address = "10.0.0.9:51234";
+  b.messages_received = 1ull << 40;
+  b.pulls_from = true;
+  return {a, b};
+}
+
 StatusSnapshotMsg make_snapshot() {
   StatusSnapshotMsg m;
   m.header.cluster_epoch = kEpoch;
@@ -176,6 +200,7 @@ StatusSnapshotMsg make_snapshot() {
   m.reporter = "node-a";
   m.serving = true;
   m.condition = "requests held: re-placing actors (placement 2)";
+  m.links = make_links();
   return m;
 }
 
@@ -300,6 +325,7 @@ TEST(ControlWireRoundTrip, HeartbeatAndAckKeepEveryField) {
   hb.resources = kResources;
   hb.num_actors = 5;
   hb.uptime_ms = 1ull << 40;
+  hb.links = make_links();
   auto d = decode_heartbeat(frame_of(encode(hb, kSend)), control_limits());
   ASSERT_TRUE(d) << d.error().message;
   expect_header(d->header);
@@ -307,6 +333,7 @@ TEST(ControlWireRoundTrip, HeartbeatAndAckKeepEveryField) {
   expect_same(d->resources, hb.resources);
   EXPECT_EQ(d->num_actors, hb.num_actors);
   EXPECT_EQ(d->uptime_ms, hb.uptime_ms);
+  EXPECT_EQ(d->links, hb.links);
   HeartbeatAckMsg ack;
   ack.header.cluster_epoch = kEpoch;
   ack.lease_ms = 2500;
@@ -429,6 +456,18 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
       << t;
   EXPECT_NE(line_with("node-b", "join").find("15"), std::string::npos) << t;
   EXPECT_NE(line_with("map weights", "(running)").find("node-b"), std::string::npos) << t;
+  // Links: each node's own, a nameless client by its address, how large messages go.
+  const std::string lhead = line_with("peer", "large msgs");
+  const std::string ab = line_with("node-a", "pull out");
+  EXPECT_EQ(lhead.find("large msgs"), ab.find("pull out")) << t;
+  EXPECT_NE(ab.find("1 / 0.0 MB"), std::string::npos) << ab;
+  EXPECT_NE(ab.find("14 (6/8)"), std::string::npos) << ab;  // malformed 6 + oversized 8
+  EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("node-b"), std::string::npos) << t;
+  const std::string j = status_json(m);
+  EXPECT_NE(j.find("\"links\":[{\"node\":\"node-a\",\"peer\":\"node-b\",\"address\":"
+                   "\"10.0.0.2:7100\",\"large_messages\":\"pull out\",\"messages_sent\":1,"),
+            std::string::npos)
+      << j;
   // Nothing placed, no phases yet: said, not an empty table.
   StatusSnapshotMsg empty;
   empty.reporter = "node-a";
@@ -437,6 +476,7 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   EXPECT_NE(e.find("cluster: serving; reported by node-a"), std::string::npos) << e;
   EXPECT_NE(e.find("actors:\n  (none placed)\n"), std::string::npos) << e;
   EXPECT_NE(e.find("(ms since each node's start):\n  (none)\n"), std::string::npos) << e;
+  EXPECT_NE(e.find("last heartbeat):\n  (none)\n"), std::string::npos) << e;
 }
 
 TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
@@ -468,6 +508,7 @@ TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   EXPECT_EQ(d->reporter, m.reporter);
   EXPECT_EQ(d->serving, m.serving);
   EXPECT_EQ(d->condition, m.condition);
+  EXPECT_EQ(d->links, m.links);
   // A single node's snapshot: no membership, no throughput.
   StatusSnapshotMsg node = m;
   node.has_membership = false;
@@ -729,6 +770,11 @@ TEST(ControlWireMalformed, RejectsOverLongLists) {
                wire(WireErrc::kTooLong), "PlacementReport.startupPhases: 2 entries exceed");
   expect_error(decode_status_snapshot(frame_of(encode(make_snapshot(), kSend)), lim),
                wire(WireErrc::kTooLong), "StatusSnapshot.membership.members: 3 entries exceed");
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = kEpoch;
+  hb.links = make_links();
+  expect_error(decode_heartbeat(frame_of(encode(hb, kSend)), lim), wire(WireErrc::kTooLong),
+               "Heartbeat.links: 2 entries exceed the limit of 1");
   ClientLimits k = client_limits();
   k.max_prompt_tokens = 3;
   expect_error(decode_generate_request(frame_of(encode(make_generate_request(), kSend)), k),
@@ -741,6 +787,25 @@ TEST(ControlWireMalformed, RejectsOverLongLists) {
   k.max_tokens = 2;
   expect_error(decode_generate_event(frame_of(encode(make_finished_event(), kVocab, kSend)), k),
                wire(WireErrc::kTooLong), "GenerateEvent.tokens: 3 entries exceed the limit of 2");
+}
+
+// Link counters that cannot be (more corrupted than dropped, more pulled than received) and a
+// link without a reporting node are refused, naming the entry.
+TEST(ControlWireMalformed, RejectsImpossibleLinkCounters) {
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = kEpoch;
+  hb.links = make_links();
+  hb.links[1].corrupted = 1;  // malformed is 0
+  expect_error(decode_heartbeat(frame_of(encode(hb, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "Heartbeat.links[1]: counters that cannot be");
+  hb.links = make_links();
+  hb.links[0].pulled = 4;  // received 3
+  expect_error(decode_heartbeat(frame_of(encode(hb, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "Heartbeat.links[0]: counters that cannot be");
+  StatusSnapshotMsg s = make_snapshot();
+  s.links[1].node = "";
+  expect_error(decode_status_snapshot(frame_of(encode(s, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "StatusSnapshot.links[1].node");
 }
 
 TEST(ControlWireMalformed, RejectsOverLongText) {
