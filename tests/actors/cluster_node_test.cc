@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "tests/cluster_test_util.h"
 #include "tests/test_support.h"
 #include "transport/transport.h"
@@ -170,6 +172,53 @@ TEST(ClusterNode, MoeStagesAndExpertShardsAcrossNodesAreBitIdentical) {
 TEST(ClusterNode, WithoutPayloadChecksumsResultsAreBitIdentical) {
   run_exactness("models/synth/mixtral-moe/model.gguf", {{"b", "c"}, {"c", "a", "b"}},
                 [](Plan& p) { p.cluster.payload_checksums = false; });
+}
+
+// Hidden states of long prompts (4 KiB per token on a 1024-wide model: a 100-token prefill is
+// 400 KiB) go from stage to stage by same-host pull between the nodes of this process, and the
+// results stay bit-identical to the single-process system; the receiving node's link says so.
+TEST(ClusterNode, LargeHiddenStatesGoBySameHostPullBitIdentical) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("troupe_pull_cluster_" + std::to_string(::getpid()) + ".gguf"))
+                               .string();
+  model::SynthOptions so;
+  so.n_embd = 1024;
+  so.n_layer = 2;
+  so.n_head = 8;
+  so.n_head_kv = 2;
+  so.n_ff = 512;
+  so.n_ctx = 512;
+  ASSERT_TRUE(model::synth_model(so, path));
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m) << m.error().message;
+  std::vector<GenerateRequest> reqs = requests((*m)->spec.n_vocab, 2, 4);
+  std::mt19937 rng(5);
+  for (auto& r : reqs) {
+    r.prompt_tokens.clear();
+    for (int k = 0; k < 100; ++k)
+      r.prompt_tokens.push_back(
+          static_cast<int32_t>(3 + rng() % static_cast<uint32_t>((*m)->spec.n_vocab - 3)));
+  }
+  const auto want = local_results(path, reqs);
+  std::vector<uint16_t> ports;
+  Nodes n;
+  n.start(parse(cluster_toml(path, {{"b", "c"}, {}}, &ports)), 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  expect_same((*client)->generate_many(reqs), want);
+  uint64_t pulled = 0;
+  std::string last;
+  for (int i = 0; i < 50 && pulled == 0; ++i) {
+    if (i > 0) std::this_thread::sleep_for(100ms);
+    auto st = (*client)->status_json();
+    ASSERT_TRUE(st) << st.error().message;
+    last = *st;
+    const auto j = nlohmann::json::parse(*st);
+    for (const auto& l : j["links"])
+      if (l["node"] == "c" && l["peer"] == "b") pulled += l["pulled"].get<uint64_t>();
+  }
+  EXPECT_GT(pulled, 0u) << "stage 1 (node c) pulled nothing from stage 0 (node b):\n" << last;
+  std::filesystem::remove(path);
 }
 
 TEST(ClusterNode, WrongTokenIsRefused) {
