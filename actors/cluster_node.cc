@@ -75,6 +75,18 @@ std::vector<LinkCountersInfo> link_counters(NodeSelf* self) {
   return out;
 }
 
+TransportCountersInfo transport_counters(NodeSelf* self) {
+  TransportCountersInfo c;
+  c.node = self->state.me.name;
+  if (auto tx = self->state.link->transport()) {
+    const auto s = tx->stats();
+    c.auth_failures = s.auth_failures;
+    c.unauthenticated_dropped = s.unauthenticated_dropped;
+    c.connections_accepted = s.connections_accepted;
+  }
+  return c;
+}
+
 }  // namespace detail
 
 namespace {
@@ -213,6 +225,7 @@ void worker_tick(NodeSelf* self) {
   hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
   hb.uptime_ms = ms_since(st.started);
   hb.links = link_counters(self);
+  hb.transport = transport_counters(self);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);
   const auto silent = ms_since(st.last_ack);
   if (silent > st.lease_ms && !st.head_lost) {

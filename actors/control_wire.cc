@@ -31,11 +31,13 @@ using control_wire_internal::read_links;
 using control_wire_internal::read_membership;
 using control_wire_internal::read_resources;
 using control_wire_internal::read_text;
+using control_wire_internal::read_transport;
 using control_wire_internal::text;
 using control_wire_internal::write_actor;
 using control_wire_internal::write_links;
 using control_wire_internal::write_membership;
 using control_wire_internal::write_resources;
+using control_wire_internal::write_transport;
 using wire_internal::build_frame;
 using wire_internal::check_send;
 using wire_internal::decode_frame;
@@ -244,6 +246,7 @@ Result<WireFrame> encode(const HeartbeatMsg& m, const SendInfo& send) {
         root.setNumActors(m.num_actors);
         root.setUptimeMs(m.uptime_ms);
         write_links(root.initLinks(static_cast<unsigned>(m.links.size())), m.links);
+        write_transport(root.initTransport(), m.transport);
         return Ok{};
       });
 }
@@ -263,6 +266,9 @@ Result<HeartbeatMsg> decode_heartbeat(std::span<const uint8_t> f, const ControlL
         auto links = read_links(root.getLinks(), l, "Heartbeat.links");
         if (!links) return links.error();
         m.links = std::move(*links);
+        auto tc = read_transport(root.getTransport(), l, "Heartbeat.transport", true);
+        if (!tc) return tc.error();
+        m.transport = std::move(*tc);
         return m;
       });
 }

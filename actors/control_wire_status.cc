@@ -20,11 +20,13 @@ using control_wire_internal::read_links;
 using control_wire_internal::read_membership;
 using control_wire_internal::read_phases;
 using control_wire_internal::read_text;
+using control_wire_internal::read_transport;
 using control_wire_internal::text;
 using control_wire_internal::write_actor;
 using control_wire_internal::write_links;
 using control_wire_internal::write_membership;
 using control_wire_internal::write_phases;
+using control_wire_internal::write_transport;
 using wire_internal::check_len;
 using wire_internal::decode_frame;
 using wire_internal::fail;
@@ -132,6 +134,9 @@ Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
         root.setServing(m.serving);
         root.setCondition(text(m.condition));
         write_links(root.initLinks(static_cast<unsigned>(m.links.size())), m.links);
+        auto tc = root.initTransport(static_cast<unsigned>(m.transport.size()));
+        for (size_t i = 0; i < m.transport.size(); ++i)
+          write_transport(tc[unsigned(i)], m.transport[i]);
         return Ok{};
       });
 }
@@ -176,6 +181,14 @@ Result<StatusSnapshotMsg> decode_status_snapshot(std::span<const uint8_t> f,
         auto links = read_links(root.getLinks(), l, "StatusSnapshot.links");
         if (!links) return links.error();
         m.links = std::move(*links);
+        const auto tc = root.getTransport();
+        if (auto st = check_len("StatusSnapshot.transport", tc.size(), l.max_list); !st)
+          return st.error();
+        for (unsigned i = 0; i < tc.size(); ++i) {
+          auto x = read_transport(tc[i], l, strfmt("StatusSnapshot.transport[%u]", i), false);
+          if (!x) return x.error();
+          m.transport.push_back(std::move(*x));
+        }
         return m;
       });
 }

@@ -514,6 +514,7 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
       mem->last_heartbeat = Clock::now();
       mem->resources = hb->resources;
       mem->links = std::move(hb->links);
+      mem->transport = std::move(hb->transport);
       HeartbeatAckMsg ack;
       ack.header.cluster_epoch = st.link->epoch();
       ack.lease_ms = static_cast<uint32_t>(st.plan.cluster.lease_ms);

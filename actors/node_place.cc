@@ -551,10 +551,16 @@ StatusSnapshotMsg snapshot(NodeSelf* self) {
     s.phases = phase_infos(st.phases, st.link->node_id());
   }
   s.links = link_counters(self);
+  s.transport = {transport_counters(self)};
   if (st.head)
     for (const auto& [name, m] : st.members)
-      if (name != st.me.name && m.state == MemberState::kAlive)
+      if (name != st.me.name && m.state == MemberState::kAlive) {
         s.links.insert(s.links.end(), m.links.begin(), m.links.end());
+        if (m.transport) {
+          s.transport.push_back(*m.transport);
+          s.transport.back().node = name;  // as the head knows it
+        }
+      }
   if (st.placement) {
     auto table = node_table(self);
     auto add = [&](ActorRole role, uint32_t index, uint32_t node, const char* kind) {

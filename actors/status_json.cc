@@ -100,6 +100,14 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"malformed\":" + n(l.malformed) + ",\"corrupted\":" + n(l.corrupted) +
          ",\"oversized\":" + n(l.oversized) + ",\"send_errors\":" + n(l.send_errors) + "}";
   }
+  o += "],\"transport\":[";
+  for (size_t i = 0; i < s.transport.size(); ++i) {
+    const auto& t = s.transport[i];
+    o += (i ? "," : "") + std::string("{\"node\":") + json_str(t.node) +
+         ",\"auth_failures\":" + std::to_string(t.auth_failures) +
+         ",\"unauthenticated_dropped\":" + std::to_string(t.unauthenticated_dropped) +
+         ",\"connections_accepted\":" + std::to_string(t.connections_accepted) + "}";
+  }
   return o + "]}";
 }
 
@@ -185,6 +193,12 @@ std::string status_text(const StatusSnapshotMsg& s) {
   o += "links (live; each node's own counts, other nodes' as of their last heartbeat):\n" +
        (s.links.empty() ? std::string("  (none)\n")
                         : table(rows, {false, false, false, true, true, true, true, true}));
+  rows = {{"node", "peers refused", "from unauthenticated peers", "connections accepted"}};
+  for (const auto& t : s.transport)
+    rows.push_back({t.node, std::to_string(t.auth_failures),
+                    std::to_string(t.unauthenticated_dropped),
+                    std::to_string(t.connections_accepted)});
+  if (!s.transport.empty()) o += "transports:\n" + table(rows, {false, true, true, true});
   return o;
 }
 

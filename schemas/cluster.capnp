@@ -128,6 +128,18 @@ struct LinkCounters {
   # large messages from the peer come by same-host pull
 }
 
+struct TransportCounters {
+  # A node daemon's transport as a whole (transport::TransportStats), for operators.
+  node @0 :Text;
+  # the reporting node
+  authFailures @1 :UInt64;
+  # peers refused: a bad proof of the cluster token, a malformed hello, or no hello in time
+  unauthenticatedDropped @2 :UInt64;
+  # messages dropped because their sender had not authenticated (or named no live link)
+  connectionsAccepted @3 :UInt64;
+  # connections its listener accepted
+}
+
 struct Heartbeat {
   # Node daemon -> controller every heartbeatIntervalMs.
   header @0 :Common.Header;
@@ -141,6 +153,8 @@ struct Heartbeat {
   # ms since the daemon started
   links @5 :List(LinkCounters);
   # the node's live links, for the controller's status
+  transport @6 :TransportCounters;
+  # the node's transport as a whole
 }
 
 struct HeartbeatAck {
@@ -393,6 +407,8 @@ struct StatusSnapshot {
   # stopped serving (and why)
   links @11 :List(LinkCounters);
   # the reporter's live links; the controller's adds each node's from its last heartbeat
+  transport @12 :List(TransportCounters);
+  # the reporter's transport; the controller's adds each node's from its last heartbeat
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

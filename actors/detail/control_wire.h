@@ -63,6 +63,13 @@ struct LinkCountersInfo {
   bool operator==(const LinkCountersInfo&) const = default;
 };
 
+/// A node's transport as a whole (schemas/cluster.capnp TransportCounters).
+struct TransportCountersInfo {
+  std::string node;
+  uint64_t auth_failures = 0, unauthenticated_dropped = 0, connections_accepted = 0;
+  bool operator==(const TransportCountersInfo&) const = default;
+};
+
 struct JoinRequestMsg {
   WireHeader header;  // sender {node 0, nodeDaemon, 0}
   std::string name, address, version;
@@ -88,6 +95,7 @@ struct HeartbeatMsg {
   uint32_t num_actors = 0;
   uint64_t uptime_ms = 0;
   std::vector<LinkCountersInfo> links;
+  TransportCountersInfo transport;
 };
 
 struct HeartbeatAckMsg {
@@ -212,7 +220,8 @@ struct StatusSnapshotMsg {
   std::string reporter;   // node name of the reporter
   bool serving = false;   // the head: the cluster serves; another node: its actors run
   std::string condition;  // the head: why requests are not served right now; "" when they are
-  std::vector<LinkCountersInfo> links;  // the reporter's links (the head: and its nodes')
+  std::vector<LinkCountersInfo> links;           // the reporter's links (the head: and its nodes')
+  std::vector<TransportCountersInfo> transport;  // the same for the transports as a whole
 };
 
 /// The snapshot as one JSON object (what `troupe status --json` prints): node, serving,

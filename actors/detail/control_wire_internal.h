@@ -201,6 +201,24 @@ inline Result<std::vector<LinkCountersInfo>> read_links(
   return out;
 }
 
+inline void write_transport(schemas::TransportCounters::Builder dst,
+                            const TransportCountersInfo& x) {
+  dst.setNode(text(x.node));
+  dst.setAuthFailures(x.auth_failures);
+  dst.setUnauthenticatedDropped(x.unauthenticated_dropped);
+  dst.setConnectionsAccepted(x.connections_accepted);
+}
+
+// `node` may be empty only where `allow_empty` (a heartbeat: the head knows who sent it).
+inline Result<TransportCountersInfo> read_transport(schemas::TransportCounters::Reader src,
+                                                    const ControlLimits& l,
+                                                    const std::string& where, bool allow_empty) {
+  auto node = read_text(src.getNode(), l.max_text, where + ".node", !allow_empty);
+  if (!node) return node.error();
+  return TransportCountersInfo{std::move(*node), src.getAuthFailures(),
+                               src.getUnauthenticatedDropped(), src.getConnectionsAccepted()};
+}
+
 // Membership without its header (StatusSnapshot embeds one whose header is unused).
 inline Result<MembershipMsg> read_membership(schemas::Membership::Reader src,
                                              const ControlLimits& l, const std::string& where) {

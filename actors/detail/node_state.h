@@ -72,9 +72,10 @@ struct Member {
   transport::PeerId peer = 0;
   Clock::time_point last_heartbeat;
   ResourcesInfo resources;
-  bool reported = false;      // its PlacementReport said ok
-  std::vector<Phase> phases;  // from its PlacementReport
-  std::vector<LinkCountersInfo> links;  // from its last heartbeat
+  bool reported = false;                           // its PlacementReport said ok
+  std::vector<Phase> phases;                       // from its PlacementReport
+  std::vector<LinkCountersInfo> links;             // from its last heartbeat
+  std::optional<TransportCountersInfo> transport;  // from its last heartbeat
 };
 
 /// A client request in flight at the head: who asked, under which tag.
@@ -174,6 +175,8 @@ ResourcesInfo local_resources();
 ResourcesInfo node_resources(NodeSelf* self);
 /// This node's live transport links and their counters (heartbeats, status).
 std::vector<LinkCountersInfo> link_counters(NodeSelf* self);
+/// This node's transport as a whole (heartbeats, status).
+TransportCountersInfo transport_counters(NodeSelf* self);
 /// Hash of the model file's first MiB and size (of config.json for a Hugging Face directory).
 uint64_t model_file_hash(const std::string& path);
 

@@ -245,6 +245,15 @@ TEST(ClusterNode, WrongTokenIsRefused) {
   EXPECT_FALSE((*head)->wait_ready(100ms));
   // A client with the wrong token gets no further than the handshake either.
   EXPECT_FALSE(ClusterClient::connect("127.0.0.1", ports[0], "wrong"));
+  // The head counts both refusals, and its status says so.
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "right");
+  ASSERT_TRUE(client) << client.error().message;
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  const auto j = nlohmann::json::parse(*st);
+  ASSERT_FALSE(j["transport"].empty()) << *st;
+  EXPECT_EQ(j["transport"][0]["node"], "a") << *st;
+  EXPECT_GE(j["transport"][0]["auth_failures"].get<uint64_t>(), 2u) << *st;
 }
 
 TEST(ClusterNode, RequestsBeforeTheClusterFormsGetAClearError) {

@@ -201,6 +201,7 @@ StatusSnapshotMsg make_snapshot() {
   m.serving = true;
   m.condition = "requests held: re-placing actors (placement 2)";
   m.links = make_links();
+  m.transport = {{"node-a", 3, 1717, 4242}, {"node-b", 0, 0, 2}};
   return m;
 }
 
@@ -326,6 +327,7 @@ TEST(ControlWireRoundTrip, HeartbeatAndAckKeepEveryField) {
   hb.num_actors = 5;
   hb.uptime_ms = 1ull << 40;
   hb.links = make_links();
+  hb.transport = {"", 1, 2, 3};  // a heartbeat may leave the name out: the head knows it
   auto d = decode_heartbeat(frame_of(encode(hb, kSend)), control_limits());
   ASSERT_TRUE(d) << d.error().message;
   expect_header(d->header);
@@ -334,6 +336,7 @@ TEST(ControlWireRoundTrip, HeartbeatAndAckKeepEveryField) {
   EXPECT_EQ(d->num_actors, hb.num_actors);
   EXPECT_EQ(d->uptime_ms, hb.uptime_ms);
   EXPECT_EQ(d->links, hb.links);
+  EXPECT_EQ(d->transport, hb.transport);
   HeartbeatAckMsg ack;
   ack.header.cluster_epoch = kEpoch;
   ack.lease_ms = 2500;
@@ -463,6 +466,11 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   EXPECT_NE(ab.find("1 / 0.0 MB"), std::string::npos) << ab;
   EXPECT_NE(ab.find("14 (6/8)"), std::string::npos) << ab;  // malformed 6 + oversized 8
   EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("node-b"), std::string::npos) << t;
+  const std::string thead = line_with("peers refused", "connections accepted");
+  const std::string ta = line_with("node-a", "4242");
+  EXPECT_EQ(thead.find("connections accepted") + std::string("connections accepted").size(),
+            ta.find("4242") + 4)
+      << t;  // right-aligned under its heading
   const std::string j = status_json(m);
   EXPECT_NE(j.find("\"links\":[{\"node\":\"node-a\",\"peer\":\"node-b\",\"address\":"
                    "\"10.0.0.2:7100\",\"large_messages\":\"pull out\",\"messages_sent\":1,"),
@@ -477,6 +485,7 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   EXPECT_NE(e.find("actors:\n  (none placed)\n"), std::string::npos) << e;
   EXPECT_NE(e.find("(ms since each node's start):\n  (none)\n"), std::string::npos) << e;
   EXPECT_NE(e.find("last heartbeat):\n  (none)\n"), std::string::npos) << e;
+  EXPECT_EQ(e.find("transports:"), std::string::npos) << e;
 }
 
 TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
@@ -509,6 +518,7 @@ TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   EXPECT_EQ(d->serving, m.serving);
   EXPECT_EQ(d->condition, m.condition);
   EXPECT_EQ(d->links, m.links);
+  EXPECT_EQ(d->transport, m.transport);
   // A single node's snapshot: no membership, no throughput.
   StatusSnapshotMsg node = m;
   node.has_membership = false;
@@ -806,6 +816,10 @@ TEST(ControlWireMalformed, RejectsImpossibleLinkCounters) {
   s.links[1].node = "";
   expect_error(decode_status_snapshot(frame_of(encode(s, kSend)), control_limits()),
                wire(WireErrc::kInvalid), "StatusSnapshot.links[1].node");
+  s = make_snapshot();
+  s.transport[1].node = "";
+  expect_error(decode_status_snapshot(frame_of(encode(s, kSend)), control_limits()),
+               wire(WireErrc::kInvalid), "StatusSnapshot.transport[1].node");
 }
 
 TEST(ControlWireMalformed, RejectsOverLongText) {
