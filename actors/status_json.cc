@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "actors/detail/control_wire.h"
@@ -142,11 +143,15 @@ std::string gb(uint64_t bytes) {
   return b;
 }
 
-// "N msgs / X MB".
+// "N / X kB", "N / X MB" or "N / X GB": messages and bytes, in the unit that shows the bytes.
 std::string traffic(uint64_t messages, uint64_t bytes) {
+  const double v = static_cast<double>(bytes);
+  const auto [div, unit] = v >= 1e9 ? std::pair{1e9, "GB"}
+                           : v >= 1e6 ? std::pair{1e6, "MB"}
+                                      : std::pair{1e3, "kB"};
   char b[64];
-  std::snprintf(b, sizeof(b), "%llu / %.1f MB", static_cast<unsigned long long>(messages),
-                static_cast<double>(bytes) / 1e6);
+  std::snprintf(b, sizeof(b), "%llu / %.1f %s", static_cast<unsigned long long>(messages), v / div,
+                unit);
   return b;
 }
 
@@ -181,7 +186,7 @@ std::string status_text(const StatusSnapshotMsg& s) {
   }
   o += "start-up phases (ms since each node's start):\n" +
        (s.phases.empty() ? std::string("  (none)\n") : table(rows, {false, false, true, true}));
-  rows = {{"node", "peer", "large msgs", "sent msgs / MB", "received msgs / MB", "pulled",
+  rows = {{"node", "peer", "large msgs", "sent msgs / bytes", "received msgs / bytes", "pulled",
            "dropped (corrupt/oversized)", "send errors"}};
   for (const auto& l : s.links)
     rows.push_back({l.node, l.peer.empty() ? l.address : l.peer, large_path(l),

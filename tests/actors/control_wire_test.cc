@@ -175,6 +175,7 @@ std::vector<LinkCountersInfo> make_links() {
   b.peer = "";  // a client without a name is still shown by its address
   b.address = "10.0.0.9:51234";
   b.messages_received = 1ull << 40;
+  b.bytes_received = 3'000'000'000;
   b.pulls_from = true;
   return {a, b};
 }
@@ -463,7 +464,11 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   const std::string lhead = line_with("peer", "large msgs");
   const std::string ab = line_with("node-a", "pull out");
   EXPECT_EQ(lhead.find("large msgs"), ab.find("pull out")) << t;
-  EXPECT_NE(ab.find("1 / 0.0 MB"), std::string::npos) << ab;
+  EXPECT_NE(ab.find("1 / 0.0 kB"), std::string::npos) << ab;
+  EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("0 / 0.0 kB"), std::string::npos) << t;
+  EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("1099511627776 / 3.0 GB"),
+            std::string::npos)
+      << t;
   EXPECT_NE(ab.find("14 (6/8)"), std::string::npos) << ab;  // malformed 6 + oversized 8
   EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("node-b"), std::string::npos) << t;
   const std::string thead = line_with("peers refused", "connections accepted");
