@@ -49,42 +49,23 @@ ResourcesInfo node_resources(NodeSelf* self) {
   return r;
 }
 
-std::vector<LinkCountersInfo> link_counters(NodeSelf* self) {
-  std::vector<LinkCountersInfo> out;
+void transport_counters(NodeSelf* self, std::vector<LinkCountersInfo>* links,
+                        TransportCountersInfo* totals) {
+  const std::string& me = self->state.me.name;
+  *totals = TransportCountersInfo{me};
+  links->clear();
   auto tx = self->state.link->transport();
-  if (!tx) return out;
-  for (const auto& l : tx->stats().links) {
+  if (!tx) return;
+  const auto s = tx->stats();
+  totals->auth_failures = s.auth_failures;
+  totals->unauthenticated_dropped = s.unauthenticated_dropped;
+  totals->connections_accepted = s.connections_accepted;
+  for (const auto& l : s.links) {
     if (!l.up) continue;  // closed links (every finished client's) would pile up
-    LinkCountersInfo c;
-    c.node = self->state.me.name;
-    c.peer = l.name;
-    c.address = l.address;
-    c.messages_sent = l.messages_sent;
-    c.bytes_sent = l.bytes_sent;
-    c.messages_received = l.messages_received;
-    c.bytes_received = l.bytes_received;
-    c.send_errors = l.send_errors;
-    c.malformed = l.malformed;
-    c.corrupted = l.corrupted;
-    c.oversized = l.oversized;
-    c.pulled = l.pulled;
-    c.pulls_to = l.pulls_to;
-    c.pulls_from = l.pulls_from;
-    out.push_back(std::move(c));
+    links->push_back({me, l.name, l.address, l.messages_sent, l.bytes_sent, l.messages_received,
+                      l.bytes_received, l.send_errors, l.malformed, l.corrupted, l.oversized,
+                      l.pulled, l.pulls_to, l.pulls_from});
   }
-  return out;
-}
-
-TransportCountersInfo transport_counters(NodeSelf* self) {
-  TransportCountersInfo c;
-  c.node = self->state.me.name;
-  if (auto tx = self->state.link->transport()) {
-    const auto s = tx->stats();
-    c.auth_failures = s.auth_failures;
-    c.unauthenticated_dropped = s.unauthenticated_dropped;
-    c.connections_accepted = s.connections_accepted;
-  }
-  return c;
 }
 
 }  // namespace detail
@@ -224,8 +205,7 @@ void worker_tick(NodeSelf* self) {
   hb.resources = node_resources(self);
   hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
   hb.uptime_ms = ms_since(st.started);
-  hb.links = link_counters(self);
-  hb.transport = transport_counters(self);
+  transport_counters(self, &hb.links, &hb.transport);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);
   const auto silent = ms_since(st.last_ack);
   if (silent > st.lease_ms && !st.head_lost) {

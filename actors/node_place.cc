@@ -550,8 +550,8 @@ StatusSnapshotMsg snapshot(NodeSelf* self) {
   } else {
     s.phases = phase_infos(st.phases, st.link->node_id());
   }
-  s.links = link_counters(self);
-  s.transport = {transport_counters(self)};
+  s.transport.resize(1);
+  transport_counters(self, &s.links, &s.transport[0]);
   if (st.head)
     for (const auto& [name, m] : st.members)
       if (name != st.me.name && m.state == MemberState::kAlive) {

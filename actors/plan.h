@@ -45,7 +45,7 @@ struct StagePlan {
   std::string node;            // node daemon hosting it (multi-host plans); "" = auto
   std::string device = "cpu";  // "cpu" (compute::Engine) or "cuda:N" (gpu::GpuEngine on GPU N)
   bool on_cpu() const { return device == "cpu"; }
-  int line = 0;                // line of its [[stage]] table in Plan::source; 0 = not from a file
+  int line = 0;  // line of its [[stage]] table in Plan::source; 0 = not from a file
 };
 
 /// One expert shard: the routed experts it owns in every MoE layer. TOML: one [[expert_shard]].

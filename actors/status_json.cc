@@ -88,10 +88,10 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"duration_ms\":" + std::to_string(p.duration_ms) +
          ",\"done\":" + (p.done ? "true" : "false") + "}";
   }
+  auto n = [](uint64_t v) { return std::to_string(v); };
   o += "],\"links\":[";
   for (size_t i = 0; i < s.links.size(); ++i) {
     const auto& l = s.links[i];
-    auto n = [](uint64_t v) { return std::to_string(v); };
     o += (i ? "," : "") + std::string("{\"node\":") + json_str(l.node) +
          ",\"peer\":" + json_str(l.peer) + ",\"address\":" + json_str(l.address) +
          ",\"large_messages\":" + json_str(large_path(l)) +
@@ -105,9 +105,9 @@ std::string status_json(const StatusSnapshotMsg& s) {
   for (size_t i = 0; i < s.transport.size(); ++i) {
     const auto& t = s.transport[i];
     o += (i ? "," : "") + std::string("{\"node\":") + json_str(t.node) +
-         ",\"auth_failures\":" + std::to_string(t.auth_failures) +
-         ",\"unauthenticated_dropped\":" + std::to_string(t.unauthenticated_dropped) +
-         ",\"connections_accepted\":" + std::to_string(t.connections_accepted) + "}";
+         ",\"auth_failures\":" + n(t.auth_failures) +
+         ",\"unauthenticated_dropped\":" + n(t.unauthenticated_dropped) +
+         ",\"connections_accepted\":" + n(t.connections_accepted) + "}";
   }
   return o + "]}";
 }
@@ -146,7 +146,7 @@ std::string gb(uint64_t bytes) {
 // "N / X kB", "N / X MB" or "N / X GB": messages and bytes, in the unit that shows the bytes.
 std::string traffic(uint64_t messages, uint64_t bytes) {
   const double v = static_cast<double>(bytes);
-  const auto [div, unit] = v >= 1e9 ? std::pair{1e9, "GB"}
+  const auto [div, unit] = v >= 1e9   ? std::pair{1e9, "GB"}
                            : v >= 1e6 ? std::pair{1e6, "MB"}
                                       : std::pair{1e3, "kB"};
   char b[64];

@@ -19,11 +19,13 @@ constexpr size_t kBootIdBytes = 36;  // /proc/sys/kernel/random/boot_id: a UUID 
 // Offer: boot id, pid, cookie address, cookie, table address, table slots.
 constexpr size_t kOfferBytes = kBootIdBytes + 8 + 8 + kNonceBytes + 8 + 8;
 
-void put_u64(std::vector<uint8_t>& out, uint64_t v) {
+void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   const size_t at = out.size();
-  out.resize(at + 8);
-  std::memcpy(out.data() + at, &v, 8);
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
 }
+
+void put_u64(std::vector<uint8_t>& out, uint64_t v) { put_bytes(out, &v, 8); }
 
 uint64_t get_u64(const uint8_t* p) {
   uint64_t v = 0;
@@ -61,14 +63,12 @@ void Transport::Impl::offer_pull(Peer& p) {
   if (!pull_table) return;
   const auto* key = reinterpret_cast<const uint8_t*>(&p.remote_key);
   p.pull_cookie = hmac_sha256(opts.cluster_token, kPullLabel, {{key, sizeof(p.remote_key)}});
-  const auto& pull_cookie = p.pull_cookie;
-  auto buf = std::make_shared<std::vector<uint8_t>>(kOfferBytes);
-  std::memcpy(buf->data(), boot_id.data(), kBootIdBytes);
-  buf->resize(kBootIdBytes);
+  auto buf = std::make_shared<std::vector<uint8_t>>();
+  buf->reserve(kOfferBytes);
+  put_bytes(*buf, boot_id.data(), kBootIdBytes);
   put_u64(*buf, static_cast<uint64_t>(getpid()));
-  put_u64(*buf, reinterpret_cast<uint64_t>(pull_cookie.data()));
-  buf->resize(buf->size() + kNonceBytes);
-  std::memcpy(buf->data() + buf->size() - kNonceBytes, pull_cookie.data(), kNonceBytes);
+  put_u64(*buf, reinterpret_cast<uint64_t>(p.pull_cookie.data()));
+  put_bytes(*buf, p.pull_cookie.data(), kNonceBytes);
   put_u64(*buf, reinterpret_cast<uint64_t>(pull_table.get()));
   put_u64(*buf, kPullSlots);
   post_am(p, kAmPullOffer, WireHeader{}, {{buf->data(), buf->size()}}, buf);
@@ -210,10 +210,44 @@ ucs_status_t Transport::Impl::am_pull(void* arg, const void* header, size_t head
   return UCS_OK;
 }
 
+size_t Transport::Impl::read_pull(Incoming& in, Peer& p, size_t budget) {
+  // The next piece: [pulled_bytes, pulled_bytes + want) of the message, from its ranges.
+  const size_t total = in.msg.size_bytes, from = in.pulled_bytes;
+  const size_t want = std::min(budget, total - from);
+  std::vector<iovec> remote;
+  size_t pos = 0;
+  for (const auto& [at, len] : in.pull_ranges) {
+    const size_t lo = std::max(pos, from), hi = std::min(pos + len, from + want);
+    if (lo < hi) remote.push_back({reinterpret_cast<void*>(at + (lo - pos)), hi - lo});
+    pos += len;
+  }
+  iovec local{reinterpret_cast<uint8_t*>(in.msg.storage.get()) + from, want};
+  const ssize_t got =
+      process_vm_readv(static_cast<pid_t>(p.pull_pid), &local, 1, remote.data(), remote.size(), 0);
+  if (got != static_cast<ssize_t>(want)) {
+    fail(in, got < 0 && errno == ESRCH ? "its sender is gone"
+                                       : "the sender's memory could not be read");
+    return 0;
+  }
+  in.pulled_bytes += want;
+  if (in.pulled_bytes == total) {
+    // Read after the bytes: a slot that still holds the id proves they were the sender's when
+    // we read them (it frees a slot before the bytes).
+    uint64_t held = 0;
+    if (!read_remote(p.pull_pid, p.pull_table + 8 * in.pull_slot, &held, 8) || held != in.pull_id) {
+      fail(in, "its sender withdrew it before it was read");
+      return want;
+    }
+    --in.parts_pending;
+    ++p.stats.pulled;
+  }
+  fragment_landed(in, from, want);  // sums it if the sender sent a sum; completes it
+  return want;
+}
+
 bool Transport::Impl::run_pulls() {
   bool did = false;
   size_t budget = kPullStepBytes;
-  std::vector<iovec> remote;
   while (!pulls_waiting.empty() && budget > 0) {
     did = true;
     std::shared_ptr<Incoming> in = pulls_waiting.front();
@@ -227,41 +261,7 @@ bool Transport::Impl::run_pulls() {
         fail(*in, "no memory for it");
       }
     }
-    if (in->state == Incoming::State::kAssembling) {
-      // The next piece: [pulled_bytes, pulled_bytes + want) of the message, from its ranges.
-      const size_t total = in->msg.size_bytes, from = in->pulled_bytes;
-      const size_t want = std::min(budget, total - from);
-      remote.clear();
-      size_t pos = 0;
-      for (const auto& [at, len] : in->pull_ranges) {
-        const size_t lo = std::max(pos, from), hi = std::min(pos + len, from + want);
-        if (lo < hi) remote.push_back({reinterpret_cast<void*>(at + (lo - pos)), hi - lo});
-        pos += len;
-      }
-      iovec local{reinterpret_cast<uint8_t*>(in->msg.storage.get()) + from, want};
-      const ssize_t got = process_vm_readv(static_cast<pid_t>(p->pull_pid), &local, 1,
-                                           remote.data(), remote.size(), 0);
-      if (got != static_cast<ssize_t>(want)) {
-        fail(*in, got < 0 && errno == ESRCH ? "its sender is gone"
-                                            : "the sender's memory could not be read");
-      } else {
-        budget -= want;
-        in->pulled_bytes += want;
-        if (in->pulled_bytes == total) {
-          // Read after the bytes: a slot that still holds the id proves they were the sender's
-          // when we read them (it frees a slot before the bytes).
-          uint64_t held = 0;
-          if (!read_remote(p->pull_pid, p->pull_table + 8 * in->pull_slot, &held, 8) ||
-              held != in->pull_id) {
-            fail(*in, "its sender withdrew it before it was read");
-          } else {
-            --in->parts_pending;
-            ++p->stats.pulled;
-          }
-        }
-        fragment_landed(*in, from, want);  // sums it if the sender sent a sum; completes it
-      }
-    }
+    if (in->state == Incoming::State::kAssembling) budget -= read_pull(*in, *p, budget);
     if (in->state == Incoming::State::kAssembling) continue;  // more to read, budget allowing
     pulls_waiting.pop_front();
     if (p) {
@@ -295,19 +295,20 @@ ucs_status_t Transport::Impl::am_pull_done(void* arg, const void* header, size_t
     count_malformed(*p, "pull done for no pull of ours (" + std::to_string(h.offset) + ")");
     return UCS_OK;
   }
-  im->pull_table[out->second.first].store(0, std::memory_order_release);
-  im->free_pull_slots.push_back(out->second.first);
+  im->release_pull_slot(out->second.first);
   p->pulls_out.erase(out);  // lets go of the bytes
   return UCS_OK;
 }
 
 void Transport::Impl::revoke_pulls(Peer& p) {
   // Slots first, then the bytes: a receiver still reading finds the slot empty afterwards.
-  for (const auto& [id, held] : p.pulls_out) {
-    pull_table[held.first].store(0, std::memory_order_seq_cst);
-    free_pull_slots.push_back(held.first);
-  }
+  for (const auto& [id, held] : p.pulls_out) release_pull_slot(held.first);
   p.pulls_out.clear();
+}
+
+void Transport::Impl::release_pull_slot(size_t slot) {
+  pull_table[slot].store(0, std::memory_order_seq_cst);  // before the bytes go (the callers)
+  free_pull_slots.push_back(slot);
 }
 
 }  // namespace troupe::transport

@@ -5,7 +5,8 @@
 
 namespace troupe::transport::detail {
 
-static_assert(RawAm::kPullOffer == kAmPullOffer && RawAm::kPull == kAmPull &&
+static_assert(RawAm::kData == kAmData && RawAm::kSum == kAmSum &&
+              RawAm::kPullOffer == kAmPullOffer && RawAm::kPull == kAmPull &&
               RawAm::kPullDone == kAmPullDone);
 
 Status TransportTesting::send_raw_frame(Transport& t, PeerId peer, const RawFrame& frame) {
@@ -39,12 +40,8 @@ Status TransportTesting::send_on_thread(Transport::Impl& im, PeerId peer, const 
   prm.flags = frame.protocol == RawFrame::Protocol::kEager        ? UCP_AM_SEND_FLAG_EAGER
               : frame.protocol == RawFrame::Protocol::kRendezvous ? UCP_AM_SEND_FLAG_RNDV
                                                                   : 0;
-  ucs_status_ptr_t r =
-      ucp_am_send_nbx(p.ep,
-                      frame.am        ? frame.am
-                      : frame.trailer ? kAmSum
-                                      : kAmData,
-                      header->data(), header->size(), payload->data(), payload->size(), &prm);
+  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, frame.am, header->data(), header->size(),
+                                       payload->data(), payload->size(), &prm);
   if (UCS_PTR_IS_ERR(r))
     return Error{1,
                  std::string("raw frame: UCX refused it: ") + ucs_status_string(UCS_PTR_STATUS(r))};

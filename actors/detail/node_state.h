@@ -173,10 +173,10 @@ ResourcesInfo local_resources();
 /// The resources this node reports (join, heartbeats): local_resources() with the free memory
 /// capped by its [[node]] memory_limit_mb less the weights of the actors placed on it.
 ResourcesInfo node_resources(NodeSelf* self);
-/// This node's live transport links and their counters (heartbeats, status).
-std::vector<LinkCountersInfo> link_counters(NodeSelf* self);
-/// This node's transport as a whole (heartbeats, status).
-TransportCountersInfo transport_counters(NodeSelf* self);
+/// This node's live transport links with their counters, and its transport's totals
+/// (heartbeats, status), from one Transport::stats().
+void transport_counters(NodeSelf* self, std::vector<LinkCountersInfo>* links,
+                        TransportCountersInfo* totals);
 /// Hash of the model file's first MiB and size (of config.json for a Hugging Face directory).
 uint64_t model_file_hash(const std::string& path);
 

@@ -17,6 +17,7 @@ namespace troupe::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using detail::RawAm;
 using detail::RawFrame;
 using detail::TransportTesting;
 using Protocol = RawFrame::Protocol;
@@ -122,7 +123,7 @@ struct Trailed {
   }
   RawFrame trailer(uint64_t type = 9) const {
     RawFrame t = frame(type, whole.size(), whole.size(), 0, Protocol::kEager);
-    t.trailer = true;
+    t.am = RawAm::kSum;
     t.sum = detail::checksum(whole) | 1;
     return t;
   }

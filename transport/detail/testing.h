@@ -16,15 +16,19 @@
 
 namespace troupe::transport::detail {
 
+/// Active message ids for RawFrame::am (detail/transport_impl.h, AmId; checked there).
+struct RawAm {
+  static constexpr unsigned kData = 4, kSum = 7, kPullOffer = 8, kPull = 10, kPullDone = 11;
+};
+
 /// One data active message as it goes on the wire. The defaults are a well-formed header for
 /// this link; each field may be set to anything, which is the point.
 struct RawFrame {
   std::optional<uint32_t> magic;    // default: the real magic
   std::optional<uint32_t> version;  // default: this build's wire version
   uint64_t type = 0;
-  uint64_t sum = 0;      // 0: no checksum; 1: one comes later; 2: in a trailer; else the checksum
-  bool trailer = false;  // a checksum trailer (kAmSum) rather than a data fragment
-  unsigned am = 0;       // else: this active message id (detail/transport_impl.h, AmId)
+  uint64_t sum = 0;  // 0: no checksum; 1: one comes later; 2: in a trailer; else the checksum
+  unsigned am = RawAm::kData;  // kSum: a checksum trailer; kPull...: same-host pulls
   uint64_t total_bytes = 0;
   uint64_t offset = 0;
   std::optional<uint64_t> key;  // default: the link's key as the receiver gave it
@@ -32,11 +36,6 @@ struct RawFrame {
   std::optional<size_t> header_bytes;
   std::vector<uint8_t> payload;
   enum class Protocol : uint8_t { kAuto, kEager, kRendezvous } protocol = Protocol::kAuto;
-};
-
-/// Active message ids for RawFrame::am (detail/transport_impl.h, AmId; checked there).
-struct RawAm {
-  static constexpr unsigned kPullOffer = 8, kPull = 10, kPullDone = 11;
 };
 
 /// What a transport's receive side holds at one moment (read on its progress thread).

@@ -229,13 +229,13 @@ struct Transport::Impl {
     std::deque<std::shared_ptr<Incoming>> awaiting_sum;
     // Our fragmented messages to it whose trailer has not gone yet, in send order.
     std::deque<std::shared_ptr<Outgoing>> sums_due;
-    // Same-host pulls: its process and pull table (from its offer, checked), and our messages
-    // it has not finished reading: pull id -> (slot, what keeps the bytes alive).
+    // Same-host pulls: its process and pull table (from its offer, checked).
     int64_t pull_pid = 0;
     uint64_t pull_table = 0;
     // Our offer's cookie for it, which it reads back out of our memory: HMAC(token,
     // "troupe-pull" | its link key), so only this process, on this link, can have shown it.
     std::array<uint8_t, kNonceBytes> pull_cookie{};
+    // Our messages it has not finished reading: pull id -> (slot, what keeps the bytes alive).
     std::map<uint64_t, std::pair<size_t, std::shared_ptr<const void>>> pulls_out;
   };
   struct SendCtx {
@@ -500,6 +500,13 @@ struct Transport::Impl {
 
   // Reads the oldest waiting pulls (at most kPullStepBytes); true if it did any work.
   bool run_pulls();
+
+  // Reads the next at most `budget` bytes of pull `in` from `p`'s memory (and, after the last,
+  // checks the sender's slot); fails `in` when it cannot. The bytes read.
+  size_t read_pull(Incoming& in, Peer& p, size_t budget);
+
+  // Frees one of our pull-table slots (before the bytes it held are released).
+  void release_pull_slot(size_t slot);
 
   // Tells the sender we are done with a pull (read, failed or dropped).
   void pull_done(PeerId id, uint64_t pull_id);
