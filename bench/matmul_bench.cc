@@ -4,7 +4,8 @@
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
 // Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q4_K q6_K; default all)
-//        TROUPE_SIMD=scalar|avx2|avx512 pins the kernel path (see compute/matmul.cc).
+//        TROUPE_SIMD=scalar|avx2|avx512|avx512-novbmi|avx512-novnni pins the kernel path
+//        (see compute/matmul.cc).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

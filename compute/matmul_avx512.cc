@@ -414,34 +414,29 @@ TypeKernels float_kernels() {
   return k;
 }
 
-template <bool kVnni>
+template <bool kVnni, bool kVbmi>
 KernelSet make_set() {
   KernelSet s{};
-  s.name = kVnni ? "avx512-vnni" : "avx512";
+  s.name = kVnni ? (kVbmi ? "avx512-vnni-vbmi" : "avx512-vnni") : "avx512";
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
   s.q8_0 =
       streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0, kVnni>>(act32_bytes, quantize_act32<-128>);
-  // VBMI only changes how Q4_0 groups are loaded (same lanes, same results); TROUPE_NO_VBMI=1
-  // turns it off to compare.
-  const char* no_vbmi = std::getenv("TROUPE_NO_VBMI");
-  if (__builtin_cpu_supports("avx512vbmi") && !(no_vbmi && *no_vbmi == '1'))
-    s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, true>>(act32_bytes,
-                                                                             quantize_act32<-8>);
-  else
-    s.q4_0 =
-        streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni>>(act32_bytes, quantize_act32<-8>);
+  // VBMI only changes how Q4_0 groups are loaded (same lanes, same results).
+  s.q4_0 =
+      streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, kVbmi>>(act32_bytes, quantize_act32<-8>);
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
   return s;
 }
 
 }  // namespace
 
-const KernelSet& avx512_kernels(bool use_vnni) {
-  static const KernelSet vnni = make_set<true>();
-  static const KernelSet plain = make_set<false>();
-  return use_vnni ? vnni : plain;
+const KernelSet& avx512_kernels(bool use_vnni, bool use_vbmi) {
+  static const KernelSet vnni_vbmi = make_set<true, true>();
+  static const KernelSet vnni = make_set<true, false>();
+  static const KernelSet plain = make_set<false, false>();
+  return use_vnni ? (use_vbmi ? vnni_vbmi : vnni) : plain;
 }
 
 }  // namespace troupe::compute::detail

@@ -78,13 +78,25 @@ Communicator::Communicator(const CommId& id, int rank, int size) : rank_(rank), 
   std::memcpy(nid.internal, id.bytes.data(), CommId::kBytes);
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRank(&comm, size, nid, rank);
-  if (r != ncclSuccess)
-    throw_nccl(r, strfmt("ncclCommInitRank(rank=%d, size=%d)", rank, size), comm);
+  if (r != ncclSuccess) {
+    const std::string call = strfmt("ncclCommInitRank(rank=%d, size=%d)", rank, size);
+    const char* last = comm ? ncclGetLastError(comm) : nullptr;
+    const std::string detail = last && *last ? std::string(": ") + last : std::string();
+    if (comm) ncclCommAbort(comm);  // a half-made communicator is not ours to keep
+    throw DeviceError(Errc::kNccl, strfmt("%s failed: %s (%d)%s", call.c_str(),
+                                          ncclGetErrorString(r), static_cast<int>(r),
+                                          detail.c_str()));
+  }
   comm_ = comm;
 }
 
 Communicator::~Communicator() {
-  if (comm_) ncclCommDestroy(comm_);
+  if (!comm_) return;
+  // After an asynchronous error a peer may be gone: destroying would wait for it forever.
+  if (broken_)
+    ncclCommAbort(comm_);
+  else
+    ncclCommDestroy(comm_);
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count, cudaStream_t stream) {
@@ -154,8 +166,10 @@ void Communicator::all_to_all(const void* send, std::span<const size_t> send_cou
 void Communicator::check_async_error() {
   ncclResult_t async = ncclSuccess;
   nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", comm_);
-  if (async != ncclSuccess && async != ncclInProgress)
+  if (async != ncclSuccess && async != ncclInProgress) {
+    broken_ = true;
     throw_nccl(async, "asynchronous NCCL operation", comm_);
+  }
 }
 
 }  // namespace troupe::gpu

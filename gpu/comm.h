@@ -60,12 +60,14 @@ class Communicator {
                   std::span<const size_t> recv_counts, CommType type, cudaStream_t stream);
 
   /// Throws DeviceError(kNccl) when NCCL reports an asynchronous error (a peer failed, a network
-  /// error) on this communicator; otherwise returns.
+  /// error) on this communicator; otherwise returns. After such an error the destructor aborts
+  /// the communicator instead of waiting for its peers.
   void check_async_error();
 
  private:
   ncclComm* comm_ = nullptr;
   int rank_ = 0, size_ = 0;
+  bool broken_ = false;  // an asynchronous error was seen: the destructor aborts
 };
 
 }  // namespace troupe::gpu

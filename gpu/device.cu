@@ -15,6 +15,10 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
     return out;
   }
   if (n == 0 && why) *why = "no CUDA devices";
+  // cudaMemGetInfo reports on the current device: switch per device, then switch back so the
+  // caller's thread stays on its own device.
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
@@ -27,6 +31,7 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
     if (cudaSetDevice(i) == cudaSuccess) cudaMemGetInfo(&d.free_bytes, &d.total_bytes);
     out.push_back(d);
   }
+  if (restore) cudaSetDevice(current);
   return out;
 }
 

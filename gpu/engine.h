@@ -42,8 +42,8 @@ class GpuEngine {
   /// workspace arena up front (no cudaMalloc in step()). Errors: no GPU (the message says why),
   /// out of device memory (says how much was needed), unsupported architecture or weight type,
   /// bad options (as compute::Engine::create). Error codes: Errc::kNoDevice, Errc::kOutOfMemory,
-  /// another Errc for a CUDA/cuBLAS failure during set-up, 1 for bad options or an unsupported
-  /// model (compute::Engine's code for bad input).
+  /// another Errc for a CUDA/cuBLAS failure during set-up, Errc::kBadInput for bad options or an
+  /// unsupported model.
   static Result<std::unique_ptr<GpuEngine>> create(std::shared_ptr<const model::Model> model,
                                                    const GpuEngineOptions& opts);
   ~GpuEngine();
@@ -54,9 +54,9 @@ class GpuEngine {
   /// block ids, sizes against max_step_*, positions inside the KV pool), returns an Error without
   /// computing when one is bad; fills out->logits (f32, host) for the rows each SeqStep asks for;
   /// hidden_in (f32 [num_tokens, n_embd]) / hidden_out for ranges without embedding / head.
-  /// Synchronous: returns when results are on the host. Error codes as compute::Engine: 1 for a
-  /// bad step (nothing computed), 2 for a device failure during the step (the KV rows of that
-  /// step are then undefined).
+  /// Synchronous: returns when results are on the host. Error codes: Errc::kBadInput for a bad
+  /// step (nothing computed), Errc::kStepFailed for a device failure during the step (the KV
+  /// rows of that step are then undefined).
   Status step(std::span<const compute::SeqStep> seqs, compute::StepResult* out,
               const float* hidden_in = nullptr, std::vector<float>* hidden_out = nullptr);
 

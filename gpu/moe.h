@@ -132,7 +132,8 @@ class MoeForward {
 
   /// Runs the layer; scratch from `arena` (given back before returning). Returns when the
   /// offsets are on the host; the rest is queued on `stream`. Throws InputError for bad
-  /// arguments, DeviceError for CUDA/cuBLASLt failures or routed ids out of range.
+  /// arguments, DeviceError for CUDA/cuBLASLt failures, InternalError for routed ids out of
+  /// range (the routing kernel cannot produce them).
   void run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream);
 
   /// int32 [n_expert + 1]: the last run's per-expert row offsets (counts = differences).

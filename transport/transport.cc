@@ -421,8 +421,12 @@ void Transport::set_faults(FaultRules rules) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->shim = FaultShim(std::move(rules));
   impl_->faults_on = impl_->shim.active();
-  if (!impl_->faults_on)
-    for (auto& [id, p] : impl_->peers) p.stats.cut = false;
+  if (impl_->faults_on) return;
+  for (auto& [id, p] : impl_->peers) {
+    if (!p.stats.cut) continue;
+    p.stats.cut = false;
+    impl_->post([im = impl_.get(), id = id] { im->send_held_pull_dones(id); });
+  }
 }
 
 TransportStats Transport::stats() const {

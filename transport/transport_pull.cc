@@ -156,7 +156,11 @@ ucs_status_t Transport::Impl::am_pull(void* arg, const void* header, size_t head
   auto* im = static_cast<Impl*>(arg);
   WireHeader h;
   Peer* p = im->sender_up(header, header_length, &h, "bad pull header");
-  if (!p || p->stats.cut) return UCS_OK;
+  if (!p) return UCS_OK;
+  if (p->stats.cut) {  // dropped, as the cut drops everything; its sender may let go once it heals
+    im->pull_done(p->id, h.offset);
+    return UCS_OK;
+  }
   const std::string what =
       "pull (type " + std::to_string(h.type) + ", " + std::to_string(h.total_bytes) + " bytes)";
   std::string bad;
@@ -274,7 +278,11 @@ bool Transport::Impl::run_pulls() {
 
 void Transport::Impl::pull_done(PeerId id, uint64_t pull_id) {
   auto it = peers.find(id);
-  if (it == peers.end() || !it->second.ep || it->second.stats.cut) return;
+  if (it == peers.end() || !it->second.ep) return;
+  if (it->second.stats.cut) {
+    it->second.pulls_done_held.push_back(pull_id);
+    return;
+  }
   WireHeader h;
   h.offset = pull_id;
   post_am(it->second, kAmPullDone, h, {}, nullptr);
@@ -304,6 +312,14 @@ void Transport::Impl::revoke_pulls(Peer& p) {
   // Slots first, then the bytes: a receiver still reading finds the slot empty afterwards.
   for (const auto& [id, held] : p.pulls_out) release_pull_slot(held.first);
   p.pulls_out.clear();
+}
+
+void Transport::Impl::send_held_pull_dones(PeerId id) {
+  auto it = peers.find(id);
+  if (it == peers.end()) return;
+  std::vector<uint64_t> held;
+  held.swap(it->second.pulls_done_held);
+  for (uint64_t pull_id : held) pull_done(id, pull_id);  // held again if cut again meanwhile
 }
 
 void Transport::Impl::release_pull_slot(size_t slot) {

@@ -52,14 +52,15 @@ struct TypeKernels {
 
 /// All kernels of one SIMD level; a null `rows` means the type is not supported there.
 struct KernelSet {
-  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-vbmi"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
   const TypeKernels* find(model::GgmlType t) const;
 };
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();                 // requires AVX2, FMA, F16C
-const KernelSet& avx512_kernels(bool use_vnni);  // requires AVX-512 F/BW/VL/DQ (+VNNI if asked)
+// Requires AVX-512 F/BW/VL/DQ, and VNNI (and VBMI) where asked; VBMI only with VNNI.
+const KernelSet& avx512_kernels(bool use_vnni, bool use_vbmi = false);
 
 /// Every kernel set this CPU can run, best first (the first is what matmul() uses unless
 /// TROUPE_SIMD says otherwise).

@@ -571,6 +571,15 @@ TEST(GpuAttention, GqaOtherHeadDimsMatchCpu) {
   check_gqa(4, 2, 256, 32, 26);
 }
 
+// Groups wider than a decode block's 8 rows (several row tiles per kv head: grid.y > 1), and
+// a head size that is not a multiple of 8 (the element-wise loads past their first chunk) with
+// blocks of a size that is not a power of two.
+TEST(GpuAttention, GqaSeveralRowTilesAndOddWidthsMatchCpu) {
+  TROUPE_REQUIRE_GPU();
+  check_gqa(32, 2, 64, 16, 15);
+  check_gqa(4, 2, 20, 24, 27);
+}
+
 TEST(GpuAttention, GqaSequenceIsBitwiseSameAloneOrInAnyBatch) {
   TROUPE_REQUIRE_GPU();
   const Problem pb = make_problem(false, 8, 2, 128, 128, 16, kMixedSeqs, 31);
@@ -613,6 +622,18 @@ TEST(GpuAttention, MlaDeepSeekShapesMatchCpu) {
                    {{0, 1}, {0, 7}, {9, 7}, {16, 1}, {0, 300}, {1999, 1}, {1960, 40}}, 52);
   const float scale = 1.f / std::sqrt(128.f + 64.f);
   check_against_reference(pb, scale, scale);
+}
+
+// 48 heads: three decode row tiles of 16 per sequence (DeepSeek-V3's 128 heads take eight);
+// and MLA without a rope part (kv_lora_rank 32, rope 0).
+TEST(GpuAttention, MlaSeveralRowTilesAndNoRopeMatchCpu) {
+  TROUPE_REQUIRE_GPU();
+  const Problem wide = make_problem(true, 48, 1, 48, 32, 16, kMixedSeqs, 53);
+  const float scale = 1.f / std::sqrt(32.f + 16.f);
+  check_against_reference(wide, scale, scale);
+  const Problem no_rope = make_problem(true, 8, 1, 32, 32, 16, kMixedSeqs, 54);
+  const float scale0 = 1.f / std::sqrt(32.f);
+  check_against_reference(no_rope, scale0, scale0);
 }
 
 TEST(GpuAttention, MlaSequenceIsBitwiseSameAloneOrInAnyBatch) {

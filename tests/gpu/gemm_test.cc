@@ -4,7 +4,7 @@
 // Tolerance: products of bf16 values are exact in f32, so the only error is the f32 accumulation:
 // |err| <= K * u * sum_k |x_k w_k| (u = 2^-24), times 4 for tensor cores that truncate when they
 // align addends; the test uses that bound's largest value over the output as atol, plus
-// rtol 2^-8 for a bf16 output (one rounding, <= 2^-9 relative) or 1e-6 for f32.
+// rtol 2^-8 for a bf16 output (one rounding, <= 2^-8 relative) or 1e-6 for f32.
 #include "gpu/gemm.h"
 
 #include <cmath>

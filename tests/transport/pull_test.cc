@@ -143,6 +143,42 @@ TEST(Pulls, TheSenderKeepsTheBytesUntilTheyAreRead) {
   EXPECT_EQ(p.pulled(), 1u);
 }
 
+// A pull announced while the fault shim has cut the link is dropped (as everything is), and its
+// sender keeps the bytes only until the cut is lifted: then the held "done" lets go of them.
+TEST(Pulls, ACutLinkThatHealsLetsTheSenderGoOfDroppedPulls) {
+  PullPair p;
+  ASSERT_NO_FATAL_FAILURE(p.start_pulling());
+  // The first message b receives cuts the link (and is lost with it).
+  p.b->set_faults({FaultRule{FaultAction::kCut, "node-a", 0, 1.0, 1, 0, 1, false}});
+  ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(1, pattern(10, 1))));
+  for (int i = 0; i < 400 && !p.b->stats().links[0].cut; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(p.b->stats().links[0].cut);
+
+  auto body = std::make_shared<std::vector<uint8_t>>(pattern(2 << 20, 5));
+  std::weak_ptr<std::vector<uint8_t>> watch = body;
+  OutMessage m;
+  m.type = 2;
+  m.parts = {{body->data(), body->size()}};
+  m.keep_alive = std::move(body);
+  ASSERT_TRUE(p.a->send(p.b_from_a, std::move(m)));
+  // It goes as a pull (a's side) and b drops its announcement: a must keep the bytes meanwhile.
+  for (int i = 0; i < 400 && p.a->stats().links[0].messages_sent < 2; ++i)
+    std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(watch.expired()) << "a let go of a pull b never read";
+
+  p.b->set_faults({});
+  for (int i = 0; i < 400 && !watch.expired(); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(watch.expired()) << "the cut healed, but a still holds the pull b dropped";
+  // The link works again, pulls included, and nothing dropped during the cut turns up.
+  const auto big = pattern(3 << 20, 6);
+  ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(3, big)));
+  ASSERT_TRUE(p.b_in.wait_messages(1));
+  EXPECT_EQ(p.b_in.msgs[0].type, 3u);
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), p.b_in.msgs[0].data().begin()));
+  EXPECT_EQ(p.pulled(), 1u);
+}
+
 // Either side can turn pulls off; then everything takes the endpoint.
 TEST(Pulls, OffWhenEitherSideSaysSo) {
   for (const bool receiver_off : {true, false}) {

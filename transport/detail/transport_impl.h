@@ -237,6 +237,9 @@ struct Transport::Impl {
     std::array<uint8_t, kNonceBytes> pull_cookie{};
     // Our messages it has not finished reading: pull id -> (slot, what keeps the bytes alive).
     std::map<uint64_t, std::pair<size_t, std::shared_ptr<const void>>> pulls_out;
+    // Its pulls we are done with (read, refused or dropped) while the fault shim cut the link:
+    // the "done" goes when the cut is lifted, so that it lets go of their bytes then.
+    std::vector<uint64_t> pulls_done_held;
   };
   struct SendCtx {
     Impl* im = nullptr;
@@ -513,6 +516,8 @@ struct Transport::Impl {
 
   // Gives up our pulls to a peer that is going: frees their slots first, then their bytes.
   void revoke_pulls(Peer& p);
+  // The fault shim's cut of the link is over: the "done"s held back during it go.
+  void send_held_pull_dones(PeerId id);
 
   static ucs_status_t am_pull_offer(void* arg, const void* header, size_t header_length, void* data,
                                     size_t length, const ucp_am_recv_param_t* param);
