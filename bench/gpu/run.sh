@@ -16,7 +16,7 @@
 #                     machine's host compiler is not CI's and a new warning must not cost the call)
 #   TROUPE_TOTAL_S    the whole script's budget in seconds (default 470: under 8 minutes)
 #   OUT               when set: build.log, gpu_tests.log, gpu_bench.log, gpu_bench.md,
-#                     summary.txt are written there
+#                     summary.txt (and sanitizer.log when a test failed) are written there
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
@@ -172,6 +172,19 @@ else
   status=1
   note "FAIL: gpu_tests rc $rc ($((SECONDS - t0)) s; 124 = timeout): $counts"
   while read -r l; do note "  $l"; done < <(grep -E '^\[  FAILED  \] [A-Za-z]' "$logdir/gpu_tests.log" | head -10)
+  # The first failed tests again under compute-sanitizer's memcheck (out-of-bounds and misaligned
+  # accesses, which a wrong result alone does not locate), at most 60 s of the budget.
+  sanitizer=$(dirname "$nvcc")/compute-sanitizer
+  failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$logdir/gpu_tests.log" | awk '{sub(/,$/, "", $4); print $4}' |
+    sort -u | head -3 | paste -sd: -)
+  if [[ -x $sanitizer && -n $failed ]] && (($(left) > 200)); then
+    t0=$SECONDS
+    say "compute-sanitizer memcheck on $failed (timeout 60 s)"
+    timeout 60 "$sanitizer" --tool memcheck --print-limit 20 "$build/tests/gpu_tests" \
+      --gtest_filter="$failed" >"$logdir/sanitizer.log" 2>&1
+    note "memcheck of the failed tests ($((SECONDS - t0)) s): $(grep -cE '^========= (Invalid|Misaligned|Out-of-range|Program hit)' "$logdir/sanitizer.log") reports; log: ${out:+$out/}sanitizer.log"
+    while read -r l; do note "  $l"; done < <(grep -E '^========= (Invalid|Misaligned|Out-of-range|Program hit)' -A2 "$logdir/sanitizer.log" | head -9)
+  fi
 fi
 
 # ---- benchmarks ----
