@@ -424,8 +424,8 @@ KernelSet make_set() {
   s.q8_0 =
       streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0, kVnni>>(act32_bytes, quantize_act32<-128>);
   // VBMI only changes how Q4_0 groups are loaded (same lanes, same results).
-  s.q4_0 =
-      streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, kVbmi>>(act32_bytes, quantize_act32<-8>);
+  s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, kVbmi>>(act32_bytes,
+                                                                            quantize_act32<-8>);
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
   return s;
 }

@@ -83,9 +83,9 @@ Communicator::Communicator(const CommId& id, int rank, int size) : rank_(rank), 
     const char* last = comm ? ncclGetLastError(comm) : nullptr;
     const std::string detail = last && *last ? std::string(": ") + last : std::string();
     if (comm) ncclCommAbort(comm);  // a half-made communicator is not ours to keep
-    throw DeviceError(Errc::kNccl, strfmt("%s failed: %s (%d)%s", call.c_str(),
-                                          ncclGetErrorString(r), static_cast<int>(r),
-                                          detail.c_str()));
+    throw DeviceError(Errc::kNccl,
+                      strfmt("%s failed: %s (%d)%s", call.c_str(), ncclGetErrorString(r),
+                             static_cast<int>(r), detail.c_str()));
   }
   comm_ = comm;
 }

@@ -6,8 +6,8 @@
 //
 // Tolerances (GPU against the CPU engine's f32 logits, per logits row):
 //   bf16 keeps 8 significant bits, so each rounding is a relative error of at most 2^-8 (RMS
-//   about 2^-8 / sqrt(3) over a binade's mean of 1.44 = 1.6e-3). The GPU rounds every weight once and the input of every GEMM
-//   and of attention (normed h, q, k, v, the attention output, the SwiGLU product). Measured on
+//   about 2^-8 / sqrt(3) over a binade's mean of 1.44 = 1.6e-3). The GPU rounds every weight
+//   once and the input of every GEMM and of attention (normed h, q, k, v, the attention output, the SwiGLU product). Measured on
 //   these models with the CPU engine and bf16-rounded weights (the weight half of the error): a
 //   row's relative L2 error is 1.4e-3 to 6.6e-3 on average, 8.6e-3 at worst, and the max-abs
 //   error at most 1e-2 of the row's max|x|. The activation roundings add a comparable amount in

@@ -1,0 +1,321 @@
+// Writes the wire fuzzer's seed corpus: for each decoder of wire_fuzz.cc, one or two valid frames
+// (from the real encoders, for wire_fuzz.h's limits) behind their selector byte, plus a few
+// truncations of each. Exits non-zero when an encoder refuses a seed or its decoder refuses
+// the frame, so a codec change that breaks the seeds is noticed at build time.
+// Usage: wire_fuzz_seeds DIR
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/detail/messages.h"
+#include "tests/fuzz/wire_fuzz.h"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::actors;
+using namespace troupe::actors::detail;
+using namespace troupe::actors::detail::fuzz;
+
+const SendInfo kNode{.sender = {.node = 2, .role = ActorRole::kNodeDaemon, .index = 0}, .seq = 5};
+const SendInfo kStage{.sender = {.node = 2, .role = ActorRole::kStage, .index = 1}, .seq = 6};
+
+int g_failures = 0;
+
+void save(const std::filesystem::path& dir, const std::string& name, Decoder d,
+          const std::vector<uint8_t>& frame, size_t keep) {
+  std::vector<uint8_t> b;
+  b.push_back(static_cast<uint8_t>(d));
+  b.insert(b.end(), frame.begin(), frame.begin() + static_cast<std::ptrdiff_t>(keep));
+  std::ofstream out(dir / name, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// Saves the frame and some truncations of it, after checking its decoder accepts it.
+template <class Decode>
+void emit(const std::filesystem::path& dir, const std::string& name, Decoder d,
+          const Result<WireFrame>& frame, Decode decode) {
+  if (!frame) {
+    std::fprintf(stderr, "wire_fuzz_seeds: %s: encode: %s\n", name.c_str(),
+                 frame.error().message.c_str());
+    ++g_failures;
+    return;
+  }
+  const std::vector<uint8_t> bytes = frame->flatten();
+  const auto back = decode(std::span<const uint8_t>(bytes));
+  if (!back) {
+    std::fprintf(stderr, "wire_fuzz_seeds: %s: decode: %s\n", name.c_str(),
+                 back.error().message.c_str());
+    ++g_failures;
+    return;
+  }
+  save(dir, name, d, bytes, bytes.size());
+  for (size_t k = 1; k <= 3; ++k)
+    save(dir, name + ".cut" + std::to_string(k), d, bytes, bytes.size() * k / 4);
+}
+
+ResourcesInfo resources() {
+  return {.cpu_cores = 4, .memory_bytes = 8ull << 30, .free_memory_bytes = 6ull << 30};
+}
+
+std::vector<LinkCountersInfo> links() {
+  LinkCountersInfo a;
+  a.node = "node-a";
+  a.peer = "node-b";
+  a.address = "10.0.0.2:7100";
+  a.messages_sent = 3;
+  a.bytes_sent = 4096;
+  a.malformed = 1;
+  a.corrupted = 1;
+  a.pulls_to = true;
+  return {a};
+}
+
+std::vector<StartupPhaseInfo> phases() {
+  return {{"join", {2, ActorRole::kNodeDaemon, 0}, 0, 15, true},
+          {"map weights", {2, ActorRole::kStage, 1}, 15, 800, false}};
+}
+
+MembershipMsg membership() {
+  MembershipMsg m;
+  m.header.cluster_epoch = kEpoch;
+  m.version = 3;
+  m.members.push_back({1, "node-a", "10.0.0.1:7100", MemberState::kAlive, 12, resources()});
+  m.members.push_back({2, "node-b", "10.0.0.2:7100", MemberState::kSuspect, 2500, {}});
+  return m;
+}
+
+void control_seeds(const std::filesystem::path& dir) {
+  const ControlLimits l = control_limits();
+  JoinRequestMsg jr;
+  jr.name = "node-b";
+  jr.address = "10.0.0.2:7100";
+  jr.version = "0.1.0";
+  jr.pid = 42;
+  jr.resources = resources();
+  for (size_t i = 0; i < 32; ++i) jr.nonce[i] = jr.proof[i] = static_cast<uint8_t>(i + 1);
+  emit(dir, "join_request", Decoder::kJoinRequest, encode(jr, kNode),
+       [&](auto f) { return decode_join_request(f, l); });
+
+  JoinReplyMsg rep;
+  rep.header.cluster_epoch = kEpoch;
+  rep.accepted = true;
+  rep.node_id = 2;
+  rep.lease_ms = 3000;
+  rep.heartbeat_ms = 500;
+  emit(dir, "join_reply", Decoder::kJoinReply, encode(rep, kNode),
+       [&](auto f) { return decode_join_reply(f, l); });
+
+  HeartbeatMsg hb;
+  hb.header.cluster_epoch = kEpoch;
+  hb.lease_ms = 3000;
+  hb.resources = resources();
+  hb.num_actors = 2;
+  hb.links = links();
+  hb.transport = {"node-a", 1, 2, 3};
+  emit(dir, "heartbeat", Decoder::kHeartbeat, encode(hb, kNode),
+       [&](auto f) { return decode_heartbeat(f, l); });
+
+  HeartbeatAckMsg ack;
+  ack.header.cluster_epoch = kEpoch;
+  ack.lease_ms = 3000;
+  ack.membership_version = 3;
+  emit(dir, "heartbeat_ack", Decoder::kHeartbeatAck, encode(ack, kNode),
+       [&](auto f) { return decode_heartbeat_ack(f, l); });
+
+  emit(dir, "membership", Decoder::kMembership, encode(membership(), kNode),
+       [&](auto f) { return decode_membership(f, l); });
+
+  PlacementMsg pl;
+  pl.header.cluster_epoch = kEpoch;
+  pl.version = 2;
+  pl.model_name = "mixtral-tiny";
+  pl.stages = {{0, 1, 0, 4, true, false, 2}, {1, 2, 4, 8, false, true, 2}};
+  pl.shards = {{0, 2, {0, 2, 4}, 1}, {1, 1, {1, 3}, 1}};
+  pl.kv_pools = {{0, 1, 64, 16}, {1, 2, 64, 16}};
+  pl.microbatches = 2;
+  emit(dir, "placement", Decoder::kPlacement, encode(pl, kNode),
+       [&](auto f) { return decode_placement(f, l); });
+
+  PlacementReportMsg pr;
+  pr.header.cluster_epoch = kEpoch;
+  pr.version = 2;
+  pr.ok = false;
+  pr.error = "model file missing";
+  pr.phases = phases();
+  emit(dir, "placement_report", Decoder::kPlacementReport, encode(pr, kNode),
+       [&](auto f) { return decode_placement_report(f, l); });
+
+  LeaveNoticeMsg ln;
+  ln.header.cluster_epoch = kEpoch;
+  ln.reason = "SIGTERM";
+  emit(dir, "leave_notice", Decoder::kLeaveNotice, encode(ln, kNode),
+       [&](auto f) { return decode_leave_notice(f, l); });
+
+  ActorRestartMsg ar;
+  ar.header.cluster_epoch = kEpoch;
+  ar.actor = {2, ActorRole::kStage, 1};
+  ar.reason = "injected";
+  ar.kv_lost = true;
+  ar.restarts = 1;
+  emit(dir, "actor_restart", Decoder::kActorRestart, encode(ar, kNode),
+       [&](auto f) { return decode_actor_restart(f, l); });
+
+  StatusRequestMsg sr;
+  sr.header.cluster_epoch = kEpoch;
+  emit(dir, "status_request", Decoder::kStatusRequest, encode(sr, kNode),
+       [&](auto f) { return decode_status_request(f, l); });
+
+  StatusSnapshotMsg ss;
+  ss.header.cluster_epoch = kEpoch;
+  ss.taken_at_ms = 1000;
+  ss.has_membership = true;
+  ss.membership = membership();
+  ss.actors.push_back({{2, ActorRole::kStage, 1},
+                       "stage/1@node-b",
+                       ActorStateInfo::kRestarting,
+                       3,
+                       4000,
+                       "injected fault"});
+  ss.phases = phases();
+  ss.has_throughput = true;
+  ss.throughput = {10000, 512.5, 33.25, 8.0, 4, 7};
+  ss.placement_version = 2;
+  ss.reporter = "node-a";
+  ss.serving = true;
+  ss.links = links();
+  ss.transport = {{"node-a", 3, 17, 42}};
+  emit(dir, "status_snapshot", Decoder::kStatusSnapshot, encode(ss, kNode),
+       [&](auto f) { return decode_status_snapshot(f, l); });
+}
+
+void client_seeds(const std::filesystem::path& dir) {
+  const ClientLimits l = client_limits();
+  GenerateRequestMsg g;
+  g.header.cluster_epoch = kEpoch;
+  g.tag = 7;
+  g.request.prompt = "Once upon a time";
+  g.request.prompt_tokens = {1, 5, 15};
+  g.request.sampling.temperature = 0.7f;
+  g.request.sampling.top_k = 40;
+  g.request.sampling.top_p = 0.9f;
+  g.request.sampling.stop_token_ids = {2};
+  g.request.sampling.stop_strings = {"END"};
+  g.request.max_tokens = 16;
+  emit(dir, "generate_request", Decoder::kGenerateRequest, encode(g, kNode),
+       [&](auto f) { return decode_generate_request(f, l); });
+
+  CancelRequestMsg c;
+  c.header.cluster_epoch = kEpoch;
+  c.tag = 7;
+  emit(dir, "cancel_request", Decoder::kCancelRequest, encode(c, kNode),
+       [&](auto f) { return decode_cancel_request(f, l); });
+
+  GenerateEventMsg piece;
+  piece.header.cluster_epoch = kEpoch;
+  piece.tag = 7;
+  piece.delta = "he";
+  piece.token = 9;
+  emit(dir, "generate_event_piece", Decoder::kGenerateEvent, encode(piece, kVocab, kNode),
+       [&](auto f) { return decode_generate_event(f, l); });
+  GenerateEventMsg end = piece;
+  end.finished = true;
+  end.result.prompt_tokens = {1, 5};
+  end.result.tokens = {9, 3};
+  end.result.text = "a b";
+  end.result.finish_reason = "length";
+  end.result.logits.assign(2 * kVocab, 0.5f);
+  emit(dir, "generate_event_end", Decoder::kGenerateEvent, encode(end, kVocab, kNode),
+       [&](auto f) { return decode_generate_event(f, l); });
+}
+
+void data_seeds(const std::filesystem::path& dir) {
+  StepBatch b;
+  b.epoch = kEpoch;
+  b.step_id = 42;
+  SeqWork prefill;
+  prefill.seq_id = 0;
+  prefill.pos0 = 4;
+  prefill.tokens = {1, 2, 3};
+  prefill.blocks = {0, 1};
+  prefill.sampling = std::make_shared<const compute::SamplingParams>();
+  prefill.rng = compute::Sampler::seeded_state(1);
+  b.seqs.push_back(prefill);
+  SeqWork decode;
+  decode.seq_id = 5;
+  decode.pos0 = 8;
+  decode.tokens = {17};
+  decode.blocks = {2, 3, 4};
+  decode.sample = true;
+  decode.want_logits = true;
+  auto params = std::make_shared<compute::SamplingParams>();
+  params->temperature = 0.8f;
+  params->repetition_penalty = 1.2f;
+  params->penalty_last_n = 4;
+  decode.sampling = params;
+  decode.rng = compute::Sampler::seeded_state(2);
+  decode.history = std::make_shared<const std::vector<int32_t>>(
+      std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 17});
+  b.seqs.push_back(decode);
+  const StepLimits sl = step_limits();
+  emit(dir, "step_stage0", Decoder::kStep, encode_step(b, nullptr, kEmbd, 0, kStage),
+       [&](auto f) { return decode_step(f, sl); });
+  auto hidden = std::make_shared<std::vector<float>>(4 * kEmbd, 0.25f);
+  emit(dir, "step_stage1", Decoder::kStep, encode_step(b, hidden, kEmbd, 1, kStage),
+       [&](auto f) { return decode_step(f, sl); });
+
+  StepOutcome o;
+  o.epoch = kEpoch;
+  o.step_id = 42;
+  o.compute_seconds = 0.01;
+  SeqResult r0;
+  r0.seq_id = 0;
+  r0.rng = compute::Sampler::seeded_state(3);
+  SeqResult r1;
+  r1.seq_id = 5;
+  r1.rng = compute::Sampler::seeded_state(4);
+  r1.token = 11;
+  r1.logits.assign(kVocab, 0.125f);
+  o.results = {r0, r1};
+  const OutcomeLimits ol = outcome_limits();
+  emit(dir, "step_outcome", Decoder::kStepOutcome, encode_step_outcome(o, kVocab, kStage),
+       [&](auto f) { return decode_step_outcome(f, ol); });
+
+  auto req = std::make_shared<ExpertRequest>();
+  req->layer = 3;
+  req->experts = {1, 4};
+  req->rows = {2, 1};
+  req->x.assign(3 * kEmbd, 0.5f);
+  req->y.assign(3 * kEmbd, -0.5f);
+  const ExpertStep step{.epoch = kEpoch, .step_id = 42, .microbatch = 0};
+  const DispatchLimits dl = dispatch_limits();
+  emit(dir, "expert_dispatch", Decoder::kExpertDispatch,
+       encode_expert_dispatch(req, kEmbd, step, kStage),
+       [&](auto f) { return decode_expert_dispatch(f, dl); });
+  const CombineLimits cl = combine_limits();
+  emit(dir, "expert_combine", Decoder::kExpertCombine,
+       encode_expert_combine(req, kEmbd, step, kStage, 0.002),
+       [&](auto f) { return decode_expert_combine(f, cl); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: wire_fuzz_seeds DIR\n");
+    return 2;
+  }
+  const std::filesystem::path dir(argv[1]);
+  std::filesystem::create_directories(dir);
+  control_seeds(dir);
+  client_seeds(dir);
+  data_seeds(dir);
+  if (g_failures != 0) {
+    std::fprintf(stderr, "wire_fuzz_seeds: %d seeds failed\n", g_failures);
+    return 1;
+  }
+  return 0;
+}
