@@ -186,10 +186,12 @@ std::string status_text(const StatusSnapshotMsg& s) {
   }
   o += "start-up phases (ms since each node's start):\n" +
        (s.phases.empty() ? std::string("  (none)\n") : table(rows, {false, false, true, true}));
-  rows = {{"node", "peer", "large msgs", "sent msgs / bytes", "received msgs / bytes", "pulled",
-           "dropped (corrupt/oversized)", "send errors"}};
+  // The address tells apart two links of one pair (both ends connected at once) and says which
+  // end of the link it is: the peer's listening port, or the port it connected from.
+  rows = {{"node", "peer", "address", "large msgs", "sent msgs / bytes", "received msgs / bytes",
+           "pulled", "dropped (corrupt/oversized)", "send errors"}};
   for (const auto& l : s.links)
-    rows.push_back({l.node, l.peer.empty() ? l.address : l.peer, large_path(l),
+    rows.push_back({l.node, l.peer.empty() ? "-" : l.peer, l.address, large_path(l),
                     traffic(l.messages_sent, l.bytes_sent),
                     traffic(l.messages_received, l.bytes_received), std::to_string(l.pulled),
                     std::to_string(l.malformed + l.oversized) + " (" + std::to_string(l.corrupted) +
@@ -197,7 +199,7 @@ std::string status_text(const StatusSnapshotMsg& s) {
                     std::to_string(l.send_errors)});
   o += "links (live; each node's own counts, other nodes' as of their last heartbeat):\n" +
        (s.links.empty() ? std::string("  (none)\n")
-                        : table(rows, {false, false, false, true, true, true, true, true}));
+                        : table(rows, {false, false, false, false, true, true, true, true, true}));
   rows = {{"node", "peers refused", "from unauthenticated peers", "connections accepted"}};
   for (const auto& t : s.transport)
     rows.push_back({t.node, std::to_string(t.auth_failures),

@@ -460,10 +460,13 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
       << t;
   EXPECT_NE(line_with("node-b", "join").find("15"), std::string::npos) << t;
   EXPECT_NE(line_with("map weights", "(running)").find("node-b"), std::string::npos) << t;
-  // Links: each node's own, a nameless client by its address, how large messages go.
+  // Links: each node's own, with the remote address (a nameless client: peer "-"), how large
+  // messages go.
   const std::string lhead = line_with("peer", "large msgs");
   const std::string ab = line_with("node-a", "pull out");
   EXPECT_EQ(lhead.find("large msgs"), ab.find("pull out")) << t;
+  EXPECT_EQ(lhead.find("address"), ab.find("10.0.0.2:7100")) << t;  // the remote end
+  EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find(" - "), std::string::npos) << t;
   EXPECT_NE(ab.find("1 / 0.0 kB"), std::string::npos) << ab;
   EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("0 / 0.0 kB"), std::string::npos) << t;
   EXPECT_NE(line_with("10.0.0.9:51234", "pull in").find("1099511627776 / 3.0 GB"),
