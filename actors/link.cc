@@ -1,6 +1,8 @@
 // Link: node-name addressing over the transport (see detail/link.h).
 #include "actors/detail/link.h"
 
+#include <algorithm>
+
 namespace troupe::actors::detail {
 
 void Link::set_transport(std::shared_ptr<transport::Transport> t) {
@@ -15,13 +17,15 @@ std::shared_ptr<transport::Transport> Link::transport() const {
 
 void Link::add_peer(const std::string& name, transport::PeerId peer) {
   std::lock_guard<std::mutex> lk(mu_);
-  by_name_.emplace(name, peer);
+  auto& links = by_name_[name];
+  if (std::find(links.begin(), links.end(), peer) == links.end()) links.push_back(peer);
 }
 
 void Link::drop_peer(transport::PeerId peer) {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto it = by_name_.begin(); it != by_name_.end();) {
-    if (it->second == peer)
+    std::erase(it->second, peer);
+    if (it->second.empty())
       it = by_name_.erase(it);
     else
       ++it;
@@ -31,7 +35,7 @@ void Link::drop_peer(transport::PeerId peer) {
 transport::PeerId Link::peer_of(const std::string& name) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = by_name_.find(name);
-  return it == by_name_.end() ? 0 : it->second;
+  return it == by_name_.end() ? 0 : it->second.front();
 }
 
 Result<transport::PeerId> Link::ensure(const std::string& name, const std::string& host,

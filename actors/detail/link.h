@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "actors/detail/control_wire.h"
 #include "actors/detail/wire.h"
@@ -40,12 +41,14 @@ class Link {
     return s;
   }
 
-  /// Remembers that `name` is reachable through `peer` (the first link to a name wins, so that
-  /// messages to one node keep their order).
+  /// Remembers that `name` is reachable through `peer`. Two nodes that connect to each other at
+  /// once end up with two links; the first one known carries every message to that node (so
+  /// that they keep their order), the other stands by.
   void add_peer(const std::string& name, transport::PeerId peer);
-  /// Forgets a closed link.
+  /// Forgets a closed link. When it carried a node's messages, a standby link to the same node
+  /// takes over (what was in flight on the closed one is lost with it, as without a standby).
   void drop_peer(transport::PeerId peer);
-  /// The link to node `name`, if any.
+  /// The link that carries messages to node `name`, if any (0: none).
   transport::PeerId peer_of(const std::string& name) const;
 
   /// Connects to `name` at host:port unless a link exists. Blocks (never call it from the
@@ -68,7 +71,8 @@ class Link {
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> seq_{0};
   mutable std::mutex mu_;
-  std::map<std::string, transport::PeerId> by_name_;
+  // Live links per node name, in the order they became known; the first carries the messages.
+  std::map<std::string, std::vector<transport::PeerId>> by_name_;
 };
 
 }  // namespace troupe::actors::detail
