@@ -22,7 +22,23 @@ namespace {
 struct Where {
   std::string name, host;
   uint16_t port = 0;
+  // The node sends to us too and has the lower id: it connects, we wait for its link (a bounded
+  // while, then connect ourselves), so that the pair does not open two links at once.
+  bool wait_for_it = false;
 };
+
+// Whether node `from` sends to node `to` under placement `pl`: the next stage of each of its
+// stages, and every expert shard's node (the head's link to stage 0's node exists since it
+// joined).
+bool sends_to(const PlacementMsg& pl, uint32_t from, uint32_t to) {
+  for (size_t s = 0; s < pl.stages.size(); ++s) {
+    if (pl.stages[s].node_id != from) continue;
+    if (s + 1 < pl.stages.size() && pl.stages[s + 1].node_id == to) return true;
+    for (const auto& sh : pl.shards)
+      if (sh.node_id == to) return true;
+  }
+  return false;
+}
 
 // Node id -> name and address: the head's member table, or the membership it sent.
 std::map<uint32_t, Where> node_table(NodeSelf* self) {
@@ -227,6 +243,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     for (const auto& w : peers)
       if (w.name == it->second.name) return;
     peers.push_back(it->second);
+    peers.back().wait_for_it = id < me && sends_to(pl, id, me);
   };
   for (size_t s = 0; s < pl.stages.size(); ++s) {
     if (pl.stages[s].node_id != me) continue;
@@ -261,6 +278,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot] {
     std::string error;
     for (const auto& w : peers) {
+      for (int i = 0; w.wait_for_it && i < 500 && link->peer_of(w.name) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       auto r = link->ensure(w.name, w.host, w.port, std::chrono::milliseconds(10000));
       if (!r) {
         error = "cannot reach node " + w.name + ": " + r.error().message;

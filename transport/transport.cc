@@ -6,11 +6,19 @@
 // Wire: every UCX active message carries a 40-byte WireHeader (detail/transport_impl.h). AM ids:
 // hello (client -> server: name, nonce, proof), hello-ack (server: name, proof of the nonce),
 // hello-nack (server: why it refused), data (authenticated peers only), bye (orderly close).
+#include <mutex>
+
 #include "transport/detail/transport_impl.h"
 
 namespace troupe::transport {
 
 Status Transport::Impl::init() {
+  // A node restarted right after it stopped (systemd's Restart=, a crash) must be able to listen
+  // on its port again while the old connections sit in TIME_WAIT: SO_REUSEADDR on the listener.
+  // UCX reads this one from the environment only (its connection manager's configuration is not
+  // ucp_config_modify's); a value the user set wins. Set once, before any transport exists.
+  static std::once_flag reuse_addr;
+  std::call_once(reuse_addr, [] { ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK)
     return Error{1, std::string("UCX: cannot read its configuration: ") + ucs_status_string(s)};
@@ -20,6 +28,7 @@ Status Transport::Impl::init() {
   if (st && !opts.net_devices.empty() &&
       ucp_config_modify(config, "NET_DEVICES", opts.net_devices.c_str()) != UCS_OK)
     st = Error{1, "UCX: bad device list (UCX_NET_DEVICES) '" + opts.net_devices + "'"};
+
   if (st) {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -105,10 +114,16 @@ Status Transport::Impl::start_listener() {
   lp.sockaddr.addrlen = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   lp.conn_handler.cb = &Impl::on_conn_request;
   lp.conn_handler.arg = this;
-  if (ucs_status_t s = ucp_listener_create(worker, &lp, &listener); s != UCS_OK)
+  if (ucs_status_t s = ucp_listener_create(worker, &lp, &listener); s != UCS_OK) {
+    // UCX says "Device is busy" when bind() fails (the port is taken by another process, or by
+    // connections it does not let us reuse), and other errors when no transport can listen.
+    const std::string why = s == UCS_ERR_BUSY
+                                ? "the address is in use (another process listens there?)"
+                                : "the listener needs tcp in UCX_TLS";
     return Error{1, "transport: cannot listen on " + opts.listen_host + ":" +
-                        std::to_string(opts.listen_port) + ": " + ucs_status_string(s) +
-                        " (the listener needs tcp in UCX_TLS)"};
+                        std::to_string(opts.listen_port) + ": " + ucs_status_string(s) + " (" +
+                        why + ")"};
+  }
   ucp_listener_attr_t la{};
   la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   if (ucp_listener_query(listener, &la) == UCS_OK) {

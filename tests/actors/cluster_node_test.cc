@@ -9,7 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
+#include <set>
+#include <utility>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -129,9 +132,9 @@ void run_exactness(const std::string& rel, const Layout& layout,
   for (const auto& p : j["phases"]) phase_nodes.insert(p["node"].get<std::string>());
   EXPECT_EQ(phase_nodes.size(), 3u) << *st;
   // And every node's live links with their counters (the other nodes' from their heartbeats):
-  // traffic both ways between each node and the head "a" (a link between two workers may be
-  // idle: of two connections between a pair one carries the traffic), nothing dropped, and
-  // large messages by same-host pull between nodes of this process (one host).
+  // traffic both ways between each node and the head "a", nothing dropped, large messages by
+  // same-host pull between nodes of this process (one host), and one link per pair of nodes
+  // (two workers that send to each other do not both connect).
   std::set<std::string> names;
   for (const auto& m : j["members"]) names.insert(m["name"].get<std::string>());
   std::set<std::string> reporters;
@@ -145,6 +148,7 @@ void run_exactness(const std::string& rel, const Layout& layout,
   }
   EXPECT_EQ(reporters, names) << *st;
   size_t between_nodes = 0;
+  std::map<std::pair<std::string, std::string>, int> per_pair;
   for (const auto& l : j["links"]) {
     if (l["node"] == "a" || l["peer"] == "a") {
       EXPECT_GT(l["messages_received"].get<uint64_t>(), 0u) << l;
@@ -155,6 +159,10 @@ void run_exactness(const std::string& rel, const Layout& layout,
     if (names.count(l["peer"].get<std::string>())) {
       ++between_nodes;
       EXPECT_EQ(l["large_messages"], "pull") << l;
+      const int links = ++per_pair[std::pair(l["node"].get<std::string>(),
+                                             l["peer"].get<std::string>())];
+      EXPECT_EQ(links, 1) << "two links between " << l["node"] << " and " << l["peer"] << ": "
+                          << *st;
     }
   }
   EXPECT_GE(between_nodes, 4u) << *st;  // at least each worker <-> the head, both ends

@@ -8,10 +8,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <future>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -444,6 +448,65 @@ TEST(TransportFaults, CutLinkDropsBothWaysUntilCleared) {
   ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(3, pattern(10, 3))));
   ASSERT_TRUE(p.b_in.wait_messages(1));
   EXPECT_EQ(p.b_in.msgs[0].type, 3u);
+}
+
+// Whether a TCP connection on local port `port` is in TIME_WAIT (/proc/net/tcp, state 06).
+bool time_wait_on(uint16_t port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    if (f >> slot >> local >> remote >> state && local.ends_with(want) && state == "06") return true;
+  }
+  return false;
+}
+
+// A node restarted at once (systemd's Restart=, a crash) listens on its port again although
+// its old connections still sit in TIME_WAIT there (the listener sets SO_REUSEADDR).
+TEST(Transport, ListensAgainOnItsPortRightAfterClosing) {
+  // Which end closes first (and so holds the TIME_WAIT) is a race between b's goodbye and a's
+  // answer: try pairs until b's side holds one (each try does so with a good chance).
+  uint16_t port = 0;
+  std::unique_ptr<Pair> pair;
+  for (int attempt = 0; attempt < 20 && port == 0; ++attempt) {
+    pair = std::make_unique<Pair>();
+    Pair& p = *pair;
+    ASSERT_NO_FATAL_FAILURE(p.start());
+    ASSERT_TRUE(p.a->send(p.b_from_a, copy_message(1, pattern(64, 1))));
+    ASSERT_TRUE(p.b_in.wait_messages(1));
+    const uint16_t b_port = p.b->port();
+    p.b.reset();
+    for (int i = 0; i < 50 && !time_wait_on(b_port); ++i) std::this_thread::sleep_for(10ms);
+    if (time_wait_on(b_port)) port = b_port;
+  }
+  ASSERT_NE(port, 0) << "b's side never held a TIME_WAIT connection in 20 tries";
+  TransportOptions again = options("node-b");
+  again.listen_port = port;
+  Inbox in;
+  auto b2 = Transport::start(again, in.handler(), in.peer_handler());
+  ASSERT_TRUE(b2) << b2.error().message;
+  EXPECT_EQ((*b2)->port(), port);
+  auto peer = pair->a->connect("127.0.0.1", port, std::chrono::seconds(10));
+  ASSERT_TRUE(peer) << peer.error().message;
+  ASSERT_TRUE(pair->a->send(*peer, copy_message(2, pattern(64, 2))));
+  ASSERT_TRUE(in.wait_messages(1));
+}
+
+// A port another transport listens on is refused with a message that says so.
+TEST(Transport, APortInUseIsAClearError) {
+  Inbox in1, in2;
+  auto first = Transport::start(options("node-a"), in1.handler(), in1.peer_handler());
+  ASSERT_TRUE(first) << first.error().message;
+  TransportOptions same = options("node-b");
+  same.listen_port = (*first)->port();
+  auto second = Transport::start(same, in2.handler(), in2.peer_handler());
+  ASSERT_FALSE(second);
+  EXPECT_NE(second.error().message.find("in use"), std::string::npos) << second.error().message;
+  EXPECT_NE(second.error().message.find(std::to_string(same.listen_port)), std::string::npos)
+      << second.error().message;
 }
 
 TEST(Transport, RejectsBadOptions) {
