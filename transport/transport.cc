@@ -118,7 +118,7 @@ Status Transport::Impl::start_listener() {
     // UCX says "Device is busy" when bind() fails (the port is taken by another process, or by
     // connections it does not let us reuse), and other errors when no transport can listen.
     const std::string why = s == UCS_ERR_BUSY
-                                ? "the address is in use (another process listens there?)"
+                                ? "the address is in use: another process may listen there"
                                 : "the listener needs tcp in UCX_TLS";
     return Error{1, "transport: cannot listen on " + opts.listen_host + ":" +
                         std::to_string(opts.listen_port) + ": " + ucs_status_string(s) + " (" +
