@@ -58,7 +58,7 @@ struct KernelSet {
 };
 
 const KernelSet& scalar_kernels();
-const KernelSet& avx2_kernels();                 // requires AVX2, FMA, F16C
+const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C
 // Requires AVX-512 F/BW/VL/DQ, and VNNI (and VBMI) where asked; VBMI only with VNNI.
 const KernelSet& avx512_kernels(bool use_vnni, bool use_vbmi = false);
 

@@ -12,8 +12,8 @@
 #include <map>
 #include <random>
 #include <set>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -159,8 +159,8 @@ void run_exactness(const std::string& rel, const Layout& layout,
     if (names.count(l["peer"].get<std::string>())) {
       ++between_nodes;
       EXPECT_EQ(l["large_messages"], "pull") << l;
-      const int links = ++per_pair[std::pair(l["node"].get<std::string>(),
-                                             l["peer"].get<std::string>())];
+      const int links =
+          ++per_pair[std::pair(l["node"].get<std::string>(), l["peer"].get<std::string>())];
       EXPECT_EQ(links, 1) << "two links between " << l["node"] << " and " << l["peer"] << ": "
                           << *st;
     }

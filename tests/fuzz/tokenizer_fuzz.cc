@@ -38,6 +38,8 @@ void require(bool ok) {
 }
 
 // Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+// Written out here rather than model/detail/unicode.h's utf8_valid_prefix: StreamDecoder itself
+// uses that one, and the oracle must not share the code it checks.
 bool valid_utf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {

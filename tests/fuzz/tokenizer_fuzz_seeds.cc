@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/vocab_texts.h"
+
 namespace {
 
 constexpr int kVocabs = 5;  // tokenizer_fuzz.cc loads five
@@ -16,13 +18,7 @@ constexpr int kVocabs = 5;  // tokenizer_fuzz.cc loads five
 std::vector<std::string> texts(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   const std::string all((std::istreambuf_iterator<char>(in)), {});
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> out;
-  size_t at = 0;
-  for (size_t next; (next = all.find(sep, at)) != std::string::npos; at = next + sep.size())
-    out.push_back(all.substr(at, next - at));
-  out.push_back(all.substr(at));
-  return out;
+  return troupe::testing::split_vocab_texts(all);
 }
 
 }  // namespace

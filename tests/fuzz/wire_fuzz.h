@@ -8,6 +8,7 @@
 
 #include "actors/detail/control_wire.h"
 #include "actors/detail/wire.h"
+#include "tests/actors/control_wire_samples.h"
 
 namespace troupe::actors::detail::fuzz {
 
@@ -34,7 +35,7 @@ enum class Decoder : uint8_t {
 };
 inline constexpr int kNumDecoders = 18;
 
-inline constexpr uint64_t kEpoch = 9;
+inline constexpr uint64_t kEpoch = samples::kEpoch;  // the samples' epoch
 inline constexpr int64_t kVocab = 64;
 inline constexpr int64_t kEmbd = 8;
 inline constexpr int64_t kBlockSize = 4;

@@ -1,5 +1,6 @@
 // Writes the wire fuzzer's seed corpus: for each decoder of wire_fuzz.cc, one or two valid frames
-// (from the real encoders, for wire_fuzz.h's limits) behind their selector byte, plus a few
+// (from the real encoders, for wire_fuzz.h's limits; control and client messages are the samples
+// of tests/actors/control_wire_samples.h) behind their selector byte, plus a few
 // truncations of each. Exits non-zero when an encoder refuses a seed or its decoder refuses
 // the frame, so a codec change that breaks the seeds is noticed at build time.
 // Usage: wire_fuzz_seeds DIR
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "actors/detail/messages.h"
+#include "tests/actors/control_wire_samples.h"
 #include "tests/fuzz/wire_fuzz.h"
 
 namespace {
@@ -57,178 +59,75 @@ void emit(const std::filesystem::path& dir, const std::string& name, Decoder d,
     save(dir, name + ".cut" + std::to_string(k), d, bytes, bytes.size() * k / 4);
 }
 
-ResourcesInfo resources() {
-  return {.cpu_cores = 4, .memory_bytes = 8ull << 30, .free_memory_bytes = 6ull << 30};
-}
-
-std::vector<LinkCountersInfo> links() {
-  LinkCountersInfo a;
-  a.node = "node-a";
-  a.peer = "node-b";
-  a.address = "10.0.0.2:7100";
-  a.messages_sent = 3;
-  a.bytes_sent = 4096;
-  a.malformed = 1;
-  a.corrupted = 1;
-  a.pulls_to = true;
-  return {a};
-}
-
-std::vector<StartupPhaseInfo> phases() {
-  return {{"join", {2, ActorRole::kNodeDaemon, 0}, 0, 15, true},
-          {"map weights", {2, ActorRole::kStage, 1}, 15, 800, false}};
-}
-
-MembershipMsg membership() {
-  MembershipMsg m;
-  m.header.cluster_epoch = kEpoch;
-  m.version = 3;
-  m.members.push_back({1, "node-a", "10.0.0.1:7100", MemberState::kAlive, 12, resources()});
-  m.members.push_back({2, "node-b", "10.0.0.2:7100", MemberState::kSuspect, 2500, {}});
-  return m;
-}
-
+// The control and client seeds are control_wire_test.cc's sample messages (every field set).
 void control_seeds(const std::filesystem::path& dir) {
+  using namespace samples;
   const ControlLimits l = control_limits();
-  JoinRequestMsg jr;
-  jr.name = "node-b";
-  jr.address = "10.0.0.2:7100";
-  jr.version = "0.1.0";
-  jr.pid = 42;
-  jr.resources = resources();
-  for (size_t i = 0; i < 32; ++i) jr.nonce[i] = jr.proof[i] = static_cast<uint8_t>(i + 1);
-  emit(dir, "join_request", Decoder::kJoinRequest, encode(jr, kNode),
+  emit(dir, "join_request", Decoder::kJoinRequest, encode(make_join_request(), kNode),
        [&](auto f) { return decode_join_request(f, l); });
-
-  JoinReplyMsg rep;
-  rep.header.cluster_epoch = kEpoch;
-  rep.accepted = true;
-  rep.node_id = 2;
-  rep.lease_ms = 3000;
-  rep.heartbeat_ms = 500;
-  emit(dir, "join_reply", Decoder::kJoinReply, encode(rep, kNode),
+  emit(dir, "join_reply", Decoder::kJoinReply, encode(make_join_reply(), kNode),
        [&](auto f) { return decode_join_reply(f, l); });
-
   HeartbeatMsg hb;
-  hb.header.cluster_epoch = kEpoch;
+  hb.header.cluster_epoch = fuzz::kEpoch;
   hb.lease_ms = 3000;
-  hb.resources = resources();
+  hb.resources = kResources;
   hb.num_actors = 2;
-  hb.links = links();
+  hb.links = make_links();
   hb.transport = {"node-a", 1, 2, 3};
   emit(dir, "heartbeat", Decoder::kHeartbeat, encode(hb, kNode),
        [&](auto f) { return decode_heartbeat(f, l); });
-
   HeartbeatAckMsg ack;
-  ack.header.cluster_epoch = kEpoch;
+  ack.header.cluster_epoch = fuzz::kEpoch;
   ack.lease_ms = 3000;
   ack.membership_version = 3;
   emit(dir, "heartbeat_ack", Decoder::kHeartbeatAck, encode(ack, kNode),
        [&](auto f) { return decode_heartbeat_ack(f, l); });
-
-  emit(dir, "membership", Decoder::kMembership, encode(membership(), kNode),
+  emit(dir, "membership", Decoder::kMembership, encode(make_membership(), kNode),
        [&](auto f) { return decode_membership(f, l); });
-
-  PlacementMsg pl;
-  pl.header.cluster_epoch = kEpoch;
-  pl.version = 2;
-  pl.model_name = "mixtral-tiny";
-  pl.stages = {{0, 1, 0, 4, true, false, 2}, {1, 2, 4, 8, false, true, 2}};
-  pl.shards = {{0, 2, {0, 2, 4}, 1}, {1, 1, {1, 3}, 1}};
-  pl.kv_pools = {{0, 1, 64, 16}, {1, 2, 64, 16}};
-  pl.microbatches = 2;
-  emit(dir, "placement", Decoder::kPlacement, encode(pl, kNode),
+  emit(dir, "placement", Decoder::kPlacement, encode(make_placement(), kNode),
        [&](auto f) { return decode_placement(f, l); });
-
-  PlacementReportMsg pr;
-  pr.header.cluster_epoch = kEpoch;
-  pr.version = 2;
-  pr.ok = false;
-  pr.error = "model file missing";
-  pr.phases = phases();
-  emit(dir, "placement_report", Decoder::kPlacementReport, encode(pr, kNode),
+  emit(dir, "placement_report", Decoder::kPlacementReport, encode(make_placement_report(), kNode),
        [&](auto f) { return decode_placement_report(f, l); });
-
   LeaveNoticeMsg ln;
-  ln.header.cluster_epoch = kEpoch;
+  ln.header.cluster_epoch = fuzz::kEpoch;
   ln.reason = "SIGTERM";
   emit(dir, "leave_notice", Decoder::kLeaveNotice, encode(ln, kNode),
        [&](auto f) { return decode_leave_notice(f, l); });
-
   ActorRestartMsg ar;
-  ar.header.cluster_epoch = kEpoch;
+  ar.header.cluster_epoch = fuzz::kEpoch;
   ar.actor = {2, ActorRole::kStage, 1};
   ar.reason = "injected";
   ar.kv_lost = true;
   ar.restarts = 1;
   emit(dir, "actor_restart", Decoder::kActorRestart, encode(ar, kNode),
        [&](auto f) { return decode_actor_restart(f, l); });
-
   StatusRequestMsg sr;
-  sr.header.cluster_epoch = kEpoch;
+  sr.header.cluster_epoch = fuzz::kEpoch;
   emit(dir, "status_request", Decoder::kStatusRequest, encode(sr, kNode),
        [&](auto f) { return decode_status_request(f, l); });
-
-  StatusSnapshotMsg ss;
-  ss.header.cluster_epoch = kEpoch;
-  ss.taken_at_ms = 1000;
-  ss.has_membership = true;
-  ss.membership = membership();
-  ss.actors.push_back({{2, ActorRole::kStage, 1},
-                       "stage/1@node-b",
-                       ActorStateInfo::kRestarting,
-                       3,
-                       4000,
-                       "injected fault"});
-  ss.phases = phases();
-  ss.has_throughput = true;
-  ss.throughput = {10000, 512.5, 33.25, 8.0, 4, 7};
-  ss.placement_version = 2;
-  ss.reporter = "node-a";
-  ss.serving = true;
-  ss.links = links();
-  ss.transport = {{"node-a", 3, 17, 42}};
-  emit(dir, "status_snapshot", Decoder::kStatusSnapshot, encode(ss, kNode),
+  emit(dir, "status_snapshot", Decoder::kStatusSnapshot, encode(make_snapshot(), kNode),
        [&](auto f) { return decode_status_snapshot(f, l); });
 }
 
 void client_seeds(const std::filesystem::path& dir) {
+  using namespace samples;
   const ClientLimits l = client_limits();
-  GenerateRequestMsg g;
-  g.header.cluster_epoch = kEpoch;
-  g.tag = 7;
-  g.request.prompt = "Once upon a time";
-  g.request.prompt_tokens = {1, 5, 15};
-  g.request.sampling.temperature = 0.7f;
-  g.request.sampling.top_k = 40;
-  g.request.sampling.top_p = 0.9f;
-  g.request.sampling.stop_token_ids = {2};
-  g.request.sampling.stop_strings = {"END"};
-  g.request.max_tokens = 16;
-  emit(dir, "generate_request", Decoder::kGenerateRequest, encode(g, kNode),
+  emit(dir, "generate_request", Decoder::kGenerateRequest, encode(make_generate_request(), kNode),
        [&](auto f) { return decode_generate_request(f, l); });
-
   CancelRequestMsg c;
-  c.header.cluster_epoch = kEpoch;
+  c.header.cluster_epoch = fuzz::kEpoch;
   c.tag = 7;
   emit(dir, "cancel_request", Decoder::kCancelRequest, encode(c, kNode),
        [&](auto f) { return decode_cancel_request(f, l); });
-
   GenerateEventMsg piece;
-  piece.header.cluster_epoch = kEpoch;
+  piece.header.cluster_epoch = fuzz::kEpoch;
   piece.tag = 7;
   piece.delta = "he";
   piece.token = 9;
-  emit(dir, "generate_event_piece", Decoder::kGenerateEvent, encode(piece, kVocab, kNode),
+  emit(dir, "generate_event_piece", Decoder::kGenerateEvent, encode(piece, fuzz::kVocab, kNode),
        [&](auto f) { return decode_generate_event(f, l); });
-  GenerateEventMsg end = piece;
-  end.finished = true;
-  end.result.prompt_tokens = {1, 5};
-  end.result.tokens = {9, 3};
-  end.result.text = "a b";
-  end.result.finish_reason = "length";
-  end.result.logits.assign(2 * kVocab, 0.5f);
-  emit(dir, "generate_event_end", Decoder::kGenerateEvent, encode(end, kVocab, kNode),
+  emit(dir, "generate_event_end", Decoder::kGenerateEvent,
+       encode(make_finished_event(fuzz::kVocab), fuzz::kVocab, kNode),
        [&](auto f) { return decode_generate_event(f, l); });
 }
 

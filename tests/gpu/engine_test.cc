@@ -7,11 +7,12 @@
 // Tolerances (GPU against the CPU engine's f32 logits, per logits row):
 //   bf16 keeps 8 significant bits, so each rounding is a relative error of at most 2^-8 (RMS
 //   about 2^-8 / sqrt(3) over a binade's mean of 1.44 = 1.6e-3). The GPU rounds every weight
-//   once and the input of every GEMM and of attention (normed h, q, k, v, the attention output, the SwiGLU product). Measured on
-//   these models with the CPU engine and bf16-rounded weights (the weight half of the error): a
-//   row's relative L2 error is 1.4e-3 to 6.6e-3 on average, 8.6e-3 at worst, and the max-abs
-//   error at most 1e-2 of the row's max|x|. The activation roundings add a comparable amount in
-//   quadrature (~1.5e-2 expected); kRowTol = 3e-2 is twice that.
+//   once and the input of every GEMM and of attention (normed h, q, k, v, the attention output,
+//   the SwiGLU product). Measured on these models with the CPU engine and bf16-rounded weights
+//   (the weight half of the error): a row's relative L2 error is 1.4e-3 to 6.6e-3 on average,
+//   8.6e-3 at worst, and the max-abs error at most 1e-2 of the row's max|x|. The activation
+//   roundings add a comparable amount in quadrature (~1.5e-2 expected); kRowTol = 3e-2 is twice
+//   that.
 //   Top-1 must agree where the reference's top-2 margin exceeds kMarginFrac = 6e-2 of the row's
 //   max|x| (three times the expected max-abs error of ~2e-2, which could at most flip 4e-2).
 //   MoE layers may route a token to another expert when two router scores lie within the bf16

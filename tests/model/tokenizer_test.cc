@@ -14,6 +14,7 @@
 
 #include "model/gguf.h"
 #include "tests/test_support.h"
+#include "tests/vocab_texts.h"
 
 namespace troupe::model {
 namespace {
@@ -50,12 +51,7 @@ struct VocabCase {
 std::vector<VocabCase> read_vocab_cases(const std::string& gguf_path) {
   const std::string inp = testing::read_text_file(gguf_path + ".inp");
   const std::string out = testing::read_text_file(gguf_path + ".out");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> texts;
-  size_t pos = 0;
-  for (size_t hit; (hit = inp.find(sep, pos)) != std::string::npos; pos = hit + sep.size()) {
-    texts.push_back(inp.substr(pos, hit - pos));
-  }
+  const std::vector<std::string> texts = testing::split_vocab_texts(inp);
   std::vector<VocabCase> cases;
   size_t line_start = 0;
   for (const std::string& text : texts) {

@@ -459,7 +459,8 @@ bool time_wait_on(uint16_t port) {
   while (std::getline(in, line)) {
     std::istringstream f(line);
     std::string slot, local, remote, state;
-    if (f >> slot >> local >> remote >> state && local.ends_with(want) && state == "06") return true;
+    if (f >> slot >> local >> remote >> state && local.ends_with(want) && state == "06")
+      return true;
   }
   return false;
 }
