@@ -36,14 +36,21 @@ struct SchedulerConfig {
   bool prefix_cache = true;           // reuse KV blocks of a shared prompt prefix
 };
 
+/// The GPU indices of a stage device "cuda:N" or "cuda:N,M,..." (at most 16, each 0..999); empty
+/// for anything else (plan files are checked with this).
+std::vector<int> cuda_devices(std::string_view device);
+
 /// One pipeline stage. TOML: one [[stage]] table, in pipeline order.
 struct StagePlan {
-  int64_t layer_begin = -1;    // first layer; -1 = auto
-  int64_t layer_end = -1;      // one past the last layer ([begin, end)); -1 = auto
-  int64_t kv_blocks = 0;       // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
-  int threads = 1;             // compute threads of this stage; 0 = "auto" (resolve_threads)
-  std::string node;            // node daemon hosting it (multi-host plans); "" = auto
-  std::string device = "cpu";  // "cpu" (compute::Engine) or "cuda:N" (gpu::GpuEngine on GPU N)
+  int64_t layer_begin = -1;  // first layer; -1 = auto
+  int64_t layer_end = -1;    // one past the last layer ([begin, end)); -1 = auto
+  int64_t kv_blocks = 0;     // KV pool of this stage, in blocks of Plan::kv_block_size; 0 = auto
+  int threads = 1;           // compute threads of this stage; 0 = "auto" (resolve_threads)
+  std::string node;          // node daemon hosting it (multi-host plans); "" = auto
+  // "cpu" (compute::Engine), "cuda:N" (gpu::GpuEngine on GPU N) or "cuda:N,M,..." (a
+  // tensor-parallel group, gpu::GpuTpEngine, one rank per listed GPU; one GPU repeated, e.g.
+  // "cuda:0,0", runs the one-GPU stand-in of a group).
+  std::string device = "cpu";
   bool on_cpu() const { return device == "cpu"; }
   int line = 0;  // line of its [[stage]] table in Plan::source; 0 = not from a file
 };

@@ -19,6 +19,25 @@
 
 namespace troupe::actors {
 
+std::vector<int> cuda_devices(std::string_view device) {
+  constexpr size_t kMaxRanks = 16;
+  if (device.substr(0, 5) != "cuda:") return {};
+  std::vector<int> out;
+  std::string_view rest = device.substr(5);
+  for (;;) {
+    const size_t comma = rest.find(',');
+    const std::string_view num = rest.substr(0, comma);
+    if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
+      return {};
+    int v = 0;
+    for (char c : num) v = v * 10 + (c - '0');
+    out.push_back(v);
+    if (out.size() > kMaxRanks) return {};
+    if (comma == std::string_view::npos) return out;
+    rest = rest.substr(comma + 1);
+  }
+}
+
 using namespace detail::plan_internal;
 
 namespace {
@@ -224,11 +243,11 @@ class Parser {
         read_threads(t, path, sp.threads);
         read_node_name(t, path, sp.node);
         read_string(t, path, "device", sp.device);
-        if (sp.device != "cpu" &&
-            !(sp.device.rfind("cuda:", 0) == 0 && sp.device.size() > 5 && sp.device.size() <= 8 &&
-              sp.device.find_first_not_of("0123456789", 5) == std::string::npos))
+        if (sp.device != "cpu" && cuda_devices(sp.device).empty())
           fail(t.get("device")->source().begin.line, path + ".device",
-               "expected \"cpu\" or \"cuda:N\" (N a GPU index), got \"" + sp.device + "\"");
+               "expected \"cpu\", \"cuda:N\" (N a GPU index) or \"cuda:N,M,...\" (a "
+               "tensor-parallel group of up to 16 GPUs), got \"" +
+                   sp.device + "\"");
         p.stages.push_back(sp);
       }
     }

@@ -4,7 +4,7 @@
 #include "actors/stage.h"
 
 #ifdef TROUPE_HAVE_CUDA
-#include "gpu/engine.h"
+#include "gpu/tp_engine.h"
 #endif
 
 #include <chrono>
@@ -16,6 +16,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/detail/messages.h"
+#include "actors/plan.h"
 #include "base/check.h"
 
 namespace troupe::actors {
@@ -79,8 +80,9 @@ class ShardedExperts : public compute::ExpertRunner {
   std::chrono::milliseconds timeout_;
 };
 
-// The engine a stage computes with: the CPU engine, or the GPU engine on device "cuda:N" (when
-// this build has the CUDA backend). Both take the same steps and give the same results' shape.
+// The engine a stage computes with: the CPU engine, or the GPU engine on device "cuda:N" or a
+// tensor-parallel group on "cuda:N,M,..." (when this build has the CUDA backend). Both take the
+// same steps and give the same results' shape.
 class StageCompute {
  public:
   virtual ~StageCompute() = default;
@@ -105,7 +107,7 @@ class CpuCompute : public StageCompute {
 #ifdef TROUPE_HAVE_CUDA
 class GpuCompute : public StageCompute {
  public:
-  explicit GpuCompute(std::unique_ptr<gpu::GpuEngine> e) : e_(std::move(e)) {}
+  explicit GpuCompute(std::unique_ptr<gpu::GpuTpEngine> e) : e_(std::move(e)) {}
   Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
               const float* hidden_in, std::vector<float>* hidden_out) override {
     return e_->step(steps, out, hidden_in, hidden_out);
@@ -113,7 +115,7 @@ class GpuCompute : public StageCompute {
   uint64_t kv_bytes() const override { return e_->kv_bytes(); }
 
  private:
-  std::unique_ptr<gpu::GpuEngine> e_;
+  std::unique_ptr<gpu::GpuTpEngine> e_;  // one GPU, or a tensor-parallel group
 };
 #endif
 
@@ -126,12 +128,14 @@ Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
     return std::unique_ptr<StageCompute>(std::make_unique<CpuCompute>(std::move(*eng)));
   }
 #ifdef TROUPE_HAVE_CUDA
+  const std::vector<int> devices = cuda_devices(cfg.device);  // checked by the plan parser
+  if (devices.empty())
+    return Error{1, "device \"" + cfg.device + "\" is not \"cpu\" or \"cuda:N[,M...]\""};
   gpu::GpuEngineOptions go;
-  go.device = std::atoi(cfg.device.c_str() + 5);  // "cuda:N" (checked by the plan parser)
   go.range = eo.range;
   go.kv_block_size = eo.kv_block_size;
   go.kv_num_blocks = eo.kv_num_blocks;
-  auto eng = gpu::GpuEngine::create(cfg.model, go);
+  auto eng = gpu::GpuTpEngine::create(cfg.model, go, devices);
   if (!eng) return Error{eng.error().code, cfg.device + ": " + eng.error().message};
   return std::unique_ptr<StageCompute>(std::make_unique<GpuCompute>(std::move(*eng)));
 #else

@@ -91,7 +91,7 @@ Communicator::Communicator(const CommId& id, int rank, int size) : rank_(rank), 
 }
 
 Communicator::~Communicator() {
-  if (!comm_) return;
+  if (!comm_.load()) return;
   // After an asynchronous error a peer may be gone: destroying would wait for it forever.
   if (broken_)
     ncclCommAbort(comm_);
@@ -100,6 +100,7 @@ Communicator::~Communicator() {
 }
 
 void Communicator::all_reduce_sum(float* data, size_t count, cudaStream_t stream) {
+  require_live("all_reduce_sum");
   if (count == 0) return;
   if (!data) TROUPE_INPUT_ERROR("Communicator::all_reduce_sum: null data for %zu floats", count);
   const ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream);
@@ -107,6 +108,7 @@ void Communicator::all_reduce_sum(float* data, size_t count, cudaStream_t stream
 }
 
 void Communicator::all_reduce_sum(__nv_bfloat16* data, size_t count, cudaStream_t stream) {
+  require_live("all_reduce_sum");
   if (count == 0) return;
   if (!data) TROUPE_INPUT_ERROR("Communicator::all_reduce_sum: null data for %zu bf16", count);
   const ncclResult_t r = ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, comm_, stream);
@@ -116,6 +118,7 @@ void Communicator::all_reduce_sum(__nv_bfloat16* data, size_t count, cudaStream_
 void Communicator::all_to_all(const void* send, std::span<const size_t> send_counts, void* recv,
                               std::span<const size_t> recv_counts, CommType type,
                               cudaStream_t stream) {
+  require_live("all_to_all");
   if (send_counts.size() != static_cast<size_t>(size_) ||
       recv_counts.size() != static_cast<size_t>(size_))
     TROUPE_INPUT_ERROR(
@@ -163,7 +166,31 @@ void Communicator::all_to_all(const void* send, std::span<const size_t> send_cou
   nccl_check(end, "ncclGroupEnd (all_to_all)", comm_);
 }
 
+void Communicator::all_gather(const float* send, size_t count, float* recv, cudaStream_t stream) {
+  require_live("all_gather");
+  if (count == 0) return;
+  if (!send || !recv)
+    TROUPE_INPUT_ERROR("Communicator::all_gather: null buffer (send=%p, recv=%p) for %zu floats",
+                       static_cast<const void*>(send), static_cast<void*>(recv), count);
+  const ncclResult_t r = ncclAllGather(send, recv, count, ncclFloat32, comm_, stream);
+  if (r != ncclSuccess) throw_nccl(r, strfmt("ncclAllGather(f32, count=%zu)", count), comm_);
+}
+
+void Communicator::require_live(const char* what) const {
+  if (comm_.load() == nullptr)
+    throw DeviceError(Errc::kNccl,
+                      strfmt("Communicator::%s: the communicator was aborted (the group's step "
+                             "failed on a rank)",
+                             what));
+}
+
+void Communicator::abort() noexcept {
+  ncclComm* c = comm_.exchange(nullptr);
+  if (c) ncclCommAbort(c);
+}
+
 void Communicator::check_async_error() {
+  require_live("check_async_error");
   ncclResult_t async = ncclSuccess;
   nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", comm_);
   if (async != ncclSuccess && async != ncclInProgress) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -59,13 +60,23 @@ class Communicator {
   void all_to_all(const void* send, std::span<const size_t> send_counts, void* recv,
                   std::span<const size_t> recv_counts, CommType type, cudaStream_t stream);
 
+  /// recv[p * count + i] = rank p's send[i] for every rank p (ncclAllGather): f32 [count] in,
+  /// f32 [size * count] out on this rank's device. Enqueued on `stream`. Throws DeviceError(kNccl).
+  void all_gather(const float* send, size_t count, float* recv, cudaStream_t stream);
+
   /// Throws DeviceError(kNccl) when NCCL reports an asynchronous error (a peer failed, a network
   /// error) on this communicator; otherwise returns. After such an error the destructor aborts
   /// the communicator instead of waiting for its peers.
   void check_async_error();
 
+  /// Aborts the communicator now (ncclCommAbort: pending operations of this rank end, peers see
+  /// an error); every later call throws DeviceError(kNccl). For a group whose step failed on
+  /// another rank. Call from any thread; idempotent.
+  void abort() noexcept;
+
  private:
-  ncclComm* comm_ = nullptr;
+  void require_live(const char* what) const;  // throws DeviceError(kNccl) after abort()
+  std::atomic<ncclComm*> comm_{nullptr};      // null after abort()
   int rank_ = 0, size_ = 0;
   bool broken_ = false;  // an asynchronous error was seen: the destructor aborts
 };

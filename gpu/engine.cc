@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "gpu/collective.h"
 #include "gpu/detail/engine_impl.h"
 #include "gpu/runtime.h"
 
@@ -87,6 +88,8 @@ Status GpuEngine::step(std::span<const SeqStep> seqs, compute::StepResult* out,
     m.forward(seqs, out, hidden_in, hidden_out);
     return Ok{};
   } catch (const std::exception& ex) {
+    // The group's peers would wait for this rank's sums forever: break the group first.
+    if (m.tp) m.tp->abort();
     m.recover();
     return Error{kErrStepFailed, ex.what()};
   }
@@ -186,7 +189,7 @@ StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::Step
     for (size_t i = 0; i < seqs.size(); ++i) {
       const int64_t n = static_cast<int64_t>(seqs[i].tokens.size());
       out->row_begin[i] = static_cast<int64_t>(p.out_src.size());
-      if (range.head && seqs[i].logits != SeqStep::Logits::kNone) {
+      if (head_here && seqs[i].logits != SeqStep::Logits::kNone) {
         const bool all = seqs[i].logits == SeqStep::Logits::kAll;
         for (int64_t j = all ? 0 : n - 1; j < n; ++j) {
           if (p.graph) {
@@ -201,7 +204,7 @@ StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::Step
       t += n;
     }
   }
-  if (p.graph && range.head)
+  if (p.graph && head_here)
     for (int64_t t = 0; t < p.T; ++t) dev_rows.push_back(static_cast<int32_t>(t));
   p.R = static_cast<int64_t>(dev_rows.size());
   p.lay = InputLayout::make(p.T, p.S, p.W, p.R);
@@ -259,7 +262,7 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     out->row_begin.clear();
     out->row_count.clear();
     out->logits.clear();
-    if (!range.head) hidden_out->clear();
+    if (hidden_out) hidden_out->clear();
     last_ms = 0;
     return;
   }
@@ -272,16 +275,22 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     TROUPE_CUDA_CHECK(
         cudaMemcpyAsync(w.x, hidden_in, sz(p.T * E) * sizeof(float), cudaMemcpyHostToDevice, cs));
   run_body(p);
-  if (range.head) {
+  if (head_here) {
     copy_logits(p, in, out);
   } else {
+    // Tensor-parallel ranks other than 0 of a range with the head return nothing.
     out->logits.clear();
-    hidden_out->resize(sz(p.T * E));
-    TROUPE_CUDA_CHECK(cudaMemcpyAsync(hidden_out->data(), w.x, sz(p.T * E) * sizeof(float),
-                                      cudaMemcpyDeviceToHost, cs));
+    if (hidden_out) {
+      hidden_out->resize(sz(p.T * E));
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(hidden_out->data(), w.x, sz(p.T * E) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, cs));
+    }
   }
   TROUPE_CUDA_CHECK(cudaEventRecord(ev_stop, cs));
-  TROUPE_CUDA_CHECK(cudaEventSynchronize(ev_stop));
+  if (tp)
+    tp->synchronize(cs);  // watches the group: a dead peer throws instead of hanging here
+  else
+    TROUPE_CUDA_CHECK(cudaEventSynchronize(ev_stop));
   TROUPE_CUDA_CHECK(cudaEventElapsedTime(&last_ms, ev_start, ev_stop));
 }
 

@@ -23,6 +23,7 @@
 
 namespace troupe::gpu {
 
+class Collective;
 class StreamPair;
 
 struct GpuEngineOptions {
@@ -34,6 +35,16 @@ struct GpuEngineOptions {
   int64_t max_step_tokens = 4096;  // bound on the tokens of one step (sizes the workspace)
   int64_t max_step_seqs = 256;
   bool cuda_graphs = true;  // decode-only steps of a seen batch size replay a graph
+  /// Tensor parallelism: this engine is rank tp->rank() of a group of tp->size() (not owned; it
+  /// must outlive the engine). The rank holds 1/size of every layer: the heads
+  /// [r*H/size, (r+1)*H/size) (and their KV heads; MLA keeps the whole latent cache), 1/size of
+  /// every FFN's and every expert's intermediate width, and the matching columns of wo and of
+  /// the down projections; embeddings, norms and routers whole. After wo and after each FFN the
+  /// ranks sum their partial outputs (Collective::all_reduce_sum, on the comm stream). Only rank
+  /// 0 holds and computes the output head. Every rank must get the same steps, each from its
+  /// own thread (gpu/tp_engine.h does this). null: the whole range on this device. CUDA graphs
+  /// are off with a group of more than one rank.
+  Collective* tp = nullptr;
 };
 
 class GpuEngine {

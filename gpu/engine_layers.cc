@@ -12,6 +12,7 @@
 
 #include "base/check.h"
 #include "gpu/attention.h"
+#include "gpu/collective.h"
 #include "gpu/detail/engine_impl.h"
 #include "gpu/detail/engine_kernels.h"
 #include "gpu/gemm.h"
@@ -72,19 +73,34 @@ void GpuEngine::Impl::enqueue_body(const StepPlan& p) {
     } else {
       attention(L, p, in);
     }
-    // x += attn . wo^T (the residual add fused into the GEMM).
-    gemm(T, E, attn_width, w.attn, attn_width, L.wo, attn_width, w.x, E, GemmOut::kF32, true);
+    // x += attn . wo^T (the residual add fused into the GEMM). Tensor parallelism: rank 0 adds
+    // its partial product to x, the others overwrite x with theirs, and the sum over ranks
+    // (rank order) leaves (x + p0) + p1 + ... on every rank.
+    const bool add_x = tp_rank == 0;
+    gemm(T, E, attn_width, w.attn, attn_width, L.wo, attn_width, w.x, E, GemmOut::kF32, add_x);
+    reduce(w.x, T * E);
     add_rms_norm(w.x, nullptr, L.ffn_norm, T, E, eps, w.h, cs);
     if (L.moe) {
       moe(L, p);
+      reduce(w.moe_y, T * E);
       add_inplace(w.x, w.moe_y, T * E, cs);
     } else {
       gemm(T, 2 * L.n_ff, E, w.h, E, L.w_gate_up, E, w.gate_up, 2 * L.n_ff, GemmOut::kF32, false);
       swiglu(w.gate_up, T, L.n_ff, w.act, cs);
-      gemm(T, E, L.n_ff, w.act, L.n_ff, L.w_down, L.n_ff, w.x, E, GemmOut::kF32, true);
+      gemm(T, E, L.n_ff, w.act, L.n_ff, L.w_down, L.n_ff, w.x, E, GemmOut::kF32, add_x);
+      reduce(w.x, T * E);
     }
   }
-  if (range.head && p.R > 0) enqueue_head(in, 0, std::min(p.R, C_cap));
+  if (head_here && p.R > 0) enqueue_head(in, 0, std::min(p.R, C_cap));
+}
+
+// The partial outputs of the group's ranks summed on the comm stream, between two points of the
+// compute stream (the next kernels wait for the sum, the sum for the GEMM before it).
+void GpuEngine::Impl::reduce(float* data, int64_t count) {
+  if (!tp) return;
+  streams->comm_waits_for_compute();
+  tp->all_reduce_sum(data, sz(count), streams->comm());
+  streams->compute_waits_for_comm();
 }
 
 void GpuEngine::Impl::attention(const DevLayer& L, const StepPlan& p, const StepInputs& in) {

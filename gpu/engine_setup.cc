@@ -15,6 +15,7 @@
 
 #include "base/check.h"
 #include "gpu/attention.h"
+#include "gpu/collective.h"
 #include "gpu/detail/engine_impl.h"
 #include "gpu/engine.h"
 #include "gpu/gemm.h"
@@ -91,6 +92,30 @@ class Uploader {
       TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
   }
+  /// Columns [c0, c0 + nc) of every row of w as bf16 [rows, nc] at dst (tensor parallelism's
+  /// share of a matrix whose input is split: wo, the down projections).
+  void cols(const WeightView& w, int64_t c0, int64_t nc, bf16* dst) {
+    const int64_t n_rows = w.ne[1] * w.ne[2], row_bytes = w.row_bytes(), C = w.cols();
+    if (c0 == 0 && nc == C) return rows(w, dst);
+    if (n_rows == 0 || nc == 0) return;
+    const int64_t per = std::max<int64_t>(
+        1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 2 * C));
+    const int64_t chunk = std::min(per, n_rows);
+    if (staging_.size() < sz(chunk * row_bytes))
+      staging_ = DeviceBuffer<uint8_t>(sz(chunk * row_bytes));
+    if (wide_.size() < sz(chunk * C)) wide_ = DeviceBuffer<bf16>(sz(chunk * C));
+    for (int64_t r0 = 0; r0 < n_rows; r0 += per) {
+      const int64_t n = std::min(per, n_rows - r0);
+      const size_t bytes = sz(n * row_bytes);
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(staging_.get(), w.data + r0 * row_bytes, bytes,
+                                        cudaMemcpyHostToDevice, stream_));
+      dequantize_to_bf16(staging_.get(), bytes, w.type, n, C, wide_.get(), stream_);
+      TROUPE_CUDA_CHECK(cudaMemcpy2DAsync(dst + r0 * nc, sz(nc) * sizeof(bf16), wide_.get() + c0,
+                                          sz(C) * sizeof(bf16), sz(nc) * sizeof(bf16), sz(n),
+                                          cudaMemcpyDeviceToDevice, stream_));
+      TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+  }
   void f32(const float* host, int64_t n, float* dst) {
     TROUPE_CUDA_CHECK(
         cudaMemcpyAsync(dst, host, sz(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -103,6 +128,7 @@ class Uploader {
  private:
   cudaStream_t stream_;
   DeviceBuffer<uint8_t> staging_;
+  DeviceBuffer<bf16> wide_;  // cols(): whole dequantized rows
 };
 
 }  // namespace detail
@@ -153,6 +179,24 @@ bf16* place_matrix(Alloc& a, Uploader* up, std::initializer_list<const WeightVie
       at += p->ne[1] * p->ne[2];
     }
   }
+  return dst;
+}
+
+/// Rows [r0, r0 + n) of a 2-D weight (tensor parallelism's share of a matrix whose output is
+/// split: wq/wk/wv, wq_b, gate and up).
+WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
+  WeightView v = w;
+  v.ne[1] = n;
+  v.data = w.data + r0 * w.row_bytes();
+  return v;
+}
+
+/// Columns [c0, c0 + nc) of a 2-D weight as a bf16 [rows, nc] matrix.
+template <class Alloc>
+bf16* place_cols(Alloc& a, Uploader* up, const WeightView& w, int64_t c0, int64_t nc,
+                 const char* what) {
+  bf16* dst = a.template allocate_n<bf16>(sz(w.rows() * nc), what);
+  if (up) up->cols(w, c0, nc, dst);
   return dst;
 }
 
@@ -227,28 +271,54 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
     qkv_rows = (H + 2 * HK) * D;
     attn_width = H * D;
   }
+  H_all = H;
+  HK_all = HK;
+  const int64_t P = tp_size;
+  if (P > 1) {
+    if (H % P != 0 || (!mla && HK % P != 0))
+      TROUPE_INPUT_ERROR(
+          "GpuEngine: tensor parallelism over %d ranks needs n_head (%lld)%s to be a multiple "
+          "of %d",
+          tp_size, ll(H), mla ? "" : strfmt(" and n_head_kv (%lld)", ll(HK)).c_str(), tp_size);
+    H /= P;
+    if (!mla) {
+      HK /= P;
+      qkv_rows = (H + 2 * HK) * D;
+    }
+    attn_width = H * (mla ? dv : D);
+  }
+  // A layer's FFN width (dense or shared experts) as this rank holds it.
+  auto ff_share = [&](int64_t ff, int64_t il, const char* what) {
+    if (ff % P != 0)
+      TROUPE_INPUT_ERROR(
+          "GpuEngine: tensor parallelism over %d ranks needs layer %lld's %s width (%lld) to be "
+          "a multiple of %d",
+          tp_size, ll(il), what, ll(ff), tp_size);
+    return ff / P;
+  };
   for (int64_t il = range.begin; il < range.end; ++il) {
     const LayerSpec& L = s.layers[sz(il)];
     if (L.is_moe) {
       any_moe = true;
       if (L.shared.gate.present()) {
         any_shared = true;
-        ff_max = std::max(ff_max, L.shared.gate.rows());
+        ff_max = std::max(ff_max, ff_share(L.shared.gate.rows(), il, "shared expert"));
         if (L.shared_gate.present()) any_shared_gate = true;
       }
     } else {
-      ff_max = std::max(ff_max, L.ffn_gate.rows());
+      ff_max = std::max(ff_max, ff_share(L.ffn_gate.rows(), il, "FFN"));
     }
   }
   if (any_moe) {
     n_expert = s.n_expert;
     n_expert_used = s.n_expert_used;
-    ff_exp = s.n_ff_exp;
-    if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8)
+    ff_exp = s.n_ff_exp / P;
+    if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8 || s.n_ff_exp % P != 0)
       TROUPE_INPUT_ERROR(
-          "GpuEngine: MoE on the GPU needs n_embd (%lld) and n_ff_exp (%lld) to be positive "
+          "GpuEngine: MoE on the GPU needs n_embd (%lld) and n_ff_exp (%lld%s) to be positive "
           "multiples of 8",
-          ll(E), ll(ff_exp));
+          ll(E), ll(s.n_ff_exp),
+          P > 1 ? strfmt(", divided over %d tensor-parallel ranks", tp_size).c_str() : "");
     validate_moe_routing(MoeRouting::from_spec(s));
   }
   bs = o.kv_block_size;
@@ -280,7 +350,7 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
     expect_matrix(s.token_embd, V, E);
     tok_embd = place_matrix(a, up, {&s.token_embd}, "token_embd");
   }
-  if (range.head) {
+  if (head_here) {
     out_norm = place_f32_required(a, up, s.output_norm, E, "output_norm");
     expect_matrix(s.output, V, E);
     // A tied head reads the embedding table already on the device.
@@ -307,39 +377,47 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
     d.attn_norm = place_f32_required(a, up, L.attn_norm, E, "attn_norm");
     d.ffn_norm = place_f32_required(a, up, L.ffn_norm, E, "ffn_norm");
     if (mla) {
+      // This rank's heads: rows [h0 * dqk, (h0 + H) * dqk) of wq_b / wq.
+      const int64_t h0 = tp_rank * H;
       if (L.wq_a.present()) {
         expect_matrix(L.wq_a, q_lora, E);
-        expect_matrix(L.wq_b, H * dqk, q_lora);
+        expect_matrix(L.wq_b, H_all * dqk, q_lora);
         d.wq_a = place_matrix(a, up, {&L.wq_a}, "wq_a");
         d.q_a_norm = place_f32_required(a, up, L.q_a_norm, q_lora, "q_a_norm");
-        d.wq_b = place_matrix(a, up, {&L.wq_b}, "wq_b");
+        const WeightView qb = row_slice(L.wq_b, h0 * dqk, H * dqk);
+        d.wq_b = place_matrix(a, up, {&qb}, "wq_b");
       } else {
-        expect_matrix(L.wq, H * dqk, E);
-        d.wq = place_matrix(a, up, {&L.wq}, "wq");
+        expect_matrix(L.wq, H_all * dqk, E);
+        const WeightView q = row_slice(L.wq, h0 * dqk, H * dqk);
+        d.wq = place_matrix(a, up, {&q}, "wq");
       }
       expect_matrix(L.wkv_a, kw, E);
       d.wkv_a = place_matrix(a, up, {&L.wkv_a}, "wkv_a");
       d.kv_a_norm = place_f32_required(a, up, L.kv_a_norm, lora, "kv_a_norm");
       // Per-head matrices, each starting 16-byte aligned (Gemm's requirement on w).
-      expect_matrix(L.wk_b, lora, nope, H);
-      expect_matrix(L.wv_b, dv, lora, H);
+      expect_matrix(L.wk_b, lora, nope, H_all);
+      expect_matrix(L.wv_b, dv, lora, H_all);
       d.wk_b_stride = round_up8(lora * nope);
       d.wv_b_stride = round_up8(dv * lora);
       bf16* kb = a.template allocate_n<bf16>(sz(H * d.wk_b_stride), "wk_b");
       bf16* vb = a.template allocate_n<bf16>(sz(H * d.wv_b_stride), "wv_b");
       if (up) {
         for (int64_t h = 0; h < H; ++h) {
-          up->rows(L.wk_b.slice(h), kb + h * d.wk_b_stride);
-          up->rows(L.wv_b.slice(h), vb + h * d.wv_b_stride);
+          up->rows(L.wk_b.slice(h0 + h), kb + h * d.wk_b_stride);
+          up->rows(L.wv_b.slice(h0 + h), vb + h * d.wv_b_stride);
         }
       }
       d.wk_b = kb;
       d.wv_b = vb;
     } else {
-      expect_matrix(L.wq, H * D, E);
-      expect_matrix(L.wk, HK * D, E);
-      expect_matrix(L.wv, HK * D, E);
-      d.wqkv = place_matrix(a, up, {&L.wq, &L.wk, &L.wv}, "wqkv");
+      expect_matrix(L.wq, H_all * D, E);
+      expect_matrix(L.wk, HK_all * D, E);
+      expect_matrix(L.wv, HK_all * D, E);
+      // This rank's query heads and KV heads (a group of P = 1 takes them all).
+      const WeightView q = row_slice(L.wq, tp_rank * H * D, H * D);
+      const WeightView k = row_slice(L.wk, tp_rank * HK * D, HK * D);
+      const WeightView v = row_slice(L.wv, tp_rank * HK * D, HK * D);
+      d.wqkv = place_matrix(a, up, {&q, &k, &v}, "wqkv");
       if (L.bq.present() || L.bk.present() || L.bv.present()) {
         float* b = a.template allocate_n<float>(sz(qkv_rows), "bqkv");
         const WeightView* parts[3] = {&L.bq, &L.bk, &L.bv};
@@ -347,8 +425,10 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
         int64_t at = 0;
         for (int i = 0; i < 3; ++i) {
           if (parts[i]->present()) {
-            expect_f32_vector(*parts[i], widths[i]);
-            if (up) up->f32(reinterpret_cast<const float*>(parts[i]->data), widths[i], b + at);
+            expect_f32_vector(*parts[i], widths[i] * tp_size);
+            if (up)
+              up->f32(reinterpret_cast<const float*>(parts[i]->data) + tp_rank * widths[i],
+                      widths[i], b + at);
           } else if (up) {
             up->zeros(b + at, widths[i]);  // x + 0 == x: the CPU adds nothing there
           }
@@ -359,8 +439,8 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
       d.q_norm = place_f32(a, up, L.q_norm, D, "q_norm");
       d.k_norm = place_f32(a, up, L.k_norm, D, "k_norm");
     }
-    expect_matrix(L.wo, E, attn_width);
-    d.wo = place_matrix(a, up, {&L.wo}, "wo");
+    expect_matrix(L.wo, E, attn_width * tp_size);
+    d.wo = place_cols(a, up, L.wo, tp_rank * attn_width, attn_width, "wo");
     d.moe = L.is_moe;
     if (L.is_moe) {
       expect_matrix(L.router, n_expert, E);
@@ -374,37 +454,43 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
       bf16* dn = a.template allocate_n<bf16>(sz(n_expert * E * ff_exp), "experts down");
       for (int64_t e = 0; e < n_expert; ++e) {
         const model::ExpertFfn& f = L.experts[sz(e)];
-        expect_matrix(f.gate, ff_exp, E);
-        expect_matrix(f.up, ff_exp, E);
-        expect_matrix(f.down, E, ff_exp);
+        expect_matrix(f.gate, ff_exp * tp_size, E);
+        expect_matrix(f.up, ff_exp * tp_size, E);
+        expect_matrix(f.down, E, ff_exp * tp_size);
         if (up) {
-          up->rows(f.gate, g + e * ff_exp * E);
-          up->rows(f.up, u + e * ff_exp * E);
-          up->rows(f.down, dn + e * E * ff_exp);
+          up->rows(row_slice(f.gate, tp_rank * ff_exp, ff_exp), g + e * ff_exp * E);
+          up->rows(row_slice(f.up, tp_rank * ff_exp, ff_exp), u + e * ff_exp * E);
+          up->cols(f.down, tp_rank * ff_exp, ff_exp, dn + e * E * ff_exp);
         }
       }
       d.exp_gate = g;
       d.exp_up = u;
       d.exp_down = dn;
       if (L.shared.gate.present()) {
-        d.n_ff_sh = L.shared.gate.rows();
-        expect_matrix(L.shared.gate, d.n_ff_sh, E);
-        expect_matrix(L.shared.up, d.n_ff_sh, E);
-        expect_matrix(L.shared.down, E, d.n_ff_sh);
-        d.sh_gate_up = place_matrix(a, up, {&L.shared.gate, &L.shared.up}, "shared gate_up");
-        d.sh_down = place_matrix(a, up, {&L.shared.down}, "shared down");
+        const int64_t ff_all = L.shared.gate.rows();
+        d.n_ff_sh = ff_all / tp_size;
+        expect_matrix(L.shared.gate, ff_all, E);
+        expect_matrix(L.shared.up, ff_all, E);
+        expect_matrix(L.shared.down, E, ff_all);
+        const WeightView sg = row_slice(L.shared.gate, tp_rank * d.n_ff_sh, d.n_ff_sh);
+        const WeightView su = row_slice(L.shared.up, tp_rank * d.n_ff_sh, d.n_ff_sh);
+        d.sh_gate_up = place_matrix(a, up, {&sg, &su}, "shared gate_up");
+        d.sh_down = place_cols(a, up, L.shared.down, tp_rank * d.n_ff_sh, d.n_ff_sh, "shared down");
         if (L.shared_gate.present()) {
           expect_matrix(L.shared_gate, 1, E);
           d.sh_gate = place_matrix(a, up, {&L.shared_gate}, "shared_gate");
         }
       }
     } else {
-      d.n_ff = L.ffn_gate.rows();
-      expect_matrix(L.ffn_gate, d.n_ff, E);
-      expect_matrix(L.ffn_up, d.n_ff, E);
-      expect_matrix(L.ffn_down, E, d.n_ff);
-      d.w_gate_up = place_matrix(a, up, {&L.ffn_gate, &L.ffn_up}, "ffn gate_up");
-      d.w_down = place_matrix(a, up, {&L.ffn_down}, "ffn down");
+      const int64_t ff_all = L.ffn_gate.rows();
+      d.n_ff = ff_all / tp_size;
+      expect_matrix(L.ffn_gate, ff_all, E);
+      expect_matrix(L.ffn_up, ff_all, E);
+      expect_matrix(L.ffn_down, E, ff_all);
+      const WeightView fg = row_slice(L.ffn_gate, tp_rank * d.n_ff, d.n_ff);
+      const WeightView fu = row_slice(L.ffn_up, tp_rank * d.n_ff, d.n_ff);
+      d.w_gate_up = place_matrix(a, up, {&fg, &fu}, "ffn gate_up");
+      d.w_down = place_cols(a, up, L.ffn_down, tp_rank * d.n_ff, d.n_ff, "ffn down");
     }
   }
 }
@@ -459,7 +545,7 @@ void GpuEngine::Impl::carve_work(Alloc& a) {
     if (any_shared) w.shared_out = a.template allocate_n<float>(T * sz(E), "shared expert");
     if (any_shared_gate) w.shared_gate = a.template allocate_n<float>(T, "shared gate logit");
   }
-  if (range.head) {
+  if (head_here) {
     w.head_x = a.template allocate_n<float>(C * sz(E), "head rows");
     w.head_h = a.template allocate_n<bf16>(C * sz(E), "head rows normed");
     w.logits = a.template allocate_n<float>(C * sz(V), "logits");
@@ -517,6 +603,18 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
     m.opts = opts;
     m.range = range;
     m.device = opts.device;
+    if (opts.tp && opts.tp->size() > 1) {
+      m.tp = opts.tp;
+      m.tp_rank = opts.tp->rank();
+      m.tp_size = opts.tp->size();
+      if (static_cast<size_t>(opts.max_step_tokens) * static_cast<size_t>(s.n_embd) >
+          opts.tp->capacity())
+        return Error{kErrBadInput,
+                     strfmt("GpuEngine: the tensor-parallel group takes %zu floats per sum, a "
+                            "step needs up to %lld (max_step_tokens x n_embd)",
+                            opts.tp->capacity(), ll(opts.max_step_tokens * s.n_embd))};
+    }
+    m.head_here = range.head && m.tp_rank == 0;
     m.init_dims(opts);
 
     // Sizing passes (also every shape and type check), then one check against free memory.
@@ -562,7 +660,7 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
     if (m.any_moe)
       m.moe_fwd = std::make_unique<MoeForward>(MoeRouting::from_spec(s), m.gemmer.get());
     m.alloc = std::make_unique<compute::BlockAllocator>(m.num_blocks);
-    m.graphs_allowed = !m.any_moe;
+    m.graphs_allowed = !m.any_moe && m.tp == nullptr;
     return std::unique_ptr<GpuEngine>(new GpuEngine(std::move(impl)));
   } catch (const DeviceError& ex) {
     return Error{static_cast<int>(ex.code()), ex.what()};

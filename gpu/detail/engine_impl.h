@@ -211,13 +211,18 @@ struct GpuEngine::Impl {
             const detail::bf16* w, int64_t ldw, void* y, int64_t ldy, GemmOut y_type,
             bool accumulate);
   void recover() noexcept;
+  void reduce(float* data, int64_t count);  // tensor parallelism: sum over ranks (or nothing)
 
   // ---- configuration ----
   std::shared_ptr<const model::Model> model;
   GpuEngineOptions opts;
   compute::LayerRange range;
   int device = 0;
-  int64_t E = 0, V = 0, H = 0, HK = 0, D = 0, n_rot = 0;
+  Collective* tp = nullptr;  // null or a group of one: no tensor parallelism
+  int tp_rank = 0, tp_size = 1;
+  bool head_here = false;  // range.head and tp_rank == 0
+  // H and HK are this rank's heads (the model's / tp_size); H_all, HK_all the model's.
+  int64_t E = 0, V = 0, H = 0, HK = 0, D = 0, n_rot = 0, H_all = 0, HK_all = 0;
   bool neox = false;
   float eps = 0;
   bool mla = false;
@@ -227,7 +232,7 @@ struct GpuEngine::Impl {
   int64_t qkv_rows = 0;    // GQA: (H + 2 HK) * D
   int64_t ff_max = 0;
   bool any_moe = false, any_shared = false, any_shared_gate = false;
-  int64_t n_expert = 0, n_expert_used = 0, ff_exp = 0;
+  int64_t n_expert = 0, n_expert_used = 0, ff_exp = 0;  // ff_exp: this rank's share
   int64_t T_cap = 0, S_cap = 0, C_cap = 0;
   int64_t bs = 0, num_blocks = 0, num_slots = 0, n_layers = 0;
   detail::InputLayout in_cap;

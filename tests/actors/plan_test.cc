@@ -771,13 +771,22 @@ TEST(PlanDevice, StageDeviceIsReadAndChecked) {
   ASSERT_EQ(p.stages.size(), 2u);
   EXPECT_EQ(p.stages[0].device, "cpu");
   EXPECT_EQ(p.stages[1].device, "cuda:1");
-  for (const char* bad : {"tpu", "cuda:", "cuda:x", "cuda:-1", "gpu0"}) {
+  for (const char* bad :
+       {"tpu", "cuda:", "cuda:x", "cuda:-1", "gpu0", "cuda:0,", "cuda:,1", "cuda:0,,1", "cuda:1000",
+        "cuda:0;1", "cuda:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16"}) {
     const std::string e = parse_error(
         std::string("[model]\npath = \"m.gguf\"\n[[stage]]\ndevice = \"") + bad + "\"\n");
-    EXPECT_NE(e.find("plan.toml:4: stage[0].device: expected \"cpu\" or \"cuda:N\""),
+    EXPECT_NE(e.find("plan.toml:4: stage[0].device: expected \"cpu\", \"cuda:N\""),
               std::string::npos)
-        << e;
+        << bad << ": " << e;
   }
+  const Plan tp = parse_ok("[model]\npath = \"m.gguf\"\n[[stage]]\ndevice = \"cuda:2,3\"\n");
+  EXPECT_EQ(tp.stages[0].device, "cuda:2,3");
+  EXPECT_EQ(cuda_devices("cuda:2,3"), (std::vector<int>{2, 3}));
+  EXPECT_EQ(cuda_devices("cuda:0,0"), (std::vector<int>{0, 0}));
+  EXPECT_EQ(cuda_devices("cuda:7"), (std::vector<int>{7}));
+  EXPECT_EQ(cuda_devices("cuda:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15").size(), 16u);
+  EXPECT_TRUE(cuda_devices("cpu").empty());
 }
 
 }  // namespace

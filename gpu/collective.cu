@@ -1,0 +1,252 @@
+// Collective groups (gpu/collective.h): the ordered-sum kernel, the local (one device, one thread
+// per rank) group and the NCCL rank.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "base/check.h"
+#include "gpu/collective.h"
+#include "gpu/comm.h"
+#include "gpu/runtime.h"
+
+namespace troupe::gpu {
+namespace {
+
+constexpr int kSumThreads = 256;
+// A local rank waits this long for its peers at a rendezvous before it declares the group broken.
+constexpr auto kLocalPeerTimeout = std::chrono::seconds(120);
+
+__global__ void __launch_bounds__(kSumThreads)
+    sum_parts_kernel(const float* parts, int n_parts, size_t stride, size_t count, float* out) {
+  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    float s = parts[i];
+    for (int p = 1; p < n_parts; ++p) s = __fadd_rn(s, parts[static_cast<size_t>(p) * stride + i]);
+    out[i] = s;
+  }
+}
+
+[[noreturn]] void group_broken(const char* what) {
+  throw DeviceError(Errc::kStepFailed,
+                    strfmt("tensor-parallel group: %s: the group was aborted (a rank's step "
+                           "failed or a peer stopped answering)",
+                           what));
+}
+
+// ---- local group -------------------------------------------------------------------------------
+
+// What the ranks of a local group share: the device slots, one event pair per rank, and a
+// rendezvous that abort() breaks.
+struct LocalShared {
+  int size = 0;
+  size_t cap = 0;
+  DeviceBuffer<float> slots;  // f32 [size, cap]
+  std::vector<cudaEvent_t> written, read_done;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::atomic<bool> broken{false};
+
+  ~LocalShared() {
+    for (cudaEvent_t e : written)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : read_done)
+      if (e) cudaEventDestroy(e);
+  }
+
+  // Every rank arrives before any leaves; throws when the group is (or gets) broken.
+  void rendezvous(const char* what) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (broken) group_broken(what);
+    const uint64_t gen = generation;
+    if (++arrived == size) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    if (!cv.wait_for(lock, kLocalPeerTimeout, [&] { return generation != gen || broken; })) {
+      broken = true;
+      cv.notify_all();
+    }
+    if (generation == gen) group_broken(what);
+  }
+
+  void abort() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      broken = true;
+    }
+    cv.notify_all();
+  }
+};
+
+class LocalRank final : public Collective {
+ public:
+  LocalRank(std::shared_ptr<LocalShared> s, int rank) : s_(std::move(s)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return s_->size; }
+  size_t capacity() const override { return s_->cap; }
+
+  // Rendezvous 1: every rank has queued its read of the previous call's slots (read_done), so
+  // this rank's slot may be overwritten once those reads ran (stream waits). Rendezvous 2: every
+  // rank has queued its write (written); then each sums all slots in rank order into its data.
+  // An event is re-recorded only after every peer passed the rendezvous behind its last wait.
+  void all_reduce_sum(float* data, size_t count, cudaStream_t stream) override {
+    if (count > s_->cap)
+      TROUPE_INPUT_ERROR("tensor-parallel all-reduce of %zu floats exceeds the group's %zu", count,
+                         s_->cap);
+    if (count == 0 || s_->size == 1) return;
+    const auto r = static_cast<size_t>(rank_);
+    s_->rendezvous("all-reduce (before writing)");
+    for (int p = 0; p < s_->size; ++p)
+      if (p != rank_)
+        TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[static_cast<size_t>(p)], 0));
+    float* mine = s_->slots.get() + r * s_->cap;
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(mine, data, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
+    s_->rendezvous("all-reduce (before summing)");
+    for (int p = 0; p < s_->size; ++p)
+      if (p != rank_)
+        TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[static_cast<size_t>(p)], 0));
+    launch_sum_parts(s_->slots.get(), s_->size, s_->cap, count, data, stream);
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
+  }
+
+  void synchronize(cudaStream_t stream) override {
+    // Peers are threads of this process: a missing one breaks the rendezvous, never the device.
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (s_->broken) group_broken("synchronize");
+  }
+
+  void abort() noexcept override { s_->abort(); }
+  bool aborted() const override { return s_->broken; }
+
+ private:
+  std::shared_ptr<LocalShared> s_;
+  int rank_;
+};
+
+// ---- NCCL rank ---------------------------------------------------------------------------------
+
+class NcclRank final : public Collective {
+ public:
+  NcclRank(const CommId& id, int rank, int size, size_t capacity)
+      : comm_(id, rank, size),
+        cap_(capacity),
+        slice_cap_((capacity + static_cast<size_t>(size) - 1) / static_cast<size_t>(size)),
+        recv_(static_cast<size_t>(size) * slice_cap_),
+        mine_(slice_cap_),
+        gathered_(static_cast<size_t>(size) * slice_cap_) {}
+
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  size_t capacity() const override { return cap_; }
+
+  // Reduce-scatter: data's slice p (slice = ceil(count / size) elements, the last ones shorter)
+  // goes to rank p, which receives its slice from every rank, packed by rank (the self copy
+  // included), and sums them in rank order. All-gather of the padded slices, then the first
+  // `count` floats back into data.
+  void all_reduce_sum(float* data, size_t count, cudaStream_t stream) override {
+    if (aborted_) group_broken("all-reduce");
+    if (count > cap_)
+      TROUPE_INPUT_ERROR("tensor-parallel all-reduce of %zu floats exceeds the group's %zu", count,
+                         cap_);
+    const int n = comm_.size();
+    if (count == 0 || n == 1) return;
+    const size_t slice = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+    auto len = [&](int p) {
+      const size_t at = static_cast<size_t>(p) * slice;
+      return at >= count ? size_t{0} : std::min(slice, count - at);
+    };
+    std::vector<size_t> send_counts(static_cast<size_t>(n)), recv_counts(static_cast<size_t>(n));
+    const size_t own = len(comm_.rank());
+    for (int p = 0; p < n; ++p) {
+      send_counts[static_cast<size_t>(p)] = len(p);
+      recv_counts[static_cast<size_t>(p)] = own;
+    }
+    comm_.all_to_all(data, send_counts, recv_.get(), recv_counts, CommType::kF32, stream);
+    if (own > 0) launch_sum_parts(recv_.get(), n, own, own, mine_.get(), stream);
+    if (own < slice)
+      TROUPE_CUDA_CHECK(
+          cudaMemsetAsync(mine_.get() + own, 0, (slice - own) * sizeof(float), stream));
+    comm_.all_gather(mine_.get(), slice, gathered_.get(), stream);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(data, gathered_.get(), count * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
+
+  void synchronize(cudaStream_t stream) override {
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) TROUPE_CUDA_CHECK(q);
+      if (aborted_) group_broken("synchronize");
+      comm_.check_async_error();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  void abort() noexcept override {
+    aborted_ = true;
+    comm_.abort();
+  }
+  bool aborted() const override { return aborted_; }
+
+ private:
+  Communicator comm_;
+  size_t cap_, slice_cap_;
+  DeviceBuffer<float> recv_;      // f32 [size, slice]: this rank's slice from every rank
+  DeviceBuffer<float> mine_;      // f32 [slice]: its sum
+  DeviceBuffer<float> gathered_;  // f32 [size, slice]
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+void launch_sum_parts(const float* parts, int n_parts, size_t stride, size_t count, float* out,
+                      cudaStream_t stream) {
+  if (count == 0) return;
+  if (n_parts < 1 || stride < count || !parts || !out)
+    TROUPE_INPUT_ERROR("launch_sum_parts: %d parts of stride %zu for %zu floats (%p -> %p)",
+                       n_parts, stride, count, static_cast<const void*>(parts),
+                       static_cast<void*>(out));
+  const size_t blocks = std::min<size_t>((count + kSumThreads - 1) / kSumThreads, 4096);
+  sum_parts_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(parts, n_parts,
+                                                                              stride, count, out);
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity) {
+  if (size < 1) TROUPE_INPUT_ERROR("make_local_group: size %d must be at least 1", size);
+  auto s = std::make_shared<LocalShared>();
+  s->size = size;
+  s->cap = capacity;
+  s->slots = DeviceBuffer<float>(static_cast<size_t>(size) * capacity);
+  s->written.assign(static_cast<size_t>(size), nullptr);
+  s->read_done.assign(static_cast<size_t>(size), nullptr);
+  for (int p = 0; p < size; ++p) {
+    TROUPE_CUDA_CHECK(
+        cudaEventCreateWithFlags(&s->written[static_cast<size_t>(p)], cudaEventDisableTiming));
+    TROUPE_CUDA_CHECK(
+        cudaEventCreateWithFlags(&s->read_done[static_cast<size_t>(p)], cudaEventDisableTiming));
+  }
+  std::vector<std::unique_ptr<Collective>> ranks;
+  for (int p = 0; p < size; ++p) ranks.push_back(std::make_unique<LocalRank>(s, p));
+  return ranks;
+}
+
+std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity) {
+  return std::make_unique<NcclRank>(id, rank, size, capacity);
+}
+
+}  // namespace troupe::gpu

@@ -1,0 +1,70 @@
+// Collective: the tensor-parallel group of a stage as one of its ranks (a GpuEngine holding a
+// 1/size share of every layer) sees it. The one operation the forward pass needs is a sum of the
+// ranks' partial outputs; it is deterministic and batch-invariant: each element is summed in rank
+// order (((d0 + d1) + d2) + ...) with plain f32 adds, whatever the element count, the algorithm
+// or the number of GPUs, and every rank gets the same bits.
+// Two kinds of group:
+//  - NCCL (make_nccl_rank): one rank per GPU, each used from its own thread or process. The sum is
+//    a reduce-scatter by grouped send/recv (rank r sums slice r of everyone's data in rank order),
+//    then an all-gather: the bytes of a ring all-reduce, with a fixed order NCCL's own all-reduce
+//    does not promise (its order depends on the message size, so on the batch).
+//  - Local (make_local_group): all ranks on one device in one process, one thread each, summing
+//    through shared device slots. A stand-in for a multi-GPU host where a machine has one GPU
+//    (NCCL refuses two ranks on one device): the engine runs exactly the TP code path and the same
+//    sums, so tests of tensor parallelism run on a single GPU.
+// Users: GpuEngine (gpu/engine.h, GpuEngineOptions::tp) and GpuTpEngine (gpu/tp_engine.h).
+// Thread safety: one rank object per thread; abort() may be called from any thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace troupe::gpu {
+
+struct CommId;
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Most floats one all_reduce_sum takes.
+  virtual size_t capacity() const = 0;
+
+  /// In place: data[i] = the sum over ranks of data[i], in rank order (see above). f32 [count] on
+  /// this rank's device, count <= capacity(); every rank calls with the same count, calls in the
+  /// same order. Enqueued on `stream` (returns before the device has done it). Throws
+  /// DeviceError: kNccl for an NCCL failure, kStepFailed when the group was aborted or a peer
+  /// did not arrive within the local group's timeout; InputError when count > capacity().
+  virtual void all_reduce_sum(float* data, size_t count, cudaStream_t stream) = 0;
+
+  /// Waits until `stream` has run everything queued so far, watching the group: throws
+  /// DeviceError when the group is aborted or NCCL reports an asynchronous error meanwhile,
+  /// instead of waiting forever on a peer that will never send.
+  virtual void synchronize(cudaStream_t stream) = 0;
+
+  /// Breaks the group for every rank (after one rank failed mid-step, so that the others stop
+  /// waiting for it): pending and later calls on any rank throw. Idempotent; any thread.
+  virtual void abort() noexcept = 0;
+  virtual bool aborted() const = 0;
+};
+
+/// `size` ranks of one group on the current device, for `size` threads of this process.
+/// capacity: most floats per all_reduce_sum. Allocates size * capacity floats of device memory.
+/// Throws InputError for size < 1, DeviceError.
+std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity);
+
+/// Rank `rank` of an NCCL group of `size` on the current device (one GPU per rank); blocks until
+/// every rank has joined (ncclCommInitRank). Allocates about 2 * capacity floats of device
+/// memory. Throws InputError, DeviceError(kNccl).
+std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity);
+
+/// out[i] = ((parts[0*stride + i] + parts[1*stride + i]) + ...) over n_parts, i < count: the
+/// group's ordered sum (exposed for tests). out may be one of the parts. Throws InputError.
+void launch_sum_parts(const float* parts, int n_parts, size_t stride, size_t count, float* out,
+                      cudaStream_t stream);
+
+}  // namespace troupe::gpu

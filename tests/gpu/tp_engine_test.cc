@@ -1,0 +1,375 @@
+// Tensor parallelism on the GPU: the group's ordered sum (gpu/collective.h) is bitwise the host's
+// rank-order sum on every rank, from the local stand-in group and from NCCL across GPUs; an
+// aborted group wakes its waiting ranks with an error instead of hanging; GpuTpEngine
+// (gpu/tp_engine.h) with 2 and 4 ranks matches the CPU engine within the GPU engine's tolerances
+// (tests/gpu/engine_test_util.h) for dense and every MoE architecture, keeps batch and chunk
+// invariance bitwise, and gives the same bits through NCCL on two GPUs as through the one-GPU
+// stand-in. Without a GPU only the device-list check runs; with one GPU the NCCL tests skip and
+// say so (NCCL takes one rank per GPU).
+#include "gpu/tp_engine.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "base/check.h"
+#include "compute/engine.h"
+#include "gpu/collective.h"
+#include "gpu/comm.h"
+#include "gpu/runtime.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/gpu/engine_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_support.h"
+
+namespace troupe::gpu {
+namespace {
+
+using namespace enginetest;  // NOLINT(google-build-using-namespace): the test helpers
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// Values over many binades, so that a different summation order would change the bits.
+std::vector<float> spread_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mant(-1.f, 1.f);
+  std::uniform_int_distribution<int> ex(-12, 12);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(mant(rng), ex(rng));
+  return v;
+}
+
+// Each rank's data for one round, and the host's rank-order sum of them.
+struct Round {
+  std::vector<std::vector<float>> parts;
+  std::vector<float> sum;
+};
+
+Round make_round(int ranks, size_t count, uint32_t seed) {
+  Round r;
+  for (int p = 0; p < ranks; ++p)
+    r.parts.push_back(spread_values(count, seed * 31 + static_cast<uint32_t>(p)));
+  r.sum = r.parts[0];
+  for (int p = 1; p < ranks; ++p)
+    for (size_t i = 0; i < count; ++i) r.sum[i] += r.parts[static_cast<size_t>(p)][i];
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every rank (one thread each, on devices[rank]) runs the rounds through its Collective and
+// checks its result against the host's sum. Counts vary per round: slot reuse and uneven
+// slices (count not a multiple of the group size) are both exercised.
+void check_rounds(std::vector<std::unique_ptr<Collective>>& group, const std::vector<int>& devices,
+                  const std::vector<size_t>& counts) {
+  const int n = static_cast<int>(group.size());
+  std::vector<Round> rounds;
+  for (size_t k = 0; k < counts.size(); ++k)
+    rounds.push_back(make_round(n, counts[k], static_cast<uint32_t>(k + 1)));
+  std::vector<std::string> failures(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto ru = static_cast<size_t>(r);
+      try {
+        TROUPE_CUDA_CHECK(cudaSetDevice(devices[ru]));
+        StreamPair sp;
+        for (size_t k = 0; k < rounds.size(); ++k) {
+          DeviceBuffer<float> buf(counts[k]);
+          buf.upload(rounds[k].parts[ru]);
+          group[ru]->all_reduce_sum(buf.get(), counts[k], sp.comm());
+          group[ru]->synchronize(sp.comm());
+          if (!same_bits(buf.download(), rounds[k].sum))
+            failures[ru] += "round " + std::to_string(k) + " (" + std::to_string(counts[k]) +
+                            " floats) differs from the host's rank-order sum; ";
+        }
+      } catch (const std::exception& ex) {
+        failures[ru] += ex.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(failures[static_cast<size_t>(r)], "") << "rank " << r << " of " << n;
+}
+
+// ---- without a GPU ----------------------------------------------------------------------------
+
+TEST(GpuTpEngine, RefusesAMixedDeviceList) {
+  // Checked before anything touches a GPU: runs everywhere.
+  auto model = std::make_shared<model::Model>();
+  auto e = GpuTpEngine::create(model, GpuEngineOptions{}, {0, 0, 1});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_NE(e.error().message.find("not a mix"), std::string::npos) << e.error().message;
+  EXPECT_EQ(e.error().code, static_cast<int>(Errc::kBadInput));
+  auto none = GpuTpEngine::create(model, GpuEngineOptions{}, {});
+  ASSERT_FALSE(none.has_value());
+  EXPECT_NE(none.error().message.find("no devices"), std::string::npos) << none.error().message;
+}
+
+// ---- the ordered sum --------------------------------------------------------------------------
+
+TEST(Collective, SumPartsIsTheHostsRankOrderSumBitwise) {
+  TROUPE_REQUIRE_GPU();
+  const size_t count = 100003, stride = 100096;
+  const Round r = make_round(3, count, 7);
+  std::vector<float> packed(3 * stride, std::nanf(""));
+  for (size_t p = 0; p < 3; ++p)
+    std::copy(r.parts[p].begin(), r.parts[p].end(), &packed[p * stride]);
+  DeviceBuffer<float> parts(packed.size()), out(count);
+  parts.upload(packed);
+  out.fill_bytes(0xFF);
+  launch_sum_parts(parts.get(), 3, stride, count, out.get(), nullptr);
+  TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same_bits(out.download(), r.sum));
+  // In place over the first part.
+  launch_sum_parts(parts.get(), 3, stride, count, parts.get(), nullptr);
+  TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> first = parts.download();
+  first.resize(count);
+  EXPECT_TRUE(same_bits(first, r.sum));
+  // The order matters for these values: the reverse order gives other bits somewhere.
+  std::vector<float> reverse = r.parts[2];
+  for (size_t i = 0; i < count; ++i) reverse[i] = (reverse[i] + r.parts[1][i]) + r.parts[0][i];
+  EXPECT_FALSE(same_bits(reverse, r.sum)) << "the test values do not tell orders apart";
+}
+
+TEST(Collective, LocalGroupGivesEveryRankTheOrderedSum) {
+  TROUPE_REQUIRE_GPU();
+  TROUPE_CUDA_CHECK(cudaSetDevice(0));
+  auto group = make_local_group(3, 5000);
+  ASSERT_EQ(group.size(), 3u);
+  EXPECT_EQ(group[1]->rank(), 1);
+  EXPECT_EQ(group[1]->size(), 3);
+  check_rounds(group, {0, 0, 0}, {5000, 1, 4097, 3, 5000, 77});
+  try {
+    std::vector<float> v(5001, 1.f);
+    DeviceBuffer<float> buf(v.size());
+    group[0]->all_reduce_sum(buf.get(), v.size(), nullptr);
+    ADD_FAILURE() << "a sum over capacity was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the group's 5000"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Collective, AbortWakesARankWaitingForItsPeers) {
+  TROUPE_REQUIRE_GPU();
+  TROUPE_CUDA_CHECK(cudaSetDevice(0));
+  auto group = make_local_group(2, 64);
+  std::atomic<bool> threw{false};
+  std::string what;
+  std::thread waiter([&] {
+    try {
+      TROUPE_CUDA_CHECK(cudaSetDevice(0));
+      DeviceBuffer<float> buf(64);
+      group[1]->all_reduce_sum(buf.get(), 64, nullptr);  // rank 0 never comes
+    } catch (const DeviceError& e) {
+      threw = true;
+      what = e.what();
+      EXPECT_EQ(e.code(), Errc::kStepFailed);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  group[0]->abort();
+  waiter.join();
+  EXPECT_TRUE(threw);
+  EXPECT_NE(what.find("aborted"), std::string::npos) << what;
+  EXPECT_TRUE(group[1]->aborted());
+  DeviceBuffer<float> buf(8);
+  EXPECT_THROW(group[0]->all_reduce_sum(buf.get(), 8, nullptr), DeviceError);
+}
+
+TEST(Collective, NcclGroupGivesEveryRankTheOrderedSum) {
+  TROUPE_REQUIRE_GPU();
+  const int n = std::min(device_count(), 4);
+  if (n < 2)
+    GTEST_SKIP() << "one GPU: an NCCL group needs one GPU per rank (NCCL refuses two ranks on one "
+                    "device); the local group tests cover the same sums";
+  const CommId id = CommId::create();
+  std::vector<std::unique_ptr<Collective>> group(static_cast<size_t>(n));
+  std::vector<int> devices;
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < n; ++r) {
+    devices.push_back(r);
+    joiners.emplace_back([&, r] {
+      TROUPE_CUDA_CHECK(cudaSetDevice(r));
+      group[static_cast<size_t>(r)] = make_nccl_rank(id, r, n, 70000);
+    });
+  }
+  for (std::thread& t : joiners) t.join();
+  check_rounds(group, devices, {70000, 1, 65537, static_cast<size_t>(n) - 1, 70000});
+}
+
+// ---- the engine -------------------------------------------------------------------------------
+
+class GpuTpEngineModel : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    TROUPE_REQUIRE_GPU();
+    TROUPE_SHARED_OR_SKIP(shared);
+    model_ = compute::load_model_for_test(shared + "/" + GetParam());
+    ASSERT_TRUE(model_) << GetParam();
+    V_ = model_->spec.n_vocab;
+    moe_ = has_moe(model_->spec);
+  }
+  std::unique_ptr<GpuTpEngine> make(std::vector<int> devices) {
+    auto e = GpuTpEngine::create(model_, small_options(), std::move(devices));
+    EXPECT_TRUE(e.has_value()) << (e.has_value() ? "" : e.error().message);
+    return e.has_value() ? std::move(*e) : nullptr;
+  }
+  std::shared_ptr<const model::Model> model_;
+  int64_t V_ = 0;
+  bool moe_ = false;
+};
+
+// Two sequences prefilled together (every row), then five decode steps together.
+std::vector<std::vector<float>> prefill_then_decode(GpuTpEngine& e, compute::Engine* cpu, int64_t V,
+                                                    std::vector<std::vector<float>>* ref) {
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(25, V, 11), make_tokens(18, V, 12)};
+  Script script = {{{0, 20, Logits::kAll}, {1, 13, Logits::kAll}}};
+  for (int i = 0; i < 5; ++i) script.push_back({{0, 1, Logits::kLast}, {1, 1, Logits::kLast}});
+  if (cpu) *ref = run_script(*cpu, toks, script);
+  return run_script(e, toks, script);
+}
+
+TEST_P(GpuTpEngineModel, TwoAndFourRanksMatchCpuEngine) {
+  compute::EngineOptions co;
+  co.n_threads = 4;
+  co.max_tokens_in_cache = 1024;
+  co.kv_block_size = kBlockSize;
+  auto cpu = compute::Engine::create(model_, co);
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  for (int ranks : {2, 4}) {
+    auto tp = GpuTpEngine::create(model_, small_options(), std::vector<int>(ranks, 0));
+    if (!tp.has_value() && tp.error().message.find("multiple of") != std::string::npos) {
+      std::printf("[tp] %s: %d ranks: %s\n", GetParam(), ranks, tp.error().message.c_str());
+      EXPECT_EQ(tp.error().code, static_cast<int>(Errc::kBadInput));
+      EXPECT_NE(ranks, 2) << "every test model divides over 2 ranks";
+      continue;
+    }
+    ASSERT_TRUE(tp.has_value()) << tp.error().message;
+    GpuTpEngine& e = **tp;
+    EXPECT_EQ(e.size(), ranks);
+    EXPECT_FALSE(e.uses_nccl());
+    std::vector<std::vector<float>> want;
+    const auto got = prefill_then_decode(e, cpu->get(), V_, &want);
+    ASSERT_EQ(got.size(), 2u);
+    RowStats st;
+    for (size_t s = 0; s < 2; ++s) {
+      ASSERT_EQ(got[s].size(), want[s].size());
+      for (size_t r = 0; r < want[s].size() / static_cast<size_t>(V_); ++r)
+        compare_row(&got[s][r * static_cast<size_t>(V_)], &want[s][r * static_cast<size_t>(V_)], V_,
+                    &st);
+    }
+    expect_stats(st, moe_, std::to_string(ranks) + " ranks vs CPU " + GetParam());
+    // Each rank holds a share: the group's weights are not `ranks` whole copies.
+    auto one = make_gpu(model_, small_options());
+    ASSERT_TRUE(one);
+    EXPECT_LT(e.rank(1).weight_bytes(), one->weight_bytes());
+  }
+}
+
+TEST_P(GpuTpEngineModel, BatchAndChunkInvariantBitwise) {
+  auto e = make({0, 0});
+  ASSERT_TRUE(e);
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(33, V_, 1), make_tokens(17, V_, 2),
+                                                  make_tokens(60, V_, 3)};
+  Script alone = {{{0, 29, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) alone.push_back({{0, 1, Logits::kLast}});
+  const auto ref = run_script(*e, toks, alone);
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(ref[0].size(), static_cast<size_t>(V_) * 33);
+  Script chunked = {{{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 5, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) chunked.push_back({{0, 1, Logits::kLast}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(*e, toks, chunked)[0])) << "chunked prefill";
+  Script mixed;
+  const int64_t chunks0[] = {8, 8, 8, 5};
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, i == 0 ? 6 : 1, Logits::kLast},
+                     {0, chunks0[i], Logits::kAll},
+                     {2, 13, Logits::kLast}});
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, 1, Logits::kLast}, {0, 1, Logits::kLast}, {2, 1, Logits::kAll}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(*e, toks, mixed)[0])) << "mixed batch";
+}
+
+TEST_P(GpuTpEngineModel, NcclOnTwoGpusGivesTheStandInsBits) {
+  if (device_count() < 2)
+    GTEST_SKIP() << "one GPU: NCCL tensor parallelism needs two; the stand-in tests cover the "
+                    "same code path";
+  auto nccl = make({0, 1});
+  auto local = make({0, 0});
+  ASSERT_TRUE(nccl && local);
+  EXPECT_TRUE(nccl->uses_nccl());
+  const auto a = prefill_then_decode(*nccl, nullptr, V_, nullptr);
+  const auto b = prefill_then_decode(*local, nullptr, V_, nullptr);
+  ASSERT_EQ(a.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) EXPECT_TRUE(bit_equal(a[s], b[s])) << "sequence " << s;
+}
+
+TEST_P(GpuTpEngineModel, PipelineOfTensorParallelStagesMatchesOneStage) {
+  // Layers split into two stages, each a 2-rank group, chained through hidden states: the same
+  // bits as one 2-rank group over all layers (hidden states pass through f32 unchanged).
+  const int64_t n_layer = model_->spec.n_layer;
+  if (n_layer < 2) GTEST_SKIP() << "one layer";
+  GpuEngineOptions o1 = small_options(), o2 = small_options();
+  o1.range = {0, n_layer / 2, true, false};
+  o2.range = {n_layer / 2, n_layer, false, true};
+  auto s1 = GpuTpEngine::create(model_, o1, {0, 0});
+  auto s2 = GpuTpEngine::create(model_, o2, {0, 0});
+  auto whole = make({0, 0});
+  ASSERT_TRUE(s1.has_value() && s2.has_value() && whole);
+  const std::vector<int32_t> toks = make_tokens(12, V_, 5);
+  // Prefill 12 tokens, all rows.
+  std::vector<int32_t> blocks1, blocks2, blocks3;
+  ASSERT_TRUE((*s1)->blocks().allocate(1, &blocks1));
+  ASSERT_TRUE((*s2)->blocks().allocate(1, &blocks2));
+  ASSERT_TRUE(whole->blocks().allocate(1, &blocks3));
+  SeqStep st;
+  st.pos0 = 0;
+  st.tokens = toks;
+  st.logits = Logits::kAll;
+  st.blocks = blocks1;
+  StepResult r1, r2, r3;
+  std::vector<float> hidden;
+  const Status a = (*s1)->step({&st, 1}, &r1, nullptr, &hidden);
+  ASSERT_TRUE(a.has_value()) << message(a);
+  ASSERT_EQ(hidden.size(), toks.size() * static_cast<size_t>(model_->spec.n_embd));
+  st.blocks = blocks2;
+  const Status b = (*s2)->step({&st, 1}, &r2, hidden.data(), nullptr);
+  ASSERT_TRUE(b.has_value()) << message(b);
+  st.blocks = blocks3;
+  const Status c = whole->step({&st, 1}, &r3);
+  ASSERT_TRUE(c.has_value()) << message(c);
+  EXPECT_TRUE(bit_equal(r2.logits, r3.logits));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, GpuTpEngineModel, ::testing::ValuesIn(kModels),
+                         [](const auto& info) {
+                           return ::troupe::testing::model_param_name(info.param);
+                         });
+
+}  // namespace
+}  // namespace troupe::gpu
