@@ -61,6 +61,8 @@ GpuEngine::Impl::~Impl() {
   for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
   if (ev_start) cudaEventDestroy(ev_start);
   if (ev_stop) cudaEventDestroy(ev_stop);
+  for (cudaEvent_t e : ev_summed)
+    if (e) cudaEventDestroy(e);
   if (in_host) cudaFreeHost(in_host);
   cudaGetLastError();
 }
@@ -160,8 +162,10 @@ void GpuEngine::Impl::recover() noexcept {
   cudaGetLastError();
 }
 
-StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::StepResult* out) {
+StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::StepResult* out,
+                                    size_t in_offset) {
   StepPlan p;
+  p.in_offset = in_offset;
   p.S = static_cast<int64_t>(seqs.size());
   int64_t max_need = 0, max_end = 0, max_q = 0, min_q = std::numeric_limits<int64_t>::max();
   for (const SeqStep& q : seqs) {
@@ -212,6 +216,7 @@ StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::Step
                p.lay.total, in_cap.total);
 
   // Fill the pinned buffer.
+  uint8_t* const in_host = this->in_host + in_offset;
   auto* tok = reinterpret_cast<int32_t*>(in_host + p.lay.tok);
   auto* pos = reinterpret_cast<int32_t*>(in_host + p.lay.pos);
   auto* slot = reinterpret_cast<int64_t*>(in_host + p.lay.slot);
@@ -243,14 +248,15 @@ StepPlan GpuEngine::Impl::plan_step(std::span<const SeqStep> seqs, compute::Step
 
 StepInputs GpuEngine::Impl::inputs(const StepPlan& p) const {
   StepInputs in;
-  in.tok = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.tok);
-  in.pos = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.pos);
-  in.slot = reinterpret_cast<const int64_t*>(w.in_dev + p.lay.slot);
-  in.q_start = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.q_start);
-  in.q_len = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.q_len);
-  in.pos0 = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.pos0);
-  in.table = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.table);
-  in.rows = reinterpret_cast<const int32_t*>(w.in_dev + p.lay.rows);
+  const uint8_t* const in_dev = w.in_dev + p.in_offset;
+  in.tok = reinterpret_cast<const int32_t*>(in_dev + p.lay.tok);
+  in.pos = reinterpret_cast<const int32_t*>(in_dev + p.lay.pos);
+  in.slot = reinterpret_cast<const int64_t*>(in_dev + p.lay.slot);
+  in.q_start = reinterpret_cast<const int32_t*>(in_dev + p.lay.q_start);
+  in.q_len = reinterpret_cast<const int32_t*>(in_dev + p.lay.q_len);
+  in.pos0 = reinterpret_cast<const int32_t*>(in_dev + p.lay.pos0);
+  in.table = reinterpret_cast<const int32_t*>(in_dev + p.lay.table);
+  in.rows = reinterpret_cast<const int32_t*>(in_dev + p.lay.rows);
   return in;
 }
 
@@ -264,6 +270,16 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     out->logits.clear();
     if (hidden_out) hidden_out->clear();
     last_ms = 0;
+    return;
+  }
+  if (tp && opts.tp_overlap && seqs.size() >= 2) {
+    // Two micro-batches: the first k sequences hold about half the tokens.
+    int64_t total = 0, half = 0;
+    for (const SeqStep& q : seqs) total += static_cast<int64_t>(q.tokens.size());
+    size_t k = 0;
+    while (k + 1 < seqs.size() && 2 * (half + static_cast<int64_t>(seqs[k].tokens.size())) <= total)
+      half += static_cast<int64_t>(seqs[k++].tokens.size());
+    forward_split(seqs, std::max<size_t>(k, 1), out, hidden_in, hidden_out);
     return;
   }
   const StepPlan p = plan_step(seqs, out);
@@ -291,6 +307,66 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     tp->synchronize(cs);  // watches the group: a dead peer throws instead of hanging here
   else
     TROUPE_CUDA_CHECK(cudaEventSynchronize(ev_stop));
+  TROUPE_CUDA_CHECK(cudaEventElapsedTime(&last_ms, ev_start, ev_stop));
+}
+
+// Tensor parallelism with overlap: sequences [0, k) and [k, S) as two micro-batches in the
+// step's buffers (the second's rows after the first's), their layers interleaved by
+// enqueue_layers; then each one's logits (the head's buffers are shared: one after the other),
+// merged into `out` in sequence order.
+void GpuEngine::Impl::forward_split(std::span<const SeqStep> seqs, size_t k,
+                                    compute::StepResult* out, const float* hidden_in,
+                                    std::vector<float>* hidden_out) {
+  compute::StepResult part[2];
+  const StepPlan p0 = plan_step(seqs.first(k), &part[0], 0);
+  const StepPlan p1 = plan_step(seqs.subspan(k), &part[1], in_cap.total);
+  const detail::MicroBatch mbs[2] = {{&p0, inputs(p0), 0, ev_summed[0]},
+                                     {&p1, inputs(p1), p0.T, ev_summed[1]}};
+  const int64_t T = p0.T + p1.T;
+  cudaStream_t cs = streams->compute();
+  TROUPE_CUDA_CHECK(cudaEventRecord(ev_start, cs));
+  for (const StepPlan* p : {&p0, &p1})
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(w.in_dev + p->in_offset, in_host + p->in_offset, p->lay.total,
+                                      cudaMemcpyHostToDevice, cs));
+  if (!range.embed)
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(w.x, hidden_in, sz(T * E) * sizeof(float), cudaMemcpyHostToDevice, cs));
+  enqueue_layers(mbs);
+  out->logits.clear();
+  if (head_here) {
+    const detail::Work base = w;
+    for (int i = 0; i < 2; ++i) {
+      w = rows_from(base, mbs[i].t0);  // the head reads x from the micro-batch's rows
+      try {
+        if (mbs[i].p->R > 0) enqueue_head(mbs[i].in, 0, std::min(mbs[i].p->R, C_cap));
+        copy_logits(*mbs[i].p, mbs[i].in, &part[i]);
+      } catch (...) {
+        w = base;
+        throw;
+      }
+      w = base;
+    }
+    out->n_vocab = V;
+    out->row_begin = part[0].row_begin;
+    out->row_count = part[0].row_count;
+    const auto rows0 = static_cast<int64_t>(part[0].logits.size() / sz(V));
+    for (size_t i = 0; i < part[1].row_begin.size(); ++i) {
+      out->row_begin.push_back(part[1].row_begin[i] + rows0);
+      out->row_count.push_back(part[1].row_count[i]);
+    }
+    out->logits = std::move(part[0].logits);
+    out->logits.insert(out->logits.end(), part[1].logits.begin(), part[1].logits.end());
+  } else {
+    out->row_begin.assign(seqs.size(), 0);
+    out->row_count.assign(seqs.size(), 0);
+    if (hidden_out) {
+      hidden_out->resize(sz(T * E));
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(hidden_out->data(), w.x, sz(T * E) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, cs));
+    }
+  }
+  TROUPE_CUDA_CHECK(cudaEventRecord(ev_stop, cs));
+  tp->synchronize(cs);
   TROUPE_CUDA_CHECK(cudaEventElapsedTime(&last_ms, ev_start, ev_stop));
 }
 

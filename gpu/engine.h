@@ -45,6 +45,10 @@ struct GpuEngineOptions {
   /// own thread (gpu/tp_engine.h does this). null: the whole range on this device. CUDA graphs
   /// are off with a group of more than one rank.
   Collective* tp = nullptr;
+  /// With tp: a step of two or more sequences runs as two micro-batches (sequences split at
+  /// about half the tokens), each layer's sums of one overlapping the other's compute; the same
+  /// bits as one batch (batch invariance). false: one batch, every sum waited for.
+  bool tp_overlap = true;
 };
 
 class GpuEngine {

@@ -62,45 +62,122 @@ void GpuEngine::Impl::gemm(int64_t m, int64_t n, int64_t k, const bf16* x, int64
 }
 
 void GpuEngine::Impl::enqueue_body(const StepPlan& p) {
-  cudaStream_t cs = streams->compute();
-  const StepInputs in = inputs(p);
-  const int64_t T = p.T;
-  if (range.embed) embed_rows(tok_embd, V, E, in.tok, T, w.x, cs);
-  for (const DevLayer& L : layers) {
-    add_rms_norm(w.x, nullptr, L.attn_norm, T, E, eps, w.h, cs);
-    if (mla) {
-      attention_mla(L, p, in);
-    } else {
-      attention(L, p, in);
-    }
-    // x += attn . wo^T (the residual add fused into the GEMM). Tensor parallelism: rank 0 adds
-    // its partial product to x, the others overwrite x with theirs, and the sum over ranks
-    // (rank order) leaves (x + p0) + p1 + ... on every rank.
-    const bool add_x = tp_rank == 0;
-    gemm(T, E, attn_width, w.attn, attn_width, L.wo, attn_width, w.x, E, GemmOut::kF32, add_x);
-    reduce(w.x, T * E);
-    add_rms_norm(w.x, nullptr, L.ffn_norm, T, E, eps, w.h, cs);
-    if (L.moe) {
-      moe(L, p);
-      reduce(w.moe_y, T * E);
-      add_inplace(w.x, w.moe_y, T * E, cs);
-    } else {
-      gemm(T, 2 * L.n_ff, E, w.h, E, L.w_gate_up, E, w.gate_up, 2 * L.n_ff, GemmOut::kF32, false);
-      swiglu(w.gate_up, T, L.n_ff, w.act, cs);
-      gemm(T, E, L.n_ff, w.act, L.n_ff, L.w_down, L.n_ff, w.x, E, GemmOut::kF32, add_x);
-      reduce(w.x, T * E);
-    }
-  }
-  if (head_here && p.R > 0) enqueue_head(in, 0, std::min(p.R, C_cap));
+  const detail::MicroBatch one{&p, inputs(p), 0, nullptr};
+  enqueue_layers({&one, 1});
+  if (head_here && p.R > 0) enqueue_head(one.in, 0, std::min(p.R, C_cap));
 }
 
-// The partial outputs of the group's ranks summed on the comm stream, between two points of the
-// compute stream (the next kernels wait for the sum, the sum for the GEMM before it).
-void GpuEngine::Impl::reduce(float* data, int64_t count) {
+// The step's buffers seen from row t0 on: a micro-batch's rows. Row-major [T, width] buffers move
+// by t0 rows of their widest use (a layer with a narrower FFN writes inside its share); the
+// head-major MLA buffers [H, T_cap, ld] by t0 rows of each head. Workspaces, inputs and the
+// head's buffers stay shared: the compute stream runs the micro-batches one kernel at a time.
+detail::Work GpuEngine::Impl::rows_from(const detail::Work& base, int64_t t0) const {
+  detail::Work v = base;
+  auto at = [t0](auto* p, int64_t width) { return p ? p + t0 * width : p; };
+  v.x = at(base.x, E);
+  v.h = at(base.h, E);
+  v.qkv = at(base.qkv, qkv_rows);
+  v.q = at(base.q, H * D);
+  v.attn = at(base.attn, attn_width);
+  v.qa = at(base.qa, q_lora);
+  v.qa_n = at(base.qa_n, q_lora);
+  v.qf = at(base.qf, H * dqk);
+  v.kva = at(base.kva, kw);
+  v.q_nope_h = at(base.q_nope_h, nope_ld);
+  v.qlat_h = at(base.qlat_h, lora_ld);
+  v.q_abs = at(base.q_abs, H * kw);
+  v.lat = at(base.lat, H * lora);
+  v.lat_h = at(base.lat_h, lora_ld);
+  v.attn_h = at(base.attn_h, dv_ld);
+  v.gate_up = at(base.gate_up, 2 * ff_max);
+  v.act = at(base.act, ff_max);
+  v.router = at(base.router, n_expert);
+  v.shared_out = at(base.shared_out, E);
+  v.shared_gate = at(base.shared_gate, 1);
+  v.moe_y = at(base.moe_y, E);
+  return v;
+}
+
+// The layers over one batch or two micro-batches. With two (tensor parallelism), each layer runs
+// micro-batch 0's attention, then 1's while 0's sum runs on the comm stream, then 0's FFN while
+// 1's attention sum runs, and so on: each part waits only for its own micro-batch's last sum.
+void GpuEngine::Impl::enqueue_layers(std::span<const detail::MicroBatch> mbs) {
+  cudaStream_t cs = streams->compute();
+  const detail::Work base = w;
+  auto run = [&](const detail::MicroBatch& mb, auto&& part) {
+    w = rows_from(base, mb.t0);
+    if (mb.summed) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(cs, mb.summed, 0));
+    part(mb);
+  };
+  try {
+    if (range.embed)
+      for (const detail::MicroBatch& mb : mbs)
+        run(mb, [&](const detail::MicroBatch& m) {
+          embed_rows(tok_embd, V, E, m.in.tok, m.p->T, w.x, cs);
+        });
+    for (const DevLayer& L : layers) {
+      for (const detail::MicroBatch& mb : mbs)
+        run(mb, [&](const detail::MicroBatch& m) { attention_part(L, m); });
+      for (const detail::MicroBatch& mb : mbs)
+        run(mb, [&](const detail::MicroBatch& m) { ffn_part(L, m); });
+    }
+    for (const detail::MicroBatch& mb : mbs)
+      if (mb.summed) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(cs, mb.summed, 0));
+  } catch (...) {
+    w = base;
+    throw;
+  }
+  w = base;
+}
+
+// attn_norm, attention, wo with the residual. Tensor parallelism: rank 0 adds its partial
+// product to x, the others overwrite x with theirs, and the sum over ranks (rank order) leaves
+// (x + p0) + p1 + ... on every rank.
+void GpuEngine::Impl::attention_part(const DevLayer& L, const detail::MicroBatch& mb) {
+  cudaStream_t cs = streams->compute();
+  const int64_t T = mb.p->T;
+  add_rms_norm(w.x, nullptr, L.attn_norm, T, E, eps, w.h, cs);
+  if (mla) {
+    attention_mla(L, *mb.p, mb.in);
+  } else {
+    attention(L, *mb.p, mb.in);
+  }
+  // x += attn . wo^T (the residual add fused into the GEMM).
+  gemm(T, E, attn_width, w.attn, attn_width, L.wo, attn_width, w.x, E, GemmOut::kF32, tp_rank == 0);
+  reduce(w.x, T * E, mb.summed);
+}
+
+// ffn_norm, then the dense FFN or the MoE layer, with the residual (summed as above).
+void GpuEngine::Impl::ffn_part(const DevLayer& L, const detail::MicroBatch& mb) {
+  cudaStream_t cs = streams->compute();
+  const int64_t T = mb.p->T;
+  add_rms_norm(w.x, nullptr, L.ffn_norm, T, E, eps, w.h, cs);
+  if (L.moe) {
+    moe(L, *mb.p);
+    if (tp_rank == 0)
+      add_inplace(w.x, w.moe_y, T * E, cs);
+    else
+      TROUPE_CUDA_CHECK(
+          cudaMemcpyAsync(w.x, w.moe_y, sz(T * E) * sizeof(float), cudaMemcpyDeviceToDevice, cs));
+  } else {
+    gemm(T, 2 * L.n_ff, E, w.h, E, L.w_gate_up, E, w.gate_up, 2 * L.n_ff, GemmOut::kF32, false);
+    swiglu(w.gate_up, T, L.n_ff, w.act, cs);
+    gemm(T, E, L.n_ff, w.act, L.n_ff, L.w_down, L.n_ff, w.x, E, GemmOut::kF32, tp_rank == 0);
+  }
+  reduce(w.x, T * E, mb.summed);
+}
+
+// The partial outputs of the group's ranks summed on the comm stream, after the compute work
+// queued so far; the compute stream waits for the sum at once (summed null) or where the
+// micro-batch's next part starts (enqueue_layers).
+void GpuEngine::Impl::reduce(float* data, int64_t count, cudaEvent_t summed) {
   if (!tp) return;
   streams->comm_waits_for_compute();
   tp->all_reduce_sum(data, sz(count), streams->comm());
-  streams->compute_waits_for_comm();
+  if (summed)
+    TROUPE_CUDA_CHECK(cudaEventRecord(summed, streams->comm()));
+  else
+    streams->compute_waits_for_comm();
 }
 
 void GpuEngine::Impl::attention(const DevLayer& L, const StepPlan& p, const StepInputs& in) {

@@ -510,7 +510,7 @@ void GpuEngine::Impl::carve_work(Alloc& a) {
   const size_t T = sz(T_cap), C = sz(C_cap);
   w = Work{};
   w.gemm_ws = a.allocate(Gemm::kDefaultWorkspaceBytes, "gemm workspace");
-  w.in_dev = a.template allocate_n<uint8_t>(in_cap.total, "step inputs");
+  w.in_dev = a.template allocate_n<uint8_t>(in_cap.total * (tp ? 2 : 1), "step inputs");
   w.x = a.template allocate_n<float>(T * sz(E), "residual");
   w.h = a.template allocate_n<bf16>(T * sz(E), "normed hidden");
   if (mla) {
@@ -639,7 +639,11 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
       m.streams = std::make_unique<StreamPair>();
       TROUPE_CUDA_CHECK(cudaEventCreate(&m.ev_start));
       TROUPE_CUDA_CHECK(cudaEventCreate(&m.ev_stop));
-      TROUPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.in_host), m.in_cap.total));
+      TROUPE_CUDA_CHECK(
+          cudaMallocHost(reinterpret_cast<void**>(&m.in_host), m.in_cap.total * (m.tp ? 2 : 1)));
+      if (m.tp)
+        for (cudaEvent_t& e : m.ev_summed)
+          TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       m.weights = Arena(wsz.used());
       m.kv = Arena(ksz.used());
       m.work = Arena(work_bytes);

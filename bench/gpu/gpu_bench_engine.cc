@@ -25,6 +25,7 @@
 #define TROUPE_GPU_BENCH_HAS_ENGINE 1
 #include "compute/engine.h"
 #include "gpu/engine.h"
+#include "gpu/tp_engine.h"
 #include "model/model.h"
 #endif
 
@@ -128,7 +129,8 @@ struct Seq {
 };
 
 // Sequences of `len` random tokens each, their blocks taken from the engine's allocator.
-bool make_seqs(GpuEngine& e, int64_t n, int64_t len, int64_t block_size, uint32_t seed,
+template <class Engine>
+bool make_seqs(Engine& e, int64_t n, int64_t len, int64_t block_size, uint32_t seed,
                std::vector<Seq>* out) {
   std::mt19937 rng(seed);
   const auto vocab = static_cast<uint32_t>(e.spec().n_vocab);
@@ -141,14 +143,15 @@ bool make_seqs(GpuEngine& e, int64_t n, int64_t len, int64_t block_size, uint32_
   return true;
 }
 
-void release(GpuEngine& e, std::vector<Seq>* seqs) {
+template <class Engine>
+void release(Engine& e, std::vector<Seq>* seqs) {
   for (Seq& s : *seqs) e.blocks().release(s.blocks);
   seqs->clear();
 }
 
 // Runs one step and returns its wall time (the step is synchronous). Throws on error.
-double timed_step(GpuEngine& e, const std::vector<compute::SeqStep>& steps,
-                  compute::StepResult* res) {
+template <class Engine>
+double timed_step(Engine& e, const std::vector<compute::SeqStep>& steps, compute::StepResult* res) {
   const double t0 = now_s();
   const Status st = e.step(steps, res);
   const double dt = now_s() - t0;
@@ -164,7 +167,8 @@ struct DecodeResult {
 // of one token each; the median of the last kSteps.
 constexpr int64_t kPrompt = 128, kWarm = 4, kSteps = 32;
 
-DecodeResult decode(GpuEngine& e, int64_t batch, int64_t block_size) {
+template <class Engine>
+DecodeResult decode(Engine& e, int64_t batch, int64_t block_size) {
   std::vector<Seq> seqs;
   if (!make_seqs(e, batch, kPrompt + kWarm + kSteps, block_size, static_cast<uint32_t>(batch),
                  &seqs))
@@ -209,6 +213,49 @@ double prefill(GpuEngine& e, int64_t block_size) {
     release(e, &seqs);
   }
   return median(t);
+}
+
+// Tensor parallelism over 2 ranks: decode step times beside the one-GPU engine `one`. With two
+// GPUs, NCCL (each rank half the work): exposed communication = 1 - (one's step / 2) / the TP
+// step, an upper bound (imperfect scaling counts as exposed). With one GPU, the stand-in group
+// (both ranks on it: the same total compute as `one`): the share of the TP step that is not
+// `one`'s step, i.e. the sums, rendezvous and extra launches not hidden. Overlap on and off.
+void tp_rows(std::shared_ptr<const model::Model> m, const GpuEngineOptions& o, GpuEngine& one,
+             const Budget& budget, std::vector<Row>* rows) {
+  int n_gpu = 0;
+  if (cudaGetDeviceCount(&n_gpu) != cudaSuccess) n_gpu = 0;
+  const bool nccl = n_gpu >= 2;
+  const std::vector<int> devices = nccl ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
+  for (int64_t b : {int64_t{16}, int64_t{64}}) {
+    if (!budget.fits(40)) {
+      rows->push_back({format("TP=2 decode batch %lld", static_cast<long long>(b)), "", "", -1, -1,
+                       "skipped (time budget)"});
+      continue;
+    }
+    const double t1 = decode(one, b, o.kv_block_size).step_s;
+    double t_on = 0, t_off = 0;
+    for (bool overlap : {true, false}) {
+      GpuEngineOptions to = o;
+      to.tp_overlap = overlap;
+      auto tp = GpuTpEngine::create(m, to, devices);
+      if (!tp) throw std::runtime_error("GpuTpEngine::create: " + tp.error().message);
+      (overlap ? t_on : t_off) = decode(**tp, b, o.kv_block_size).step_s;
+    }
+    const double ideal = nccl ? t1 / 2 : t1;
+    auto exposed = [&](double t) { return std::max(0.0, 1.0 - ideal / t); };
+    std::printf(
+        "TP=2 %s decode batch %lld: step %.3f ms overlapped, %.3f ms not; one GPU alone %.3f ms; "
+        "exposed %.1f%% / %.1f%%\n",
+        nccl ? "NCCL on GPUs 0,1" : "stand-in on GPU 0", static_cast<long long>(b), t_on * 1e3,
+        t_off * 1e3, t1 * 1e3, 100 * exposed(t_on), 100 * exposed(t_off));
+    rows->push_back(
+        {format("TP=2 exposed comm share, decode batch %lld (%s)", static_cast<long long>(b),
+                nccl ? "NCCL, 2 GPUs" : "one-GPU stand-in"),
+         format("%.1f%% overlapped, %.1f%% not", 100 * exposed(t_on), 100 * exposed(t_off)), "", -1,
+         -1,
+         format("step %.3f / %.3f ms vs %.3f ms on one GPU%s", t_on * 1e3, t_off * 1e3, t1 * 1e3,
+                nccl ? " (ideal: half)" : " (same total compute)")});
+  }
 }
 
 void engine_rows(const std::string& path, const Ceilings& c, const Budget& budget,
@@ -291,6 +338,7 @@ void engine_rows(const std::string& path, const Ceilings& c, const Budget& budge
               c.gemm_flops_per_s > 0 ? tokens / flops * c.gemm_flops_per_s : 0.0),
        c.gemm_flops_per_s > 0 ? f / c.gemm_flops_per_s : -1, 0.60,
        "2 x params x tokens; attention FLOPs not counted"});
+  tp_rows(*m, o, e, budget, rows);
 }
 
 }  // namespace

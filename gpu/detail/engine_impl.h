@@ -82,6 +82,7 @@ struct StepPlan {
   int64_t R = 0;         // head rows computed on the device (0 without a head)
   int32_t max_q_len = 0, min_q_len = 0, max_kv_len = 0;
   bool graph = false;
+  size_t in_offset = 0;  // where its inputs sit in in_host and Work::in_dev (two micro-batches)
   InputLayout lay;
   std::vector<int64_t> out_src;  // per output logits row: its index among the R computed rows
 };
@@ -129,7 +130,7 @@ struct DevLayer {
 /// The step's per-step buffers, carved from the workspace arena once at create().
 struct Work {
   void* gemm_ws = nullptr;
-  uint8_t* in_dev = nullptr;  // InputLayout at capacity
+  uint8_t* in_dev = nullptr;  // InputLayout at capacity (twice with tensor parallelism)
   float* x = nullptr;         // f32 [T, E]: the residual stream
   bf16* h = nullptr;          // bf16 [T, E]: normed hidden states (the GEMM input)
   float* qkv = nullptr;       // f32 [T, (H + 2 HK) D]
@@ -173,6 +174,15 @@ struct StepInputs {
   const int32_t* rows = nullptr;
 };
 
+/// One micro-batch of a step: its plan and inputs, its first row in the step's buffers, and the
+/// event its last sum records on the comm stream (null: sums are waited for at once).
+struct MicroBatch {
+  const StepPlan* p = nullptr;
+  StepInputs in;
+  int64_t t0 = 0;
+  cudaEvent_t summed = nullptr;
+};
+
 }  // namespace detail
 
 struct GpuEngine::Impl {
@@ -193,11 +203,18 @@ struct GpuEngine::Impl {
                   const float* hidden_in, const std::vector<float>* hidden_out) const;
   void forward(std::span<const compute::SeqStep> seqs, compute::StepResult* out,
                const float* hidden_in, std::vector<float>* hidden_out);
-  detail::StepPlan plan_step(std::span<const compute::SeqStep> seqs, compute::StepResult* out);
+  detail::StepPlan plan_step(std::span<const compute::SeqStep> seqs, compute::StepResult* out,
+                             size_t in_offset = 0);
+  void forward_split(std::span<const compute::SeqStep> seqs, size_t k, compute::StepResult* out,
+                     const float* hidden_in, std::vector<float>* hidden_out);
   detail::StepInputs inputs(const detail::StepPlan& p) const;
   void run_body(const detail::StepPlan& p);
   void try_capture(const detail::StepPlan& p, std::pair<int64_t, int64_t> key);
   void enqueue_body(const detail::StepPlan& p);
+  void enqueue_layers(std::span<const detail::MicroBatch> mbs);
+  void attention_part(const detail::DevLayer& L, const detail::MicroBatch& mb);
+  void ffn_part(const detail::DevLayer& L, const detail::MicroBatch& mb);
+  detail::Work rows_from(const detail::Work& base, int64_t t0) const;
   void attention(const detail::DevLayer& L, const detail::StepPlan& p,
                  const detail::StepInputs& in);
   void attention_mla(const detail::DevLayer& L, const detail::StepPlan& p,
@@ -211,7 +228,9 @@ struct GpuEngine::Impl {
             const detail::bf16* w, int64_t ldw, void* y, int64_t ldy, GemmOut y_type,
             bool accumulate);
   void recover() noexcept;
-  void reduce(float* data, int64_t count);  // tensor parallelism: sum over ranks (or nothing)
+  // Tensor parallelism: the sum over ranks of data (or nothing) on the comm stream; `summed`
+  // null: the compute stream waits for it at once, else it is recorded there for later.
+  void reduce(float* data, int64_t count, cudaEvent_t summed);
 
   // ---- configuration ----
   std::shared_ptr<const model::Model> model;
@@ -240,7 +259,8 @@ struct GpuEngine::Impl {
   // ---- device state (declaration order = reverse destruction order) ----
   std::unique_ptr<StreamPair> streams;
   cudaEvent_t ev_start = nullptr, ev_stop = nullptr;
-  uint8_t* in_host = nullptr;  // pinned, in_cap.total bytes
+  cudaEvent_t ev_summed[2] = {nullptr, nullptr};  // tensor parallelism: per micro-batch
+  uint8_t* in_host = nullptr;  // pinned, in_cap.total bytes (twice with tensor parallelism)
   Arena weights, kv, work;
   std::unique_ptr<Gemm> gemmer;
   std::unique_ptr<MoeForward> moe_fwd;

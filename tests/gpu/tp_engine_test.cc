@@ -341,29 +341,60 @@ TEST_P(GpuTpEngineModel, PipelineOfTensorParallelStagesMatchesOneStage) {
   auto s2 = GpuTpEngine::create(model_, o2, {0, 0});
   auto whole = make({0, 0});
   ASSERT_TRUE(s1.has_value() && s2.has_value() && whole);
-  const std::vector<int32_t> toks = make_tokens(12, V_, 5);
-  // Prefill 12 tokens, all rows.
-  std::vector<int32_t> blocks1, blocks2, blocks3;
-  ASSERT_TRUE((*s1)->blocks().allocate(1, &blocks1));
-  ASSERT_TRUE((*s2)->blocks().allocate(1, &blocks2));
-  ASSERT_TRUE(whole->blocks().allocate(1, &blocks3));
-  SeqStep st;
-  st.pos0 = 0;
-  st.tokens = toks;
-  st.logits = Logits::kAll;
-  st.blocks = blocks1;
+  // Two sequences (two micro-batches in each group), every row.
+  const std::vector<int32_t> toks[2] = {make_tokens(12, V_, 5), make_tokens(7, V_, 6)};
+  GpuTpEngine* engines[3] = {s1->get(), s2->get(), whole.get()};
+  std::vector<int32_t> blocks[3][2];
+  for (int e = 0; e < 3; ++e)
+    for (int q = 0; q < 2; ++q) ASSERT_TRUE(engines[e]->blocks().allocate(1, &blocks[e][q]));
+  auto steps = [&](int e) {
+    std::vector<SeqStep> v(2);
+    for (int q = 0; q < 2; ++q) {
+      v[static_cast<size_t>(q)].pos0 = 0;
+      v[static_cast<size_t>(q)].tokens = toks[q];
+      v[static_cast<size_t>(q)].logits = Logits::kAll;
+      v[static_cast<size_t>(q)].blocks = blocks[e][q];
+    }
+    return v;
+  };
   StepResult r1, r2, r3;
   std::vector<float> hidden;
-  const Status a = (*s1)->step({&st, 1}, &r1, nullptr, &hidden);
+  const Status a = (*s1)->step(steps(0), &r1, nullptr, &hidden);
   ASSERT_TRUE(a.has_value()) << message(a);
-  ASSERT_EQ(hidden.size(), toks.size() * static_cast<size_t>(model_->spec.n_embd));
-  st.blocks = blocks2;
-  const Status b = (*s2)->step({&st, 1}, &r2, hidden.data(), nullptr);
+  ASSERT_EQ(hidden.size(), 19 * static_cast<size_t>(model_->spec.n_embd));
+  const Status b = (*s2)->step(steps(1), &r2, hidden.data(), nullptr);
   ASSERT_TRUE(b.has_value()) << message(b);
-  st.blocks = blocks3;
-  const Status c = whole->step({&st, 1}, &r3);
+  const Status c = whole->step(steps(2), &r3);
   ASSERT_TRUE(c.has_value()) << message(c);
+  EXPECT_EQ(r2.logits.size(), 19 * static_cast<size_t>(V_));
+  EXPECT_EQ(r2.row_begin, r3.row_begin);
+  EXPECT_EQ(r2.row_count, r3.row_count);
   EXPECT_TRUE(bit_equal(r2.logits, r3.logits));
+}
+
+TEST_P(GpuTpEngineModel, OverlappedMicroBatchesGiveTheBitsOfOneBatch) {
+  // The same steps with the two-micro-batch overlap on and off: three sequences prefilling in
+  // uneven chunks (the split falls at different sequences), then decoding together.
+  GpuEngineOptions on = small_options(), off = small_options();
+  on.tp_overlap = true;
+  off.tp_overlap = false;
+  auto a = GpuTpEngine::create(model_, on, {0, 0});
+  auto b = GpuTpEngine::create(model_, off, {0, 0});
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(30, V_, 41), make_tokens(9, V_, 42),
+                                                  make_tokens(30, V_, 43)};
+  Script script = {{{0, 20, Logits::kAll}, {1, 3, Logits::kLast}, {2, 1, Logits::kAll}},
+                   {{0, 2, Logits::kLast}, {1, 4, Logits::kAll}, {2, 25, Logits::kLast}}};
+  for (int i = 0; i < 3; ++i)
+    script.push_back({{0, 1, Logits::kLast}, {1, 1, Logits::kNone}, {2, 1, Logits::kLast}});
+  const auto x = run_script(**a, toks, script);
+  const auto y = run_script(**b, toks, script);
+  ASSERT_EQ(x.size(), 3u);
+  ASSERT_EQ(y.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_FALSE(x[s].empty()) << "sequence " << s;
+    EXPECT_TRUE(bit_equal(x[s], y[s])) << "sequence " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, GpuTpEngineModel, ::testing::ValuesIn(kModels),
