@@ -36,7 +36,7 @@ inline long long ll(int64_t v) { return static_cast<long long>(v); }
 inline size_t sz(int64_t n) { return static_cast<size_t>(n); }
 inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/// Copies weights to the device at create() (gpu/engine_setup.cc).
+/// Copies weights to the device at create() (gpu/detail/engine_upload.h).
 class Uploader;
 
 /// The packed per-step inputs: one pinned host buffer, one device buffer, one copy per step.
