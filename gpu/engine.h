@@ -38,7 +38,8 @@ struct GpuEngineOptions {
   /// Tensor parallelism: this engine is rank tp->rank() of a group of tp->size() (not owned; it
   /// must outlive the engine). The rank holds 1/size of every layer: the heads
   /// [r*H/size, (r+1)*H/size) (and their KV heads; MLA keeps the whole latent cache), 1/size of
-  /// every FFN's and every expert's intermediate width, and the matching columns of wo and of
+  /// every dense and shared-expert FFN's width, of the routed experts either n_expert/size whole
+  /// ones or 1/size of each one's width (tp_expert_parallel), and the matching columns of wo and
   /// the down projections; embeddings, norms and routers whole. After wo and after each FFN the
   /// ranks sum their partial outputs (Collective::all_reduce_sum, on the comm stream). Only rank
   /// 0 holds and computes the output head. Every rank must get the same steps, each from its
@@ -49,6 +50,11 @@ struct GpuEngineOptions {
   /// about half the tokens), each layer's sums of one overlapping the other's compute; the same
   /// bits as one batch (batch invariance). false: one batch, every sum waited for.
   bool tp_overlap = true;
+  /// With tp, MoE layers: each rank holds n_expert / size whole experts (expert parallelism: it
+  /// computes the routed rows of its experts at full width, tokens stay on every rank, the sum
+  /// over ranks combines) when size divides n_expert; false, or n_expert not divisible: every
+  /// rank holds 1/size of every expert's width. Shared experts are always split by width.
+  bool tp_expert_parallel = true;
 };
 
 class GpuEngine {

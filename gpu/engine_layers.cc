@@ -347,7 +347,8 @@ void GpuEngine::Impl::moe(const DevLayer& L, const StepPlan& p) {
   m.experts.gate = L.exp_gate;
   m.experts.up = L.exp_up;
   m.experts.down = L.exp_down;
-  m.experts.n_expert = n_expert;
+  m.experts.n_expert = exp_count;
+  m.expert_begin = exp_begin;
   m.experts.d = E;
   m.experts.d_ff = ff_exp;
   m.shared_out = shared;

@@ -213,13 +213,18 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
   if (any_moe) {
     n_expert = s.n_expert;
     n_expert_used = s.n_expert_used;
-    ff_exp = s.n_ff_exp / P;
-    if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8 || s.n_ff_exp % P != 0)
+    expert_parallel = P > 1 && o.tp_expert_parallel && n_expert % P == 0;
+    exp_count = expert_parallel ? n_expert / P : n_expert;
+    exp_begin = expert_parallel ? tp_rank * exp_count : 0;
+    const int64_t width_ranks = expert_parallel ? 1 : P;  // ranks one expert's width is split in
+    ff_exp = s.n_ff_exp / width_ranks;
+    if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8 || s.n_ff_exp % width_ranks != 0)
       TROUPE_INPUT_ERROR(
           "GpuEngine: MoE on the GPU needs n_embd (%lld) and n_ff_exp (%lld%s) to be positive "
           "multiples of 8",
           ll(E), ll(s.n_ff_exp),
-          P > 1 ? strfmt(", divided over %d tensor-parallel ranks", tp_size).c_str() : "");
+          width_ranks > 1 ? strfmt(", divided over %d tensor-parallel ranks", tp_size).c_str()
+                          : "");
     validate_moe_routing(MoeRouting::from_spec(s));
   }
   bs = o.kv_block_size;
@@ -350,18 +355,21 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
       if (static_cast<int64_t>(L.experts.size()) != n_expert)
         TROUPE_INPUT_ERROR("GpuEngine: layer %lld has %zu experts, expected %lld",
                            ll(range.begin + l), L.experts.size(), ll(n_expert));
-      bf16* g = a.template allocate_n<bf16>(sz(n_expert * ff_exp * E), "experts gate");
-      bf16* u = a.template allocate_n<bf16>(sz(n_expert * ff_exp * E), "experts up");
-      bf16* dn = a.template allocate_n<bf16>(sz(n_expert * E * ff_exp), "experts down");
+      // This rank's experts (all, or its whole ones), each whole or this rank's width share.
+      bf16* g = a.template allocate_n<bf16>(sz(exp_count * ff_exp * E), "experts gate");
+      bf16* u = a.template allocate_n<bf16>(sz(exp_count * ff_exp * E), "experts up");
+      bf16* dn = a.template allocate_n<bf16>(sz(exp_count * E * ff_exp), "experts down");
+      const int64_t ff_all = s.n_ff_exp, c0 = expert_parallel ? 0 : tp_rank * ff_exp;
       for (int64_t e = 0; e < n_expert; ++e) {
         const model::ExpertFfn& f = L.experts[sz(e)];
-        expect_matrix(f.gate, ff_exp * tp_size, E);
-        expect_matrix(f.up, ff_exp * tp_size, E);
-        expect_matrix(f.down, E, ff_exp * tp_size);
-        if (up) {
-          up->rows(row_slice(f.gate, tp_rank * ff_exp, ff_exp), g + e * ff_exp * E);
-          up->rows(row_slice(f.up, tp_rank * ff_exp, ff_exp), u + e * ff_exp * E);
-          up->cols(f.down, tp_rank * ff_exp, ff_exp, dn + e * E * ff_exp);
+        expect_matrix(f.gate, ff_all, E);
+        expect_matrix(f.up, ff_all, E);
+        expect_matrix(f.down, E, ff_all);
+        const int64_t i = e - exp_begin;  // index among this rank's experts
+        if (up && i >= 0 && i < exp_count) {
+          up->rows(row_slice(f.gate, c0, ff_exp), g + i * ff_exp * E);
+          up->rows(row_slice(f.up, c0, ff_exp), u + i * ff_exp * E);
+          up->cols(f.down, c0, ff_exp, dn + i * E * ff_exp);
         }
       }
       d.exp_gate = g;

@@ -528,9 +528,11 @@ MoeForward::~MoeForward() {
 void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream) {
   const int64_t ne = routing_.n_expert, k = routing_.k, d = a.experts.d;
   validate_weights(a.experts);
-  if (a.experts.n_expert != ne)
-    TROUPE_INPUT_ERROR("MoeForward: the weights have %lld experts, the routing %lld",
-                       ll(a.experts.n_expert), ll(ne));
+  const int64_t e0 = a.expert_begin, e1 = a.expert_begin + a.experts.n_expert;
+  if (e0 < 0 || a.experts.n_expert < 1 || e1 > ne)
+    TROUPE_INPUT_ERROR(
+        "MoeForward: the weights hold experts [%lld, %lld), the routing has %lld experts", ll(e0),
+        ll(e1), ll(ne));
   if (a.n_tok < 0 || a.n_tok * k > kMaxEntries)
     TROUPE_INPUT_ERROR("MoeForward: n_tok must be in [0, %lld / k], got %lld", ll(kMaxEntries),
                        ll(a.n_tok));
@@ -565,7 +567,24 @@ void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream)
                "MoE routing counted %d of %lld (token, slot) entries: an expert id is outside "
                "[0, %lld)",
                offsets_host_[ne], ll(n_ent), ll(ne));
-  run_moe_experts(*gemm_, a.experts, offsets(), x_sorted, expert_out, arena, stream);
+  // This call's experts have the sorted rows [r0, r1); the others' rows are zero, so that they add
+  // nothing to the weighted sum of the combine (w * 0 + s == s).
+  const int64_t r0 = offsets_host_[e0], r1 = offsets_host_[e1];
+  if (e0 == 0 && e1 == ne) {
+    run_moe_experts(*gemm_, a.experts, offsets(), x_sorted, expert_out, arena, stream);
+  } else {
+    std::vector<int32_t> local(static_cast<size_t>(e1 - e0 + 1));
+    for (int64_t e = e0; e <= e1; ++e)
+      local[static_cast<size_t>(e - e0)] = offsets_host_[e] - static_cast<int32_t>(r0);
+    run_moe_experts(*gemm_, a.experts, local, x_sorted + r0 * d, expert_out + r0 * d, arena,
+                    stream);
+    if (r0 > 0)
+      TROUPE_CUDA_CHECK(
+          cudaMemsetAsync(expert_out, 0, static_cast<size_t>(r0 * d) * sizeof(float), stream));
+    if (r1 < n_ent)
+      TROUPE_CUDA_CHECK(cudaMemsetAsync(
+          expert_out + r1 * d, 0, static_cast<size_t>((n_ent - r1) * d) * sizeof(float), stream));
+  }
   MoeCombineArgs c;
   c.n_tok = a.n_tok;
   c.k = k;

@@ -109,10 +109,13 @@ void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
 
 struct MoeForwardArgs {
   int64_t n_tok = 0;
-  const __nv_bfloat16* x = nullptr;          // bf16 [n_tok, d]: the normed hidden states
-  const float* router_logits = nullptr;      // f32 [n_tok, n_expert]
-  const float* router_bias = nullptr;        // f32 [n_expert] or null
-  MoeExpertWeights experts;                  //
+  const __nv_bfloat16* x = nullptr;      // bf16 [n_tok, d]: the normed hidden states
+  const float* router_logits = nullptr;  // f32 [n_tok, n_expert]
+  const float* router_bias = nullptr;    // f32 [n_expert] or null
+  MoeExpertWeights experts;              // all experts, or those from expert_begin on
+  int64_t expert_begin = 0;  // experts holds experts [expert_begin, + experts.n_expert) of the
+                             // routing's; entries routed elsewhere add 0 to y (expert parallelism:
+                             // a rank's partial sum; y sums its experts in the same slot order)
   const float* shared_out = nullptr;         // f32 [n_tok, d] or null (computed by the caller)
   const float* shared_gate_logit = nullptr;  // f32 [n_tok] or null
   float* y = nullptr;                        // f32 [n_tok, d]

@@ -252,6 +252,10 @@ struct GpuEngine::Impl {
   int64_t ff_max = 0;
   bool any_moe = false, any_shared = false, any_shared_gate = false;
   int64_t n_expert = 0, n_expert_used = 0, ff_exp = 0;  // ff_exp: this rank's share
+  // Tensor parallelism by experts: this rank holds experts [exp_begin, exp_begin + exp_count)
+  // at full width (otherwise all n_expert experts, ff_exp wide each).
+  bool expert_parallel = false;
+  int64_t exp_begin = 0, exp_count = 0;
   int64_t T_cap = 0, S_cap = 0, C_cap = 0;
   int64_t bs = 0, num_blocks = 0, num_slots = 0, n_layers = 0;
   detail::InputLayout in_cap;

@@ -243,6 +243,9 @@ std::vector<float> ref_combine(int64_t n_tok, int64_t k, int64_t d,
 
 // ---- fixtures ---------------------------------------------------------------------------------
 
+template <class F>
+void expect_input_error(F&& f, const std::string& needle);
+
 class MoeGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -579,6 +582,69 @@ TEST_F(MoeGpu, LayerRowsDoNotDependOnTheBatch) {
     EXPECT_EQ(0, std::memcmp(part.data(), all.data(), part.size() * sizeof(float)))
         << "the first " << n << " tokens differ from the same tokens in a batch of " << c.n_tok;
   }
+}
+
+TEST_F(MoeGpu, ExpertSubsetsGivePartialSumsOfTheWholeLayer) {
+  // Expert parallelism: two calls holding experts [0, 8) and [8, 16) (a rank's share each). A
+  // token whose k experts are all in one half gets that half's output bitwise equal to the whole
+  // layer's and exactly 0 from the other half; a token with experts in both halves gets partial
+  // sums that add up to the whole layer's output (up to the order of the sum).
+  TROUPE_REQUIRE_GPU();
+  LayerCase c;
+  auto d_logits = device_copy(c.logits);
+  auto d_bias = device_copy(c.bias);
+  auto d_x = device_copy(to_bf16(c.x));
+  auto d_gate = device_copy(to_bf16(c.ref->gate));
+  auto d_up = device_copy(to_bf16(c.ref->up));
+  auto d_down = device_copy(to_bf16(c.ref->down));
+  MoeForward fwd(c.r, gemm_.get());
+  const int64_t h = c.r.n_expert / 2, per = c.ff * c.d;  // elements of one expert's matrix
+  auto run = [&](int64_t e0, int64_t n) {
+    auto d_y = poisoned<float>(static_cast<size_t>(c.n_tok * c.d));
+    MoeForwardArgs a;
+    a.n_tok = c.n_tok;
+    a.x = d_x.get();
+    a.router_logits = d_logits.get();
+    a.router_bias = d_bias.get();
+    a.experts = {
+        d_gate.get() + e0 * per, d_up.get() + e0 * per, d_down.get() + e0 * per, n, c.d, c.ff};
+    a.expert_begin = e0;
+    a.y = d_y.get();
+    fwd.run(a, *arena_, stream());
+    sync();
+    return d_y.download();
+  };
+  const auto whole = run(0, c.r.n_expert), lo = run(0, h), hi = run(h, h);
+  const RefRoute route = ref_route(c.r, c.logits, c.bias.data(), c.n_tok);
+  int pure = 0, mixed = 0;
+  const auto d = static_cast<size_t>(c.d);
+  for (int64_t t = 0; t < c.n_tok; ++t) {
+    int in_lo = 0;
+    for (int64_t s = 0; s < c.r.k; ++s) in_lo += route.ids[static_cast<size_t>(t * c.r.k + s)] < h;
+    const size_t at = static_cast<size_t>(t) * d;
+    if (in_lo == 0 || in_lo == c.r.k) {
+      ++pure;
+      const auto& own = in_lo ? lo : hi;
+      const auto& other = in_lo ? hi : lo;
+      EXPECT_EQ(0, std::memcmp(&own[at], &whole[at], d * sizeof(float))) << "token " << t;
+      for (size_t i = 0; i < d; ++i) ASSERT_EQ(other[at + i], 0.f) << "token " << t;
+    } else {
+      ++mixed;
+      for (size_t i = 0; i < d; ++i)
+        ASSERT_NEAR(lo[at + i] + hi[at + i], whole[at + i],
+                    1e-5f * (1.f + std::fabs(whole[at + i])))
+            << "token " << t << " element " << i;
+    }
+  }
+  std::printf("[moe] expert halves: %d tokens in one half, %d in both\n", pure, mixed);
+  EXPECT_GT(pure, 0);
+  EXPECT_GT(mixed, 0);
+  // A range outside the routing's experts is refused.
+  MoeForwardArgs bad;
+  bad.n_tok = 1;
+  bad.experts = {d_gate.get(), d_up.get(), d_down.get(), h, c.d, c.ff};
+  bad.expert_begin = h + 1;
+  expect_input_error([&] { fwd.run(bad, *arena_, stream()); }, "hold experts [9, 17)");
 }
 
 // ---- argument checks: no GPU needed -----------------------------------------------------------

@@ -2,7 +2,8 @@
 // rank-order sum on every rank, from the local stand-in group and from NCCL across GPUs; an
 // aborted group wakes its waiting ranks with an error instead of hanging; GpuTpEngine
 // (gpu/tp_engine.h) with 2 and 4 ranks matches the CPU engine within the GPU engine's tolerances
-// (tests/gpu/engine_test_util.h) for dense and every MoE architecture, keeps batch and chunk
+// (tests/gpu/engine_test_util.h) for dense and every MoE architecture (experts split whole or by
+// width), keeps batch and chunk
 // invariance bitwise, and gives the same bits through NCCL on two GPUs as through the one-GPU
 // stand-in. Without a GPU only the device-list check runs; with one GPU the NCCL tests skip and
 // say so (NCCL takes one rank per GPU).
@@ -258,33 +259,44 @@ TEST_P(GpuTpEngineModel, TwoAndFourRanksMatchCpuEngine) {
   co.kv_block_size = kBlockSize;
   auto cpu = compute::Engine::create(model_, co);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  // MoE layers both ways: whole experts per rank (expert parallelism) and every expert's width
+  // split.
+  std::vector<bool> modes = {true};
+  if (moe_) modes.push_back(false);
   for (int ranks : {2, 4}) {
-    auto tp = GpuTpEngine::create(model_, small_options(), std::vector<int>(ranks, 0));
-    if (!tp.has_value() && tp.error().message.find("multiple of") != std::string::npos) {
-      std::printf("[tp] %s: %d ranks: %s\n", GetParam(), ranks, tp.error().message.c_str());
-      EXPECT_EQ(tp.error().code, static_cast<int>(Errc::kBadInput));
-      EXPECT_NE(ranks, 2) << "every test model divides over 2 ranks";
-      continue;
+    for (bool ep : modes) {
+      GpuEngineOptions o = small_options();
+      o.tp_expert_parallel = ep;
+      const std::string what = std::to_string(ranks) + " ranks" +
+                               (moe_ ? (ep ? ", experts split" : ", expert widths split") : "") +
+                               " vs CPU " + GetParam();
+      auto tp = GpuTpEngine::create(model_, o, std::vector<int>(ranks, 0));
+      if (!tp.has_value() && tp.error().message.find("multiple of") != std::string::npos) {
+        std::printf("[tp] %s: %s\n", what.c_str(), tp.error().message.c_str());
+        EXPECT_EQ(tp.error().code, static_cast<int>(Errc::kBadInput));
+        EXPECT_NE(ranks, 2) << "every test model divides over 2 ranks";
+        continue;
+      }
+      ASSERT_TRUE(tp.has_value()) << tp.error().message;
+      GpuTpEngine& e = **tp;
+      EXPECT_EQ(e.size(), ranks);
+      EXPECT_FALSE(e.uses_nccl());
+      std::vector<std::vector<float>> want;
+      const auto got = prefill_then_decode(e, cpu->get(), V_, &want);
+      ASSERT_EQ(got.size(), 2u);
+      RowStats st;
+      for (size_t s = 0; s < 2; ++s) {
+        ASSERT_EQ(got[s].size(), want[s].size());
+        for (size_t r = 0; r < want[s].size() / static_cast<size_t>(V_); ++r)
+          compare_row(&got[s][r * static_cast<size_t>(V_)], &want[s][r * static_cast<size_t>(V_)],
+                      V_, &st);
+      }
+      expect_stats(st, moe_, what);
+      // Each rank holds a share: the group's weights are not `ranks` whole copies.
+      auto one = make_gpu(model_, small_options());
+      ASSERT_TRUE(one);
+      EXPECT_LT(e.rank(1).weight_bytes(), one->weight_bytes());
     }
-    ASSERT_TRUE(tp.has_value()) << tp.error().message;
-    GpuTpEngine& e = **tp;
-    EXPECT_EQ(e.size(), ranks);
-    EXPECT_FALSE(e.uses_nccl());
-    std::vector<std::vector<float>> want;
-    const auto got = prefill_then_decode(e, cpu->get(), V_, &want);
-    ASSERT_EQ(got.size(), 2u);
-    RowStats st;
-    for (size_t s = 0; s < 2; ++s) {
-      ASSERT_EQ(got[s].size(), want[s].size());
-      for (size_t r = 0; r < want[s].size() / static_cast<size_t>(V_); ++r)
-        compare_row(&got[s][r * static_cast<size_t>(V_)], &want[s][r * static_cast<size_t>(V_)], V_,
-                    &st);
-    }
-    expect_stats(st, moe_, std::to_string(ranks) + " ranks vs CPU " + GetParam());
-    // Each rank holds a share: the group's weights are not `ranks` whole copies.
-    auto one = make_gpu(model_, small_options());
-    ASSERT_TRUE(one);
-    EXPECT_LT(e.rank(1).weight_bytes(), one->weight_bytes());
   }
 }
 
