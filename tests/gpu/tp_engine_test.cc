@@ -3,10 +3,10 @@
 // aborted group wakes its waiting ranks with an error instead of hanging; GpuTpEngine
 // (gpu/tp_engine.h) with 2 and 4 ranks matches the CPU engine within the GPU engine's tolerances
 // (tests/gpu/engine_test_util.h) for dense and every MoE architecture (experts split whole or by
-// width), keeps batch and chunk
-// invariance bitwise, and gives the same bits through NCCL on two GPUs as through the one-GPU
-// stand-in. Without a GPU only the device-list check runs; with one GPU the NCCL tests skip and
-// say so (NCCL takes one rank per GPU).
+// width), keeps batch and chunk invariance bitwise, gives the same bits with the micro-batch
+// overlap on and off and through NCCL on two GPUs as through the one-GPU stand-in. Without a GPU
+// only the device-list check runs; with one GPU the NCCL tests skip and say so (NCCL takes one
+// rank per GPU).
 #include "gpu/tp_engine.h"
 
 #include <atomic>
