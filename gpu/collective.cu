@@ -34,6 +34,12 @@ __global__ void __launch_bounds__(kSumThreads)
   }
 }
 
+int current_device() {
+  int d = 0;
+  TROUPE_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
 [[noreturn]] void group_broken(const char* what) {
   throw DeviceError(Errc::kStepFailed,
                     strfmt("tensor-parallel group: %s: the group was aborted (a rank's step "
@@ -139,15 +145,64 @@ class LocalRank final : public Collective {
 
 // ---- NCCL rank ---------------------------------------------------------------------------------
 
+}  // namespace
+
+struct NcclGroupState {
+  std::atomic<bool> broken{false};
+  std::mutex mu;
+  std::vector<Communicator*> comms;  // the live ranks' communicators
+
+  void add(Communicator* c) {
+    std::lock_guard<std::mutex> lock(mu);
+    comms.push_back(c);
+  }
+  void remove(Communicator* c) {
+    std::lock_guard<std::mutex> lock(mu);
+    comms.erase(std::remove(comms.begin(), comms.end(), c), comms.end());
+  }
+  // Marks the group broken and aborts every communicator, one thread each (ncclCommAbort of a
+  // group's ranks is collective within the node). Pending NCCL kernels then end.
+  void abort_all() noexcept {
+    if (broken.exchange(true)) return;
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::thread> t;
+    for (Communicator* c : comms) {
+      try {
+        t.emplace_back([c] { c->abort(); });
+      } catch (...) {
+        c->abort();  // no thread left: abort here
+      }
+    }
+    for (std::thread& th : t) th.join();
+  }
+};
+
+std::shared_ptr<NcclGroupState> make_nccl_group_state() {
+  return std::make_shared<NcclGroupState>();
+}
+
+namespace {
+
 class NcclRank final : public Collective {
  public:
-  NcclRank(const CommId& id, int rank, int size, size_t capacity)
-      : comm_(id, rank, size),
+  // The buffers first: a failed allocation must not leave a joined communicator behind (its
+  // destruction would wait for the other ranks).
+  NcclRank(const CommId& id, int rank, int size, size_t capacity,
+           std::shared_ptr<NcclGroupState> state)
+      : device_(current_device()),
         cap_(capacity),
         slice_cap_((capacity + static_cast<size_t>(size) - 1) / static_cast<size_t>(size)),
         recv_(static_cast<size_t>(size) * slice_cap_),
         mine_(slice_cap_),
-        gathered_(static_cast<size_t>(size) * slice_cap_) {}
+        gathered_(static_cast<size_t>(size) * slice_cap_),
+        state_(state ? std::move(state) : make_nccl_group_state()),
+        comm_(id, rank, size) {
+    state_->add(&comm_);
+  }
+  ~NcclRank() override {
+    state_->remove(&comm_);
+    cudaSetDevice(device_);  // destroy_group runs this on a thread of its own
+  }
 
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
@@ -158,7 +213,7 @@ class NcclRank final : public Collective {
   // included), and sums them in rank order. All-gather of the padded slices, then the first
   // `count` floats back into data.
   void all_reduce_sum(float* data, size_t count, cudaStream_t stream) override {
-    if (aborted_) group_broken("all-reduce");
+    if (state_->broken) group_broken("all-reduce");
     if (count > cap_)
       TROUPE_INPUT_ERROR("tensor-parallel all-reduce of %zu floats exceeds the group's %zu", count,
                          cap_);
@@ -190,25 +245,23 @@ class NcclRank final : public Collective {
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) TROUPE_CUDA_CHECK(q);
-      if (aborted_) group_broken("synchronize");
+      if (state_->broken) group_broken("synchronize");
       comm_.check_async_error();
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
-  void abort() noexcept override {
-    aborted_ = true;
-    comm_.abort();
-  }
-  bool aborted() const override { return aborted_; }
+  void abort() noexcept override { state_->abort_all(); }
+  bool aborted() const override { return state_->broken; }
 
  private:
-  Communicator comm_;
+  int device_;
   size_t cap_, slice_cap_;
   DeviceBuffer<float> recv_;      // f32 [size, slice]: this rank's slice from every rank
   DeviceBuffer<float> mine_;      // f32 [slice]: its sum
   DeviceBuffer<float> gathered_;  // f32 [size, slice]
-  std::atomic<bool> aborted_{false};
+  std::shared_ptr<NcclGroupState> state_;
+  Communicator comm_;  // last: destroyed first, joined last
 };
 
 }  // namespace
@@ -245,8 +298,23 @@ std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capac
   return ranks;
 }
 
-std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity) {
-  return std::make_unique<NcclRank>(id, rank, size, capacity);
+std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity,
+                                           std::shared_ptr<NcclGroupState> state) {
+  return std::make_unique<NcclRank>(id, rank, size, capacity, std::move(state));
+}
+
+void destroy_group(std::vector<std::unique_ptr<Collective>>& group) noexcept {
+  std::vector<std::thread> t;
+  for (auto& r : group) {
+    if (!r) continue;
+    try {
+      t.emplace_back([&r] { r.reset(); });
+    } catch (...) {
+      r.reset();
+    }
+  }
+  for (std::thread& th : t) th.join();
+  group.clear();
 }
 
 }  // namespace troupe::gpu

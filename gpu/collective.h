@@ -57,10 +57,24 @@ class Collective {
 /// Throws InputError for size < 1, DeviceError.
 std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity);
 
+/// What the NCCL ranks of one process share: abort() on any of them marks the group broken and
+/// aborts every rank's communicator (each from its own thread, as NCCL asks), so that ranks
+/// waiting on a peer's sums stop instead of waiting forever. Ranks in other processes are not
+/// reached (they see NCCL's own errors).
+struct NcclGroupState;
+std::shared_ptr<NcclGroupState> make_nccl_group_state();
+
 /// Rank `rank` of an NCCL group of `size` on the current device (one GPU per rank); blocks until
-/// every rank has joined (ncclCommInitRank). Allocates about 2 * capacity floats of device
-/// memory. Throws InputError, DeviceError(kNccl).
-std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity);
+/// every rank has joined (ncclCommInitRank). `state`: shared by the group's ranks in this
+/// process (null: this rank alone). Allocates about 2 * capacity floats of device memory first,
+/// then joins. Throws InputError, DeviceError(kNccl).
+std::unique_ptr<Collective> make_nccl_rank(const CommId& id, int rank, int size, size_t capacity,
+                                           std::shared_ptr<NcclGroupState> state = nullptr);
+
+/// Destroys the ranks of a group held by one thread, each on a thread of its own at once: NCCL's
+/// communicator destruction is collective (each rank waits for the others), so destroying them
+/// one after another from one thread would wait forever. Leaves `group` empty.
+void destroy_group(std::vector<std::unique_ptr<Collective>>& group) noexcept;
 
 /// out[i] = ((parts[0*stride + i] + parts[1*stride + i]) + ...) over n_parts, i < count: the
 /// group's ordered sum (exposed for tests). out may be one of the parts. Throws InputError.

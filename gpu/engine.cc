@@ -97,6 +97,11 @@ Status GpuEngine::step(std::span<const SeqStep> seqs, compute::StepResult* out,
   }
 }
 
+Status GpuEngine::check_step(std::span<const SeqStep> seqs, const compute::StepResult* out,
+                             const float* hidden_in, const std::vector<float>* hidden_out) const {
+  return impl_->validate(seqs, out, hidden_in, hidden_out);
+}
+
 // The checks and messages of compute::Engine::step, plus the bounds this engine was sized for.
 Status GpuEngine::Impl::validate(std::span<const SeqStep> seqs, const compute::StepResult* out,
                                  const float* hidden_in,
@@ -151,6 +156,7 @@ Status GpuEngine::Impl::validate(std::span<const SeqStep> seqs, const compute::S
 }
 
 void GpuEngine::Impl::recover() noexcept {
+  cudaStreamSynchronize(streams->comm());  // a group's sums (aborted first when they hang)
   cudaStream_t cs = streams->compute();
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cs, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
@@ -328,9 +334,12 @@ void GpuEngine::Impl::forward_split(std::span<const SeqStep> seqs, size_t k,
   for (const StepPlan* p : {&p0, &p1})
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(w.in_dev + p->in_offset, in_host + p->in_offset, p->lay.total,
                                       cudaMemcpyHostToDevice, cs));
+  // Each micro-batch's hidden rows where its Work view has them (rows_from).
   if (!range.embed)
-    TROUPE_CUDA_CHECK(
-        cudaMemcpyAsync(w.x, hidden_in, sz(T * E) * sizeof(float), cudaMemcpyHostToDevice, cs));
+    for (const detail::MicroBatch& mb : mbs)
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(rows_from(w, mb.t0).x, hidden_in + mb.t0 * E,
+                                        sz(mb.p->T * E) * sizeof(float), cudaMemcpyHostToDevice,
+                                        cs));
   enqueue_layers(mbs);
   out->logits.clear();
   if (head_here) {
@@ -361,8 +370,10 @@ void GpuEngine::Impl::forward_split(std::span<const SeqStep> seqs, size_t k,
     out->row_count.assign(seqs.size(), 0);
     if (hidden_out) {
       hidden_out->resize(sz(T * E));
-      TROUPE_CUDA_CHECK(cudaMemcpyAsync(hidden_out->data(), w.x, sz(T * E) * sizeof(float),
-                                        cudaMemcpyDeviceToHost, cs));
+      for (const detail::MicroBatch& mb : mbs)
+        TROUPE_CUDA_CHECK(cudaMemcpyAsync(hidden_out->data() + mb.t0 * E, rows_from(w, mb.t0).x,
+                                          sz(mb.p->T * E) * sizeof(float), cudaMemcpyDeviceToHost,
+                                          cs));
     }
   }
   TROUPE_CUDA_CHECK(cudaEventRecord(ev_stop, cs));

@@ -81,6 +81,11 @@ class GpuEngine {
   Status step(std::span<const compute::SeqStep> seqs, compute::StepResult* out,
               const float* hidden_in = nullptr, std::vector<float>* hidden_out = nullptr);
 
+  /// The checks step() runs first (the same errors), without computing: GpuTpEngine checks a
+  /// step once before its ranks start, so that no rank waits for one that refused it.
+  Status check_step(std::span<const compute::SeqStep> seqs, const compute::StepResult* out,
+                    const float* hidden_in, const std::vector<float>* hidden_out) const;
+
   const model::ModelSpec& spec() const;
   const compute::LayerRange& range() const;
   compute::BlockAllocator& blocks();  // the KV block ids of this engine's pool

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 
 #include "base/check.h"
 #include "gpu/attention.h"
@@ -68,12 +70,20 @@ void GpuEngine::Impl::enqueue_body(const StepPlan& p) {
 }
 
 // The step's buffers seen from row t0 on: a micro-batch's rows. Row-major [T, width] buffers move
-// by t0 rows of their widest use (a layer with a narrower FFN writes inside its share); the
-// head-major MLA buffers [H, T_cap, ld] by t0 rows of each head. Workspaces, inputs and the
-// head's buffers stay shared: the compute stream runs the micro-batches one kernel at a time.
+// by t0 rows of their widest use (a layer with a narrower FFN writes inside its share), rounded up
+// to 16 bytes (Gemm's alignment of a matrix start; carve_work leaves 8 rows of slack); rows keep
+// their leading dimension, so their alignment class, hence the GEMM algorithm, is unchanged. The
+// head-major MLA buffers [H, T_cap, ld] (ld a multiple of 8) move by t0 rows of each head.
+// Workspaces, inputs and the head's buffers stay shared: the compute stream runs the
+// micro-batches one kernel at a time.
 detail::Work GpuEngine::Impl::rows_from(const detail::Work& base, int64_t t0) const {
   detail::Work v = base;
-  auto at = [t0](auto* p, int64_t width) { return p ? p + t0 * width : p; };
+  auto at = [t0](auto* p, int64_t width) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    if (!p) return p;
+    const size_t bytes = detail::align_up(sz(t0 * width) * sizeof(T), 16);
+    return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + bytes);
+  };
   v.x = at(base.x, E);
   v.h = at(base.h, E);
   v.qkv = at(base.qkv, qkv_rows);

@@ -416,7 +416,9 @@ void GpuEngine::Impl::place_kv(Alloc& a) {
 
 template <class Alloc>
 void GpuEngine::Impl::carve_work(Alloc& a) {
-  const size_t T = sz(T_cap), C = sz(C_cap);
+  // With tensor parallelism a step may run as two micro-batches whose second one starts at a
+  // 16-byte boundary after the first's rows (rows_from): 8 rows of slack per buffer.
+  const size_t T = sz(T_cap) + (tp ? 8 : 0), C = sz(C_cap);
   w = Work{};
   w.gemm_ws = a.allocate(Gemm::kDefaultWorkspaceBytes, "gemm workspace");
   w.in_dev = a.template allocate_n<uint8_t>(in_cap.total * (tp ? 2 : 1), "step inputs");

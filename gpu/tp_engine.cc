@@ -58,7 +58,8 @@ struct GpuTpEngine::Impl {
     }
     job_cv.notify_all();
     for (std::thread& t : workers) t.join();
-    ranks.clear();  // engines before the collectives they point to
+    ranks.clear();         // engines before the collectives they point to
+    destroy_group(group);  // NCCL: collective, every rank at once
   }
 
   void work(size_t r) {
@@ -71,7 +72,13 @@ struct GpuTpEngine::Impl {
         seen = job;
       }
       std::vector<float>* hidden = ranks[r]->range().head ? nullptr : &hiddens[r];
-      Status st = ranks[r]->step(seqs, &outs[r], hidden_in, hidden);
+      Status st = Error{static_cast<int>(Errc::kStepFailed), "rank step threw"};
+      try {
+        st = ranks[r]->step(seqs, &outs[r], hidden_in, hidden);
+      } catch (const std::exception& ex) {  // step() catches its own; this is bad_alloc & co.
+        group[r]->abort();
+        st = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
+      }
       std::lock_guard<std::mutex> lock(mu);
       results[r] = std::move(st);
       if (--pending == 0) done_cv.notify_all();
@@ -138,6 +145,7 @@ Result<std::unique_ptr<GpuTpEngine>> GpuTpEngine::create(std::shared_ptr<const m
       // Every rank joins the communicator from its own thread (ncclCommInitRank blocks until all
       // have), then builds its engine there.
       const CommId id = CommId::create();
+      const auto state = make_nccl_group_state();
       m.group.resize(static_cast<size_t>(n));
       std::vector<std::thread> joiners;
       for (int r = 0; r < n; ++r) {
@@ -145,7 +153,7 @@ Result<std::unique_ptr<GpuTpEngine>> GpuTpEngine::create(std::shared_ptr<const m
           const auto ru = static_cast<size_t>(r);
           try {
             TROUPE_CUDA_CHECK(cudaSetDevice(devices[ru]));
-            m.group[ru] = make_nccl_rank(id, r, n, capacity);
+            m.group[ru] = make_nccl_rank(id, r, n, capacity, state);
           } catch (const DeviceError& ex) {
             errors[ru] = Error{static_cast<int>(ex.code()),
                                strfmt("rank %d of %d on GPU %d: %s", r, n, devices[ru], ex.what())};
@@ -180,6 +188,13 @@ Status GpuTpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
   Impl& m = *impl_;
   const size_t n = m.ranks.size();
   if (n == 1) return m.ranks[0]->step(seqs, out, hidden_in, hidden_out);
+  // Refused before any rank starts: every rank checks the same things (same steps, same sizes;
+  // the workers' own outputs are always given), so none is left waiting for a rank that refused.
+  if (Status v = m.ranks[0]->check_step(seqs, out, hidden_in, hidden_out); !v) return v;
+  if (m.group[0]->aborted())
+    return Error{static_cast<int>(Errc::kStepFailed),
+                 "tensor-parallel group: a previous step failed and broke the group; recreate "
+                 "the engine"};
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.seqs = seqs;
@@ -189,7 +204,13 @@ Status GpuTpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
     ++m.job;
   }
   m.job_cv.notify_all();
-  Status first = m.ranks[0]->step(seqs, out, hidden_in, hidden_out);
+  Status first = Error{static_cast<int>(Errc::kStepFailed), "rank 0's step threw"};
+  try {
+    first = m.ranks[0]->step(seqs, out, hidden_in, hidden_out);
+  } catch (const std::exception& ex) {  // the workers still use seqs: wait for them below
+    m.group[0]->abort();
+    first = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
+  }
   {
     std::unique_lock<std::mutex> lock(m.mu);
     m.done_cv.wait(lock, [&] { return m.pending == 0; });

@@ -206,18 +206,28 @@ TEST(Collective, NcclGroupGivesEveryRankTheOrderedSum) {
     GTEST_SKIP() << "one GPU: an NCCL group needs one GPU per rank (NCCL refuses two ranks on one "
                     "device); the local group tests cover the same sums";
   const CommId id = CommId::create();
+  const auto state = make_nccl_group_state();
   std::vector<std::unique_ptr<Collective>> group(static_cast<size_t>(n));
   std::vector<int> devices;
   std::vector<std::thread> joiners;
   for (int r = 0; r < n; ++r) {
     devices.push_back(r);
     joiners.emplace_back([&, r] {
-      TROUPE_CUDA_CHECK(cudaSetDevice(r));
-      group[static_cast<size_t>(r)] = make_nccl_rank(id, r, n, 70000);
+      try {
+        TROUPE_CUDA_CHECK(cudaSetDevice(r));
+        group[static_cast<size_t>(r)] = make_nccl_rank(id, r, n, 70000, state);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
     });
   }
   for (std::thread& t : joiners) t.join();
+  for (const auto& g : group) ASSERT_TRUE(g) << "a rank did not join";
   check_rounds(group, devices, {70000, 1, 65537, static_cast<size_t>(n) - 1, 70000});
+  // Abort on one rank breaks the whole group: every rank's next call throws.
+  group[0]->abort();
+  for (const auto& g : group) EXPECT_TRUE(g->aborted());
+  destroy_group(group);
 }
 
 // ---- the engine -------------------------------------------------------------------------------
