@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -53,8 +54,10 @@ int current_device() {
 // rendezvous that abort() breaks.
 struct LocalShared {
   int size = 0;
-  size_t cap = 0;
-  DeviceBuffer<float> slots;  // f32 [size, cap]
+  size_t cap = 0;                         // floats per all-reduce
+  size_t slot_bytes = 0;                  // per rank: max(cap floats, the all-to-all bytes)
+  DeviceBuffer<uint8_t> slots;            // [size, slot_bytes]
+  std::vector<std::vector<size_t>> sent;  // all_to_all: each rank's send counts of this call
   std::vector<cudaEvent_t> written, read_done;
   std::mutex mu;
   std::condition_variable cv;
@@ -117,7 +120,7 @@ class LocalRank final : public Collective {
     for (int p = 0; p < s_->size; ++p)
       if (p != rank_)
         TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[static_cast<size_t>(p)], 0));
-    float* mine = s_->slots.get() + r * s_->cap;
+    auto* mine = reinterpret_cast<float*>(s_->slots.get() + r * s_->slot_bytes);
     TROUPE_CUDA_CHECK(
         cudaMemcpyAsync(mine, data, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
@@ -125,9 +128,51 @@ class LocalRank final : public Collective {
     for (int p = 0; p < s_->size; ++p)
       if (p != rank_)
         TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[static_cast<size_t>(p)], 0));
-    launch_sum_parts(s_->slots.get(), s_->size, s_->cap, count, data, stream);
+    launch_sum_parts(reinterpret_cast<const float*>(s_->slots.get()), s_->size,
+                     s_->slot_bytes / sizeof(float), count, data, stream);
     TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
   }
+
+  // The same two rendezvous as all_reduce_sum; in between every rank copies its whole send buffer
+  // into its slot and publishes its counts, after them each copies its blocks out of the others'.
+  void all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
+                  std::span<const size_t> recv_bytes, cudaStream_t stream) override {
+    const auto n = static_cast<size_t>(s_->size), r = static_cast<size_t>(rank_);
+    if (send_bytes.size() != n || recv_bytes.size() != n)
+      TROUPE_INPUT_ERROR("all_to_all: need %zu send and receive counts, got %zu and %zu", n,
+                         send_bytes.size(), recv_bytes.size());
+    size_t total = 0;
+    for (size_t b : send_bytes) total += b;
+    if (total > s_->slot_bytes)
+      TROUPE_INPUT_ERROR("all_to_all of %zu bytes exceeds the group's %zu", total, s_->slot_bytes);
+    s_->rendezvous("all-to-all (before writing)");
+    for (size_t p = 0; p < n; ++p)
+      if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[p], 0));
+    uint8_t* mine = s_->slots.get() + r * s_->slot_bytes;
+    if (total > 0)
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(mine, send, total, cudaMemcpyDeviceToDevice, stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
+    s_->sent[r].assign(send_bytes.begin(), send_bytes.end());
+    s_->rendezvous("all-to-all (before reading)");
+    for (size_t p = 0; p < n; ++p)
+      if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[p], 0));
+    size_t at = 0;
+    for (size_t q = 0; q < n; ++q) {
+      const std::vector<size_t>& theirs = s_->sent[q];
+      if (theirs[r] != recv_bytes[q])
+        TROUPE_INPUT_ERROR("all_to_all: rank %zu expects %zu bytes from rank %zu, which sends %zu",
+                           r, recv_bytes[q], q, theirs[r]);
+      size_t from = 0;
+      for (size_t p = 0; p < r; ++p) from += theirs[p];
+      if (recv_bytes[q] > 0)
+        TROUPE_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(recv) + at,
+                                          s_->slots.get() + q * s_->slot_bytes + from,
+                                          recv_bytes[q], cudaMemcpyDeviceToDevice, stream));
+      at += recv_bytes[q];
+    }
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
+  }
+  size_t a2a_capacity() const override { return s_->slot_bytes; }
 
   void synchronize(cudaStream_t stream) override {
     // Peers are threads of this process: a missing one breaks the rendezvous, never the device.
@@ -240,6 +285,13 @@ class NcclRank final : public Collective {
                                       cudaMemcpyDeviceToDevice, stream));
   }
 
+  void all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
+                  std::span<const size_t> recv_bytes, cudaStream_t stream) override {
+    if (state_->broken) group_broken("all-to-all");
+    comm_.all_to_all(send, send_bytes, recv, recv_bytes, CommType::kUint8, stream);
+  }
+  size_t a2a_capacity() const override { return SIZE_MAX; }
+
   void synchronize(cudaStream_t stream) override {
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream);
@@ -279,12 +331,15 @@ void launch_sum_parts(const float* parts, int n_parts, size_t stride, size_t cou
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity) {
+std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity,
+                                                          size_t a2a_bytes) {
   if (size < 1) TROUPE_INPUT_ERROR("make_local_group: size %d must be at least 1", size);
   auto s = std::make_shared<LocalShared>();
   s->size = size;
   s->cap = capacity;
-  s->slots = DeviceBuffer<float>(static_cast<size_t>(size) * capacity);
+  s->slot_bytes = (std::max(capacity * sizeof(float), a2a_bytes) + 255) / 256 * 256;
+  s->slots = DeviceBuffer<uint8_t>(static_cast<size_t>(size) * s->slot_bytes);
+  s->sent.assign(static_cast<size_t>(size), std::vector<size_t>(static_cast<size_t>(size), 0));
   s->written.assign(static_cast<size_t>(size), nullptr);
   s->read_done.assign(static_cast<size_t>(size), nullptr);
   for (int p = 0; p < size; ++p) {

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace troupe::gpu {
@@ -41,6 +42,17 @@ class Collective {
   /// did not arrive within the local group's timeout; InputError when count > capacity().
   virtual void all_reduce_sum(float* data, size_t count, cudaStream_t stream) = 0;
 
+  /// Expert dispatch and combine: sends send_bytes[p] bytes to rank p and receives recv_bytes[p]
+  /// bytes from rank p, both packed by rank (rank p's block starts at the sum of the counts of
+  /// the ranks before p; the block for oneself is copied). Rank q's recv_bytes[p] must equal
+  /// rank p's send_bytes[q]. Every rank calls, with its own counts (zeros allowed). Enqueued on
+  /// `stream`. Throws DeviceError as all_reduce_sum; InputError for wrong span sizes, a count
+  /// mismatch the group can see, or more than a2a_capacity() bytes to send.
+  virtual void all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
+                          std::span<const size_t> recv_bytes, cudaStream_t stream) = 0;
+  /// Most bytes one rank sends in one all_to_all (SIZE_MAX where the group has no limit).
+  virtual size_t a2a_capacity() const = 0;
+
   /// Waits until `stream` has run everything queued so far, watching the group: throws
   /// DeviceError when the group is aborted or NCCL reports an asynchronous error meanwhile,
   /// instead of waiting forever on a peer that will never send.
@@ -55,7 +67,9 @@ class Collective {
 /// `size` ranks of one group on the current device, for `size` threads of this process.
 /// capacity: most floats per all_reduce_sum. Allocates size * capacity floats of device memory.
 /// Throws InputError for size < 1, DeviceError.
-std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity);
+/// a2a_bytes: most bytes a rank sends in one all_to_all (the slots are the larger of the two).
+std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity,
+                                                          size_t a2a_bytes = 0);
 
 /// What the NCCL ranks of one process share: abort() on any of them marks the group broken and
 /// aborts every rank's communicator (each from its own thread, as NCCL asks), so that ranks

@@ -92,6 +92,7 @@ Status GpuEngine::step(std::span<const SeqStep> seqs, compute::StepResult* out,
   } catch (const std::exception& ex) {
     // The group's peers would wait for this rank's sums forever: break the group first.
     if (m.tp) m.tp->abort();
+    if (m.ep) m.ep->abort();
     m.recover();
     return Error{kErrStepFailed, ex.what()};
   }
@@ -275,6 +276,7 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     out->row_count.clear();
     out->logits.clear();
     if (hidden_out) hidden_out->clear();
+    if (ep) serve_experts();
     last_ms = 0;
     return;
   }
@@ -309,8 +311,8 @@ void GpuEngine::Impl::forward(std::span<const SeqStep> seqs, compute::StepResult
     }
   }
   TROUPE_CUDA_CHECK(cudaEventRecord(ev_stop, cs));
-  if (tp)
-    tp->synchronize(cs);  // watches the group: a dead peer throws instead of hanging here
+  if (tp || ep)
+    (tp ? tp : ep)->synchronize(cs);  // watches the group: a dead peer throws, never hangs
   else
     TROUPE_CUDA_CHECK(cudaEventSynchronize(ev_stop));
   TROUPE_CUDA_CHECK(cudaEventElapsedTime(&last_ms, ev_start, ev_stop));

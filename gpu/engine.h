@@ -55,6 +55,15 @@ struct GpuEngineOptions {
   /// over ranks combines) when size divides n_expert; false, or n_expert not divisible: every
   /// rank holds 1/size of every expert's width. Shared experts are always split by width.
   bool tp_expert_parallel = true;
+  /// Expert parallelism with data-parallel attention (not with tp): this engine is rank
+  /// ep->rank() of a group whose ranks each compute their own sequences through whole attention
+  /// and dense layers (their own KV pools) and hold n_expert / size experts of every MoE layer;
+  /// MoE rows go to their experts' ranks and back by all-to-all (MoeForward::run_dispatch), so a
+  /// sequence's logits are bitwise those of a one-GPU engine. Every rank steps at the same time
+  /// with its own steps, possibly none (it still serves its experts). A driver must check every
+  /// rank's steps (check_step) before starting any: a rank that refused its step would leave
+  /// the others waiting. Not owned; must outlive the engine.
+  Collective* ep = nullptr;
 };
 
 class GpuEngine {

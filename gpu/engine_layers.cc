@@ -364,7 +364,26 @@ void GpuEngine::Impl::moe(const DevLayer& L, const StepPlan& p) {
   m.shared_out = shared;
   m.shared_gate_logit = shared_gate;
   m.y = w.moe_y;
-  moe_fwd->run(m, work, cs);
+  if (ep)
+    moe_fwd->run_dispatch(m, *ep, work, cs);
+  else
+    moe_fwd->run(m, work, cs);
+}
+
+// A data-parallel rank without sequences this step still serves its experts in every MoE layer
+// (the other ranks' rows come here), in layer order like a step would.
+void GpuEngine::Impl::serve_experts() {
+  cudaStream_t cs = streams->compute();
+  for (const DevLayer& L : layers) {
+    if (!L.moe) continue;
+    MoeForwardArgs m;
+    m.n_tok = 0;
+    m.router_bias = L.router_bias;
+    m.experts = {L.exp_gate, L.exp_up, L.exp_down, exp_count, E, ff_exp};
+    m.expert_begin = exp_begin;
+    moe_fwd->run_dispatch(m, *ep, work, cs);
+  }
+  ep->synchronize(cs);
 }
 
 // Logits of computed rows [r0, r0 + n) (n <= C_cap) into w.logits: gather, output norm, head.

@@ -216,6 +216,14 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
     expert_parallel = P > 1 && o.tp_expert_parallel && n_expert % P == 0;
     exp_count = expert_parallel ? n_expert / P : n_expert;
     exp_begin = expert_parallel ? tp_rank * exp_count : 0;
+    if (ep) {
+      if (n_expert % ep->size() != 0)
+        TROUPE_INPUT_ERROR("GpuEngine: %lld experts do not divide over %d expert-parallel ranks",
+                           ll(n_expert), ep->size());
+      expert_parallel = true;
+      exp_count = n_expert / ep->size();
+      exp_begin = ep->rank() * exp_count;
+    }
     const int64_t width_ranks = expert_parallel ? 1 : P;  // ranks one expert's width is split in
     ff_exp = s.n_ff_exp / width_ranks;
     if (E % 8 != 0 || ff_exp % 8 != 0 || ff_exp < 8 || s.n_ff_exp % width_ranks != 0)
@@ -471,7 +479,13 @@ size_t GpuEngine::Impl::moe_scratch_bytes() const {
   if (!any_moe) return 0;
   const size_t n_ent = sz(T_cap) * sz(n_expert_used);
   const size_t d = sz(E), ff = sz(ff_exp);
-  return n_ent * (16 + 6 * d + 10 * ff) + 8 * sz(n_expert) + 4 + 16 * 256 + (size_t{1} << 20);
+  const size_t local = n_ent * (16 + 6 * d + 10 * ff) + 8 * sz(n_expert) + 4 + 16 * 256;
+  if (!ep) return local + (size_t{1} << 20);
+  // run_dispatch (gpu/moe_dispatch.cc): besides its own entries, the rows every rank may send
+  // here (each at most T_cap tokens x k): bf16 in, f32 out, and the experts' gate, up and SwiGLU
+  // rows; the counts from every rank.
+  const size_t from_all = sz(ep->size()) * n_ent;
+  return local + from_all * (6 * d + 10 * ff) + 4 * sz(n_expert) + 8 * 256 + (size_t{1} << 20);
 }
 
 Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model::Model> model,
@@ -524,6 +538,13 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
                      strfmt("GpuEngine: the tensor-parallel group takes %zu floats per sum, a "
                             "step needs up to %lld (max_step_tokens x n_embd)",
                             opts.tp->capacity(), ll(opts.max_step_tokens * s.n_embd))};
+    }
+    if (opts.ep && opts.ep->size() > 1) {
+      if (m.tp)
+        return Error{kErrBadInput,
+                     "GpuEngine: tensor parallelism (tp) and data-parallel expert parallelism (ep) "
+                     "cannot be combined yet"};
+      m.ep = opts.ep;
     }
     m.head_here = range.head && m.tp_rank == 0;
     m.init_dims(opts);

@@ -26,19 +26,6 @@ constexpr int64_t kMaxEntries = int64_t{1} << 30;  // n_tok * k, so int indices 
 
 long long ll(int64_t v) { return static_cast<long long>(v); }
 
-/// Gives an arena's scratch back when a launcher returns or throws.
-class ArenaScope {
- public:
-  explicit ArenaScope(Arena& a) : arena_(a), mark_(a.mark()) {}
-  ~ArenaScope() { arena_.rewind(mark_); }
-  ArenaScope(const ArenaScope&) = delete;
-  ArenaScope& operator=(const ArenaScope&) = delete;
-
- private:
-  Arena& arena_;
-  size_t mark_;
-};
-
 // ---------------------------------------------------------------------------------------------
 // Routing: one warp per token.
 
@@ -519,10 +506,13 @@ MoeForward::MoeForward(const MoeRouting& routing, Gemm* gemm) : routing_(routing
   TROUPE_CUDA_CHECK(
       cudaMallocHost(reinterpret_cast<void**>(&offsets_host_), offsets_len_ * sizeof(int32_t)));
   for (size_t i = 0; i < offsets_len_; ++i) offsets_host_[i] = 0;
+  TROUPE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&recv_counts_host_),
+                                   static_cast<size_t>(routing.n_expert) * sizeof(int32_t)));
 }
 
 MoeForward::~MoeForward() {
   if (offsets_host_) cudaFreeHost(offsets_host_);
+  if (recv_counts_host_) cudaFreeHost(recv_counts_host_);
 }
 
 void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream) {

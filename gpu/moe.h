@@ -18,6 +18,7 @@
 namespace troupe::gpu {
 
 class Arena;
+class Collective;
 class Gemm;
 
 /// The routing parameters of a MoE layer (the ModelSpec fields engine.cc reads).
@@ -139,6 +140,18 @@ class MoeForward {
   /// range (the routing kernel cannot produce them).
   void run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream);
 
+  /// Expert parallelism with data-parallel tokens (gpu/moe_dispatch.cc): this rank's own n_tok
+  /// tokens (n_tok >= 0: a rank without tokens still serves its experts) are routed here, their
+  /// rows go by all-to-all to the ranks owning their experts (rank p owns experts
+  /// [p * EC, (p + 1) * EC), EC = n_expert / group size), which run them and send the results
+  /// back, and the combine runs here. a.experts holds this rank's EC experts and a.expert_begin
+  /// is group.rank() * EC. Every rank of the group calls it for the same layer, in the same
+  /// order. y is bitwise what run() gives with every expert on one device (each row meets the
+  /// same GEMMs, the combine is the same). Syncs the host twice (this rank's per-expert counts;
+  /// the counts every rank sends here). Throws InputError (bad shapes, n_expert not a multiple
+  /// of the group size), DeviceError.
+  void run_dispatch(const MoeForwardArgs& a, Collective& group, Arena& arena, cudaStream_t stream);
+
   /// int32 [n_expert + 1]: the last run's per-expert row offsets (counts = differences).
   std::span<const int32_t> offsets() const { return {offsets_host_, offsets_len_}; }
 
@@ -147,6 +160,7 @@ class MoeForward {
   Gemm* gemm_;
   int32_t* offsets_host_ = nullptr;  // pinned
   size_t offsets_len_ = 0;
+  int32_t* recv_counts_host_ = nullptr;  // pinned, n_expert: run_dispatch's [rank, expert] counts
 };
 
 }  // namespace troupe::gpu

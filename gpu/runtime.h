@@ -86,6 +86,20 @@ class Arena {
   size_t capacity_ = 0, used_ = 0, high_water_ = 0;
 };
 
+/// Gives an arena's scratch back when a scope ends (returns or throws): rewinds to the mark taken
+/// at construction. Stream order keeps the memory safe for later users on the same stream.
+class ArenaScope {
+ public:
+  explicit ArenaScope(Arena& a) : arena_(a), mark_(a.mark()) {}
+  ~ArenaScope() { arena_.rewind(mark_); }
+  ArenaScope(const ArenaScope&) = delete;
+  ArenaScope& operator=(const ArenaScope&) = delete;
+
+ private:
+  Arena& arena_;
+  size_t mark_;
+};
+
 /// An owned device allocation of n elements of T (set-up, weights, tests; not the hot path).
 template <class T>
 class DeviceBuffer {

@@ -228,6 +228,7 @@ struct GpuEngine::Impl {
             const detail::bf16* w, int64_t ldw, void* y, int64_t ldy, GemmOut y_type,
             bool accumulate);
   void recover() noexcept;
+  void serve_experts();  // ep with no sequences: this rank's part of every MoE layer
   // Tensor parallelism: the sum over ranks of data (or nothing) on the comm stream; `summed`
   // null: the compute stream waits for it at once, else it is recorded there for later.
   void reduce(float* data, int64_t count, cudaEvent_t summed);
@@ -238,6 +239,7 @@ struct GpuEngine::Impl {
   compute::LayerRange range;
   int device = 0;
   Collective* tp = nullptr;  // null or a group of one: no tensor parallelism
+  Collective* ep = nullptr;  // data-parallel ranks sharing experts (GpuEngineOptions::ep)
   int tp_rank = 0, tp_size = 1;
   bool head_here = false;  // range.head and tp_rank == 0
   // H and HK are this rank's heads (the model's / tp_size); H_all, HK_all the model's.
