@@ -42,10 +42,9 @@ int current_device() {
 }
 
 [[noreturn]] void group_broken(const char* what) {
-  throw DeviceError(Errc::kStepFailed,
-                    strfmt("tensor-parallel group: %s: the group was aborted (a rank's step "
-                           "failed or a peer stopped answering)",
-                           what));
+  throw DeviceError(Errc::kStepFailed, strfmt("GPU group: %s: the group was aborted (a rank's step "
+                                              "failed or a peer stopped answering)",
+                                              what));
 }
 
 // ---- local group -------------------------------------------------------------------------------
@@ -117,9 +116,9 @@ class LocalRank final : public Collective {
     if (count == 0 || s_->size == 1) return;
     const auto r = static_cast<size_t>(rank_);
     s_->rendezvous("all-reduce (before writing)");
+    // Every rank's reads of the last call, this rank's too (it may have used another stream).
     for (int p = 0; p < s_->size; ++p)
-      if (p != rank_)
-        TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[static_cast<size_t>(p)], 0));
+      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[static_cast<size_t>(p)], 0));
     auto* mine = reinterpret_cast<float*>(s_->slots.get() + r * s_->slot_bytes);
     TROUPE_CUDA_CHECK(
         cudaMemcpyAsync(mine, data, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
@@ -147,7 +146,7 @@ class LocalRank final : public Collective {
       TROUPE_INPUT_ERROR("all_to_all of %zu bytes exceeds the group's %zu", total, s_->slot_bytes);
     s_->rendezvous("all-to-all (before writing)");
     for (size_t p = 0; p < n; ++p)
-      if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[p], 0));
+      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[p], 0));
     uint8_t* mine = s_->slots.get() + r * s_->slot_bytes;
     if (total > 0)
       TROUPE_CUDA_CHECK(cudaMemcpyAsync(mine, send, total, cudaMemcpyDeviceToDevice, stream));
@@ -156,12 +155,17 @@ class LocalRank final : public Collective {
     s_->rendezvous("all-to-all (before reading)");
     for (size_t p = 0; p < n; ++p)
       if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[p], 0));
+    // Every count agreed before any copy: a mismatch breaks the group (its peers go on).
+    for (size_t q = 0; q < n; ++q)
+      if (s_->sent[q][r] != recv_bytes[q]) {
+        const size_t theirs = s_->sent[q][r];
+        s_->abort();
+        TROUPE_INPUT_ERROR("all_to_all: rank %zu expects %zu bytes from rank %zu, which sends %zu",
+                           r, recv_bytes[q], q, theirs);
+      }
     size_t at = 0;
     for (size_t q = 0; q < n; ++q) {
       const std::vector<size_t>& theirs = s_->sent[q];
-      if (theirs[r] != recv_bytes[q])
-        TROUPE_INPUT_ERROR("all_to_all: rank %zu expects %zu bytes from rank %zu, which sends %zu",
-                           r, recv_bytes[q], q, theirs[r]);
       size_t from = 0;
       for (size_t p = 0; p < r; ++p) from += theirs[p];
       if (recv_bytes[q] > 0)

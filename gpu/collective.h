@@ -1,18 +1,22 @@
-// Collective: the tensor-parallel group of a stage as one of its ranks (a GpuEngine holding a
-// 1/size share of every layer) sees it. The one operation the forward pass needs is a sum of the
-// ranks' partial outputs; it is deterministic and batch-invariant: each element is summed in rank
-// order (((d0 + d1) + d2) + ...) with plain f32 adds, whatever the element count, the algorithm
-// or the number of GPUs, and every rank gets the same bits.
+// Collective: a group of GPU engine ranks as one rank sees it, with the two exchanges the forward
+// pass needs. Tensor parallelism (a rank holds a share of every layer) sums the ranks' partial
+// outputs: deterministic and batch-invariant, each element summed in rank order
+// (((d0 + d1) + d2) + ...) with plain f32 adds whatever the element count, the algorithm or the
+// number of GPUs, every rank getting the same bits. Expert parallelism with data-parallel
+// attention (each rank its own tokens, a share of the experts) sends MoE rows to their experts'
+// ranks and back with all_to_all.
 // Two kinds of group:
 //  - NCCL (make_nccl_rank): one rank per GPU, each used from its own thread or process. The sum is
 //    a reduce-scatter by grouped send/recv (rank r sums slice r of everyone's data in rank order),
 //    then an all-gather: the bytes of a ring all-reduce, with a fixed order NCCL's own all-reduce
-//    does not promise (its order depends on the message size, so on the batch).
-//  - Local (make_local_group): all ranks on one device in one process, one thread each, summing
-//    through shared device slots. A stand-in for a multi-GPU host where a machine has one GPU
-//    (NCCL refuses two ranks on one device): the engine runs exactly the TP code path and the same
-//    sums, so tests of tensor parallelism run on a single GPU.
-// Users: GpuEngine (gpu/engine.h, GpuEngineOptions::tp) and GpuTpEngine (gpu/tp_engine.h).
+//    does not promise (its order depends on the message size, so on the batch). all_to_all is
+//    one group of ncclSend/ncclRecv.
+//  - Local (make_local_group): all ranks on one device in one process, one thread each,
+//    exchanging through shared device slots. A stand-in for a multi-GPU host where a machine has
+//    one GPU (NCCL refuses two ranks on one device): the engine runs exactly the multi-GPU code
+//    path with the same arithmetic, so its tests run on a single GPU.
+// Users: GpuEngine (gpu/engine.h, GpuEngineOptions::tp and ::ep), MoeForward::run_dispatch
+// (gpu/moe.h) and GpuTpEngine (gpu/tp_engine.h).
 // Thread safety: one rank object per thread; abort() may be called from any thread.
 #pragma once
 
@@ -65,9 +69,9 @@ class Collective {
 };
 
 /// `size` ranks of one group on the current device, for `size` threads of this process.
-/// capacity: most floats per all_reduce_sum. Allocates size * capacity floats of device memory.
-/// Throws InputError for size < 1, DeviceError.
-/// a2a_bytes: most bytes a rank sends in one all_to_all (the slots are the larger of the two).
+/// capacity: most floats per all_reduce_sum; a2a_bytes: most bytes a rank sends in one
+/// all_to_all (GpuEngineOptions::ep says what an engine needs). Allocates size slots of the
+/// larger of the two. Throws InputError for size < 1, DeviceError.
 std::vector<std::unique_ptr<Collective>> make_local_group(int size, size_t capacity,
                                                           size_t a2a_bytes = 0);
 

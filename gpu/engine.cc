@@ -85,7 +85,13 @@ const std::string& GpuEngine::graph_error() const { return impl_->graph_error; }
 Status GpuEngine::step(std::span<const SeqStep> seqs, compute::StepResult* out,
                        const float* hidden_in, std::vector<float>* hidden_out) {
   Impl& m = *impl_;
-  if (Status v = m.validate(seqs, out, hidden_in, hidden_out); !v) return v;
+  if (Status v = m.validate(seqs, out, hidden_in, hidden_out); !v) {
+    // A group's other ranks would wait for this one forever: break the group (drivers check
+    // every rank's step first, so this is a driver's bug).
+    if (m.tp) m.tp->abort();
+    if (m.ep) m.ep->abort();
+    return v;
+  }
   try {
     m.forward(seqs, out, hidden_in, hidden_out);
     return Ok{};

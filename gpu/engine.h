@@ -62,7 +62,9 @@ struct GpuEngineOptions {
   /// sequence's logits are bitwise those of a one-GPU engine. Every rank steps at the same time
   /// with its own steps, possibly none (it still serves its experts). A driver must check every
   /// rank's steps (check_step) before starting any: a rank that refused its step would leave
-  /// the others waiting. Not owned; must outlive the engine.
+  /// the others waiting (a refused step breaks the group). Every rank needs the same
+  /// max_step_tokens, and the group's a2a_capacity() at least size x max_step_tokens x
+  /// n_expert_used x n_embd x 4 bytes (checked). Not owned; must outlive the engine.
   Collective* ep = nullptr;
 };
 

@@ -484,8 +484,9 @@ size_t GpuEngine::Impl::moe_scratch_bytes() const {
   // run_dispatch (gpu/moe_dispatch.cc): besides its own entries, the rows every rank may send
   // here (each at most T_cap tokens x k): bf16 in, f32 out, and the experts' gate, up and SwiGLU
   // rows; the counts from every rank.
+  // (run_moe_experts runs once per sender, at most n_ent rows, in the local term's space.)
   const size_t from_all = sz(ep->size()) * n_ent;
-  return local + from_all * (6 * d + 10 * ff) + 4 * sz(n_expert) + 8 * 256 + (size_t{1} << 20);
+  return local + from_all * 6 * d + 4 * sz(n_expert) + 8 * 256 + (size_t{1} << 20);
 }
 
 Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model::Model> model,
@@ -545,6 +546,17 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
                      "GpuEngine: tensor parallelism (tp) and data-parallel expert parallelism (ep) "
                      "cannot be combined yet"};
       m.ep = opts.ep;
+      // The largest exchange: results for every rank's T_cap x k rows, f32.
+      const size_t need = static_cast<size_t>(opts.ep->size()) *
+                          static_cast<size_t>(opts.max_step_tokens) *
+                          static_cast<size_t>(std::max<int64_t>(s.n_expert_used, 1)) *
+                          static_cast<size_t>(s.n_embd) * sizeof(float);
+      if (opts.ep->a2a_capacity() < need)
+        return Error{kErrBadInput,
+                     strfmt("GpuEngine: the expert-parallel group moves at most %zu bytes per "
+                            "all-to-all, a step may need %zu (ranks x max_step_tokens x "
+                            "n_expert_used x n_embd x 4)",
+                            opts.ep->a2a_capacity(), need)};
     }
     m.head_here = range.head && m.tp_rank == 0;
     m.init_dims(opts);

@@ -147,8 +147,8 @@ class MoeForward {
   /// back, and the combine runs here. a.experts holds this rank's EC experts and a.expert_begin
   /// is group.rank() * EC. Every rank of the group calls it for the same layer, in the same
   /// order. y is bitwise what run() gives with every expert on one device (each row meets the
-  /// same GEMMs, the combine is the same). Syncs the host twice (this rank's per-expert counts;
-  /// the counts every rank sends here). Throws InputError (bad shapes, n_expert not a multiple
+  /// same GEMMs, the combine is the same). Syncs the host once (for this rank's per-expert counts
+  /// and those every rank sends here). Throws InputError (bad shapes, n_expert not a multiple
   /// of the group size), DeviceError.
   void run_dispatch(const MoeForwardArgs& a, Collective& group, Arena& arena, cudaStream_t stream);
 

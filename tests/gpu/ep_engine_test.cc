@@ -98,7 +98,10 @@ std::vector<std::vector<float>> run_ranks(std::vector<std::unique_ptr<GpuEngine>
     std::vector<std::thread> threads;
     for (size_t r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
-        TROUPE_CUDA_CHECK(cudaSetDevice(0));
+        if (cudaSetDevice(0) != cudaSuccess) {
+          st[r] = Error{1, "cudaSetDevice(0) failed"};
+          return;
+        }
         st[r] = engines[r]->step(steps[r], &res[r]);
       });
     for (std::thread& t : threads) t.join();

@@ -154,7 +154,7 @@ void check_group(std::vector<std::unique_ptr<Collective>>& group, const std::vec
     EXPECT_EQ(errors[r], "") << "rank " << r;
     const size_t bytes = static_cast<size_t>(tokens[r] * kD) * sizeof(float);
     ASSERT_EQ(got[r].size() * sizeof(float), bytes) << "rank " << r;
-    EXPECT_EQ(0, std::memcmp(got[r].data(), want.data() + t0 * kD, bytes))
+    EXPECT_TRUE(bytes == 0 || std::memcmp(got[r].data(), want.data() + t0 * kD, bytes) == 0)
         << "rank " << r << ": its " << tokens[r] << " tokens differ from the one-GPU layer";
     t0 += tokens[r];
   }

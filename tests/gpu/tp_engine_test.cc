@@ -172,6 +172,59 @@ TEST(Collective, LocalGroupGivesEveryRankTheOrderedSum) {
   }
 }
 
+// Every rank sends rank p a block of (3 * r + p) % 5 * 1000 bytes (zeros included) whose bytes
+// encode (sender, receiver, index); between two all-to-alls an all-reduce on the same group.
+TEST(Collective, LocalAllToAllDeliversEveryBlockBetweenSums) {
+  TROUPE_REQUIRE_GPU();
+  TROUPE_CUDA_CHECK(cudaSetDevice(0));
+  const int n = 3;
+  auto group = make_local_group(n, 4096, 16384);
+  auto bytes = [](int from, int to) { return static_cast<size_t>((3 * from + to) % 5) * 1000; };
+  auto value = [](int from, int to, size_t i) {
+    return static_cast<uint8_t>(from * 71 + to * 13 + static_cast<int>(i % 97));
+  };
+  const Round sums = make_round(n, 4096, 9);
+  std::vector<std::string> failures(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto ru = static_cast<size_t>(r);
+      try {
+        TROUPE_CUDA_CHECK(cudaSetDevice(0));
+        StreamPair sp;
+        std::vector<size_t> sb(n), rb(n);
+        std::vector<uint8_t> send;
+        for (int p = 0; p < n; ++p) {
+          sb[static_cast<size_t>(p)] = bytes(r, p);
+          rb[static_cast<size_t>(p)] = bytes(p, r);
+          for (size_t i = 0; i < bytes(r, p); ++i) send.push_back(value(r, p, i));
+        }
+        std::vector<uint8_t> want;
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < bytes(q, r); ++i) want.push_back(value(q, r, i));
+        DeviceBuffer<uint8_t> d_send(send.size()), d_recv(want.size());
+        d_send.upload(send);
+        DeviceBuffer<float> sum(4096);
+        sum.upload(sums.parts[ru]);
+        for (int round = 0; round < 2; ++round) {
+          d_recv.fill_bytes(0xAB);
+          group[ru]->all_to_all(d_send.get(), sb, d_recv.get(), rb, sp.comm());
+          if (round == 0) group[ru]->all_reduce_sum(sum.get(), 4096, sp.comm());
+          group[ru]->synchronize(sp.comm());
+          if (d_recv.download() != want)
+            failures[ru] += "all-to-all round " + std::to_string(round) + " wrong; ";
+        }
+        if (!same_bits(sum.download(), sums.sum)) failures[ru] += "sum wrong; ";
+      } catch (const std::exception& ex) {
+        failures[ru] += ex.what();
+        group[ru]->abort();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(failures[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
 TEST(Collective, AbortWakesARankWaitingForItsPeers) {
   TROUPE_REQUIRE_GPU();
   TROUPE_CUDA_CHECK(cudaSetDevice(0));
