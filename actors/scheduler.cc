@@ -17,6 +17,7 @@
 
 #include "actors/detail/messages.h"
 #include "compute/kv_block_manager.h"
+#include "compute/kv_pools.h"
 
 namespace troupe::actors {
 
@@ -38,8 +39,9 @@ struct Seq {
 struct SchedulerState {
   SchedulerConfig cfg;
   int64_t n_vocab = 0;
-  std::unique_ptr<compute::KvBlockManager> kv;
+  std::unique_ptr<compute::KvPools> kv;
   compute::KvBlockManagerConfig kv_cfg;
+  int64_t kv_pools = 1;
   StageInputActor first_stage;
   std::map<int64_t, Seq> seqs;
   std::deque<int64_t> waiting;   // FCFS; preempted sequences go back to the front
@@ -229,7 +231,7 @@ void reset_pipeline(Self* self) {
   st.in_flight = 0;
   st.steps_in_flight.clear();
   st.step_sent.clear();
-  st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+  st.kv = std::make_unique<compute::KvPools>(st.kv_cfg, st.kv_pools);
 }
 
 void on_done(Self* self, const StepOutcomePtr& out) {
@@ -373,7 +375,8 @@ SchedulerActor::behavior_type scheduler_behavior(
   st.kv_cfg.num_blocks = cfg.kv_blocks;
   st.kv_cfg.block_size = cfg.kv_block_size;
   st.kv_cfg.enable_prefix_cache = cfg.limits.prefix_cache;
-  st.kv = std::make_unique<compute::KvBlockManager>(st.kv_cfg);
+  st.kv_pools = cfg.kv_pools;
+  st.kv = std::make_unique<compute::KvPools>(st.kv_cfg, st.kv_pools);
   self->set_down_handler([=](caf::down_msg& dm) { on_requester_down(self, dm); });
   return {
       [=](submit_atom, const SeqRequestPtr& req, SchedulerClientActor reply_to) {

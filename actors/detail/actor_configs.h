@@ -38,6 +38,9 @@ struct ExpertShardConfig {
 struct SchedulerActorConfig {
   SchedulerConfig limits;
   int64_t kv_blocks = 0;  // the logical pool shared by every stage (block ids are pipeline-wide)
+  // Equal pools the ids split into, a sequence in one (a data-parallel GPU stage keeps pool p on
+  // its rank p: compute/kv_pools.h); 1 = one pool.
+  int64_t kv_pools = 1;
   int64_t kv_block_size = 16;
   int64_t n_vocab = 0;
   // First step epoch. A replacement starts far above its predecessor's epochs, so outcomes of
