@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,7 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "compute/engine.h"
+#include "compute/kv_pools.h"
 #include "gpu/collective.h"
+#include "gpu/dp_engine.h"
 #include "gpu/engine.h"
 #include "gpu/runtime.h"
 #include "tests/compute/engine_test_util.h"
@@ -170,6 +173,73 @@ TEST_P(EpEngineModel, RefusesAGroupTheExpertsDoNotDivide) {
   EXPECT_NE(e.error().message.find("do not divide over " + std::to_string(ranks)),
             std::string::npos)
       << e.error().message;
+}
+
+TEST_P(EpEngineModel, DpEngineGivesTheOneGpuEnginesBits) {
+  // GpuDpEngine over 2 stand-in ranks, its block ids handed out by compute::KvPools (one pool per
+  // rank, as the scheduler does): every sequence's logits are the one-GPU engine's, bitwise.
+  if (model_->spec.n_expert % 2 != 0) GTEST_SKIP() << "odd expert count";
+  GpuEngineOptions o = small_options();
+  o.kv_num_blocks = 64;
+  auto dp = GpuDpEngine::create(model_, o, {0, 0});
+  ASSERT_TRUE(dp.has_value()) << dp.error().message;
+  EXPECT_EQ((*dp)->blocks_per_rank(), 32);
+  compute::KvBlockManagerConfig kc;
+  kc.num_blocks = 64;
+  kc.block_size = kBlockSize;
+  kc.enable_prefix_cache = false;
+  compute::KvPools pools(kc, 2);
+  const Plan p = make_plan(V_, 2);
+  auto one = make_gpu(model_, small_options());
+  ASSERT_TRUE(one);
+  const auto want = run_script(*one, p.toks, p.script);
+  std::vector<std::vector<float>> got(p.toks.size());
+  std::vector<int64_t> len(p.toks.size(), 0);
+  for (size_t i = 0; i < p.toks.size(); ++i)
+    ASSERT_TRUE(pools.add_sequence(static_cast<int64_t>(i), p.toks[i]).has_value());
+  for (size_t s = 0; s < p.script.size(); ++s) {
+    std::vector<SeqStep> steps;
+    std::vector<std::vector<int32_t>> tables;
+    tables.reserve(p.script[s].size());
+    for (const Part& part : p.script[s]) {
+      const auto i = static_cast<size_t>(part.seq);
+      ASSERT_TRUE(pools.reserve(part.seq, len[i] + part.n));
+      const auto t = pools.block_table(part.seq);
+      tables.emplace_back(t.begin(), t.end());
+      SeqStep st;
+      st.pos0 = len[i];
+      st.tokens = std::span<const int32_t>(p.toks[i].data() + len[i], static_cast<size_t>(part.n));
+      st.blocks = tables.back();
+      st.logits = part.logits;
+      steps.push_back(st);
+    }
+    StepResult r;
+    const Status st = (*dp)->step(steps, &r);
+    ASSERT_TRUE(st.has_value()) << "step " << s << ": " << message(st);
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const auto i = static_cast<size_t>(p.script[s][k].seq);
+      if (r.row_count[k] > 0)
+        got[i].insert(got[i].end(), r.row(k), r.row(k) + r.row_count[k] * r.n_vocab);
+      len[i] += p.script[s][k].n;
+    }
+  }
+  std::set<int64_t> ranks_used;
+  for (size_t i = 0; i < p.toks.size(); ++i) {
+    ranks_used.insert(pools.pool_of(static_cast<int64_t>(i)));
+    EXPECT_TRUE(bit_equal(got[i], want[i]))
+        << "sequence " << i << " on rank " << pools.pool_of(static_cast<int64_t>(i));
+  }
+  EXPECT_EQ(ranks_used.size(), 2u) << "both ranks got sequences";
+  // A sequence with blocks on both ranks is refused before anything runs.
+  SeqStep bad;
+  const std::vector<int32_t> split = {0, 40};
+  bad.tokens = std::span<const int32_t>(p.toks[0].data(), 20);
+  bad.blocks = split;
+  StepResult r;
+  const Status refused = (*dp)->step({&bad, 1}, &r);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("block id 40 is not on rank 0"), std::string::npos)
+      << refused.error().message;
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeArchitectures, EpEngineModel, ::testing::ValuesIn(kMoeModels),
