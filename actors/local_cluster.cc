@@ -137,6 +137,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   im.spawned.shards = cc.shard_actors;
   cc.scheduler_cfg.limits = plan.scheduler;
   cc.scheduler_cfg.kv_blocks = kv_blocks;
+  cc.scheduler_cfg.kv_pools = plan.kv_pools();
   cc.scheduler_cfg.kv_block_size = plan.kv_block_size;
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
@@ -159,6 +160,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.range = {sp.layer_begin, sp.layer_end, i == 0, i == num_stages - 1};
     c.threads = compute::resolve_threads(sp.threads, cpu_actors);
     c.device = sp.device;
+    c.parallel = sp.parallel;
     c.kv_blocks = kv_blocks;
     c.kv_block_size = plan.kv_block_size;
     c.model = model;

@@ -389,6 +389,7 @@ void head_init(NodeSelf* self) {
   sc.kv_blocks = st.plan.stages.empty() ? 0 : st.plan.stages[0].kv_blocks;
   for (const auto& s : st.plan.stages) sc.kv_blocks = std::min(sc.kv_blocks, s.kv_blocks);
   sc.kv_block_size = st.plan.kv_block_size;
+  sc.kv_pools = st.plan.kv_pools();
   sc.n_vocab = st.model->spec.n_vocab;
   sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
   auto& sys = self->system();

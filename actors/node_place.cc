@@ -401,6 +401,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.range = {sp.layer_begin, sp.layer_end, sp.has_embedding, sp.has_output_head};
     c.threads = compute::resolve_threads(static_cast<int>(sp.threads), cpu_actors);
     c.device = k < st.plan.stages.size() ? st.plan.stages[k].device : "cpu";
+    c.parallel = k < st.plan.stages.size() ? st.plan.stages[k].parallel : "tensor";
     c.kv_blocks = st.kv_blocks;
     c.kv_block_size = st.plan.kv_block_size;
     c.model = weights;

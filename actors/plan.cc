@@ -259,9 +259,24 @@ void resolve_experts(Plan& p, const model::ModelSpec& spec) {
 void resolve_kv(Plan& p) {
   const SchedulerConfig& sc = p.scheduler;
   int64_t per_seq = (sc.max_model_len + p.kv_block_size - 1) / p.kv_block_size;
+  int64_t pools = 1;
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const int64_t d = p.stages[i].data_ranks();
+    if (d == 1) continue;
+    if (pools != 1 && d != pools)
+      invalid(p, p.stages[i].line,
+              "stage " + std::to_string(i) +
+                  ": data-parallel stages must use the same number of "
+                  "GPUs (" +
+                  std::to_string(pools) + " and " + std::to_string(d) +
+                  "): the KV block ids split into one pool per GPU for the whole pipeline");
+    pools = d;
+  }
   for (size_t i = 0; i < p.stages.size(); ++i) {
     StagePlan& s = p.stages[i];
     if (s.kv_blocks == 0) s.kv_blocks = sc.max_sequences * per_seq;
+    // One pool per data-parallel GPU, each able to hold a whole sequence.
+    if (pools > 1) s.kv_blocks = std::max(s.kv_blocks / pools, per_seq) * pools;
     if (s.kv_blocks < per_seq)
       invalid(p, s.line,
               "stage " + std::to_string(i) + ": a KV pool of " + plural(s.kv_blocks, "block") +
@@ -443,6 +458,7 @@ std::string describe_plan(const Plan& p) {
     else
       os << ", kv_blocks " << s.kv_blocks << " (" << s.kv_blocks * p.kv_block_size << " tokens)";
     os << ", threads " << threads_text(s.threads);
+    if (!s.on_cpu()) os << ", " << s.device << (s.data_ranks() > 1 ? " data-parallel" : "");
     if (!s.node.empty()) os << ", on " << s.node;
     os << "\n";
   }
@@ -464,6 +480,17 @@ std::string describe_plan(const Plan& p) {
     os << "\n";
   }
   return os.str();
+}
+
+int64_t StagePlan::data_ranks() const {
+  return parallel == "data" ? static_cast<int64_t>(std::max<size_t>(cuda_devices(device).size(), 1))
+                            : 1;
+}
+
+int64_t Plan::kv_pools() const {
+  int64_t pools = 1;
+  for (const StagePlan& s : stages) pools = std::max(pools, s.data_ranks());
+  return pools;
 }
 
 }  // namespace troupe::actors

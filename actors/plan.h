@@ -51,7 +51,14 @@ struct StagePlan {
   // tensor-parallel group, gpu::GpuTpEngine, one rank per listed GPU; one GPU repeated, e.g.
   // "cuda:0,0", runs the one-GPU stand-in of a group).
   std::string device = "cpu";
+  // With a GPU list, how the GPUs share the stage: "tensor" (every GPU a share of every layer,
+  // gpu::GpuTpEngine) or "data" (every GPU the whole stage for its own sequences, the experts of
+  // MoE layers shared out and reached by all-to-all: gpu::GpuDpEngine; the KV block ids split
+  // into one pool per GPU).
+  std::string parallel = "tensor";
   bool on_cpu() const { return device == "cpu"; }
+  /// GPUs of a data-parallel stage, else 1.
+  int64_t data_ranks() const;
   int line = 0;  // line of its [[stage]] table in Plan::source; 0 = not from a file
 };
 
@@ -115,6 +122,8 @@ struct Plan {
   std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved
   SchedulerConfig scheduler;
   ClusterPlan cluster;
+  /// The scheduler's KV pools: the GPU count of the data-parallel stages (all equal), else 1.
+  int64_t kv_pools() const;
 };
 
 /// Reads a plan from a TOML file (schema: conf/plan-example.toml). A relative model path is

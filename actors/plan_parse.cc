@@ -235,7 +235,7 @@ class Parser {
       for (size_t i = 0; i < arr->size(); ++i) {
         const toml::table& t = *(*arr)[i].as_table();
         std::string path = "stage[" + std::to_string(i) + "]";
-        check_keys(t, path, {"layers", "kv_blocks", "threads", "node", "device"});
+        check_keys(t, path, {"layers", "kv_blocks", "threads", "node", "device", "parallel"});
         StagePlan sp = defaults;
         sp.line = static_cast<int>(t.source().begin.line);
         read_layers(t, path, sp);
@@ -248,6 +248,13 @@ class Parser {
                "expected \"cpu\", \"cuda:N\" (N a GPU index) or \"cuda:N,M,...\" (a "
                "tensor-parallel group of up to 16 GPUs), got \"" +
                    sp.device + "\"");
+        read_string(t, path, "parallel", sp.parallel);
+        if (sp.parallel != "tensor" && sp.parallel != "data")
+          fail(t.get("parallel")->source().begin.line, path + ".parallel",
+               "expected \"tensor\" or \"data\", got \"" + sp.parallel + "\"");
+        if (sp.parallel == "data" && sp.on_cpu())
+          fail(t.get("parallel")->source().begin.line, path + ".parallel",
+               "\"data\" splits a stage over GPUs: give device = \"cuda:N,M,...\"");
         p.stages.push_back(sp);
       }
     }

@@ -4,6 +4,7 @@
 #include "actors/stage.h"
 
 #ifdef TROUPE_HAVE_CUDA
+#include "gpu/dp_engine.h"
 #include "gpu/tp_engine.h"
 #endif
 
@@ -105,9 +106,10 @@ class CpuCompute : public StageCompute {
 };
 
 #ifdef TROUPE_HAVE_CUDA
+template <class Engine>
 class GpuCompute : public StageCompute {
  public:
-  explicit GpuCompute(std::unique_ptr<gpu::GpuTpEngine> e) : e_(std::move(e)) {}
+  explicit GpuCompute(std::unique_ptr<Engine> e) : e_(std::move(e)) {}
   Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
               const float* hidden_in, std::vector<float>* hidden_out) override {
     return e_->step(steps, out, hidden_in, hidden_out);
@@ -115,7 +117,7 @@ class GpuCompute : public StageCompute {
   uint64_t kv_bytes() const override { return e_->kv_bytes(); }
 
  private:
-  std::unique_ptr<gpu::GpuTpEngine> e_;  // one GPU, or a tensor-parallel group
+  std::unique_ptr<Engine> e_;  // GpuTpEngine (one GPU or a tensor-parallel group) or GpuDpEngine
 };
 #endif
 
@@ -135,9 +137,16 @@ Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
   go.range = eo.range;
   go.kv_block_size = eo.kv_block_size;
   go.kv_num_blocks = eo.kv_num_blocks;
+  if (cfg.parallel == "data") {
+    auto eng = gpu::GpuDpEngine::create(cfg.model, go, devices);
+    if (!eng) return Error{eng.error().code, cfg.device + ": " + eng.error().message};
+    return std::unique_ptr<StageCompute>(
+        std::make_unique<GpuCompute<gpu::GpuDpEngine>>(std::move(*eng)));
+  }
   auto eng = gpu::GpuTpEngine::create(cfg.model, go, devices);
   if (!eng) return Error{eng.error().code, cfg.device + ": " + eng.error().message};
-  return std::unique_ptr<StageCompute>(std::make_unique<GpuCompute>(std::move(*eng)));
+  return std::unique_ptr<StageCompute>(
+      std::make_unique<GpuCompute<gpu::GpuTpEngine>>(std::move(*eng)));
 #else
   return Error{1, "device " + cfg.device +
                       ": this build has no CUDA backend (configure with -DTROUPE_CUDA=ON where "

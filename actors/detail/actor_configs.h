@@ -23,7 +23,8 @@ struct StageConfig {
   int64_t kv_blocks = 0;
   int64_t kv_block_size = 16;
   std::shared_ptr<const model::Model> model;
-  std::string device = "cpu";                       // "cpu" or "cuda:N" (StagePlan::device)
+  std::string device = "cpu";                       // "cpu" or "cuda:N[,M...]" (StagePlan::device)
+  std::string parallel = "tensor";                  // with several GPUs (StagePlan::parallel)
   std::chrono::milliseconds expert_timeout{10000};  // a shard that does not answer fails the step
   SchedulerActor scheduler;  // gets (done, outcome): the last stage's, and failed steps of any
 };

@@ -244,7 +244,7 @@ TEST(PlanParse, RejectsUnknownTopLevelKey) {
 TEST(PlanParse, RejectsUnknownKeyInStageWithLineAndPath) {
   EXPECT_EQ(parse_error("[[stage]]\nlayers = [0, 2]\n[[stage]]\nlaeyrs = [2, 4]\n"),
             "plan.toml:4: unknown key 'stage[1].laeyrs' (known here: layers, kv_blocks, threads, "
-            "node, device)");
+            "node, device, parallel)");
 }
 
 TEST(PlanParse, RejectsUnknownSchedulerKey) {
@@ -764,6 +764,40 @@ TEST(PlanWeights, StorageIsReadAndChecked) {
 
 namespace troupe::actors {
 namespace {
+
+TEST(PlanDevice, DataParallelStagesSplitTheKvIdsIntoOnePoolPerGpu) {
+  // Two stages, the second data-parallel over 2 GPUs: its pool and the pipeline's split in two,
+  // each holding a whole sequence (max_model_len 64 at 16 tokens a block: 4 blocks).
+  Plan p = parse_ok(
+      "[model]\npath = \"m.gguf\"\n[scheduler]\nmax_model_len = 64\nmax_sequences = 3\n"
+      "[[stage]]\n[[stage]]\ndevice = \"cuda:0,1\"\nparallel = \"data\"\n");
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[0].parallel, "tensor");
+  EXPECT_EQ(p.stages[1].parallel, "data");
+  EXPECT_EQ(p.stages[0].data_ranks(), 1);
+  EXPECT_EQ(p.stages[1].data_ranks(), 2);
+  EXPECT_EQ(p.kv_pools(), 2);
+  // Stage pools: auto = 3 sequences x 4 blocks = 12, then per GPU max(12 / 2, 4) = 6: 12; a
+  // given 9 becomes max(9 / 2, 4) = 4 per GPU: 8.
+  p.stages[0].kv_blocks = 9;
+  const Plan r = resolve_ok(p, make_spec(4, 8, 2048));
+  EXPECT_EQ(r.stages[0].kv_blocks, 8);
+  EXPECT_EQ(r.stages[1].kv_blocks, 12);
+  Plan mixed = parse_ok(
+      "[model]\npath = \"m.gguf\"\n[[stage]]\ndevice = \"cuda:0,1\"\nparallel = \"data\"\n"
+      "[[stage]]\ndevice = \"cuda:2,3,4\"\nparallel = \"data\"\n");
+  EXPECT_NE(resolve_error(mixed, make_spec(4, 8, 2048)).find("the same number of GPUs (2 and 3)"),
+            std::string::npos);
+  const Plan tp = parse_ok("[model]\npath = \"m.gguf\"\n[[stage]]\ndevice = \"cuda:0,1\"\n");
+  EXPECT_EQ(tp.kv_pools(), 1) << "tensor parallelism keeps one pool";
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"[[stage]]\nparallel = \"data\"\n", "give device = \"cuda:N,M,...\""},
+           {"[[stage]]\ndevice = \"cuda:0\"\nparallel = \"pipeline\"\n",
+            "stage[0].parallel: expected \"tensor\" or \"data\""}}) {
+    const std::string e = parse_error("[model]\npath = \"m.gguf\"\n" + text);
+    EXPECT_NE(e.find(needle), std::string::npos) << e;
+  }
+}
 
 TEST(PlanDevice, StageDeviceIsReadAndChecked) {
   const Plan p =
