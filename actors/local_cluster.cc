@@ -114,6 +114,12 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   // stage's pool has the same number of blocks: the smallest the plan gives.
   int64_t kv_blocks = plan.stages[0].kv_blocks;
   for (const auto& s : plan.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
+  // One pool per GPU of a data-parallel stage (resolve_plan makes the pools divide).
+  const int64_t kv_pools = opts.kv_pools > 0 ? opts.kv_pools : plan.kv_pools();
+  if (kv_blocks % kv_pools != 0)
+    return Error{1, plan.source + ": a KV pool of " + std::to_string(kv_blocks) +
+                        " blocks does not split into " + std::to_string(kv_pools) +
+                        " pools (resolve the plan first)"};
 
   // threads = 0 ("auto"): this process's CPUs divided among its CPU stages and expert shards.
   int cpu_actors = static_cast<int>(plan.expert_shards.size());
@@ -137,7 +143,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   im.spawned.shards = cc.shard_actors;
   cc.scheduler_cfg.limits = plan.scheduler;
   cc.scheduler_cfg.kv_blocks = kv_blocks;
-  cc.scheduler_cfg.kv_pools = plan.kv_pools();
+  cc.scheduler_cfg.kv_pools = kv_pools;
   cc.scheduler_cfg.kv_block_size = plan.kv_block_size;
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one

@@ -92,14 +92,16 @@ void finish(Self* self, int64_t id, std::string reason, std::string error = {}) 
   release(self, id);
 }
 
-// Frees the KV of the most recently admitted sequence that is not in flight (other than `keep`)
-// and puts it back at the front of the queue; it will be recomputed from its token log.
+// Frees the KV of the most recently admitted sequence that is not in flight (other than `keep`),
+// in keep's KV pool (another pool's blocks would not help it), and puts it back at the front of
+// the queue; it will be recomputed from its token log.
 bool preempt_one(Self* self, int64_t keep) {
   auto& st = self->state;
+  const int64_t pool = st.kv->pool_of(keep);
   for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
     const int64_t id = *it;
     Seq& s = st.seqs.at(id);
-    if (id == keep || s.in_flight) continue;
+    if (id == keep || s.in_flight || st.kv->pool_of(id) != pool) continue;
     st.kv->free_sequence(id);
     s.admitted = false;
     s.num_computed = 0;

@@ -1,12 +1,15 @@
 // KvPools (compute/kv_pools.h).
 #include "compute/kv_pools.h"
 
+#include <cstdint>
+
 #include "base/check.h"
 
 namespace troupe::compute {
 
 KvPools::KvPools(const KvBlockManagerConfig& cfg, int64_t n_pools) {
-  if (n_pools < 1 || cfg.num_blocks < n_pools || cfg.num_blocks % n_pools != 0)
+  if (n_pools < 1 || cfg.num_blocks < n_pools || cfg.num_blocks % n_pools != 0 ||
+      cfg.num_blocks > INT32_MAX)
     TROUPE_INPUT_ERROR("KV pools: %lld blocks do not split into %lld equal pools",
                        static_cast<long long>(cfg.num_blocks), static_cast<long long>(n_pools));
   per_pool_ = cfg.num_blocks / n_pools;
@@ -19,14 +22,27 @@ KvPools::KvPools(const KvBlockManagerConfig& cfg, int64_t n_pools) {
 Result<int64_t> KvPools::add_sequence(int64_t seq_id, std::span<const int32_t> tokens) {
   if (seq_pool_.contains(seq_id))
     return Error{0, "KV pools: sequence " + std::to_string(seq_id) + " is already live"};
+  // Pools with room for the whole known sequence first, then the longest cached prefix, the
+  // fewest live sequences, the most room, the lowest index.
+  const auto bs = pools_[0].block_size();
+  const auto want = (static_cast<int64_t>(tokens.size()) + bs - 1) / bs;
   size_t best = 0;
-  int64_t best_hit = -1, best_left = -1;
+  bool best_fits = false;
+  int64_t best_hit = -1, best_seqs = 0, best_left = -1;
   for (size_t p = 0; p < pools_.size(); ++p) {
     const KvPrefixMatch m = pools_[p].match_prefix(tokens);
     const int64_t left = pools_[p].num_free_blocks() - m.num_unreferenced_blocks;
-    if (m.num_blocks > best_hit || (m.num_blocks == best_hit && left > best_left)) {
+    const bool fits = want - m.num_blocks <= left;
+    const int64_t seqs = pools_[p].num_sequences();
+    const bool better = best_hit < 0 || (fits != best_fits          ? fits
+                                         : m.num_blocks != best_hit ? m.num_blocks > best_hit
+                                         : seqs != best_seqs        ? seqs < best_seqs
+                                                                    : left > best_left);
+    if (better) {
       best = p;
+      best_fits = fits;
       best_hit = m.num_blocks;
+      best_seqs = seqs;
       best_left = left;
     }
   }

@@ -26,9 +26,10 @@ class KvPools {
   int64_t blocks_per_pool() const { return per_pool_; }
   int64_t num_blocks() const { return per_pool_ * num_pools(); }
 
-  /// KvBlockManager::add_sequence in the pool with the longest cached prefix of `tokens`, then
-  /// the one with the most blocks left after taking that prefix, then the lowest index: a
-  /// deterministic choice that spreads new sequences over the pools.
+  /// KvBlockManager::add_sequence in the pool chosen by, in turn: room for all of `tokens`, the
+  /// longest cached prefix of them, the fewest live sequences, the most blocks left, the lowest
+  /// index: deterministic, spreading new sequences over the pools and following a cached prefix
+  /// only where it fits.
   Result<int64_t> add_sequence(int64_t seq_id, std::span<const int32_t> tokens);
   /// As KvBlockManager, in the sequence's pool. REQUIRES (reserve, commit): seq_id is live.
   bool reserve(int64_t seq_id, int64_t new_length);

@@ -155,6 +155,9 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
     } catch (const std::exception& ex) {  // step() catches its own; this is bad_alloc & co.
       if (n > 1) g.group[r]->abort();
       m.results[r] = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
+    } catch (...) {
+      if (g.group.size() > r) g.group[r]->abort();
+      m.results[r] = Error{static_cast<int>(Errc::kStepFailed), "a rank's step threw"};
     }
   });
   for (size_t r = 0; r < n; ++r)

@@ -67,6 +67,9 @@ Status GpuTpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
     } catch (const std::exception& ex) {  // step() catches its own; this is bad_alloc & co.
       g.group[ru]->abort();
       m.results[ru] = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
+    } catch (...) {
+      if (g.group.size() > ru) g.group[ru]->abort();
+      m.results[ru] = Error{static_cast<int>(Errc::kStepFailed), "a rank's step threw"};
     }
   });
   if (!m.results[0]) return m.results[0];

@@ -97,6 +97,19 @@ TEST(KvPools, ACachedPrefixBringsTheSequenceToItsPool) {
   pools.check_invariants();
 }
 
+TEST(KvPools, AFullPoolDoesNotPullASequenceByItsPrefix) {
+  KvPools pools(config(8), 2);  // 4 blocks per pool
+  const auto prompt = tokens(9, 7);
+  ASSERT_TRUE(pools.add_sequence(1, prompt).has_value());
+  ASSERT_TRUE(pools.reserve(1, 16));  // all 4 blocks of its pool
+  pools.commit(1, prompt, 9);
+  auto r = pools.add_sequence(2, prompt);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(pools.pool_of(2), pools.pool_of(1)) << "its prefix's pool has no room for it";
+  EXPECT_TRUE(pools.reserve(2, 9));
+  pools.check_invariants();
+}
+
 TEST(KvPools, RefusesASplitThatDoesNotDivide) {
   try {
     KvPools pools(config(10), 3);
