@@ -82,12 +82,8 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
   const size_t n = g.ranks.size();
   const compute::LayerRange& range = g.ranks[0]->range();
   const int64_t E = g.ranks[0]->spec().n_embd;
-  if (out == nullptr) return Error{kErrBadInput, "step: no StepResult to fill"};
-  if (!range.embed && hidden_in == nullptr)
-    return Error{kErrBadInput, "step: this stage does not embed: hidden states are required"};
-  if (!range.head && hidden_out == nullptr)
-    return Error{kErrBadInput,
-                 "step: this stage has no output head: a hidden-state buffer is required"};
+  // The caller's buffers, with GpuEngine's messages (no sequences: nothing else is checked).
+  if (Status v = g.ranks[0]->check_step({}, out, hidden_in, hidden_out); !v) return v;
   if (n > 1 && g.group[0]->aborted())
     return Error{static_cast<int>(Errc::kStepFailed),
                  "data-parallel group: a previous step failed and broke the group; recreate the "

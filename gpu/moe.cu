@@ -575,12 +575,17 @@ void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream)
       TROUPE_CUDA_CHECK(cudaMemsetAsync(
           expert_out + r1 * d, 0, static_cast<size_t>((n_ent - r1) * d) * sizeof(float), stream));
   }
+  combine(a, expert_out, perm.entry_row, weights, stream);
+}
+
+void MoeForward::combine(const MoeForwardArgs& a, const float* expert_out, const int32_t* entry_row,
+                         const float* weights, cudaStream_t stream) {
   MoeCombineArgs c;
   c.n_tok = a.n_tok;
-  c.k = k;
-  c.d = d;
+  c.k = routing_.k;
+  c.d = a.experts.d;
   c.expert_out = expert_out;
-  c.entry_row = perm.entry_row;
+  c.entry_row = entry_row;
   c.weights = weights;
   c.shared_out = a.shared_out;
   c.shared_gate_logit = a.shared_gate_logit;

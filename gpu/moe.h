@@ -156,6 +156,10 @@ class MoeForward {
   std::span<const int32_t> offsets() const { return {offsets_host_, offsets_len_}; }
 
  private:
+  // The weighted sum of a's tokens' expert rows (and shared expert) into a.y.
+  void combine(const MoeForwardArgs& a, const float* expert_out, const int32_t* entry_row,
+               const float* weights, cudaStream_t stream);
+
   MoeRouting routing_;
   Gemm* gemm_;
   int32_t* offsets_host_ = nullptr;  // pinned

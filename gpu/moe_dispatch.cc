@@ -124,18 +124,7 @@ void MoeForward::run_dispatch(const MoeForwardArgs& a, Collective& group, Arena&
     rb[sz(p)] = sz(send_rows[sz(p)] * d) * sizeof(float);
   }
   group.all_to_all(yr, sb, expert_out, rb, stream);
-  if (a.n_tok == 0) return;
-  MoeCombineArgs c;
-  c.n_tok = a.n_tok;
-  c.k = k;
-  c.d = d;
-  c.expert_out = expert_out;
-  c.entry_row = perm.entry_row;
-  c.weights = weights;
-  c.shared_out = a.shared_out;
-  c.shared_gate_logit = a.shared_gate_logit;
-  c.y = a.y;
-  launch_moe_combine(c, stream);
+  if (a.n_tok > 0) combine(a, expert_out, perm.entry_row, weights, stream);
 }
 
 }  // namespace troupe::gpu

@@ -160,14 +160,16 @@ TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
     expect_identical(res[i], refs[i], "request " + std::to_string(i));
 }
 
-TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
-  TROUPE_SHARED_OR_SKIP(shared);
+// 12 requests through a 2-stage CPU pipeline whose KV pool (40 blocks of 4 tokens: 160 slots
+// for 12 x ~50 tokens, split into kv_pools pools) forces preemption: every output is still the
+// solo engine's, and preemptions happened.
+void expect_preemption_matches(const std::string& shared, int64_t kv_pools, uint32_t seed) {
   auto m = load(shared + "/models/stories260K/stories260K.gguf");
   ASSERT_TRUE(m);
   std::vector<GenerateRequest> reqs;
   std::vector<Reference> refs;
   for (uint32_t i = 0; i < 12; ++i) {
-    auto p = random_prompt(10 + i, m->spec.n_vocab, 900 + i);
+    auto p = random_prompt(10 + i, m->spec.n_vocab, seed + i);
     reqs.push_back(greedy_request(p, 30));
     refs.push_back(solo(m, p, 30));
   }
@@ -175,9 +177,11 @@ TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
   plan.kv_block_size = 4;
   plan.scheduler.max_model_len = 64;
   plan.scheduler.max_sequences = 12;
-  for (auto& s : plan.stages) s.kv_blocks = 40;  // 160 token slots for 12 x ~50 tokens
+  for (auto& s : plan.stages) s.kv_blocks = 40;
   ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
-  auto lc = LocalCluster::start(plan, m);
+  ClusterOptions opts;
+  opts.kv_pools = kv_pools;
+  auto lc = LocalCluster::start(plan, m, opts);
   ASSERT_TRUE(lc) << lc.error().message;
   const auto res = (*lc)->generate_many(reqs);
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -187,35 +191,24 @@ TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
       << "no preemption happened: " << stats;
 }
 
-TEST(LocalCluster, TwoKvPoolsPreemptWithinAPoolAndStillMatch) {
-  // The scheduler's KV ids split into two pools (as for a data-parallel GPU stage), small enough
-  // that sequences are preempted inside their pool: every output is still the solo engine's.
+TEST(LocalCluster, TinyKvPoolPreemptsAndStillMatches) {
   TROUPE_SHARED_OR_SKIP(shared);
+  expect_preemption_matches(shared, 1, 900);
+}
+
+TEST(LocalCluster, TwoKvPoolsPreemptWithinAPoolAndStillMatch) {
+  // The scheduler's KV ids split into two pools (as for a data-parallel GPU stage): sequences are
+  // preempted inside their pool.
+  TROUPE_SHARED_OR_SKIP(shared);
+  expect_preemption_matches(shared, 2, 1900);
   auto m = load(shared + "/models/stories260K/stories260K.gguf");
   ASSERT_TRUE(m);
-  std::vector<GenerateRequest> reqs;
-  std::vector<Reference> refs;
-  for (uint32_t i = 0; i < 12; ++i) {
-    auto p = random_prompt(10 + i, m->spec.n_vocab, 1900 + i);
-    reqs.push_back(greedy_request(p, 30));
-    refs.push_back(solo(m, p, 30));
-  }
   Plan plan = even_plan(m->path, 2, 0);
   plan.kv_block_size = 4;
   plan.scheduler.max_model_len = 64;
-  plan.scheduler.max_sequences = 12;
-  for (auto& s : plan.stages) s.kv_blocks = 40;  // two pools of 80 token slots
+  for (auto& s : plan.stages) s.kv_blocks = 40;
   ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
   ClusterOptions opts;
-  opts.kv_pools = 2;
-  auto lc = LocalCluster::start(plan, m, opts);
-  ASSERT_TRUE(lc) << lc.error().message;
-  const auto res = (*lc)->generate_many(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i)
-    expect_identical(res[i], refs[i], "request " + std::to_string(i));
-  const std::string stats = (*lc)->stats_json();
-  EXPECT_EQ(stats.find("\"preemptions\":0,"), std::string::npos)
-      << "no preemption happened: " << stats;
   opts.kv_pools = 3;  // 40 blocks do not split into 3
   auto bad = LocalCluster::start(plan, m, opts);
   ASSERT_FALSE(bad);

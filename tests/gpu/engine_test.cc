@@ -62,20 +62,7 @@ TEST(GpuEngine, CreateWithoutGpuSaysWhy) {
 
 // ---- against the CPU engine, and invariances (per model) --------------------------------------
 
-class GpuEngineModel : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    TROUPE_REQUIRE_GPU();
-    TROUPE_SHARED_OR_SKIP(shared);
-    model_ = compute::load_model_for_test(shared + "/" + GetParam());
-    ASSERT_TRUE(model_) << GetParam();
-    V_ = model_->spec.n_vocab;
-    moe_ = has_moe(model_->spec);
-  }
-  std::shared_ptr<const model::Model> model_;
-  int64_t V_ = 0;
-  bool moe_ = false;
-};
+class GpuEngineModel : public GpuModelTest {};
 
 TEST_P(GpuEngineModel, LogitsMatchCpuEngine) {
   // Two sequences prefilled together (every row), then five decode steps together.

@@ -1,6 +1,7 @@
-// Helpers of the GPU engine tests (engine_test.cc, tp_engine_test.cc): scripted multi-sequence
-// runs on any engine with step() and blocks() (compute::Engine, GpuEngine, GpuTpEngine), and the
-// per-row comparison of GPU logits with a reference and its tolerances.
+// Helpers of the GPU engine tests (engine_test.cc, tp_engine_test.cc, ep_engine_test.cc): the
+// per-model fixture, scripted multi-sequence runs on any engine with step() and blocks()
+// (compute::Engine, GpuEngine, GpuTpEngine), and the per-row comparison of GPU logits with a
+// reference and its tolerances.
 //
 // Tolerances (GPU against the CPU engine's f32 logits, per logits row):
 //   bf16 keeps 8 significant bits, so each rounding is a relative error of at most 2^-8 (RMS
@@ -34,6 +35,9 @@
 
 #include "compute/engine.h"
 #include "gpu/engine.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/test_support.h"
 
 namespace troupe::gpu::enginetest {
 
@@ -207,4 +211,21 @@ inline void expect_stats(const RowStats& st, bool moe, const std::string& what) 
   }
   EXPECT_EQ(st.argmax_mismatch, 0) << what;
 }
+/// A test over one model of ../shared (the parameter: its path there); skips, saying why, without
+/// a GPU or without ../shared.
+class GpuModelTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    TROUPE_REQUIRE_GPU();
+    TROUPE_SHARED_OR_SKIP(shared);
+    model_ = compute::load_model_for_test(shared + "/" + GetParam());
+    ASSERT_TRUE(model_) << GetParam();
+    V_ = model_->spec.n_vocab;
+    moe_ = has_moe(model_->spec);
+  }
+  std::shared_ptr<const model::Model> model_;
+  int64_t V_ = 0;
+  bool moe_ = false;
+};
+
 }  // namespace troupe::gpu::enginetest

@@ -34,18 +34,7 @@ const char* const kMoeModels[] = {
     "models/synth/mixtral-moe/model.gguf", "models/synth/qwen3moe/model.gguf",
     "models/synth/qwen2moe/model.gguf", "models/synth/deepseek2/model.gguf"};
 
-class EpEngineModel : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    TROUPE_REQUIRE_GPU();
-    TROUPE_SHARED_OR_SKIP(shared);
-    model_ = compute::load_model_for_test(shared + "/" + GetParam());
-    ASSERT_TRUE(model_) << GetParam();
-    V_ = model_->spec.n_vocab;
-  }
-  std::shared_ptr<const model::Model> model_;
-  int64_t V_ = 0;
-};
+class EpEngineModel : public GpuModelTest {};
 
 // Sequence i's tokens and the rank it lives on; a script step lists (sequence, tokens, logits).
 struct Plan {

@@ -21,6 +21,7 @@
 #include "gpu/moe.h"
 #include "gpu/runtime.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/group_test_util.h"
 
 namespace troupe::gpu {
 namespace {
@@ -179,23 +180,9 @@ TEST(MoeDispatch, NcclGroupGivesTheOneGpuLayerBitwise) {
   if (n < 2)
     GTEST_SKIP() << "one GPU: an NCCL group needs one GPU per rank; the stand-in test covers the "
                     "same dispatch";
-  const CommId id = CommId::create();
-  const auto state = make_nccl_group_state();
-  std::vector<std::unique_ptr<Collective>> group(static_cast<size_t>(n));
+  auto group = testing::nccl_test_group(n, 1024);
   std::vector<int> devices;
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < n; ++r) {
-    devices.push_back(r);
-    joiners.emplace_back([&, r] {
-      try {
-        TROUPE_CUDA_CHECK(cudaSetDevice(r));
-        group[static_cast<size_t>(r)] = make_nccl_rank(id, r, n, 1024, state);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  }
-  for (std::thread& t : joiners) t.join();
+  for (int r = 0; r < n; ++r) devices.push_back(r);
   for (const auto& g : group) ASSERT_TRUE(g) << "a rank did not join";
   std::vector<int64_t> tokens(static_cast<size_t>(n), 11);
   tokens[1] = 0;

@@ -30,6 +30,7 @@
 #include "tests/compute/engine_test_util.h"
 #include "tests/gpu/engine_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/group_test_util.h"
 #include "tests/test_support.h"
 
 namespace troupe::gpu {
@@ -258,23 +259,9 @@ TEST(Collective, NcclGroupGivesEveryRankTheOrderedSum) {
   if (n < 2)
     GTEST_SKIP() << "one GPU: an NCCL group needs one GPU per rank (NCCL refuses two ranks on one "
                     "device); the local group tests cover the same sums";
-  const CommId id = CommId::create();
-  const auto state = make_nccl_group_state();
-  std::vector<std::unique_ptr<Collective>> group(static_cast<size_t>(n));
+  auto group = testing::nccl_test_group(n, 70000);
   std::vector<int> devices;
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < n; ++r) {
-    devices.push_back(r);
-    joiners.emplace_back([&, r] {
-      try {
-        TROUPE_CUDA_CHECK(cudaSetDevice(r));
-        group[static_cast<size_t>(r)] = make_nccl_rank(id, r, n, 70000, state);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what();
-      }
-    });
-  }
-  for (std::thread& t : joiners) t.join();
+  for (int r = 0; r < n; ++r) devices.push_back(r);
   for (const auto& g : group) ASSERT_TRUE(g) << "a rank did not join";
   check_rounds(group, devices, {70000, 1, 65537, static_cast<size_t>(n) - 1, 70000});
   // Abort on one rank breaks the whole group: every rank's next call throws.
@@ -285,24 +272,13 @@ TEST(Collective, NcclGroupGivesEveryRankTheOrderedSum) {
 
 // ---- the engine -------------------------------------------------------------------------------
 
-class GpuTpEngineModel : public ::testing::TestWithParam<const char*> {
+class GpuTpEngineModel : public GpuModelTest {
  protected:
-  void SetUp() override {
-    TROUPE_REQUIRE_GPU();
-    TROUPE_SHARED_OR_SKIP(shared);
-    model_ = compute::load_model_for_test(shared + "/" + GetParam());
-    ASSERT_TRUE(model_) << GetParam();
-    V_ = model_->spec.n_vocab;
-    moe_ = has_moe(model_->spec);
-  }
   std::unique_ptr<GpuTpEngine> make(std::vector<int> devices) {
     auto e = GpuTpEngine::create(model_, small_options(), std::move(devices));
     EXPECT_TRUE(e.has_value()) << (e.has_value() ? "" : e.error().message);
     return e.has_value() ? std::move(*e) : nullptr;
   }
-  std::shared_ptr<const model::Model> model_;
-  int64_t V_ = 0;
-  bool moe_ = false;
 };
 
 // Two sequences prefilled together (every row), then five decode steps together.
