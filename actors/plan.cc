@@ -259,18 +259,16 @@ void resolve_experts(Plan& p, const model::ModelSpec& spec) {
 void resolve_kv(Plan& p) {
   const SchedulerConfig& sc = p.scheduler;
   int64_t per_seq = (sc.max_model_len + p.kv_block_size - 1) / p.kv_block_size;
-  int64_t pools = 1;
+  // Data-parallel stages share one split of the KV ids: the same GPU count for all of them.
+  const int64_t pools = p.kv_pools();
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const int64_t d = p.stages[i].data_ranks();
-    if (d == 1) continue;
-    if (pools != 1 && d != pools)
+    if (d != 1 && d != pools)
       invalid(p, p.stages[i].line,
               "stage " + std::to_string(i) +
-                  ": data-parallel stages must use the same number of "
-                  "GPUs (" +
-                  std::to_string(pools) + " and " + std::to_string(d) +
+                  ": data-parallel stages must use the same number of GPUs (" + std::to_string(d) +
+                  " and " + std::to_string(pools) +
                   "): the KV block ids split into one pool per GPU for the whole pipeline");
-    pools = d;
   }
   for (size_t i = 0; i < p.stages.size(); ++i) {
     StagePlan& s = p.stages[i];

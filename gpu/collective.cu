@@ -114,35 +114,18 @@ class LocalRank final : public Collective {
   int size() const override { return s_->size; }
   size_t capacity() const override { return s_->cap; }
 
-  // Rendezvous 1: every rank has queued its read of the previous call's slots (read_done), so
-  // this rank's slot may be overwritten once those reads ran (stream waits). Rendezvous 2: every
-  // rank has queued its write (written); then each sums all slots in rank order into its data.
-  // An event is re-recorded only after every peer passed the rendezvous behind its last wait.
   void all_reduce_sum(float* data, size_t count, cudaStream_t stream) override {
     if (count > s_->cap)
       TROUPE_INPUT_ERROR("tensor-parallel all-reduce of %zu floats exceeds the group's %zu", count,
                          s_->cap);
     if (count == 0 || s_->size == 1) return;
-    const auto r = static_cast<size_t>(rank_);
-    s_->rendezvous("all-reduce (before writing)");
-    // Every rank's reads of the last call, this rank's too (it may have used another stream).
-    for (int p = 0; p < s_->size; ++p)
-      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[static_cast<size_t>(p)], 0));
-    auto* mine = reinterpret_cast<float*>(s_->slots.get() + r * s_->slot_bytes);
-    TROUPE_CUDA_CHECK(
-        cudaMemcpyAsync(mine, data, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
-    s_->rendezvous("all-reduce (before summing)");
-    for (int p = 0; p < s_->size; ++p)
-      if (p != rank_)
-        TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[static_cast<size_t>(p)], 0));
-    launch_sum_parts(reinterpret_cast<const float*>(s_->slots.get()), s_->size,
-                     s_->slot_bytes / sizeof(float), count, data, stream);
-    TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
+    exchange("all-reduce", stream, data, count * sizeof(float), {}, [&] {
+      // Every slot's copy summed in rank order into this rank's data.
+      launch_sum_parts(reinterpret_cast<const float*>(s_->slots.get()), s_->size,
+                       s_->slot_bytes / sizeof(float), count, data, stream);
+    });
   }
 
-  // The same two rendezvous as all_reduce_sum; in between every rank copies its whole send buffer
-  // into its slot and publishes its counts, after them each copies its blocks out of the others'.
   void all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
                   std::span<const size_t> recv_bytes, cudaStream_t stream) override {
     const auto n = static_cast<size_t>(s_->size), r = static_cast<size_t>(rank_);
@@ -153,37 +136,28 @@ class LocalRank final : public Collective {
     for (size_t b : send_bytes) total += b;
     if (total > s_->slot_bytes)
       TROUPE_INPUT_ERROR("all_to_all of %zu bytes exceeds the group's %zu", total, s_->slot_bytes);
-    s_->rendezvous("all-to-all (before writing)");
-    for (size_t p = 0; p < n; ++p)
-      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[p], 0));
-    uint8_t* mine = s_->slots.get() + r * s_->slot_bytes;
-    if (total > 0)
-      TROUPE_CUDA_CHECK(cudaMemcpyAsync(mine, send, total, cudaMemcpyDeviceToDevice, stream));
-    TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
-    s_->sent[r].assign(send_bytes.begin(), send_bytes.end());
-    s_->rendezvous("all-to-all (before reading)");
-    for (size_t p = 0; p < n; ++p)
-      if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[p], 0));
-    // Every count agreed before any copy: a mismatch breaks the group (its peers go on).
-    for (size_t q = 0; q < n; ++q)
-      if (s_->sent[q][r] != recv_bytes[q]) {
-        const size_t theirs = s_->sent[q][r];
-        s_->abort();
-        TROUPE_INPUT_ERROR("all_to_all: rank %zu expects %zu bytes from rank %zu, which sends %zu",
-                           r, recv_bytes[q], q, theirs);
+    exchange("all-to-all", stream, send, total, send_bytes, [&] {
+      // Every count agreed before any copy: a mismatch breaks the group (its peers go on).
+      for (size_t q = 0; q < n; ++q)
+        if (s_->sent[q][r] != recv_bytes[q]) {
+          const size_t theirs = s_->sent[q][r];
+          s_->abort();
+          TROUPE_INPUT_ERROR(
+              "all_to_all: rank %zu expects %zu bytes from rank %zu, which sends %zu", r,
+              recv_bytes[q], q, theirs);
+        }
+      // This rank's block out of every rank's slot (packed by receiver there).
+      size_t at = 0;
+      for (size_t q = 0; q < n; ++q) {
+        size_t from = 0;
+        for (size_t p = 0; p < r; ++p) from += s_->sent[q][p];
+        if (recv_bytes[q] > 0)
+          TROUPE_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(recv) + at,
+                                            s_->slots.get() + q * s_->slot_bytes + from,
+                                            recv_bytes[q], cudaMemcpyDeviceToDevice, stream));
+        at += recv_bytes[q];
       }
-    size_t at = 0;
-    for (size_t q = 0; q < n; ++q) {
-      const std::vector<size_t>& theirs = s_->sent[q];
-      size_t from = 0;
-      for (size_t p = 0; p < r; ++p) from += theirs[p];
-      if (recv_bytes[q] > 0)
-        TROUPE_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(recv) + at,
-                                          s_->slots.get() + q * s_->slot_bytes + from,
-                                          recv_bytes[q], cudaMemcpyDeviceToDevice, stream));
-      at += recv_bytes[q];
-    }
-    TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
+    });
   }
   size_t a2a_capacity() const override { return s_->slot_bytes; }
 
@@ -197,6 +171,31 @@ class LocalRank final : public Collective {
   bool aborted() const override { return s_->broken; }
 
  private:
+  // The protocol of both collectives. Rendezvous 1: every rank has queued its reads of the last
+  // call's slots (read_done), so once those ran this rank's slot may be overwritten: it copies
+  // `bytes` of `src` there and publishes `counts` (all-to-all). Rendezvous 2: every rank has
+  // queued its write (written); after those, `read` queues this rank's reads of the slots. An
+  // event is re-recorded only after every peer passed the rendezvous behind its last wait on it.
+  template <class Read>
+  void exchange(const char* what, cudaStream_t stream, const void* src, size_t bytes,
+                std::span<const size_t> counts, Read read) {
+    const auto n = static_cast<size_t>(s_->size), r = static_cast<size_t>(rank_);
+    s_->rendezvous(what);
+    // Every rank's reads of the last call, this rank's too (it may have used another stream).
+    for (size_t p = 0; p < n; ++p)
+      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->read_done[p], 0));
+    if (bytes > 0)
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(s_->slots.get() + r * s_->slot_bytes, src, bytes,
+                                        cudaMemcpyDeviceToDevice, stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->written[r], stream));
+    s_->sent[r].assign(counts.begin(), counts.end());
+    s_->rendezvous(what);
+    for (size_t p = 0; p < n; ++p)
+      if (p != r) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->written[p], 0));
+    read();
+    TROUPE_CUDA_CHECK(cudaEventRecord(s_->read_done[r], stream));
+  }
+
   std::shared_ptr<LocalShared> s_;
   int rank_;
 };

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "compute/thread_pool.h"
 #include "gpu/collective.h"
 #include "gpu/detail/rank_group.h"
 #include "gpu/runtime.h"
@@ -21,13 +22,12 @@ constexpr int kErrBadInput = static_cast<int>(Errc::kBadInput);
 
 struct GpuDpEngine::Impl {
   std::unique_ptr<detail::RankGroup> g;
-  std::unique_ptr<detail::RankThreads> threads;
-  int64_t per = 0;  // blocks per rank
-  int64_t bs = 16;  // positions per block
-  // One step's split, per rank: its sequences (their indices in the step), their block tables in
-  // the rank's own ids, their hidden rows.
+  std::unique_ptr<compute::ThreadPool> threads;  // one thread per rank
+  int64_t per = 0;                               // blocks per rank
+  int64_t bs = 16;                               // positions per block
+  // One step's split, per rank: its sequences, their block tables in the rank's own ids, their
+  // hidden rows.
   std::vector<std::vector<compute::SeqStep>> steps;
-  std::vector<std::vector<size_t>> index;
   std::vector<std::vector<std::vector<int32_t>>> tables;
   std::vector<std::vector<float>> hin, hout;
   std::vector<compute::StepResult> res;
@@ -65,13 +65,12 @@ Result<std::unique_ptr<GpuDpEngine>> GpuDpEngine::create(std::shared_ptr<const m
   impl->bs = opts.kv_block_size;
   const auto ranks = static_cast<size_t>(n);
   impl->steps.resize(ranks);
-  impl->index.resize(ranks);
   impl->tables.resize(ranks);
   impl->hin.resize(ranks);
   impl->hout.resize(ranks);
   impl->res.resize(ranks);
   impl->results.assign(ranks, Status{Ok{}});
-  impl->threads = std::make_unique<detail::RankThreads>(static_cast<int>(n));
+  impl->threads = std::make_unique<compute::ThreadPool>(static_cast<int>(n));
   return std::unique_ptr<GpuDpEngine>(new GpuDpEngine(std::move(impl)));
 }
 
@@ -92,11 +91,17 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
   // Split by the rank owning each sequence's blocks.
   for (size_t r = 0; r < n; ++r) {
     m.steps[r].clear();
-    m.index[r].clear();
     m.tables[r].clear();
     m.hin[r].clear();
   }
+  // Where each of the step's sequences went: its rank, its index and first token row there.
+  struct Place {
+    size_t rank = 0, index = 0;
+    int64_t row = 0;
+  };
+  std::vector<Place> where(seqs.size());
   std::vector<int64_t> tok_at(seqs.size());
+  std::vector<int64_t> rank_rows(n, 0);
   int64_t T = 0;
   const int64_t total = m.per * static_cast<int64_t>(n);
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -126,8 +131,9 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
     m.tables[r].push_back(std::move(table));  // moving keeps the ids where they are
     compute::SeqStep local = q;
     local.blocks = m.tables[r].back();
+    where[i] = {r, m.steps[r].size(), rank_rows[r]};
+    rank_rows[r] += nt;
     m.steps[r].push_back(local);
-    m.index[r].push_back(i);
     if (!range.embed && nt > 0)
       m.hin[r].insert(m.hin[r].end(), hidden_in + tok_at[i] * E, hidden_in + (tok_at[i] + nt) * E);
   }
@@ -143,16 +149,16 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
         !v)
       return v;
 
-  m.threads->run([&](int ri) {
+  m.threads->run([&](int ri, int) {
     const auto r = static_cast<size_t>(ri);
     try {
       m.results[r] =
           g.ranks[r]->step(m.steps[r], &m.res[r], hidden_for(r), range.head ? nullptr : &m.hout[r]);
     } catch (const std::exception& ex) {  // step() catches its own; this is bad_alloc & co.
-      if (n > 1) g.group[r]->abort();
+      if (!g.group.empty()) g.group[r]->abort();
       m.results[r] = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
     } catch (...) {
-      if (g.group.size() > r) g.group[r]->abort();
+      if (!g.group.empty()) g.group[r]->abort();
       m.results[r] = Error{static_cast<int>(Errc::kStepFailed), "a rank's step threw"};
     }
   });
@@ -169,12 +175,8 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
   out->row_count.assign(seqs.size(), 0);
   out->logits.clear();
   if (!range.head) hidden_out->assign(static_cast<size_t>(T * E), 0.f);
-  std::vector<std::pair<size_t, size_t>> where(seqs.size());  // (rank, index there)
-  for (size_t r = 0; r < n; ++r)
-    for (size_t j = 0; j < m.index[r].size(); ++j) where[m.index[r][j]] = {r, j};
-  std::vector<int64_t> local_tok(n, 0);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const auto [r, j] = where[i];
+    const auto [r, j, row0] = where[i];
     const auto nt = static_cast<int64_t>(seqs[i].tokens.size());
     if (range.head) {
       const compute::StepResult& s = m.res[r];
@@ -185,10 +187,9 @@ Status GpuDpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
         out->logits.insert(out->logits.end(), row, row + s.row_count[j] * V);
       }
     } else {
-      std::copy(m.hout[r].begin() + local_tok[r] * E, m.hout[r].begin() + (local_tok[r] + nt) * E,
+      std::copy(m.hout[r].begin() + row0 * E, m.hout[r].begin() + (row0 + nt) * E,
                 hidden_out->begin() + tok_at[i] * E);
     }
-    local_tok[r] += nt;
   }
   return Ok{};
 }
@@ -200,16 +201,8 @@ const model::ModelSpec& GpuDpEngine::spec() const { return impl_->g->ranks[0]->s
 const compute::LayerRange& GpuDpEngine::range() const { return impl_->g->ranks[0]->range(); }
 GpuEngine& GpuDpEngine::rank(int r) { return *impl_->g->ranks.at(static_cast<size_t>(r)); }
 
-uint64_t GpuDpEngine::weight_bytes() const {
-  uint64_t b = 0;
-  for (const auto& e : impl_->g->ranks) b += e->weight_bytes();
-  return b;
-}
+uint64_t GpuDpEngine::weight_bytes() const { return impl_->g->weight_bytes(); }
 
-uint64_t GpuDpEngine::kv_bytes() const {
-  uint64_t b = 0;
-  for (const auto& e : impl_->g->ranks) b += e->kv_bytes();
-  return b;
-}
+uint64_t GpuDpEngine::kv_bytes() const { return impl_->g->kv_bytes(); }
 
 }  // namespace troupe::gpu

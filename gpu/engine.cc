@@ -85,20 +85,21 @@ const std::string& GpuEngine::graph_error() const { return impl_->graph_error; }
 Status GpuEngine::step(std::span<const SeqStep> seqs, compute::StepResult* out,
                        const float* hidden_in, std::vector<float>* hidden_out) {
   Impl& m = *impl_;
-  if (Status v = m.validate(seqs, out, hidden_in, hidden_out); !v) {
-    // A group's other ranks would wait for this one forever: break the group (drivers check
-    // every rank's step first, so this is a driver's bug).
+  // A group's other ranks would wait for this one forever when it stops: break the group first
+  // (a refused step is a driver's bug: drivers check every rank's step before any starts).
+  auto break_group = [&] {
     if (m.tp) m.tp->abort();
     if (m.ep) m.ep->abort();
+  };
+  if (Status v = m.validate(seqs, out, hidden_in, hidden_out); !v) {
+    break_group();
     return v;
   }
   try {
     m.forward(seqs, out, hidden_in, hidden_out);
     return Ok{};
   } catch (const std::exception& ex) {
-    // The group's peers would wait for this rank's sums forever: break the group first.
-    if (m.tp) m.tp->abort();
-    if (m.ep) m.ep->abort();
+    break_group();
     m.recover();
     return Error{kErrStepFailed, ex.what()};
   }

@@ -114,22 +114,25 @@ detail::Work GpuEngine::Impl::rows_from(const detail::Work& base, int64_t t0) co
 void GpuEngine::Impl::enqueue_layers(std::span<const detail::MicroBatch> mbs) {
   cudaStream_t cs = streams->compute();
   const detail::Work base = w;
-  auto run = [&](const detail::MicroBatch& mb, auto&& part) {
-    w = rows_from(base, mb.t0);
-    if (mb.summed) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(cs, mb.summed, 0));
-    part(mb);
+  // Each micro-batch's view of the buffers, made once for all its layers.
+  TROUPE_CHECK(mbs.size() <= 2, "%zu micro-batches (at most 2)", mbs.size());
+  detail::Work views[2];
+  for (size_t i = 0; i < mbs.size(); ++i) views[i] = rows_from(base, mbs[i].t0);
+  auto run = [&](auto&& part) {
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      w = views[i];
+      if (mbs[i].summed) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(cs, mbs[i].summed, 0));
+      part(mbs[i]);
+    }
   };
   try {
     if (range.embed)
-      for (const detail::MicroBatch& mb : mbs)
-        run(mb, [&](const detail::MicroBatch& m) {
-          embed_rows(tok_embd, V, E, m.in.tok, m.p->T, w.x, cs);
-        });
+      run([&](const detail::MicroBatch& m) {
+        embed_rows(tok_embd, V, E, m.in.tok, m.p->T, w.x, cs);
+      });
     for (const DevLayer& L : layers) {
-      for (const detail::MicroBatch& mb : mbs)
-        run(mb, [&](const detail::MicroBatch& m) { attention_part(L, m); });
-      for (const detail::MicroBatch& mb : mbs)
-        run(mb, [&](const detail::MicroBatch& m) { ffn_part(L, m); });
+      run([&](const detail::MicroBatch& m) { attention_part(L, m); });
+      run([&](const detail::MicroBatch& m) { ffn_part(L, m); });
     }
     for (const detail::MicroBatch& mb : mbs)
       if (mb.summed) TROUPE_CUDA_CHECK(cudaStreamWaitEvent(cs, mb.summed, 0));

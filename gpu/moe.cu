@@ -515,25 +515,31 @@ MoeForward::~MoeForward() {
   if (recv_counts_host_) cudaFreeHost(recv_counts_host_);
 }
 
-void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream) {
-  const int64_t ne = routing_.n_expert, k = routing_.k, d = a.experts.d;
+void MoeForward::check_args(const MoeForwardArgs& a) const {
+  const int64_t ne = routing_.n_expert;
   validate_weights(a.experts);
   const int64_t e0 = a.expert_begin, e1 = a.expert_begin + a.experts.n_expert;
-  if (e0 < 0 || a.experts.n_expert < 1 || e1 > ne)
+  if (e0 < 0 || e1 > ne)
     TROUPE_INPUT_ERROR(
         "MoeForward: the weights hold experts [%lld, %lld), the routing has %lld experts", ll(e0),
         ll(e1), ll(ne));
-  if (a.n_tok < 0 || a.n_tok * k > kMaxEntries)
+  if (a.n_tok < 0 || a.n_tok * routing_.k > kMaxEntries)
     TROUPE_INPUT_ERROR("MoeForward: n_tok must be in [0, %lld / k], got %lld", ll(kMaxEntries),
                        ll(a.n_tok));
   if (a.shared_gate_logit && !a.shared_out)
     TROUPE_INPUT_ERROR("MoeForward: shared_gate_logit given without shared_out");
-  for (size_t i = 0; i < offsets_len_; ++i) offsets_host_[i] = 0;
-  if (a.n_tok == 0) return;
-  if (!a.x || !a.router_logits || !a.y)
+  if (a.n_tok > 0 && (!a.x || !a.router_logits || !a.y))
     TROUPE_INPUT_ERROR("MoeForward: null pointer (x=%p router_logits=%p y=%p)",
                        static_cast<const void*>(a.x), static_cast<const void*>(a.router_logits),
                        static_cast<void*>(a.y));
+}
+
+void MoeForward::run(const MoeForwardArgs& a, Arena& arena, cudaStream_t stream) {
+  const int64_t ne = routing_.n_expert, k = routing_.k, d = a.experts.d;
+  check_args(a);
+  const int64_t e0 = a.expert_begin, e1 = a.expert_begin + a.experts.n_expert;
+  for (size_t i = 0; i < offsets_len_; ++i) offsets_host_[i] = 0;
+  if (a.n_tok == 0) return;
   const int64_t n_ent = a.n_tok * k;
   ArenaScope scope(arena);
   int32_t* ids = arena.allocate_n<int32_t>(static_cast<size_t>(n_ent), "moe ids");

@@ -156,6 +156,8 @@ class MoeForward {
   std::span<const int32_t> offsets() const { return {offsets_host_, offsets_len_}; }
 
  private:
+  // The argument checks of run and run_dispatch (InputError naming the field).
+  void check_args(const MoeForwardArgs& a) const;
   // The weighted sum of a's tokens' expert rows (and shared expert) into a.y.
   void combine(const MoeForwardArgs& a, const float* expert_out, const int32_t* entry_row,
                const float* weights, cudaStream_t stream);

@@ -27,6 +27,7 @@ size_t sz(int64_t v) { return static_cast<size_t>(v); }
 void MoeForward::run_dispatch(const MoeForwardArgs& a, Collective& group, Arena& arena,
                               cudaStream_t stream) {
   const int64_t ne = routing_.n_expert, k = routing_.k, d = a.experts.d;
+  check_args(a);
   const int64_t P = group.size(), r = group.rank();
   if (ne % P != 0)
     TROUPE_INPUT_ERROR("MoeForward: %lld experts do not divide over a group of %lld ranks", ll(ne),
@@ -38,20 +39,6 @@ void MoeForward::run_dispatch(const MoeForwardArgs& a, Collective& group, Arena&
         "%lld)",
         ll(r), ll(P), ll(r * EC), ll((r + 1) * EC), ll(a.expert_begin),
         ll(a.expert_begin + a.experts.n_expert));
-  if (d < 8 || d % 8 != 0 || a.experts.d_ff < 8 || a.experts.d_ff % 8 != 0 || !a.experts.gate ||
-      !a.experts.up || !a.experts.down)
-    TROUPE_INPUT_ERROR(
-        "MoeForward: expert weights of d=%lld d_ff=%lld (positive multiples of 8, "
-        "non-null) expected",
-        ll(d), ll(a.experts.d_ff));
-  if (a.n_tok < 0 || a.n_tok * k > (int64_t{1} << 30))
-    TROUPE_INPUT_ERROR("MoeForward: n_tok must be in [0, 2^30 / k], got %lld", ll(a.n_tok));
-  if (a.n_tok > 0 && (!a.x || !a.router_logits || !a.y))
-    TROUPE_INPUT_ERROR("MoeForward: null pointer (x=%p router_logits=%p y=%p)",
-                       static_cast<const void*>(a.x), static_cast<const void*>(a.router_logits),
-                       static_cast<void*>(a.y));
-  if (a.shared_gate_logit && !a.shared_out)
-    TROUPE_INPUT_ERROR("MoeForward: shared_gate_logit given without shared_out");
   const int64_t n_ent = a.n_tok * k;
   ArenaScope scope(arena);
   const size_t ents = sz(std::max<int64_t>(n_ent, 1));

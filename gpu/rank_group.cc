@@ -6,6 +6,7 @@
 #include <exception>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "base/check.h"
@@ -127,48 +128,16 @@ Result<std::unique_ptr<RankGroup>> make_rank_group(std::shared_ptr<const model::
   return g;
 }
 
-RankThreads::RankThreads(int n) {
-  for (int r = 1; r < n; ++r) workers_.emplace_back([this, r] { work(r); });
+uint64_t RankGroup::weight_bytes() const {
+  uint64_t b = 0;
+  for (const auto& e : ranks) b += e->weight_bytes();
+  return b;
 }
 
-RankThreads::~RankThreads() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  job_cv_.notify_all();
-  for (std::thread& t : workers_) t.join();
-}
-
-void RankThreads::run(const std::function<void(int)>& job) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &job;
-    pending_ = static_cast<int>(workers_.size());
-    ++job_id_;
-  }
-  job_cv_.notify_all();
-  job(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  job_ = nullptr;
-}
-
-void RankThreads::work(int r) {
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(int)>* job = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      job_cv_.wait(lock, [&] { return stop_ || job_id_ != seen; });
-      if (stop_) return;
-      seen = job_id_;
-      job = job_;
-    }
-    (*job)(r);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) done_cv_.notify_all();
-  }
+uint64_t RankGroup::kv_bytes() const {
+  uint64_t b = 0;
+  for (const auto& e : ranks) b += e->kv_bytes();
+  return b;
 }
 
 }  // namespace troupe::gpu::detail

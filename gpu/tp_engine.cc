@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "compute/thread_pool.h"
 #include "gpu/collective.h"
 #include "gpu/detail/rank_group.h"
 #include "gpu/runtime.h"
@@ -15,8 +16,8 @@ namespace troupe::gpu {
 
 struct GpuTpEngine::Impl {
   std::unique_ptr<detail::RankGroup> g;
-  std::unique_ptr<detail::RankThreads> threads;
-  std::vector<compute::StepResult> outs;  // ranks 1..: their (unused) results
+  std::unique_ptr<compute::ThreadPool> threads;  // one thread per rank
+  std::vector<compute::StepResult> outs;         // ranks 1..: their (unused) results
   std::vector<std::vector<float>> hiddens;
   std::vector<Status> results;
   ~Impl() {
@@ -40,7 +41,7 @@ Result<std::unique_ptr<GpuTpEngine>> GpuTpEngine::create(std::shared_ptr<const m
   impl->outs.resize(n);
   impl->hiddens.resize(n);
   impl->results.assign(n, Status{Ok{}});
-  impl->threads = std::make_unique<detail::RankThreads>(static_cast<int>(n));
+  impl->threads = std::make_unique<compute::ThreadPool>(static_cast<int>(n));
   return std::unique_ptr<GpuTpEngine>(new GpuTpEngine(std::move(impl)));
 }
 
@@ -57,7 +58,7 @@ Status GpuTpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
     return Error{static_cast<int>(Errc::kStepFailed),
                  "tensor-parallel group: a previous step failed and broke the group; recreate "
                  "the engine"};
-  m.threads->run([&](int r) {
+  m.threads->run([&](int r, int) {
     const auto ru = static_cast<size_t>(r);
     compute::StepResult* o = r == 0 ? out : &m.outs[ru];
     std::vector<float>* h =
@@ -68,7 +69,7 @@ Status GpuTpEngine::step(std::span<const compute::SeqStep> seqs, compute::StepRe
       g.group[ru]->abort();
       m.results[ru] = Error{static_cast<int>(Errc::kStepFailed), ex.what()};
     } catch (...) {
-      if (g.group.size() > ru) g.group[ru]->abort();
+      g.group[ru]->abort();
       m.results[ru] = Error{static_cast<int>(Errc::kStepFailed), "a rank's step threw"};
     }
   });
@@ -91,16 +92,8 @@ compute::BlockAllocator& GpuTpEngine::blocks() { return impl_->g->ranks[0]->bloc
 float GpuTpEngine::last_step_ms() const { return impl_->g->ranks[0]->last_step_ms(); }
 GpuEngine& GpuTpEngine::rank(int r) { return *impl_->g->ranks.at(static_cast<size_t>(r)); }
 
-uint64_t GpuTpEngine::weight_bytes() const {
-  uint64_t b = 0;
-  for (const auto& e : impl_->g->ranks) b += e->weight_bytes();
-  return b;
-}
+uint64_t GpuTpEngine::weight_bytes() const { return impl_->g->weight_bytes(); }
 
-uint64_t GpuTpEngine::kv_bytes() const {
-  uint64_t b = 0;
-  for (const auto& e : impl_->g->ranks) b += e->kv_bytes();
-  return b;
-}
+uint64_t GpuTpEngine::kv_bytes() const { return impl_->g->kv_bytes(); }
 
 }  // namespace troupe::gpu

@@ -1,15 +1,11 @@
 // Private to gpu/tp_engine.cc and gpu/dp_engine.cc: a group of GpuEngine ranks, one per listed
-// GPU (NCCL when the GPUs differ, the one-GPU stand-in when one repeats), and the threads that
-// step them together (rank 0 on the caller's thread, each other rank on a worker of its own).
+// GPU (NCCL when the GPUs differ, the one-GPU stand-in when one repeats). Its ranks step together
+// on a compute::ThreadPool of one thread per rank (rank 0 on the caller's thread).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "base/result.h"
@@ -30,7 +26,9 @@ struct RankGroup {
   bool nccl = false;
   std::vector<std::unique_ptr<Collective>> group;  // one per rank; empty for a group of one
   std::vector<std::unique_ptr<GpuEngine>> ranks;
-  ~RankGroup();  // engines first, then the collectives, all NCCL ranks at once
+  ~RankGroup();                   // engines first, then the collectives, all NCCL ranks at once
+  uint64_t weight_bytes() const;  // summed over ranks
+  uint64_t kv_bytes() const;      // summed over ranks
 };
 
 /// The ranks on `devices` with opts (device, tp/ep and, for kExpert, kv_num_blocks set per
@@ -40,27 +38,6 @@ Result<std::unique_ptr<RankGroup>> make_rank_group(std::shared_ptr<const model::
                                                    const GpuEngineOptions& opts,
                                                    const std::vector<int>& devices, GroupRole role,
                                                    int64_t rank_kv_blocks, const char* who);
-
-/// Runs one job per rank at a time: rank 0 on the calling thread, ranks 1.. on persistent
-/// workers. The job must not throw (it catches and records its own errors).
-class RankThreads {
- public:
-  explicit RankThreads(int n);
-  ~RankThreads();
-  RankThreads(const RankThreads&) = delete;
-  RankThreads& operator=(const RankThreads&) = delete;
-  void run(const std::function<void(int)>& job);
-
- private:
-  void work(int r);
-  std::mutex mu_;
-  std::condition_variable job_cv_, done_cv_;
-  uint64_t job_id_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  const std::function<void(int)>* job_ = nullptr;
-  std::vector<std::thread> workers_;
-};
 
 std::string device_list(const std::vector<int>& d);
 

@@ -96,36 +96,9 @@ TEST_P(GpuEngineModel, LogitsMatchCpuEngine) {
 }
 
 TEST_P(GpuEngineModel, BatchAndChunkInvariantBitwise) {
-  const std::vector<std::vector<int32_t>> toks = {make_tokens(33, V_, 1), make_tokens(17, V_, 2),
-                                                  make_tokens(60, V_, 3)};
   auto gpu = make_gpu(model_, small_options());
   ASSERT_TRUE(gpu);
-  // Reference: sequence 0 prefilled alone in one chunk, then 4 decode steps alone.
-  Script alone = {{{0, 29, Logits::kAll}}};
-  for (int i = 0; i < 4; ++i) alone.push_back({{0, 1, Logits::kLast}});
-  const auto ref = run_script(*gpu, toks, alone);
-  ASSERT_EQ(ref.size(), 3u);
-  ASSERT_EQ(ref[0].size(), static_cast<size_t>(V_) * 33);
-
-  // Chunks of more than one token (the prefill kernel path).
-  Script chunked = {{{0, 8, Logits::kAll}},
-                    {{0, 8, Logits::kAll}},
-                    {{0, 8, Logits::kAll}},
-                    {{0, 5, Logits::kAll}}};
-  for (int i = 0; i < 4; ++i) chunked.push_back({{0, 1, Logits::kLast}});
-  EXPECT_TRUE(bit_equal(ref[0], run_script(*gpu, toks, chunked)[0])) << "chunked prefill";
-
-  // In mixed batches: sequence 1 prefills 6 then decodes, sequence 2 prefills 13 per step; then
-  // all three decode together. Sequence 0 sits in the middle (its rows at varying offsets).
-  Script mixed;
-  const int64_t chunks0[] = {8, 8, 8, 5};
-  for (int i = 0; i < 4; ++i)
-    mixed.push_back({{1, i == 0 ? 6 : 1, Logits::kLast},
-                     {0, chunks0[i], Logits::kAll},
-                     {2, 13, Logits::kLast}});
-  for (int i = 0; i < 4; ++i)
-    mixed.push_back({{1, 1, Logits::kLast}, {0, 1, Logits::kLast}, {2, 1, Logits::kAll}});
-  EXPECT_TRUE(bit_equal(ref[0], run_script(*gpu, toks, mixed)[0])) << "mixed batch";
+  expect_batch_and_chunk_invariant(*gpu, V_);
 }
 
 TEST_P(GpuEngineModel, CudaGraphsOnOffBitwise) {

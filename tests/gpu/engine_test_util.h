@@ -163,6 +163,37 @@ inline std::vector<std::vector<float>> run_script(Engine& eng,
   return got;
 }
 
+/// Sequence 0's logits (33 tokens: a 29-token prefill, then 4 decode steps) are bitwise the same
+/// run alone in one chunk, in chunks of 8, 8, 8, 5, and in mixed batches with two other sequences
+/// (one prefilling 6 then decoding, one prefilling 13 a step; sequence 0 in the middle, its rows
+/// at varying offsets), then all three decoding together.
+template <class Engine>
+void expect_batch_and_chunk_invariant(Engine& e, int64_t V) {
+  const std::vector<std::vector<int32_t>> toks = {make_tokens(33, V, 1), make_tokens(17, V, 2),
+                                                  make_tokens(60, V, 3)};
+  Script alone = {{{0, 29, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) alone.push_back({{0, 1, Logits::kLast}});
+  const auto ref = run_script(e, toks, alone);
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(ref[0].size(), static_cast<size_t>(V) * 33);
+  // Chunks of more than one token (the prefill kernel path).
+  Script chunked = {{{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 8, Logits::kAll}},
+                    {{0, 5, Logits::kAll}}};
+  for (int i = 0; i < 4; ++i) chunked.push_back({{0, 1, Logits::kLast}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(e, toks, chunked)[0])) << "chunked prefill";
+  Script mixed;
+  const int64_t chunks0[] = {8, 8, 8, 5};
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, i == 0 ? 6 : 1, Logits::kLast},
+                     {0, chunks0[i], Logits::kAll},
+                     {2, 13, Logits::kLast}});
+  for (int i = 0; i < 4; ++i)
+    mixed.push_back({{1, 1, Logits::kLast}, {0, 1, Logits::kLast}, {2, 1, Logits::kAll}});
+  EXPECT_TRUE(bit_equal(ref[0], run_script(e, toks, mixed)[0])) << "mixed batch";
+}
+
 /// Per-row comparison of GPU logits with a reference (CPU engine or golden).
 struct RowStats {
   int rows = 0, within = 0, argmax_checked = 0, argmax_mismatch = 0;

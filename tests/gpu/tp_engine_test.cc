@@ -342,28 +342,7 @@ TEST_P(GpuTpEngineModel, TwoAndFourRanksMatchCpuEngine) {
 TEST_P(GpuTpEngineModel, BatchAndChunkInvariantBitwise) {
   auto e = make({0, 0});
   ASSERT_TRUE(e);
-  const std::vector<std::vector<int32_t>> toks = {make_tokens(33, V_, 1), make_tokens(17, V_, 2),
-                                                  make_tokens(60, V_, 3)};
-  Script alone = {{{0, 29, Logits::kAll}}};
-  for (int i = 0; i < 4; ++i) alone.push_back({{0, 1, Logits::kLast}});
-  const auto ref = run_script(*e, toks, alone);
-  ASSERT_EQ(ref.size(), 3u);
-  ASSERT_EQ(ref[0].size(), static_cast<size_t>(V_) * 33);
-  Script chunked = {{{0, 8, Logits::kAll}},
-                    {{0, 8, Logits::kAll}},
-                    {{0, 8, Logits::kAll}},
-                    {{0, 5, Logits::kAll}}};
-  for (int i = 0; i < 4; ++i) chunked.push_back({{0, 1, Logits::kLast}});
-  EXPECT_TRUE(bit_equal(ref[0], run_script(*e, toks, chunked)[0])) << "chunked prefill";
-  Script mixed;
-  const int64_t chunks0[] = {8, 8, 8, 5};
-  for (int i = 0; i < 4; ++i)
-    mixed.push_back({{1, i == 0 ? 6 : 1, Logits::kLast},
-                     {0, chunks0[i], Logits::kAll},
-                     {2, 13, Logits::kLast}});
-  for (int i = 0; i < 4; ++i)
-    mixed.push_back({{1, 1, Logits::kLast}, {0, 1, Logits::kLast}, {2, 1, Logits::kAll}});
-  EXPECT_TRUE(bit_equal(ref[0], run_script(*e, toks, mixed)[0])) << "mixed batch";
+  expect_batch_and_chunk_invariant(*e, V_);
 }
 
 TEST_P(GpuTpEngineModel, NcclOnTwoGpusGivesTheStandInsBits) {
