@@ -13,6 +13,7 @@
 #include "actors/detail/remote.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
+#include "compute/matmul.h"
 #include "compute/thread_pool.h"
 
 namespace troupe::actors::detail {
@@ -262,6 +263,12 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // CPU computes with them and the copy fits (model::choose_weight_storage); a node whose
   // stages are all on GPUs uploads from the mapping, and a copy would only cost time.
   const bool cpu_here = cpu_actors_on(pl, me, st.plan) > 0;
+  // The copy puts int8 matrices in the CPU kernels' tiles only where no GPU stage here uploads
+  // from it (the GPU engine reads rows).
+  bool gpu_here = false;
+  for (size_t k = 0; k < pl.stages.size() && k < st.plan.stages.size(); ++k)
+    gpu_here |= pl.stages[k].node_id == me && !st.plan.stages[k].on_cpu();
+  const bool tile_int8 = cpu_here && !gpu_here && compute::int8_tiles_supported();
   const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
   model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;
   if (storage == model::WeightStorage::kAuto && !cpu_here) storage = model::WeightStorage::kMap;
@@ -275,7 +282,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   std::shared_ptr<const model::Model> held = st.placed_weights ? st.placed_weights : st.model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
-  std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot] {
+  std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot,
+               tile_int8] {
     std::string error;
     for (const auto& w : peers) {
       for (int i = 0; w.wait_for_it && i < 500 && link->peer_of(w.name) == 0; ++i)
@@ -290,7 +298,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     uint64_t bytes = 0;
     if (error.empty()) {
       std::string why;
-      auto placed = model::place_weights(held, storage, ranges, threads, &why);
+      auto placed = model::place_weights(held, storage, ranges, threads, &why, tile_int8);
       if (!placed) {
         error = placed.error().message;
       } else if (*placed != held) {

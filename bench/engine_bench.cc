@@ -2,7 +2,10 @@
 // measured memory bandwidth (decode is bound by reading every active weight once per step).
 // Usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] [--runs 5]
 //                     [--context 16]   (prompt tokens of each decoding sequence)
-//                     [--weights map|memory|both]   (both: the two side by side in one run)
+//                     [--weights map|memory|rows|tiles|both]   (both: map and memory side by
+//                     side in one run; memory: a copy as troupe makes one for the CPU engine,
+//                     int8 matrices in 16-row tiles where the kernels read them; rows: that copy
+//                     without tiles; tiles: rows and memory side by side)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,7 +92,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                 "[--batch 16] [--runs 5] [--context 16] [--weights map|memory|both]\n");
+                 "[--batch 16] [--runs 5] [--context 16] [--weights map|memory|rows|tiles|both]\n");
     return 2;
   }
   std::string path = argv[1];
@@ -155,20 +158,27 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
+  // "memory" is the copy as troupe makes it for CPU engines (int8 matrices in 16-row tiles
+  // where compute::int8_tiles_supported()); "rows" the same copy without tiles.
   if (weights == "map" || weights == "both") variants.push_back({"map", *m});
-  if (weights == "memory" || weights == "both") {
+  for (const bool tiles : {false, true}) {
+    const bool want = tiles ? (weights == "memory" || weights == "both" || weights == "tiles")
+                            : (weights == "rows" || weights == "tiles");
+    if (!want) continue;
     const double t0 = now_s();
     auto copy = model::copy_weights_to_memory(
-        *m, {}, static_cast<int>(std::thread::hardware_concurrency()));
+        *m, {}, static_cast<int>(std::thread::hardware_concurrency()),
+        tiles && compute::int8_tiles_supported());
     if (!copy) {
       std::fprintf(stderr, "engine_bench: %s\n", copy.error().message.c_str());
       return 1;
     }
-    std::printf("weights copied to huge-page memory in %.2f s\n", now_s() - t0);
-    variants.push_back({"memory", *copy});
+    std::printf("weights copied to huge-page memory%s in %.2f s\n",
+                tiles && compute::int8_tiles_supported() ? " (int8 in tiles)" : "", now_s() - t0);
+    variants.push_back({tiles ? "memory" : "rows", *copy});
   }
   if (variants.empty()) {
-    std::fprintf(stderr, "engine_bench: --weights must be map, memory or both\n");
+    std::fprintf(stderr, "engine_bench: --weights must be map, memory, rows, tiles or both\n");
     return 2;
   }
   std::printf("%-8s %-8s %-10s %12s %12s %10s %10s\n", "threads", "weights", "phase", "tokens/s",

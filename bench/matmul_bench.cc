@@ -3,7 +3,11 @@
 // reported as weight GB/s against the measured memory bandwidth (weights are streamed from
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
-// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q4_K q6_K; default all)
+// Q8_0 and Q4_0 also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 and q4_0/t16, the
+// layout the CPU engine's weights copy uses where int8_tiles_supported(); quantized types also
+// report GOP/s against the measured int8 dot-product peak.
+// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16 q4_0/t16 q4_K q6_K;
+//        default all)
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novbmi|avx512-novnni pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "compute/thread_pool.h"
 #include "model/ggml_types.h"
 #include "model/model_spec.h"
+#include "model/weight_tiles.h"
 
 namespace {
 
@@ -69,7 +74,7 @@ struct Matrix {
   int64_t bytes = 0;
 };
 
-Matrix make_matrix(GgmlType t, int64_t rows, int64_t cols, int64_t min_total_bytes) {
+Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes) {
   Matrix m;
   m.view.name = "bench";
   m.view.type = t;
@@ -98,6 +103,10 @@ Matrix make_matrix(GgmlType t, int64_t rows, int64_t cols, int64_t min_total_byt
       for (auto& v : row) v = uni(rng);
       troupe::model::quantize_row(t, row.data(), dst, cols);
     }
+  }
+  if (tiled) {
+    troupe::model::tile_in_place(t, first, rows, cols, 1);
+    m.view.layout = troupe::model::WeightLayout::kTiles16;
   }
   m.copies.push_back(first);
   while (static_cast<int64_t>(m.copies.size()) * m.bytes < min_total_bytes) {
@@ -148,10 +157,11 @@ int main(int argc, char** argv) {
 
   ThreadPool pool1(1), pool2(2);
   ThreadPool* pools[2] = {&pool1, &pool2};
-  double bw[2], peak[2];
+  double bw[2], peak[2], i8peak[2];
   for (int i = 0; i < 2; ++i) {
     bw[i] = memory_bandwidth(*pools[i]);
     peak[i] = fma_peak(*pools[i], level);
+    i8peak[i] = troupe::bench::compute_peak(*pools[i], level, troupe::bench::PeakKind::kInt8Dot);
   }
   {
     // The hand-off cost every parallel section pays (workers spinning, as within a step).
@@ -166,20 +176,32 @@ int main(int argc, char** argv) {
   std::printf("  memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw[0],
               bw[1]);
   std::printf(
-      "  f32 FMA peak (measured, best pass): %.0f GFLOP/s (1 thread), %.0f GFLOP/s (2 threads)\n\n",
+      "  f32 FMA peak (measured, best pass): %.0f GFLOP/s (1 thread), %.0f GFLOP/s (2 threads)\n",
       peak[0], peak[1]);
+  std::printf("  int8 dot peak (measured, best pass): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n\n",
+              i8peak[0], i8peak[1]);
 
-  const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                            GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+  struct Kind {
+    GgmlType type;
+    bool tiled;
+  };
+  const Kind kinds[] = {{GgmlType::kF32, false},  {GgmlType::kF16, false},
+                        {GgmlType::kBF16, false}, {GgmlType::kQ8_0, false},
+                        {GgmlType::kQ4_0, false}, {GgmlType::kQ8_0, true},
+                        {GgmlType::kQ4_0, true},  {GgmlType::kQ4_K, false},
+                        {GgmlType::kQ6_K, false}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
-  std::printf("%-5s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %9s\n", "type", "rows x cols", "n_tok",
-              "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "x_vs_n1");
-  for (GgmlType t : types) {
-    const std::string name = troupe::model::type_name(t);
+  std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
+              "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",
+              "x_vs_n1");
+  for (const Kind& kind : kinds) {
+    const GgmlType t = kind.type;
+    const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
+    const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
-      Matrix m = make_matrix(t, rows, cols, int64_t{320} << 20);
+      Matrix m = make_matrix(t, kind.tiled, rows, cols, int64_t{320} << 20);
       std::mt19937 rng(7);
       std::uniform_real_distribution<float> uni(-1.f, 1.f);
       std::vector<float> x(static_cast<size_t>(512 * cols)), y(static_cast<size_t>(512 * rows));
@@ -194,7 +216,7 @@ int main(int argc, char** argv) {
           const double gbs = static_cast<double>(m.bytes) / s / 1e9;
           const double gflops = 2.0 * static_cast<double>(rows * cols * n_tok) / s / 1e9;
           if (n_tok == 1) t1 = s;
-          char of_bw[16] = "", of_peak[16] = "", speedup[16] = "";
+          char of_bw[16] = "", of_peak[16] = "", of_i8[16] = "", speedup[16] = "";
           if (n_tok == 1) std::snprintf(of_bw, sizeof(of_bw), "%.0f%%", 100 * gbs / bw[th]);
           if (n_tok == 1) {
             // The same matmul on one copy, which stays in the caches after the first pass: the
@@ -207,14 +229,16 @@ int main(int argc, char** argv) {
           if (n_tok > 1) {
             if (peak[th] > 0)  // 0: not measured (scalar kernels)
               std::snprintf(of_peak, sizeof(of_peak), "%.0f%%", 100 * gflops / peak[th]);
+            if (int8 && i8peak[th] > 0)
+              std::snprintf(of_i8, sizeof(of_i8), "%.0f%%", 100 * gflops / i8peak[th]);
             std::snprintf(speedup, sizeof(speedup), "%.1fx", t1 * static_cast<double>(n_tok) / s);
           }
           char hot_col[16] = "";
           if (n_tok == 1) std::snprintf(hot_col, sizeof(hot_col), "%.1f", hot_gbs);
-          std::printf("%-5s %4lldx%-5lld %5lld %3d %9.3f %8.1f %8s %9s %9.1f %8s %9s\n",
+          std::printf("%-8s %4lldx%-5lld %5lld %3d %9.3f %8.1f %8s %9s %9.1f %8s %7s %9s\n",
                       name.c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
                       static_cast<long long>(n_tok), th + 1, s * 1e3, gbs, of_bw, hot_col, gflops,
-                      of_peak, speedup);
+                      of_peak, of_i8, speedup);
           std::fflush(stdout);
         }
       }
@@ -224,7 +248,8 @@ int main(int argc, char** argv) {
   std::printf(
       "\nof_bw: weight bytes per second / measured bandwidth (same thread count); hot_GB/s:\n"
       "the same n_tok = 1 matmul on one cache-resident copy (the kernel's ceiling without DRAM);\n"
-      "of_peak: 2*rows*cols*n_tok per second / measured f32 FMA peak; x_vs_n1: per-token\n"
-      "throughput relative to n_tok = 1.\n");
+      "of_peak: 2*rows*cols*n_tok per second / measured f32 FMA peak; of_i8: the same against\n"
+      "the measured int8 dot-product peak (quantized types); x_vs_n1: per-token throughput\n"
+      "relative to n_tok = 1.\n");
   return 0;
 }

@@ -2,6 +2,7 @@
 // generation as the single-process path, run through the actor system a plan describes (router,
 // scheduler, stages, expert shards) in this process, or sent to a running cluster's head;
 // optionally with many prompts at once (--prompt-file, --concurrency).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -132,8 +133,10 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   }
   if (plan.model_path.empty())
     throw CliError(plan.source + ": the plan names no model (give --model)");
-  auto model =
-      load_model_or_throw(plan.model_path, ap.has("weights") ? ap.str("weights") : plan.weights);
+  const bool cpu_only = std::all_of(plan.stages.begin(), plan.stages.end(),
+                                    [](const actors::StagePlan& s) { return s.on_cpu(); });
+  auto model = load_model_or_throw(plan.model_path,
+                                   ap.has("weights") ? ap.str("weights") : plan.weights, cpu_only);
   if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
   if (ap.has("threads")) {  // every stage and expert shard (0 = auto: LocalCluster divides)
     const int n = threads_option(ap);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bin/args.h"
+#include "compute/matmul.h"
 #include "compute/thread_pool.h"
 
 namespace troupe::cli {
@@ -18,12 +19,14 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path)
 }
 
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
-                                                        const std::string& weights) {
+                                                        const std::string& weights,
+                                                        bool cpu_only) {
   auto storage = model::parse_weight_storage(weights);
   if (!storage) throw CliError("--" + storage.error().message);
   auto m = load_model_or_throw(path);
   std::string why;
-  auto placed = model::place_weights(m, *storage, {}, compute::available_cpus(), &why);
+  auto placed = model::place_weights(m, *storage, {}, compute::available_cpus(), &why,
+                                     cpu_only && compute::int8_tiles_supported());
   if (!placed) throw CliError(placed.error().message);
   if (!why.empty())
     std::fprintf(stderr, "troupe: %s: reading the weights through the file mapping: %s\n",

@@ -20,13 +20,21 @@
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/thread_pool.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::compute {
 namespace detail {
 
-const TypeKernels* KernelSet::find(model::GgmlType t) const {
+const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout) const {
   using model::GgmlType;
   const TypeKernels* k = nullptr;
+  if (layout == model::WeightLayout::kTiles16) {
+    if (t == GgmlType::kQ8_0) k = &q8_0_t16;
+    if (t == GgmlType::kQ4_0) k = &q4_0_t16;
+    if (k == nullptr) return nullptr;
+    // A level without SIMD tile kernels reads tiles with the scalar ones (the same bits).
+    return k->rows ? k : scalar_kernels().find(t, layout);
+  }
   switch (t) {
     case GgmlType::kF32:
       k = &f32;
@@ -168,6 +176,53 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
         int32_t isum = 0;
         for (int i = 0; i < 32; ++i) isum += wq[b * 32 + i] * a[b].q[i];
         acc += static_cast<float>(isum) * a[b].d * wd[b];
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Activations of the tiled kernels (ActTile32, matmul_kernels.h).
+template <model::GgmlType kType>
+void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTile32*>(out);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    a[b].d = quantize_int8(x + b * 32, 32, a[b].q);
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) sum += a[b].q[i];
+    a[b].init = tile_init(kType) * sum;
+  }
+}
+
+// Q8_0 and Q4_0 in 16-row tiles (model/weight_tiles.h), one output at a time: the reference for
+// the SIMD tile kernels, which give the same bits (ActTile32's recurrence).
+template <model::GgmlType kType>
+void tiles_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  constexpr bool kQ4 = kType == model::GgmlType::kQ4_0;
+  constexpr int64_t kRec = model::kTileRows * (kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0));
+  constexpr int kChunks = kQ4 ? 4 : 8;
+  const int64_t nb = j.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* tile = j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes;
+    const int64_t i = r % model::kTileRows;
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActTile32*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* rec = tile + b * kRec;
+        uint16_t dw;
+        std::memcpy(&dw, rec + 2 * i, 2);
+        int32_t dot = a[b].init;
+        for (int c = 0; c < kChunks; ++c)
+          for (int k = 0; k < 4; ++k) {
+            const int u = rec[2 * model::kTileRows + 64 * c + 4 * i + k];
+            if constexpr (kQ4) {
+              dot += (u & 15) * a[b].q[4 * c + k] + (u >> 4) * a[b].q[16 + 4 * c + k];
+            } else {
+              dot += u * a[b].q[4 * c + k];
+            }
+          }
+        acc = std::fma(static_cast<float>(dot) * a[b].d, fp16_to_fp32(dw), acc);
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -368,6 +423,14 @@ const KernelSet& scalar_kernels() {
     }
     k.q4_k.rows = q4k_rows;
     k.q6_k.rows = q6k_rows;
+    for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
+      t->act_row_bytes = act_tile32_bytes;
+      t->row_tile = static_cast<int>(model::kTileRows);
+    }
+    k.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
+    k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
+    k.q8_0_t16.rows = tiles_rows<GgmlType::kQ8_0>;
+    k.q4_0_t16.rows = tiles_rows<GgmlType::kQ4_0>;
     return k;
   }();
   return ks;
@@ -383,7 +446,11 @@ int supported_kernel_sets(const KernelSet** out, int max) {
 namespace {
 
 const TypeKernels& kernels_for(const KernelSet& ks, const model::WeightView& w) {
-  const TypeKernels* k = ks.find(w.type);
+  const TypeKernels* k = ks.find(w.type, w.layout);
+  if (k == nullptr && w.layout != model::WeightLayout::kRows) {
+    TROUPE_INPUT_ERROR("matmul: weight %s is %s in 16-row tiles, which the %s kernels cannot read",
+                       w.name.c_str(), model::type_name(w.type).c_str(), ks.name);
+  }
   if (k == nullptr) {
     TROUPE_INPUT_ERROR("matmul: weight %s has type %s, which troupe cannot multiply yet",
                        w.name.c_str(), model::type_name(w.type).c_str());
@@ -499,8 +566,9 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   int64_t macs = 0;
   for (const MatmulTarget& t : targets) {
     if (!together) break;
-    const TypeKernels* k = ks.find(t.w.type);
-    together = k != nullptr && t.w.type == targets[0].w.type && t.w.cols() == targets[0].w.cols() &&
+    const TypeKernels* k = ks.find(t.w.type, t.w.layout);
+    together = k != nullptr && t.w.type == targets[0].w.type &&
+               t.w.layout == targets[0].w.layout && t.w.cols() == targets[0].w.cols() &&
                t.w.cols() > 0 && t.w.rows() >= 2 * k->row_tile * n_threads &&
                x_stride >= t.w.cols() && t.y_stride >= t.w.rows();
     macs += t.w.rows() * t.w.cols() * n_tok;
@@ -530,7 +598,19 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
 }  // namespace detail
 
 void get_row(const model::WeightView& w, int64_t r, float* out) {
-  model::dequantize_row(w.type, w.row(r), out, w.cols());
+  if (w.layout == model::WeightLayout::kRows) {
+    model::dequantize_row(w.type, w.row(r), out, w.cols());
+    return;
+  }
+  thread_local std::vector<uint8_t> row;
+  model::untile_row(w, 0, r, detail::scratch(row, w.row_bytes()));
+  model::dequantize_row(w.type, row.data(), out, w.cols());
+}
+
+bool int8_tiles_supported() {
+  const detail::KernelSet& ks = detail::active_kernels();
+  return ks.q8_0_t16.rows != nullptr && ks.q4_0_t16.rows != nullptr &&
+         std::string_view(ks.name) != "scalar";
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

@@ -48,8 +48,14 @@ inline constexpr size_t kMaxSharedTargets = 4;
 void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
                    int64_t n_tok, ThreadPool* pool);
 
-/// Dequantizes row r of w into out[w.cols()] (embedding lookup).
+/// Dequantizes row r of w into out[w.cols()] (embedding lookup). Any layout.
 void get_row(const model::WeightView& w, int64_t r, float* out);
+
+/// Whether this process's kernels read Q4_0 and Q8_0 in 16-row tiles (WeightLayout::kTiles16)
+/// fast (AVX-512 with VNNI), so that a weight copy for the CPU engine should tile them
+/// (model::copy_weights_to_memory). Every kernel path reads tiles correctly (where no SIMD tile
+/// kernel exists, the scalar one, slowly), with the same bits on every path.
+bool int8_tiles_supported();
 
 /// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").
 const char* simd_level();

@@ -427,6 +427,7 @@ KernelSet make_set() {
   s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, kVbmi>>(act32_bytes,
                                                                             quantize_act32<-8>);
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
+  if (kVnni) avx512_tile_kernels(&s.q8_0_t16, &s.q4_0_t16);
   return s;
 }
 

@@ -23,6 +23,7 @@
 #include "gpu/moe.h"
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
+#include "model/model.h"
 
 namespace troupe::gpu {
 
@@ -492,6 +493,16 @@ size_t GpuEngine::Impl::moe_scratch_bytes() const {
 Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model::Model> model,
                                                      const GpuEngineOptions& opts) {
   if (!model) return Error{kErrBadInput, "GpuEngine: no model"};
+  const ModelSpec& s = model->spec;
+  std::string tiled;
+  model::for_each_weight(s, [&](const model::WeightView& w) {
+    if (tiled.empty() && w.present() && w.layout != model::WeightLayout::kRows) tiled = w.name;
+  });
+  if (!tiled.empty())
+    return Error{kErrBadInput,
+                 "GpuEngine: weight " + tiled +
+                     " was put in 16-row tiles for the CPU's int8 kernels; the GPU engine uploads "
+                     "weights in rows (give it the model as loaded, or a copy made without tiles)"};
   std::string why;
   if (!gpu_available(&why))
     return Error{static_cast<int>(Errc::kNoDevice), "GpuEngine: no usable CUDA GPU: " + why};
@@ -500,7 +511,6 @@ Result<std::unique_ptr<GpuEngine>> GpuEngine::create(std::shared_ptr<const model
   if (opts.max_step_tokens < 1 || opts.max_step_tokens > std::numeric_limits<int32_t>::max())
     return Error{kErrBadInput, "GpuEngine: max_step_tokens must be in 1..2^31 - 1"};
   if (opts.max_step_seqs < 1) return Error{kErrBadInput, "GpuEngine: max_step_seqs must be >= 1"};
-  const ModelSpec& s = model->spec;
   compute::LayerRange range = opts.range;
   if (range.end < 0) range.end = s.n_layer;
   if (range.begin < 0 || range.begin >= range.end || range.end > s.n_layer)

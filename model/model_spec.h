@@ -12,14 +12,22 @@
 
 namespace troupe::model {
 
+/// How a view's bytes are ordered. kRows is ggml's (and every file's). kTiles16 exists only in
+/// memory (model/weight_tiles.h): a Q4_0 or Q8_0 matrix whose rows go 16 at a time, block by
+/// block, so that one 64-byte load holds the same 4 columns of 16 rows (the CPU's int8 kernels).
+/// The byte count is the same; row(r) is meaningful only for kRows.
+enum class WeightLayout : uint8_t { kRows = 0, kTiles16 = 1 };
+
 /// A read-only view of a weight matrix (or stack of matrices) in its stored type.
 /// Layout as ggml: ne[0] is the row length (input features), ne[1] the number of rows (output
-/// features), ne[2] the number of stacked matrices (experts or heads). Rows are contiguous.
+/// features), ne[2] the number of stacked matrices (experts or heads). Rows are contiguous
+/// (layout kRows; see WeightLayout).
 struct WeightView {
   std::string name;  // the GGUF-convention name, for messages
   GgmlType type = GgmlType::kF32;
   int64_t ne[3] = {0, 1, 1};
   const uint8_t* data = nullptr;
+  WeightLayout layout = WeightLayout::kRows;
 
   bool present() const { return data != nullptr; }
   int64_t cols() const { return ne[0]; }

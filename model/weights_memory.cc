@@ -17,6 +17,7 @@
 #include "base/check.h"
 #include "base/huge_pages.h"
 #include "model/model.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::model {
 
@@ -184,13 +185,14 @@ Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t by
 
 Result<std::shared_ptr<const Model>> place_weights(
     std::shared_ptr<const Model> model, WeightStorage requested,
-    const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why) {
+    const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why,
+    bool tile_int8) {
   if (requested == WeightStorage::kMap) return model;
   auto where = choose_weight_storage(requested, weight_copy_bytes(*model, ranges),
                                      available_memory_bytes(), why);
   if (!where) return make_error(0, model->path + ": " + where.error().message);
   if (*where == WeightStorage::kMap) return model;
-  return copy_weights_to_memory(std::move(model), ranges, threads);
+  return copy_weights_to_memory(std::move(model), ranges, threads, tile_int8);
 }
 
 namespace {
@@ -230,9 +232,63 @@ uint64_t weight_copy_bytes(const Model& model,
   return total;
 }
 
+namespace {
+
+// Tiles (weight_tiles.h) every tileable view lying in [base, base + bytes), in place, and marks
+// it and every view of the same bytes (a tied head) kTiles16. A view overlapping another view
+// that is not the same matrix stays in rows.
+void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads) {
+  std::vector<WeightView*> in_copy;
+  for_each_weight(spec, [&](WeightView& w) {
+    if (w.present() && w.data >= base && w.data + w.nbytes() <= base + bytes)
+      in_copy.push_back(&w);
+  });
+  std::sort(in_copy.begin(), in_copy.end(),
+            [](const WeightView* a, const WeightView* b) { return a->data < b->data; });
+  auto same = [](const WeightView* a, const WeightView* b) {
+    return a->data == b->data && a->type == b->type && a->ne[0] == b->ne[0] &&
+           a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2];
+  };
+  // Groups of views of the same matrix, in address order; a group is tiled when it is
+  // tileable and no other group overlaps it.
+  std::vector<std::pair<size_t, size_t>> groups;  // [first, last) in in_copy
+  for (size_t i = 0; i < in_copy.size();) {
+    size_t e = i + 1;
+    while (e < in_copy.size() && same(in_copy[i], in_copy[e])) ++e;
+    groups.emplace_back(i, e);
+    i = e;
+  }
+  std::vector<size_t> todo;  // group indices
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const WeightView* w = in_copy[groups[g].first];
+    const bool overlaps_prev =
+        g > 0 && in_copy[groups[g - 1].first]->data + in_copy[groups[g - 1].first]->nbytes() >
+                     w->data;
+    const bool overlaps_next =
+        g + 1 < groups.size() && w->data + w->nbytes() > in_copy[groups[g + 1].first]->data;
+    if (tileable(*w) && !overlaps_prev && !overlaps_next) todo.push_back(g);
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < todo.size(); k = next++) {
+      const WeightView* w = in_copy[groups[todo[k]].first];
+      tile_in_place(w->type, const_cast<uint8_t*>(w->data), w->rows(), w->cols(), w->ne[2]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (size_t g : todo)
+    for (size_t i = groups[g].first; i < groups[g].second; ++i)
+      in_copy[i]->layout = WeightLayout::kTiles16;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
-    int threads) {
+    int threads, bool tile_int8) {
   std::vector<Interval> merged = copy_intervals(*model, ranges);
   // Each interval starts 64-byte aligned in the copy, like the tensors of a GGUF file.
   uint64_t total = 0;
@@ -314,7 +370,6 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   for (auto& t : pool) t.join();
   for (const auto& [path, f] : files)
     if (f.fd >= 0) ::close(f.fd);
-  ::mprotect(base, bytes, PROT_READ);  // weights are read-only, as in the mapping
   // Drop the copied file pages from this process (the page cache may keep them): the mapping
   // stays valid and would fault them in again if anything read it.
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -332,6 +387,8 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     --it;
     if (w.data + w.nbytes() <= it->end) w.data = base + it->offset + (w.data - it->begin);
   });
+  if (tile_int8) tile_copied_views(copy->spec, base, bytes, threads);
+  ::mprotect(base, bytes, PROT_READ);  // weights are read-only, as in the mapping
   copy->storage.push_back(std::move(mem));
   return std::shared_ptr<const Model>(std::move(copy));
 }

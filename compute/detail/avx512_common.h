@@ -73,4 +73,7 @@ TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
 /// The Q4_K and Q6_K kernels (matmul_kquant_avx512.cc), with or without VNNI.
 void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k);
 
+/// The VNNI kernels for Q8_0 and Q4_0 in 16-row tiles (matmul_tiles_avx512.cc).
+void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0);
+
 }  // namespace troupe::compute::detail

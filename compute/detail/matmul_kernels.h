@@ -51,11 +51,32 @@ struct TypeKernels {
 };
 
 /// All kernels of one SIMD level; a null `rows` means the type is not supported there.
+/// q8_0_t16 and q4_0_t16 read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
+/// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-vbmi"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
-  const TypeKernels* find(model::GgmlType t) const;
+  TypeKernels q8_0_t16, q4_0_t16;
+  const TypeKernels* find(model::GgmlType t,
+                          model::WeightLayout layout = model::WeightLayout::kRows) const;
 };
+
+/// Activations of the tiled kernels: one record per 32-value block of an activation row (the
+/// int8 values and scale of quantize_int8, as for the row kernels), rows padded to 64 bytes.
+/// Every kernel forms one output as: for each block b in order, the exact integer dot
+/// s_b = sum_k w_k * x_k, then acc = fma(float(s_b) * d_x, d_w, acc) from acc = 0 -- one scalar
+/// recurrence per output, so any SIMD level that reads tiles gives the same bits.
+struct ActTile32 {
+  int8_t q[32];
+  int32_t init;  // kInit * sum(q): the weights' stored offset (Q4_0: +8, Q8_0: +128) folded in
+  float d;
+};
+static_assert(sizeof(ActTile32) == 40);
+inline int64_t act_tile32_bytes(int64_t cols) {
+  return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
+}
+/// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).
+inline constexpr int tile_init(model::GgmlType t) { return t == model::GgmlType::kQ4_0 ? -8 : -128; }
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C

@@ -60,6 +60,27 @@ TEST(GpuEngine, CreateWithoutGpuSaysWhy) {
   }
 }
 
+// A model whose int8 matrices were tiled for the CPU kernels is refused with the reason, before
+// any GPU is touched (runs everywhere).
+TEST(GpuEngine, RefusesWeightsInCpuTiles) {
+  auto m = std::make_shared<model::Model>();
+  static const uint8_t bytes[16 * 18] = {};
+  model::LayerSpec layer;
+  layer.wq.name = "blk.0.attn_q.weight";
+  layer.wq.type = model::GgmlType::kQ4_0;
+  layer.wq.ne[0] = 32;
+  layer.wq.ne[1] = 16;
+  layer.wq.data = bytes;
+  layer.wq.layout = model::WeightLayout::kTiles16;
+  m->spec.layers.push_back(layer);
+  auto e = GpuEngine::create(m, GpuEngineOptions{});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_NE(e.error().message.find("blk.0.attn_q.weight was put in 16-row tiles"),
+            std::string::npos)
+      << e.error().message;
+  EXPECT_EQ(e.error().code, static_cast<int>(Errc::kBadInput));
+}
+
 // ---- against the CPU engine, and invariances (per model) --------------------------------------
 
 class GpuEngineModel : public GpuModelTest {};

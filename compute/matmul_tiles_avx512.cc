@@ -1,0 +1,161 @@
+// AVX-512 VNNI kernels for Q4_0 and Q8_0 matrices in 16-row tiles (model/weight_tiles.h).
+// Vector lane i is output row i of the tile: one vpdpbusd multiplies 4 columns of 16 rows by
+// the same 4 activation values (broadcast), so a 32-value block is 8 vpdpbusd into one int32
+// accumulator per row, and its scaling (convert, times the activation scale, FMA with the 16
+// rows' weight scales) is 3 instructions for 16 rows. The row-layout kernels spend those 3 per
+// 8 values of one row: with tiles, 8 of every 11 instructions of a token are dot products.
+// Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
+// kernel's, whatever the tile's token count (batch invariance). Compiled with the AVX-512 flags
+// of *_avx512.cc; runs only where VNNI was detected.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "compute/detail/avx512_common.h"
+#include "compute/detail/matmul_kernels.h"
+#include "compute/detail/matmul_tiles.h"
+#include "model/weight_tiles.h"
+
+namespace troupe::compute::detail {
+namespace {
+
+using model::GgmlType;
+
+template <GgmlType kType>
+void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTile32*>(out);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    __m512i q[2];
+    a[b].d = quantize_vecs(x + 32 * b, 2, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a[b].q), _mm512_cvtepi32_epi8(q[0]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a[b].q + 16), _mm512_cvtepi32_epi8(q[1]));
+    a[b].init = tile_init(kType) * _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+  }
+}
+
+template <GgmlType kType>
+struct TileKernel {
+  static constexpr bool kQ4 = kType == GgmlType::kQ4_0;
+  static constexpr int64_t kRec =
+      model::kTileRows *
+      static_cast<int64_t>(kQ4 ? sizeof(model::BlockQ4_0) : sizeof(model::BlockQ8_0));
+  static constexpr int kMaxTok = 8;         // accumulators per tile pass
+  static constexpr int64_t kAhead = 12;
+  static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
+
+  // One record of a tile, ready: v[c] pairs with activation bytes 4c..4c+3 of the block
+  // (Q4_0: chunks 0-3 low nibbles = values 4c.., high nibbles = values 16 + 4c..).
+  struct Rec {
+    __m512i v[8];
+    __m512 dw;
+  };
+
+  static Rec load(const uint8_t* rec) {
+    Rec r;
+    r.dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+    const uint8_t* q = rec + 2 * model::kTileRows;
+    if constexpr (kQ4) {
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m512i z = _mm512_loadu_si512(q + 64 * c);
+        r.v[c] = _mm512_and_si512(z, m4);
+        r.v[4 + c] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) r.v[c] = _mm512_loadu_si512(q + 64 * c);
+    }
+    return r;
+  }
+
+  static __m512i bcast(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+
+  // The exact dots of the 16 rows with one token's block. Two chains when they are the only
+  // work in flight (one token); integer sums, so the order does not matter.
+  template <bool kTwoChains>
+  static __m512i dots(const Rec& r, const ActTile32& a) {
+    __m512i s0 = _mm512_set1_epi32(a.init);
+    if constexpr (kTwoChains) {
+      __m512i s1 = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
+        s1 = dot_u8s8<true>(s1, r.v[c + 1], bcast(a.q + 4 * c + 4));
+      }
+      return _mm512_add_epi32(s0, s1);
+    } else {
+      for (int c = 0; c < 8; ++c) s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
+      return s0;
+    }
+  }
+
+  // Rows [row, row + 16) x tokens [tok, tok + NT).
+  template <int NT>
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok) {
+    const uint8_t* w = j.w + row * j.w_row_bytes;
+    const ActTile32* a[NT];
+    for (int n = 0; n < NT; ++n)
+      a[n] = reinterpret_cast<const ActTile32*>(j.act + (tok + n) * j.act_stride);
+    __m512 acc[NT];
+    for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
+    const int64_t nb = j.cols / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* rec = w + b * kRec;
+      for (int64_t o = 0; o < kRec; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kAhead * kRec + o), _MM_HINT_T0);
+      const Rec r = load(rec);
+      for (int n = 0; n < NT; ++n) {
+        const ActTile32& ab = a[n][b];
+        const __m512 f =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(dots<NT == 1>(r, ab)), _mm512_set1_ps(ab.d));
+        acc[n] = _mm512_fmadd_ps(f, r.dw, acc[n]);
+      }
+    }
+    for (int n = 0; n < NT; ++n) _mm512_storeu_ps(j.y + (tok + n) * j.y_stride + row, acc[n]);
+  }
+
+  template <int NT>
+  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n) {
+    if constexpr (NT >= 1) {
+      if (n == NT) {
+        tile<NT>(j, row, tok);
+      } else {
+        tail<NT - 1>(j, row, tok, n);
+      }
+    }
+  }
+
+  static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+    for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
+      const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
+      for (int64_t r = r0; r < r1; r += model::kTileRows) {
+        int64_t t = t0;
+        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t);
+        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t);
+      }
+    }
+  }
+};
+
+template <GgmlType kType>
+TypeKernels tile_kernels() {
+  TypeKernels k;
+  k.act_row_bytes = act_tile32_bytes;
+  k.quantize = quantize_tile_act<kType>;
+  k.rows = TileKernel<kType>::rows;
+  k.row_tile = static_cast<int>(model::kTileRows);
+  return k;
+}
+
+}  // namespace
+
+void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0) {
+  *q8_0 = tile_kernels<GgmlType::kQ8_0>();
+  *q4_0 = tile_kernels<GgmlType::kQ4_0>();
+}
+
+}  // namespace troupe::compute::detail

@@ -1,0 +1,36 @@
+// Q4_0 and Q8_0 matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU's
+// int8 kernels read fastest: one 64-byte load gives 4 columns of 16 rows, so one dot-product
+// instruction serves 16 output rows at once and a block's scaling is done once for 16 rows
+// (compute/matmul_tiles_avx512.cc; docs/benchmarks.md "Engine, session 12").
+//
+// A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
+// holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
+// block column b, each 16 * sizeof(block) bytes:
+//   - 16 f16 scales, row by row (32 bytes);
+//   - then the quants as 64-byte chunks: chunk c holds, for row i = 0..15 at bytes 4i..4i+3,
+//     that row's qs[4c..4c+3]. Q4_0: 4 chunks (qs is 16 bytes: low nibbles are values 0-15, high
+//     nibbles 16-31). Q8_0: 8 chunks, each byte stored as (uint8_t)(q ^ 0x80), i.e. q + 128,
+//     the unsigned operand an unsigned-by-signed dot product takes.
+// A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
+#pragma once
+
+#include <cstdint>
+
+#include "model/model_spec.h"
+
+namespace troupe::model {
+
+inline constexpr int64_t kTileRows = 16;
+
+/// Whether w can be tiled: Q4_0 or Q8_0, rows a multiple of kTileRows, present, in rows.
+bool tileable(const WeightView& w);
+
+/// Reorders `n_mat` matrices of `rows` x `cols` (type Q4_0 or Q8_0, rows % 16 == 0) at `data`
+/// from rows into tiles, in place.
+void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat);
+
+/// Row r of matrix `mat` of a tiled view, as the row bytes it had before tiling (ggml blocks),
+/// into out[w.row_bytes()].
+void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out);
+
+}  // namespace troupe::model
