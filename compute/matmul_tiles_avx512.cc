@@ -41,8 +41,11 @@ struct TileKernel {
   static constexpr int64_t kRec =
       model::kTileRows *
       static_cast<int64_t>(kQ4 ? sizeof(model::BlockQ4_0) : sizeof(model::BlockQ8_0));
-  static constexpr int kMaxTok = 8;         // accumulators per tile pass
-  static constexpr int64_t kAhead = 12;
+  static constexpr int kMaxTok = 8;         // accumulators per pass over a tile (16: spills)
+  // Records prefetched ahead into L1 and into L2 (prefetches past the tensor's end are
+  // harmless). Against 12 ahead into L1 only, batch-1 Q4_0 decode ran 8-15 % faster in the
+  // engine (docs/benchmarks.md "Engine, session 12").
+  static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
 
   // One record of a tile, ready: v[c] pairs with activation bytes 4c..4c+3 of the block
@@ -52,6 +55,9 @@ struct TileKernel {
     __m512 dw;
   };
 
+  // kHigh16 (Q4_0, one token): the high nibbles stay in place (16 q), one AND instead of a
+  // shift and an AND; their chain is divided by 16 once per block instead (dots_high16).
+  template <bool kHigh16 = false>
   static Rec load(const uint8_t* rec) {
     Rec r;
     r.dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
@@ -61,7 +67,8 @@ struct TileKernel {
       for (int c = 0; c < 4; ++c) {
         const __m512i z = _mm512_loadu_si512(q + 64 * c);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z)
+                             : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
       }
     } else {
       for (int c = 0; c < 8; ++c) r.v[c] = _mm512_loadu_si512(q + 64 * c);
@@ -75,22 +82,27 @@ struct TileKernel {
     return _mm512_set1_epi32(v);
   }
 
-  // The exact dots of the 16 rows with one token's block. Two chains when they are the only
-  // work in flight (one token); integer sums, so the order does not matter.
-  template <bool kTwoChains>
+  // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
+  // chain of 8 left the tile's 8 tokens waiting on its latency (16-token products 20-30 %
+  // slower, docs/benchmarks.md "Engine, session 12"). Integer sums: the order is free.
   static __m512i dots(const Rec& r, const ActTile32& a) {
-    __m512i s0 = _mm512_set1_epi32(a.init);
-    if constexpr (kTwoChains) {
-      __m512i s1 = _mm512_setzero_si512();
-      for (int c = 0; c < 8; c += 2) {
-        s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
-        s1 = dot_u8s8<true>(s1, r.v[c + 1], bcast(a.q + 4 * c + 4));
-      }
-      return _mm512_add_epi32(s0, s1);
-    } else {
-      for (int c = 0; c < 8; ++c) s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
-      return s0;
+    __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c += 2) {
+      s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
+      s1 = dot_u8s8<true>(s1, r.v[c + 1], bcast(a.q + 4 * c + 4));
     }
+    return _mm512_add_epi32(s0, s1);
+  }
+
+  // dots() for a Rec loaded with kHigh16: the high chain sums 16 q x, a multiple of 16 below
+  // 2^31 (4 x 4 x 240 x 128 per lane), so the shift is exact and the dots are dots()'s.
+  static __m512i dots_high16(const Rec& r, const ActTile32& a) {
+    __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
+      s1 = dot_u8s8<true>(s1, r.v[4 + c], bcast(a.q + 16 + 4 * c));
+    }
+    return _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
   }
 
   // Rows [row, row + 16) x tokens [tok, tok + NT).
@@ -105,13 +117,16 @@ struct TileKernel {
     const int64_t nb = j.cols / 32;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* rec = w + b * kRec;
-      for (int64_t o = 0; o < kRec; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + kAhead * kRec + o), _MM_HINT_T0);
-      const Rec r = load(rec);
+      for (int64_t o = 0; o < kRec; o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL1 * kRec + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL2 * kRec + o), _MM_HINT_T1);
+      }
+      constexpr bool kHigh16 = kQ4 && NT == 1;
+      const Rec r = load<kHigh16>(rec);
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
-        const __m512 f =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(dots<NT == 1>(r, ab)), _mm512_set1_ps(ab.d));
+        const __m512i d = kHigh16 ? dots_high16(r, ab) : dots(r, ab);
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(ab.d));
         acc[n] = _mm512_fmadd_ps(f, r.dw, acc[n]);
       }
     }
