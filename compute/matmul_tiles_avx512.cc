@@ -76,10 +76,13 @@ struct TileKernel {
     return r;
   }
 
-  static __m512i bcast(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+  // acc += 4-byte dots of w with the 4 bytes at p broadcast, the broadcast folded into the
+  // instruction's memory operand.
+  static __m512i dot_bcast(__m512i acc, __m512i w, const int8_t* p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+            : "+v"(acc)
+            : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
   }
 
   // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
@@ -88,8 +91,8 @@ struct TileKernel {
   static __m512i dots(const Rec& r, const ActTile32& a) {
     __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 8; c += 2) {
-      s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
-      s1 = dot_u8s8<true>(s1, r.v[c + 1], bcast(a.q + 4 * c + 4));
+      s0 = dot_bcast(s0, r.v[c], a.q + 4 * c);
+      s1 = dot_bcast(s1, r.v[c + 1], a.q + 4 * c + 4);
     }
     return _mm512_add_epi32(s0, s1);
   }
@@ -99,8 +102,8 @@ struct TileKernel {
   static __m512i dots_high16(const Rec& r, const ActTile32& a) {
     __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
-      s0 = dot_u8s8<true>(s0, r.v[c], bcast(a.q + 4 * c));
-      s1 = dot_u8s8<true>(s1, r.v[4 + c], bcast(a.q + 16 + 4 * c));
+      s0 = dot_bcast(s0, r.v[c], a.q + 4 * c);
+      s1 = dot_bcast(s1, r.v[4 + c], a.q + 16 + 4 * c);
     }
     return _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
   }
