@@ -341,9 +341,7 @@ CpuSets detect_sets() {
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq");
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  const bool vbmi = vnni && __builtin_cpu_supports("avx512vbmi");
   CpuSets s;
-  if (vbmi) s.sets[s.n++] = &avx512_kernels(true, true);
   if (vnni) s.sets[s.n++] = &avx512_kernels(true);
   if (avx512) s.sets[s.n++] = &avx512_kernels(false);
   if (avx2) s.sets[s.n++] = &avx2_kernels();
@@ -360,16 +358,15 @@ const CpuSets& cpu_sets() {
 const KernelSet& active_kernels() {
   static const KernelSet* chosen = [] {
     const CpuSets& s = cpu_sets();
-    // env: TROUPE_SIMD = scalar | avx2 | avx512 | avx512-novbmi | avx512-novnni (default: the
-    // best this CPU runs), or a set's own name. Lets tests and benchmarks pin a path; an
-    // unavailable one falls back to the best.
+    // env: TROUPE_SIMD = scalar | avx2 | avx512 | avx512-novnni (default: the best this CPU
+    // runs), or a set's own name. Lets tests and benchmarks pin a path; an unavailable one
+    // falls back to the best.
     const char* env = std::getenv("TROUPE_SIMD");
     if (env == nullptr || *env == '\0') return s.sets[0];
     const std::string_view want(env);
     for (int i = 0; i < s.n; ++i) {
       const std::string_view name(s.sets[i]->name);
       const bool match = want == name || (want == "avx512" && name.starts_with("avx512")) ||
-                         (want == "avx512-novbmi" && name == "avx512-vnni") ||
                          (want == "avx512-novnni" && name == "avx512");
       if (match) return s.sets[i];
     }

@@ -1,8 +1,8 @@
 // AVX-512 matmul kernels (F, BW, VL, DQ; VNNI when the CPU has it). Float weights use f32
-// activations with one 16-lane FMA accumulator per output; quantized weights use int8
-// activations and exact integer dot products (vpdpbusd, or vpmaddubsw+vpmaddwd without VNNI:
-// both give the same integers), scaled into a 16-lane f32 accumulator per output. The K-quant
-// kernels (Q4_K, Q6_K) are in matmul_kquant_avx512.cc. Compiled with -mavx512f -mavx512bw
+// activations with one 16-lane FMA accumulator per output; Q8_0 and Q4_0 without VNNI use int8
+// activations and exact integer dot products (vpmaddubsw+vpmaddwd), scaled into a 16-lane f32
+// accumulator per output (with VNNI they run the tile kernels, matmul_tiles_avx512.cc). The
+// K-quant kernels (Q4_K, Q6_K) are in matmul_kquant_avx512.cc. Compiled with -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
@@ -191,49 +191,19 @@ inline __m512 scales4(const uint8_t* p) {
   return _mm512_cvtph_ps(words);
 }
 
-// vpermt2b (AVX512-VBMI): bytes of `a` (index bit 6 clear) or `b` (set) picked by `idx`.
-// Inline assembly, as for vpdpwssd: the file is not compiled for VBMI, and the caller checks it.
-inline __m512i permute2_bytes(__m512i idx, __m512i a, __m512i b) {
-  __asm__("vpermt2b %2, %1, %0" : "+v"(a) : "v"(idx), "v"(b));
-  return a;
-}
-
-// With VBMI, a Q4_0 group's four 16-byte quant runs (bytes 2-17, 20-35, 38-53, 56-71 of its 72
-// bytes) come out of one two-register byte permute instead of four loads and three inserts.
-inline __m512i q4_0_quants_vbmi(const uint8_t* p) {
-  static_assert(sizeof(BlockQ4_0) == 18 && offsetof(BlockQ4_0, qs) == 2);
-  alignas(64) static constexpr auto kIdx = [] {
-    std::array<uint8_t, 64> idx{};
-    for (int i = 0; i < 4; ++i)
-      for (int k = 0; k < 16; ++k)
-        idx[static_cast<size_t>(16 * i + k)] =
-            static_cast<uint8_t>(18 * i + 2 + k);  // >= 64: from the second register
-    return idx;
-  }();
-  const __m512i lo = _mm512_loadu_si512(p);
-  // The group's last 8 bytes only: a 64-byte load could run past the end of the tensor.
-  const __m512i hi =
-      _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
-  return permute2_bytes(_mm512_load_si512(kIdx.data()), lo, hi);
-}
-
-template <GgmlType kType, bool kVnni, bool kVbmi = false>
+template <GgmlType kType>
 struct Blocks32Kernel {
-  static_assert(!kVbmi || kType == GgmlType::kQ4_0);
   using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
   static constexpr int kRows = 4;
   static constexpr int kDecodeRowsQ4 = 8;  // Q4_0, one token (rows below)
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;     // tiled_rows (few tokens)
   static constexpr int64_t kStreamBlock = 32;  // streaming (many tokens)
-  // The activations' init: Q4_0 values are q - 8 with q in [0, 15] the unsigned operand;
-  // Q8_0 values w become the unsigned w + 128 (VNNI; without it, |w| against sign-adjusted x).
-  static constexpr int kInit = kType == GgmlType::kQ4_0 ? -8 : -128;
 
   // One row's group, prepared once and used by every token of the tile.
   struct WGroup {
     __m512i a, b;            // unsigned operands for parts A and B
-    __mmask64 neg_a, neg_b;  // Q8_0 without VNNI: negative values
+    __mmask64 neg_a, neg_b;  // Q8_0: negative values
     __m512 dw;               // block scales by lane
   };
 
@@ -243,23 +213,17 @@ struct Blocks32Kernel {
     g.dw = scales4<sizeof(Block)>(p);
     g.neg_a = g.neg_b = 0;
     if constexpr (kType == GgmlType::kQ4_0) {
-      const __m512i z =
-          kVbmi ? q4_0_quants_vbmi(p) : load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+      const __m512i z = load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       g.a = _mm512_and_si512(z, m4);
       g.b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
     } else {
       const __m512i wa = load4x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
       const __m512i wb = load4x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
-      if constexpr (kVnni) {
-        g.a = _mm512_xor_si512(wa, _mm512_set1_epi8(-128));
-        g.b = _mm512_xor_si512(wb, _mm512_set1_epi8(-128));
-      } else {
-        g.a = _mm512_abs_epi8(wa);
-        g.b = _mm512_abs_epi8(wb);
-        g.neg_a = _mm512_movepi8_mask(wa);
-        g.neg_b = _mm512_movepi8_mask(wb);
-      }
+      g.a = _mm512_abs_epi8(wa);
+      g.b = _mm512_abs_epi8(wb);
+      g.neg_a = _mm512_movepi8_mask(wa);
+      g.neg_b = _mm512_movepi8_mask(wb);
     }
     return g;
   }
@@ -267,10 +231,7 @@ struct Blocks32Kernel {
   // Exact int32 lane dots of one group with one token's activations.
   static __m512i lane_dots(const WGroup& g, const uint8_t* act) {
     const __m512i xa = _mm512_loadu_si512(act), xb = _mm512_loadu_si512(act + 64);
-    if constexpr (kVnni) {
-      const __m512i init = _mm512_loadu_si512(act + 128);
-      return dot_u8s8<true>(dot_u8s8<true>(init, g.a, xa), g.b, xb);
-    } else if constexpr (kType == GgmlType::kQ4_0) {
+    if constexpr (kType == GgmlType::kQ4_0) {
       // Pair sums stay below 2 * 2 * 15 * 127 < 2^15: add them as int16.
       const __m512i pairs =
           _mm512_add_epi16(_mm512_maddubs_epi16(g.a, xa), _mm512_maddubs_epi16(g.b, xb));
@@ -414,30 +375,32 @@ TypeKernels float_kernels() {
   return k;
 }
 
-template <bool kVnni, bool kVbmi>
+template <bool kVnni>
 KernelSet make_set() {
   KernelSet s{};
-  s.name = kVnni ? (kVbmi ? "avx512-vnni-vbmi" : "avx512-vnni") : "avx512";
+  s.name = kVnni ? "avx512-vnni" : "avx512";
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
-  s.q8_0 =
-      streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0, kVnni>>(act32_bytes, quantize_act32<-128>);
-  // VBMI only changes how Q4_0 groups are loaded (same lanes, same results).
-  s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0, kVnni, kVbmi>>(act32_bytes,
-                                                                            quantize_act32<-8>);
+  if constexpr (kVnni) {
+    // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (gathering 16 rows
+    // at a time from rows): a matrix gives the same bits mapped from its file and copied into
+    // tiles.
+    avx512_tile_kernels(&s.q8_0_t16, &s.q4_0_t16, &s.q8_0, &s.q4_0);
+  } else {
+    s.q8_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32<-128>);
+    s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
+  }
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
-  if (kVnni) avx512_tile_kernels(&s.q8_0_t16, &s.q4_0_t16);
   return s;
 }
 
 }  // namespace
 
-const KernelSet& avx512_kernels(bool use_vnni, bool use_vbmi) {
-  static const KernelSet vnni_vbmi = make_set<true, true>();
-  static const KernelSet vnni = make_set<true, false>();
-  static const KernelSet plain = make_set<false, false>();
-  return use_vnni ? (use_vbmi ? vnni_vbmi : vnni) : plain;
+const KernelSet& avx512_kernels(bool use_vnni) {
+  static const KernelSet vnni = make_set<true>();
+  static const KernelSet plain = make_set<false>();
+  return use_vnni ? vnni : plain;
 }
 
 }  // namespace troupe::compute::detail

@@ -5,8 +5,10 @@
 // rows' weight scales) is 3 instructions for 16 rows. The row-layout kernels spend those 3 per
 // 8 values of one row: with tiles, 8 of every 11 instructions of a token are dot products.
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
-// kernel's, whatever the tile's token count (batch invariance). Compiled with the AVX-512 flags
-// of *_avx512.cc; runs only where VNNI was detected.
+// kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
+// serve Q4_0 and Q8_0 in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
+// same bits mapped from its file or tiled in memory. Compiled with the AVX-512 flags of
+// *_avx512.cc; runs only where VNNI was detected.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,7 +37,11 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-template <GgmlType kType>
+// kRowsIn: the same kernel reading a matrix in ggml's rows (a mapped file): each block of 16
+// rows is gathered into a record's registers (one dword gather per 64-byte chunk, one for the
+// scales), and a last tile of fewer rows masks its lanes. Same arithmetic, so the same bits as
+// the tiled matrix: where the weights live never changes a result.
+template <GgmlType kType, bool kRowsIn = false>
 struct TileKernel {
   static constexpr bool kQ4 = kType == GgmlType::kQ4_0;
   static constexpr int64_t kRec =
@@ -97,6 +103,47 @@ struct TileKernel {
     return _mm512_add_epi32(s0, s1);
   }
 
+  // The rows of one tile in ggml's layout: row i at base + i * row_bytes, lanes >= n masked.
+  struct RowSource {
+    const uint8_t* base;
+    __m512i offsets;
+    __mmask16 valid;
+  };
+
+  static RowSource row_source(const uint8_t* base, int64_t row_bytes, int64_t n) {
+    alignas(64) int32_t off[16];
+    for (int i = 0; i < 16; ++i) off[i] = static_cast<int32_t>(i * row_bytes);
+    return {base, _mm512_load_si512(off), static_cast<__mmask16>((1u << n) - 1)};
+  }
+
+  // Block b of the 16 rows as a record (load()'s registers).
+  template <bool kHigh16 = false>
+  static Rec gather(const RowSource& src, int64_t b) {
+    constexpr int64_t kBlock = kRec / model::kTileRows;
+    const uint8_t* p = src.base + b * kBlock;
+    const __m512i zero = _mm512_setzero_si512();
+    Rec r;
+    // The dword at the block's start: its f16 scale (low half; masked lanes 0).
+    const __m512i d = _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p, 1);
+    r.dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+    if constexpr (kQ4) {
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m512i z =
+            _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1);
+        r.v[c] = _mm512_and_si512(z, m4);
+        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z)
+                             : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128
+      for (int c = 0; c < 8; ++c)
+        r.v[c] = _mm512_xor_si512(
+            _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1), flip);
+    }
+    return r;
+  }
+
   // dots() for a Rec loaded with kHigh16: the high chain sums 16 q x, a multiple of 16 below
   // 2^31 (4 x 4 x 240 x 128 per lane), so the shift is exact and the dots are dots()'s.
   static __m512i dots_high16(const Rec& r, const ActTile32& a) {
@@ -108,9 +155,10 @@ struct TileKernel {
     return _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
   }
 
-  // Rows [row, row + 16) x tokens [tok, tok + NT).
+  // Rows [row, row + n_rows) (n_rows < 16 only for kRowsIn's last tile) x tokens
+  // [tok, tok + NT).
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok) {
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows) {
     const uint8_t* w = j.w + row * j.w_row_bytes;
     const ActTile32* a[NT];
     for (int n = 0; n < NT; ++n)
@@ -118,14 +166,27 @@ struct TileKernel {
     __m512 acc[NT];
     for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
     const int64_t nb = j.cols / 32;
+    [[maybe_unused]] RowSource src{};
+    if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* rec = w + b * kRec;
-      for (int64_t o = 0; o < kRec; o += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL1 * kRec + o), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL2 * kRec + o), _MM_HINT_T1);
-      }
       constexpr bool kHigh16 = kQ4 && NT == 1;
-      const Rec r = load<kHigh16>(rec);
+      Rec r;
+      if constexpr (kRowsIn) {
+        // The next tile's rows at this block (the rows after this tile's, in the file).
+        constexpr int64_t kBlock = kRec / model::kTileRows;
+        if ((b * kBlock) % 64 < kBlock)
+          for (int i = 0; i < 16; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(w + (16 + i) * j.w_row_bytes + b * kBlock),
+                         _MM_HINT_T0);
+        r = gather<kHigh16>(src, b);
+      } else {
+        const uint8_t* rec = w + b * kRec;
+        for (int64_t o = 0; o < kRec; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL1 * kRec + o), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL2 * kRec + o), _MM_HINT_T1);
+        }
+        r = load<kHigh16>(rec);
+      }
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
         const __m512i d = kHigh16 ? dots_high16(r, ab) : dots(r, ab);
@@ -133,16 +194,18 @@ struct TileKernel {
         acc[n] = _mm512_fmadd_ps(f, r.dw, acc[n]);
       }
     }
-    for (int n = 0; n < NT; ++n) _mm512_storeu_ps(j.y + (tok + n) * j.y_stride + row, acc[n]);
+    const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
+    for (int n = 0; n < NT; ++n)
+      _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
   }
 
   template <int NT>
-  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n) {
+  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n, int64_t n_rows) {
     if constexpr (NT >= 1) {
       if (n == NT) {
-        tile<NT>(j, row, tok);
+        tile<NT>(j, row, tok, n_rows);
       } else {
-        tail<NT - 1>(j, row, tok, n);
+        tail<NT - 1>(j, row, tok, n, n_rows);
       }
     }
   }
@@ -151,29 +214,33 @@ struct TileKernel {
     for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
       const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
       for (int64_t r = r0; r < r1; r += model::kTileRows) {
+        const int64_t n_rows = std::min<int64_t>(model::kTileRows, r1 - r);
         int64_t t = t0;
-        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t);
-        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t);
+        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t, n_rows);
+        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t, n_rows);
       }
     }
   }
 };
 
-template <GgmlType kType>
+template <GgmlType kType, bool kRowsIn>
 TypeKernels tile_kernels() {
   TypeKernels k;
   k.act_row_bytes = act_tile32_bytes;
   k.quantize = quantize_tile_act<kType>;
-  k.rows = TileKernel<kType>::rows;
+  k.rows = TileKernel<kType, kRowsIn>::rows;
   k.row_tile = static_cast<int>(model::kTileRows);
   return k;
 }
 
 }  // namespace
 
-void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0) {
-  *q8_0 = tile_kernels<GgmlType::kQ8_0>();
-  *q4_0 = tile_kernels<GgmlType::kQ4_0>();
+void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
+                         TypeKernels* q4_0_rows) {
+  *q8_0 = tile_kernels<GgmlType::kQ8_0, false>();
+  *q4_0 = tile_kernels<GgmlType::kQ4_0, false>();
+  *q8_0_rows = tile_kernels<GgmlType::kQ8_0, true>();
+  *q4_0_rows = tile_kernels<GgmlType::kQ4_0, true>();
 }
 
 }  // namespace troupe::compute::detail

@@ -54,7 +54,7 @@ struct TypeKernels {
 /// q8_0_t16 and q4_0_t16 read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
-  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-vbmi"
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
   TypeKernels q8_0_t16, q4_0_t16;
   const TypeKernels* find(model::GgmlType t,
@@ -80,8 +80,8 @@ inline constexpr int tile_init(model::GgmlType t) { return t == model::GgmlType:
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C
-// Requires AVX-512 F/BW/VL/DQ, and VNNI (and VBMI) where asked; VBMI only with VNNI.
-const KernelSet& avx512_kernels(bool use_vnni, bool use_vbmi = false);
+// Requires AVX-512 F/BW/VL/DQ, and VNNI where asked.
+const KernelSet& avx512_kernels(bool use_vnni);
 
 /// Every kernel set this CPU can run, best first (the first is what matmul() uses unless
 /// TROUPE_SIMD says otherwise).
