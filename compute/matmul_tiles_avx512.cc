@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/check.h"
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
@@ -211,6 +212,10 @@ struct TileKernel {
   }
 
   static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+    // The gathers' offsets (15 rows) are int32: rows of up to ~140 M bytes.
+    TROUPE_CHECK(!kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / model::kTileRows,
+                 "matmul: rows of %lld bytes are too long for the gathering kernel",
+                 static_cast<long long>(j.w_row_bytes));
     for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
       const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
       for (int64_t r = r0; r < r1; r += model::kTileRows) {
