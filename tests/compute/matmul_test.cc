@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/thread_pool.h"
+#include "tests/compute/matmul_test_util.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -20,6 +21,7 @@ namespace {
 
 using model::GgmlType;
 using model::WeightView;
+using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
                                GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
@@ -30,12 +32,6 @@ bool is_float(GgmlType t) {
 
 int64_t block_elems(GgmlType t) {
   return model::type_traits(static_cast<uint32_t>(t))->block_elems;
-}
-
-std::vector<const detail::KernelSet*> kernel_sets() {
-  const detail::KernelSet* sets[8];
-  const int n = detail::supported_kernel_sets(sets, 8);
-  return {sets, sets + n};
 }
 
 // A weight matrix owning its bytes.
@@ -80,14 +76,6 @@ Weights make_weights(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
-std::vector<float> random_x(int64_t n_tok, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  std::vector<float> x(static_cast<size_t>(n_tok * cols));
-  for (auto& v : x) v = uni(rng);
-  return x;
-}
-
 // Reference: dequantized row, double dot. Also returns sum |w_k x_k| (the error scale).
 void reference(const WeightView& w, const float* x, int64_t n_tok, std::vector<double>& y,
                std::vector<double>& scale) {
@@ -113,13 +101,6 @@ void reference(const WeightView& w, const float* x, int64_t n_tok, std::vector<d
 // Error bound relative to sum |w_k x_k|: f32 accumulation for float weights; for quantized
 // weights the int8 activations (error <= amax/254 per value, about 1/127 of that sum).
 double tolerance(GgmlType t) { return is_float(t) ? 2e-6 : 1.2e-2; }
-
-std::vector<float> run(const detail::KernelSet& ks, const WeightView& w,
-                       const std::vector<float>& x, int64_t n_tok, ThreadPool* pool) {
-  std::vector<float> y(static_cast<size_t>(n_tok * w.rows()), -12345.f);
-  detail::matmul_with(ks, w, x.data(), w.cols(), n_tok, y.data(), w.rows(), pool);
-  return y;
-}
 
 void expect_near_reference(const detail::KernelSet& ks, GgmlType t, int64_t rows, int64_t cols,
                            int64_t n_tok, ThreadPool* pool) {

@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "model/weight_tiles.h"
+#include "tests/compute/matmul_test_util.h"
 
 namespace troupe::compute {
 namespace {
@@ -31,6 +32,7 @@ namespace {
 using model::GgmlType;
 using model::WeightLayout;
 using model::WeightView;
+using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
 constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0};
 
@@ -63,27 +65,6 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
   p.tiles.data = p.tile_bytes.data();
   p.tiles.layout = WeightLayout::kTiles16;
   return p;
-}
-
-std::vector<float> random_x(int64_t n_tok, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  std::vector<float> x(static_cast<size_t>(n_tok * cols));
-  for (auto& v : x) v = uni(rng);
-  return x;
-}
-
-std::vector<const detail::KernelSet*> kernel_sets() {
-  const detail::KernelSet* sets[8];
-  const int n = detail::supported_kernel_sets(sets, 8);
-  return {sets, sets + n};
-}
-
-std::vector<float> run(const detail::KernelSet& ks, const WeightView& w,
-                       const std::vector<float>& x, int64_t n_tok, ThreadPool* pool) {
-  std::vector<float> y(static_cast<size_t>(n_tok * w.rows()), -12345.f);
-  detail::matmul_with(ks, w, x.data(), w.cols(), n_tok, y.data(), w.rows(), pool);
-  return y;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -1,0 +1,38 @@
+// Helpers shared by the matmul tests (matmul_test.cc, matmul_tiles_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "compute/detail/matmul_kernels.h"
+#include "compute/thread_pool.h"
+#include "model/model_spec.h"
+
+namespace troupe::compute::matmultest {
+
+/// n_tok rows of cols uniform values in [-1, 1).
+inline std::vector<float> random_x(int64_t n_tok, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(n_tok * cols));
+  for (auto& v : x) v = uni(rng);
+  return x;
+}
+
+/// Every kernel set this CPU runs, best first (the scalar one last).
+inline std::vector<const detail::KernelSet*> kernel_sets() {
+  const detail::KernelSet* sets[8];
+  const int n = detail::supported_kernel_sets(sets, 8);
+  return {sets, sets + n};
+}
+
+/// w times x's first n_tok rows through kernel set ks (dense output, -12345 where unwritten).
+inline std::vector<float> run(const detail::KernelSet& ks, const model::WeightView& w,
+                              const std::vector<float>& x, int64_t n_tok, ThreadPool* pool) {
+  std::vector<float> y(static_cast<size_t>(n_tok * w.rows()), -12345.f);
+  detail::matmul_with(ks, w, x.data(), w.cols(), n_tok, y.data(), w.rows(), pool);
+  return y;
+}
+
+}  // namespace troupe::compute::matmultest
