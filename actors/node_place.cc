@@ -2,6 +2,7 @@
 // files share are in node_common.cc).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -263,12 +264,13 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // CPU computes with them and the copy fits (model::choose_weight_storage); a node whose
   // stages are all on GPUs uploads from the mapping, and a copy would only cost time.
   const bool cpu_here = cpu_actors_on(pl, me, st.plan) > 0;
-  // The copy puts int8 matrices in the CPU kernels' tiles only where no GPU stage here uploads
-  // from it (the GPU engine reads rows).
-  bool gpu_here = false;
-  for (size_t k = 0; k < pl.stages.size() && k < st.plan.stages.size(); ++k)
-    gpu_here |= pl.stages[k].node_id == me && !st.plan.stages[k].on_cpu();
-  const bool tile_int8 = cpu_here && !gpu_here && compute::int8_tiles_supported();
+  // The copy puts int8 matrices in the CPU kernels' tiles only in a plan without GPU stages: the
+  // GPU engine uploads rows, and a later re-placement may give this node a GPU stage whose
+  // tensors an earlier (tiled) copy already holds.
+  const bool gpu_in_plan =
+      std::any_of(st.plan.stages.begin(), st.plan.stages.end(),
+                  [](const StagePlan& s) { return !s.on_cpu(); });
+  const bool tile_int8 = cpu_here && !gpu_in_plan && compute::int8_tiles_supported();
   const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
   model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;
   if (storage == model::WeightStorage::kAuto && !cpu_here) storage = model::WeightStorage::kMap;

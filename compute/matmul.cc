@@ -125,7 +125,10 @@ float quantize_int8(const float* x, int n, int8_t* q) {
     std::memset(q, 0, static_cast<size_t>(n));
     return NAN;
   }
-  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  // A block this small (amax < 127 / FLT_MAX) would scale to infinity: it quantizes to zeros,
+  // as on every SIMD path.
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const float id = inv <= FLT_MAX ? inv : 0.f;
   for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
   return amax / 127.f;
 }

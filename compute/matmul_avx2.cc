@@ -135,7 +135,8 @@ float quantize_block(const float* x, int n_vec, int8_t* q, int32_t* gsum16) {
     if (gsum16 != nullptr) std::memset(gsum16, 0, sizeof(int32_t) * static_cast<size_t>(n_vec / 2));
     return NAN;
   }
-  const __m256 id = _mm256_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  const float inv = m > 0.f ? 127.f / m : 0.f;  // too small a block: zeros (quantize_int8)
+  const __m256 id = _mm256_set1_ps(inv <= FLT_MAX ? inv : 0.f);
   for (int i = 0; i < n_vec; i += 4) {  // 32 values: 4 x 8 int32 -> 32 int8
     __m256i v[4];
     for (int u = 0; u < 4; ++u)

@@ -82,6 +82,16 @@ std::vector<FileMapping> file_mappings() {
   return out;
 }
 
+// Whether the n bytes at p lie wholly in one of `maps` (sorted by begin).
+bool in_file_mapping(const std::vector<FileMapping>& maps, const uint8_t* p, uint64_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = std::upper_bound(maps.begin(), maps.end(), a,
+                             [](uintptr_t x, const FileMapping& fm) { return x < fm.begin; });
+  if (it == maps.begin()) return false;
+  --it;
+  return a + n <= it->end;
+}
+
 // Reads n bytes at `offset` of fd into dst; false on an error or an early end of file.
 bool pread_all(int fd, uint8_t* dst, uint64_t n, uint64_t offset) {
   while (n > 0) {
@@ -259,14 +269,20 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
     i = e;
   }
   std::vector<size_t> todo;  // group indices
+  const uint8_t* end_so_far = nullptr;  // the furthest end of all earlier groups
   for (size_t g = 0; g < groups.size(); ++g) {
     const WeightView* w = in_copy[groups[g].first];
-    const bool overlaps_prev =
-        g > 0 && in_copy[groups[g - 1].first]->data + in_copy[groups[g - 1].first]->nbytes() >
-                     w->data;
+    // Groups start in address order: one overlaps an earlier group (not only the one just
+    // before: a large view may hold several) when that group ends past its start, and a later
+    // one when the next group starts before its end.
+    const bool overlaps_earlier = end_so_far != nullptr && end_so_far > w->data;
     const bool overlaps_next =
         g + 1 < groups.size() && w->data + w->nbytes() > in_copy[groups[g + 1].first]->data;
-    if (tileable(*w) && !overlaps_prev && !overlaps_next) todo.push_back(g);
+    if (tileable(*w) && !overlaps_earlier && !overlaps_next) todo.push_back(g);
+    const uint8_t* end = w->data + w->nbytes();
+    for (size_t i = groups[g].first; i < groups[g].second; ++i)
+      end = std::max(end, in_copy[i]->data + in_copy[i]->nbytes());
+    if (end_so_far == nullptr || end > end_so_far) end_so_far = end;
   }
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -371,9 +387,12 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   for (const auto& [path, f] : files)
     if (f.fd >= 0) ::close(f.fd);
   // Drop the copied file pages from this process (the page cache may keep them): the mapping
-  // stays valid and would fault them in again if anything read it.
+  // stays valid and would fault them in again if anything read it. Only file mappings: on
+  // anonymous memory (weights a loader converted, an earlier copy) MADV_DONTNEED would zero the
+  // source, which the model copied from may still read.
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (const auto& m : merged) {
+    if (!in_file_mapping(maps, m.begin, static_cast<uint64_t>(m.end - m.begin))) continue;
     const uintptr_t b = (reinterpret_cast<uintptr_t>(m.begin) + page - 1) & ~(page - 1);
     const uintptr_t e = reinterpret_cast<uintptr_t>(m.end) & ~(page - 1);
     if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);

@@ -53,7 +53,8 @@ inline float quantize_vecs(const float* x, int n_vec, __m512i* q) {
     for (int i = 0; i < n_vec; ++i) q[i] = _mm512_setzero_si512();
     return NAN;
   }
-  const __m512 id = _mm512_set1_ps(m > 0.f ? 127.f / m : 0.f);
+  const float inv = m > 0.f ? 127.f / m : 0.f;  // too small a block: zeros (quantize_int8)
+  const __m512 id = _mm512_set1_ps(inv <= FLT_MAX ? inv : 0.f);
   for (int i = 0; i < n_vec; ++i) q[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], id));
   return m / 127.f;
 }

@@ -203,6 +203,23 @@ TEST(TiledMatmul, NonFiniteInputPropagates) {
   }
 }
 
+// A block whose largest value is below 127 / FLT_MAX would scale to infinity: it quantizes to
+// zeros on every path (once undefined behaviour in the scalar path), so the products stay
+// finite and every path gives the scalar tile kernel's bits.
+TEST(TiledMatmul, TinyBlocksQuantizeToZeroOnEveryPath) {
+  const auto sets = kernel_sets();
+  const Pair p = make_pair(GgmlType::kQ4_0, 16, 96, 4);
+  auto x = random_x(2, 96, 5);
+  for (int k = 32; k < 64; ++k) x[static_cast<size_t>(k)] = 1e-38f * static_cast<float>(k % 3);
+  const auto want = run(*sets.back(), p.tiles, x, 2, nullptr);
+  for (float v : want) EXPECT_TRUE(std::isfinite(v));
+  for (const auto* ks : sets) {
+    EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, 2, nullptr), want)) << ks->name;
+    const auto rows = run(*ks, p.rows, x, 2, nullptr);
+    for (size_t i = 0; i < rows.size(); ++i) EXPECT_TRUE(std::isfinite(rows[i])) << ks->name;
+  }
+}
+
 TEST(TiledMatmul, GetRowReadsTiles) {
   for (GgmlType t : kInt8Types) {
     const Pair p = make_pair(t, 32, 96, 9);
@@ -216,6 +233,53 @@ TEST(TiledMatmul, GetRowReadsTiles) {
 }
 
 // --- a model copied with tiles ---
+
+// A view inside a larger view (here a Q8_0 matrix inside an f32 tensor, with another small view
+// between them in address order) is never tiled: that would scramble the larger view's bytes.
+// The copy leaves its source intact (anonymous memory, as a converting loader makes).
+TEST(WeightTiles, ACopyTilesNoViewInsideAnother) {
+  auto m = std::make_shared<model::Model>();
+  m->path = "test";
+  const int64_t q8_row = model::row_bytes(GgmlType::kQ8_0, 32);  // 34
+  auto buf = std::make_shared<std::vector<uint8_t>>(65536);
+  std::mt19937 rng(3);
+  for (auto& b : *buf) b = static_cast<uint8_t>(rng());
+  for (int64_t r = 0; r < 16; ++r) {  // sane f16 scales for both Q8_0 views
+    const uint16_t d = model::fp32_to_fp16(0.01f);
+    std::memcpy(buf->data() + r * q8_row, &d, 2);
+    std::memcpy(buf->data() + 4096 + r * q8_row, &d, 2);
+  }
+  const std::vector<uint8_t> before = *buf;
+  m->storage.push_back(buf);
+  model::ModelSpec& spec = m->spec;
+  spec.token_embd.name = "big";
+  spec.token_embd.type = GgmlType::kF32;
+  spec.token_embd.ne[0] = 64;
+  spec.token_embd.ne[1] = 256;  // 64 KiB: holds both matrices below
+  spec.token_embd.data = buf->data();
+  model::LayerSpec L;
+  L.wq.name = "first";
+  L.wq.type = GgmlType::kQ8_0;
+  L.wq.ne[0] = 32;
+  L.wq.ne[1] = 16;
+  L.wq.data = buf->data();
+  L.wk = L.wq;
+  L.wk.name = "inside";
+  L.wk.data = buf->data() + 4096;
+  L.wv.name = "between";  // the group just before "inside", ending well before it
+  L.wv.type = GgmlType::kF32;
+  L.wv.ne[0] = 64;
+  L.wv.data = buf->data() + 2048;
+  spec.layers.push_back(L);
+  auto copy = model::copy_weights_to_memory(m, {}, 2, true);
+  ASSERT_TRUE(copy.has_value()) << copy.error().message;
+  model::for_each_weight((*copy)->spec, [&](const WeightView& w) {
+    EXPECT_EQ(w.layout, WeightLayout::kRows) << w.name << " lies inside another view";
+  });
+  const auto& big = (*copy)->spec.token_embd;
+  EXPECT_EQ(std::memcmp(big.data, before.data(), before.size()), 0) << "the copy changed";
+  EXPECT_EQ(*buf, before) << "the source changed";
+}
 
 std::vector<float> logits_of(std::shared_ptr<const model::Model> m,
                              const std::vector<std::vector<int32_t>>& prompts, size_t which) {
