@@ -267,9 +267,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // The copy puts int8 matrices in the CPU kernels' tiles only in a plan without GPU stages: the
   // GPU engine uploads rows, and a later re-placement may give this node a GPU stage whose
   // tensors an earlier (tiled) copy already holds.
-  const bool gpu_in_plan =
-      std::any_of(st.plan.stages.begin(), st.plan.stages.end(),
-                  [](const StagePlan& s) { return !s.on_cpu(); });
+  const bool gpu_in_plan = std::any_of(st.plan.stages.begin(), st.plan.stages.end(),
+                                       [](const StagePlan& s) { return !s.on_cpu(); });
   const bool tile_int8 = cpu_here && !gpu_in_plan && compute::int8_tiles_supported();
   const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
   model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;

@@ -166,9 +166,9 @@ int main(int argc, char** argv) {
                             : (weights == "rows" || weights == "tiles");
     if (!want) continue;
     const double t0 = now_s();
-    auto copy = model::copy_weights_to_memory(
-        *m, {}, static_cast<int>(std::thread::hardware_concurrency()),
-        tiles && compute::int8_tiles_supported());
+    auto copy =
+        model::copy_weights_to_memory(*m, {}, static_cast<int>(std::thread::hardware_concurrency()),
+                                      tiles && compute::int8_tiles_supported());
     if (!copy) {
       std::fprintf(stderr, "engine_bench: %s\n", copy.error().message.c_str());
       return 1;

@@ -3,11 +3,11 @@
 // reported as weight GB/s against the measured memory bandwidth (weights are streamed from
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
-// Q8_0 and Q4_0 also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 and q4_0/t16, the
+// Q8_0, Q4_0 and Q4_K also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the
 // layout the CPU engine's weights copy uses where int8_tiles_supported(); quantized types also
 // report GOP/s against the measured int8 dot-product peak.
-// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16 q4_0/t16 q4_K q6_K;
-//        default all)
+// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16 q4_0/t16 q4_K
+//        q4_K/t16 q6_K; default all)
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
@@ -178,8 +178,9 @@ int main(int argc, char** argv) {
   std::printf(
       "  f32 FMA peak (measured, best pass): %.0f GFLOP/s (1 thread), %.0f GFLOP/s (2 threads)\n",
       peak[0], peak[1]);
-  std::printf("  int8 dot peak (measured, best pass): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n\n",
-              i8peak[0], i8peak[1]);
+  std::printf(
+      "  int8 dot peak (measured, best pass): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n\n",
+      i8peak[0], i8peak[1]);
 
   struct Kind {
     GgmlType type;
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
                         {GgmlType::kBF16, false}, {GgmlType::kQ8_0, false},
                         {GgmlType::kQ4_0, false}, {GgmlType::kQ8_0, true},
                         {GgmlType::kQ4_0, true},  {GgmlType::kQ4_K, false},
-                        {GgmlType::kQ6_K, false}};
+                        {GgmlType::kQ4_K, true},  {GgmlType::kQ6_K, false}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",

@@ -565,9 +565,8 @@ int main(int argc, char** argv) {
   // stage's tensors under "auto" or "memory"; here one copy of all of them).
   {
     std::string why;
-    auto placed =
-        model::place_weights(b.model, *model::parse_weight_storage(b.o.weights), {}, 2, &why,
-                             compute::int8_tiles_supported());
+    auto placed = model::place_weights(b.model, *model::parse_weight_storage(b.o.weights), {}, 2,
+                                       &why, compute::int8_tiles_supported());
     if (!placed) fail(placed.error().message);
     const bool copied = *placed != b.model;
     b.model = *placed;

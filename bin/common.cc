@@ -19,8 +19,7 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path)
 }
 
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
-                                                        const std::string& weights,
-                                                        bool cpu_only) {
+                                                        const std::string& weights, bool cpu_only) {
   auto storage = model::parse_weight_storage(weights);
   if (!storage) throw CliError("--" + storage.error().message);
   auto m = load_model_or_throw(path);

@@ -31,6 +31,7 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
   if (layout == model::WeightLayout::kTiles16) {
     if (t == GgmlType::kQ8_0) k = &q8_0_t16;
     if (t == GgmlType::kQ4_0) k = &q4_0_t16;
+    if (t == GgmlType::kQ4_K) k = &q4_k_t16;
     if (k == nullptr) return nullptr;
     // A level without SIMD tile kernels reads tiles with the scalar ones (the same bits).
     return k->rows ? k : scalar_kernels().find(t, layout);
@@ -226,6 +227,58 @@ void tiles_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
             }
           }
         acc = std::fma(static_cast<float>(dot) * a[b].d, fp16_to_fp32(dw), acc);
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Activations of the Q4_K tile kernels (ActTileK, matmul_kernels.h).
+void quantize_act_tilek(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileK*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    a[s].d = quantize_int8(x + s * kQK_K, kQK_K, a[s].q);
+    for (int j = 0; j < 8; ++j) {
+      int32_t sum = 0;
+      for (int i = 0; i < 32; ++i) sum += a[s].q[32 * j + i];
+      a[s].xsum[kTileKSumSlot[j]] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+// Q4_K in 16-row tiles, one output at a time: the reference for the SIMD tile kernels (the
+// same bits: ActTileK's recurrence). A record: d x16, dmin x16 (f16), 3 chunks of packed
+// scales, 32 chunks of qs (model/weight_tiles.h).
+void tiles_rows_q4k(const MatmulJob& j, int64_t r0, int64_t r1) {
+  constexpr int64_t kRec = model::kTileRows * sizeof(BlockQ4_K);
+  const int64_t nsb = j.cols / kQK_K;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* tile = j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes;
+    const int64_t i = r % model::kTileRows;
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActTileK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* rec = tile + s * kRec;
+        auto chunk_byte = [&](int64_t m) { return rec[64 + 64 * (m / 4) + 4 * i + m % 4]; };
+        uint16_t d16, dmin16;
+        std::memcpy(&d16, rec + 2 * i, 2);
+        std::memcpy(&dmin16, rec + 32 + 2 * i, 2);
+        uint8_t packed[12], sc[8], mn[8];
+        for (int k = 0; k < 12; ++k) packed[k] = chunk_byte(k);
+        q4k_scales_mins(packed, sc, mn);
+        int32_t tot = 0, msum = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          int32_t dot = 0;
+          for (int k = 0; k < 32; ++k) {
+            const int q = chunk_byte(12 + (sb / 2) * 32 + k);
+            dot += (sb % 2 == 0 ? q & 15 : q >> 4) * a[s].q[32 * sb + k];
+          }
+          tot += sc[sb] * dot;
+          msum += mn[sb] * a[s].xsum[kTileKSumSlot[sb]];
+        }
+        const float m2 = static_cast<float>(msum) * fp16_to_fp32(dmin16);
+        acc = std::fma(std::fma(static_cast<float>(tot), fp16_to_fp32(d16), -m2), a[s].d, acc);
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -431,6 +484,10 @@ const KernelSet& scalar_kernels() {
     k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
     k.q8_0_t16.rows = tiles_rows<GgmlType::kQ8_0>;
     k.q4_0_t16.rows = tiles_rows<GgmlType::kQ4_0>;
+    k.q4_k_t16.act_row_bytes = act_tilek_bytes;
+    k.q4_k_t16.quantize = quantize_act_tilek;
+    k.q4_k_t16.rows = tiles_rows_q4k;
+    k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
     return k;
   }();
   return ks;
@@ -567,10 +624,10 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   for (const MatmulTarget& t : targets) {
     if (!together) break;
     const TypeKernels* k = ks.find(t.w.type, t.w.layout);
-    together = k != nullptr && t.w.type == targets[0].w.type &&
-               t.w.layout == targets[0].w.layout && t.w.cols() == targets[0].w.cols() &&
-               t.w.cols() > 0 && t.w.rows() >= 2 * k->row_tile * n_threads &&
-               x_stride >= t.w.cols() && t.y_stride >= t.w.rows();
+    together = k != nullptr && t.w.type == targets[0].w.type && t.w.layout == targets[0].w.layout &&
+               t.w.cols() == targets[0].w.cols() && t.w.cols() > 0 &&
+               t.w.rows() >= 2 * k->row_tile * n_threads && x_stride >= t.w.cols() &&
+               t.y_stride >= t.w.rows();
     macs += t.w.rows() * t.w.cols() * n_tok;
   }
   if (!together || macs < kMinParallelMacs) {
@@ -610,7 +667,7 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
 bool int8_tiles_supported() {
   const detail::KernelSet& ks = detail::active_kernels();
   return ks.q8_0_t16.rows != nullptr && ks.q4_0_t16.rows != nullptr &&
-         std::string_view(ks.name) != "scalar";
+         ks.q4_k_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

@@ -392,6 +392,7 @@ KernelSet make_set() {
     s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
   }
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
+  if constexpr (kVnni) avx512_tile_kernels_k(&s.q4_k_t16, &s.q4_k);  // Q4_K likewise
   return s;
 }
 

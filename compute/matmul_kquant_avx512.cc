@@ -1,5 +1,6 @@
 // AVX-512 kernels for the K-quant weight types (Q4_K, Q6_K): int8 activations per 256-value
 // super-block and exact integer products, as the other quantized kernels (matmul_avx512.cc).
+// With VNNI, Q4_K runs the tile kernels instead (matmul_tiles_k_avx512.cc).
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
@@ -265,10 +266,12 @@ void kquant_set(TypeKernels* q4_k, TypeKernels* q6_k) {
 }  // namespace
 
 void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k) {
-  if (vnni)
-    kquant_set<true>(q4_k, q6_k);
-  else
+  if (vnni) {
+    // Q4_K with VNNI runs the tile kernels (matmul_tiles_k_avx512.cc), in rows too.
+    *q6_k = streaming_kernels<KQuantKernel<Q6KDecode, true>>(actk_bytes, quantize_actk);
+  } else {
     kquant_set<false>(q4_k, q6_k);
+  }
 }
 
 }  // namespace troupe::compute::detail

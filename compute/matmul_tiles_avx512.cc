@@ -48,7 +48,7 @@ struct TileKernel {
   static constexpr int64_t kRec =
       model::kTileRows *
       static_cast<int64_t>(kQ4 ? sizeof(model::BlockQ4_0) : sizeof(model::BlockQ8_0));
-  static constexpr int kMaxTok = 8;         // accumulators per pass over a tile (16: spills)
+  static constexpr int kMaxTok = 8;  // accumulators per pass over a tile (16: spills)
   // Records prefetched ahead into L1 and into L2 (prefetches past the tensor's end are
   // harmless). Against 12 ahead into L1 only, batch-1 Q4_0 decode ran 8-15 % faster in the
   // engine (docs/benchmarks.md "Engine, session 12").
@@ -74,8 +74,8 @@ struct TileKernel {
       for (int c = 0; c < 4; ++c) {
         const __m512i z = _mm512_loadu_si512(q + 64 * c);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z)
-                             : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        r.v[4 + c] =
+            kHigh16 ? _mm512_andnot_si512(m4, z) : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
       }
     } else {
       for (int c = 0; c < 8; ++c) r.v[c] = _mm512_loadu_si512(q + 64 * c);
@@ -133,8 +133,8 @@ struct TileKernel {
         const __m512i z =
             _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z)
-                             : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        r.v[4 + c] =
+            kHigh16 ? _mm512_andnot_si512(m4, z) : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
       }
     } else {
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128

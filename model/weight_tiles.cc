@@ -9,32 +9,42 @@
 namespace troupe::model {
 namespace {
 
-// The block's size and the bytes of quants per row and block (Q4_0: 16, Q8_0: 32).
+// How a block is laid out in a tile: its first n16 16-bit fields (scales), each as 16 rows'
+// values, then the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'.
 struct BlockShape {
   int64_t bytes;
-  int64_t quant_bytes;
-  uint8_t flip;  // XORed into every quant byte (Q8_0: int8 -> q + 128)
+  int64_t n16;   // leading 16-bit fields (Q4_0, Q8_0: d; Q4_K: d, dmin)
+  uint8_t flip;  // XORed into every chunk byte (Q8_0: int8 -> q + 128)
+  int64_t chunks() const { return (bytes - 2 * n16) / 4; }
 };
 
 BlockShape shape_of(GgmlType t) {
-  if (t == GgmlType::kQ4_0) return {static_cast<int64_t>(sizeof(BlockQ4_0)), 16, 0};
-  TROUPE_CHECK(t == GgmlType::kQ8_0, "weight tiles: type %s has no tiled form",
-               type_name(t).c_str());
-  return {static_cast<int64_t>(sizeof(BlockQ8_0)), 32, 0x80};
+  switch (t) {
+    case GgmlType::kQ4_0:
+      return {static_cast<int64_t>(sizeof(BlockQ4_0)), 1, 0};
+    case GgmlType::kQ8_0:
+      return {static_cast<int64_t>(sizeof(BlockQ8_0)), 1, 0x80};
+    case GgmlType::kQ4_K:
+      return {static_cast<int64_t>(sizeof(BlockQ4_K)), 2, 0};
+    default:
+      TROUPE_CHECK(false, "weight tiles: type %s has no tiled form", type_name(t).c_str());
+  }
+  return {};
 }
 
 // One tile: 16 rows of nb blocks at `rows` (row stride row_bytes) into records at `out`.
 void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64_t nb,
               uint8_t* out) {
-  const int64_t rec = kTileRows * s.bytes;
+  const int64_t rec = kTileRows * s.bytes, head = 2 * kTileRows * s.n16;
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* o = out + b * rec;
     for (int64_t i = 0; i < kTileRows; ++i) {
       const uint8_t* blk = rows + i * row_bytes + b * s.bytes;
-      std::memcpy(o + 2 * i, blk, 2);  // the f16 scale
-      for (int64_t c = 0; c < s.quant_bytes / 4; ++c)
+      for (int64_t f = 0; f < s.n16; ++f)
+        std::memcpy(o + 2 * kTileRows * f + 2 * i, blk + 2 * f, 2);
+      for (int64_t c = 0; c < s.chunks(); ++c)
         for (int k = 0; k < 4; ++k)
-          o[2 * kTileRows + 64 * c + 4 * i + k] = blk[2 + 4 * c + k] ^ s.flip;
+          o[head + 64 * c + 4 * i + k] = blk[2 * s.n16 + 4 * c + k] ^ s.flip;
     }
   }
 }
@@ -43,40 +53,42 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
 
 bool tileable(const WeightView& w) {
   return w.present() && w.layout == WeightLayout::kRows &&
-         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0) && w.rows() > 0 &&
-         w.rows() % kTileRows == 0 && w.cols() > 0;
+         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K) &&
+         w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat) {
   const BlockShape s = shape_of(type);
-  TROUPE_CHECK(rows % kTileRows == 0 && cols % 32 == 0, "weight tiles: %lld x %lld",
+  const int64_t elems = type_traits(static_cast<uint32_t>(type))->block_elems;
+  TROUPE_CHECK(rows % kTileRows == 0 && cols % elems == 0, "weight tiles: %lld x %lld",
                static_cast<long long>(rows), static_cast<long long>(cols));
-  const int64_t row_bytes = cols / 32 * s.bytes, tile_bytes = kTileRows * row_bytes;
+  const int64_t row_bytes = cols / elems * s.bytes, tile_bytes = kTileRows * row_bytes;
   std::vector<uint8_t> copy(static_cast<size_t>(tile_bytes));
   for (int64_t t = 0; t < n_mat * rows / kTileRows; ++t) {
     uint8_t* tile = data + t * tile_bytes;
     std::memcpy(copy.data(), tile, copy.size());
-    tile_one(s, copy.data(), row_bytes, cols / 32, tile);
+    tile_one(s, copy.data(), row_bytes, cols / elems, tile);
   }
 }
 
 void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out) {
   const BlockShape s = shape_of(w.type);
-  TROUPE_CHECK(w.layout == WeightLayout::kTiles16 && r >= 0 && r < w.rows() && mat >= 0 &&
-                   mat < w.ne[2],
-               "weight tiles: row %lld of matrix %lld of %s", static_cast<long long>(r),
-               static_cast<long long>(mat), w.name.c_str());
-  const int64_t nb = w.cols() / 32, row_bytes = w.row_bytes(), rec = kTileRows * s.bytes;
+  TROUPE_CHECK(
+      w.layout == WeightLayout::kTiles16 && r >= 0 && r < w.rows() && mat >= 0 && mat < w.ne[2],
+      "weight tiles: row %lld of matrix %lld of %s", static_cast<long long>(r),
+      static_cast<long long>(mat), w.name.c_str());
+  const int64_t nb = w.row_bytes() / s.bytes, row_bytes = w.row_bytes();
+  const int64_t rec = kTileRows * s.bytes, head = 2 * kTileRows * s.n16;
   const uint8_t* tile =
       w.data + mat * w.rows() * row_bytes + (r / kTileRows) * kTileRows * row_bytes;
   const int64_t i = r % kTileRows;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* o = tile + b * rec;
     uint8_t* blk = out + b * s.bytes;
-    std::memcpy(blk, o + 2 * i, 2);
-    for (int64_t c = 0; c < s.quant_bytes / 4; ++c)
+    for (int64_t f = 0; f < s.n16; ++f) std::memcpy(blk + 2 * f, o + 2 * kTileRows * f + 2 * i, 2);
+    for (int64_t c = 0; c < s.chunks(); ++c)
       for (int k = 0; k < 4; ++k)
-        blk[2 + 4 * c + k] = o[2 * kTileRows + 64 * c + 4 * i + k] ^ s.flip;
+        blk[2 * s.n16 + 4 * c + k] = o[head + 64 * c + 4 * i + k] ^ s.flip;
   }
 }
 

@@ -6,11 +6,13 @@
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
 // block column b, each 16 * sizeof(block) bytes:
-//   - 16 f16 scales, row by row (32 bytes);
-//   - then the quants as 64-byte chunks: chunk c holds, for row i = 0..15 at bytes 4i..4i+3,
-//     that row's qs[4c..4c+3]. Q4_0: 4 chunks (qs is 16 bytes: low nibbles are values 0-15, high
-//     nibbles 16-31). Q8_0: 8 chunks, each byte stored as (uint8_t)(q ^ 0x80), i.e. q + 128,
-//     the unsigned operand an unsigned-by-signed dot product takes.
+//   - the block's leading f16 fields, each as 16 rows' values (32 bytes): Q4_0 and Q8_0 d;
+//     Q4_K d, then dmin;
+//   - then the rest of the block as 64-byte chunks: chunk c holds, for row i = 0..15 at bytes
+//     4i..4i+3, the row's block bytes [4c, 4c+4) after those fields. Q4_0: 4 chunks of qs (low
+//     nibbles are values 0-15, high nibbles 16-31). Q8_0: 8 chunks of qs, each byte stored as
+//     (uint8_t)(q ^ 0x80), i.e. q + 128, the unsigned operand of an unsigned-by-signed dot
+//     product. Q4_K: 3 chunks of packed scales and mins, then 32 chunks of qs.
 // A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
@@ -22,10 +24,10 @@ namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
 
-/// Whether w can be tiled: Q4_0 or Q8_0, rows a multiple of kTileRows, present, in rows.
+/// Whether w can be tiled: Q4_0, Q8_0 or Q4_K, rows a multiple of kTileRows, present, in rows.
 bool tileable(const WeightView& w);
 
-/// Reorders `n_mat` matrices of `rows` x `cols` (type Q4_0 or Q8_0, rows % 16 == 0) at `data`
+/// Reorders `n_mat` matrices of `rows` x `cols` (Q4_0, Q8_0 or Q4_K, rows % 16 == 0) at `data`
 /// from rows into tiles, in place.
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat);
 

@@ -250,8 +250,7 @@ namespace {
 void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads) {
   std::vector<WeightView*> in_copy;
   for_each_weight(spec, [&](WeightView& w) {
-    if (w.present() && w.data >= base && w.data + w.nbytes() <= base + bytes)
-      in_copy.push_back(&w);
+    if (w.present() && w.data >= base && w.data + w.nbytes() <= base + bytes) in_copy.push_back(&w);
   });
   std::sort(in_copy.begin(), in_copy.end(),
             [](const WeightView* a, const WeightView* b) { return a->data < b->data; });
@@ -268,7 +267,7 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
     groups.emplace_back(i, e);
     i = e;
   }
-  std::vector<size_t> todo;  // group indices
+  std::vector<size_t> todo;             // group indices
   const uint8_t* end_so_far = nullptr;  // the furthest end of all earlier groups
   for (size_t g = 0; g < groups.size(); ++g) {
     const WeightView* w = in_copy[groups[g].first];

@@ -71,12 +71,15 @@ TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
   return k;
 }
 
-/// The Q4_K and Q6_K kernels (matmul_kquant_avx512.cc), with or without VNNI.
+/// The Q4_K and Q6_K kernels (matmul_kquant_avx512.cc), with or without VNNI; with VNNI only Q6_K
+/// (Q4_K runs the tile kernels, avx512_tile_kernels_k).
 void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k);
 
 /// The VNNI kernels for Q8_0 and Q4_0 in 16-row tiles, and the same arithmetic reading them in
 /// rows (matmul_tiles_avx512.cc).
 void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
                          TypeKernels* q4_0_rows);
+/// The same for Q4_K (matmul_tiles_k_avx512.cc).
+void avx512_tile_kernels_k(TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows);
 
 }  // namespace troupe::compute::detail

@@ -56,7 +56,7 @@ struct TypeKernels {
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
-  TypeKernels q8_0_t16, q4_0_t16;
+  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
 };
@@ -75,8 +75,27 @@ static_assert(sizeof(ActTile32) == 40);
 inline int64_t act_tile32_bytes(int64_t cols) {
   return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
 }
+/// Activations of the Q4_K tile kernels: one record per 256-value super-block (the int8 values
+/// and scale of quantize_int8 over 256, as for the Q4_K row kernels) and its 8 sub-blocks' sums
+/// in the order 0, 2, 1, 3, 4, 6, 5, 7 (int16 pairs for vpdpwssd against the mins). Each output
+/// is, per super-block s in order, with the exact integers tot = sum_j sc_j * dot_j(q, x) and
+/// msum = sum_j m_j * sum_j(x): acc = fma(fma(float(tot), d, -(float(msum) * dmin)), d_x, acc).
+struct ActTileK {
+  int8_t q[256];
+  int16_t xsum[8];
+  float d;
+};
+static_assert(sizeof(ActTileK) == 276);
+inline int64_t act_tilek_bytes(int64_t cols) {
+  return (cols / 256 * static_cast<int64_t>(sizeof(ActTileK)) + 63) / 64 * 64;
+}
+/// Where sub-block j's sum sits in ActTileK::xsum.
+inline constexpr int kTileKSumSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
 /// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).
-inline constexpr int tile_init(model::GgmlType t) { return t == model::GgmlType::kQ4_0 ? -8 : -128; }
+inline constexpr int tile_init(model::GgmlType t) {
+  return t == model::GgmlType::kQ4_0 ? -8 : -128;
+}
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C

@@ -34,7 +34,12 @@ using model::WeightLayout;
 using model::WeightView;
 using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
-constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0};
+constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K};
+
+// Columns of n blocks of type t.
+int64_t cols_of(GgmlType t, int64_t n) {
+  return n * model::type_traits(static_cast<uint32_t>(t))->block_elems;
+}
 
 // A matrix (or stack) owning its bytes, in rows, and the same bytes tiled.
 struct Pair {
@@ -50,8 +55,20 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
   p.rows_bytes.resize(static_cast<size_t>(rb * rows * n_mat));
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows * n_mat; ++r) {
+    uint8_t* dst = p.rows_bytes.data() + r * rb;
+    if (t == GgmlType::kQ4_K) {
+      // Any bit pattern is a valid block: random bytes, then sane f16 scales.
+      for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
+      std::uniform_real_distribution<float> sd(2e-3f, 2e-2f);
+      for (int64_t b = 0; b < cols / model::kQK_K; ++b) {
+        auto* blk = reinterpret_cast<model::BlockQ4_K*>(dst) + b;
+        blk->d = model::fp32_to_fp16(sd(rng));
+        blk->dmin = model::fp32_to_fp16(sd(rng));
+      }
+      continue;
+    }
     for (auto& v : row) v = uni(rng);
-    model::quantize_row(t, row.data(), p.rows_bytes.data() + r * rb, cols);
+    model::quantize_row(t, row.data(), dst, cols);
   }
   p.tile_bytes = p.rows_bytes;
   model::tile_in_place(t, p.tile_bytes.data(), rows, cols, n_mat);
@@ -73,7 +90,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(WeightTiles, EveryRowComesBack) {
   for (GgmlType t : kInt8Types) {
-    const Pair p = make_pair(t, 48, 32 * 5, 3, 2);
+    const Pair p = make_pair(t, 48, cols_of(t, 5), 3, 2);
     EXPECT_NE(p.rows_bytes, p.tile_bytes) << "tiling moved nothing";
     std::vector<uint8_t> row(static_cast<size_t>(p.rows.row_bytes()));
     for (int64_t m = 0; m < 2; ++m)
@@ -107,7 +124,7 @@ TEST(TiledMatmul, EveryPathGivesTheScalarBitsAndRowsToRounding) {
   const auto sets = kernel_sets();
   const detail::KernelSet& scalar = *sets.back();
   for (GgmlType t : kInt8Types) {
-    const Pair p = make_pair(t, 48, 32 * 17, 5);
+    const Pair p = make_pair(t, 48, cols_of(t, 17), 5);
     for (int64_t n_tok : {1, 5, 16, 70}) {
       const auto x = random_x(n_tok, p.rows.cols(), 7);
       const auto want = run(scalar, p.tiles, x, n_tok, nullptr);
@@ -132,7 +149,7 @@ TEST(TiledMatmul, RowsGiveTheBitsOfTilesWhereTilesAreSupported) {
                     "to rounding by EveryPathGivesTheScalarBitsAndRowsToRounding)";
   ThreadPool pool2(2);
   for (GgmlType t : kInt8Types) {
-    const Pair p = make_pair(t, 64, 32 * 13, 15);
+    const Pair p = make_pair(t, 64, cols_of(t, 13), 15);
     for (int64_t n_tok : {1, 2, 8, 19}) {
       const auto x = random_x(n_tok, p.rows.cols(), 17);
       const int64_t rows = 64;
@@ -163,7 +180,7 @@ TEST(TiledMatmul, BatchInvariant) {
   for (const auto* ks : kernel_sets()) {
     for (GgmlType t : kInt8Types) {
       SCOPED_TRACE(std::string(ks->name) + " " + model::type_name(t));
-      const Pair p = make_pair(t, 96, 32 * 9, 21);
+      const Pair p = make_pair(t, 96, cols_of(t, 9), 21);
       const int64_t cols = p.rows.cols(), rows = p.rows.rows();
       const auto x = random_x(kMaxTok, cols, 23);
       const auto full = run(*ks, p.tiles, x, kMaxTok, nullptr);
@@ -178,7 +195,7 @@ TEST(TiledMatmul, BatchInvariant) {
       const auto y_other = run(*ks, p.tiles, other, 9, &pool2);
       ASSERT_EQ(std::memcmp(y_other.data() + 5 * rows, full.data(), rows * sizeof(float)), 0);
       // q/k/v-like targets on one input: each exactly its own product.
-      const Pair b = make_pair(t, 64, 32 * 9, 22), c = make_pair(t, 32, 32 * 9, 24);
+      const Pair b = make_pair(t, 64, cols_of(t, 9), 22), c = make_pair(t, 32, cols_of(t, 9), 24);
       std::vector<float> ya(static_cast<size_t>(16 * rows)), yb(16 * 64), yc(16 * 32);
       const MatmulTarget targets[] = {
           {p.tiles, ya.data(), rows}, {b.tiles, yb.data(), 64}, {c.tiles, yc.data(), 32}};
@@ -222,8 +239,8 @@ TEST(TiledMatmul, TinyBlocksQuantizeToZeroOnEveryPath) {
 
 TEST(TiledMatmul, GetRowReadsTiles) {
   for (GgmlType t : kInt8Types) {
-    const Pair p = make_pair(t, 32, 96, 9);
-    std::vector<float> a(96), b(96);
+    const Pair p = make_pair(t, 32, cols_of(t, 3), 9);
+    std::vector<float> a(static_cast<size_t>(p.rows.cols())), b(a.size());
     for (int64_t r = 0; r < 32; ++r) {
       get_row(p.rows, r, a.data());
       get_row(p.tiles, r, b.data());
@@ -395,8 +412,7 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
     EXPECT_TRUE(same_bits(alone, want)) << "tiled against mapped logits: max diff " << err;
   } else {
     EXPECT_LE(err, 3e-2 * amax) << "tiled against mapped logits";
-    EXPECT_LE(sum / static_cast<double>(want.size()), 4e-3 * amax)
-        << "tiled against mapped logits";
+    EXPECT_LE(sum / static_cast<double>(want.size()), 4e-3 * amax) << "tiled against mapped logits";
   }
   EXPECT_TRUE(same_bits(alone, batched)) << "a sequence's logits alone and in a batch";
   fs::remove_all(dir);

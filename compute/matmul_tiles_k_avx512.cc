@@ -1,0 +1,227 @@
+// AVX-512 VNNI kernels for Q4_K matrices in 16-row tiles (model/weight_tiles.h), and the same
+// arithmetic reading Q4_K in ggml's rows (gathering 16 rows per super-block), so that a matrix
+// gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token: 64
+// vpdpbusd give the 8 sub-blocks' exact dots, vpmulld by the 6-bit scales sums them exactly
+// (tot), 4 vpdpwssd of the mins against the sub-blocks' activation sums give msum, and the
+// scaling is 4 instructions for 16 rows: ActTileK's recurrence (matmul_kernels.h), identical to
+// the scalar tile kernel's. Compiled with the flags of *_avx512.cc; runs only with VNNI.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "base/check.h"
+#include "compute/detail/avx512_common.h"
+#include "compute/detail/matmul_kernels.h"
+#include "model/weight_tiles.h"
+
+namespace troupe::compute::detail {
+namespace {
+
+using model::BlockQ4_K;
+using model::kQK_K;
+
+void quantize_tilek_act(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileK*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    __m512i q[16];
+    a[s].d = quantize_vecs(x + s * kQK_K, 16, q);
+    for (int v = 0; v < 16; ++v)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a[s].q + 16 * v), _mm512_cvtepi32_epi8(q[v]));
+    for (int j = 0; j < 8; ++j)
+      a[s].xsum[kTileKSumSlot[j]] =
+          static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(q[2 * j], q[2 * j + 1])));
+  }
+}
+
+// acc += 4-byte dots of unsigned w with the 4 signed bytes at p broadcast.
+inline __m512i dot_bcast(__m512i acc, __m512i w, const void* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(acc)
+          : "v"(w), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// acc += int16 pair products of w with the int16 pair at p broadcast.
+inline __m512i dot16_bcast(__m512i acc, __m512i w, const void* p) {
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0"
+          : "+v"(acc)
+          : "v"(w), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+}
+
+template <bool kRowsIn>
+struct TileKernelK {
+  static constexpr int64_t kBlock = sizeof(BlockQ4_K);  // 144
+  static constexpr int64_t kRec = model::kTileRows * kBlock;
+  static constexpr int kMaxTok = 8;
+  static constexpr int64_t kTokBlock = 64;
+
+  // Where a tile's super-blocks come from: records (tiles) or 16 rows (gathers, lanes >= n
+  // masked).
+  struct Source {
+    const uint8_t* base;
+    int64_t row_bytes;
+    __m512i offsets;
+    __mmask16 valid;
+
+    // Dword k (0 = d and dmin, 1-3 = packed scales, 4-35 = qs) of super-block s, 16 rows.
+    __m512i dword(int64_t s, int k) const {
+      if constexpr (kRowsIn) {
+        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets,
+                                           base + s * kBlock + 4 * k, 1);
+      } else {
+        // Records: d x16, dmin x16, then 35 chunks (dword k >= 1 is chunk k - 1).
+        return _mm512_loadu_si512(base + s * kRec + 64 * k);
+      }
+    }
+    // d and dmin of super-block s as floats.
+    void scales(int64_t s, __m512* d, __m512* dmin) const {
+      if constexpr (kRowsIn) {
+        const __m512i g = dword(s, 0);
+        *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        *dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+      } else {
+        const uint8_t* rec = base + s * kRec;
+        *d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+        *dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+      }
+    }
+    void prefetch(int64_t s, int part) const {
+      if constexpr (kRowsIn) {
+        // The next tile's rows at this super-block (144 bytes: 3 lines each, one per part).
+        if (part < 3)
+          for (int i = 0; i < 16; ++i)
+            _mm_prefetch(
+                reinterpret_cast<const char*>(base + (16 + i) * row_bytes + s * kBlock + 64 * part),
+                _MM_HINT_T0);
+      } else {
+        // A quarter of the record one ahead into L1, of the one two ahead into L2.
+        for (int o = 0; o < 9; ++o) {
+          const int64_t off = (9 * part + o) * 64;
+          _mm_prefetch(reinterpret_cast<const char*>(base + (s + 1) * kRec + off), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(base + (s + 2) * kRec + off), _MM_HINT_T1);
+        }
+      }
+    }
+  };
+
+  template <int NT>
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows) {
+    Source src{j.w + row * j.w_row_bytes, j.w_row_bytes, _mm512_setzero_si512(),
+               static_cast<__mmask16>((1u << n_rows) - 1)};
+    if constexpr (kRowsIn) {
+      alignas(64) int32_t off[16];
+      for (int i = 0; i < 16; ++i) off[i] = static_cast<int32_t>(i * j.w_row_bytes);
+      src.offsets = _mm512_load_si512(off);
+    }
+    const ActTileK* a[NT];
+    for (int n = 0; n < NT; ++n)
+      a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
+    __m512 acc[NT];
+    for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
+    const __m512i m3f = _mm512_set1_epi8(0x3F), m0f = _mm512_set1_epi8(0x0F),
+                  m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFF),
+                  pair = _mm512_set1_epi32(0x00FF00FF);
+    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
+      // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
+      // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
+      const __m512i s0 = src.dword(s, 1), s1 = src.dword(s, 2), s2 = src.dword(s, 3);
+      const __m512i sc_lo = _mm512_and_si512(s0, m3f), mn_lo = _mm512_and_si512(s1, m3f);
+      const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(s2, m0f),
+                                            _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
+      const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m0f),
+                                            _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+      __m512i tot[NT];
+      for (int n = 0; n < NT; ++n) tot[n] = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
+        src.prefetch(s, p);
+        for (int h = 0; h < 2; ++h) {
+          const int sb = 2 * p + h;
+          const __m512i scv =
+              _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)), mlo);
+          __m512i w[8];
+          for (int k = 0; k < 8; ++k) {
+            const __m512i z = src.dword(s, 4 + 8 * p + k);
+            w[k] = _mm512_and_si512(h == 0 ? z : _mm512_srli_epi16(z, 4), m0f);
+          }
+          for (int n = 0; n < NT; ++n) {
+            const int8_t* x = a[n][s].q + 32 * sb;
+            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k += 2) {
+              d0 = dot_bcast(d0, w[k], x + 4 * k);
+              d1 = dot_bcast(d1, w[k + 1], x + 4 * k + 4);
+            }
+            tot[n] = _mm512_add_epi32(tot[n], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), scv));
+          }
+        }
+      }
+      // The mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7): xsum's order.
+      const __m512i m02 = _mm512_and_si512(mn_lo, pair),
+                    m13 = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), pair),
+                    m46 = _mm512_and_si512(mn_hi, pair),
+                    m57 = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), pair);
+      __m512 d, dmin;
+      src.scales(s, &d, &dmin);
+      for (int n = 0; n < NT; ++n) {
+        const int16_t* xs = a[n][s].xsum;
+        __m512i ms = dot16_bcast(_mm512_setzero_si512(), m02, xs);
+        ms = dot16_bcast(ms, m13, xs + 2);
+        ms = dot16_bcast(ms, m46, xs + 4);
+        ms = dot16_bcast(ms, m57, xs + 6);
+        const __m512 m2 = _mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin);
+        const __m512 u = _mm512_fmsub_ps(_mm512_cvtepi32_ps(tot[n]), d, m2);
+        acc[n] = _mm512_fmadd_ps(u, _mm512_set1_ps(a[n][s].d), acc[n]);
+      }
+    }
+    const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
+    for (int n = 0; n < NT; ++n)
+      _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
+  }
+
+  template <int NT>
+  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n, int64_t n_rows) {
+    if constexpr (NT >= 1) {
+      if (n == NT) {
+        tile<NT>(j, row, tok, n_rows);
+      } else {
+        tail<NT - 1>(j, row, tok, n, n_rows);
+      }
+    }
+  }
+
+  static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+    TROUPE_CHECK(!kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / model::kTileRows,
+                 "matmul: rows of %lld bytes are too long for the gathering kernel",
+                 static_cast<long long>(j.w_row_bytes));
+    for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
+      const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
+      for (int64_t r = r0; r < r1; r += model::kTileRows) {
+        const int64_t n_rows = std::min<int64_t>(model::kTileRows, r1 - r);
+        int64_t t = t0;
+        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t, n_rows);
+        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t, n_rows);
+      }
+    }
+  }
+};
+
+template <bool kRowsIn>
+TypeKernels kernels() {
+  TypeKernels k;
+  k.act_row_bytes = act_tilek_bytes;
+  k.quantize = quantize_tilek_act;
+  k.rows = TileKernelK<kRowsIn>::rows;
+  k.row_tile = static_cast<int>(model::kTileRows);
+  return k;
+}
+
+}  // namespace
+
+void avx512_tile_kernels_k(TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows) {
+  *q4_k_tiles = kernels<false>();
+  *q4_k_rows = kernels<true>();
+}
+
+}  // namespace troupe::compute::detail
