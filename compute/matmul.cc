@@ -149,6 +149,26 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
 
 // Q8_0 and Q4_0: each row decoded to int8 values and block scales, then an exact integer dot
 // per block, scaled and summed in block order.
+// One Q8_0 or Q4_0 row (nb blocks at src) as int8 values wq[32 nb] and block scales wd[nb].
+template <model::GgmlType kType>
+void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
+  for (int64_t b = 0; b < nb; ++b) {
+    int8_t* q = wq + b * 32;
+    if constexpr (kType == model::GgmlType::kQ8_0) {
+      const auto& blk = reinterpret_cast<const BlockQ8_0*>(src)[b];
+      wd[b] = fp16_to_fp32(blk.d);
+      std::memcpy(q, blk.qs, 32);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
+      wd[b] = fp16_to_fp32(blk.d);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = static_cast<int8_t>((blk.qs[i] & 0xF) - 8);
+        q[i + 16] = static_cast<int8_t>((blk.qs[i] >> 4) - 8);
+      }
+    }
+  }
+}
+
 template <model::GgmlType kType>
 void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<int8_t> qbuf;
@@ -157,22 +177,7 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   int8_t* wq = scratch(qbuf, j.cols);
   float* wd = scratch(dbuf, nb);
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* src = j.w + r * j.w_row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      int8_t* q = wq + b * 32;
-      if constexpr (kType == model::GgmlType::kQ8_0) {
-        const auto& blk = reinterpret_cast<const BlockQ8_0*>(src)[b];
-        wd[b] = fp16_to_fp32(blk.d);
-        std::memcpy(q, blk.qs, 32);
-      } else {
-        const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
-        wd[b] = fp16_to_fp32(blk.d);
-        for (int i = 0; i < 16; ++i) {
-          q[i] = static_cast<int8_t>((blk.qs[i] & 0xF) - 8);
-          q[i + 16] = static_cast<int8_t>((blk.qs[i] >> 4) - 8);
-        }
-      }
-    }
+    decode_blocks32<kType>(j.w + r * j.w_row_bytes, nb, wq, wd);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       const auto* a = reinterpret_cast<const ActBlock32*>(j.act + t * j.act_stride);
       float acc = 0.f;
@@ -198,35 +203,34 @@ void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// Row r of a tiled job in its ggml bytes (model::untile_row), in this thread's scratch.
+const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r) {
+  thread_local std::vector<uint8_t> buf;
+  uint8_t* row = scratch(buf, j.w_row_bytes);
+  model::untile_row(type, j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes,
+                    j.w_row_bytes, r % model::kTileRows, row);
+  return row;
+}
+
 // Q8_0 and Q4_0 in 16-row tiles (model/weight_tiles.h), one output at a time: the reference for
-// the SIMD tile kernels, which give the same bits (ActTile32's recurrence).
+// the SIMD tile kernels, which give the same bits (ActTile32's recurrence; the exact dot of the
+// signed values is the SIMD kernels' init + unsigned dot).
 template <model::GgmlType kType>
 void tiles_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  constexpr bool kQ4 = kType == model::GgmlType::kQ4_0;
-  constexpr int64_t kRec = model::kTileRows * (kQ4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0));
-  constexpr int kChunks = kQ4 ? 4 : 8;
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> dbuf;
   const int64_t nb = j.cols / 32;
+  int8_t* wq = scratch(qbuf, j.cols);
+  float* wd = scratch(dbuf, nb);
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* tile = j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes;
-    const int64_t i = r % model::kTileRows;
+    decode_blocks32<kType>(untiled_row(kType, j, r), nb, wq, wd);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       const auto* a = reinterpret_cast<const ActTile32*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* rec = tile + b * kRec;
-        uint16_t dw;
-        std::memcpy(&dw, rec + 2 * i, 2);
-        int32_t dot = a[b].init;
-        for (int c = 0; c < kChunks; ++c)
-          for (int k = 0; k < 4; ++k) {
-            const int u = rec[2 * model::kTileRows + 64 * c + 4 * i + k];
-            if constexpr (kQ4) {
-              dot += (u & 15) * a[b].q[4 * c + k] + (u >> 4) * a[b].q[16 + 4 * c + k];
-            } else {
-              dot += u * a[b].q[4 * c + k];
-            }
-          }
-        acc = std::fma(static_cast<float>(dot) * a[b].d, fp16_to_fp32(dw), acc);
+        int32_t dot = 0;
+        for (int k = 0; k < 32; ++k) dot += wq[b * 32 + k] * a[b].q[k];
+        acc = std::fma(static_cast<float>(dot) * a[b].d, wd[b], acc);
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -246,45 +250,6 @@ void quantize_act_tilek(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-// Q4_K in 16-row tiles, one output at a time: the reference for the SIMD tile kernels (the
-// same bits: ActTileK's recurrence). A record: d x16, dmin x16 (f16), 3 chunks of packed
-// scales, 32 chunks of qs (model/weight_tiles.h).
-void tiles_rows_q4k(const MatmulJob& j, int64_t r0, int64_t r1) {
-  constexpr int64_t kRec = model::kTileRows * sizeof(BlockQ4_K);
-  const int64_t nsb = j.cols / kQK_K;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* tile = j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes;
-    const int64_t i = r % model::kTileRows;
-    for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActTileK*>(j.act + t * j.act_stride);
-      float acc = 0.f;
-      for (int64_t s = 0; s < nsb; ++s) {
-        const uint8_t* rec = tile + s * kRec;
-        auto chunk_byte = [&](int64_t m) { return rec[64 + 64 * (m / 4) + 4 * i + m % 4]; };
-        uint16_t d16, dmin16;
-        std::memcpy(&d16, rec + 2 * i, 2);
-        std::memcpy(&dmin16, rec + 32 + 2 * i, 2);
-        uint8_t packed[12], sc[8], mn[8];
-        for (int k = 0; k < 12; ++k) packed[k] = chunk_byte(k);
-        q4k_scales_mins(packed, sc, mn);
-        int32_t tot = 0, msum = 0;
-        for (int sb = 0; sb < 8; ++sb) {
-          int32_t dot = 0;
-          for (int k = 0; k < 32; ++k) {
-            const int q = chunk_byte(12 + (sb / 2) * 32 + k);
-            dot += (sb % 2 == 0 ? q & 15 : q >> 4) * a[s].q[32 * sb + k];
-          }
-          tot += sc[sb] * dot;
-          msum += mn[sb] * a[s].xsum[kTileKSumSlot[sb]];
-        }
-        const float m2 = static_cast<float>(msum) * fp16_to_fp32(dmin16);
-        acc = std::fma(std::fma(static_cast<float>(tot), fp16_to_fp32(d16), -m2), a[s].d, acc);
-      }
-      j.y[t * j.y_stride + r] = acc;
-    }
-  }
-}
-
 // Activations for K-quant weights: per 256 values a float scale and 256 int8.
 struct ActBlockK {
   float d;
@@ -298,6 +263,18 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) a[b].d = quantize_int8(x + b * kQK_K, kQK_K, a[b].q);
 }
 
+// The 4-bit values of nsb Q4_K super-blocks, in value order, into wq[256 nsb].
+void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    for (int p = 0; p < 4; ++p) {
+      for (int i = 0; i < 32; ++i) {
+        wq[s * kQK_K + p * 64 + i] = blk[s].qs[p * 32 + i] & 0xF;
+        wq[s * kQK_K + p * 64 + 32 + i] = blk[s].qs[p * 32 + i] >> 4;
+      }
+    }
+  }
+}
+
 // Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. The integer
 // parts are exact: sum_j sc[j]*dot_j(q, x) and sum_j m[j]*sum_j(x).
 void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
@@ -306,14 +283,7 @@ void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   uint8_t* wq = scratch(qbuf, j.cols);
   for (int64_t r = r0; r < r1; ++r) {
     const auto* blk = reinterpret_cast<const BlockQ4_K*>(j.w + r * j.w_row_bytes);
-    for (int64_t s = 0; s < nsb; ++s) {
-      for (int p = 0; p < 4; ++p) {
-        for (int i = 0; i < 32; ++i) {
-          wq[s * kQK_K + p * 64 + i] = blk[s].qs[p * 32 + i] & 0xF;
-          wq[s * kQK_K + p * 64 + 32 + i] = blk[s].qs[p * 32 + i] >> 4;
-        }
-      }
-    }
+    decode_q4k_quants(blk, nsb, wq);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
       float acc = 0.f;
@@ -332,6 +302,36 @@ void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
         }
         const float d = fp16_to_fp32(blk[s].d), dmin = fp16_to_fp32(blk[s].dmin);
         acc += a[s].d * (d * static_cast<float>(tot) - dmin * static_cast<float>(msum));
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Q4_K in 16-row tiles, one output at a time: the reference for the SIMD tile kernels (the
+// same bits: ActTileK's recurrence).
+void tiles_rows_q4k(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<uint8_t> qbuf, sbuf;
+  const int64_t nsb = j.cols / kQK_K;
+  uint8_t* wq = scratch(qbuf, j.cols);
+  uint8_t* sc = scratch(sbuf, 16 * nsb);  // per super-block 8 scales, then 8 mins
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(untiled_row(model::GgmlType::kQ4_K, j, r));
+    decode_q4k_quants(blk, nsb, wq);
+    for (int64_t s = 0; s < nsb; ++s) q4k_scales_mins(blk[s].scales, sc + 16 * s, sc + 16 * s + 8);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActTileK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        int32_t tot = 0, msum = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          int32_t dot = 0;
+          for (int k = 0; k < 32; ++k) dot += wq[s * kQK_K + 32 * sb + k] * a[s].q[32 * sb + k];
+          tot += sc[16 * s + sb] * dot;
+          msum += sc[16 * s + 8 + sb] * a[s].xsum[kTileKSumSlot[sb]];
+        }
+        const float m2 = static_cast<float>(msum) * fp16_to_fp32(blk[s].dmin);
+        acc = std::fma(std::fma(static_cast<float>(tot), fp16_to_fp32(blk[s].d), -m2), a[s].d, acc);
       }
       j.y[t * j.y_stride + r] = acc;
     }

@@ -11,11 +11,9 @@
 // *_avx512.cc; runs only where VNNI was detected.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include "base/check.h"
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
@@ -42,8 +40,9 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
 // rows is gathered into a record's registers (one dword gather per 64-byte chunk, one for the
 // scales), and a last tile of fewer rows masks its lanes. Same arithmetic, so the same bits as
 // the tiled matrix: where the weights live never changes a result.
-template <GgmlType kType, bool kRowsIn = false>
+template <GgmlType kType, bool kRowsIn_ = false>
 struct TileKernel {
+  static constexpr bool kRowsIn = kRowsIn_;
   static constexpr bool kQ4 = kType == GgmlType::kQ4_0;
   static constexpr int64_t kRec =
       model::kTileRows *
@@ -83,23 +82,14 @@ struct TileKernel {
     return r;
   }
 
-  // acc += 4-byte dots of w with the 4 bytes at p broadcast, the broadcast folded into the
-  // instruction's memory operand.
-  static __m512i dot_bcast(__m512i acc, __m512i w, const int8_t* p) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-            : "+v"(acc)
-            : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
-    return acc;
-  }
-
   // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
   // chain of 8 left the tile's 8 tokens waiting on its latency (16-token products 20-30 %
   // slower, docs/benchmarks.md "Engine, session 12"). Integer sums: the order is free.
   static __m512i dots(const Rec& r, const ActTile32& a) {
     __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 8; c += 2) {
-      s0 = dot_bcast(s0, r.v[c], a.q + 4 * c);
-      s1 = dot_bcast(s1, r.v[c + 1], a.q + 4 * c + 4);
+      s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
+      s1 = dot_u8s8_bcast(s1, r.v[c + 1], a.q + 4 * c + 4);
     }
     return _mm512_add_epi32(s0, s1);
   }
@@ -112,9 +102,7 @@ struct TileKernel {
   };
 
   static RowSource row_source(const uint8_t* base, int64_t row_bytes, int64_t n) {
-    alignas(64) int32_t off[16];
-    for (int i = 0; i < 16; ++i) off[i] = static_cast<int32_t>(i * row_bytes);
-    return {base, _mm512_load_si512(off), static_cast<__mmask16>((1u << n) - 1)};
+    return {base, tile_row_offsets(row_bytes), static_cast<__mmask16>((1u << n) - 1)};
   }
 
   // Block b of the 16 rows as a record (load()'s registers).
@@ -150,8 +138,8 @@ struct TileKernel {
   static __m512i dots_high16(const Rec& r, const ActTile32& a) {
     __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
-      s0 = dot_bcast(s0, r.v[c], a.q + 4 * c);
-      s1 = dot_bcast(s1, r.v[4 + c], a.q + 16 + 4 * c);
+      s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
+      s1 = dot_u8s8_bcast(s1, r.v[4 + c], a.q + 16 + 4 * c);
     }
     return _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
   }
@@ -199,33 +187,6 @@ struct TileKernel {
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
   }
-
-  template <int NT>
-  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n, int64_t n_rows) {
-    if constexpr (NT >= 1) {
-      if (n == NT) {
-        tile<NT>(j, row, tok, n_rows);
-      } else {
-        tail<NT - 1>(j, row, tok, n, n_rows);
-      }
-    }
-  }
-
-  static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-    // The gathers' offsets (15 rows) are int32: rows of up to ~140 M bytes.
-    TROUPE_CHECK(!kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / model::kTileRows,
-                 "matmul: rows of %lld bytes are too long for the gathering kernel",
-                 static_cast<long long>(j.w_row_bytes));
-    for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
-      const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
-      for (int64_t r = r0; r < r1; r += model::kTileRows) {
-        const int64_t n_rows = std::min<int64_t>(model::kTileRows, r1 - r);
-        int64_t t = t0;
-        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t, n_rows);
-        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t, n_rows);
-      }
-    }
-  }
 };
 
 template <GgmlType kType, bool kRowsIn>
@@ -233,7 +194,7 @@ TypeKernels tile_kernels() {
   TypeKernels k;
   k.act_row_bytes = act_tile32_bytes;
   k.quantize = quantize_tile_act<kType>;
-  k.rows = TileKernel<kType, kRowsIn>::rows;
+  k.rows = tile16_rows<TileKernel<kType, kRowsIn>>;
   k.row_tile = static_cast<int>(model::kTileRows);
   return k;
 }

@@ -7,13 +7,12 @@
 // the scalar tile kernel's. Compiled with the flags of *_avx512.cc; runs only with VNNI.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include "base/check.h"
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
+#include "compute/detail/matmul_tiles.h"
 #include "model/weight_tiles.h"
 
 namespace troupe::compute::detail {
@@ -35,14 +34,6 @@ void quantize_tilek_act(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-// acc += 4-byte dots of unsigned w with the 4 signed bytes at p broadcast.
-inline __m512i dot_bcast(__m512i acc, __m512i w, const void* p) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
-          : "+v"(acc)
-          : "v"(w), "m"(*static_cast<const int32_t*>(p)));
-  return acc;
-}
-
 // acc += int16 pair products of w with the int16 pair at p broadcast.
 inline __m512i dot16_bcast(__m512i acc, __m512i w, const void* p) {
   __asm__("vpdpwssd %2%{1to16%}, %1, %0"
@@ -51,8 +42,9 @@ inline __m512i dot16_bcast(__m512i acc, __m512i w, const void* p) {
   return acc;
 }
 
-template <bool kRowsIn>
+template <bool kRowsIn_>
 struct TileKernelK {
+  static constexpr bool kRowsIn = kRowsIn_;
   static constexpr int64_t kBlock = sizeof(BlockQ4_K);  // 144
   static constexpr int64_t kRec = model::kTileRows * kBlock;
   static constexpr int kMaxTok = 8;
@@ -111,11 +103,7 @@ struct TileKernelK {
   static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows) {
     Source src{j.w + row * j.w_row_bytes, j.w_row_bytes, _mm512_setzero_si512(),
                static_cast<__mmask16>((1u << n_rows) - 1)};
-    if constexpr (kRowsIn) {
-      alignas(64) int32_t off[16];
-      for (int i = 0; i < 16; ++i) off[i] = static_cast<int32_t>(i * j.w_row_bytes);
-      src.offsets = _mm512_load_si512(off);
-    }
+    if constexpr (kRowsIn) src.offsets = tile_row_offsets(j.w_row_bytes);
     const ActTileK* a[NT];
     for (int n = 0; n < NT; ++n)
       a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
@@ -150,8 +138,8 @@ struct TileKernelK {
             const int8_t* x = a[n][s].q + 32 * sb;
             __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2) {
-              d0 = dot_bcast(d0, w[k], x + 4 * k);
-              d1 = dot_bcast(d1, w[k + 1], x + 4 * k + 4);
+              d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
+              d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);
             }
             tot[n] = _mm512_add_epi32(tot[n], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), scv));
           }
@@ -179,32 +167,6 @@ struct TileKernelK {
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
   }
-
-  template <int NT>
-  static void tail(const MatmulJob& j, int64_t row, int64_t tok, int64_t n, int64_t n_rows) {
-    if constexpr (NT >= 1) {
-      if (n == NT) {
-        tile<NT>(j, row, tok, n_rows);
-      } else {
-        tail<NT - 1>(j, row, tok, n, n_rows);
-      }
-    }
-  }
-
-  static void rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-    TROUPE_CHECK(!kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / model::kTileRows,
-                 "matmul: rows of %lld bytes are too long for the gathering kernel",
-                 static_cast<long long>(j.w_row_bytes));
-    for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokBlock) {
-      const int64_t t1 = std::min(j.n_tok, t0 + kTokBlock);
-      for (int64_t r = r0; r < r1; r += model::kTileRows) {
-        const int64_t n_rows = std::min<int64_t>(model::kTileRows, r1 - r);
-        int64_t t = t0;
-        for (; t + kMaxTok <= t1; t += kMaxTok) tile<kMaxTok>(j, r, t, n_rows);
-        if (t < t1) tail<kMaxTok - 1>(j, r, t, t1 - t, n_rows);
-      }
-    }
-  }
 };
 
 template <bool kRowsIn>
@@ -212,7 +174,7 @@ TypeKernels kernels() {
   TypeKernels k;
   k.act_row_bytes = act_tilek_bytes;
   k.quantize = quantize_tilek_act;
-  k.rows = TileKernelK<kRowsIn>::rows;
+  k.rows = tile16_rows<TileKernelK<kRowsIn>>;
   k.row_tile = static_cast<int>(model::kTileRows);
   return k;
 }

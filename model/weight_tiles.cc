@@ -71,18 +71,10 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
   }
 }
 
-void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out) {
-  const BlockShape s = shape_of(w.type);
-  TROUPE_CHECK(
-      w.layout == WeightLayout::kTiles16 && r >= 0 && r < w.rows() && mat >= 0 && mat < w.ne[2],
-      "weight tiles: row %lld of matrix %lld of %s", static_cast<long long>(r),
-      static_cast<long long>(mat), w.name.c_str());
-  const int64_t nb = w.row_bytes() / s.bytes, row_bytes = w.row_bytes();
+void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out) {
+  const BlockShape s = shape_of(type);
   const int64_t rec = kTileRows * s.bytes, head = 2 * kTileRows * s.n16;
-  const uint8_t* tile =
-      w.data + mat * w.rows() * row_bytes + (r / kTileRows) * kTileRows * row_bytes;
-  const int64_t i = r % kTileRows;
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < row_bytes / s.bytes; ++b) {
     const uint8_t* o = tile + b * rec;
     uint8_t* blk = out + b * s.bytes;
     for (int64_t f = 0; f < s.n16; ++f) std::memcpy(blk + 2 * f, o + 2 * kTileRows * f + 2 * i, 2);
@@ -90,6 +82,16 @@ void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out) {
       for (int k = 0; k < 4; ++k)
         blk[2 * s.n16 + 4 * c + k] = o[head + 64 * c + 4 * i + k] ^ s.flip;
   }
+}
+
+void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out) {
+  TROUPE_CHECK(
+      w.layout == WeightLayout::kTiles16 && r >= 0 && r < w.rows() && mat >= 0 && mat < w.ne[2],
+      "weight tiles: row %lld of matrix %lld of %s", static_cast<long long>(r),
+      static_cast<long long>(mat), w.name.c_str());
+  const int64_t row_bytes = w.row_bytes();
+  untile_row(w.type, w.data + mat * w.rows() * row_bytes + r / kTileRows * kTileRows * row_bytes,
+             row_bytes, r % kTileRows, out);
 }
 
 }  // namespace troupe::model

@@ -35,4 +35,7 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
 /// into out[w.row_bytes()].
 void untile_row(const WeightView& w, int64_t mat, int64_t r, uint8_t* out);
 
+/// Row i (0..15) of the tile at `tile` (rows of row_bytes bytes of `type`) into out[row_bytes].
+void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out);
+
 }  // namespace troupe::model

@@ -82,14 +82,14 @@ std::vector<FileMapping> file_mappings() {
   return out;
 }
 
-// Whether the n bytes at p lie wholly in one of `maps` (sorted by begin).
-bool in_file_mapping(const std::vector<FileMapping>& maps, const uint8_t* p, uint64_t n) {
+// The one of `maps` (sorted by begin) holding all n bytes at p, or null.
+const FileMapping* mapping_of(const std::vector<FileMapping>& maps, const uint8_t* p, uint64_t n) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = std::upper_bound(maps.begin(), maps.end(), a,
                              [](uintptr_t x, const FileMapping& fm) { return x < fm.begin; });
-  if (it == maps.begin()) return false;
+  if (it == maps.begin()) return nullptr;
   --it;
-  return a + n <= it->end;
+  return a + n <= it->end ? &*it : nullptr;
 }
 
 // Reads n bytes at `offset` of fd into dst; false on an error or an early end of file.
@@ -278,9 +278,8 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
     const bool overlaps_next =
         g + 1 < groups.size() && w->data + w->nbytes() > in_copy[groups[g + 1].first]->data;
     if (tileable(*w) && !overlaps_earlier && !overlaps_next) todo.push_back(g);
+    // (A group's views are one matrix: the same start and size.)
     const uint8_t* end = w->data + w->nbytes();
-    for (size_t i = groups[g].first; i < groups[g].second; ++i)
-      end = std::max(end, in_copy[i]->data + in_copy[i]->nbytes());
     if (end_so_far == nullptr || end > end_so_far) end_so_far = end;
   }
   std::atomic<size_t> next{0};
@@ -333,12 +332,8 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   const std::vector<FileMapping> maps = file_mappings();
   // The file descriptor and offset to pread n bytes at src from, or -1 (read the memory).
   auto file_source = [&](const uint8_t* src, uint64_t n, uint64_t* file_off) -> int {
-    const auto a = reinterpret_cast<uintptr_t>(src);
-    auto it = std::upper_bound(maps.begin(), maps.end(), a,
-                               [](uintptr_t x, const FileMapping& fm) { return x < fm.begin; });
-    if (it == maps.begin()) return -1;
-    --it;
-    if (a + n > it->end) return -1;  // not (wholly) in this mapping
+    const FileMapping* it = mapping_of(maps, src, n);
+    if (it == nullptr) return -1;  // not (wholly) in a file mapping
     auto [at, fresh] = files.try_emplace(it->path);
     OpenFile& f = at->second;
     if (fresh) {
@@ -352,7 +347,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     if (f.fd < 0 || f.st.st_ino != it->inode || major(f.st.st_dev) != it->dev_major ||
         minor(f.st.st_dev) != it->dev_minor)
       return -1;
-    *file_off = it->offset + (a - it->begin);
+    *file_off = it->offset + (reinterpret_cast<uintptr_t>(src) - it->begin);
     return f.fd;
   };
   constexpr uint64_t kPiece = uint64_t{8} << 20;
@@ -391,7 +386,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
   // source, which the model copied from may still read.
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (const auto& m : merged) {
-    if (!in_file_mapping(maps, m.begin, static_cast<uint64_t>(m.end - m.begin))) continue;
+    if (!mapping_of(maps, m.begin, static_cast<uint64_t>(m.end - m.begin))) continue;
     const uintptr_t b = (reinterpret_cast<uintptr_t>(m.begin) + page - 1) & ~(page - 1);
     const uintptr_t e = reinterpret_cast<uintptr_t>(m.end) & ~(page - 1);
     if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);

@@ -34,6 +34,23 @@ inline __m512i dot_u8s8<false>(__m512i acc, __m512i a, __m512i b) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 }
 
+// acc += 4-byte dots of unsigned w with the 4 signed bytes at p broadcast, the broadcast folded
+// into the instruction's memory operand (VNNI only: the tile kernels).
+inline __m512i dot_u8s8_bcast(__m512i acc, __m512i w, const void* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(acc)
+          : "v"(w), "m"(*static_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// The byte offsets of 16 rows, row_bytes apart, for the tile kernels' gathers (int32:
+// tile16_rows checks the size).
+inline __m512i tile_row_offsets(int64_t row_bytes) {
+  const auto rb = static_cast<int32_t>(row_bytes);
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(rb));
+}
+
 // ------------------------------------------------------------------------------------------
 // Int8 activation quantization. Scale amax/127, round to nearest even (vcvtps2dq); a block
 // holding NaN or an infinity gets a NaN scale and zero values, so the output is NaN.

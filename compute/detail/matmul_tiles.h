@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
 
 namespace troupe::compute::detail {
@@ -49,6 +50,40 @@ void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     int64_t r = r0;
     for (; r + K::kRows <= r1; r += K::kRows) token_tiles<K, K::kRows>(j, r, t0, t1);
     for (; r < r1; ++r) token_tiles<K, 1>(j, r, t0, t1);
+  }
+}
+
+/// The loop nest of the 16-row tile kernels (matmul_tiles*_avx512.cc). K provides kRowsIn,
+/// kMaxTok, kTokBlock and
+///   template <int NT> static void tile(const MatmulJob&, int64_t row, int64_t tok, int64_t
+///   n_rows);
+/// computing rows [row, row + n_rows) (n_rows < 16 only for a last tile read from rows) for
+/// tokens [tok, tok + NT). Token blocks outermost, as tiled_rows.
+template <class K, int NT>
+inline void tile16_tail(const MatmulJob& j, int64_t r, int64_t t, int64_t n, int64_t n_rows) {
+  if constexpr (NT >= 1) {
+    if (n == NT) {
+      K::template tile<NT>(j, r, t, n_rows);
+    } else {
+      tile16_tail<K, NT - 1>(j, r, t, n, n_rows);
+    }
+  }
+}
+
+template <class K>
+void tile16_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  // A gathering kernel's offsets (15 rows) are int32: rows of up to ~140 M bytes.
+  TROUPE_CHECK(!K::kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / 16,
+               "matmul: rows of %lld bytes are too long for the gathering kernel",
+               static_cast<long long>(j.w_row_bytes));
+  for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
+    const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
+    for (int64_t r = r0; r < r1; r += 16) {
+      const int64_t n_rows = std::min<int64_t>(16, r1 - r);
+      int64_t t = t0;
+      for (; t + K::kMaxTok <= t1; t += K::kMaxTok) K::template tile<K::kMaxTok>(j, r, t, n_rows);
+      if (t < t1) tile16_tail<K, K::kMaxTok - 1>(j, r, t, t1 - t, n_rows);
+    }
   }
 }
 
