@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
@@ -169,28 +170,6 @@ void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
   }
 }
 
-template <model::GgmlType kType>
-void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  thread_local std::vector<int8_t> qbuf;
-  thread_local std::vector<float> dbuf;
-  const int64_t nb = j.cols / 32;
-  int8_t* wq = scratch(qbuf, j.cols);
-  float* wd = scratch(dbuf, nb);
-  for (int64_t r = r0; r < r1; ++r) {
-    decode_blocks32<kType>(j.w + r * j.w_row_bytes, nb, wq, wd);
-    for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActBlock32*>(j.act + t * j.act_stride);
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t isum = 0;
-        for (int i = 0; i < 32; ++i) isum += wq[b * 32 + i] * a[b].q[i];
-        acc += static_cast<float>(isum) * a[b].d * wd[b];
-      }
-      j.y[t * j.y_stride + r] = acc;
-    }
-  }
-}
-
 // Activations of the tiled kernels (ActTile32, matmul_kernels.h).
 template <model::GgmlType kType>
 void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
@@ -212,25 +191,32 @@ const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r) 
   return row;
 }
 
-// Q8_0 and Q4_0 in 16-row tiles (model/weight_tiles.h), one output at a time: the reference for
-// the SIMD tile kernels, which give the same bits (ActTile32's recurrence; the exact dot of the
-// signed values is the SIMD kernels' init + unsigned dot).
-template <model::GgmlType kType>
-void tiles_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+// Q8_0 and Q4_0, each row decoded to int8 values and block scales, then an exact integer dot
+// per block, scaled and summed in block order. kTiled: the matrix is in 16-row tiles
+// (model/weight_tiles.h) and each output is ActTile32's recurrence, the reference for the SIMD
+// tile kernels, which give the same bits (the exact dot of the signed values is their init +
+// unsigned dot).
+template <model::GgmlType kType, bool kTiled = false>
+void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<int8_t> qbuf;
   thread_local std::vector<float> dbuf;
   const int64_t nb = j.cols / 32;
   int8_t* wq = scratch(qbuf, j.cols);
   float* wd = scratch(dbuf, nb);
   for (int64_t r = r0; r < r1; ++r) {
-    decode_blocks32<kType>(untiled_row(kType, j, r), nb, wq, wd);
+    decode_blocks32<kType>(kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes, nb, wq, wd);
     for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActTile32*>(j.act + t * j.act_stride);
+      using Act = std::conditional_t<kTiled, ActTile32, ActBlock32>;
+      const auto* a = reinterpret_cast<const Act*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         int32_t dot = 0;
         for (int k = 0; k < 32; ++k) dot += wq[b * 32 + k] * a[b].q[k];
-        acc = std::fma(static_cast<float>(dot) * a[b].d, wd[b], acc);
+        if constexpr (kTiled) {
+          acc = std::fma(static_cast<float>(dot) * a[b].d, wd[b], acc);
+        } else {
+          acc += static_cast<float>(dot) * a[b].d * wd[b];
+        }
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -482,8 +468,8 @@ const KernelSet& scalar_kernels() {
     }
     k.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
     k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
-    k.q8_0_t16.rows = tiles_rows<GgmlType::kQ8_0>;
-    k.q4_0_t16.rows = tiles_rows<GgmlType::kQ4_0>;
+    k.q8_0_t16.rows = blocks32_rows<GgmlType::kQ8_0, true>;
+    k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
     k.q4_k_t16.act_row_bytes = act_tilek_bytes;
     k.q4_k_t16.quantize = quantize_act_tilek;
     k.q4_k_t16.rows = tiles_rows_q4k;
