@@ -8,7 +8,7 @@
 // report GOP/s against the measured int8 dot-product peak.
 // Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16 q4_0/t16 q4_K
 //        q4_K/t16 q6_K; default all)
-//        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni pins the kernel path
+//        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
 #include <chrono>

@@ -175,10 +175,10 @@ template <model::GgmlType kType>
 void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
   auto* a = reinterpret_cast<ActTile32*>(out);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    a[b].d = quantize_int8(x + b * 32, 32, a[b].q);
+    const float d = quantize_int8(x + b * 32, 32, a[b].q);
     int32_t sum = 0;
     for (int i = 0; i < 32; ++i) sum += a[b].q[i];
-    a[b].init = tile_init(kType) * sum;
+    finish_act_tile32(a[b], tile_init(kType), sum, d);
   }
 }
 
@@ -194,8 +194,8 @@ const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r) 
 // Q8_0 and Q4_0, each row decoded to int8 values and block scales, then an exact integer dot
 // per block, scaled and summed in block order. kTiled: the matrix is in 16-row tiles
 // (model/weight_tiles.h) and each output is ActTile32's recurrence, the reference for the SIMD
-// tile kernels, which give the same bits (the exact dot of the signed values is their init +
-// unsigned dot).
+// tile kernels, which give the same bits (the exact dot of the signed values is their
+// ActTile32::start less M's bits, plus the unsigned dot).
 template <model::GgmlType kType, bool kTiled = false>
 void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<int8_t> qbuf;
@@ -213,7 +213,8 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
         int32_t dot = 0;
         for (int k = 0; k < 32; ++k) dot += wq[b * 32 + k] * a[b].q[k];
         if constexpr (kTiled) {
-          acc = std::fma(static_cast<float>(dot) * a[b].d, wd[b], acc);
+          const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);
+          acc = std::fma(t, wd[b], acc);
         } else {
           acc += static_cast<float>(dot) * a[b].d * wd[b];
         }
@@ -371,7 +372,7 @@ bool cpu_has_f16c() {
 }
 
 struct CpuSets {
-  const KernelSet* sets[5];
+  const KernelSet* sets[6];
   int n = 0;
 };
 
@@ -383,7 +384,9 @@ CpuSets detect_sets() {
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq");
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+  const bool gfni = vnni && __builtin_cpu_supports("gfni");
   CpuSets s;
+  if (gfni) s.sets[s.n++] = &avx512_kernels(true, true);
   if (vnni) s.sets[s.n++] = &avx512_kernels(true);
   if (avx512) s.sets[s.n++] = &avx512_kernels(false);
   if (avx2) s.sets[s.n++] = &avx2_kernels();
@@ -400,9 +403,9 @@ const CpuSets& cpu_sets() {
 const KernelSet& active_kernels() {
   static const KernelSet* chosen = [] {
     const CpuSets& s = cpu_sets();
-    // env: TROUPE_SIMD = scalar | avx2 | avx512 | avx512-novnni (default: the best this CPU
-    // runs), or a set's own name. Lets tests and benchmarks pin a path; an unavailable one
-    // falls back to the best.
+    // env: TROUPE_SIMD = scalar | avx2 | avx512 | avx512-novnni | avx512-vnni (without GFNI)
+    // | avx512-vnni-gfni (default: the best this CPU runs). Lets tests and benchmarks pin a
+    // path; an unavailable one falls back to the best.
     const char* env = std::getenv("TROUPE_SIMD");
     if (env == nullptr || *env == '\0') return s.sets[0];
     const std::string_view want(env);

@@ -375,10 +375,10 @@ TypeKernels float_kernels() {
   return k;
 }
 
-template <bool kVnni>
+template <bool kVnni, bool kGfni = false>
 KernelSet make_set() {
   KernelSet s{};
-  s.name = kVnni ? "avx512-vnni" : "avx512";
+  s.name = kGfni ? "avx512-vnni-gfni" : kVnni ? "avx512-vnni" : "avx512";
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
@@ -386,22 +386,23 @@ KernelSet make_set() {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (gathering 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into
     // tiles.
-    avx512_tile_kernels(&s.q8_0_t16, &s.q4_0_t16, &s.q8_0, &s.q4_0);
+    avx512_tile_kernels(kGfni, &s.q8_0_t16, &s.q4_0_t16, &s.q8_0, &s.q4_0);
   } else {
     s.q8_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32<-128>);
     s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
   }
   avx512_kquant_kernels(kVnni, &s.q4_k, &s.q6_k);
-  if constexpr (kVnni) avx512_tile_kernels_k(&s.q4_k_t16, &s.q4_k);  // Q4_K likewise
+  if constexpr (kVnni) avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k);  // Q4_K likewise
   return s;
 }
 
 }  // namespace
 
-const KernelSet& avx512_kernels(bool use_vnni) {
+const KernelSet& avx512_kernels(bool use_vnni, bool use_gfni) {
+  static const KernelSet gfni = make_set<true, true>();
   static const KernelSet vnni = make_set<true>();
   static const KernelSet plain = make_set<false>();
-  return use_vnni ? vnni : plain;
+  return use_vnni ? (use_gfni ? gfni : vnni) : plain;
 }
 
 }  // namespace troupe::compute::detail

@@ -1,9 +1,10 @@
 // AVX-512 VNNI kernels for Q4_0 and Q8_0 matrices in 16-row tiles (model/weight_tiles.h).
 // Vector lane i is output row i of the tile: one vpdpbusd multiplies 4 columns of 16 rows by
 // the same 4 activation values (broadcast), so a 32-value block is 8 vpdpbusd into one int32
-// accumulator per row, and its scaling (convert, times the activation scale, FMA with the 16
-// rows' weight scales) is 3 instructions for 16 rows. The row-layout kernels spend those 3 per
-// 8 values of one row: with tiles, 8 of every 11 instructions of a token are dot products.
+// accumulator per row, and its scaling is 2 FMAs for 16 rows (the dot starts from the bits of
+// a float, ActTile32, so no convert and no multiply). The row-layout kernels spend 3
+// instructions of scaling per 8 values of one row: with tiles, 8 of every 10 instructions of a
+// token are dot products (Q8_0; Q4_0 adds its unpacking, shared by up to 8 tokens).
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
 // serve Q4_0 and Q8_0 in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
@@ -29,10 +30,11 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
   auto* a = reinterpret_cast<ActTile32*>(out);
   for (int64_t b = 0; b < cols / 32; ++b) {
     __m512i q[2];
-    a[b].d = quantize_vecs(x + 32 * b, 2, q);
+    const float d = quantize_vecs(x + 32 * b, 2, q);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(a[b].q), _mm512_cvtepi32_epi8(q[0]));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(a[b].q + 16), _mm512_cvtepi32_epi8(q[1]));
-    a[b].init = tile_init(kType) * _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    finish_act_tile32(a[b], tile_init(kType), _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1])),
+                      d);
   }
 }
 
@@ -40,7 +42,7 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
 // rows is gathered into a record's registers (one dword gather per 64-byte chunk, one for the
 // scales), and a last tile of fewer rows masks its lanes. Same arithmetic, so the same bits as
 // the tiled matrix: where the weights live never changes a result.
-template <GgmlType kType, bool kRowsIn_ = false>
+template <GgmlType kType, bool kRowsIn_, bool kGfni>
 struct TileKernel {
   static constexpr bool kRowsIn = kRowsIn_;
   static constexpr bool kQ4 = kType == GgmlType::kQ4_0;
@@ -73,8 +75,7 @@ struct TileKernel {
       for (int c = 0; c < 4; ++c) {
         const __m512i z = _mm512_loadu_si512(q + 64 * c);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] =
-            kHigh16 ? _mm512_andnot_si512(m4, z) : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
       }
     } else {
       for (int c = 0; c < 8; ++c) r.v[c] = _mm512_loadu_si512(q + 64 * c);
@@ -82,16 +83,24 @@ struct TileKernel {
     return r;
   }
 
-  // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
-  // chain of 8 left the tile's 8 tokens waiting on its latency (16-token products 20-30 %
-  // slower, docs/benchmarks.md "Engine, session 12"). Integer sums: the order is free.
+  // The exact dots of the 16 rows with one token's block (a tile of one token), in two chains
+  // of 4 vpdpbusd so that the next block's chains need not wait as long. Integer sums: the
+  // order is free.
   static __m512i dots(const Rec& r, const ActTile32& a) {
-    __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
+    __m512i s0 = _mm512_set1_epi32(a.start), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 8; c += 2) {
       s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
       s1 = dot_u8s8_bcast(s1, r.v[c + 1], a.q + 4 * c + 4);
     }
     return _mm512_add_epi32(s0, s1);
+  }
+
+  // acc + (the block's dots x d_x) x d_w, ActTile32's recurrence: x's int32 lanes are the
+  // floats M + dot (the dot started from M's bits), so one FMA is float(dot) x d_x.
+  static __m512 scale(__m512i x, const ActTile32& a, __m512 dw, __m512 acc) {
+    const __m512 t =
+        _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(a.d), _mm512_set1_ps(a.neg_md));
+    return _mm512_fmadd_ps(t, dw, acc);
   }
 
   // The rows of one tile in ggml's layout: row i at base + i * row_bytes, lanes >= n masked.
@@ -121,8 +130,7 @@ struct TileKernel {
         const __m512i z =
             _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] =
-            kHigh16 ? _mm512_andnot_si512(m4, z) : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
       }
     } else {
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128
@@ -136,7 +144,7 @@ struct TileKernel {
   // dots() for a Rec loaded with kHigh16: the high chain sums 16 q x, a multiple of 16 below
   // 2^31 (4 x 4 x 240 x 128 per lane), so the shift is exact and the dots are dots()'s.
   static __m512i dots_high16(const Rec& r, const ActTile32& a) {
-    __m512i s0 = _mm512_set1_epi32(a.init), s1 = _mm512_setzero_si512();
+    __m512i s0 = _mm512_set1_epi32(a.start), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
       s1 = dot_u8s8_bcast(s1, r.v[4 + c], a.q + 16 + 4 * c);
@@ -147,7 +155,7 @@ struct TileKernel {
   // Rows [row, row + n_rows) (n_rows < 16 only for kRowsIn's last tile) x tokens
   // [tok, tok + NT).
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows) {
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
     const uint8_t* w = j.w + row * j.w_row_bytes;
     const ActTile32* a[NT];
     for (int n = 0; n < NT; ++n)
@@ -157,30 +165,47 @@ struct TileKernel {
     const int64_t nb = j.cols / 32;
     [[maybe_unused]] RowSource src{};
     if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
-    for (int64_t b = 0; b < nb; ++b) {
-      constexpr bool kHigh16 = kQ4 && NT == 1;
-      Rec r;
+    // Record of block b, prefetching ahead.
+    auto fetch = [&]<bool kHigh16>(int64_t b) {
       if constexpr (kRowsIn) {
         // The next tile's rows at this block (the rows after this tile's, in the file).
         constexpr int64_t kBlock = kRec / model::kTileRows;
         if ((b * kBlock) % 64 < kBlock)
-          for (int i = 0; i < 16; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(w + (16 + i) * j.w_row_bytes + b * kBlock),
-                         _MM_HINT_T0);
-        r = gather<kHigh16>(src, b);
+          for (int i = 0; i < 16; ++i) prefetch_l1(w + (16 + i) * j.w_row_bytes + b * kBlock);
+        return gather<kHigh16>(src, b);
       } else {
         const uint8_t* rec = w + b * kRec;
-        for (int64_t o = 0; o < kRec; o += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL1 * kRec + o), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(rec + kAheadL2 * kRec + o), _MM_HINT_T1);
+        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
+        if (pass.count == 1) {
+          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(rec + kAheadL2 * kRec + o);
+        } else if (b % pass.count == pass.index) {
+          // Several passes over this tile (it stays in L2): each fetches its share of the
+          // next tile's records, so DRAM streams through all of them, not just the first.
+          const uint8_t* next = rec + model::kTileRows * j.w_row_bytes;
+          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(next + o);
         }
-        r = load<kHigh16>(rec);
+        return load<kHigh16>(rec);
       }
-      for (int n = 0; n < NT; ++n) {
-        const ActTile32& ab = a[n][b];
-        const __m512i d = kHigh16 ? dots_high16(r, ab) : dots(r, ab);
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(ab.d));
-        acc[n] = _mm512_fmadd_ps(f, r.dw, acc[n]);
+    };
+    for (int64_t b = 0; b < nb; ++b) {
+      if constexpr (NT == 1) {
+        const Rec r = fetch.template operator()<kQ4>(b);
+        const ActTile32& ab = a[0][b];
+        acc[0] = scale(kQ4 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[0]);
+      } else {
+        // One chain of 8 vpdpbusd per token, the tokens' chains interleaved: NT independent
+        // chains cover the latency, and no add joins two chains of one token (per block and
+        // token 8 vpdpbusd and 2 FMAs, plus Q4_0's unpacking shared by the NT tokens).
+        const Rec r = fetch.template operator()<false>(b);
+        __m512i s[NT];
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) s[n] = _mm512_set1_epi32(a[n][b].start);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c)
+#pragma GCC unroll 8
+          for (int n = 0; n < NT; ++n) s[n] = dot_u8s8_bcast(s[n], r.v[c], a[n][b].q + 4 * c);
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) acc[n] = scale(s[n], a[n][b], r.dw, acc[n]);
       }
     }
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
@@ -189,24 +214,27 @@ struct TileKernel {
   }
 };
 
-template <GgmlType kType, bool kRowsIn>
+template <GgmlType kType, bool kRowsIn, bool kGfni>
 TypeKernels tile_kernels() {
   TypeKernels k;
   k.act_row_bytes = act_tile32_bytes;
   k.quantize = quantize_tile_act<kType>;
-  k.rows = tile16_rows<TileKernel<kType, kRowsIn>>;
+  k.rows = tile16_rows<TileKernel<kType, kRowsIn, kGfni>>;
   k.row_tile = static_cast<int>(model::kTileRows);
   return k;
 }
 
 }  // namespace
 
-void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
+void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
                          TypeKernels* q4_0_rows) {
-  *q8_0 = tile_kernels<GgmlType::kQ8_0, false>();
-  *q4_0 = tile_kernels<GgmlType::kQ4_0, false>();
-  *q8_0_rows = tile_kernels<GgmlType::kQ8_0, true>();
-  *q4_0_rows = tile_kernels<GgmlType::kQ4_0, true>();
+  // Q8_0 has no 4-bit values: one instantiation serves both.
+  *q8_0 = tile_kernels<GgmlType::kQ8_0, false, false>();
+  *q8_0_rows = tile_kernels<GgmlType::kQ8_0, true, false>();
+  *q4_0 = gfni ? tile_kernels<GgmlType::kQ4_0, false, true>()
+               : tile_kernels<GgmlType::kQ4_0, false, false>();
+  *q4_0_rows = gfni ? tile_kernels<GgmlType::kQ4_0, true, true>()
+                    : tile_kernels<GgmlType::kQ4_0, true, false>();
 }
 
 }  // namespace troupe::compute::detail

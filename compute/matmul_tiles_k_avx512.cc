@@ -42,7 +42,7 @@ inline __m512i dot16_bcast(__m512i acc, __m512i w, const void* p) {
   return acc;
 }
 
-template <bool kRowsIn_>
+template <bool kRowsIn_, bool kGfni>
 struct TileKernelK {
   static constexpr bool kRowsIn = kRowsIn_;
   static constexpr int64_t kBlock = sizeof(BlockQ4_K);  // 144
@@ -80,27 +80,32 @@ struct TileKernelK {
         *dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
       }
     }
-    void prefetch(int64_t s, int part) const {
+    void prefetch(int64_t s, int part, TilePass pass) const {
       if constexpr (kRowsIn) {
         // The next tile's rows at this super-block (144 bytes: 3 lines each, one per part).
         if (part < 3)
           for (int i = 0; i < 16; ++i)
-            _mm_prefetch(
-                reinterpret_cast<const char*>(base + (16 + i) * row_bytes + s * kBlock + 64 * part),
-                _MM_HINT_T0);
+            prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
       } else {
-        // A quarter of the record one ahead into L1, of the one two ahead into L2.
-        for (int o = 0; o < 9; ++o) {
-          const int64_t off = (9 * part + o) * 64;
-          _mm_prefetch(reinterpret_cast<const char*>(base + (s + 1) * kRec + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(base + (s + 2) * kRec + off), _MM_HINT_T1);
+        // A quarter of the record one ahead into L1, and of the one two ahead into L2 -- or,
+        // when several passes go over this tile (it stays in L2), this pass's share of the
+        // next tile's records, so DRAM streams through all passes, not just the first.
+        const uint8_t* l1 = base + (s + 1) * kRec + 9 * 64 * part;
+        const uint8_t* l2 = nullptr;
+        if (pass.count == 1) {
+          l2 = base + (s + 2) * kRec + 9 * 64 * part;
+        } else if (s % pass.count == pass.index) {
+          l2 = base + model::kTileRows * row_bytes + s * kRec + 9 * 64 * part;
         }
+        for (int o = 0; o < 9; ++o) prefetch_l1(l1 + 64 * o);
+        if (l2 != nullptr)
+          for (int o = 0; o < 9; ++o) prefetch_l2(l2 + 64 * o);
       }
     }
   };
 
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows) {
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
     Source src{j.w + row * j.w_row_bytes, j.w_row_bytes, _mm512_setzero_si512(),
                static_cast<__mmask16>((1u << n_rows) - 1)};
     if constexpr (kRowsIn) src.offsets = tile_row_offsets(j.w_row_bytes);
@@ -124,7 +129,7 @@ struct TileKernelK {
       __m512i tot[NT];
       for (int n = 0; n < NT; ++n) tot[n] = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
-        src.prefetch(s, p);
+        src.prefetch(s, p, pass);
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * p + h;
           const __m512i scv =
@@ -132,7 +137,7 @@ struct TileKernelK {
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
             const __m512i z = src.dword(s, 4 + 8 * p + k);
-            w[k] = _mm512_and_si512(h == 0 ? z : _mm512_srli_epi16(z, 4), m0f);
+            w[k] = h == 0 ? _mm512_and_si512(z, m0f) : high_nibbles<kGfni>(z);
           }
           for (int n = 0; n < NT; ++n) {
             const int8_t* x = a[n][s].q + 32 * sb;
@@ -169,21 +174,21 @@ struct TileKernelK {
   }
 };
 
-template <bool kRowsIn>
+template <bool kRowsIn, bool kGfni>
 TypeKernels kernels() {
   TypeKernels k;
   k.act_row_bytes = act_tilek_bytes;
   k.quantize = quantize_tilek_act;
-  k.rows = tile16_rows<TileKernelK<kRowsIn>>;
+  k.rows = tile16_rows<TileKernelK<kRowsIn, kGfni>>;
   k.row_tile = static_cast<int>(model::kTileRows);
   return k;
 }
 
 }  // namespace
 
-void avx512_tile_kernels_k(TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows) {
-  *q4_k_tiles = kernels<false>();
-  *q4_k_rows = kernels<true>();
+void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows) {
+  *q4_k_tiles = gfni ? kernels<false, true>() : kernels<false, false>();
+  *q4_k_rows = gfni ? kernels<true, true>() : kernels<true, false>();
 }
 
 }  // namespace troupe::compute::detail

@@ -43,6 +43,31 @@ inline __m512i dot_u8s8_bcast(__m512i acc, __m512i w, const void* p) {
   return acc;
 }
 
+// The high nibbles of z's bytes, as bytes 0-15. With GFNI one affine transform (its matrix
+// moves bits 4-7 to 0-3 and clears the rest), else a shift and a mask: Q4_0 and Q4_K tiles
+// unpack half their values through this, once per record and pass. Inline asm as for vpdpbusd:
+// runs only where GFNI was detected.
+template <bool kGfni>
+inline __m512i high_nibbles(__m512i z) {
+  if constexpr (kGfni) {
+    const __m512i m = _mm512_set1_epi64(0x1020408000000000);
+    __asm__("vgf2p8affineqb $0, %1, %0, %0" : "+v"(z) : "v"(m));
+    return z;
+  } else {
+    return _mm512_and_si512(_mm512_srli_epi16(z, 4), _mm512_set1_epi8(0x0F));
+  }
+}
+
+// Software prefetches into L1 and L2 that the compiler keeps: g++ 12 dropped every
+// _mm_prefetch of the Q4_K tile kernel once an address depended on the pass (TilePass), and
+// batch-1 decode lost a quarter of its speed.
+inline void prefetch_l1(const void* p) {
+  __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+}
+inline void prefetch_l2(const void* p) {
+  __asm__ volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+}
+
 // The byte offsets of 16 rows, row_bytes apart, for the tile kernels' gathers (int32:
 // tile16_rows checks the size).
 inline __m512i tile_row_offsets(int64_t row_bytes) {
@@ -93,10 +118,10 @@ TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
 void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k);
 
 /// The VNNI kernels for Q8_0 and Q4_0 in 16-row tiles, and the same arithmetic reading them in
-/// rows (matmul_tiles_avx512.cc).
-void avx512_tile_kernels(TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
+/// rows (matmul_tiles_avx512.cc); gfni: unpack 4-bit values with GFNI (the same bits).
+void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
                          TypeKernels* q4_0_rows);
 /// The same for Q4_K (matmul_tiles_k_avx512.cc).
-void avx512_tile_kernels_k(TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows);
+void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows);
 
 }  // namespace troupe::compute::detail

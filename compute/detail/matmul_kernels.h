@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "compute/matmul.h"
 #include "model/ggml_types.h"
@@ -54,7 +55,7 @@ struct TypeKernels {
 /// q8_0_t16 and q4_0_t16 read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
-  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni"
+  const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
   TypeKernels q8_0_t16, q4_0_t16, q4_k_t16;
   const TypeKernels* find(model::GgmlType t,
@@ -62,16 +63,40 @@ struct KernelSet {
 };
 
 /// Activations of the tiled kernels: one record per 32-value block of an activation row (the
-/// int8 values and scale of quantize_int8, as for the row kernels), rows padded to 64 bytes.
-/// Every kernel forms one output as: for each block b in order, the exact integer dot
-/// s_b = sum_k w_k * x_k, then acc = fma(float(s_b) * d_x, d_w, acc) from acc = 0 -- one scalar
-/// recurrence per output, so any SIMD level that reads tiles gives the same bits.
+/// int8 values and scale of quantize_int8, as for the row kernels, the scale rounded to 22
+/// significant bits), rows padded to 64 bytes. Every kernel forms one output as: for each
+/// block b in order, the exact integer dot s_b = sum_k w_k * x_k, then
+/// acc = fma(fma(M + s_b, d_x, -M * d_x), d_w, acc) from acc = 0, with M = kTileMagic -- one
+/// scalar recurrence per output, so any SIMD level that reads tiles gives the same bits. The
+/// inner FMA is float(s_b) * d_x, rounded once (|s_b| < 2^22, so M + s_b is exact, and so is
+/// -M * d_x for a 22-bit d_x below 2^101): the SIMD kernels start the integer dot from the bits
+/// of M, which makes its int32 lanes the floats M + s_b, and one FMA scales them -- no convert
+/// and no multiply per block and token.
+inline constexpr float kTileMagic = 12582912.f;        // 1.5 * 2^23
+inline constexpr int32_t kTileMagicBits = 0x4B400000;  // its bits
 struct ActTile32 {
   int8_t q[32];
-  int32_t init;  // kInit * sum(q): the weights' stored offset (Q4_0: +8, Q8_0: +128) folded in
-  float d;
+  int32_t start;  // the bits of M + kInit * sum(q): the weights' stored offset folded in
+  float d;        // the scale, 22 significant bits
+  float neg_md;   // -M * d, exact
 };
-static_assert(sizeof(ActTile32) == 40);
+static_assert(sizeof(ActTile32) == 44);
+/// Rounds an activation scale to 22 significant bits (NaN stays NaN).
+inline float tile_act_scale(float d) {
+  if (!(d == d)) return d;
+  uint32_t u = 0;
+  std::memcpy(&u, &d, sizeof u);
+  u = (u + 2u) & ~3u;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+}
+/// Fills a record's start, d and neg_md from its values' sum and quantize_int8's scale.
+inline void finish_act_tile32(ActTile32& a, int init, int32_t sum, float d) {
+  a.d = tile_act_scale(d);
+  a.neg_md = -kTileMagic * a.d;
+  a.start = static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
+                                 static_cast<uint32_t>(init * sum));
+}
 inline int64_t act_tile32_bytes(int64_t cols) {
   return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
 }
@@ -99,8 +124,8 @@ inline constexpr int tile_init(model::GgmlType t) {
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C
-// Requires AVX-512 F/BW/VL/DQ, and VNNI where asked.
-const KernelSet& avx512_kernels(bool use_vnni);
+// Requires AVX-512 F/BW/VL/DQ, and VNNI and GFNI where asked (GFNI only with VNNI).
+const KernelSet& avx512_kernels(bool use_vnni, bool use_gfni = false);
 
 /// Every kernel set this CPU can run, best first (the first is what matmul() uses unless
 /// TROUPE_SIMD says otherwise).

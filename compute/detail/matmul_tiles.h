@@ -53,19 +53,26 @@ void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   }
 }
 
+/// Which of a token block's passes over one 16-row tile a kernel call is: a kernel spreads the
+/// next tile's fetch over all of them (one pass alone would need the bandwidth of all).
+struct TilePass {
+  int index, count;
+};
+
 /// The loop nest of the 16-row tile kernels (matmul_tiles*_avx512.cc). K provides kRowsIn,
 /// kMaxTok, kTokBlock and
 ///   template <int NT> static void tile(const MatmulJob&, int64_t row, int64_t tok, int64_t
-///   n_rows);
+///   n_rows, TilePass);
 /// computing rows [row, row + n_rows) (n_rows < 16 only for a last tile read from rows) for
 /// tokens [tok, tok + NT). Token blocks outermost, as tiled_rows.
 template <class K, int NT>
-inline void tile16_tail(const MatmulJob& j, int64_t r, int64_t t, int64_t n, int64_t n_rows) {
+inline void tile16_tail(const MatmulJob& j, int64_t r, int64_t t, int64_t n, int64_t n_rows,
+                        TilePass pass) {
   if constexpr (NT >= 1) {
     if (n == NT) {
-      K::template tile<NT>(j, r, t, n_rows);
+      K::template tile<NT>(j, r, t, n_rows, pass);
     } else {
-      tile16_tail<K, NT - 1>(j, r, t, n, n_rows);
+      tile16_tail<K, NT - 1>(j, r, t, n, n_rows, pass);
     }
   }
 }
@@ -80,9 +87,11 @@ void tile16_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
     for (int64_t r = r0; r < r1; r += 16) {
       const int64_t n_rows = std::min<int64_t>(16, r1 - r);
+      TilePass pass{0, static_cast<int>((t1 - t0 + K::kMaxTok - 1) / K::kMaxTok)};
       int64_t t = t0;
-      for (; t + K::kMaxTok <= t1; t += K::kMaxTok) K::template tile<K::kMaxTok>(j, r, t, n_rows);
-      if (t < t1) tile16_tail<K, K::kMaxTok - 1>(j, r, t, t1 - t, n_rows);
+      for (; t + K::kMaxTok <= t1; t += K::kMaxTok, ++pass.index)
+        K::template tile<K::kMaxTok>(j, r, t, n_rows, pass);
+      if (t < t1) tile16_tail<K, K::kMaxTok - 1>(j, r, t, t1 - t, n_rows, pass);
     }
   }
 }

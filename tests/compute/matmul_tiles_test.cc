@@ -237,6 +237,33 @@ TEST(TiledMatmul, TinyBlocksQuantizeToZeroOnEveryPath) {
   }
 }
 
+// The SIMD kernels scale a block's integer dot with one FMA on the floats M + dot
+// (ActTile32): exact for activation scales over the range a model's activations take, from
+// tiny to huge, so every path gives the scalar bits there, and the products agree with the
+// row kernels to rounding (a wrong magic constant or scale rounding would not).
+TEST(TiledMatmul, ScalesFromTinyToHugeGiveTheScalarBits) {
+  const auto sets = kernel_sets();
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const Pair p = make_pair(t, 32, 256, 6);
+    auto x = random_x(3, 256, 8);
+    const float mag[8] = {1e-30f, 3e-12f, 1.f, 7e5f, 1e12f, 2e20f, 5e28f, 1e30f};
+    for (int tk = 0; tk < 3; ++tk)
+      for (int b = 0; b < 8; ++b)
+        for (int k = 0; k < 32; ++k)
+          x[static_cast<size_t>(tk * 256 + b * 32 + k)] *= mag[(b + tk) % 8];
+    const auto want = run(*sets.back(), p.tiles, x, 3, nullptr);
+    const auto rows = run(*sets.back(), p.rows, x, 3, nullptr);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(want[i])) << model::type_name(t) << " element " << i;
+      ASSERT_NEAR(want[i], rows[i], 1e-5 * std::fabs(rows[i]) + 1e-30)
+          << model::type_name(t) << " element " << i;
+    }
+    for (const auto* ks : sets)
+      EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, 3, nullptr), want))
+          << ks->name << " " << model::type_name(t);
+  }
+}
+
 TEST(TiledMatmul, GetRowReadsTiles) {
   for (GgmlType t : kInt8Types) {
     const Pair p = make_pair(t, 32, cols_of(t, 3), 9);
