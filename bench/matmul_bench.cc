@@ -6,8 +6,8 @@
 // Q8_0, Q4_0 and Q4_K also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the
 // layout the CPU engine's weights copy uses where int8_tiles_supported(); quantized types also
 // report GOP/s against the measured int8 dot-product peak.
-// Usage: matmul_bench [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16 q4_0/t16 q4_K
-//        q4_K/t16 q6_K; default all)
+// Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16
+//        q4_0/t16 q4_K q4_K/t16 q6_K; default all; n_tok values up to 512, 1 always timed)
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
@@ -142,7 +142,29 @@ double time_matmul(Matrix& m, const std::vector<float>& x, int64_t n_tok, std::v
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> want(argv + 1, argv + argc);
+  std::vector<std::string> want;
+  std::vector<int64_t> tokens = {1, 16, 512};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tokens" && i + 1 < argc) {
+      // n_tok values to time (1 is always timed first: the x_vs_n1 base).
+      tokens = {1};
+      std::string list = argv[++i];
+      for (size_t pos = 0; pos <= list.size();) {
+        const size_t end = std::min(list.find(',', pos), list.size());
+        const long long v = std::atoll(list.substr(pos, end - pos).c_str());
+        if (v < 1 || v > 512) {
+          std::fprintf(stderr, "matmul_bench: --tokens wants values in 1..512, got '%s'\n",
+                       list.c_str());
+          return 2;
+        }
+        if (v > 1) tokens.push_back(v);
+        pos = end + 1;
+      }
+    } else {
+      want.push_back(a);
+    }
+  }
   const std::string level = troupe::compute::simd_level();
 #if defined(NDEBUG) && defined(__OPTIMIZE__)
   const char* build = "release (optimized, NDEBUG)";
@@ -209,11 +231,12 @@ int main(int argc, char** argv) {
       for (auto& v : x) v = uni(rng);
       for (int th = 0; th < 2; ++th) {
         double t1 = 0, hot_gbs = 0;
-        for (int64_t n_tok : {1, 16, 512}) {
+        for (int64_t n_tok : tokens) {
+          const bool compute_bound = n_tok >= 64;  // one copy is enough
           Matrix single = m;
-          if (n_tok == 512) single.copies.resize(1);  // compute-bound: one copy is enough
-          const double s =
-              time_matmul(n_tok == 512 ? single : m, x, n_tok, y, pools[th], n_tok == 512 ? 5 : 7);
+          if (compute_bound) single.copies.resize(1);
+          const double s = time_matmul(compute_bound ? single : m, x, n_tok, y, pools[th],
+                                       compute_bound ? 5 : 7);
           const double gbs = static_cast<double>(m.bytes) / s / 1e9;
           const double gflops = 2.0 * static_cast<double>(rows * cols * n_tok) / s / 1e9;
           if (n_tok == 1) t1 = s;

@@ -1,10 +1,11 @@
 // AVX-512 VNNI kernels for Q4_0 and Q8_0 matrices in 16-row tiles (model/weight_tiles.h).
 // Vector lane i is output row i of the tile: one vpdpbusd multiplies 4 columns of 16 rows by
 // the same 4 activation values (broadcast), so a 32-value block is 8 vpdpbusd into one int32
-// accumulator per row, and its scaling is 2 FMAs for 16 rows (the dot starts from the bits of
-// a float, ActTile32, so no convert and no multiply). The row-layout kernels spend 3
-// instructions of scaling per 8 values of one row: with tiles, 8 of every 10 instructions of a
-// token are dot products (Q8_0; Q4_0 adds its unpacking, shared by up to 8 tokens).
+// accumulator per row (two chains, joined by one add), and its scaling is 2 FMAs for 16 rows
+// (the dot starts from the bits of a float, ActTile32, so no convert and no multiply). The
+// row-layout kernels spend 3 instructions of scaling per 8 values of one row: with tiles, 8 of
+// every 11 instructions of a token are dot products (Q8_0; Q4_0 adds its unpacking, shared by
+// up to 8 tokens).
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
 // serve Q4_0 and Q8_0 in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
@@ -83,9 +84,11 @@ struct TileKernel {
     return r;
   }
 
-  // The exact dots of the 16 rows with one token's block (a tile of one token), in two chains
-  // of 4 vpdpbusd so that the next block's chains need not wait as long. Integer sums: the
-  // order is free.
+  // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
+  // chain of 8 left the tile's 8 tokens waiting on its latency (16-token products 20-30 %
+  // slower, docs/benchmarks.md "Engine, session 12"); one chain per token with the tile's
+  // tokens interleaved was no faster at 16 to 512 tokens and slower for Q8_0 at 2 to 8
+  // ("Engine, session 13"). Integer sums: the order is free.
   static __m512i dots(const Rec& r, const ActTile32& a) {
     __m512i s0 = _mm512_set1_epi32(a.start), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 8; c += 2) {
@@ -188,24 +191,11 @@ struct TileKernel {
       }
     };
     for (int64_t b = 0; b < nb; ++b) {
-      if constexpr (NT == 1) {
-        const Rec r = fetch.template operator()<kQ4>(b);
-        const ActTile32& ab = a[0][b];
-        acc[0] = scale(kQ4 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[0]);
-      } else {
-        // One chain of 8 vpdpbusd per token, the tokens' chains interleaved: NT independent
-        // chains cover the latency, and no add joins two chains of one token (per block and
-        // token 8 vpdpbusd and 2 FMAs, plus Q4_0's unpacking shared by the NT tokens).
-        const Rec r = fetch.template operator()<false>(b);
-        __m512i s[NT];
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) s[n] = _mm512_set1_epi32(a[n][b].start);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c)
-#pragma GCC unroll 8
-          for (int n = 0; n < NT; ++n) s[n] = dot_u8s8_bcast(s[n], r.v[c], a[n][b].q + 4 * c);
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) acc[n] = scale(s[n], a[n][b], r.dw, acc[n]);
+      constexpr bool kHigh16 = kQ4 && NT == 1;
+      const Rec r = fetch.template operator()<kHigh16>(b);
+      for (int n = 0; n < NT; ++n) {
+        const ActTile32& ab = a[n][b];
+        acc[n] = scale(kHigh16 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[n]);
       }
     }
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
