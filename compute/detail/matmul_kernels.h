@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "compute/matmul.h"
 #include "model/ggml_types.h"
@@ -120,6 +121,13 @@ inline constexpr int kTileKSumSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 /// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).
 inline constexpr int tile_init(model::GgmlType t) {
   return t == model::GgmlType::kQ4_0 ? -8 : -128;
+}
+
+/// A scratch buffer per thread that only grows: kernels run hundreds of times per token.
+template <typename T>
+T* scratch(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
 }
 
 const KernelSet& scalar_kernels();

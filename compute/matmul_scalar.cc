@@ -1,0 +1,344 @@
+// The scalar kernels: the fallback on CPUs without AVX2, and the reference every SIMD kernel is
+// tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K here define the bits the VNNI tile
+// kernels must give (ActTile32, ActTileK in detail/matmul_kernels.h).
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "compute/detail/matmul_kernels.h"
+#include "model/weight_tiles.h"
+
+namespace troupe::compute::detail {
+namespace {
+
+using model::BlockQ4_0;
+using model::BlockQ4_K;
+using model::BlockQ6_K;
+using model::BlockQ8_0;
+using model::fp16_to_fp32;
+using model::kQK_K;
+
+// Fixed reduction order: 8 partial sums over i mod 8, combined pairwise at the end.
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  for (int k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// Float weights: convert one row (exactly) and dot it with every token.
+template <model::GgmlType kType>
+void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> buf;
+  float* row = scratch(buf, j.cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* src = j.w + r * j.w_row_bytes;
+    const float* wr = row;
+    if constexpr (kType == model::GgmlType::kF32) {
+      wr = reinterpret_cast<const float*>(src);
+    } else {
+      model::dequantize_row(kType, src, row, j.cols);
+    }
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* x = reinterpret_cast<const float*>(j.act + t * j.act_stride);
+      j.y[t * j.y_stride + r] = dot_f32(wr, x, j.cols);
+    }
+  }
+}
+
+// int8 quantization of n activations with scale amax/127, rounding to nearest even.
+// Returns the scale; NaN when a value is NaN or infinite, so that it reaches the output.
+float quantize_int8(const float* x, int n, int8_t* q) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite = finite && a <= FLT_MAX;
+    amax = std::max(amax, a);
+  }
+  if (!finite) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return NAN;
+  }
+  // A block this small (amax < 127 / FLT_MAX) would scale to infinity: it quantizes to zeros,
+  // as on every SIMD path.
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const float id = inv <= FLT_MAX ? inv : 0.f;
+  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  return amax / 127.f;
+}
+
+// Activations for 32-element weight blocks: per block a float scale and 32 int8.
+struct ActBlock32 {
+  float d;
+  int8_t q[32];
+};
+
+int64_t act32_bytes(int64_t cols) { return cols / 32 * static_cast<int64_t>(sizeof(ActBlock32)); }
+
+void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActBlock32*>(out);
+  for (int64_t b = 0; b < cols / 32; ++b) a[b].d = quantize_int8(x + b * 32, 32, a[b].q);
+}
+
+// Q8_0 and Q4_0: each row decoded to int8 values and block scales, then an exact integer dot
+// per block, scaled and summed in block order.
+// One Q8_0 or Q4_0 row (nb blocks at src) as int8 values wq[32 nb] and block scales wd[nb].
+template <model::GgmlType kType>
+void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
+  for (int64_t b = 0; b < nb; ++b) {
+    int8_t* q = wq + b * 32;
+    if constexpr (kType == model::GgmlType::kQ8_0) {
+      const auto& blk = reinterpret_cast<const BlockQ8_0*>(src)[b];
+      wd[b] = fp16_to_fp32(blk.d);
+      std::memcpy(q, blk.qs, 32);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
+      wd[b] = fp16_to_fp32(blk.d);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = static_cast<int8_t>((blk.qs[i] & 0xF) - 8);
+        q[i + 16] = static_cast<int8_t>((blk.qs[i] >> 4) - 8);
+      }
+    }
+  }
+}
+
+// Activations of the tiled kernels (ActTile32, matmul_kernels.h).
+template <model::GgmlType kType>
+void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTile32*>(out);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float d = quantize_int8(x + b * 32, 32, a[b].q);
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) sum += a[b].q[i];
+    finish_act_tile32(a[b], tile_init(kType), sum, d);
+  }
+}
+
+// Row r of a tiled job in its ggml bytes (model::untile_row), in this thread's scratch.
+const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r) {
+  thread_local std::vector<uint8_t> buf;
+  uint8_t* row = scratch(buf, j.w_row_bytes);
+  model::untile_row(type, j.w + r / model::kTileRows * model::kTileRows * j.w_row_bytes,
+                    j.w_row_bytes, r % model::kTileRows, row);
+  return row;
+}
+
+// Q8_0 and Q4_0, each row decoded to int8 values and block scales, then an exact integer dot
+// per block, scaled and summed in block order. kTiled: the matrix is in 16-row tiles
+// (model/weight_tiles.h) and each output is ActTile32's recurrence, the reference for the SIMD
+// tile kernels, which give the same bits (the exact dot of the signed values is their
+// ActTile32::start less M's bits, plus the unsigned dot).
+template <model::GgmlType kType, bool kTiled = false>
+void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> dbuf;
+  const int64_t nb = j.cols / 32;
+  int8_t* wq = scratch(qbuf, j.cols);
+  float* wd = scratch(dbuf, nb);
+  for (int64_t r = r0; r < r1; ++r) {
+    decode_blocks32<kType>(kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes, nb, wq, wd);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      using Act = std::conditional_t<kTiled, ActTile32, ActBlock32>;
+      const auto* a = reinterpret_cast<const Act*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t dot = 0;
+        for (int k = 0; k < 32; ++k) dot += wq[b * 32 + k] * a[b].q[k];
+        if constexpr (kTiled) {
+          const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);
+          acc = std::fma(t, wd[b], acc);
+        } else {
+          acc += static_cast<float>(dot) * a[b].d * wd[b];
+        }
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Activations of the Q4_K tile kernels (ActTileK, matmul_kernels.h).
+void quantize_act_tilek(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileK*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    a[s].d = quantize_int8(x + s * kQK_K, kQK_K, a[s].q);
+    for (int j = 0; j < 8; ++j) {
+      int32_t sum = 0;
+      for (int i = 0; i < 32; ++i) sum += a[s].q[32 * j + i];
+      a[s].xsum[kTileKSumSlot[j]] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+// Activations for K-quant weights: per 256 values a float scale and 256 int8.
+struct ActBlockK {
+  float d;
+  int8_t q[kQK_K];
+};
+
+int64_t actk_bytes(int64_t cols) { return cols / kQK_K * static_cast<int64_t>(sizeof(ActBlockK)); }
+
+void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActBlockK*>(out);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) a[b].d = quantize_int8(x + b * kQK_K, kQK_K, a[b].q);
+}
+
+// The 4-bit values of nsb Q4_K super-blocks, in value order, into wq[256 nsb].
+void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    for (int p = 0; p < 4; ++p) {
+      for (int i = 0; i < 32; ++i) {
+        wq[s * kQK_K + p * 64 + i] = blk[s].qs[p * 32 + i] & 0xF;
+        wq[s * kQK_K + p * 64 + 32 + i] = blk[s].qs[p * 32 + i] >> 4;
+      }
+    }
+  }
+}
+
+// Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. The integer
+// parts are exact: sum_j sc[j]*dot_j(q, x) and sum_j m[j]*sum_j(x).
+void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<uint8_t> qbuf;
+  const int64_t nsb = j.cols / kQK_K;
+  uint8_t* wq = scratch(qbuf, j.cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(j.w + r * j.w_row_bytes);
+    decode_q4k_quants(blk, nsb, wq);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        uint8_t sc[8], mn[8];
+        q4k_scales_mins(blk[s].scales, sc, mn);
+        int32_t tot = 0, msum = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          int32_t isum = 0, xsum = 0;
+          for (int i = 0; i < 32; ++i) {
+            isum += wq[s * kQK_K + sb * 32 + i] * a[s].q[sb * 32 + i];
+            xsum += a[s].q[sb * 32 + i];
+          }
+          tot += sc[sb] * isum;
+          msum += mn[sb] * xsum;
+        }
+        const float d = fp16_to_fp32(blk[s].d), dmin = fp16_to_fp32(blk[s].dmin);
+        acc += a[s].d * (d * static_cast<float>(tot) - dmin * static_cast<float>(msum));
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Q4_K in 16-row tiles, one output at a time: the reference for the SIMD tile kernels (the
+// same bits: ActTileK's recurrence).
+void tiles_rows_q4k(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<uint8_t> qbuf, sbuf;
+  const int64_t nsb = j.cols / kQK_K;
+  uint8_t* wq = scratch(qbuf, j.cols);
+  uint8_t* sc = scratch(sbuf, 16 * nsb);  // per super-block 8 scales, then 8 mins
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(untiled_row(model::GgmlType::kQ4_K, j, r));
+    decode_q4k_quants(blk, nsb, wq);
+    for (int64_t s = 0; s < nsb; ++s) q4k_scales_mins(blk[s].scales, sc + 16 * s, sc + 16 * s + 8);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActTileK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        int32_t tot = 0, msum = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          int32_t dot = 0;
+          for (int k = 0; k < 32; ++k) dot += wq[s * kQK_K + 32 * sb + k] * a[s].q[32 * sb + k];
+          tot += sc[16 * s + sb] * dot;
+          msum += sc[16 * s + 8 + sb] * a[s].xsum[kTileKSumSlot[sb]];
+        }
+        const float m2 = static_cast<float>(msum) * fp16_to_fp32(blk[s].dmin);
+        acc = std::fma(std::fma(static_cast<float>(tot), fp16_to_fp32(blk[s].d), -m2), a[s].d, acc);
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+// Q6_K: value = d*sc[j]*(q - 32) over 16 sub-blocks of 16, q in [0, 63]; exact integer
+// sum_j sc[j]*dot_j(q - 32, x) per super-block.
+void q6k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<int8_t> qbuf;
+  const int64_t nsb = j.cols / kQK_K;
+  int8_t* wq = scratch(qbuf, j.cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(j.w + r * j.w_row_bytes);
+    for (int64_t s = 0; s < nsb; ++s) {
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = blk[s].ql + 64 * h;
+        const uint8_t* qh = blk[s].qh + 32 * h;
+        int8_t* q = wq + s * kQK_K + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          q[l] = static_cast<int8_t>(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+          q[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          q[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          q[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+    }
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        int32_t tot = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t isum = 0;
+          for (int i = 0; i < 16; ++i) isum += wq[s * kQK_K + g * 16 + i] * a[s].q[g * 16 + i];
+          tot += blk[s].scales[g] * isum;
+        }
+        acc += a[s].d * fp16_to_fp32(blk[s].d) * static_cast<float>(tot);
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+const KernelSet& scalar_kernels() {
+  using model::GgmlType;
+  static const KernelSet ks = [] {
+    KernelSet k{};
+    k.name = "scalar";
+    k.f32.rows = float_rows<GgmlType::kF32>;
+    k.f16.rows = float_rows<GgmlType::kF16>;
+    k.bf16.rows = float_rows<GgmlType::kBF16>;
+    for (TypeKernels* t : {&k.q8_0, &k.q4_0}) {
+      t->act_row_bytes = act32_bytes;
+      t->quantize = quantize_act32;
+    }
+    k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
+    k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;
+    for (TypeKernels* t : {&k.q4_k, &k.q6_k}) {
+      t->act_row_bytes = actk_bytes;
+      t->quantize = quantize_actk;
+    }
+    k.q4_k.rows = q4k_rows;
+    k.q6_k.rows = q6k_rows;
+    for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
+      t->act_row_bytes = act_tile32_bytes;
+      t->row_tile = static_cast<int>(model::kTileRows);
+    }
+    k.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
+    k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
+    k.q8_0_t16.rows = blocks32_rows<GgmlType::kQ8_0, true>;
+    k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
+    k.q4_k_t16.act_row_bytes = act_tilek_bytes;
+    k.q4_k_t16.quantize = quantize_act_tilek;
+    k.q4_k_t16.rows = tiles_rows_q4k;
+    k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
+    return k;
+  }();
+  return ks;
+}
+
+}  // namespace troupe::compute::detail
