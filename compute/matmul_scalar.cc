@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compute/detail/matmul_kernels.h"
+#include "compute/detail/ops.h"
 #include "model/weight_tiles.h"
 
 namespace troupe::compute::detail {
@@ -21,16 +22,6 @@ using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::fp16_to_fp32;
 using model::kQK_K;
-
-// Fixed reduction order: 8 partial sums over i mod 8, combined pairwise at the end.
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  for (int k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
 
 // Float weights: convert one row (exactly) and dot it with every token.
 template <model::GgmlType kType>
@@ -47,7 +38,7 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     }
     for (int64_t t = 0; t < j.n_tok; ++t) {
       const auto* x = reinterpret_cast<const float*>(j.act + t * j.act_stride);
-      j.y[t * j.y_stride + r] = dot_f32(wr, x, j.cols);
+      j.y[t * j.y_stride + r] = dot(wr, x, j.cols);  // fixed order (detail/ops.h)
     }
   }
 }
