@@ -50,7 +50,9 @@ struct TileKernel {
   static constexpr int64_t kRec =
       model::kTileRows *
       static_cast<int64_t>(kQ4 ? sizeof(model::BlockQ4_0) : sizeof(model::BlockQ8_0));
-  static constexpr int kMaxTok = 8;  // accumulators per pass over a tile (16: spills)
+  // Accumulators per pass over a tile. 16 spilled registers (16 activation pointers as well as
+  // 16 accumulators): 10-15 % slower at 16 and 512 tokens (docs, "Engine, session 13").
+  static constexpr int kMaxTok = 8;
   // Records prefetched ahead into L1 and into L2 (prefetches past the tensor's end are
   // harmless). Against 12 ahead into L1 only, batch-1 Q4_0 decode ran 8-15 % faster in the
   // engine (docs/benchmarks.md "Engine, session 12").
@@ -168,6 +170,7 @@ struct TileKernel {
     const int64_t nb = j.cols / 32;
     [[maybe_unused]] RowSource src{};
     if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
+    int64_t next_share = pass.index;  // the next block whose next-tile record this pass fetches
     // Record of block b, prefetching ahead.
     auto fetch = [&]<bool kHigh16>(int64_t b) {
       if constexpr (kRowsIn) {
@@ -181,7 +184,8 @@ struct TileKernel {
         for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
         if (pass.count == 1) {
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(rec + kAheadL2 * kRec + o);
-        } else if (b % pass.count == pass.index) {
+        } else if (b == next_share) {
+          next_share += pass.count;
           // Several passes over this tile (it stays in L2): each fetches its share of the
           // next tile's records, so DRAM streams through all of them, not just the first.
           const uint8_t* next = rec + model::kTileRows * j.w_row_bytes;
@@ -193,6 +197,7 @@ struct TileKernel {
     for (int64_t b = 0; b < nb; ++b) {
       constexpr bool kHigh16 = kQ4 && NT == 1;
       const Rec r = fetch.template operator()<kHigh16>(b);
+#pragma GCC unroll 16
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
         acc[n] = scale(kHigh16 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[n]);
