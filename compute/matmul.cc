@@ -8,14 +8,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cfloat>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include "base/check.h"

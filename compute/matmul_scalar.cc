@@ -78,8 +78,6 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
   for (int64_t b = 0; b < cols / 32; ++b) a[b].d = quantize_int8(x + b * 32, 32, a[b].q);
 }
 
-// Q8_0 and Q4_0: each row decoded to int8 values and block scales, then an exact integer dot
-// per block, scaled and summed in block order.
 // One Q8_0 or Q4_0 row (nb blocks at src) as int8 values wq[32 nb] and block scales wd[nb].
 template <model::GgmlType kType>
 void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
@@ -193,62 +191,44 @@ void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
 }
 
 // Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. The integer
-// parts are exact: sum_j sc[j]*dot_j(q, x) and sum_j m[j]*sum_j(x).
+// parts are exact: tot = sum_j sc[j]*dot_j(q, x) and msum = sum_j m[j]*sum_j(x). kTiled: the
+// matrix is in 16-row tiles and each output is ActTileK's recurrence, the reference for the SIMD
+// tile kernels, which give the same bits (the activation sub-block sums come with ActTileK).
+template <bool kTiled = false>
 void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  thread_local std::vector<uint8_t> qbuf;
-  const int64_t nsb = j.cols / kQK_K;
-  uint8_t* wq = scratch(qbuf, j.cols);
-  for (int64_t r = r0; r < r1; ++r) {
-    const auto* blk = reinterpret_cast<const BlockQ4_K*>(j.w + r * j.w_row_bytes);
-    decode_q4k_quants(blk, nsb, wq);
-    for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
-      float acc = 0.f;
-      for (int64_t s = 0; s < nsb; ++s) {
-        uint8_t sc[8], mn[8];
-        q4k_scales_mins(blk[s].scales, sc, mn);
-        int32_t tot = 0, msum = 0;
-        for (int sb = 0; sb < 8; ++sb) {
-          int32_t isum = 0, xsum = 0;
-          for (int i = 0; i < 32; ++i) {
-            isum += wq[s * kQK_K + sb * 32 + i] * a[s].q[sb * 32 + i];
-            xsum += a[s].q[sb * 32 + i];
-          }
-          tot += sc[sb] * isum;
-          msum += mn[sb] * xsum;
-        }
-        const float d = fp16_to_fp32(blk[s].d), dmin = fp16_to_fp32(blk[s].dmin);
-        acc += a[s].d * (d * static_cast<float>(tot) - dmin * static_cast<float>(msum));
-      }
-      j.y[t * j.y_stride + r] = acc;
-    }
-  }
-}
-
-// Q4_K in 16-row tiles, one output at a time: the reference for the SIMD tile kernels (the
-// same bits: ActTileK's recurrence).
-void tiles_rows_q4k(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<uint8_t> qbuf, sbuf;
   const int64_t nsb = j.cols / kQK_K;
   uint8_t* wq = scratch(qbuf, j.cols);
   uint8_t* sc = scratch(sbuf, 16 * nsb);  // per super-block 8 scales, then 8 mins
   for (int64_t r = r0; r < r1; ++r) {
-    const auto* blk = reinterpret_cast<const BlockQ4_K*>(untiled_row(model::GgmlType::kQ4_K, j, r));
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(
+        kTiled ? untiled_row(model::GgmlType::kQ4_K, j, r) : j.w + r * j.w_row_bytes);
     decode_q4k_quants(blk, nsb, wq);
     for (int64_t s = 0; s < nsb; ++s) q4k_scales_mins(blk[s].scales, sc + 16 * s, sc + 16 * s + 8);
     for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActTileK*>(j.act + t * j.act_stride);
+      using Act = std::conditional_t<kTiled, ActTileK, ActBlockK>;
+      const auto* a = reinterpret_cast<const Act*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t s = 0; s < nsb; ++s) {
         int32_t tot = 0, msum = 0;
         for (int sb = 0; sb < 8; ++sb) {
-          int32_t dot = 0;
+          int32_t dot = 0, xsum = 0;
           for (int k = 0; k < 32; ++k) dot += wq[s * kQK_K + 32 * sb + k] * a[s].q[32 * sb + k];
+          if constexpr (kTiled) {
+            xsum = a[s].xsum[kTileKSumSlot[sb]];
+          } else {
+            for (int k = 0; k < 32; ++k) xsum += a[s].q[32 * sb + k];
+          }
           tot += sc[16 * s + sb] * dot;
-          msum += sc[16 * s + 8 + sb] * a[s].xsum[kTileKSumSlot[sb]];
+          msum += sc[16 * s + 8 + sb] * xsum;
         }
-        const float m2 = static_cast<float>(msum) * fp16_to_fp32(blk[s].dmin);
-        acc = std::fma(std::fma(static_cast<float>(tot), fp16_to_fp32(blk[s].d), -m2), a[s].d, acc);
+        const float d = fp16_to_fp32(blk[s].d), dmin = fp16_to_fp32(blk[s].dmin);
+        if constexpr (kTiled) {
+          const float m2 = static_cast<float>(msum) * dmin;
+          acc = std::fma(std::fma(static_cast<float>(tot), d, -m2), a[s].d, acc);
+        } else {
+          acc += a[s].d * (d * static_cast<float>(tot) - dmin * static_cast<float>(msum));
+        }
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -313,7 +293,7 @@ const KernelSet& scalar_kernels() {
       t->act_row_bytes = actk_bytes;
       t->quantize = quantize_actk;
     }
-    k.q4_k.rows = q4k_rows;
+    k.q4_k.rows = q4k_rows<false>;
     k.q6_k.rows = q6k_rows;
     for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
       t->act_row_bytes = act_tile32_bytes;
@@ -325,7 +305,7 @@ const KernelSet& scalar_kernels() {
     k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
     k.q4_k_t16.act_row_bytes = act_tilek_bytes;
     k.q4_k_t16.quantize = quantize_act_tilek;
-    k.q4_k_t16.rows = tiles_rows_q4k;
+    k.q4_k_t16.rows = q4k_rows<true>;
     k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
     return k;
   }();

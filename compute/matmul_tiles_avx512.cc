@@ -170,34 +170,23 @@ struct TileKernel {
     const int64_t nb = j.cols / 32;
     [[maybe_unused]] RowSource src{};
     if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
-    int64_t next_share = pass.index;  // the next block whose next-tile record this pass fetches
-    // Record of block b, prefetching ahead.
-    auto fetch = [&]<bool kHigh16>(int64_t b) {
+    constexpr bool kHigh16 = kQ4 && NT == 1;
+    for (int64_t b = 0; b < nb; ++b) {
+      Rec r;
       if constexpr (kRowsIn) {
         // The next tile's rows at this block (the rows after this tile's, in the file).
         constexpr int64_t kBlock = kRec / model::kTileRows;
         if ((b * kBlock) % 64 < kBlock)
           for (int i = 0; i < 16; ++i) prefetch_l1(w + (16 + i) * j.w_row_bytes + b * kBlock);
-        return gather<kHigh16>(src, b);
+        r = gather<kHigh16>(src, b);
       } else {
         const uint8_t* rec = w + b * kRec;
         for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
-        if (pass.count == 1) {
-          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(rec + kAheadL2 * kRec + o);
-        } else if (b == next_share) {
-          next_share += pass.count;
-          // Several passes over this tile (it stays in L2): each fetches its share of the
-          // next tile's records, so DRAM streams through all of them, not just the first.
-          const uint8_t* next = rec + model::kTileRows * j.w_row_bytes;
-          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(next + o);
-        }
-        return load<kHigh16>(rec);
+        if (const uint8_t* l2 =
+                pass.l2_target(b, rec + kAheadL2 * kRec, rec + model::kTileRows * j.w_row_bytes))
+          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
+        r = load<kHigh16>(rec);
       }
-    };
-    for (int64_t b = 0; b < nb; ++b) {
-      constexpr bool kHigh16 = kQ4 && NT == 1;
-      const Rec r = fetch.template operator()<kHigh16>(b);
-#pragma GCC unroll 16
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
         acc[n] = scale(kHigh16 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[n]);

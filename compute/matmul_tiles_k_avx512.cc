@@ -80,26 +80,20 @@ struct TileKernelK {
         *dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
       }
     }
-    void prefetch(int64_t s, int part, TilePass pass) const {
+    // Part `part` (0-3) of the next super-block's prefetch; l2: the record TilePass::l2_target
+    // chose for this super-block, or null (tiles only).
+    void prefetch(int64_t s, int part, const uint8_t* l2) const {
       if constexpr (kRowsIn) {
         // The next tile's rows at this super-block (144 bytes: 3 lines each, one per part).
         if (part < 3)
           for (int i = 0; i < 16; ++i)
             prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
       } else {
-        // A quarter of the record one ahead into L1, and of the one two ahead into L2 -- or,
-        // when several passes go over this tile (it stays in L2), this pass's share of the
-        // next tile's records, so DRAM streams through all passes, not just the first.
-        const uint8_t* l1 = base + (s + 1) * kRec + 9 * 64 * part;
-        const uint8_t* l2 = nullptr;
-        if (pass.count == 1) {
-          l2 = base + (s + 2) * kRec + 9 * 64 * part;
-        } else if (s % pass.count == pass.index) {
-          l2 = base + model::kTileRows * row_bytes + s * kRec + 9 * 64 * part;
-        }
-        for (int o = 0; o < 9; ++o) prefetch_l1(l1 + 64 * o);
+        // A quarter of the record one ahead into L1, and of l2's record into L2.
+        const int64_t off = 9 * 64 * part;
+        for (int o = 0; o < 9; ++o) prefetch_l1(base + (s + 1) * kRec + off + 64 * o);
         if (l2 != nullptr)
-          for (int o = 0; o < 9; ++o) prefetch_l2(l2 + 64 * o);
+          for (int o = 0; o < 9; ++o) prefetch_l2(l2 + off + 64 * o);
       }
     }
   };
@@ -126,10 +120,14 @@ struct TileKernelK {
                                             _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
       const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m0f),
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
+      const uint8_t* l2 =
+          kRowsIn ? nullptr
+                  : pass.l2_target(s, src.base + (s + 2) * kRec,
+                                   src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512i tot[NT];
       for (int n = 0; n < NT; ++n) tot[n] = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
-        src.prefetch(s, p, pass);
+        src.prefetch(s, p, l2);
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * p + h;
           const __m512i scv =

@@ -57,6 +57,15 @@ void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
 /// next tile's fetch over all of them (one pass alone would need the bandwidth of all).
 struct TilePass {
   int index, count;
+
+  /// Where a kernel at record b of a tile prefetches into L2: `ahead` (further on in this tile)
+  /// when this is the tile's only pass; otherwise `next` (record b of the next tile) on this
+  /// pass's share of the records (every count-th, from index), so that DRAM streams through all
+  /// passes, not just the first (the tile itself stays in L2 between them); else nowhere.
+  const uint8_t* l2_target(int64_t b, const uint8_t* ahead, const uint8_t* next) const {
+    if (count == 1) return ahead;
+    return static_cast<int>(b) % count == index ? next : nullptr;
+  }
 };
 
 /// The loop nest of the 16-row tile kernels (matmul_tiles*_avx512.cc). K provides kRowsIn,
