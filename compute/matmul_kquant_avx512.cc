@@ -1,6 +1,7 @@
 // AVX-512 kernels for the K-quant weight types (Q4_K, Q6_K): int8 activations per 256-value
 // super-block and exact integer products, as the other quantized kernels (matmul_avx512.cc).
-// With VNNI, Q4_K runs the tile kernels instead (matmul_tiles_k_avx512.cc).
+// With VNNI, both run the tile kernels instead (matmul_tiles_k_avx512.cc,
+// matmul_tiles_q6k_avx512.cc).
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
@@ -18,12 +19,6 @@ namespace {
 using model::BlockQ4_K;
 using model::BlockQ6_K;
 using model::kQK_K;
-
-// vpdpwssd (AVX512-VNNI): int32 lanes += pairs of int16 products.
-inline __m512i dot_s16(__m512i acc, __m512i a, __m512i b) {
-  __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
 
 // Activations for K-quants, per 256 values (384 bytes): 256 int8, 16 floats d*sum(x) over
 // each group of 16, the float scale d, padding.
@@ -48,7 +43,7 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
 // ------------------------------------------------------------------------------------------
 // K-quants. A super-block (256 values) is 4 steps of 64 values. Per step: pair products of
 // the unsigned weight values with the int8 activations (vpmaddubsw), each pair times its
-// sub-block's scale (int16) into int32 lanes (vpdpwssd, or vpmaddwd + add): exact. Per
+// sub-block's scale (int16) into int32 lanes (vpmaddwd + add): exact. Per
 // super-block: acc = fma(float(lanes), d * x_scale, acc), then acc = fma(corr, x_sums, acc)
 // for the min/offset term (per-16-group weight factor times the activations' d*sum(x)).
 // Then hsum16.
@@ -143,7 +138,7 @@ struct Q6KDecode {
   }
 };
 
-template <class D, bool kVnni>
+template <class D>
 struct KQuantKernel {
   static constexpr int kRows = 2;
   static constexpr int kToks = 4;
@@ -155,11 +150,7 @@ struct KQuantKernel {
   static __m512i token_step(__m512i isum, __m512i w, __m512i sc, __m512i xq) {
     // Pair sums below 2 * 63 * 127 < 2^15: no saturation.
     const __m512i pairs = _mm512_maddubs_epi16(w, xq);
-    if constexpr (kVnni) {
-      return dot_s16(isum, pairs, sc);
-    } else {
-      return _mm512_add_epi32(isum, _mm512_madd_epi16(pairs, sc));
-    }
+    return _mm512_add_epi32(isum, _mm512_madd_epi16(pairs, sc));
   }
   static __m512 token_finish(const typename D::Row& row, __m512i isum, const uint8_t* a,
                              __m512 acc) {
@@ -257,21 +248,11 @@ struct KQuantKernel {
   }
 };
 
-template <bool kVnni>
-void kquant_set(TypeKernels* q4_k, TypeKernels* q6_k) {
-  *q4_k = streaming_kernels<KQuantKernel<Q4KDecode, kVnni>>(actk_bytes, quantize_actk);
-  *q6_k = streaming_kernels<KQuantKernel<Q6KDecode, kVnni>>(actk_bytes, quantize_actk);
-}
-
 }  // namespace
 
-void avx512_kquant_kernels(bool vnni, TypeKernels* q4_k, TypeKernels* q6_k) {
-  if (vnni) {
-    // Q4_K with VNNI runs the tile kernels (matmul_tiles_k_avx512.cc), in rows too.
-    *q6_k = streaming_kernels<KQuantKernel<Q6KDecode, true>>(actk_bytes, quantize_actk);
-  } else {
-    kquant_set<false>(q4_k, q6_k);
-  }
+void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q6_k) {
+  *q4_k = streaming_kernels<KQuantKernel<Q4KDecode>>(actk_bytes, quantize_actk);
+  *q6_k = streaming_kernels<KQuantKernel<Q6KDecode>>(actk_bytes, quantize_actk);
 }
 
 }  // namespace troupe::compute::detail

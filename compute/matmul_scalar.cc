@@ -1,6 +1,6 @@
 // The scalar kernels: the fallback on CPUs without AVX2, and the reference every SIMD kernel is
-// tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K here define the bits the VNNI tile
-// kernels must give (ActTile32, ActTileK in detail/matmul_kernels.h).
+// tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K/Q6_K here define the bits the
+// VNNI tile kernels must give (ActTile32, ActTileK, ActTileQ6K in detail/matmul_kernels.h).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -235,38 +235,75 @@ void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   }
 }
 
-// Q6_K: value = d*sc[j]*(q - 32) over 16 sub-blocks of 16, q in [0, 63]; exact integer
-// sum_j sc[j]*dot_j(q - 32, x) per super-block.
-void q6k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  thread_local std::vector<int8_t> qbuf;
-  const int64_t nsb = j.cols / kQK_K;
-  int8_t* wq = scratch(qbuf, j.cols);
-  for (int64_t r = r0; r < r1; ++r) {
-    const auto* blk = reinterpret_cast<const BlockQ6_K*>(j.w + r * j.w_row_bytes);
-    for (int64_t s = 0; s < nsb; ++s) {
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = blk[s].ql + 64 * h;
-        const uint8_t* qh = blk[s].qh + 32 * h;
-        int8_t* q = wq + s * kQK_K + 128 * h;
-        for (int l = 0; l < 32; ++l) {
-          q[l] = static_cast<int8_t>(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
-          q[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-          q[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-          q[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-        }
+// Activations of the Q6_K tile kernels (ActTileQ6K, matmul_kernels.h).
+void quantize_act_tileq6k(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileQ6K*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    a[s].d = quantize_int8(x + s * kQK_K, kQK_K, a[s].q);
+    finish_act_tileq6k(a[s]);
+  }
+}
+
+// The 6-bit values (0-63, as stored) of nsb Q6_K super-blocks, in value order, into wq[256 nsb].
+void decode_q6k_quants(const BlockQ6_K* blk, int64_t nsb, uint8_t* wq) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = blk[s].ql + 64 * h;
+      const uint8_t* qh = blk[s].qh + 32 * h;
+      uint8_t* q = wq + s * kQK_K + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        q[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+        q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+        q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
       }
     }
+  }
+}
+
+// Q6_K: value = d*sc[g]*(q - 32) over 16 groups of 16, q in [0, 63]. Rows: the exact integer
+// sum_g sc[g]*dot_g(q - 32, x) per super-block. kTiled: the matrix is in 16-row tiles and each
+// output is ActTileQ6K's recurrence, the reference for the SIMD tile kernels, which give the
+// same bits.
+template <bool kTiled = false>
+void q6k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<uint8_t> qbuf;
+  const int64_t nsb = j.cols / kQK_K;
+  uint8_t* wq = scratch(qbuf, j.cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(
+        kTiled ? untiled_row(model::GgmlType::kQ6_K, j, r) : j.w + r * j.w_row_bytes);
+    decode_q6k_quants(blk, nsb, wq);
     for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
+      using Act = std::conditional_t<kTiled, ActTileQ6K, ActBlockK>;
+      const auto* a = reinterpret_cast<const Act*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* q = wq + s * kQK_K;
+        const float d = fp16_to_fp32(blk[s].d);
         int32_t tot = 0;
+        float u = -0.f;  // -0 + v_0 is v_0, whatever its sign
         for (int g = 0; g < 16; ++g) {
-          int32_t isum = 0;
-          for (int i = 0; i < 16; ++i) isum += wq[s * kQK_K + g * 16 + i] * a[s].q[g * 16 + i];
-          tot += blk[s].scales[g] * isum;
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i) dot += q[16 * g + i] * a[s].q[16 * g + i];
+          if constexpr (kTiled) {
+            const auto tg = static_cast<int32_t>(static_cast<uint32_t>(dot) +
+                                                 static_cast<uint32_t>(a[s].start[g]) -
+                                                 static_cast<uint32_t>(kTileMagicBits));
+            const float ds = d * static_cast<float>(blk[s].scales[g]);
+            const float v = std::fma(kTileMagic + static_cast<float>(tg), ds, -kTileMagic * ds);
+            u += v;
+          } else {
+            int32_t xsum = 0;
+            for (int i = 0; i < 16; ++i) xsum += a[s].q[16 * g + i];
+            tot += blk[s].scales[g] * (dot - 32 * xsum);
+          }
         }
-        acc += a[s].d * fp16_to_fp32(blk[s].d) * static_cast<float>(tot);
+        if constexpr (kTiled) {
+          acc = std::fma(u, a[s].d, acc);
+        } else {
+          acc += a[s].d * d * static_cast<float>(tot);
+        }
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -294,7 +331,7 @@ const KernelSet& scalar_kernels() {
       t->quantize = quantize_actk;
     }
     k.q4_k.rows = q4k_rows<false>;
-    k.q6_k.rows = q6k_rows;
+    k.q6_k.rows = q6k_rows<false>;
     for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
       t->act_row_bytes = act_tile32_bytes;
       t->row_tile = static_cast<int>(model::kTileRows);
@@ -307,6 +344,10 @@ const KernelSet& scalar_kernels() {
     k.q4_k_t16.quantize = quantize_act_tilek;
     k.q4_k_t16.rows = q4k_rows<true>;
     k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
+    k.q6_k_t16.act_row_bytes = act_tileq6k_bytes;
+    k.q6_k_t16.quantize = quantize_act_tileq6k;
+    k.q6_k_t16.rows = q6k_rows<true>;
+    k.q6_k_t16.row_tile = static_cast<int>(model::kTileRows);
     return k;
   }();
   return ks;

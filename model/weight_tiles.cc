@@ -1,4 +1,4 @@
-// 16-row tiles of Q4_0 and Q8_0 matrices (see weight_tiles.h for the layout).
+// 16-row tiles of Q4_0, Q8_0, Q4_K and Q6_K matrices (see weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
 #include <cstring>
@@ -9,42 +9,57 @@
 namespace troupe::model {
 namespace {
 
-// How a block is laid out in a tile: its first n16 16-bit fields (scales), each as 16 rows'
-// values, then the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'.
+// How a block is laid out in a tile: its 16-bit fields (scales), each as 16 rows' values, and
+// the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'. Q4_0, Q8_0 and Q4_K
+// lead with their fields, and a record is the fields, then the chunks. Q6_K's one field (d)
+// trails its 208 other bytes (52 chunks, a whole number of cache lines): its records are the
+// chunks alone, and the tile's d values follow its last record, 32 bytes per block column.
 struct BlockShape {
   int64_t bytes;
-  int64_t n16;   // leading 16-bit fields (Q4_0, Q8_0: d; Q4_K: d, dmin)
-  uint8_t flip;  // XORed into every chunk byte (Q8_0: int8 -> q + 128)
+  int64_t n16;    // 16-bit fields (Q4_0, Q8_0: d; Q4_K: d, dmin; Q6_K: d)
+  bool trailing;  // the fields end the block (Q6_K) rather than start it
+  uint8_t flip;   // XORed into every chunk byte (Q8_0: int8 -> q + 128)
   int64_t chunks() const { return (bytes - 2 * n16) / 4; }
+  // Where a block's fields and chunks sit, in the block and in a tile of nb records.
+  int64_t block_field(int64_t f) const { return (trailing ? 4 * chunks() : 0) + 2 * f; }
+  int64_t block_chunk(int64_t c) const { return (trailing ? 0 : 2 * n16) + 4 * c; }
+  int64_t record_bytes() const { return trailing ? 64 * chunks() : kTileRows * bytes; }
+  int64_t tile_field(int64_t nb, int64_t b, int64_t f) const {
+    return trailing ? nb * record_bytes() + 2 * kTileRows * (b * n16 + f)
+                    : b * record_bytes() + 2 * kTileRows * f;
+  }
+  int64_t tile_chunk(int64_t b, int64_t c) const {
+    return b * record_bytes() + (trailing ? 0 : 2 * kTileRows * n16) + 64 * c;
+  }
 };
 
 BlockShape shape_of(GgmlType t) {
   switch (t) {
     case GgmlType::kQ4_0:
-      return {static_cast<int64_t>(sizeof(BlockQ4_0)), 1, 0};
+      return {static_cast<int64_t>(sizeof(BlockQ4_0)), 1, false, 0};
     case GgmlType::kQ8_0:
-      return {static_cast<int64_t>(sizeof(BlockQ8_0)), 1, 0x80};
+      return {static_cast<int64_t>(sizeof(BlockQ8_0)), 1, false, 0x80};
     case GgmlType::kQ4_K:
-      return {static_cast<int64_t>(sizeof(BlockQ4_K)), 2, 0};
+      return {static_cast<int64_t>(sizeof(BlockQ4_K)), 2, false, 0};
+    case GgmlType::kQ6_K:
+      return {static_cast<int64_t>(sizeof(BlockQ6_K)), 1, true, 0};
     default:
       TROUPE_CHECK(false, "weight tiles: type %s has no tiled form", type_name(t).c_str());
   }
   return {};
 }
 
-// One tile: 16 rows of nb blocks at `rows` (row stride row_bytes) into records at `out`.
+// One tile: 16 rows of nb blocks at `rows` (row stride row_bytes) into `out`.
 void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64_t nb,
               uint8_t* out) {
-  const int64_t rec = kTileRows * s.bytes, head = 2 * kTileRows * s.n16;
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* o = out + b * rec;
     for (int64_t i = 0; i < kTileRows; ++i) {
       const uint8_t* blk = rows + i * row_bytes + b * s.bytes;
       for (int64_t f = 0; f < s.n16; ++f)
-        std::memcpy(o + 2 * kTileRows * f + 2 * i, blk + 2 * f, 2);
+        std::memcpy(out + s.tile_field(nb, b, f) + 2 * i, blk + s.block_field(f), 2);
       for (int64_t c = 0; c < s.chunks(); ++c)
         for (int k = 0; k < 4; ++k)
-          o[head + 64 * c + 4 * i + k] = blk[2 * s.n16 + 4 * c + k] ^ s.flip;
+          out[s.tile_chunk(b, c) + 4 * i + k] = blk[s.block_chunk(c) + k] ^ s.flip;
     }
   }
 }
@@ -53,7 +68,8 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
 
 bool tileable(const WeightView& w) {
   return w.present() && w.layout == WeightLayout::kRows &&
-         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K) &&
+         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
+          w.type == GgmlType::kQ6_K) &&
          w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 
@@ -73,14 +89,14 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
 
 void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out) {
   const BlockShape s = shape_of(type);
-  const int64_t rec = kTileRows * s.bytes, head = 2 * kTileRows * s.n16;
-  for (int64_t b = 0; b < row_bytes / s.bytes; ++b) {
-    const uint8_t* o = tile + b * rec;
+  const int64_t nb = row_bytes / s.bytes;
+  for (int64_t b = 0; b < nb; ++b) {
     uint8_t* blk = out + b * s.bytes;
-    for (int64_t f = 0; f < s.n16; ++f) std::memcpy(blk + 2 * f, o + 2 * kTileRows * f + 2 * i, 2);
+    for (int64_t f = 0; f < s.n16; ++f)
+      std::memcpy(blk + s.block_field(f), tile + s.tile_field(nb, b, f) + 2 * i, 2);
     for (int64_t c = 0; c < s.chunks(); ++c)
       for (int k = 0; k < 4; ++k)
-        blk[2 * s.n16 + 4 * c + k] = o[head + 64 * c + 4 * i + k] ^ s.flip;
+        blk[s.block_chunk(c) + k] = tile[s.tile_chunk(b, c) + 4 * i + k] ^ s.flip;
   }
 }
 

@@ -1,7 +1,7 @@
-// Q4_0 and Q8_0 matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU's
-// int8 kernels read fastest: one 64-byte load gives 4 columns of 16 rows, so one dot-product
-// instruction serves 16 output rows at once and a block's scaling is done once for 16 rows
-// (compute/matmul_tiles_avx512.cc; docs/benchmarks.md "Engine, session 12").
+// Q4_0, Q8_0, Q4_K and Q6_K matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory
+// order the CPU's int8 kernels read fastest: one 64-byte load gives 4 columns of 16 rows, so one
+// dot-product instruction serves 16 output rows at once and a block's scaling is done once for
+// 16 rows (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md "Engine, session 12").
 //
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
@@ -13,6 +13,9 @@
 //     nibbles are values 0-15, high nibbles 16-31). Q8_0: 8 chunks of qs, each byte stored as
 //     (uint8_t)(q ^ 0x80), i.e. q + 128, the unsigned operand of an unsigned-by-signed dot
 //     product. Q4_K: 3 chunks of packed scales and mins, then 32 chunks of qs.
+//   Q6_K, whose d ends its block, differs: a record is its 52 chunks alone (ql 32, qh 16,
+//   scales 4; 3328 bytes, whole cache lines), and the tile's d values follow its last record,
+//   32 bytes per block column in column order.
 // A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
@@ -24,10 +27,11 @@ namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
 
-/// Whether w can be tiled: Q4_0, Q8_0 or Q4_K, rows a multiple of kTileRows, present, in rows.
+/// Whether w can be tiled: Q4_0, Q8_0, Q4_K or Q6_K, rows a multiple of kTileRows, present, in
+/// rows.
 bool tileable(const WeightView& w);
 
-/// Reorders `n_mat` matrices of `rows` x `cols` (Q4_0, Q8_0 or Q4_K, rows % 16 == 0) at `data`
+/// Reorders `n_mat` matrices of `rows` x `cols` (a tileable type, rows % 16 == 0) at `data`
 /// from rows into tiles, in place.
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat);
 

@@ -53,12 +53,12 @@ struct TypeKernels {
 };
 
 /// All kernels of one SIMD level; a null `rows` means the type is not supported there.
-/// q8_0_t16 and q4_0_t16 read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
+/// The *_t16 kernels read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
-  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16;
+  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
 };
@@ -117,6 +117,33 @@ inline int64_t act_tilek_bytes(int64_t cols) {
 }
 /// Where sub-block j's sum sits in ActTileK::xsum.
 inline constexpr int kTileKSumSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
+/// Activations of the Q6_K tile kernels: one record per 256-value super-block (the int8 values
+/// and scale of quantize_int8 over 256, as for the Q6_K row kernels) and, per 16-value group g,
+/// the bits of M - 32 * sum_g(x): the weights' stored offset of 32 folded into the start of the
+/// group's integer dot. Each output is, per super-block s in order, with the exact integers
+/// t_g = sum_{k in g} q_k * x_k - 32 * sum_g(x) (q_k in [0, 63] as stored) and the exact floats
+/// ds_g = d_w * sc_g: v_g = fma(M + t_g, ds_g, -M * ds_g) (t_g * ds_g rounded once; |t_g| <
+/// 2^18), u = -0 + v_0 + v_1 + ... + v_15 added in order, acc = fma(u, d_x, acc) from acc = 0. The
+/// SIMD kernels start each group's dot from `start`, so its int32 lanes are the floats M + t_g.
+struct ActTileQ6K {
+  int8_t q[256];
+  int32_t start[16];
+  float d;
+};
+static_assert(sizeof(ActTileQ6K) == 324);
+inline int64_t act_tileq6k_bytes(int64_t cols) {
+  return (cols / 256 * static_cast<int64_t>(sizeof(ActTileQ6K)) + 63) / 64 * 64;
+}
+/// Fills a record's group starts from its int8 values.
+inline void finish_act_tileq6k(ActTileQ6K& a) {
+  for (int g = 0; g < 16; ++g) {
+    int32_t sum = 0;
+    for (int k = 0; k < 16; ++k) sum += a.q[16 * g + k];
+    a.start[g] = static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
+                                      static_cast<uint32_t>(-32 * sum));
+  }
+}
 
 /// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).
 inline constexpr int tile_init(model::GgmlType t) {

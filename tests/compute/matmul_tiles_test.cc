@@ -1,5 +1,5 @@
-// Q4_0 and Q8_0 in 16-row tiles (model/weight_tiles.h, WeightLayout::kTiles16): tiling is
-// lossless (every row comes back), every SIMD path gives the scalar tile kernel's bits, which
+// Q4_0, Q8_0, Q4_K and Q6_K in 16-row tiles (model/weight_tiles.h, WeightLayout::kTiles16): tiling
+// is lossless (every row comes back), every SIMD path gives the scalar tile kernel's bits, which
 // agree with the scalar row kernels to rounding; where tiles are supported (AVX-512 VNNI) rows
 // give the very bits of tiles; batch invariance holds (tokens, threads, shared inputs),
 // embedding rows read through tiles, and a weight copy made with tiles gives an engine the
@@ -34,7 +34,8 @@ using model::WeightLayout;
 using model::WeightView;
 using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
-constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K};
+constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K,
+                                   GgmlType::kQ6_K};
 
 // Columns of n blocks of type t.
 int64_t cols_of(GgmlType t, int64_t n) {
@@ -65,6 +66,13 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
         blk->d = model::fp32_to_fp16(sd(rng));
         blk->dmin = model::fp32_to_fp16(sd(rng));
       }
+      continue;
+    }
+    if (t == GgmlType::kQ6_K) {  // likewise, with int8 group scales of both signs
+      for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
+      std::uniform_real_distribution<float> sd(1e-4f, 2e-3f);
+      for (int64_t b = 0; b < cols / model::kQK_K; ++b)
+        reinterpret_cast<model::BlockQ6_K*>(dst)[b].d = model::fp32_to_fp16(sd(rng));
       continue;
     }
     for (auto& v : row) v = uni(rng);
