@@ -204,6 +204,87 @@ void dequant_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
   }
 }
 
+// Q4_K: per sub-block of 32 a 6-bit scale and a 6-bit min (offset below zero), both relative to
+// the super-block's f16 d and dmin. A plain max-min fit per sub-block (no search): good enough
+// for synthetic models and tests; real models come quantized.
+void quant_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scale[8], mins[8], max_scale = 0.f, max_min = 0.f;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0.f, hi = -INFINITY;
+      for (int l = 0; l < 32; ++l) {
+        lo = std::fmin(lo, x[32 * j + l]);
+        hi = std::fmax(hi, x[32 * j + l]);
+      }
+      scale[j] = (hi - lo) / 15.f;
+      mins[j] = -lo;
+      max_scale = std::fmax(max_scale, scale[j]);
+      max_min = std::fmax(max_min, mins[j]);
+    }
+    y[i].d = fp32_to_fp16(max_scale / 63.f);
+    y[i].dmin = fp32_to_fp16(max_min / 63.f);
+    const float d = fp16_to_fp32(y[i].d), dmin = fp16_to_fp32(y[i].dmin);
+    uint8_t sc[8], mn[8], q[kQK_K];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = static_cast<uint8_t>(d > 0.f ? std::clamp(std::lround(scale[j] / d), 0L, 63L) : 0);
+      mn[j] =
+          static_cast<uint8_t>(dmin > 0.f ? std::clamp(std::lround(mins[j] / dmin), 0L, 63L) : 0);
+      const float step = d * sc[j], off = dmin * mn[j];
+      for (int l = 0; l < 32; ++l)
+        q[32 * j + l] = static_cast<uint8_t>(
+            step > 0.f ? std::clamp(std::lround((x[32 * j + l] + off) / step), 0L, 15L) : 0);
+    }
+    for (int j = 0; j < 4; ++j) {  // the packing get_scale_min_k4 reads
+      y[i].scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+      y[i].scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+      y[i].scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
+    }
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l)
+        y[i].qs[32 * p + l] = static_cast<uint8_t>(q[64 * p + l] | q[64 * p + 32 + l] << 4);
+  }
+}
+
+// Q6_K: per group of 16 a signed 8-bit scale relative to the super-block's f16 d, values
+// q - 32 in [-32, 31]; each group's scale puts its value of largest magnitude at -32 (as Q4_0
+// does with -8).
+void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scale[16], big = 0.f;
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0.f, vmax = 0.f;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(x[16 * g + l]) > amax) {
+          amax = std::fabs(x[16 * g + l]);
+          vmax = x[16 * g + l];
+        }
+      }
+      scale[g] = vmax / -32.f;
+      if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
+    }
+    y[i].d = fp32_to_fp16(big / -128.f);
+    const float d = fp16_to_fp32(y[i].d);
+    uint8_t q[kQK_K];
+    for (int g = 0; g < 16; ++g) {
+      const long sc = d != 0.f ? std::clamp(std::lround(scale[g] / d), -128L, 127L) : 0;
+      y[i].scales[g] = static_cast<int8_t>(sc);
+      const float step = d * static_cast<float>(sc);
+      for (int l = 0; l < 16; ++l)
+        q[16 * g + l] = static_cast<uint8_t>(
+            32 + (step != 0.f ? std::clamp(std::lround(x[16 * g + l] / step), -32L, 31L) : 0));
+    }
+    for (int h = 0; h < 2; ++h) {  // the layout dequant_q6_k reads
+      const uint8_t* v = q + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        y[i].ql[64 * h + l] = static_cast<uint8_t>((v[l] & 0xF) | (v[l + 64] & 0xF) << 4);
+        y[i].ql[64 * h + 32 + l] = static_cast<uint8_t>((v[l + 32] & 0xF) | (v[l + 96] & 0xF) << 4);
+        y[i].qh[32 * h + l] = static_cast<uint8_t>(v[l] >> 4 | (v[l + 32] >> 4) << 2 |
+                                                   (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
@@ -284,6 +365,10 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case GgmlType::kQ4_K:
+      return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K);
+    case GgmlType::kQ6_K:
+      return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), n / kQK_K);
     default:
       TROUPE_INPUT_ERROR("cannot write tensor type %s", type_name(t).c_str());
   }

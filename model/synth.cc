@@ -22,6 +22,8 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "bf16") return GgmlType::kBF16;
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
+  if (s == "q4_k" || s == "q4_K") return GgmlType::kQ4_K;
+  if (s == "q6_k" || s == "q6_K") return GgmlType::kQ6_K;
   return std::nullopt;
 }
 
@@ -357,7 +359,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
 // ---------------------------------------------------------------------------------------------
 // Metadata.
 
-uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 / q8_0 / bf16
+uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 / q8_0 / bf16 / ...
   switch (t) {
     case GgmlType::kF16:
       return 1;
@@ -367,6 +369,10 @@ uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 
       return 7;
     case GgmlType::kBF16:
       return 32;
+    case GgmlType::kQ4_K:
+      return 14;  // mostly Q4_K (small)
+    case GgmlType::kQ6_K:
+      return 18;
     default:
       return 0;
   }
@@ -577,7 +583,7 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     const auto t0 = std::chrono::steady_clock::now();
     if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
-      TROUPE_INPUT_ERROR("--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0)",
+      TROUPE_INPUT_ERROR("--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)",
                          type_name(opts.dtype).c_str());
     const Config c = resolve(opts);
     SynthSummary sum;

@@ -65,7 +65,8 @@ struct BuiltinVocab {
 };
 BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt);
 
-/// Parses "f32", "f16", "bf16", "q8_0", "q4_0"; nullopt otherwise.
+/// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k" (or "q4_K", "q6_K"); nullopt
+/// otherwise.
 std::optional<GgmlType> parse_synth_dtype(const std::string& s);
 
 }  // namespace troupe::model

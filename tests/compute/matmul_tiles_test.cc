@@ -354,26 +354,34 @@ std::vector<float> logits_of(std::shared_ptr<const model::Model> m,
   return {first, first + r.row_count[which] * r.n_vocab};
 }
 
-class TiledModel : public ::testing::TestWithParam<const char*> {};
+struct ModelCase {
+  const char* arch;
+  GgmlType dtype;
+};
+
+class TiledModel : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("troupe_tiles_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::string path = (dir / (std::string(GetParam()) + ".gguf")).string();
+  const GgmlType dtype = GetParam().dtype;
+  const bool k_quant = dtype == GgmlType::kQ4_K || dtype == GgmlType::kQ6_K;
+  const std::string path =
+      (dir / (std::string(GetParam().arch) + "-" + model::type_name(dtype) + ".gguf")).string();
   model::SynthOptions so;
-  so.arch = GetParam();
-  so.n_embd = 128;
+  so.arch = GetParam().arch;
+  so.n_embd = k_quant ? 256 : 128;  // rows of whole K-quant super-blocks
   so.n_layer = 2;
   so.n_head = 4;
   so.n_head_kv = 2;
-  so.n_ff = 256;
+  so.n_ff = 2 * *so.n_embd;
   if (so.arch == "mixtral") {
     so.n_expert = 4;
     so.n_expert_used = 2;
   }
   so.n_vocab = 300;  // an output head of 300 rows: not whole tiles, stays in rows
-  so.dtype = GgmlType::kQ4_0;
+  so.dtype = dtype;
   so.num_threads = 2;
   auto made = model::synth_model_summary(so, path);
   ASSERT_TRUE(made.has_value()) << made.error().message;
@@ -388,7 +396,7 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
     if (w.layout == WeightLayout::kTiles16) {
       ++n_tiled;
       EXPECT_EQ(w.rows() % 16, 0) << w.name;
-    } else if (w.type == GgmlType::kQ4_0) {
+    } else if (w.type == dtype) {
       ++n_rows_int8;
       EXPECT_NE(w.rows() % 16, 0) << w.name << " could have been tiled";
     }
@@ -453,7 +461,15 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TiledModel, ::testing::Values("llama", "mixtral"));
+INSTANTIATE_TEST_SUITE_P(Archs, TiledModel,
+                         ::testing::Values(ModelCase{"llama", GgmlType::kQ4_0},
+                                           ModelCase{"mixtral", GgmlType::kQ4_0},
+                                           ModelCase{"llama", GgmlType::kQ4_K},
+                                           ModelCase{"llama", GgmlType::kQ6_K},
+                                           ModelCase{"mixtral", GgmlType::kQ6_K}),
+                         [](const ::testing::TestParamInfo<ModelCase>& p) {
+                           return std::string(p.param.arch) + "_" + model::type_name(p.param.dtype);
+                         });
 
 }  // namespace
 }  // namespace troupe::compute

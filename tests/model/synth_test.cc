@@ -314,8 +314,8 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.vocab_donor = "/nonexistent/donor.gguf";
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
   o = {};
-  o.dtype = GgmlType::kQ4_K;
-  EXPECT_EQ(err(o), "--dtype q4_K cannot be generated (f32, f16, bf16, q8_0, q4_0)");
+  o.dtype = GgmlType::kQ5_K;
+  EXPECT_EQ(err(o), "--dtype q5_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
   o = {};
   o.n_vocab = 100;
   EXPECT_EQ(err(o), "--n-vocab must be between 258 and 4194304 for the built-in vocabulary");
