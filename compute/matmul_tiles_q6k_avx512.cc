@@ -89,10 +89,15 @@ struct TileKernelQ6K {
     // chose for this super-block, or null (tiles only).
     void prefetch(int64_t s, int part, const uint8_t* l2) const {
       if constexpr (kRowsIn) {
-        // The next tile's rows at this super-block (210 bytes: 4 lines, one per part).
-        if (part < 4)
+        // This tile's rows at the next super-block into L1, and the next tile's rows at this
+        // one into L2 (210 bytes: 4 lines, one per part and row).
+        if (part < 4) {
           for (int i = 0; i < 16; ++i)
-            prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
+            prefetch_l1(base + i * row_bytes + (s + 1) * kBlock + 64 * part);
+        } else if (part < 8) {
+          for (int i = 0; i < 16; ++i)
+            prefetch_l2(base + (16 + i) * row_bytes + s * kBlock + 64 * (part - 4));
+        }
       } else if (part < 13) {
         // 4 of the 52 lines of the record one ahead into L1, and of l2's record into L2.
         const int64_t off = 4 * 64 * part;
