@@ -340,11 +340,11 @@ const KernelSet& scalar_kernels() {
     k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
     k.q8_0_t16.rows = blocks32_rows<GgmlType::kQ8_0, true>;
     k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
-    k.q4_k_t16.act_row_bytes = act_tilek_bytes;
+    k.q4_k_t16.act_row_bytes = act_records256_bytes<ActTileK>;
     k.q4_k_t16.quantize = quantize_act_tilek;
     k.q4_k_t16.rows = q4k_rows<true>;
     k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
-    k.q6_k_t16.act_row_bytes = act_tileq6k_bytes;
+    k.q6_k_t16.act_row_bytes = act_records256_bytes<ActTileQ6K>;
     k.q6_k_t16.quantize = quantize_act_tileq6k;
     k.q6_k_t16.rows = q6k_rows<true>;
     k.q6_k_t16.row_tile = static_cast<int>(model::kTileRows);

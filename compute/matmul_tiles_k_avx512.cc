@@ -172,21 +172,11 @@ struct TileKernelK {
   }
 };
 
-template <bool kRowsIn, bool kGfni>
-TypeKernels kernels() {
-  TypeKernels k;
-  k.act_row_bytes = act_tilek_bytes;
-  k.quantize = quantize_tilek_act;
-  k.rows = tile16_rows<TileKernelK<kRowsIn, kGfni>>;
-  k.row_tile = static_cast<int>(model::kTileRows);
-  return k;
-}
-
 }  // namespace
 
 void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows) {
-  *q4_k_tiles = gfni ? kernels<false, true>() : kernels<false, false>();
-  *q4_k_rows = gfni ? kernels<true, true>() : kernels<true, false>();
+  tile16_kernel_pair<TileKernelK>(gfni, act_records256_bytes<ActTileK>, quantize_tilek_act,
+                                  q4_k_tiles, q4_k_rows);
 }
 
 }  // namespace troupe::compute::detail

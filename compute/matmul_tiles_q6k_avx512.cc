@@ -207,21 +207,11 @@ struct TileKernelQ6K {
   }
 };
 
-template <bool kRowsIn, bool kGfni>
-TypeKernels kernels() {
-  TypeKernels k;
-  k.act_row_bytes = act_tileq6k_bytes;
-  k.quantize = quantize_tileq6k_act;
-  k.rows = tile16_rows<TileKernelQ6K<kRowsIn, kGfni>>;
-  k.row_tile = static_cast<int>(model::kTileRows);
-  return k;
-}
-
 }  // namespace
 
 void avx512_tile_kernels_q6k(bool gfni, TypeKernels* q6_k_tiles, TypeKernels* q6_k_rows) {
-  *q6_k_tiles = gfni ? kernels<false, true>() : kernels<false, false>();
-  *q6_k_rows = gfni ? kernels<true, true>() : kernels<true, false>();
+  tile16_kernel_pair<TileKernelQ6K>(gfni, act_records256_bytes<ActTileQ6K>, quantize_tileq6k_act,
+                                    q6_k_tiles, q6_k_rows);
 }
 
 }  // namespace troupe::compute::detail

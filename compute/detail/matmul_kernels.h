@@ -112,8 +112,10 @@ struct ActTileK {
   float d;
 };
 static_assert(sizeof(ActTileK) == 276);
-inline int64_t act_tilek_bytes(int64_t cols) {
-  return (cols / 256 * static_cast<int64_t>(sizeof(ActTileK)) + 63) / 64 * 64;
+/// Bytes of an activation row of one Rec per 256 values (ActTileK, ActTileQ6K), padded to 64.
+template <class Rec>
+inline int64_t act_records256_bytes(int64_t cols) {
+  return (cols / 256 * static_cast<int64_t>(sizeof(Rec)) + 63) / 64 * 64;
 }
 /// Where sub-block j's sum sits in ActTileK::xsum.
 inline constexpr int kTileKSumSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
@@ -132,9 +134,6 @@ struct ActTileQ6K {
   float d;
 };
 static_assert(sizeof(ActTileQ6K) == 324);
-inline int64_t act_tileq6k_bytes(int64_t cols) {
-  return (cols / 256 * static_cast<int64_t>(sizeof(ActTileQ6K)) + 63) / 64 * 64;
-}
 /// Fills a record's group starts from its int8 values.
 inline void finish_act_tileq6k(ActTileQ6K& a) {
   for (int g = 0; g < 16; ++g) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
@@ -103,6 +104,22 @@ void tile16_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
       if (t < t1) tile16_tail<K, K::kMaxTok - 1>(j, r, t, t1 - t, n_rows, pass);
     }
   }
+}
+
+/// The kernels of a 16-row tile kernel template K<kRowsIn, kGfni> (matmul_tiles*_avx512.cc):
+/// `tiles` reads tiles, `rows` gathers 16 rows with the same arithmetic; gfni picks the
+/// instantiation that unpacks nibbles with GFNI (the same bits).
+template <template <bool, bool> class K>
+void tile16_kernel_pair(bool gfni, int64_t (*act_bytes)(int64_t),
+                        void (*quantize)(const float*, int64_t, uint8_t*), TypeKernels* tiles,
+                        TypeKernels* rows) {
+  for (TypeKernels* k : {tiles, rows}) {
+    k->act_row_bytes = act_bytes;
+    k->quantize = quantize;
+    k->row_tile = 16;  // model::kTileRows
+  }
+  tiles->rows = gfni ? tile16_rows<K<false, true>> : tile16_rows<K<false, false>>;
+  rows->rows = gfni ? tile16_rows<K<true, true>> : tile16_rows<K<true, false>>;
 }
 
 }  // namespace troupe::compute::detail
