@@ -124,14 +124,18 @@ struct TileKernelK {
           kRowsIn ? nullptr
                   : pass.l2_target(s, src.base + (s + 2) * kRec,
                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
-      __m512i tot[NT];
-      for (int n = 0; n < NT; ++n) tot[n] = _mm512_setzero_si512();
+      __m512 d, dmin;
+      src.scales(s, &d, &dmin);
+      __m512 u[NT];  // from -0: the sub-blocks' products summed in order, as ActTileK's
+      for (int n = 0; n < NT; ++n) u[n] = _mm512_set1_ps(-0.f);
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
         src.prefetch(s, p, l2);
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * p + h;
           const __m512i scv =
               _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)), mlo);
+          const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scv), d);          // exact
+          const __m512 nmdsc = _mm512_mul_ps(dsc, _mm512_set1_ps(-kTileMagic));  // exact
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
             const __m512i z = src.dword(s, 4 + 8 * p + k);
@@ -139,12 +143,15 @@ struct TileKernelK {
           }
           for (int n = 0; n < NT; ++n) {
             const int8_t* x = a[n][s].q + 32 * sb;
-            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+            // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits).
+            __m512i d0 = _mm512_set1_epi32(kTileMagicBits), d1 = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2) {
               d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
               d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);
             }
-            tot[n] = _mm512_add_epi32(tot[n], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), scv));
+            const __m512 v =
+                _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_add_epi32(d0, d1)), dsc, nmdsc);
+            u[n] = _mm512_add_ps(u[n], v);
           }
         }
       }
@@ -153,17 +160,14 @@ struct TileKernelK {
                     m13 = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), pair),
                     m46 = _mm512_and_si512(mn_hi, pair),
                     m57 = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), pair);
-      __m512 d, dmin;
-      src.scales(s, &d, &dmin);
       for (int n = 0; n < NT; ++n) {
         const int16_t* xs = a[n][s].xsum;
         __m512i ms = dot16_bcast(_mm512_setzero_si512(), m02, xs);
         ms = dot16_bcast(ms, m13, xs + 2);
         ms = dot16_bcast(ms, m46, xs + 4);
         ms = dot16_bcast(ms, m57, xs + 6);
-        const __m512 m2 = _mm512_mul_ps(_mm512_cvtepi32_ps(ms), dmin);
-        const __m512 u = _mm512_fmsub_ps(_mm512_cvtepi32_ps(tot[n]), d, m2);
-        acc[n] = _mm512_fmadd_ps(u, _mm512_set1_ps(a[n][s].d), acc[n]);
+        const __m512 w = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), dmin, u[n]);
+        acc[n] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[n][s].d), acc[n]);
       }
     }
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);

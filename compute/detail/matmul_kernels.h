@@ -104,8 +104,12 @@ inline int64_t act_tile32_bytes(int64_t cols) {
 /// Activations of the Q4_K tile kernels: one record per 256-value super-block (the int8 values
 /// and scale of quantize_int8 over 256, as for the Q4_K row kernels) and its 8 sub-blocks' sums
 /// in the order 0, 2, 1, 3, 4, 6, 5, 7 (int16 pairs for vpdpwssd against the mins). Each output
-/// is, per super-block s in order, with the exact integers tot = sum_j sc_j * dot_j(q, x) and
-/// msum = sum_j m_j * sum_j(x): acc = fma(fma(float(tot), d, -(float(msum) * dmin)), d_x, acc).
+/// is, per super-block s in order, with the exact integers dot_j = dot_j(q, x) and msum =
+/// sum_j m_j * sum_j(x) and the exact floats dsc_j = d * sc_j: v_j = fma(M + dot_j, dsc_j,
+/// -M * dsc_j) (dot_j * dsc_j rounded once), u = -0 + v_0 + ... + v_7 added in order,
+/// acc = fma(fma(-float(msum), dmin, u), d_x, acc) from acc = 0. The SIMD kernels start each
+/// sub-block's dot from the bits of M (kTileMagic), so its int32 lanes are the floats M + dot_j:
+/// no integer multiply and no convert per sub-block and token.
 struct ActTileK {
   int8_t q[256];
   int16_t xsum[8];
