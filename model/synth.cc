@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -25,6 +26,15 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "q4_k" || s == "q4_K") return GgmlType::kQ4_K;
   if (s == "q6_k" || s == "q6_K") return GgmlType::kQ6_K;
   return std::nullopt;
+}
+
+bool parse_synth_dtype(const std::string& s, SynthOptions* o) {
+  const bool mix = s == "q4_k_m" || s == "q4_K_M";
+  const std::optional<GgmlType> t = mix ? GgmlType::kQ4_K : parse_synth_dtype(s);
+  if (!t) return false;
+  o->dtype = *t;
+  o->k_mix = mix;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,11 +241,12 @@ constexpr float kQuietScale = 0.05f;
 
 class Planner {
  public:
-  Planner(GgmlType dtype, std::vector<std::string>* notes) : dtype_(dtype), notes_(notes) {}
+  Planner(GgmlType dtype, bool k_mix, std::vector<std::string>* notes)
+      : dtype_(dtype), k_mix_(k_mix), notes_(notes) {}
 
   // A matrix (2-D or stacked 3-D) in the requested type, or f16 when rows do not fit its blocks.
   void matrix(std::string name, std::vector<int64_t> shape) {
-    GgmlType t = dtype_;
+    GgmlType t = k_mix_ && mixed_up(name) ? GgmlType::kQ6_K : dtype_;
     const int64_t block = type_traits(static_cast<uint32_t>(t))->block_elems;
     if (shape[0] % block != 0) {
       t = GgmlType::kF16;
@@ -273,7 +284,17 @@ class Planner {
                kind.c_str(), static_cast<long long>(row), type_name(dtype_).c_str(),
                static_cast<long long>(type_traits(static_cast<uint32_t>(dtype_))->block_elems)));
   }
+  // Which matrices a K-quant mix keeps in Q6_K (SynthOptions::k_mix).
+  static bool mixed_up(const std::string& name) {
+    if (name == "output.weight") return true;
+    int layer = -1;
+    if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1 || layer % 2 != 0) return false;
+    return name.find(".attn_v.") != std::string::npos ||
+           name.find(".ffn_down.") != std::string::npos ||
+           name.find(".ffn_down_exps.") != std::string::npos;
+  }
   GgmlType dtype_;
+  bool k_mix_;
   std::vector<std::string>* notes_;
   std::vector<std::string> kinds_;
   std::vector<PlannedTensor> tensors_;
@@ -293,9 +314,9 @@ void plan_dense_ffn(Planner& p, const std::string& b, int64_t e, int64_t f,
 }
 
 std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlType dtype,
-                                        const std::vector<bool>* quiet_rows,
+                                        bool k_mix, const std::vector<bool>* quiet_rows,
                                         std::vector<std::string>* notes) {
-  Planner p(dtype, notes);
+  Planner p(dtype, k_mix, notes);
   const int64_t e = c.n_embd;
   const float router_sd = 1.f / std::sqrt(static_cast<float>(e));
   p.embedding("token_embd.weight", {e, n_vocab});
@@ -583,24 +604,28 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     const auto t0 = std::chrono::steady_clock::now();
     if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
-      TROUPE_INPUT_ERROR("--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)",
-                         type_name(opts.dtype).c_str());
+      TROUPE_INPUT_ERROR(
+          "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)",
+          type_name(opts.dtype).c_str());
     const Config c = resolve(opts);
     SynthSummary sum;
     sum.arch = display_arch(c);
-    sum.dtype = type_name(opts.dtype);
+    if (opts.k_mix && opts.dtype != GgmlType::kQ4_K)
+      TROUPE_INPUT_ERROR("a K-quant mix is made of q4_K (--dtype q4_k_m), not %s",
+                         type_name(opts.dtype).c_str());
+    sum.dtype = opts.k_mix ? "q4_K_M" : type_name(opts.dtype);
 
     GgufWriter w;
     w.set_string("general.architecture", c.gguf_arch);
     const VocabInfo vocab = write_vocab(w, opts);
     const int64_t n_vocab = vocab.n_vocab;
     w.set_string("general.name", opts.name.empty() ? "synth-" + opts.arch : opts.name);
-    w.set_u32("general.file_type", file_type_of(opts.dtype));
+    w.set_u32("general.file_type", opts.k_mix ? 15 : file_type_of(opts.dtype));  // 15: Q4_K_M
     write_hparams(w, c, opts, n_vocab);
     if (!opts.command_line.empty()) w.set_string("general.synth.command", opts.command_line);
 
     const std::vector<PlannedTensor> plan =
-        plan_tensors(c, n_vocab, opts.dtype, &vocab.quiet, &sum.notes);
+        plan_tensors(c, n_vocab, opts.dtype, opts.k_mix, &vocab.quiet, &sum.notes);
     const int threads = opts.num_threads > 0
                             ? opts.num_threads
                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

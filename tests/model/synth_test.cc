@@ -237,6 +237,35 @@ TEST(Synth, FallsBackToF16ForRowsOffTheBlockSize) {
   EXPECT_EQ((*f)->get_int("general.file_type"), 2);
 }
 
+// --dtype q4_k_m: Q4_K, with Q6_K for the output head and attn_v / ffn_down of even layers.
+TEST(Synth, KQuantMixKeepsSomeMatricesInQ6K) {
+  TempDir tmp;
+  SynthOptions o;
+  ASSERT_TRUE(parse_synth_dtype("q4_k_m", &o));
+  EXPECT_FALSE(parse_synth_dtype("q4_k_s", &o));
+  o.arch = "llama";
+  o.n_embd = 256;
+  o.n_ff = 512;
+  o.n_layer = 3;
+  auto sum = synth_model_summary(o, tmp.file("m.gguf"));
+  ASSERT_TRUE(sum.has_value()) << sum.error().message;
+  EXPECT_EQ(sum->dtype, "q4_K_M");
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  auto type = [&](const std::string& n) { return (*f)->find_tensor(n)->type; };
+  EXPECT_EQ(type("output.weight"), GgmlType::kQ6_K);
+  EXPECT_EQ(type("token_embd.weight"), GgmlType::kQ4_K);
+  for (int l = 0; l < 3; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    const GgmlType mixed = l % 2 == 0 ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+    EXPECT_EQ(type(b + "attn_v.weight"), mixed) << l;
+    EXPECT_EQ(type(b + "ffn_down.weight"), mixed) << l;
+    EXPECT_EQ(type(b + "attn_q.weight"), GgmlType::kQ4_K) << l;
+    EXPECT_EQ(type(b + "ffn_up.weight"), GgmlType::kQ4_K) << l;
+  }
+  EXPECT_EQ((*f)->get_int("general.file_type"), 15);
+}
+
 TEST(Synth, DeepseekWithoutQLoraUsesPlainQ) {
   TempDir tmp;
   SynthOptions o;
@@ -315,7 +344,8 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
   o = {};
   o.dtype = GgmlType::kQ5_K;
-  EXPECT_EQ(err(o), "--dtype q5_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)");
+  EXPECT_EQ(err(o),
+            "--dtype q5_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)");
   o = {};
   o.n_vocab = 100;
   EXPECT_EQ(err(o), "--n-vocab must be between 258 and 4194304 for the built-in vocabulary");
