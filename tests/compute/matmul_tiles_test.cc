@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -269,6 +270,53 @@ TEST(TiledMatmul, ScalesFromTinyToHugeGiveTheScalarBits) {
     for (const auto* ks : sets)
       EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, 3, nullptr), want))
           << ks->name << " " << model::type_name(t);
+  }
+}
+
+// The K-quant tile kernels scale a (sub-)block's dot with one FMA on the floats M + dot, by
+// d * sc and -M * d * sc, both exact for every f16 d (ActTileK, ActTileQ6K): so weight scales
+// from the smallest f16 subnormal to the largest f16 give the scalar bits on every path, and
+// the row kernels' products to rounding.
+TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
+  const auto sets = kernel_sets();
+  const float ds[] = {0x1p-24f, 3e-6f, 1e-3f, 0.5f, 7.f, 900.f, 3e4f, 65504.f};
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    Pair p = make_pair(t, 32, cols_of(t, 8), 12);
+    for (int64_t r = 0; r < 32; ++r)
+      for (int64_t b = 0; b < 8; ++b) {
+        const uint16_t d = model::fp32_to_fp16(ds[(r + b) % 8]);
+        uint8_t* blk =
+            p.rows_bytes.data() + r * p.rows.row_bytes() + b * model::row_bytes(t, model::kQK_K);
+        if (t == GgmlType::kQ4_K) {
+          reinterpret_cast<model::BlockQ4_K*>(blk)->d = d;
+          reinterpret_cast<model::BlockQ4_K*>(blk)->dmin = d;
+        } else {
+          reinterpret_cast<model::BlockQ6_K*>(blk)->d = d;
+        }
+      }
+    p.tile_bytes = p.rows_bytes;
+    model::tile_in_place(t, p.tile_bytes.data(), 32, p.rows.cols(), 1);
+    p.rows.data = p.rows_bytes.data();
+    p.tiles.data = p.tile_bytes.data();
+    const auto x = random_x(3, p.rows.cols(), 13);
+    const auto want = run(*sets.back(), p.tiles, x, 3, nullptr);
+    const auto rows = run(*sets.back(), p.rows, x, 3, nullptr);
+    // Per output, the error bound of the rounding the two orders differ by: a few ulps of the
+    // largest term, which is a 65504-scaled block's.
+    float amax = 0;
+    for (float v : rows) amax = std::max(amax, std::fabs(v));
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(want[i])) << model::type_name(t) << " element " << i;
+      ASSERT_NEAR(want[i], rows[i], 1e-5 * amax) << model::type_name(t) << " element " << i;
+    }
+    for (const auto* ks : sets) {
+      EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, 3, nullptr), want))
+          << ks->name << " " << model::type_name(t);
+      if (int8_tiles_supported() && std::string_view(ks->name).starts_with("avx512-vnni")) {
+        EXPECT_TRUE(same_bits(run(*ks, p.rows, x, 3, nullptr), want))
+            << ks->name << " " << model::type_name(t) << " from rows";
+      }
+    }
   }
 }
 
