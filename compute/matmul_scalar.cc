@@ -190,8 +190,8 @@ void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
   }
 }
 
-// Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. The integer
-// parts are exact: tot = sum_j sc[j]*dot_j(q, x) and msum = sum_j m[j]*sum_j(x). kTiled: the
+// Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. Rows: the exact
+// integers tot = sum_j sc[j]*dot_j(q, x) and msum = sum_j m[j]*sum_j(x). kTiled: the
 // matrix is in 16-row tiles and each output is ActTileK's recurrence, the reference for the SIMD
 // tile kernels, which give the same bits (the activation sub-block sums come with ActTileK).
 template <bool kTiled = false>

@@ -1,10 +1,11 @@
 // AVX-512 VNNI kernels for Q4_K matrices in 16-row tiles (model/weight_tiles.h), and the same
 // arithmetic reading Q4_K in ggml's rows (gathering 16 rows per super-block), so that a matrix
 // gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token: 64
-// vpdpbusd give the 8 sub-blocks' exact dots, vpmulld by the 6-bit scales sums them exactly
-// (tot), 4 vpdpwssd of the mins against the sub-blocks' activation sums give msum, and the
-// scaling is 4 instructions for 16 rows: ActTileK's recurrence (matmul_kernels.h), identical to
-// the scalar tile kernel's. Compiled with the flags of *_avx512.cc; runs only with VNNI.
+// vpdpbusd give the 8 sub-blocks' dots, each started from M's bits so that its lanes are the
+// floats M + dot, one FMA per sub-block scales it by d * sc and one add sums them; 4 vpdpwssd of
+// the mins against the sub-blocks' activation sums give msum, and two FMAs finish for 16 rows:
+// ActTileK's recurrence (matmul_kernels.h), identical to the scalar tile kernel's. Compiled with
+// the flags of *_avx512.cc; runs only with VNNI.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -144,7 +145,7 @@ struct TileKernelK {
           for (int n = 0; n < NT; ++n) {
             const int8_t* x = a[n][s].q + 32 * sb;
             // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits).
-            __m512i d0 = _mm512_set1_epi32(kTileMagicBits), d1 = _mm512_setzero_si512();
+            __m512i d0 = _mm512_set1_epi32(tile_start(0)), d1 = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2) {
               d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
               d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);

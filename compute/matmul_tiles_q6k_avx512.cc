@@ -31,9 +31,7 @@ void quantize_tileq6k_act(const float* x, int64_t cols, uint8_t* out) {
     a[s].d = quantize_vecs(x + s * kQK_K, 16, q);
     for (int g = 0; g < 16; ++g) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(a[s].q + 16 * g), _mm512_cvtepi32_epi8(q[g]));
-      a[s].start[g] =
-          static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
-                               static_cast<uint32_t>(-32 * _mm512_reduce_add_epi32(q[g])));
+      a[s].start[g] = tile_start(-32 * _mm512_reduce_add_epi32(q[g]));
     }
   }
 }

@@ -91,12 +91,17 @@ inline float tile_act_scale(float d) {
   std::memcpy(&d, &u, sizeof d);
   return d;
 }
+/// The bits of M + offset (|offset| < 2^22): where a tile kernel's integer dot starts, so that
+/// its int32 lanes read as the floats M + offset + dot.
+inline int32_t tile_start(int32_t offset) {
+  return static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
+                              static_cast<uint32_t>(offset));
+}
 /// Fills a record's start, d and neg_md from its values' sum and quantize_int8's scale.
 inline void finish_act_tile32(ActTile32& a, int init, int32_t sum, float d) {
   a.d = tile_act_scale(d);
   a.neg_md = -kTileMagic * a.d;
-  a.start = static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
-                                 static_cast<uint32_t>(init * sum));
+  a.start = tile_start(init * sum);
 }
 inline int64_t act_tile32_bytes(int64_t cols) {
   return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
@@ -143,8 +148,7 @@ inline void finish_act_tileq6k(ActTileQ6K& a) {
   for (int g = 0; g < 16; ++g) {
     int32_t sum = 0;
     for (int k = 0; k < 16; ++k) sum += a.q[16 * g + k];
-    a.start[g] = static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
-                                      static_cast<uint32_t>(-32 * sum));
+    a.start[g] = tile_start(-32 * sum);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::compute::detail {
 
@@ -116,7 +117,7 @@ void tile16_kernel_pair(bool gfni, int64_t (*act_bytes)(int64_t),
   for (TypeKernels* k : {tiles, rows}) {
     k->act_row_bytes = act_bytes;
     k->quantize = quantize;
-    k->row_tile = 16;  // model::kTileRows
+    k->row_tile = static_cast<int>(model::kTileRows);
   }
   tiles->rows = gfni ? tile16_rows<K<false, true>> : tile16_rows<K<false, false>>;
   rows->rows = gfni ? tile16_rows<K<true, true>> : tile16_rows<K<true, false>>;
