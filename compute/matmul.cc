@@ -29,6 +29,7 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     if (t == GgmlType::kQ8_0) k = &q8_0_t16;
     if (t == GgmlType::kQ4_0) k = &q4_0_t16;
     if (t == GgmlType::kQ4_K) k = &q4_k_t16;
+    if (t == GgmlType::kQ5_K) k = &q5_k_t16;
     if (t == GgmlType::kQ6_K) k = &q6_k_t16;
     if (k == nullptr) return nullptr;
     // A level without SIMD tile kernels reads tiles with the scalar ones (the same bits).
@@ -52,6 +53,9 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
       break;
     case GgmlType::kQ4_K:
       k = &q4_k;
+      break;
+    case GgmlType::kQ5_K:
+      k = &q5_k;
       break;
     case GgmlType::kQ6_K:
       k = &q6_k;
@@ -320,8 +324,8 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
 bool int8_tiles_supported() {
   const detail::KernelSet& ks = detail::active_kernels();
   return ks.q8_0_t16.rows != nullptr && ks.q4_0_t16.rows != nullptr &&
-         ks.q4_k_t16.rows != nullptr && ks.q6_k_t16.rows != nullptr &&
-         std::string_view(ks.name) != "scalar";
+         ks.q4_k_t16.rows != nullptr && ks.q5_k_t16.rows != nullptr &&
+         ks.q6_k_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

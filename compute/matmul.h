@@ -3,7 +3,7 @@
 // on n_tok, on the thread count, or on which rows are computed together. Tests pin this.
 // Kernels: AVX-512 (+VNNI), AVX2 or scalar, chosen once per process from the CPU (override:
 // TROUPE_SIMD=scalar|avx2|avx512, see matmul.cc); different paths may differ in the last bits.
-// F32/F16/BF16 weights multiply f32 activations with f32 FMA accumulation. Q8_0/Q4_0/Q4_K/Q6_K
+// F32/F16/BF16 weights multiply f32 activations with f32 FMA accumulation. Q8_0/Q4_0/Q4_K/Q5_K/Q6_K
 // weights multiply int8-quantized activations (scale per 32 values, per 256 for K-quants) with
 // exact integer dot products: about 1e-3 relative error against f32 math. A NaN or infinity in
 // an activation row makes that row's outputs non-finite.
@@ -51,7 +51,7 @@ void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup). Any layout.
 void get_row(const model::WeightView& w, int64_t r, float* out);
 
-/// Whether this process's kernels read Q4_0, Q8_0, Q4_K and Q6_K in 16-row tiles
+/// Whether this process's kernels read Q4_0, Q8_0, Q4_K, Q5_K and Q6_K in 16-row tiles
 /// (WeightLayout::kTiles16) fast (AVX-512 with VNNI), so that a weight copy for the CPU engine
 /// should tile them (model::copy_weights_to_memory). Every kernel path reads tiles correctly (where
 /// no SIMD tile kernel exists, the scalar one, slowly), with the same bits on every path.

@@ -19,6 +19,7 @@ namespace {
 
 using model::BlockQ4_0;
 using model::BlockQ4_K;
+using model::BlockQ5_K;
 using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::GgmlType;
@@ -335,16 +336,18 @@ struct Blocks32Kernel {
 // acc = fma(float(lanes), d * x_scale, acc), then two FMAs of corr with the activations'
 // d*sum(x) per 16 values (groups 0-7, then 8-15) for the min/offset term. Then hsum8.
 
-struct Q4KDecode {
+// Q4_K and Q5_K (Block): the same scales and mins; Q5_K adds a fifth bit per value from qh.
+template <class Block>
+struct Q45KDecode {
   struct Row {
-    const BlockQ4_K* b;
+    const Block* b;
     float d;
     int16_t sc[8];
     __m256 corr_lo, corr_hi;  // group g of 16: -dmin*m[g/2]
   };
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
-    r.b = reinterpret_cast<const BlockQ4_K*>(row) + s;
+    r.b = reinterpret_cast<const Block*>(row) + s;
     uint8_t sc[8], mn[8];
     q4k_scales_mins(r.b->scales, sc, mn);
     r.d = _cvtsh_ss(r.b->d);
@@ -359,10 +362,16 @@ struct Q4KDecode {
     return r;
   }
   // Step q: values 32q..32q+31 (sub-block q: low nibbles of qs[32(q/2)..] for even q, high
-  // for odd).
+  // for odd; Q5_K: bit q of qh[0..31] on top).
   static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * (q / 2)));
     w = _mm256_and_si256(q & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh));
+      const __m256i hb =
+          _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(q)), _mm256_set1_epi8(1));
+      w = _mm256_or_si256(w, _mm256_slli_epi16(hb, 4));
+    }
     sc = _mm256_set1_epi16(r.sc[q]);
   }
 };
@@ -479,7 +488,8 @@ KernelSet make_set() {
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.q8_0 = make_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32);
   s.q4_0 = make_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32);
-  s.q4_k = make_kernels<KQuantKernel<Q4KDecode>>(actk_bytes, quantize_actk);
+  s.q4_k = make_kernels<KQuantKernel<Q45KDecode<BlockQ4_K>>>(actk_bytes, quantize_actk);
+  s.q5_k = make_kernels<KQuantKernel<Q45KDecode<BlockQ5_K>>>(actk_bytes, quantize_actk);
   s.q6_k = make_kernels<KQuantKernel<Q6KDecode>>(actk_bytes, quantize_actk);
   return s;
 }

@@ -391,11 +391,11 @@ KernelSet make_set() {
     s.q8_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32<-128>);
     s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
   }
-  if constexpr (kVnni) {  // Q4_K and Q6_K likewise
-    avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k);
+  if constexpr (kVnni) {  // Q4_K, Q5_K and Q6_K likewise
+    avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k);
     avx512_tile_kernels_q6k(kGfni, &s.q6_k_t16, &s.q6_k);
   } else {
-    avx512_kquant_kernels(&s.q4_k, &s.q6_k);
+    avx512_kquant_kernels(&s.q4_k, &s.q5_k, &s.q6_k);
   }
   return s;
 }

@@ -1,4 +1,4 @@
-// AVX-512 kernels for the K-quant weight types (Q4_K, Q6_K): int8 activations per 256-value
+// AVX-512 kernels for the K-quant weight types (Q4_K, Q5_K, Q6_K): int8 activations per 256-value
 // super-block and exact integer products, as the other quantized kernels (matmul_avx512.cc).
 // With VNNI, both run the tile kernels instead (matmul_tiles_k_avx512.cc,
 // matmul_tiles_q6k_avx512.cc).
@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
@@ -17,6 +18,7 @@ namespace troupe::compute::detail {
 namespace {
 
 using model::BlockQ4_K;
+using model::BlockQ5_K;
 using model::BlockQ6_K;
 using model::kQK_K;
 
@@ -48,16 +50,18 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
 // for the min/offset term (per-16-group weight factor times the activations' d*sum(x)).
 // Then hsum16.
 
-struct Q4KDecode {
+// Q4_K and Q5_K (Block): the same scales and mins; Q5_K adds a fifth bit per value from qh.
+template <class Block>
+struct Q45KDecode {
   struct Row {
-    const BlockQ4_K* b;
+    const Block* b;
     float d;
     __m512i sc;   // int16 words 0-7: sc[0..7]
     __m512 corr;  // lane g: -dmin*m[g/2]
   };
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
-    r.b = reinterpret_cast<const BlockQ4_K*>(row) + s;
+    r.b = reinterpret_cast<const Block*>(row) + s;
     uint32_t w[3];
     std::memcpy(w, r.b->scales, 12);
     // 6-bit fields: sc[0..3] and m[0..3] are the low 6 bits of bytes 0-3 and 4-7; sc[4..7]
@@ -77,12 +81,22 @@ struct Q4KDecode {
     return r;
   }
   // Step q: values 64q..64q+63 = the low nibbles (sub-block 2q) and high nibbles (2q+1) of
-  // qs[32q..32q+31]; scales by int16 word: 2q for words 0-15, 2q+1 for 16-31.
+  // qs[32q..32q+31] (Q5_K: bits 2q and 2q+1 of qh[0..31] on top); scales by int16 word: 2q for
+  // words 0-15, 2q+1 for 16-31.
   static void step(const Row& r, int q, __m512i& w, __m512i& sc) {
     const __m512i z = _mm512_broadcast_i64x4(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * q)));
     w = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)),
                          _mm512_set1_epi8(0x0F));
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+      const __m512i qh =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh)));
+      const int64_t lo = 2 * q, hi = 2 * q + 1;
+      const __m512i hb =
+          _mm512_and_si512(_mm512_srlv_epi64(qh, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo)),
+                           _mm512_set1_epi8(1));
+      w = _mm512_or_si512(w, _mm512_slli_epi16(hb, 4));
+    }
     sc = _mm512_permutexvar_epi16(
         _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * q)),
                            _mm256_set1_epi16(static_cast<int16_t>(2 * q + 1)), 1),
@@ -250,8 +264,9 @@ struct KQuantKernel {
 
 }  // namespace
 
-void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q6_k) {
-  *q4_k = streaming_kernels<KQuantKernel<Q4KDecode>>(actk_bytes, quantize_actk);
+void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q5_k, TypeKernels* q6_k) {
+  *q4_k = streaming_kernels<KQuantKernel<Q45KDecode<BlockQ4_K>>>(actk_bytes, quantize_actk);
+  *q5_k = streaming_kernels<KQuantKernel<Q45KDecode<BlockQ5_K>>>(actk_bytes, quantize_actk);
   *q6_k = streaming_kernels<KQuantKernel<Q6KDecode>>(actk_bytes, quantize_actk);
 }
 

@@ -1,5 +1,5 @@
 // The scalar kernels: the fallback on CPUs without AVX2, and the reference every SIMD kernel is
-// tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K/Q6_K here define the bits the
+// tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K/Q5_K/Q6_K here define the bits the
 // VNNI tile kernels must give (ActTile32, ActTileK, ActTileQ6K in detail/matmul_kernels.h).
 #include <algorithm>
 #include <cfloat>
@@ -18,6 +18,7 @@ namespace {
 
 using model::BlockQ4_0;
 using model::BlockQ4_K;
+using model::BlockQ5_K;
 using model::BlockQ6_K;
 using model::BlockQ8_0;
 using model::fp16_to_fp32;
@@ -178,8 +179,9 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
   for (int64_t b = 0; b < cols / kQK_K; ++b) a[b].d = quantize_int8(x + b * kQK_K, kQK_K, a[b].q);
 }
 
-// The 4-bit values of nsb Q4_K super-blocks, in value order, into wq[256 nsb].
-void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
+// The values (Q4_K: 4 bits, Q5_K: 5) of nsb super-blocks, in value order, into wq[256 nsb].
+template <class Block>
+void decode_k_quants(const Block* blk, int64_t nsb, uint8_t* wq) {
   for (int64_t s = 0; s < nsb; ++s) {
     for (int p = 0; p < 4; ++p) {
       for (int i = 0; i < 32; ++i) {
@@ -187,23 +189,30 @@ void decode_q4k_quants(const BlockQ4_K* blk, int64_t nsb, uint8_t* wq) {
         wq[s * kQK_K + p * 64 + 32 + i] = blk[s].qs[p * 32 + i] >> 4;
       }
     }
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) {  // bit sb of qh[i]: value 32 sb + i's top
+      for (int sb = 0; sb < 8; ++sb)
+        for (int i = 0; i < 32; ++i)
+          wq[s * kQK_K + 32 * sb + i] |= static_cast<uint8_t>(((blk[s].qh[i] >> sb) & 1) << 4);
+    }
   }
 }
 
-// Q4_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15]. Rows: the exact
-// integers tot = sum_j sc[j]*dot_j(q, x) and msum = sum_j m[j]*sum_j(x). kTiled: the
-// matrix is in 16-row tiles and each output is ActTileK's recurrence, the reference for the SIMD
-// tile kernels, which give the same bits (the activation sub-block sums come with ActTileK).
-template <bool kTiled = false>
-void q4k_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+// Q4_K and Q5_K: value = d*sc[j]*q - dmin*m[j] over 8 sub-blocks of 32, q in [0, 15] (Q4_K) or
+// [0, 31] (Q5_K). Rows: the exact integers tot = sum_j sc[j]*dot_j(q, x) and msum =
+// sum_j m[j]*sum_j(x). kTiled: the matrix is in 16-row tiles and each output is ActTileK's
+// recurrence, the reference for the SIMD tile kernels, which give the same bits (the activation
+// sub-block sums come with ActTileK).
+template <model::GgmlType kType, bool kTiled = false>
+void kquant_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  using Block = std::conditional_t<kType == model::GgmlType::kQ5_K, BlockQ5_K, BlockQ4_K>;
   thread_local std::vector<uint8_t> qbuf, sbuf;
   const int64_t nsb = j.cols / kQK_K;
   uint8_t* wq = scratch(qbuf, j.cols);
   uint8_t* sc = scratch(sbuf, 16 * nsb);  // per super-block 8 scales, then 8 mins
   for (int64_t r = r0; r < r1; ++r) {
-    const auto* blk = reinterpret_cast<const BlockQ4_K*>(
-        kTiled ? untiled_row(model::GgmlType::kQ4_K, j, r) : j.w + r * j.w_row_bytes);
-    decode_q4k_quants(blk, nsb, wq);
+    const auto* blk =
+        reinterpret_cast<const Block*>(kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes);
+    decode_k_quants(blk, nsb, wq);
     for (int64_t s = 0; s < nsb; ++s) q4k_scales_mins(blk[s].scales, sc + 16 * s, sc + 16 * s + 8);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       using Act = std::conditional_t<kTiled, ActTileK, ActBlockK>;
@@ -328,11 +337,12 @@ const KernelSet& scalar_kernels() {
     }
     k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
     k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;
-    for (TypeKernels* t : {&k.q4_k, &k.q6_k}) {
+    for (TypeKernels* t : {&k.q4_k, &k.q5_k, &k.q6_k}) {
       t->act_row_bytes = actk_bytes;
       t->quantize = quantize_actk;
     }
-    k.q4_k.rows = q4k_rows<false>;
+    k.q4_k.rows = kquant_rows<GgmlType::kQ4_K>;
+    k.q5_k.rows = kquant_rows<GgmlType::kQ5_K>;
     k.q6_k.rows = q6k_rows<false>;
     for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
       t->act_row_bytes = act_tile32_bytes;
@@ -342,10 +352,13 @@ const KernelSet& scalar_kernels() {
     k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
     k.q8_0_t16.rows = blocks32_rows<GgmlType::kQ8_0, true>;
     k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
-    k.q4_k_t16.act_row_bytes = act_records256_bytes<ActTileK>;
-    k.q4_k_t16.quantize = quantize_act_tilek;
-    k.q4_k_t16.rows = q4k_rows<true>;
-    k.q4_k_t16.row_tile = static_cast<int>(model::kTileRows);
+    for (TypeKernels* t : {&k.q4_k_t16, &k.q5_k_t16}) {
+      t->act_row_bytes = act_records256_bytes<ActTileK>;
+      t->quantize = quantize_act_tilek;
+      t->row_tile = static_cast<int>(model::kTileRows);
+    }
+    k.q4_k_t16.rows = kquant_rows<GgmlType::kQ4_K, true>;
+    k.q5_k_t16.rows = kquant_rows<GgmlType::kQ5_K, true>;
     k.q6_k_t16.act_row_bytes = act_records256_bytes<ActTileQ6K>;
     k.q6_k_t16.quantize = quantize_act_tileq6k;
     k.q6_k_t16.rows = q6k_rows<true>;

@@ -1,13 +1,15 @@
-// AVX-512 VNNI kernels for Q4_K matrices in 16-row tiles (model/weight_tiles.h), and the same
-// arithmetic reading Q4_K in ggml's rows (gathering 16 rows per super-block), so that a matrix
-// gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token: 64
-// vpdpbusd give the 8 sub-blocks' dots, each started from M's bits so that its lanes are the
+// AVX-512 VNNI kernels for Q4_K and Q5_K matrices in 16-row tiles (model/weight_tiles.h), and the
+// same arithmetic reading them in ggml's rows (gathering 16 rows per super-block), so that a
+// matrix gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token:
+// 64 vpdpbusd give the 8 sub-blocks' dots, each started from M's bits so that its lanes are the
 // floats M + dot, one FMA per sub-block scales it by d * sc and one add sums them; 4 vpdpwssd of
 // the mins against the sub-blocks' activation sums give msum, and two FMAs finish for 16 rows:
-// ActTileK's recurrence (matmul_kernels.h), identical to the scalar tile kernel's. Compiled with
-// the flags of *_avx512.cc; runs only with VNNI.
+// ActTileK's recurrence (matmul_kernels.h), identical to the scalar tile kernel's. Q5_K is Q4_K
+// with a fifth bit per value, which one rotate and one ternary-logic op per dword put on top of
+// the nibble. Compiled with the flags of *_avx512.cc; runs only with VNNI.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -20,6 +22,7 @@ namespace troupe::compute::detail {
 namespace {
 
 using model::BlockQ4_K;
+using model::BlockQ5_K;
 using model::kQK_K;
 
 void quantize_tilek_act(const float* x, int64_t cols, uint8_t* out) {
@@ -43,11 +46,14 @@ inline __m512i dot16_bcast(__m512i acc, __m512i w, const void* p) {
   return acc;
 }
 
-template <bool kRowsIn_, bool kGfni>
+template <bool kRowsIn_, bool kGfni, bool kQ5>
 struct TileKernelK {
   static constexpr bool kRowsIn = kRowsIn_;
-  static constexpr int64_t kBlock = sizeof(BlockQ4_K);  // 144
+  static constexpr int64_t kBlock = kQ5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);  // 176 or 144
   static constexpr int64_t kRec = model::kTileRows * kBlock;
+  static constexpr int kQh = 4;                     // Q5_K: qh's first dword
+  static constexpr int kQs = kQ5 ? 12 : 4;          // qs's first dword
+  static constexpr int kPartLines = kRec / 64 / 4;  // a quarter of a record, in cache lines
   static constexpr int kMaxTok = 8;
   static constexpr int64_t kTokBlock = 64;
 
@@ -59,13 +65,14 @@ struct TileKernelK {
     __m512i offsets;
     __mmask16 valid;
 
-    // Dword k (0 = d and dmin, 1-3 = packed scales, 4-35 = qs) of super-block s, 16 rows.
+    // Dword k (0 = d and dmin, 1-3 = packed scales, then Q5_K's 8 of qh, then 32 of qs) of
+    // super-block s, 16 rows.
     __m512i dword(int64_t s, int k) const {
       if constexpr (kRowsIn) {
         return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets,
                                            base + s * kBlock + 4 * k, 1);
       } else {
-        // Records: d x16, dmin x16, then 35 chunks (dword k >= 1 is chunk k - 1).
+        // Records: d x16, dmin x16, then the chunks (dword k >= 1 is chunk k - 1).
         return _mm512_loadu_si512(base + s * kRec + 64 * k);
       }
     }
@@ -85,16 +92,16 @@ struct TileKernelK {
     // chose for this super-block, or null (tiles only).
     void prefetch(int64_t s, int part, const uint8_t* l2) const {
       if constexpr (kRowsIn) {
-        // The next tile's rows at this super-block (144 bytes: 3 lines each, one per part).
-        if (part < 3)
-          for (int i = 0; i < 16; ++i)
-            prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
+        // The next tile's rows at this super-block (144 or 176 bytes: at most 4 lines each, one
+        // per part).
+        const int64_t off = std::min<int64_t>(64 * part, kBlock - 1);
+        for (int i = 0; i < 16; ++i) prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + off);
       } else {
         // A quarter of the record one ahead into L1, and of l2's record into L2.
-        const int64_t off = 9 * 64 * part;
-        for (int o = 0; o < 9; ++o) prefetch_l1(base + (s + 1) * kRec + off + 64 * o);
+        const int64_t off = kPartLines * 64 * part;
+        for (int o = 0; o < kPartLines; ++o) prefetch_l1(base + (s + 1) * kRec + off + 64 * o);
         if (l2 != nullptr)
-          for (int o = 0; o < 9; ++o) prefetch_l2(l2 + off + 64 * o);
+          for (int o = 0; o < kPartLines; ++o) prefetch_l2(l2 + off + 64 * o);
       }
     }
   };
@@ -110,8 +117,8 @@ struct TileKernelK {
     __m512 acc[NT];
     for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
     const __m512i m3f = _mm512_set1_epi8(0x3F), m0f = _mm512_set1_epi8(0x0F),
-                  m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFF),
-                  pair = _mm512_set1_epi32(0x00FF00FF);
+                  m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
+                  mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
       // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
@@ -129,8 +136,14 @@ struct TileKernelK {
       src.scales(s, &d, &dmin);
       __m512 u[NT];  // from -0: the sub-blocks' products summed in order, as ActTileK's
       for (int n = 0; n < NT; ++n) u[n] = _mm512_set1_ps(-0.f);
+      __m512i qh[8];  // Q5_K: bit sb of each byte is the top bit of a value of sub-block sb
+      if constexpr (kQ5)
+        for (int k = 0; k < 8; ++k) qh[k] = src.dword(s, kQh + k);
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
         src.prefetch(s, p, l2);
+        __m512i z[8];  // rows: gathered once for both halves
+        if constexpr (kRowsIn)
+          for (int k = 0; k < 8; ++k) z[k] = src.dword(s, kQs + 8 * p + k);
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * p + h;
           const __m512i scv =
@@ -139,8 +152,12 @@ struct TileKernelK {
           const __m512 nmdsc = _mm512_mul_ps(dsc, _mm512_set1_ps(-kTileMagic));  // exact
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
-            const __m512i z = src.dword(s, 4 + 8 * p + k);
-            w[k] = h == 0 ? _mm512_and_si512(z, m0f) : high_nibbles<kGfni>(z);
+            const __m512i zk = kRowsIn ? z[k] : src.dword(s, kQs + 8 * p + k);
+            w[k] = h == 0 ? _mm512_and_si512(zk, m0f) : high_nibbles<kGfni>(zk);
+            if constexpr (kQ5) {  // bit sb of each qh byte to bit 4, then w | (that & 0x10)
+              const __m512i hb = _mm512_rolv_epi32(qh[k], _mm512_set1_epi32((4 - sb) & 31));
+              w[k] = _mm512_ternarylogic_epi32(w[k], hb, m10, 0xF8);
+            }
           }
           for (int n = 0; n < NT; ++n) {
             const int8_t* x = a[n][s].q + 32 * sb;
@@ -177,11 +194,19 @@ struct TileKernelK {
   }
 };
 
+template <bool kRowsIn, bool kGfni>
+using TileKernelQ4K = TileKernelK<kRowsIn, kGfni, false>;
+template <bool kRowsIn, bool kGfni>
+using TileKernelQ5K = TileKernelK<kRowsIn, kGfni, true>;
+
 }  // namespace
 
-void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows) {
-  tile16_kernel_pair<TileKernelK>(gfni, act_records256_bytes<ActTileK>, quantize_tilek_act,
-                                  q4_k_tiles, q4_k_rows);
+void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows,
+                           TypeKernels* q5_k_tiles, TypeKernels* q5_k_rows) {
+  tile16_kernel_pair<TileKernelQ4K>(gfni, act_records256_bytes<ActTileK>, quantize_tilek_act,
+                                    q4_k_tiles, q4_k_rows);
+  tile16_kernel_pair<TileKernelQ5K>(gfni, act_records256_bytes<ActTileK>, quantize_tilek_act,
+                                    q5_k_tiles, q5_k_rows);
 }
 
 }  // namespace troupe::compute::detail

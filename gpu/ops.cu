@@ -102,6 +102,21 @@ __device__ float dequant_element(GgmlType type, const uint8_t* row, int64_t c) {
       const uint32_t q = within < 32 ? (byte & 0xFu) : (byte >> 4);
       return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
     }
+    case GgmlType::kQ5_K: {  // {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+      const uint8_t* b = row + (c / model::kQK_K) * 176;
+      const int j = static_cast<int>(c % model::kQK_K);
+      const float d = f16_bits_to_f32(load_u16(b));
+      const float dmin = f16_bits_to_f32(load_u16(b + 2));
+      const int sub = j / 32, l = j % 32;  // bit `sub` of qh[l] is the value's top bit
+      uint32_t sc, m;
+      scale_min_k4(sub, b + 4, &sc, &m);
+      const float dl = __fmul_rn(d, static_cast<float>(sc));
+      const float ml = __fmul_rn(dmin, static_cast<float>(m));
+      const uint32_t byte = b[48 + (sub / 2) * 32 + l];
+      const uint32_t q = ((sub % 2 == 0) ? (byte & 0xFu) : (byte >> 4)) |
+                         (((static_cast<uint32_t>(b[16 + l]) >> sub) & 1u) << 4);
+      return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
+    }
     case GgmlType::kQ6_K: {  // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
       const uint8_t* b = row + (c / model::kQK_K) * 210;
       const int j = static_cast<int>(c % model::kQK_K);
@@ -360,6 +375,7 @@ bool dequantize_supported(model::GgmlType t) {
     case model::GgmlType::kQ8_0:
     case model::GgmlType::kQ4_0:
     case model::GgmlType::kQ4_K:
+    case model::GgmlType::kQ5_K:
     case model::GgmlType::kQ6_K:
       return true;
     default:
@@ -373,7 +389,7 @@ void dequantize_to_bf16(const void* src, size_t src_bytes, GgmlType type, int64_
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream) {
   OPS_REQUIRE(dequantize_supported(type),
               "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, "
-              "q6_K are)",
+              "q5_K, q6_K are)",
               model::type_name(type).c_str());
   OPS_REQUIRE(rows >= 0 && cols >= 0, "dequantize_to_bf16: shape [%lld, %lld] is negative",
               ll(rows), ll(cols));

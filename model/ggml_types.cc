@@ -34,7 +34,7 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
     case 12:
       return TypeTraits{"q4_K", 256, 144, true};
     case 13:
-      return TypeTraits{"q5_K", 256, 176, false};
+      return TypeTraits{"q5_K", 256, 176, true};
     case 14:
       return TypeTraits{"q6_K", 256, 210, true};
     case 15:
@@ -178,6 +178,26 @@ void dequant_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
   }
 }
 
+// Q5_K: Q4_K's scales and mins with a fifth bit per value: bit j of qh[l] is the top bit of
+// value 32 * j + l.
+void dequant_q5_k(const BlockQ5_K* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    const float mn = fp16_to_fp32(x[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      get_scale_min_k4(j, x[i].scales, &sc, &m);
+      const float dj = d * sc, mj = mn * m;
+      const uint8_t* q = x[i].qs + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = j % 2 == 0 ? q[l] & 0xF : q[l] >> 4;
+        const int v = lo | ((x[i].qh[l] >> j) & 1) << 4;
+        *y++ = dj * static_cast<float>(v) - mj;
+      }
+    }
+  }
+}
+
 void dequant_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
@@ -204,44 +224,73 @@ void dequant_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
   }
 }
 
-// Q4_K: per sub-block of 32 a 6-bit scale and a 6-bit min (offset below zero), both relative to
-// the super-block's f16 d and dmin. A plain max-min fit per sub-block (no search): good enough
-// for synthetic models and tests; real models come quantized.
+// Q4_K and Q5_K: per sub-block of 32 a 6-bit scale and a 6-bit min (offset below zero), both
+// relative to the super-block's f16 d and dmin, and values q in [0, kMax]. A plain max-min fit
+// per sub-block (no search): good enough for synthetic models and tests; real models come
+// quantized. Gives d, dmin, the packed scales and the 256 values.
+template <int kMax>
+void fit_k_superblock(const float* x, uint16_t* d16, uint16_t* dmin16, uint8_t* scales,
+                      uint8_t* q) {
+  float scale[8], mins[8], max_scale = 0.f, max_min = 0.f;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.f, hi = -INFINITY;
+    for (int l = 0; l < 32; ++l) {
+      lo = std::fmin(lo, x[32 * j + l]);
+      hi = std::fmax(hi, x[32 * j + l]);
+    }
+    scale[j] = (hi - lo) / static_cast<float>(kMax);
+    mins[j] = -lo;
+    max_scale = std::fmax(max_scale, scale[j]);
+    max_min = std::fmax(max_min, mins[j]);
+  }
+  *d16 = fp32_to_fp16(max_scale / 63.f);
+  *dmin16 = fp32_to_fp16(max_min / 63.f);
+  const float d = fp16_to_fp32(*d16), dmin = fp16_to_fp32(*dmin16);
+  uint8_t sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(d > 0.f ? std::clamp(std::lround(scale[j] / d), 0L, 63L) : 0);
+    mn[j] = static_cast<uint8_t>(dmin > 0.f ? std::clamp(std::lround(mins[j] / dmin), 0L, 63L) : 0);
+    const float step = d * sc[j], off = dmin * mn[j];
+    for (int l = 0; l < 32; ++l)
+      q[32 * j + l] =
+          static_cast<uint8_t>(step > 0.f ? std::clamp(std::lround((x[32 * j + l] + off) / step),
+                                                       0L, static_cast<long>(kMax))
+                                          : 0);
+  }
+  for (int j = 0; j < 4; ++j) {  // the packing get_scale_min_k4 reads
+    scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+    scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
+    scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
+  }
+}
+
+// The low 4 bits of 256 values as Q4_K and Q5_K store them: qs[32p + l] holds value 64p + l
+// in its low nibble and 64p + 32 + l in its high one.
+void pack_k_nibbles(const uint8_t* q, uint8_t* qs) {
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l)
+      qs[32 * p + l] =
+          static_cast<uint8_t>((q[64 * p + l] & 0xF) | (q[64 * p + 32 + l] & 0xF) << 4);
+}
+
 void quant_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scale[8], mins[8], max_scale = 0.f, max_min = 0.f;
-    for (int j = 0; j < 8; ++j) {
-      float lo = 0.f, hi = -INFINITY;
-      for (int l = 0; l < 32; ++l) {
-        lo = std::fmin(lo, x[32 * j + l]);
-        hi = std::fmax(hi, x[32 * j + l]);
-      }
-      scale[j] = (hi - lo) / 15.f;
-      mins[j] = -lo;
-      max_scale = std::fmax(max_scale, scale[j]);
-      max_min = std::fmax(max_min, mins[j]);
+    uint8_t q[kQK_K];
+    fit_k_superblock<15>(x, &y[i].d, &y[i].dmin, y[i].scales, q);
+    pack_k_nibbles(q, y[i].qs);
+  }
+}
+
+void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    uint8_t q[kQK_K];
+    fit_k_superblock<31>(x, &y[i].d, &y[i].dmin, y[i].scales, q);
+    pack_k_nibbles(q, y[i].qs);
+    for (int l = 0; l < 32; ++l) {  // bit j of qh[l]: the top bit of value 32j + l
+      uint8_t h = 0;
+      for (int j = 0; j < 8; ++j) h = static_cast<uint8_t>(h | (q[32 * j + l] >> 4) << j);
+      y[i].qh[l] = h;
     }
-    y[i].d = fp32_to_fp16(max_scale / 63.f);
-    y[i].dmin = fp32_to_fp16(max_min / 63.f);
-    const float d = fp16_to_fp32(y[i].d), dmin = fp16_to_fp32(y[i].dmin);
-    uint8_t sc[8], mn[8], q[kQK_K];
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = static_cast<uint8_t>(d > 0.f ? std::clamp(std::lround(scale[j] / d), 0L, 63L) : 0);
-      mn[j] =
-          static_cast<uint8_t>(dmin > 0.f ? std::clamp(std::lround(mins[j] / dmin), 0L, 63L) : 0);
-      const float step = d * sc[j], off = dmin * mn[j];
-      for (int l = 0; l < 32; ++l)
-        q[32 * j + l] = static_cast<uint8_t>(
-            step > 0.f ? std::clamp(std::lround((x[32 * j + l] + off) / step), 0L, 15L) : 0);
-    }
-    for (int j = 0; j < 4; ++j) {  // the packing get_scale_min_k4 reads
-      y[i].scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
-      y[i].scales[j + 4] = static_cast<uint8_t>(mn[j] | (mn[j + 4] >> 4) << 6);
-      y[i].scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | (mn[j + 4] & 0xF) << 4);
-    }
-    for (int p = 0; p < 4; ++p)
-      for (int l = 0; l < 32; ++l)
-        y[i].qs[32 * p + l] = static_cast<uint8_t>(q[64 * p + l] | q[64 * p + 32 + l] << 4);
   }
 }
 
@@ -308,6 +357,8 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
     case GgmlType::kQ4_K:
       return dequant_q4_k(static_cast<const BlockQ4_K*>(src), out, n / kQK_K);
+    case GgmlType::kQ5_K:
+      return dequant_q5_k(static_cast<const BlockQ5_K*>(src), out, n / kQK_K);
     case GgmlType::kQ6_K:
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
     default:
@@ -367,6 +418,8 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     }
     case GgmlType::kQ4_K:
       return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K);
+    case GgmlType::kQ5_K:
+      return quant_q5_k(src, static_cast<BlockQ5_K*>(dst), n / kQK_K);
     case GgmlType::kQ6_K:
       return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), n / kQK_K);
     default:

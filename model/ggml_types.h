@@ -135,7 +135,7 @@ static_assert(sizeof(BlockQ3_K) == 110);
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
-/// Supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K. Throws InputError otherwise.
+/// Supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K. Throws InputError otherwise.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace troupe::model

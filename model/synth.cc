@@ -24,13 +24,16 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
   if (s == "q4_k" || s == "q4_K") return GgmlType::kQ4_K;
+  if (s == "q5_k" || s == "q5_K") return GgmlType::kQ5_K;
   if (s == "q6_k" || s == "q6_K") return GgmlType::kQ6_K;
   return std::nullopt;
 }
 
 bool parse_synth_dtype(const std::string& s, SynthOptions* o) {
-  const bool mix = s == "q4_k_m" || s == "q4_K_M";
-  const std::optional<GgmlType> t = mix ? GgmlType::kQ4_K : parse_synth_dtype(s);
+  const bool mix4 = s == "q4_k_m" || s == "q4_K_M", mix5 = s == "q5_k_m" || s == "q5_K_M";
+  const bool mix = mix4 || mix5;
+  const std::optional<GgmlType> t =
+      mix4 ? GgmlType::kQ4_K : (mix5 ? GgmlType::kQ5_K : parse_synth_dtype(s));
   if (!t) return false;
   o->dtype = *t;
   o->k_mix = mix;
@@ -392,6 +395,8 @@ uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 
       return 32;
     case GgmlType::kQ4_K:
       return 14;  // mostly Q4_K (small)
+    case GgmlType::kQ5_K:
+      return 16;  // mostly Q5_K (small)
     case GgmlType::kQ6_K:
       return 18;
     default:
@@ -605,22 +610,25 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
       TROUPE_INPUT_ERROR(
-          "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)",
+          "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, "
+          "q5_k_m)",
           type_name(opts.dtype).c_str());
     const Config c = resolve(opts);
     SynthSummary sum;
     sum.arch = display_arch(c);
-    if (opts.k_mix && opts.dtype != GgmlType::kQ4_K)
-      TROUPE_INPUT_ERROR("a K-quant mix is made of q4_K (--dtype q4_k_m), not %s",
+    const bool q5 = opts.dtype == GgmlType::kQ5_K;
+    if (opts.k_mix && opts.dtype != GgmlType::kQ4_K && !q5)
+      TROUPE_INPUT_ERROR("a K-quant mix is made of q4_K or q5_K (--dtype q4_k_m or q5_k_m), not %s",
                          type_name(opts.dtype).c_str());
-    sum.dtype = opts.k_mix ? "q4_K_M" : type_name(opts.dtype);
+    sum.dtype = opts.k_mix ? (q5 ? "q5_K_M" : "q4_K_M") : type_name(opts.dtype);
 
     GgufWriter w;
     w.set_string("general.architecture", c.gguf_arch);
     const VocabInfo vocab = write_vocab(w, opts);
     const int64_t n_vocab = vocab.n_vocab;
     w.set_string("general.name", opts.name.empty() ? "synth-" + opts.arch : opts.name);
-    w.set_u32("general.file_type", opts.k_mix ? 15 : file_type_of(opts.dtype));  // 15: Q4_K_M
+    // ggml's file types: 15 is Q4_K_M, 17 Q5_K_M.
+    w.set_u32("general.file_type", opts.k_mix ? (q5 ? 17 : 15) : file_type_of(opts.dtype));
     write_hparams(w, c, opts, n_vocab);
     if (!opts.command_line.empty()) w.set_string("general.synth.command", opts.command_line);
 

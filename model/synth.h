@@ -30,8 +30,9 @@ struct SynthOptions {
   std::optional<int64_t> n_vocab;   // built-in vocabulary size (merges added, then padding)
   int64_t n_ctx = 2048;             // <arch>.context_length
   GgmlType dtype = GgmlType::kF32;  // for matrices; norms, biases and routers stay f32
-  // --dtype q4_k_m: dtype q4_K, with Q6_K for the output head and for attn_v and ffn_down(_exps)
-  // in every other layer (from 0) -- the shape of the K-quant mixes real files ship.
+  // --dtype q4_k_m / q5_k_m: dtype q4_K / q5_K, with Q6_K for the output head and for attn_v and
+  // ffn_down(_exps) in every other layer (from 0) -- the shape of the K-quant mixes real files
+  // ship.
   bool k_mix = false;
   uint64_t seed = 1;
   std::string vocab_donor;   // a GGUF whose tokenizer.* keys are copied; "" = built-in
@@ -68,10 +69,11 @@ struct BuiltinVocab {
 };
 BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt);
 
-/// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k" (or "q4_K", "q6_K"); nullopt
-/// otherwise.
+/// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k" (or "q4_K", "q5_K",
+/// "q6_K"); nullopt otherwise.
 std::optional<GgmlType> parse_synth_dtype(const std::string& s);
-/// The same, also taking "q4_k_m" (or "q4_K_M"): Q4_K with SynthOptions::k_mix.
+/// The same, also taking "q4_k_m" and "q5_k_m" (or "q4_K_M", "q5_K_M"): Q4_K or Q5_K with
+/// SynthOptions::k_mix.
 bool parse_synth_dtype(const std::string& s, SynthOptions* o);
 
 }  // namespace troupe::model

@@ -1,4 +1,4 @@
-// 16-row tiles of Q4_0, Q8_0, Q4_K and Q6_K matrices (see weight_tiles.h for the layout).
+// 16-row tiles of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices (see weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
 #include <cstring>
@@ -10,13 +10,13 @@ namespace troupe::model {
 namespace {
 
 // How a block is laid out in a tile: its 16-bit fields (scales), each as 16 rows' values, and
-// the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'. Q4_0, Q8_0 and Q4_K
-// lead with their fields, and a record is the fields, then the chunks. Q6_K's one field (d)
+// the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'. Q4_0, Q8_0, Q4_K and
+// Q5_K lead with their fields, and a record is the fields, then the chunks. Q6_K's one field (d)
 // trails its 208 other bytes (52 chunks, a whole number of cache lines): its records are the
 // chunks alone, and the tile's d values follow its last record, 32 bytes per block column.
 struct BlockShape {
   int64_t bytes;
-  int64_t n16;    // 16-bit fields (Q4_0, Q8_0: d; Q4_K: d, dmin; Q6_K: d)
+  int64_t n16;    // 16-bit fields (Q4_0, Q8_0: d; Q4_K, Q5_K: d, dmin; Q6_K: d)
   bool trailing;  // the fields end the block (Q6_K) rather than start it
   uint8_t flip;   // XORed into every chunk byte (Q8_0: int8 -> q + 128)
   int64_t chunks() const { return (bytes - 2 * n16) / 4; }
@@ -41,6 +41,8 @@ BlockShape shape_of(GgmlType t) {
       return {static_cast<int64_t>(sizeof(BlockQ8_0)), 1, false, 0x80};
     case GgmlType::kQ4_K:
       return {static_cast<int64_t>(sizeof(BlockQ4_K)), 2, false, 0};
+    case GgmlType::kQ5_K:
+      return {static_cast<int64_t>(sizeof(BlockQ5_K)), 2, false, 0};
     case GgmlType::kQ6_K:
       return {static_cast<int64_t>(sizeof(BlockQ6_K)), 1, true, 0};
     default:
@@ -69,7 +71,7 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
 bool tileable(const WeightView& w) {
   return w.present() && w.layout == WeightLayout::kRows &&
          (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
-          w.type == GgmlType::kQ6_K) &&
+          w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K) &&
          w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 

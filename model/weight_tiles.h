@@ -1,4 +1,4 @@
-// Q4_0, Q8_0, Q4_K and Q6_K matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory
+// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory
 // order the CPU's int8 kernels read fastest: one 64-byte load gives 4 columns of 16 rows, so one
 // dot-product instruction serves 16 output rows at once and a block's scaling is done once for
 // 16 rows (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md "Engine, session 12").
@@ -7,12 +7,13 @@
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
 // block column b, each 16 * sizeof(block) bytes:
 //   - the block's leading f16 fields, each as 16 rows' values (32 bytes): Q4_0 and Q8_0 d;
-//     Q4_K d, then dmin;
+//     Q4_K and Q5_K d, then dmin;
 //   - then the rest of the block as 64-byte chunks: chunk c holds, for row i = 0..15 at bytes
 //     4i..4i+3, the row's block bytes [4c, 4c+4) after those fields. Q4_0: 4 chunks of qs (low
 //     nibbles are values 0-15, high nibbles 16-31). Q8_0: 8 chunks of qs, each byte stored as
 //     (uint8_t)(q ^ 0x80), i.e. q + 128, the unsigned operand of an unsigned-by-signed dot
-//     product. Q4_K: 3 chunks of packed scales and mins, then 32 chunks of qs.
+//     product. Q4_K: 3 chunks of packed scales and mins, then 32 chunks of qs. Q5_K: 3 chunks of
+//     scales and mins, 8 of qh, then 32 of qs.
 //   Q6_K, whose d ends its block, differs: a record is its 52 chunks alone (ql 32, qh 16,
 //   scales 4; 3328 bytes, whole cache lines), and the tile's d values follow its last record,
 //   32 bytes per block column in column order.
@@ -27,8 +28,8 @@ namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
 
-/// Whether w can be tiled: Q4_0, Q8_0, Q4_K or Q6_K, rows a multiple of kTileRows, present, in
-/// rows.
+/// Whether w can be tiled: Q4_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of kTileRows, present,
+/// in rows.
 bool tileable(const WeightView& w);
 
 /// Reorders `n_mat` matrices of `rows` x `cols` (a tileable type, rows % 16 == 0) at `data`

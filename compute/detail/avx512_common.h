@@ -113,16 +113,17 @@ TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
   return k;
 }
 
-/// The Q4_K and Q6_K kernels without VNNI (matmul_kquant_avx512.cc); with VNNI both run the tile
-/// kernels (avx512_tile_kernels_k, avx512_tile_kernels_q6k).
-void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q6_k);
+/// The Q4_K, Q5_K and Q6_K kernels without VNNI (matmul_kquant_avx512.cc); with VNNI they run
+/// the tile kernels (avx512_tile_kernels_k, avx512_tile_kernels_q6k).
+void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q5_k, TypeKernels* q6_k);
 
 /// The VNNI kernels for Q8_0 and Q4_0 in 16-row tiles, and the same arithmetic reading them in
 /// rows (matmul_tiles_avx512.cc); gfni: unpack 4-bit values with GFNI (the same bits).
 void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
                          TypeKernels* q4_0_rows);
-/// The same for Q4_K (matmul_tiles_k_avx512.cc) and Q6_K (matmul_tiles_q6k_avx512.cc).
-void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows);
+/// The same for Q4_K and Q5_K (matmul_tiles_k_avx512.cc) and Q6_K (matmul_tiles_q6k_avx512.cc).
+void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows,
+                           TypeKernels* q5_k_tiles, TypeKernels* q5_k_rows);
 void avx512_tile_kernels_q6k(bool gfni, TypeKernels* q6_k_tiles, TypeKernels* q6_k_rows);
 
 }  // namespace troupe::compute::detail

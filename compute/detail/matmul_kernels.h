@@ -57,8 +57,8 @@ struct TypeKernels {
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
-  TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q6_k;
-  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q6_k_t16;
+  TypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k;
+  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
 };
@@ -106,10 +106,10 @@ inline void finish_act_tile32(ActTile32& a, int init, int32_t sum, float d) {
 inline int64_t act_tile32_bytes(int64_t cols) {
   return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
 }
-/// Activations of the Q4_K tile kernels: one record per 256-value super-block (the int8 values
-/// and scale of quantize_int8 over 256, as for the Q4_K row kernels) and its 8 sub-blocks' sums
-/// in the order 0, 2, 1, 3, 4, 6, 5, 7 (int16 pairs for vpdpwssd against the mins). Each output
-/// is, per super-block s in order, with the exact integers dot_j = dot_j(q, x) and msum =
+/// Activations of the Q4_K and Q5_K tile kernels: one record per 256-value super-block (the int8
+/// values and scale of quantize_int8 over 256, as for the Q4_K row kernels) and its 8 sub-blocks'
+/// sums in the order 0, 2, 1, 3, 4, 6, 5, 7 (int16 pairs for vpdpwssd against the mins). Each
+/// output is, per super-block s in order, with the exact integers dot_j = dot_j(q, x) and msum =
 /// sum_j m_j * sum_j(x) and the exact floats dsc_j = d * sc_j: v_j = fma(M + dot_j, dsc_j,
 /// -M * dsc_j) (dot_j * dsc_j rounded once), u = -0 + v_0 + ... + v_7 added in order,
 /// acc = fma(fma(-float(msum), dmin, u), d_x, acc) from acc = 0. The SIMD kernels start each

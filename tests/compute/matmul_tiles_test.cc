@@ -1,9 +1,10 @@
-// Q4_0, Q8_0, Q4_K and Q6_K in 16-row tiles (model/weight_tiles.h, WeightLayout::kTiles16): tiling
-// is lossless (every row comes back), every SIMD path gives the scalar tile kernel's bits, which
-// agree with the scalar row kernels to rounding; where tiles are supported (AVX-512 VNNI) rows
-// give the very bits of tiles; batch invariance holds (tokens, threads, shared inputs),
-// embedding rows read through tiles, and a weight copy made with tiles gives an engine the
-// mapped model's logits (bit for bit where tiles are supported) and batch invariance.
+// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K in 16-row tiles (model/weight_tiles.h,
+// WeightLayout::kTiles16): tiling is lossless (every row comes back), every SIMD path gives the
+// scalar tile kernel's bits, which agree with the scalar row kernels to rounding; where tiles are
+// supported (AVX-512 VNNI) rows give the very bits of tiles; batch invariance holds (tokens,
+// threads, shared inputs), embedding rows read through tiles, and a weight copy made with tiles
+// gives an engine the mapped model's logits (bit for bit where tiles are supported) and batch
+// invariance.
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ using model::WeightView;
 using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
 constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K,
-                                   GgmlType::kQ6_K};
+                                   GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 // Columns of n blocks of type t.
 int64_t cols_of(GgmlType t, int64_t n) {
@@ -58,12 +59,14 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows * n_mat; ++r) {
     uint8_t* dst = p.rows_bytes.data() + r * rb;
-    if (t == GgmlType::kQ4_K) {
-      // Any bit pattern is a valid block: random bytes, then sane f16 scales.
+    if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K) {
+      // Any bit pattern is a valid block: random bytes, then sane f16 scales (d and dmin lead
+      // both blocks).
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       std::uniform_real_distribution<float> sd(2e-3f, 2e-2f);
+      const int64_t block = model::row_bytes(t, model::kQK_K);
       for (int64_t b = 0; b < cols / model::kQK_K; ++b) {
-        auto* blk = reinterpret_cast<model::BlockQ4_K*>(dst) + b;
+        auto* blk = reinterpret_cast<model::BlockQ4_K*>(dst + b * block);
         blk->d = model::fp32_to_fp16(sd(rng));
         blk->dmin = model::fp32_to_fp16(sd(rng));
       }
@@ -280,14 +283,14 @@ TEST(TiledMatmul, ScalesFromTinyToHugeGiveTheScalarBits) {
 TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
   const auto sets = kernel_sets();
   const float ds[] = {0x1p-24f, 3e-6f, 1e-3f, 0.5f, 7.f, 900.f, 3e4f, 65504.f};
-  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     Pair p = make_pair(t, 32, cols_of(t, 8), 12);
     for (int64_t r = 0; r < 32; ++r)
       for (int64_t b = 0; b < 8; ++b) {
         const uint16_t d = model::fp32_to_fp16(ds[(r + b) % 8]);
         uint8_t* blk =
             p.rows_bytes.data() + r * p.rows.row_bytes() + b * model::row_bytes(t, model::kQK_K);
-        if (t == GgmlType::kQ4_K) {
+        if (t != GgmlType::kQ6_K) {  // Q4_K and Q5_K lead with d and dmin
           reinterpret_cast<model::BlockQ4_K*>(blk)->d = d;
           reinterpret_cast<model::BlockQ4_K*>(blk)->dmin = d;
         } else {
@@ -414,7 +417,8 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   const fs::path dir = fs::temp_directory_path() / ("troupe_tiles_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const GgmlType dtype = GetParam().dtype;
-  const bool k_quant = dtype == GgmlType::kQ4_K || dtype == GgmlType::kQ6_K;
+  const bool k_quant =
+      dtype == GgmlType::kQ4_K || dtype == GgmlType::kQ5_K || dtype == GgmlType::kQ6_K;
   const std::string path =
       (dir / (std::string(GetParam().arch) + "-" + model::type_name(dtype) + ".gguf")).string();
   model::SynthOptions so;
@@ -509,15 +513,15 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TiledModel,
-                         ::testing::Values(ModelCase{"llama", GgmlType::kQ4_0},
-                                           ModelCase{"mixtral", GgmlType::kQ4_0},
-                                           ModelCase{"llama", GgmlType::kQ4_K},
-                                           ModelCase{"llama", GgmlType::kQ6_K},
-                                           ModelCase{"mixtral", GgmlType::kQ6_K}),
-                         [](const ::testing::TestParamInfo<ModelCase>& p) {
-                           return std::string(p.param.arch) + "_" + model::type_name(p.param.dtype);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Archs, TiledModel,
+    ::testing::Values(ModelCase{"llama", GgmlType::kQ4_0}, ModelCase{"mixtral", GgmlType::kQ4_0},
+                      ModelCase{"llama", GgmlType::kQ4_K}, ModelCase{"llama", GgmlType::kQ5_K},
+                      ModelCase{"mixtral", GgmlType::kQ5_K}, ModelCase{"llama", GgmlType::kQ6_K},
+                      ModelCase{"mixtral", GgmlType::kQ6_K}),
+    [](const ::testing::TestParamInfo<ModelCase>& p) {
+      return std::string(p.param.arch) + "_" + model::type_name(p.param.dtype);
+    });
 
 }  // namespace
 }  // namespace troupe::compute

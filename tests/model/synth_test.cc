@@ -237,33 +237,44 @@ TEST(Synth, FallsBackToF16ForRowsOffTheBlockSize) {
   EXPECT_EQ((*f)->get_int("general.file_type"), 2);
 }
 
-// --dtype q4_k_m: Q4_K, with Q6_K for the output head and attn_v / ffn_down of even layers.
+// --dtype q4_k_m / q5_k_m: Q4_K / Q5_K, with Q6_K for the output head and attn_v / ffn_down of
+// even layers.
 TEST(Synth, KQuantMixKeepsSomeMatricesInQ6K) {
-  TempDir tmp;
-  SynthOptions o;
-  ASSERT_TRUE(parse_synth_dtype("q4_k_m", &o));
-  EXPECT_FALSE(parse_synth_dtype("q4_k_s", &o));
-  o.arch = "llama";
-  o.n_embd = 256;
-  o.n_ff = 512;
-  o.n_layer = 3;
-  auto sum = synth_model_summary(o, tmp.file("m.gguf"));
-  ASSERT_TRUE(sum.has_value()) << sum.error().message;
-  EXPECT_EQ(sum->dtype, "q4_K_M");
-  auto f = GgufFile::open(tmp.file("m.gguf"));
-  ASSERT_TRUE(f.has_value());
-  auto type = [&](const std::string& n) { return (*f)->find_tensor(n)->type; };
-  EXPECT_EQ(type("output.weight"), GgmlType::kQ6_K);
-  EXPECT_EQ(type("token_embd.weight"), GgmlType::kQ4_K);
-  for (int l = 0; l < 3; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    const GgmlType mixed = l % 2 == 0 ? GgmlType::kQ6_K : GgmlType::kQ4_K;
-    EXPECT_EQ(type(b + "attn_v.weight"), mixed) << l;
-    EXPECT_EQ(type(b + "ffn_down.weight"), mixed) << l;
-    EXPECT_EQ(type(b + "attn_q.weight"), GgmlType::kQ4_K) << l;
-    EXPECT_EQ(type(b + "ffn_up.weight"), GgmlType::kQ4_K) << l;
+  struct Mix {
+    const char* dtype;
+    GgmlType base;
+    const char* name;
+    int file_type;
+  };
+  for (const Mix& m : {Mix{"q4_k_m", GgmlType::kQ4_K, "q4_K_M", 15},
+                       Mix{"q5_k_m", GgmlType::kQ5_K, "q5_K_M", 17}}) {
+    SCOPED_TRACE(m.dtype);
+    TempDir tmp;
+    SynthOptions o;
+    ASSERT_TRUE(parse_synth_dtype(m.dtype, &o));
+    EXPECT_FALSE(parse_synth_dtype("q4_k_s", &o));
+    o.arch = "llama";
+    o.n_embd = 256;
+    o.n_ff = 512;
+    o.n_layer = 3;
+    auto sum = synth_model_summary(o, tmp.file("m.gguf"));
+    ASSERT_TRUE(sum.has_value()) << sum.error().message;
+    EXPECT_EQ(sum->dtype, m.name);
+    auto f = GgufFile::open(tmp.file("m.gguf"));
+    ASSERT_TRUE(f.has_value());
+    auto type = [&](const std::string& n) { return (*f)->find_tensor(n)->type; };
+    EXPECT_EQ(type("output.weight"), GgmlType::kQ6_K);
+    EXPECT_EQ(type("token_embd.weight"), m.base);
+    for (int l = 0; l < 3; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      const GgmlType mixed = l % 2 == 0 ? GgmlType::kQ6_K : m.base;
+      EXPECT_EQ(type(b + "attn_v.weight"), mixed) << l;
+      EXPECT_EQ(type(b + "ffn_down.weight"), mixed) << l;
+      EXPECT_EQ(type(b + "attn_q.weight"), m.base) << l;
+      EXPECT_EQ(type(b + "ffn_up.weight"), m.base) << l;
+    }
+    EXPECT_EQ((*f)->get_int("general.file_type"), m.file_type);
   }
-  EXPECT_EQ((*f)->get_int("general.file_type"), 15);
 }
 
 TEST(Synth, DeepseekWithoutQLoraUsesPlainQ) {
@@ -343,9 +354,14 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.vocab_donor = "/nonexistent/donor.gguf";
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
   o = {};
-  o.dtype = GgmlType::kQ5_K;
+  o.dtype = GgmlType::kQ3_K;
   EXPECT_EQ(err(o),
-            "--dtype q5_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)");
+            "--dtype q3_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, "
+            "q4_k_m, q5_k_m)");
+  o = {};
+  o.dtype = GgmlType::kQ8_0;
+  o.k_mix = true;
+  EXPECT_EQ(err(o), "a K-quant mix is made of q4_K or q5_K (--dtype q4_k_m or q5_k_m), not q8_0");
   o = {};
   o.n_vocab = 100;
   EXPECT_EQ(err(o), "--n-vocab must be between 258 and 4194304 for the built-in vocabulary");
