@@ -51,6 +51,12 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     case GgmlType::kQ4_0:
       k = &q4_0;
       break;
+    case GgmlType::kQ2_K:
+      k = &q2_k;
+      break;
+    case GgmlType::kQ3_K:
+      k = &q3_k;
+      break;
     case GgmlType::kQ4_K:
       k = &q4_k;
       break;

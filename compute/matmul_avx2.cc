@@ -410,6 +410,53 @@ struct Q6KDecode {
   }
 };
 
+// Q2_K and Q3_K (kQ3): value e = 128n + 32j + l of a super-block is 2 bits of qs[32n + l] at
+// bit 2j (Q3_K: and bit 4n + j of hmask[l] as its bit 2, giving u in [0, 7]); a scale per group
+// of 16. Q2_K: d*sc*q - dmin*m; Q3_K: d*s*(u - 4) with s signed.
+template <bool kQ3>
+struct LowBitDecode {
+  using Block = std::conditional_t<kQ3, model::BlockQ3_K, model::BlockQ2_K>;
+  struct Row {
+    const Block* b;
+    float d;
+    int8_t sc[16];
+    __m256 corr_lo, corr_hi;  // group g: Q2_K -dmin*m[g], Q3_K -4*d*s[g]
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const Block*>(row) + s;
+    r.d = _cvtsh_ss(r.b->d);
+    float corr[16];
+    if constexpr (kQ3) {
+      model::q3k_scales(r.b->scales, r.sc);
+      for (int g = 0; g < 16; ++g) corr[g] = -4.f * r.d * static_cast<float>(r.sc[g]);
+    } else {
+      const float dmin = _cvtsh_ss(r.b->dmin);
+      for (int g = 0; g < 16; ++g) {
+        r.sc[g] = static_cast<int8_t>(r.b->scales[g] & 0xF);
+        corr[g] = -dmin * static_cast<float>(r.b->scales[g] >> 4);
+      }
+    }
+    r.corr_lo = _mm256_loadu_ps(corr);
+    r.corr_hi = _mm256_loadu_ps(corr + 8);
+    return r;
+  }
+  // Step q: values 32q..32q+31 (n = q/4, j = q%4); scales: group 2q for int16 words 0-7, 2q+1
+  // for 8-15.
+  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
+    const int n = q / 4, j = q % 4;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * n));
+    w = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+    if constexpr (kQ3) {
+      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->hmask));
+      const __m256i hb =
+          _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * n + j)), _mm256_set1_epi8(1));
+      w = _mm256_or_si256(w, _mm256_slli_epi16(hb, 2));
+    }
+    sc = _mm256_set_m128i(_mm_set1_epi16(r.sc[2 * q + 1]), _mm_set1_epi16(r.sc[2 * q]));
+  }
+};
+
 template <class D>
 struct KQuantKernel {
   static constexpr int kRows = 2;
@@ -488,6 +535,8 @@ KernelSet make_set() {
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.q8_0 = make_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32);
   s.q4_0 = make_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32);
+  s.q2_k = make_kernels<KQuantKernel<LowBitDecode<false>>>(actk_bytes, quantize_actk);
+  s.q3_k = make_kernels<KQuantKernel<LowBitDecode<true>>>(actk_bytes, quantize_actk);
   s.q4_k = make_kernels<KQuantKernel<Q45KDecode<BlockQ4_K>>>(actk_bytes, quantize_actk);
   s.q5_k = make_kernels<KQuantKernel<Q45KDecode<BlockQ5_K>>>(actk_bytes, quantize_actk);
   s.q6_k = make_kernels<KQuantKernel<Q6KDecode>>(actk_bytes, quantize_actk);

@@ -397,6 +397,7 @@ KernelSet make_set() {
   } else {
     avx512_kquant_kernels(&s.q4_k, &s.q5_k, &s.q6_k);
   }
+  avx512_low_bit_kernels(&s.q2_k, &s.q3_k);
   return s;
 }
 

@@ -1,6 +1,7 @@
-// AVX-512 kernels for the K-quant weight types (Q4_K, Q5_K, Q6_K): int8 activations per 256-value
-// super-block and exact integer products, as the other quantized kernels (matmul_avx512.cc).
-// With VNNI, both run the tile kernels instead (matmul_tiles_k_avx512.cc,
+// AVX-512 kernels for the K-quant weight types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): int8 activations
+// per 256-value super-block and exact integer products, as the other quantized kernels
+// (matmul_avx512.cc).
+// With VNNI, Q4_K, Q5_K and Q6_K run the tile kernels instead (matmul_tiles_k_avx512.cc,
 // matmul_tiles_q6k_avx512.cc).
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
@@ -104,6 +105,77 @@ struct Q45KDecode {
   }
 };
 
+// Step q's scales for types with one per group of 16 values (Q2_K, Q3_K, Q6_K), from the 16
+// int16 words of `scales`: words 0-7 of the step's pair products take group 4q, 8-15 4q + 1,
+// 16-23 4q + 2, 24-31 4q + 3.
+inline __m512i group16_scales(int q, __m512i scales) {
+  const auto g = static_cast<int16_t>(4 * q);
+  const __m512i idx =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(
+                             _mm_set1_epi16(static_cast<int16_t>(g + 1)), _mm_set1_epi16(g))),
+                         _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(g + 3)),
+                                          _mm_set1_epi16(static_cast<int16_t>(g + 2))),
+                         1);
+  return _mm512_permutexvar_epi16(idx, scales);
+}
+
+// Q2_K and Q3_K (kQ3): value e = 128n + 32j + l of a super-block is 2 bits of qs[32n + l] at
+// bit 2j (Q3_K: and bit 4n + j of hmask[l] as its bit 2, giving u in [0, 7]); a scale per group
+// of 16. Q2_K: d*sc*q - dmin*m, corr lane g: -dmin*m[g]. Q3_K: d*s*(u - 4) with s signed, corr
+// lane g: -4*d*s[g].
+template <bool kQ3>
+struct LowBitDecode {
+  using Block = std::conditional_t<kQ3, model::BlockQ3_K, model::BlockQ2_K>;
+  struct Row {
+    const Block* b;
+    float d;
+    __m512i sc;   // int16 words 0-15: the group scales
+    __m512 corr;  // lane g: the group's offset factor
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const Block*>(row) + s;
+    r.d = _cvtsh_ss(r.b->d);
+    alignas(16) int8_t sc[16];
+    if constexpr (kQ3) {
+      model::q3k_scales(r.b->scales, sc);
+      const __m128i s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+      r.sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
+      r.corr =
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s8)), _mm512_set1_ps(-4.f * r.d));
+    } else {
+      const __m128i b8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->scales));
+      const __m128i m4 = _mm_set1_epi8(0x0F);
+      r.sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(b8, m4)));
+      const __m128i mn = _mm_and_si128(_mm_srli_epi16(b8, 4), m4);
+      r.corr = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)),
+                             _mm512_set1_ps(-_cvtsh_ss(r.b->dmin)));
+    }
+    return r;
+  }
+  // Step q: values 64q..64q+63 = j = 2(q%2) (bytes 0-31) and j + 1 (32-63) of n = q/2.
+  static void step(const Row& r, int q, __m512i& w, __m512i& sc) {
+    const int n = q / 2;
+    const int64_t j = 2 * (q % 2);
+    const __m512i z = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * n)));
+    w = _mm512_and_si512(
+        _mm512_srlv_epi64(z, _mm512_set_epi64(2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j,
+                                              2 * j, 2 * j, 2 * j)),
+        _mm512_set1_epi8(3));
+    if constexpr (kQ3) {
+      const __m512i hm =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->hmask)));
+      const int64_t lo = 4 * n + j, hi = lo + 1;
+      const __m512i hb =
+          _mm512_and_si512(_mm512_srlv_epi64(hm, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo)),
+                           _mm512_set1_epi8(1));
+      w = _mm512_or_si512(w, _mm512_slli_epi16(hb, 2));
+    }
+    sc = group16_scales(q, r.sc);
+  }
+};
+
 struct Q6KDecode {
   struct Row {
     const BlockQ6_K* b;
@@ -141,14 +213,7 @@ struct Q6KDecode {
     }
     hb = _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(3)), 4);
     w = _mm512_or_si512(lo, hb);
-    const auto g = static_cast<int16_t>(4 * q);
-    const __m512i idx =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(
-                               _mm_set1_epi16(static_cast<int16_t>(g + 1)), _mm_set1_epi16(g))),
-                           _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(g + 3)),
-                                            _mm_set1_epi16(static_cast<int16_t>(g + 2))),
-                           1);
-    sc = _mm512_permutexvar_epi16(idx, r.sc);
+    sc = group16_scales(q, r.sc);
   }
 };
 
@@ -263,6 +328,11 @@ struct KQuantKernel {
 };
 
 }  // namespace
+
+void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k) {
+  *q2_k = streaming_kernels<KQuantKernel<LowBitDecode<false>>>(actk_bytes, quantize_actk);
+  *q3_k = streaming_kernels<KQuantKernel<LowBitDecode<true>>>(actk_bytes, quantize_actk);
+}
 
 void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q5_k, TypeKernels* q6_k) {
   *q4_k = streaming_kernels<KQuantKernel<Q45KDecode<BlockQ4_K>>>(actk_bytes, quantize_actk);

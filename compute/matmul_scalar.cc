@@ -246,6 +246,62 @@ void kquant_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   }
 }
 
+// Q2_K and Q3_K, per group g of 16: Q2_K value = d*sc[g]*q - dmin*m[g], q in [0, 3]; Q3_K value
+// = d*s[g]*(u - 4), u in [0, 7], s signed. Value e = 128n + 32j + l takes 2 bits of qs[32n + l]
+// at bit 2j (Q3_K: and bit 4n + j of hmask[l] as bit 2). Rows: the exact integers
+// tot = sum_g sc[g]*dot_g(q, x) (Q3_K: sum_g s[g]*(dot_g(u, x) - 4*sum_g(x))) and, for Q2_K,
+// msum = sum_g m[g]*sum_g(x).
+template <model::GgmlType kType>
+void low_bit_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  constexpr bool kQ3 = kType == model::GgmlType::kQ3_K;
+  using Block = std::conditional_t<kQ3, model::BlockQ3_K, model::BlockQ2_K>;
+  const int64_t nsb = j.cols / kQK_K;
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const Block*>(j.w + r * j.w_row_bytes);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        const Block& b = blk[s];
+        int8_t sc[16], mn[16] = {};
+        if constexpr (kQ3) {
+          model::q3k_scales(b.scales, sc);
+        } else {
+          for (int g = 0; g < 16; ++g) {
+            sc[g] = static_cast<int8_t>(b.scales[g] & 0xF);
+            mn[g] = static_cast<int8_t>(b.scales[g] >> 4);
+          }
+        }
+        int32_t tot = 0, msum = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t dot = 0, xsum = 0;
+          for (int i = 0; i < 16; ++i) {
+            const int e = 16 * g + i, n = e / 128, jj = (e / 32) % 4, l = e % 32;
+            int u = (b.qs[32 * n + l] >> (2 * jj)) & 3;
+            if constexpr (kQ3) u |= ((b.hmask[l] >> (4 * n + jj)) & 1) << 2;
+            dot += u * a[s].q[e];
+            xsum += a[s].q[e];
+          }
+          if constexpr (kQ3) {
+            tot += sc[g] * (dot - 4 * xsum);
+          } else {
+            tot += sc[g] * dot;
+            msum += mn[g] * xsum;
+          }
+        }
+        const float d = fp16_to_fp32(b.d);
+        if constexpr (kQ3) {
+          acc += a[s].d * d * static_cast<float>(tot);
+        } else {
+          acc += a[s].d *
+                 (d * static_cast<float>(tot) - fp16_to_fp32(b.dmin) * static_cast<float>(msum));
+        }
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
 // Activations of the Q6_K tile kernels (ActTileQ6K, matmul_kernels.h).
 void quantize_act_tileq6k(const float* x, int64_t cols, uint8_t* out) {
   auto* a = reinterpret_cast<ActTileQ6K*>(out);
@@ -337,10 +393,12 @@ const KernelSet& scalar_kernels() {
     }
     k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
     k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;
-    for (TypeKernels* t : {&k.q4_k, &k.q5_k, &k.q6_k}) {
+    for (TypeKernels* t : {&k.q2_k, &k.q3_k, &k.q4_k, &k.q5_k, &k.q6_k}) {
       t->act_row_bytes = actk_bytes;
       t->quantize = quantize_actk;
     }
+    k.q2_k.rows = low_bit_rows<GgmlType::kQ2_K>;
+    k.q3_k.rows = low_bit_rows<GgmlType::kQ3_K>;
     k.q4_k.rows = kquant_rows<GgmlType::kQ4_K>;
     k.q5_k.rows = kquant_rows<GgmlType::kQ5_K>;
     k.q6_k.rows = q6k_rows<false>;

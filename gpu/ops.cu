@@ -88,6 +88,29 @@ __device__ float dequant_element(GgmlType type, const uint8_t* row, int64_t c) {
       const int q = static_cast<int>(j < 16 ? (byte & 0xFu) : (byte >> 4)) - 8;
       return __fmul_rn(static_cast<float>(q), d);
     }
+    case GgmlType::kQ2_K: {  // {u8 scales[16]; u8 qs[64]; f16 d, dmin}
+      const uint8_t* b = row + (c / model::kQK_K) * 84;
+      const int e = static_cast<int>(c % model::kQK_K);
+      const int n = e / 128, j = (e / 32) % 4, l = e % 32;
+      const uint32_t sc = b[e / 16];
+      const uint32_t q = (static_cast<uint32_t>(b[16 + 32 * n + l]) >> (2 * j)) & 3u;
+      const float dl = __fmul_rn(f16_bits_to_f32(load_u16(b + 80)), static_cast<float>(sc & 0xFu));
+      const float ml = __fmul_rn(f16_bits_to_f32(load_u16(b + 82)), static_cast<float>(sc >> 4));
+      return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
+    }
+    case GgmlType::kQ3_K: {  // {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
+      const uint8_t* b = row + (c / model::kQK_K) * 110;
+      const int e = static_cast<int>(c % model::kQK_K);
+      const int n = e / 128, j = (e / 32) % 4, l = e % 32, g = e / 16;
+      const uint8_t* p = b + 96;  // model::q3k_scales
+      const uint32_t low = g < 8 ? (p[g] & 0xFu) : (static_cast<uint32_t>(p[g - 8]) >> 4);
+      const uint32_t high = (static_cast<uint32_t>(p[8 + g % 4]) >> (2 * (g / 4))) & 3u;
+      const int s = static_cast<int>(low | (high << 4)) - 32;
+      const uint32_t u = ((static_cast<uint32_t>(b[32 + 32 * n + l]) >> (2 * j)) & 3u) |
+                         (((static_cast<uint32_t>(b[l]) >> (4 * n + j)) & 1u) << 2);
+      const float ds = __fmul_rn(f16_bits_to_f32(load_u16(b + 108)), static_cast<float>(s));
+      return __fmul_rn(ds, static_cast<float>(static_cast<int>(u) - 4));
+    }
     case GgmlType::kQ4_K: {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
       const uint8_t* b = row + (c / model::kQK_K) * 144;
       const int j = static_cast<int>(c % model::kQK_K);
@@ -374,6 +397,8 @@ bool dequantize_supported(model::GgmlType t) {
     case model::GgmlType::kBF16:
     case model::GgmlType::kQ8_0:
     case model::GgmlType::kQ4_0:
+    case model::GgmlType::kQ2_K:
+    case model::GgmlType::kQ3_K:
     case model::GgmlType::kQ4_K:
     case model::GgmlType::kQ5_K:
     case model::GgmlType::kQ6_K:
@@ -388,8 +413,8 @@ bool dequantize_supported(model::GgmlType t) {
 void dequantize_to_bf16(const void* src, size_t src_bytes, GgmlType type, int64_t rows,
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream) {
   OPS_REQUIRE(dequantize_supported(type),
-              "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, "
-              "q5_K, q6_K are)",
+              "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q2_K, "
+              "q3_K, q4_K, q5_K, q6_K are)",
               model::type_name(type).c_str());
   OPS_REQUIRE(rows >= 0 && cols >= 0, "dequantize_to_bf16: shape [%lld, %lld] is negative",
               ll(rows), ll(cols));

@@ -28,9 +28,9 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
     case 9:
       return TypeTraits{"q8_1", 32, 36, false};
     case 10:
-      return TypeTraits{"q2_K", 256, 84, false};
+      return TypeTraits{"q2_K", 256, 84, true};
     case 11:
-      return TypeTraits{"q3_K", 256, 110, false};
+      return TypeTraits{"q3_K", 256, 110, true};
     case 12:
       return TypeTraits{"q4_K", 256, 144, true};
     case 13:
@@ -178,6 +178,39 @@ void dequant_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
   }
 }
 
+// Q2_K and Q3_K store value e of a super-block (e = 128n + 32j + l, l < 32) as 2 bits of
+// qs[32n + l] at bit 2j, with a scale per group of 16 (g = e / 16).
+
+// Q2_K: value = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4), q in [0, 3].
+void dequant_q2_k(const BlockQ2_K* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d), mn = fp16_to_fp32(x[i].dmin);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int n = e / 128, j = (e / 32) % 4, l = e % 32;
+      const uint8_t sc = x[i].scales[e / 16];
+      const int q = (x[i].qs[32 * n + l] >> (2 * j)) & 3;
+      const float dl = d * static_cast<float>(sc & 0xF), ml = mn * static_cast<float>(sc >> 4);
+      *y++ = dl * static_cast<float>(q) - ml;
+    }
+  }
+}
+
+// Q3_K: value = d * s[g] * (u - 4), u in [0, 7]: its low 2 bits as Q2_K's, its top bit bit
+// 4n + j of hmask[l].
+void dequant_q3_k(const BlockQ3_K* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    int8_t s[16];
+    q3k_scales(x[i].scales, s);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int n = e / 128, j = (e / 32) % 4, l = e % 32;
+      const int u = ((x[i].qs[32 * n + l] >> (2 * j)) & 3) | ((x[i].hmask[l] >> (4 * n + j)) & 1)
+                                                                 << 2;
+      *y++ = d * static_cast<float>(s[e / 16]) * static_cast<float>(u - 4);
+    }
+  }
+}
+
 // Q5_K: Q4_K's scales and mins with a fifth bit per value: bit j of qh[l] is the top bit of
 // value 32 * j + l.
 void dequant_q5_k(const BlockQ5_K* x, float* y, int64_t nb) {
@@ -294,6 +327,78 @@ void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
   }
 }
 
+// Q2_K: per group of 16 a 4-bit scale and a 4-bit min (offset below zero) relative to the
+// super-block's f16 d and dmin, values q in [0, 3]: a plain max-min fit per group.
+void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scale[16], mins[16], max_scale = 0.f, max_min = 0.f;
+    for (int g = 0; g < 16; ++g) {
+      float lo = 0.f, hi = -INFINITY;
+      for (int l = 0; l < 16; ++l) {
+        lo = std::fmin(lo, x[16 * g + l]);
+        hi = std::fmax(hi, x[16 * g + l]);
+      }
+      scale[g] = (hi - lo) / 3.f;
+      mins[g] = -lo;
+      max_scale = std::fmax(max_scale, scale[g]);
+      max_min = std::fmax(max_min, mins[g]);
+    }
+    y[i].d = fp32_to_fp16(max_scale / 15.f);
+    y[i].dmin = fp32_to_fp16(max_min / 15.f);
+    const float d = fp16_to_fp32(y[i].d), dmin = fp16_to_fp32(y[i].dmin);
+    std::memset(y[i].qs, 0, sizeof y[i].qs);
+    for (int g = 0; g < 16; ++g) {
+      const long sc = d > 0.f ? std::clamp(std::lround(scale[g] / d), 0L, 15L) : 0;
+      const long mn = dmin > 0.f ? std::clamp(std::lround(mins[g] / dmin), 0L, 15L) : 0;
+      y[i].scales[g] = static_cast<uint8_t>(sc | mn << 4);
+      const float step = d * static_cast<float>(sc), off = dmin * static_cast<float>(mn);
+      for (int l = 0; l < 16; ++l) {
+        const int e = 16 * g + l;
+        const long q = step > 0.f ? std::clamp(std::lround((x[e] + off) / step), 0L, 3L) : 0;
+        y[i].qs[32 * (e / 128) + e % 32] |= static_cast<uint8_t>(q << (2 * ((e / 32) % 4)));
+      }
+    }
+  }
+}
+
+// Q3_K: per group of 16 a signed 6-bit scale relative to the super-block's f16 d, values in
+// [-4, 3]; each group's scale puts its value of largest magnitude at -4 (as Q4_0 does with -8).
+void quant_q3_k(const float* x, BlockQ3_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scale[16], big = 0.f;
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0.f, vmax = 0.f;
+      for (int l = 0; l < 16; ++l) {
+        if (std::fabs(x[16 * g + l]) > amax) {
+          amax = std::fabs(x[16 * g + l]);
+          vmax = x[16 * g + l];
+        }
+      }
+      scale[g] = vmax / -4.f;
+      if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
+    }
+    y[i].d = fp32_to_fp16(big / -32.f);
+    const float d = fp16_to_fp32(y[i].d);
+    std::memset(y[i].qs, 0, sizeof y[i].qs);
+    std::memset(y[i].hmask, 0, sizeof y[i].hmask);
+    std::memset(y[i].scales, 0, sizeof y[i].scales);
+    for (int g = 0; g < 16; ++g) {
+      const long s = d != 0.f ? std::clamp(std::lround(scale[g] / d), -32L, 31L) : 0;
+      const int us = static_cast<int>(s) + 32;  // the packing q3k_scales reads
+      y[i].scales[g % 8] |= static_cast<uint8_t>((us & 0xF) << (g < 8 ? 0 : 4));
+      y[i].scales[8 + g % 4] |= static_cast<uint8_t>((us >> 4) << (2 * (g / 4)));
+      const float step = d * static_cast<float>(s);
+      for (int l = 0; l < 16; ++l) {
+        const int e = 16 * g + l, n = e / 128, j = (e / 32) % 4;
+        const long q = step != 0.f ? std::clamp(std::lround(x[e] / step), -4L, 3L) : 0;
+        const int u = static_cast<int>(q) + 4;
+        y[i].qs[32 * n + e % 32] |= static_cast<uint8_t>((u & 3) << (2 * j));
+        y[i].hmask[e % 32] |= static_cast<uint8_t>((u >> 2) << (4 * n + j));
+      }
+    }
+  }
+}
+
 // Q6_K: per group of 16 a signed 8-bit scale relative to the super-block's f16 d, values
 // q - 32 in [-32, 31]; each group's scale puts its value of largest magnitude at -32 (as Q4_0
 // does with -8).
@@ -355,6 +460,10 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q4_0(static_cast<const BlockQ4_0*>(src), out, n / kQK4_0);
     case GgmlType::kQ8_0:
       return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
+    case GgmlType::kQ2_K:
+      return dequant_q2_k(static_cast<const BlockQ2_K*>(src), out, n / kQK_K);
+    case GgmlType::kQ3_K:
+      return dequant_q3_k(static_cast<const BlockQ3_K*>(src), out, n / kQK_K);
     case GgmlType::kQ4_K:
       return dequant_q4_k(static_cast<const BlockQ4_K*>(src), out, n / kQK_K);
     case GgmlType::kQ5_K:
@@ -416,6 +525,10 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case GgmlType::kQ2_K:
+      return quant_q2_k(src, static_cast<BlockQ2_K*>(dst), n / kQK_K);
+    case GgmlType::kQ3_K:
+      return quant_q3_k(src, static_cast<BlockQ3_K*>(dst), n / kQK_K);
     case GgmlType::kQ4_K:
       return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), n / kQK_K);
     case GgmlType::kQ5_K:

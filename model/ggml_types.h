@@ -129,13 +129,25 @@ static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ3_K) == 110);
 
+/// Q3_K's 16 signed 6-bit group scales (stored + 32) from their 12 bytes: bytes 0-7 hold the
+/// low 4 bits of scales 0-7 (low nibbles) and 8-15 (high nibbles); byte 8 + k holds the top 2
+/// bits of scales k, k + 4, k + 8, k + 12 at bits 0, 2, 4, 6.
+inline void q3k_scales(const uint8_t* p, int8_t* s) {
+  for (int g = 0; g < 16; ++g) {
+    const int low = g < 8 ? p[g] & 0xF : p[g - 8] >> 4;
+    const int high = (p[8 + g % 4] >> (2 * (g / 4))) & 3;
+    s[g] = static_cast<int8_t>((low | high << 4) - 32);
+  }
+}
+
 /// Dequantizes n elements (a multiple of the block size) of type t into out.
 /// Reference scalar code: used by tests and by paths that convert a few rows (embeddings).
 /// Throws InputError for a type troupe cannot read.
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
-/// Supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K. Throws InputError otherwise.
+/// Supported: f32, f16, bf16, q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K. Throws InputError
+/// otherwise.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace troupe::model

@@ -24,7 +24,8 @@ using model::WeightView;
 using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                               GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+                               GgmlType::kQ4_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                               GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 bool is_float(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
@@ -53,7 +54,7 @@ Weights make_weights(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = w.bytes.data() + r * rb;
-    if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) {
+    if (block_elems(t) == model::kQK_K) {  // the K-quants
       // Any bit pattern is a valid block: random bytes, then sane f16 scales.
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       std::uniform_real_distribution<float> sd(2e-4f, 2e-3f);
@@ -66,6 +67,12 @@ Weights make_weights(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
           auto* blk = reinterpret_cast<model::BlockQ5_K*>(dst) + b;
           blk->d = model::fp32_to_fp16(sd(rng) * 5);
           blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
+        } else if (t == GgmlType::kQ2_K) {
+          auto* blk = reinterpret_cast<model::BlockQ2_K*>(dst) + b;
+          blk->d = model::fp32_to_fp16(sd(rng) * 100);
+          blk->dmin = model::fp32_to_fp16(sd(rng) * 100);
+        } else if (t == GgmlType::kQ3_K) {
+          reinterpret_cast<model::BlockQ3_K*>(dst)[b].d = model::fp32_to_fp16(sd(rng) * 10);
         } else {
           auto* blk = reinterpret_cast<model::BlockQ6_K*>(dst) + b;
           blk->d = model::fp32_to_fp16(sd(rng));

@@ -80,17 +80,19 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
 
   // Bounds about 1.5 times the errors measured (llama / mixtral, the same on AVX-512 VNNI and
   // AVX2): q8_0 1.6 / 1.5 %, q6_K 4.6 / 4.5 %, q5_K 8.7 / 8.1 %, q5_K_M 7.8 / 9.5 %, q4_K
-  // 17.6 / 18.3 %, q4_K_M 15.2 / 15.9 %, q4_0 18.6 / 20.5 %: the weights' own rounding, grown
-  // through two layers and the head, each bit about halving it.
-  const Case cases[] = {{"q8_0", 0.025}, {"q6_k", 0.07},   {"q5_k", 0.13}, {"q5_k_m", 0.14},
-                        {"q4_k", 0.27},  {"q4_k_m", 0.25}, {"q4_0", 0.3}};
+  // 17.6 / 18.3 %, q4_K_M 15.2 / 15.9 %, q4_0 18.6 / 20.5 %, q3_K 34 / 36 %, q2_K 71 / 70 % (an
+  // unrelated model would be ~140 %): the weights' own rounding, grown through two layers and the
+  // head, each bit about halving it.
+  const Case cases[] = {{"q8_0", 0.025},  {"q6_k", 0.07}, {"q5_k", 0.13},
+                        {"q5_k_m", 0.14}, {"q4_k", 0.27}, {"q4_k_m", 0.25},
+                        {"q4_0", 0.3},    {"q3_k", 0.5},  {"q2_k", 1.0}};
   for (const std::string arch : {"llama", "mixtral"}) {
     const std::vector<float> ref = logits_of(make(arch, "f32"), prompt);
     ASSERT_FALSE(ref.empty());
     double ref2 = 0;
     for (float v : ref) ref2 += static_cast<double>(v) * v;
     ASSERT_GT(ref2, 0);
-    double rel_of[7] = {};
+    double rel_of[std::size(cases)] = {};
     for (size_t c = 0; c < std::size(cases); ++c) {
       const std::vector<float> got = logits_of(make(arch, cases[c].dtype), prompt);
       ASSERT_EQ(got.size(), ref.size()) << arch << " " << cases[c].dtype;
@@ -108,6 +110,8 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
     EXPECT_LT(1.5 * rel_of[0], rel_of[1]) << arch << ": q8_0 against q6_K";
     EXPECT_LT(1.5 * rel_of[1], rel_of[2]) << arch << ": q6_K against q5_K";
     EXPECT_LT(1.5 * rel_of[2], rel_of[4]) << arch << ": q5_K against q4_K";
+    EXPECT_LT(1.5 * rel_of[4], rel_of[7]) << arch << ": q4_K against q3_K";
+    EXPECT_LT(1.5 * rel_of[7], rel_of[8]) << arch << ": q3_K against q2_K";
   }
   fs::remove_all(dir);
 }

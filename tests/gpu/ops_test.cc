@@ -95,7 +95,7 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = bytes.data() + r * rb;
-    if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) {
+    if (model::type_traits(static_cast<uint32_t>(t))->block_elems == model::kQK_K) {
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       for (int64_t b = 0; b < cols / model::kQK_K; ++b) {
         if (t == GgmlType::kQ4_K) {
@@ -106,6 +106,12 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
           auto* blk = reinterpret_cast<model::BlockQ5_K*>(dst) + b;
           blk->d = model::fp32_to_fp16(sd(rng) * 5);
           blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
+        } else if (t == GgmlType::kQ2_K) {
+          auto* blk = reinterpret_cast<model::BlockQ2_K*>(dst) + b;
+          blk->d = model::fp32_to_fp16(sd(rng) * 100);
+          blk->dmin = model::fp32_to_fp16(sd(rng) * 100);
+        } else if (t == GgmlType::kQ3_K) {
+          reinterpret_cast<model::BlockQ3_K*>(dst)[b].d = model::fp32_to_fp16(sd(rng) * 10);
         } else {
           auto* blk = reinterpret_cast<model::BlockQ6_K*>(dst) + b;
           blk->d = model::fp32_to_fp16(sd(rng));
@@ -144,7 +150,8 @@ void expect_dequant_matches(const model::WeightView& w, size_t misalign) {
 TEST(GpuOps, DequantizeMatchesGetRowForEveryType) {
   TROUPE_REQUIRE_GPU();
   const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                            GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+                            GgmlType::kQ4_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                            GgmlType::kQ5_K, GgmlType::kQ6_K};
   uint32_t seed = 1;
   for (GgmlType t : types) {
     const int64_t rows = 7, cols = 768;
@@ -173,7 +180,8 @@ TEST(GpuOps, DequantizeMatchesGetRowOnRealGgufTensors) {
     ASSERT_TRUE(file.has_value()) << file.error().message;
     for (const model::TensorInfo& t : (*file)->tensors()) {
       const GgmlType ok[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,
-                             GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+                             GgmlType::kQ4_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                             GgmlType::kQ5_K, GgmlType::kQ6_K};
       if (std::find(std::begin(ok), std::end(ok), t.type) == std::end(ok)) continue;
       model::WeightView w;
       w.name = path + ":" + t.name;
@@ -190,8 +198,8 @@ TEST(GpuOps, DequantizeMatchesGetRowOnRealGgufTensors) {
 
 TEST(GpuOps, DequantizeRejectsUnsupportedType) {
   expect_input_error(
-      [] { dequantize_to_bf16(nullptr, 0, GgmlType::kQ3_K, 1, 256, nullptr, nullptr); },
-      "type q3_K is not supported");
+      [] { dequantize_to_bf16(nullptr, 0, GgmlType::kQ4_1, 1, 256, nullptr, nullptr); },
+      "type q4_1 is not supported");
 }
 
 TEST(GpuOps, DequantizeRejectsColsOffTheBlockSize) {

@@ -354,10 +354,10 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.vocab_donor = "/nonexistent/donor.gguf";
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
   o = {};
-  o.dtype = GgmlType::kQ3_K;
+  o.dtype = GgmlType::kQ4_1;
   EXPECT_EQ(err(o),
-            "--dtype q3_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, "
-            "q4_k_m, q5_k_m)");
+            "--dtype q4_1 cannot be generated (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
+            "q6_k, q4_k_m, q5_k_m)");
   o = {};
   o.dtype = GgmlType::kQ8_0;
   o.k_mix = true;
