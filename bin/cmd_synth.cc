@@ -16,7 +16,7 @@ namespace troupe::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: troupe synth --arch llama|mixtral|qwen3moe|qwen2moe|deepseek2 --out FILE\n"
+    "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2 --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"

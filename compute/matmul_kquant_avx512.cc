@@ -136,10 +136,12 @@ struct LowBitDecode {
     Row r;
     r.b = reinterpret_cast<const Block*>(row) + s;
     r.d = _cvtsh_ss(r.b->d);
-    alignas(16) int8_t sc[16];
     if constexpr (kQ3) {
-      model::q3k_scales(r.b->scales, sc);
-      const __m128i s8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+      uint32_t w[4];
+      model::q3k_scale_words(r.b->scales, w);
+      const __m128i s8 = _mm_sub_epi8(_mm_set_epi32(static_cast<int>(w[3]), static_cast<int>(w[2]),
+                                                    static_cast<int>(w[1]), static_cast<int>(w[0])),
+                                      _mm_set1_epi8(32));
       r.sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
       r.corr =
           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s8)), _mm512_set1_ps(-4.f * r.d));

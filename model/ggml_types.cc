@@ -327,6 +327,24 @@ void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
   }
 }
 
+// Per group of 16 values the scale that puts the group's value of largest magnitude at `lowest`
+// (as Q4_0 does with -8) into scale[16]; returns the one of largest magnitude among them.
+float signed_group_scales(const float* x, float lowest, float* scale) {
+  float big = 0.f;
+  for (int g = 0; g < 16; ++g) {
+    float amax = 0.f, vmax = 0.f;
+    for (int l = 0; l < 16; ++l) {
+      if (std::fabs(x[16 * g + l]) > amax) {
+        amax = std::fabs(x[16 * g + l]);
+        vmax = x[16 * g + l];
+      }
+    }
+    scale[g] = vmax / lowest;
+    if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
+  }
+  return big;
+}
+
 // Q2_K: per group of 16 a 4-bit scale and a 4-bit min (offset below zero) relative to the
 // super-block's f16 d and dmin, values q in [0, 3]: a plain max-min fit per group.
 void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
@@ -365,19 +383,8 @@ void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
 // [-4, 3]; each group's scale puts its value of largest magnitude at -4 (as Q4_0 does with -8).
 void quant_q3_k(const float* x, BlockQ3_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scale[16], big = 0.f;
-    for (int g = 0; g < 16; ++g) {
-      float amax = 0.f, vmax = 0.f;
-      for (int l = 0; l < 16; ++l) {
-        if (std::fabs(x[16 * g + l]) > amax) {
-          amax = std::fabs(x[16 * g + l]);
-          vmax = x[16 * g + l];
-        }
-      }
-      scale[g] = vmax / -4.f;
-      if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
-    }
-    y[i].d = fp32_to_fp16(big / -32.f);
+    float scale[16];
+    y[i].d = fp32_to_fp16(signed_group_scales(x, -4.f, scale) / -32.f);
     const float d = fp16_to_fp32(y[i].d);
     std::memset(y[i].qs, 0, sizeof y[i].qs);
     std::memset(y[i].hmask, 0, sizeof y[i].hmask);
@@ -404,19 +411,8 @@ void quant_q3_k(const float* x, BlockQ3_K* y, int64_t nb) {
 // does with -8).
 void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
-    float scale[16], big = 0.f;
-    for (int g = 0; g < 16; ++g) {
-      float amax = 0.f, vmax = 0.f;
-      for (int l = 0; l < 16; ++l) {
-        if (std::fabs(x[16 * g + l]) > amax) {
-          amax = std::fabs(x[16 * g + l]);
-          vmax = x[16 * g + l];
-        }
-      }
-      scale[g] = vmax / -32.f;
-      if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
-    }
-    y[i].d = fp32_to_fp16(big / -128.f);
+    float scale[16];
+    y[i].d = fp32_to_fp16(signed_group_scales(x, -32.f, scale) / -128.f);
     const float d = fp16_to_fp32(y[i].d);
     uint8_t q[kQK_K];
     for (int g = 0; g < 16; ++g) {

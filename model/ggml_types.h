@@ -129,15 +129,27 @@ static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ3_K) == 110);
 
-/// Q3_K's 16 signed 6-bit group scales (stored + 32) from their 12 bytes: bytes 0-7 hold the
-/// low 4 bits of scales 0-7 (low nibbles) and 8-15 (high nibbles); byte 8 + k holds the top 2
-/// bits of scales k, k + 4, k + 8, k + 12 at bits 0, 2, 4, 6.
+/// Q3_K's 16 6-bit group scales (stored + 32) from their 12 bytes, as 4 words of 4 bytes (word
+/// k holds scales 4k..4k+3, still + 32): bytes 0-7 hold the low 4 bits of scales 0-7 (low
+/// nibbles) and 8-15 (high nibbles); byte 8 + k holds the top 2 bits of scales k, k + 4, k + 8,
+/// k + 12 at bits 0, 2, 4, 6. Branch-free, for the kernels' per-block decode.
+inline void q3k_scale_words(const uint8_t* p, uint32_t* w) {
+  uint32_t a, b, c;
+  std::memcpy(&a, p, 4);
+  std::memcpy(&b, p + 4, 4);
+  std::memcpy(&c, p + 8, 4);
+  constexpr uint32_t kLow = 0x0F0F0F0F, kTop = 0x03030303;
+  w[0] = (a & kLow) | (c & kTop) << 4;
+  w[1] = (b & kLow) | (c >> 2 & kTop) << 4;
+  w[2] = (a >> 4 & kLow) | (c >> 4 & kTop) << 4;
+  w[3] = (b >> 4 & kLow) | (c >> 6 & kTop) << 4;
+}
+/// The same as signed scales s[g] = stored - 32.
 inline void q3k_scales(const uint8_t* p, int8_t* s) {
-  for (int g = 0; g < 16; ++g) {
-    const int low = g < 8 ? p[g] & 0xF : p[g - 8] >> 4;
-    const int high = (p[8 + g % 4] >> (2 * (g / 4))) & 3;
-    s[g] = static_cast<int8_t>((low | high << 4) - 32);
-  }
+  uint32_t w[4];
+  q3k_scale_words(p, w);
+  for (int g = 0; g < 16; ++g)
+    s[g] = static_cast<int8_t>(static_cast<int>(w[g / 4] >> (8 * (g % 4)) & 63) - 32);
 }
 
 /// Dequantizes n elements (a multiple of the block size) of type t into out.

@@ -119,7 +119,16 @@ class HfConfig {
   std::string path_;
 };
 
-enum class Family : uint8_t { kLlama, kMixtral, kQwen2Moe, kQwen3Moe, kDeepseekV2, kDeepseekV3 };
+enum class Family : uint8_t {
+  kLlama,
+  kMixtral,
+  kQwen2,
+  kQwen3,
+  kQwen2Moe,
+  kQwen3Moe,
+  kDeepseekV2,
+  kDeepseekV3
+};
 
 // Builds the ModelSpec; converted tensors go into buffers appended to `storage`.
 class HfSpecBuilder {
@@ -177,6 +186,10 @@ class HfSpecBuilder {
       fam_ = Family::kLlama;
     } else if (arch == "MixtralForCausalLM") {
       fam_ = Family::kMixtral;
+    } else if (arch == "Qwen2ForCausalLM") {
+      fam_ = Family::kQwen2;
+    } else if (arch == "Qwen3ForCausalLM") {
+      fam_ = Family::kQwen3;
     } else if (arch == "Qwen2MoeForCausalLM") {
       fam_ = Family::kQwen2Moe;
     } else if (arch == "Qwen3MoeForCausalLM") {
@@ -188,8 +201,8 @@ class HfSpecBuilder {
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe reads LlamaForCausalLM, "
-          "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
-          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+          "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
+          "Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
           cfg_.path().c_str(), arch.c_str());
     }
     return arch;
@@ -238,8 +251,9 @@ class HfSpecBuilder {
     s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
     // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead.
     s.rope_style = RopeStyle::kNeox;
-    // Qwen2-MoE always has q/k/v biases (its attention_bias key does not exist).
-    if (fam_ != Family::kQwen2Moe && cfg_.get_bool_or("attention_bias", false))
+    // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist).
+    if (fam_ != Family::kQwen2 && fam_ != Family::kQwen2Moe &&
+        cfg_.get_bool_or("attention_bias", false))
       TROUPE_INPUT_ERROR("%s: attention_bias is not supported for %s (no output bias)",
                          cfg_.path().c_str(), arch.c_str());
   }
@@ -259,6 +273,14 @@ class HfSpecBuilder {
         s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
         s.n_ff_exp = s.n_ff;
         s.norm_topk = true;  // MixtralSparseMoeBlock always renormalizes the top-k
+        break;
+      case Family::kQwen2:
+      case Family::kQwen3:
+        s.arch = fam_ == Family::kQwen2 ? Arch::kQwen2 : Arch::kQwen3;
+        // Qwen2's sliding window applies only where use_sliding_window is set (never in the
+        // released checkpoints); troupe attends to the whole context.
+        if (cfg_.get_bool_or("use_sliding_window", false))
+          TROUPE_INPUT_ERROR("%s: use_sliding_window is not supported", cfg_.path().c_str());
         break;
       case Family::kQwen2Moe:
       case Family::kQwen3Moe:
@@ -405,12 +427,12 @@ class HfSpecBuilder {
       L.wk = take(a + "k_proj.weight", g + "attn_k.weight", {k, E});
       L.wv = take(a + "v_proj.weight", g + "attn_v.weight", {v, E});
       L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.head_dim_v});
-      if (s_.arch == Arch::kQwen2Moe) {
+      if (s_.arch == Arch::kQwen2Moe || s_.arch == Arch::kQwen2) {
         L.bq = take_f32(a + "q_proj.bias", g + "attn_q.bias", {q});
         L.bk = take_f32(a + "k_proj.bias", g + "attn_k.bias", {k});
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
       }
-      if (s_.arch == Arch::kQwen3Moe) {
+      if (s_.arch == Arch::kQwen3Moe || s_.arch == Arch::kQwen3) {
         L.q_norm = take_f32(a + "q_norm.weight", g + "attn_q_norm.weight", {s.head_dim_k});
         L.k_norm = take_f32(a + "k_norm.weight", g + "attn_k_norm.weight", {s.head_dim_k});
       }

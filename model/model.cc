@@ -18,6 +18,10 @@ const char* arch_name(Arch a) {
       return "qwen3moe";
     case Arch::kDeepseek2:
       return "deepseek2";
+    case Arch::kQwen2:
+      return "qwen2";
+    case Arch::kQwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -61,9 +65,13 @@ class GgufSpecBuilder {
       s.arch = Arch::kQwen3Moe;
     } else if (arch == "deepseek2") {
       s.arch = Arch::kDeepseek2;
+    } else if (arch == "qwen2") {
+      s.arch = Arch::kQwen2;
+    } else if (arch == "qwen3") {
+      s.arch = Arch::kQwen3;
     } else {
       TROUPE_INPUT_ERROR(
-          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, "
+          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
           "qwen2moe, qwen3moe, deepseek2)",
           g_.path().c_str(), arch.c_str());
     }
@@ -95,8 +103,9 @@ class GgufSpecBuilder {
     s.head_dim_k = g_.get_int_or(p + "attention.key_length", s.n_embd / s.n_head);
     s.head_dim_v = g_.get_int_or(p + "attention.value_length", s.n_embd / s.n_head);
     s.n_rot = g_.get_int_or(p + "rope.dimension_count", s.head_dim_k);
-    s.rope_style = (s.arch == Arch::kQwen2Moe || s.arch == Arch::kQwen3Moe) ? RopeStyle::kNeox
-                                                                            : RopeStyle::kNormal;
+    // llama.cpp stores Llama's q/k rows permuted for its normal rope; Qwen's as HF has them.
+    s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 ? RopeStyle::kNormal
+                                                                        : RopeStyle::kNeox;
     s.n_expert = g_.get_int_or(p + "expert_count", 0);
     s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
     s.n_ff_exp = g_.get_int_or(p + "expert_feed_forward_length", s.n_ff);
@@ -117,6 +126,12 @@ class GgufSpecBuilder {
         break;
       case Arch::kQwen2Moe:
         s.norm_topk = false;
+        break;
+      case Arch::kQwen2:
+      case Arch::kQwen3:
+        if (s.n_expert != 0)
+          TROUPE_INPUT_ERROR("%s: a dense %s model with %lld experts", g_.path().c_str(),
+                             arch.c_str(), static_cast<long long>(s.n_expert));
         break;
       case Arch::kDeepseek2:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);

@@ -50,6 +50,8 @@ enum class Arch : uint8_t {
   kQwen2Moe = 1,   ///< Qwen2-MoE: qkv bias, shared expert with a sigmoid gate
   kQwen3Moe = 2,   ///< Qwen3-MoE: per-head q/k RMSNorm, normalized top-k
   kDeepseek2 = 3,  ///< DeepSeek-V2/V3: MLA, shared experts, sigmoid/group routing
+  kQwen2 = 4,      ///< Qwen2 / Qwen2.5 dense: q/k/v biases, NeoX rope
+  kQwen3 = 5,      ///< Qwen3 dense: per-head q/k RMSNorm, NeoX rope
 };
 const char* arch_name(Arch a);
 

@@ -47,7 +47,9 @@ bool parse_synth_dtype(const std::string& s, SynthOptions* o) {
 
 namespace {
 
-enum class SynthArch { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseek2 };
+// kQwen2 and kQwen3: the dense Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm) decoders,
+// the attention of kQwen2Moe and kQwen3Moe with one SwiGLU FFN.
+enum class SynthArch { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseek2, kQwen2, kQwen3 };
 
 struct Config {
   SynthArch arch;
@@ -73,8 +75,11 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "qwen3moe") return SynthArch::kQwen3Moe;
   if (a == "qwen2moe") return SynthArch::kQwen2Moe;
   if (a == "deepseek2") return SynthArch::kDeepseek2;
-  TROUPE_INPUT_ERROR("unknown --arch '%s' (llama, mixtral, qwen3moe, qwen2moe, deepseek2)",
-                     a.c_str());
+  if (a == "qwen2") return SynthArch::kQwen2;
+  if (a == "qwen3") return SynthArch::kQwen3;
+  TROUPE_INPUT_ERROR(
+      "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2)",
+      a.c_str());
 }
 
 // Rejects options the architecture does not use (beyond the common ones).
@@ -84,10 +89,10 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     bool set;
     uint8_t archs;  // bit per SynthArch
   };
-  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16;
+  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64;
   const Use uses[] = {
-      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2},
-      {"--head-dim", o.head_dim.has_value(), kQ3},
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d},
       {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs},
       {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs},
       {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs},
@@ -136,8 +141,9 @@ void resolve_common(const SynthOptions& o, Config& c) {
                        static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
-  if (c.arch == SynthArch::kQwen3Moe) {
-    // Qwen3-MoE heads are twice n_embd/n_head wide (30B-A3B: 2048/32 heads of 128).
+  if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3) {
+    // Qwen3 heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads of 128; 8B:
+    // 4096/32 of 128): twice by default, any with --head-dim.
     c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
   } else {
     if (c.n_embd % c.n_head != 0)
@@ -152,7 +158,8 @@ void resolve_common(const SynthOptions& o, Config& c) {
 }
 
 void resolve_moe(const SynthOptions& o, Config& c) {
-  if (c.arch == SynthArch::kLlama) return;
+  if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3)
+    return;
   const bool ds = c.arch == SynthArch::kDeepseek2;
   c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
   c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
@@ -350,13 +357,13 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.matrix(b + "attn_q.weight", {e, q});
       p.matrix(b + "attn_k.weight", {e, kv});
       p.matrix(b + "attn_v.weight", {e, kv});
-      if (c.arch == SynthArch::kQwen2Moe) {
+      if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen2) {
         p.f32(b + "attn_q.bias", {q}, 0.02f);
         p.f32(b + "attn_k.bias", {kv}, 0.02f);
         p.f32(b + "attn_v.bias", {kv}, 0.02f);
       }
       p.matrix(b + "attn_output.weight", {q, e});
-      if (c.arch == SynthArch::kQwen3Moe) {
+      if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
       }
@@ -430,6 +437,14 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("rope.dimension_count", c.rope_dim);
       u32("expert_count", c.n_expert);
       u32("expert_used_count", c.n_expert_used);
+      break;
+    case SynthArch::kQwen2:
+      u32("rope.dimension_count", c.rope_dim);
+      break;
+    case SynthArch::kQwen3:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("attention.value_length", c.head_dim);
       break;
     case SynthArch::kQwen3Moe:
       u32("rope.dimension_count", c.rope_dim);

@@ -14,6 +14,7 @@
 #include "compute/detail/matmul_kernels.h"
 #include "compute/thread_pool.h"
 #include "tests/compute/matmul_test_util.h"
+#include "tests/kquant_blocks.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -54,30 +55,8 @@ Weights make_weights(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = w.bytes.data() + r * rb;
-    if (block_elems(t) == model::kQK_K) {  // the K-quants
-      // Any bit pattern is a valid block: random bytes, then sane f16 scales.
-      for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
-      std::uniform_real_distribution<float> sd(2e-4f, 2e-3f);
-      for (int64_t b = 0; b < cols / model::kQK_K; ++b) {
-        if (t == GgmlType::kQ4_K) {
-          auto* blk = reinterpret_cast<model::BlockQ4_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 10);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
-        } else if (t == GgmlType::kQ5_K) {
-          auto* blk = reinterpret_cast<model::BlockQ5_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 5);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
-        } else if (t == GgmlType::kQ2_K) {
-          auto* blk = reinterpret_cast<model::BlockQ2_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 100);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 100);
-        } else if (t == GgmlType::kQ3_K) {
-          reinterpret_cast<model::BlockQ3_K*>(dst)[b].d = model::fp32_to_fp16(sd(rng) * 10);
-        } else {
-          auto* blk = reinterpret_cast<model::BlockQ6_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng));
-        }
-      }
+    if (model::type_traits(static_cast<uint32_t>(t))->block_elems == model::kQK_K) {
+      ::troupe::testing::random_kquant_row(t, dst, cols, rng);
     } else {
       for (auto& v : row) v = uni(rng);
       model::quantize_row(t, row.data(), dst, cols);

@@ -26,6 +26,7 @@
 #include "model/gguf.h"
 #include "model/model_spec.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kquant_blocks.h"
 #include "tests/test_support.h"
 
 namespace troupe::gpu {
@@ -91,32 +92,12 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
   std::mt19937 rng(seed);
   const int64_t rb = model::row_bytes(t, cols);
   std::vector<uint8_t> bytes(static_cast<size_t>(rb * rows));
-  std::uniform_real_distribution<float> uni(-1.f, 1.f), expo(-8.f, 1.f), sd(2e-4f, 2e-3f);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f), expo(-8.f, 1.f);
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = bytes.data() + r * rb;
     if (model::type_traits(static_cast<uint32_t>(t))->block_elems == model::kQK_K) {
-      for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
-      for (int64_t b = 0; b < cols / model::kQK_K; ++b) {
-        if (t == GgmlType::kQ4_K) {
-          auto* blk = reinterpret_cast<model::BlockQ4_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 10);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
-        } else if (t == GgmlType::kQ5_K) {
-          auto* blk = reinterpret_cast<model::BlockQ5_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 5);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 10);
-        } else if (t == GgmlType::kQ2_K) {
-          auto* blk = reinterpret_cast<model::BlockQ2_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng) * 100);
-          blk->dmin = model::fp32_to_fp16(sd(rng) * 100);
-        } else if (t == GgmlType::kQ3_K) {
-          reinterpret_cast<model::BlockQ3_K*>(dst)[b].d = model::fp32_to_fp16(sd(rng) * 10);
-        } else {
-          auto* blk = reinterpret_cast<model::BlockQ6_K*>(dst) + b;
-          blk->d = model::fp32_to_fp16(sd(rng));
-        }
-      }
+      ::troupe::testing::random_kquant_row(t, dst, cols, rng);
     } else {
       for (auto& v : row) v = uni(rng) * std::pow(10.f, expo(rng));
       model::quantize_row(t, row.data(), dst, cols);

@@ -324,7 +324,8 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   };
   SynthOptions o;
   o.arch = "gpt5";
-  EXPECT_EQ(err(o), "unknown --arch 'gpt5' (llama, mixtral, qwen3moe, qwen2moe, deepseek2)");
+  EXPECT_EQ(err(o),
+            "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2)");
   o = {};
   o.n_expert = 4;
   EXPECT_EQ(err(o), "--n-expert does not apply to --arch llama");
