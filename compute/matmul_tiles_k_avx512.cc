@@ -9,7 +9,6 @@
 // the nibble. Compiled with the flags of *_avx512.cc; runs only with VNNI.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -92,10 +91,12 @@ struct TileKernelK {
     // chose for this super-block, or null (tiles only).
     void prefetch(int64_t s, int part, const uint8_t* l2) const {
       if constexpr (kRowsIn) {
-        // The next tile's rows at this super-block (144 or 176 bytes: at most 4 lines each, one
-        // per part).
-        const int64_t off = std::min<int64_t>(64 * part, kBlock - 1);
-        for (int i = 0; i < 16; ++i) prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + off);
+        // The next tile's rows at this super-block, 3 lines each, one per part (a block that
+        // straddles a fourth line has it fetched as the next block's first: prefetching it here
+        // too cost batch-1 decode 10-15 %).
+        if (64 * part < kBlock)
+          for (int i = 0; i < 16; ++i)
+            prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
       } else {
         // A quarter of the record one ahead into L1, and of l2's record into L2.
         const int64_t off = kPartLines * 64 * part;
