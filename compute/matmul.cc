@@ -51,6 +51,12 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     case GgmlType::kQ4_0:
       k = &q4_0;
       break;
+    case GgmlType::kIQ4_NL:
+      k = &iq4_nl;
+      break;
+    case GgmlType::kIQ4_XS:
+      k = &iq4_xs;
+      break;
     case GgmlType::kQ2_K:
       k = &q2_k;
       break;

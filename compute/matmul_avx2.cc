@@ -254,6 +254,15 @@ struct Blocks32Kernel {
       g.a = _mm256_and_si256(z, m4);
       g.b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
       g.sign_a = g.sign_b = _mm256_setzero_si256();
+    } else if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
+      const __m256i z = load2x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      const __m256i table = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+      g.sign_a = _mm256_shuffle_epi8(table, _mm256_and_si256(z, m4));
+      g.sign_b = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(z, 4), m4));
+      g.a = _mm256_abs_epi8(g.sign_a);
+      g.b = _mm256_abs_epi8(g.sign_b);
     } else {
       g.sign_a = load2x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
       g.sign_b = load2x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
@@ -457,11 +466,44 @@ struct LowBitDecode {
   }
 };
 
+// IQ4_XS: 8 sub-blocks of 32 values, each 16 bytes of indices into model::kIQ4Values (low
+// nibbles values 0-15, high 16-31) with a signed 6-bit scale. Signed weights (kSigned): the
+// kernel multiplies their magnitudes with sign-flipped activations. No offset term.
+struct IQ4XSDecode {
+  static constexpr bool kSigned = true;
+  struct Row {
+    const model::BlockIQ4_XS* b;
+    float d;
+    int16_t sc[8];
+    __m256 corr_lo, corr_hi;
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const model::BlockIQ4_XS*>(row) + s;
+    r.d = _cvtsh_ss(r.b->d);
+    for (int j = 0; j < 8; ++j) r.sc[j] = static_cast<int16_t>(model::iq4xs_scale(*r.b, j));
+    r.corr_lo = r.corr_hi = _mm256_setzero_ps();
+    return r;
+  }
+  // Step q: sub-block q, from qs[16q..16q+15]: low nibbles (values 0-15), then high (16-31).
+  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
+    const __m256i z = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->qs + 16 * q)));
+    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi64(z, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                         _mm256_set1_epi8(0x0F));
+    const __m256i table = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+    w = _mm256_shuffle_epi8(table, idx);
+    sc = _mm256_set1_epi16(r.sc[q]);
+  }
+};
+
 template <class D>
 struct KQuantKernel {
   static constexpr int kRows = 2;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;
+  static constexpr bool kSigned = requires { D::kSigned; };
 
   template <int R, int NT>
   static void tile(const MatmulJob& j, int64_t r, int64_t t) {
@@ -483,14 +525,21 @@ struct KQuantKernel {
       for (int i = 0; i < R; ++i)
         for (int n = 0; n < NT; ++n) isum[i][n] = _mm256_setzero_si256();
       for (int q = 0; q < 8; ++q) {
-        __m256i wq[R], sc[R];
-        for (int i = 0; i < R; ++i) D::step(rows[i], q, wq[i], sc[i]);
+        // Signed weights (D::kSigned, IQ4_XS): their magnitudes times the activations with
+        // the weights' signs (no weight is 0).
+        __m256i wq[R], sc[R], sg[R];
+        for (int i = 0; i < R; ++i) {
+          D::step(rows[i], q, wq[i], sc[i]);
+          sg[i] = wq[i];
+          if constexpr (kSigned) wq[i] = _mm256_abs_epi8(wq[i]);
+        }
         for (int n = 0; n < NT; ++n) {
           const __m256i xq =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[n] + s * kActKBytes + 32 * q));
           for (int i = 0; i < R; ++i) {
-            // Pair sums below 2 * 63 * 127 < 2^15: no saturation.
-            const __m256i pairs = _mm256_maddubs_epi16(wq[i], xq);
+            // Pair sums below 2 * 127 * 127 < 2^15: no saturation.
+            const __m256i pairs =
+                _mm256_maddubs_epi16(wq[i], kSigned ? _mm256_sign_epi8(xq, sg[i]) : xq);
             isum[i][n] = _mm256_add_epi32(isum[i][n], _mm256_madd_epi16(pairs, sc[i]));
           }
         }
@@ -535,6 +584,8 @@ KernelSet make_set() {
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.q8_0 = make_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32);
   s.q4_0 = make_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32);
+  s.iq4_nl = make_kernels<Blocks32Kernel<GgmlType::kIQ4_NL>>(act32_bytes, quantize_act32);
+  s.iq4_xs = make_kernels<KQuantKernel<IQ4XSDecode>>(actk_bytes, quantize_actk);
   s.q2_k = make_kernels<KQuantKernel<LowBitDecode<false>>>(actk_bytes, quantize_actk);
   s.q3_k = make_kernels<KQuantKernel<LowBitDecode<true>>>(actk_bytes, quantize_actk);
   s.q4_k = make_kernels<KQuantKernel<Q45KDecode<BlockQ4_K>>>(actk_bytes, quantize_actk);

@@ -218,8 +218,18 @@ struct Blocks32Kernel {
       g.a = _mm512_and_si512(z, m4);
       g.b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
     } else {
-      const __m512i wa = load4x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
-      const __m512i wb = load4x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
+      __m512i wa, wb;
+      if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
+        const __m512i z = load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i table = _mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+        wa = _mm512_shuffle_epi8(table, _mm512_and_si512(z, m4));
+        wb = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+      } else {
+        wa = load4x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
+        wb = load4x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
+      }
       g.a = _mm512_abs_epi8(wa);
       g.b = _mm512_abs_epi8(wb);
       g.neg_a = _mm512_movepi8_mask(wa);
@@ -391,13 +401,15 @@ KernelSet make_set() {
     s.q8_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32<-128>);
     s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
   }
+  // IQ4_NL: Q8_0's arithmetic on looked-up values, at every AVX-512 level (no tiles).
+  s.iq4_nl = streaming_kernels<Blocks32Kernel<GgmlType::kIQ4_NL>>(act32_bytes, quantize_act32<0>);
   if constexpr (kVnni) {  // Q4_K, Q5_K and Q6_K likewise
     avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k);
     avx512_tile_kernels_q6k(kGfni, &s.q6_k_t16, &s.q6_k);
   } else {
     avx512_kquant_kernels(&s.q4_k, &s.q5_k, &s.q6_k);
   }
-  avx512_low_bit_kernels(&s.q2_k, &s.q3_k);
+  avx512_low_bit_kernels(&s.q2_k, &s.q3_k, &s.iq4_xs);
   return s;
 }
 

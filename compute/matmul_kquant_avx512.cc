@@ -219,6 +219,41 @@ struct Q6KDecode {
   }
 };
 
+// IQ4_XS: 8 sub-blocks of 32 values, each 16 bytes of indices into model::kIQ4Values (low
+// nibbles values 0-15, high 16-31) with a signed 6-bit scale. Signed weights (kSigned): the
+// kernel multiplies their magnitudes with sign-flipped activations. No offset term (corr 0).
+struct IQ4XSDecode {
+  static constexpr bool kSigned = true;
+  struct Row {
+    const model::BlockIQ4_XS* b;
+    float d;
+    int16_t sc[8];
+    __m512 corr;
+  };
+  static Row prepare(const uint8_t* row, int64_t s) {
+    Row r;
+    r.b = reinterpret_cast<const model::BlockIQ4_XS*>(row) + s;
+    r.d = _cvtsh_ss(r.b->d);
+    for (int j = 0; j < 8; ++j) r.sc[j] = static_cast<int16_t>(model::iq4xs_scale(*r.b, j));
+    r.corr = _mm512_setzero_ps();
+    return r;
+  }
+  // Step q: values 64q..64q+63 = sub-blocks 2q (bytes 0-31 of w) and 2q + 1 (32-63), from
+  // qs[32q..32q+31]; 128-bit lanes: low nibbles of bytes 0-15, their high nibbles, then the
+  // same of bytes 16-31. Scales by int16 word: 2q for words 0-15, 2q+1 for 16-31.
+  static void step(const Row& r, int q, __m512i& w, __m512i& sc) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * q));
+    const __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                               _mm512_castsi256_si512(c));
+    const __m512i idx = _mm512_and_si512(
+        _mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+    w = _mm512_shuffle_epi8(table, idx);
+    sc = _mm512_inserti64x4(_mm512_set1_epi16(r.sc[2 * q]), _mm256_set1_epi16(r.sc[2 * q + 1]), 1);
+  }
+};
+
 template <class D>
 struct KQuantKernel {
   static constexpr int kRows = 2;
@@ -226,10 +261,23 @@ struct KQuantKernel {
   static constexpr int64_t kTokBlock = 64;     // tiled_rows (few tokens)
   static constexpr int64_t kStreamBlock = 32;  // streaming (many tokens)
 
+  // Signed weights (D::kSigned, IQ4_XS): step gives their magnitudes and the mask of the
+  // negative ones, whose activations token_step negates.
+  static constexpr bool kSigned = requires { D::kSigned; };
+  static void step(const typename D::Row& r, int q, __m512i& w, __m512i& sc, __mmask64& neg) {
+    D::step(r, q, w, sc);
+    neg = 0;
+    if constexpr (kSigned) {
+      neg = _mm512_movepi8_mask(w);
+      w = _mm512_abs_epi8(w);
+    }
+  }
+
   // The one arithmetic of an output for one super-block (both loop structures use it):
   // isum over the 4 steps (exact), then two FMAs.
-  static __m512i token_step(__m512i isum, __m512i w, __m512i sc, __m512i xq) {
-    // Pair sums below 2 * 63 * 127 < 2^15: no saturation.
+  static __m512i token_step(__m512i isum, __m512i w, __m512i sc, __mmask64 neg, __m512i xq) {
+    if constexpr (kSigned) xq = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+    // Pair sums below 2 * 127 * 127 < 2^15: no saturation.
     const __m512i pairs = _mm512_maddubs_epi16(w, xq);
     return _mm512_add_epi32(isum, _mm512_madd_epi16(pairs, sc));
   }
@@ -263,10 +311,11 @@ struct KQuantKernel {
         for (int n = 0; n < NT; ++n) isum[i][n] = _mm512_setzero_si512();
       for (int q = 0; q < 4; ++q) {
         __m512i wq[R], sc[R];
-        for (int i = 0; i < R; ++i) D::step(rows[i], q, wq[i], sc[i]);
+        __mmask64 ng[R];
+        for (int i = 0; i < R; ++i) step(rows[i], q, wq[i], sc[i], ng[i]);
         for (int n = 0; n < NT; ++n) {
           const __m512i xq = _mm512_loadu_si512(x[n] + s * kActKBytes + 64 * q);
-          for (int i = 0; i < R; ++i) isum[i][n] = token_step(isum[i][n], wq[i], sc[i], xq);
+          for (int i = 0; i < R; ++i) isum[i][n] = token_step(isum[i][n], wq[i], sc[i], ng[i], xq);
         }
       }
       for (int n = 0; n < NT; ++n)
@@ -290,10 +339,11 @@ struct KQuantKernel {
       const bool first = s == 0;  // starts every accumulator at zero (no zeroing pass first)
       typename D::Row rows[R];
       __m512i wq[R][4], sc[R][4];
+      __mmask64 ng[R][4];
       for (int i = 0; i < R; ++i) {
         rows[i] = D::prepare(w[i], s);
         prefetch(rows[i].b, pf, sizeof(*rows[i].b));
-        for (int q = 0; q < 4; ++q) D::step(rows[i], q, wq[i][q], sc[i][q]);
+        for (int q = 0; q < 4; ++q) step(rows[i], q, wq[i][q], sc[i][q], ng[i][q]);
       }
       for (int64_t n = 0; n < nt; ++n) {
         const uint8_t* a = j.act + (t0 + n) * j.act_stride + s * kActKBytes;
@@ -301,7 +351,8 @@ struct KQuantKernel {
         for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
         for (int q = 0; q < 4; ++q) {
           const __m512i xq = _mm512_loadu_si512(a + 64 * q);
-          for (int i = 0; i < R; ++i) isum[i] = token_step(isum[i], wq[i][q], sc[i][q], xq);
+          for (int i = 0; i < R; ++i)
+            isum[i] = token_step(isum[i], wq[i][q], sc[i][q], ng[i][q], xq);
         }
         for (int i = 0; i < R; ++i)
           acc[i * nt + n] =
@@ -331,9 +382,10 @@ struct KQuantKernel {
 
 }  // namespace
 
-void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k) {
+void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k, TypeKernels* iq4_xs) {
   *q2_k = streaming_kernels<KQuantKernel<LowBitDecode<false>>>(actk_bytes, quantize_actk);
   *q3_k = streaming_kernels<KQuantKernel<LowBitDecode<true>>>(actk_bytes, quantize_actk);
+  *iq4_xs = streaming_kernels<KQuantKernel<IQ4XSDecode>>(actk_bytes, quantize_actk);
 }
 
 void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q5_k, TypeKernels* q6_k) {

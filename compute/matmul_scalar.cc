@@ -88,6 +88,13 @@ void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
       const auto& blk = reinterpret_cast<const BlockQ8_0*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
       std::memcpy(q, blk.qs, 32);
+    } else if constexpr (kType == model::GgmlType::kIQ4_NL) {
+      const auto& blk = reinterpret_cast<const model::BlockIQ4_NL*>(src)[b];
+      wd[b] = fp16_to_fp32(blk.d);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = model::kIQ4Values[blk.qs[i] & 0xF];
+        q[i + 16] = model::kIQ4Values[blk.qs[i] >> 4];
+      }
     } else {
       const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
@@ -302,6 +309,33 @@ void low_bit_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   }
 }
 
+// IQ4_XS: value = d*s[j]*kIQ4Values[index] over 8 sub-blocks of 32 (s signed). Rows: the exact
+// integer tot = sum_j s[j]*dot_j(values, x) per super-block.
+void iq4xs_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  const int64_t nsb = j.cols / kQK_K;
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blk = reinterpret_cast<const model::BlockIQ4_XS*>(j.w + r * j.w_row_bytes);
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        int32_t tot = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          const uint8_t* qs = blk[s].qs + 16 * sb;
+          const int8_t* x = a[s].q + 32 * sb;
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i)
+            dot +=
+                model::kIQ4Values[qs[i] & 0xF] * x[i] + model::kIQ4Values[qs[i] >> 4] * x[i + 16];
+          tot += model::iq4xs_scale(blk[s], sb) * dot;
+        }
+        acc += a[s].d * fp16_to_fp32(blk[s].d) * static_cast<float>(tot);
+      }
+      j.y[t * j.y_stride + r] = acc;
+    }
+  }
+}
+
 // Activations of the Q6_K tile kernels (ActTileQ6K, matmul_kernels.h).
 void quantize_act_tileq6k(const float* x, int64_t cols, uint8_t* out) {
   auto* a = reinterpret_cast<ActTileQ6K*>(out);
@@ -387,16 +421,18 @@ const KernelSet& scalar_kernels() {
     k.f32.rows = float_rows<GgmlType::kF32>;
     k.f16.rows = float_rows<GgmlType::kF16>;
     k.bf16.rows = float_rows<GgmlType::kBF16>;
-    for (TypeKernels* t : {&k.q8_0, &k.q4_0}) {
+    for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.iq4_nl}) {
       t->act_row_bytes = act32_bytes;
       t->quantize = quantize_act32;
     }
+    k.iq4_nl.rows = blocks32_rows<GgmlType::kIQ4_NL>;
     k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
     k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;
-    for (TypeKernels* t : {&k.q2_k, &k.q3_k, &k.q4_k, &k.q5_k, &k.q6_k}) {
+    for (TypeKernels* t : {&k.q2_k, &k.q3_k, &k.q4_k, &k.q5_k, &k.q6_k, &k.iq4_xs}) {
       t->act_row_bytes = actk_bytes;
       t->quantize = quantize_actk;
     }
+    k.iq4_xs.rows = iq4xs_rows;
     k.q2_k.rows = low_bit_rows<GgmlType::kQ2_K>;
     k.q3_k.rows = low_bit_rows<GgmlType::kQ3_K>;
     k.q4_k.rows = kquant_rows<GgmlType::kQ4_K>;

@@ -88,6 +88,24 @@ __device__ float dequant_element(GgmlType type, const uint8_t* row, int64_t c) {
       const int q = static_cast<int>(j < 16 ? (byte & 0xFu) : (byte >> 4)) - 8;
       return __fmul_rn(static_cast<float>(q), d);
     }
+    case GgmlType::kIQ4_NL:    // {f16 d; u8 qs[16]}: d * kIQ4Values[index]
+    case GgmlType::kIQ4_XS: {  // {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}
+      const bool xs = type == GgmlType::kIQ4_XS;
+      const int64_t per = xs ? model::kQK_K : model::kQK4_0;
+      const uint8_t* b = row + (c / per) * (xs ? 136 : 18);
+      const int e = static_cast<int>(c % per), sub = e / 32, j = e % 32;
+      float dl = f16_bits_to_f32(load_u16(b));
+      if (xs) {  // model::iq4xs_scale
+        const uint32_t low = (static_cast<uint32_t>(b[4 + sub / 2]) >> (4 * (sub % 2))) & 0xFu;
+        const uint32_t high = (load_u16(b + 2) >> (2 * sub)) & 3u;
+        dl = __fmul_rn(dl, static_cast<float>(static_cast<int>(low | (high << 4)) - 32));
+      }
+      const uint32_t byte = b[(xs ? 8 + 16 * sub : 2) + (j & 15)];
+      const uint32_t idx = j < 16 ? (byte & 0xFu) : (byte >> 4);
+      constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                      1,    13,   25,  38,  53,  69,  89,  113};
+      return __fmul_rn(dl, static_cast<float>(kValues[idx]));
+    }
     case GgmlType::kQ2_K: {  // {u8 scales[16]; u8 qs[64]; f16 d, dmin}
       const uint8_t* b = row + (c / model::kQK_K) * 84;
       const int e = static_cast<int>(c % model::kQK_K);
@@ -397,6 +415,8 @@ bool dequantize_supported(model::GgmlType t) {
     case model::GgmlType::kBF16:
     case model::GgmlType::kQ8_0:
     case model::GgmlType::kQ4_0:
+    case model::GgmlType::kIQ4_NL:
+    case model::GgmlType::kIQ4_XS:
     case model::GgmlType::kQ2_K:
     case model::GgmlType::kQ3_K:
     case model::GgmlType::kQ4_K:
@@ -414,7 +434,7 @@ void dequantize_to_bf16(const void* src, size_t src_bytes, GgmlType type, int64_
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream) {
   OPS_REQUIRE(dequantize_supported(type),
               "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q2_K, "
-              "q3_K, q4_K, q5_K, q6_K are)",
+              "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs are)",
               model::type_name(type).c_str());
   OPS_REQUIRE(rows >= 0 && cols >= 0, "dequantize_to_bf16: shape [%lld, %lld] is negative",
               ll(rows), ll(cols));

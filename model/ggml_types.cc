@@ -39,6 +39,10 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
       return TypeTraits{"q6_K", 256, 210, true};
     case 15:
       return TypeTraits{"q8_K", 256, 292, false};
+    case 20:
+      return TypeTraits{"iq4_nl", 32, 18, true};
+    case 23:
+      return TypeTraits{"iq4_xs", 256, 136, true};
     case 24:
       return TypeTraits{"i8", 1, 1, false};
     case 25:
@@ -175,6 +179,27 @@ void dequant_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
       q += 32;
       is += 2;
     }
+  }
+}
+
+// IQ4_NL: value = d * kIQ4Values[index]; IQ4_XS likewise per sub-block of 32 with
+// d * (its signed scale).
+void dequant_iq4_32(float dl, const uint8_t* qs, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = dl * static_cast<float>(kIQ4Values[qs[j] & 0xF]);
+    y[j + 16] = dl * static_cast<float>(kIQ4Values[qs[j] >> 4]);
+  }
+}
+
+void dequant_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) dequant_iq4_32(fp16_to_fp32(x[i].d), x[i].qs, y);
+}
+
+void dequant_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = fp16_to_fp32(x[i].d);
+    for (int j = 0; j < 8; ++j, y += 32)
+      dequant_iq4_32(d * static_cast<float>(iq4xs_scale(x[i], j)), x[i].qs + 16 * j, y);
   }
 }
 
@@ -345,6 +370,63 @@ float signed_group_scales(const float* x, float lowest, float* scale) {
   return big;
 }
 
+// The IQ4 index of x / step: the nearest of kIQ4Values (step 0: the index of 1, nearest 0).
+uint8_t iq4_index(float x, float step) {
+  const float v = step != 0.f ? x / step : 0.f;
+  int best = 0;
+  for (int k = 1; k < 16; ++k)
+    if (std::fabs(v - kIQ4Values[k]) < std::fabs(v - kIQ4Values[best])) best = k;
+  return static_cast<uint8_t>(best);
+}
+
+// 32 values at step dl into IQ4 nibbles (low: values 0-15, high: 16-31).
+void pack_iq4_32(const float* x, float dl, uint8_t* qs) {
+  for (int j = 0; j < 16; ++j)
+    qs[j] = static_cast<uint8_t>(iq4_index(x[j], dl) | iq4_index(x[j + 16], dl) << 4);
+}
+
+// The scale that puts a block's value of largest magnitude at -127 (kIQ4Values[0]).
+float iq4_block_scale(const float* x, int n) {
+  float amax = 0.f, vmax = 0.f;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      vmax = x[i];
+    }
+  }
+  return vmax / -127.f;
+}
+
+void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    y[i].d = fp32_to_fp16(iq4_block_scale(x, 32));
+    pack_iq4_32(x, fp16_to_fp32(y[i].d), y[i].qs);
+  }
+}
+
+// IQ4_XS: per sub-block of 32 the IQ4_NL scale, relative to the super-block's f16 d as a
+// signed 6-bit integer; d puts the scale of largest magnitude at -32.
+void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    float scale[8], big = 0.f;
+    for (int j = 0; j < 8; ++j) {
+      scale[j] = iq4_block_scale(x + 32 * j, 32);
+      if (std::fabs(scale[j]) > std::fabs(big)) big = scale[j];
+    }
+    y[i].d = fp32_to_fp16(big / -32.f);
+    const float d = fp16_to_fp32(y[i].d);
+    y[i].scales_h = 0;
+    std::memset(y[i].scales_l, 0, sizeof y[i].scales_l);
+    for (int j = 0; j < 8; ++j) {
+      const long s = d != 0.f ? std::clamp(std::lround(scale[j] / d), -32L, 31L) : 0;
+      const int us = static_cast<int>(s) + 32;  // the packing iq4xs_scale reads
+      y[i].scales_l[j / 2] |= static_cast<uint8_t>((us & 0xF) << (4 * (j % 2)));
+      y[i].scales_h = static_cast<uint16_t>(y[i].scales_h | (us >> 4) << (2 * j));
+      pack_iq4_32(x + 32 * j, d * static_cast<float>(s), y[i].qs + 16 * j);
+    }
+  }
+}
+
 // Q2_K: per group of 16 a 4-bit scale and a 4-bit min (offset below zero) relative to the
 // super-block's f16 d and dmin, values q in [0, 3]: a plain max-min fit per group.
 void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
@@ -456,6 +538,10 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q4_0(static_cast<const BlockQ4_0*>(src), out, n / kQK4_0);
     case GgmlType::kQ8_0:
       return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
+    case GgmlType::kIQ4_NL:
+      return dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), out, n / kQK4_0);
+    case GgmlType::kIQ4_XS:
+      return dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), out, n / kQK_K);
     case GgmlType::kQ2_K:
       return dequant_q2_k(static_cast<const BlockQ2_K*>(src), out, n / kQK_K);
     case GgmlType::kQ3_K:
@@ -521,6 +607,10 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case GgmlType::kIQ4_NL:
+      return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n / kQK4_0);
+    case GgmlType::kIQ4_XS:
+      return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), n / kQK_K);
     case GgmlType::kQ2_K:
       return quant_q2_k(src, static_cast<BlockQ2_K*>(dst), n / kQK_K);
     case GgmlType::kQ3_K:

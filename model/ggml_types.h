@@ -27,6 +27,8 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
@@ -109,6 +111,19 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];
   uint16_t d;  // f16 super-block scale
 };
+/// IQ4_NL: 32 values as indices into kIQ4Values (low nibble = value j, high = j + 16), times d.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK4_0 / 2];
+};
+/// IQ4_XS: 256 values in 8 sub-blocks of 32, each IQ4_NL-like with its own 6-bit scale
+/// (stored + 32: low 4 bits in scales_l, nibble j/2 by parity, top 2 in scales_h bits 2j).
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQK_K / 64];
+  uint8_t qs[kQK_K / 2];
+};
 struct BlockQ2_K {
   uint8_t scales[kQK_K / 16];
   uint8_t qs[kQK_K / 4];
@@ -128,6 +143,16 @@ static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+/// The 16 non-uniformly spaced values the IQ4 types index (as int8, times the block scale).
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+/// IQ4_XS sub-block j's signed scale (stored - 32).
+inline int iq4xs_scale(const BlockIQ4_XS& b, int j) {
+  return ((b.scales_l[j / 2] >> (4 * (j % 2)) & 0xF) | (b.scales_h >> (2 * j) & 3) << 4) - 32;
+}
 
 /// Q3_K's 16 6-bit group scales (stored + 32) from their 12 bytes, as 4 words of 4 bytes (word
 /// k holds scales 4k..4k+3, still + 32): bytes 0-7 hold the low 4 bits of scales 0-7 (low
@@ -158,8 +183,8 @@ inline void q3k_scales(const uint8_t* p, int8_t* s) {
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
-/// Supported: f32, f16, bf16, q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K. Throws InputError
-/// otherwise.
+/// Supported: f32, f16, bf16, q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs. Throws
+/// InputError otherwise.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace troupe::model

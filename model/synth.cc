@@ -23,6 +23,8 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "bf16") return GgmlType::kBF16;
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
+  if (s == "iq4_nl") return GgmlType::kIQ4_NL;
+  if (s == "iq4_xs") return GgmlType::kIQ4_XS;
   if (s == "q2_k" || s == "q2_K") return GgmlType::kQ2_K;
   if (s == "q3_k" || s == "q3_K") return GgmlType::kQ3_K;
   if (s == "q4_k" || s == "q4_K") return GgmlType::kQ4_K;
@@ -402,6 +404,10 @@ uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 
       return 7;
     case GgmlType::kBF16:
       return 32;
+    case GgmlType::kIQ4_NL:
+      return 25;
+    case GgmlType::kIQ4_XS:
+      return 30;
     case GgmlType::kQ2_K:
       return 10;
     case GgmlType::kQ3_K:
@@ -632,8 +638,7 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
       TROUPE_INPUT_ERROR(
           "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
-          "q6_k, "
-          "q4_k_m, q5_k_m)",
+          "q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)",
           type_name(opts.dtype).c_str());
     const Config c = resolve(opts);
     SynthSummary sum;

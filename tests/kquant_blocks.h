@@ -41,6 +41,9 @@ inline void random_kquant_row(model::GgmlType t, uint8_t* dst, int64_t cols, std
         blk->dmin = f16(10);
         break;
       }
+      case GgmlType::kIQ4_XS:
+        reinterpret_cast<model::BlockIQ4_XS*>(dst)[b].d = f16(1);
+        break;
       default:  // Q6_K
         reinterpret_cast<model::BlockQ6_K*>(dst)[b].d = f16(1);
         break;

@@ -116,8 +116,8 @@ TypeKernels streaming_kernels(int64_t (*bytes)(int64_t),
 /// The Q4_K, Q5_K and Q6_K kernels without VNNI (matmul_kquant_avx512.cc); with VNNI they run
 /// the tile kernels (avx512_tile_kernels_k, avx512_tile_kernels_q6k).
 void avx512_kquant_kernels(TypeKernels* q4_k, TypeKernels* q5_k, TypeKernels* q6_k);
-/// The Q2_K and Q3_K kernels (matmul_kquant_avx512.cc), with or without VNNI: no tiles.
-void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k);
+/// The Q2_K, Q3_K and IQ4_XS kernels (matmul_kquant_avx512.cc), with or without VNNI: no tiles.
+void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k, TypeKernels* iq4_xs);
 
 /// The VNNI kernels for Q8_0 and Q4_0 in 16-row tiles, and the same arithmetic reading them in
 /// rows (matmul_tiles_avx512.cc); gfni: unpack 4-bit values with GFNI (the same bits).

@@ -57,7 +57,7 @@ struct TypeKernels {
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
-  TypeKernels f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k;
+  TypeKernels f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
   TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;

@@ -83,9 +83,9 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
   // 17.6 / 18.3 %, q4_K_M 15.2 / 15.9 %, q4_0 18.6 / 20.5 %, q3_K 34 / 36 %, q2_K 71 / 70 % (an
   // unrelated model would be ~140 %): the weights' own rounding, grown through two layers and the
   // head, each bit about halving it.
-  const Case cases[] = {{"q8_0", 0.025},  {"q6_k", 0.07}, {"q5_k", 0.13},
-                        {"q5_k_m", 0.14}, {"q4_k", 0.27}, {"q4_k_m", 0.25},
-                        {"q4_0", 0.3},    {"q3_k", 0.5},  {"q2_k", 1.0}};
+  const Case cases[] = {{"q8_0", 0.025}, {"q6_k", 0.07},   {"q5_k", 0.13}, {"q5_k_m", 0.14},
+                        {"q4_k", 0.27},  {"q4_k_m", 0.25}, {"q4_0", 0.3},  {"q3_k", 0.5},
+                        {"q2_k", 1.0},   {"iq4_nl", 0.3},  {"iq4_xs", 0.3}};
   for (const std::string arch : {"llama", "mixtral"}) {
     const std::vector<float> ref = logits_of(make(arch, "f32"), prompt);
     ASSERT_FALSE(ref.empty());

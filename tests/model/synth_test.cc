@@ -358,7 +358,7 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.dtype = GgmlType::kQ4_1;
   EXPECT_EQ(err(o),
             "--dtype q4_1 cannot be generated (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
-            "q6_k, q4_k_m, q5_k_m)");
+            "q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)");
   o = {};
   o.dtype = GgmlType::kQ8_0;
   o.k_mix = true;
