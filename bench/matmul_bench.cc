@@ -7,9 +7,10 @@
 // q8_0/t16 etc., the layout the CPU engine's weights copy uses where int8_tiles_supported();
 // quantized types also report GOP/s against the measured int8 dot-product peak.
 // Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16
-//        q4_0/t16 q2_K q3_K q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up
-//        to 512, 1 always timed) TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI)
-//        pins the kernel path (see compute/matmul.cc).
+//        q4_0/t16 iq4_nl q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16; default all;
+//        n_tok values up to 512, 1 always timed)
+//        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
+//        (see compute/matmul.cc).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -103,6 +104,8 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
           blk->d = blk->dmin = d;
         } else if (t == GgmlType::kQ3_K) {
           reinterpret_cast<troupe::model::BlockQ3_K*>(dst)[b].d = d;
+        } else if (t == GgmlType::kIQ4_XS) {
+          reinterpret_cast<troupe::model::BlockIQ4_XS*>(dst)[b].d = d;
         } else {
           reinterpret_cast<troupe::model::BlockQ6_K*>(dst)[b].d = d;
         }
@@ -217,11 +220,12 @@ int main(int argc, char** argv) {
     bool tiled;
   };
   const Kind kinds[] = {
-      {GgmlType::kF32, false},  {GgmlType::kF16, false},  {GgmlType::kBF16, false},
-      {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false}, {GgmlType::kQ8_0, true},
-      {GgmlType::kQ4_0, true},  {GgmlType::kQ2_K, false}, {GgmlType::kQ3_K, false},
-      {GgmlType::kQ4_K, false}, {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},
-      {GgmlType::kQ5_K, true},  {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};
+      {GgmlType::kF32, false},  {GgmlType::kF16, false},    {GgmlType::kBF16, false},
+      {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false},   {GgmlType::kQ8_0, true},
+      {GgmlType::kQ4_0, true},  {GgmlType::kIQ4_NL, false}, {GgmlType::kQ2_K, false},
+      {GgmlType::kQ3_K, false}, {GgmlType::kIQ4_XS, false}, {GgmlType::kQ4_K, false},
+      {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},   {GgmlType::kQ5_K, true},
+      {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",

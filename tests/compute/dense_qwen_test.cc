@@ -22,6 +22,7 @@
 #include "model/gguf_writer.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "tests/compute/engine_test_util.h"
 
 namespace troupe::compute {
 namespace {
@@ -30,30 +31,6 @@ namespace fs = std::filesystem;
 using model::GgmlType;
 using model::GgufFile;
 using model::GgufWriter;
-
-std::vector<float> logits_of(std::shared_ptr<const model::Model> m,
-                             const std::vector<int32_t>& prompt) {
-  EngineOptions o;
-  o.max_tokens_in_cache = 256;
-  o.n_threads = 2;
-  auto eng = Engine::create(m, o);
-  EXPECT_TRUE(eng.has_value()) << eng.error().message;
-  if (!eng) return {};
-  Sequence seq(**eng);
-  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(prompt.size())));
-  std::vector<SeqStep> steps{seq.next(prompt, SeqStep::Logits::kAll)};
-  StepResult r;
-  EXPECT_TRUE((*eng)->step(steps, &r).has_value());
-  const float* first = r.row(0);
-  return {first, first + r.row_count[0] * r.n_vocab};
-}
-
-std::vector<float> logits_of(const std::string& path, const std::vector<int32_t>& prompt) {
-  auto m = model::load_model(path);
-  EXPECT_TRUE(m.has_value()) << path << ": " << m.error().message;
-  if (!m) return {};
-  return logits_of(*m, prompt);
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return !a.empty() && a.size() == b.size() &&
@@ -229,8 +206,8 @@ TEST_P(DenseQwen, IsItsMoeTwinWithOneExpert) {
   EXPECT_EQ((*d)->spec.layers[0].bq.present(), q2);
   EXPECT_EQ((*d)->spec.layers[0].q_norm.present(), !q2);
 
-  const auto want = logits_of(moe_path, prompt_);
-  const auto got = logits_of(*d, prompt_);
+  const auto want = prompt_logits(moe_path, prompt_);
+  const auto got = prompt_logits(*d, prompt_);
   ASSERT_FALSE(want.empty());
   EXPECT_TRUE(same_bits(got, want)) << "dense " << dense() << " against its one-expert twin";
 
@@ -238,7 +215,7 @@ TEST_P(DenseQwen, IsItsMoeTwinWithOneExpert) {
   auto hf = model::load_hf_model(to_hf(dense_path));
   ASSERT_TRUE(hf.has_value()) << hf.error().message;
   EXPECT_EQ((*hf)->spec.arch, (*d)->spec.arch);
-  EXPECT_TRUE(same_bits(logits_of(*hf, prompt_), want)) << "Hugging Face " << dense();
+  EXPECT_TRUE(same_bits(prompt_logits(*hf, prompt_), want)) << "Hugging Face " << dense();
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, DenseQwen, ::testing::Values("qwen2", "qwen3"));
@@ -257,7 +234,7 @@ TEST(DenseQwen, SynthMakesBothDenseArchitectures) {
     auto m = model::load_model(path);
     ASSERT_TRUE(m.has_value()) << m.error().message;
     EXPECT_STREQ(model::arch_name((*m)->spec.arch), arch);
-    EXPECT_FALSE(logits_of(*m, {1, 2, 3}).empty()) << arch;
+    EXPECT_FALSE(prompt_logits(*m, {1, 2, 3}).empty()) << arch;
   }
   fs::remove_all(dir);
 }

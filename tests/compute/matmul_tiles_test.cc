@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "model/weight_tiles.h"
+#include "tests/compute/engine_test_util.h"
 #include "tests/compute/matmul_test_util.h"
 
 namespace troupe::compute {
@@ -384,27 +385,6 @@ TEST(WeightTiles, ACopyTilesNoViewInsideAnother) {
   EXPECT_EQ(*buf, before) << "the source changed";
 }
 
-std::vector<float> logits_of(std::shared_ptr<const model::Model> m,
-                             const std::vector<std::vector<int32_t>>& prompts, size_t which) {
-  EngineOptions o;
-  o.max_tokens_in_cache = 512;
-  o.n_threads = 2;
-  auto eng = Engine::create(m, o);
-  EXPECT_TRUE(eng.has_value()) << eng.error().message;
-  if (!eng) return {};
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  std::vector<SeqStep> steps;
-  for (const auto& p : prompts) {
-    seqs.push_back(std::make_unique<Sequence>(**eng));
-    EXPECT_TRUE(seqs.back()->reserve(static_cast<int64_t>(p.size())));
-    steps.push_back(seqs.back()->next(p, SeqStep::Logits::kAll));
-  }
-  StepResult r;
-  EXPECT_TRUE((*eng)->step(steps, &r).has_value());
-  const float* first = r.row(which);
-  return {first, first + r.row_count[which] * r.n_vocab};
-}
-
 struct ModelCase {
   const char* arch;
   GgmlType dtype;
@@ -468,9 +448,9 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
     prompts[i].resize(7 + 5 * i);
     for (auto& t : prompts[i]) t = static_cast<int32_t>(rng() % 300);
   }
-  const auto want = logits_of(mapped, {prompts[1]}, 0);
-  const auto alone = logits_of(*tiled, {prompts[1]}, 0);
-  const auto batched = logits_of(*tiled, prompts, 1);
+  const auto want = batch_logits(mapped, {prompts[1]}, 0);
+  const auto alone = batch_logits(*tiled, {prompts[1]}, 0);
+  const auto batched = batch_logits(*tiled, prompts, 1);
   ASSERT_FALSE(want.empty());
   ASSERT_EQ(alone.size(), want.size());
   // Every tiled matrix gives its mapped twin's products to float rounding.

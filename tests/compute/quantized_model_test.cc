@@ -19,31 +19,12 @@
 #include "compute/engine.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "tests/compute/engine_test_util.h"
 
 namespace troupe::compute {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Teacher-forced logits of one prompt ([tokens x vocab]) from the model at path, mapped.
-std::vector<float> logits_of(const std::string& path, const std::vector<int32_t>& prompt) {
-  auto loaded = model::load_model(path);
-  EXPECT_TRUE(loaded.has_value()) << loaded.error().message;
-  if (!loaded) return {};
-  EngineOptions o;
-  o.max_tokens_in_cache = 256;
-  o.n_threads = 2;
-  auto eng = Engine::create(*loaded, o);
-  EXPECT_TRUE(eng.has_value()) << eng.error().message;
-  if (!eng) return {};
-  Sequence seq(**eng);
-  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(prompt.size())));
-  std::vector<SeqStep> steps{seq.next(prompt, SeqStep::Logits::kAll)};
-  StepResult r;
-  EXPECT_TRUE((*eng)->step(steps, &r).has_value());
-  const float* first = r.row(0);
-  return {first, first + r.row_count[0] * r.n_vocab};
-}
 
 struct Case {
   const char* dtype;  // --dtype
@@ -87,14 +68,14 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
                         {"q4_k", 0.27},  {"q4_k_m", 0.25}, {"q4_0", 0.3},  {"q3_k", 0.5},
                         {"q2_k", 1.0},   {"iq4_nl", 0.3},  {"iq4_xs", 0.3}};
   for (const std::string arch : {"llama", "mixtral"}) {
-    const std::vector<float> ref = logits_of(make(arch, "f32"), prompt);
+    const std::vector<float> ref = prompt_logits(make(arch, "f32"), prompt);
     ASSERT_FALSE(ref.empty());
     double ref2 = 0;
     for (float v : ref) ref2 += static_cast<double>(v) * v;
     ASSERT_GT(ref2, 0);
     double rel_of[std::size(cases)] = {};
     for (size_t c = 0; c < std::size(cases); ++c) {
-      const std::vector<float> got = logits_of(make(arch, cases[c].dtype), prompt);
+      const std::vector<float> got = prompt_logits(make(arch, cases[c].dtype), prompt);
       ASSERT_EQ(got.size(), ref.size()) << arch << " " << cases[c].dtype;
       double err2 = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
