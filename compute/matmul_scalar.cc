@@ -91,10 +91,7 @@ void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
     } else if constexpr (kType == model::GgmlType::kIQ4_NL) {
       const auto& blk = reinterpret_cast<const model::BlockIQ4_NL*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
-      for (int i = 0; i < 16; ++i) {
-        q[i] = model::kIQ4Values[blk.qs[i] & 0xF];
-        q[i + 16] = model::kIQ4Values[blk.qs[i] >> 4];
-      }
+      model::iq4_values32(blk.qs, q);
     } else {
       const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
@@ -253,83 +250,74 @@ void kquant_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   }
 }
 
-// Q2_K and Q3_K, per group g of 16: Q2_K value = d*sc[g]*q - dmin*m[g], q in [0, 3]; Q3_K value
-// = d*s[g]*(u - 4), u in [0, 7], s signed. Value e = 128n + 32j + l takes 2 bits of qs[32n + l]
-// at bit 2j (Q3_K: and bit 4n + j of hmask[l] as bit 2). Rows: the exact integers
-// tot = sum_g sc[g]*dot_g(q, x) (Q3_K: sum_g s[g]*(dot_g(u, x) - 4*sum_g(x))) and, for Q2_K,
-// msum = sum_g m[g]*sum_g(x).
+// Q2_K, Q3_K and IQ4_XS, each row decoded once (all its tokens then use it) into values wq
+// and per-group integer scales sc (and mins mn). Q2_K, per group g of 16: value =
+// d*sc[g]*q - dmin*mn[g], q in [0, 3]; Q3_K: d*sc[g]*(u - 4), u in [0, 7], sc signed; IQ4_XS,
+// per group g of 32: d*sc[g]*v, v from model::kIQ4Values. Rows: the exact integers
+// tot = sum_g sc[g]*(dot_g(values, x) + off*sum_g(x)) (off: Q3_K -4, else 0) and, for Q2_K,
+// msum = sum_g mn[g]*sum_g(x).
 template <model::GgmlType kType>
 void low_bit_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  constexpr bool kQ3 = kType == model::GgmlType::kQ3_K;
-  using Block = std::conditional_t<kQ3, model::BlockQ3_K, model::BlockQ2_K>;
+  using model::GgmlType;
+  constexpr bool kQ2 = kType == GgmlType::kQ2_K, kQ3 = kType == GgmlType::kQ3_K;
+  constexpr int kGroup = kType == GgmlType::kIQ4_XS ? 32 : 16, kGroups = kQK_K / kGroup;
+  constexpr int kOff = kQ3 ? -4 : 0;
+  using Block = std::conditional_t<kQ2, model::BlockQ2_K,
+                                   std::conditional_t<kQ3, model::BlockQ3_K, model::BlockIQ4_XS>>;
+  thread_local std::vector<int8_t> qbuf, sbuf, mbuf;
   const int64_t nsb = j.cols / kQK_K;
+  int8_t* wq = scratch(qbuf, j.cols);
+  int8_t* sc = scratch(sbuf, kGroups * nsb);
+  int8_t* mn = scratch(mbuf, kGroups * nsb);
   for (int64_t r = r0; r < r1; ++r) {
     const auto* blk = reinterpret_cast<const Block*>(j.w + r * j.w_row_bytes);
-    for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
-      float acc = 0.f;
-      for (int64_t s = 0; s < nsb; ++s) {
-        const Block& b = blk[s];
-        int8_t sc[16], mn[16] = {};
-        if constexpr (kQ3) {
-          model::q3k_scales(b.scales, sc);
-        } else {
-          for (int g = 0; g < 16; ++g) {
-            sc[g] = static_cast<int8_t>(b.scales[g] & 0xF);
-            mn[g] = static_cast<int8_t>(b.scales[g] >> 4);
-          }
+    for (int64_t s = 0; s < nsb; ++s) {
+      const Block& b = blk[s];
+      int8_t* q = wq + s * kQK_K;
+      if constexpr (kType == GgmlType::kIQ4_XS) {
+        for (int g = 0; g < kGroups; ++g) {
+          model::iq4_values32(b.qs + 16 * g, q + 32 * g);
+          sc[kGroups * s + g] = static_cast<int8_t>(model::iq4xs_scale(b, g));
         }
-        int32_t tot = 0, msum = 0;
-        for (int g = 0; g < 16; ++g) {
-          int32_t dot = 0, xsum = 0;
-          for (int i = 0; i < 16; ++i) {
-            const int e = 16 * g + i, n = e / 128, jj = (e / 32) % 4, l = e % 32;
-            int u = (b.qs[32 * n + l] >> (2 * jj)) & 3;
-            if constexpr (kQ3) u |= ((b.hmask[l] >> (4 * n + jj)) & 1) << 2;
-            dot += u * a[s].q[e];
-            xsum += a[s].q[e];
-          }
-          if constexpr (kQ3) {
-            tot += sc[g] * (dot - 4 * xsum);
-          } else {
-            tot += sc[g] * dot;
-            msum += mn[g] * xsum;
-          }
-        }
-        const float d = fp16_to_fp32(b.d);
+      } else {
+        uint8_t u[kQK_K];
         if constexpr (kQ3) {
-          acc += a[s].d * d * static_cast<float>(tot);
+          model::low_bit_values(b.qs, b.hmask, u);
         } else {
-          acc += a[s].d *
-                 (d * static_cast<float>(tot) - fp16_to_fp32(b.dmin) * static_cast<float>(msum));
+          model::low_bit_values(b.qs, nullptr, u);
+        }
+        std::memcpy(q, u, kQK_K);  // values 0-7: the same bytes as int8
+        if constexpr (kQ3) {
+          model::q3k_scales(b.scales, sc + kGroups * s);
+        } else {
+          for (int g = 0; g < kGroups; ++g) {
+            sc[kGroups * s + g] = static_cast<int8_t>(b.scales[g] & 0xF);
+            mn[kGroups * s + g] = static_cast<int8_t>(b.scales[g] >> 4);
+          }
         }
       }
-      j.y[t * j.y_stride + r] = acc;
     }
-  }
-}
-
-// IQ4_XS: value = d*s[j]*kIQ4Values[index] over 8 sub-blocks of 32 (s signed). Rows: the exact
-// integer tot = sum_j s[j]*dot_j(values, x) per super-block.
-void iq4xs_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  const int64_t nsb = j.cols / kQK_K;
-  for (int64_t r = r0; r < r1; ++r) {
-    const auto* blk = reinterpret_cast<const model::BlockIQ4_XS*>(j.w + r * j.w_row_bytes);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       const auto* a = reinterpret_cast<const ActBlockK*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t s = 0; s < nsb; ++s) {
-        int32_t tot = 0;
-        for (int sb = 0; sb < 8; ++sb) {
-          const uint8_t* qs = blk[s].qs + 16 * sb;
-          const int8_t* x = a[s].q + 32 * sb;
-          int32_t dot = 0;
-          for (int i = 0; i < 16; ++i)
-            dot +=
-                model::kIQ4Values[qs[i] & 0xF] * x[i] + model::kIQ4Values[qs[i] >> 4] * x[i + 16];
-          tot += model::iq4xs_scale(blk[s], sb) * dot;
+        int32_t tot = 0, msum = 0;
+        for (int g = 0; g < kGroups; ++g) {
+          int32_t dot = 0, xsum = 0;
+          for (int i = 0; i < kGroup; ++i) {
+            dot += wq[s * kQK_K + kGroup * g + i] * a[s].q[kGroup * g + i];
+            xsum += a[s].q[kGroup * g + i];
+          }
+          tot += sc[kGroups * s + g] * (dot + kOff * xsum);
+          if constexpr (kQ2) msum += mn[kGroups * s + g] * xsum;
         }
-        acc += a[s].d * fp16_to_fp32(blk[s].d) * static_cast<float>(tot);
+        const float d = fp16_to_fp32(blk[s].d);
+        if constexpr (kQ2) {
+          acc += a[s].d * (d * static_cast<float>(tot) -
+                           fp16_to_fp32(blk[s].dmin) * static_cast<float>(msum));
+        } else {
+          acc += a[s].d * d * static_cast<float>(tot);
+        }
       }
       j.y[t * j.y_stride + r] = acc;
     }
@@ -432,7 +420,7 @@ const KernelSet& scalar_kernels() {
       t->act_row_bytes = actk_bytes;
       t->quantize = quantize_actk;
     }
-    k.iq4_xs.rows = iq4xs_rows;
+    k.iq4_xs.rows = low_bit_rows<GgmlType::kIQ4_XS>;
     k.q2_k.rows = low_bit_rows<GgmlType::kQ2_K>;
     k.q3_k.rows = low_bit_rows<GgmlType::kQ3_K>;
     k.q4_k.rows = kquant_rows<GgmlType::kQ4_K>;

@@ -185,10 +185,9 @@ void dequant_q4_k(const BlockQ4_K* x, float* y, int64_t nb) {
 // IQ4_NL: value = d * kIQ4Values[index]; IQ4_XS likewise per sub-block of 32 with
 // d * (its signed scale).
 void dequant_iq4_32(float dl, const uint8_t* qs, float* y) {
-  for (int j = 0; j < 16; ++j) {
-    y[j] = dl * static_cast<float>(kIQ4Values[qs[j] & 0xF]);
-    y[j + 16] = dl * static_cast<float>(kIQ4Values[qs[j] >> 4]);
-  }
+  int8_t v[32];
+  iq4_values32(qs, v);
+  for (int j = 0; j < 32; ++j) y[j] = dl * static_cast<float>(v[j]);
 }
 
 void dequant_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t nb) {
@@ -203,36 +202,32 @@ void dequant_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t nb) {
   }
 }
 
-// Q2_K and Q3_K store value e of a super-block (e = 128n + 32j + l, l < 32) as 2 bits of
-// qs[32n + l] at bit 2j, with a scale per group of 16 (g = e / 16).
+// Q2_K and Q3_K: a scale per group of 16 (g = e / 16), values as low_bit_values gives them.
 
 // Q2_K: value = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4), q in [0, 3].
 void dequant_q2_k(const BlockQ2_K* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d), mn = fp16_to_fp32(x[i].dmin);
+    uint8_t q[kQK_K];
+    low_bit_values(x[i].qs, nullptr, q);
     for (int e = 0; e < kQK_K; ++e) {
-      const int n = e / 128, j = (e / 32) % 4, l = e % 32;
       const uint8_t sc = x[i].scales[e / 16];
-      const int q = (x[i].qs[32 * n + l] >> (2 * j)) & 3;
       const float dl = d * static_cast<float>(sc & 0xF), ml = mn * static_cast<float>(sc >> 4);
-      *y++ = dl * static_cast<float>(q) - ml;
+      *y++ = dl * static_cast<float>(q[e]) - ml;
     }
   }
 }
 
-// Q3_K: value = d * s[g] * (u - 4), u in [0, 7]: its low 2 bits as Q2_K's, its top bit bit
-// 4n + j of hmask[l].
+// Q3_K: value = d * s[g] * (u - 4), u in [0, 7].
 void dequant_q3_k(const BlockQ3_K* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
     int8_t s[16];
     q3k_scales(x[i].scales, s);
-    for (int e = 0; e < kQK_K; ++e) {
-      const int n = e / 128, j = (e / 32) % 4, l = e % 32;
-      const int u = ((x[i].qs[32 * n + l] >> (2 * j)) & 3) | ((x[i].hmask[l] >> (4 * n + j)) & 1)
-                                                                 << 2;
-      *y++ = d * static_cast<float>(s[e / 16]) * static_cast<float>(u - 4);
-    }
+    uint8_t u[kQK_K];
+    low_bit_values(x[i].qs, x[i].hmask, u);
+    for (int e = 0; e < kQK_K; ++e)
+      *y++ = d * static_cast<float>(s[e / 16]) * static_cast<float>(u[e] - 4);
   }
 }
 
@@ -282,6 +277,31 @@ void dequant_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
   }
 }
 
+// A max-min fit of n values onto `levels` + 1 steps from an offset at or below zero: the step
+// and the offset's magnitude (the min the K-quants store).
+void range_fit(const float* x, int n, float levels, float* step, float* min) {
+  float lo = 0.f, hi = -INFINITY;
+  for (int l = 0; l < n; ++l) {
+    lo = std::fmin(lo, x[l]);
+    hi = std::fmax(hi, x[l]);
+  }
+  *step = (hi - lo) / levels;
+  *min = -lo;
+}
+
+// The value of largest magnitude among n, with its sign (0 for none): the block scales that put
+// it at a format's most negative level.
+float signed_absmax(const float* x, int n) {
+  float amax = 0.f, vmax = 0.f;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      vmax = x[i];
+    }
+  }
+  return vmax;
+}
+
 // Q4_K and Q5_K: per sub-block of 32 a 6-bit scale and a 6-bit min (offset below zero), both
 // relative to the super-block's f16 d and dmin, and values q in [0, kMax]. A plain max-min fit
 // per sub-block (no search): good enough for synthetic models and tests; real models come
@@ -291,13 +311,7 @@ void fit_k_superblock(const float* x, uint16_t* d16, uint16_t* dmin16, uint8_t* 
                       uint8_t* q) {
   float scale[8], mins[8], max_scale = 0.f, max_min = 0.f;
   for (int j = 0; j < 8; ++j) {
-    float lo = 0.f, hi = -INFINITY;
-    for (int l = 0; l < 32; ++l) {
-      lo = std::fmin(lo, x[32 * j + l]);
-      hi = std::fmax(hi, x[32 * j + l]);
-    }
-    scale[j] = (hi - lo) / static_cast<float>(kMax);
-    mins[j] = -lo;
+    range_fit(x + 32 * j, 32, static_cast<float>(kMax), &scale[j], &mins[j]);
     max_scale = std::fmax(max_scale, scale[j]);
     max_min = std::fmax(max_min, mins[j]);
   }
@@ -357,14 +371,7 @@ void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
 float signed_group_scales(const float* x, float lowest, float* scale) {
   float big = 0.f;
   for (int g = 0; g < 16; ++g) {
-    float amax = 0.f, vmax = 0.f;
-    for (int l = 0; l < 16; ++l) {
-      if (std::fabs(x[16 * g + l]) > amax) {
-        amax = std::fabs(x[16 * g + l]);
-        vmax = x[16 * g + l];
-      }
-    }
-    scale[g] = vmax / lowest;
+    scale[g] = signed_absmax(x + 16 * g, 16) / lowest;
     if (std::fabs(scale[g]) > std::fabs(big)) big = scale[g];
   }
   return big;
@@ -386,16 +393,7 @@ void pack_iq4_32(const float* x, float dl, uint8_t* qs) {
 }
 
 // The scale that puts a block's value of largest magnitude at -127 (kIQ4Values[0]).
-float iq4_block_scale(const float* x, int n) {
-  float amax = 0.f, vmax = 0.f;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      vmax = x[i];
-    }
-  }
-  return vmax / -127.f;
-}
+float iq4_block_scale(const float* x, int n) { return signed_absmax(x, n) / -127.f; }
 
 void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 32) {
@@ -433,13 +431,7 @@ void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     float scale[16], mins[16], max_scale = 0.f, max_min = 0.f;
     for (int g = 0; g < 16; ++g) {
-      float lo = 0.f, hi = -INFINITY;
-      for (int l = 0; l < 16; ++l) {
-        lo = std::fmin(lo, x[16 * g + l]);
-        hi = std::fmax(hi, x[16 * g + l]);
-      }
-      scale[g] = (hi - lo) / 3.f;
-      mins[g] = -lo;
+      range_fit(x + 16 * g, 16, 3.f, &scale[g], &mins[g]);
       max_scale = std::fmax(max_scale, scale[g]);
       max_min = std::fmax(max_min, mins[g]);
     }
@@ -589,14 +581,7 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       auto* y = static_cast<BlockQ4_0*>(dst);
       for (int64_t b = 0; b < n / kQK4_0; ++b) {
         const float* x = src + b * kQK4_0;
-        float amax = 0.f, max = 0.f;  // signed value of largest magnitude, as ggml does
-        for (int j = 0; j < kQK4_0; ++j) {
-          if (std::fabs(x[j]) > amax) {
-            amax = std::fabs(x[j]);
-            max = x[j];
-          }
-        }
-        const float d = max / -8.f;
+        const float d = signed_absmax(x, kQK4_0) / -8.f;  // as ggml does
         const float id = d != 0.f ? 1.f / d : 0.f;
         y[b].d = fp32_to_fp16(d);
         for (int j = 0; j < kQK4_0 / 2; ++j) {

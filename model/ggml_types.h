@@ -154,6 +154,26 @@ inline int iq4xs_scale(const BlockIQ4_XS& b, int j) {
   return ((b.scales_l[j / 2] >> (4 * (j % 2)) & 0xF) | (b.scales_h >> (2 * j) & 3) << 4) - 32;
 }
 
+/// The values of 32 IQ4 indices (16 bytes: low nibbles values 0-15, high nibbles 16-31).
+inline void iq4_values32(const uint8_t* qs, int8_t* v) {
+  for (int j = 0; j < 16; ++j) {
+    v[j] = kIQ4Values[qs[j] & 0xF];
+    v[j + 16] = kIQ4Values[qs[j] >> 4];
+  }
+}
+
+/// The 256 unsigned values of a Q2_K (hmask null: [0, 3]) or Q3_K (hmask: [0, 7]) super-block:
+/// value e = 128n + 32j + l is 2 bits of qs[32n + l] at bit 2j, and for Q3_K bit 4n + j of
+/// hmask[l] as its bit 2.
+inline void low_bit_values(const uint8_t* qs, const uint8_t* hmask, uint8_t* u) {
+  for (int e = 0; e < 256; ++e) {
+    const int n = e / 128, j = (e / 32) % 4, l = e % 32;
+    int v = (qs[32 * n + l] >> (2 * j)) & 3;
+    if (hmask != nullptr) v |= ((hmask[l] >> (4 * n + j)) & 1) << 2;
+    u[e] = static_cast<uint8_t>(v);
+  }
+}
+
 /// Q3_K's 16 6-bit group scales (stored + 32) from their 12 bytes, as 4 words of 4 bytes (word
 /// k holds scales 4k..4k+3, still + 32): bytes 0-7 hold the low 4 bits of scales 0-7 (low
 /// nibbles) and 8-15 (high nibbles); byte 8 + k holds the top 2 bits of scales k, k + 4, k + 8,
