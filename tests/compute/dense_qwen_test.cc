@@ -75,7 +75,7 @@ class DenseQwen : public ::testing::TestWithParam<const char*> {
   // Rewrites `src`: as the dense architecture (expert 0 as the FFN, router and shared expert
   // dropped) when `to_dense`; else the same MoE file with the shared expert's down projection
   // zeroed, so that it adds exactly 0 (Qwen2-MoE always has one).
-  std::string rewrite(const std::string& src, bool to_dense, const std::string& name) const {
+  std::string rewrite(const std::string& src, bool to_dense, const std::string& name) {
     auto f = GgufFile::open(src);
     EXPECT_TRUE(f.has_value()) << f.error().message;
     GgufWriter w;
@@ -189,7 +189,7 @@ class DenseQwen : public ::testing::TestWithParam<const char*> {
 
   fs::path dir_;
   std::vector<int32_t> prompt_;
-  mutable std::vector<std::vector<uint8_t>> zeros_;
+  std::vector<std::vector<uint8_t>> zeros_;  // rewrite()'s zeroed tensors, alive until written
 };
 
 TEST_P(DenseQwen, IsItsMoeTwinWithOneExpert) {
