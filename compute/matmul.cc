@@ -51,6 +51,15 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     case GgmlType::kQ4_0:
       k = &q4_0;
       break;
+    case GgmlType::kQ4_1:
+      k = &q4_1;
+      break;
+    case GgmlType::kQ5_0:
+      k = &q5_0;
+      break;
+    case GgmlType::kQ5_1:
+      k = &q5_1;
+      break;
     case GgmlType::kIQ4_NL:
       k = &iq4_nl;
       break;

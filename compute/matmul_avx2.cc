@@ -17,7 +17,6 @@
 namespace troupe::compute::detail {
 namespace {
 
-using model::BlockQ4_0;
 using model::BlockQ4_K;
 using model::BlockQ5_K;
 using model::BlockQ6_K;
@@ -161,17 +160,21 @@ float quantize_block(const float* x, int n_vec, int8_t* q, int32_t* gsum16) {
   return m / 127.f;
 }
 
-// Q8_0 and Q4_0 work on groups of 2 blocks (64 values) laid out so that one int32 lane
-// always belongs to one block: part A holds values 0-15 of each block (lanes 4i..4i+3 for
-// block i), part B values 16-31 in the same lanes; two lane dots then share one conversion
-// and scaling, and Q4_0's low/high nibbles are exactly parts A and B.
-// Activations per group (128 bytes): A (32 int8), B (32 int8), 8 int32 `init` = -8 * the sum
-// of the lane's 8 values (Q4_0's offset folded into the integer dot), 8 floats: the block's
-// scale by lane. A missing second block of an odd last group is x = 0, scale 0.
+// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) work on groups of 2 blocks
+// (64 values) laid out so that one int32 lane always belongs to one block: part A holds values
+// 0-15 of each block (lanes 4i..4i+3 for block i), part B values 16-31 in the same lanes; two
+// lane dots then share one conversion and scaling, and the low/high nibbles are exactly parts
+// A and B.
+// Activations per group (128 bytes): A (32 int8), B (32 int8), 8 lanes of `extra`, 8 floats:
+// the block's scale by lane. `extra` is, for Q4_0 and Q5_0, the int32 kInit * the sum of the
+// lane's 8 values (the weights' offset folded into the integer dot); for Q4_1 and Q5_1
+// (kSums), the float scale * that sum, which the block offset multiplies. A missing second
+// block of an odd last group is x = 0, scale 0.
 constexpr int64_t kGroupBytes = 128;
 
 int64_t act32_bytes(int64_t cols) { return (cols / 32 + 1) / 2 * kGroupBytes; }
 
+template <int kInit, bool kSums = false>
 void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
   const int64_t nb = cols / 32;
   for (int64_t g = 0; g < (nb + 1) / 2; ++g) {
@@ -192,12 +195,24 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
     const __m256i sums = _mm256_madd_epi16(
         _mm256_add_epi16(_mm256_maddubs_epi16(ones8, xa), _mm256_maddubs_epi16(ones8, xb)),
         _mm256_set1_epi16(1));
+    const __m256 scale = _mm256_load_ps(dl);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a), xa);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 32), xb);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 64),
-                        _mm256_mullo_epi32(sums, _mm256_set1_epi32(-8)));
-    _mm256_storeu_ps(reinterpret_cast<float*>(a + 96), _mm256_load_ps(dl));
+    if constexpr (kSums) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(a + 64),
+                       _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 64),
+                          _mm256_mullo_epi32(sums, _mm256_set1_epi32(kInit)));
+    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(a + 96), scale);
   }
+}
+
+// The activations each 32-value block type reads.
+template <GgmlType kType>
+void quantize_act_blocks32(const float* x, int64_t cols, uint8_t* out) {
+  quantize_act32<blocks32_init(kType), blocks32_min(kType)>(x, cols, out);
 }
 
 // Activations for K-quants, per 256 values (384 bytes): 256 int8, 16 floats d*sum(x) over
@@ -218,9 +233,9 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Q8_0 and Q4_0 weights, a group of 2 blocks per step (see above). Output (r, t):
-// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order,
-// then hsum8.
+// The 32-value block types, a group of 2 blocks per step (see above). Output (r, t):
+// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order
+// (Q4_1, Q5_1: then acc = fma(x_scale_sum_lanes, w_offset_lanes, acc)), then hsum8.
 
 inline __m256i load2x16(const uint8_t* p, int64_t stride) {
   return _mm256_inserti128_si256(
@@ -228,46 +243,76 @@ inline __m256i load2x16(const uint8_t* p, int64_t stride) {
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
 }
 
+// Bytes of 0x10 where bit k of `bits` is set (byte k, k < 32): Q5_0's and Q5_1's fifth bits.
+inline __m256i bit4_bytes(uint32_t bits) {
+  const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                       2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201);
+  const __m256i v = _mm256_and_si256(
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), idx), sel);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+}
+
+// Two blocks' f16 fields (scales or offsets) as lanes [f0 x4, f1 x4].
+inline __m256 pair_lanes(uint16_t f0, uint16_t f1) {
+  return _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(f1)), _mm_set1_ps(_cvtsh_ss(f0)));
+}
+
 template <GgmlType kType>
 struct Blocks32Kernel {
-  using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
+  using Block = Block32<kType>;
   static constexpr int kRows = 2;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;
 
-  // One row's group, prepared once and used by every token of the tile. Q4_0: the unsigned
-  // nibbles q (values q - 8: the activations' init supplies -8 * sum(x)). Q8_0: magnitudes
-  // and the signed values (to flip the activations' signs: pair sums stay below 2^15).
+  // One row's group, prepared once and used by every token of the tile. Unsigned types: q
+  // (Q4_0, Q5_0: the activations' init supplies their zero). Signed types: magnitudes and the
+  // signed values (to flip the activations' signs: pair sums stay below 2^15).
   struct WGroup {
     __m256i a, b;            // unsigned operands for parts A and B
-    __m256i sign_a, sign_b;  // Q8_0: the signed values
+    __m256i sign_a, sign_b;  // signed types: the signed values
     __m256 dw;               // block scales by lane
+    __m256 dm;               // Q4_1, Q5_1: block offsets by lane
   };
 
   static WGroup prepare(const Block* blk) {
     WGroup g;
-    g.dw = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(blk[1].d)), _mm_set1_ps(_cvtsh_ss(blk[0].d)));
-    const auto* p = reinterpret_cast<const uint8_t*>(blk);
-    if constexpr (kType == GgmlType::kQ4_0) {
-      const __m256i z = load2x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
-      const __m256i m4 = _mm256_set1_epi8(0x0F);
-      g.a = _mm256_and_si256(z, m4);
-      g.b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-      g.sign_a = g.sign_b = _mm256_setzero_si256();
-    } else if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
-      const __m256i z = load2x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
-      const __m256i m4 = _mm256_set1_epi8(0x0F);
-      const __m256i table = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
-      g.sign_a = _mm256_shuffle_epi8(table, _mm256_and_si256(z, m4));
-      g.sign_b = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(z, 4), m4));
-      g.a = _mm256_abs_epi8(g.sign_a);
-      g.b = _mm256_abs_epi8(g.sign_b);
+    g.dw = pair_lanes(blk[0].d, blk[1].d);
+    if constexpr (blocks32_min(kType)) {
+      g.dm = pair_lanes(blk[0].m, blk[1].m);
     } else {
+      g.dm = _mm256_setzero_ps();
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(blk);
+    if constexpr (kType == GgmlType::kQ8_0) {
       g.sign_a = load2x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
       g.sign_b = load2x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
       g.a = _mm256_abs_epi8(g.sign_a);
       g.b = _mm256_abs_epi8(g.sign_b);
+      return g;
+    }
+    const __m256i z = load2x16(p + offsetof(Block, qs), sizeof(Block));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(z, m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+    if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
+      const __m256i table = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+      g.sign_a = _mm256_shuffle_epi8(table, lo);
+      g.sign_b = _mm256_shuffle_epi8(table, hi);
+      g.a = _mm256_abs_epi8(g.sign_a);
+      g.b = _mm256_abs_epi8(g.sign_b);
+    } else {
+      g.a = lo;
+      g.b = hi;
+      g.sign_a = g.sign_b = _mm256_setzero_si256();
+      if constexpr (blocks32_five(kType)) {  // bit j of qh: value j's bit 4
+        uint32_t h0, h1;
+        std::memcpy(&h0, blk[0].qh, 4);
+        std::memcpy(&h1, blk[1].qh, 4);
+        g.a = _mm256_or_si256(g.a, bit4_bytes((h0 & 0xFFFF) | h1 << 16));
+        g.b = _mm256_or_si256(g.b, bit4_bytes(h0 >> 16 | (h1 & 0xFFFF0000u)));
+      }
     }
     return g;
   }
@@ -275,12 +320,13 @@ struct Blocks32Kernel {
   static __m256i lane_dots(const WGroup& g, const uint8_t* act) {
     const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act));
     const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 32));
-    if constexpr (kType == GgmlType::kQ4_0) {
-      // Pair sums stay below 2 * 2 * 15 * 127 < 2^15: add them as int16.
+    if constexpr (!blocks32_signed(kType)) {
+      // Pair sums stay below 2 * 2 * 31 * 127 < 2^15: add them as int16.
       const __m256i pairs =
           _mm256_add_epi16(_mm256_maddubs_epi16(g.a, xa), _mm256_maddubs_epi16(g.b, xb));
-      return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64)),
-                              _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+      const __m256i dots = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+      if constexpr (blocks32_min(kType)) return dots;
+      return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64)), dots);
     } else {
       return _mm256_add_epi32(dot_u8s8(g.a, _mm256_sign_epi8(xa, g.sign_a)),
                               dot_u8s8(g.b, _mm256_sign_epi8(xb, g.sign_b)));
@@ -297,6 +343,10 @@ struct Blocks32Kernel {
       for (int i = 0; i < R; ++i) {
         const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(lane_dots(wg[i], xg[n])), dx);
         acc[i][n] = _mm256_fmadd_ps(f, wg[i].dw, acc[i][n]);
+        if constexpr (blocks32_min(kType)) {
+          const __m256 sx = _mm256_loadu_ps(reinterpret_cast<const float*>(xg[n] + 64));
+          acc[i][n] = _mm256_fmadd_ps(sx, wg[i].dm, acc[i][n]);
+        }
       }
     }
   }
@@ -576,15 +626,23 @@ TypeKernels make_kernels(int64_t (*bytes)(int64_t) = nullptr,
   return k;
 }
 
+template <GgmlType kType>
+TypeKernels blocks32_kernels() {
+  return make_kernels<Blocks32Kernel<kType>>(act32_bytes, quantize_act_blocks32<kType>);
+}
+
 KernelSet make_set() {
   KernelSet s{};
   s.name = "avx2";
   s.f32 = make_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = make_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
-  s.q8_0 = make_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32);
-  s.q4_0 = make_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32);
-  s.iq4_nl = make_kernels<Blocks32Kernel<GgmlType::kIQ4_NL>>(act32_bytes, quantize_act32);
+  s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
+  s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
+  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();
+  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
+  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
+  s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
   s.iq4_xs = make_kernels<KQuantKernel<IQ4XSDecode>>(actk_bytes, quantize_actk);
   s.q2_k = make_kernels<KQuantKernel<LowBitDecode<false>>>(actk_bytes, quantize_actk);
   s.q3_k = make_kernels<KQuantKernel<LowBitDecode<true>>>(actk_bytes, quantize_actk);

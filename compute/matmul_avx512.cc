@@ -115,18 +115,21 @@ struct FloatKernel {
 // ------------------------------------------------------------------------------------------
 // Int8 activations of Q8_0 and Q4_0 (quantize_vecs: avx512_common.h).
 
-// Q8_0 and Q4_0 work on groups of 4 blocks (128 values) laid out so that one int32 lane
-// always belongs to one block: part A holds values 0-15 of each block (lanes 4i..4i+3 for
-// block i), part B values 16-31 in the same lanes. Two lane dots (A, B) then share one
-// conversion and scaling per token, and Q4_0's low/high nibbles are exactly parts A and B.
-// Activations per group (256 bytes): A (64 int8), B (64 int8), 16 int32 `init` = kInit * the
-// sum of the lane's 8 values (folds the weights' offset into the integer dot), 16 floats: the
-// block's scale by lane. Missing blocks of a last partial group are x = 0, scale 0.
+// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) work on groups of 4 blocks
+// (128 values) laid out so that one int32 lane always belongs to one block: part A holds values
+// 0-15 of each block (lanes 4i..4i+3 for block i), part B values 16-31 in the same lanes. Two
+// lane dots (A, B) then share one conversion and scaling per token, and the low/high nibbles
+// are exactly parts A and B.
+// Activations per group (256 bytes): A (64 int8), B (64 int8), 16 lanes of `extra`, 16 floats:
+// the block's scale by lane. `extra` is the int32 kInit * the sum of the lane's 8 values (folds
+// the weights' offset into the integer dot), or for Q4_1 and Q5_1 (kSums) the float scale * that
+// sum, which the block offset multiplies. Missing blocks of a last partial group are x = 0,
+// scale 0.
 constexpr int64_t kGroupBytes = 256;
 
 int64_t act32_bytes(int64_t cols) { return (cols / 32 + 3) / 4 * kGroupBytes; }
 
-template <int kInit>
+template <int kInit, bool kSums = false>
 void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
   const int64_t nb = cols / 32;
   for (int64_t g = 0; g < (nb + 3) / 4; ++g) {
@@ -148,17 +151,28 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
     const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1);
     const __m512i sums = _mm512_madd_epi16(
         _mm512_add_epi16(_mm512_maddubs_epi16(ones8, xa), _mm512_maddubs_epi16(ones8, xb)), ones16);
+    const __m512 scale = _mm512_load_ps(dl);
     _mm512_storeu_si512(a, xa);
     _mm512_storeu_si512(a + 64, xb);
-    _mm512_storeu_si512(a + 128, _mm512_mullo_epi32(sums, _mm512_set1_epi32(kInit)));
-    _mm512_storeu_ps(a + 192, _mm512_load_ps(dl));
+    if constexpr (kSums) {
+      _mm512_storeu_ps(a + 128, _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale));
+    } else {
+      _mm512_storeu_si512(a + 128, _mm512_mullo_epi32(sums, _mm512_set1_epi32(kInit)));
+    }
+    _mm512_storeu_ps(a + 192, scale);
   }
 }
 
+// The activations each 32-value block type reads.
+template <GgmlType kType>
+void quantize_act_blocks32(const float* x, int64_t cols, uint8_t* out) {
+  quantize_act32<blocks32_init(kType), blocks32_min(kType)>(x, cols, out);
+}
+
 // ------------------------------------------------------------------------------------------
-// Q8_0 and Q4_0 weights, a group of 4 blocks per step (see above). Output (r, t):
-// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order,
-// then hsum16.
+// The 32-value block types, a group of 4 blocks per step (see above). Output (r, t):
+// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order
+// (Q4_1, Q5_1: then acc = fma(x_scale_sum_lanes, w_offset_lanes, acc)), then hsum16.
 
 // Four 16-byte pieces at p, p + stride, ... as one vector.
 inline __m512i load4x16(const uint8_t* p, int64_t stride) {
@@ -171,52 +185,77 @@ inline __m512i load4x16(const uint8_t* p, int64_t stride) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// Four f16 block scales (the first 2 bytes of blocks at p, p + stride, ...) as lanes
-// [d0 x4, d1 x4, d2 x4, d3 x4]: word permutes out of the group's first 128 bytes.
-template <int64_t kStride>
-inline __m512 scales4(const uint8_t* p) {
-  static_assert(kStride % 2 == 0 && 3 * kStride < 128);
-  constexpr auto w0 = static_cast<int16_t>(0), w1 = static_cast<int16_t>(kStride / 2),
-                 w2 = static_cast<int16_t>(kStride), w3 = static_cast<int16_t>(3 * kStride / 2);
+// The f16 field at byte kOff of four blocks of kStride bytes at p (their scales or offsets) as
+// lanes [f0 x4, f1 x4, f2 x4, f3 x4]: word permutes of the group's bytes, read with masks that
+// stop at its end (the last group of a mapped file may end a page).
+template <int64_t kStride, int64_t kOff = 0>
+inline __m512 fields4(const uint8_t* p) {
+  static_assert(kStride % 2 == 0 && kOff % 2 == 0 && 3 * kStride + kOff + 2 <= 128);
+  constexpr int64_t kBytes = 4 * kStride;
+  constexpr auto w0 = static_cast<int16_t>(kOff / 2),
+                 w1 = static_cast<int16_t>((kOff + kStride) / 2),
+                 w2 = static_cast<int16_t>((kOff + 2 * kStride) / 2),
+                 w3 = static_cast<int16_t>((kOff + 3 * kStride) / 2);
   const __m256i idx =
       _mm256_setr_epi16(w0, w0, w0, w0, w1, w1, w1, w1, w2, w2, w2, w2, w3, w3, w3, w3);
+  constexpr auto mask = [](int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; };
+  const __m512i first = _mm512_maskz_loadu_epi8(mask(kBytes), p);
   __m256i words;
-  if constexpr (3 * kStride < 64) {
-    words = _mm512_castsi512_si256(
-        _mm512_permutexvar_epi16(_mm512_castsi256_si512(idx), _mm512_loadu_si512(p)));
+  if constexpr (3 * kStride + kOff + 2 <= 64) {
+    words = _mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(idx), first));
   } else {
-    words = _mm512_castsi512_si256(_mm512_permutex2var_epi16(
-        _mm512_loadu_si512(p), _mm512_castsi256_si512(idx), _mm512_loadu_si512(p + 64)));
+    const __m512i second = _mm512_maskz_loadu_epi8(mask(kBytes - 64), p + 64);
+    words = _mm512_castsi512_si256(
+        _mm512_permutex2var_epi16(first, _mm512_castsi256_si512(idx), second));
   }
   return _mm512_cvtph_ps(words);
 }
 
 template <GgmlType kType>
 struct Blocks32Kernel {
-  using Block = std::conditional_t<kType == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
+  using Block = Block32<kType>;
   static constexpr int kRows = 4;
   static constexpr int kDecodeRowsQ4 = 8;  // Q4_0, one token (rows below)
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;     // tiled_rows (few tokens)
   static constexpr int64_t kStreamBlock = 32;  // streaming (many tokens)
 
-  // One row's group, prepared once and used by every token of the tile.
+  // One row's group, prepared once and used by every token of the tile. Unsigned types: q
+  // (Q4_0, Q5_0: the activations' init supplies their zero). Signed types: magnitudes, and
+  // masks of the negative values that flip the activations' signs.
   struct WGroup {
     __m512i a, b;            // unsigned operands for parts A and B
-    __mmask64 neg_a, neg_b;  // Q8_0: negative values
+    __mmask64 neg_a, neg_b;  // signed types: negative values
     __m512 dw;               // block scales by lane
+    __m512 dm;               // Q4_1, Q5_1: block offsets by lane
   };
 
   static WGroup prepare(const Block* blk) {
     const auto* p = reinterpret_cast<const uint8_t*>(blk);
     WGroup g;
-    g.dw = scales4<sizeof(Block)>(p);
+    g.dw = fields4<sizeof(Block)>(p);
+    if constexpr (blocks32_min(kType)) {
+      g.dm = fields4<sizeof(Block), offsetof(Block, m)>(p);
+    } else {
+      g.dm = _mm512_setzero_ps();
+    }
     g.neg_a = g.neg_b = 0;
-    if constexpr (kType == GgmlType::kQ4_0) {
-      const __m512i z = load4x16(p + offsetof(BlockQ4_0, qs), sizeof(Block));
+    if constexpr (!blocks32_signed(kType)) {
+      const __m512i z = load4x16(p + offsetof(Block, qs), sizeof(Block));
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       g.a = _mm512_and_si512(z, m4);
       g.b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+      if constexpr (blocks32_five(kType)) {  // bit j of qh: value j's bit 4
+        uint64_t ha = 0, hb = 0;
+        for (int i = 0; i < 4; ++i) {
+          uint32_t h;
+          std::memcpy(&h, blk[i].qh, 4);
+          ha |= static_cast<uint64_t>(h & 0xFFFF) << (16 * i);
+          hb |= static_cast<uint64_t>(h >> 16) << (16 * i);
+        }
+        g.a = _mm512_or_si512(g.a, _mm512_maskz_set1_epi8(ha, 0x10));
+        g.b = _mm512_or_si512(g.b, _mm512_maskz_set1_epi8(hb, 0x10));
+      }
     } else {
       __m512i wa, wb;
       if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
@@ -241,12 +280,13 @@ struct Blocks32Kernel {
   // Exact int32 lane dots of one group with one token's activations.
   static __m512i lane_dots(const WGroup& g, const uint8_t* act) {
     const __m512i xa = _mm512_loadu_si512(act), xb = _mm512_loadu_si512(act + 64);
-    if constexpr (kType == GgmlType::kQ4_0) {
-      // Pair sums stay below 2 * 2 * 15 * 127 < 2^15: add them as int16.
+    if constexpr (!blocks32_signed(kType)) {
+      // Pair sums stay below 2 * 2 * 31 * 127 < 2^15: add them as int16.
       const __m512i pairs =
           _mm512_add_epi16(_mm512_maddubs_epi16(g.a, xa), _mm512_maddubs_epi16(g.b, xb));
-      return _mm512_add_epi32(_mm512_loadu_si512(act + 128),
-                              _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+      const __m512i dots = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+      if constexpr (blocks32_min(kType)) return dots;
+      return _mm512_add_epi32(_mm512_loadu_si512(act + 128), dots);
     } else {
       const __m512i zero = _mm512_setzero_si512();
       const __m512i sa = _mm512_mask_sub_epi8(xa, g.neg_a, zero, xa);
@@ -258,7 +298,9 @@ struct Blocks32Kernel {
   // The one arithmetic of an output for one group (both loop structures below use it).
   static __m512 token_group(const WGroup& g, const uint8_t* act, __m512 dx, __m512 acc) {
     const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_dots(g, act)), dx);
-    return _mm512_fmadd_ps(f, g.dw, acc);
+    acc = _mm512_fmadd_ps(f, g.dw, acc);
+    if constexpr (blocks32_min(kType)) acc = _mm512_fmadd_ps(_mm512_loadu_ps(act + 128), g.dm, acc);
+    return acc;
   }
 
   // Few tokens (decode): register tiles of kRows x kToks through tiled_rows.
@@ -385,6 +427,11 @@ TypeKernels float_kernels() {
   return k;
 }
 
+template <GgmlType kType>
+TypeKernels blocks32_kernels() {
+  return streaming_kernels<Blocks32Kernel<kType>>(act32_bytes, quantize_act_blocks32<kType>);
+}
+
 template <bool kVnni, bool kGfni = false>
 KernelSet make_set() {
   KernelSet s{};
@@ -398,11 +445,15 @@ KernelSet make_set() {
     // tiles.
     avx512_tile_kernels(kGfni, &s.q8_0_t16, &s.q4_0_t16, &s.q8_0, &s.q4_0);
   } else {
-    s.q8_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ8_0>>(act32_bytes, quantize_act32<-128>);
-    s.q4_0 = streaming_kernels<Blocks32Kernel<GgmlType::kQ4_0>>(act32_bytes, quantize_act32<-8>);
+    s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
+    s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   }
-  // IQ4_NL: Q8_0's arithmetic on looked-up values, at every AVX-512 level (no tiles).
-  s.iq4_nl = streaming_kernels<Blocks32Kernel<GgmlType::kIQ4_NL>>(act32_bytes, quantize_act32<0>);
+  // IQ4_NL (Q8_0's arithmetic on looked-up values), Q4_1, Q5_0 and Q5_1, at every AVX-512 level
+  // (no tiles).
+  s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
+  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();
+  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
+  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
   if constexpr (kVnni) {  // Q4_K, Q5_K and Q6_K likewise
     avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k);
     avx512_tile_kernels_q6k(kGfni, &s.q6_k_t16, &s.q6_k);

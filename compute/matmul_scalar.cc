@@ -79,26 +79,32 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
   for (int64_t b = 0; b < cols / 32; ++b) a[b].d = quantize_int8(x + b * 32, 32, a[b].q);
 }
 
-// One Q8_0 or Q4_0 row (nb blocks at src) as int8 values wq[32 nb] and block scales wd[nb].
+// One row of a 32-value block type (nb blocks at src) as int8 values wq[32 nb], block scales
+// wd[nb] and, for Q4_1 and Q5_1, block offsets wm[nb]: signed values for Q8_0, Q4_0, Q5_0 and
+// IQ4_NL, the unsigned q for Q4_1 and Q5_1.
 template <model::GgmlType kType>
-void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd) {
+void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd,
+                     [[maybe_unused]] float* wm) {
+  using model::GgmlType;
   for (int64_t b = 0; b < nb; ++b) {
     int8_t* q = wq + b * 32;
-    if constexpr (kType == model::GgmlType::kQ8_0) {
+    if constexpr (kType == GgmlType::kQ8_0) {
       const auto& blk = reinterpret_cast<const BlockQ8_0*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
       std::memcpy(q, blk.qs, 32);
-    } else if constexpr (kType == model::GgmlType::kIQ4_NL) {
+    } else if constexpr (kType == GgmlType::kIQ4_NL) {
       const auto& blk = reinterpret_cast<const model::BlockIQ4_NL*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
       model::iq4_values32(blk.qs, q);
-    } else {
-      const auto& blk = reinterpret_cast<const BlockQ4_0*>(src)[b];
+    } else {  // unsigned q: Q4_0, Q5_0 (less their zero) and Q4_1, Q5_1 (as stored)
+      const auto& blk = reinterpret_cast<const Block32<kType>*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
-      for (int i = 0; i < 16; ++i) {
-        q[i] = static_cast<int8_t>((blk.qs[i] & 0xF) - 8);
-        q[i + 16] = static_cast<int8_t>((blk.qs[i] >> 4) - 8);
-      }
+      const uint8_t* qh = nullptr;
+      if constexpr (blocks32_five(kType)) qh = blk.qh;
+      if constexpr (blocks32_min(kType)) wm[b] = fp16_to_fp32(blk.m);
+      uint8_t u[32];
+      model::nibble_values32(blk.qs, qh, u);
+      for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(u[i] + blocks32_init(kType));
     }
   }
 }
@@ -124,32 +130,40 @@ const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r) 
   return row;
 }
 
-// Q8_0 and Q4_0, each row decoded to int8 values and block scales, then an exact integer dot
-// per block, scaled and summed in block order. kTiled: the matrix is in 16-row tiles
-// (model/weight_tiles.h) and each output is ActTile32's recurrence, the reference for the SIMD
-// tile kernels, which give the same bits (the exact dot of the signed values is their
+// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), each row decoded to int8
+// values and block scales, then an exact integer dot per block, scaled and summed in block order
+// (Q4_1 and Q5_1 add the block offset times the activations' sum). kTiled: the matrix is in 16-row
+// tiles (model/weight_tiles.h) and each output is ActTile32's recurrence, the reference for the
+// SIMD tile kernels, which give the same bits (the exact dot of the signed values is their
 // ActTile32::start less M's bits, plus the unsigned dot).
 template <model::GgmlType kType, bool kTiled = false>
 void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<int8_t> qbuf;
-  thread_local std::vector<float> dbuf;
+  thread_local std::vector<float> dbuf, mbuf;
   const int64_t nb = j.cols / 32;
   int8_t* wq = scratch(qbuf, j.cols);
   float* wd = scratch(dbuf, nb);
+  float* wm = scratch(mbuf, nb);
   for (int64_t r = r0; r < r1; ++r) {
-    decode_blocks32<kType>(kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes, nb, wq, wd);
+    decode_blocks32<kType>(kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes, nb, wq, wd,
+                           wm);
     for (int64_t t = 0; t < j.n_tok; ++t) {
       using Act = std::conditional_t<kTiled, ActTile32, ActBlock32>;
       const auto* a = reinterpret_cast<const Act*>(j.act + t * j.act_stride);
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         int32_t dot = 0;
-        for (int k = 0; k < 32; ++k) dot += wq[b * 32 + k] * a[b].q[k];
+        [[maybe_unused]] int32_t sum = 0;
+        for (int k = 0; k < 32; ++k) {
+          dot += wq[b * 32 + k] * a[b].q[k];
+          if constexpr (blocks32_min(kType)) sum += a[b].q[k];
+        }
         if constexpr (kTiled) {
           const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);
           acc = std::fma(t, wd[b], acc);
         } else {
           acc += static_cast<float>(dot) * a[b].d * wd[b];
+          if constexpr (blocks32_min(kType)) acc += static_cast<float>(sum) * a[b].d * wm[b];
         }
       }
       j.y[t * j.y_stride + r] = acc;
@@ -409,10 +423,13 @@ const KernelSet& scalar_kernels() {
     k.f32.rows = float_rows<GgmlType::kF32>;
     k.f16.rows = float_rows<GgmlType::kF16>;
     k.bf16.rows = float_rows<GgmlType::kBF16>;
-    for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.iq4_nl}) {
+    for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl}) {
       t->act_row_bytes = act32_bytes;
       t->quantize = quantize_act32;
     }
+    k.q4_1.rows = blocks32_rows<GgmlType::kQ4_1>;
+    k.q5_0.rows = blocks32_rows<GgmlType::kQ5_0>;
+    k.q5_1.rows = blocks32_rows<GgmlType::kQ5_1>;
     k.iq4_nl.rows = blocks32_rows<GgmlType::kIQ4_NL>;
     k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
     k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;

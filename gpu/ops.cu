@@ -88,6 +88,20 @@ __device__ float dequant_element(GgmlType type, const uint8_t* row, int64_t c) {
       const int q = static_cast<int>(j < 16 ? (byte & 0xFu) : (byte >> 4)) - 8;
       return __fmul_rn(static_cast<float>(q), d);
     }
+    case GgmlType::kQ4_1:    // {f16 d, m; u8 qs[16]}: q * d + m
+    case GgmlType::kQ5_0:    // {f16 d; u8 qh[4]; u8 qs[16]}: (q - 16) * d, bit j of qh: q's bit 4
+    case GgmlType::kQ5_1: {  // {f16 d, m; u8 qh[4]; u8 qs[16]}: q * d + m
+      const bool has_m = type != GgmlType::kQ5_0, five = type != GgmlType::kQ4_1;
+      const int bytes = type == GgmlType::kQ4_1 ? 20 : type == GgmlType::kQ5_0 ? 22 : 24;
+      const uint8_t* b = row + (c / model::kQK4_0) * bytes;
+      const int j = static_cast<int>(c % model::kQK4_0);
+      const uint32_t byte = b[bytes - 16 + (j & 15)];
+      uint32_t q = j < 16 ? (byte & 0xFu) : (byte >> 4);
+      if (five) q |= ((static_cast<uint32_t>(b[(has_m ? 4 : 2) + j / 8]) >> (j % 8)) & 1u) << 4;
+      const float v = __fmul_rn(static_cast<float>(static_cast<int>(q) - (has_m ? 0 : 16)),
+                                f16_bits_to_f32(load_u16(b)));
+      return has_m ? __fadd_rn(v, f16_bits_to_f32(load_u16(b + 2))) : v;
+    }
     case GgmlType::kIQ4_NL:    // {f16 d; u8 qs[16]}: d * kIQ4Values[index]
     case GgmlType::kIQ4_XS: {  // {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}
       const bool xs = type == GgmlType::kIQ4_XS;
@@ -415,6 +429,9 @@ bool dequantize_supported(model::GgmlType t) {
     case model::GgmlType::kBF16:
     case model::GgmlType::kQ8_0:
     case model::GgmlType::kQ4_0:
+    case model::GgmlType::kQ4_1:
+    case model::GgmlType::kQ5_0:
+    case model::GgmlType::kQ5_1:
     case model::GgmlType::kIQ4_NL:
     case model::GgmlType::kIQ4_XS:
     case model::GgmlType::kQ2_K:
@@ -433,7 +450,8 @@ bool dequantize_supported(model::GgmlType t) {
 void dequantize_to_bf16(const void* src, size_t src_bytes, GgmlType type, int64_t rows,
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream) {
   OPS_REQUIRE(dequantize_supported(type),
-              "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q2_K, "
+              "dequantize_to_bf16: type %s is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, "
+              "q5_0, q5_1, q2_K, "
               "q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs are)",
               model::type_name(type).c_str());
   OPS_REQUIRE(rows >= 0 && cols >= 0, "dequantize_to_bf16: shape [%lld, %lld] is negative",

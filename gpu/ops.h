@@ -32,10 +32,10 @@ constexpr int64_t kMaxHeadDim = 1024;
 /// src: the tensor's raw bytes as stored in the file (rows of model::row_bytes(type, cols) bytes,
 /// rows contiguous; a 3-D stack of matrices is rows = ne[1] * ne[2]); any byte alignment.
 /// src_bytes: bytes readable at src (checked: >= rows * row_bytes).
-/// Types: F32, F16, BF16, Q8_0, Q4_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS. Each element is exactly the
-/// f32 value of compute::get_row (same float operations, in the same order, no FMA contraction),
-/// rounded to bf16 to nearest even. Throws InputError for another type, cols not a multiple of the
-/// block size, negative sizes, a null pointer or a short src.
+/// Types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, IQ4_NL, IQ4_XS. Each element is
+/// exactly the f32 value of compute::get_row (same float operations, in the same order, no FMA
+/// contraction), rounded to bf16 to nearest even. Throws InputError for another type, cols not a
+/// multiple of the block size, negative sizes, a null pointer or a short src.
 void dequantize_to_bf16(const void* src, size_t src_bytes, model::GgmlType type, int64_t rows,
                         int64_t cols, __nv_bfloat16* out, cudaStream_t stream);
 /// True for the weight types dequantize_to_bf16 takes.

@@ -18,11 +18,11 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
     case 2:
       return TypeTraits{"q4_0", 32, 18, true};
     case 3:
-      return TypeTraits{"q4_1", 32, 20, false};
+      return TypeTraits{"q4_1", 32, 20, true};
     case 6:
-      return TypeTraits{"q5_0", 32, 22, false};
+      return TypeTraits{"q5_0", 32, 22, true};
     case 7:
-      return TypeTraits{"q5_1", 32, 24, false};
+      return TypeTraits{"q5_1", 32, 24, true};
     case 8:
       return TypeTraits{"q8_0", 32, 34, true};
     case 9:
@@ -151,6 +151,25 @@ void dequant_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
       y[j + kQK4_0 / 2] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
     }
     y += kQK4_0;
+  }
+}
+
+// Q4_1, Q5_0 and Q5_1: per block of 32 a scale d and (Q4_1, Q5_1) an offset m, values
+// d * (q - kZero) + m.
+template <class Block, bool kFive, int kZero>
+void dequant_nibbles32(const Block* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = fp16_to_fp32(x[i].d);
+    float m = 0.f;
+    const uint8_t* qh = nullptr;
+    if constexpr (kZero == 0) m = fp16_to_fp32(x[i].m);
+    if constexpr (kFive) qh = x[i].qh;
+    uint8_t u[32];
+    nibble_values32(x[i].qs, qh, u);
+    for (int j = 0; j < 32; ++j) {
+      const float v = static_cast<float>(u[j] - kZero) * d;  // then + m: never one FMA
+      y[j] = kZero == 0 ? v + m : v;
+    }
   }
 }
 
@@ -366,6 +385,53 @@ void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
   }
 }
 
+// 32 unsigned values u into Q4_0's nibble order at qs and (qh non-null) their bit 4 into qh.
+void pack_nibbles32(const uint8_t* u, uint8_t* qs, uint8_t* qh) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((u[j] & 0xF) | (u[j + 16] & 0xF) << 4);
+    h |= static_cast<uint32_t>(u[j] >> 4) << j | static_cast<uint32_t>(u[j + 16] >> 4) << (j + 16);
+  }
+  if (qh != nullptr) std::memcpy(qh, &h, 4);
+}
+
+// Q4_1 and Q5_1: a max-min fit per block, value = d * q + m with m the block's minimum.
+template <class Block, int kMax>
+void quant_min32(const float* x, Block* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < 32; ++j) {
+      lo = std::fmin(lo, x[j]);
+      hi = std::fmax(hi, x[j]);
+    }
+    y[i].d = fp32_to_fp16((hi - lo) / static_cast<float>(kMax));
+    y[i].m = fp32_to_fp16(lo);
+    const float d = fp16_to_fp32(y[i].d), m = fp16_to_fp32(y[i].m);
+    uint8_t u[32];
+    for (int j = 0; j < 32; ++j)
+      u[j] = static_cast<uint8_t>(
+          d > 0.f ? std::clamp(std::lround((x[j] - m) / d), 0L, static_cast<long>(kMax)) : 0);
+    if constexpr (kMax == 15) {
+      pack_nibbles32(u, y[i].qs, nullptr);
+    } else {
+      pack_nibbles32(u, y[i].qs, y[i].qh);
+    }
+  }
+}
+
+// Q5_0: the scale puts the block's value of largest magnitude at -16 (as Q4_0 does with -8).
+void quant_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    y[i].d = fp32_to_fp16(signed_absmax(x, 32) / -16.f);
+    const float d = fp16_to_fp32(y[i].d);
+    uint8_t u[32];
+    for (int j = 0; j < 32; ++j)
+      u[j] =
+          static_cast<uint8_t>(16 + (d != 0.f ? std::clamp(std::lround(x[j] / d), -16L, 15L) : 0));
+    pack_nibbles32(u, y[i].qs, y[i].qh);
+  }
+}
+
 // Per group of 16 values the scale that puts the group's value of largest magnitude at `lowest`
 // (as Q4_0 does with -8) into scale[16]; returns the one of largest magnitude among them.
 float signed_group_scales(const float* x, float lowest, float* scale) {
@@ -528,6 +594,15 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
     }
     case GgmlType::kQ4_0:
       return dequant_q4_0(static_cast<const BlockQ4_0*>(src), out, n / kQK4_0);
+    case GgmlType::kQ4_1:
+      return dequant_nibbles32<BlockQ4_1, false, 0>(static_cast<const BlockQ4_1*>(src), out,
+                                                    n / kQK4_0);
+    case GgmlType::kQ5_0:
+      return dequant_nibbles32<BlockQ5_0, true, 16>(static_cast<const BlockQ5_0*>(src), out,
+                                                    n / kQK4_0);
+    case GgmlType::kQ5_1:
+      return dequant_nibbles32<BlockQ5_1, true, 0>(static_cast<const BlockQ5_1*>(src), out,
+                                                   n / kQK4_0);
     case GgmlType::kQ8_0:
       return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
     case GgmlType::kIQ4_NL:
@@ -592,6 +667,12 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case GgmlType::kQ4_1:
+      return quant_min32<BlockQ4_1, 15>(src, static_cast<BlockQ4_1*>(dst), n / kQK4_0);
+    case GgmlType::kQ5_0:
+      return quant_q5_0(src, static_cast<BlockQ5_0*>(dst), n / kQK4_0);
+    case GgmlType::kQ5_1:
+      return quant_min32<BlockQ5_1, 31>(src, static_cast<BlockQ5_1*>(dst), n / kQK4_0);
     case GgmlType::kIQ4_NL:
       return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n / kQK4_0);
     case GgmlType::kIQ4_XS:

@@ -75,15 +75,19 @@ struct BlockQ4_0 {
   uint16_t d;              // f16 scale
   uint8_t qs[kQK4_0 / 2];  // nibbles: low = element j, high = element j+16
 };
+/// Q4_1: value = d * q + m, q in [0, 15] (Q4_0's nibble order).
 struct BlockQ4_1 {
   uint16_t d, m;
   uint8_t qs[kQK4_0 / 2];
 };
+/// Q5_0: value = d * (q - 16), q in [0, 31]: Q4_0's nibbles, and bit j of the little-endian
+/// word qh the top bit of value j.
 struct BlockQ5_0 {
   uint16_t d;
   uint8_t qh[4];
   uint8_t qs[kQK4_0 / 2];
 };
+/// Q5_1: value = d * q + m, q in [0, 31] laid out as in Q5_0.
 struct BlockQ5_1 {
   uint16_t d, m;
   uint8_t qh[4];
@@ -137,6 +141,9 @@ struct BlockQ3_K {
 };
 #pragma pack(pop)
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ6_K) == 210);
@@ -159,6 +166,18 @@ inline void iq4_values32(const uint8_t* qs, int8_t* v) {
   for (int j = 0; j < 16; ++j) {
     v[j] = kIQ4Values[qs[j] & 0xF];
     v[j + 16] = kIQ4Values[qs[j] >> 4];
+  }
+}
+
+/// The 32 unsigned values of a 32-value block with 4 or 5 bits (Q4_0, Q4_1: qh null; Q5_0, Q5_1:
+/// qh their 4 high-bit bytes): value j < 16 is the low nibble of qs[j], value j + 16 its high
+/// one, and bit j of the little-endian word qh is value j's bit 4.
+inline void nibble_values32(const uint8_t* qs, const uint8_t* qh, uint8_t* u) {
+  uint32_t h = 0;
+  if (qh != nullptr) std::memcpy(&h, qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    u[j] = static_cast<uint8_t>((qs[j] & 0xF) | (h >> j & 1) << 4);
+    u[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (h >> (j + 16) & 1) << 4);
   }
 }
 
@@ -203,8 +222,8 @@ inline void q3k_scales(const uint8_t* p, int8_t* s) {
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
-/// Supported: f32, f16, bf16, q8_0, q4_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs. Throws
-/// InputError otherwise.
+/// Supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl,
+/// iq4_xs. Throws InputError otherwise.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace troupe::model

@@ -23,6 +23,9 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "bf16") return GgmlType::kBF16;
   if (s == "q8_0") return GgmlType::kQ8_0;
   if (s == "q4_0") return GgmlType::kQ4_0;
+  if (s == "q4_1") return GgmlType::kQ4_1;
+  if (s == "q5_0") return GgmlType::kQ5_0;
+  if (s == "q5_1") return GgmlType::kQ5_1;
   if (s == "iq4_nl") return GgmlType::kIQ4_NL;
   if (s == "iq4_xs") return GgmlType::kIQ4_XS;
   if (s == "q2_k" || s == "q2_K") return GgmlType::kQ2_K;
@@ -258,13 +261,15 @@ class Planner {
   Planner(GgmlType dtype, bool k_mix, std::vector<std::string>* notes)
       : dtype_(dtype), k_mix_(k_mix), notes_(notes) {}
 
-  // A matrix (2-D or stacked 3-D) in the requested type, or f16 when rows do not fit its blocks.
+  // A matrix (2-D or stacked 3-D) in the requested type. Rows that do not fit its blocks take
+  // the 32-value type llama.cpp's quantizer puts in its place (model files of widths off the
+  // 256-value super-block, e.g. 896, hold these), else f16.
   void matrix(std::string name, std::vector<int64_t> shape) {
     GgmlType t = k_mix_ && mixed_up(name) ? GgmlType::kQ6_K : dtype_;
-    const int64_t block = type_traits(static_cast<uint32_t>(t))->block_elems;
-    if (shape[0] % block != 0) {
-      t = GgmlType::kF16;
-      note_fallback(name, shape[0]);
+    if (shape[0] % block_elems(t) != 0) {
+      const GgmlType want = t;
+      t = shape[0] % block_elems(fallback_of(t)) == 0 ? fallback_of(t) : GgmlType::kF16;
+      note_fallback(name, shape[0], want, t);
     }
     const float sd = 1.f / std::sqrt(static_cast<float>(shape[0]));
     tensors_.push_back({std::move(name), std::move(shape), t, Init::kNormal, sd});
@@ -285,7 +290,27 @@ class Planner {
   std::vector<PlannedTensor> take() { return std::move(tensors_); }
 
  private:
-  void note_fallback(const std::string& name, int64_t row) {
+  static int64_t block_elems(GgmlType t) {
+    return type_traits(static_cast<uint32_t>(t))->block_elems;
+  }
+  // What llama.cpp's quantizer writes for a 256-value type whose rows do not fit it.
+  static GgmlType fallback_of(GgmlType t) {
+    switch (t) {
+      case GgmlType::kQ2_K:
+      case GgmlType::kQ3_K:
+      case GgmlType::kIQ4_XS:
+        return GgmlType::kIQ4_NL;
+      case GgmlType::kQ4_K:
+        return GgmlType::kQ5_0;
+      case GgmlType::kQ5_K:
+        return GgmlType::kQ5_1;
+      case GgmlType::kQ6_K:
+        return GgmlType::kQ8_0;
+      default:
+        return GgmlType::kF16;
+    }
+  }
+  void note_fallback(const std::string& name, int64_t row, GgmlType want, GgmlType got) {
     // One note per tensor kind: "blk.3.attn_k_b.weight" -> "attn_k_b.weight".
     std::string kind = name;
     if (kind.rfind("blk.", 0) == 0) kind = kind.substr(kind.find('.', 4) + 1);
@@ -293,10 +318,9 @@ class Planner {
     if (it != kinds_.end()) return;
     kinds_.push_back(kind);
     notes_->push_back(
-        strfmt("%s: row of %lld is not a multiple of the %s block (%lld): stored as "
-               "f16",
-               kind.c_str(), static_cast<long long>(row), type_name(dtype_).c_str(),
-               static_cast<long long>(type_traits(static_cast<uint32_t>(dtype_))->block_elems)));
+        strfmt("%s: row of %lld is not a multiple of the %s block (%lld): stored as %s",
+               kind.c_str(), static_cast<long long>(row), type_name(want).c_str(),
+               static_cast<long long>(block_elems(want)), type_name(got).c_str()));
   }
   // Which matrices a K-quant mix keeps in Q6_K (SynthOptions::k_mix).
   static bool mixed_up(const std::string& name) {
@@ -400,6 +424,12 @@ uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 
       return 1;
     case GgmlType::kQ4_0:
       return 2;
+    case GgmlType::kQ4_1:
+      return 3;
+    case GgmlType::kQ5_0:
+      return 8;
+    case GgmlType::kQ5_1:
+      return 9;
     case GgmlType::kQ8_0:
       return 7;
     case GgmlType::kBF16:
@@ -637,8 +667,8 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
       TROUPE_INPUT_ERROR(
-          "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
-          "q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)",
+          "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
+          "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)",
           type_name(opts.dtype).c_str());
     const Config c = resolve(opts);
     SynthSummary sum;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "compute/matmul.h"
@@ -57,7 +58,8 @@ struct TypeKernels {
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
-  TypeKernels f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
+  TypeKernels f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl,
+      iq4_xs;
   TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
@@ -150,6 +152,33 @@ inline void finish_act_tileq6k(ActTileQ6K& a) {
     for (int k = 0; k < 16; ++k) sum += a.q[16 * g + k];
     a.start[g] = tile_start(-32 * sum);
   }
+}
+
+/// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as the row kernels read them.
+/// IQ4_NL has Q4_0's layout (its nibbles index model::kIQ4Values).
+template <model::GgmlType t>
+using Block32 = std::conditional_t<
+    t == model::GgmlType::kQ8_0, model::BlockQ8_0,
+    std::conditional_t<t == model::GgmlType::kQ4_1, model::BlockQ4_1,
+                       std::conditional_t<t == model::GgmlType::kQ5_0, model::BlockQ5_0,
+                                          std::conditional_t<t == model::GgmlType::kQ5_1,
+                                                             model::BlockQ5_1, model::BlockQ4_0>>>>;
+/// Weights read as signed int8 (Q8_0's values, IQ4_NL's looked-up ones); the others are
+/// unsigned 4- or 5-bit q.
+constexpr bool blocks32_signed(model::GgmlType t) {
+  return t == model::GgmlType::kQ8_0 || t == model::GgmlType::kIQ4_NL;
+}
+/// Value d * q + m: an offset m per block (Q4_1, Q5_1).
+constexpr bool blocks32_min(model::GgmlType t) {
+  return t == model::GgmlType::kQ4_1 || t == model::GgmlType::kQ5_1;
+}
+/// q has a fifth bit from the block's qh word (Q5_0, Q5_1).
+constexpr bool blocks32_five(model::GgmlType t) {
+  return t == model::GgmlType::kQ5_0 || t == model::GgmlType::kQ5_1;
+}
+/// Value d * (q + init): Q4_0's -8 and Q5_0's -16, folded into the integer dot as init * sum(x).
+constexpr int blocks32_init(model::GgmlType t) {
+  return t == model::GgmlType::kQ4_0 ? -8 : t == model::GgmlType::kQ5_0 ? -16 : 0;
 }
 
 /// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).

@@ -24,10 +24,10 @@ using model::GgmlType;
 using model::WeightView;
 using namespace matmultest;  // NOLINT(google-build-using-namespace): the test helpers
 
-constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,
-                               GgmlType::kQ8_0, GgmlType::kQ4_0,   GgmlType::kQ2_K,
-                               GgmlType::kQ3_K, GgmlType::kQ4_K,   GgmlType::kQ5_K,
-                               GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+constexpr GgmlType kTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
+    GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,   GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
 bool is_float(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
@@ -326,7 +326,7 @@ TEST(Matmul, UnsupportedTypeThrows) {
   std::vector<uint8_t> data(64);
   WeightView w;
   w.name = "blk.0.ffn_up.weight";
-  w.type = GgmlType::kQ5_0;
+  w.type = GgmlType::kQ8_1;
   w.ne[0] = 32;
   w.ne[1] = 1;
   w.data = data.data();
@@ -335,7 +335,7 @@ TEST(Matmul, UnsupportedTypeThrows) {
     matmul(w, x.data(), 1, y.data(), nullptr);
     FAIL() << "no throw";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("q5_0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q8_1"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("blk.0.ffn_up.weight"), std::string::npos) << e.what();
   }
 }

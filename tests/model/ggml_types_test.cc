@@ -204,5 +204,82 @@ TEST(GgmlTypes, IQ4WritersRoundTripWithinTheTable) {
   }
 }
 
+// Q4_1, Q5_0 and Q5_1 as the format is usually written: element j and j + 16 from byte j's
+// nibbles, their fifth bits shifted out of the qh word as (qh >> j) << 4 and qh >> (j + 12),
+// each masked with 0x10.
+TEST(GgmlTypes, Blocks32WithOffsetsAndFifthBitsDequantizeAsTheFormatLoops) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const int64_t bb = type_traits(static_cast<uint32_t>(t))->block_bytes;
+    std::vector<uint8_t> bytes = random_bytes(static_cast<size_t>(3 * bb), 9);
+    for (int i = 0; i < 3; ++i) {  // sane scales and offsets: d = (i + 1) / 8, m = -(i + 1) / 4
+      const uint16_t d = fp32_to_fp16(0.125f * static_cast<float>(i + 1));
+      const uint16_t m = fp32_to_fp16(-0.25f * static_cast<float>(i + 1));
+      std::memcpy(bytes.data() + i * bb, &d, 2);
+      if (t != GgmlType::kQ5_0) std::memcpy(bytes.data() + i * bb + 2, &m, 2);
+    }
+    float got[96];
+    dequantize_row(t, bytes.data(), got, 96);
+    for (int i = 0; i < 3; ++i) {
+      const uint8_t* b = bytes.data() + i * bb;
+      const float d = 0.125f * static_cast<float>(i + 1), m = -0.25f * static_cast<float>(i + 1);
+      const uint8_t* qs = b + bb - 16;  // the nibbles end every block
+      uint32_t qh = 0;
+      if (t != GgmlType::kQ4_1) std::memcpy(&qh, b + (t == GgmlType::kQ5_0 ? 2 : 4), 4);
+      for (int j = 0; j < 16; ++j) {
+        const int x0 = (qs[j] & 0x0F) | static_cast<int>(((qh >> j) << 4) & 0x10);
+        const int x1 = (qs[j] >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10);
+        const float want0 =
+            t == GgmlType::kQ5_0 ? static_cast<float>(x0 - 16) * d : static_cast<float>(x0) * d + m;
+        const float want1 =
+            t == GgmlType::kQ5_0 ? static_cast<float>(x1 - 16) * d : static_cast<float>(x1) * d + m;
+        ASSERT_EQ(got[32 * i + j], want0) << type_name(t) << " block " << i << " value " << j;
+        ASSERT_EQ(got[32 * i + 16 + j], want1) << type_name(t) << " block " << i << " value " << j;
+      }
+    }
+  }
+}
+
+// The writers of Q4_1, Q5_0 and Q5_1: every value within half a step of its block (Q5_0, which
+// puts its value of largest magnitude at -16 steps: 1/16 of that magnitude; Q4_1 and Q5_1, a
+// max-min fit: (max - min) / 15 or / 31), plus the f16 rounding of scale and offset; all-zero
+// blocks stay zero.
+TEST(GgmlTypes, Blocks32WritersRoundTripWithinHalfAStep) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> src(1024);
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = normal(rng) * std::pow(10.f, static_cast<float>((i / 32) % 3) - 1.f) +
+             (i / 64 % 2 == 0 ? 0.f : 0.5f);  // some blocks off-centre
+  std::fill(src.begin() + 256, src.begin() + 320, 0.f);
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    std::vector<uint8_t> q(static_cast<size_t>(row_bytes(t, 1024)));
+    quantize_row(t, src.data(), q.data(), 1024);
+    std::vector<float> back(src.size());
+    dequantize_row(t, q.data(), back.data(), 1024);
+    for (int b = 0; b < 32; ++b) {
+      float lo = 0.f, hi = 0.f, amax = 0.f;
+      for (int i = 0; i < 32; ++i) {
+        const float v = src[static_cast<size_t>(32 * b + i)];
+        lo = i == 0 ? v : std::min(lo, v);
+        hi = i == 0 ? v : std::max(hi, v);
+        amax = std::max(amax, std::fabs(v));
+      }
+      // The step, and the f16 rounding of the scale and offset (2^-11 relative) on top.
+      const float step =
+          t == GgmlType::kQ5_0 ? amax / 16.f : (hi - lo) / (t == GgmlType::kQ4_1 ? 15.f : 31.f);
+      const float slack = (amax + std::fabs(lo) + (hi - lo)) / 1024.f;
+      for (int i = 0; i < 32; ++i) {
+        const size_t k = static_cast<size_t>(32 * b + i);
+        // Q5_0 stops at +15 steps on the side opposite its largest magnitude (at -16 steps).
+        const float clamp =
+            t == GgmlType::kQ5_0 ? std::max(0.f, std::fabs(src[k]) - 15.5f * step) : 0.f;
+        ASSERT_LE(std::fabs(back[k] - src[k]), step / 2 + clamp + slack)
+            << type_name(t) << " value " << k;
+      }
+    }
+    for (int i = 256; i < 320; ++i) ASSERT_EQ(back[static_cast<size_t>(i)], 0.f) << type_name(t);
+  }
+}
+
 }  // namespace
 }  // namespace troupe::model

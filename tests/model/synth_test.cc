@@ -237,6 +237,46 @@ TEST(Synth, FallsBackToF16ForRowsOffTheBlockSize) {
   EXPECT_EQ((*f)->get_int("general.file_type"), 2);
 }
 
+// Rows off the 256-value super-block (widths like Qwen2.5-0.5B's 896) take the 32-value type
+// llama.cpp's quantizer writes there: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K /
+// IQ4_XS -> IQ4_NL; rows that fit keep the K-quant.
+TEST(Synth, KQuantRowsOffTheSuperBlockTakeLlamaCppsFallbackTypes) {
+  TempDir tmp;
+  struct Want {
+    const char* dtype;
+    GgmlType narrow, narrow_mixed;  // rows of 288: the dtype's and the mix's Q6_K fallback
+    GgmlType wide;                  // rows of 512 (ffn_down, an odd layer)
+  };
+  const Want wants[] = {{"q4_k_m", GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kQ4_K},
+                        {"q5_k", GgmlType::kQ5_1, GgmlType::kQ5_1, GgmlType::kQ5_K},
+                        {"q3_k", GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, GgmlType::kQ3_K},
+                        {"iq4_xs", GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}};
+  for (const Want& w : wants) {
+    SynthOptions o;
+    o.arch = "llama";
+    o.n_embd = 288;
+    o.n_head = 4;
+    o.n_head_kv = 2;
+    o.n_ff = 512;
+    o.n_layer = 2;
+    ASSERT_TRUE(parse_synth_dtype(w.dtype, &o));
+    const std::string path = tmp.file(std::string(w.dtype) + ".gguf");
+    auto sum = synth_model_summary(o, path);
+    ASSERT_TRUE(sum.has_value()) << sum.error().message;
+    ASSERT_FALSE(sum->notes.empty());
+    EXPECT_EQ(sum->notes[0], "token_embd.weight: row of 288 is not a multiple of the " +
+                                 type_name(o.dtype) + " block (256): stored as " +
+                                 type_name(w.narrow))
+        << w.dtype;
+    auto f = GgufFile::open(path);
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ((*f)->find_tensor("blk.1.attn_q.weight")->type, w.narrow) << w.dtype;
+    EXPECT_EQ((*f)->find_tensor("blk.0.attn_v.weight")->type, w.narrow_mixed) << w.dtype;
+    EXPECT_EQ((*f)->find_tensor("output.weight")->type, w.narrow_mixed) << w.dtype;
+    EXPECT_EQ((*f)->find_tensor("blk.1.ffn_down.weight")->type, w.wide) << w.dtype;
+  }
+}
+
 // --dtype q4_k_m / q5_k_m: Q4_K / Q5_K, with Q6_K for the output head and attn_v / ffn_down of
 // even layers.
 TEST(Synth, KQuantMixKeepsSomeMatricesInQ6K) {
@@ -355,10 +395,10 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.vocab_donor = "/nonexistent/donor.gguf";
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);
   o = {};
-  o.dtype = GgmlType::kQ4_1;
+  o.dtype = GgmlType::kQ8_K;
   EXPECT_EQ(err(o),
-            "--dtype q4_1 cannot be generated (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, "
-            "q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)");
+            "--dtype q8_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
+            "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)");
   o = {};
   o.dtype = GgmlType::kQ8_0;
   o.k_mix = true;
