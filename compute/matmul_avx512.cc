@@ -6,6 +6,7 @@
 // -mavx512vl -mavx512dq (compute/CMakeLists.txt).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cfloat>
 #include <cmath>
@@ -185,30 +186,52 @@ inline __m512i load4x16(const uint8_t* p, int64_t stride) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// The f16 field at byte kOff of four blocks of kStride bytes at p (their scales or offsets) as
-// lanes [f0 x4, f1 x4, f2 x4, f3 x4]: word permutes of the group's bytes, read with masks that
-// stop at its end (the last group of a mapped file may end a page).
-template <int64_t kStride, int64_t kOff = 0>
-inline __m512 fields4(const uint8_t* p) {
-  static_assert(kStride % 2 == 0 && kOff % 2 == 0 && 3 * kStride + kOff + 2 <= 128);
-  constexpr int64_t kBytes = 4 * kStride;
-  constexpr auto w0 = static_cast<int16_t>(kOff / 2),
-                 w1 = static_cast<int16_t>((kOff + kStride) / 2),
-                 w2 = static_cast<int16_t>((kOff + 2 * kStride) / 2),
-                 w3 = static_cast<int16_t>((kOff + 3 * kStride) / 2);
-  const __m256i idx =
-      _mm256_setr_epi16(w0, w0, w0, w0, w1, w1, w1, w1, w2, w2, w2, w2, w3, w3, w3, w3);
-  constexpr auto mask = [](int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; };
-  const __m512i first = _mm512_maskz_loadu_epi8(mask(kBytes), p);
-  __m256i words;
-  if constexpr (3 * kStride + kOff + 2 <= 64) {
-    words = _mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(idx), first));
-  } else {
-    const __m512i second = _mm512_maskz_loadu_epi8(mask(kBytes - 64), p + 64);
-    words = _mm512_castsi512_si256(
-        _mm512_permutex2var_epi16(first, _mm512_castsi256_si512(idx), second));
+// The first kNeed bytes (at most 128) of a group of 4 blocks of kStride bytes at p, read with masks
+// that stop at the group's end (the last group of a mapped file may end a page), and word
+// selections from them: the blocks' f16 fields and Q5's high-bit words, gathered by one permute
+// each (of one register where kNeed <= 64).
+template <int64_t kStride, int64_t kNeed>
+struct GroupWords {
+  static_assert(kStride % 2 == 0 && kNeed <= 4 * kStride && kNeed <= 128);
+  static constexpr bool kTwo = kNeed > 64;
+  __m512i lo, hi;
+  explicit GroupWords(const uint8_t* p) {
+    constexpr auto mask = [](int64_t n) {
+      return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+    };
+    lo = _mm512_maskz_loadu_epi8(mask(4 * kStride), p);
+    if constexpr (kTwo) {
+      hi = _mm512_maskz_loadu_epi8(mask(4 * kStride - 64), p + 64);
+    } else {
+      hi = lo;
+    }
   }
-  return _mm512_cvtph_ps(words);
+  // Word w of the result is word idx[w] of the group (idx: 32 words, each within kNeed).
+  __m512i select(const int16_t* idx) const {
+    if constexpr (kTwo) return _mm512_permutex2var_epi16(lo, _mm512_loadu_si512(idx), hi);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), lo);
+  }
+};
+
+// Word indices of a 32-value block type's group: [0, 32) the f16 scales as lanes [d0 x4, d1 x4,
+// d2 x4, d3 x4] and (Q4_1, Q5_1) the offsets m likewise; [32, 40) (Q5_0, Q5_1) the low halves of
+// the 4 qh words, then their high halves.
+template <class Block>
+constexpr std::array<int16_t, 64> group_word_index() {
+  constexpr int64_t kStride = sizeof(Block);
+  std::array<int16_t, 64> a{};
+  for (int w = 0; w < 16; ++w) {
+    a[static_cast<size_t>(w)] = static_cast<int16_t>(w / 4 * kStride / 2);
+    a[static_cast<size_t>(16 + w)] = static_cast<int16_t>((2 + w / 4 * kStride) / 2);  // m
+  }
+  if constexpr (requires { Block::qh; }) {
+    constexpr int64_t kQh = offsetof(Block, qh);
+    for (int i = 0; i < 4; ++i) {
+      a[static_cast<size_t>(32 + i)] = static_cast<int16_t>((kQh + i * kStride) / 2);
+      a[static_cast<size_t>(36 + i)] = static_cast<int16_t>((kQh + 2 + i * kStride) / 2);
+    }
+  }
+  return a;
 }
 
 template <GgmlType kType>
@@ -230,12 +253,26 @@ struct Blocks32Kernel {
     __m512 dm;               // Q4_1, Q5_1: block offsets by lane
   };
 
+  static constexpr std::array<int16_t, 64> kWordIndex = group_word_index<Block>();
+  // The bytes of a group those words lie in.
+  static constexpr int64_t kWordBytes = [] {
+    int64_t n = 0;
+    for (size_t w = 0; w < 64; ++w) {
+      const bool used =
+          w < 16 || (w < 32 && blocks32_min(kType)) || (w >= 32 && w < 40 && blocks32_five(kType));
+      if (used) n = std::max<int64_t>(n, 2 * kWordIndex[w] + 2);
+    }
+    return n;
+  }();
+
   static WGroup prepare(const Block* blk) {
     const auto* p = reinterpret_cast<const uint8_t*>(blk);
     WGroup g;
-    g.dw = fields4<sizeof(Block)>(p);
+    const GroupWords<sizeof(Block), kWordBytes> words(p);
+    const __m512i fields = words.select(kWordIndex.data());
+    g.dw = _mm512_cvtph_ps(_mm512_castsi512_si256(fields));
     if constexpr (blocks32_min(kType)) {
-      g.dm = fields4<sizeof(Block), offsetof(Block, m)>(p);
+      g.dm = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(fields, 1));
     } else {
       g.dm = _mm512_setzero_ps();
     }
@@ -246,13 +283,9 @@ struct Blocks32Kernel {
       g.a = _mm512_and_si512(z, m4);
       g.b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
       if constexpr (blocks32_five(kType)) {  // bit j of qh: value j's bit 4
-        uint64_t ha = 0, hb = 0;
-        for (int i = 0; i < 4; ++i) {
-          uint32_t h;
-          std::memcpy(&h, blk[i].qh, 4);
-          ha |= static_cast<uint64_t>(h & 0xFFFF) << (16 * i);
-          hb |= static_cast<uint64_t>(h >> 16) << (16 * i);
-        }
+        const __m128i qh = _mm512_castsi512_si128(words.select(kWordIndex.data() + 32));
+        const auto ha = static_cast<__mmask64>(_mm_cvtsi128_si64(qh));
+        const auto hb = static_cast<__mmask64>(_mm_extract_epi64(qh, 1));
         g.a = _mm512_or_si512(g.a, _mm512_maskz_set1_epi8(ha, 0x10));
         g.b = _mm512_or_si512(g.b, _mm512_maskz_set1_epi8(hb, 0x10));
       }
