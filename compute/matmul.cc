@@ -28,6 +28,9 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
   if (layout == model::WeightLayout::kTiles16) {
     if (t == GgmlType::kQ8_0) k = &q8_0_t16;
     if (t == GgmlType::kQ4_0) k = &q4_0_t16;
+    if (t == GgmlType::kQ4_1) k = &q4_1_t16;
+    if (t == GgmlType::kQ5_0) k = &q5_0_t16;
+    if (t == GgmlType::kQ5_1) k = &q5_1_t16;
     if (t == GgmlType::kQ4_K) k = &q4_k_t16;
     if (t == GgmlType::kQ5_K) k = &q5_k_t16;
     if (t == GgmlType::kQ6_K) k = &q6_k_t16;
@@ -345,8 +348,10 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
 bool int8_tiles_supported() {
   const detail::KernelSet& ks = detail::active_kernels();
   return ks.q8_0_t16.rows != nullptr && ks.q4_0_t16.rows != nullptr &&
-         ks.q4_k_t16.rows != nullptr && ks.q5_k_t16.rows != nullptr &&
-         ks.q6_k_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
+         ks.q4_1_t16.rows != nullptr && ks.q5_0_t16.rows != nullptr &&
+         ks.q5_1_t16.rows != nullptr && ks.q4_k_t16.rows != nullptr &&
+         ks.q5_k_t16.rows != nullptr && ks.q6_k_t16.rows != nullptr &&
+         std::string_view(ks.name) != "scalar";
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

@@ -52,7 +52,7 @@ void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup). Any layout.
 void get_row(const model::WeightView& w, int64_t r, float* out);
 
-/// Whether this process's kernels read Q4_0, Q8_0, Q4_K, Q5_K and Q6_K in 16-row tiles
+/// Whether this process's kernels read every tileable type (model::tileable) in 16-row tiles
 /// (WeightLayout::kTiles16) fast (AVX-512 with VNNI), so that a weight copy for the CPU engine
 /// should tile them (model::copy_weights_to_memory). Every kernel path reads tiles correctly (where
 /// no SIMD tile kernel exists, the scalar one, slowly), with the same bits on every path.

@@ -481,12 +481,16 @@ KernelSet make_set() {
     s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
     s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   }
-  // IQ4_NL (Q8_0's arithmetic on looked-up values), Q4_1, Q5_0 and Q5_1, at every AVX-512 level
-  // (no tiles).
+  // Q4_1, Q5_0 and Q5_1 likewise.
+  if constexpr (kVnni) {
+    avx512_tile_kernels_q451(kGfni, &s);
+  } else {
+    s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();
+    s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
+    s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
+  }
+  // IQ4_NL: Q8_0's arithmetic on looked-up values, at every AVX-512 level (no tiles).
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
-  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();
-  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
-  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
   if constexpr (kVnni) {  // Q4_K, Q5_K and Q6_K likewise
     avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k);
     avx512_tile_kernels_q6k(kGfni, &s.q6_k_t16, &s.q6_k);

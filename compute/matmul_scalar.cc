@@ -161,6 +161,7 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
         if constexpr (kTiled) {
           const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);
           acc = std::fma(t, wd[b], acc);
+          if constexpr (blocks32_min(kType)) acc = std::fma(a[b].dsum, wm[b], acc);
         } else {
           acc += static_cast<float>(dot) * a[b].d * wd[b];
           if constexpr (blocks32_min(kType)) acc += static_cast<float>(sum) * a[b].d * wm[b];
@@ -443,14 +444,20 @@ const KernelSet& scalar_kernels() {
     k.q4_k.rows = kquant_rows<GgmlType::kQ4_K>;
     k.q5_k.rows = kquant_rows<GgmlType::kQ5_K>;
     k.q6_k.rows = q6k_rows<false>;
-    for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16}) {
+    for (TypeKernels* t : {&k.q8_0_t16, &k.q4_0_t16, &k.q4_1_t16, &k.q5_0_t16, &k.q5_1_t16}) {
       t->act_row_bytes = act_tile32_bytes;
       t->row_tile = static_cast<int>(model::kTileRows);
     }
     k.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
     k.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
+    k.q4_1_t16.quantize = quantize_act_tile32<GgmlType::kQ4_1>;
+    k.q5_0_t16.quantize = quantize_act_tile32<GgmlType::kQ5_0>;
+    k.q5_1_t16.quantize = quantize_act_tile32<GgmlType::kQ5_1>;
     k.q8_0_t16.rows = blocks32_rows<GgmlType::kQ8_0, true>;
     k.q4_0_t16.rows = blocks32_rows<GgmlType::kQ4_0, true>;
+    k.q4_1_t16.rows = blocks32_rows<GgmlType::kQ4_1, true>;
+    k.q5_0_t16.rows = blocks32_rows<GgmlType::kQ5_0, true>;
+    k.q5_1_t16.rows = blocks32_rows<GgmlType::kQ5_1, true>;
     for (TypeKernels* t : {&k.q4_k_t16, &k.q5_k_t16}) {
       t->act_row_bytes = act_records256_bytes<ActTileK>;
       t->quantize = quantize_act_tilek;

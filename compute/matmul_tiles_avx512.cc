@@ -1,14 +1,15 @@
-// AVX-512 VNNI kernels for Q4_0 and Q8_0 matrices in 16-row tiles (model/weight_tiles.h).
-// Vector lane i is output row i of the tile: one vpdpbusd multiplies 4 columns of 16 rows by
-// the same 4 activation values (broadcast), so a 32-value block is 8 vpdpbusd into one int32
-// accumulator per row (two chains, joined by one add), and its scaling is 2 FMAs for 16 rows
-// (the dot starts from the bits of a float, ActTile32, so no convert and no multiply). The
-// row-layout kernels spend 3 instructions of scaling per 8 values of one row: with tiles, 8 of
-// every 11 instructions of a token are dot products (Q8_0; Q4_0 adds its unpacking, shared by
-// up to 8 tokens).
+// AVX-512 VNNI kernels for the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in 16-row
+// tiles (model/weight_tiles.h). Vector lane i is output row i of the tile: one vpdpbusd multiplies
+// 4 columns of 16 rows by the same 4 activation values (broadcast), so a 32-value block is 8
+// vpdpbusd into one int32 accumulator per row (two chains, joined by one add), and its scaling is
+// 2 FMAs for 16 rows (the dot starts from the bits of a float, ActTile32, so no convert and no
+// multiply); Q4_1 and Q5_1 add one FMA for their offsets. The row-layout kernels spend 3
+// instructions of scaling per 8 values of one row: with tiles, 8 of every 11 instructions of a
+// token are dot products (Q8_0; the 4- and 5-bit types add their unpacking, shared by up to 8
+// tokens).
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
-// serve Q4_0 and Q8_0 in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
+// serve these types in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
 // same bits mapped from its file or tiled in memory. Compiled with the AVX-512 flags of
 // *_avx512.cc; runs only where VNNI was detected.
 #include <immintrin.h>
@@ -46,10 +47,12 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
 template <GgmlType kType, bool kRowsIn_, bool kGfni>
 struct TileKernel {
   static constexpr bool kRowsIn = kRowsIn_;
-  static constexpr bool kQ4 = kType == GgmlType::kQ4_0;
-  static constexpr int64_t kRec =
-      model::kTileRows *
-      static_cast<int64_t>(kQ4 ? sizeof(model::BlockQ4_0) : sizeof(model::BlockQ8_0));
+  static constexpr bool kNibbles = kType != GgmlType::kQ8_0;  // 4 or 5 bits
+  static constexpr bool kFive = blocks32_five(kType);
+  static constexpr bool kMin = blocks32_min(kType);
+  static constexpr int64_t kFields = kMin ? 2 : 1;  // leading f16 fields: d (and m)
+  static constexpr int64_t kBlock = sizeof(Block32<kType>);
+  static constexpr int64_t kRec = model::kTileRows * kBlock;
   // Accumulators per pass over a tile. 16 spilled registers (16 activation pointers as well as
   // 16 accumulators): 10-15 % slower at 16 and 512 tokens (docs, "Engine, session 13").
   static constexpr int kMaxTok = 8;
@@ -60,26 +63,66 @@ struct TileKernel {
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
 
   // One record of a tile, ready: v[c] pairs with activation bytes 4c..4c+3 of the block
-  // (Q4_0: chunks 0-3 low nibbles = values 4c.., high nibbles = values 16 + 4c..).
+  // (4- and 5-bit types: chunks 0-3 low nibbles = values 4c.., high nibbles = values 16 + 4c..).
   struct Rec {
     __m512i v[8];
     __m512 dw;
+    __m512 dm;  // Q4_1, Q5_1: the offsets m
   };
 
-  // kHigh16 (Q4_0, one token): the high nibbles stay in place (16 q), one AND instead of a
-  // shift and an AND; their chain is divided by 16 once per block instead (dots_high16).
-  template <bool kHigh16 = false>
+  // kHigh16 (Q4_0, Q4_1, one token): the high nibbles stay in place (16 q), one AND instead of
+  // a shift and an AND; their chain is divided by 16 once per block instead (dots_high16).
+  template <int NT>
+  static constexpr bool kHigh16 = kNibbles && !kFive && NT == 1;
+
+  // The fifth bits onto the nibbles, from the 16 rows' qh words in the tile's bit order
+  // (model::q5_tile_qh: byte k holds at bit c value 4c + k's, at bit 4 + c value 16 + 4c + k's):
+  // one shift and one ternary OR-of-AND per chunk.
+  static void add_fifth_bits(__m512i h, Rec& r) {
+    const __m512i bit = _mm512_set1_epi8(0x10);
+    for (int c = 0; c < 4; ++c) {  // 0xF8: a | (b & c)
+      r.v[c] = _mm512_ternarylogic_epi32(r.v[c], _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - c)), bit,
+                                         0xF8);
+      r.v[4 + c] = _mm512_ternarylogic_epi32(r.v[4 + c], _mm512_srl_epi32(h, _mm_cvtsi32_si128(c)),
+                                             bit, 0xF8);
+    }
+  }
+
+  // The fifth bits onto the nibbles from qh words in ggml's order (bit v: value v's), as
+  // gathered from rows: byte k of chunk c takes bit 4c + k (low) or 16 + 4c + k (high), found by
+  // copying the word's byte (4c + k) / 8 across its dword and testing one bit per byte.
+  static void add_fifth_bits_ggml(__m512i h, Rec& r) {
+    const __m512i bit = _mm512_set1_epi8(0x10);
+    __m512i spread[4];  // byte j of h in every byte of its dword
+    for (int j = 0; j < 4; ++j)
+      spread[j] = _mm512_shuffle_epi8(
+          h, _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
+                             _mm512_set1_epi8(static_cast<char>(j))));
+    const __m512i sel[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(0x80402010)};
+    for (int c = 0; c < 4; ++c) {
+      const __mmask64 lo = _mm512_test_epi8_mask(spread[c / 2], sel[c % 2]);
+      const __mmask64 hi = _mm512_test_epi8_mask(spread[2 + c / 2], sel[c % 2]);
+      r.v[c] = _mm512_mask_add_epi8(r.v[c], lo, r.v[c], bit);
+      r.v[4 + c] = _mm512_mask_add_epi8(r.v[4 + c], hi, r.v[4 + c], bit);
+    }
+  }
+
+  template <bool kHi16 = false>
   static Rec load(const uint8_t* rec) {
     Rec r;
     r.dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-    const uint8_t* q = rec + 2 * model::kTileRows;
-    if constexpr (kQ4) {
+    r.dm = kMin ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)))
+                : _mm512_setzero_ps();
+    const uint8_t* q = rec + 2 * model::kTileRows * kFields;
+    if constexpr (kNibbles) {
+      const uint8_t* qs = q + (kFive ? 64 : 0);
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       for (int c = 0; c < 4; ++c) {
-        const __m512i z = _mm512_loadu_si512(q + 64 * c);
+        const __m512i z = _mm512_loadu_si512(qs + 64 * c);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
+        r.v[4 + c] = kHi16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
       }
+      if constexpr (kFive) add_fifth_bits(_mm512_loadu_si512(q), r);
     } else {
       for (int c = 0; c < 8; ++c) r.v[c] = _mm512_loadu_si512(q + 64 * c);
     }
@@ -102,10 +145,13 @@ struct TileKernel {
 
   // acc + (the block's dots x d_x) x d_w, ActTile32's recurrence: x's int32 lanes are the
   // floats M + dot (the dot started from M's bits), so one FMA is float(dot) x d_x.
-  static __m512 scale(__m512i x, const ActTile32& a, __m512 dw, __m512 acc) {
+  // Q4_1 and Q5_1 then add the offsets' term, acc + d_x sum(x) x m_w.
+  static __m512 scale(__m512i x, const ActTile32& a, const Rec& r, __m512 acc) {
     const __m512 t =
         _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(a.d), _mm512_set1_ps(a.neg_md));
-    return _mm512_fmadd_ps(t, dw, acc);
+    acc = _mm512_fmadd_ps(t, r.dw, acc);
+    if constexpr (kMin) acc = _mm512_fmadd_ps(_mm512_set1_ps(a.dsum), r.dm, acc);
+    return acc;
   }
 
   // The rows of one tile in ggml's layout: row i at base + i * row_bytes, lanes >= n masked.
@@ -120,28 +166,32 @@ struct TileKernel {
   }
 
   // Block b of the 16 rows as a record (load()'s registers).
-  template <bool kHigh16 = false>
+  template <bool kHi16 = false>
   static Rec gather(const RowSource& src, int64_t b) {
-    constexpr int64_t kBlock = kRec / model::kTileRows;
     const uint8_t* p = src.base + b * kBlock;
     const __m512i zero = _mm512_setzero_si512();
+    auto dwords = [&](int64_t off) {
+      return _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + off, 1);
+    };
     Rec r;
-    // The dword at the block's start: its f16 scale (low half; masked lanes 0).
-    const __m512i d = _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p, 1);
+    // The dword at the block's start: its f16 scale (low half; masked lanes 0) and, for Q4_1
+    // and Q5_1, its offset (high half).
+    const __m512i d = dwords(0);
     r.dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
-    if constexpr (kQ4) {
+    r.dm = kMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16)))
+                : _mm512_setzero_ps();
+    if constexpr (kNibbles) {
+      const int64_t qs = 2 * kFields + (kFive ? 4 : 0);
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       for (int c = 0; c < 4; ++c) {
-        const __m512i z =
-            _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1);
+        const __m512i z = dwords(qs + 4 * c);
         r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = kHigh16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
+        r.v[4 + c] = kHi16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
       }
+      if constexpr (kFive) add_fifth_bits_ggml(dwords(2 * kFields), r);
     } else {
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128
-      for (int c = 0; c < 8; ++c)
-        r.v[c] = _mm512_xor_si512(
-            _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + 2 + 4 * c, 1), flip);
+      for (int c = 0; c < 8; ++c) r.v[c] = _mm512_xor_si512(dwords(2 + 4 * c), flip);
     }
     return r;
   }
@@ -170,26 +220,25 @@ struct TileKernel {
     const int64_t nb = j.cols / 32;
     [[maybe_unused]] RowSource src{};
     if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
-    constexpr bool kHigh16 = kQ4 && NT == 1;
+    constexpr bool kHi16 = kHigh16<NT>;
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {
         // The next tile's rows at this block (the rows after this tile's, in the file).
-        constexpr int64_t kBlock = kRec / model::kTileRows;
         if ((b * kBlock) % 64 < kBlock)
           for (int i = 0; i < 16; ++i) prefetch_l1(w + (16 + i) * j.w_row_bytes + b * kBlock);
-        r = gather<kHigh16>(src, b);
+        r = gather<kHi16>(src, b);
       } else {
         const uint8_t* rec = w + b * kRec;
         for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
         if (const uint8_t* l2 =
                 pass.l2_target(b, rec + kAheadL2 * kRec, rec + model::kTileRows * j.w_row_bytes))
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
-        r = load<kHigh16>(rec);
+        r = load<kHi16>(rec);
       }
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
-        acc[n] = scale(kHigh16 ? dots_high16(r, ab) : dots(r, ab), ab, r.dw, acc[n]);
+        acc[n] = scale(kHi16 ? dots_high16(r, ab) : dots(r, ab), ab, r, acc[n]);
       }
     }
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
@@ -219,6 +268,20 @@ void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKe
                : tile_kernels<GgmlType::kQ4_0, false, false>();
   *q4_0_rows = gfni ? tile_kernels<GgmlType::kQ4_0, true, true>()
                     : tile_kernels<GgmlType::kQ4_0, true, false>();
+}
+
+namespace {
+template <GgmlType kType>
+void tile_kernel_pair(bool gfni, TypeKernels* tiles, TypeKernels* rows) {
+  *tiles = gfni ? tile_kernels<kType, false, true>() : tile_kernels<kType, false, false>();
+  *rows = gfni ? tile_kernels<kType, true, true>() : tile_kernels<kType, true, false>();
+}
+}  // namespace
+
+void avx512_tile_kernels_q451(bool gfni, KernelSet* s) {
+  tile_kernel_pair<GgmlType::kQ4_1>(gfni, &s->q4_1_t16, &s->q4_1);
+  tile_kernel_pair<GgmlType::kQ5_0>(gfni, &s->q5_0_t16, &s->q5_0);
+  tile_kernel_pair<GgmlType::kQ5_1>(gfni, &s->q5_1_t16, &s->q5_1);
 }
 
 }  // namespace troupe::compute::detail

@@ -76,8 +76,8 @@ Result<std::shared_ptr<const Model>> place_weights(
 /// Returns a Model equal to `model` except that every weight view lying inside one of `ranges`
 /// (all present views when `ranges` is empty) points into one private buffer of anonymous
 /// memory with transparent huge pages, filled by `threads` threads. Views outside the ranges
-/// keep pointing into the file mapping. With `tile_int8`, the copied Q4_0, Q8_0, Q4_K, Q5_K and
-/// Q6_K matrices that can be (weight_tiles.h: tileable) are put in 16-row tiles
+/// keep pointing into the file mapping. With `tile_int8`, the copied int8-kernel
+/// matrices that can be (weight_tiles.h: tileable) are put in 16-row tiles
 /// (WeightLayout::kTiles16), the order the CPU's int8 kernels read fastest: only for a model the
 /// CPU engine computes with (compute::int8_tiles_supported() says whether this CPU's kernels read
 /// tiles; the GPU engine's upload does not). Errors: the memory cannot be allocated.

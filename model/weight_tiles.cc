@@ -1,4 +1,5 @@
-// 16-row tiles of Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices (see weight_tiles.h for the layout).
+// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices (see weight_tiles.h
+// for the layout).
 #include "model/weight_tiles.h"
 
 #include <cstring>
@@ -10,15 +11,16 @@ namespace troupe::model {
 namespace {
 
 // How a block is laid out in a tile: its 16-bit fields (scales), each as 16 rows' values, and
-// the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'. Q4_0, Q8_0, Q4_K and
-// Q5_K lead with their fields, and a record is the fields, then the chunks. Q6_K's one field (d)
+// the rest of the block as dwords, each as a 64-byte chunk of the 16 rows'. All but Q6_K lead with
+// their fields, and a record is the fields, then the chunks. Q6_K's one field (d)
 // trails its 208 other bytes (52 chunks, a whole number of cache lines): its records are the
 // chunks alone, and the tile's d values follow its last record, 32 bytes per block column.
 struct BlockShape {
   int64_t bytes;
-  int64_t n16;    // 16-bit fields (Q4_0, Q8_0: d; Q4_K, Q5_K: d, dmin; Q6_K: d)
-  bool trailing;  // the fields end the block (Q6_K) rather than start it
-  uint8_t flip;   // XORed into every chunk byte (Q8_0: int8 -> q + 128)
+  int64_t n16;  // 16-bit fields (Q4_0, Q5_0, Q8_0, Q6_K: d; Q4_1, Q5_1: d, m; Q4_K, Q5_K: d, dmin)
+  bool trailing;    // the fields end the block (Q6_K) rather than start it
+  uint8_t flip;     // XORed into every chunk byte (Q8_0: int8 -> q + 128)
+  bool q5 = false;  // chunk 0 is a qh word, stored in q5_tile_qh's bit order (Q5_0, Q5_1)
   int64_t chunks() const { return (bytes - 2 * n16) / 4; }
   // Where a block's fields and chunks sit, in the block and in a tile of nb records.
   int64_t block_field(int64_t f) const { return (trailing ? 4 * chunks() : 0) + 2 * f; }
@@ -37,6 +39,12 @@ BlockShape shape_of(GgmlType t) {
   switch (t) {
     case GgmlType::kQ4_0:
       return {static_cast<int64_t>(sizeof(BlockQ4_0)), 1, false, 0};
+    case GgmlType::kQ4_1:
+      return {static_cast<int64_t>(sizeof(BlockQ4_1)), 2, false, 0};
+    case GgmlType::kQ5_0:
+      return {static_cast<int64_t>(sizeof(BlockQ5_0)), 1, false, 0, true};
+    case GgmlType::kQ5_1:
+      return {static_cast<int64_t>(sizeof(BlockQ5_1)), 2, false, 0, true};
     case GgmlType::kQ8_0:
       return {static_cast<int64_t>(sizeof(BlockQ8_0)), 1, false, 0x80};
     case GgmlType::kQ4_K:
@@ -62,6 +70,13 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
       for (int64_t c = 0; c < s.chunks(); ++c)
         for (int k = 0; k < 4; ++k)
           out[s.tile_chunk(b, c) + 4 * i + k] = blk[s.block_chunk(c) + k] ^ s.flip;
+      if (s.q5) {
+        uint8_t* qh = out + s.tile_chunk(b, 0) + 4 * i;
+        uint32_t h;
+        std::memcpy(&h, qh, 4);
+        h = q5_tile_qh(h);
+        std::memcpy(qh, &h, 4);
+      }
     }
   }
 }
@@ -70,7 +85,8 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
 
 bool tileable(const WeightView& w) {
   return w.present() && w.layout == WeightLayout::kRows &&
-         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
+         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ5_0 ||
+          w.type == GgmlType::kQ5_1 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
           w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K) &&
          w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
@@ -99,6 +115,13 @@ void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i
     for (int64_t c = 0; c < s.chunks(); ++c)
       for (int k = 0; k < 4; ++k)
         blk[s.block_chunk(c) + k] = tile[s.tile_chunk(b, c) + 4 * i + k] ^ s.flip;
+    if (s.q5) {
+      uint8_t* qh = blk + s.block_chunk(0);
+      uint32_t h;
+      std::memcpy(&h, qh, 4);
+      h = q5_untile_qh(h);
+      std::memcpy(qh, &h, 4);
+    }
   }
 }
 

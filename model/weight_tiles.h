@@ -1,19 +1,23 @@
-// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory
-// order the CPU's int8 kernels read fastest: one 64-byte load gives 4 columns of 16 rows, so one
-// dot-product instruction serves 16 output rows at once and a block's scaling is done once for
-// 16 rows (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md "Engine, session 12").
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices in 16-row tiles
+// (WeightLayout::kTiles16), the in-memory order the CPU's int8 kernels read fastest: one 64-byte
+// load gives 4 columns of 16 rows, so one dot-product instruction serves 16 output rows at once and
+// a block's scaling is done once for 16 rows (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md
+// "Engine, session 12").
 //
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
 // block column b, each 16 * sizeof(block) bytes:
-//   - the block's leading f16 fields, each as 16 rows' values (32 bytes): Q4_0 and Q8_0 d;
-//     Q4_K and Q5_K d, then dmin;
+//   - the block's leading f16 fields, each as 16 rows' values (32 bytes): Q4_0, Q5_0 and Q8_0
+//     d; Q4_1 and Q5_1 d, then m; Q4_K and Q5_K d, then dmin;
 //   - then the rest of the block as 64-byte chunks: chunk c holds, for row i = 0..15 at bytes
 //     4i..4i+3, the row's block bytes [4c, 4c+4) after those fields. Q4_0: 4 chunks of qs (low
 //     nibbles are values 0-15, high nibbles 16-31). Q8_0: 8 chunks of qs, each byte stored as
 //     (uint8_t)(q ^ 0x80), i.e. q + 128, the unsigned operand of an unsigned-by-signed dot
-//     product. Q4_K: 3 chunks of packed scales and mins, then 32 chunks of qs. Q5_K: 3 chunks of
-//     scales and mins, 8 of qh, then 32 of qs.
+//     product. Q4_1: 4 chunks of qs, as Q4_0. Q5_0 and Q5_1: 1 chunk of qh, then 4 of qs; each
+//     row's qh word with its bits reordered (q5_tile_qh) so that byte k holds at bit c the fifth
+//     bit of value 4c + k and at bit 4 + c that of value 16 + 4c + k (c, k < 4): one shift puts
+//     the bits of a chunk's 4 values at bit 4 of their bytes. Q4_K: 3 chunks of packed scales
+//     and mins, then 32 chunks of qs. Q5_K: 3 chunks of scales and mins, 8 of qh, then 32 of qs.
 //   Q6_K, whose d ends its block, differs: a record is its 52 chunks alone (ql 32, qh 16,
 //   scales 4; 3328 bytes, whole cache lines), and the tile's d values follow its last record,
 //   32 bytes per block column in column order.
@@ -28,9 +32,27 @@ namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
 
-/// Whether w can be tiled: Q4_0, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of kTileRows, present,
-/// in rows.
+/// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of
+/// kTileRows, present, in rows.
 bool tileable(const WeightView& w);
+
+/// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.
+inline uint32_t q5_tile_qh(uint32_t h) {
+  uint32_t t = 0;
+  for (int v = 0; v < 32; ++v) {
+    const int k = v % 4, c = v % 16 / 4;
+    t |= (h >> v & 1u) << (8 * k + (v < 16 ? 0 : 4) + c);
+  }
+  return t;
+}
+inline uint32_t q5_untile_qh(uint32_t t) {
+  uint32_t h = 0;
+  for (int v = 0; v < 32; ++v) {
+    const int k = v % 4, c = v % 16 / 4;
+    h |= (t >> (8 * k + (v < 16 ? 0 : 4) + c) & 1u) << v;
+  }
+  return h;
+}
 
 /// Reorders `n_mat` matrices of `rows` x `cols` (a tileable type, rows % 16 == 0) at `data`
 /// from rows into tiles, in place.

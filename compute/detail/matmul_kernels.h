@@ -60,7 +60,7 @@ struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl,
       iq4_xs;
-  TypeKernels q8_0_t16, q4_0_t16, q4_k_t16, q5_k_t16, q6_k_t16;
+  TypeKernels q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16, q5_1_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
 };
@@ -77,13 +77,16 @@ struct KernelSet {
 /// and no multiply per block and token.
 inline constexpr float kTileMagic = 12582912.f;        // 1.5 * 2^23
 inline constexpr int32_t kTileMagicBits = 0x4B400000;  // its bits
+/// Q4_1 and Q5_1 (value d_w * q + m_w) then add the offset's term,
+/// acc = fma(dsum, m_w, acc).
 struct ActTile32 {
   int8_t q[32];
   int32_t start;  // the bits of M + kInit * sum(q): the weights' stored offset folded in
   float d;        // the scale, 22 significant bits
   float neg_md;   // -M * d, exact
+  float dsum;     // d * sum(q), rounded once: what Q4_1 and Q5_1's offsets multiply
 };
-static_assert(sizeof(ActTile32) == 44);
+static_assert(sizeof(ActTile32) == 48);
 /// Rounds an activation scale to 22 significant bits (NaN stays NaN).
 inline float tile_act_scale(float d) {
   if (!(d == d)) return d;
@@ -104,6 +107,7 @@ inline void finish_act_tile32(ActTile32& a, int init, int32_t sum, float d) {
   a.d = tile_act_scale(d);
   a.neg_md = -kTileMagic * a.d;
   a.start = tile_start(init * sum);
+  a.dsum = a.d * static_cast<float>(sum);
 }
 inline int64_t act_tile32_bytes(int64_t cols) {
   return (cols / 32 * static_cast<int64_t>(sizeof(ActTile32)) + 63) / 64 * 64;
@@ -183,7 +187,7 @@ constexpr int blocks32_init(model::GgmlType t) {
 
 /// The offset of the unsigned weight bytes a tile stores (model/weight_tiles.h).
 inline constexpr int tile_init(model::GgmlType t) {
-  return t == model::GgmlType::kQ4_0 ? -8 : -128;
+  return t == model::GgmlType::kQ8_0 ? -128 : blocks32_init(t);
 }
 
 /// A scratch buffer per thread that only grows: kernels run hundreds of times per token.
