@@ -3,12 +3,13 @@
 // reported as weight GB/s against the measured memory bandwidth (weights are streamed from
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
-// Q8_0, Q4_0, Q4_K, Q5_K and Q6_K also run in 16-row tiles (model/weight_tiles.h), named
-// q8_0/t16 etc., the layout the CPU engine's weights copy uses where int8_tiles_supported();
-// quantized types also report GOP/s against the measured int8 dot-product peak.
-// Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 bf16 q8_0 q4_0 q8_0/t16
-//        q4_0/t16 q4_1 q5_0 q5_1 iq4_nl q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16;
-//        default all; n_tok values up to 512, 1 always timed)
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K also run in 16-row tiles
+// (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU engine's weights copy uses where
+// int8_tiles_supported(); quantized types also report GOP/s against the measured int8 dot-product
+// peak. Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 bf16 q8_0 q4_0
+// q8_0/t16
+//        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl q2_K q3_K iq4_xs q4_K q4_K/t16
+//        q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up to 512, 1 always timed)
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
@@ -222,8 +223,9 @@ int main(int argc, char** argv) {
   const Kind kinds[] = {
       {GgmlType::kF32, false},  {GgmlType::kF16, false},    {GgmlType::kBF16, false},
       {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false},   {GgmlType::kQ8_0, true},
-      {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},   {GgmlType::kQ5_0, false},
-      {GgmlType::kQ5_1, false}, {GgmlType::kIQ4_NL, false}, {GgmlType::kQ2_K, false},
+      {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},   {GgmlType::kQ4_1, true},
+      {GgmlType::kQ5_0, false}, {GgmlType::kQ5_0, true},    {GgmlType::kQ5_1, false},
+      {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, false}, {GgmlType::kQ2_K, false},
       {GgmlType::kQ3_K, false}, {GgmlType::kIQ4_XS, false}, {GgmlType::kQ4_K, false},
       {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},   {GgmlType::kQ5_K, true},
       {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};

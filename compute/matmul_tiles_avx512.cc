@@ -154,18 +154,57 @@ struct TileKernel {
     return acc;
   }
 
-  // The rows of one tile in ggml's layout: row i at base + i * row_bytes, lanes >= n masked.
+  // The rows of one tile in ggml's layout. A record gathered from them holds row
+  // lane_row(p) in lane p (see load_rows16); rows at and past n are read as row 0 and masked
+  // out of the scales (gathers) and the stores.
   struct RowSource {
     const uint8_t* base;
-    __m512i offsets;
-    __mmask16 valid;
+    const uint8_t* row[16];
+    __m512i offsets;  // of the row in each lane, for gathers
+    __mmask16 valid;  // lanes of rows below n
   };
 
+  // Loading 4 rows per 128-bit lane and transposing dwords within lanes puts row 4g + L in
+  // lane 4L + g; the map is its own inverse.
+  static constexpr int lane_row(int p) { return 4 * (p % 4) + p / 4; }
+
   static RowSource row_source(const uint8_t* base, int64_t row_bytes, int64_t n) {
-    return {base, tile_row_offsets(row_bytes), static_cast<__mmask16>((1u << n) - 1)};
+    RowSource s;
+    s.base = base;
+    alignas(64) int32_t off[16];
+    unsigned valid = 0;
+    for (int p = 0; p < 16; ++p) {
+      off[p] = static_cast<int32_t>(lane_row(p) * row_bytes);
+      if (lane_row(p) < n) valid |= 1u << p;
+      s.row[p] = base + (p < n ? p : 0) * row_bytes;
+    }
+    s.offsets = _mm512_load_si512(off);
+    s.valid = static_cast<__mmask16>(valid);
+    return s;
   }
 
-  // Block b of the 16 rows as a record (load()'s registers).
+  // The 16 bytes at `at` of each of the 16 rows as 4 vectors of dwords: v[c] lane p = dword c of
+  // row lane_row(p). 16 loads and 8 unpacks: a dword gather per vector streams 2-3 times slower.
+  static void load_rows16(const RowSource& s, int64_t at, __m512i* v) {
+    __m512i z[4];  // z[g] lane L: row 4g + L
+    for (int g = 0; g < 4; ++g) {
+      auto row16 = [&](int i) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.row[4 * g + i] + at));
+      };
+      __m512i t = _mm512_castsi128_si512(row16(0));
+      t = _mm512_inserti32x4(t, row16(1), 1);
+      t = _mm512_inserti32x4(t, row16(2), 2);
+      z[g] = _mm512_inserti32x4(t, row16(3), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+
+  // Block b of the 16 rows as a record (load()'s registers), lanes in lane_row order.
   template <bool kHi16 = false>
   static Rec gather(const RowSource& src, int64_t b) {
     const uint8_t* p = src.base + b * kBlock;
@@ -183,15 +222,18 @@ struct TileKernel {
     if constexpr (kNibbles) {
       const int64_t qs = 2 * kFields + (kFive ? 4 : 0);
       const __m512i m4 = _mm512_set1_epi8(0x0F);
+      __m512i z[4];
+      load_rows16(src, b * kBlock + qs, z);
       for (int c = 0; c < 4; ++c) {
-        const __m512i z = dwords(qs + 4 * c);
-        r.v[c] = _mm512_and_si512(z, m4);
-        r.v[4 + c] = kHi16 ? _mm512_andnot_si512(m4, z) : high_nibbles<kGfni>(z);
+        r.v[c] = _mm512_and_si512(z[c], m4);
+        r.v[4 + c] = kHi16 ? _mm512_andnot_si512(m4, z[c]) : high_nibbles<kGfni>(z[c]);
       }
       if constexpr (kFive) add_fifth_bits_ggml(dwords(2 * kFields), r);
     } else {
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128
-      for (int c = 0; c < 8; ++c) r.v[c] = _mm512_xor_si512(dwords(2 + 4 * c), flip);
+      load_rows16(src, b * kBlock + 2, r.v);
+      load_rows16(src, b * kBlock + 18, r.v + 4);
+      for (int c = 0; c < 8; ++c) r.v[c] = _mm512_xor_si512(r.v[c], flip);
     }
     return r;
   }
@@ -241,6 +283,13 @@ struct TileKernel {
         acc[n] = scale(kHi16 ? dots_high16(r, ab) : dots(r, ab), ab, r, acc[n]);
       }
     }
+    if constexpr (kRowsIn) {  // back to row order (lane_row is its own inverse)
+      const __m512i order = _mm512_setr_epi32(
+          lane_row(0), lane_row(1), lane_row(2), lane_row(3), lane_row(4), lane_row(5), lane_row(6),
+          lane_row(7), lane_row(8), lane_row(9), lane_row(10), lane_row(11), lane_row(12),
+          lane_row(13), lane_row(14), lane_row(15));
+      for (int n = 0; n < NT; ++n) acc[n] = _mm512_permutexvar_ps(order, acc[n]);
+    }
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
@@ -259,24 +308,21 @@ TypeKernels tile_kernels() {
 
 }  // namespace
 
-void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
-                         TypeKernels* q4_0_rows) {
-  // Q8_0 has no 4-bit values: one instantiation serves both.
-  *q8_0 = tile_kernels<GgmlType::kQ8_0, false, false>();
-  *q8_0_rows = tile_kernels<GgmlType::kQ8_0, true, false>();
-  *q4_0 = gfni ? tile_kernels<GgmlType::kQ4_0, false, true>()
-               : tile_kernels<GgmlType::kQ4_0, false, false>();
-  *q4_0_rows = gfni ? tile_kernels<GgmlType::kQ4_0, true, true>()
-                    : tile_kernels<GgmlType::kQ4_0, true, false>();
-}
-
 namespace {
+// A type's tile kernels and its gathering ones; gfni: unpack nibbles with GFNI (the same bits).
 template <GgmlType kType>
 void tile_kernel_pair(bool gfni, TypeKernels* tiles, TypeKernels* rows) {
   *tiles = gfni ? tile_kernels<kType, false, true>() : tile_kernels<kType, false, false>();
   *rows = gfni ? tile_kernels<kType, true, true>() : tile_kernels<kType, true, false>();
 }
 }  // namespace
+
+void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
+                         TypeKernels* q4_0_rows) {
+  // Q8_0 has no 4-bit values: one instantiation serves both.
+  tile_kernel_pair<GgmlType::kQ8_0>(false, q8_0, q8_0_rows);
+  tile_kernel_pair<GgmlType::kQ4_0>(gfni, q4_0, q4_0_rows);
+}
 
 void avx512_tile_kernels_q451(bool gfni, KernelSet* s) {
   tile_kernel_pair<GgmlType::kQ4_1>(gfni, &s->q4_1_t16, &s->q4_1);

@@ -123,9 +123,9 @@ void avx512_low_bit_kernels(TypeKernels* q2_k, TypeKernels* q3_k, TypeKernels* i
 /// rows (matmul_tiles_avx512.cc); gfni: unpack 4-bit values with GFNI (the same bits).
 void avx512_tile_kernels(bool gfni, TypeKernels* q8_0, TypeKernels* q4_0, TypeKernels* q8_0_rows,
                          TypeKernels* q4_0_rows);
-/// The same for Q4_K and Q5_K (matmul_tiles_k_avx512.cc) and Q6_K (matmul_tiles_q6k_avx512.cc).
-/// Q4_1, Q5_0 and Q5_1 likewise: their tile kernels (q*_t16) and the gathering ones (rows).
+/// Q4_1, Q5_0 and Q5_1 likewise (matmul_tiles_avx512.cc): s's q*_t16 and rows kernels.
 void avx512_tile_kernels_q451(bool gfni, KernelSet* s);
+/// The same for Q4_K and Q5_K (matmul_tiles_k_avx512.cc) and Q6_K (matmul_tiles_q6k_avx512.cc).
 void avx512_tile_kernels_k(bool gfni, TypeKernels* q4_k_tiles, TypeKernels* q4_k_rows,
                            TypeKernels* q5_k_tiles, TypeKernels* q5_k_rows);
 void avx512_tile_kernels_q6k(bool gfni, TypeKernels* q6_k_tiles, TypeKernels* q6_k_rows);
