@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
@@ -154,64 +155,10 @@ struct TileKernel {
     return acc;
   }
 
-  // The rows of one tile in ggml's layout. A record gathered from them holds row
-  // lane_row(p) in lane p (see load_rows16); rows at and past n are read as row 0 and masked
-  // out of the scales (gathers) and the stores.
-  struct RowSource {
-    const uint8_t* base;
-    const uint8_t* row[16];
-    __m512i offsets;  // of the row in each lane, for gathers
-    __mmask16 valid;  // lanes of rows below n
-  };
-
-  // Loading 4 rows per 128-bit lane and transposing dwords within lanes puts row 4g + L in
-  // lane 4L + g; the map is its own inverse.
-  static constexpr int lane_row(int p) { return 4 * (p % 4) + p / 4; }
-
-  static RowSource row_source(const uint8_t* base, int64_t row_bytes, int64_t n) {
-    RowSource s;
-    s.base = base;
-    alignas(64) int32_t off[16];
-    unsigned valid = 0;
-    for (int p = 0; p < 16; ++p) {
-      off[p] = static_cast<int32_t>(lane_row(p) * row_bytes);
-      if (lane_row(p) < n) valid |= 1u << p;
-      s.row[p] = base + (p < n ? p : 0) * row_bytes;
-    }
-    s.offsets = _mm512_load_si512(off);
-    s.valid = static_cast<__mmask16>(valid);
-    return s;
-  }
-
-  // The 16 bytes at `at` of each of the 16 rows as 4 vectors of dwords: v[c] lane p = dword c of
-  // row lane_row(p). 16 loads and 8 unpacks: a dword gather per vector streams 2-3 times slower.
-  static void load_rows16(const RowSource& s, int64_t at, __m512i* v) {
-    __m512i z[4];  // z[g] lane L: row 4g + L
-    for (int g = 0; g < 4; ++g) {
-      auto row16 = [&](int i) {
-        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.row[4 * g + i] + at));
-      };
-      __m512i t = _mm512_castsi128_si512(row16(0));
-      t = _mm512_inserti32x4(t, row16(1), 1);
-      t = _mm512_inserti32x4(t, row16(2), 2);
-      z[g] = _mm512_inserti32x4(t, row16(3), 3);
-    }
-    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-    v[0] = _mm512_unpacklo_epi64(t0, t2);
-    v[1] = _mm512_unpackhi_epi64(t0, t2);
-    v[2] = _mm512_unpacklo_epi64(t1, t3);
-    v[3] = _mm512_unpackhi_epi64(t1, t3);
-  }
-
-  // Block b of the 16 rows as a record (load()'s registers), lanes in lane_row order.
+  // Block b of the 16 rows as a record (load()'s registers), lanes in TileRows' order.
   template <bool kHi16 = false>
-  static Rec gather(const RowSource& src, int64_t b) {
-    const uint8_t* p = src.base + b * kBlock;
-    const __m512i zero = _mm512_setzero_si512();
-    auto dwords = [&](int64_t off) {
-      return _mm512_mask_i32gather_epi32(zero, src.valid, src.offsets, p + off, 1);
-    };
+  static Rec gather(const TileRows& src, const uint8_t* base, int64_t b) {
+    auto dwords = [&](int64_t off) { return src.gather(base, b * kBlock + off); };
     Rec r;
     // The dword at the block's start: its f16 scale (low half; masked lanes 0) and, for Q4_1
     // and Q5_1, its offset (high half).
@@ -223,7 +170,7 @@ struct TileKernel {
       const int64_t qs = 2 * kFields + (kFive ? 4 : 0);
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       __m512i z[4];
-      load_rows16(src, b * kBlock + qs, z);
+      src.load16(b * kBlock + qs, z);
       for (int c = 0; c < 4; ++c) {
         r.v[c] = _mm512_and_si512(z[c], m4);
         r.v[4 + c] = kHi16 ? _mm512_andnot_si512(m4, z[c]) : high_nibbles<kGfni>(z[c]);
@@ -231,8 +178,8 @@ struct TileKernel {
       if constexpr (kFive) add_fifth_bits_ggml(dwords(2 * kFields), r);
     } else {
       const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // int8 -> q + 128
-      load_rows16(src, b * kBlock + 2, r.v);
-      load_rows16(src, b * kBlock + 18, r.v + 4);
+      src.load16(b * kBlock + 2, r.v);
+      src.load16(b * kBlock + 18, r.v + 4);
       for (int c = 0; c < 8; ++c) r.v[c] = _mm512_xor_si512(r.v[c], flip);
     }
     return r;
@@ -260,8 +207,8 @@ struct TileKernel {
     __m512 acc[NT];
     for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
     const int64_t nb = j.cols / 32;
-    [[maybe_unused]] RowSource src{};
-    if constexpr (kRowsIn) src = row_source(w, j.w_row_bytes, n_rows);
+    [[maybe_unused]] const std::conditional_t<kRowsIn, TileRows, NoRows> src(w, j.w_row_bytes,
+                                                                             n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
@@ -269,7 +216,7 @@ struct TileKernel {
         // The next tile's rows at this block (the rows after this tile's, in the file).
         if ((b * kBlock) % 64 < kBlock)
           for (int i = 0; i < 16; ++i) prefetch_l1(w + (16 + i) * j.w_row_bytes + b * kBlock);
-        r = gather<kHi16>(src, b);
+        r = gather<kHi16>(src, w, b);
       } else {
         const uint8_t* rec = w + b * kRec;
         for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
@@ -283,13 +230,8 @@ struct TileKernel {
         acc[n] = scale(kHi16 ? dots_high16(r, ab) : dots(r, ab), ab, r, acc[n]);
       }
     }
-    if constexpr (kRowsIn) {  // back to row order (lane_row is its own inverse)
-      const __m512i order = _mm512_setr_epi32(
-          lane_row(0), lane_row(1), lane_row(2), lane_row(3), lane_row(4), lane_row(5), lane_row(6),
-          lane_row(7), lane_row(8), lane_row(9), lane_row(10), lane_row(11), lane_row(12),
-          lane_row(13), lane_row(14), lane_row(15));
-      for (int n = 0; n < NT; ++n) acc[n] = _mm512_permutexvar_ps(order, acc[n]);
-    }
+    if constexpr (kRowsIn)
+      for (int n = 0; n < NT; ++n) acc[n] = TileRows::to_row_order(acc[n]);
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);

@@ -1,5 +1,5 @@
 // AVX-512 VNNI kernels for Q4_K and Q5_K matrices in 16-row tiles (model/weight_tiles.h), and the
-// same arithmetic reading them in ggml's rows (gathering 16 rows per super-block), so that a
+// same arithmetic reading them in ggml's rows (16 rows per super-block, TileRows), so that a
 // matrix gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token:
 // 64 vpdpbusd give the 8 sub-blocks' dots, each started from M's bits so that its lanes are the
 // floats M + dot, one FMA per sub-block scales it by d * sc and one add sums them; 4 vpdpwssd of
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
@@ -56,31 +57,28 @@ struct TileKernelK {
   static constexpr int kMaxTok = 8;
   static constexpr int64_t kTokBlock = 64;
 
-  // Where a tile's super-blocks come from: records (tiles) or 16 rows (gathers, lanes >= n
-  // masked).
+  // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its
+  // order, rows >= n read as row 0 and never stored).
   struct Source {
     const uint8_t* base;
     int64_t row_bytes;
-    __m512i offsets;
-    __mmask16 valid;
+    [[maybe_unused]] std::conditional_t<kRowsIn, TileRows, NoRows> rows;
 
-    // Dword k (0 = d and dmin, 1-3 = packed scales, then Q5_K's 8 of qh, then 32 of qs) of
-    // super-block s, 16 rows.
-    __m512i dword(int64_t s, int k) const {
+    // Dwords k..k+3 (0 = d and dmin, 1-3 = packed scales, then Q5_K's 8 of qh, then 32 of qs;
+    // k a multiple of 4) of super-block s, 16 rows.
+    void dwords4(int64_t s, int k, __m512i* v) const {
       if constexpr (kRowsIn) {
-        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets,
-                                           base + s * kBlock + 4 * k, 1);
+        rows.load16(s * kBlock + 4 * k, v);
       } else {
         // Records: d x16, dmin x16, then the chunks (dword k >= 1 is chunk k - 1).
-        return _mm512_loadu_si512(base + s * kRec + 64 * k);
+        for (int i = 0; i < 4; ++i) v[i] = _mm512_loadu_si512(base + s * kRec + 64 * (k + i));
       }
     }
-    // d and dmin of super-block s as floats.
-    void scales(int64_t s, __m512* d, __m512* dmin) const {
+    // d and dmin of super-block s as floats; dword0: its dword 0 (rows only).
+    void scales(int64_t s, __m512i dword0, __m512* d, __m512* dmin) const {
       if constexpr (kRowsIn) {
-        const __m512i g = dword(s, 0);
-        *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-        *dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+        *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dword0));
+        *dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dword0, 16)));
       } else {
         const uint8_t* rec = base + s * kRec;
         *d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
@@ -109,9 +107,8 @@ struct TileKernelK {
 
   template <int NT>
   static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
-    Source src{j.w + row * j.w_row_bytes, j.w_row_bytes, _mm512_setzero_si512(),
-               static_cast<__mmask16>((1u << n_rows) - 1)};
-    if constexpr (kRowsIn) src.offsets = tile_row_offsets(j.w_row_bytes);
+    const uint8_t* w = j.w + row * j.w_row_bytes;
+    const Source src{w, j.w_row_bytes, {w, j.w_row_bytes, n_rows}};
     const ActTileK* a[NT];
     for (int n = 0; n < NT; ++n)
       a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
@@ -123,7 +120,9 @@ struct TileKernelK {
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
       // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
-      const __m512i s0 = src.dword(s, 1), s1 = src.dword(s, 2), s2 = src.dword(s, 3);
+      __m512i head[4];  // d and dmin, then the packed scales
+      src.dwords4(s, 0, head);
+      const __m512i s0 = head[1], s1 = head[2], s2 = head[3];
       const __m512i sc_lo = _mm512_and_si512(s0, m3f), mn_lo = _mm512_and_si512(s1, m3f);
       const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(s2, m0f),
                                             _mm512_and_si512(_mm512_srli_epi32(s0, 2), m30));
@@ -134,17 +133,19 @@ struct TileKernelK {
                   : pass.l2_target(s, src.base + (s + 2) * kRec,
                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
-      src.scales(s, &d, &dmin);
+      src.scales(s, head[0], &d, &dmin);
       __m512 u[NT];  // from -0: the sub-blocks' products summed in order, as ActTileK's
       for (int n = 0; n < NT; ++n) u[n] = _mm512_set1_ps(-0.f);
       __m512i qh[8];  // Q5_K: bit sb of each byte is the top bit of a value of sub-block sb
-      if constexpr (kQ5)
-        for (int k = 0; k < 8; ++k) qh[k] = src.dword(s, kQh + k);
+      if constexpr (kQ5) {
+        src.dwords4(s, kQh, qh);
+        src.dwords4(s, kQh + 4, qh + 4);
+      }
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
         src.prefetch(s, p, l2);
-        __m512i z[8];  // rows: gathered once for both halves
-        if constexpr (kRowsIn)
-          for (int k = 0; k < 8; ++k) z[k] = src.dword(s, kQs + 8 * p + k);
+        __m512i z[8];  // the values of both halves
+        src.dwords4(s, kQs + 8 * p, z);
+        src.dwords4(s, kQs + 8 * p + 4, z + 4);
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * p + h;
           const __m512i scv =
@@ -153,8 +154,7 @@ struct TileKernelK {
           const __m512 nmdsc = _mm512_mul_ps(dsc, _mm512_set1_ps(-kTileMagic));  // exact
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
-            const __m512i zk = kRowsIn ? z[k] : src.dword(s, kQs + 8 * p + k);
-            w[k] = h == 0 ? _mm512_and_si512(zk, m0f) : high_nibbles<kGfni>(zk);
+            w[k] = h == 0 ? _mm512_and_si512(z[k], m0f) : high_nibbles<kGfni>(z[k]);
             if constexpr (kQ5) {  // bit sb of each qh byte to bit 4, then w | (that & 0x10)
               const __m512i hb = _mm512_rolv_epi32(qh[k], _mm512_set1_epi32((4 - sb) & 31));
               w[k] = _mm512_ternarylogic_epi32(w[k], hb, m10, 0xF8);
@@ -189,6 +189,8 @@ struct TileKernelK {
         acc[n] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[n][s].d), acc[n]);
       }
     }
+    if constexpr (kRowsIn)
+      for (int n = 0; n < NT; ++n) acc[n] = TileRows::to_row_order(acc[n]);
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);

@@ -1,5 +1,5 @@
 // AVX-512 VNNI kernels for Q6_K matrices in 16-row tiles (model/weight_tiles.h), and the same
-// arithmetic reading Q6_K in ggml's rows (gathering 16 rows per super-block), so that a matrix
+// arithmetic reading Q6_K in ggml's rows (16 rows per super-block, TileRows), so that a matrix
 // gives the same bits mapped or tiled. Lane i is output row i. Per super-block, group (16
 // values) and token: 4 vpdpbusd from the activation record's start give M + t_g in the int32
 // lanes, one FMA scales them by the group's d * sc and one add sums the groups: ActTileQ6K's
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "compute/detail/avx512_common.h"
@@ -50,22 +51,22 @@ struct TileKernelQ6K {
   static constexpr int64_t kTokBlock = 64;
 
   // Where a tile's super-blocks come from: records (tiles, the d values after the last one) or
-  // 16 rows (gathered into a record on the stack, lanes >= n masked).
+  // 16 rows (TileRows: read into a record on the stack, lanes in its order, rows >= n read as
+  // row 0 and never stored).
   struct Source {
     const uint8_t* base;
     int64_t row_bytes, nsb;
-    __m512i offsets;
-    __mmask16 valid;
+    [[maybe_unused]] std::conditional_t<kRowsIn, TileRows, NoRows> rows;
     uint8_t* buf;  // kRec bytes, 64-aligned (rows only)
 
     // The 52 chunks of super-block s.
     const uint8_t* record(int64_t s) const {
       if constexpr (kRowsIn) {
-        const uint8_t* blk = base + s * kBlock;
-        for (int c = 0; c < kChunks; ++c)
-          _mm512_store_si512(
-              buf + 64 * c,
-              _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets, blk + 4 * c, 1));
+        for (int c = 0; c < kChunks; c += 4) {
+          __m512i v[4];
+          rows.load16(s * kBlock + 4 * c, v);
+          for (int i = 0; i < 4; ++i) _mm512_store_si512(buf + 64 * (c + i), v[i]);
+        }
         return buf;
       } else {
         return base + s * kRec;
@@ -75,8 +76,7 @@ struct TileKernelQ6K {
     __m512 d(int64_t s) const {
       if constexpr (kRowsIn) {
         // The dword ending the block (scales 14-15, then d): never past the row.
-        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets,
-                                                      base + s * kBlock + kBlock - 4, 1);
+        const __m512i g = rows.gather(base, s * kBlock + kBlock - 4);
         return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
       } else {
         return _mm512_cvtph_ps(
@@ -171,13 +171,8 @@ struct TileKernelQ6K {
   static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
     alignas(64) uint8_t buf[kRowsIn ? kRec : 64];
     const int64_t nsb = j.cols / kQK_K;
-    Source src{j.w + row * j.w_row_bytes,
-               j.w_row_bytes,
-               nsb,
-               _mm512_setzero_si512(),
-               static_cast<__mmask16>((1u << n_rows) - 1),
-               buf};
-    if constexpr (kRowsIn) src.offsets = tile_row_offsets(j.w_row_bytes);
+    const uint8_t* w = j.w + row * j.w_row_bytes;
+    const Source src{w, j.w_row_bytes, nsb, {w, j.w_row_bytes, n_rows}, buf};
     const ActTileQ6K* a[NT];
     for (int n = 0; n < NT; ++n)
       a[n] = reinterpret_cast<const ActTileQ6K*>(j.act + (tok + n) * j.act_stride);
@@ -199,6 +194,8 @@ struct TileKernelQ6K {
       for (int n = 0; n < NT; ++n)
         acc[n] = _mm512_fmadd_ps(u[n], _mm512_set1_ps(a[n][s].d), acc[n]);
     }
+    if constexpr (kRowsIn)
+      for (int n = 0; n < NT; ++n) acc[n] = TileRows::to_row_order(acc[n]);
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
     for (int n = 0; n < NT; ++n)
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);

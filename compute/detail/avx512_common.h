@@ -68,13 +68,70 @@ inline void prefetch_l2(const void* p) {
   __asm__ volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
 }
 
-// The byte offsets of 16 rows, row_bytes apart, for the tile kernels' gathers (int32:
-// tile16_rows checks the size).
-inline __m512i tile_row_offsets(int64_t row_bytes) {
-  const auto rb = static_cast<int32_t>(row_bytes);
-  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                            _mm512_set1_epi32(rb));
-}
+// The 16 rows of a tile read from ggml's row layout (a mapped file) by the tile kernels'
+// kRowsIn instantiations. load16 reads 16 bytes of each row and transposes them into 4 vectors
+// of dwords; loading 4 rows per 128-bit lane and transposing dwords within lanes puts row 4g + L
+// in lane 4L + g (lane_row; the map is its own inverse), and a kernel's results go back to row
+// order once per tile (to_row_order). A dword gather per vector, as first written, streamed 2-3
+// times slower (docs/benchmarks.md "Engine, session 16"). Rows at and past n are read as row 0:
+// their lanes are computed but never stored (and gathers, in the same lane order, mask them).
+struct TileRows {
+  static constexpr int lane_row(int p) { return 4 * (p % 4) + p / 4; }
+
+  const uint8_t* row[16];
+  __m512i offsets;  // byte offset of each lane's row, for gathers (int32: tile16_rows checks)
+  __mmask16 valid;  // lanes of rows below n
+
+  TileRows(const uint8_t* base, int64_t row_bytes, int64_t n) {
+    alignas(64) int32_t off[16];
+    unsigned v = 0;
+    for (int p = 0; p < 16; ++p) {
+      off[p] = static_cast<int32_t>(lane_row(p) * row_bytes);
+      if (lane_row(p) < n) v |= 1u << p;
+      row[p] = base + (p < n ? p : 0) * row_bytes;
+    }
+    offsets = _mm512_load_si512(off);
+    valid = static_cast<__mmask16>(v);
+  }
+
+  // The 16 bytes at `at` of each row as 4 vectors: v[c] lane p = dword c of row lane_row(p).
+  void load16(int64_t at, __m512i* v) const {
+    __m512i z[4];  // z[g] lane L: row 4g + L
+    for (int g = 0; g < 4; ++g) {
+      auto row16 = [&](int i) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[4 * g + i] + at));
+      };
+      __m512i t = _mm512_castsi128_si512(row16(0));
+      t = _mm512_inserti32x4(t, row16(1), 1);
+      t = _mm512_inserti32x4(t, row16(2), 2);
+      z[g] = _mm512_inserti32x4(t, row16(3), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+
+  // The dword at `at` of each row (lane order as load16's), lanes of rows past n zero.
+  __m512i gather(const uint8_t* base, int64_t at) const {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, offsets, base + at, 1);
+  }
+
+  // Results in lane order back to row order.
+  static __m512 to_row_order(__m512 x) {
+    const __m512i order = _mm512_setr_epi32(lane_row(0), lane_row(1), lane_row(2), lane_row(3),
+                                            lane_row(4), lane_row(5), lane_row(6), lane_row(7),
+                                            lane_row(8), lane_row(9), lane_row(10), lane_row(11),
+                                            lane_row(12), lane_row(13), lane_row(14), lane_row(15));
+    return _mm512_permutexvar_ps(order, x);
+  }
+};
+/// What a tile kernel reading tiles has in TileRows' place.
+struct NoRows {
+  NoRows(const uint8_t*, int64_t, int64_t) {}
+};
 
 // ------------------------------------------------------------------------------------------
 // Int8 activation quantization. Scale amax/127, round to nearest even (vcvtps2dq); a block
