@@ -114,7 +114,7 @@ struct FloatKernel {
 };
 
 // ------------------------------------------------------------------------------------------
-// Int8 activations of Q8_0 and Q4_0 (quantize_vecs: avx512_common.h).
+// Int8 activations of the 32-value block types (quantize_vecs: avx512_common.h).
 
 // The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) work on groups of 4 blocks
 // (128 values) laid out so that one int32 lane always belongs to one block: part A holds values
