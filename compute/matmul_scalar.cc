@@ -156,7 +156,7 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
         [[maybe_unused]] int32_t sum = 0;
         for (int k = 0; k < 32; ++k) {
           dot += wq[b * 32 + k] * a[b].q[k];
-          if constexpr (blocks32_min(kType)) sum += a[b].q[k];
+          if constexpr (!kTiled && blocks32_min(kType)) sum += a[b].q[k];
         }
         if constexpr (kTiled) {
           const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);

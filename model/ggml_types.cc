@@ -143,19 +143,8 @@ void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
-void dequant_q4_0(const BlockQ4_0* x, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = fp16_to_fp32(x[i].d);
-    for (int j = 0; j < kQK4_0 / 2; ++j) {
-      y[j] = static_cast<float>((x[i].qs[j] & 0x0F) - 8) * d;
-      y[j + kQK4_0 / 2] = static_cast<float>((x[i].qs[j] >> 4) - 8) * d;
-    }
-    y += kQK4_0;
-  }
-}
-
-// Q4_1, Q5_0 and Q5_1: per block of 32 a scale d and (Q4_1, Q5_1) an offset m, values
-// d * (q - kZero) + m.
+// Q4_0, Q4_1, Q5_0 and Q5_1: per block of 32 a scale d and (Q4_1, Q5_1: kZero 0) an offset m,
+// values d * (q - kZero) + m.
 template <class Block, bool kFive, int kZero>
 void dequant_nibbles32(const Block* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += 32) {
@@ -593,7 +582,8 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return;
     }
     case GgmlType::kQ4_0:
-      return dequant_q4_0(static_cast<const BlockQ4_0*>(src), out, n / kQK4_0);
+      return dequant_nibbles32<BlockQ4_0, false, 8>(static_cast<const BlockQ4_0*>(src), out,
+                                                    n / kQK4_0);
     case GgmlType::kQ4_1:
       return dequant_nibbles32<BlockQ4_1, false, 0>(static_cast<const BlockQ4_1*>(src), out,
                                                     n / kQK4_0);

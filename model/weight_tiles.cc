@@ -81,7 +81,44 @@ void tile_one(const BlockShape& s, const uint8_t* rows, int64_t row_bytes, int64
   }
 }
 
+// Where bit v of a Q5 qh word goes in the tile's order: value v = 16h + 4c + k (h, c, k as in
+// weight_tiles.h) to bit 8k + 4h + c; and back.
+constexpr int q5_tile_bit(int v) { return 8 * (v % 4) + (v < 16 ? 0 : 4) + v % 16 / 4; }
+constexpr int q5_untile_bit(int p) { return 16 * (p % 8 / 4) + 4 * (p % 4) + p / 8; }
+
+// The bit permutation for each byte of a word on its own (it moves bits, so the word's image is
+// the OR of its bytes' images): 4 lookups per word instead of 32 bit moves, for every Q5 block
+// a weight copy tiles.
+struct Q5QhTables {
+  uint32_t tile[4][256], untile[4][256];
+  constexpr Q5QhTables() : tile(), untile() {
+    for (int byte = 0; byte < 4; ++byte) {
+      for (int x = 0; x < 256; ++x) {
+        for (int i = 0; i < 8; ++i) {
+          if ((x >> i & 1) == 0) continue;
+          tile[byte][x] |= uint32_t{1} << q5_tile_bit(8 * byte + i);
+          untile[byte][x] |= uint32_t{1} << q5_untile_bit(8 * byte + i);
+        }
+      }
+    }
+  }
+};
+constexpr Q5QhTables kQ5Qh;
+static_assert([] {
+  for (int v = 0; v < 32; ++v)
+    if (q5_untile_bit(q5_tile_bit(v)) != v) return false;
+  return true;
+}());
+
+uint32_t permute_bytes(const uint32_t (&table)[4][256], uint32_t x) {
+  return table[0][x & 0xFF] | table[1][x >> 8 & 0xFF] | table[2][x >> 16 & 0xFF] |
+         table[3][x >> 24];
+}
+
 }  // namespace
+
+uint32_t q5_tile_qh(uint32_t h) { return permute_bytes(kQ5Qh.tile, h); }
+uint32_t q5_untile_qh(uint32_t t) { return permute_bytes(kQ5Qh.untile, t); }
 
 bool tileable(const WeightView& w) {
   return w.present() && w.layout == WeightLayout::kRows &&

@@ -37,22 +37,8 @@ inline constexpr int64_t kTileRows = 16;
 bool tileable(const WeightView& w);
 
 /// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.
-inline uint32_t q5_tile_qh(uint32_t h) {
-  uint32_t t = 0;
-  for (int v = 0; v < 32; ++v) {
-    const int k = v % 4, c = v % 16 / 4;
-    t |= (h >> v & 1u) << (8 * k + (v < 16 ? 0 : 4) + c);
-  }
-  return t;
-}
-inline uint32_t q5_untile_qh(uint32_t t) {
-  uint32_t h = 0;
-  for (int v = 0; v < 32; ++v) {
-    const int k = v % 4, c = v % 16 / 4;
-    h |= (t >> (8 * k + (v < 16 ? 0 : 4) + c) & 1u) << v;
-  }
-  return h;
-}
+uint32_t q5_tile_qh(uint32_t h);
+uint32_t q5_untile_qh(uint32_t t);
 
 /// Reorders `n_mat` matrices of `rows` x `cols` (a tileable type, rows % 16 == 0) at `data`
 /// from rows into tiles, in place.
