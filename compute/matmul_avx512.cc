@@ -473,7 +473,7 @@ KernelSet make_set() {
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
   if constexpr (kVnni) {
-    // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (gathering 16 rows
+    // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into
     // tiles.
     avx512_tile_kernels(kGfni, &s.q8_0_t16, &s.q4_0_t16, &s.q8_0, &s.q4_0);

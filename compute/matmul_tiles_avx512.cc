@@ -9,7 +9,7 @@
 // tokens).
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
-// serve these types in ggml's rows too (kRowsIn, gathering 16 rows), so a matrix gives the
+// serve these types in ggml's rows too (kRowsIn, reading 16 rows), so a matrix gives the
 // same bits mapped from its file or tiled in memory. Compiled with the AVX-512 flags of
 // *_avx512.cc; runs only where VNNI was detected.
 #include <immintrin.h>
@@ -42,9 +42,9 @@ void quantize_tile_act(const float* x, int64_t cols, uint8_t* out) {
 }
 
 // kRowsIn: the same kernel reading a matrix in ggml's rows (a mapped file): each block of 16
-// rows is gathered into a record's registers (one dword gather per 64-byte chunk, one for the
-// scales), and a last tile of fewer rows masks its lanes. Same arithmetic, so the same bits as
-// the tiled matrix: where the weights live never changes a result.
+// rows is read into a record's registers (TileRows: loads and a transpose for the values, a
+// gather for the scales), and a last tile of fewer rows masks its lanes. Same arithmetic, so the
+// same bits as the tiled matrix: where the weights live never changes a result.
 template <GgmlType kType, bool kRowsIn_, bool kGfni>
 struct TileKernel {
   static constexpr bool kRowsIn = kRowsIn_;
@@ -90,7 +90,7 @@ struct TileKernel {
   }
 
   // The fifth bits onto the nibbles from qh words in ggml's order (bit v: value v's), as
-  // gathered from rows: byte k of chunk c takes bit 4c + k (low) or 16 + 4c + k (high), found by
+  // read from rows: byte k of chunk c takes bit 4c + k (low) or 16 + 4c + k (high), found by
   // copying the word's byte (4c + k) / 8 across its dword and testing one bit per byte.
   static void add_fifth_bits_ggml(__m512i h, Rec& r) {
     const __m512i bit = _mm512_set1_epi8(0x10);
@@ -251,7 +251,7 @@ TypeKernels tile_kernels() {
 }  // namespace
 
 namespace {
-// A type's tile kernels and its gathering ones; gfni: unpack nibbles with GFNI (the same bits).
+// A type's tile kernels and the ones reading rows; gfni: unpack nibbles with GFNI (the same bits).
 template <GgmlType kType>
 void tile_kernel_pair(bool gfni, TypeKernels* tiles, TypeKernels* rows) {
   *tiles = gfni ? tile_kernels<kType, false, true>() : tile_kernels<kType, false, false>();

@@ -90,9 +90,9 @@ inline void tile16_tail(const MatmulJob& j, int64_t r, int64_t t, int64_t n, int
 
 template <class K>
 void tile16_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  // A gathering kernel's offsets (15 rows) are int32: rows of up to ~140 M bytes.
+  // A row-reading kernel's gather offsets (15 rows) are int32: rows of up to ~140 M bytes.
   TROUPE_CHECK(!K::kRowsIn || j.w_row_bytes < (int64_t{1} << 31) / 16,
-               "matmul: rows of %lld bytes are too long for the gathering kernel",
+               "matmul: rows of %lld bytes are too long for the row-reading tile kernel",
                static_cast<long long>(j.w_row_bytes));
   for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
     const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
@@ -108,7 +108,7 @@ void tile16_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
 }
 
 /// The kernels of a 16-row tile kernel template K<kRowsIn, kGfni> (matmul_tiles*_avx512.cc):
-/// `tiles` reads tiles, `rows` gathers 16 rows with the same arithmetic; gfni picks the
+/// `tiles` reads tiles, `rows` reads 16 rows with the same arithmetic; gfni picks the
 /// instantiation that unpacks nibbles with GFNI (the same bits).
 template <template <bool, bool> class K>
 void tile16_kernel_pair(bool gfni, int64_t (*act_bytes)(int64_t),

@@ -9,9 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <iterator>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -30,6 +31,29 @@ struct Case {
   const char* dtype;  // --dtype
   double max_rel;     // bound on |logits - f32 logits| / |f32 logits| (2-norm over all)
 };
+
+// |got - ref| / |ref| over all logits (2-norms); NaN, with a failure, for a size mismatch or a
+// non-finite logit.
+double relative_error(const std::vector<float>& got, const std::vector<float>& ref,
+                      const std::string& what) {
+  if (got.size() != ref.size() || ref.empty()) {
+    ADD_FAILURE() << what << ": " << got.size() << " logits against " << ref.size();
+    return NAN;
+  }
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      ADD_FAILURE() << what << ": logit " << i << " is " << got[i];
+      return NAN;
+    }
+    err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  EXPECT_GT(ref2, 0) << what << ": the f32 logits are all zero";
+  const double rel = std::sqrt(err2 / ref2);
+  std::printf("%-20s |logits - f32| / |f32| = %.4f\n", what.c_str(), rel);
+  return rel;
+}
 
 TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
   const fs::path dir = fs::temp_directory_path() / ("troupe_qmodel_" + std::to_string(::getpid()));
@@ -71,33 +95,19 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
                         {"q5_0", 0.15},  {"q5_1", 0.14}};
   for (const std::string arch : {"llama", "mixtral"}) {
     const std::vector<float> ref = prompt_logits(make(arch, "f32"), prompt);
-    ASSERT_FALSE(ref.empty());
-    double ref2 = 0;
-    for (float v : ref) ref2 += static_cast<double>(v) * v;
-    ASSERT_GT(ref2, 0);
-    double rel_of[std::size(cases)] = {};
-    for (size_t c = 0; c < std::size(cases); ++c) {
-      const std::vector<float> got = prompt_logits(make(arch, cases[c].dtype), prompt);
-      ASSERT_EQ(got.size(), ref.size()) << arch << " " << cases[c].dtype;
-      double err2 = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << arch << " " << cases[c].dtype << " logit " << i;
-        err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-      }
-      rel_of[c] = std::sqrt(err2 / ref2);
-      std::printf("%s %-7s |logits - f32| / |f32| = %.4f\n", arch.c_str(), cases[c].dtype,
-                  rel_of[c]);
-      EXPECT_LT(rel_of[c], cases[c].max_rel) << arch << " " << cases[c].dtype;
+    std::map<std::string, double> rel;  // by --dtype
+    for (const Case& c : cases) {
+      const std::string what = arch + " " + c.dtype;
+      rel[c.dtype] = relative_error(prompt_logits(make(arch, c.dtype), prompt), ref, what);
+      EXPECT_LT(rel[c.dtype], c.max_rel) << what;
     }
     // More bits, closer: q8_0 < q6_K < q5_K < q4_K, each step by more than 1.5 times (about 2).
-    EXPECT_LT(1.5 * rel_of[0], rel_of[1]) << arch << ": q8_0 against q6_K";
-    EXPECT_LT(1.5 * rel_of[1], rel_of[2]) << arch << ": q6_K against q5_K";
-    EXPECT_LT(1.5 * rel_of[2], rel_of[4]) << arch << ": q5_K against q4_K";
-    EXPECT_LT(1.5 * rel_of[4], rel_of[7]) << arch << ": q4_K against q3_K";
-    EXPECT_LT(1.5 * rel_of[7], rel_of[8]) << arch << ": q3_K against q2_K";
-    // Q5_0 and Q5_1 against Q4_0 and Q4_1: the fifth bit about halves the error.
-    EXPECT_LT(1.5 * rel_of[12], rel_of[6]) << arch << ": q5_0 against q4_0";
-    EXPECT_LT(1.5 * rel_of[13], rel_of[11]) << arch << ": q5_1 against q4_1";
+    // Q5_0 and Q5_1 against Q4_0 and Q4_1 likewise: the fifth bit about halves the error.
+    for (const auto& [more, fewer] :
+         {std::pair{"q8_0", "q6_k"}, std::pair{"q6_k", "q5_k"}, std::pair{"q5_k", "q4_k"},
+          std::pair{"q4_k", "q3_k"}, std::pair{"q3_k", "q2_k"}, std::pair{"q5_0", "q4_0"},
+          std::pair{"q5_1", "q4_1"}})
+      EXPECT_LT(1.5 * rel[more], rel[fewer]) << arch << ": " << more << " against " << fewer;
   }
   // A width off the super-block (288): a Q4_K_M file of it holds Q5_0 and Q8_0 where rows do
   // not fit Q4_K and Q6_K (synth does what llama.cpp's quantizer does), and still tracks its
@@ -105,16 +115,7 @@ TEST(QuantizedModel, LogitsTrackTheF32TwinCloserWithMoreBits) {
   for (const std::string arch : {"llama", "mixtral"}) {
     const std::vector<float> ref = prompt_logits(make(arch, "f32", 288), prompt);
     const std::vector<float> got = prompt_logits(make(arch, "q4_k_m", 288), prompt);
-    ASSERT_FALSE(ref.empty());
-    ASSERT_EQ(got.size(), ref.size()) << arch;
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(got[i])) << arch << " logit " << i;
-      err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-      ref2 += static_cast<double>(ref[i]) * ref[i];
-    }
-    const double rel = std::sqrt(err2 / ref2);
-    std::printf("%s q4_k_m at width 288 |logits - f32| / |f32| = %.4f\n", arch.c_str(), rel);
+    const double rel = relative_error(got, ref, arch + " q4_k_m@288");
     EXPECT_LT(rel, 0.17) << arch;  // measured 8.8 / 11.4 %
   }
   fs::remove_all(dir);
