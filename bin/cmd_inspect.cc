@@ -1,4 +1,5 @@
 // `troupe inspect PATH`: what a model file holds (metadata, tensors) and what troupe makes of it.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -7,6 +8,7 @@
 #include "bin/common.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/rope.h"
 #include "model/tokenizer.h"
 
 namespace troupe::cli {
@@ -57,6 +59,22 @@ void print_spec(const model::ModelSpec& s) {
       (long long)s.n_head_kv, (long long)s.head_dim_k, (long long)s.head_dim_v, (long long)s.n_ff,
       s.rope_style == model::RopeStyle::kNeox ? "neox" : "normal", (long long)s.n_rot, s.rope_theta,
       s.rms_eps);
+  const model::RopeScaling& sc = s.rope_scaling;
+  if (sc.type != model::RopeScalingType::kNone || !s.rope_freq_factors.empty() ||
+      s.kq_scale_mult != 1.0) {
+    std::printf("  rope scaling %s", model::rope_scaling_name(sc.type));
+    if (sc.type != model::RopeScalingType::kNone) std::printf(" factor %g", sc.factor);
+    if (sc.type == model::RopeScalingType::kYarn)
+      std::printf(" (original context %lld, beta %g/%g, cos/sin x %g)", (long long)sc.orig_ctx,
+                  sc.beta_fast, sc.beta_slow, sc.attn_factor);
+    if (!s.rope_freq_factors.empty())
+      std::printf(
+          ", per-pair divisors %g..%g",
+          (double)*std::min_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()),
+          (double)*std::max_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()));
+    if (s.kq_scale_mult != 1.0) std::printf(", attention scale x %g", s.kq_scale_mult);
+    std::printf("\n");
+  }
   int64_t shared_ff = 0;
   for (const auto& L : s.layers)
     if (L.is_moe && L.shared.gate.present()) shared_ff = L.shared.gate.rows();

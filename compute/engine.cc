@@ -13,6 +13,7 @@
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
 #include "compute/vec_ops.h"
+#include "model/rope.h"
 
 namespace troupe::compute {
 
@@ -26,6 +27,7 @@ struct Engine::Scratch {
   std::vector<int64_t> tok_pos;           // [T]
   std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
   std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
+  model::RopeFrequencies rope;            // the model's, scaling applied (set once)
   std::vector<float> x, h, tmp;           // [T, n_embd]
   std::vector<float> q, k, v;             // attention projections
   std::vector<float> attn;                // [T, n_head * head_dim_v]
@@ -129,6 +131,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->kv_ = std::make_unique<KvCache>(kc);
     e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
     e->s_ = std::make_unique<Scratch>();
+    e->s_->rope = model::rope_frequencies(s);
     return e;
   } catch (const std::exception& ex) {
     return Error{1, ex.what()};
@@ -196,17 +199,19 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   grow(S.x, T * E);
   grow(S.h, T * E);
   grow(S.tmp, T * E);
-  // Rotary angles once per token for all layers and heads: theta_i = pos * base^(-2i/n_rot).
+  // Rotary angles once per token for all layers and heads: pos * inv_freq[i], where inv_freq is
+  // base^(-2i/n_rot) with the model's scaling applied (model/rope.h).
   const int64_t half = s.n_rot / 2;
   grow(S.rope_cos, T * half);
   grow(S.rope_sin, T * half);
+  const double* inv_freq = S.rope.inv_freq.data();
+  const double mscale = S.rope.mscale;
   for (int64_t t = 0; t < T; ++t) {
     const double pos = static_cast<double>(S.tok_pos[static_cast<size_t>(t)]);
     for (int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(static_cast<double>(s.rope_theta),
-                                   -2.0 * static_cast<double>(i) / static_cast<double>(s.n_rot));
-      S.rope_cos[t * half + i] = static_cast<float>(std::cos(pos * freq));
-      S.rope_sin[t * half + i] = static_cast<float>(std::sin(pos * freq));
+      const double a = pos * inv_freq[i];
+      S.rope_cos[t * half + i] = static_cast<float>(mscale * std::cos(a));
+      S.rope_sin[t * half + i] = static_cast<float>(mscale * std::sin(a));
     }
   }
   if (range_.embed) {
@@ -324,7 +329,8 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
     std::memcpy(kv_->v(il - range_.begin, blk, pos % bs), &S.v[t * vw],
                 static_cast<size_t>(vw) * 4);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const float scale =
+      static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dk))));
   const int64_t group = H / HK, part = head_part(group, T, H, pool_->size()), parts = H / part;
   const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
@@ -386,7 +392,8 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
                   static_cast<size_t>(rope) * 4);
   }
   grow(S.lat, T * H * lora);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  const float scale =
+      static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dqk))));
   // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows, and
   // every head shares them (one KV "head").
   const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part, l = il - range_.begin;

@@ -232,7 +232,8 @@ void GpuEngine::Impl::attention(const DevLayer& L, const StepPlan& p, const Step
   a.kv.head_dim = static_cast<int32_t>(D);
   a.kv.block_size = static_cast<int32_t>(bs);
   a.batch = batch(p, in);
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));  // compute/engine.cc attention()
+  // compute/engine.cc attention()
+  a.scale = static_cast<float>(kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(D))));
   a.out = w.attn;
   a.out_type = AttnOut::kBf16;
   a.workspace = w.attn_ws;
@@ -300,7 +301,8 @@ void GpuEngine::Impl::attention_mla(const DevLayer& L, const StepPlan& p, const 
   a.kv.rope_dim = static_cast<int32_t>(rope);
   a.kv.block_size = static_cast<int32_t>(bs);
   a.batch = batch(p, in);
-  a.scale = 1.0f / std::sqrt(static_cast<float>(dqk));  // compute/engine.cc attention_mla()
+  // compute/engine.cc attention_mla()
+  a.scale = static_cast<float>(kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dqk))));
   a.out = w.lat;
   a.out_type = AttnOut::kBf16;
   a.workspace = w.attn_ws;

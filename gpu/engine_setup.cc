@@ -24,6 +24,7 @@
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
 #include "model/model.h"
+#include "model/rope.h"
 
 namespace troupe::gpu {
 
@@ -128,6 +129,7 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
   H = s.n_head;
   HK = s.n_head_kv;
   n_rot = s.n_rot;
+  kq_scale_mult = s.kq_scale_mult;
   neox = s.rope_style == model::RopeStyle::kNeox;
   eps = s.rms_eps;
   mla = s.is_mla();
@@ -279,7 +281,8 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
     float* c = a.template allocate_n<float>(sz(num_slots * half), "rope cos");
     float* sn = a.template allocate_n<float>(sz(num_slots * half), "rope sin");
     if (up) {
-      const RopeTable t = make_rope_table(num_slots, n_rot, s.rope_theta);
+      const model::RopeFrequencies f = model::rope_frequencies(s);
+      const RopeTable t = make_rope_table(num_slots, f.inv_freq, f.mscale);
       up->f32(t.cos.data(), num_slots * half, c);
       up->f32(t.sin.data(), num_slots * half, sn);
     }

@@ -503,28 +503,39 @@ void add_rms_norm(float* residual, const float* delta, const float* weight, int6
 }
 
 RopeTable make_rope_table(int64_t max_pos, int64_t n_rot, float theta_base) {
-  OPS_REQUIRE(max_pos >= 1, "make_rope_table: max_pos must be >= 1, got %lld", ll(max_pos));
   OPS_REQUIRE(n_rot >= 2 && n_rot % 2 == 0,
               "make_rope_table: n_rot must be even and >= 2, got %lld", ll(n_rot));
   OPS_REQUIRE(std::isfinite(theta_base) && theta_base > 0,
               "make_rope_table: theta_base must be finite and > 0, got %g",
               static_cast<double>(theta_base));
-  const int64_t half = n_rot / 2;
+  // compute::detail::rope and model::rope_frequencies (unscaled), operation for operation.
+  std::vector<double> inv_freq(static_cast<size_t>(n_rot / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = std::pow(static_cast<double>(theta_base),
+                           -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+  return make_rope_table(max_pos, inv_freq, 1.0);
+}
+
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freq, double mscale) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  OPS_REQUIRE(max_pos >= 1, "make_rope_table: max_pos must be >= 1, got %lld", ll(max_pos));
+  OPS_REQUIRE(half >= 1, "make_rope_table: no rotary pairs");
+  OPS_REQUIRE(std::isfinite(mscale) && mscale > 0,
+              "make_rope_table: mscale must be finite and > 0, got %g", mscale);
   OPS_REQUIRE(fits_product(max_pos, half) && max_pos * half <= (int64_t{1} << 34),
               "make_rope_table: [%lld, %lld] is too large", ll(max_pos), ll(half));
   RopeTable t;
   t.max_pos = max_pos;
-  t.n_rot = n_rot;
+  t.n_rot = 2 * half;
   t.cos.resize(static_cast<size_t>(max_pos * half));
   t.sin.resize(static_cast<size_t>(max_pos * half));
   for (int64_t i = 0; i < half; ++i) {
-    // compute::detail::rope and compute/engine.cc, operation for operation.
-    const double freq = std::pow(static_cast<double>(theta_base),
-                                 -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    // compute/engine.cc, operation for operation.
+    const double freq = inv_freq[static_cast<size_t>(i)];
     for (int64_t p = 0; p < max_pos; ++p) {
       const double angle = static_cast<double>(p) * freq;
-      t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
-      t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
+      t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(mscale * std::cos(angle));
+      t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(mscale * std::sin(angle));
     }
   }
   return t;

@@ -95,6 +95,9 @@ struct RopeTable {
 };
 /// Throws InputError unless max_pos >= 1 and n_rot is even and >= 2.
 RopeTable make_rope_table(int64_t max_pos, int64_t n_rot, float theta_base);
+/// The same with each pair's frequency given (model::rope_frequencies: scaling applied) and
+/// every cos/sin multiplied by mscale, as compute/engine.cc does.
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freq, double mscale);
 
 struct RopeQkvArgs {
   /// f32 [num_tokens, (n_head + 2 * n_head_kv) * head_dim]: the fused QKV projection of each

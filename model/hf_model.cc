@@ -14,6 +14,7 @@
 
 #include "base/check.h"
 #include "model/model.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 
@@ -167,6 +168,7 @@ class HfSpecBuilder {
       read_attention(arch);
       read_moe_counts();
     }
+    apply_rope_scaling();
     if (s_.n_expert > 0 && (s_.n_expert_used <= 0 || s_.n_ff_exp <= 0))
       TROUPE_INPUT_ERROR("%s: MoE model needs num_experts_per_tok and the expert FFN width",
                          cfg_.path().c_str());
@@ -331,11 +333,10 @@ class HfSpecBuilder {
     }
   }
 
-  // rope_theta from the classic key or transformers' newer rope_parameters; only unscaled
-  // RoPE is representable in ModelSpec.
+  // rope_theta from the classic key or transformers' newer rope_parameters; the scaling
+  // parameters are kept for apply_rope_scaling(), which needs the rotary width.
   double read_rope(double def_theta) {
     double theta = cfg_.get_float_or("rope_theta", def_theta);
-    std::string type = "default";
     const json* params = cfg_.find("rope_parameters");
     const json* scaling = cfg_.find("rope_scaling");
     for (const json* p : {scaling, params}) {
@@ -343,19 +344,75 @@ class HfSpecBuilder {
       if (!p->is_object())
         TROUPE_INPUT_ERROR("%s: rope_scaling/rope_parameters must be an object",
                            cfg_.path().c_str());
-      auto t = p->find("rope_type");
-      if (t == p->end()) t = p->find("type");
-      if (t != p->end() && t->is_string()) type = t->get<std::string>();
+      for (const auto& [k, v] : p->items()) rope_params_[k] = v;
       auto th = p->find("rope_theta");
       if (th != p->end() && th->is_number()) theta = th->get<double>();
-      auto f = p->find("factor");
-      if (type == "linear" && f != p->end() && f->is_number() && f->get<double>() == 1.0)
-        type = "default";
     }
-    if (type != "default")
-      TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported yet", cfg_.path().c_str(),
-                         type.c_str());
     return theta;
+  }
+
+  /// transformers' rope types: default, linear, llama3 and yarn (DeepSeek's own YaRN too).
+  void apply_rope_scaling() {
+    ModelSpec& s = s_;
+    const json& r = rope_params_;
+    const char* path = cfg_.path().c_str();
+    std::string type = "default";
+    for (const char* key : {"rope_type", "type"}) {
+      auto t = r.find(key);
+      if (t != r.end() && t->is_string()) {
+        type = t->get<std::string>();
+        break;
+      }
+    }
+    const auto num = [&](const char* key, double def) {
+      auto it = r.find(key);
+      if (it == r.end() || it->is_null()) return def;
+      if (!it->is_number())
+        TROUPE_INPUT_ERROR("%s: rope scaling '%s' must be a number, got %s", path, key,
+                           it->dump().c_str());
+      return it->get<double>();
+    };
+    if (type == "default") return;
+    const double factor = num("factor", 1.0);
+    const double orig =
+        num("original_max_position_embeddings", static_cast<double>(s.n_ctx_train));
+    RopeScaling& sc = s.rope_scaling;
+    sc.factor = factor;
+    if (type == "linear") {
+      if (factor != 1.0) sc.type = RopeScalingType::kLinear;
+    } else if (type == "llama3") {
+      const double low = num("low_freq_factor", 1.0), high = num("high_freq_factor", 4.0);
+      if (!(high > low) || !(low > 0) || !(factor > 0) || !(orig > 0))
+        TROUPE_INPUT_ERROR(
+            "%s: llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+            "and original_max_position_embeddings > 0 (got %g, %g, %g, %g)",
+            path, factor, low, high, orig);
+      s.rope_freq_factors =
+          llama3_freq_factors(s.n_rot, static_cast<double>(s.rope_theta), factor, low, high, orig);
+    } else if (type == "yarn") {
+      sc.type = RopeScalingType::kYarn;
+      sc.orig_ctx = static_cast<int64_t>(orig);
+      sc.beta_fast = num("beta_fast", 32.0);
+      sc.beta_slow = num("beta_slow", 1.0);
+      auto tr = r.find("truncate");
+      if (tr != r.end() && tr->is_boolean()) sc.truncate = tr->get<bool>();
+      const double mscale = num("mscale", 0.0), mscale_all_dim = num("mscale_all_dim", 0.0);
+      double af = num("attention_factor", 0.0);
+      if (af == 0.0)
+        af = mscale != 0.0 && mscale_all_dim != 0.0
+                 ? yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                 : yarn_mscale(factor);
+      sc.attn_factor = af;
+      // DeepSeek's attention also scales its logits by the all-dims magnitude term, squared.
+      if (is_mla_family() && mscale_all_dim != 0.0) {
+        const double m = yarn_mscale(factor, mscale_all_dim);
+        s.kq_scale_mult = m * m;
+      }
+    } else {
+      TROUPE_INPUT_ERROR(
+          "%s: rope scaling '%s' is not supported (default, linear, llama3, yarn)", path,
+          type.c_str());
+    }
   }
 
   void read_mla_hparams() {
@@ -608,6 +665,7 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
+  json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
   ModelSpec s_;
   std::vector<bool> is_moe_;
 };

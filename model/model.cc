@@ -2,9 +2,11 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "base/check.h"
 #include "model/gguf.h"
+#include "model/rope.h"
 
 namespace troupe::model {
 
@@ -96,16 +98,13 @@ class GgufSpecBuilder {
       TROUPE_INPUT_ERROR("%s: head_count %lld is not a multiple of head_count_kv %lld",
                          g_.path().c_str(), static_cast<long long>(s.n_head),
                          static_cast<long long>(s.n_head_kv));
-    const std::string scaling = g_.get_string_or(p + "rope.scaling.type", "none");
-    if (scaling != "none" && scaling != "")
-      TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported yet", g_.path().c_str(),
-                         scaling.c_str());
     s.head_dim_k = g_.get_int_or(p + "attention.key_length", s.n_embd / s.n_head);
     s.head_dim_v = g_.get_int_or(p + "attention.value_length", s.n_embd / s.n_head);
     s.n_rot = g_.get_int_or(p + "rope.dimension_count", s.head_dim_k);
     // llama.cpp stores Llama's q/k rows permuted for its normal rope; Qwen's as HF has them.
     s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 ? RopeStyle::kNormal
                                                                         : RopeStyle::kNeox;
+    read_rope_scaling(s, p);
     s.n_expert = g_.get_int_or(p + "expert_count", 0);
     s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
     s.n_ff_exp = g_.get_int_or(p + "expert_feed_forward_length", s.n_ff);
@@ -161,6 +160,62 @@ class GgufSpecBuilder {
   }
 
  private:
+  // llama.cpp's keys: rope.scaling.{type,factor,original_context_length,attn_factor,
+  // yarn_beta_fast,yarn_beta_slow,yarn_log_multiplier}, the older rope.scale_linear, and the
+  // per-pair divisors rope_freqs.weight (Llama 3.1 and later).
+  void read_rope_scaling(ModelSpec& s, const std::string& p) const {
+    const char* path = g_.path().c_str();
+    RopeScaling& sc = s.rope_scaling;
+    const std::string type = g_.get_string_or(p + "rope.scaling.type", "none");
+    sc.factor = g_.get_float_or(p + "rope.scaling.factor", 1.0);
+    const double af = g_.get_float_or(p + "rope.scaling.attn_factor", 1.0);
+    const double log_mul = g_.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0);
+    if (type == "none" || type.empty()) {
+      const double linear = g_.get_float_or(p + "rope.scale_linear", 1.0);
+      if (linear != 1.0) {
+        sc.type = RopeScalingType::kLinear;
+        sc.factor = linear;
+      }
+    } else if (type == "linear") {
+      sc.type = RopeScalingType::kLinear;
+    } else if (type == "yarn") {
+      sc.type = RopeScalingType::kYarn;
+      sc.orig_ctx = g_.get_int_or(p + "rope.scaling.original_context_length", s.n_ctx_train);
+      sc.beta_fast = g_.get_float_or(p + "rope.scaling.yarn_beta_fast", 32.0);
+      sc.beta_slow = g_.get_float_or(p + "rope.scaling.yarn_beta_slow", 1.0);
+      if (s.arch == Arch::kDeepseek2) {
+        // DeepSeek's YaRN leaves cos/sin at their size and puts the magnitude term, squared,
+        // on the attention scale (its reference code's mscale_all_dim = log_mul / 0.1).
+        const double m = af * (1.0 + log_mul * std::log(sc.factor));
+        s.kq_scale_mult = m * m;
+      } else {
+        if (log_mul != 0.0)
+          TROUPE_INPUT_ERROR(
+              "%s: rope.scaling.yarn_log_multiplier %g is supported only for deepseek2", path,
+              log_mul);
+        sc.attn_factor = af * yarn_mscale(sc.factor);
+      }
+    } else {
+      TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported (none, linear, yarn)", path,
+                         type.c_str());
+    }
+    if (sc.type == RopeScalingType::kLinear && af != 1.0)
+      TROUPE_INPUT_ERROR("%s: rope.scaling.attn_factor %g with linear scaling is not supported",
+                         path, af);
+    if (const TensorInfo* t = g_.find_tensor("rope_freqs.weight")) {
+      if (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 ||
+          t->ne[1] * t->ne[2] * t->ne[3] != 1)
+        TROUPE_INPUT_ERROR(
+            "%s: tensor 'rope_freqs.weight' must be f32 [%lld] (one divisor per "
+            "rotary pair), got %s [%lld, %lld]",
+            path, static_cast<long long>(s.n_rot / 2), type_name(t->type).c_str(),
+            static_cast<long long>(t->ne[0]),
+            static_cast<long long>(t->ne[1] * t->ne[2] * t->ne[3]));
+      s.rope_freq_factors.resize(static_cast<size_t>(t->ne[0]));
+      std::memcpy(s.rope_freq_factors.data(), t->data, s.rope_freq_factors.size() * sizeof(float));
+    }
+  }
+
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
@@ -274,6 +329,7 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
                        static_cast<long long>(s.head_dim_k));
   if (!(s.rms_eps > 0) || !(s.rope_theta > 0))
     TROUPE_INPUT_ERROR("%s: rms epsilon and rope base must be positive", src.c_str());
+  validate_rope_scaling(s, src);
   expect(src, s.token_embd, E, s.n_vocab);
   expect(src, s.output_norm, E, 1);
   expect(src, s.output, E, s.n_vocab);

@@ -62,6 +62,23 @@ enum class RopeStyle : uint8_t {
 
 enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1 };
 
+/// How a model stretches its rotary frequencies past its training context (model/rope.h).
+enum class RopeScalingType : uint8_t {
+  kNone = 0,
+  kLinear = 1,  ///< every frequency divided by `factor` (position interpolation)
+  kYarn = 2,    ///< YaRN: low frequencies interpolated, high ones kept, a ramp between
+};
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;        ///< linear, YaRN: how many times the original context
+  int64_t orig_ctx = 0;       ///< YaRN: the context the model was trained at
+  double beta_fast = 32.0;    ///< YaRN: rotations over orig_ctx above which a pair is kept
+  double beta_slow = 1.0;     ///< YaRN: rotations below which a pair is fully interpolated
+  bool truncate = true;       ///< YaRN: round the ramp's ends to whole pairs
+  double attn_factor = 1.0;   ///< multiplies every rotated pair's cos and sin (YaRN's magnitude)
+};
+
 struct ExpertFfn {
   WeightView gate, up, down;  // gate/up: [n_ff_exp rows, n_embd cols]; down: [n_embd, n_ff_exp]
 };
@@ -104,6 +121,12 @@ struct ModelSpec {
   int64_t n_rot = 0;       // rotated dims per head (MLA: the rope part)
   float rope_theta = 10000.f;
   RopeStyle rope_style = RopeStyle::kNormal;
+  RopeScaling rope_scaling;
+  /// Divisor of each rotary pair's frequency ([n_rot / 2]; empty: none): GGUF's
+  /// rope_freqs.weight, or computed from Hugging Face's "llama3" rope scaling.
+  std::vector<float> rope_freq_factors;
+  /// Multiplies the attention logits' 1/sqrt(head_dim_k) (DeepSeek's YaRN: mscale squared).
+  double kq_scale_mult = 1.0;
   float rms_eps = 1e-5f;
   int64_t n_ctx_train = 0;
 

@@ -245,6 +245,7 @@ struct GpuEngine::Impl {
   // H and HK are this rank's heads (the model's / tp_size); H_all, HK_all the model's.
   int64_t E = 0, V = 0, H = 0, HK = 0, D = 0, n_rot = 0, H_all = 0, HK_all = 0;
   bool neox = false;
+  double kq_scale_mult = 1.0;  // ModelSpec::kq_scale_mult
   float eps = 0;
   bool mla = false;
   int64_t q_lora = 0, lora = 0, rope = 0, nope = 0, dqk = 0, kw = 0, dv = 0;

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "model/gguf_writer.h"
+#include "tests/edited_model.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -255,6 +257,24 @@ TEST(Cli, InspectDescribesModel) {
   EXPECT_NE(r.out.find("architecture: deepseek2 (mixture of experts)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MLA: q_lora 64, kv_lora 32"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("blk.0.attn_k_b.weight"), std::string::npos);
+}
+
+TEST(Cli, InspectShowsRopeScaling) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir dir;
+  const std::string path = testing::edited_gguf(
+      dir, "yarn.gguf", shared + "/models/synth/deepseek2/model.gguf", [](model::GgufWriter& w) {
+        w.set_string("deepseek2.rope.scaling.type", "yarn");
+        w.set_f32("deepseek2.rope.scaling.factor", 40);
+        w.set_u32("deepseek2.rope.scaling.original_context_length", 4096);
+        w.set_f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1f);
+      });
+  CliRun r = troupe({"inspect", path});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("rope scaling yarn factor 40 (original context 4096, beta 32/1, cos/sin x "
+                       "1), attention scale x 1.87"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Cli, DemoSynthesizesAndGenerates) {

@@ -116,6 +116,48 @@ TEST_P(GpuEngineModel, LogitsMatchCpuEngine) {
   EXPECT_GT(gpu->kv_bytes(), 0u);
 }
 
+// Scaled rotary frequencies (YaRN, with a cos/sin magnitude) and a multiplied attention scale
+// reach the GPU's tables and kernels as they reach the CPU engine (model/rope.h): a dense model
+// with full-head rotation and an MLA model with a rope part.
+TEST(GpuEngineRope, ScaledRopeMatchesCpuEngine) {
+  TROUPE_REQUIRE_GPU();
+  TROUPE_SHARED_OR_SKIP(shared);
+  for (const char* path :
+       {"models/stories260K/stories260K.gguf", "models/synth/deepseek2/model.gguf"}) {
+    auto base = compute::load_model_for_test(shared + "/" + path);
+    ASSERT_TRUE(base) << path;
+    auto edited = std::make_shared<model::Model>(*base);
+    model::RopeScaling& sc = edited->spec.rope_scaling;
+    sc.type = model::RopeScalingType::kYarn;
+    sc.factor = 4;
+    sc.orig_ctx = 16;
+    sc.attn_factor = 1.25;
+    edited->spec.kq_scale_mult = 1.2;
+    const std::shared_ptr<const model::Model> m = edited;
+    const int64_t V = m->spec.n_vocab;
+    const std::vector<std::vector<int32_t>> toks = {make_tokens(40, V, 21)};
+    Script script = {{{0, 36, Logits::kAll}}};
+    for (int i = 0; i < 4; ++i) script.push_back({{0, 1, Logits::kLast}});
+    compute::EngineOptions co;
+    co.n_threads = 4;
+    co.max_tokens_in_cache = 1024;
+    co.kv_block_size = kBlockSize;
+    auto cpu = compute::Engine::create(m, co);
+    ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+    auto gpu = make_gpu(m, small_options());
+    ASSERT_TRUE(gpu);
+    const auto want = run_script(**cpu, toks, script);
+    const auto got = run_script(*gpu, toks, script);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_EQ(got[0].size(), want[0].size());
+    RowStats st;
+    for (size_t r = 0; r < want[0].size() / static_cast<size_t>(V); ++r)
+      compare_row(&got[0][r * static_cast<size_t>(V)], &want[0][r * static_cast<size_t>(V)], V,
+                  &st);
+    expect_stats(st, has_moe(m->spec), std::string("scaled rope vs CPU ") + path);
+  }
+}
+
 TEST_P(GpuEngineModel, BatchAndChunkInvariantBitwise) {
   auto gpu = make_gpu(model_, small_options());
   ASSERT_TRUE(gpu);

@@ -25,6 +25,7 @@
 #include "model/ggml_types.h"
 #include "model/gguf.h"
 #include "model/model_spec.h"
+#include "model/rope.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/kquant_blocks.h"
 #include "tests/test_support.h"
@@ -318,6 +319,34 @@ TEST(GpuOps, RopeTableEqualsTheEngineFormula) {
       ASSERT_EQ(t.sin[p * n_rot / 2 + i], static_cast<float>(std::sin(pos * freq)));
     }
   }
+}
+
+// A scaled model's table (YaRN here): model::rope_frequencies' pairs and magnitude, as the
+// CPU engine (compute/engine.cc) builds its cos/sin.
+TEST(GpuOps, ScaledRopeTableEqualsTheEngineFormula) {
+  model::ModelSpec s;
+  s.n_rot = 16;
+  s.rope_theta = 1e4f;
+  s.rope_scaling.type = model::RopeScalingType::kYarn;
+  s.rope_scaling.factor = 4;
+  s.rope_scaling.orig_ctx = 64;
+  s.rope_scaling.attn_factor = 1.25;
+  const model::RopeFrequencies f = model::rope_frequencies(s);
+  const int64_t max_pos = 200, half = 8;
+  const RopeTable t = make_rope_table(max_pos, f.inv_freq, f.mscale);
+  ASSERT_EQ(t.n_rot, 16);
+  ASSERT_EQ(t.cos.size(), static_cast<size_t>(max_pos * half));
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(p) * f.inv_freq[static_cast<size_t>(i)];
+      ASSERT_EQ(t.cos[p * half + i], static_cast<float>(1.25 * std::cos(a)));
+      ASSERT_EQ(t.sin[p * half + i], static_cast<float>(1.25 * std::sin(a)));
+    }
+  }
+  expect_input_error([&] { make_rope_table(max_pos, f.inv_freq, 0.0); },
+                     "mscale must be finite and > 0, got 0");
+  expect_input_error([&] { make_rope_table(max_pos, std::vector<double>{}, 1.0); },
+                     "no rotary pairs");
 }
 
 struct RopeCase {

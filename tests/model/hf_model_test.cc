@@ -1,12 +1,10 @@
 // Tests of load_hf_model: each shared HF checkpoint against its GGUF twin (hyperparameters and
 // every weight element by element, q/k rows through the RoPE permutation for Llama), F16/BF16 and
 // misaligned files, and one test per kind of bad config or missing tensor.
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +13,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
+#include "tests/edited_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::model {
@@ -25,32 +24,8 @@ using nlohmann::json;
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-hf-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  void write(const std::string& name, const std::string& bytes) const {
-    std::ofstream(path_ + "/" + name, std::ios::binary) << bytes;
-  }
-  void link(const std::string& name, const std::string& target) const {
-    std::filesystem::create_symlink(target, path_ + "/" + name);
-  }
-
- private:
-  std::string path_;
-};
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
+using testing::TempDir;
+using EditedModel = testing::EditedHfModel;
 
 /// The whole tensor as floats (rows dequantized from its stored type).
 std::vector<float> to_f32(const WeightView& w) {
@@ -295,29 +270,6 @@ TEST(HfModel, DeepseekV3MatchesGguf) {
 
 // ---- configurations written into temporary directories ----
 
-/// A copy of shared/models/hf/<name> with config.json edited; weights linked, not copied.
-class EditedModel {
- public:
-  EditedModel(const std::string& shared, const std::string& name,
-              const std::function<void(json&)>& edit, bool with_tokenizer = false) {
-    const std::string src = shared + "/models/hf/" + name;
-    json cfg = read_json(src + "/config.json");
-    edit(cfg);
-    dir_.write("config.json", cfg.dump(2));
-    for (const auto& e : std::filesystem::directory_iterator(src)) {
-      const std::string f = e.path().filename().string();
-      if (f.ends_with(".safetensors") || f.ends_with(".index.json") ||
-          (with_tokenizer && f.starts_with("tokenizer")))
-        dir_.link(f, e.path().string());
-    }
-  }
-  const std::string& path() const { return dir_.path(); }
-  const TempDir& dir() const { return dir_; }
-
- private:
-  TempDir dir_;
-};
-
 std::string load_error(const std::string& dir) {
   auto m = load_hf_model(dir);
   return m ? std::string() : m.error().message;
@@ -379,14 +331,6 @@ TEST(HfModel, UntiedWithoutLmHead) {
   TROUPE_SHARED_OR_SKIP(shared);
   EditedModel m(shared, "stories260K", [](json& c) { c["tie_word_embeddings"] = false; });
   EXPECT_HAS(load_error(m.path()), "no 'lm_head.weight' and tie_word_embeddings is not true");
-}
-
-TEST(HfModel, UnsupportedRopeScaling) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  EditedModel m(shared, "stories260K", [](json& c) {
-    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
-  });
-  EXPECT_HAS(load_error(m.path()), "rope scaling 'llama3' is not supported");
 }
 
 TEST(HfModel, UnsupportedActivation) {
