@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "model/detail/hf_config.h"
 #include "model/model.h"
-#include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 
@@ -22,26 +22,15 @@ namespace troupe::model {
 
 namespace {
 
+using detail::HfConfig;
+using detail::read_json_file;
 using nlohmann::json;
 
-constexpr int64_t kMaxDim = int64_t{1} << 24;  // any one hyperparameter (vocab, width, heads)
 constexpr int64_t kMaxLayers = 4096;
 
 bool file_exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) TROUPE_INPUT_ERROR("%s: cannot open", path.c_str());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    TROUPE_INPUT_ERROR("%s: not valid JSON: %s", path.c_str(), e.what());
-  }
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -52,73 +41,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   }
   return out + "]";
 }
-
-// Typed access to config.json; a JSON null counts as absent. Errors name the file and the key.
-class HfConfig {
- public:
-  HfConfig(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {
-    if (!j_.is_object()) TROUPE_INPUT_ERROR("%s: not a JSON object", path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  const json* find(const std::string& key) const {
-    auto it = j_.find(key);
-    return it == j_.end() || it->is_null() ? nullptr : &*it;
-  }
-  bool has(const std::string& key) const { return find(key) != nullptr; }
-
-  int64_t get_int(const std::string& key) const {
-    const json* v = find(key);
-    if (!v) TROUPE_INPUT_ERROR("%s: missing key '%s'", path_.c_str(), key.c_str());
-    if (!v->is_number_integer())
-      TROUPE_INPUT_ERROR("%s: '%s' must be an integer, got %s", path_.c_str(), key.c_str(),
-                         v->dump().c_str());
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kMaxDim))
-      TROUPE_INPUT_ERROR("%s: '%s' = %s is too large", path_.c_str(), key.c_str(),
-                         v->dump().c_str());
-    const int64_t x = v->get<int64_t>();
-    if (x < 0 || x > kMaxDim)
-      TROUPE_INPUT_ERROR("%s: '%s' = %lld is out of range", path_.c_str(), key.c_str(),
-                         static_cast<long long>(x));
-    return x;
-  }
-  int64_t get_int_or(const std::string& key, int64_t def) const {
-    return has(key) ? get_int(key) : def;
-  }
-  /// A positive dimension.
-  int64_t get_dim(const std::string& key) const {
-    const int64_t x = get_int(key);
-    if (x <= 0) TROUPE_INPUT_ERROR("%s: '%s' must be positive, got 0", path_.c_str(), key.c_str());
-    return x;
-  }
-  double get_float_or(const std::string& key, double def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_number())
-      TROUPE_INPUT_ERROR("%s: '%s' must be a number, got %s", path_.c_str(), key.c_str(),
-                         v->dump().c_str());
-    return v->get<double>();
-  }
-  bool get_bool_or(const std::string& key, bool def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_boolean())
-      TROUPE_INPUT_ERROR("%s: '%s' must be true or false, got %s", path_.c_str(), key.c_str(),
-                         v->dump().c_str());
-    return v->get<bool>();
-  }
-  std::string get_string_or(const std::string& key, const std::string& def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_string())
-      TROUPE_INPUT_ERROR("%s: '%s' must be a string, got %s", path_.c_str(), key.c_str(),
-                         v->dump().c_str());
-    return v->get<std::string>();
-  }
-
- private:
-  json j_;
-  std::string path_;
-};
 
 enum class Family : uint8_t {
   kLlama,
@@ -168,7 +90,7 @@ class HfSpecBuilder {
       read_attention(arch);
       read_moe_counts();
     }
-    apply_rope_scaling();
+    detail::apply_hf_rope_scaling(rope_params_, cfg_.path(), is_mla_family(), s_);
     if (s_.n_expert > 0 && (s_.n_expert_used <= 0 || s_.n_ff_exp <= 0))
       TROUPE_INPUT_ERROR("%s: MoE model needs num_experts_per_tok and the expert FFN width",
                          cfg_.path().c_str());
@@ -334,7 +256,7 @@ class HfSpecBuilder {
   }
 
   // rope_theta from the classic key or transformers' newer rope_parameters; the scaling
-  // parameters are kept for apply_rope_scaling(), which needs the rotary width.
+  // parameters are kept for detail::apply_hf_rope_scaling(), which needs the rotary width.
   double read_rope(double def_theta) {
     double theta = cfg_.get_float_or("rope_theta", def_theta);
     const json* params = cfg_.find("rope_parameters");
@@ -349,70 +271,6 @@ class HfSpecBuilder {
       if (th != p->end() && th->is_number()) theta = th->get<double>();
     }
     return theta;
-  }
-
-  /// transformers' rope types: default, linear, llama3 and yarn (DeepSeek's own YaRN too).
-  void apply_rope_scaling() {
-    ModelSpec& s = s_;
-    const json& r = rope_params_;
-    const char* path = cfg_.path().c_str();
-    std::string type = "default";
-    for (const char* key : {"rope_type", "type"}) {
-      auto t = r.find(key);
-      if (t != r.end() && t->is_string()) {
-        type = t->get<std::string>();
-        break;
-      }
-    }
-    const auto num = [&](const char* key, double def) {
-      auto it = r.find(key);
-      if (it == r.end() || it->is_null()) return def;
-      if (!it->is_number())
-        TROUPE_INPUT_ERROR("%s: rope scaling '%s' must be a number, got %s", path, key,
-                           it->dump().c_str());
-      return it->get<double>();
-    };
-    if (type == "default") return;
-    const double factor = num("factor", 1.0);
-    const double orig =
-        num("original_max_position_embeddings", static_cast<double>(s.n_ctx_train));
-    RopeScaling& sc = s.rope_scaling;
-    sc.factor = factor;
-    if (type == "linear") {
-      if (factor != 1.0) sc.type = RopeScalingType::kLinear;
-    } else if (type == "llama3") {
-      const double low = num("low_freq_factor", 1.0), high = num("high_freq_factor", 4.0);
-      if (!(high > low) || !(low > 0) || !(factor > 0) || !(orig > 0))
-        TROUPE_INPUT_ERROR(
-            "%s: llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor "
-            "and original_max_position_embeddings > 0 (got %g, %g, %g, %g)",
-            path, factor, low, high, orig);
-      s.rope_freq_factors =
-          llama3_freq_factors(s.n_rot, static_cast<double>(s.rope_theta), factor, low, high, orig);
-    } else if (type == "yarn") {
-      sc.type = RopeScalingType::kYarn;
-      sc.orig_ctx = static_cast<int64_t>(orig);
-      sc.beta_fast = num("beta_fast", 32.0);
-      sc.beta_slow = num("beta_slow", 1.0);
-      auto tr = r.find("truncate");
-      if (tr != r.end() && tr->is_boolean()) sc.truncate = tr->get<bool>();
-      const double mscale = num("mscale", 0.0), mscale_all_dim = num("mscale_all_dim", 0.0);
-      double af = num("attention_factor", 0.0);
-      if (af == 0.0)
-        af = mscale != 0.0 && mscale_all_dim != 0.0
-                 ? yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
-                 : yarn_mscale(factor);
-      sc.attn_factor = af;
-      // DeepSeek's attention also scales its logits by the all-dims magnitude term, squared.
-      if (is_mla_family() && mscale_all_dim != 0.0) {
-        const double m = yarn_mscale(factor, mscale_all_dim);
-        s.kq_scale_mult = m * m;
-      }
-    } else {
-      TROUPE_INPUT_ERROR(
-          "%s: rope scaling '%s' is not supported (default, linear, llama3, yarn)", path,
-          type.c_str());
-    }
   }
 
   void read_mla_hparams() {

@@ -166,18 +166,19 @@ class GgufSpecBuilder {
   void read_rope_scaling(ModelSpec& s, const std::string& p) const {
     const char* path = g_.path().c_str();
     RopeScaling& sc = s.rope_scaling;
-    const std::string type = g_.get_string_or(p + "rope.scaling.type", "none");
-    sc.factor = g_.get_float_or(p + "rope.scaling.factor", 1.0);
+    const std::string type = g_.get_string_or(p + "rope.scaling.type", "");
+    // As llama.cpp: the factor falls back to the older rope.scale_linear key, 0 means unset, and
+    // every type divides the frequencies by it ("none" and "linear" alike).
+    const std::string factor_key =
+        g_.find(p + "rope.scaling.factor") || !g_.find(p + "rope.scale_linear")
+            ? p + "rope.scaling.factor"
+            : p + "rope.scale_linear";
+    sc.factor = g_.get_float_or(factor_key, 0.0);
+    if (sc.factor == 0.0) sc.factor = 1.0;
     const double af = g_.get_float_or(p + "rope.scaling.attn_factor", 1.0);
     const double log_mul = g_.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0);
-    if (type == "none" || type.empty()) {
-      const double linear = g_.get_float_or(p + "rope.scale_linear", 1.0);
-      if (linear != 1.0) {
-        sc.type = RopeScalingType::kLinear;
-        sc.factor = linear;
-      }
-    } else if (type == "linear") {
-      sc.type = RopeScalingType::kLinear;
+    if (type.empty() || type == "none" || type == "linear") {
+      if (sc.factor != 1.0) sc.type = RopeScalingType::kLinear;
     } else if (type == "yarn") {
       sc.type = RopeScalingType::kYarn;
       sc.orig_ctx = g_.get_int_or(p + "rope.scaling.original_context_length", s.n_ctx_train);

@@ -3,8 +3,6 @@
 // metadata and tensors changed. Header-only; for test binaries that link troupe_model.
 #pragma once
 
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -18,33 +16,9 @@
 
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "tests/test_support.h"
 
 namespace troupe::testing {
-
-/// A fresh folder under the system temp directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  void write(const std::string& name, const std::string& bytes) const {
-    std::ofstream(path_ + "/" + name, std::ios::binary) << bytes;
-  }
-  void link(const std::string& name, const std::string& target) const {
-    std::filesystem::create_symlink(target, path_ + "/" + name);
-  }
-
- private:
-  std::string path_;
-};
 
 /// A copy of shared/models/hf/<name> with config.json edited; weights linked, not copied.
 class EditedHfModel {

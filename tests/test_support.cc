@@ -2,11 +2,13 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace troupe::testing {
 
@@ -56,6 +58,27 @@ std::string model_param_name(const std::string& path) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
   return s;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::write(const std::string& name, const std::string& bytes) const {
+  const std::string p = file(name);
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p;
+}
+
+void TempDir::link(const std::string& name, const std::string& target) const {
+  std::filesystem::create_symlink(target, file(name));
 }
 
 }  // namespace troupe::testing

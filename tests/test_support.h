@@ -25,6 +25,25 @@ bool file_exists(const std::string& path);
 /// ("models/synth/mixtral-moe/model.gguf" -> "mixtral_moe").
 std::string model_param_name(const std::string& path);
 
+/// A fresh folder under the system temp directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  /// The path of `name` inside the folder.
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  /// Writes `bytes` to `name` inside the folder; returns its path.
+  std::string write(const std::string& name, const std::string& bytes) const;
+  /// Makes `name` inside the folder a symbolic link to `target`.
+  void link(const std::string& name, const std::string& target) const;
+
+ private:
+  std::string path_;
+};
+
 }  // namespace troupe::testing
 
 /// Skips the test (or fails it, in CI) when ../shared is not there; sets `dir` to its path.

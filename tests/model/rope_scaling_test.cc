@@ -236,23 +236,40 @@ TEST(RopeScalingGguf, DeepseekYarnScalesTheAttentionLogits) {
   EXPECT_NEAR(s.kq_scale_mult, m * m, 1e-6);
 }
 
-TEST(RopeScalingGguf, LinearAndLegacyLinear) {
+// As llama.cpp reads them: the factor divides the frequencies whatever the type says unless it
+// is YaRN ("none", "linear" or no type at all), the old rope.scale_linear key stands in for a
+// missing factor, and a factor of 0 means unset.
+TEST(RopeScalingGguf, LinearFactorUnderEveryNonYarnType) {
   TROUPE_SHARED_OR_SKIP(shared);
   TempDir dir;
-  for (const bool legacy : {false, true}) {
+  struct Case {
+    const char* type;        // nullptr: no rope.scaling.type key
+    const char* factor_key;  // under "llama."
+    float factor;
+    RopeScalingType want;
+    double want_factor;
+  };
+  const Case cases[] = {
+      {"linear", "rope.scaling.factor", 2, RopeScalingType::kLinear, 2},
+      {"none", "rope.scaling.factor", 2, RopeScalingType::kLinear, 2},
+      {nullptr, "rope.scaling.factor", 3, RopeScalingType::kLinear, 3},
+      {nullptr, "rope.scale_linear", 2, RopeScalingType::kLinear, 2},
+      {"linear", "rope.scaling.factor", 0, RopeScalingType::kNone, 1},
+      {"none", "rope.scaling.factor", 1, RopeScalingType::kNone, 1},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string what = std::string(c.type ? c.type : "(no type)") + " " + c.factor_key +
+                             " " + std::to_string(c.factor);
     const std::string path = testing::edited_gguf(
-        dir, legacy ? "legacy.gguf" : "linear.gguf", stories_gguf(shared), [&](GgufWriter& w) {
-          if (legacy) {
-            w.set_f32("llama.rope.scale_linear", 2);
-          } else {
-            w.set_string("llama.rope.scaling.type", "linear");
-            w.set_f32("llama.rope.scaling.factor", 2);
-          }
+        dir, "linear" + std::to_string(n++) + ".gguf", stories_gguf(shared), [&](GgufWriter& w) {
+          if (c.type) w.set_string("llama.rope.scaling.type", c.type);
+          w.set_f32(std::string("llama.") + c.factor_key, c.factor);
         });
     const Loaded l = load(path);
-    ASSERT_NE(l.model, nullptr) << l.error;
-    EXPECT_EQ(l.model->spec.rope_scaling.type, RopeScalingType::kLinear) << legacy;
-    EXPECT_EQ(l.model->spec.rope_scaling.factor, 2.0) << legacy;
+    ASSERT_NE(l.model, nullptr) << what << ": " << l.error;
+    EXPECT_EQ(l.model->spec.rope_scaling.type, c.want) << what;
+    EXPECT_EQ(l.model->spec.rope_scaling.factor, c.want_factor) << what;
   }
 }
 
@@ -284,13 +301,13 @@ TEST(RopeScalingGguf, BadInputs) {
        [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "longrope"); },
        {},
        "rope scaling 'longrope' is not supported (none, linear, yarn)"},
-      {"zero factor",
+      {"negative factor",
        [](GgufWriter& w) {
          w.set_string("llama.rope.scaling.type", "yarn");
-         w.set_f32("llama.rope.scaling.factor", 0);
+         w.set_f32("llama.rope.scaling.factor", -2);
        },
        {},
-       "rope scaling factor 0 must be finite and > 0"},
+       "rope scaling factor -2 must be finite and > 0"},
       {"log multiplier outside deepseek2",
        [](GgufWriter& w) {
          w.set_string("llama.rope.scaling.type", "yarn");
@@ -417,6 +434,26 @@ TEST(RopeScalingHf, YarnDefaultsAndAttentionFactor) {
   EXPECT_FALSE((*r)->spec.rope_scaling.truncate);
 }
 
+// Without a factor, YaRN's is the ratio of max_position_embeddings (512) to the original
+// context; an explicit factor wins over that ratio.
+TEST(RopeScalingHf, YarnFactorFromTheTwoContexts) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  EditedHfModel implicit(shared, "stories260K", [](json& c) {
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 128}};
+  });
+  auto r = load_hf_model(implicit.path());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ((*r)->spec.rope_scaling.factor, 4.0);
+  EXPECT_DOUBLE_EQ((*r)->spec.rope_scaling.attn_factor, 1 + 0.1 * std::log(4.0));
+  EditedHfModel explicit_factor(shared, "stories260K", [](json& c) {
+    c["rope_scaling"] = {
+        {"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}};
+  });
+  r = load_hf_model(explicit_factor.path());
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ((*r)->spec.rope_scaling.factor, 2.0);
+}
+
 // DeepSeek-V3's config: mscale = mscale_all_dim = 1, so cos/sin keep their size (the ratio of
 // the two magnitude terms) and the softmax scale takes the all-dims term squared.
 TEST(RopeScalingHf, DeepseekYarnScalesTheAttentionLogits) {
@@ -450,9 +487,10 @@ TEST(RopeScalingHf, BadInputs) {
       {{{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_slow", 0}},
        "YaRN beta_fast 32 and beta_slow 0 must be finite and > 0"},
   };
-  for (const auto& [scaling, message] : cases) {
+  for (const auto& one : cases) {
+    const json& scaling = one.first;
     EditedHfModel m(shared, "stories260K", [&](json& c) { c["rope_scaling"] = scaling; });
-    EXPECT_HAS(hf_error(m.path()), message) << scaling.dump();
+    EXPECT_HAS(hf_error(m.path()), one.second) << scaling.dump();
   }
   EditedHfModel not_object(shared, "stories260K", [](json& c) { c["rope_scaling"] = 4; });
   EXPECT_HAS(hf_error(not_object.path()), "rope_scaling/rope_parameters must be an object");

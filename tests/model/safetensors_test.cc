@@ -2,8 +2,6 @@
 // per kind of hostile input, each asserting the error names the file and the problem.
 #include "model/safetensors.h"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,26 +22,7 @@ std::string image(const std::string& header, const std::string& data = "") {
   return out + header + data;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-st-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string p = path_ + "/" + name;
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p;
-  }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 // Opens `bytes` written to a file and returns the error message ("" when it opened).
 std::string open_error(const std::string& bytes, std::string* path_out = nullptr) {

@@ -456,21 +456,7 @@ TEST(TokenizerErrors, TinyValidVocabularies) {
   EXPECT_EQ((*t)->decode(Ids{2, 3}), "abc");
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/troupe_tok_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  void write(const std::string& name, const std::string& data) const {
-    std::ofstream(path_ + "/" + name, std::ios::binary) << data;
-  }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 std::string hf_error(const TempDir& d) {
   auto t = Tokenizer::from_hf_dir(d.path());
