@@ -179,6 +179,13 @@ class GgufSpecBuilder {
     const double log_mul = g_.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0);
     if (type.empty() || type == "none" || type == "linear") {
       if (sc.factor != 1.0) sc.type = RopeScalingType::kLinear;
+      // llama.cpp multiplies cos and sin by attn_factor (DeepSeek's graph replaces it).
+      if (af != 1.0 && s.arch == Arch::kDeepseek2)
+        TROUPE_INPUT_ERROR(
+            "%s: rope.scaling.attn_factor %g without YaRN is not supported for "
+            "deepseek2",
+            path, af);
+      sc.attn_factor = af;
     } else if (type == "yarn") {
       sc.type = RopeScalingType::kYarn;
       sc.orig_ctx = g_.get_int_or(p + "rope.scaling.original_context_length", s.n_ctx_train);
@@ -200,9 +207,6 @@ class GgufSpecBuilder {
       TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported (none, linear, yarn)", path,
                          type.c_str());
     }
-    if (sc.type == RopeScalingType::kLinear && af != 1.0)
-      TROUPE_INPUT_ERROR("%s: rope.scaling.attn_factor %g with linear scaling is not supported",
-                         path, af);
     if (const TensorInfo* t = g_.find_tensor("rope_freqs.weight")) {
       if (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 ||
           t->ne[1] * t->ne[2] * t->ne[3] != 1)

@@ -39,8 +39,7 @@ int64_t HfConfig::get_int(const std::string& key) const {
     TROUPE_INPUT_ERROR("%s: '%s' must be an integer, got %s", path_.c_str(), key.c_str(),
                        v->dump().c_str());
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kMaxDim))
-    TROUPE_INPUT_ERROR("%s: '%s' = %s is too large", path_.c_str(), key.c_str(),
-                       v->dump().c_str());
+    TROUPE_INPUT_ERROR("%s: '%s' = %s is too large", path_.c_str(), key.c_str(), v->dump().c_str());
   const int64_t x = v->get<int64_t>();
   if (x < 0 || x > kMaxDim)
     TROUPE_INPUT_ERROR("%s: '%s' = %lld is out of range", path_.c_str(), key.c_str(),
@@ -104,9 +103,8 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
   const double orig = num("original_max_position_embeddings", ctx);
   // An explicit factor wins (as current transformers); without one, a YaRN config that gives
   // the original context means the ratio of the two contexts.
-  const double factor = num("factor", r.contains("original_max_position_embeddings") && orig > 0
-                                          ? ctx / orig
-                                          : 1.0);
+  const double factor =
+      num("factor", r.contains("original_max_position_embeddings") && orig > 0 ? ctx / orig : 1.0);
   RopeScaling& sc = s.rope_scaling;
   sc.factor = factor;
   if (type == "linear") {
@@ -121,6 +119,9 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
     s.rope_freq_factors =
         llama3_freq_factors(s.n_rot, static_cast<double>(s.rope_theta), factor, low, high, orig);
   } else if (type == "yarn") {
+    if (!(orig >= 1 && orig <= static_cast<double>(kMaxDim)))
+      TROUPE_INPUT_ERROR("%s: YaRN original_max_position_embeddings %g must be in [1, %lld]", path,
+                         orig, static_cast<long long>(kMaxDim));
     sc.type = RopeScalingType::kYarn;
     sc.orig_ctx = static_cast<int64_t>(orig);
     sc.beta_fast = num("beta_fast", 32.0);

@@ -259,8 +259,8 @@ TEST(RopeScalingGguf, LinearFactorUnderEveryNonYarnType) {
   };
   int n = 0;
   for (const Case& c : cases) {
-    const std::string what = std::string(c.type ? c.type : "(no type)") + " " + c.factor_key +
-                             " " + std::to_string(c.factor);
+    const std::string what = std::string(c.type ? c.type : "(no type)") + " " + c.factor_key + " " +
+                             std::to_string(c.factor);
     const std::string path = testing::edited_gguf(
         dir, "linear" + std::to_string(n++) + ".gguf", stories_gguf(shared), [&](GgufWriter& w) {
           if (c.type) w.set_string("llama.rope.scaling.type", c.type);
@@ -271,6 +271,29 @@ TEST(RopeScalingGguf, LinearFactorUnderEveryNonYarnType) {
     EXPECT_EQ(l.model->spec.rope_scaling.type, c.want) << what;
     EXPECT_EQ(l.model->spec.rope_scaling.factor, c.want_factor) << what;
   }
+}
+
+// Without YaRN, llama.cpp multiplies cos and sin by attn_factor alone; DeepSeek's graph does not
+// (it would need its own rule), so troupe refuses that combination there.
+TEST(RopeScalingGguf, AttnFactorWithoutYarn) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  TempDir dir;
+  const auto edit = [](const std::string& arch) {
+    return [arch](GgufWriter& w) {
+      w.set_string(arch + ".rope.scaling.type", "linear");
+      w.set_f32(arch + ".rope.scaling.factor", 2);
+      w.set_f32(arch + ".rope.scaling.attn_factor", 0.5f);
+    };
+  };
+  const Loaded l = load(testing::edited_gguf(dir, "l.gguf", stories_gguf(shared), edit("llama")));
+  ASSERT_NE(l.model, nullptr) << l.error;
+  EXPECT_EQ(l.model->spec.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_EQ(l.model->spec.rope_scaling.attn_factor, 0.5);
+  const std::string ds = testing::edited_gguf(
+      dir, "ds.gguf", shared + "/models/synth/deepseek2/model.gguf", edit("deepseek2"));
+  const Loaded d = load(ds);
+  EXPECT_EQ(d.model, nullptr);
+  EXPECT_HAS(d.error, "rope.scaling.attn_factor 0.5 without YaRN is not supported for deepseek2");
 }
 
 TEST(RopeScalingGguf, RopeFreqsTensorBecomesPerPairDivisors) {
@@ -316,14 +339,6 @@ TEST(RopeScalingGguf, BadInputs) {
        },
        {},
        "rope.scaling.yarn_log_multiplier 0.1 is supported only for deepseek2"},
-      {"attn_factor with linear",
-       [](GgufWriter& w) {
-         w.set_string("llama.rope.scaling.type", "linear");
-         w.set_f32("llama.rope.scaling.factor", 2);
-         w.set_f32("llama.rope.scaling.attn_factor", 2);
-       },
-       {},
-       "rope.scaling.attn_factor 2 with linear scaling is not supported"},
       {"factor of the wrong type",
        [](GgufWriter& w) {
          w.set_string("llama.rope.scaling.type", "linear");
@@ -484,6 +499,8 @@ TEST(RopeScalingHf, BadInputs) {
       {{{"rope_type", "yarn"}, {"factor", "forty"}},
        "rope scaling 'factor' must be a number, got \"forty\""},
       {{{"rope_type", "yarn"}, {"factor", -2.0}}, "rope scaling factor -2 must be finite and > 0"},
+      {{{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 1e30}},
+       "YaRN original_max_position_embeddings 1e+30 must be in [1, 16777216]"},
       {{{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_slow", 0}},
        "YaRN beta_fast 32 and beta_slow 0 must be finite and > 0"},
   };
