@@ -199,21 +199,12 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   grow(S.x, T * E);
   grow(S.h, T * E);
   grow(S.tmp, T * E);
-  // Rotary angles once per token for all layers and heads: pos * inv_freq[i], where inv_freq is
-  // base^(-2i/n_rot) with the model's scaling applied (model/rope.h).
+  // Rotary cos/sin once per token for all layers and heads (model/rope.h: scaling applied).
   const int64_t half = s.n_rot / 2;
   grow(S.rope_cos, T * half);
   grow(S.rope_sin, T * half);
-  const double* inv_freq = S.rope.inv_freq.data();
-  const double mscale = S.rope.mscale;
-  for (int64_t t = 0; t < T; ++t) {
-    const double pos = static_cast<double>(S.tok_pos[static_cast<size_t>(t)]);
-    for (int64_t i = 0; i < half; ++i) {
-      const double a = pos * inv_freq[i];
-      S.rope_cos[t * half + i] = static_cast<float>(mscale * std::cos(a));
-      S.rope_sin[t * half + i] = static_cast<float>(mscale * std::sin(a));
-    }
-  }
+  model::rope_cos_sin(S.rope, std::span<const int64_t>(S.tok_pos.data(), static_cast<size_t>(T)),
+                      S.rope_cos.data(), S.rope_sin.data());
   if (range_.embed) {
     for (int64_t t = 0; t < T; ++t)
       get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);

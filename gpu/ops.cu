@@ -11,6 +11,7 @@
 #include "base/check.h"
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
+#include "model/rope.h"
 
 namespace troupe::gpu {
 namespace {
@@ -508,12 +509,11 @@ RopeTable make_rope_table(int64_t max_pos, int64_t n_rot, float theta_base) {
   OPS_REQUIRE(std::isfinite(theta_base) && theta_base > 0,
               "make_rope_table: theta_base must be finite and > 0, got %g",
               static_cast<double>(theta_base));
-  // compute::detail::rope and model::rope_frequencies (unscaled), operation for operation.
-  std::vector<double> inv_freq(static_cast<size_t>(n_rot / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i)
-    inv_freq[i] = std::pow(static_cast<double>(theta_base),
-                           -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
-  return make_rope_table(max_pos, inv_freq, 1.0);
+  model::ModelSpec s;  // only the rotary fields matter here
+  s.n_rot = n_rot;
+  s.rope_theta = theta_base;
+  const model::RopeFrequencies f = model::rope_frequencies(s);
+  return make_rope_table(max_pos, f.inv_freq, f.mscale);
 }
 
 RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freq, double mscale) {
@@ -529,15 +529,11 @@ RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freq, 
   t.n_rot = 2 * half;
   t.cos.resize(static_cast<size_t>(max_pos * half));
   t.sin.resize(static_cast<size_t>(max_pos * half));
-  for (int64_t i = 0; i < half; ++i) {
-    // compute/engine.cc, operation for operation.
-    const double freq = inv_freq[static_cast<size_t>(i)];
-    for (int64_t p = 0; p < max_pos; ++p) {
-      const double angle = static_cast<double>(p) * freq;
-      t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(mscale * std::cos(angle));
-      t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(mscale * std::sin(angle));
-    }
-  }
+  std::vector<int64_t> positions(static_cast<size_t>(max_pos));
+  for (int64_t p = 0; p < max_pos; ++p) positions[static_cast<size_t>(p)] = p;
+  // compute/engine.cc's values: the same function computes them.
+  model::rope_cos_sin(model::RopeFrequencies{inv_freq, mscale}, positions, t.cos.data(),
+                      t.sin.data());
   return t;
 }
 

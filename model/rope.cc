@@ -78,6 +78,19 @@ RopeFrequencies rope_frequencies(const ModelSpec& s) {
   return r;
 }
 
+void rope_cos_sin(const RopeFrequencies& f, std::span<const int64_t> positions, float* cos,
+                  float* sin) {
+  const size_t half = f.inv_freq.size();
+  for (size_t t = 0; t < positions.size(); ++t) {
+    const double pos = static_cast<double>(positions[t]);
+    for (size_t i = 0; i < half; ++i) {
+      const double a = pos * f.inv_freq[i];
+      cos[t * half + i] = static_cast<float>(f.mscale * std::cos(a));
+      sin[t * half + i] = static_cast<float>(f.mscale * std::sin(a));
+    }
+  }
+}
+
 std::vector<float> llama3_freq_factors(int64_t n_rot, double theta, double factor,
                                        double low_freq_factor, double high_freq_factor,
                                        double orig_ctx) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,12 @@ struct RopeFrequencies {
 /// Pair i turns by pos * inv_freq[i]. Unscaled: theta^(-2i / n_rot), computed in double exactly
 /// as the engine always has (so unscaled models keep their bits).
 RopeFrequencies rope_frequencies(const ModelSpec& s);
+
+/// cos and sin of every pair's angle at each position, times f.mscale: row t of `cos` and `sin`
+/// ([positions.size(), inv_freq.size()], row-major) is position positions[t]. The one place
+/// these values are computed; the CPU engine and the GPU's tables both call it.
+void rope_cos_sin(const RopeFrequencies& f, std::span<const int64_t> positions, float* cos,
+                  float* sin);
 
 /// YaRN's magnitude term: 1 + 0.1 * m * ln(factor), or 1 when factor <= 1.
 double yarn_mscale(double factor, double m = 1.0);
