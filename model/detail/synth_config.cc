@@ -1,0 +1,184 @@
+// `troupe synth` options resolved against each architecture's defaults, with a check per flag
+// (model/detail/synth_config.h).
+#include "model/detail/synth_config.h"
+
+#include <cmath>
+
+#include "base/check.h"
+
+namespace troupe::model::detail {
+namespace {
+
+void check_positive(const char* flag, int64_t v) {
+  if (v <= 0 || v > (int64_t{1} << 24))
+    TROUPE_INPUT_ERROR("%s must be between 1 and %lld, got %lld", flag,
+                       static_cast<long long>(int64_t{1} << 24), static_cast<long long>(v));
+}
+
+SynthArch parse_arch(const std::string& a) {
+  if (a == "llama") return SynthArch::kLlama;
+  if (a == "mixtral") return SynthArch::kMixtral;
+  if (a == "qwen3moe") return SynthArch::kQwen3Moe;
+  if (a == "qwen2moe") return SynthArch::kQwen2Moe;
+  if (a == "deepseek2") return SynthArch::kDeepseek2;
+  if (a == "qwen2") return SynthArch::kQwen2;
+  if (a == "qwen3") return SynthArch::kQwen3;
+  TROUPE_INPUT_ERROR(
+      "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2)",
+      a.c_str());
+}
+
+// Rejects options the architecture does not use (beyond the common ones).
+void check_applicable(const SynthOptions& o, SynthArch arch) {
+  struct Use {
+    const char* flag;
+    bool set;
+    uint8_t archs;  // bit per SynthArch
+  };
+  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64;
+  const Use uses[] = {
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs},
+      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
+      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs},
+      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs},
+      {"--n-group", o.n_group.has_value(), kDs},
+      {"--n-group-used", o.n_group_used.has_value(), kDs},
+      {"--q-lora-rank", o.q_lora_rank.has_value(), kDs},
+      {"--kv-lora-rank", o.kv_lora_rank.has_value(), kDs},
+      {"--qk-rope-dim", o.qk_rope_dim.has_value(), kDs},
+      {"--qk-nope-dim", o.qk_nope_dim.has_value(), kDs},
+      {"--v-head-dim", o.v_head_dim.has_value(), kDs},
+      {"--gating", o.gating.has_value(), kDs},
+      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs},
+      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs},
+  };
+  const uint8_t bit = static_cast<uint8_t>(1u << static_cast<unsigned>(arch));
+  for (const Use& u : uses)
+    if (u.set && (u.archs & bit) == 0)
+      TROUPE_INPUT_ERROR("%s does not apply to --arch %s", u.flag, o.arch.c_str());
+}
+
+// Sizes every architecture has, and per-head widths of standard attention.
+void resolve_common(const SynthOptions& o, SynthConfig& c) {
+  const bool ds = c.arch == SynthArch::kDeepseek2;
+  const bool llama = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral;
+  c.n_embd = o.n_embd.value_or(128);
+  c.n_layer = o.n_layer.value_or(4);
+  c.n_head = o.n_head.value_or(8);
+  // Default GQA: a quarter of the heads (8 -> 2, as in ../shared's models; 32 -> 8).
+  c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
+  c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral ? 32 : 256);
+  c.rope_theta = o.rope_theta.value_or(llama || ds ? 1e4f : 1e6f);
+  c.rms_eps = o.rms_eps.value_or(llama ? 1e-5f : 1e-6f);
+  check_positive("--n-embd", c.n_embd);
+  check_positive("--n-layer", c.n_layer);
+  check_positive("--n-head", c.n_head);
+  check_positive("--n-head-kv", c.n_head_kv);
+  check_positive("--n-ff", c.n_ff);
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    TROUPE_INPUT_ERROR("--rope-theta must be positive");
+  if (!(c.rms_eps > 0) || !(c.rms_eps < 1)) TROUPE_INPUT_ERROR("--rms-eps must be in (0, 1)");
+  if (c.n_head % c.n_head_kv != 0)
+    TROUPE_INPUT_ERROR("--n-head %lld is not a multiple of --n-head-kv %lld",
+                       static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
+  if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
+  if (ds) return;  // MLA widths come from resolve_mla
+  if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3) {
+    // Qwen3 heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads of 128; 8B:
+    // 4096/32 of 128): twice by default, any with --head-dim.
+    c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
+  } else {
+    if (c.n_embd % c.n_head != 0)
+      TROUPE_INPUT_ERROR("--n-embd %lld is not a multiple of --n-head %lld",
+                         static_cast<long long>(c.n_embd), static_cast<long long>(c.n_head));
+    c.head_dim = c.n_embd / c.n_head;
+  }
+  check_positive("--head-dim", c.head_dim);
+  if (c.head_dim % 2 != 0)
+    TROUPE_INPUT_ERROR("head width %lld must be even for rope", static_cast<long long>(c.head_dim));
+  c.rope_dim = c.head_dim;
+}
+
+void resolve_moe(const SynthOptions& o, SynthConfig& c) {
+  if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3)
+    return;
+  const bool ds = c.arch == SynthArch::kDeepseek2;
+  c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
+  c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
+  check_positive("--n-expert", c.n_expert);
+  check_positive("--n-expert-used", c.n_expert_used);
+  if (c.n_expert > 4096) TROUPE_INPUT_ERROR("--n-expert must be at most 4096");
+  if (c.n_expert_used > c.n_expert)
+    TROUPE_INPUT_ERROR("--n-expert-used %lld exceeds --n-expert %lld",
+                       static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert));
+  // Mixtral's experts are llama.feed_forward_length wide.
+  c.n_ff_exp = c.arch == SynthArch::kMixtral ? c.n_ff : o.n_ff_exp.value_or(32);
+  check_positive("--n-ff-exp", c.n_ff_exp);
+  if (c.arch == SynthArch::kQwen2Moe) {
+    c.n_ff_shexp = o.n_ff_shexp.value_or(64);
+    check_positive("--n-ff-shexp", c.n_ff_shexp);
+  }
+}
+
+// DeepSeek-V2/V3: latent attention widths, shared experts, group-limited routing.
+void resolve_mla(const SynthOptions& o, SynthConfig& c) {
+  c.q_lora = o.q_lora_rank.value_or(64);
+  c.kv_lora = o.kv_lora_rank.value_or(32);
+  c.rope_dim = o.qk_rope_dim.value_or(16);
+  c.nope_dim = o.qk_nope_dim.value_or(32);
+  c.v_dim = o.v_head_dim.value_or(32);
+  c.n_dense_lead = o.n_dense_lead.value_or(1);
+  c.n_expert_shared = o.n_expert_shared.value_or(1);
+  c.n_group = o.n_group.value_or(4);
+  c.n_group_used = o.n_group_used.value_or(2);
+  const std::string gating = o.gating.value_or("sigmoid");
+  if (gating != "sigmoid" && gating != "softmax")
+    TROUPE_INPUT_ERROR("--gating must be softmax or sigmoid, got '%s'", gating.c_str());
+  c.sigmoid = gating == "sigmoid";
+  c.w_norm = o.expert_weights_norm.value_or(true);
+  c.w_scale = o.expert_weights_scale.value_or(2.5f);
+  if (c.q_lora < 0 || c.q_lora > (int64_t{1} << 24))
+    TROUPE_INPUT_ERROR("--q-lora-rank must be 0 (no q compression) or positive");
+  check_positive("--kv-lora-rank", c.kv_lora);
+  check_positive("--qk-rope-dim", c.rope_dim);
+  check_positive("--qk-nope-dim", c.nope_dim);
+  check_positive("--v-head-dim", c.v_dim);
+  check_positive("--n-group", c.n_group);
+  check_positive("--n-group-used", c.n_group_used);
+  if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
+  if (c.n_expert_shared < 0 || c.n_expert_shared > 64)
+    TROUPE_INPUT_ERROR("--n-expert-shared must be between 0 and 64");
+  if (c.n_dense_lead < 0 || c.n_dense_lead > c.n_layer)
+    TROUPE_INPUT_ERROR("--n-dense-lead must be between 0 and --n-layer");
+  if (c.n_expert % c.n_group != 0)
+    TROUPE_INPUT_ERROR("--n-expert %lld is not a multiple of --n-group %lld",
+                       static_cast<long long>(c.n_expert), static_cast<long long>(c.n_group));
+  if (c.n_group_used > c.n_group) TROUPE_INPUT_ERROR("--n-group-used exceeds --n-group");
+  if (c.n_expert_used > c.n_group_used * (c.n_expert / c.n_group))
+    TROUPE_INPUT_ERROR("--n-expert-used %lld exceeds the %lld experts of %lld used groups",
+                       static_cast<long long>(c.n_expert_used),
+                       static_cast<long long>(c.n_group_used * (c.n_expert / c.n_group)),
+                       static_cast<long long>(c.n_group_used));
+  if (!(c.w_scale > 0) || !std::isfinite(c.w_scale))
+    TROUPE_INPUT_ERROR("--expert-weights-scale must be positive");
+  c.head_dim = c.nope_dim + c.rope_dim;
+}
+
+}  // namespace
+
+SynthConfig resolve_synth_config(const SynthOptions& o) {
+  SynthConfig c{};
+  c.arch = parse_arch(o.arch);
+  check_applicable(o, c.arch);
+  c.gguf_arch = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral ? "llama" : o.arch;
+  resolve_common(o, c);
+  resolve_moe(o, c);
+  if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
+  return c;
+}
+
+}  // namespace troupe::model::detail

@@ -1,0 +1,31 @@
+// Options of `troupe synth` resolved against each architecture's defaults and checked: the
+// hyperparameters model/synth.cc writes and plans tensors from. Used by model/synth.cc only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/synth.h"
+
+namespace troupe::model::detail {
+
+// kQwen2 and kQwen3: the dense Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm) decoders,
+// the attention of kQwen2Moe and kQwen3Moe with one SwiGLU FFN.
+enum class SynthArch { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseek2, kQwen2, kQwen3 };
+
+struct SynthConfig {
+  SynthArch arch;
+  std::string gguf_arch;
+  int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim;
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
+  int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
+  bool sigmoid = false, w_norm = false;
+  float w_scale = 1.f;
+  float rope_theta, rms_eps;
+};
+
+/// The options with every default filled in; throws InputError naming the flag that is wrong.
+SynthConfig resolve_synth_config(const SynthOptions& o);
+
+}  // namespace troupe::model::detail
