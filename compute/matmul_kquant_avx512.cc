@@ -23,9 +23,7 @@ using model::BlockQ5_K;
 using model::BlockQ6_K;
 using model::kQK_K;
 
-// Activations for K-quants, per 256 values (384 bytes): 256 int8, 16 floats d*sum(x) over
-// each group of 16, the float scale d, padding.
-constexpr int64_t kActKBytes = 384;
+// Activations for K-quants, per 256 values (kActKBytes, compute/detail/matmul_kernels.h).
 
 int64_t actk_bytes(int64_t cols) { return cols / kQK_K * kActKBytes; }
 

@@ -199,6 +199,12 @@ T* scratch(std::vector<T>& v, int64_t n) {
 
 const KernelSet& scalar_kernels();
 const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C
+/// The K-quant and IQ4_XS row kernels of the AVX2 set (matmul_kquant_avx2.cc): sets rows and
+/// row_tile of s->iq4_xs, q2_k ... q6_k; the caller sets their activation format.
+void avx2_kquant_rows(KernelSet* s);
+/// Bytes per 256 values of the int8 K-quant activations, AVX2 and AVX-512 alike: 256 int8, 16
+/// floats d*sum(x) over each group of 16, the float scale d, padding (each level's quantize_actk).
+inline constexpr int64_t kActKBytes = 384;
 // Requires AVX-512 F/BW/VL/DQ, and VNNI and GFNI where asked (GFNI only with VNNI).
 const KernelSet& avx512_kernels(bool use_vnni, bool use_gfni = false);
 
