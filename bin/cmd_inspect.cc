@@ -61,12 +61,14 @@ void print_spec(const model::ModelSpec& s) {
       s.rms_eps);
   const model::RopeScaling& sc = s.rope_scaling;
   if (sc.type != model::RopeScalingType::kNone || !s.rope_freq_factors.empty() ||
-      s.kq_scale_mult != 1.0) {
+      s.kq_scale_mult != 1.0 || sc.attn_factor != 1.0) {
     std::printf("  rope scaling %s", model::rope_scaling_name(sc.type));
     if (sc.type != model::RopeScalingType::kNone) std::printf(" factor %g", sc.factor);
     if (sc.type == model::RopeScalingType::kYarn)
       std::printf(" (original context %lld, beta %g/%g, cos/sin x %g)", (long long)sc.orig_ctx,
                   sc.beta_fast, sc.beta_slow, sc.attn_factor);
+    else if (sc.attn_factor != 1.0)
+      std::printf(", cos/sin x %g", sc.attn_factor);
     if (!s.rope_freq_factors.empty())
       std::printf(
           ", per-pair divisors %g..%g",
