@@ -71,12 +71,12 @@ enum class RopeScalingType : uint8_t {
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
-  double factor = 1.0;        ///< linear, YaRN: how many times the original context
-  int64_t orig_ctx = 0;       ///< YaRN: the context the model was trained at
-  double beta_fast = 32.0;    ///< YaRN: rotations over orig_ctx above which a pair is kept
-  double beta_slow = 1.0;     ///< YaRN: rotations below which a pair is fully interpolated
-  bool truncate = true;       ///< YaRN: round the ramp's ends to whole pairs
-  double attn_factor = 1.0;   ///< multiplies every rotated pair's cos and sin (YaRN's magnitude)
+  double factor = 1.0;       ///< linear, YaRN: how many times the original context
+  int64_t orig_ctx = 0;      ///< YaRN: the context the model was trained at
+  double beta_fast = 32.0;   ///< YaRN: rotations over orig_ctx above which a pair is kept
+  double beta_slow = 1.0;    ///< YaRN: rotations below which a pair is fully interpolated
+  bool truncate = true;      ///< YaRN: round the ramp's ends to whole pairs
+  double attn_factor = 1.0;  ///< multiplies every rotated pair's cos and sin (YaRN's magnitude)
 };
 
 struct ExpertFfn {

@@ -1,5 +1,7 @@
 #include "tests/test_support.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <stdexcept>
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 namespace troupe::testing {
 

@@ -147,12 +147,10 @@ TEST(RopeScalingEngine, DeepseekHfYarnMatchesGgufYarn) {
 std::vector<float> edited_spec_logits(const std::string& shared,
                                       const std::function<void(model::ModelSpec&)>& edit,
                                       const std::vector<int32_t>& p) {
-  auto g = model::GgufFile::open(stories_gguf(shared));
-  EXPECT_TRUE(g.has_value());
-  if (!g) return {};
-  auto m = std::make_shared<model::Model>();
-  m->spec = model::spec_from_gguf(**g);
-  m->storage.push_back(std::shared_ptr<const model::GgufFile>(std::move(*g)));
+  const auto base = load_model_for_test(stories_gguf(shared));
+  EXPECT_TRUE(base);
+  if (!base) return {};
+  auto m = std::make_shared<model::Model>(*base);
   edit(m->spec);
   return prompt_logits(std::shared_ptr<const model::Model>(std::move(m)), p);
 }
