@@ -17,6 +17,7 @@
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/thread_pool.h"
+#include "model/model.h"
 #include "model/weight_tiles.h"
 
 namespace troupe::compute {
@@ -47,6 +48,9 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
       break;
     case GgmlType::kBF16:
       k = &bf16;
+      break;
+    case GgmlType::kF8_E4M3:
+      k = &f8;
       break;
     case GgmlType::kQ8_0:
       k = &q8_0;
@@ -193,6 +197,17 @@ const TypeKernels& kernels_for(const KernelSet& ks, const model::WeightView& w) 
     TROUPE_INPUT_ERROR("matmul: weight %s has type %s, which troupe cannot multiply yet",
                        w.name.c_str(), model::type_name(w.type).c_str());
   }
+  if (w.type == model::GgmlType::kF8_E4M3 &&
+      (w.scales == nullptr || w.scale_block[0] <= 0 || w.scale_block[1] <= 0 ||
+       w.scale_block[1] % kF8ScaleColsMultiple != 0 ||
+       w.scale_stride < (w.cols() + w.scale_block[1] - 1) / w.scale_block[1]))
+    TROUPE_INPUT_ERROR(
+        "matmul: weight %s is f8_e4m3 without usable block scales (blocks of "
+        "%lld x %lld, %lld per block row; columns per block must be a multiple "
+        "of %lld)",
+        w.name.c_str(), static_cast<long long>(w.scale_block[0]),
+        static_cast<long long>(w.scale_block[1]), static_cast<long long>(w.scale_stride),
+        static_cast<long long>(kF8ScaleColsMultiple));
   return *k;
 }
 
@@ -266,8 +281,7 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
   const int n_threads = pool != nullptr ? pool->size() : 1;
 
   MatmulJob job;
-  job.w = w.data;
-  job.w_row_bytes = w.row_bytes();
+  set_job_weight(job, w);
   job.y = y;
   job.y_stride = y_stride;
   prepare_activations(k, x, x_stride, cols, n_tok, n_threads, pool, &job);
@@ -317,6 +331,7 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
     return;
   }
   const TypeKernels& k = kernels_for(ks, targets[0].w);
+  for (const MatmulTarget& t : targets.subspan(1)) kernels_for(ks, t.w);  // (F8: the scales)
   MatmulJob shared;
   prepare_activations(k, x, x_stride, targets[0].w.cols(), n_tok, n_threads, pool, &shared);
   std::array<MatmulJob, kMaxSharedTargets> jobs;
@@ -324,8 +339,7 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
     jobs[i] = shared;
-    jobs[i].w = t.w.data;
-    jobs[i].w_row_bytes = t.w.row_bytes();
+    set_job_weight(jobs[i], t.w);
     jobs[i].y = t.y;
     jobs[i].y_stride = t.y_stride;
     rows[i] = t.w.rows();
@@ -337,7 +351,7 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
 
 void get_row(const model::WeightView& w, int64_t r, float* out) {
   if (w.layout == model::WeightLayout::kRows) {
-    model::dequantize_row(w.type, w.row(r), out, w.cols());
+    model::dequantize_view_row(w, r, out);
     return;
   }
   thread_local std::vector<uint8_t> row;

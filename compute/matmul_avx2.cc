@@ -55,19 +55,39 @@ struct FloatLoad<GgmlType::kBF16> {
   }
 };
 
+// FP8 E4M3 as 1/256 of its value: the bits moved into an f16 (sign to bit 15, exponent and
+// mantissa to bits 13-7; the f16 bias is 8 more), exact for every code, subnormals included;
+// S.1111.111 (NaN) becomes an f16 NaN. The kernel's per-block scale carries the 256.
+template <>
+struct FloatLoad<GgmlType::kF8_E4M3> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
+    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                             _mm_slli_epi16(mag, 7));
+    const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
+    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
+    return _mm256_cvtph_ps(h);
+  }
+};
+
 // The last n < 8 values of a row, zero-padded, through the same conversion.
 template <GgmlType kType>
 __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
-  constexpr int64_t kSize = kType == GgmlType::kF32 ? 4 : 2;
+  constexpr int64_t kSize = kType == GgmlType::kF32 ? 4 : kType == GgmlType::kF8_E4M3 ? 1 : 2;
   alignas(32) uint8_t buf[8 * kSize] = {};
   std::memcpy(buf, row + k * kSize, static_cast<size_t>(n * kSize));
   return FloatLoad<kType>::load(buf, 0);
 }
 
+// F8_E4M3 weights are the same kernel on the values fp8 * scale, each the nearest float to the
+// exact product (one multiply of the exact fp8/256 by 256 * scale), lane for lane as an F32
+// matrix holding those values: the same bits.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
-  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : 2;
+  static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
+  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : kF8 ? 1 : 2;
   static constexpr int kRows = 3;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 48;
@@ -82,13 +102,33 @@ struct FloatKernel {
     __m256 acc[R][NT];
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
+    // F8: each row's scales, and 256 * the scale of the block k is in (the next from k_next).
+    const float* sc[R] = {};
+    __m256 ds[R];
+    for (int i = 0; i < R; ++i) ds[i] = _mm256_setzero_ps();
+    int64_t k_next = 0;
+    if constexpr (kF8)
+      for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+    auto scaled = [&](__m256 v, int i) {
+      if constexpr (kF8) return _mm256_mul_ps(v, ds[i]);
+      return v;
+    };
+    auto next_scales = [&](int64_t k) {
+      if constexpr (kF8) {
+        if (k == k_next) {
+          for (int i = 0; i < R; ++i) ds[i] = _mm256_set1_ps(256.f * sc[i][k / j.w_scale_cols]);
+          k_next += j.w_scale_cols;
+        }
+      }
+    };
     const int64_t pf = R * j.w_row_bytes;  // the same place in the next tile's rows
     int64_t k = 0;
     for (; k + 8 <= j.cols; k += 8) {
+      next_scales(k);
       __m256 wv[R];
       for (int i = 0; i < R; ++i) {
         if ((k * kElemBytes & 63) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
-        wv[i] = L::load(w[i], k);
+        wv[i] = scaled(L::load(w[i], k), i);
       }
       for (int n = 0; n < NT; ++n) {
         const __m256 xv = _mm256_loadu_ps(x[n] + k);
@@ -96,9 +136,10 @@ struct FloatKernel {
       }
     }
     if (k < j.cols) {
+      next_scales(k);
       const int64_t rem = j.cols - k;
       __m256 wv[R];
-      for (int i = 0; i < R; ++i) wv[i] = load_tail<kType>(w[i], k, rem);
+      for (int i = 0; i < R; ++i) wv[i] = scaled(load_tail<kType>(w[i], k, rem), i);
       for (int n = 0; n < NT; ++n) {
         const __m256 xv = load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
         for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
@@ -407,6 +448,7 @@ KernelSet make_set() {
   s.f32 = make_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = make_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
+  s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
   s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();

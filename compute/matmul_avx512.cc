@@ -68,10 +68,34 @@ struct FloatLoad<GgmlType::kBF16> {
   }
 };
 
+// FP8 E4M3 as 1/256 of its value through an f16 (as in matmul_avx2.cc: exact for every code,
+// NaN stays NaN); the kernel's per-block scale carries the 256.
+template <>
+struct FloatLoad<GgmlType::kF8_E4M3> {
+  static __m512 widen(__m128i b) {
+    const __m256i w = _mm256_cvtepu8_epi16(b);
+    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                _mm256_slli_epi16(mag, 7));
+    const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
+    h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
+    return _mm512_cvtph_ps(h);
+  }
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return widen(_mm_maskz_loadu_epi8(m, row + k));
+  }
+};
+
+// F8_E4M3: the values fp8 * scale, each the nearest float to the exact product, lane for lane
+// as an F32 matrix holding them (the same bits; matmul_avx2.cc).
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
-  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : 2;
+  static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
+  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : kF8 ? 1 : 2;
   static constexpr int kRows = 4;
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
@@ -86,13 +110,33 @@ struct FloatKernel {
     __m512 acc[R][NT];
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
+    // F8: each row's scales, and 256 * the scale of the block k is in (the next from k_next).
+    const float* sc[R] = {};
+    __m512 ds[R];
+    for (int i = 0; i < R; ++i) ds[i] = _mm512_setzero_ps();
+    int64_t k_next = 0;
+    if constexpr (kF8)
+      for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+    auto scaled = [&](__m512 v, int i) {
+      if constexpr (kF8) return _mm512_mul_ps(v, ds[i]);
+      return v;
+    };
+    auto next_scales = [&](int64_t k) {
+      if constexpr (kF8) {
+        if (k == k_next) {
+          for (int i = 0; i < R; ++i) ds[i] = _mm512_set1_ps(256.f * sc[i][k / j.w_scale_cols]);
+          k_next += j.w_scale_cols;
+        }
+      }
+    };
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
     int64_t k = 0;
     for (; k + 16 <= j.cols; k += 16) {
+      next_scales(k);
       __m512 wv[R];
       for (int i = 0; i < R; ++i) {
-        if (kElemBytes == 4 || (k & 31) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
-        wv[i] = L::load(w[i], k);
+        if (kElemBytes == 4 || (k * kElemBytes & 63) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
+        wv[i] = scaled(L::load(w[i], k), i);
       }
       for (int n = 0; n < NT; ++n) {
         const __m512 xv = _mm512_loadu_ps(x[n] + k);
@@ -100,9 +144,10 @@ struct FloatKernel {
       }
     }
     if (k < j.cols) {
+      next_scales(k);
       const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
       __m512 wv[R];
-      for (int i = 0; i < R; ++i) wv[i] = L::load_tail(w[i], k, m);
+      for (int i = 0; i < R; ++i) wv[i] = scaled(L::load_tail(w[i], k, m), i);
       for (int n = 0; n < NT; ++n) {
         const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
         for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
@@ -472,6 +517,7 @@ KernelSet make_set() {
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
+  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into

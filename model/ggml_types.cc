@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "base/check.h"
@@ -57,6 +58,8 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
       return TypeTraits{"f64", 1, 8, false};
     case 30:
       return TypeTraits{"bf16", 1, 2, true};
+    case static_cast<uint32_t>(GgmlType::kF8_E4M3):
+      return TypeTraits{"f8_e4m3", 1, 1, true};
     default:
       return std::nullopt;
   }
@@ -131,6 +134,16 @@ uint16_t fp32_to_bf16(float f) {
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);  // quiet NaN
   return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+float fp8_e4m3_to_fp32(uint8_t b) {
+  const int mag = b & 0x7f;
+  if (mag == 0x7f) return std::numeric_limits<float>::quiet_NaN();
+  const int exp = mag >> 3, man = mag & 7;
+  // Subnormal (exp 0): man/8 * 2^-6; normal: (1 + man/8) * 2^(exp - 7). Both exact in float.
+  const float v = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                           : std::ldexp(static_cast<float>(8 + man), exp - 10);
+  return (b & 0x80) != 0 ? -v : v;
 }
 
 namespace {
@@ -332,6 +345,8 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q5_k(static_cast<const BlockQ5_K*>(src), out, n / kQK_K);
     case GgmlType::kQ6_K:
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
+    case GgmlType::kF8_E4M3:
+      TROUPE_INPUT_ERROR("f8_e4m3 rows need their block scales (dequantize_view_row)");
     default:
       TROUPE_INPUT_ERROR("tensor type %s is not supported yet", type_name(t).c_str());
   }

@@ -35,7 +35,13 @@ enum class GgmlType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  /// troupe's own, never in a GGUF file (ids from kFirstTroupeOnlyType): FP8 E4M3 ("e4m3fn":
+  /// no infinities, S.1111.111 is NaN), one byte per value, times a scale per block of values
+  /// that the WeightView carries (Hugging Face "fp8" checkpoints: model/hf_fp8.h).
+  kF8_E4M3 = 1000,
 };
+/// Type ids from here on exist only in memory; the GGUF reader and writer refuse them.
+inline constexpr uint32_t kFirstTroupeOnlyType = 1000;
 
 struct TypeTraits {
   std::string_view name;  // "f32", "q4_K", ...
@@ -63,6 +69,8 @@ inline float bf16_to_fp32(uint16_t b) {
   return f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
+/// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
+float fp8_e4m3_to_fp32(uint8_t b);
 
 // --- block layouts (as ggml stores them) ---
 constexpr int kQK4_0 = 32;
@@ -218,7 +226,8 @@ inline void q3k_scales(const uint8_t* p, int8_t* s) {
 
 /// Dequantizes n elements (a multiple of the block size) of type t into out.
 /// Reference scalar code: used by tests and by paths that convert a few rows (embeddings).
-/// Throws InputError for a type troupe cannot read.
+/// Throws InputError for a type troupe cannot read, and for kF8_E4M3, whose scales are not in
+/// the row (model::dequantize_view_row reads any view).
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.

@@ -438,7 +438,8 @@ void GgufFile::parse_all() {
     }
     const uint32_t type = c.read<uint32_t>("tensor type");
     auto tr = type_traits(type);
-    if (!tr) TROUPE_INPUT_ERROR("%s: tensor '%s' has unknown type id %u", fn, tn, type);
+    if (!tr || type >= kFirstTroupeOnlyType)
+      TROUPE_INPUT_ERROR("%s: tensor '%s' has unknown type id %u", fn, tn, type);
     ti.type = static_cast<GgmlType>(type);
     if (ti.ne[0] % tr->block_elems != 0)
       TROUPE_INPUT_ERROR(

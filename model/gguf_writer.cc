@@ -259,8 +259,9 @@ Status GgufWriter::add(std::string_view name, GgmlType type, std::span<const int
     return Error{
         1, strfmt("tensor '%s' has %zu dimensions (1 to 4 allowed)", n.c_str(), shape.size())};
   auto tr = type_traits(static_cast<uint32_t>(type));
-  if (!tr)
-    return Error{1, strfmt("tensor '%s': unknown type %u", n.c_str(), static_cast<unsigned>(type))};
+  if (!tr || static_cast<uint32_t>(type) >= kFirstTroupeOnlyType)
+    return Error{1,
+                 strfmt("tensor '%s': type %s has no GGUF id", n.c_str(), type_name(type).c_str())};
   Tensor t{n, type, static_cast<int>(shape.size()), {1, 1, 1, 1}, 0, bytes, std::move(fill)};
   uint64_t total = 1;
   for (size_t d = 0; d < shape.size(); ++d) {

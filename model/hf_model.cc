@@ -2,6 +2,8 @@
 // tokenizer, with the same ModelSpec semantics llama.cpp's GGUF converter would produce.
 // Llama/Mixtral q/k rows stay in HF's rotate_half order (RopeStyle::kNeox instead of a
 // permutation); DeepSeek kv_b_proj is split into wk_b/wv_b buffers owned by Model::storage.
+// FP8 block-scaled weights (detail/hf_fp8.h) stay FP8 views with their scales; the few the loader
+// rearranges or keeps in f32 (kv_b_proj, norms) become f32.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 
 #include "base/check.h"
 #include "model/detail/hf_config.h"
+#include "model/detail/hf_fp8.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -82,6 +85,7 @@ class HfSpecBuilder {
   // ---- hyperparameters ----
 
   void read_hparams() {
+    fp8_ = detail::read_fp8_format(cfg_);
     const std::string arch = read_family();
     read_common(arch);
     if (is_mla_family()) {
@@ -393,11 +397,17 @@ class HfSpecBuilder {
     const ModelSpec& s = s_;
     const int64_t H = s.n_head, nope = s.qk_nope_dim, vd = s.v_head_dim, r = s.kv_lora_rank;
     const SafetensorsTensor& t = find(hf_name, {H * (nope + vd), r});
-    const auto es = static_cast<size_t>(row_bytes(t.type, 1));
+    GgmlType type = t.type;
+    const uint8_t* data = t.data;
+    if (type == GgmlType::kF8_E4M3) {  // per-head transposes would cut the scale blocks
+      data = reinterpret_cast<const uint8_t*>(fp8_to_f32(t));
+      type = GgmlType::kF32;
+    }
+    const auto es = static_cast<size_t>(row_bytes(type, 1));
     uint8_t* kb = alloc(static_cast<uint64_t>(H * r * nope) * es);
     uint8_t* vb = alloc(static_cast<uint64_t>(H * vd * r) * es);
     for (int64_t h = 0; h < H; ++h) {
-      const uint8_t* head = t.data + static_cast<size_t>(h * (nope + vd) * r) * es;
+      const uint8_t* head = data + static_cast<size_t>(h * (nope + vd) * r) * es;
       for (int64_t d = 0; d < nope; ++d)
         for (int64_t c = 0; c < r; ++c)
           std::memcpy(kb + static_cast<size_t>((h * r + c) * nope + d) * es,
@@ -405,8 +415,8 @@ class HfSpecBuilder {
       std::memcpy(vb + static_cast<size_t>(h * vd * r) * es,
                   head + static_cast<size_t>(nope * r) * es, static_cast<size_t>(vd * r) * es);
     }
-    L.wk_b = make_view(g + "attn_k_b.weight", t.type, {nope, r, H}, kb);
-    L.wv_b = make_view(g + "attn_v_b.weight", t.type, {r, vd, H}, vb);
+    L.wk_b = make_view(g + "attn_k_b.weight", type, {nope, r, H}, kb);
+    L.wv_b = make_view(g + "attn_v_b.weight", type, {r, vd, H}, vb);
   }
 
   void build_moe(const std::string& h, const std::string& g, LayerSpec& L) {
@@ -453,8 +463,10 @@ class HfSpecBuilder {
                          t->file->c_str(), hf_name.c_str(), t->shape_string().c_str(),
                          shape_str(shape).c_str());
     if (!t->supported)
-      TROUPE_INPUT_ERROR("%s: tensor '%s' has dtype %s; troupe reads F32, F16 and BF16",
-                         t->file->c_str(), hf_name.c_str(), t->dtype.c_str());
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' has dtype %s; troupe reads F32, F16, BF16 and "
+          "F8_E4M3 (block-scaled fp8)",
+          t->file->c_str(), hf_name.c_str(), t->dtype.c_str());
     return *t;
   }
 
@@ -469,7 +481,19 @@ class HfSpecBuilder {
       std::memcpy(copy, data, t.nbytes);
       data = copy;
     }
-    return make_view(gguf_name, t.type, ggml_shape(shape), data);
+    WeightView v = make_view(gguf_name, t.type, ggml_shape(shape), data);
+    if (t.type == GgmlType::kF8_E4M3)
+      detail::attach_fp8_scales(st_, t, fp8_, cfg_.path(), allocator(), v);
+    return v;
+  }
+
+  /// An F8_E4M3 tensor as f32 values (detail::fp8_to_f32).
+  float* fp8_to_f32(const SafetensorsTensor& t) {
+    return detail::fp8_to_f32(st_, t, fp8_, cfg_.path(), allocator());
+  }
+
+  detail::Allocator allocator() {
+    return [this](uint64_t bytes) { return alloc(bytes); };
   }
 
   /// As take(), converted to F32 when stored otherwise (norms, biases, router: GGUF keeps
@@ -478,6 +502,9 @@ class HfSpecBuilder {
                       const std::vector<int64_t>& shape) {
     const SafetensorsTensor& t = find(hf_name, shape);
     if (t.type == GgmlType::kF32) return take(hf_name, gguf_name, shape);
+    if (t.type == GgmlType::kF8_E4M3)
+      return make_view(gguf_name, GgmlType::kF32, ggml_shape(shape),
+                       reinterpret_cast<const uint8_t*>(fp8_to_f32(t)));
     const auto n = static_cast<size_t>(t.num_elements());
     auto* out = reinterpret_cast<float*>(alloc(n * sizeof(float)));
     for (size_t i = 0; i < n; ++i) {
@@ -523,6 +550,7 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
+  detail::Fp8Format fp8_;
   json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
   ModelSpec s_;
   std::vector<bool> is_moe_;

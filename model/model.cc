@@ -414,4 +414,15 @@ ModelSpec spec_from_gguf(const GgufFile& g) {
   return s;
 }
 
+void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
+  if (w.type != GgmlType::kF8_E4M3) {
+    dequantize_row(w.type, w.row(r), out, w.cols());
+    return;
+  }
+  TROUPE_CHECK(w.scales != nullptr && w.scale_block[0] > 0 && w.scale_block[1] > 0,
+               "%s: f8_e4m3 view without block scales", w.name.c_str());
+  const uint8_t* q = w.row(r);
+  for (int64_t c = 0; c < w.cols(); ++c) out[c] = fp8_e4m3_to_fp32(q[c]) * w.scale_at(r, c);
+}
+
 }  // namespace troupe::model

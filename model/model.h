@@ -33,6 +33,10 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& path);
 /// Throws InputError naming the file and the key or tensor.
 ModelSpec spec_from_gguf(const GgufFile& gguf);
 
+/// Row r (of a 2-D view in rows) as floats: dequantize_row, and for kF8_E4M3 each value times
+/// its block's scale (one float multiply: the nearest float to the exact product).
+void dequantize_view_row(const WeightView& w, int64_t r, float* out);
+
 /// Calls fn on every weight view of the spec (layers, experts, shared experts, embedding, output
 /// norm and head), present or not. A tied head is visited as its own view.
 void for_each_weight(ModelSpec& spec, const std::function<void(WeightView&)>& fn);

@@ -27,7 +27,8 @@ struct DtypeInfo {
   GgmlType type;
 };
 
-// Every byte-sized dtype the format defines; only the float ones can become weights.
+// Every byte-sized dtype the format defines; only the float ones can become weights (F8_E4M3
+// with its block scales: model/detail/hf_fp8.h).
 constexpr DtypeInfo kDtypes[] = {
     {"F32", 4, true, GgmlType::kF32},     {"F16", 2, true, GgmlType::kF16},
     {"BF16", 2, true, GgmlType::kBF16},   {"F64", 8, false, GgmlType::kF64},
@@ -35,7 +36,7 @@ constexpr DtypeInfo kDtypes[] = {
     {"I32", 4, false, GgmlType::kI32},    {"U32", 4, false, GgmlType::kI32},
     {"I16", 2, false, GgmlType::kI16},    {"U16", 2, false, GgmlType::kI16},
     {"I8", 1, false, GgmlType::kI8},      {"U8", 1, false, GgmlType::kI8},
-    {"BOOL", 1, false, GgmlType::kI8},    {"F8_E4M3", 1, false, GgmlType::kI8},
+    {"BOOL", 1, false, GgmlType::kI8},    {"F8_E4M3", 1, true, GgmlType::kF8_E4M3},
     {"F8_E5M2", 1, false, GgmlType::kI8}, {"F8_E8M0", 1, false, GgmlType::kI8},
 };
 

@@ -23,7 +23,7 @@ class MappedFile;
 struct SafetensorsTensor {
   std::string name;
   std::string dtype;       // as written: "F32", "BF16", "I64", ...
-  bool supported = false;  // dtype is F32, F16 or BF16 (then `type` is meaningful)
+  bool supported = false;  // F32, F16, BF16 or F8_E4M3 (then `type` is meaningful)
   GgmlType type = GgmlType::kF32;
   std::vector<int64_t> shape;     // may be empty (a scalar)
   const uint8_t* data = nullptr;  // into the file mapping

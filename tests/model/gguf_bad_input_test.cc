@@ -295,6 +295,9 @@ TEST(GgufBadInput, UnknownTensorType) {
   EXPECT_EQ(parse_error(b), "bad.gguf: tensor 'w' has unknown type id 5");
   Bytes c = with_tensors(1, [](Bytes& b) { b.tensor("w", {32}, 0x80000000u, 0); });
   EXPECT_EQ(parse_error(c), "bad.gguf: tensor 'w' has unknown type id 2147483648");
+  // troupe's in-memory FP8 type (GgmlType::kF8_E4M3) is not a file type.
+  Bytes d = with_tensors(1, [](Bytes& b) { b.tensor("w", {32}, 1000, 0); });
+  EXPECT_EQ(parse_error(d), "bad.gguf: tensor 'w' has unknown type id 1000");
 }
 
 TEST(GgufBadInput, RowNotAMultipleOfTheBlockSize) {

@@ -1,0 +1,155 @@
+// FP8 block-scaled Hugging Face weights: quantization_config and the *_scale_inv grids.
+#include "model/detail/hf_fp8.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace troupe::model::detail {
+
+using json = nlohmann::json;
+
+namespace {
+
+// A tensor as a matrix: [rows, cols], or one row of a 1-D tensor.
+void matrix_shape(const SafetensorsTensor& t, int64_t* rows, int64_t* cols) {
+  if (t.shape.size() == 2) {
+    *rows = t.shape[0];
+    *cols = t.shape[1];
+  } else if (t.shape.size() == 1) {
+    *rows = 1;
+    *cols = t.shape[0];
+  } else {
+    TROUPE_INPUT_ERROR(
+        "%s: F8_E4M3 tensor '%s' has shape %s; block scales need 1 or 2 "
+        "dimensions",
+        t.file->c_str(), t.name.c_str(), t.shape_string().c_str());
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Fp8Format read_fp8_format(const HfConfig& cfg) {
+  Fp8Format f;
+  const json* q = cfg.find("quantization_config");
+  if (q == nullptr) return f;
+  const char* path = cfg.path().c_str();
+  if (!q->is_object()) TROUPE_INPUT_ERROR("%s: quantization_config must be an object", path);
+  auto method = q->find("quant_method");
+  if (method == q->end() || !method->is_string())
+    TROUPE_INPUT_ERROR("%s: quantization_config.quant_method is missing or not a string", path);
+  if (*method != "fp8")
+    TROUPE_INPUT_ERROR(
+        "%s: quantization_config.quant_method '%s' is not supported (troupe reads "
+        "unquantized F32/F16/BF16 checkpoints and block-scaled \"fp8\" ones)",
+        path, method->get<std::string>().c_str());
+  auto fmt = q->find("fmt");
+  if (fmt != q->end() && !fmt->is_null() && (!fmt->is_string() || *fmt != "e4m3"))
+    TROUPE_INPUT_ERROR("%s: quantization_config.fmt %s is not supported (only \"e4m3\")", path,
+                       fmt->dump().c_str());
+  auto block = q->find("weight_block_size");
+  if (block == q->end() || block->is_null())
+    TROUPE_INPUT_ERROR(
+        "%s: quantization_config \"fp8\" without weight_block_size (one scale per "
+        "tensor) is not supported; troupe reads block-scaled fp8",
+        path);
+  if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+      !(*block)[1].is_number_integer())
+    TROUPE_INPUT_ERROR("%s: quantization_config.weight_block_size must be two integers, got %s",
+                       path, block->dump().c_str());
+  f.block_rows = (*block)[0].get<int64_t>();
+  f.block_cols = (*block)[1].get<int64_t>();
+  if (f.block_rows < 1 || f.block_rows > kMaxDim || f.block_cols < 16 || f.block_cols > kMaxDim ||
+      f.block_cols % 16 != 0)
+    TROUPE_INPUT_ERROR(
+        "%s: quantization_config.weight_block_size [%lld, %lld] is not supported "
+        "(rows >= 1, columns a positive multiple of 16)",
+        path, static_cast<long long>(f.block_rows), static_cast<long long>(f.block_cols));
+  f.on = true;
+  return f;
+}
+
+const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                        const std::string& config_path, const Allocator& alloc) {
+  if (!f.on)
+    TROUPE_INPUT_ERROR(
+        "%s: tensor '%s' is F8_E4M3 but %s has no quantization_config \"fp8\" "
+        "(which says how its values are scaled)",
+        t.file->c_str(), t.name.c_str(), config_path.c_str());
+  int64_t rows = 0, cols = 0;
+  matrix_shape(t, &rows, &cols);
+  const std::string sname = t.name + "_scale_inv";
+  const SafetensorsTensor* s = st.find(sname);
+  if (s == nullptr)
+    TROUPE_INPUT_ERROR("%s: F8_E4M3 tensor '%s' has no scales ('%s' is missing)", t.file->c_str(),
+                       t.name.c_str(), sname.c_str());
+  const int64_t grid_rows = ceil_div(rows, f.block_rows), grid_cols = ceil_div(cols, f.block_cols);
+  const std::vector<int64_t> want = t.shape.size() == 2 ? std::vector<int64_t>{grid_rows, grid_cols}
+                                                        : std::vector<int64_t>{grid_cols};
+  if (s->shape != want)
+    TROUPE_INPUT_ERROR(
+        "%s: scales '%s' have shape %s; %s with blocks of %lld x %lld needs [%lld, "
+        "%lld]",
+        s->file->c_str(), sname.c_str(), s->shape_string().c_str(), t.shape_string().c_str(),
+        static_cast<long long>(f.block_rows), static_cast<long long>(f.block_cols),
+        static_cast<long long>(grid_rows), static_cast<long long>(grid_cols));
+  if (!s->supported || s->type == GgmlType::kF8_E4M3)
+    TROUPE_INPUT_ERROR("%s: scales '%s' have dtype %s; troupe reads F32, BF16 or F16 scales",
+                       s->file->c_str(), sname.c_str(), s->dtype.c_str());
+  const auto n = static_cast<size_t>(grid_rows * grid_cols);
+  const float* out = nullptr;
+  if (s->type == GgmlType::kF32 && reinterpret_cast<uintptr_t>(s->data) % alignof(float) == 0) {
+    out = reinterpret_cast<const float*>(s->data);
+  } else {
+    auto* conv = reinterpret_cast<float*>(alloc(n * sizeof(float)));
+    for (size_t i = 0; i < n; ++i) {
+      if (s->type == GgmlType::kF32) {
+        std::memcpy(&conv[i], s->data + 4 * i, 4);
+      } else {
+        uint16_t bits;
+        std::memcpy(&bits, s->data + 2 * i, 2);
+        conv[i] = s->type == GgmlType::kF16 ? fp16_to_fp32(bits) : bf16_to_fp32(bits);
+      }
+    }
+    out = conv;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!(std::fabs(out[i]) <= 0x1p64f))
+      TROUPE_INPUT_ERROR(
+          "%s: scales '%s': scale %zu is %g (must be finite, at most 2^64 in "
+          "magnitude)",
+          s->file->c_str(), sname.c_str(), i, static_cast<double>(out[i]));
+  return out;
+}
+
+void attach_fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                       const std::string& config_path, const Allocator& alloc, WeightView& w) {
+  int64_t rows = 0, cols = 0;
+  matrix_shape(t, &rows, &cols);
+  w.scales = fp8_scales(st, t, f, config_path, alloc);
+  w.scale_block[0] = f.block_rows;
+  w.scale_block[1] = f.block_cols;
+  w.scale_stride = ceil_div(cols, f.block_cols);
+}
+
+float* fp8_to_f32(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                  const std::string& config_path, const Allocator& alloc) {
+  int64_t rows = 0, cols = 0;
+  matrix_shape(t, &rows, &cols);
+  const float* sc = fp8_scales(st, t, f, config_path, alloc);
+  const int64_t stride = ceil_div(cols, f.block_cols);
+  auto* out = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(rows * cols) * sizeof(float)));
+  float values[256];
+  for (int b = 0; b < 256; ++b) values[b] = fp8_e4m3_to_fp32(static_cast<uint8_t>(b));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* srow = sc + r / f.block_rows * stride;
+    const uint8_t* q = t.data + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = values[q[c]] * srow[c / f.block_cols];
+  }
+  return out;
+}
+
+}  // namespace troupe::model::detail

@@ -1,0 +1,49 @@
+// Hugging Face FP8 checkpoints with block scales (DeepSeek-V3/R1, Kimi-K2, the Qwen3 "-FP8"
+// releases): config.json's quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+// "weight_block_size": [rows, cols]}, and beside each F8_E4M3 weight W the tensor
+// "W_scale_inv" of ceil(rows / block rows) x ceil(cols / block cols) scales; a value is
+// fp8 * its block's scale (the "_inv" is the quantizer's: the scale multiplies). Used by
+// model/hf_model.cc only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "model/detail/hf_config.h"
+#include "model/model_spec.h"
+#include "model/safetensors.h"
+
+namespace troupe::model::detail {
+
+struct Fp8Format {
+  bool on = false;         // quantization_config says fp8
+  int64_t block_rows = 0;  // weight_block_size
+  int64_t block_cols = 0;
+};
+
+/// quantization_config of config.json: absent (or null) gives `on` false; "fp8" with fmt e4m3
+/// (the default) and a weight_block_size whose column count is a multiple of 16 gives its block.
+/// Any other method, format or block, or a malformed field, throws InputError naming the file.
+Fp8Format read_fp8_format(const HfConfig& cfg);
+
+/// Allocates model-owned, 64-byte aligned memory.
+using Allocator = std::function<uint8_t*(uint64_t bytes)>;
+
+/// The block scales of the F8_E4M3 tensor `t` ([rows, cols], or [n] as one row), checked: the
+/// file declares fp8, "<name>_scale_inv" exists with the grid's shape, is F32, BF16 or F16, and
+/// every scale is finite with magnitude at most 2^64. F32 and aligned: a pointer into the
+/// mapping; else converted to f32 in `alloc`'d memory. Throws InputError naming the tensor.
+const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                        const std::string& config_path, const Allocator& alloc);
+
+/// Sets w's scales (and block shape) for the F8_E4M3 tensor t; w.type must already be kF8_E4M3.
+void attach_fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                       const std::string& config_path, const Allocator& alloc, WeightView& w);
+
+/// The values of F8_E4M3 tensor t as f32 (each the nearest float to fp8 * scale, as the
+/// kernels compute them), in `alloc`'d memory: for weights the loader rearranges or keeps in f32.
+float* fp8_to_f32(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
+                  const std::string& config_path, const Allocator& alloc);
+
+}  // namespace troupe::model::detail

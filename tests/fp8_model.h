@@ -1,0 +1,160 @@
+// Test helpers for FP8 (E4M3, block-scaled) Hugging Face checkpoints: the test's own FP8
+// encoding and decoding (from the format's definition, not troupe's code), and a writer that
+// turns a shared Hugging Face model into an FP8 copy plus its exact f32 "twin" (every FP8 weight
+// replaced by the nearest floats to fp8 * scale). Header-only; for tests linking troupe_model.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+#include "tests/test_support.h"
+
+namespace troupe::testing {
+
+/// E4M3 ("e4m3fn") code b as a double: bias 7, 3 mantissa bits, subnormals at exponent 0,
+/// S.1111.111 NaN (no infinities).
+inline double e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double mag =
+      e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+/// The E4M3 code nearest to x (ties to the even code), saturating at +-448.
+inline uint8_t e4m3_nearest(double x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::min(std::fabs(x), 448.0);
+  // Codes 0x00..0x7e are the non-negative values in increasing order.
+  int lo = 0, hi = 0x7e;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (e4m3_value(static_cast<uint8_t>(mid)) <= a ? lo : hi) = mid;
+  }
+  const double dl = a - e4m3_value(static_cast<uint8_t>(lo));
+  const double dh = e4m3_value(static_cast<uint8_t>(hi)) - a;
+  const int code = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint8_t>(sign | code);
+}
+
+/// One tensor of a safetensors file being written.
+struct StTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+/// A safetensors image of `tensors` (in order; 8-byte aligned header).
+inline std::string safetensors_image(const std::vector<StTensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const StTensor& t : tensors) {
+    const size_t begin = data.size();
+    data += t.bytes;
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h += ' ';
+  std::string out(8, '\0');
+  const uint64_t len = h.size();
+  std::memcpy(out.data(), &len, 8);
+  return out + h + data;
+}
+
+inline std::string f32_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+/// A shared Hugging Face model (F32 weights) as an FP8 checkpoint with blocks of br x bc, and its
+/// exact f32 twin. Every 2-D "*.weight" tensor for which `quantize(name)` holds becomes F8_E4M3
+/// with a "_scale_inv" grid (scale = block amax / 448, as DeepSeek's quantizer; 1 for an
+/// all-zero block); the twin holds float(e4m3_value(code) * scale) in its place. Other tensors
+/// are copied. config.json gains quantization_config in the FP8 copy only.
+class Fp8Copy {
+ public:
+  Fp8Copy(const std::string& src_dir, int64_t br, int64_t bc,
+          const std::function<bool(const std::string&)>& quantize = nullptr) {
+    auto set = model::SafetensorsSet::open_dir(src_dir);
+    EXPECT_TRUE(set.has_value()) << set.error().message;
+    if (!set) return;
+    std::vector<StTensor> fp8, twin;
+    for (const auto& [name, t] : (*set)->tensors()) {
+      EXPECT_EQ(t->dtype, "F32") << name;
+      std::vector<float> v(static_cast<size_t>(t->num_elements()));
+      std::memcpy(v.data(), t->data, v.size() * sizeof(float));
+      const bool q = t->shape.size() == 2 && name.ends_with(".weight") &&
+                     (quantize == nullptr || quantize(name));
+      if (!q) {
+        fp8.push_back({name, "F32", t->shape, f32_bytes(v)});
+        twin.push_back(fp8.back());
+        continue;
+      }
+      ++quantized_;
+      const int64_t rows = t->shape[0], cols = t->shape[1];
+      const int64_t gr = (rows + br - 1) / br, gc = (cols + bc - 1) / bc;
+      std::vector<float> scales(static_cast<size_t>(gr * gc));
+      std::string codes(static_cast<size_t>(rows * cols), '\0');
+      std::vector<float> exact(v.size());
+      for (int64_t bi = 0; bi < gr; ++bi)
+        for (int64_t bj = 0; bj < gc; ++bj) {
+          double amax = 0;
+          for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+            for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c)
+              amax = std::max(amax,
+                              std::fabs(static_cast<double>(v[static_cast<size_t>(r * cols + c)])));
+          const float s = amax > 0 ? static_cast<float>(amax / 448.0) : 1.f;
+          scales[static_cast<size_t>(bi * gc + bj)] = s;
+          for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+            for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+              const auto i = static_cast<size_t>(r * cols + c);
+              const uint8_t code = e4m3_nearest(v[i] / static_cast<double>(s));
+              codes[i] = static_cast<char>(code);
+              // The product is exact in double (4 + 24 significant bits): one rounding to float.
+              exact[i] = static_cast<float>(e4m3_value(code) * static_cast<double>(s));
+            }
+        }
+      fp8.push_back({name, "F8_E4M3", t->shape, codes});
+      fp8.push_back({name + "_scale_inv", "F32", {gr, gc}, f32_bytes(scales)});
+      twin.push_back({name, "F32", t->shape, f32_bytes(exact)});
+    }
+    std::ifstream in(src_dir + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    twin_.write("config.json", cfg.dump(2));
+    cfg["quantization_config"] = {{"quant_method", "fp8"},
+                                  {"fmt", "e4m3"},
+                                  {"activation_scheme", "dynamic"},
+                                  {"weight_block_size", {br, bc}}};
+    fp8_.write("config.json", cfg.dump(2));
+    fp8_.write("model.safetensors", safetensors_image(fp8));
+    twin_.write("model.safetensors", safetensors_image(twin));
+    for (const auto& e : std::filesystem::directory_iterator(src_dir)) {
+      const std::string f = e.path().filename().string();
+      if (f.starts_with("tokenizer") || f == "special_tokens_map.json") {
+        fp8_.link(f, e.path().string());
+        twin_.link(f, e.path().string());
+      }
+    }
+  }
+  const std::string& fp8_path() const { return fp8_.path(); }
+  const std::string& twin_path() const { return twin_.path(); }
+  const TempDir& fp8_dir() const { return fp8_; }
+  int quantized() const { return quantized_; }
+
+ private:
+  TempDir fp8_, twin_;
+  int quantized_ = 0;
+};
+
+}  // namespace troupe::testing
