@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -74,6 +75,7 @@ struct Matrix {
   std::vector<uint8_t*> copies;  // each one rows x cols in `type`
   troupe::model::WeightView view;
   int64_t bytes = 0;
+  std::shared_ptr<std::vector<float>> scales;  // f8_e4m3: one per 128 x 128 block (all copies)
 };
 
 Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes) {
@@ -90,7 +92,11 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = first + r * m.view.row_bytes();
-    if (troupe::model::type_traits(static_cast<uint32_t>(t))->block_elems == troupe::model::kQK_K) {
+    if (t == GgmlType::kF8_E4M3) {  // random codes but the two NaNs
+      for (int64_t i = 0; i < cols; ++i)
+        dst[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
+    } else if (troupe::model::type_traits(static_cast<uint32_t>(t))->block_elems ==
+               troupe::model::kQK_K) {
       for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
       const uint16_t d = troupe::model::fp32_to_fp16(1e-3f);
       for (int64_t b = 0; b < cols / troupe::model::kQK_K; ++b) {
@@ -115,6 +121,13 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
       for (auto& v : row) v = uni(rng);
       troupe::model::quantize_row(t, row.data(), dst, cols);
     }
+  }
+  if (t == GgmlType::kF8_E4M3) {  // DeepSeek-V3's blocks (as Hugging Face fp8 checkpoints)
+    const int64_t gr = (rows + 127) / 128, gc = (cols + 127) / 128;
+    m.scales = std::make_shared<std::vector<float>>(static_cast<size_t>(gr * gc), 1.f / 448);
+    m.view.scales = m.scales->data();
+    m.view.scale_block[0] = m.view.scale_block[1] = 128;
+    m.view.scale_stride = gc;
   }
   if (tiled) {
     troupe::model::tile_in_place(t, first, rows, cols, 1);
@@ -221,14 +234,14 @@ int main(int argc, char** argv) {
     bool tiled;
   };
   const Kind kinds[] = {
-      {GgmlType::kF32, false},  {GgmlType::kF16, false},    {GgmlType::kBF16, false},
-      {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false},   {GgmlType::kQ8_0, true},
-      {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},   {GgmlType::kQ4_1, true},
-      {GgmlType::kQ5_0, false}, {GgmlType::kQ5_0, true},    {GgmlType::kQ5_1, false},
-      {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, false}, {GgmlType::kQ2_K, false},
-      {GgmlType::kQ3_K, false}, {GgmlType::kIQ4_XS, false}, {GgmlType::kQ4_K, false},
-      {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},   {GgmlType::kQ5_K, true},
-      {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};
+      {GgmlType::kF32, false},     {GgmlType::kF16, false},  {GgmlType::kBF16, false},
+      {GgmlType::kF8_E4M3, false}, {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false},
+      {GgmlType::kQ8_0, true},     {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},
+      {GgmlType::kQ4_1, true},     {GgmlType::kQ5_0, false}, {GgmlType::kQ5_0, true},
+      {GgmlType::kQ5_1, false},    {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, false},
+      {GgmlType::kQ2_K, false},    {GgmlType::kQ3_K, false}, {GgmlType::kIQ4_XS, false},
+      {GgmlType::kQ4_K, false},    {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},
+      {GgmlType::kQ5_K, true},     {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",
@@ -236,7 +249,8 @@ int main(int argc, char** argv) {
   for (const Kind& kind : kinds) {
     const GgmlType t = kind.type;
     const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
-    const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16;
+    const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 &&
+                      t != GgmlType::kF8_E4M3;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];

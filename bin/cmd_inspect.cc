@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "bin/args.h"
 #include "bin/commands.h"
@@ -97,6 +98,33 @@ void print_spec(const model::ModelSpec& s) {
       human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * s.n_layer * 4)).c_str());
 }
 
+/// The weights troupe computes with, by type (a tied head counted once): a Hugging Face model's
+/// tensors as loaded (F8_E4M3 with its scale blocks; the few converted to f32 as f32).
+void print_weights(const model::ModelSpec& s) {
+  std::map<std::string, std::pair<int, uint64_t>> by_type;
+  std::set<const uint8_t*> seen;
+  int64_t params = 0;
+  uint64_t total = 0;
+  model::for_each_weight(s, [&](const model::WeightView& w) {
+    if (!w.present() || !seen.insert(w.data).second) return;
+    std::string name = model::type_name(w.type);
+    if (w.type == model::GgmlType::kF8_E4M3)
+      name += strfmt(" (scale per %lld x %lld)", (long long)w.scale_block[0],
+                     (long long)w.scale_block[1]);
+    auto& e = by_type[name];
+    e.first++;
+    e.second += w.nbytes();
+    total += w.nbytes();
+    params += w.ne[0] * w.ne[1] * w.ne[2];
+  });
+  std::printf("weights: %lld parameters, %s", (long long)params,
+              human_bytes(static_cast<double>(total)).c_str());
+  for (const auto& [k, v] : by_type)
+    std::printf("; %s: %d (%s)", k.c_str(), v.first,
+                human_bytes(static_cast<double>(v.second)).c_str());
+  std::printf("\n");
+}
+
 }  // namespace
 
 int cmd_inspect(const Args& args) {
@@ -107,6 +135,7 @@ int cmd_inspect(const Args& args) {
   if (!is_gguf) {
     auto m = load_model_or_throw(path);
     std::printf("%s: Hugging Face model\n", path.c_str());
+    print_weights(m->spec);
     print_spec(m->spec);
     if (m->tokenizer)
       std::printf("tokenizer: %s, %d tokens\n", m->tokenizer->model_kind().c_str(),

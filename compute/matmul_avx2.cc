@@ -55,19 +55,19 @@ struct FloatLoad<GgmlType::kBF16> {
   }
 };
 
-// FP8 E4M3 as 1/256 of its value: the bits moved into an f16 (sign to bit 15, exponent and
-// mantissa to bits 13-7; the f16 bias is 8 more), exact for every code, subnormals included;
-// S.1111.111 (NaN) becomes an f16 NaN. The kernel's per-block scale carries the 256.
+// FP8 E4M3 as 1/256 of its value through an f16, exact for every code (subnormals too): the
+// byte sign-extended to 16 bits and shifted left by 7 puts the sign at bit 15 (and 14, cleared)
+// and the exponent and mantissa at bits 13-7 (f16's bias is 8 more: the 256). S.1111.111 (NaN):
+// adding 1 at bit 7 carries into bit 14 only then, which completes an f16 NaN. The kernel's
+// per-block scale carries the 256.
 template <>
 struct FloatLoad<GgmlType::kF8_E4M3> {
   static __m256 load(const uint8_t* row, int64_t k) {
-    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
-    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
-                             _mm_slli_epi16(mag, 7));
-    const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
-    h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00)));
-    return _mm256_cvtph_ps(h);
+    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(-0x4080));  // 0xbf80
+    const __m128i nan = _mm_and_si128(_mm_add_epi16(h, _mm_set1_epi16(0x80)),
+                                      _mm_set1_epi16(0x4000));
+    return _mm256_cvtph_ps(_mm_or_si128(h, nan));
   }
 };
 

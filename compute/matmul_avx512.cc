@@ -68,18 +68,17 @@ struct FloatLoad<GgmlType::kBF16> {
   }
 };
 
-// FP8 E4M3 as 1/256 of its value through an f16 (as in matmul_avx2.cc: exact for every code,
-// NaN stays NaN); the kernel's per-block scale carries the 256.
+// FP8 E4M3 as 1/256 of its value through an f16 (as in matmul_avx2.cc: sign-extend, shift,
+// and the carry that completes the NaN code's f16 NaN); the kernel's per-block scale carries
+// the 256.
 template <>
 struct FloatLoad<GgmlType::kF8_E4M3> {
   static __m512 widen(__m128i b) {
-    const __m256i w = _mm256_cvtepu8_epi16(b);
-    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
-                                _mm256_slli_epi16(mag, 7));
-    const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
-    h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
-    return _mm512_cvtph_ps(h);
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16(-0x4080));
+    // h | ((h + 0x80) & 0x4000)
+    const __m256i t = _mm256_add_epi16(h, _mm256_set1_epi16(0x80));
+    return _mm512_cvtph_ps(_mm256_ternarylogic_epi32(h, t, _mm256_set1_epi16(0x4000), 0xf8));
   }
   static __m512 load(const uint8_t* row, int64_t k) {
     return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));

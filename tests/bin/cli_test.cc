@@ -11,6 +11,7 @@
 
 #include "model/gguf_writer.h"
 #include "tests/edited_model.h"
+#include "tests/fp8_model.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -275,6 +276,26 @@ TEST(Cli, InspectShowsRopeScaling) {
                        "1), attention scale x 1.87"),
             std::string::npos)
       << r.out;
+}
+
+TEST(Cli, Fp8CheckpointInspectsAndGeneratesLikeItsExactTwin) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const testing::Fp8Copy copy(shared + "/models/hf/stories260K", 128, 128);
+  CliRun r = troupe({"inspect", copy.fp8_path()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("; f8_e4m3 (scale per 128 x 128): 36 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; f32: 11 ("), std::string::npos) << r.out;  // the norms
+  const std::vector<std::string> gen = {"--prompt", "Once upon a time", "--max-tokens", "24",
+                                        "--json"};
+  auto args = [&](const std::string& model) {
+    std::vector<std::string> a = {"generate", "--model", model};
+    a.insert(a.end(), gen.begin(), gen.end());
+    return a;
+  };
+  CliRun f = troupe(args(copy.fp8_path())), t = troupe(args(copy.twin_path()));
+  ASSERT_EQ(f.rc, 0) << f.err;
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(f.out).at("tokens"), nlohmann::json::parse(t.out).at("tokens"));
 }
 
 TEST(Cli, DemoSynthesizesAndGenerates) {
