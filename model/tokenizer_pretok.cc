@@ -180,6 +180,63 @@ size_t match_deepseek_v3(const Span& s, size_t p) {
   return match_whitespace(s, p, true);
 }
 
+// Kimi-K2: Moonshot's pattern (tokenization_kimi.py of the released model) --
+//   [\p{Han}]+
+//   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+C?
+//   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*C?
+//   |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with C = (?i:'s|'t|'re|'ve|'m|'ll|'d): words split where case turns ("getUserName" -> get,
+// User, Name) and Han runs apart from other letters. (llama.cpp's kimi-k2 splitter takes any
+// run of non-Han letters as one word; this follows the model's own tokenizer.)
+size_t match_kimi_k2(const Span& s, size_t p) {
+  auto han = [&](size_t i) { return (s.flags(i) & kCpHan) != 0; };
+  if (han(p)) return s.run(p, han);
+  // U = Lu Lt Lm Lo M and L = Ll Lm Lo M, both without Han.
+  auto in_u = [&](size_t i) {
+    const uint16_t f = s.flags(i);
+    return (f & kCpHan) == 0 &&
+           ((f & kCpMark) != 0 || ((f & kCpLetter) != 0 && (f & kCpLower) == 0));
+  };
+  auto in_l = [&](size_t i) {
+    const uint16_t f = s.flags(i);
+    return (f & kCpHan) == 0 &&
+           ((f & kCpMark) != 0 || ((f & kCpLetter) != 0 && (f & kCpUpper) == 0));
+  };
+  // U*L+C? (greedy U*, giving back characters until L+ can start) or U+L*C?: the end of the
+  // match at q, or 0.
+  auto contraction = [&](size_t end) {
+    return end < s.end ? end + match_contraction(s, end, true) : end;
+  };
+  auto lower_word = [&](size_t q) -> size_t {
+    for (size_t k = s.run(q, in_u) + 1; k-- > 0;) {
+      if (in_l(q + k)) return contraction(q + k + s.run(q + k, in_l));
+    }
+    return 0;
+  };
+  auto upper_word = [&](size_t q) -> size_t {
+    const size_t a = s.run(q, in_u);
+    return a == 0 ? 0 : contraction(q + a + s.run(q + a, in_l));
+  };
+  // Each alternative first with the optional prefix character, then without, in order.
+  const bool prefix = p < s.end && !s.newline(p) && !s.letter(p) && !s.number(p);
+  if (prefix) {
+    if (size_t e = lower_word(p + 1)) return e - p;
+  }
+  if (size_t e = lower_word(p)) return e - p;
+  if (prefix) {
+    if (size_t e = upper_word(p + 1)) return e - p;
+  }
+  if (size_t e = upper_word(p)) return e - p;
+  if (s.number(p)) return std::min<size_t>(3, s.run(p, [&](size_t i) { return s.number(i); }));
+  const size_t q = s.at(p) == ' ' ? p + 1 : p;
+  if (s.other(q)) {
+    size_t j = q + s.run(q, [&](size_t i) { return s.other(i); });
+    j += s.run(j, [&](size_t i) { return s.newline(i); });
+    return j - p;
+  }
+  return match_whitespace(s, p, true);
+}
+
 /// One regex of a set: returns the length of the match starting at p, or 0.
 using Matcher = size_t (*)(const Span& s, size_t p);
 
@@ -230,6 +287,7 @@ size_t m_gpt2(const Span& s, size_t p) { return match_gpt2(s, p); }
 size_t m_llama3(const Span& s, size_t p) { return match_llama3(s, p, 3); }
 size_t m_qwen2(const Span& s, size_t p) { return match_llama3(s, p, 1); }
 size_t m_deepseek_v3(const Span& s, size_t p) { return match_deepseek_v3(s, p); }
+size_t m_kimi_k2(const Span& s, size_t p) { return match_kimi_k2(s, p); }
 size_t m_newline(const Span& s, size_t p) { return s.newline(p) ? 1 : 0; }
 size_t m_number_run(const Span& s, size_t p) {
   return s.run(p, [&](size_t i) { return s.number(i); });
@@ -314,6 +372,9 @@ std::optional<PreTokenizerInfo> pre_tokenizer_info(std::string_view name) {
       {"deepseek-llm", {P::kDeepseekLlm, false, false, false}},
       {"deepseek-v3", {P::kDeepseekV3, false, false, false}},
       {"hunyuan-dense", {P::kDeepseekV3, false, false, false}},
+      // A tiktoken vocabulary: a word that is itself a token is that token (as tiktoken does;
+      // llama.cpp does not set this for kimi-k2).
+      {"kimi-k2", {P::kKimiK2, false, true, false}},
   };
   for (const Entry& e : kEntries) {
     if (e.name == name) return e.info;
@@ -346,6 +407,9 @@ void pre_split(PreTokenizer pre, const std::vector<uint32_t>& cps, std::vector<s
       split_stage(cps, m_number_upto3, &pieces);
       split_stage(cps, m_class_run<kDeepseekV3Cjk>, &pieces);
       split_stage(cps, m_deepseek_v3, &pieces);
+      break;
+    case PreTokenizer::kKimiK2:
+      split_stage(cps, m_kimi_k2, &pieces);
       break;
     case PreTokenizer::kDefault:
       split_stage(cps, m_default_punct, &pieces);

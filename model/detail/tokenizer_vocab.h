@@ -34,7 +34,15 @@ enum TokenAttrBits : uint16_t {
 enum class VocabKind : uint8_t { kSpm, kBpe };
 
 /// The pre-tokenizer regex sets of llama.cpp that we implement (tokenizer.ggml.pre).
-enum class PreTokenizer : uint8_t { kDefault, kGpt2, kLlama3, kQwen2, kDeepseekLlm, kDeepseekV3 };
+enum class PreTokenizer : uint8_t {
+  kDefault,
+  kGpt2,
+  kLlama3,
+  kQwen2,
+  kDeepseekLlm,
+  kDeepseekV3,
+  kKimiK2
+};
 
 /// Raw vocabulary as read from a file, before validation. Optional fields take llama.cpp's
 /// defaults for the vocabulary kind when absent.

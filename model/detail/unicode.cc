@@ -18,6 +18,12 @@ uint16_t lookup_runs(uint32_t cp) {
   uint16_t flags =
       it == begin ? static_cast<uint16_t>(kCpUndefined) : static_cast<uint16_t>(*(it - 1) & 0xFFu);
   if (std::binary_search(kWhiteSpace, kWhiteSpace + kNumWhiteSpace, cp)) flags |= kCpWhitespace;
+  const uint32_t* lit =
+      std::upper_bound(kLetterRuns, kLetterRuns + kNumLetterRuns, (cp << 8) | 0xFFu);
+  const uint32_t letter = lit == kLetterRuns ? 0 : *(lit - 1) & 0xFFu;
+  if (letter & 1u) flags |= kCpUpper;
+  if (letter & 2u) flags |= kCpLower;
+  if (letter & 4u) flags |= kCpHan;
   return flags;
 }
 

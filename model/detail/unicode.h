@@ -11,7 +11,8 @@
 
 namespace troupe::model::detail {
 
-/// Class flags of a codepoint: exactly one general-category bit, plus kCpWhitespace.
+/// Class flags of a codepoint: exactly one general-category bit, plus kCpWhitespace, and for
+/// letters at most one of kCpUpper / kCpLower (neither: Lm or Lo), plus kCpHan for the Han script.
 enum CpFlags : uint16_t {
   kCpUndefined = 1,     // Cn, or past U+10FFFF
   kCpNumber = 2,        // \p{N}
@@ -22,6 +23,9 @@ enum CpFlags : uint16_t {
   kCpSymbol = 64,       // \p{S}
   kCpControl = 128,     // \p{C} other than Cn
   kCpWhitespace = 256,  // the White_Space property (regex \s)
+  kCpUpper = 512,       // \p{Lu} or \p{Lt}
+  kCpLower = 1024,      // \p{Ll}
+  kCpHan = 2048,        // \p{Han} (the Script property)
 };
 
 constexpr uint32_t kReplacementChar = 0xFFFD;
@@ -55,6 +59,9 @@ extern const uint32_t kCategoryRuns[];
 extern const size_t kNumCategoryRuns;
 extern const uint32_t kWhiteSpace[];
 extern const size_t kNumWhiteSpace;
+// Letter sub-class and Han runs as (first codepoint << 8) | (1: Lu/Lt, 2: Ll, 4: Han), sorted.
+extern const uint32_t kLetterRuns[];
+extern const size_t kNumLetterRuns;
 
 /// GPT-2's reversible byte -> printable character map (as UTF-8) and its inverse (-1: not a byte).
 std::string_view gpt2_byte_to_utf8(uint8_t byte);

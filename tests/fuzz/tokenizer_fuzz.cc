@@ -1,11 +1,14 @@
 // libFuzzer entry for the tokenizers (model/tokenizer*.cc) on untrusted text: a client's prompt
 // reaches the tokenizer as bytes, valid UTF-8 or not. The first byte picks a vocabulary (the
 // llama.cpp test vocabularies of ../shared: SentencePiece and byte-level BPE with their
-// pre-tokenizers, and a tokenizer.json) and the flags; the rest is the text. Checks: every id
-// is in the vocabulary; decoding the ids works; a StreamDecoder fed the ids one by one never
-// emits a partial UTF-8 sequence and, with its flush, gives valid UTF-8. The input read as ids
-// is decoded too (a client may send token ids). Needs ../shared (or $TROUPE_SHARED_DIR): without
-// it the fuzzer stops at start with a message (scripts/fuzz-smoke then skips it).
+// pre-tokenizers, the GPT-2 one with Kimi-K2's, and a tokenizer.json) and the flags; the rest is
+// the text. Checks: every id is in the vocabulary; decoding the ids works; a StreamDecoder fed the
+// ids one by one never emits a partial UTF-8 sequence and, with its flush, gives valid UTF-8. The
+// input read as ids is decoded too (a client may send token ids). Needs ../shared (or
+// $TROUPE_SHARED_DIR): without it the fuzzer stops at start with a message (scripts/fuzz-smoke then
+// skips it).
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/gguf_writer.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -105,6 +109,33 @@ void load(const std::string& path) {
   g_vocabs->push_back(std::move(v));
 }
 
+// The GPT-2 vocabulary with Kimi-K2's pre-tokenizer (written to a temporary file, loaded, and
+// removed): the kimi-k2 splitter on arbitrary text.
+void load_as_kimi(const std::string& gpt2) {
+  auto g = GgufFile::open(gpt2);
+  if (!g) {
+    std::fprintf(stderr, "tokenizer_fuzz: %s\n", g.error().message.c_str());
+    std::exit(1);
+  }
+  troupe::model::GgufWriter w;
+  for (const auto& [key, value] : (*g)->metadata()) w.copy_value(key, value);
+  w.set_string("tokenizer.ggml.pre", "kimi-k2");
+  char path[] = "/tmp/tokenizer_fuzz_kimi_XXXXXX.gguf";
+  const int fd = mkstemps(path, 5);
+  if (fd < 0) {
+    std::perror("tokenizer_fuzz: mkstemps");
+    std::exit(1);
+  }
+  close(fd);
+  auto st = w.write(path);
+  if (!st) {
+    std::fprintf(stderr, "tokenizer_fuzz: %s\n", st.error().message.c_str());
+    std::exit(1);
+  }
+  load(path);
+  std::remove(path);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -117,6 +148,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   g_vocabs = new std::vector<Vocab>();
   for (const char* name : {"llama-spm", "phi-3", "gpt-2", "deepseek-llm"})
     load(vocab + "ggml-vocab-" + name + ".gguf");
+  load_as_kimi(vocab + "ggml-vocab-gpt-2.gguf");
   load(dir + "/models/hf/gpt2-tokenizer");
   return 0;
 }

@@ -1,6 +1,7 @@
 // Pre-tokenizer splitter tests: for each regex set, words as llama.cpp's regexes (with their
-// std::regex "collapsed" class semantics) split them. The expectations come from a Python re
-// oracle that spells each \p{..} class out for the characters of the input.
+// std::regex "collapsed" class semantics) split them, and Kimi-K2's as the model's own pattern
+// does. The expectations come from a Python re oracle that spells each \p{..} class out for the
+// characters of the input (for Kimi-K2: scripts/pretok_oracle_kimi.py).
 #include <string>
 #include <vector>
 
@@ -75,6 +76,55 @@ const SplitCase kCases[] = {
      {"\u65e5\u672c\u8a9e\u30c6", " ", "\u30ab\u30bf"}},
     {P::kDeepseekV3, "$100 + <tag> ^_^", {"$", "100", " +", " <", "tag", ">", " ^_^"}},
     {P::kDeepseekV3, "\r\n\r\n a \r\n", {"\r\n\r\n", " a", " \r\n"}},
+    // Kimi-K2: expectations from scripts/pretok_oracle_kimi.py (Python re on Moonshot's pattern).
+    {P::kKimiK2,
+     "getUserName iPhone XMLHttpRequest",
+     {"get", "User", "Name", " i", "Phone", " XMLHttp", "Request"}},
+    {P::kKimiK2, "HELLO world ABCdef ABC123", {"HELLO", " world", " ABCdef", " ABC", "123"}},
+    {P::kKimiK2,
+     "I'M HERE'S don't WE'LL they've",
+     {"I'M", " HERE'S", " don't", " WE'LL", " they've"}},
+    {P::kKimiK2,
+     "12345 3.14159 \u0663\u0664\u0665\u0666",
+     {"123", "45", " ", "3", ".", "141", "59", " ", "\u0663\u0664\u0665", "\u0666"}},
+    {P::kKimiK2,
+     "\u4f60\u597d\u4e16\u754chello Hello\u4f60\u597d \u6f22\u5b57\u304b\u306a",
+     {"\u4f60\u597d\u4e16\u754c", "hello", " Hello", "\u4f60\u597d", " ", "\u6f22\u5b57",
+      "\u304b\u306a"}},
+    {P::kKimiK2,
+     "\u3072\u3089\u304c\u306a\u30ab\u30bf\u30ab\u30ca \uc548\ub155\ud558\uc138\uc694",
+     {"\u3072\u3089\u304c\u306a\u30ab\u30bf\u30ab\u30ca", " \uc548\ub155\ud558\uc138\uc694"}},
+    {P::kKimiK2,
+     "\u0645\u0631\u062d\u0628\u0627 \u0628\u0643",
+     {"\u0645\u0631\u062d\u0628\u0627", " \u0628\u0643"}},
+    {P::kKimiK2,
+     "e\u0301 \u00e7a\u0301b \u00dcn\u00efc\u00f6d\u00e9",
+     {"e\u0301", " \u00e7a\u0301b", " \u00dcn\u00efc\u00f6d\u00e9"}},
+    {P::kKimiK2, "a.b\n\nc  \n  x", {"a", ".b", "\n\n", "c", "  \n", " ", " x"}},
+    {P::kKimiK2, "hello  world   ", {"hello", " ", " world", "   "}},
+    {P::kKimiK2,
+     "$100 + <tag> ^_^ #include",
+     {"$", "100", " +", " <", "tag", ">", " ^_^", " #", "include"}},
+    {P::kKimiK2, "\r\n\r\n a \r\n", {"\r\n\r\n", " a", " \r\n"}},
+    {P::kKimiK2,
+     "\u01c5ungla \u01c4UNGLA \u02b0h \u3005\u3007 \u2e80x",
+     {"\u01c5ungla", " \u01c4UNGLA", " \u02b0h", " ", "\u3005\u3007", " \u2e80", "x"}},
+    {P::kKimiK2,
+     "foo_bar.baz(QUX) // \u00bfQu\u00e9?",
+     {"foo", "_bar", ".baz", "(QUX", ")", " //", " \u00bf", "Qu\u00e9", "?"}},
+    {P::kKimiK2, "\u3000abc\u3000 \u3000", {"\u3000abc", "\u3000 \u3000"}},
+    {P::kKimiK2, "\u0301abc \u0301\u0301", {"\u0301abc", " \u0301\u0301"}},
+    // Found by a differential run (7000 random strings, scripts/pretok_oracle_kimi.py): a mark
+    // may be the prefix character, but the lower-case alternative without it comes first.
+    {P::kKimiK2, "\u0301A", {"\u0301", "A"}},
+    {P::kKimiK2,
+     "2\u00e9#\u3005\u0301Z3\u0645",
+     {"2", "\u00e9", "#", "\u3005", "\u0301", "Z", "3", "\u0645"}},
+    {P::kKimiK2,
+     "ZAaB\u06631.T\n\u0301S!",
+     {"ZAa", "B", "\u06631", ".T", "\n", "\u0301", "S", "!"}},
+    {P::kKimiK2, "\u0e01\u0e31\u0e01 A\u0308b", {"\u0e01\u0e31\u0e01", " A\u0308b"}},
+    {P::kKimiK2, "x\u2160\u2161\u2162\u2163", {"x", "\u2160\u2161\u2162", "\u2163"}},
 };
 
 std::vector<std::string> split_words(PreTokenizer pre, const std::string& text) {
@@ -108,6 +158,10 @@ TEST(TokenizerPreSplit, NamesSelectRegexSetsAndFlags) {
   EXPECT_EQ(pre_tokenizer_info("qwen2")->pre, P::kQwen2);
   EXPECT_FALSE(pre_tokenizer_info("qwen2")->clean_spaces);
   EXPECT_EQ(pre_tokenizer_info("deepseek-v3")->pre, P::kDeepseekV3);
+  ASSERT_TRUE(pre_tokenizer_info("kimi-k2"));
+  EXPECT_EQ(pre_tokenizer_info("kimi-k2")->pre, P::kKimiK2);
+  EXPECT_TRUE(pre_tokenizer_info("kimi-k2")->ignore_merges);  // tiktoken's rule
+  EXPECT_FALSE(pre_tokenizer_info("kimi-k2")->clean_spaces);
   EXPECT_EQ(pre_tokenizer_info("")->pre, P::kDefault);
   EXPECT_FALSE(pre_tokenizer_info("no-such-pre"));
 }
@@ -118,6 +172,16 @@ TEST(TokenizerUnicode, ClassesAndLenientUtf8) {
   EXPECT_TRUE(cp_flags(0x3000) & kCpWhitespace);
   EXPECT_FALSE(cp_flags(0x1C) & kCpWhitespace);  // not White_Space, unlike str.isspace()
   EXPECT_EQ(cp_flags(0x0378), kCpUndefined);     // unassigned
+  // Letter sub-classes and the Han script (Kimi-K2's pattern).
+  EXPECT_TRUE(cp_flags('A') & kCpUpper);
+  EXPECT_TRUE(cp_flags(0x01C5) & kCpUpper);  // Lt
+  EXPECT_TRUE(cp_flags('a') & kCpLower);
+  EXPECT_FALSE(cp_flags(0x02B0) & (kCpUpper | kCpLower));           // Lm
+  EXPECT_FALSE(cp_flags(0x3042) & (kCpUpper | kCpLower | kCpHan));  // hiragana: Lo, not Han
+  EXPECT_TRUE(cp_flags(0x4E00) & kCpHan);
+  EXPECT_TRUE(cp_flags(0x2E80) & kCpHan);   // a CJK radical: So, script Han
+  EXPECT_TRUE(cp_flags(0x20000) & kCpHan);  // extension B (past the BMP table)
+  EXPECT_FALSE(cp_flags('A') & kCpHan);
   EXPECT_EQ(cp_flags(0x110000), kCpUndefined);
   EXPECT_EQ(utf8_to_codepoints("a\xff\xe2\x82"),
             (std::vector<uint32_t>{'a', 0xFFFD, 0xFFFD, 0xFFFD}));

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Reference splits for Kimi-K2's pre-tokenizer, for tests/model/tokenizer_pretok_test.cc.
+
+Runs Moonshot's pattern (tokenization_kimi.py of the released model) with Python's backtracking
+`re` engine, each \\p{..} class and the `&&` intersections spelled out for the characters of the
+input: general categories from unicodedata, the Han script from Debian's unicode-data package
+(/usr/share/unicode/Scripts.txt), \\s as the White_Space property.
+
+Usage: scripts/pretok_oracle_kimi.py CASES.json  (a JSON list of strings; prints one
+[text, [pieces...]] JSON line per string)
+"""
+import json
+import re
+import sys
+import unicodedata
+
+SCRIPTS_TXT = "/usr/share/unicode/Scripts.txt"
+WHITE_SPACE = set(map(chr, [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680] +
+                      list(range(0x2000, 0x200B)) + [0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+
+
+def han_ranges():
+    ranges = []
+    with open(SCRIPTS_TXT, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            cps, script = (x.strip() for x in line.split(";"))
+            if script == "Han":
+                lo, _, hi = cps.partition("..")
+                ranges.append((int(lo, 16), int(hi or lo, 16)))
+    return ranges
+
+
+HAN = han_ranges()
+
+
+def is_han(c):
+    return any(lo <= ord(c) <= hi for lo, hi in HAN)
+
+
+def cls(chars, neg=False, extra=""):
+    """A character class of `chars` (plus the escaped `extra`); an empty one never matches."""
+    body = extra + "".join(re.escape(c) for c in sorted(set(chars)))
+    if neg:
+        return "[^" + body + "]" if body else "[\\s\\S]"
+    return "[" + body + "]" if body else "(?:(?!x)x)"
+
+
+def split(text):
+    cs = set(text)
+    cat = unicodedata.category
+    han = [c for c in cs if is_han(c)]
+    upper = [c for c in cs if (cat(c) in ("Lu", "Lt", "Lm", "Lo") or cat(c)[0] == "M") and not is_han(c)]
+    lower = [c for c in cs if (cat(c) in ("Ll", "Lm", "Lo") or cat(c)[0] == "M") and not is_han(c)]
+    letter_number = [c for c in cs if cat(c)[0] in "LN"]
+    number = [c for c in cs if cat(c)[0] == "N"]
+    ws = [c for c in cs if c in WHITE_SPACE]
+    contraction = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    prefix = cls(letter_number, True, "\\r\\n") + "?"
+    pattern = "|".join([
+        cls(han) + "+",
+        prefix + cls(upper) + "*" + cls(lower) + "+" + contraction,
+        prefix + cls(upper) + "+" + cls(lower) + "*" + contraction,
+        cls(number) + "{1,3}",
+        " ?" + cls(ws + letter_number, True) + "+[\\r\\n]*",
+        cls(ws) + "*[\\r\\n]+",
+        cls(ws) + "+(?!" + cls(ws, True) + ")",
+        cls(ws) + "+",
+    ])
+    out, pos = [], 0
+    for m in re.finditer(pattern, text):
+        if m.start() > pos:
+            out.append(text[pos:m.start()])
+        if m.end() > m.start():
+            out.append(m.group())
+        pos = m.end()
+    if pos < len(text):
+        out.append(text[pos:])
+    return out
+
+
+def main():
+    with open(sys.argv[1], encoding="utf-8") as f:
+        for text in json.load(f):
+            print(json.dumps([text, split(text)], ensure_ascii=True))
+
+
+if __name__ == "__main__":
+    main()
