@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <new>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
@@ -556,31 +554,6 @@ class HfSpecBuilder {
   std::vector<bool> is_moe_;
 };
 
-/// tokenizer_config.json "chat_template" (a string, or a list of {name, template} where the
-/// "default" entry is used), else chat_template.jinja; "" when none.
-std::string read_chat_template(const std::string& dir) {
-  const std::string tc = dir + "/tokenizer_config.json";
-  if (file_exists(tc)) {
-    const json j = read_json_file(tc);
-    auto it = j.is_object() ? j.find("chat_template") : j.end();
-    if (it != j.end() && it->is_string()) return it->get<std::string>();
-    if (it != j.end() && it->is_array()) {
-      for (const json& e : *it)
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-            e["template"].is_string())
-          return e["template"].get<std::string>();
-    }
-  }
-  const std::string jinja = dir + "/chat_template.jinja";
-  if (file_exists(jinja)) {
-    std::ifstream in(jinja, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  return "";
-}
-
 }  // namespace
 
 Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
@@ -602,12 +575,13 @@ Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
     m->spec = builder.build();
     validate_spec(m->spec, dir);
 
-    if (file_exists(dir + "/tokenizer.json") || file_exists(dir + "/tokenizer.model")) {
+    if (file_exists(dir + "/tokenizer.json") || file_exists(dir + "/tokenizer.model") ||
+        file_exists(dir + "/tiktoken.model")) {
       auto tok = Tokenizer::from_hf_dir(dir);
       if (!tok) return tok.error();
       m->tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
     }
-    m->chat_template = read_chat_template(dir);
+    m->chat_template = detail::read_hf_chat_template(dir);
     return std::shared_ptr<const Model>(std::move(m));
   } catch (const std::exception& e) {
     return Error{1, e.what()};

@@ -1,7 +1,9 @@
-// Tokenizer::from_hf_dir's loader: a Hugging Face tokenizer.json (byte-level BPE) or SentencePiece
-// tokenizer.model (read with a minimal protobuf reader), plus tokenizer_config.json, turned into
+// Tokenizer::from_hf_dir's loader: a Hugging Face tokenizer.json (byte-level BPE), SentencePiece
+// tokenizer.model (read with a minimal protobuf reader) or tiktoken.model (Kimi-K2's; the
+// ranks are read in tokenizer_tiktoken.cc), plus tokenizer_config.json, turned into
 // the same VocabSpec a GGUF conversion (convert_hf_to_gguf.py) would produce.
 // Reads the files once; the returned tokenizer keeps nothing from them.
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -453,6 +455,50 @@ VocabSpec spec_from_sentencepiece(const std::string& path, const json& config) {
   return spec;
 }
 
+// ---- tiktoken.model ----------------------------------------------------------------------------
+
+// A tiktoken vocabulary's split pattern is in the model's Python code, not in a data file: the
+// directory must name code troupe knows. Kimi-K2: tokenization_kimi.py.
+VocabSpec spec_from_tiktoken_dir(const std::string& dir, const json& config) {
+  const std::string path = dir + "/tiktoken.model";
+  bool kimi = file_exists(dir + "/tokenization_kimi.py");
+  if (config.is_object() && config.contains("auto_map"))
+    kimi = kimi || config["auto_map"].dump().find("tokenization_kimi") != std::string::npos;
+  if (!kimi)
+    TROUPE_INPUT_ERROR(
+        "%s: a tiktoken vocabulary's split pattern is in its model's code; troupe "
+        "knows Kimi-K2's (tokenization_kimi.py), which this directory does not have",
+        path.c_str());
+  VocabSpec spec = spec_from_tiktoken(path, "kimi-k2");
+  // Special tokens follow the ranks: tokenizer_config.json's added_tokens_decoder names them,
+  // the ids between unnamed ones are reserved (as tokenization_kimi.py names them).
+  if (config.is_object() && config.contains("added_tokens_decoder") &&
+      config["added_tokens_decoder"].is_object()) {
+    for (const auto& [key, tok] : config["added_tokens_decoder"].items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (end == key.c_str() || *end != '\0' || id < 0 || id >= (1 << 24) || !tok.is_object() ||
+          !tok.contains("content") || !tok["content"].is_string())
+        TROUPE_INPUT_ERROR("%s/tokenizer_config.json: malformed added_tokens_decoder entry \"%s\"",
+                           dir.c_str(), key.c_str());
+      const auto i = static_cast<size_t>(id);
+      if (i < spec.tokens.size() && spec.types[i] != static_cast<int32_t>(TokenAttr::kUnused))
+        continue;  // a rank's own token
+      while (spec.tokens.size() <= i) {
+        spec.tokens.push_back("<|reserved_token_" + std::to_string(spec.tokens.size()) + "|>");
+        spec.types.push_back(static_cast<int32_t>(TokenAttr::kControl));
+      }
+      const std::string content = tok["content"].get<std::string>();
+      spec.tokens[i] = content;
+      spec.types[i] = static_cast<int32_t>(tok.value("special", false) || looks_special(content)
+                                               ? TokenAttr::kControl
+                                               : TokenAttr::kUserDefined);
+    }
+  }
+  apply_config_specials(config, &spec);
+  return spec;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& dir) {
@@ -472,7 +518,9 @@ Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& dir) {
     }
     if (file_exists(model_path))
       return build_tokenizer(spec_from_sentencepiece(model_path, config));
-    return make_error(0, dir + ": no tokenizer.json or tokenizer.model");
+    const std::string tiktoken_path = dir + "/tiktoken.model";
+    if (file_exists(tiktoken_path)) return build_tokenizer(spec_from_tiktoken_dir(dir, config));
+    return make_error(0, dir + ": no tokenizer.json, tokenizer.model or tiktoken.model");
   } catch (const InputError& e) {
     return make_error(0, e.what());
   } catch (const json::exception& e) {

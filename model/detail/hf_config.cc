@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "base/check.h"
 #include "model/rope.h"
 
@@ -144,6 +146,33 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
     TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported (default, linear, llama3, yarn)",
                        path, type.c_str());
   }
+}
+
+std::string read_hf_chat_template(const std::string& dir) {
+  auto is_file = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  };
+  const std::string tc = dir + "/tokenizer_config.json";
+  if (is_file(tc)) {
+    const nlohmann::json j = read_json_file(tc);
+    auto it = j.is_object() ? j.find("chat_template") : j.end();
+    if (it != j.end() && it->is_string()) return it->get<std::string>();
+    if (it != j.end() && it->is_array()) {
+      for (const nlohmann::json& e : *it)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string())
+          return e["template"].get<std::string>();
+    }
+  }
+  const std::string jinja = dir + "/chat_template.jinja";
+  if (is_file(jinja)) {
+    std::ifstream in(jinja, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  return "";
 }
 
 }  // namespace troupe::model::detail

@@ -40,6 +40,10 @@ class HfConfig {
   std::string path_;
 };
 
+/// tokenizer_config.json "chat_template" (a string, or a list of {name, template} where the
+/// "default" entry is used), else chat_template.jinja; "" when none.
+std::string read_hf_chat_template(const std::string& dir);
+
 /// transformers' rope scaling (`rope_scaling` and `rope_parameters`, merged into `params`):
 /// default, linear, llama3 (per-pair divisors) and yarn (DeepSeek's form, with mscale_all_dim on
 /// the attention logits, when `mla`). Needs s.n_rot, s.rope_theta and s.n_ctx_train set.

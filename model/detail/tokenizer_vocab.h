@@ -111,6 +111,12 @@ Result<std::unique_ptr<Tokenizer>> build_tokenizer(VocabSpec spec);
 /// so that it is linked whenever the tokenizer is.
 Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& dir);
 
+/// A tiktoken.model file ("base64(bytes) rank" lines) as byte-level BPE with pre-tokenizer `pre`:
+/// tokens spelled with GPT-2's byte characters, ids = ranks (a missing rank: an unused
+/// "[PAD<id>]"), merges derived from the ranks (tokenizer_tiktoken.cc). Throws InputError naming
+/// the file and line.
+VocabSpec spec_from_tiktoken(const std::string& path, const std::string& pre);
+
 /// What a tokenizer.ggml.pre name selects in llama.cpp: the regex set and vocabulary flags.
 struct PreTokenizerInfo {
   PreTokenizer pre = PreTokenizer::kDefault;

@@ -77,6 +77,24 @@ void check_model(const std::string& shared, const std::string& name, int64_t br,
   }
 }
 
+// A node's weights in memory (the default where they fit): FP8 views copied (the scale grids
+// stay where they were), same logits.
+TEST(Fp8Model, WeightsCopiedToMemoryGiveTheSameLogits) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
+  auto mapped = model::load_model(copy.fp8_path());
+  ASSERT_TRUE(mapped.has_value()) << mapped.error().message;
+  auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, /*tile_int8=*/true);
+  ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
+  const model::WeightView &a = (*mapped)->spec.layers[2].experts[5].up,
+                          &b = (*in_memory)->spec.layers[2].experts[5].up;
+  EXPECT_NE(a.data, b.data);  // copied
+  EXPECT_EQ(a.scales, b.scales);
+  EXPECT_EQ(b.layout, model::WeightLayout::kRows);  // not an int8 tile type
+  const auto p = prompt(static_cast<int32_t>((*mapped)->spec.n_vocab));
+  EXPECT_EQ(prompt_logits(*in_memory, p), prompt_logits(*mapped, p));
+}
+
 TEST(Fp8Model, DeepseekV3EqualsItsExactTwin) {
   TROUPE_SHARED_OR_SKIP(shared);
   check_model(shared, "deepseek2", 128, 128);

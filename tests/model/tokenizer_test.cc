@@ -496,7 +496,7 @@ TEST(TokenizerErrors, BadProtobufNoPieces) {
 
 TEST(TokenizerErrors, HfDirWithoutTokenizer) {
   TempDir d;
-  EXPECT_EQ(hf_error(d), d.path() + ": no tokenizer.json or tokenizer.model");
+  EXPECT_EQ(hf_error(d), d.path() + ": no tokenizer.json, tokenizer.model or tiktoken.model");
 }
 
 TEST(TokenizerErrors, TokenizerJsonInvalid) {
