@@ -14,6 +14,7 @@
 
 #include "compute/engine.h"
 #include "model/model.h"
+#include "tests/fp8_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
@@ -135,6 +136,35 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("models/stories260K/stories260K.gguf", "models/synth/mixtral-moe/model.gguf",
                       "models/synth/deepseek2/model.gguf", "models/synth/qwen3moe/model.gguf"),
     [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
+
+// A Hugging Face FP8 checkpoint (the shared DeepSeek-V3-style model written as FP8 by the test)
+// through stages and expert shards, its weights copied into memory as a node does: bit-identical
+// to the engine on the same files.
+TEST(LocalCluster, Fp8CheckpointAcrossStagesAndExpertShards) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const testing::Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
+  auto m = load(copy.fp8_path());
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->spec.layers.back().experts[0].gate.type, model::GgmlType::kF8_E4M3);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, 700 + i);
+    reqs.push_back(greedy_request(p, 10));
+    refs.push_back(solo(m, p, 10));
+  }
+  Plan plan = even_plan(m->path, 2, 2);
+  plan.scheduler.max_sequences = 8;
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto in_memory = model::copy_weights_to_memory(m, {}, 2);
+  ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
+  auto lc = LocalCluster::start(plan, *in_memory);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto res = (*lc)->generate_many(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+}
 
 TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
   TROUPE_SHARED_OR_SKIP(shared);
