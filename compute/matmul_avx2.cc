@@ -65,8 +65,8 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   static __m256 load(const uint8_t* row, int64_t k) {
     const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
     const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(-0x4080));  // 0xbf80
-    const __m128i nan = _mm_and_si128(_mm_add_epi16(h, _mm_set1_epi16(0x80)),
-                                      _mm_set1_epi16(0x4000));
+    const __m128i nan =
+        _mm_and_si128(_mm_add_epi16(h, _mm_set1_epi16(0x80)), _mm_set1_epi16(0x4000));
     return _mm256_cvtph_ps(_mm_or_si128(h, nan));
   }
 };

@@ -2,7 +2,6 @@
 // tested against (besides dequantize_row). Tiled Q8_0/Q4_0/Q4_K/Q5_K/Q6_K here define the bits the
 // VNNI tile kernels must give (ActTile32, ActTileK, ActTileQ6K in detail/matmul_kernels.h).
 #include <algorithm>
-#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -37,14 +36,9 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
       wr = reinterpret_cast<const float*>(src);
     } else if constexpr (kType == model::GgmlType::kF8_E4M3) {
       // The nearest float to fp8 * scale, as model::dequantize_view_row computes it.
-      static const auto kValues = [] {
-        std::array<float, 256> v{};
-        for (int b = 0; b < 256; ++b)
-          v[static_cast<size_t>(b)] = model::fp8_e4m3_to_fp32(static_cast<uint8_t>(b));
-        return v;
-      }();
+      const float* values = model::fp8_e4m3_values();
       const float* sc = j.scale_row(r);
-      for (int64_t c = 0; c < j.cols; ++c) row[c] = kValues[src[c]] * sc[c / j.w_scale_cols];
+      for (int64_t c = 0; c < j.cols; ++c) row[c] = values[src[c]] * sc[c / j.w_scale_cols];
     } else {
       model::dequantize_row(kType, src, row, j.cols);
     }

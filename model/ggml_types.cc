@@ -3,6 +3,7 @@
 #include "model/ggml_types.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -144,6 +145,16 @@ float fp8_e4m3_to_fp32(uint8_t b) {
   const float v = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
                            : std::ldexp(static_cast<float>(8 + man), exp - 10);
   return (b & 0x80) != 0 ? -v : v;
+}
+
+const float* fp8_e4m3_values() {
+  static const auto kValues = [] {
+    std::array<float, 256> v{};
+    for (int b = 0; b < 256; ++b)
+      v[static_cast<size_t>(b)] = fp8_e4m3_to_fp32(static_cast<uint8_t>(b));
+    return v;
+  }();
+  return kValues.data();
 }
 
 namespace {

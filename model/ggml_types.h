@@ -71,6 +71,8 @@ inline float bf16_to_fp32(uint16_t b) {
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
 /// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
 float fp8_e4m3_to_fp32(uint8_t b);
+/// fp8_e4m3_to_fp32 of every code, indexed by the code (a table built once).
+const float* fp8_e4m3_values();
 
 // --- block layouts (as ggml stores them) ---
 constexpr int kQK4_0 = 32;

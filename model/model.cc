@@ -422,7 +422,9 @@ void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
   TROUPE_CHECK(w.scales != nullptr && w.scale_block[0] > 0 && w.scale_block[1] > 0,
                "%s: f8_e4m3 view without block scales", w.name.c_str());
   const uint8_t* q = w.row(r);
-  for (int64_t c = 0; c < w.cols(); ++c) out[c] = fp8_e4m3_to_fp32(q[c]) * w.scale_at(r, c);
+  const float* values = fp8_e4m3_values();
+  const float* sc = w.scales + r / w.scale_block[0] * w.scale_stride;
+  for (int64_t c = 0; c < w.cols(); ++c) out[c] = values[q[c]] * sc[c / w.scale_block[1]];
 }
 
 }  // namespace troupe::model

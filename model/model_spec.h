@@ -28,9 +28,9 @@ struct WeightView {
   int64_t ne[3] = {0, 1, 1};
   const uint8_t* data = nullptr;
   WeightLayout layout = WeightLayout::kRows;
-  /// kF8_E4M3 only: value (r, c) of matrix i is fp8 * scale_at(r, c), the scales of blocks of
-  /// scale_block[0] rows x scale_block[1] columns, row-major with scale_stride floats per block
-  /// row, one such grid per stacked matrix (slice() moves to matrix i's).
+  /// kF8_E4M3 only: value (r, c) of matrix i is fp8 * scales[r / scale_block[0] * scale_stride +
+  /// c / scale_block[1]]: one scale per block of scale_block[0] rows x scale_block[1] columns,
+  /// row-major, one such grid per stacked matrix (slice() moves to matrix i's).
   const float* scales = nullptr;
   int64_t scale_block[2] = {0, 0};
   int64_t scale_stride = 0;
@@ -41,14 +41,11 @@ struct WeightView {
   int64_t row_bytes() const { return model::row_bytes(type, ne[0]); }
   const uint8_t* row(int64_t r) const { return data + r * row_bytes(); }
   uint64_t nbytes() const { return static_cast<uint64_t>(row_bytes() * ne[1] * ne[2]); }
-  /// The i-th matrix of a 3-D stack as a 2-D view.
-  float scale_at(int64_t r, int64_t c) const {
-    return scales[r / scale_block[0] * scale_stride + c / scale_block[1]];
-  }
   /// Block rows of one matrix's scale grid.
   int64_t scale_grid_rows() const {
     return scale_block[0] > 0 ? (ne[1] + scale_block[0] - 1) / scale_block[0] : 0;
   }
+  /// The i-th matrix of a 3-D stack as a 2-D view.
   WeightView slice(int64_t i) const {
     WeightView v = *this;
     v.ne[2] = 1;

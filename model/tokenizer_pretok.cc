@@ -124,6 +124,19 @@ size_t match_whitespace(const Span& s, size_t p, bool with_newline_rule) {
   return k;
 }
 
+// The alternatives Llama-3, Qwen2 and Kimi-K2 end with:
+// \p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ at p.
+size_t match_numbers_punct_space(const Span& s, size_t p, size_t max_digits) {
+  if (s.number(p)) return std::min(max_digits, s.run(p, [&](size_t i) { return s.number(i); }));
+  const size_t q = s.at(p) == ' ' ? p + 1 : p;
+  if (s.other(q)) {
+    size_t j = q + s.run(q, [&](size_t i) { return s.other(i); });
+    j += s.run(j, [&](size_t i) { return s.newline(i); });
+    return j - p;
+  }
+  return match_whitespace(s, p, true);
+}
+
 // GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 size_t match_gpt2(const Span& s, size_t p) {
   if (size_t n = match_contraction(s, p, false)) return n;
@@ -143,14 +156,7 @@ size_t match_llama3(const Span& s, size_t p, size_t max_digits) {
   if (!s.newline(p) && !s.number(p) && s.letter(p + 1)) {
     return 1 + s.run(p + 1, [&](size_t i) { return s.letter(i); });
   }
-  if (s.number(p)) return std::min(max_digits, s.run(p, [&](size_t i) { return s.number(i); }));
-  const size_t q = s.at(p) == ' ' ? p + 1 : p;
-  if (s.other(q)) {
-    size_t j = q + s.run(q, [&](size_t i) { return s.other(i); });
-    j += s.run(j, [&](size_t i) { return s.newline(i); });
-    return j - p;
-  }
-  return match_whitespace(s, p, true);
+  return match_numbers_punct_space(s, p, max_digits);
 }
 
 // DeepSeek-V3's third regex:
@@ -227,14 +233,7 @@ size_t match_kimi_k2(const Span& s, size_t p) {
     if (size_t e = upper_word(p + 1)) return e - p;
   }
   if (size_t e = upper_word(p)) return e - p;
-  if (s.number(p)) return std::min<size_t>(3, s.run(p, [&](size_t i) { return s.number(i); }));
-  const size_t q = s.at(p) == ' ' ? p + 1 : p;
-  if (s.other(q)) {
-    size_t j = q + s.run(q, [&](size_t i) { return s.other(i); });
-    j += s.run(j, [&](size_t i) { return s.newline(i); });
-    return j - p;
-  }
-  return match_whitespace(s, p, true);
+  return match_numbers_punct_space(s, p, 3);
 }
 
 /// One regex of a set: returns the length of the match starting at p, or 0.

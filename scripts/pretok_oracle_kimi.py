@@ -10,29 +10,15 @@ Usage: scripts/pretok_oracle_kimi.py CASES.json  (a JSON list of strings; prints
 [text, [pieces...]] JSON line per string)
 """
 import json
+import os
 import re
 import sys
 import unicodedata
 
-SCRIPTS_TXT = "/usr/share/unicode/Scripts.txt"
-WHITE_SPACE = set(map(chr, [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680] +
-                      list(range(0x2000, 0x200B)) + [0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_unicode_tables import WHITE_SPACE as WHITE_SPACE_CPS, han_ranges  # noqa: E402
 
-
-def han_ranges():
-    ranges = []
-    with open(SCRIPTS_TXT, encoding="utf-8") as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            cps, script = (x.strip() for x in line.split(";"))
-            if script == "Han":
-                lo, _, hi = cps.partition("..")
-                ranges.append((int(lo, 16), int(hi or lo, 16)))
-    return ranges
-
-
+WHITE_SPACE = set(map(chr, WHITE_SPACE_CPS))
 HAN = han_ranges()
 
 

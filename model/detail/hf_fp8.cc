@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "model/model.h"
 
 namespace troupe::model::detail {
 
@@ -139,16 +140,15 @@ float* fp8_to_f32(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp
                   const std::string& config_path, const Allocator& alloc) {
   int64_t rows = 0, cols = 0;
   matrix_shape(t, &rows, &cols);
-  const float* sc = fp8_scales(st, t, f, config_path, alloc);
-  const int64_t stride = ceil_div(cols, f.block_cols);
+  WeightView w;
+  w.name = t.name;
+  w.type = GgmlType::kF8_E4M3;
+  w.ne[0] = cols;
+  w.ne[1] = rows;
+  w.data = t.data;
+  attach_fp8_scales(st, t, f, config_path, alloc, w);
   auto* out = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(rows * cols) * sizeof(float)));
-  float values[256];
-  for (int b = 0; b < 256; ++b) values[b] = fp8_e4m3_to_fp32(static_cast<uint8_t>(b));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* srow = sc + r / f.block_rows * stride;
-    const uint8_t* q = t.data + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = values[q[c]] * srow[c / f.block_cols];
-  }
+  for (int64_t r = 0; r < rows; ++r) dequantize_view_row(w, r, out + r * cols);
   return out;
 }
 
