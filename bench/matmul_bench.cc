@@ -75,7 +75,9 @@ struct Matrix {
   std::vector<uint8_t*> copies;  // each one rows x cols in `type`
   troupe::model::WeightView view;
   int64_t bytes = 0;
-  std::shared_ptr<std::vector<float>> scales;  // f8_e4m3: one per 128 x 128 block (all copies)
+  // f8_e4m3: one per 128 x 128 block; i4_packed: one per 32 columns, bf16 (all copies)
+  std::shared_ptr<std::vector<float>> scales;
+  std::shared_ptr<std::vector<uint16_t>> scales_bf16;
 };
 
 Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes) {
@@ -95,6 +97,8 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     if (t == GgmlType::kF8_E4M3) {  // random codes but the two NaNs
       for (int64_t i = 0; i < cols; ++i)
         dst[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
+    } else if (t == GgmlType::kI4_PACKED) {  // random nibbles
+      for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
     } else if (troupe::model::type_traits(static_cast<uint32_t>(t))->block_elems ==
                troupe::model::kQK_K) {
       for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
@@ -128,6 +132,15 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     m.view.scales = m.scales->data();
     m.view.scale_block[0] = m.view.scale_block[1] = 128;
     m.view.scale_stride = gc;
+  }
+  if (t == GgmlType::kI4_PACKED) {  // Kimi-K2-Thinking's experts: a bf16 scale per 32 columns
+    m.scales_bf16 = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(rows * cols / 32),
+                                                            troupe::model::fp32_to_bf16(1e-2f));
+    m.view.scales = m.scales_bf16->data();
+    m.view.scale_type = GgmlType::kBF16;
+    m.view.scale_block[0] = 1;
+    m.view.scale_block[1] = 32;
+    m.view.scale_stride = cols / 32;
   }
   if (tiled) {
     troupe::model::tile_in_place(t, first, rows, cols, 1);
@@ -235,7 +248,8 @@ int main(int argc, char** argv) {
   };
   const Kind kinds[] = {
       {GgmlType::kF32, false},     {GgmlType::kF16, false},  {GgmlType::kBF16, false},
-      {GgmlType::kF8_E4M3, false}, {GgmlType::kQ8_0, false}, {GgmlType::kQ4_0, false},
+      {GgmlType::kF8_E4M3, false}, {GgmlType::kI4_PACKED, false},
+      {GgmlType::kQ8_0, false},    {GgmlType::kQ4_0, false},
       {GgmlType::kQ8_0, true},     {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},
       {GgmlType::kQ4_1, true},     {GgmlType::kQ5_0, false}, {GgmlType::kQ5_0, true},
       {GgmlType::kQ5_1, false},    {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, false},
@@ -250,7 +264,7 @@ int main(int argc, char** argv) {
     const GgmlType t = kind.type;
     const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
     const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 &&
-                      t != GgmlType::kF8_E4M3;
+                      t != GgmlType::kF8_E4M3 && t != GgmlType::kI4_PACKED;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];

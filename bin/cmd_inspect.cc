@@ -99,7 +99,8 @@ void print_spec(const model::ModelSpec& s) {
 }
 
 /// The weights troupe computes with, by type (a tied head counted once): a Hugging Face model's
-/// tensors as loaded (F8_E4M3 with its scale blocks; the few converted to f32 as f32).
+/// tensors as loaded (F8_E4M3 and packed int4 with their scale blocks; the few converted to f32
+/// as f32).
 void print_weights(const model::ModelSpec& s) {
   std::map<std::string, std::pair<int, uint64_t>> by_type;
   std::set<const uint8_t*> seen;
@@ -110,6 +111,9 @@ void print_weights(const model::ModelSpec& s) {
     std::string name = model::type_name(w.type);
     if (w.type == model::GgmlType::kF8_E4M3)
       name += strfmt(" (scale per %lld x %lld)", (long long)w.scale_block[0],
+                     (long long)w.scale_block[1]);
+    if (w.type == model::GgmlType::kI4_PACKED)
+      name += strfmt(" (%s scale per %lld columns)", model::type_name(w.scale_type).c_str(),
                      (long long)w.scale_block[1]);
     auto& e = by_type[name];
     e.first++;

@@ -71,6 +71,23 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   }
 };
 
+// Signed int4 (I4_PACKED), 8 values from 4 bytes: each byte's nibbles, low first, widened to
+// int32 lanes; with the bits of 2^23 OR-ed in they are the floats 2^23 + u, and subtracting
+// 2^23 + 8 leaves u - 8 exactly.
+template <>
+struct FloatLoad<GgmlType::kI4_PACKED> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    int32_t word;
+    std::memcpy(&word, row + k / 2, 4);
+    const __m128i b = _mm_cvtsi32_si128(word);
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i nib =
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m256i u = _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_set1_epi32(0x4B000000));
+    return _mm256_sub_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(8388616.f));
+  }
+};
+
 // The last n < 8 values of a row, zero-padded, through the same conversion.
 template <GgmlType kType>
 __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
@@ -80,14 +97,20 @@ __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
   return FloatLoad<kType>::load(buf, 0);
 }
 
-// F8_E4M3 weights are the same kernel on the values fp8 * scale, each the nearest float to the
-// exact product (one multiply of the exact fp8/256 by 256 * scale), lane for lane as an F32
-// matrix holding those values: the same bits.
+// F8_E4M3 and I4_PACKED weights are the same kernel on the values q * scale, each the nearest
+// float to the exact product (for F8 one multiply of the exact fp8/256 by 256 * scale), lane for
+// lane as an F32 matrix holding those values: the same bits. I4 rows are whole multiples of 16
+// (matmul.cc checks), so they never take the tail.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
-  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : kF8 ? 1 : 2;
+  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED;
+  static constexpr bool kScaled = kF8 || kI4;
+  // Bytes from the row start to column k.
+  static constexpr int64_t offset(int64_t k) {
+    return kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
+  }
   static constexpr int kRows = 3;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 48;
@@ -102,21 +125,23 @@ struct FloatKernel {
     __m256 acc[R][NT];
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
-    // F8: each row's scales, and 256 * the scale of the block k is in (the next from k_next).
-    const float* sc[R] = {};
+    // Scaled types: each row's scales, and the factor of the block k is in (the next from
+    // k_next): 256 * the scale for F8 (its loads give fp8 / 256), the scale for I4.
+    MatmulJob::ScaleRow sc[R] = {};
     __m256 ds[R];
     for (int i = 0; i < R; ++i) ds[i] = _mm256_setzero_ps();
     int64_t k_next = 0;
-    if constexpr (kF8)
+    if constexpr (kScaled)
       for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
     auto scaled = [&](__m256 v, int i) {
-      if constexpr (kF8) return _mm256_mul_ps(v, ds[i]);
+      if constexpr (kScaled) return _mm256_mul_ps(v, ds[i]);
       return v;
     };
     auto next_scales = [&](int64_t k) {
-      if constexpr (kF8) {
+      if constexpr (kScaled) {
         if (k == k_next) {
-          for (int i = 0; i < R; ++i) ds[i] = _mm256_set1_ps(256.f * sc[i][k / j.w_scale_cols]);
+          for (int i = 0; i < R; ++i)
+            ds[i] = _mm256_set1_ps((kF8 ? 256.f : 1.f) * sc[i][k / j.w_scale_cols]);
           k_next += j.w_scale_cols;
         }
       }
@@ -127,7 +152,7 @@ struct FloatKernel {
       next_scales(k);
       __m256 wv[R];
       for (int i = 0; i < R; ++i) {
-        if ((k * kElemBytes & 63) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
+        if ((offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
         wv[i] = scaled(L::load(w[i], k), i);
       }
       for (int n = 0; n < NT; ++n) {
@@ -135,14 +160,16 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if (k < j.cols) {
-      next_scales(k);
-      const int64_t rem = j.cols - k;
-      __m256 wv[R];
-      for (int i = 0; i < R; ++i) wv[i] = scaled(load_tail<kType>(w[i], k, rem), i);
-      for (int n = 0; n < NT; ++n) {
-        const __m256 xv = load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
-        for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
+    if constexpr (!kI4) {
+      if (k < j.cols) {
+        next_scales(k);
+        const int64_t rem = j.cols - k;
+        __m256 wv[R];
+        for (int i = 0; i < R; ++i) wv[i] = scaled(load_tail<kType>(w[i], k, rem), i);
+        for (int n = 0; n < NT; ++n) {
+          const __m256 xv = load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
+          for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
+        }
       }
     }
     for (int n = 0; n < NT; ++n)
@@ -449,6 +476,7 @@ KernelSet make_set() {
   s.f16 = make_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
+  s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
   s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();

@@ -88,13 +88,34 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   }
 };
 
-// F8_E4M3: the values fp8 * scale, each the nearest float to the exact product, lane for lane
-// as an F32 matrix holding them (the same bits; matmul_avx2.cc).
+// Signed int4 (I4_PACKED), 16 values from 8 bytes: each byte's two nibbles, low first, widened
+// to int32 lanes; OR-ing in the bits of 2^23 makes the float 2^23 + u, and subtracting 2^23 + 8
+// leaves u - 8 exactly.
+template <>
+struct FloatLoad<GgmlType::kI4_PACKED> {
+  static __m512 load(const uint8_t* row, int64_t k) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i nib =
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m512i u = _mm512_or_si512(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(0x4B000000));
+    return _mm512_sub_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(8388616.f));
+  }
+};
+
+// F8_E4M3 and I4_PACKED: the values q * scale, each the nearest float to the exact product, lane
+// for lane as an F32 matrix holding them (the same bits; matmul_avx2.cc). I4 rows are whole
+// multiples of 16 (matmul.cc checks), so they never take the tail.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
-  static constexpr int64_t kElemBytes = kType == GgmlType::kF32 ? 4 : kF8 ? 1 : 2;
+  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED;
+  static constexpr bool kScaled = kF8 || kI4;
+  // Bytes from the row start to column k.
+  static constexpr int64_t offset(int64_t k) {
+    return kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
+  }
   static constexpr int kRows = 4;
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
@@ -109,21 +130,23 @@ struct FloatKernel {
     __m512 acc[R][NT];
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
-    // F8: each row's scales, and 256 * the scale of the block k is in (the next from k_next).
-    const float* sc[R] = {};
+    // Scaled types: each row's scales, and the factor of the block k is in (the next from
+    // k_next): 256 * the scale for F8 (its loads give fp8 / 256), the scale for I4.
+    MatmulJob::ScaleRow sc[R] = {};
     __m512 ds[R];
     for (int i = 0; i < R; ++i) ds[i] = _mm512_setzero_ps();
     int64_t k_next = 0;
-    if constexpr (kF8)
+    if constexpr (kScaled)
       for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
     auto scaled = [&](__m512 v, int i) {
-      if constexpr (kF8) return _mm512_mul_ps(v, ds[i]);
+      if constexpr (kScaled) return _mm512_mul_ps(v, ds[i]);
       return v;
     };
     auto next_scales = [&](int64_t k) {
-      if constexpr (kF8) {
+      if constexpr (kScaled) {
         if (k == k_next) {
-          for (int i = 0; i < R; ++i) ds[i] = _mm512_set1_ps(256.f * sc[i][k / j.w_scale_cols]);
+          for (int i = 0; i < R; ++i)
+            ds[i] = _mm512_set1_ps((kF8 ? 256.f : 1.f) * sc[i][k / j.w_scale_cols]);
           k_next += j.w_scale_cols;
         }
       }
@@ -134,7 +157,7 @@ struct FloatKernel {
       next_scales(k);
       __m512 wv[R];
       for (int i = 0; i < R; ++i) {
-        if (kElemBytes == 4 || (k * kElemBytes & 63) == 0) prefetch(w[i] + k * kElemBytes, pf, 0);
+        if (kType == GgmlType::kF32 || (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
         wv[i] = scaled(L::load(w[i], k), i);
       }
       for (int n = 0; n < NT; ++n) {
@@ -142,14 +165,16 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if (k < j.cols) {
-      next_scales(k);
-      const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
-      __m512 wv[R];
-      for (int i = 0; i < R; ++i) wv[i] = scaled(L::load_tail(w[i], k, m), i);
-      for (int n = 0; n < NT; ++n) {
-        const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
-        for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
+    if constexpr (!kI4) {
+      if (k < j.cols) {
+        next_scales(k);
+        const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
+        __m512 wv[R];
+        for (int i = 0; i < R; ++i) wv[i] = scaled(L::load_tail(w[i], k, m), i);
+        for (int n = 0; n < NT; ++n) {
+          const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
+          for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
+        }
       }
     }
     for (int n = 0; n < NT; ++n)
@@ -517,6 +542,7 @@ KernelSet make_set() {
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
   s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
+  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into

@@ -37,8 +37,14 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     } else if constexpr (kType == model::GgmlType::kF8_E4M3) {
       // The nearest float to fp8 * scale, as model::dequantize_view_row computes it.
       const float* values = model::fp8_e4m3_values();
-      const float* sc = j.scale_row(r);
+      const auto sc = j.scale_row(r);
       for (int64_t c = 0; c < j.cols; ++c) row[c] = values[src[c]] * sc[c / j.w_scale_cols];
+    } else if constexpr (kType == model::GgmlType::kI4_PACKED) {
+      // The nearest float to q * scale (q = nibble - 8), as model::dequantize_view_row.
+      const auto sc = j.scale_row(r);
+      for (int64_t c = 0; c < j.cols; ++c)
+        row[c] = static_cast<float>(((src[c / 2] >> (4 * (c % 2))) & 15) - 8) *
+                 sc[c / j.w_scale_cols];
     } else {
       model::dequantize_row(kType, src, row, j.cols);
     }
@@ -430,6 +436,7 @@ const KernelSet& scalar_kernels() {
     k.f16.rows = float_rows<GgmlType::kF16>;
     k.bf16.rows = float_rows<GgmlType::kBF16>;
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
+    k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
     for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl}) {
       t->act_row_bytes = act32_bytes;
       t->quantize = quantize_act32;

@@ -85,7 +85,7 @@ void expect_matrix(const WeightView& w, int64_t rows, int64_t cols, int64_t stac
   if (!dequantize_supported(w.type))
     TROUPE_INPUT_ERROR(
         "GpuEngine: weight %s has type %s, which the GPU backend does not support (f32, f16, "
-        "bf16, q8_0, q4_0, q4_K and q6_K are)",
+        "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs and q2_K to q6_K are)",
         w.name.c_str(), model::type_name(w.type).c_str());
 }
 

@@ -61,6 +61,8 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
       return TypeTraits{"bf16", 1, 2, true};
     case static_cast<uint32_t>(GgmlType::kF8_E4M3):
       return TypeTraits{"f8_e4m3", 1, 1, true};
+    case static_cast<uint32_t>(GgmlType::kI4_PACKED):
+      return TypeTraits{"i4_packed", 8, 4, true};
     default:
       return std::nullopt;
   }
@@ -357,7 +359,9 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
     case GgmlType::kQ6_K:
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
     case GgmlType::kF8_E4M3:
-      TROUPE_INPUT_ERROR("f8_e4m3 rows need their block scales (dequantize_view_row)");
+    case GgmlType::kI4_PACKED:
+      TROUPE_INPUT_ERROR("%s rows need their scales (dequantize_view_row)",
+                         type_name(t).c_str());
     default:
       TROUPE_INPUT_ERROR("tensor type %s is not supported yet", type_name(t).c_str());
   }

@@ -39,6 +39,11 @@ enum class GgmlType : uint32_t {
   /// no infinities, S.1111.111 is NaN), one byte per value, times a scale per block of values
   /// that the WeightView carries (Hugging Face "fp8" checkpoints: model/hf_fp8.h).
   kF8_E4M3 = 1000,
+  /// Signed 4-bit integers in [-8, 7], stored plus 8, eight to a little-endian 32-bit word
+  /// (value i of a word in bits 4i..4i+3), times a scale per group of columns that the
+  /// WeightView carries (compressed-tensors "pack-quantized" int4 checkpoints, such as
+  /// Kimi-K2-Thinking's experts: model/detail/hf_compressed.h).
+  kI4_PACKED = 1001,
 };
 /// Type ids from here on exist only in memory; the GGUF reader and writer refuse them.
 inline constexpr uint32_t kFirstTroupeOnlyType = 1000;
@@ -69,6 +74,20 @@ inline float bf16_to_fp32(uint16_t b) {
   return f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
+/// Element i of a scale array stored as F32, BF16 or F16 (the types a WeightView's scales have).
+inline float scale_value(const void* scales, GgmlType type, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(scales);
+  if (type == GgmlType::kF32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return type == GgmlType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+}
+/// Bytes of one such scale.
+inline int64_t scale_bytes(GgmlType type) { return type == GgmlType::kF32 ? 4 : 2; }
 /// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
 float fp8_e4m3_to_fp32(uint8_t b);
 /// fp8_e4m3_to_fp32 of every code, indexed by the code (a table built once).

@@ -2,8 +2,9 @@
 // tokenizer, with the same ModelSpec semantics llama.cpp's GGUF converter would produce.
 // Llama/Mixtral q/k rows stay in HF's rotate_half order (RopeStyle::kNeox instead of a
 // permutation); DeepSeek kv_b_proj is split into wk_b/wv_b buffers owned by Model::storage.
-// FP8 block-scaled weights (detail/hf_fp8.h) stay FP8 views with their scales; the few the loader
-// rearranges or keeps in f32 (kv_b_proj, norms) become f32.
+// FP8 block-scaled weights (detail/hf_fp8.h) and compressed-tensors int4 ones
+// (detail/hf_compressed.h) stay views of their stored values with their scales; the few the
+// loader rearranges or keeps in f32 (kv_b_proj, norms) become f32.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "model/detail/hf_compressed.h"
 #include "model/detail/hf_config.h"
 #include "model/detail/hf_fp8.h"
 #include "model/model.h"
@@ -69,7 +71,7 @@ class HfSpecBuilder {
     if (cfg_.get_bool_or("tie_word_embeddings", false)) {
       s.output = s.token_embd;
     } else {
-      if (!st_.find("lm_head.weight"))
+      if (!st_.find("lm_head.weight") && !detail::is_packed(st_, "lm_head.weight"))
         TROUPE_INPUT_ERROR("%s: no 'lm_head.weight' and tie_word_embeddings is not true",
                            cfg_.path().c_str());
       s.output = take("lm_head.weight", "output.weight", {s.n_vocab, s.n_embd});
@@ -84,6 +86,7 @@ class HfSpecBuilder {
 
   void read_hparams() {
     fp8_ = detail::read_fp8_format(cfg_);
+    int4_ = detail::read_compressed_format(cfg_);
     const std::string arch = read_family();
     read_common(arch);
     if (is_mla_family()) {
@@ -394,13 +397,10 @@ class HfSpecBuilder {
   void split_kv_b(const std::string& hf_name, const std::string& g, LayerSpec& L) {
     const ModelSpec& s = s_;
     const int64_t H = s.n_head, nope = s.qk_nope_dim, vd = s.v_head_dim, r = s.kv_lora_rank;
-    const SafetensorsTensor& t = find(hf_name, {H * (nope + vd), r});
-    GgmlType type = t.type;
-    const uint8_t* data = t.data;
-    if (type == GgmlType::kF8_E4M3) {  // per-head transposes would cut the scale blocks
-      data = reinterpret_cast<const uint8_t*>(fp8_to_f32(t));
-      type = GgmlType::kF32;
-    }
+    WeightView w = take(hf_name, g + "attn_kv_b.weight", {H * (nope + vd), r});
+    if (w.scaled()) w = to_f32(w);  // per-head transposes would cut the scale blocks
+    const GgmlType type = w.type;
+    const uint8_t* data = w.data;
     const auto es = static_cast<size_t>(row_bytes(type, 1));
     uint8_t* kb = alloc(static_cast<uint64_t>(H * r * nope) * es);
     uint8_t* vb = alloc(static_cast<uint64_t>(H * vd * r) * es);
@@ -462,8 +462,8 @@ class HfSpecBuilder {
                          shape_str(shape).c_str());
     if (!t->supported)
       TROUPE_INPUT_ERROR(
-          "%s: tensor '%s' has dtype %s; troupe reads F32, F16, BF16 and "
-          "F8_E4M3 (block-scaled fp8)",
+          "%s: tensor '%s' has dtype %s; troupe reads F32, F16, BF16, F8_E4M3 "
+          "(block-scaled fp8) and packed int4 (compressed-tensors)",
           t->file->c_str(), hf_name.c_str(), t->dtype.c_str());
     return *t;
   }
@@ -471,6 +471,8 @@ class HfSpecBuilder {
   /// A view straight into the mapping (a copy only when the data is misaligned for its type).
   WeightView take(const std::string& hf_name, const std::string& gguf_name,
                   const std::vector<int64_t>& shape) {
+    if (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name))
+      return detail::packed_int4_view(st_, hf_name, shape, int4_, cfg_.path(), gguf_name);
     const SafetensorsTensor& t = find(hf_name, shape);
     const uint8_t* data = t.data;
     const auto align = static_cast<uintptr_t>(row_bytes(t.type, 1));
@@ -485,9 +487,15 @@ class HfSpecBuilder {
     return v;
   }
 
-  /// An F8_E4M3 tensor as f32 values (detail::fp8_to_f32).
-  float* fp8_to_f32(const SafetensorsTensor& t) {
-    return detail::fp8_to_f32(st_, t, fp8_, cfg_.path(), allocator());
+  /// A scaled view (F8, I4) as f32 values in model-owned memory, each the nearest float to
+  /// q * scale as the kernels compute it.
+  WeightView to_f32(const WeightView& w) {
+    auto* out =
+        reinterpret_cast<float*>(alloc(static_cast<uint64_t>(w.rows() * w.cols()) * sizeof(float)));
+    for (int64_t r = 0; r < w.rows(); ++r) dequantize_view_row(w, r, out + r * w.cols());
+    WeightView v = make_view(w.name, GgmlType::kF32, {w.cols(), w.rows()},
+                             reinterpret_cast<const uint8_t*>(out));
+    return v;
   }
 
   detail::Allocator allocator() {
@@ -498,11 +506,12 @@ class HfSpecBuilder {
   /// these in F32 and the engine reads them as floats).
   WeightView take_f32(const std::string& hf_name, const std::string& gguf_name,
                       const std::vector<int64_t>& shape) {
+    if (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name))
+      return with_shape(to_f32(take(hf_name, gguf_name, shape)), shape);
     const SafetensorsTensor& t = find(hf_name, shape);
     if (t.type == GgmlType::kF32) return take(hf_name, gguf_name, shape);
     if (t.type == GgmlType::kF8_E4M3)
-      return make_view(gguf_name, GgmlType::kF32, ggml_shape(shape),
-                       reinterpret_cast<const uint8_t*>(fp8_to_f32(t)));
+      return with_shape(to_f32(take(hf_name, gguf_name, shape)), shape);
     const auto n = static_cast<size_t>(t.num_elements());
     auto* out = reinterpret_cast<float*>(alloc(n * sizeof(float)));
     for (size_t i = 0; i < n; ++i) {
@@ -512,6 +521,13 @@ class HfSpecBuilder {
     }
     return make_view(gguf_name, GgmlType::kF32, ggml_shape(shape),
                      reinterpret_cast<const uint8_t*>(out));
+  }
+
+  /// v with the ggml shape of `torch_shape` (a 1-D tensor's view is [n] rather than [n, 1]).
+  static WeightView with_shape(WeightView v, const std::vector<int64_t>& torch_shape) {
+    const std::vector<int64_t> ne = ggml_shape(torch_shape);
+    for (size_t i = 0; i < 3; ++i) v.ne[i] = i < ne.size() ? ne[i] : 1;
+    return v;
   }
 
   static std::vector<int64_t> ggml_shape(const std::vector<int64_t>& torch_shape) {
@@ -549,6 +565,7 @@ class HfSpecBuilder {
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
   detail::Fp8Format fp8_;
+  detail::CompressedFormat int4_;
   json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
   ModelSpec s_;
   std::vector<bool> is_moe_;

@@ -1,6 +1,7 @@
 // GGUF → ModelSpec mapping and spec validation.
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -415,16 +416,25 @@ ModelSpec spec_from_gguf(const GgufFile& g) {
 }
 
 void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
-  if (w.type != GgmlType::kF8_E4M3) {
+  if (!w.scaled()) {
     dequantize_row(w.type, w.row(r), out, w.cols());
     return;
   }
   TROUPE_CHECK(w.scales != nullptr && w.scale_block[0] > 0 && w.scale_block[1] > 0,
-               "%s: f8_e4m3 view without block scales", w.name.c_str());
+               "%s: %s view without its scales", w.name.c_str(), type_name(w.type).c_str());
   const uint8_t* q = w.row(r);
-  const float* values = fp8_e4m3_values();
-  const float* sc = w.scales + r / w.scale_block[0] * w.scale_stride;
-  for (int64_t c = 0; c < w.cols(); ++c) out[c] = values[q[c]] * sc[c / w.scale_block[1]];
+  const float* fp8 = fp8_e4m3_values();
+  // Each value is the nearest float to q * scale (one multiply), as the kernels compute it.
+  for (int64_t c0 = 0; c0 < w.cols(); c0 += w.scale_block[1]) {
+    const float s = w.scale_at(r, c0);
+    const int64_t c1 = std::min(w.cols(), c0 + w.scale_block[1]);
+    if (w.type == GgmlType::kF8_E4M3) {
+      for (int64_t c = c0; c < c1; ++c) out[c] = fp8[q[c]] * s;
+    } else {
+      for (int64_t c = c0; c < c1; ++c)
+        out[c] = static_cast<float>(((q[c / 2] >> (4 * (c % 2))) & 15) - 8) * s;
+    }
+  }
 }
 
 }  // namespace troupe::model

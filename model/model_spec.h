@@ -28,13 +28,22 @@ struct WeightView {
   int64_t ne[3] = {0, 1, 1};
   const uint8_t* data = nullptr;
   WeightLayout layout = WeightLayout::kRows;
-  /// kF8_E4M3 only: value (r, c) of matrix i is fp8 * scales[r / scale_block[0] * scale_stride +
-  /// c / scale_block[1]]: one scale per block of scale_block[0] rows x scale_block[1] columns,
-  /// row-major, one such grid per stacked matrix (slice() moves to matrix i's).
-  const float* scales = nullptr;
+  /// kF8_E4M3 and kI4_PACKED only: value (r, c) of matrix i is q * scale, the scale being
+  /// element r / scale_block[0] * scale_stride + c / scale_block[1] of `scales` (stored as
+  /// scale_type: F32, BF16 or F16; model::scale_value): one scale per block of scale_block[0]
+  /// rows x scale_block[1] columns, row-major, one such grid per stacked matrix (slice() moves
+  /// to matrix i's).
+  const void* scales = nullptr;
+  GgmlType scale_type = GgmlType::kF32;
   int64_t scale_block[2] = {0, 0};
   int64_t scale_stride = 0;
 
+  /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED).
+  bool scaled() const { return type == GgmlType::kF8_E4M3 || type == GgmlType::kI4_PACKED; }
+  /// The scale of row r's columns from c on (to the end of c's block).
+  float scale_at(int64_t r, int64_t c) const {
+    return scale_value(scales, scale_type, r / scale_block[0] * scale_stride + c / scale_block[1]);
+  }
   bool present() const { return data != nullptr; }
   int64_t cols() const { return ne[0]; }
   int64_t rows() const { return ne[1]; }
@@ -50,7 +59,9 @@ struct WeightView {
     WeightView v = *this;
     v.ne[2] = 1;
     v.data = data + i * row_bytes() * ne[1];
-    if (scales != nullptr) v.scales = scales + i * scale_grid_rows() * scale_stride;
+    if (scales != nullptr)
+      v.scales = static_cast<const uint8_t*>(scales) +
+                 i * scale_grid_rows() * scale_stride * scale_bytes(scale_type);
     v.name = name + "[" + std::to_string(i) + "]";
     return v;
   }

@@ -37,25 +37,35 @@ struct MatmulJob {
   int64_t n_tok = 0;
   float* y = nullptr;  // f32 [n_tok, y_stride]
   int64_t y_stride = 0;
-  // F8_E4M3 weights: their block scales (model::WeightView::scales and its block shape).
-  const float* w_scales = nullptr;
+  // F8_E4M3 and I4_PACKED weights: their scale grid (model::WeightView::scales and its shape).
+  const uint8_t* w_scales = nullptr;
+  model::GgmlType w_scale_type = model::GgmlType::kF32;
   int64_t w_scale_stride = 0;
   int64_t w_scale_rows = 0, w_scale_cols = 0;
-  /// Row r's scales: the scale of the values from column c on is this[c / w_scale_cols].
-  const float* scale_row(int64_t r) const { return w_scales + r / w_scale_rows * w_scale_stride; }
+  /// One row's scales: [i] is the scale of columns i * w_scale_cols on.
+  struct ScaleRow {
+    const uint8_t* p;
+    model::GgmlType type;
+    float operator[](int64_t i) const { return model::scale_value(p, type, i); }
+  };
+  ScaleRow scale_row(int64_t r) const {
+    return {w_scales + r / w_scale_rows * w_scale_stride * model::scale_bytes(w_scale_type),
+            w_scale_type};
+  }
 };
-/// The weight side of a job: data, row size and (F8) scales of w.
+/// The weight side of a job: data, row size and (F8, I4) scales of w.
 inline void set_job_weight(MatmulJob& j, const model::WeightView& w) {
   j.w = w.data;
   j.w_row_bytes = w.row_bytes();
-  j.w_scales = w.scales;
+  j.w_scales = static_cast<const uint8_t*>(w.scales);
+  j.w_scale_type = w.scale_type;
   j.w_scale_stride = w.scale_stride;
   j.w_scale_rows = w.scale_block[0];
   j.w_scale_cols = w.scale_block[1];
 }
-/// Columns per scale an F8 view must have for the SIMD kernels (whose 8 or 16 lanes then never
-/// straddle two blocks): a multiple of this.
-inline constexpr int64_t kF8ScaleColsMultiple = 16;
+/// Columns per scale a scaled view (F8, I4) must have for the SIMD kernels (whose 8 or 16 lanes
+/// then never straddle two blocks): a multiple of this. I4 rows must be such a multiple too.
+inline constexpr int64_t kScaleColsMultiple = 16;
 
 /// The kernels for one weight type at one SIMD level.
 struct TypeKernels {
@@ -76,7 +86,7 @@ struct TypeKernels {
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
-  TypeKernels f32, f16, bf16, f8, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
+  TypeKernels f32, f16, bf16, f8, i4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
       iq4_nl, iq4_xs;
   TypeKernels q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16, q5_1_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,

@@ -42,10 +42,12 @@ Fp8Format read_fp8_format(const HfConfig& cfg) {
   auto method = q->find("quant_method");
   if (method == q->end() || !method->is_string())
     TROUPE_INPUT_ERROR("%s: quantization_config.quant_method is missing or not a string", path);
+  if (*method == "compressed-tensors") return f;  // detail/hf_compressed.h
   if (*method != "fp8")
     TROUPE_INPUT_ERROR(
         "%s: quantization_config.quant_method '%s' is not supported (troupe reads "
-        "unquantized F32/F16/BF16 checkpoints and block-scaled \"fp8\" ones)",
+        "unquantized F32/F16/BF16 checkpoints, block-scaled \"fp8\" ones and "
+        "\"compressed-tensors\" pack-quantized int4)",
         path, method->get<std::string>().c_str());
   auto fmt = q->find("fmt");
   if (fmt != q->end() && !fmt->is_null() && (!fmt->is_string() || *fmt != "e4m3"))
@@ -134,22 +136,6 @@ void attach_fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, con
   w.scale_block[0] = f.block_rows;
   w.scale_block[1] = f.block_cols;
   w.scale_stride = ceil_div(cols, f.block_cols);
-}
-
-float* fp8_to_f32(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
-                  const std::string& config_path, const Allocator& alloc) {
-  int64_t rows = 0, cols = 0;
-  matrix_shape(t, &rows, &cols);
-  WeightView w;
-  w.name = t.name;
-  w.type = GgmlType::kF8_E4M3;
-  w.ne[0] = cols;
-  w.ne[1] = rows;
-  w.data = t.data;
-  attach_fp8_scales(st, t, f, config_path, alloc, w);
-  auto* out = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(rows * cols) * sizeof(float)));
-  for (int64_t r = 0; r < rows; ++r) dequantize_view_row(w, r, out + r * cols);
-  return out;
 }
 
 }  // namespace troupe::model::detail

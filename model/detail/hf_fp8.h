@@ -22,7 +22,8 @@ struct Fp8Format {
   int64_t block_cols = 0;
 };
 
-/// quantization_config of config.json: absent (or null) gives `on` false; "fp8" with fmt e4m3
+/// quantization_config of config.json: absent (or null), or "compressed-tensors"
+/// (detail/hf_compressed.h), gives `on` false; "fp8" with fmt e4m3
 /// (the default) and a weight_block_size whose column count is a multiple of 16 gives its block.
 /// Any other method, format or block, or a malformed field, throws InputError naming the file.
 Fp8Format read_fp8_format(const HfConfig& cfg);
@@ -40,10 +41,5 @@ const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, co
 /// Sets w's scales (and block shape) for the F8_E4M3 tensor t; w.type must already be kF8_E4M3.
 void attach_fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
                        const std::string& config_path, const Allocator& alloc, WeightView& w);
-
-/// The values of F8_E4M3 tensor t as f32 (each the nearest float to fp8 * scale, as the
-/// kernels compute them), in `alloc`'d memory: for weights the loader rearranges or keeps in f32.
-float* fp8_to_f32(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
-                  const std::string& config_path, const Allocator& alloc);
 
 }  // namespace troupe::model::detail

@@ -15,6 +15,7 @@
 #include "compute/engine.h"
 #include "model/model.h"
 #include "tests/fp8_model.h"
+#include "tests/int4_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
@@ -150,6 +151,36 @@ TEST(LocalCluster, Fp8CheckpointAcrossStagesAndExpertShards) {
   std::vector<Reference> refs;
   for (uint32_t i = 0; i < 4; ++i) {
     auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, 700 + i);
+    reqs.push_back(greedy_request(p, 10));
+    refs.push_back(solo(m, p, 10));
+  }
+  Plan plan = even_plan(m->path, 2, 2);
+  plan.scheduler.max_sequences = 8;
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+  auto in_memory = model::copy_weights_to_memory(m, {}, 2);
+  ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
+  auto lc = LocalCluster::start(plan, *in_memory);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto res = (*lc)->generate_many(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+}
+
+// The same for a compressed-tensors int4 checkpoint laid out as Kimi-K2-Thinking (routed experts
+// packed int4 with BF16 group scales, the rest as stored), experts sharded across two actors.
+TEST(LocalCluster, Int4CheckpointAcrossStagesAndExpertShards) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::Int4Options o;
+  o.quantize = [](const std::string& name) { return name.find(".experts.") != std::string::npos; };
+  const testing::Int4Copy copy(shared + "/models/hf/deepseek2", o);
+  auto m = load(copy.int4_path());
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->spec.layers.back().experts[0].gate.type, model::GgmlType::kI4_PACKED);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, 800 + i);
     reqs.push_back(greedy_request(p, 10));
     refs.push_back(solo(m, p, 10));
   }

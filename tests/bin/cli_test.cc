@@ -12,6 +12,7 @@
 #include "model/gguf_writer.h"
 #include "tests/edited_model.h"
 #include "tests/fp8_model.h"
+#include "tests/int4_model.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -296,6 +297,25 @@ TEST(Cli, Fp8CheckpointInspectsAndGeneratesLikeItsExactTwin) {
   ASSERT_EQ(f.rc, 0) << f.err;
   ASSERT_EQ(t.rc, 0) << t.err;
   EXPECT_EQ(nlohmann::json::parse(f.out).at("tokens"), nlohmann::json::parse(t.out).at("tokens"));
+}
+
+TEST(Cli, Int4CheckpointInspectsAndGeneratesLikeItsExactTwin) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const testing::Int4Copy copy(shared + "/models/hf/stories260K");
+  CliRun r = troupe({"inspect", copy.int4_path()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("; i4_packed (bf16 scale per 32 columns): " +
+                       std::to_string(copy.quantized()) + " ("),
+            std::string::npos)
+      << r.out;
+  auto args = [&](const std::string& model) {
+    return std::vector<std::string>{"generate", "--model",      model, "--prompt",
+                                    "Once upon a time", "--max-tokens", "24",  "--json"};
+  };
+  CliRun q = troupe(args(copy.int4_path())), t = troupe(args(copy.twin_path()));
+  ASSERT_EQ(q.rc, 0) << q.err;
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(q.out).at("tokens"), nlohmann::json::parse(t.out).at("tokens"));
 }
 
 TEST(Cli, DemoSynthesizesAndGenerates) {

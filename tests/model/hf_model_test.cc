@@ -487,7 +487,7 @@ TEST(HfModel, UnsupportedDtypeNamesTensor) {
   dir.write("model.safetensors", bytes);
   EXPECT_HAS(load_error(dir.path()),
              "model.safetensors: tensor 'model.norm.weight' has dtype I16; troupe reads F32, "
-             "F16, BF16 and F8_E4M3 (block-scaled fp8)");
+             "F16, BF16, F8_E4M3 (block-scaled fp8) and packed int4");
 }
 
 TEST(HfModel, ViewsLiveAsLongAsTheModel) {
