@@ -11,9 +11,11 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
@@ -88,24 +90,11 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   }
 };
 
-// Signed int4 (I4_PACKED), 16 values from 8 bytes: each byte's two nibbles, low first, widened
-// to int32 lanes; OR-ing in the bits of 2^23 makes the float 2^23 + u, and subtracting 2^23 + 8
-// leaves u - 8 exactly.
-template <>
-struct FloatLoad<GgmlType::kI4_PACKED> {
-  static __m512 load(const uint8_t* row, int64_t k) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2));
-    const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i nib =
-        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m512i u = _mm512_or_si512(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(0x4B000000));
-    return _mm512_sub_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(8388616.f));
-  }
-};
-
 // F8_E4M3 and I4_PACKED: the values q * scale, each the nearest float to the exact product, lane
 // for lane as an F32 matrix holding them (the same bits; matmul_avx2.cc). I4 rows are whole
-// multiples of 16 (matmul.cc checks), so they never take the tail.
+// multiples of 16 (matmul.cc checks), so they never take the tail. An I4 weight is looked up in
+// a 16-entry table of its block's (q - 8) * scale (vpermps reads the low 4 bits of each index
+// lane; the qword lane j holds byte j in its low dword and byte j >> 4 in its high one).
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
@@ -120,45 +109,76 @@ struct FloatKernel {
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
 
+  // The weights of R rows from column 0 on, 16 at a time (scales followed block by block).
+  template <int R>
+  struct Rows {
+    const uint8_t* w[R];
+    MatmulJob::ScaleRow sc[R] = {};
+    // F8: 256 * the scale of the block being read; I4: its table of (q - 8) * scale.
+    __m512 f[R];
+    int64_t k_next = 0, cols_per_scale = 0;
+
+    Rows(const MatmulJob& j, int64_t r) {
+      for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+      if constexpr (kScaled) {
+        for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+        cols_per_scale = j.w_scale_cols;
+      }
+    }
+    // Call at every k (a multiple of 16) before loading there.
+    void at(int64_t k) {
+      if constexpr (kScaled) {
+        if (k == k_next) {
+          const int64_t b = k / cols_per_scale;
+          for (int i = 0; i < R; ++i) {
+            if constexpr (kF8) {
+              f[i] = _mm512_set1_ps(256.f * sc[i][b]);
+            } else {
+              const __m512 steps = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4,
+                                                  5, 6, 7);
+              f[i] = _mm512_mul_ps(steps, _mm512_set1_ps(sc[i][b]));
+            }
+          }
+          k_next += cols_per_scale;
+        }
+      }
+    }
+    __m512 load(int i, int64_t k) const {
+      if constexpr (kI4) {
+        const __m512i q =
+            _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i] + k / 2)));
+        return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
+      } else if constexpr (kF8) {
+        return _mm512_mul_ps(L::load(w[i], k), f[i]);
+      } else {
+        return L::load(w[i], k);
+      }
+    }
+    __m512 load_tail(int i, int64_t k, __mmask16 m) const {
+      static_assert(!kI4, "I4 rows have no tail");
+      if constexpr (kF8) return _mm512_mul_ps(L::load_tail(w[i], k, m), f[i]);
+      return L::load_tail(w[i], k, m);
+    }
+  };
+
   template <int R, int NT>
   static void tile(const MatmulJob& j, int64_t r, int64_t t) {
-    const uint8_t* w[R];
+    Rows<R> rw(j, r);
     const float* x[NT];
-    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
     for (int n = 0; n < NT; ++n)
       x[n] = reinterpret_cast<const float*>(j.act + (t + n) * j.act_stride);
     __m512 acc[R][NT];
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
-    // Scaled types: each row's scales, and the factor of the block k is in (the next from
-    // k_next): 256 * the scale for F8 (its loads give fp8 / 256), the scale for I4.
-    MatmulJob::ScaleRow sc[R] = {};
-    __m512 ds[R];
-    for (int i = 0; i < R; ++i) ds[i] = _mm512_setzero_ps();
-    int64_t k_next = 0;
-    if constexpr (kScaled)
-      for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
-    auto scaled = [&](__m512 v, int i) {
-      if constexpr (kScaled) return _mm512_mul_ps(v, ds[i]);
-      return v;
-    };
-    auto next_scales = [&](int64_t k) {
-      if constexpr (kScaled) {
-        if (k == k_next) {
-          for (int i = 0; i < R; ++i)
-            ds[i] = _mm512_set1_ps((kF8 ? 256.f : 1.f) * sc[i][k / j.w_scale_cols]);
-          k_next += j.w_scale_cols;
-        }
-      }
-    };
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
     int64_t k = 0;
     for (; k + 16 <= j.cols; k += 16) {
-      next_scales(k);
+      rw.at(k);
       __m512 wv[R];
       for (int i = 0; i < R; ++i) {
-        if (kType == GgmlType::kF32 || (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
-        wv[i] = scaled(L::load(w[i], k), i);
+        if (kType == GgmlType::kF32 || (offset(k) & 63) == 0)
+          prefetch(rw.w[i] + offset(k), pf, 0);
+        wv[i] = rw.load(i, k);
       }
       for (int n = 0; n < NT; ++n) {
         const __m512 xv = _mm512_loadu_ps(x[n] + k);
@@ -167,10 +187,10 @@ struct FloatKernel {
     }
     if constexpr (!kI4) {
       if (k < j.cols) {
-        next_scales(k);
+        rw.at(k);
         const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
         __m512 wv[R];
-        for (int i = 0; i < R; ++i) wv[i] = scaled(L::load_tail(w[i], k, m), i);
+        for (int i = 0; i < R; ++i) wv[i] = rw.load_tail(i, k, m);
         for (int n = 0; n < NT; ++n) {
           const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
           for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
@@ -180,7 +200,66 @@ struct FloatKernel {
     for (int n = 0; n < NT; ++n)
       for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
   }
+
+  // Rows [r, r + R) as the floats the tile multiplies (the tail zero-padded), each row
+  // `stride` floats apart from out (64-byte aligned, stride a multiple of 16).
+  template <int R>
+  static void widen(const MatmulJob& j, int64_t r, float* out, int64_t stride) {
+    Rows<R> rw(j, r);
+    int64_t k = 0;
+    for (; k + 16 <= j.cols; k += 16) {
+      rw.at(k);
+      for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load(i, k));
+    }
+    if constexpr (!kI4) {
+      if (k < j.cols) {
+        rw.at(k);
+        const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
+        for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load_tail(i, k, m));
+      }
+    }
+  }
 };
+
+// Scaled types (F8, I4) with more tokens than one tile takes: each tile of rows is widened once
+// into floats (the values the tile would multiply) and the F32 kernel runs every token over
+// them -- the same FMA chains, so the same bits -- instead of widening the rows again for each
+// group of kToks tokens.
+template <GgmlType kType>
+void scaled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
+  using K = FloatKernel<kType>;
+  using F = FloatKernel<GgmlType::kF32>;
+  static_assert(K::kRows == F::kRows && K::kToks == F::kToks);
+  if (j.n_tok <= K::kToks) {
+    tiled_rows<K>(j, r0, r1);
+    return;
+  }
+  const int64_t stride = (j.cols + 15) / 16 * 16;
+  thread_local std::vector<float> buf;
+  float* wf = scratch(buf, K::kRows * stride + 16);
+  wf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wf) + 63) & ~uintptr_t{63});
+  MatmulJob fj = j;
+  fj.w = reinterpret_cast<const uint8_t*>(wf);
+  fj.w_row_bytes = stride * static_cast<int64_t>(sizeof(float));
+  fj.w_scales = nullptr;
+  for (int64_t r = r0; r < r1; r += K::kRows) {
+    const int64_t n = std::min<int64_t>(K::kRows, r1 - r);
+    if (n == K::kRows) {
+      K::template widen<K::kRows>(j, r, wf, stride);
+    } else {
+      for (int64_t i = 0; i < n; ++i) K::template widen<1>(j, r + i, wf + i * stride, stride);
+    }
+    fj.y = j.y + r;  // row i of the widened tile is output row r + i
+    for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
+      const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
+      if (n == K::kRows) {
+        token_tiles<F, F::kRows>(fj, 0, t0, t1);
+      } else {
+        for (int64_t i = 0; i < n; ++i) token_tiles<F, 1>(fj, i, t0, t1);
+      }
+    }
+  }
+}
 
 // ------------------------------------------------------------------------------------------
 // Int8 activations of the 32-value block types (quantize_vecs: avx512_common.h).
@@ -522,9 +601,9 @@ struct Blocks32Kernel {
 // ------------------------------------------------------------------------------------------
 
 template <class K>
-TypeKernels float_kernels() {
+TypeKernels float_kernels(void (*rows)(const MatmulJob&, int64_t, int64_t) = tiled_rows<K>) {
   TypeKernels k;
-  k.rows = tiled_rows<K>;
+  k.rows = rows;
   k.row_tile = K::kRows;
   return k;
 }
@@ -541,8 +620,8 @@ KernelSet make_set() {
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
-  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
-  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
+  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>(scaled_rows<GgmlType::kF8_E4M3>);
+  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>(scaled_rows<GgmlType::kI4_PACKED>);
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into
