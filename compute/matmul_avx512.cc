@@ -221,46 +221,6 @@ struct FloatKernel {
   }
 };
 
-// Scaled types (F8, I4) with more tokens than one tile takes: each tile of rows is widened once
-// into floats (the values the tile would multiply) and the F32 kernel runs every token over
-// them -- the same FMA chains, so the same bits -- instead of widening the rows again for each
-// group of kToks tokens.
-template <GgmlType kType>
-void scaled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  using K = FloatKernel<kType>;
-  using F = FloatKernel<GgmlType::kF32>;
-  static_assert(K::kRows == F::kRows && K::kToks == F::kToks);
-  if (j.n_tok <= K::kToks) {
-    tiled_rows<K>(j, r0, r1);
-    return;
-  }
-  const int64_t stride = (j.cols + 15) / 16 * 16;
-  thread_local std::vector<float> buf;
-  float* wf = scratch(buf, K::kRows * stride + 16);
-  wf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wf) + 63) & ~uintptr_t{63});
-  MatmulJob fj = j;
-  fj.w = reinterpret_cast<const uint8_t*>(wf);
-  fj.w_row_bytes = stride * static_cast<int64_t>(sizeof(float));
-  fj.w_scales = nullptr;
-  for (int64_t r = r0; r < r1; r += K::kRows) {
-    const int64_t n = std::min<int64_t>(K::kRows, r1 - r);
-    if (n == K::kRows) {
-      K::template widen<K::kRows>(j, r, wf, stride);
-    } else {
-      for (int64_t i = 0; i < n; ++i) K::template widen<1>(j, r + i, wf + i * stride, stride);
-    }
-    fj.y = j.y + r;  // row i of the widened tile is output row r + i
-    for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
-      const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
-      if (n == K::kRows) {
-        token_tiles<F, F::kRows>(fj, 0, t0, t1);
-      } else {
-        for (int64_t i = 0; i < n; ++i) token_tiles<F, 1>(fj, i, t0, t1);
-      }
-    }
-  }
-}
-
 // ------------------------------------------------------------------------------------------
 // Int8 activations of the 32-value block types (quantize_vecs: avx512_common.h).
 
@@ -620,8 +580,10 @@ KernelSet make_set() {
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
-  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>(scaled_rows<GgmlType::kF8_E4M3>);
-  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>(scaled_rows<GgmlType::kI4_PACKED>);
+  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>(
+      widened_rows<FloatKernel<GgmlType::kF8_E4M3>, FloatKernel<GgmlType::kF32>>);
+  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>(
+      widened_rows<FloatKernel<GgmlType::kI4_PACKED>, FloatKernel<GgmlType::kF32>>);
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into
