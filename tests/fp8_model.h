@@ -84,8 +84,13 @@ inline std::string f32_bytes(const std::vector<float>& v) {
 /// are copied. config.json gains quantization_config in the FP8 copy only.
 class Fp8Copy {
  public:
+  /// `compressed`: "" for DeepSeek's form (quant_method "fp8", "_scale_inv" grids); "block",
+  /// "channel" or "tensor" for compressed-tensors "float-quantized" (scales "_scale": blocks of
+  /// br x bc, one per row, or one per tensor; tensors whose columns per scale are not a multiple
+  /// of 16 stay F32, as troupe needs).
   Fp8Copy(const std::string& src_dir, int64_t br, int64_t bc,
-          const std::function<bool(const std::string&)>& quantize = nullptr) {
+          const std::function<bool(const std::string&)>& quantize = nullptr,
+          const std::string& compressed = "") {
     auto set = model::SafetensorsSet::open_dir(src_dir);
     EXPECT_TRUE(set.has_value()) << set.error().message;
     if (!set) return;
@@ -94,7 +99,15 @@ class Fp8Copy {
       EXPECT_EQ(t->dtype, "F32") << name;
       std::vector<float> v(static_cast<size_t>(t->num_elements()));
       std::memcpy(v.data(), t->data, v.size() * sizeof(float));
-      const bool q = t->shape.size() == 2 && name.ends_with(".weight") &&
+      int64_t tbr = br, tbc = bc;  // this tensor's scale block
+      if (t->shape.size() == 2 && compressed == "channel") {
+        tbr = 1;
+        tbc = t->shape[1];
+      } else if (t->shape.size() == 2 && compressed == "tensor") {
+        tbr = t->shape[0];
+        tbc = t->shape[1];
+      }
+      const bool q = t->shape.size() == 2 && name.ends_with(".weight") && tbc % 16 == 0 &&
                      (quantize == nullptr || quantize(name));
       if (!q) {
         fp8.push_back({name, "F32", t->shape, f32_bytes(v)});
@@ -103,6 +116,7 @@ class Fp8Copy {
       }
       ++quantized_;
       const int64_t rows = t->shape[0], cols = t->shape[1];
+      const int64_t br = tbr, bc = tbc;
       const int64_t gr = (rows + br - 1) / br, gc = (cols + bc - 1) / bc;
       std::vector<float> scales(static_cast<size_t>(gr * gc));
       std::string codes(static_cast<size_t>(rows * cols), '\0');
@@ -126,16 +140,41 @@ class Fp8Copy {
             }
         }
       fp8.push_back({name, "F8_E4M3", t->shape, codes});
-      fp8.push_back({name + "_scale_inv", "F32", {gr, gc}, f32_bytes(scales)});
+      if (compressed.empty())
+        fp8.push_back({name + "_scale_inv", "F32", {gr, gc}, f32_bytes(scales)});
+      else
+        fp8.push_back({name + "_scale", "F32",
+                       compressed == "tensor" ? std::vector<int64_t>{1}
+                                              : std::vector<int64_t>{gr, gc},
+                       f32_bytes(scales)});
       twin.push_back({name, "F32", t->shape, f32_bytes(exact)});
     }
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
     twin_.write("config.json", cfg.dump(2));
-    cfg["quantization_config"] = {{"quant_method", "fp8"},
-                                  {"fmt", "e4m3"},
-                                  {"activation_scheme", "dynamic"},
-                                  {"weight_block_size", {br, bc}}};
+    if (compressed.empty()) {
+      cfg["quantization_config"] = {{"quant_method", "fp8"},
+                                    {"fmt", "e4m3"},
+                                    {"activation_scheme", "dynamic"},
+                                    {"weight_block_size", {br, bc}}};
+    } else {
+      nlohmann::json w = {{"num_bits", 8},     {"type", "float"},  {"symmetric", true},
+                          {"dynamic", false},  {"strategy", compressed}, {"group_size", nullptr},
+                          {"actorder", nullptr}, {"block_structure", nullptr}};
+      if (compressed == "block") w["block_structure"] = {br, bc};
+      cfg["quantization_config"] = {
+          {"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"kv_cache_scheme", nullptr},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights", w},
+              {"input_activations",
+               {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}},
+              {"output_activations", nullptr}}}}}};
+    }
     fp8_.write("config.json", cfg.dump(2));
     fp8_.write("model.safetensors", safetensors_image(fp8));
     twin_.write("model.safetensors", safetensors_image(twin));

@@ -59,6 +59,11 @@ struct Int4Options {
   /// Which 2-D "*.weight" tensors to pack (null: every one whose columns allow it, except the
   /// embedding, which is no linear layer).
   std::function<bool(const std::string&)> quantize;
+  /// When set, the int4 copy takes every tensor it does not pack from this directory instead,
+  /// as stored (e.g. an FP8 copy whose f32 twin is src_dir), and config_groups gains
+  /// `extra_groups` with format "mixed-precision".
+  std::string passthrough_dir;
+  nlohmann::json extra_groups = nlohmann::json::object();
 };
 
 /// A shared Hugging Face model (F32 weights) as a compressed-tensors int4 checkpoint and its exact
@@ -73,6 +78,7 @@ class Int4Copy {
     EXPECT_TRUE(set.has_value()) << set.error().message;
     if (!set) return;
     std::vector<StTensor> packed, twin;
+    std::vector<std::string> packed_names;
     for (const auto& [name, t] : (*set)->tensors()) {
       EXPECT_EQ(t->dtype, "F32") << name;
       std::vector<float> v(static_cast<size_t>(t->num_elements()));
@@ -83,11 +89,12 @@ class Int4Copy {
                      cols % group == 0 &&
                      (o.quantize ? o.quantize(name) : name.find("embed_tokens") == std::string::npos);
       if (!q) {
-        packed.push_back({name, "F32", t->shape, f32_bytes(v)});
-        twin.push_back(packed.back());
+        twin.push_back({name, "F32", t->shape, f32_bytes(v)});
+        if (o.passthrough_dir.empty()) packed.push_back(twin.back());
         continue;
       }
       ++quantized_;
+      packed_names.push_back(name);
       const int64_t rows = t->shape[0];
       const int64_t ng = cols / group;
       std::vector<int> codes(v.size());
@@ -134,6 +141,15 @@ class Int4Copy {
       }
       twin.push_back({name, "F32", t->shape, f32_bytes(exact)});
     }
+    if (!o.passthrough_dir.empty()) {
+      auto other = model::SafetensorsSet::open_dir(o.passthrough_dir);
+      EXPECT_TRUE(other.has_value()) << other.error().message;
+      if (!other) return;
+      for (const auto& [name, t] : (*other)->tensors())
+        if (std::find(packed_names.begin(), packed_names.end(), name) == packed_names.end())
+          packed.push_back({name, t->dtype, t->shape,
+                            std::string(reinterpret_cast<const char*>(t->data), t->nbytes)});
+    }
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
     twin_.write("config.json", cfg.dump(2));
@@ -161,6 +177,12 @@ class Int4Copy {
             {"weights", weights},
             {"input_activations", nullptr},
             {"output_activations", nullptr}}}}}};
+    if (!o.extra_groups.empty()) {
+      auto& q = cfg["quantization_config"];
+      q["format"] = "mixed-precision";
+      q["config_groups"]["group_0"]["format"] = "pack-quantized";
+      for (const auto& [k, g] : o.extra_groups.items()) q["config_groups"][k] = g;
+    }
     packed_.write("config.json", cfg.dump(2));
     packed_.write("model.safetensors", safetensors_image(packed));
     twin_.write("model.safetensors", safetensors_image(twin));

@@ -28,31 +28,17 @@ std::string field(const json& obj, const char* key) {
   return it == obj.end() ? std::string("(absent)") : it->dump();
 }
 
-// The group's weight scheme as (columns per scale, 0 for per row); throws naming `where`.
-int64_t read_weight_scheme(const json& w, const char* path, const std::string& where) {
-  if (!w.is_object())
-    TROUPE_INPUT_ERROR("%s: %s.weights must be an object (the weight quantization scheme)", path,
-                       where.c_str());
-  auto num_bits = w.find("num_bits");
-  if (num_bits == w.end() || !num_bits->is_number_integer() || *num_bits != 4)
-    TROUPE_INPUT_ERROR(
-        "%s: %s.weights.num_bits is %s; troupe reads 4-bit pack-quantized weights only", path,
-        where.c_str(), field(w, "num_bits").c_str());
-  if (w.value("type", std::string("int")) != "int")
-    TROUPE_INPUT_ERROR("%s: %s.weights.type is %s; troupe reads \"int\" weights only", path,
-                       where.c_str(), field(w, "type").c_str());
+// Fields both weight schemes share: symmetric, quantized ahead of time, in column order.
+void check_common_weight_fields(const json& w, const char* path, const std::string& where,
+                                const char* kind) {
   auto sym = w.find("symmetric");
   if (sym == w.end() || !sym->is_boolean() || !sym->get<bool>())
     TROUPE_INPUT_ERROR(
-        "%s: %s.weights.symmetric is %s; asymmetric int4 (with zero points) is not "
-        "supported",
-        path, where.c_str(), field(w, "symmetric").c_str());
+        "%s: %s.weights.symmetric is %s; asymmetric %s (with zero points) is not supported", path,
+        where.c_str(), field(w, "symmetric").c_str(), kind);
   if (!absent(w, "dynamic") && !(w["dynamic"].is_boolean() && !w["dynamic"].get<bool>()))
     TROUPE_INPUT_ERROR("%s: %s.weights.dynamic is %s; weights must be quantized ahead of time",
                        path, where.c_str(), field(w, "dynamic").c_str());
-  if (!absent(w, "block_structure"))
-    TROUPE_INPUT_ERROR("%s: %s.weights.block_structure %s is not supported", path, where.c_str(),
-                       field(w, "block_structure").c_str());
   // "static" activation order reorders columns offline; "group"/"weight" need a g_idx.
   if (!absent(w, "actorder") && !(w["actorder"].is_string() && w["actorder"] == "static") &&
       !(w["actorder"].is_boolean() && !w["actorder"].get<bool>()))
@@ -60,6 +46,19 @@ int64_t read_weight_scheme(const json& w, const char* path, const std::string& w
         "%s: %s.weights.actorder %s is not supported (columns reordered by a g_idx); "
         "null or \"static\" is",
         path, where.c_str(), field(w, "actorder").c_str());
+}
+
+// An int4 group's columns per scale (0: one per row); throws naming `where`.
+int64_t read_int4_scheme(const json& w, const char* path, const std::string& where) {
+  auto num_bits = w.find("num_bits");
+  if (num_bits == w.end() || !num_bits->is_number_integer() || *num_bits != 4)
+    TROUPE_INPUT_ERROR(
+        "%s: %s.weights.num_bits is %s; troupe reads 4-bit pack-quantized int weights", path,
+        where.c_str(), field(w, "num_bits").c_str());
+  check_common_weight_fields(w, path, where, "int4");
+  if (!absent(w, "block_structure"))
+    TROUPE_INPUT_ERROR("%s: %s.weights.block_structure %s is not supported", path, where.c_str(),
+                       field(w, "block_structure").c_str());
   const std::string strategy = w.value("strategy", std::string());
   if (strategy == "channel") return 0;
   if (strategy != "group")
@@ -77,6 +76,47 @@ int64_t read_weight_scheme(const json& w, const char* path, const std::string& w
   return gs->get<int64_t>();
 }
 
+// An FP8 group's scale layout (scale tensors "W_scale"); throws naming `where`.
+Fp8Format read_fp8_scheme(const json& w, const char* path, const std::string& where) {
+  auto num_bits = w.find("num_bits");
+  if (num_bits == w.end() || !num_bits->is_number_integer() || *num_bits != 8)
+    TROUPE_INPUT_ERROR(
+        "%s: %s.weights.num_bits is %s; troupe reads 8-bit (E4M3) float-quantized weights", path,
+        where.c_str(), field(w, "num_bits").c_str());
+  check_common_weight_fields(w, path, where, "fp8");
+  Fp8Format f;
+  f.on = true;
+  f.scale_suffix = "_scale";
+  const std::string strategy = w.value("strategy", std::string());
+  if (strategy == "channel") {
+    f.scales = Fp8Format::Scales::kRow;
+  } else if (strategy == "tensor") {
+    f.scales = Fp8Format::Scales::kTensor;
+  } else if (strategy == "block") {
+    auto b = w.find("block_structure");
+    if (b == w.end() || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
+        !(*b)[1].is_number_integer() || (*b)[0].get<int64_t>() < 1 ||
+        (*b)[0].get<int64_t>() > kMaxDim || (*b)[1].get<int64_t>() < 16 ||
+        (*b)[1].get<int64_t>() > kMaxDim || (*b)[1].get<int64_t>() % 16 != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: %s.weights.block_structure is %s; troupe needs [rows, columns] with columns a "
+          "positive multiple of 16",
+          path, where.c_str(), field(w, "block_structure").c_str());
+    f.block_rows = (*b)[0].get<int64_t>();
+    f.block_cols = (*b)[1].get<int64_t>();
+  } else {
+    TROUPE_INPUT_ERROR(
+        "%s: %s.weights.strategy is %s; troupe reads \"channel\", \"tensor\" and \"block\" "
+        "fp8 weights",
+        path, where.c_str(), field(w, "strategy").c_str());
+  }
+  return f;
+}
+
+bool same_scales(const Fp8Format& a, const Fp8Format& b) {
+  return a.scales == b.scales && a.block_rows == b.block_rows && a.block_cols == b.block_cols;
+}
+
 }  // namespace
 
 CompressedFormat read_compressed_format(const HfConfig& cfg) {
@@ -88,10 +128,10 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
   const char* path = cfg.path().c_str();
   // "mixed-precision" marks a checkpoint whose groups name their own formats (checked below).
   const std::string format = q->value("format", std::string());
-  if (format != "pack-quantized" && format != "mixed-precision")
+  if (format != "pack-quantized" && format != "float-quantized" && format != "mixed-precision")
     TROUPE_INPUT_ERROR(
         "%s: compressed-tensors format %s is not supported (troupe reads \"pack-quantized\" "
-        "int4)",
+        "int4 and \"float-quantized\" fp8)",
         path, field(*q, "format").c_str());
   if (!absent(*q, "quantization_status") && (*q)["quantization_status"] != "compressed")
     TROUPE_INPUT_ERROR("%s: quantization_status %s: the weights are not stored compressed", path,
@@ -107,29 +147,66 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
   auto groups = q->find("config_groups");
   if (groups == q->end() || !groups->is_object() || groups->empty())
     TROUPE_INPUT_ERROR("%s: compressed-tensors quantization_config needs config_groups", path);
-  bool first = true;
   for (const auto& [name, g] : groups->items()) {
     const std::string where = "config_groups." + name;
-    if (!g.is_object())
-      TROUPE_INPUT_ERROR("%s: %s must be an object", path, where.c_str());
-    if (absent(g, "format") ? format != "pack-quantized" : g["format"] != "pack-quantized")
-      TROUPE_INPUT_ERROR("%s: %s.format %s is not supported (only \"pack-quantized\")", path,
-                         where.c_str(), field(g, "format").c_str());
-    if (!absent(g, "input_activations") || !absent(g, "output_activations"))
+    if (!g.is_object()) TROUPE_INPUT_ERROR("%s: %s must be an object", path, where.c_str());
+    if (absent(g, "weights") || !g["weights"].is_object())
+      TROUPE_INPUT_ERROR("%s: %s has no weights scheme (an object)", path, where.c_str());
+    const json& w = g["weights"];
+    const std::string type = w.value("type", std::string("int"));
+    const std::string gformat = absent(g, "format") ? format : g.value("format", std::string());
+    if (type == "int") {
+      if (gformat != "pack-quantized")
+        TROUPE_INPUT_ERROR(
+            "%s: %s.format \"%s\" is not supported for int weights (only \"pack-quantized\")",
+            path, where.c_str(), gformat.c_str());
+      // Activations stay f32: a W4A8 scheme's int8 activations would be another model.
+      if (!absent(g, "input_activations") || !absent(g, "output_activations"))
+        TROUPE_INPUT_ERROR(
+            "%s: %s quantizes activations; troupe reads weight-only (W4A16) int4 schemes and "
+            "keeps activations in f32",
+            path, where.c_str());
+      const int64_t group = read_int4_scheme(w, path, where);
+      if (f.int4 && group != f.group)
+        TROUPE_INPUT_ERROR(
+            "%s: config groups quantize with different group sizes (%lld and %lld columns); "
+            "troupe needs one int4 scheme",
+            path, static_cast<long long>(f.group), static_cast<long long>(group));
+      f.int4 = true;
+      f.group = group;
+    } else if (type == "float") {
+      if (gformat != "float-quantized")
+        TROUPE_INPUT_ERROR(
+            "%s: %s.format \"%s\" is not supported for float weights (only "
+            "\"float-quantized\")",
+            path, where.c_str(), gformat.c_str());
+      // Dynamic (per-token) FP8 activations are computed in f32 instead, as for DeepSeek's FP8;
+      // a static input scale would be part of the model's arithmetic.
+      if (!absent(g, "output_activations"))
+        TROUPE_INPUT_ERROR("%s: %s quantizes output activations; troupe does not", path,
+                           where.c_str());
+      if (!absent(g, "input_activations")) {
+        const json& a = g["input_activations"];
+        if (!a.is_object() || !a.contains("dynamic") || !a["dynamic"].is_boolean() ||
+            !a["dynamic"].get<bool>())
+          TROUPE_INPUT_ERROR(
+              "%s: %s.input_activations has static scales (%s); troupe reads dynamic ones (and "
+              "keeps activations in f32)",
+              path, where.c_str(), a.dump().c_str());
+      }
+      const Fp8Format fp8 = read_fp8_scheme(w, path, where);
+      if (f.fp8.on && !same_scales(fp8, f.fp8))
+        TROUPE_INPUT_ERROR(
+            "%s: config groups quantize fp8 weights with different scale layouts; troupe "
+            "needs one fp8 scheme",
+            path);
+      f.fp8 = fp8;
+    } else {
       TROUPE_INPUT_ERROR(
-          "%s: %s quantizes activations; troupe reads weight-only (W4A16) schemes and keeps "
-          "activations in f32",
-          path, where.c_str());
-    if (absent(g, "weights"))
-      TROUPE_INPUT_ERROR("%s: %s has no weights scheme", path, where.c_str());
-    const int64_t group = read_weight_scheme(g["weights"], path, where);
-    if (!first && group != f.group)
-      TROUPE_INPUT_ERROR(
-          "%s: config groups quantize with different group sizes (%lld and %lld columns); "
-          "troupe needs one int4 scheme",
-          path, static_cast<long long>(f.group), static_cast<long long>(group));
-    f.group = group;
-    first = false;
+          "%s: %s.weights.type is %s; troupe reads \"int\" (4-bit) and \"float\" (8-bit) "
+          "weights",
+          path, where.c_str(), field(w, "type").c_str());
+    }
   }
   f.on = true;
   return f;
@@ -146,7 +223,7 @@ WeightView packed_int4_view(const SafetensorsSet& st, const std::string& weight_
   const SafetensorsTensor* p = st.find(pname);
   TROUPE_CHECK(p != nullptr, "no %s", pname.c_str());
   const char* file = p->file->c_str();
-  if (!f.on)
+  if (!f.int4)
     TROUPE_INPUT_ERROR(
         "%s: tensor '%s' is packed but %s has no compressed-tensors \"pack-quantized\" "
         "quantization_config (which says how its values are scaled)",

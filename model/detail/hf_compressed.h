@@ -1,5 +1,7 @@
-// compressed-tensors checkpoints with int4 weights (llm-compressor's "pack-quantized" format: the
-// W4A16 releases, and Kimi-K2-Thinking, whose routed experts ship this way): config.json's
+// compressed-tensors checkpoints (llm-compressor's format) with int4 weights ("pack-quantized":
+// the W4A16 releases, and Kimi-K2-Thinking, whose routed experts ship this way) or FP8 ones
+// ("float-quantized": F8_E4M3 "X.weight" with "X.weight_scale", read as detail/hf_fp8.h reads
+// DeepSeek's), or both ("mixed-precision"). For int4, config.json's
 // quantization_config {"quant_method": "compressed-tensors", "format": "pack-quantized",
 // "config_groups": {...: {"weights": {"num_bits": 4, "type": "int", "symmetric": true,
 // "strategy": "group", "group_size": g}}}}. Each quantized linear layer X has, instead of
@@ -17,20 +19,27 @@
 #include <string>
 
 #include "model/detail/hf_config.h"
+#include "model/detail/hf_fp8.h"
 #include "model/model_spec.h"
 #include "model/safetensors.h"
 
 namespace troupe::model::detail {
 
 struct CompressedFormat {
-  bool on = false;    // quantization_config says compressed-tensors, pack-quantized int4
-  int64_t group = 0;  // columns per scale; 0 for one scale per row (strategy "channel")
+  bool on = false;    // quantization_config says compressed-tensors
+  bool int4 = false;  // a "pack-quantized" int4 group:
+  int64_t group = 0;  //   columns per scale; 0 for one scale per row (strategy "channel")
+  Fp8Format fp8;      // a "float-quantized" FP8 group (fp8.on): scales "W_scale" per channel,
+                      //   tensor or block
 };
 
 /// quantization_config of config.json: absent, or another quant_method, gives `on` false.
-/// "compressed-tensors" must be the pack-quantized, symmetric int4 scheme above, the same in
-/// every config group, with weights only (no activation or KV-cache quantization, no sparsity,
-/// no activation reordering): anything else throws InputError naming the file and the field.
+/// "compressed-tensors" groups must each be the pack-quantized, symmetric int4 scheme above
+/// (weights only), or symmetric FP8 E4M3 weights ("float-quantized", scales per channel, tensor
+/// or block; dynamic input activations are allowed and computed in f32, as DeepSeek's FP8) --
+/// one int4 and one FP8 scheme at most ("mixed-precision" checkpoints hold both), no KV-cache
+/// quantization, no sparsity, no activation reordering: anything else throws InputError naming
+/// the file and the field.
 CompressedFormat read_compressed_format(const HfConfig& cfg);
 
 /// Whether "X.weight" (weight_name) is stored packed: "X.weight_packed" exists.

@@ -75,6 +75,28 @@ Fp8Format read_fp8_format(const HfConfig& cfg) {
   return f;
 }
 
+namespace {
+
+// The block shape of f's scales for a [rows, cols] weight.
+void scale_block(const Fp8Format& f, int64_t rows, int64_t cols, int64_t* br, int64_t* bc) {
+  switch (f.scales) {
+    case Fp8Format::Scales::kBlock:
+      *br = f.block_rows;
+      *bc = f.block_cols;
+      return;
+    case Fp8Format::Scales::kRow:
+      *br = 1;
+      *bc = cols;
+      return;
+    case Fp8Format::Scales::kTensor:
+      *br = rows;
+      *bc = cols;
+      return;
+  }
+}
+
+}  // namespace
+
 const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
                         const std::string& config_path, const Allocator& alloc) {
   if (!f.on)
@@ -84,21 +106,34 @@ const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, co
         t.file->c_str(), t.name.c_str(), config_path.c_str());
   int64_t rows = 0, cols = 0;
   matrix_shape(t, &rows, &cols);
-  const std::string sname = t.name + "_scale_inv";
+  const std::string sname = t.name + f.scale_suffix;
   const SafetensorsTensor* s = st.find(sname);
   if (s == nullptr)
     TROUPE_INPUT_ERROR("%s: F8_E4M3 tensor '%s' has no scales ('%s' is missing)", t.file->c_str(),
                        t.name.c_str(), sname.c_str());
-  const int64_t grid_rows = ceil_div(rows, f.block_rows), grid_cols = ceil_div(cols, f.block_cols);
-  const std::vector<int64_t> want = t.shape.size() == 2 ? std::vector<int64_t>{grid_rows, grid_cols}
-                                                        : std::vector<int64_t>{grid_cols};
-  if (s->shape != want)
+  int64_t br = 0, bc = 0;
+  scale_block(f, rows, cols, &br, &bc);
+  if (bc % 16 != 0)
+    TROUPE_INPUT_ERROR(
+        "%s: F8_E4M3 tensor '%s' has %lld columns per scale; troupe needs a multiple of 16",
+        t.file->c_str(), t.name.c_str(), static_cast<long long>(bc));
+  const int64_t grid_rows = ceil_div(rows, br), grid_cols = ceil_div(cols, bc);
+  bool shape_ok = false;
+  if (f.scales == Fp8Format::Scales::kTensor) {
+    shape_ok = s->num_elements() == 1 && s->shape.size() <= 2;
+  } else {
+    const std::vector<int64_t> want = t.shape.size() == 2
+                                          ? std::vector<int64_t>{grid_rows, grid_cols}
+                                          : std::vector<int64_t>{grid_cols};
+    shape_ok = s->shape == want;
+  }
+  if (!shape_ok)
     TROUPE_INPUT_ERROR(
         "%s: scales '%s' have shape %s; %s with blocks of %lld x %lld needs [%lld, "
         "%lld]",
         s->file->c_str(), sname.c_str(), s->shape_string().c_str(), t.shape_string().c_str(),
-        static_cast<long long>(f.block_rows), static_cast<long long>(f.block_cols),
-        static_cast<long long>(grid_rows), static_cast<long long>(grid_cols));
+        static_cast<long long>(br), static_cast<long long>(bc), static_cast<long long>(grid_rows),
+        static_cast<long long>(grid_cols));
   if (!s->supported || s->type == GgmlType::kF8_E4M3)
     TROUPE_INPUT_ERROR("%s: scales '%s' have dtype %s; troupe reads F32, BF16 or F16 scales",
                        s->file->c_str(), sname.c_str(), s->dtype.c_str());
@@ -133,9 +168,8 @@ void attach_fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, con
   int64_t rows = 0, cols = 0;
   matrix_shape(t, &rows, &cols);
   w.scales = fp8_scales(st, t, f, config_path, alloc);
-  w.scale_block[0] = f.block_rows;
-  w.scale_block[1] = f.block_cols;
-  w.scale_stride = ceil_div(cols, f.block_cols);
+  scale_block(f, rows, cols, &w.scale_block[0], &w.scale_block[1]);
+  w.scale_stride = ceil_div(cols, w.scale_block[1]);
 }
 
 }  // namespace troupe::model::detail

@@ -17,9 +17,17 @@
 namespace troupe::model::detail {
 
 struct Fp8Format {
-  bool on = false;         // quantization_config says fp8
-  int64_t block_rows = 0;  // weight_block_size
+  bool on = false;  // quantization_config says fp8 (or compressed-tensors float-quantized)
+  /// How the scales cover a weight: blocks of block_rows x block_cols (a grid of
+  /// ceil(rows / block_rows) x ceil(cols / block_cols)), one per row ([rows, 1]), or one per
+  /// tensor ([1], [1, 1] or a scalar).
+  enum class Scales : uint8_t { kBlock, kRow, kTensor };
+  Scales scales = Scales::kBlock;
+  int64_t block_rows = 0;  // kBlock: weight_block_size
   int64_t block_cols = 0;
+  /// The scale tensor of weight "W" is "W" + this: DeepSeek's "_scale_inv", compressed-tensors'
+  /// "_scale".
+  std::string scale_suffix = "_scale_inv";
 };
 
 /// quantization_config of config.json: absent (or null), or "compressed-tensors"
@@ -31,9 +39,10 @@ Fp8Format read_fp8_format(const HfConfig& cfg);
 /// Allocates model-owned, 64-byte aligned memory.
 using Allocator = std::function<uint8_t*(uint64_t bytes)>;
 
-/// The block scales of the F8_E4M3 tensor `t` ([rows, cols], or [n] as one row), checked: the
-/// file declares fp8, "<name>_scale_inv" exists with the grid's shape, is F32, BF16 or F16, and
-/// every scale is finite with magnitude at most 2^64. F32 and aligned: a pointer into the
+/// The scales of the F8_E4M3 tensor `t` ([rows, cols], or [n] as one row), checked: the file
+/// declares fp8, "<name><scale_suffix>" exists with the shape `f` gives, is F32, BF16 or F16,
+/// and every scale is finite with magnitude at most 2^64; the scale blocks' columns are a
+/// multiple of 16 (the kernels' lanes). F32 and aligned: a pointer into the
 /// mapping; else converted to f32 in `alloc`'d memory. Throws InputError naming the tensor.
 const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, const Fp8Format& f,
                         const std::string& config_path, const Allocator& alloc);

@@ -31,10 +31,11 @@ std::vector<int32_t> prompt(int32_t vocab) {
 }
 
 void check_model(const std::string& shared, const std::string& name, int64_t br, int64_t bc,
-                 bool trained = false) {
-  SCOPED_TRACE(name + " blocks " + std::to_string(br) + "x" + std::to_string(bc));
+                 bool trained = false, const std::string& compressed = "") {
+  SCOPED_TRACE(name + " blocks " + std::to_string(br) + "x" + std::to_string(bc) + " " +
+               compressed);
   const std::string src = shared + "/models/hf/" + name;
-  const Fp8Copy copy(src, br, bc);
+  const Fp8Copy copy(src, br, bc, nullptr, compressed);
   ASSERT_GT(copy.quantized(), 0);
   auto fp8 = model::load_model(copy.fp8_path());
   ASSERT_TRUE(fp8.has_value()) << fp8.error().message;
@@ -104,6 +105,16 @@ TEST(Fp8Model, DeepseekV3EqualsItsExactTwin) {
 TEST(Fp8Model, MixtralEqualsItsExactTwin) {
   TROUPE_SHARED_OR_SKIP(shared);
   check_model(shared, "mixtral-moe", 32, 64);
+}
+
+// compressed-tensors "float-quantized" FP8 (the llm-compressor releases): scales per channel,
+// per tensor or per block, dynamic activations computed in f32.
+TEST(Fp8Model, CompressedTensorsFp8EqualsItsExactTwin) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  check_model(shared, "deepseek2", 0, 0, false, "channel");
+  check_model(shared, "mixtral-moe", 0, 0, false, "tensor");
+  check_model(shared, "qwen3moe", 32, 64, false, "block");
+  check_model(shared, "stories260K", 0, 0, /*trained=*/true, "channel");
 }
 
 TEST(Fp8Model, DenseLlamaEqualsItsExactTwin) {

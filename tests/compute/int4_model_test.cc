@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "compute/engine.h"
 #include "model/model.h"
@@ -99,6 +101,39 @@ TEST(Int4Model, DenseLlamaEqualsItsExactTwin) {
   Int4Options o;
   o.group = 32;
   check_model(shared, "stories260K", o, /*trained=*/true);
+}
+
+// A "mixed-precision" compressed-tensors checkpoint: routed experts int4, every other linear
+// layer FP8 with a scale per row (Kimi-K2-Thinking's experts with an FP8 rest, as the mixed
+// releases of MiniMax and GLM are laid out).
+TEST(Int4Model, MixedPrecisionInt4AndFp8EqualsItsExactTwin) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const testing::Fp8Copy fp8(
+      shared + "/models/hf/deepseek2", 0, 0,
+      [](const std::string& n) { return !routed_expert(n); }, "channel");
+  std::ifstream in(fp8.fp8_path() + "/config.json");
+  nlohmann::json fp8_group =
+      nlohmann::json::parse(in)["quantization_config"]["config_groups"]["group_0"];
+  fp8_group["format"] = "float-quantized";
+  Int4Options o;
+  o.quantize = routed_expert;
+  o.passthrough_dir = fp8.fp8_path();
+  o.extra_groups = {{"group_1", fp8_group}};
+  const Int4Copy mixed(fp8.twin_path(), o);
+  ASSERT_GT(mixed.quantized(), 0);
+  auto m = model::load_model(mixed.int4_path());
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::LayerSpec& last = (*m)->spec.layers.back();
+  EXPECT_EQ(last.experts[0].down.type, GgmlType::kI4_PACKED);
+  EXPECT_EQ(last.wo.type, GgmlType::kF8_E4M3);
+  EXPECT_EQ(last.wo.scale_block[0], 1);
+  EXPECT_EQ(last.shared.gate.type, GgmlType::kF8_E4M3);
+  const auto p = prompt(static_cast<int32_t>((*m)->spec.n_vocab));
+  const auto got = prompt_logits(*m, p);
+  const auto twin = prompt_logits(mixed.twin_path(), p);
+  ASSERT_FALSE(got.empty());
+  ASSERT_EQ(got.size(), twin.size());
+  EXPECT_EQ(std::memcmp(got.data(), twin.data(), got.size() * sizeof(float)), 0);
 }
 
 // A node's weights in memory (the default where they fit): packed views copied (the scales stay

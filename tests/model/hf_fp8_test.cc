@@ -220,6 +220,79 @@ TEST_F(BadFp8, ScaleGrids) {
              "has shape [64, 8, 8]");
 }
 
+// compressed-tensors "float-quantized" FP8: views with a scale per row, per tensor or per block
+// ("_scale" tensors), and every malformed group or scale tensor refused by name.
+TEST(HfFp8, CompressedTensorsScalesPerRowTensorAndBlock) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const struct {
+    const char* strategy;
+    int64_t br, bc, want_br, want_bc;
+  } cases[] = {{"channel", 0, 0, 1, 128}, {"tensor", 0, 0, 32, 128}, {"block", 16, 32, 16, 32}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.strategy);
+    const Fp8Copy copy(shared + "/models/hf/deepseek2", c.br, c.bc, nullptr, c.strategy);
+    auto fp8 = load_hf_model(copy.fp8_path());
+    ASSERT_TRUE(fp8.has_value()) << fp8.error().message;
+    auto twin = load_hf_model(copy.twin_path());
+    ASSERT_TRUE(twin.has_value()) << twin.error().message;
+    const WeightView &g = (*fp8)->spec.layers[1].experts[3].gate,
+                     &tg = (*twin)->spec.layers[1].experts[3].gate;
+    EXPECT_EQ(g.type, GgmlType::kF8_E4M3);
+    EXPECT_EQ(g.scale_block[0], c.want_br);
+    EXPECT_EQ(g.scale_block[1], c.want_bc);
+    std::vector<float> a(static_cast<size_t>(g.cols())), b(a.size());
+    for (int64_t r = 0; r < g.rows(); ++r) {
+      dequantize_view_row(g, r, a.data());
+      dequantize_view_row(tg, r, b.data());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "row " << r;
+    }
+  }
+}
+
+TEST(HfFp8, CompressedTensorsFp8Refusals) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const Fp8Copy copy(shared + "/models/hf/stories260K", 0, 0, nullptr, "channel");
+  ASSERT_EQ(load_error(copy.fp8_path()), "");
+  std::ifstream in(copy.fp8_path() + "/config.json");
+  const json cfg = json::parse(in);
+  auto with = [&](const std::function<void(json& group)>& edit) {
+    json c = cfg;
+    edit(c["quantization_config"]["config_groups"]["group_0"]);
+    copy.fp8_dir().write("config.json", c.dump());
+    return load_error(copy.fp8_path());
+  };
+  EXPECT_HAS(with([](json& g) { g["input_activations"]["dynamic"] = false; }),
+             "group_0.input_activations has static scales");
+  EXPECT_HAS(with([](json& g) { g["output_activations"] = {{"num_bits", 8}}; }),
+             "group_0 quantizes output activations");
+  EXPECT_HAS(with([](json& g) { g["weights"]["strategy"] = "group"; }),
+             "weights.strategy is \"group\"; troupe reads \"channel\", \"tensor\" and "
+             "\"block\" fp8 weights");
+  EXPECT_HAS(with([](json& g) {
+               g["weights"]["strategy"] = "block";
+               g["weights"]["block_structure"] = {128, 100};
+             }),
+             "weights.block_structure is [128,100]; troupe needs [rows, columns]");
+  EXPECT_HAS(with([](json& g) { g["weights"]["num_bits"] = 4; }),
+             "weights.num_bits is 4; troupe reads 8-bit (E4M3) float-quantized weights");
+  EXPECT_HAS(with([](json& g) { g["weights"]["symmetric"] = false; }),
+             "asymmetric fp8 (with zero points) is not supported");
+  EXPECT_HAS(with([](json& g) { g["format"] = "naive-quantized"; }),
+             "group_0.format \"naive-quantized\" is not supported for float weights");
+  // The scales' shape must be the strategy's: per tensor declared, per row stored.
+  EXPECT_HAS(with([](json& g) { g["weights"]["strategy"] = "tensor"; }),
+             "scales 'model.embed_tokens.weight_scale' have shape [512, 1]; [512, 64] with "
+             "blocks of 512 x 64 needs [1, 1]");
+  // Two FP8 groups must agree.
+  json c = cfg;
+  auto& groups = c["quantization_config"]["config_groups"];
+  groups["group_1"] = groups["group_0"];
+  groups["group_1"]["weights"]["strategy"] = "tensor";
+  copy.fp8_dir().write("config.json", c.dump());
+  EXPECT_HAS(load_error(copy.fp8_path()),
+             "config groups quantize fp8 weights with different scale layouts");
+}
+
 TEST(Fp8Gguf, InMemoryTypeIsNotAGgufType) {
   GgufWriter w;
   const int64_t shape[1] = {16};

@@ -175,7 +175,9 @@ TEST_F(BadInt4, QuantizationConfigFields) {
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["num_bits"] = 8; }),
              "config_groups.group_0.weights.num_bits is 8; troupe reads 4-bit");
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["type"] = "float"; }),
-             "weights.type is \"float\"; troupe reads \"int\" weights only");
+             "group_0.format \"pack-quantized\" is not supported for float weights");
+  EXPECT_HAS(with_quant([&](json& q) { weights(q)["type"] = "uint"; }),
+             "weights.type is \"uint\"; troupe reads \"int\" (4-bit) and \"float\" (8-bit)");
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["symmetric"] = false; }),
              "asymmetric int4 (with zero points) is not supported");
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["strategy"] = "tensor"; }),
@@ -189,7 +191,7 @@ TEST_F(BadInt4, QuantizationConfigFields) {
   EXPECT_HAS(with_quant([](json& q) {
                q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
              }),
-             "group_0 quantizes activations; troupe reads weight-only (W4A16) schemes");
+             "group_0 quantizes activations; troupe reads weight-only (W4A16) int4 schemes");
   EXPECT_HAS(with_quant([&](json& q) {
                json g = q["config_groups"]["group_0"];
                g["weights"]["group_size"] = 64;
