@@ -6,8 +6,12 @@
 //                     side in one run; memory: a copy as troupe makes one for the CPU engine,
 //                     int8 matrices in 16-row tiles where the kernels read them; rows: that copy
 //                     without tiles; tiles: rows and memory side by side)
+//                     [--as i4_packed]   (every float matrix but the embedding and routers, in
+//                     memory as packed int4 with a bf16 scale per 32 columns, as a
+//                     compressed-tensors W4A16 checkpoint loads; then measured as "map")
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +59,9 @@ PerToken weights_per_token(const model::ModelSpec& s) {
   PerToken t;
   auto add = [&](const model::WeightView& w, double times) {
     t.bytes += times * static_cast<double>(w.nbytes());
+    if (w.scales != nullptr)  // a scaled type's scale grid is read too
+      t.bytes += times * static_cast<double>(w.scale_grid_rows() * w.scale_stride * w.ne[2] *
+                                             model::scale_bytes(w.scale_type));
     t.params += times * static_cast<double>(w.rows() * w.cols() * w.ne[2]);
   };
   add(s.output, 1);
@@ -73,10 +80,65 @@ PerToken weights_per_token(const model::ModelSpec& s) {
   return t;
 }
 
-// The kernels' arithmetic: int8 dot products for quantized weights, f32 FMA for float ones.
+// The kernels' arithmetic: int8 dot products for quantized weights, f32 FMA for float ones
+// (and for FP8 and packed int4, which the kernels widen to floats).
 bool int8_kernels(const model::ModelSpec& s) {
   const model::GgmlType t = s.layers.empty() ? s.output.type : s.layers[0].wo.type;
-  return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 && t != model::GgmlType::kBF16;
+  return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 && t != model::GgmlType::kBF16 &&
+         t != model::GgmlType::kF8_E4M3 && t != model::GgmlType::kI4_PACKED;
+}
+
+// `m` with every f32/f16/bf16 matrix except the embedding and the routers (and those whose rows
+// are not whole groups of 32) requantized to packed int4: per 32 columns a bf16 scale amax / 7.5 and
+// q = round(x / scale) clamped to [-8, 7], as compressed-tensors' symmetric int4 observer.
+std::shared_ptr<const model::Model> as_int4(const std::shared_ptr<const model::Model>& m) {
+  auto out = std::make_shared<model::Model>(*m);
+  out->storage.push_back(m);
+  int converted = 0;
+  model::for_each_weight(out->spec, [&](model::WeightView& w) {
+    const bool is_float = w.type == model::GgmlType::kF32 || w.type == model::GgmlType::kF16 ||
+                          w.type == model::GgmlType::kBF16;
+    // Matrices only (not norms), and not the router, which the engine reads as floats.
+    if (!w.present() || !is_float || w.cols() % 32 != 0 || w.rows() < 2 ||
+        w.name == "token_embd.weight" || w.name.find("ffn_gate_inp") != std::string::npos)
+      return;
+    const int64_t rows = w.rows() * w.ne[2], cols = w.cols(), groups = cols / 32;
+    auto packed = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * cols / 2)]);
+    auto scales = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(rows * groups)]);
+    std::vector<float> row(static_cast<size_t>(cols));
+    model::WeightView flat = w;
+    flat.ne[1] = rows;
+    flat.ne[2] = 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      model::dequantize_view_row(flat, r, row.data());
+      for (int64_t g = 0; g < groups; ++g) {
+        float amax = 0;
+        for (int64_t c = 32 * g; c < 32 * g + 32; ++c) amax = std::max(amax, std::fabs(row[c]));
+        const uint16_t sb = model::fp32_to_bf16(amax > 0 ? amax / 7.5f : 1.f);
+        scales[static_cast<size_t>(r * groups + g)] = sb;
+        const float sc = model::bf16_to_fp32(sb);
+        for (int64_t c = 32 * g; c < 32 * g + 32; c += 2) {
+          int q[2];
+          for (int h = 0; h < 2; ++h)
+            q[h] = static_cast<int>(std::clamp(std::nearbyint(row[c + h] / sc), -8.f, 7.f)) + 8;
+          packed[static_cast<size_t>((r * cols + c) / 2)] = static_cast<uint8_t>(q[0] | q[1] << 4);
+        }
+      }
+    }
+    w.type = model::GgmlType::kI4_PACKED;
+    w.layout = model::WeightLayout::kRows;
+    w.data = packed.get();
+    w.scales = scales.get();
+    w.scale_type = model::GgmlType::kBF16;
+    w.scale_block[0] = 1;
+    w.scale_block[1] = 32;
+    w.scale_stride = groups;
+    out->storage.push_back(packed);
+    out->storage.push_back(scales);
+    ++converted;
+  });
+  std::printf("requantized %d matrices to i4_packed (bf16 scale per 32 columns)\n", converted);
+  return out;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
@@ -100,6 +162,7 @@ int main(int argc, char** argv) {
   int64_t n_prefill = 512, n_decode = 32, batch = 16, ctx = 16;
   int runs = 5;
   std::string weights = "both";
+  std::string as;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -122,6 +185,8 @@ int main(int argc, char** argv) {
       ctx = std::max<int64_t>(1, std::atoll(v.c_str()));
     } else if (k == "--weights") {
       weights = v;
+    } else if (k == "--as") {
+      as = v;
     } else {
       std::fprintf(stderr, "engine_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -148,6 +213,14 @@ int main(int argc, char** argv) {
   if (!m) {
     std::fprintf(stderr, "engine_bench: %s\n", m.error().message.c_str());
     return 1;
+  }
+  if (!as.empty()) {
+    if (as != "i4_packed") {
+      std::fprintf(stderr, "engine_bench: --as takes i4_packed\n");
+      return 2;
+    }
+    *m = as_int4(*m);
+    weights = "map";  // already in memory
   }
   const auto& s = (*m)->spec;
   const PerToken per_token = weights_per_token(s);
