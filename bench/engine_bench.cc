@@ -89,8 +89,8 @@ bool int8_kernels(const model::ModelSpec& s) {
 }
 
 // `m` with every f32/f16/bf16 matrix except the embedding and the routers (and those whose rows
-// are not whole groups of 32) requantized to packed int4: per 32 columns a bf16 scale amax / 7.5 and
-// q = round(x / scale) clamped to [-8, 7], as compressed-tensors' symmetric int4 observer.
+// are not whole groups of 32) requantized to packed int4: per 32 columns a bf16 scale amax / 7.5
+// and q = round(x / scale) clamped to [-8, 7], as compressed-tensors' symmetric int4 observer.
 std::shared_ptr<const model::Model> as_int4(const std::shared_ptr<const model::Model>& m) {
   auto out = std::make_shared<model::Model>(*m);
   out->storage.push_back(m);

@@ -247,15 +247,15 @@ int main(int argc, char** argv) {
     bool tiled;
   };
   const Kind kinds[] = {
-      {GgmlType::kF32, false},     {GgmlType::kF16, false},  {GgmlType::kBF16, false},
-      {GgmlType::kF8_E4M3, false}, {GgmlType::kI4_PACKED, false},
-      {GgmlType::kQ8_0, false},    {GgmlType::kQ4_0, false},
-      {GgmlType::kQ8_0, true},     {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, false},
-      {GgmlType::kQ4_1, true},     {GgmlType::kQ5_0, false}, {GgmlType::kQ5_0, true},
-      {GgmlType::kQ5_1, false},    {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, false},
-      {GgmlType::kQ2_K, false},    {GgmlType::kQ3_K, false}, {GgmlType::kIQ4_XS, false},
-      {GgmlType::kQ4_K, false},    {GgmlType::kQ4_K, true},  {GgmlType::kQ5_K, false},
-      {GgmlType::kQ5_K, true},     {GgmlType::kQ6_K, false}, {GgmlType::kQ6_K, true}};
+      {GgmlType::kF32, false},     {GgmlType::kF16, false},       {GgmlType::kBF16, false},
+      {GgmlType::kF8_E4M3, false}, {GgmlType::kI4_PACKED, false}, {GgmlType::kQ8_0, false},
+      {GgmlType::kQ4_0, false},    {GgmlType::kQ8_0, true},       {GgmlType::kQ4_0, true},
+      {GgmlType::kQ4_1, false},    {GgmlType::kQ4_1, true},       {GgmlType::kQ5_0, false},
+      {GgmlType::kQ5_0, true},     {GgmlType::kQ5_1, false},      {GgmlType::kQ5_1, true},
+      {GgmlType::kIQ4_NL, false},  {GgmlType::kQ2_K, false},      {GgmlType::kQ3_K, false},
+      {GgmlType::kIQ4_XS, false},  {GgmlType::kQ4_K, false},      {GgmlType::kQ4_K, true},
+      {GgmlType::kQ5_K, false},    {GgmlType::kQ5_K, true},       {GgmlType::kQ6_K, false},
+      {GgmlType::kQ6_K, true}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",

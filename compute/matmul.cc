@@ -200,17 +200,16 @@ const TypeKernels& kernels_for(const KernelSet& ks, const model::WeightView& w) 
     TROUPE_INPUT_ERROR("matmul: weight %s has type %s, which troupe cannot multiply yet",
                        w.name.c_str(), model::type_name(w.type).c_str());
   }
-  if (w.scaled() &&
-      (w.scales == nullptr || w.scale_block[0] <= 0 || w.scale_block[1] <= 0 ||
-       w.scale_block[1] % kScaleColsMultiple != 0 ||
-       w.scale_stride < (w.cols() + w.scale_block[1] - 1) / w.scale_block[1] ||
-       (w.type == model::GgmlType::kI4_PACKED && w.cols() % kScaleColsMultiple != 0)))
+  if (w.scaled() && (w.scales == nullptr || w.scale_block[0] <= 0 || w.scale_block[1] <= 0 ||
+                     w.scale_block[1] % kScaleColsMultiple != 0 ||
+                     w.scale_stride < (w.cols() + w.scale_block[1] - 1) / w.scale_block[1] ||
+                     (w.type == model::GgmlType::kI4_PACKED && w.cols() % kScaleColsMultiple != 0)))
     TROUPE_INPUT_ERROR(
         "matmul: weight %s is %s without usable scales (blocks of %lld x %lld, %lld per "
         "block row, %lld columns; columns per block%s must be a multiple of %lld)",
-        w.name.c_str(), model::type_name(w.type).c_str(),
-        static_cast<long long>(w.scale_block[0]), static_cast<long long>(w.scale_block[1]),
-        static_cast<long long>(w.scale_stride), static_cast<long long>(w.cols()),
+        w.name.c_str(), model::type_name(w.type).c_str(), static_cast<long long>(w.scale_block[0]),
+        static_cast<long long>(w.scale_block[1]), static_cast<long long>(w.scale_stride),
+        static_cast<long long>(w.cols()),
         w.type == model::GgmlType::kI4_PACKED ? " and columns" : "",
         static_cast<long long>(kScaleColsMultiple));
   return *k;

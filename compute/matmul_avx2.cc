@@ -167,7 +167,8 @@ struct FloatKernel {
         __m256 wv[R];
         for (int i = 0; i < R; ++i) wv[i] = scaled(load_tail<kType>(w[i], k, rem), i);
         for (int n = 0; n < NT; ++n) {
-          const __m256 xv = load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
+          const __m256 xv =
+              load_tail<GgmlType::kF32>(reinterpret_cast<const uint8_t*>(x[n]), k, rem);
           for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
         }
       }

@@ -43,8 +43,8 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
       // The nearest float to q * scale (q = nibble - 8), as model::dequantize_view_row.
       const auto sc = j.scale_row(r);
       for (int64_t c = 0; c < j.cols; ++c)
-        row[c] = static_cast<float>(((src[c / 2] >> (4 * (c % 2))) & 15) - 8) *
-                 sc[c / j.w_scale_cols];
+        row[c] =
+            static_cast<float>(((src[c / 2] >> (4 * (c % 2))) & 15) - 8) * sc[c / j.w_scale_cols];
     } else {
       model::dequantize_row(kType, src, row, j.cols);
     }

@@ -360,8 +360,7 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
     case GgmlType::kF8_E4M3:
     case GgmlType::kI4_PACKED:
-      TROUPE_INPUT_ERROR("%s rows need their scales (dequantize_view_row)",
-                         type_name(t).c_str());
+      TROUPE_INPUT_ERROR("%s rows need their scales (dequantize_view_row)", type_name(t).c_str());
     default:
       TROUPE_INPUT_ERROR("tensor type %s is not supported yet", type_name(t).c_str());
   }

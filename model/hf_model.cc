@@ -473,8 +473,7 @@ class HfSpecBuilder {
   WeightView take(const std::string& hf_name, const std::string& gguf_name,
                   const std::vector<int64_t>& shape) {
     if (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name))
-      return detail::packed_int4_view(st_, hf_name, shape, compressed_, cfg_.path(),
-                                      gguf_name);
+      return detail::packed_int4_view(st_, hf_name, shape, compressed_, cfg_.path(), gguf_name);
     const SafetensorsTensor& t = find(hf_name, shape);
     const uint8_t* data = t.data;
     const auto align = static_cast<uintptr_t>(row_bytes(t.type, 1));
@@ -568,7 +567,7 @@ class HfSpecBuilder {
   Family fam_ = Family::kLlama;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
-  json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
+  json rope_params_ = json::object();    // rope_scaling and rope_parameters, merged
   ModelSpec s_;
   std::vector<bool> is_moe_;
 };

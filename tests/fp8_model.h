@@ -143,10 +143,10 @@ class Fp8Copy {
       if (compressed.empty())
         fp8.push_back({name + "_scale_inv", "F32", {gr, gc}, f32_bytes(scales)});
       else
-        fp8.push_back({name + "_scale", "F32",
-                       compressed == "tensor" ? std::vector<int64_t>{1}
-                                              : std::vector<int64_t>{gr, gc},
-                       f32_bytes(scales)});
+        fp8.push_back(
+            {name + "_scale", "F32",
+             compressed == "tensor" ? std::vector<int64_t>{1} : std::vector<int64_t>{gr, gc},
+             f32_bytes(scales)});
       twin.push_back({name, "F32", t->shape, f32_bytes(exact)});
     }
     std::ifstream in(src_dir + "/config.json");
@@ -158,9 +158,10 @@ class Fp8Copy {
                                     {"activation_scheme", "dynamic"},
                                     {"weight_block_size", {br, bc}}};
     } else {
-      nlohmann::json w = {{"num_bits", 8},     {"type", "float"},  {"symmetric", true},
-                          {"dynamic", false},  {"strategy", compressed}, {"group_size", nullptr},
-                          {"actorder", nullptr}, {"block_structure", nullptr}};
+      nlohmann::json w = {{"num_bits", 8},          {"type", "float"},
+                          {"symmetric", true},      {"dynamic", false},
+                          {"strategy", compressed}, {"group_size", nullptr},
+                          {"actorder", nullptr},    {"block_structure", nullptr}};
       if (compressed == "block") w["block_structure"] = {br, bc};
       cfg["quantization_config"] = {
           {"quant_method", "compressed-tensors"},

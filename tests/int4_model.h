@@ -52,10 +52,10 @@ inline std::string pack_int4(const std::vector<int>& q) {
 }
 
 struct Int4Options {
-  int64_t group = 32;                 // columns per scale; 0: one per row ("channel")
-  std::string scale_dtype = "BF16";   // BF16, F16 or F32
-  bool write_shape = true;            // X.weight_shape beside each packed weight
-  std::string shape_dtype = "I32";    // I32 or I64
+  int64_t group = 32;                // columns per scale; 0: one per row ("channel")
+  std::string scale_dtype = "BF16";  // BF16, F16 or F32
+  bool write_shape = true;           // X.weight_shape beside each packed weight
+  std::string shape_dtype = "I32";   // I32 or I64
   /// Which 2-D "*.weight" tensors to pack (null: every one whose columns allow it, except the
   /// embedding, which is no linear layer).
   std::function<bool(const std::string&)> quantize;
@@ -85,9 +85,10 @@ class Int4Copy {
       std::memcpy(v.data(), t->data, v.size() * sizeof(float));
       const int64_t cols = t->shape.size() == 2 ? t->shape[1] : 0;
       const int64_t group = o.group > 0 ? o.group : cols;
-      const bool q = t->shape.size() == 2 && name.ends_with(".weight") && cols % 16 == 0 &&
-                     cols % group == 0 &&
-                     (o.quantize ? o.quantize(name) : name.find("embed_tokens") == std::string::npos);
+      const bool q =
+          t->shape.size() == 2 && name.ends_with(".weight") && cols % 16 == 0 &&
+          cols % group == 0 &&
+          (o.quantize ? o.quantize(name) : name.find("embed_tokens") == std::string::npos);
       if (!q) {
         twin.push_back({name, "F32", t->shape, f32_bytes(v)});
         if (o.passthrough_dir.empty()) packed.push_back(twin.back());
@@ -104,7 +105,8 @@ class Int4Copy {
         for (int64_t g = 0; g < ng; ++g) {
           double amax = 0;
           for (int64_t c = g * group; c < (g + 1) * group; ++c)
-            amax = std::max(amax, std::fabs(static_cast<double>(v[static_cast<size_t>(r * cols + c)])));
+            amax = std::max(amax,
+                            std::fabs(static_cast<double>(v[static_cast<size_t>(r * cols + c)])));
           float s = amax > 0 ? static_cast<float>(amax / 7.5) : 1.f;
           if (o.scale_dtype == "BF16") {
             const uint16_t b = bf16_bits(s);
@@ -164,19 +166,18 @@ class Int4Copy {
       weights["strategy"] = "channel";
       weights["group_size"] = nullptr;
     }
-    cfg["quantization_config"] = {
-        {"quant_method", "compressed-tensors"},
-        {"format", "pack-quantized"},
-        {"quantization_status", "compressed"},
-        {"kv_cache_scheme", nullptr},
-        {"sparsity_config", nlohmann::json::object()},
-        {"ignore", nlohmann::json::array()},
-        {"config_groups",
-         {{"group_0",
-           {{"targets", {"Linear"}},
-            {"weights", weights},
-            {"input_activations", nullptr},
-            {"output_activations", nullptr}}}}}};
+    cfg["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                  {"format", "pack-quantized"},
+                                  {"quantization_status", "compressed"},
+                                  {"kv_cache_scheme", nullptr},
+                                  {"sparsity_config", nlohmann::json::object()},
+                                  {"ignore", nlohmann::json::array()},
+                                  {"config_groups",
+                                   {{"group_0",
+                                     {{"targets", {"Linear"}},
+                                      {"weights", weights},
+                                      {"input_activations", nullptr},
+                                      {"output_activations", nullptr}}}}}};
     if (!o.extra_groups.empty()) {
       auto& q = cfg["quantization_config"];
       q["format"] = "mixed-precision";

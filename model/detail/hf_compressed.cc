@@ -158,8 +158,8 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
     if (type == "int") {
       if (gformat != "pack-quantized")
         TROUPE_INPUT_ERROR(
-            "%s: %s.format \"%s\" is not supported for int weights (only \"pack-quantized\")",
-            path, where.c_str(), gformat.c_str());
+            "%s: %s.format \"%s\" is not supported for int weights (only \"pack-quantized\")", path,
+            where.c_str(), gformat.c_str());
       // Activations stay f32: a W4A8 scheme's int8 activations would be another model.
       if (!absent(g, "input_activations") || !absent(g, "output_activations"))
         TROUPE_INPUT_ERROR(

@@ -309,7 +309,7 @@ TEST(Cli, Int4CheckpointInspectsAndGeneratesLikeItsExactTwin) {
             std::string::npos)
       << r.out;
   auto args = [&](const std::string& model) {
-    return std::vector<std::string>{"generate", "--model",      model, "--prompt",
+    return std::vector<std::string>{"generate",         "--model",      model, "--prompt",
                                     "Once upon a time", "--max-tokens", "24",  "--json"};
   };
   CliRun q = troupe(args(copy.int4_path())), t = troupe(args(copy.twin_path()));

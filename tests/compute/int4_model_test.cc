@@ -33,9 +33,7 @@ std::vector<int32_t> prompt(int32_t vocab) {
   return p;
 }
 
-bool routed_expert(const std::string& name) {
-  return name.find(".experts.") != std::string::npos;
-}
+bool routed_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
 
 void check_model(const std::string& shared, const std::string& name, const Int4Options& o,
                  bool trained = false) {
@@ -109,8 +107,8 @@ TEST(Int4Model, DenseLlamaEqualsItsExactTwin) {
 TEST(Int4Model, MixedPrecisionInt4AndFp8EqualsItsExactTwin) {
   TROUPE_SHARED_OR_SKIP(shared);
   const testing::Fp8Copy fp8(
-      shared + "/models/hf/deepseek2", 0, 0,
-      [](const std::string& n) { return !routed_expert(n); }, "channel");
+      shared + "/models/hf/deepseek2", 0, 0, [](const std::string& n) { return !routed_expert(n); },
+      "channel");
   std::ifstream in(fp8.fp8_path() + "/config.json");
   nlohmann::json fp8_group =
       nlohmann::json::parse(in)["quantization_config"]["config_groups"]["group_0"];

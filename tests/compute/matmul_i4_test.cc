@@ -61,8 +61,8 @@ I4Matrix make_i4(int64_t rows, int64_t cols, int64_t group, GgmlType scale_type,
     for (int64_t c = 0; c < cols; ++c) {
       const auto i = static_cast<size_t>(r * cols + c);
       // One rounding of the exact product, as the format defines the value.
-      m.exact[i] = static_cast<float>(q[i] * static_cast<double>(sc[static_cast<size_t>(
-                                                 r * ng + c / group)]));
+      m.exact[i] = static_cast<float>(
+          q[i] * static_cast<double>(sc[static_cast<size_t>(r * ng + c / group)]));
     }
   m.i4.name = "test.i4";
   m.i4.type = GgmlType::kI4_PACKED;
@@ -195,10 +195,10 @@ TEST(MatmulI4, UnusableLayoutsAreRefused) {
             std::string::npos)
       << error_of(w);
   std::vector<float> row(64);
-  EXPECT_THROW(model::dequantize_row(GgmlType::kI4_PACKED,
-                                     reinterpret_cast<const uint8_t*>(m.packed.data()),
-                                     row.data(), 64),
-               InputError);
+  EXPECT_THROW(
+      model::dequantize_row(GgmlType::kI4_PACKED, reinterpret_cast<const uint8_t*>(m.packed.data()),
+                            row.data(), 64),
+      InputError);
 }
 
 }  // namespace

@@ -255,7 +255,7 @@ TEST(HfFp8, CompressedTensorsFp8Refusals) {
   ASSERT_EQ(load_error(copy.fp8_path()), "");
   std::ifstream in(copy.fp8_path() + "/config.json");
   const json cfg = json::parse(in);
-  auto with = [&](const std::function<void(json& group)>& edit) {
+  auto with = [&](const std::function<void(json & group)>& edit) {
     json c = cfg;
     edit(c["quantization_config"]["config_groups"]["group_0"]);
     copy.fp8_dir().write("config.json", c.dump());
@@ -263,7 +263,9 @@ TEST(HfFp8, CompressedTensorsFp8Refusals) {
   };
   EXPECT_HAS(with([](json& g) { g["input_activations"]["dynamic"] = false; }),
              "group_0.input_activations has static scales");
-  EXPECT_HAS(with([](json& g) { g["output_activations"] = {{"num_bits", 8}}; }),
+  EXPECT_HAS(with([](json& g) {
+               g["output_activations"] = {{"num_bits", 8}};
+             }),
              "group_0 quantizes output activations");
   EXPECT_HAS(with([](json& g) { g["weights"]["strategy"] = "group"; }),
              "weights.strategy is \"group\"; troupe reads \"channel\", \"tensor\" and "

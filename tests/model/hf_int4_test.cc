@@ -166,9 +166,13 @@ TEST_F(BadInt4, QuantizationConfigFields) {
              "config.json: compressed-tensors format \"naive-quantized\" is not supported");
   EXPECT_HAS(with_quant([](json& q) { q["quantization_status"] = "frozen"; }),
              "quantization_status \"frozen\": the weights are not stored compressed");
-  EXPECT_HAS(with_quant([](json& q) { q["sparsity_config"] = {{"format", "sparse-bitmask"}}; }),
+  EXPECT_HAS(with_quant([](json& q) {
+               q["sparsity_config"] = {{"format", "sparse-bitmask"}};
+             }),
              "compressed-tensors sparsity_config is not supported");
-  EXPECT_HAS(with_quant([](json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }),
+  EXPECT_HAS(with_quant([](json& q) {
+               q["kv_cache_scheme"] = {{"num_bits", 8}};
+             }),
              "compressed-tensors kv_cache_scheme is not supported");
   EXPECT_HAS(with_quant([](json& q) { q.erase("config_groups"); }),
              "compressed-tensors quantization_config needs config_groups");
@@ -215,16 +219,18 @@ TEST_F(BadInt4, PackedTensors) {
   const std::string p = base + ".weight_packed", s = base + ".weight_scale",
                     sh = base + ".weight_shape";
   EXPECT_HAS(with_tensors([&](auto& t) { find(t, p).dtype = "F32"; }),
-             "'" + p + "' is F32 [64, 8]; 64 x 64 int4 values packed eight to a word need I32 "
-             "[64, 8]");
+             "'" + p +
+                 "' is F32 [64, 8]; 64 x 64 int4 values packed eight to a word need I32 "
+                 "[64, 8]");
   EXPECT_HAS(with_tensors([&](auto& t) { std::erase_if(t, [&](auto& x) { return x.name == s; }); }),
              "packed weight '" + p + "' has no scales ('" + s + "' is missing)");
   EXPECT_HAS(with_tensors([&](auto& t) {
                StTensor& x = find(t, s);
                x.shape = {128};
              }),
-             "scales '" + s + "' have shape [128]; 64 x 64 weights with a scale per 32 columns "
-             "need [64, 2]");
+             "scales '" + s +
+                 "' have shape [128]; 64 x 64 weights with a scale per 32 columns "
+                 "need [64, 2]");
   EXPECT_HAS(with_tensors([&](auto& t) { find(t, s).dtype = "I16"; }),
              "scales '" + s + "' have dtype I16; troupe reads F32, BF16 or F16 scales");
   EXPECT_HAS(with_tensors([&](auto& t) {

@@ -1,0 +1,210 @@
+// The AVX-512 kernels of float-widened weights (F32, F16, BF16, F8_E4M3, I4_PACKED): FloatLoad
+// widens 16 stored values, FloatKernel multiplies R rows by NT tokens. Included by
+// compute/matmul_avx512.cc only (its compile flags enable AVX-512).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "compute/detail/matmul_kernels.h"
+#include "compute/detail/matmul_tiles.h"
+#include "compute/detail/simd_hsum.h"
+#include "model/ggml_types.h"
+
+namespace troupe::compute::detail::avx512 {
+
+using model::GgmlType;
+
+// ------------------------------------------------------------------------------------------
+// Float weights (F32, F16, BF16)
+// Output (r, t): lane l sums w[k]*x[k] for k = l (mod 16) in k order by FMA; the last partial
+// chunk goes through masked (zeroing) loads; then hsum16.
+
+template <GgmlType kType>
+struct FloatLoad;
+
+template <>
+struct FloatLoad<GgmlType::kF32> {
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
+  }
+};
+
+template <>
+struct FloatLoad<GgmlType::kF16> {
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+  }
+};
+
+template <>
+struct FloatLoad<GgmlType::kBF16> {
+  static __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return widen(_mm256_maskz_loadu_epi16(m, row + 2 * k));
+  }
+};
+
+// FP8 E4M3 as 1/256 of its value through an f16 (as in matmul_avx2.cc: sign-extend, shift,
+// and the carry that completes the NaN code's f16 NaN); the kernel's per-block scale carries
+// the 256.
+template <>
+struct FloatLoad<GgmlType::kF8_E4M3> {
+  static __m512 widen(__m128i b) {
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16(-0x4080));
+    // h | ((h + 0x80) & 0x4000)
+    const __m256i t = _mm256_add_epi16(h, _mm256_set1_epi16(0x80));
+    return _mm512_cvtph_ps(_mm256_ternarylogic_epi32(h, t, _mm256_set1_epi16(0x4000), 0xf8));
+  }
+  static __m512 load(const uint8_t* row, int64_t k) {
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+  }
+  static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
+    return widen(_mm_maskz_loadu_epi8(m, row + k));
+  }
+};
+
+// F8_E4M3 and I4_PACKED: the values q * scale, each the nearest float to the exact product, lane
+// for lane as an F32 matrix holding them (the same bits; matmul_avx2.cc). I4 rows are whole
+// multiples of 16 (matmul.cc checks), so they never take the tail. An I4 weight is looked up in
+// a 16-entry table of its block's (q - 8) * scale (vpermps reads the low 4 bits of each index
+// lane; the qword lane j holds byte j in its low dword and byte j >> 4 in its high one).
+template <GgmlType kType>
+struct FloatKernel {
+  using L = FloatLoad<kType>;
+  static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
+  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED;
+  static constexpr bool kScaled = kF8 || kI4;
+  // Bytes from the row start to column k.
+  static constexpr int64_t offset(int64_t k) {
+    return kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
+  }
+  static constexpr int kRows = 4;
+  static constexpr int kToks = 6;
+  static constexpr int64_t kTokBlock = 48;
+
+  // The weights of R rows from column 0 on, 16 at a time (scales followed block by block).
+  template <int R>
+  struct Rows {
+    const uint8_t* w[R];
+    MatmulJob::ScaleRow sc[R] = {};
+    // F8: 256 * the scale of the block being read; I4: its table of (q - 8) * scale.
+    __m512 f[R];
+    int64_t k_next = 0, cols_per_scale = 0;
+
+    Rows(const MatmulJob& j, int64_t r) {
+      for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+      if constexpr (kScaled) {
+        for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+        cols_per_scale = j.w_scale_cols;
+      }
+    }
+    // Call at every k (a multiple of 16) before loading there.
+    void at(int64_t k) {
+      if constexpr (kScaled) {
+        if (k == k_next) {
+          const int64_t b = k / cols_per_scale;
+          for (int i = 0; i < R; ++i) {
+            if constexpr (kF8) {
+              f[i] = _mm512_set1_ps(256.f * sc[i][b]);
+            } else {
+              const __m512 steps =
+                  _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+              f[i] = _mm512_mul_ps(steps, _mm512_set1_ps(sc[i][b]));
+            }
+          }
+          k_next += cols_per_scale;
+        }
+      }
+    }
+    __m512 load(int i, int64_t k) const {
+      if constexpr (kI4) {
+        const __m512i q =
+            _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i] + k / 2)));
+        return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
+      } else if constexpr (kF8) {
+        return _mm512_mul_ps(L::load(w[i], k), f[i]);
+      } else {
+        return L::load(w[i], k);
+      }
+    }
+    __m512 load_tail(int i, int64_t k, __mmask16 m) const {
+      static_assert(!kI4, "I4 rows have no tail");
+      if constexpr (kF8) return _mm512_mul_ps(L::load_tail(w[i], k, m), f[i]);
+      return L::load_tail(w[i], k, m);
+    }
+  };
+
+  template <int R, int NT>
+  static void tile(const MatmulJob& j, int64_t r, int64_t t) {
+    Rows<R> rw(j, r);
+    const float* x[NT];
+    for (int n = 0; n < NT; ++n)
+      x[n] = reinterpret_cast<const float*>(j.act + (t + n) * j.act_stride);
+    __m512 acc[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
+    const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
+    int64_t k = 0;
+    for (; k + 16 <= j.cols; k += 16) {
+      rw.at(k);
+      __m512 wv[R];
+      for (int i = 0; i < R; ++i) {
+        if (kType == GgmlType::kF32 || (offset(k) & 63) == 0) prefetch(rw.w[i] + offset(k), pf, 0);
+        wv[i] = rw.load(i, k);
+      }
+      for (int n = 0; n < NT; ++n) {
+        const __m512 xv = _mm512_loadu_ps(x[n] + k);
+        for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
+      }
+    }
+    if constexpr (!kI4) {
+      if (k < j.cols) {
+        rw.at(k);
+        const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
+        __m512 wv[R];
+        for (int i = 0; i < R; ++i) wv[i] = rw.load_tail(i, k, m);
+        for (int n = 0; n < NT; ++n) {
+          const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
+          for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
+        }
+      }
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
+  }
+
+  // Rows [r, r + R) as the floats the tile multiplies (the tail zero-padded), each row
+  // `stride` floats apart from out (64-byte aligned, stride a multiple of 16).
+  template <int R>
+  static void widen(const MatmulJob& j, int64_t r, float* out, int64_t stride) {
+    Rows<R> rw(j, r);
+    int64_t k = 0;
+    for (; k + 16 <= j.cols; k += 16) {
+      rw.at(k);
+      for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load(i, k));
+    }
+    if constexpr (!kI4) {
+      if (k < j.cols) {
+        rw.at(k);
+        const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
+        for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load_tail(i, k, m));
+      }
+    }
+  }
+};
+
+}  // namespace troupe::compute::detail::avx512
