@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
@@ -127,12 +128,15 @@ struct FloatKernel {
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
     // Scaled types: each row's scales, and the factor of the block k is in (the next from
     // k_next): 256 * the scale for F8 (its loads give fp8 / 256), the scale for I4.
-    MatmulJob::ScaleRow sc[R] = {};
+    const float* sc[R] = {};
     __m256 ds[R];
     for (int i = 0; i < R; ++i) ds[i] = _mm256_setzero_ps();
     int64_t k_next = 0;
-    if constexpr (kScaled)
-      for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+    if constexpr (kScaled) {
+      thread_local std::vector<float> tmp;
+      float* buf = scratch(tmp, R * j.w_scale_stride);
+      for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i, buf + i * j.w_scale_stride);
+    }
     auto scaled = [&](__m256 v, int i) {
       if constexpr (kScaled) return _mm256_mul_ps(v, ds[i]);
       return v;
@@ -175,35 +179,6 @@ struct FloatKernel {
     }
     for (int n = 0; n < NT; ++n)
       for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum8(acc[i][n]);
-  }
-
-  // Rows [r, r + R) as the floats the tile multiplies (the tail zero-padded), each row
-  // `stride` floats apart from out (32-byte aligned, stride a multiple of 8): widened_rows.
-  template <int R>
-  static void widen(const MatmulJob& j, int64_t r, float* out, int64_t stride) {
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* w = j.w + (r + i) * j.w_row_bytes;
-      float* o = out + i * stride;
-      MatmulJob::ScaleRow sc{};
-      if constexpr (kScaled) sc = j.scale_row(r + i);
-      __m256 ds = _mm256_setzero_ps();
-      int64_t k_next = 0;
-      auto scaled = [&](__m256 v, int64_t k) {
-        if constexpr (kScaled) {
-          if (k == k_next) {
-            ds = _mm256_set1_ps((kF8 ? 256.f : 1.f) * sc[k / j.w_scale_cols]);
-            k_next += j.w_scale_cols;
-          }
-          return _mm256_mul_ps(v, ds);
-        }
-        return v;
-      };
-      int64_t k = 0;
-      for (; k + 8 <= j.cols; k += 8) _mm256_store_ps(o + k, scaled(L::load(w, k), k));
-      if constexpr (!kI4) {
-        if (k < j.cols) _mm256_store_ps(o + k, scaled(load_tail<kType>(w, k, j.cols - k), k));
-      }
-    }
   }
 };
 
@@ -507,8 +482,6 @@ KernelSet make_set() {
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
-  s.f8.rows = widened_rows<FloatKernel<GgmlType::kF8_E4M3>, FloatKernel<GgmlType::kF32>>;
-  s.i4.rows = widened_rows<FloatKernel<GgmlType::kI4_PACKED>, FloatKernel<GgmlType::kF32>>;
   s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
   s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();

@@ -373,9 +373,9 @@ struct Blocks32Kernel {
 // ------------------------------------------------------------------------------------------
 
 template <class K>
-TypeKernels float_kernels(void (*rows)(const MatmulJob&, int64_t, int64_t) = tiled_rows<K>) {
+TypeKernels float_kernels() {
   TypeKernels k;
-  k.rows = rows;
+  k.rows = tiled_rows<K>;
   k.row_tile = K::kRows;
   return k;
 }
@@ -392,10 +392,8 @@ KernelSet make_set() {
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
-  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>(
-      widened_rows<FloatKernel<GgmlType::kF8_E4M3>, FloatKernel<GgmlType::kF32>>);
-  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>(
-      widened_rows<FloatKernel<GgmlType::kI4_PACKED>, FloatKernel<GgmlType::kF32>>);
+  s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
+  s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into

@@ -37,11 +37,13 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     } else if constexpr (kType == model::GgmlType::kF8_E4M3) {
       // The nearest float to fp8 * scale, as model::dequantize_view_row computes it.
       const float* values = model::fp8_e4m3_values();
-      const auto sc = j.scale_row(r);
+      thread_local std::vector<float> tmp;
+      const float* sc = j.scale_row(r, scratch(tmp, j.w_scale_stride));
       for (int64_t c = 0; c < j.cols; ++c) row[c] = values[src[c]] * sc[c / j.w_scale_cols];
     } else if constexpr (kType == model::GgmlType::kI4_PACKED) {
       // The nearest float to q * scale (q = nibble - 8), as model::dequantize_view_row.
-      const auto sc = j.scale_row(r);
+      thread_local std::vector<float> tmp;
+      const float* sc = j.scale_row(r, scratch(tmp, j.w_scale_stride));
       for (int64_t c = 0; c < j.cols; ++c)
         row[c] =
             static_cast<float>(((src[c / 2] >> (4 * (c % 2))) & 15) - 8) * sc[c / j.w_scale_cols];

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
@@ -100,7 +101,7 @@ struct FloatKernel {
   template <int R>
   struct Rows {
     const uint8_t* w[R];
-    MatmulJob::ScaleRow sc[R] = {};
+    const float* sc[R] = {};  // each row's scales as floats (MatmulJob::scale_row)
     // F8: 256 * the scale of the block being read; I4: its table of (q - 8) * scale.
     __m512 f[R];
     int64_t k_next = 0, cols_per_scale = 0;
@@ -108,7 +109,9 @@ struct FloatKernel {
     Rows(const MatmulJob& j, int64_t r) {
       for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
       if constexpr (kScaled) {
-        for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i);
+        thread_local std::vector<float> tmp;
+        float* t = scratch(tmp, R * j.w_scale_stride);
+        for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i, t + i * j.w_scale_stride);
         cols_per_scale = j.w_scale_cols;
       }
     }
@@ -185,25 +188,6 @@ struct FloatKernel {
     }
     for (int n = 0; n < NT; ++n)
       for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
-  }
-
-  // Rows [r, r + R) as the floats the tile multiplies (the tail zero-padded), each row
-  // `stride` floats apart from out (64-byte aligned, stride a multiple of 16).
-  template <int R>
-  static void widen(const MatmulJob& j, int64_t r, float* out, int64_t stride) {
-    Rows<R> rw(j, r);
-    int64_t k = 0;
-    for (; k + 16 <= j.cols; k += 16) {
-      rw.at(k);
-      for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load(i, k));
-    }
-    if constexpr (!kI4) {
-      if (k < j.cols) {
-        rw.at(k);
-        const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
-        for (int i = 0; i < R; ++i) _mm512_store_ps(out + i * stride + k, rw.load_tail(i, k, m));
-      }
-    }
   }
 };
 

@@ -42,15 +42,17 @@ struct MatmulJob {
   model::GgmlType w_scale_type = model::GgmlType::kF32;
   int64_t w_scale_stride = 0;
   int64_t w_scale_rows = 0, w_scale_cols = 0;
-  /// One row's scales: [i] is the scale of columns i * w_scale_cols on.
-  struct ScaleRow {
-    const uint8_t* p;
-    model::GgmlType type;
-    float operator[](int64_t i) const { return model::scale_value(p, type, i); }
-  };
-  ScaleRow scale_row(int64_t r) const {
-    return {w_scales + r / w_scale_rows * w_scale_stride * model::scale_bytes(w_scale_type),
-            w_scale_type};
+  /// Row r's scales as floats: [i] is the scale of columns i * w_scale_cols on. Aligned F32
+  /// scales are read in place; others are converted into `tmp` (w_scale_stride floats), so that
+  /// the kernels' loops read plain floats (no conversion call there, which would make the
+  /// compiler spill their vector registers).
+  const float* scale_row(int64_t r, float* tmp) const {
+    const uint8_t* p =
+        w_scales + r / w_scale_rows * w_scale_stride * model::scale_bytes(w_scale_type);
+    if (w_scale_type == model::GgmlType::kF32 && reinterpret_cast<uintptr_t>(p) % 4 == 0)
+      return reinterpret_cast<const float*>(p);
+    for (int64_t i = 0; i < w_scale_stride; ++i) tmp[i] = model::scale_value(p, w_scale_type, i);
+    return tmp;
   }
 };
 /// The weight side of a job: data, row size and (F8, I4) scales of w.

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <vector>
 
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
@@ -53,47 +52,6 @@ void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     int64_t r = r0;
     for (; r + K::kRows <= r1; r += K::kRows) token_tiles<K, K::kRows>(j, r, t0, t1);
     for (; r < r1; ++r) token_tiles<K, 1>(j, r, t0, t1);
-  }
-}
-
-/// Rows of a type whose tile widens every weight it reads (F8, I4: a float kernel K with
-///   template <int R> static void widen(const MatmulJob&, int64_t row, float* out, int64_t
-///   stride)
-/// writing rows [row, row + R) as the floats its tile multiplies, zero-padded to `stride`, a
-/// multiple of 16), when there are more tokens than one tile takes: each tile of rows is widened
-/// once and the F32 kernel F (the same tile shape, the same FMA chains, so the same bits) runs
-/// every token over it, instead of K widening the rows again for each group of K::kToks tokens.
-template <class K, class F>
-void widened_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
-  static_assert(K::kRows == F::kRows && K::kToks == F::kToks && K::kTokBlock == F::kTokBlock);
-  if (j.n_tok <= K::kToks) {
-    tiled_rows<K>(j, r0, r1);
-    return;
-  }
-  const int64_t stride = (j.cols + 15) / 16 * 16;
-  thread_local std::vector<float> buf;
-  float* wf = scratch(buf, K::kRows * stride + 16);
-  wf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wf) + 63) & ~uintptr_t{63});
-  MatmulJob fj = j;
-  fj.w = reinterpret_cast<const uint8_t*>(wf);
-  fj.w_row_bytes = stride * static_cast<int64_t>(sizeof(float));
-  fj.w_scales = nullptr;
-  for (int64_t r = r0; r < r1; r += K::kRows) {
-    const int64_t n = std::min<int64_t>(K::kRows, r1 - r);
-    if (n == K::kRows) {
-      K::template widen<K::kRows>(j, r, wf, stride);
-    } else {
-      for (int64_t i = 0; i < n; ++i) K::template widen<1>(j, r + i, wf + i * stride, stride);
-    }
-    fj.y = j.y + r;  // row i of the widened tile is output row r + i
-    for (int64_t t0 = 0; t0 < j.n_tok; t0 += K::kTokBlock) {
-      const int64_t t1 = std::min(j.n_tok, t0 + K::kTokBlock);
-      if (n == K::kRows) {
-        token_tiles<F, F::kRows>(fj, 0, t0, t1);
-      } else {
-        for (int64_t i = 0; i < n; ++i) token_tiles<F, 1>(fj, i, t0, t1);
-      }
-    }
   }
 }
 
