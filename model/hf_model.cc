@@ -2,9 +2,10 @@
 // tokenizer, with the same ModelSpec semantics llama.cpp's GGUF converter would produce.
 // Llama/Mixtral q/k rows stay in HF's rotate_half order (RopeStyle::kNeox instead of a
 // permutation); DeepSeek kv_b_proj is split into wk_b/wv_b buffers owned by Model::storage.
-// FP8 block-scaled weights (detail/hf_fp8.h) and compressed-tensors int4 ones
-// (detail/hf_compressed.h) stay views of their stored values with their scales; the few the
-// loader rearranges or keeps in f32 (kv_b_proj, norms) become f32.
+// FP8 weights (detail/hf_fp8.h: DeepSeek's block-scaled form and compressed-tensors'
+// float-quantized one) and compressed-tensors int4 ones (detail/hf_compressed.h) stay views of
+// their stored values with their scales; the few the loader rearranges or keeps in f32
+// (kv_b_proj, norms, routers) become f32.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -494,9 +495,8 @@ class HfSpecBuilder {
     auto* out =
         reinterpret_cast<float*>(alloc(static_cast<uint64_t>(w.rows() * w.cols()) * sizeof(float)));
     for (int64_t r = 0; r < w.rows(); ++r) dequantize_view_row(w, r, out + r * w.cols());
-    WeightView v = make_view(w.name, GgmlType::kF32, {w.cols(), w.rows()},
-                             reinterpret_cast<const uint8_t*>(out));
-    return v;
+    return make_view(w.name, GgmlType::kF32, {w.cols(), w.rows()},
+                     reinterpret_cast<const uint8_t*>(out));
   }
 
   detail::Allocator allocator() {

@@ -1,5 +1,5 @@
-// compressed-tensors int4 ("pack-quantized") Hugging Face weights: quantization_config and the
-// weight_packed / weight_scale / weight_shape triples.
+// compressed-tensors Hugging Face checkpoints: quantization_config (int4 "pack-quantized" and FP8
+// "float-quantized" groups) and the int4 weight_packed / weight_scale / weight_shape triples.
 #include "model/detail/hf_compressed.h"
 
 #include <cstring>
@@ -26,6 +26,17 @@ bool absent_or_empty(const json& obj, const char* key) {
 std::string field(const json& obj, const char* key) {
   auto it = obj.find(key);
   return it == obj.end() ? std::string("(absent)") : it->dump();
+}
+
+// obj[key] as a string, `def` when absent or null; anything else throws naming `where`.key.
+std::string string_or(const json& obj, const char* key, const std::string& def, const char* path,
+                      const std::string& where) {
+  if (absent(obj, key)) return def;
+  const json& v = obj[key];
+  if (!v.is_string())
+    TROUPE_INPUT_ERROR("%s: %s%s%s must be a string, got %s", path, where.c_str(),
+                       where.empty() ? "" : ".", key, v.dump().c_str());
+  return v.get<std::string>();
 }
 
 // Fields both weight schemes share: symmetric, quantized ahead of time, in column order.
@@ -59,7 +70,7 @@ int64_t read_int4_scheme(const json& w, const char* path, const std::string& whe
   if (!absent(w, "block_structure"))
     TROUPE_INPUT_ERROR("%s: %s.weights.block_structure %s is not supported", path, where.c_str(),
                        field(w, "block_structure").c_str());
-  const std::string strategy = w.value("strategy", std::string());
+  const std::string strategy = string_or(w, "strategy", "", path, where + ".weights");
   if (strategy == "channel") return 0;
   if (strategy != "group")
     TROUPE_INPUT_ERROR(
@@ -87,7 +98,7 @@ Fp8Format read_fp8_scheme(const json& w, const char* path, const std::string& wh
   Fp8Format f;
   f.on = true;
   f.scale_suffix = "_scale";
-  const std::string strategy = w.value("strategy", std::string());
+  const std::string strategy = string_or(w, "strategy", "", path, where + ".weights");
   if (strategy == "channel") {
     f.scales = Fp8Format::Scales::kRow;
   } else if (strategy == "tensor") {
@@ -127,7 +138,7 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
   if (method == q->end() || !method->is_string() || *method != "compressed-tensors") return f;
   const char* path = cfg.path().c_str();
   // "mixed-precision" marks a checkpoint whose groups name their own formats (checked below).
-  const std::string format = q->value("format", std::string());
+  const std::string format = string_or(*q, "format", "", path, "quantization_config");
   if (format != "pack-quantized" && format != "float-quantized" && format != "mixed-precision")
     TROUPE_INPUT_ERROR(
         "%s: compressed-tensors format %s is not supported (troupe reads \"pack-quantized\" "
@@ -153,8 +164,8 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
     if (absent(g, "weights") || !g["weights"].is_object())
       TROUPE_INPUT_ERROR("%s: %s has no weights scheme (an object)", path, where.c_str());
     const json& w = g["weights"];
-    const std::string type = w.value("type", std::string("int"));
-    const std::string gformat = absent(g, "format") ? format : g.value("format", std::string());
+    const std::string type = string_or(w, "type", "int", path, where + ".weights");
+    const std::string gformat = string_or(g, "format", format, path, where);
     if (type == "int") {
       if (gformat != "pack-quantized")
         TROUPE_INPUT_ERROR(

@@ -47,7 +47,7 @@ Fp8Format read_fp8_format(const HfConfig& cfg) {
     TROUPE_INPUT_ERROR(
         "%s: quantization_config.quant_method '%s' is not supported (troupe reads "
         "unquantized F32/F16/BF16 checkpoints, block-scaled \"fp8\" ones and "
-        "\"compressed-tensors\" pack-quantized int4)",
+        "\"compressed-tensors\" int4 and fp8 ones)",
         path, method->get<std::string>().c_str());
   auto fmt = q->find("fmt");
   if (fmt != q->end() && !fmt->is_null() && (!fmt->is_string() || *fmt != "e4m3"))

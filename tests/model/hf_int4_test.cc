@@ -164,6 +164,10 @@ TEST_F(BadInt4, PackedTensorsWithoutQuantizationConfig) {
 TEST_F(BadInt4, QuantizationConfigFields) {
   EXPECT_HAS(with_quant([](json& q) { q["format"] = "naive-quantized"; }),
              "config.json: compressed-tensors format \"naive-quantized\" is not supported");
+  EXPECT_HAS(with_quant([](json& q) { q["format"] = 3; }),
+             "config.json: quantization_config.format must be a string, got 3");
+  EXPECT_HAS(with_quant([&](json& q) { weights(q)["strategy"] = json::array(); }),
+             "config_groups.group_0.weights.strategy must be a string, got []");
   EXPECT_HAS(with_quant([](json& q) { q["quantization_status"] = "frozen"; }),
              "quantization_status \"frozen\": the weights are not stored compressed");
   EXPECT_HAS(with_quant([](json& q) {
