@@ -70,6 +70,11 @@ TEST(HfInt4, LoadsPackedViewsWhoseRowsAreTheExactProducts) {
     EXPECT_EQ(g.scale_block[1], 32);
     EXPECT_EQ(g.scale_stride, a.n_embd / 32);
     EXPECT_EQ(g.nbytes(), static_cast<uint64_t>(g.rows() * g.cols() / 2));
+    // (load_hf_model keeps the mapped files first in the model's storage.)
+    const auto files = std::static_pointer_cast<const SafetensorsSet>((*i4)->storage.front());
+    const std::string x = "model.layers.1.mlp.experts.3.gate_proj.weight";
+    EXPECT_EQ(g.data, files->find(x + "_packed")->data);
+    EXPECT_EQ(g.scales, files->find(x + "_scale")->data);
     for (const auto& [x, y] : std::vector<std::pair<const WeightView*, const WeightView*>>{
              {&g, &lb.experts[3].gate},
              {&la.experts[0].down, &lb.experts[0].down},
