@@ -138,19 +138,18 @@ INSTANTIATE_TEST_SUITE_P(
                       "models/synth/deepseek2/model.gguf", "models/synth/qwen3moe/model.gguf"),
     [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
 
-// A Hugging Face FP8 checkpoint (the shared DeepSeek-V3-style model written as FP8 by the test)
-// through stages and expert shards, its weights copied into memory as a node does: bit-identical
-// to the engine on the same files.
-TEST(LocalCluster, Fp8CheckpointAcrossStagesAndExpertShards) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  const testing::Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
-  auto m = load(copy.fp8_path());
+// A quantized Hugging Face checkpoint (the shared DeepSeek-V3-style model written by a test
+// helper) through 2 stages x 2 expert shards, its weights copied into memory as a node does:
+// bit-identical to the engine on the same files.
+void expect_checkpoint_across_stages_and_shards(const std::string& dir, model::GgmlType experts,
+                                                uint32_t seed) {
+  auto m = load(dir);
   ASSERT_TRUE(m);
-  ASSERT_EQ(m->spec.layers.back().experts[0].gate.type, model::GgmlType::kF8_E4M3);
+  ASSERT_EQ(m->spec.layers.back().experts[0].gate.type, experts);
   std::vector<GenerateRequest> reqs;
   std::vector<Reference> refs;
   for (uint32_t i = 0; i < 4; ++i) {
-    auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, 700 + i);
+    auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, seed + i);
     reqs.push_back(greedy_request(p, 10));
     refs.push_back(solo(m, p, 10));
   }
@@ -167,34 +166,21 @@ TEST(LocalCluster, Fp8CheckpointAcrossStagesAndExpertShards) {
     expect_identical(res[i], refs[i], "request " + std::to_string(i));
 }
 
-// The same for a compressed-tensors int4 checkpoint laid out as Kimi-K2-Thinking (routed experts
-// packed int4 with BF16 group scales, the rest as stored), experts sharded across two actors.
+// DeepSeek's FP8 form (blocks of 128 x 128).
+TEST(LocalCluster, Fp8CheckpointAcrossStagesAndExpertShards) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const testing::Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
+  expect_checkpoint_across_stages_and_shards(copy.fp8_path(), model::GgmlType::kF8_E4M3, 700);
+}
+
+// compressed-tensors int4 laid out as Kimi-K2-Thinking (routed experts packed int4 with BF16
+// group scales, the rest as stored).
 TEST(LocalCluster, Int4CheckpointAcrossStagesAndExpertShards) {
   TROUPE_SHARED_OR_SKIP(shared);
   testing::Int4Options o;
   o.quantize = [](const std::string& name) { return name.find(".experts.") != std::string::npos; };
   const testing::Int4Copy copy(shared + "/models/hf/deepseek2", o);
-  auto m = load(copy.int4_path());
-  ASSERT_TRUE(m);
-  ASSERT_EQ(m->spec.layers.back().experts[0].gate.type, model::GgmlType::kI4_PACKED);
-  std::vector<GenerateRequest> reqs;
-  std::vector<Reference> refs;
-  for (uint32_t i = 0; i < 4; ++i) {
-    auto p = random_prompt(5 + 9 * i, m->spec.n_vocab, 800 + i);
-    reqs.push_back(greedy_request(p, 10));
-    refs.push_back(solo(m, p, 10));
-  }
-  Plan plan = even_plan(m->path, 2, 2);
-  plan.scheduler.max_sequences = 8;
-  plan.scheduler.max_model_len = 128;
-  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
-  auto in_memory = model::copy_weights_to_memory(m, {}, 2);
-  ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
-  auto lc = LocalCluster::start(plan, *in_memory);
-  ASSERT_TRUE(lc) << lc.error().message;
-  const auto res = (*lc)->generate_many(reqs);
-  for (size_t i = 0; i < reqs.size(); ++i)
-    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  expect_checkpoint_across_stages_and_shards(copy.int4_path(), model::GgmlType::kI4_PACKED, 800);
 }
 
 TEST(LocalCluster, SixtyFourConcurrentRequestsMatchTheirSoloRuns) {
