@@ -1,6 +1,10 @@
-// Test helpers for engine tests: load a GGUF model without its tokenizer; teacher-forced logits.
+// Test helpers for engine tests: load a GGUF model without its tokenizer; teacher-forced logits;
+// a quantized checkpoint's logits against its exact twin.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +65,35 @@ inline std::vector<float> prompt_logits(const std::string& path,
   EXPECT_TRUE(m.has_value()) << path << ": " << m.error().message;
   if (!m) return {};
   return prompt_logits(*m, prompt);
+}
+
+/// A 24-token prompt over a vocabulary of `vocab` (BOS, then a fixed stride walk).
+inline std::vector<int32_t> stride_prompt(int32_t vocab) {
+  std::vector<int32_t> p{1};
+  for (int32_t i = 0; i < 23; ++i) p.push_back(2 + (i * 37) % (vocab - 2));
+  return p;
+}
+
+/// A quantized checkpoint's logits (`got`) against its exact f32 twin's (`twin`: bit for bit)
+/// and the unquantized model's (`orig`: not equal, so the quantization was really applied; and,
+/// when `close` > 0, within close x max|orig|, for trained weights).
+inline void expect_quantized_logits(const std::vector<float>& got, const std::vector<float>& twin,
+                                    const std::vector<float>& orig, double close) {
+  ASSERT_FALSE(got.empty());
+  ASSERT_EQ(got.size(), twin.size());
+  ASSERT_EQ(got.size(), orig.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &twin[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << got.size() << " logits";
+  double ref = 0, diff = 0;
+  for (size_t i = 0; i < orig.size(); ++i) {
+    ref = std::max(ref, std::fabs(static_cast<double>(orig[i])));
+    diff = std::max(diff, std::fabs(static_cast<double>(orig[i]) - got[i]));
+  }
+  EXPECT_GT(diff, 0.0);
+  if (close > 0) {
+    EXPECT_LT(diff, close * ref);
+  }
 }
 
 }  // namespace troupe::compute
