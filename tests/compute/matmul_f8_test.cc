@@ -61,17 +61,8 @@ F8Matrix make_f8(int64_t rows, int64_t cols, int64_t br, int64_t bc, uint32_t se
   m.f8.scale_block[0] = br;
   m.f8.scale_block[1] = bc;
   m.f8.scale_stride = gc;
-  m.f32.name = "test.f32";
-  m.f32.type = GgmlType::kF32;
-  m.f32.ne[0] = cols;
-  m.f32.ne[1] = rows;
-  m.f32.data = reinterpret_cast<const uint8_t*>(m.exact.data());
+  m.f32 = f32_view(m.exact, rows, cols);
   return m;
-}
-
-void expect_bits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
 }
 
 TEST(MatmulF8, EqualsTheExactF32TwinOnEveryPath) {

@@ -1,9 +1,13 @@
-// Helpers shared by the matmul tests (matmul_test.cc, matmul_tiles_test.cc).
+// Helpers shared by the matmul tests (matmul_test.cc, matmul_tiles_test.cc, the FP8 and int4
+// ones).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/thread_pool.h"
@@ -33,6 +37,24 @@ inline std::vector<float> run(const detail::KernelSet& ks, const model::WeightVi
   std::vector<float> y(static_cast<size_t>(n_tok * w.rows()), -12345.f);
   detail::matmul_with(ks, w, x.data(), w.cols(), n_tok, y.data(), w.rows(), pool);
   return y;
+}
+
+/// A view of `values` as an F32 matrix of rows x cols (the exact twin of a scaled matrix).
+inline model::WeightView f32_view(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  model::WeightView v;
+  v.name = "test.f32";
+  v.type = model::GgmlType::kF32;
+  v.ne[0] = cols;
+  v.ne[1] = rows;
+  v.data = reinterpret_cast<const uint8_t*>(values.data());
+  return v;
+}
+
+/// a and b hold the same bits.
+inline void expect_bits(const std::vector<float>& a, const std::vector<float>& b,
+                        const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
 }
 
 }  // namespace troupe::compute::matmultest
