@@ -34,19 +34,11 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     const float* wr = row;
     if constexpr (kType == model::GgmlType::kF32) {
       wr = reinterpret_cast<const float*>(src);
-    } else if constexpr (kType == model::GgmlType::kF8_E4M3) {
-      // The nearest float to fp8 * scale, as model::dequantize_view_row computes it.
-      const float* values = model::fp8_e4m3_values();
+    } else if constexpr (kType == model::GgmlType::kF8_E4M3 ||
+                         kType == model::GgmlType::kI4_PACKED) {
       thread_local std::vector<float> tmp;
       const float* sc = j.scale_row(r, scratch(tmp, j.w_scale_stride));
-      for (int64_t c = 0; c < j.cols; ++c) row[c] = values[src[c]] * sc[c / j.w_scale_cols];
-    } else if constexpr (kType == model::GgmlType::kI4_PACKED) {
-      // The nearest float to q * scale (q = nibble - 8), as model::dequantize_view_row.
-      thread_local std::vector<float> tmp;
-      const float* sc = j.scale_row(r, scratch(tmp, j.w_scale_stride));
-      for (int64_t c = 0; c < j.cols; ++c)
-        row[c] =
-            static_cast<float>(((src[c / 2] >> (4 * (c % 2))) & 15) - 8) * sc[c / j.w_scale_cols];
+      model::dequantize_scaled_row(kType, src, sc, j.w_scale_cols, j.cols, row);
     } else {
       model::dequantize_row(kType, src, row, j.cols);
     }

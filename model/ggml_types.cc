@@ -159,6 +159,43 @@ const float* fp8_e4m3_values() {
   return kValues.data();
 }
 
+void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
+                           int64_t cols_per_scale, int64_t n, float* out) {
+  TROUPE_CHECK(t == GgmlType::kF8_E4M3 || t == GgmlType::kI4_PACKED,
+               "dequantize_scaled_row: %s has no separate scales", type_name(t).c_str());
+  const float* fp8 = fp8_e4m3_values();
+  for (int64_t c0 = 0, b = 0; c0 < n; c0 += cols_per_scale, ++b) {
+    const float s = scales[b];
+    const int64_t c1 = std::min(n, c0 + cols_per_scale);
+    if (t == GgmlType::kF8_E4M3) {
+      for (int64_t c = c0; c < c1; ++c) out[c] = fp8[q[c]] * s;
+    } else {
+      for (int64_t c = c0; c < c1; ++c)
+        out[c] = static_cast<float>(((q[c / 2] >> (4 * (c % 2))) & 15) - 8) * s;
+    }
+  }
+}
+
+void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out) {
+  const auto* p = static_cast<const uint8_t*>(scales);
+  if (type == GgmlType::kF32) {
+    std::memcpy(out, p, static_cast<size_t>(n) * 4);
+    return;
+  }
+  uint16_t h;
+  if (type == GgmlType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = bf16_to_fp32(h);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = fp16_to_fp32(h);
+    }
+  }
+}
+
 namespace {
 
 void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {

@@ -74,20 +74,11 @@ inline float bf16_to_fp32(uint16_t b) {
   return f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
-/// Element i of a scale array stored as F32, BF16 or F16 (the types a WeightView's scales have).
-inline float scale_value(const void* scales, GgmlType type, int64_t i) {
-  const auto* p = static_cast<const uint8_t*>(scales);
-  if (type == GgmlType::kF32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return type == GgmlType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-}
-/// Bytes of one such scale.
+/// Bytes of one scale of a WeightView (stored as F32, BF16 or F16).
 inline int64_t scale_bytes(GgmlType type) { return type == GgmlType::kF32 ? 4 : 2; }
+/// Scales [0, n) stored as `type` (F32, BF16 or F16) into out as floats (the kernels convert a
+/// row's scales once per tile with this).
+void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out);
 /// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
 float fp8_e4m3_to_fp32(uint8_t b);
 /// fp8_e4m3_to_fp32 of every code, indexed by the code (a table built once).
@@ -250,6 +241,11 @@ inline void q3k_scales(const uint8_t* p, int8_t* s) {
 /// Throws InputError for a type troupe cannot read, and for kF8_E4M3, whose scales are not in
 /// the row (model::dequantize_view_row reads any view).
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
+/// n values of a row of scaled type t (kF8_E4M3, kI4_PACKED) at q, whose scales are
+/// scales[c / cols_per_scale] (as floats): each the nearest float to q * scale (one multiply), as
+/// every kernel computes them.
+void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
+                           int64_t cols_per_scale, int64_t n, float* out);
 
 /// Quantizes n floats (a multiple of the block size) into dst, for the writer and synth.
 /// Supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl,

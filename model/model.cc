@@ -1,9 +1,9 @@
 // GGUF → ModelSpec mapping and spec validation.
 #include "model/model.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "base/check.h"
 #include "model/gguf.h"
@@ -422,19 +422,10 @@ void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
   }
   TROUPE_CHECK(w.scales != nullptr && w.scale_block[0] > 0 && w.scale_block[1] > 0,
                "%s: %s view without its scales", w.name.c_str(), type_name(w.type).c_str());
-  const uint8_t* q = w.row(r);
-  const float* fp8 = fp8_e4m3_values();
-  // Each value is the nearest float to q * scale (one multiply), as the kernels compute it.
-  for (int64_t c0 = 0; c0 < w.cols(); c0 += w.scale_block[1]) {
-    const float s = w.scale_at(r, c0);
-    const int64_t c1 = std::min(w.cols(), c0 + w.scale_block[1]);
-    if (w.type == GgmlType::kF8_E4M3) {
-      for (int64_t c = c0; c < c1; ++c) out[c] = fp8[q[c]] * s;
-    } else {
-      for (int64_t c = c0; c < c1; ++c)
-        out[c] = static_cast<float>(((q[c / 2] >> (4 * (c % 2))) & 15) - 8) * s;
-    }
-  }
+  thread_local std::vector<float> sc;
+  sc.resize(static_cast<size_t>(w.scale_stride));
+  scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, sc.data());
+  dequantize_scaled_row(w.type, w.row(r), sc.data(), w.scale_block[1], w.cols(), out);
 }
 
 }  // namespace troupe::model

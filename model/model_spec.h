@@ -30,7 +30,7 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
   /// kF8_E4M3 and kI4_PACKED only: value (r, c) of matrix i is q * scale, the scale being
   /// element r / scale_block[0] * scale_stride + c / scale_block[1] of `scales` (stored as
-  /// scale_type: F32, BF16 or F16; model::scale_value): one scale per block of scale_block[0]
+  /// scale_type: F32, BF16 or F16; model::scales_to_f32): one scale per block of scale_block[0]
   /// rows x scale_block[1] columns, row-major, one such grid per stacked matrix (slice() moves
   /// to matrix i's).
   const void* scales = nullptr;
@@ -40,9 +40,10 @@ struct WeightView {
 
   /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED).
   bool scaled() const { return type == GgmlType::kF8_E4M3 || type == GgmlType::kI4_PACKED; }
-  /// The scale of row r's columns from c on (to the end of c's block).
-  float scale_at(int64_t r, int64_t c) const {
-    return scale_value(scales, scale_type, r / scale_block[0] * scale_stride + c / scale_block[1]);
+  /// Row r's scale_stride scales (stored as scale_type; model::scales_to_f32 reads them).
+  const uint8_t* row_scales(int64_t r) const {
+    return static_cast<const uint8_t*>(scales) +
+           r / scale_block[0] * scale_stride * scale_bytes(scale_type);
   }
   bool present() const { return data != nullptr; }
   int64_t cols() const { return ne[0]; }

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/model.h"
 #include "model/safetensors.h"
 #include "tests/test_support.h"
 
@@ -46,6 +47,23 @@ inline uint8_t e4m3_nearest(double x) {
   const double dh = e4m3_value(static_cast<uint8_t>(hi)) - a;
   const int code = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
   return static_cast<uint8_t>(sign | code);
+}
+
+/// Every row of x (each matrix of a stack) dequantizes (model::dequantize_view_row) to the same
+/// bits as y's: a quantized checkpoint's view against its exact f32 twin's.
+inline void expect_same_rows(const model::WeightView& x, const model::WeightView& y) {
+  SCOPED_TRACE(x.name);
+  ASSERT_EQ(x.cols(), y.cols());
+  ASSERT_EQ(x.rows(), y.rows());
+  std::vector<float> rx(static_cast<size_t>(x.cols())), ry(rx.size());
+  for (int64_t i = 0; i < x.ne[2]; ++i) {
+    const model::WeightView xs = x.ne[2] > 1 ? x.slice(i) : x, ys = y.ne[2] > 1 ? y.slice(i) : y;
+    for (int64_t r = 0; r < xs.rows(); ++r) {
+      model::dequantize_view_row(xs, r, rx.data());
+      model::dequantize_view_row(ys, r, ry.data());
+      ASSERT_EQ(std::memcmp(rx.data(), ry.data(), rx.size() * 4), 0) << "row " << r;
+    }
+  }
 }
 
 /// One tensor of a safetensors file being written.

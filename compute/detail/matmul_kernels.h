@@ -51,7 +51,7 @@ struct MatmulJob {
         w_scales + r / w_scale_rows * w_scale_stride * model::scale_bytes(w_scale_type);
     if (w_scale_type == model::GgmlType::kF32 && reinterpret_cast<uintptr_t>(p) % 4 == 0)
       return reinterpret_cast<const float*>(p);
-    for (int64_t i = 0; i < w_scale_stride; ++i) tmp[i] = model::scale_value(p, w_scale_type, i);
+    model::scales_to_f32(p, w_scale_type, w_scale_stride, tmp);
     return tmp;
   }
 };

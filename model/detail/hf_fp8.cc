@@ -2,7 +2,6 @@
 #include "model/detail/hf_fp8.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "base/check.h"
 #include "model/model.h"
@@ -143,15 +142,7 @@ const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, co
     out = reinterpret_cast<const float*>(s->data);
   } else {
     auto* conv = reinterpret_cast<float*>(alloc(n * sizeof(float)));
-    for (size_t i = 0; i < n; ++i) {
-      if (s->type == GgmlType::kF32) {
-        std::memcpy(&conv[i], s->data + 4 * i, 4);
-      } else {
-        uint16_t bits;
-        std::memcpy(&bits, s->data + 2 * i, 2);
-        conv[i] = s->type == GgmlType::kF16 ? fp16_to_fp32(bits) : bf16_to_fp32(bits);
-      }
-    }
+    scales_to_f32(s->data, s->type, static_cast<int64_t>(n), conv);
     out = conv;
   }
   for (size_t i = 0; i < n; ++i)

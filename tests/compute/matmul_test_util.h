@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
+#include "compute/matmul.h"
 #include "compute/thread_pool.h"
 #include "model/model_spec.h"
 
@@ -48,6 +51,18 @@ inline model::WeightView f32_view(const std::vector<float>& values, int64_t rows
   v.ne[1] = rows;
   v.data = reinterpret_cast<const uint8_t*>(values.data());
   return v;
+}
+
+/// The InputError message of w times one row of x (a bad weight view's refusal), or
+/// "no error".
+inline std::string matmul_error(const model::WeightView& w, const std::vector<float>& x) {
+  std::vector<float> y(static_cast<size_t>(w.rows()));
+  try {
+    matmul(w, x.data(), 1, y.data(), nullptr);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 /// a and b hold the same bits.

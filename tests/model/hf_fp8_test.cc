@@ -90,19 +90,8 @@ TEST(HfFp8, LoadsFp8ViewsWhoseRowsAreTheExactProducts) {
            {&la.wo, &lb.wo},
            {&a.token_embd, &b.token_embd},
            {&la.wk_b, &lb.wk_b},
-           {&la.router, &lb.router}}) {
-    SCOPED_TRACE(x->name);
-    ASSERT_EQ(x->cols(), y->cols());
-    std::vector<float> rx(static_cast<size_t>(x->cols())), ry(rx.size());
-    for (int64_t i = 0; i < x->ne[2]; ++i) {
-      const WeightView xs = x->ne[2] > 1 ? x->slice(i) : *x, ys = y->ne[2] > 1 ? y->slice(i) : *y;
-      for (int64_t r = 0; r < xs.rows(); ++r) {
-        dequantize_view_row(xs, r, rx.data());
-        dequantize_view_row(ys, r, ry.data());
-        ASSERT_EQ(std::memcmp(rx.data(), ry.data(), rx.size() * 4), 0) << "row " << r;
-      }
-    }
-  }
+           {&la.router, &lb.router}})
+    testing::expect_same_rows(*x, *y);
   EXPECT_EQ(la.wk_b.type, GgmlType::kF32);
   EXPECT_EQ(la.router.type, GgmlType::kF32);
   EXPECT_EQ(la.attn_norm.type, GgmlType::kF32);
@@ -240,12 +229,7 @@ TEST(HfFp8, CompressedTensorsScalesPerRowTensorAndBlock) {
     EXPECT_EQ(g.type, GgmlType::kF8_E4M3);
     EXPECT_EQ(g.scale_block[0], c.want_br);
     EXPECT_EQ(g.scale_block[1], c.want_bc);
-    std::vector<float> a(static_cast<size_t>(g.cols())), b(a.size());
-    for (int64_t r = 0; r < g.rows(); ++r) {
-      dequantize_view_row(g, r, a.data());
-      dequantize_view_row(tg, r, b.data());
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "row " << r;
-    }
+    testing::expect_same_rows(g, tg);
   }
 }
 

@@ -21,6 +21,7 @@ namespace troupe::model {
 namespace {
 
 using nlohmann::json;
+using testing::expect_same_rows;
 using testing::Int4Copy;
 using testing::Int4Options;
 using testing::StTensor;
@@ -31,21 +32,6 @@ using testing::StTensor;
 std::string load_error(const std::string& dir) {
   auto m = load_hf_model(dir);
   return m ? std::string() : m.error().message;
-}
-
-void expect_same_rows(const WeightView& x, const WeightView& y) {
-  SCOPED_TRACE(x.name);
-  ASSERT_EQ(x.cols(), y.cols());
-  ASSERT_EQ(x.rows(), y.rows());
-  std::vector<float> rx(static_cast<size_t>(x.cols())), ry(rx.size());
-  for (int64_t i = 0; i < x.ne[2]; ++i) {
-    const WeightView xs = x.ne[2] > 1 ? x.slice(i) : x, ys = y.ne[2] > 1 ? y.slice(i) : y;
-    for (int64_t r = 0; r < xs.rows(); ++r) {
-      dequantize_view_row(xs, r, rx.data());
-      dequantize_view_row(ys, r, ry.data());
-      ASSERT_EQ(std::memcmp(rx.data(), ry.data(), rx.size() * 4), 0) << "row " << r;
-    }
-  }
 }
 
 TEST(HfInt4, LoadsPackedViewsWhoseRowsAreTheExactProducts) {
