@@ -18,6 +18,7 @@
 #include "model/detail/hf_compressed.h"
 #include "model/detail/hf_config.h"
 #include "model/detail/hf_fp8.h"
+#include "model/detail/hf_hparams.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -27,10 +28,9 @@ namespace troupe::model {
 namespace {
 
 using detail::HfConfig;
+using Family = detail::HfFamily;
 using detail::read_json_file;
 using nlohmann::json;
-
-constexpr int64_t kMaxLayers = 4096;
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -45,17 +45,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   }
   return out + "]";
 }
-
-enum class Family : uint8_t {
-  kLlama,
-  kMixtral,
-  kQwen2,
-  kQwen3,
-  kQwen2Moe,
-  kQwen3Moe,
-  kDeepseekV2,
-  kDeepseekV3
-};
 
 // Builds the ModelSpec; converted tensors go into buffers appended to `storage`.
 class HfSpecBuilder {
@@ -89,242 +78,12 @@ class HfSpecBuilder {
     fp8_ = detail::read_fp8_format(cfg_);
     compressed_ = detail::read_compressed_format(cfg_);
     if (compressed_.fp8.on) fp8_ = compressed_.fp8;
-    const std::string arch = read_family();
-    read_common(arch);
-    if (is_mla_family()) {
-      read_mla_hparams();
-    } else {
-      read_attention(arch);
-      read_moe_counts();
-    }
-    detail::apply_hf_rope_scaling(rope_params_, cfg_.path(), is_mla_family(), s_);
-    if (s_.n_expert > 0 && (s_.n_expert_used <= 0 || s_.n_ff_exp <= 0))
-      TROUPE_INPUT_ERROR("%s: MoE model needs num_experts_per_tok and the expert FFN width",
-                         cfg_.path().c_str());
-    mark_moe_layers();
-  }
-
-  bool is_mla_family() const { return fam_ == Family::kDeepseekV2 || fam_ == Family::kDeepseekV3; }
-
-  /// The class name from "architectures"; sets fam_.
-  std::string read_family() {
-    const json* archs = cfg_.find("architectures");
-    if (!archs || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
-      TROUPE_INPUT_ERROR("%s: missing \"architectures\" (a list of class names)",
-                         cfg_.path().c_str());
-    const std::string arch = (*archs)[0].get<std::string>();
-    if (arch == "LlamaForCausalLM") {
-      fam_ = Family::kLlama;
-    } else if (arch == "MixtralForCausalLM") {
-      fam_ = Family::kMixtral;
-    } else if (arch == "Qwen2ForCausalLM") {
-      fam_ = Family::kQwen2;
-    } else if (arch == "Qwen3ForCausalLM") {
-      fam_ = Family::kQwen3;
-    } else if (arch == "Qwen2MoeForCausalLM") {
-      fam_ = Family::kQwen2Moe;
-    } else if (arch == "Qwen3MoeForCausalLM") {
-      fam_ = Family::kQwen3Moe;
-    } else if (arch == "DeepseekV2ForCausalLM") {
-      fam_ = Family::kDeepseekV2;
-    } else if (arch == "DeepseekV3ForCausalLM") {
-      fam_ = Family::kDeepseekV3;
-    } else {
-      TROUPE_INPUT_ERROR(
-          "%s: architecture '%s' is not supported (troupe reads LlamaForCausalLM, "
-          "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
-          "Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
-          cfg_.path().c_str(), arch.c_str());
-    }
-    return arch;
-  }
-
-  /// Widths, counts, norm epsilon and RoPE base shared by all families (defaults as the
-  /// transformers config classes).
-  void read_common(const std::string& arch) {
-    ModelSpec& s = s_;
-    const bool mixtral = fam_ == Family::kMixtral;
-    s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
-
-    const std::string act = cfg_.get_string_or("hidden_act", "silu");
-    if (act != "silu")
-      TROUPE_INPUT_ERROR("%s: hidden_act '%s' is not supported (only silu)", cfg_.path().c_str(),
-                         act.c_str());
-    s.n_vocab = cfg_.get_dim("vocab_size");
-    s.n_embd = cfg_.get_dim("hidden_size");
-    s.n_layer = cfg_.get_dim("num_hidden_layers");
-    if (s.n_layer > kMaxLayers)
-      TROUPE_INPUT_ERROR("%s: num_hidden_layers %lld is out of range", cfg_.path().c_str(),
-                         static_cast<long long>(s.n_layer));
-    s.n_head = cfg_.get_dim("num_attention_heads");
-    s.n_head_kv = cfg_.has("num_key_value_heads") ? cfg_.get_dim("num_key_value_heads") : s.n_head;
-    if (s.n_head % s.n_head_kv != 0)
-      TROUPE_INPUT_ERROR(
-          "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
-          "%lld",
-          cfg_.path().c_str(), static_cast<long long>(s.n_head),
-          static_cast<long long>(s.n_head_kv));
-    s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
-    s.rms_eps = static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
-    s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : 10000.0));
-    s.n_ff = cfg_.get_int_or("intermediate_size", 0);
-    if (cfg_.get_bool_or("mlp_bias", false))
-      TROUPE_INPUT_ERROR("%s: mlp_bias is not supported", cfg_.path().c_str());
-  }
-
-  /// Standard (non-MLA) attention: head size and RoPE layout.
-  void read_attention(const std::string& arch) {
-    ModelSpec& s = s_;
-    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
-    if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
-    s.head_dim_k = s.head_dim_v = head_dim;
-    const double partial = cfg_.get_float_or("partial_rotary_factor", 1.0);
-    s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
-    // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead.
-    s.rope_style = RopeStyle::kNeox;
-    // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist).
-    if (fam_ != Family::kQwen2 && fam_ != Family::kQwen2Moe &&
-        cfg_.get_bool_or("attention_bias", false))
-      TROUPE_INPUT_ERROR("%s: attention_bias is not supported for %s (no output bias)",
-                         cfg_.path().c_str(), arch.c_str());
-  }
-
-  /// Expert counts and routing of Llama/Mixtral/Qwen (softmax gating).
-  void read_moe_counts() {
-    ModelSpec& s = s_;
-    switch (fam_) {
-      case Family::kLlama:
-        s.arch = Arch::kLlama;
-        s.n_ff_exp = s.n_ff;  // as the GGUF reader: llama-arch experts have the FFN width
-        s.norm_topk = true;
-        break;
-      case Family::kMixtral:
-        s.arch = Arch::kLlama;
-        s.n_expert = cfg_.get_dim("num_local_experts");
-        s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
-        s.n_ff_exp = s.n_ff;
-        s.norm_topk = true;  // MixtralSparseMoeBlock always renormalizes the top-k
-        break;
-      case Family::kQwen2:
-      case Family::kQwen3:
-        s.arch = fam_ == Family::kQwen2 ? Arch::kQwen2 : Arch::kQwen3;
-        // Qwen2's sliding window applies only where use_sliding_window is set (never in the
-        // released checkpoints); troupe attends to the whole context.
-        if (cfg_.get_bool_or("use_sliding_window", false))
-          TROUPE_INPUT_ERROR("%s: use_sliding_window is not supported", cfg_.path().c_str());
-        break;
-      case Family::kQwen2Moe:
-      case Family::kQwen3Moe:
-        s.arch = fam_ == Family::kQwen2Moe ? Arch::kQwen2Moe : Arch::kQwen3Moe;
-        s.n_expert = cfg_.get_int_or("num_experts", 0);
-        s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
-        s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
-        s.norm_topk = cfg_.get_bool_or("norm_topk_prob", false);
-        if (fam_ == Family::kQwen2Moe) {
-          s.n_ff_shexp = cfg_.get_int_or("shared_expert_intermediate_size", 0);
-          s.n_expert_shared = s.n_ff_shexp > 0 ? 1 : 0;
-        }
-        break;
-      case Family::kDeepseekV2:
-      case Family::kDeepseekV3:
-        break;  // read_mla_hparams
-    }
-  }
-
-  /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek
-  /// first_k_dense_replace / moe_layer_freq; Mixtral all.
-  void mark_moe_layers() {
-    ModelSpec& s = s_;
-    is_moe_.assign(static_cast<size_t>(s.n_layer), s.n_expert > 0);
-    if (s.n_expert > 0 && (fam_ == Family::kQwen2Moe || fam_ == Family::kQwen3Moe)) {
-      const int64_t step = std::max<int64_t>(1, cfg_.get_int_or("decoder_sparse_step", 1));
-      std::vector<int64_t> mlp_only;
-      if (const json* m = cfg_.find("mlp_only_layers")) {
-        if (!m->is_array())
-          TROUPE_INPUT_ERROR("%s: 'mlp_only_layers' must be a list", cfg_.path().c_str());
-        for (const json& x : *m)
-          if (x.is_number_integer()) mlp_only.push_back(x.get<int64_t>());
-      }
-      for (int64_t il = 0; il < s.n_layer; ++il)
-        is_moe_[static_cast<size_t>(il)] =
-            (il + 1) % step == 0 &&
-            std::find(mlp_only.begin(), mlp_only.end(), il) == mlp_only.end();
-    } else if (s.n_expert > 0 && is_mla()) {
-      const int64_t freq = std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1));
-      for (int64_t il = 0; il < s.n_layer; ++il)
-        is_moe_[static_cast<size_t>(il)] = il >= s.n_leading_dense && il % freq == 0;
-    }
-    if (!is_mla()) {  // count the leading dense layers (0 for a dense model, as GGUF)
-      s.n_leading_dense = 0;
-      while (s.n_expert > 0 && s.n_leading_dense < s.n_layer &&
-             !is_moe_[static_cast<size_t>(s.n_leading_dense)])
-        ++s.n_leading_dense;
-    }
-  }
-
-  // rope_theta from the classic key or transformers' newer rope_parameters; the scaling
-  // parameters are kept for detail::apply_hf_rope_scaling(), which needs the rotary width.
-  double read_rope(double def_theta) {
-    double theta = cfg_.get_float_or("rope_theta", def_theta);
-    const json* params = cfg_.find("rope_parameters");
-    const json* scaling = cfg_.find("rope_scaling");
-    for (const json* p : {scaling, params}) {
-      if (!p) continue;
-      if (!p->is_object())
-        TROUPE_INPUT_ERROR("%s: rope_scaling/rope_parameters must be an object",
-                           cfg_.path().c_str());
-      for (const auto& [k, v] : p->items()) rope_params_[k] = v;
-      auto th = p->find("rope_theta");
-      if (th != p->end() && th->is_number()) theta = th->get<double>();
-    }
-    return theta;
-  }
-
-  void read_mla_hparams() {
-    ModelSpec& s = s_;
-    const bool v3 = fam_ == Family::kDeepseekV3;
-    s.arch = Arch::kDeepseek2;
-    s.q_lora_rank = cfg_.get_int_or("q_lora_rank", 0);
-    s.kv_lora_rank = cfg_.get_dim("kv_lora_rank");
-    s.qk_nope_dim = cfg_.get_dim("qk_nope_head_dim");
-    s.qk_rope_dim = cfg_.get_dim("qk_rope_head_dim");
-    s.v_head_dim = cfg_.get_dim("v_head_dim");
-    s.head_dim_k = s.qk_nope_dim + s.qk_rope_dim;
-    s.head_dim_v = s.v_head_dim;
-    s.n_rot = s.qk_rope_dim;
-    s.n_head_kv = 1;  // the latent is shared by all heads (as llama.cpp's "MLA as MQA" GGUF)
-    // DeepSeek checkpoints store the rope rows of q_b_proj / kv_a_proj_with_mqa as interleaved
-    // pairs; modeling_deepseek (and transformers with rope_interleave, the default) de-interleave
-    // them before rotate_half, which is pair rotation on the stored order: GGUF's kNormal.
-    s.rope_style =
-        cfg_.get_bool_or("rope_interleave", true) ? RopeStyle::kNormal : RopeStyle::kNeox;
-    if (cfg_.get_bool_or("attention_bias", false))
-      TROUPE_INPUT_ERROR("%s: attention_bias is not supported for DeepSeek", cfg_.path().c_str());
-
-    s.n_expert = cfg_.get_int_or("n_routed_experts", 0);
-    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
-    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
-    s.n_expert_shared = cfg_.get_int_or("n_shared_experts", 0);
-    s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
-    s.n_leading_dense = std::min(cfg_.get_int_or("first_k_dense_replace", 0), s.n_layer);
-    s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.0));
-    s.norm_topk = cfg_.get_bool_or("norm_topk_prob", v3);
-    const std::string scoring = cfg_.get_string_or("scoring_func", v3 ? "sigmoid" : "softmax");
-    if (scoring == "sigmoid") {
-      s.gating = Gating::kSigmoid;
-    } else if (scoring == "softmax") {
-      s.gating = Gating::kSoftmax;
-    } else {
-      TROUPE_INPUT_ERROR("%s: scoring_func '%s' is not supported (softmax, sigmoid)",
-                         cfg_.path().c_str(), scoring.c_str());
-    }
-    const std::string topk_method = cfg_.get_string_or("topk_method", v3 ? "noaux_tc" : "greedy");
-    if (topk_method == "greedy") {
-      s.n_group = s.n_group_used = 1;  // no group limit, whatever n_group says
-    } else {
-      s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
-      s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
-    }
+    detail::HfHparams h = detail::read_hf_hparams(cfg_);
+    s_ = std::move(h.spec);
+    fam_ = h.family;
+    is_moe_ = std::move(h.is_moe);
+    attention_bias_ = h.attention_bias;
+    qk_norm_ = h.qk_norm;
   }
 
   bool is_mla() const { return s_.arch == Arch::kDeepseek2; }
@@ -349,12 +108,12 @@ class HfSpecBuilder {
       L.wk = take(a + "k_proj.weight", g + "attn_k.weight", {k, E});
       L.wv = take(a + "v_proj.weight", g + "attn_v.weight", {v, E});
       L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.head_dim_v});
-      if (s_.arch == Arch::kQwen2Moe || s_.arch == Arch::kQwen2) {
+      if (attention_bias_) {
         L.bq = take_f32(a + "q_proj.bias", g + "attn_q.bias", {q});
         L.bk = take_f32(a + "k_proj.bias", g + "attn_k.bias", {k});
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
       }
-      if (s_.arch == Arch::kQwen3Moe || s_.arch == Arch::kQwen3) {
+      if (qk_norm_) {
         L.q_norm = take_f32(a + "q_norm.weight", g + "attn_q_norm.weight", {s.head_dim_k});
         L.k_norm = take_f32(a + "k_norm.weight", g + "attn_k_norm.weight", {s.head_dim_k});
       }
@@ -425,9 +184,10 @@ class HfSpecBuilder {
     const bool mixtral = fam_ == Family::kMixtral;
     const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
     L.router = take_f32(m + "gate.weight", g + "ffn_gate_inp.weight", {s.n_expert, E});
-    if (is_mla() && st_.find(m + "gate.e_score_correction_bias"))
-      L.router_bias =
-          take_f32(m + "gate.e_score_correction_bias", g + "exp_probs_b.bias", {s.n_expert});
+    // DeepSeek's selection bias is optional (V2 has none); GLM's router always has one.
+    const std::string bias = m + "gate.e_score_correction_bias";
+    if (fam_ == Family::kGlm4Moe || (is_mla() && st_.find(bias)))
+      L.router_bias = take_f32(bias, g + "exp_probs_b.bias", {s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
     for (int64_t e = 0; e < s.n_expert; ++e) {
       const std::string x = m + "experts." + std::to_string(e) + ".";
@@ -441,7 +201,8 @@ class HfSpecBuilder {
                     g + "ffn_down_exps.weight" + idx, {E, F});
     }
     if (s.n_ff_shexp > 0) {
-      const std::string x = m + (is_mla() ? "shared_experts." : "shared_expert.");
+      const std::string x =
+          m + (is_mla() || fam_ == Family::kGlm4Moe ? "shared_experts." : "shared_expert.");
       const int64_t S = s.n_ff_shexp;
       L.shared.gate = take(x + "gate_proj.weight", g + "ffn_gate_shexp.weight", {S, E});
       L.shared.up = take(x + "up_proj.weight", g + "ffn_up_shexp.weight", {S, E});
@@ -565,9 +326,9 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
+  bool attention_bias_ = false, qk_norm_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
-  json rope_params_ = json::object();    // rope_scaling and rope_parameters, merged
   ModelSpec s_;
   std::vector<bool> is_moe_;
 };

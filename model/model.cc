@@ -25,6 +25,8 @@ const char* arch_name(Arch a) {
       return "qwen2";
     case Arch::kQwen3:
       return "qwen3";
+    case Arch::kGlm4Moe:
+      return "glm4moe";
   }
   return "?";
 }
@@ -72,16 +74,26 @@ class GgufSpecBuilder {
       s.arch = Arch::kQwen2;
     } else if (arch == "qwen3") {
       s.arch = Arch::kQwen3;
+    } else if (arch == "glm4moe") {
+      s.arch = Arch::kGlm4Moe;
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
     s.name = g_.get_string_or("general.name", "");
     s.n_embd = g_.get_int(p + "embedding_length");
     s.n_layer = g_.get_int(p + "block_count");
+    // GLM's multi-token-prediction layers are stored after the decoder's (block_count counts
+    // them); troupe does not run them, so it never maps them.
+    const int64_t n_nextn = g_.get_int_or(p + "nextn_predict_layers", 0);
+    if (n_nextn < 0 || n_nextn >= s.n_layer)
+      TROUPE_INPUT_ERROR("%s: nextn_predict_layers %lld must be below block_count %lld",
+                         g_.path().c_str(), static_cast<long long>(n_nextn),
+                         static_cast<long long>(s.n_layer));
+    s.n_layer -= n_nextn;
     s.n_head = g_.get_int(p + "attention.head_count");
     s.n_head_kv = g_.get_int_or(p + "attention.head_count_kv", s.n_head);
     s.n_ff = g_.get_int_or(p + "feed_forward_length", 0);
@@ -105,6 +117,10 @@ class GgufSpecBuilder {
     // llama.cpp stores Llama's q/k rows permuted for its normal rope; Qwen's as HF has them.
     s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 ? RopeStyle::kNormal
                                                                         : RopeStyle::kNeox;
+    if (g_.find(p + "rope.dimension_sections"))
+      TROUPE_INPUT_ERROR(
+          "%s: multimodal rope (rope.dimension_sections, as GLM-4.5V) is not supported",
+          g_.path().c_str());
     read_rope_scaling(s, p);
     s.n_expert = g_.get_int_or(p + "expert_count", 0);
     s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
@@ -113,7 +129,9 @@ class GgufSpecBuilder {
     s.n_ff_shexp = g_.get_int_or(p + "expert_shared_feed_forward_length", 0);
     s.n_leading_dense = g_.get_int_or(p + "leading_dense_block_count", 0);
     s.routed_scale = static_cast<float>(g_.get_float_or(p + "expert_weights_scale", 1.0));
-    const int64_t gating = g_.get_int_or(p + "expert_gating_func", 1);
+    // GLM writes no gating key for its sigmoid router (llama.cpp's default for glm4moe).
+    const int64_t gating =
+        g_.get_int_or(p + "expert_gating_func", s.arch == Arch::kGlm4Moe ? 2 : 1);
     s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
     s.n_group_used = g_.get_int_or(p + "expert_group_used_count", s.n_group);
@@ -134,6 +152,7 @@ class GgufSpecBuilder {
                              arch.c_str(), static_cast<long long>(s.n_expert));
         break;
       case Arch::kDeepseek2:
+      case Arch::kGlm4Moe:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
         break;
     }
@@ -253,7 +272,9 @@ class GgufSpecBuilder {
       L.k_norm = opt(b + "attn_k_norm.weight");
     }
     L.wo = req(b + "attn_output.weight");
-    L.ffn_norm = req(b + "ffn_norm.weight");
+    // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
+    L.ffn_norm =
+        req(b + (s.arch == Arch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight"));
     const bool moe = s.n_expert > 0 && il >= s.n_leading_dense;
     L.is_moe = moe;
     if (!moe) {
@@ -263,7 +284,8 @@ class GgufSpecBuilder {
       return;
     }
     L.router = req(b + "ffn_gate_inp.weight");
-    L.router_bias = opt(b + "exp_probs_b.bias");
+    L.router_bias =
+        s.arch == Arch::kGlm4Moe ? req(b + "exp_probs_b.bias") : opt(b + "exp_probs_b.bias");
     L.experts.resize(static_cast<size_t>(s.n_expert));
     if (has(b + "ffn_gate_exps.weight")) {
       const WeightView g = req(b + "ffn_gate_exps.weight");

@@ -75,6 +75,9 @@ enum class Arch : uint8_t {
   kDeepseek2 = 3,  ///< DeepSeek-V2/V3: MLA, shared experts, sigmoid/group routing
   kQwen2 = 4,      ///< Qwen2 / Qwen2.5 dense: q/k/v biases, NeoX rope
   kQwen3 = 5,      ///< Qwen3 dense: per-head q/k RMSNorm, NeoX rope
+  /// GLM-4.5/4.6 MoE: GQA with q/k/v biases, optional per-head q/k RMSNorm and NeoX rope on part
+  /// of each head; DeepSeek-V3's routing (sigmoid, selection bias, shared experts)
+  kGlm4Moe = 6,
 };
 const char* arch_name(Arch a);
 

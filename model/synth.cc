@@ -166,6 +166,15 @@ void plan_dense_ffn(Planner& p, const std::string& b, int64_t e, int64_t f,
   p.matrix(b + "ffn_down" + suffix + ".weight", {f, e});
 }
 
+// The extra tensors of a multi-token-prediction layer (GLM's "nextn" block, llama.cpp names):
+// troupe never runs them, but real files carry them.
+void plan_nextn(Planner& p, const std::string& b, int64_t e) {
+  p.matrix(b + "nextn.eh_proj.weight", {2 * e, e});
+  p.norm(b + "nextn.enorm.weight", e);
+  p.norm(b + "nextn.hnorm.weight", e);
+  p.norm(b + "nextn.shared_head_norm.weight", e);
+}
+
 std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlType dtype,
                                         bool k_mix, const std::vector<bool>* quiet_rows,
                                         std::vector<std::string>* notes) {
@@ -176,7 +185,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   p.norm("output_norm.weight", e);
   p.matrix("output.weight", {e, n_vocab});
   p.last().quiet_rows = quiet_rows;
-  for (int64_t il = 0; il < c.n_layer; ++il) {
+  for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
     if (c.arch == SynthArch::kDeepseek2) {
@@ -198,18 +207,23 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.matrix(b + "attn_q.weight", {e, q});
       p.matrix(b + "attn_k.weight", {e, kv});
       p.matrix(b + "attn_v.weight", {e, kv});
-      if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen2) {
+      if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen2 ||
+          c.arch == SynthArch::kGlm4Moe) {
         p.f32(b + "attn_q.bias", {q}, 0.02f);
         p.f32(b + "attn_k.bias", {kv}, 0.02f);
         p.f32(b + "attn_v.bias", {kv}, 0.02f);
       }
       p.matrix(b + "attn_output.weight", {q, e});
-      if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3) {
+      if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
+          c.arch == SynthArch::kGlm4Moe) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
       }
     }
-    p.norm(b + "ffn_norm.weight", e);
+    // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
+    p.norm(b + (c.arch == SynthArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight"),
+           e);
+    if (il >= c.n_layer) plan_nextn(p, b, e);
     const bool dense = c.n_expert == 0 || il < c.n_dense_lead;
     if (dense) {
       plan_dense_ffn(p, b, e, c.n_ff);
@@ -217,13 +231,14 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     }
     // Routers stay f32, as llama.cpp's quantizer leaves them.
     p.f32(b + "ffn_gate_inp.weight", {e, c.n_expert}, router_sd);
-    if (c.arch == SynthArch::kDeepseek2 && c.sigmoid)
+    if ((c.arch == SynthArch::kDeepseek2 && c.sigmoid) || c.arch == SynthArch::kGlm4Moe)
       p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
     plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
     if (c.arch == SynthArch::kQwen2Moe) {
       p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
       plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
-    } else if (c.arch == SynthArch::kDeepseek2 && c.n_expert_shared > 0) {
+    } else if ((c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe) &&
+               c.n_expert_shared > 0) {
       plan_dense_ffn(p, b, e, c.n_ff_exp * c.n_expert_shared, "_shexp");
     }
   }
@@ -311,6 +326,21 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("expert_used_count", c.n_expert_used);
       u32("expert_feed_forward_length", c.n_ff_exp);
       u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      break;
+    case SynthArch::kGlm4Moe:
+      u32("block_count", c.n_layer + c.n_nextn);
+      u32("nextn_predict_layers", c.n_nextn);
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("attention.value_length", c.head_dim);
+      u32("leading_dense_block_count", c.n_dense_lead);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_shared_count", c.n_expert_shared);
+      w.set_f32(k + "expert_weights_scale", c.w_scale);
+      w.set_bool(k + "expert_weights_norm", c.w_norm);
+      u32("expert_gating_func", 2);
       break;
     case SynthArch::kDeepseek2:
       // MLA is stored as MQA over the latent: key/value_length describe the cache rows,

@@ -23,8 +23,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "deepseek2") return SynthArch::kDeepseek2;
   if (a == "qwen2") return SynthArch::kQwen2;
   if (a == "qwen3") return SynthArch::kQwen3;
+  if (a == "glm4moe") return SynthArch::kGlm4Moe;
   TROUPE_INPUT_ERROR(
-      "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2)",
+      "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
+      "glm4moe)",
       a.c_str());
 }
 
@@ -35,16 +37,16 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     bool set;
     uint8_t archs;  // bit per SynthArch
   };
-  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64;
+  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128;
   const Use uses[] = {
-      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs},
-      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs},
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
-      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs},
-      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs},
+      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG},
+      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG},
       {"--n-group", o.n_group.has_value(), kDs},
       {"--n-group-used", o.n_group_used.has_value(), kDs},
       {"--q-lora-rank", o.q_lora_rank.has_value(), kDs},
@@ -53,8 +55,8 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--qk-nope-dim", o.qk_nope_dim.has_value(), kDs},
       {"--v-head-dim", o.v_head_dim.has_value(), kDs},
       {"--gating", o.gating.has_value(), kDs},
-      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs},
-      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs},
+      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs | kG},
+      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs | kG},
   };
   const uint8_t bit = static_cast<uint8_t>(1u << static_cast<unsigned>(arch));
   for (const Use& u : uses)
@@ -73,7 +75,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
   c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral ? 32 : 256);
   c.rope_theta = o.rope_theta.value_or(llama || ds ? 1e4f : 1e6f);
-  c.rms_eps = o.rms_eps.value_or(llama ? 1e-5f : 1e-6f);
+  c.rms_eps = o.rms_eps.value_or(llama || c.arch == SynthArch::kGlm4Moe ? 1e-5f : 1e-6f);
   check_positive("--n-embd", c.n_embd);
   check_positive("--n-layer", c.n_layer);
   check_positive("--n-head", c.n_head);
@@ -87,9 +89,10 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
                        static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
-  if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3) {
-    // Qwen3 heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads of 128; 8B:
-    // 4096/32 of 128): twice by default, any with --head-dim.
+  if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
+      c.arch == SynthArch::kGlm4Moe) {
+    // Qwen3 and GLM heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads of 128;
+    // GLM-4.5-Air: 4096/96 of 128): twice by default, any with --head-dim.
     c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
   } else {
     if (c.n_embd % c.n_head != 0)
@@ -100,13 +103,15 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   check_positive("--head-dim", c.head_dim);
   if (c.head_dim % 2 != 0)
     TROUPE_INPUT_ERROR("head width %lld must be even for rope", static_cast<long long>(c.head_dim));
-  c.rope_dim = c.head_dim;
+  // GLM rotates half of each head (partial_rotary_factor 0.5).
+  c.rope_dim = c.arch == SynthArch::kGlm4Moe ? c.head_dim / 2 / 2 * 2 : c.head_dim;
+  if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for glm4moe");
 }
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3)
     return;
-  const bool ds = c.arch == SynthArch::kDeepseek2;
+  const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe;
   c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
   c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
   check_positive("--n-expert", c.n_expert);
@@ -124,32 +129,22 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   }
 }
 
-// DeepSeek-V2/V3: latent attention widths, shared experts, group-limited routing.
-void resolve_mla(const SynthOptions& o, SynthConfig& c) {
-  c.q_lora = o.q_lora_rank.value_or(64);
-  c.kv_lora = o.kv_lora_rank.value_or(32);
-  c.rope_dim = o.qk_rope_dim.value_or(16);
-  c.nope_dim = o.qk_nope_dim.value_or(32);
-  c.v_dim = o.v_head_dim.value_or(32);
+// DeepSeek-V3's routing (GLM-4.5's too): shared experts, leading dense layers, group-limited
+// sigmoid routing with a selection bias.
+void resolve_sigmoid_routing(const SynthOptions& o, SynthConfig& c) {
+  const bool glm = c.arch == SynthArch::kGlm4Moe;
   c.n_dense_lead = o.n_dense_lead.value_or(1);
   c.n_expert_shared = o.n_expert_shared.value_or(1);
-  c.n_group = o.n_group.value_or(4);
-  c.n_group_used = o.n_group_used.value_or(2);
+  c.n_group = o.n_group.value_or(glm ? 1 : 4);  // GLM-4.5 routes without groups
+  c.n_group_used = o.n_group_used.value_or(glm ? 1 : 2);
   const std::string gating = o.gating.value_or("sigmoid");
   if (gating != "sigmoid" && gating != "softmax")
     TROUPE_INPUT_ERROR("--gating must be softmax or sigmoid, got '%s'", gating.c_str());
   c.sigmoid = gating == "sigmoid";
   c.w_norm = o.expert_weights_norm.value_or(true);
   c.w_scale = o.expert_weights_scale.value_or(2.5f);
-  if (c.q_lora < 0 || c.q_lora > (int64_t{1} << 24))
-    TROUPE_INPUT_ERROR("--q-lora-rank must be 0 (no q compression) or positive");
-  check_positive("--kv-lora-rank", c.kv_lora);
-  check_positive("--qk-rope-dim", c.rope_dim);
-  check_positive("--qk-nope-dim", c.nope_dim);
-  check_positive("--v-head-dim", c.v_dim);
   check_positive("--n-group", c.n_group);
   check_positive("--n-group-used", c.n_group_used);
-  if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
   if (c.n_expert_shared < 0 || c.n_expert_shared > 64)
     TROUPE_INPUT_ERROR("--n-expert-shared must be between 0 and 64");
   if (c.n_dense_lead < 0 || c.n_dense_lead > c.n_layer)
@@ -165,7 +160,25 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
                        static_cast<long long>(c.n_group_used));
   if (!(c.w_scale > 0) || !std::isfinite(c.w_scale))
     TROUPE_INPUT_ERROR("--expert-weights-scale must be positive");
+  if (glm) c.n_nextn = 1;  // as every released GLM-4.5 checkpoint
+}
+
+// DeepSeek-V2/V3: latent attention widths, then the routing.
+void resolve_mla(const SynthOptions& o, SynthConfig& c) {
+  c.q_lora = o.q_lora_rank.value_or(64);
+  c.kv_lora = o.kv_lora_rank.value_or(32);
+  c.rope_dim = o.qk_rope_dim.value_or(16);
+  c.nope_dim = o.qk_nope_dim.value_or(32);
+  c.v_dim = o.v_head_dim.value_or(32);
+  if (c.q_lora < 0 || c.q_lora > (int64_t{1} << 24))
+    TROUPE_INPUT_ERROR("--q-lora-rank must be 0 (no q compression) or positive");
+  check_positive("--kv-lora-rank", c.kv_lora);
+  check_positive("--qk-rope-dim", c.rope_dim);
+  check_positive("--qk-nope-dim", c.nope_dim);
+  check_positive("--v-head-dim", c.v_dim);
+  if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
   c.head_dim = c.nope_dim + c.rope_dim;
+  resolve_sigmoid_routing(o, c);
 }
 
 }  // namespace
@@ -178,6 +191,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
+  if (c.arch == SynthArch::kGlm4Moe) resolve_sigmoid_routing(o, c);
   return c;
 }
 

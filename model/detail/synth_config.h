@@ -11,7 +11,19 @@ namespace troupe::model::detail {
 
 // kQwen2 and kQwen3: the dense Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm) decoders,
 // the attention of kQwen2Moe and kQwen3Moe with one SwiGLU FFN.
-enum class SynthArch { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseek2, kQwen2, kQwen3 };
+// kGlm4Moe: GLM-4.5's decoder (Qwen2's biased attention with Qwen3's q/k norms and rope on half
+// of each head, DeepSeek-V3's routing) plus its multi-token-prediction layer, stored after the
+// decoder's as the converted checkpoints have it.
+enum class SynthArch {
+  kLlama,
+  kMixtral,
+  kQwen3Moe,
+  kQwen2Moe,
+  kDeepseek2,
+  kQwen2,
+  kQwen3,
+  kGlm4Moe
+};
 
 struct SynthConfig {
   SynthArch arch;
@@ -20,6 +32,7 @@ struct SynthConfig {
   int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
+  int64_t n_nextn = 0;  // glm4moe: multi-token-prediction layers after the decoder's
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

@@ -322,6 +322,39 @@ TEST(Synth, DeepseekWithoutQLoraUsesPlainQ) {
   EXPECT_EQ(g.get_int("deepseek2.attention.key_length_mla"), 32 + 16);
 }
 
+// GLM-4.5 as llama.cpp's converter writes it: the norm before the FFN named
+// post_attention_norm, rope on half of each head, and the multi-token-prediction layer last.
+TEST(Synth, Glm4MoeHasLlamaCppsLayout) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "glm4moe";
+  o.n_layer = 3;
+  o.head_dim = 12;
+  o.n_expert_shared = 2;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("glm4moe.block_count"), 4);
+  EXPECT_EQ(g.get_int("glm4moe.nextn_predict_layers"), 1);
+  EXPECT_EQ(g.get_int("glm4moe.attention.key_length"), 12);
+  EXPECT_EQ(g.get_int("glm4moe.rope.dimension_count"), 6);
+  EXPECT_EQ(g.get_int("glm4moe.expert_gating_func"), 2);
+  EXPECT_EQ(g.get_int("glm4moe.leading_dense_block_count"), 1);
+  EXPECT_EQ(g.find("glm4moe.expert_group_count"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.0.post_attention_norm.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.0.ffn_norm.weight"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.0.ffn_gate.weight"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.1.attn_q.bias"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.attn_q_norm.weight")->shape_string(), "[12]");
+  EXPECT_NE(g.find_tensor("blk.2.exp_probs_b.bias"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.2.ffn_up_shexp.weight")->shape_string(), "[128, 64]");
+  EXPECT_EQ(g.find_tensor("blk.2.nextn.eh_proj.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.3.nextn.eh_proj.weight")->shape_string(), "[256, 128]");
+  EXPECT_NE(g.find_tensor("blk.3.nextn.shared_head_norm.weight"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.3.ffn_gate_exps.weight"), nullptr);
+}
+
 TEST(Synth, BuiltinVocabGrowsToNVocab) {
   TempDir tmp;
   SynthOptions o;
@@ -348,7 +381,16 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   SynthOptions o;
   o.arch = "gpt5";
   EXPECT_EQ(err(o),
-            "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2)");
+            "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
+            "glm4moe)");
+  o = {};
+  o.arch = "glm4moe";
+  o.gating = "softmax";  // GLM's router is always sigmoid
+  EXPECT_EQ(err(o), "--gating does not apply to --arch glm4moe");
+  o = {};
+  o.arch = "glm4moe";
+  o.n_group = 2;  // llama.cpp's glm4moe reads no expert groups
+  EXPECT_EQ(err(o), "--n-group does not apply to --arch glm4moe");
   o = {};
   o.n_expert = 4;
   EXPECT_EQ(err(o), "--n-expert does not apply to --arch llama");
@@ -374,6 +416,10 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.arch = "deepseek2";
   o.n_group = 3;
   EXPECT_EQ(err(o), "--n-expert 16 is not a multiple of --n-group 3");
+  o = {};
+  o.arch = "glm4moe";
+  o.head_dim = 2;
+  EXPECT_EQ(err(o), "--head-dim must be at least 4 for glm4moe");
   o = {};
   o.vocab_donor = "/nonexistent/donor.gguf";
   EXPECT_EQ(err(o).rfind("--vocab-donor: /nonexistent/donor.gguf: cannot open", 0), 0u);

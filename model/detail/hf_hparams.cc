@@ -1,0 +1,303 @@
+// config.json → hyperparameters, family and MoE layers (model/detail/hf_hparams.h). Defaults
+// are those of the transformers config classes; the semantics those llama.cpp's GGUF converter
+// gives each family.
+#include "model/detail/hf_hparams.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "base/check.h"
+
+namespace troupe::model::detail {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kMaxLayers = 4096;
+
+class HparamsReader {
+ public:
+  explicit HparamsReader(const HfConfig& cfg) : cfg_(cfg) {}
+
+  HfHparams read() {
+    const std::string arch = read_family();
+    read_common(arch);
+    if (mla()) {
+      read_mla();
+    } else {
+      read_attention(arch);
+      read_moe_counts();
+    }
+    apply_hf_rope_scaling(rope_params_, cfg_.path(), mla(), h_.spec);
+    ModelSpec& s = h_.spec;
+    if (s.n_expert > 0 && (s.n_expert_used <= 0 || s.n_ff_exp <= 0))
+      TROUPE_INPUT_ERROR("%s: MoE model needs num_experts_per_tok and the expert FFN width",
+                         cfg_.path().c_str());
+    mark_moe_layers();
+    return std::move(h_);
+  }
+
+ private:
+  bool mla() const {
+    return h_.family == HfFamily::kDeepseekV2 || h_.family == HfFamily::kDeepseekV3;
+  }
+
+  /// The class name from "architectures"; sets the family.
+  std::string read_family() {
+    const json* archs = cfg_.find("architectures");
+    if (!archs || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+      TROUPE_INPUT_ERROR("%s: missing \"architectures\" (a list of class names)",
+                         cfg_.path().c_str());
+    const std::string arch = (*archs)[0].get<std::string>();
+    static const std::pair<const char*, HfFamily> kFamilies[] = {
+        {"LlamaForCausalLM", HfFamily::kLlama},
+        {"MixtralForCausalLM", HfFamily::kMixtral},
+        {"Qwen2ForCausalLM", HfFamily::kQwen2},
+        {"Qwen3ForCausalLM", HfFamily::kQwen3},
+        {"Qwen2MoeForCausalLM", HfFamily::kQwen2Moe},
+        {"Qwen3MoeForCausalLM", HfFamily::kQwen3Moe},
+        {"DeepseekV2ForCausalLM", HfFamily::kDeepseekV2},
+        {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
+        {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
+    };
+    for (const auto& [name, family] : kFamilies) {
+      if (arch == name) {
+        h_.family = family;
+        return arch;
+      }
+    }
+    std::string known;
+    for (const auto& [name, family] : kFamilies)
+      known += std::string(known.empty() ? "" : ", ") + name;
+    TROUPE_INPUT_ERROR("%s: architecture '%s' is not supported (troupe reads %s)",
+                       cfg_.path().c_str(), arch.c_str(), known.c_str());
+  }
+
+  /// Widths, counts, norm epsilon and RoPE base shared by all families.
+  void read_common(const std::string& arch) {
+    ModelSpec& s = h_.spec;
+    const bool mixtral = h_.family == HfFamily::kMixtral;
+    const bool glm = h_.family == HfFamily::kGlm4Moe;
+    s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
+
+    const std::string act = cfg_.get_string_or("hidden_act", "silu");
+    if (act != "silu")
+      TROUPE_INPUT_ERROR("%s: hidden_act '%s' is not supported (only silu)", cfg_.path().c_str(),
+                         act.c_str());
+    s.n_vocab = cfg_.get_dim("vocab_size");
+    s.n_embd = cfg_.get_dim("hidden_size");
+    s.n_layer = cfg_.get_dim("num_hidden_layers");
+    if (s.n_layer > kMaxLayers)
+      TROUPE_INPUT_ERROR("%s: num_hidden_layers %lld is out of range", cfg_.path().c_str(),
+                         static_cast<long long>(s.n_layer));
+    s.n_head = cfg_.get_dim("num_attention_heads");
+    s.n_head_kv = cfg_.has("num_key_value_heads") ? cfg_.get_dim("num_key_value_heads") : s.n_head;
+    if (s.n_head % s.n_head_kv != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
+          "%lld",
+          cfg_.path().c_str(), static_cast<long long>(s.n_head),
+          static_cast<long long>(s.n_head_kv));
+    s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
+    s.rms_eps = static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm ? 1e-5 : 1e-6));
+    s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : 10000.0));
+    s.n_ff = cfg_.get_int_or("intermediate_size", 0);
+    if (cfg_.get_bool_or("mlp_bias", false))
+      TROUPE_INPUT_ERROR("%s: mlp_bias is not supported", cfg_.path().c_str());
+  }
+
+  /// Standard (non-MLA) attention: head size, RoPE layout, biases and q/k norms.
+  void read_attention(const std::string& arch) {
+    ModelSpec& s = h_.spec;
+    const HfFamily f = h_.family;
+    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
+    if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
+    s.head_dim_k = s.head_dim_v = head_dim;
+    // GLM-4.5 rotates half of each head (its config class's default).
+    const double partial =
+        cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe ? 0.5 : 1.0);
+    if (!(partial > 0 && partial <= 1))
+      TROUPE_INPUT_ERROR("%s: partial_rotary_factor %g must be in (0, 1]", cfg_.path().c_str(),
+                         partial);
+    s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+    // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead.
+    s.rope_style = RopeStyle::kNeox;
+    // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist);
+    // GLM has them when attention_bias says so (o_proj never has one).
+    if (f == HfFamily::kQwen2 || f == HfFamily::kQwen2Moe) {
+      h_.attention_bias = true;
+    } else if (f == HfFamily::kGlm4Moe) {
+      h_.attention_bias = cfg_.get_bool_or("attention_bias", false);
+    } else if (cfg_.get_bool_or("attention_bias", false)) {
+      TROUPE_INPUT_ERROR("%s: attention_bias is not supported for %s (no output bias)",
+                         cfg_.path().c_str(), arch.c_str());
+    }
+    h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe ||
+                 (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false));
+  }
+
+  /// Expert counts and routing of the non-MLA families.
+  void read_moe_counts() {
+    ModelSpec& s = h_.spec;
+    switch (h_.family) {
+      case HfFamily::kLlama:
+        s.arch = Arch::kLlama;
+        s.n_ff_exp = s.n_ff;  // as the GGUF reader: llama-arch experts have the FFN width
+        s.norm_topk = true;
+        break;
+      case HfFamily::kMixtral:
+        s.arch = Arch::kLlama;
+        s.n_expert = cfg_.get_dim("num_local_experts");
+        s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
+        s.n_ff_exp = s.n_ff;
+        s.norm_topk = true;  // MixtralSparseMoeBlock always renormalizes the top-k
+        break;
+      case HfFamily::kQwen2:
+      case HfFamily::kQwen3:
+        s.arch = h_.family == HfFamily::kQwen2 ? Arch::kQwen2 : Arch::kQwen3;
+        // Qwen2's sliding window applies only where use_sliding_window is set (never in the
+        // released checkpoints); troupe attends to the whole context.
+        if (cfg_.get_bool_or("use_sliding_window", false))
+          TROUPE_INPUT_ERROR("%s: use_sliding_window is not supported", cfg_.path().c_str());
+        break;
+      case HfFamily::kQwen2Moe:
+      case HfFamily::kQwen3Moe:
+        s.arch = h_.family == HfFamily::kQwen2Moe ? Arch::kQwen2Moe : Arch::kQwen3Moe;
+        s.n_expert = cfg_.get_int_or("num_experts", 0);
+        s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
+        s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
+        s.norm_topk = cfg_.get_bool_or("norm_topk_prob", false);
+        if (h_.family == HfFamily::kQwen2Moe) {
+          s.n_ff_shexp = cfg_.get_int_or("shared_expert_intermediate_size", 0);
+          s.n_expert_shared = s.n_ff_shexp > 0 ? 1 : 0;
+        }
+        break;
+      case HfFamily::kGlm4Moe:
+        s.arch = Arch::kGlm4Moe;
+        read_sigmoid_routing(/*glm=*/true);
+        break;
+      case HfFamily::kDeepseekV2:
+      case HfFamily::kDeepseekV3:
+        break;  // read_mla
+    }
+  }
+
+  /// DeepSeek-V3's routing, which GLM-4.5 shares: routed and shared experts, leading dense
+  /// layers, sigmoid scores (softmax for DeepSeek-V2) with a selection bias, group-limited
+  /// top-k, optional renormalization, a routed scale.
+  void read_sigmoid_routing(bool glm) {
+    ModelSpec& s = h_.spec;
+    const bool v3 = glm || h_.family == HfFamily::kDeepseekV3;
+    s.n_expert = cfg_.get_int_or("n_routed_experts", 0);
+    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
+    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
+    s.n_expert_shared = cfg_.get_int_or("n_shared_experts", glm ? 1 : 0);
+    s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
+    s.n_leading_dense = std::min(cfg_.get_int_or("first_k_dense_replace", glm ? 1 : 0), s.n_layer);
+    s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.0));
+    s.norm_topk = cfg_.get_bool_or("norm_topk_prob", v3);
+    // GLM's router has no such keys: always sigmoid scores and DeepSeek-V3's group limit.
+    const std::string scoring =
+        glm ? "sigmoid" : cfg_.get_string_or("scoring_func", v3 ? "sigmoid" : "softmax");
+    if (scoring == "sigmoid") {
+      s.gating = Gating::kSigmoid;
+    } else if (scoring == "softmax") {
+      s.gating = Gating::kSoftmax;
+    } else {
+      TROUPE_INPUT_ERROR("%s: scoring_func '%s' is not supported (softmax, sigmoid)",
+                         cfg_.path().c_str(), scoring.c_str());
+    }
+    const std::string topk_method =
+        glm ? "noaux_tc" : cfg_.get_string_or("topk_method", v3 ? "noaux_tc" : "greedy");
+    if (topk_method == "greedy") {
+      s.n_group = s.n_group_used = 1;  // no group limit, whatever n_group says
+    } else {
+      s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
+      s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
+    }
+  }
+
+  /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek
+  /// first_k_dense_replace / moe_layer_freq; GLM first_k_dense_replace; Mixtral all.
+  void mark_moe_layers() {
+    ModelSpec& s = h_.spec;
+    std::vector<bool>& is_moe = h_.is_moe;
+    is_moe.assign(static_cast<size_t>(s.n_layer), s.n_expert > 0);
+    const HfFamily f = h_.family;
+    if (s.n_expert > 0 && (f == HfFamily::kQwen2Moe || f == HfFamily::kQwen3Moe)) {
+      const int64_t step = std::max<int64_t>(1, cfg_.get_int_or("decoder_sparse_step", 1));
+      std::vector<int64_t> mlp_only;
+      if (const json* m = cfg_.find("mlp_only_layers")) {
+        if (!m->is_array())
+          TROUPE_INPUT_ERROR("%s: 'mlp_only_layers' must be a list", cfg_.path().c_str());
+        for (const json& x : *m)
+          if (x.is_number_integer()) mlp_only.push_back(x.get<int64_t>());
+      }
+      for (int64_t il = 0; il < s.n_layer; ++il)
+        is_moe[static_cast<size_t>(il)] =
+            (il + 1) % step == 0 &&
+            std::find(mlp_only.begin(), mlp_only.end(), il) == mlp_only.end();
+    } else if (s.n_expert > 0 && (mla() || f == HfFamily::kGlm4Moe)) {
+      const int64_t freq = mla() ? std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1)) : 1;
+      for (int64_t il = 0; il < s.n_layer; ++il)
+        is_moe[static_cast<size_t>(il)] = il >= s.n_leading_dense && il % freq == 0;
+    }
+    if (!mla() && f != HfFamily::kGlm4Moe) {  // leading dense layers (0 when dense, as GGUF)
+      s.n_leading_dense = 0;
+      while (s.n_expert > 0 && s.n_leading_dense < s.n_layer &&
+             !is_moe[static_cast<size_t>(s.n_leading_dense)])
+        ++s.n_leading_dense;
+    }
+  }
+
+  // rope_theta from the classic key or transformers' newer rope_parameters; the scaling
+  // parameters are kept for apply_hf_rope_scaling(), which needs the rotary width.
+  double read_rope(double def_theta) {
+    double theta = cfg_.get_float_or("rope_theta", def_theta);
+    const json* params = cfg_.find("rope_parameters");
+    const json* scaling = cfg_.find("rope_scaling");
+    for (const json* p : {scaling, params}) {
+      if (!p) continue;
+      if (!p->is_object())
+        TROUPE_INPUT_ERROR("%s: rope_scaling/rope_parameters must be an object",
+                           cfg_.path().c_str());
+      for (const auto& [k, v] : p->items()) rope_params_[k] = v;
+      auto th = p->find("rope_theta");
+      if (th != p->end() && th->is_number()) theta = th->get<double>();
+    }
+    return theta;
+  }
+
+  void read_mla() {
+    ModelSpec& s = h_.spec;
+    s.arch = Arch::kDeepseek2;
+    s.q_lora_rank = cfg_.get_int_or("q_lora_rank", 0);
+    s.kv_lora_rank = cfg_.get_dim("kv_lora_rank");
+    s.qk_nope_dim = cfg_.get_dim("qk_nope_head_dim");
+    s.qk_rope_dim = cfg_.get_dim("qk_rope_head_dim");
+    s.v_head_dim = cfg_.get_dim("v_head_dim");
+    s.head_dim_k = s.qk_nope_dim + s.qk_rope_dim;
+    s.head_dim_v = s.v_head_dim;
+    s.n_rot = s.qk_rope_dim;
+    s.n_head_kv = 1;  // the latent is shared by all heads (as llama.cpp's "MLA as MQA" GGUF)
+    // DeepSeek checkpoints store the rope rows of q_b_proj / kv_a_proj_with_mqa as interleaved
+    // pairs; modeling_deepseek (and transformers with rope_interleave, the default) de-interleave
+    // them before rotate_half, which is pair rotation on the stored order: GGUF's kNormal.
+    s.rope_style =
+        cfg_.get_bool_or("rope_interleave", true) ? RopeStyle::kNormal : RopeStyle::kNeox;
+    if (cfg_.get_bool_or("attention_bias", false))
+      TROUPE_INPUT_ERROR("%s: attention_bias is not supported for DeepSeek", cfg_.path().c_str());
+    read_sigmoid_routing(/*glm=*/false);
+  }
+
+  const HfConfig& cfg_;
+  HfHparams h_;
+  json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
+};
+
+}  // namespace
+
+HfHparams read_hf_hparams(const HfConfig& cfg) { return HparamsReader(cfg).read(); }
+
+}  // namespace troupe::model::detail

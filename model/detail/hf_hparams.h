@@ -1,0 +1,39 @@
+// config.json of a Hugging Face model directory → the hyperparameters of a ModelSpec (no
+// weights yet), the model family, and which layers are MoE: everything model/hf_model.cc needs
+// before it looks at a tensor. Used by model/hf_model.cc only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/detail/hf_config.h"
+#include "model/model_spec.h"
+
+namespace troupe::model::detail {
+
+/// The "architectures" class a directory names.
+enum class HfFamily : uint8_t {
+  kLlama,
+  kMixtral,
+  kQwen2,
+  kQwen3,
+  kQwen2Moe,
+  kQwen3Moe,
+  kDeepseekV2,
+  kDeepseekV3,
+  kGlm4Moe,  ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
+};
+
+struct HfHparams {
+  HfFamily family = HfFamily::kLlama;
+  ModelSpec spec;               ///< hyperparameters only: no weights, no layers
+  std::vector<bool> is_moe;     ///< per layer
+  bool attention_bias = false;  ///< q/k/v projections carry biases
+  bool qk_norm = false;         ///< per-head q/k RMSNorm weights
+};
+
+/// Reads and checks every hyperparameter; throws InputError naming the file and the key.
+HfHparams read_hf_hparams(const HfConfig& cfg);
+
+}  // namespace troupe::model::detail
