@@ -293,16 +293,16 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   add_bias(L.bq, S.q, qw);
   add_bias(L.bk, S.k, kw);
   add_bias(L.bv, S.v, vw);
-  if (L.q_norm.present()) {
-    const float* qn = f32(L.q_norm);
-    for (int64_t r = 0; r < T * H; ++r)
-      detail::rms_norm(&S.q[r * dk], qn, &S.q[r * dk], dk, s.rms_eps);
-  }
-  if (L.k_norm.present()) {
-    const float* kn = f32(L.k_norm);
-    for (int64_t r = 0; r < T * HK; ++r)
-      detail::rms_norm(&S.k[r * dk], kn, &S.k[r * dk], dk, s.rms_eps);
-  }
+  // q/k RMSNorm per head (Qwen3, GLM: weights [head_dim]) or over all heads of a token at once
+  // (MiniMax-M2: weights [heads * head_dim]); either way rows of the weights' width.
+  auto qk_norm = [&](const WeightView& w, std::vector<float>& y, int64_t width) {
+    if (!w.present()) return;
+    const int64_t n = w.cols();
+    for (int64_t r = 0; r < T * width / n; ++r)
+      detail::rms_norm(&y[r * n], f32(w), &y[r * n], n, s.rms_eps);
+  };
+  qk_norm(L.q_norm, S.q, qw);
+  qk_norm(L.k_norm, S.k, kw);
   const bool neox = s.rope_style == model::RopeStyle::kNeox;
   const int64_t bs = kv_->block_size();
   for (int64_t t = 0; t < T; ++t) {

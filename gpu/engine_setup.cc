@@ -354,6 +354,11 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
         }
         d.bqkv = b;
       }
+      if ((L.q_norm.present() && L.q_norm.cols() != D) ||
+          (L.k_norm.present() && L.k_norm.cols() != D))
+        TROUPE_INPUT_ERROR(
+            "GpuEngine: q/k RMSNorm over all heads at once (MiniMax-M2) is not supported yet; "
+            "the CPU engine runs it");
       d.q_norm = place_f32(a, up, L.q_norm, D, "q_norm");
       d.k_norm = place_f32(a, up, L.k_norm, D, "k_norm");
     }

@@ -84,6 +84,8 @@ class HfSpecBuilder {
     is_moe_ = std::move(h.is_moe);
     attention_bias_ = h.attention_bias;
     qk_norm_ = h.qk_norm;
+    qk_norm_wide_ = h.qk_norm_wide;
+    router_bias_ = h.router_bias;
   }
 
   bool is_mla() const { return s_.arch == Arch::kDeepseek2; }
@@ -114,8 +116,10 @@ class HfSpecBuilder {
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
       }
       if (qk_norm_) {
-        L.q_norm = take_f32(a + "q_norm.weight", g + "attn_q_norm.weight", {s.head_dim_k});
-        L.k_norm = take_f32(a + "k_norm.weight", g + "attn_k_norm.weight", {s.head_dim_k});
+        L.q_norm = take_f32(a + "q_norm.weight", g + "attn_q_norm.weight",
+                            {qk_norm_wide_ ? q : s.head_dim_k});
+        L.k_norm = take_f32(a + "k_norm.weight", g + "attn_k_norm.weight",
+                            {qk_norm_wide_ ? k : s.head_dim_k});
       }
     }
     L.is_moe = is_moe_[static_cast<size_t>(il)];
@@ -181,12 +185,15 @@ class HfSpecBuilder {
   void build_moe(const std::string& h, const std::string& g, LayerSpec& L) {
     const ModelSpec& s = s_;
     const int64_t E = s.n_embd, F = s.n_ff_exp;
-    const bool mixtral = fam_ == Family::kMixtral;
+    // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
+    const bool mixtral = fam_ == Family::kMixtral || fam_ == Family::kMinimaxM2;
     const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
     L.router = take_f32(m + "gate.weight", g + "ffn_gate_inp.weight", {s.n_expert, E});
-    // DeepSeek's selection bias is optional (V2 has none); GLM's router always has one.
-    const std::string bias = m + "gate.e_score_correction_bias";
-    if (fam_ == Family::kGlm4Moe || (is_mla() && st_.find(bias)))
+    // DeepSeek's selection bias is optional (V2 has none); GLM's router always has one,
+    // MiniMax-M2's when use_routing_bias (stored beside the router, not in it).
+    const std::string bias =
+        m + (fam_ == Family::kMinimaxM2 ? "" : "gate.") + "e_score_correction_bias";
+    if (router_bias_ || (is_mla() && st_.find(bias)))
       L.router_bias = take_f32(bias, g + "exp_probs_b.bias", {s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
     for (int64_t e = 0; e < s.n_expert; ++e) {
@@ -326,7 +333,7 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
-  bool attention_bias_ = false, qk_norm_ = false;
+  bool attention_bias_ = false, qk_norm_ = false, qk_norm_wide_ = false, router_bias_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
   ModelSpec s_;

@@ -27,6 +27,8 @@ const char* arch_name(Arch a) {
       return "qwen3";
     case Arch::kGlm4Moe:
       return "glm4moe";
+    case Arch::kMinimaxM2:
+      return "minimax-m2";
   }
   return "?";
 }
@@ -76,10 +78,12 @@ class GgufSpecBuilder {
       s.arch = Arch::kQwen3;
     } else if (arch == "glm4moe") {
       s.arch = Arch::kGlm4Moe;
+    } else if (arch == "minimax-m2") {
+      s.arch = Arch::kMinimaxM2;
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -129,9 +133,9 @@ class GgufSpecBuilder {
     s.n_ff_shexp = g_.get_int_or(p + "expert_shared_feed_forward_length", 0);
     s.n_leading_dense = g_.get_int_or(p + "leading_dense_block_count", 0);
     s.routed_scale = static_cast<float>(g_.get_float_or(p + "expert_weights_scale", 1.0));
-    // GLM writes no gating key for its sigmoid router (llama.cpp's default for glm4moe).
-    const int64_t gating =
-        g_.get_int_or(p + "expert_gating_func", s.arch == Arch::kGlm4Moe ? 2 : 1);
+    // GLM and MiniMax-M2 route by sigmoid scores (llama.cpp's default for glm4moe).
+    const bool sigmoid_default = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2;
+    const int64_t gating = g_.get_int_or(p + "expert_gating_func", sigmoid_default ? 2 : 1);
     s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
     s.n_group_used = g_.get_int_or(p + "expert_group_used_count", s.n_group);
@@ -140,6 +144,7 @@ class GgufSpecBuilder {
         s.norm_topk = true;
         break;
       case Arch::kQwen3Moe:
+      case Arch::kMinimaxM2:  // llama.cpp's graph always renormalizes MiniMax-M2's top-k
         s.norm_topk = true;
         break;
       case Arch::kQwen2Moe:
@@ -268,8 +273,9 @@ class GgufSpecBuilder {
       L.bq = opt(b + "attn_q.bias");
       L.bk = opt(b + "attn_k.bias");
       L.bv = opt(b + "attn_v.bias");
-      L.q_norm = opt(b + "attn_q_norm.weight");
-      L.k_norm = opt(b + "attn_k_norm.weight");
+      const bool need_qk_norm = s.arch == Arch::kMinimaxM2;
+      L.q_norm = need_qk_norm ? req(b + "attn_q_norm.weight") : opt(b + "attn_q_norm.weight");
+      L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
     L.wo = req(b + "attn_output.weight");
     // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
@@ -284,8 +290,9 @@ class GgufSpecBuilder {
       return;
     }
     L.router = req(b + "ffn_gate_inp.weight");
-    L.router_bias =
-        s.arch == Arch::kGlm4Moe ? req(b + "exp_probs_b.bias") : opt(b + "exp_probs_b.bias");
+    L.router_bias = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2
+                        ? req(b + "exp_probs_b.bias")
+                        : opt(b + "exp_probs_b.bias");
     L.experts.resize(static_cast<size_t>(s.n_expert));
     if (has(b + "ffn_gate_exps.weight")) {
       const WeightView g = req(b + "ffn_gate_exps.weight");
@@ -403,8 +410,10 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect_opt(src, L.bq, s.n_head * s.head_dim_k, 1);
       expect_opt(src, L.bk, s.n_head_kv * s.head_dim_k, 1);
       expect_opt(src, L.bv, s.n_head_kv * s.head_dim_v, 1);
-      expect_opt(src, L.q_norm, s.head_dim_k, 1);
-      expect_opt(src, L.k_norm, s.head_dim_k, 1);
+      // Per head, or over all heads at once (MiniMax-M2).
+      const bool wide = L.q_norm.present() && L.q_norm.cols() != s.head_dim_k;
+      expect_opt(src, L.q_norm, wide ? s.n_head * s.head_dim_k : s.head_dim_k, 1);
+      expect_opt(src, L.k_norm, wide ? s.n_head_kv * s.head_dim_k : s.head_dim_k, 1);
     }
     expect(src, L.ffn_norm, E, 1);
     if (!L.is_moe) {

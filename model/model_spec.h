@@ -78,6 +78,9 @@ enum class Arch : uint8_t {
   /// GLM-4.5/4.6 MoE: GQA with q/k/v biases, optional per-head q/k RMSNorm and NeoX rope on part
   /// of each head; DeepSeek-V3's routing (sigmoid, selection bias, shared experts)
   kGlm4Moe = 6,
+  /// MiniMax-M2: GQA with q/k RMSNorm over all heads at once, NeoX rope on part of each head,
+  /// sigmoid routing with a selection bias over experts only (no dense layers, no shared expert)
+  kMinimaxM2 = 7,
 };
 const char* arch_name(Arch a);
 
@@ -113,8 +116,10 @@ struct LayerSpec {
   WeightView attn_norm;  // f32 [n_embd]
   // Standard attention (absent for MLA).
   WeightView wq, wk, wv, wo;
-  WeightView bq, bk, bv;      // optional biases (Qwen2)
-  WeightView q_norm, k_norm;  // optional per-head RMSNorm weights [head_dim] (Qwen3)
+  WeightView bq, bk, bv;  // optional biases (Qwen2)
+  // Optional q/k RMSNorm weights: per head [head_dim] (Qwen3, GLM), or over all heads of a
+  // token at once [n_head * head_dim] and [n_head_kv * head_dim] (MiniMax-M2).
+  WeightView q_norm, k_norm;
   // Multi-head latent attention (DeepSeek2).
   WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
   WeightView wkv_a;                 // [kv_lora + rope, n_embd]

@@ -218,6 +218,9 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
           c.arch == SynthArch::kGlm4Moe) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
+      } else if (c.arch == SynthArch::kMinimaxM2) {  // over all heads at once
+        p.norm(b + "attn_q_norm.weight", q);
+        p.norm(b + "attn_k_norm.weight", kv);
       }
     }
     // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
@@ -231,7 +234,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     }
     // Routers stay f32, as llama.cpp's quantizer leaves them.
     p.f32(b + "ffn_gate_inp.weight", {e, c.n_expert}, router_sd);
-    if ((c.arch == SynthArch::kDeepseek2 && c.sigmoid) || c.arch == SynthArch::kGlm4Moe)
+    if ((c.arch == SynthArch::kDeepseek2 && c.sigmoid) || c.arch == SynthArch::kGlm4Moe ||
+        c.arch == SynthArch::kMinimaxM2)
       p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
     plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
     if (c.arch == SynthArch::kQwen2Moe) {
@@ -326,6 +330,15 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("expert_used_count", c.n_expert_used);
       u32("expert_feed_forward_length", c.n_ff_exp);
       u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      break;
+    case SynthArch::kMinimaxM2:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("attention.value_length", c.head_dim);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_gating_func", 2);
       break;
     case SynthArch::kGlm4Moe:
       u32("block_count", c.n_layer + c.n_nextn);

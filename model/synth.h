@@ -17,7 +17,7 @@ namespace troupe::model {
 /// ../shared/models/synth/<arch>); options that an architecture does not use must stay unset.
 struct SynthOptions {
   std::string arch = "llama";  // llama | mixtral | qwen2 | qwen3 | qwen2moe | qwen3moe | deepseek2
-                               // | glm4moe
+                               // | glm4moe | minimax-m2
   std::string name;            // general.name; default "synth-<arch>"
   std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
   std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width

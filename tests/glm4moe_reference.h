@@ -1,8 +1,12 @@
-// Test reference for Hugging Face Glm4MoeForCausalLM checkpoints (GLM-4.5, GLM-4.5-Air, GLM-4.6):
-// a deliberately naive float64 forward pass that reads the checkpoint by its Hugging Face tensor
-// names. Written from the semantics of transformers' modeling_glm4_moe.py, independently of
-// troupe's engine and model loader (it uses only the safetensors container parser), so that tests
-// can compare the engine's logits against it. Plain loops, no caching: for small test models.
+// Test references for two Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
+// GLM-4.5-Air, GLM-4.6) and MiniMaxM2ForCausalLM (MiniMax-M2). Each is a deliberately naive
+// float64 forward pass that reads the checkpoint by its Hugging Face tensor names, written from the
+// semantics of transformers' modeling_glm4_moe.py and MiniMax's modeling_minimax_m2.py,
+// independently of troupe's engine and model loader (it uses only the safetensors container
+// parser), so that tests can compare the engine's logits against it. The generic pieces (RMSNorm,
+// projections, SwiGLU, rotary, causal GQA attention, top-k routing, the layer loop) are shared;
+// only config reading, q/k-norm layout, routing and tensor names differ. Plain loops, no caching:
+// for small test models.
 #pragma once
 
 #include <algorithm>
@@ -24,65 +28,100 @@
 #include "model/safetensors.h"
 
 namespace troupe::testing {
-namespace glm4moe_ref {
+namespace moe_ref {
 
 using Vec = std::vector<double>;
 using Tensor = model::SafetensorsTensor;
+using Tensors = model::SafetensorsSet;
 
 [[noreturn]] inline void fail(const std::string& what) {
-  throw std::runtime_error("glm4moe reference: " + what);
+  throw std::runtime_error("moe reference: " + what);
 }
 
-/// The config.json fields the forward pass uses (names as in the comments).
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+/// How q and k are RMS-normed before rotary: not at all, per head (GLM, Qwen3: weights [D]), or
+/// over all heads of the position together (MiniMax-M2: weights [H*D] and [Hkv*D], one mean).
+enum class QkNorm { none, per_head, whole };
+
+/// The config.json fields the forward passes use (names as in the comments); fields a model does
+/// not have keep their defaults.
 struct Config {
   int64_t vocab = 0, E = 0, L = 0, H = 0, Hkv = 0, D = 0, R = 0;  // R: rotary dims of a head
-  int64_t I = 0;                                                  // intermediate_size
-  int64_t F = 0, N = 0, K = 0, shared = 0;  // moe_intermediate_size, n_routed_experts, top-k
-  int64_t first_dense = 1, n_group = 1, topk_group = 1;
-  double rope_theta = 10000, eps = 1e-5, routed_scale = 1;
-  bool attention_bias = false, qk_norm = false, norm_topk = true, tie = false;
+  int64_t F = 0, N = 0, K = 0;  // width of one routed expert, routed experts, experts per token
+  double rope_theta = 10000, eps = 1e-5;
+  bool attention_bias = false, tie = false;
+  QkNorm qk_norm = QkNorm::none;
+  // GLM only.
+  int64_t I = 0;       // intermediate_size of the dense layers
+  int64_t shared = 0;  // n_shared_experts
+  int64_t first_dense = 0, n_group = 1, topk_group = 1;
+  double routed_scale = 1;
+  bool norm_topk = true;
+  // MiniMax-M2 only.
+  bool routing_bias = true;  // use_routing_bias
 };
 
-inline Config read_config(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  if (!in) fail("cannot open " + dir + "/config.json");
-  const nlohmann::json j = nlohmann::json::parse(in);
-  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  auto get = [&](const char* key, auto dflt) {
-    return has(key) ? j[key].get<decltype(dflt)>() : dflt;
-  };
-  auto req = [&](const char* key) {
+/// config.json of `dir` with typed look-ups; null counts as absent.
+struct ConfigJson {
+  nlohmann::json j;
+  explicit ConfigJson(const std::string& dir) {
+    std::ifstream in(dir + "/config.json");
+    if (!in) fail("cannot open " + dir + "/config.json");
+    j = nlohmann::json::parse(in);
+  }
+  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+  template <typename T>
+  T get(const char* key, T dflt) const {
+    return has(key) ? j[key].get<T>() : dflt;
+  }
+  int64_t req(const char* key) const {
     if (!has(key)) fail(std::string("config.json lacks ") + key);
     return j[key].get<int64_t>();
-  };
-  if (has("rope_scaling")) fail("rope_scaling is not supported");
-  Config c;
-  c.vocab = req("vocab_size");
-  c.E = req("hidden_size");
-  c.L = req("num_hidden_layers");
-  c.H = req("num_attention_heads");
-  c.Hkv = get("num_key_value_heads", int64_t{c.H});
-  if (c.H <= 0 || c.Hkv <= 0 || c.H % c.Hkv != 0) fail("num_attention_heads % kv heads != 0");
-  c.D = get("head_dim", int64_t{c.E / c.H});
-  c.R = static_cast<int64_t>(static_cast<double>(c.D) * get("partial_rotary_factor", 0.5));
-  c.rope_theta = get("rope_theta", 10000.0);
-  c.eps = get("rms_norm_eps", 1e-5);
-  c.attention_bias = get("attention_bias", false);
-  c.qk_norm = get("use_qk_norm", false);
-  c.first_dense = std::min(get("first_k_dense_replace", int64_t{1}), c.L);
-  c.I = c.first_dense > 0 ? req("intermediate_size") : 0;
-  if (c.first_dense < c.L) {  // some MoE layer
-    c.F = req("moe_intermediate_size");
-    c.N = req("n_routed_experts");
-    c.K = req("num_experts_per_tok");
   }
-  c.shared = get("n_shared_experts", int64_t{1});
-  c.routed_scale = get("routed_scaling_factor", 1.0);
-  c.norm_topk = get("norm_topk_prob", true);
-  c.n_group = get("n_group", int64_t{1});
-  c.topk_group = get("topk_group", int64_t{1});
-  c.tie = get("tie_word_embeddings", false);
-  if (c.R % 2 != 0 || c.R > c.D) fail("rotary dims must be even and at most head_dim");
+};
+
+/// The fields both models read the same way: sizes, heads, rope_theta, tying.
+inline Config read_common(const ConfigJson& j) {
+  if (j.has("rope_scaling")) fail("rope_scaling is not supported");
+  Config c;
+  c.vocab = j.req("vocab_size");
+  c.E = j.req("hidden_size");
+  c.L = j.req("num_hidden_layers");
+  c.H = j.req("num_attention_heads");
+  c.Hkv = j.get("num_key_value_heads", int64_t{c.H});
+  if (c.H <= 0 || c.Hkv <= 0 || c.H % c.Hkv != 0) fail("num_attention_heads % kv heads != 0");
+  c.D = j.get("head_dim", int64_t{c.E / c.H});
+  c.rope_theta = j.get("rope_theta", 10000.0);
+  c.tie = j.get("tie_word_embeddings", false);
+  return c;
+}
+
+inline void check_rotary(const Config& c) {
+  if (c.R % 2 != 0 || c.R < 0 || c.R > c.D) fail("rotary dims must be even and at most head_dim");
+}
+
+inline Config read_glm4moe_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  c.R = static_cast<int64_t>(static_cast<double>(c.D) * j.get("partial_rotary_factor", 0.5));
+  c.eps = j.get("rms_norm_eps", 1e-5);
+  c.attention_bias = j.get("attention_bias", false);
+  c.qk_norm = j.get("use_qk_norm", false) ? QkNorm::per_head : QkNorm::none;
+  c.first_dense = std::min(j.get("first_k_dense_replace", int64_t{1}), c.L);
+  c.I = c.first_dense > 0 ? j.req("intermediate_size") : 0;
+  if (c.first_dense < c.L) {  // some MoE layer
+    c.F = j.req("moe_intermediate_size");
+    c.N = j.req("n_routed_experts");
+    c.K = j.req("num_experts_per_tok");
+  }
+  c.shared = j.get("n_shared_experts", int64_t{1});
+  c.routed_scale = j.get("routed_scaling_factor", 1.0);
+  c.norm_topk = j.get("norm_topk_prob", true);
+  c.n_group = j.get("n_group", int64_t{1});
+  c.topk_group = j.get("topk_group", int64_t{1});
+  check_rotary(c);
   if (c.first_dense < c.L) {
     if (c.n_group <= 0 || c.N % c.n_group != 0) fail("n_routed_experts % n_group != 0");
     if (c.topk_group <= 0 || c.topk_group > c.n_group) fail("bad topk_group");
@@ -91,8 +130,29 @@ inline Config read_config(const std::string& dir) {
   return c;
 }
 
+inline Config read_minimax_m2_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  c.R = j.get("rotary_dim", int64_t{c.D});
+  c.eps = j.get("rms_norm_eps", 1e-6);
+  c.qk_norm = j.get("use_qk_norm", true) ? QkNorm::whole : QkNorm::none;
+  if (j.has("qk_norm_type") && j.get("qk_norm_type", std::string()) != "per_layer")
+    fail("qk_norm_type " + j.j["qk_norm_type"].dump() + " is not supported (only per_layer)");
+  if (j.get("scoring_func", std::string()) != "sigmoid") fail("scoring_func must be \"sigmoid\"");
+  c.N = j.req("num_local_experts");
+  c.K = j.req("num_experts_per_tok");
+  c.F = j.req("intermediate_size");
+  c.routing_bias = j.get("use_routing_bias", true);
+  check_rotary(c);
+  if (c.K <= 0 || c.K > c.N) fail("bad num_experts_per_tok");
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors and vector arithmetic
+
 /// The tensor `name`, which must exist, be F32/F16/BF16 and have `shape`.
-inline const Tensor& tensor(const model::SafetensorsSet& st, const std::string& name,
+inline const Tensor& tensor(const Tensors& st, const std::string& name,
                             const std::vector<int64_t>& shape) {
   const Tensor* t = st.find(name);
   if (t == nullptr) fail("missing tensor " + name);
@@ -127,6 +187,11 @@ inline Vec row(const Tensor& t, int64_t r) {
   return out;
 }
 
+/// The 1-D tensor `name` of length n as doubles.
+inline Vec vec(const Tensors& st, const std::string& name, int64_t n) {
+  return row(tensor(st, name, {n}), 0);
+}
+
 inline double dot(const Vec& a, const Vec& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
@@ -140,6 +205,14 @@ inline Vec matvec(const Tensor& w, const Vec& x) {
   return out;
 }
 
+/// a += s * b.
+inline void add_scaled(Vec& a, double s, const Vec& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += s * b[i];
+}
+
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
 /// v / sqrt(mean(v^2) + eps) * w.
 inline Vec rms_norm(const Vec& v, const Vec& w, double eps) {
   const double inv = 1.0 / std::sqrt(dot(v, v) / static_cast<double>(v.size()) + eps);
@@ -148,17 +221,74 @@ inline Vec rms_norm(const Vec& v, const Vec& w, double eps) {
   return out;
 }
 
-/// down(silu(gate h) * up h) with prefix+"{gate,up,down}_proj.weight", hidden width `width`.
-inline Vec swiglu(const model::SafetensorsSet& st, const std::string& prefix, int64_t E,
+// ---------------------------------------------------------------------------------------------
+// Feed-forward
+
+/// The three weight names of a gated MLP (prefix + name + ".weight"): GLM's and MiniMax's.
+struct MlpNames {
+  const char *gate, *up, *down;
+};
+inline constexpr MlpNames kProjNames{"gate_proj", "up_proj", "down_proj"};
+inline constexpr MlpNames kW123Names{"w1", "w3", "w2"};
+
+/// down(silu(gate h) * up h), gate and up [width, E], down [E, width].
+inline Vec swiglu(const Tensors& st, const std::string& prefix, const MlpNames& names, int64_t E,
                   int64_t width, const Vec& h) {
-  const Vec g = matvec(tensor(st, prefix + "gate_proj.weight", {width, E}), h);
-  const Vec u = matvec(tensor(st, prefix + "up_proj.weight", {width, E}), h);
+  auto weight = [&](const char* name) { return prefix + name + ".weight"; };
+  const Vec g = matvec(tensor(st, weight(names.gate), {width, E}), h);
+  const Vec u = matvec(tensor(st, weight(names.up), {width, E}), h);
   Vec a(g.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-  return matvec(tensor(st, prefix + "down_proj.weight", {E, width}), a);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = silu(g[i]) * u[i];
+  return matvec(tensor(st, weight(names.down), {E, width}), a);
 }
 
-/// Rotates the first R elements of head [off, off + D) of v for position pos (rotate_half style).
+/// Sigmoid router of h: score = sigmoid(gate [N, E] h), and choice = score + bias [N] (the
+/// e_score_correction_bias `bias`; "" for none), by which experts are picked.
+struct Scores {
+  Vec score, choice;
+};
+inline Scores sigmoid_scores(const Tensors& st, const Config& c, const std::string& gate,
+                             const std::string& bias, const Vec& h) {
+  Scores s;
+  s.score = matvec(tensor(st, gate, {c.N, c.E}), h);
+  for (double& x : s.score) x = sigmoid(x);
+  s.choice = s.score;
+  if (!bias.empty()) add_scaled(s.choice, 1.0, vec(st, bias, c.N));
+  return s;
+}
+
+/// The K experts with the largest choice (ties: lower index first), each weighted by its score
+/// divided by the sum of the K picked scores when `normalize`.
+inline std::vector<std::pair<int64_t, double>> top_k(const Scores& s, int64_t K, bool normalize) {
+  std::vector<int64_t> order(s.choice.size());
+  for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int64_t>(e);
+  std::ranges::stable_sort(order, [&](int64_t a, int64_t b) { return s.choice[a] > s.choice[b]; });
+  std::vector<std::pair<int64_t, double>> picked;
+  double sum = 0;
+  for (int64_t r = 0; r < K; ++r) {
+    picked.emplace_back(order[r], s.score[order[r]]);
+    sum += s.score[order[r]];
+  }
+  if (normalize)
+    for (auto& [e, w] : picked) w /= sum + 1e-20;
+  return picked;
+}
+
+/// Sum of w * expert e (prefix experts + "{e}.") of h over the picked (e, w).
+inline Vec mix_experts(const Tensors& st, const Config& c, const std::string& experts,
+                       const MlpNames& names, const std::vector<std::pair<int64_t, double>>& picked,
+                       const Vec& h) {
+  Vec out(static_cast<size_t>(c.E), 0.0);
+  for (const auto& [e, w] : picked)
+    add_scaled(out, w, swiglu(st, experts + std::to_string(e) + ".", names, c.E, c.F, h));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+/// Rotates the first R elements of head [off, off + D) of v for position pos (rotate_half style:
+/// pairs (i, i + R/2), inv_freq_i = theta^(-2i/R)); the rest of the head is unchanged.
 inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
   for (int64_t i = 0; i < c.R / 2; ++i) {
     const double inv_freq = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.R);
@@ -170,30 +300,31 @@ inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
   }
 }
 
-/// Projection prefix+name+".weight" [rows, E] of h, plus its bias when attention_bias says so.
-inline Vec project(const model::SafetensorsSet& st, const Config& c, const std::string& name,
-                   int64_t rows, const Vec& h) {
+/// Projection name+".weight" [rows, E] of h, plus its bias when attention_bias says so.
+inline Vec project(const Tensors& st, const Config& c, const std::string& name, int64_t rows,
+                   const Vec& h) {
   Vec out = matvec(tensor(st, name + ".weight", {rows, c.E}), h);
-  if (c.attention_bias && st.find(name + ".bias") != nullptr) {
-    const Vec b = row(tensor(st, name + ".bias", {rows}), 0);
-    for (size_t i = 0; i < out.size(); ++i) out[i] += b[i];
-  }
+  if (c.attention_bias && st.find(name + ".bias") != nullptr)
+    add_scaled(out, 1.0, vec(st, name + ".bias", rows));
   return out;
 }
 
-/// Causal GQA self-attention of layer prefix p over the normed inputs hs (one per position).
-inline std::vector<Vec> attention(const model::SafetensorsSet& st, const Config& c,
-                                  const std::string& p, const std::vector<Vec>& hs) {
+/// Causal GQA self-attention of layer prefix p over the normed inputs hs (one per position):
+/// projections, q/k norm as c.qk_norm says, rotary, softmax(q k / sqrt(D)) v, o_proj.
+inline std::vector<Vec> attention(const Tensors& st, const Config& c, const std::string& p,
+                                  const std::vector<Vec>& hs) {
   const size_t n = hs.size();
   std::vector<Vec> q(n), k(n), v(n), out(n);
-  Vec qn, kn;
-  if (c.qk_norm) {
-    qn = row(tensor(st, p + "self_attn.q_norm.weight", {c.D}), 0);
-    kn = row(tensor(st, p + "self_attn.k_norm.weight", {c.D}), 0);
+  Vec qn, kn;  // q_norm and k_norm weights: [D] (per head) or [H*D] and [Hkv*D] (whole)
+  if (c.qk_norm != QkNorm::none) {
+    const bool whole = c.qk_norm == QkNorm::whole;
+    qn = vec(st, p + "self_attn.q_norm.weight", whole ? c.H * c.D : c.D);
+    kn = vec(st, p + "self_attn.k_norm.weight", whole ? c.Hkv * c.D : c.D);
   }
   auto norm_and_rotate = [&](Vec& x, int64_t heads, const Vec& w, int64_t pos) {
+    if (c.qk_norm == QkNorm::whole) x = rms_norm(x, w, c.eps);
     for (int64_t j = 0; j < heads; ++j) {
-      if (c.qk_norm) {
+      if (c.qk_norm == QkNorm::per_head) {
         const Vec head(x.begin() + j * c.D, x.begin() + (j + 1) * c.D);
         std::ranges::copy(rms_norm(head, w, c.eps), x.begin() + j * c.D);
       }
@@ -201,11 +332,12 @@ inline std::vector<Vec> attention(const model::SafetensorsSet& st, const Config&
     }
   };
   for (size_t i = 0; i < n; ++i) {
+    const auto pos = static_cast<int64_t>(i);
     q[i] = project(st, c, p + "self_attn.q_proj", c.H * c.D, hs[i]);
     k[i] = project(st, c, p + "self_attn.k_proj", c.Hkv * c.D, hs[i]);
     v[i] = project(st, c, p + "self_attn.v_proj", c.Hkv * c.D, hs[i]);
-    norm_and_rotate(q[i], c.H, qn, static_cast<int64_t>(i));
-    norm_and_rotate(k[i], c.Hkv, kn, static_cast<int64_t>(i));
+    norm_and_rotate(q[i], c.H, qn, pos);
+    norm_and_rotate(k[i], c.Hkv, kn, pos);
   }
   const Tensor& wo = tensor(st, p + "self_attn.o_proj.weight", {c.E, c.H * c.D});
   for (size_t i = 0; i < n; ++i) {
@@ -229,75 +361,17 @@ inline std::vector<Vec> attention(const model::SafetensorsSet& st, const Config&
   return out;
 }
 
-/// The routed experts of layer prefix p for h and their weights (sigmoid scores, group limit,
-/// top-K by score + correction bias, weights from the unbiased scores).
-inline std::vector<std::pair<int64_t, double>> route(const model::SafetensorsSet& st,
-                                                     const Config& c, const std::string& p,
-                                                     const Vec& h) {
-  const Vec logits = matvec(tensor(st, p + "mlp.gate.weight", {c.N, c.E}), h);
-  Vec score(logits.size()), choice(logits.size(), 0.0);
-  if (st.find(p + "mlp.gate.e_score_correction_bias") != nullptr)
-    choice = row(tensor(st, p + "mlp.gate.e_score_correction_bias", {c.N}), 0);
-  for (int64_t e = 0; e < c.N; ++e) {
-    score[e] = 1.0 / (1.0 + std::exp(-logits[e]));
-    choice[e] += score[e];
-  }
-  // Group limit: keep the topk_group groups whose two best choices sum highest.
-  const int64_t size = c.N / c.n_group;
-  std::vector<std::pair<double, int64_t>> groups;  // (-group score, group): sorts best first
-  for (int64_t g = 0; g < c.n_group; ++g) {
-    Vec m(choice.begin() + g * size, choice.begin() + (g + 1) * size);
-    std::ranges::sort(m, std::greater<>());
-    groups.emplace_back(-(m[0] + (size > 1 ? m[1] : 0.0)), g);
-  }
-  std::ranges::sort(groups);
-  for (int64_t r = c.topk_group; r < c.n_group; ++r)
-    for (int64_t e = groups[r].second * size; e < (groups[r].second + 1) * size; ++e)
-      choice[e] = -std::numeric_limits<double>::infinity();
-  // Top K by choice (ties: lower index first); weights are the unbiased scores.
-  std::vector<int64_t> order(static_cast<size_t>(c.N));
-  for (int64_t e = 0; e < c.N; ++e) order[e] = e;
-  std::ranges::stable_sort(order, [&](int64_t a, int64_t b) { return choice[a] > choice[b]; });
-  std::vector<std::pair<int64_t, double>> picked;
-  double sum = 0;
-  for (int64_t r = 0; r < c.K; ++r) {
-    picked.emplace_back(order[r], score[order[r]]);
-    sum += score[order[r]];
-  }
-  for (auto& [e, w] : picked) w = (c.norm_topk ? w / (sum + 1e-20) : w) * c.routed_scale;
-  return picked;
-}
+// ---------------------------------------------------------------------------------------------
+// The whole model
 
-/// The MoE feed-forward of layer prefix p: routed experts plus the shared experts.
-inline Vec moe(const model::SafetensorsSet& st, const Config& c, const std::string& p,
-               const Vec& h) {
-  Vec out(static_cast<size_t>(c.E), 0.0);
-  for (const auto& [e, w] : route(st, c, p, h)) {
-    const Vec y = swiglu(st, p + "mlp.experts." + std::to_string(e) + ".", c.E, c.F, h);
-    for (int64_t i = 0; i < c.E; ++i) out[i] += w * y[i];
-  }
-  if (c.shared > 0) {
-    const Vec y = swiglu(st, p + "mlp.shared_experts.", c.E, c.F * c.shared, h);
-    for (int64_t i = 0; i < c.E; ++i) out[i] += y[i];
-  }
-  return out;
-}
+/// The feed-forward of layer l (prefix p) for the post-attention-normed h.
+using Ffn = std::function<Vec(int64_t l, const std::string& p, const Vec& h)>;
 
-}  // namespace glm4moe_ref
-
-/// Logits [tokens.size() x vocab_size], row i = logits after tokens[0..i] (causal, positions
-/// 0..n-1), computed in double from the Hugging Face Glm4MoeForCausalLM directory `dir`
-/// (config.json + model.safetensors or a sharded index). Layers >= num_hidden_layers (the MTP
-/// layer) are ignored. Throws std::runtime_error naming the tensor or key on a missing tensor, a
-/// shape that config.json does not imply, or a bad config.
-inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
-                                                    const std::vector<int32_t>& tokens) {
-  using namespace glm4moe_ref;
-  const Config c = read_config(dir);
-  auto opened = model::SafetensorsSet::open_dir(dir);
-  if (!opened) fail(opened.error().message);
-  const model::SafetensorsSet& st = **opened;
-
+/// Logits [tokens x vocab] of the decoder both models share: embed_tokens; per layer
+/// x += attention(input_layernorm x), x += ffn(post_attention_layernorm x); lm_head (or the
+/// embedding when tied) of norm x. Layers >= num_hidden_layers (MTP) are ignored.
+inline std::vector<double> forward(const Tensors& st, const Config& c,
+                                   const std::vector<int32_t>& tokens, const Ffn& ffn) {
   const Tensor& embed = tensor(st, "model.embed_tokens.weight", {c.vocab, c.E});
   std::vector<Vec> x;
   for (int32_t t : tokens) {
@@ -306,19 +380,17 @@ inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
   }
   for (int64_t l = 0; l < c.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const Vec in_norm = row(tensor(st, p + "input_layernorm.weight", {c.E}), 0);
-    const Vec post_norm = row(tensor(st, p + "post_attention_layernorm.weight", {c.E}), 0);
+    const Vec in_norm = vec(st, p + "input_layernorm.weight", c.E);
+    const Vec post_norm = vec(st, p + "post_attention_layernorm.weight", c.E);
     std::vector<Vec> hs;
     for (const Vec& xi : x) hs.push_back(rms_norm(xi, in_norm, c.eps));
     const std::vector<Vec> o = attention(st, c, p, hs);
     for (size_t i = 0; i < x.size(); ++i) {
-      for (int64_t e = 0; e < c.E; ++e) x[i][e] += o[i][e];
-      const Vec h = rms_norm(x[i], post_norm, c.eps);
-      const Vec ffn = l < c.first_dense ? swiglu(st, p + "mlp.", c.E, c.I, h) : moe(st, c, p, h);
-      for (int64_t e = 0; e < c.E; ++e) x[i][e] += ffn[e];
+      add_scaled(x[i], 1.0, o[i]);
+      add_scaled(x[i], 1.0, ffn(l, p, rms_norm(x[i], post_norm, c.eps)));
     }
   }
-  const Vec final_norm = row(tensor(st, "model.norm.weight", {c.E}), 0);
+  const Vec final_norm = vec(st, "model.norm.weight", c.E);
   const Tensor& head = c.tie ? embed : tensor(st, "lm_head.weight", {c.vocab, c.E});
   std::vector<double> logits;
   logits.reserve(x.size() * static_cast<size_t>(c.vocab));
@@ -327,6 +399,96 @@ inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
     logits.insert(logits.end(), y.begin(), y.end());
   }
   return logits;
+}
+
+inline std::unique_ptr<Tensors> open_checkpoint(const std::string& dir) {
+  auto opened = Tensors::open_dir(dir);
+  if (!opened) fail(opened.error().message);
+  return std::move(*opened);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GLM-4.5 MoE
+
+/// The routed experts of GLM layer prefix p for h and their weights: sigmoid scores, group limit,
+/// top-K by score + correction bias, weights from the unbiased scores, normalized when
+/// norm_topk_prob, times routed_scaling_factor.
+inline std::vector<std::pair<int64_t, double>> glm_route(const Tensors& st, const Config& c,
+                                                         const std::string& p, const Vec& h) {
+  const std::string bias = p + "mlp.gate.e_score_correction_bias";
+  Scores s = sigmoid_scores(st, c, p + "mlp.gate.weight", st.find(bias) ? bias : "", h);
+  // Group limit: keep the topk_group groups whose two best choices sum highest.
+  const int64_t size = c.N / c.n_group;
+  std::vector<std::pair<double, int64_t>> groups;  // (-group score, group): sorts best first
+  for (int64_t g = 0; g < c.n_group; ++g) {
+    Vec m(s.choice.begin() + g * size, s.choice.begin() + (g + 1) * size);
+    std::ranges::sort(m, std::greater<>());
+    groups.emplace_back(-(m[0] + (size > 1 ? m[1] : 0.0)), g);
+  }
+  std::ranges::sort(groups);
+  for (int64_t r = c.topk_group; r < c.n_group; ++r)
+    for (int64_t e = groups[r].second * size; e < (groups[r].second + 1) * size; ++e)
+      s.choice[e] = -std::numeric_limits<double>::infinity();
+  auto picked = top_k(s, c.K, c.norm_topk);
+  for (auto& [e, w] : picked) w *= c.routed_scale;
+  return picked;
+}
+
+/// The feed-forward of GLM layer l: a dense MLP below first_k_dense_replace, else the routed
+/// experts plus the shared experts.
+inline Vec glm_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
+                   const Vec& h) {
+  if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
+  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, glm_route(st, c, p, h), h);
+  if (c.shared > 0)
+    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MiniMax-M2 MoE
+
+/// The feed-forward of MiniMax-M2 layer prefix p: sigmoid scores, top-K by score +
+/// block_sparse_moe.e_score_correction_bias (when use_routing_bias), weights the unbiased scores
+/// normalized over the K; experts w2(silu(w1 h) * w3 h). No shared experts, no scaling.
+inline Vec minimax_m2_ffn(const Tensors& st, const Config& c, const std::string& p, const Vec& h) {
+  const std::string moe = p + "block_sparse_moe.";
+  const Scores s = sigmoid_scores(st, c, moe + "gate.weight",
+                                  c.routing_bias ? moe + "e_score_correction_bias" : "", h);
+  return mix_experts(st, c, moe + "experts.", kW123Names, top_k(s, c.K, true), h);
+}
+
+}  // namespace moe_ref
+
+/// Logits [tokens.size() x vocab_size], row i = logits after tokens[0..i] (causal, positions
+/// 0..n-1), computed in double from the Hugging Face Glm4MoeForCausalLM directory `dir`
+/// (config.json + model.safetensors or a sharded index). Layers >= num_hidden_layers (the MTP
+/// layer) are ignored. Throws std::runtime_error naming the tensor or key on a missing tensor, a
+/// shape that config.json does not imply, or a bad config.
+inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
+                                                    const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_glm4moe_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, tokens, [&](int64_t l, const std::string& p, const Vec& h) {
+    return glm_ffn(*st, c, l, p, h);
+  });
+}
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face MiniMaxM2ForCausalLM directory `dir`,
+/// in double; row i = logits after tokens[0..i] (causal, positions 0..n-1). Tensors outside the
+/// num_hidden_layers decoder layers (e.g. multi-token-prediction modules) are ignored. Throws
+/// std::runtime_error naming the tensor or key on a missing tensor, a shape that config.json does
+/// not imply, or an unsupported config (scoring_func other than sigmoid, qk_norm_type other than
+/// per_layer, rope_scaling).
+inline std::vector<double> minimax_m2_reference_logits(const std::string& dir,
+                                                       const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_minimax_m2_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, tokens, [&](int64_t, const std::string& p, const Vec& h) {
+    return minimax_m2_ffn(*st, c, p, h);
+  });
 }
 
 }  // namespace troupe::testing

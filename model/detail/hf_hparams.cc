@@ -60,6 +60,7 @@ class HparamsReader {
         {"DeepseekV2ForCausalLM", HfFamily::kDeepseekV2},
         {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
+        {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -79,6 +80,7 @@ class HparamsReader {
     ModelSpec& s = h_.spec;
     const bool mixtral = h_.family == HfFamily::kMixtral;
     const bool glm = h_.family == HfFamily::kGlm4Moe;
+    const bool minimax = h_.family == HfFamily::kMinimaxM2;
     s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
 
     const std::string act = cfg_.get_string_or("hidden_act", "silu");
@@ -102,7 +104,8 @@ class HparamsReader {
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
     s.rms_eps = static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm ? 1e-5 : 1e-6));
     s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : 10000.0));
-    s.n_ff = cfg_.get_int_or("intermediate_size", 0);
+    // MiniMax-M2 has no dense FFN: its intermediate_size is each expert's width.
+    s.n_ff = minimax ? 0 : cfg_.get_int_or("intermediate_size", 0);
     if (cfg_.get_bool_or("mlp_bias", false))
       TROUPE_INPUT_ERROR("%s: mlp_bias is not supported", cfg_.path().c_str());
   }
@@ -114,13 +117,17 @@ class HparamsReader {
     const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
-    // GLM-4.5 rotates half of each head (its config class's default).
-    const double partial =
-        cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe ? 0.5 : 1.0);
-    if (!(partial > 0 && partial <= 1))
-      TROUPE_INPUT_ERROR("%s: partial_rotary_factor %g must be in (0, 1]", cfg_.path().c_str(),
-                         partial);
-    s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+    if (f == HfFamily::kMinimaxM2) {
+      s.n_rot = cfg_.has("rotary_dim") ? cfg_.get_dim("rotary_dim") : head_dim;
+    } else {
+      // GLM-4.5 rotates half of each head (its config class's default).
+      const double partial =
+          cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe ? 0.5 : 1.0);
+      if (!(partial > 0 && partial <= 1))
+        TROUPE_INPUT_ERROR("%s: partial_rotary_factor %g must be in (0, 1]", cfg_.path().c_str(),
+                           partial);
+      s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+    }
     // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead.
     s.rope_style = RopeStyle::kNeox;
     // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist);
@@ -134,7 +141,15 @@ class HparamsReader {
                          cfg_.path().c_str(), arch.c_str());
     }
     h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe ||
-                 (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false));
+                 (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
+                 (f == HfFamily::kMinimaxM2 && cfg_.get_bool_or("use_qk_norm", true));
+    if (f == HfFamily::kMinimaxM2) {
+      const std::string type = cfg_.get_string_or("qk_norm_type", "per_layer");
+      if (type != "per_layer")
+        TROUPE_INPUT_ERROR("%s: qk_norm_type '%s' is not supported (per_layer)",
+                           cfg_.path().c_str(), type.c_str());
+      h_.qk_norm_wide = true;
+    }
   }
 
   /// Expert counts and routing of the non-MLA families.
@@ -176,6 +191,10 @@ class HparamsReader {
       case HfFamily::kGlm4Moe:
         s.arch = Arch::kGlm4Moe;
         read_sigmoid_routing(/*glm=*/true);
+        h_.router_bias = true;
+        break;
+      case HfFamily::kMinimaxM2:
+        read_minimax_m2();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -216,6 +235,46 @@ class HparamsReader {
       s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
       s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
     }
+  }
+
+  /// MiniMax-M2: every layer routes over experts of intermediate_size with sigmoid scores,
+  /// a selection bias and renormalized weights. MiniMax-Text-01's lightning attention and
+  /// DeepNorm residual factors share the config class; they are refused.
+  void read_minimax_m2() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    s.arch = Arch::kMinimaxM2;
+    s.n_expert = cfg_.get_dim("num_local_experts");
+    s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
+    s.n_ff_exp = cfg_.get_dim("intermediate_size");
+    s.gating = Gating::kSigmoid;
+    s.norm_topk = true;
+    const std::string scoring = cfg_.get_string_or("scoring_func", "sigmoid");
+    if (scoring != "sigmoid")
+      TROUPE_INPUT_ERROR("%s: scoring_func '%s' is not supported for MiniMax-M2 (sigmoid)", path,
+                         scoring.c_str());
+    h_.router_bias = cfg_.get_bool_or("use_routing_bias", true);
+    if (cfg_.get_int_or("shared_intermediate_size", 0) != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: shared_intermediate_size > 0 (a shared expert) is not supported "
+          "for MiniMax-M2",
+          path);
+    if (const json* types = cfg_.find("attn_type_list")) {
+      if (!types->is_array()) TROUPE_INPUT_ERROR("%s: 'attn_type_list' must be a list", path);
+      for (const json& t : *types)
+        if (!t.is_number_integer() || t.get<int64_t>() != 1)
+          TROUPE_INPUT_ERROR(
+              "%s: attn_type_list holds %s: only full attention (1) is supported, not "
+              "lightning attention",
+              path, t.dump().c_str());
+    }
+    if (cfg_.get_bool_or("postnorm", false))
+      TROUPE_INPUT_ERROR("%s: postnorm is not supported", path);
+    if (cfg_.get_bool_or("use_grouped_topk", false))
+      TROUPE_INPUT_ERROR("%s: use_grouped_topk is not supported for MiniMax-M2", path);
+    if (cfg_.get_float_or("routed_scaling_factor", 1.0) != 1.0)
+      TROUPE_INPUT_ERROR("%s: routed_scaling_factor other than 1 is not supported for MiniMax-M2",
+                         path);
   }
 
   /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek

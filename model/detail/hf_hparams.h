@@ -22,7 +22,8 @@ enum class HfFamily : uint8_t {
   kQwen3Moe,
   kDeepseekV2,
   kDeepseekV3,
-  kGlm4Moe,  ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
+  kGlm4Moe,    ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
+  kMinimaxM2,  ///< MiniMaxM2ForCausalLM (MiniMax-M2)
 };
 
 struct HfHparams {
@@ -30,7 +31,9 @@ struct HfHparams {
   ModelSpec spec;               ///< hyperparameters only: no weights, no layers
   std::vector<bool> is_moe;     ///< per layer
   bool attention_bias = false;  ///< q/k/v projections carry biases
-  bool qk_norm = false;         ///< per-head q/k RMSNorm weights
+  bool qk_norm = false;         ///< q/k RMSNorm weights
+  bool qk_norm_wide = false;    ///< ... over all heads at once ([heads * head_dim], MiniMax-M2)
+  bool router_bias = false;     ///< every router has a selection bias (required)
 };
 
 /// Reads and checks every hyperparameter; throws InputError naming the file and the key.

@@ -24,9 +24,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "qwen2") return SynthArch::kQwen2;
   if (a == "qwen3") return SynthArch::kQwen3;
   if (a == "glm4moe") return SynthArch::kGlm4Moe;
+  if (a == "minimax-m2") return SynthArch::kMinimaxM2;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe)",
+      "glm4moe, minimax-m2)",
       a.c_str());
 }
 
@@ -35,14 +36,15 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
   struct Use {
     const char* flag;
     bool set;
-    uint8_t archs;  // bit per SynthArch
+    uint16_t archs;  // bit per SynthArch
   };
-  constexpr uint8_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128;
+  constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
+                     kM = 256;
   const Use uses[] = {
-      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG},
-      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG},
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM},
       {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG},
@@ -58,7 +60,7 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs | kG},
       {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs | kG},
   };
-  const uint8_t bit = static_cast<uint8_t>(1u << static_cast<unsigned>(arch));
+  const auto bit = static_cast<uint16_t>(1u << static_cast<unsigned>(arch));
   for (const Use& u : uses)
     if (u.set && (u.archs & bit) == 0)
       TROUPE_INPUT_ERROR("%s does not apply to --arch %s", u.flag, o.arch.c_str());
@@ -73,7 +75,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   c.n_head = o.n_head.value_or(8);
   // Default GQA: a quarter of the heads (8 -> 2, as in ../shared's models; 32 -> 8).
   c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
-  c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral ? 32 : 256);
+  const bool minimax = c.arch == SynthArch::kMinimaxM2;
+  c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral || minimax ? 32 : 256);
   c.rope_theta = o.rope_theta.value_or(llama || ds ? 1e4f : 1e6f);
   c.rms_eps = o.rms_eps.value_or(llama || c.arch == SynthArch::kGlm4Moe ? 1e-5f : 1e-6f);
   check_positive("--n-embd", c.n_embd);
@@ -90,9 +93,10 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
   if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGlm4Moe) {
-    // Qwen3 and GLM heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads of 128;
-    // GLM-4.5-Air: 4096/96 of 128): twice by default, any with --head-dim.
+      c.arch == SynthArch::kGlm4Moe || minimax) {
+    // Qwen3, GLM and MiniMax heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads
+    // of 128; GLM-4.5-Air: 4096/96 of 128; MiniMax-M2: 3072/48 of 128): twice by default, any
+    // with --head-dim.
     c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
   } else {
     if (c.n_embd % c.n_head != 0)
@@ -103,9 +107,11 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   check_positive("--head-dim", c.head_dim);
   if (c.head_dim % 2 != 0)
     TROUPE_INPUT_ERROR("head width %lld must be even for rope", static_cast<long long>(c.head_dim));
-  // GLM rotates half of each head (partial_rotary_factor 0.5).
-  c.rope_dim = c.arch == SynthArch::kGlm4Moe ? c.head_dim / 2 / 2 * 2 : c.head_dim;
-  if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for glm4moe");
+  // GLM and MiniMax-M2 rotate half of each head (partial_rotary_factor 0.5, rotary_dim 64 of
+  // 128).
+  const bool half = c.arch == SynthArch::kGlm4Moe || minimax;
+  c.rope_dim = half ? c.head_dim / 2 / 2 * 2 : c.head_dim;
+  if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for %s", o.arch.c_str());
 }
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
@@ -120,8 +126,10 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.n_expert_used > c.n_expert)
     TROUPE_INPUT_ERROR("--n-expert-used %lld exceeds --n-expert %lld",
                        static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert));
-  // Mixtral's experts are llama.feed_forward_length wide.
-  c.n_ff_exp = c.arch == SynthArch::kMixtral ? c.n_ff : o.n_ff_exp.value_or(32);
+  // Mixtral's and MiniMax-M2's experts are feed_forward_length wide.
+  c.n_ff_exp = c.arch == SynthArch::kMixtral || c.arch == SynthArch::kMinimaxM2
+                   ? c.n_ff
+                   : o.n_ff_exp.value_or(32);
   check_positive("--n-ff-exp", c.n_ff_exp);
   if (c.arch == SynthArch::kQwen2Moe) {
     c.n_ff_shexp = o.n_ff_shexp.value_or(64);
@@ -192,6 +200,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
   if (c.arch == SynthArch::kGlm4Moe) resolve_sigmoid_routing(o, c);
+  if (c.arch == SynthArch::kMinimaxM2) c.sigmoid = c.w_norm = true;
   return c;
 }
 

@@ -13,7 +13,8 @@ namespace troupe::model::detail {
 // the attention of kQwen2Moe and kQwen3Moe with one SwiGLU FFN.
 // kGlm4Moe: GLM-4.5's decoder (Qwen2's biased attention with Qwen3's q/k norms and rope on half
 // of each head, DeepSeek-V3's routing) plus its multi-token-prediction layer, stored after the
-// decoder's as the converted checkpoints have it.
+// decoder's as the converted checkpoints have it. kMinimaxM2: MiniMax-M2 (q/k RMSNorm over all
+// heads at once, rope on half of each head, sigmoid routing with a bias, experts only).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -22,7 +23,8 @@ enum class SynthArch {
   kDeepseek2,
   kQwen2,
   kQwen3,
-  kGlm4Moe
+  kGlm4Moe,
+  kMinimaxM2
 };
 
 struct SynthConfig {

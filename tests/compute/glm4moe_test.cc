@@ -14,8 +14,8 @@
 #include "model/model.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/edited_model.h"
-#include "tests/glm4moe_model.h"
 #include "tests/glm4moe_reference.h"
+#include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -25,41 +25,6 @@ using testing::HfOptions;
 using testing::synth_glm;
 using testing::TempDir;
 using testing::write_hf_twin;
-
-/// Engine logits [tokens x vocab] of the model at `path` against the float64 reference: within
-/// 1e-4 x max|ref| at every position (issue #2's bound for f32 models), and the same top token
-/// wherever the reference's top-2 margin exceeds twice that bound.
-void expect_near_reference(const std::vector<float>& got, const std::vector<double>& ref,
-                           int64_t vocab) {
-  ASSERT_EQ(got.size(), ref.size());
-  const size_t n = ref.size() / static_cast<size_t>(vocab);
-  for (size_t i = 0; i < n; ++i) {
-    const double* r = &ref[i * static_cast<size_t>(vocab)];
-    const float* q = &got[i * static_cast<size_t>(vocab)];
-    double max_ref = 0, max_diff = 0;
-    size_t top_r = 0, top_q = 0, second = vocab > 1 ? 1 : 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      max_ref = std::max(max_ref, std::fabs(r[v]));
-      max_diff = std::max(max_diff, std::fabs(static_cast<double>(q[v]) - r[v]));
-      if (r[v] > r[top_r]) top_r = static_cast<size_t>(v);
-      if (q[v] > q[top_q]) top_q = static_cast<size_t>(v);
-    }
-    for (int64_t v = 0; v < vocab; ++v)
-      if (static_cast<size_t>(v) != top_r && (second == top_r || r[v] > r[second]))
-        second = static_cast<size_t>(v);
-    const double tol = 1e-4 * max_ref;
-    EXPECT_LE(max_diff, tol) << "position " << i;
-    if (r[top_r] - r[second] > 2 * tol) {
-      EXPECT_EQ(top_q, top_r) << "position " << i;
-    }
-  }
-}
-
-std::vector<int32_t> prompt_of(int n, int32_t vocab, int32_t step) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(1 + (i * step + 5) % (vocab - 1));
-  return p;
-}
 
 TEST(Glm4Moe, GgufMapsAsLlamaCppAndSkipsTheMtpLayer) {
   TempDir dir;

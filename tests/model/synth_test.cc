@@ -355,6 +355,35 @@ TEST(Synth, Glm4MoeHasLlamaCppsLayout) {
   EXPECT_NE(g.find_tensor("blk.3.ffn_gate_exps.weight"), nullptr);
 }
 
+// MiniMax-M2 as llama.cpp's converter writes it: q/k norms over all heads, rope on half of each
+// head, every layer routed with a selection bias, experts feed_forward_length wide.
+TEST(Synth, MinimaxM2HasLlamaCppsLayout) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "minimax-m2";
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_head_kv = 2;
+  o.head_dim = 16;
+  o.n_ff = 24;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("minimax-m2.block_count"), 2);
+  EXPECT_EQ(g.get_int("minimax-m2.rope.dimension_count"), 8);
+  EXPECT_EQ(g.get_int("minimax-m2.expert_gating_func"), 2);
+  EXPECT_EQ(g.get_int("minimax-m2.expert_feed_forward_length"), 24);
+  EXPECT_EQ(g.get_int("minimax-m2.feed_forward_length"), 24);
+  EXPECT_EQ(g.find_tensor("blk.0.attn_q_norm.weight")->shape_string(), "[64]");
+  EXPECT_EQ(g.find_tensor("blk.0.attn_k_norm.weight")->shape_string(), "[32]");
+  EXPECT_EQ(g.find_tensor("blk.0.ffn_gate_exps.weight")->shape_string(), "[128, 24, 8]");
+  EXPECT_NE(g.find_tensor("blk.0.exp_probs_b.bias"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.1.ffn_norm.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.0.ffn_gate.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.0.attn_q.bias"), nullptr);
+}
+
 TEST(Synth, BuiltinVocabGrowsToNVocab) {
   TempDir tmp;
   SynthOptions o;
@@ -382,7 +411,11 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.arch = "gpt5";
   EXPECT_EQ(err(o),
             "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-            "glm4moe)");
+            "glm4moe, minimax-m2)");
+  o = {};
+  o.arch = "minimax-m2";
+  o.n_ff_exp = 16;  // its experts are --n-ff wide
+  EXPECT_EQ(err(o), "--n-ff-exp does not apply to --arch minimax-m2");
   o = {};
   o.arch = "glm4moe";
   o.gating = "softmax";  // GLM's router is always sigmoid

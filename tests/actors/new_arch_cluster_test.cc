@@ -1,6 +1,6 @@
-// A GLM-4.5-family model (glm4moe GGUF and its Hugging Face form) through the actor system,
-// stages and expert shards spread out: every token and logit bit-identical to the
-// single-process run.
+// Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2), synthesized, as GGUF
+// and in Hugging Face form, through the actor system with stages and expert shards spread out:
+// every token and logit bit-identical to the single-process run.
 #include <string>
 #include <vector>
 
@@ -10,7 +10,7 @@
 #include "actors/plan.h"
 #include "model/model.h"
 #include "tests/cluster_test_util.h"
-#include "tests/glm4moe_model.h"
+#include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
@@ -41,6 +41,14 @@ TEST(Glm4MoeCluster, GgufAcrossStagesAndExpertShards) {
 TEST(Glm4MoeCluster, HuggingFaceFormAcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;
   testing::write_hf_twin(testing::synth_glm(dir, 22), hf);
+  expect_plans_match_one_process(hf.path());
+}
+
+TEST(MinimaxM2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "minimax-m2", 23);
+  expect_plans_match_one_process(gguf);
+  testing::write_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path());
 }
 
