@@ -48,10 +48,14 @@ Fp8Format read_fp8_format(const HfConfig& cfg) {
         "unquantized F32/F16/BF16 checkpoints, block-scaled \"fp8\" ones and "
         "\"compressed-tensors\" int4 and fp8 ones)",
         path, method->get<std::string>().c_str());
+  // "float8_e4m3fn" is PyTorch's name for the same format (MiniMax-M2's config uses it).
   auto fmt = q->find("fmt");
-  if (fmt != q->end() && !fmt->is_null() && (!fmt->is_string() || *fmt != "e4m3"))
-    TROUPE_INPUT_ERROR("%s: quantization_config.fmt %s is not supported (only \"e4m3\")", path,
-                       fmt->dump().c_str());
+  if (fmt != q->end() && !fmt->is_null() &&
+      (!fmt->is_string() || (*fmt != "e4m3" && *fmt != "float8_e4m3fn")))
+    TROUPE_INPUT_ERROR(
+        "%s: quantization_config.fmt %s is not supported (only \"e4m3\", also written "
+        "\"float8_e4m3fn\")",
+        path, fmt->dump().c_str());
   auto block = q->find("weight_block_size");
   if (block == q->end() || block->is_null())
     TROUPE_INPUT_ERROR(

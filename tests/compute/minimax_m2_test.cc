@@ -82,6 +82,21 @@ TEST(MinimaxM2, WithoutQkNormOrRoutingBiasMatchesTheReference) {
                         testing::minimax_m2_reference_logits(hf.path(), prompt), vocab);
 }
 
+// MiniMax-M2 is released in DeepSeek's FP8 form (blocks of 128 x 128): an FP8 copy of the twin
+// gives its exact f32 twin's bits.
+TEST(MinimaxM2, Fp8CheckpointEqualsItsExactTwin) {
+  TempDir dir, hf;
+  write_hf_twin(synth_minimax(dir), hf);
+  const testing::Fp8Copy copy(hf.path(), 128, 128);
+  ASSERT_GT(copy.quantized(), 0);
+  auto fp8 = model::load_model(copy.fp8_path());
+  ASSERT_TRUE(fp8.has_value()) << fp8.error().message;
+  EXPECT_EQ((*fp8)->spec.layers[1].experts[0].gate.type, model::GgmlType::kF8_E4M3);
+  const auto p = prompt_of(12, static_cast<int32_t>((*fp8)->spec.n_vocab), 7);
+  expect_quantized_logits(prompt_logits(*fp8, p), prompt_logits(copy.twin_path(), p),
+                          prompt_logits(hf.path(), p), 0.0);
+}
+
 TEST(MinimaxM2, BatchedEqualsAlone) {
   TempDir dir;
   auto m = model::load_model(synth_minimax(dir));

@@ -160,7 +160,16 @@ TEST_F(BadFp8, QuantizationConfigFields) {
              "quantization_config.quant_method 'gptq' is not supported");
   EXPECT_HAS(
       with_quant({{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}}),
-      "quantization_config.fmt \"e5m2\" is not supported (only \"e4m3\")");
+      "quantization_config.fmt \"e5m2\" is not supported (only \"e4m3\", also written "
+      "\"float8_e4m3fn\")");
+  // PyTorch's name for the same format, as MiniMax-M2's config writes it, with the keys
+  // DeepSeek's and MiniMax's configs carry beside it.
+  EXPECT_EQ(with_quant({{"quant_method", "fp8"},
+                        {"fmt", "float8_e4m3fn"},
+                        {"activation_scheme", "dynamic"},
+                        {"modules_to_not_convert", {"gate", "e_score_correction_bias", "lm_head"}},
+                        {"weight_block_size", {128, 128}}}),
+            "");
   EXPECT_HAS(with_quant({{"quant_method", "fp8"}}),
              "\"fp8\" without weight_block_size (one scale per tensor) is not supported");
   EXPECT_HAS(with_quant({{"quant_method", "fp8"}, {"weight_block_size", {128}}}),
