@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2|glm4moe|\n"
-    "                           minimax-m2 --out FILE\n"
+    "                           minimax-m2|bailingmoe2 --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"

@@ -56,7 +56,9 @@ class HfSpecBuilder {
   ModelSpec build() {
     read_hparams();
     ModelSpec& s = s_;
-    s.token_embd = take("model.embed_tokens.weight", "token_embd.weight", {s.n_vocab, s.n_embd});
+    s.token_embd = take(fam_ == Family::kBailingMoeV2 ? "model.word_embeddings.weight"
+                                                      : "model.embed_tokens.weight",
+                        "token_embd.weight", {s.n_vocab, s.n_embd});
     s.output_norm = take_f32("model.norm.weight", "output_norm.weight", {s.n_embd});
     if (cfg_.get_bool_or("tie_word_embeddings", false)) {
       s.output = s.token_embd;
@@ -102,6 +104,8 @@ class HfSpecBuilder {
     const std::string a = h + "self_attn.";
     if (is_mla()) {
       build_mla(a, g, L);
+    } else if (fam_ == Family::kBailingMoeV2) {
+      build_fused_attention(h + "attention.", g, L);
     } else {
       const int64_t q = s.n_head * s.head_dim_k;
       const int64_t k = s.n_head_kv * s.head_dim_k;
@@ -133,6 +137,35 @@ class HfSpecBuilder {
       L.ffn_gate = take(m + "gate_proj.weight", g + "ffn_gate.weight", {s.n_ff, E});
       L.ffn_up = take(m + "up_proj.weight", g + "ffn_up.weight", {s.n_ff, E});
       L.ffn_down = take(m + "down_proj.weight", g + "ffn_down.weight", {E, s.n_ff});
+    }
+  }
+
+  /// Ling-2.0's attention: query_key_value [(H + 2 Hkv) * D, E] holds q, k and v rows in that
+  /// order (views of its rows; its bias, when use_qkv_bias, converted and split), dense is the
+  /// output projection, query/key_layernorm the per-head norms.
+  void build_fused_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
+                  v = s.n_head_kv * s.head_dim_v;
+    WeightView w = take(a + "query_key_value.weight", g + "attn_qkv.weight", {q + k + v, s.n_embd});
+    // Parts that would cut a block of scaled rows become exact f32 (as kv_b_proj).
+    if (w.scaled() && (q % w.scale_block[0] != 0 || (q + k) % w.scale_block[0] != 0)) w = to_f32(w);
+    L.wq = w.row_range(0, q, g + "attn_qkv.weight[q]");
+    L.wk = w.row_range(q, k, g + "attn_qkv.weight[k]");
+    L.wv = w.row_range(q + k, v, g + "attn_qkv.weight[v]");
+    L.wo = take(a + "dense.weight", g + "attn_output.weight", {s.n_embd, q});
+    if (attention_bias_) {
+      const WeightView b = take_f32(a + "query_key_value.bias", g + "attn_qkv.bias", {q + k + v});
+      auto part = [&](int64_t c0, int64_t n) {
+        return make_view(b.name, GgmlType::kF32, {n}, b.data + c0 * 4);
+      };
+      L.bq = part(0, q);
+      L.bk = part(q, k);
+      L.bv = part(q + k, v);
+    }
+    if (qk_norm_) {
+      L.q_norm = take_f32(a + "query_layernorm.weight", g + "attn_q_norm.weight", {s.head_dim_k});
+      L.k_norm = take_f32(a + "key_layernorm.weight", g + "attn_k_norm.weight", {s.head_dim_k});
     }
   }
 
@@ -190,9 +223,11 @@ class HfSpecBuilder {
     const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
     L.router = take_f32(m + "gate.weight", g + "ffn_gate_inp.weight", {s.n_expert, E});
     // DeepSeek's selection bias is optional (V2 has none); GLM's router always has one,
-    // MiniMax-M2's when use_routing_bias (stored beside the router, not in it).
-    const std::string bias =
-        m + (fam_ == Family::kMinimaxM2 ? "" : "gate.") + "e_score_correction_bias";
+    // MiniMax-M2's when use_routing_bias (stored beside the router, not in it), Ling's when
+    // moe_router_enable_expert_bias.
+    const std::string bias = fam_ == Family::kMinimaxM2      ? m + "e_score_correction_bias"
+                             : fam_ == Family::kBailingMoeV2 ? m + "gate.expert_bias"
+                                                             : m + "gate.e_score_correction_bias";
     if (router_bias_ || (is_mla() && st_.find(bias)))
       L.router_bias = take_f32(bias, g + "exp_probs_b.bias", {s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
@@ -209,7 +244,9 @@ class HfSpecBuilder {
     }
     if (s.n_ff_shexp > 0) {
       const std::string x =
-          m + (is_mla() || fam_ == Family::kGlm4Moe ? "shared_experts." : "shared_expert.");
+          m + (is_mla() || fam_ == Family::kGlm4Moe || fam_ == Family::kBailingMoeV2
+                   ? "shared_experts."
+                   : "shared_expert.");
       const int64_t S = s.n_ff_shexp;
       L.shared.gate = take(x + "gate_proj.weight", g + "ffn_gate_shexp.weight", {S, E});
       L.shared.up = take(x + "up_proj.weight", g + "ffn_up_shexp.weight", {S, E});

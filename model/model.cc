@@ -29,6 +29,8 @@ const char* arch_name(Arch a) {
       return "glm4moe";
     case Arch::kMinimaxM2:
       return "minimax-m2";
+    case Arch::kBailingMoe2:
+      return "bailingmoe2";
   }
   return "?";
 }
@@ -80,10 +82,12 @@ class GgufSpecBuilder {
       s.arch = Arch::kGlm4Moe;
     } else if (arch == "minimax-m2") {
       s.arch = Arch::kMinimaxM2;
+    } else if (arch == "bailingmoe2") {
+      s.arch = Arch::kBailingMoe2;
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -134,7 +138,8 @@ class GgufSpecBuilder {
     s.n_leading_dense = g_.get_int_or(p + "leading_dense_block_count", 0);
     s.routed_scale = static_cast<float>(g_.get_float_or(p + "expert_weights_scale", 1.0));
     // GLM and MiniMax-M2 route by sigmoid scores (llama.cpp's default for glm4moe).
-    const bool sigmoid_default = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2;
+    const bool sigmoid_default =
+        s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2 || s.arch == Arch::kBailingMoe2;
     const int64_t gating = g_.get_int_or(p + "expert_gating_func", sigmoid_default ? 2 : 1);
     s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
@@ -158,6 +163,7 @@ class GgufSpecBuilder {
         break;
       case Arch::kDeepseek2:
       case Arch::kGlm4Moe:
+      case Arch::kBailingMoe2:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
         break;
     }
@@ -267,12 +273,16 @@ class GgufSpecBuilder {
       L.wk_b = req(b + "attn_k_b.weight");
       L.wv_b = req(b + "attn_v_b.weight");
     } else {
-      L.wq = req(b + "attn_q.weight");
-      L.wk = req(b + "attn_k.weight");
-      L.wv = req(b + "attn_v.weight");
-      L.bq = opt(b + "attn_q.bias");
-      L.bk = opt(b + "attn_k.bias");
-      L.bv = opt(b + "attn_v.bias");
+      if (!has(b + "attn_q.weight") && has(b + "attn_qkv.weight")) {
+        split_qkv(s, b, L);  // one fused matrix (Ling-2.0's)
+      } else {
+        L.wq = req(b + "attn_q.weight");
+        L.wk = req(b + "attn_k.weight");
+        L.wv = req(b + "attn_v.weight");
+        L.bq = opt(b + "attn_q.bias");
+        L.bk = opt(b + "attn_k.bias");
+        L.bv = opt(b + "attn_v.bias");
+      }
       const bool need_qk_norm = s.arch == Arch::kMinimaxM2;
       L.q_norm = need_qk_norm ? req(b + "attn_q_norm.weight") : opt(b + "attn_q_norm.weight");
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
@@ -323,6 +333,39 @@ class GgufSpecBuilder {
       L.shared.down = req(b + "ffn_down_shexp.weight");
       L.shared_gate = opt(b + "ffn_gate_inp_shexp.weight");
     }
+  }
+
+  // attn_qkv [n_embd, q + k + v rows] → views of its q, k and v rows (and of attn_qkv.bias).
+  void split_qkv(const ModelSpec& s, const std::string& b, LayerSpec& L) const {
+    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
+                  v = s.n_head_kv * s.head_dim_v;
+    const WeightView w = req(b + "attn_qkv.weight");
+    if (w.ne[1] != q + k + v || w.ne[2] != 1)
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%sattn_qkv.weight' has %lld rows, expected %lld (q %lld + "
+          "k %lld + v %lld)",
+          g_.path().c_str(), b.c_str(), static_cast<long long>(w.ne[1]),
+          static_cast<long long>(q + k + v), static_cast<long long>(q), static_cast<long long>(k),
+          static_cast<long long>(v));
+    L.wq = w.row_range(0, q, b + "attn_qkv.weight[q]");
+    L.wk = w.row_range(q, k, b + "attn_qkv.weight[k]");
+    L.wv = w.row_range(q + k, v, b + "attn_qkv.weight[v]");
+    const WeightView bias = opt(b + "attn_qkv.bias");
+    if (!bias.present()) return;
+    if (bias.type != GgmlType::kF32 || bias.ne[0] != q + k + v || bias.ne[1] != 1)
+      TROUPE_INPUT_ERROR("%s: tensor '%sattn_qkv.bias' must be f32 [%lld]", g_.path().c_str(),
+                         b.c_str(), static_cast<long long>(q + k + v));
+    // A bias is one row: its parts are column ranges.
+    auto part = [&](int64_t c0, int64_t n, const char* what) {
+      WeightView p = bias;
+      p.name = b + "attn_qkv.bias[" + what + "]";
+      p.ne[0] = n;
+      p.data = bias.data + c0 * static_cast<int64_t>(sizeof(float));
+      return p;
+    };
+    L.bq = part(0, q, "q");
+    L.bk = part(q, k, "k");
+    L.bv = part(q + k, v, "v");
   }
 
   const GgufFile& g_;

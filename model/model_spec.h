@@ -55,6 +55,18 @@ struct WeightView {
   int64_t scale_grid_rows() const {
     return scale_block[0] > 0 ? (ne[1] + scale_block[0] - 1) / scale_block[0] : 0;
   }
+  /// Rows [r0, r0 + n) of a 2-D view (a fused matrix's parts); a scaled view's r0 and n must be
+  /// whole scale blocks of rows (the caller checks).
+  WeightView row_range(int64_t r0, int64_t n, std::string part_name) const {
+    WeightView v = *this;
+    v.name = std::move(part_name);
+    v.ne[1] = n;
+    v.data = data + r0 * row_bytes();
+    if (scales != nullptr)
+      v.scales = static_cast<const uint8_t*>(scales) +
+                 r0 / scale_block[0] * scale_stride * scale_bytes(scale_type);
+    return v;
+  }
   /// The i-th matrix of a 3-D stack as a 2-D view.
   WeightView slice(int64_t i) const {
     WeightView v = *this;
@@ -81,6 +93,9 @@ enum class Arch : uint8_t {
   /// MiniMax-M2: GQA with q/k RMSNorm over all heads at once, NeoX rope on part of each head,
   /// sigmoid routing with a selection bias over experts only (no dense layers, no shared expert)
   kMinimaxM2 = 7,
+  /// Ling-2.0 (BailingMoeV2: Ling-mini/flash-2.0, Ling-1T): GQA from one fused q/k/v matrix,
+  /// per-head q/k RMSNorm, NeoX rope on part of each head; DeepSeek-V3's routing
+  kBailingMoe2 = 8,
 };
 const char* arch_name(Arch a);
 

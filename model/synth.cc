@@ -204,9 +204,13 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.matrix(b + "attn_output.weight", {c.n_head * c.v_dim, e});
     } else {
       const int64_t q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
-      p.matrix(b + "attn_q.weight", {e, q});
-      p.matrix(b + "attn_k.weight", {e, kv});
-      p.matrix(b + "attn_v.weight", {e, kv});
+      if (c.arch == SynthArch::kBailingMoe2) {  // one fused matrix: q, k, v rows
+        p.matrix(b + "attn_qkv.weight", {e, q + 2 * kv});
+      } else {
+        p.matrix(b + "attn_q.weight", {e, q});
+        p.matrix(b + "attn_k.weight", {e, kv});
+        p.matrix(b + "attn_v.weight", {e, kv});
+      }
       if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen2 ||
           c.arch == SynthArch::kGlm4Moe) {
         p.f32(b + "attn_q.bias", {q}, 0.02f);
@@ -215,7 +219,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       }
       p.matrix(b + "attn_output.weight", {q, e});
       if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-          c.arch == SynthArch::kGlm4Moe) {
+          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
       } else if (c.arch == SynthArch::kMinimaxM2) {  // over all heads at once
@@ -235,13 +239,14 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     // Routers stay f32, as llama.cpp's quantizer leaves them.
     p.f32(b + "ffn_gate_inp.weight", {e, c.n_expert}, router_sd);
     if ((c.arch == SynthArch::kDeepseek2 && c.sigmoid) || c.arch == SynthArch::kGlm4Moe ||
-        c.arch == SynthArch::kMinimaxM2)
+        c.arch == SynthArch::kMinimaxM2 || c.arch == SynthArch::kBailingMoe2)
       p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
     plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
     if (c.arch == SynthArch::kQwen2Moe) {
       p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
       plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
-    } else if ((c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe) &&
+    } else if ((c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
+                c.arch == SynthArch::kBailingMoe2) &&
                c.n_expert_shared > 0) {
       plan_dense_ffn(p, b, e, c.n_ff_exp * c.n_expert_shared, "_shexp");
     }
@@ -339,6 +344,20 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("expert_count", c.n_expert);
       u32("expert_used_count", c.n_expert_used);
       u32("expert_gating_func", 2);
+      break;
+    case SynthArch::kBailingMoe2:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("leading_dense_block_count", c.n_dense_lead);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_shared_feed_forward_length", c.n_ff_exp * c.n_expert_shared);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("expert_shared_count", c.n_expert_shared);
+      w.set_f32(k + "expert_weights_scale", c.w_scale);
+      w.set_bool(k + "expert_weights_norm", c.w_norm);
+      u32("expert_gating_func", 2);
+      u32("expert_group_count", c.n_group);
+      u32("expert_group_used_count", c.n_group_used);
       break;
     case SynthArch::kGlm4Moe:
       u32("block_count", c.n_layer + c.n_nextn);

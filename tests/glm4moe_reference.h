@@ -1,12 +1,14 @@
-// Test references for two Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
-// GLM-4.5-Air, GLM-4.6) and MiniMaxM2ForCausalLM (MiniMax-M2). Each is a deliberately naive
+// Test references for three Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
+// GLM-4.5-Air, GLM-4.6), MiniMaxM2ForCausalLM (MiniMax-M2) and BailingMoeV2ForCausalLM
+// (inclusionAI's Ling-2.0: Ling-mini-2.0, Ling-flash-2.0, Ling-1T). Each is a deliberately naive
 // float64 forward pass that reads the checkpoint by its Hugging Face tensor names, written from the
-// semantics of transformers' modeling_glm4_moe.py and MiniMax's modeling_minimax_m2.py,
-// independently of troupe's engine and model loader (it uses only the safetensors container
-// parser), so that tests can compare the engine's logits against it. The generic pieces (RMSNorm,
-// projections, SwiGLU, rotary, causal GQA attention, top-k routing, the layer loop) are shared;
-// only config reading, q/k-norm layout, routing and tensor names differ. Plain loops, no caching:
-// for small test models.
+// semantics of transformers' modeling_glm4_moe.py, MiniMax's modeling_minimax_m2.py and
+// inclusionAI's modeling_bailing_moe_v2.py, independently of troupe's engine and model loader (it
+// uses only the safetensors container parser), so that tests can compare the engine's logits
+// against it. The generic pieces (RMSNorm, projections, SwiGLU, rotary, causal GQA attention,
+// sigmoid scoring, group-limited top-k routing, dense-or-MoE feed-forward, the layer loop) are
+// shared; only config reading, q/k-norm layout, fused or separate q/k/v, routing details and tensor
+// names differ. Plain loops, no caching: for small test models.
 #pragma once
 
 #include <algorithm>
@@ -51,16 +53,16 @@ struct Config {
   int64_t vocab = 0, E = 0, L = 0, H = 0, Hkv = 0, D = 0, R = 0;  // R: rotary dims of a head
   int64_t F = 0, N = 0, K = 0;  // width of one routed expert, routed experts, experts per token
   double rope_theta = 10000, eps = 1e-5;
-  bool attention_bias = false, tie = false;
+  bool attention_bias = false, tie = false;  // attention_bias: GLM's; Bailing's use_qkv_bias
   QkNorm qk_norm = QkNorm::none;
-  // GLM only.
+  // GLM and Bailing only.
   int64_t I = 0;       // intermediate_size of the dense layers
-  int64_t shared = 0;  // n_shared_experts
+  int64_t shared = 0;  // n_shared_experts (GLM), num_shared_experts (Bailing)
   int64_t first_dense = 0, n_group = 1, topk_group = 1;
   double routed_scale = 1;
   bool norm_topk = true;
-  // MiniMax-M2 only.
-  bool routing_bias = true;  // use_routing_bias
+  // MiniMax-M2 and Bailing only.
+  bool routing_bias = true;  // use_routing_bias (MiniMax), moe_router_enable_expert_bias (Bailing)
 };
 
 /// config.json of `dir` with typed look-ups; null counts as absent.
@@ -102,6 +104,15 @@ inline void check_rotary(const Config& c) {
   if (c.R % 2 != 0 || c.R < 0 || c.R > c.D) fail("rotary dims must be even and at most head_dim");
 }
 
+/// The group-limited routing sizes (GLM, Bailing; `experts_key`: the key of N), when some layer is
+/// MoE.
+inline void check_groups(const Config& c, const std::string& experts_key) {
+  if (c.first_dense >= c.L) return;
+  if (c.n_group <= 0 || c.N % c.n_group != 0) fail(experts_key + " % n_group != 0");
+  if (c.topk_group <= 0 || c.topk_group > c.n_group) fail("bad topk_group");
+  if (c.K <= 0 || c.K > c.topk_group * (c.N / c.n_group)) fail("bad num_experts_per_tok");
+}
+
 inline Config read_glm4moe_config(const std::string& dir) {
   const ConfigJson j(dir);
   Config c = read_common(j);
@@ -122,11 +133,7 @@ inline Config read_glm4moe_config(const std::string& dir) {
   c.n_group = j.get("n_group", int64_t{1});
   c.topk_group = j.get("topk_group", int64_t{1});
   check_rotary(c);
-  if (c.first_dense < c.L) {
-    if (c.n_group <= 0 || c.N % c.n_group != 0) fail("n_routed_experts % n_group != 0");
-    if (c.topk_group <= 0 || c.topk_group > c.n_group) fail("bad topk_group");
-    if (c.K <= 0 || c.K > c.topk_group * (c.N / c.n_group)) fail("bad num_experts_per_tok");
-  }
+  check_groups(c, "n_routed_experts");
   return c;
 }
 
@@ -145,6 +152,39 @@ inline Config read_minimax_m2_config(const std::string& dir) {
   c.routing_bias = j.get("use_routing_bias", true);
   check_rotary(c);
   if (c.K <= 0 || c.K > c.N) fail("bad num_experts_per_tok");
+  return c;
+}
+
+inline Config read_bailing_moe_v2_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  if (c.D == 0) c.D = c.E / c.H;  // head_dim 0 means unset, as "config.head_dim or E // H"
+  c.R = j.has("rotary_dim")
+            ? j.req("rotary_dim")
+            : static_cast<int64_t>(static_cast<double>(c.D) * j.get("partial_rotary_factor", 1.0));
+  c.eps = j.get("rms_norm_eps", 1e-6);
+  c.attention_bias = j.get("use_qkv_bias", false);
+  if (j.get("use_bias", false)) fail("use_bias true (biased dense projections) is not supported");
+  if (j.get("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be \"silu\"");
+  c.qk_norm = j.get("use_qk_norm", true) ? QkNorm::per_head : QkNorm::none;
+  c.first_dense = std::min(j.get("first_k_dense_replace", int64_t{0}), c.L);
+  c.I = c.first_dense > 0 ? j.req("intermediate_size") : 0;
+  if (c.first_dense < c.L) {  // some MoE layer
+    c.F = j.req("moe_intermediate_size");
+    c.N = j.req("num_experts");
+    c.K = j.req("num_experts_per_tok");
+  }
+  if (j.get("score_function", std::string("sigmoid")) != "sigmoid")
+    fail("score_function must be \"sigmoid\"");
+  c.shared = j.get("num_shared_experts", int64_t{0});
+  c.routed_scale = j.get("routed_scaling_factor", 1.0);
+  c.norm_topk = j.get("norm_topk_prob", true);
+  c.n_group = j.get("n_group", int64_t{1});
+  c.topk_group = j.get("topk_group", int64_t{1});
+  c.routing_bias = j.get("moe_router_enable_expert_bias", true);
+  check_rotary(c);
+  check_groups(c, "num_experts");
+  if (c.shared < 0) fail("bad num_shared_experts");
   return c;
 }
 
@@ -259,11 +299,12 @@ inline Scores sigmoid_scores(const Tensors& st, const Config& c, const std::stri
 
 /// The K experts with the largest choice (ties: lower index first), each weighted by its score
 /// divided by the sum of the K picked scores when `normalize`.
-inline std::vector<std::pair<int64_t, double>> top_k(const Scores& s, int64_t K, bool normalize) {
+using Picked = std::vector<std::pair<int64_t, double>>;  // (expert, weight)
+inline Picked top_k(const Scores& s, int64_t K, bool normalize) {
   std::vector<int64_t> order(s.choice.size());
   for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int64_t>(e);
   std::ranges::stable_sort(order, [&](int64_t a, int64_t b) { return s.choice[a] > s.choice[b]; });
-  std::vector<std::pair<int64_t, double>> picked;
+  Picked picked;
   double sum = 0;
   for (int64_t r = 0; r < K; ++r) {
     picked.emplace_back(order[r], s.score[order[r]]);
@@ -276,8 +317,7 @@ inline std::vector<std::pair<int64_t, double>> top_k(const Scores& s, int64_t K,
 
 /// Sum of w * expert e (prefix experts + "{e}.") of h over the picked (e, w).
 inline Vec mix_experts(const Tensors& st, const Config& c, const std::string& experts,
-                       const MlpNames& names, const std::vector<std::pair<int64_t, double>>& picked,
-                       const Vec& h) {
+                       const MlpNames& names, const Picked& picked, const Vec& h) {
   Vec out(static_cast<size_t>(c.E), 0.0);
   for (const auto& [e, w] : picked)
     add_scaled(out, w, swiglu(st, experts + std::to_string(e) + ".", names, c.E, c.F, h));
@@ -309,18 +349,47 @@ inline Vec project(const Tensors& st, const Config& c, const std::string& name, 
   return out;
 }
 
+/// The attention tensors of a layer, relative to its prefix and without ".weight"/".bias": either
+/// separate q, k and v projections (qkv null) or one fused projection qkv whose output rows are the
+/// H q heads, then the Hkv k heads, then the Hkv v heads; the q and k norms; the output projection.
+struct AttnNames {
+  const char *qkv, *q, *k, *v, *q_norm, *k_norm, *o;
+};
+inline constexpr AttnNames kSelfAttnNames{
+    .qkv = nullptr,
+    .q = "self_attn.q_proj",
+    .k = "self_attn.k_proj",
+    .v = "self_attn.v_proj",
+    .q_norm = "self_attn.q_norm",
+    .k_norm = "self_attn.k_norm",
+    .o = "self_attn.o_proj",
+};
+inline constexpr AttnNames kBailingAttnNames{
+    .qkv = "attention.query_key_value",
+    .q = nullptr,
+    .k = nullptr,
+    .v = nullptr,
+    .q_norm = "attention.query_layernorm",
+    .k_norm = "attention.key_layernorm",
+    .o = "attention.dense",
+};
+
 /// Causal GQA self-attention of layer prefix p over the normed inputs hs (one per position):
-/// projections, q/k norm as c.qk_norm says, rotary, softmax(q k / sqrt(D)) v, o_proj.
+/// projections, q/k norm as c.qk_norm says, rotary, softmax(q k / sqrt(D)) v, output projection.
+/// Separate projections add their bias when attention_bias says so and it exists; a fused one
+/// requires it then.
 inline std::vector<Vec> attention(const Tensors& st, const Config& c, const std::string& p,
-                                  const std::vector<Vec>& hs) {
+                                  const AttnNames& names, const std::vector<Vec>& hs) {
   const size_t n = hs.size();
   std::vector<Vec> q(n), k(n), v(n), out(n);
   Vec qn, kn;  // q_norm and k_norm weights: [D] (per head) or [H*D] and [Hkv*D] (whole)
   if (c.qk_norm != QkNorm::none) {
     const bool whole = c.qk_norm == QkNorm::whole;
-    qn = vec(st, p + "self_attn.q_norm.weight", whole ? c.H * c.D : c.D);
-    kn = vec(st, p + "self_attn.k_norm.weight", whole ? c.Hkv * c.D : c.D);
+    qn = vec(st, p + names.q_norm + ".weight", whole ? c.H * c.D : c.D);
+    kn = vec(st, p + names.k_norm + ".weight", whole ? c.Hkv * c.D : c.D);
   }
+  const int64_t qkv_rows = (c.H + 2 * c.Hkv) * c.D;
+  if (names.qkv != nullptr && c.attention_bias) tensor(st, p + names.qkv + ".bias", {qkv_rows});
   auto norm_and_rotate = [&](Vec& x, int64_t heads, const Vec& w, int64_t pos) {
     if (c.qk_norm == QkNorm::whole) x = rms_norm(x, w, c.eps);
     for (int64_t j = 0; j < heads; ++j) {
@@ -333,13 +402,21 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const std:
   };
   for (size_t i = 0; i < n; ++i) {
     const auto pos = static_cast<int64_t>(i);
-    q[i] = project(st, c, p + "self_attn.q_proj", c.H * c.D, hs[i]);
-    k[i] = project(st, c, p + "self_attn.k_proj", c.Hkv * c.D, hs[i]);
-    v[i] = project(st, c, p + "self_attn.v_proj", c.Hkv * c.D, hs[i]);
+    if (names.qkv != nullptr) {
+      const Vec qkv = project(st, c, p + names.qkv, qkv_rows, hs[i]);
+      const auto kb = qkv.begin() + c.H * c.D, vb = kb + c.Hkv * c.D;
+      q[i].assign(qkv.begin(), kb);
+      k[i].assign(kb, vb);
+      v[i].assign(vb, qkv.end());
+    } else {
+      q[i] = project(st, c, p + names.q, c.H * c.D, hs[i]);
+      k[i] = project(st, c, p + names.k, c.Hkv * c.D, hs[i]);
+      v[i] = project(st, c, p + names.v, c.Hkv * c.D, hs[i]);
+    }
     norm_and_rotate(q[i], c.H, qn, pos);
     norm_and_rotate(k[i], c.Hkv, kn, pos);
   }
-  const Tensor& wo = tensor(st, p + "self_attn.o_proj.weight", {c.E, c.H * c.D});
+  const Tensor& wo = tensor(st, p + names.o + ".weight", {c.E, c.H * c.D});
   for (size_t i = 0; i < n; ++i) {
     Vec heads(static_cast<size_t>(c.H * c.D), 0.0);
     for (int64_t j = 0; j < c.H; ++j) {
@@ -367,12 +444,20 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const std:
 /// The feed-forward of layer l (prefix p) for the post-attention-normed h.
 using Ffn = std::function<Vec(int64_t l, const std::string& p, const Vec& h)>;
 
-/// Logits [tokens x vocab] of the decoder both models share: embed_tokens; per layer
+/// The tensor names that differ between the decoders: the embedding and the attention block.
+struct Layout {
+  const char* embed;
+  AttnNames attn;
+};
+inline constexpr Layout kHfLayout{"model.embed_tokens.weight", kSelfAttnNames};  // GLM, MiniMax
+inline constexpr Layout kBailingLayout{"model.word_embeddings.weight", kBailingAttnNames};
+
+/// Logits [tokens x vocab] of the decoder the models share: the embedding; per layer
 /// x += attention(input_layernorm x), x += ffn(post_attention_layernorm x); lm_head (or the
 /// embedding when tied) of norm x. Layers >= num_hidden_layers (MTP) are ignored.
-inline std::vector<double> forward(const Tensors& st, const Config& c,
+inline std::vector<double> forward(const Tensors& st, const Config& c, const Layout& layout,
                                    const std::vector<int32_t>& tokens, const Ffn& ffn) {
-  const Tensor& embed = tensor(st, "model.embed_tokens.weight", {c.vocab, c.E});
+  const Tensor& embed = tensor(st, layout.embed, {c.vocab, c.E});
   std::vector<Vec> x;
   for (int32_t t : tokens) {
     if (t < 0 || t >= c.vocab) fail("token " + std::to_string(t) + " outside the vocabulary");
@@ -384,7 +469,7 @@ inline std::vector<double> forward(const Tensors& st, const Config& c,
     const Vec post_norm = vec(st, p + "post_attention_layernorm.weight", c.E);
     std::vector<Vec> hs;
     for (const Vec& xi : x) hs.push_back(rms_norm(xi, in_norm, c.eps));
-    const std::vector<Vec> o = attention(st, c, p, hs);
+    const std::vector<Vec> o = attention(st, c, p, layout.attn, hs);
     for (size_t i = 0; i < x.size(); ++i) {
       add_scaled(x[i], 1.0, o[i]);
       add_scaled(x[i], 1.0, ffn(l, p, rms_norm(x[i], post_norm, c.eps)));
@@ -408,16 +493,12 @@ inline std::unique_ptr<Tensors> open_checkpoint(const std::string& dir) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GLM-4.5 MoE
+// Group-limited routing and the dense-or-MoE feed-forward (GLM, Bailing)
 
-/// The routed experts of GLM layer prefix p for h and their weights: sigmoid scores, group limit,
-/// top-K by score + correction bias, weights from the unbiased scores, normalized when
-/// norm_topk_prob, times routed_scaling_factor.
-inline std::vector<std::pair<int64_t, double>> glm_route(const Tensors& st, const Config& c,
-                                                         const std::string& p, const Vec& h) {
-  const std::string bias = p + "mlp.gate.e_score_correction_bias";
-  Scores s = sigmoid_scores(st, c, p + "mlp.gate.weight", st.find(bias) ? bias : "", h);
-  // Group limit: keep the topk_group groups whose two best choices sum highest.
+/// The experts picked from s: of the n_group contiguous groups of experts, only the topk_group
+/// whose two best choices sum highest take part; of those, the K with the largest choice, each
+/// weighted by its score (normalized over the K when `normalize`) times routed_scaling_factor.
+inline Picked group_limited_top_k(Scores s, const Config& c, bool normalize) {
   const int64_t size = c.N / c.n_group;
   std::vector<std::pair<double, int64_t>> groups;  // (-group score, group): sorts best first
   for (int64_t g = 0; g < c.n_group; ++g) {
@@ -429,20 +510,43 @@ inline std::vector<std::pair<int64_t, double>> glm_route(const Tensors& st, cons
   for (int64_t r = c.topk_group; r < c.n_group; ++r)
     for (int64_t e = groups[r].second * size; e < (groups[r].second + 1) * size; ++e)
       s.choice[e] = -std::numeric_limits<double>::infinity();
-  auto picked = top_k(s, c.K, c.norm_topk);
+  auto picked = top_k(s, c.K, normalize);
   for (auto& [e, w] : picked) w *= c.routed_scale;
   return picked;
+}
+
+/// The routed experts of MoE layer prefix p for h, with their weights.
+using Router = Picked (*)(const Tensors& st, const Config& c, const std::string& p, const Vec& h);
+
+/// The feed-forward of layer l (prefix p): a dense MLP "mlp." of width I below
+/// first_k_dense_replace, else the experts "mlp.experts.{e}." (width F) that `route` picks plus,
+/// when there are shared experts, "mlp.shared_experts." of width F * shared.
+inline Vec dense_or_moe_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
+                            const Vec& h, Router route) {
+  if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
+  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, route(st, c, p, h), h);
+  if (c.shared > 0)
+    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GLM-4.5 MoE
+
+/// The routed experts of GLM layer prefix p for h and their weights: sigmoid scores, group limit,
+/// top-K by score + mlp.gate.e_score_correction_bias (when present), weights from the unbiased
+/// scores, normalized when norm_topk_prob, times routed_scaling_factor.
+inline Picked glm_route(const Tensors& st, const Config& c, const std::string& p, const Vec& h) {
+  const std::string bias = p + "mlp.gate.e_score_correction_bias";
+  return group_limited_top_k(
+      sigmoid_scores(st, c, p + "mlp.gate.weight", st.find(bias) ? bias : "", h), c, c.norm_topk);
 }
 
 /// The feed-forward of GLM layer l: a dense MLP below first_k_dense_replace, else the routed
 /// experts plus the shared experts.
 inline Vec glm_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
                    const Vec& h) {
-  if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
-  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, glm_route(st, c, p, h), h);
-  if (c.shared > 0)
-    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
-  return out;
+  return dense_or_moe_ffn(st, c, l, p, h, glm_route);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,6 +562,20 @@ inline Vec minimax_m2_ffn(const Tensors& st, const Config& c, const std::string&
   return mix_experts(st, c, moe + "experts.", kW123Names, top_k(s, c.K, true), h);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bailing MoE V2 (Ling-2.0)
+
+/// The routed experts of Bailing layer prefix p for h and their weights: sigmoid scores, group
+/// limit, top-K by score + mlp.gate.expert_bias (required when moe_router_enable_expert_bias, else
+/// none), weights from the unbiased scores, normalized when norm_topk_prob and K > 1, times
+/// routed_scaling_factor.
+inline Picked bailing_route(const Tensors& st, const Config& c, const std::string& p,
+                            const Vec& h) {
+  const std::string bias = c.routing_bias ? p + "mlp.gate.expert_bias" : "";
+  return group_limited_top_k(sigmoid_scores(st, c, p + "mlp.gate.weight", bias, h), c,
+                             c.norm_topk && c.K > 1);
+}
+
 }  // namespace moe_ref
 
 /// Logits [tokens.size() x vocab_size], row i = logits after tokens[0..i] (causal, positions
@@ -470,7 +588,7 @@ inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
   using namespace moe_ref;
   const Config c = read_glm4moe_config(dir);
   const auto st = open_checkpoint(dir);
-  return forward(*st, c, tokens, [&](int64_t l, const std::string& p, const Vec& h) {
+  return forward(*st, c, kHfLayout, tokens, [&](int64_t l, const std::string& p, const Vec& h) {
     return glm_ffn(*st, c, l, p, h);
   });
 }
@@ -486,9 +604,29 @@ inline std::vector<double> minimax_m2_reference_logits(const std::string& dir,
   using namespace moe_ref;
   const Config c = read_minimax_m2_config(dir);
   const auto st = open_checkpoint(dir);
-  return forward(*st, c, tokens, [&](int64_t, const std::string& p, const Vec& h) {
+  return forward(*st, c, kHfLayout, tokens, [&](int64_t, const std::string& p, const Vec& h) {
     return minimax_m2_ffn(*st, c, p, h);
   });
+}
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face BailingMoeV2ForCausalLM directory `dir`
+/// (Ling-2.0: config.json + model.safetensors or a sharded index), in double; row i = logits after
+/// tokens[0..i] (causal, positions 0..n-1). Embedding model.word_embeddings; fused
+/// attention.query_key_value (q heads, k heads, v heads) with per-head query_layernorm and
+/// key_layernorm, partial rotary, attention.dense; dense MLPs below first_k_dense_replace, else
+/// sigmoid group-limited routing with mlp.gate.expert_bias plus shared experts. Layers >=
+/// num_hidden_layers (MTP) are ignored. Throws std::runtime_error naming the tensor or key on a
+/// missing tensor, a shape that config.json does not imply, or an unsupported config (use_bias,
+/// score_function other than sigmoid, hidden_act other than silu, rope_scaling).
+inline std::vector<double> bailing_moe_v2_reference_logits(const std::string& dir,
+                                                           const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_bailing_moe_v2_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, kBailingLayout, tokens,
+                 [&](int64_t l, const std::string& p, const Vec& h) {
+                   return dense_or_moe_ffn(*st, c, l, p, h, bailing_route);
+                 });
 }
 
 }  // namespace troupe::testing

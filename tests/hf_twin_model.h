@@ -1,8 +1,9 @@
 // Test helpers for architectures ../shared has no files of: a synthesized GGUF in llama.cpp's
-// conventions (glm4moe: GLM-4.5's decoder plus its multi-token-prediction layer; minimax-m2) and
-// its Hugging Face form (Glm4MoeForCausalLM / MiniMaxM2ForCausalLM, F32 safetensors, the MTP
-// layer included as the released GLM checkpoints carry it), written by reversing the names
-// llama.cpp's converter gives. Header-only; for test binaries that link troupe_model.
+// conventions (glm4moe: GLM-4.5's decoder plus its multi-token-prediction layer; minimax-m2;
+// bailingmoe2: Ling-2.0) and its Hugging Face form (Glm4MoeForCausalLM / MiniMaxM2ForCausalLM /
+// BailingMoeV2ForCausalLM, F32 safetensors, the MTP layer included as the released GLM
+// checkpoints carry it), written by reversing the names llama.cpp's converter gives. Header-only;
+// for test binaries that link troupe_model.
 #pragma once
 
 #include <algorithm>
@@ -38,15 +39,16 @@ inline std::string synth_glm(const TempDir& dir, uint64_t seed = 7) {
   return synth_arch(dir, "glm4moe", seed);
 }
 
-/// The Hugging Face name of a glm4moe or minimax-m2 GGUF tensor (llama.cpp's converter's
-/// mapping, reversed); "" for a stacked expert tensor.
-inline std::string twin_hf_name(bool minimax, const std::string& g) {
-  static const std::pair<const char*, const char*> kTop[] = {
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  for (const auto& [from, to] : kTop)
-    if (g == from) return to;
+enum class Twin { kGlm, kMinimax, kBailing };
+
+/// The Hugging Face name of a glm4moe, minimax-m2 or bailingmoe2 GGUF tensor (llama.cpp's
+/// converter's mapping, reversed); "" for a stacked expert tensor.
+inline std::string twin_hf_name(Twin arch, const std::string& g) {
+  const bool minimax = arch == Twin::kMinimax, bailing = arch == Twin::kBailing;
+  if (g == "token_embd.weight")
+    return bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
   const size_t dot = g.find('.', 4);
   const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
   static const std::pair<const char*, const char*> kLayer[] = {
@@ -57,11 +59,8 @@ inline std::string twin_hf_name(bool minimax, const std::string& g) {
       {"attn_q.bias", "self_attn.q_proj.bias"},
       {"attn_k.bias", "self_attn.k_proj.bias"},
       {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
       {"post_attention_norm.weight", "post_attention_layernorm.weight"},  // glm4moe
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},             // minimax-m2
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},             // the others
       {"ffn_gate.weight", "mlp.gate_proj.weight"},
       {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
@@ -73,6 +72,16 @@ inline std::string twin_hf_name(bool minimax, const std::string& g) {
       {"nextn.hnorm.weight", "hnorm.weight"},
       {"nextn.shared_head_norm.weight", "shared_head.norm.weight"}};
   const std::string at = "model.layers." + layer + ".";
+  if (bailing) {  // Ling-2.0's own attention and router names
+    if (rest == "attn_qkv.weight") return at + "attention.query_key_value.weight";
+    if (rest == "attn_output.weight") return at + "attention.dense.weight";
+    if (rest == "attn_q_norm.weight") return at + "attention.query_layernorm.weight";
+    if (rest == "attn_k_norm.weight") return at + "attention.key_layernorm.weight";
+    if (rest == "exp_probs_b.bias") return at + "mlp.gate.expert_bias";
+  }
+  if (rest == "attn_output.weight") return at + "self_attn.o_proj.weight";
+  if (rest == "attn_q_norm.weight") return at + "self_attn.q_norm.weight";
+  if (rest == "attn_k_norm.weight") return at + "self_attn.k_norm.weight";
   if (rest == "ffn_gate_inp.weight")
     return at + (minimax ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
   if (rest == "exp_probs_b.bias")
@@ -85,16 +94,19 @@ inline std::string twin_hf_name(bool minimax, const std::string& g) {
 
 struct HfOptions {
   bool qk_norm = true;      // keep the q/k norms; false: use_qk_norm false (GLM-4.5-Air)
-  bool router_bias = true;  // keep e_score_correction_bias (minimax-m2: else use_routing_bias
-                            // false; glm4moe: a broken checkpoint)
+  bool router_bias = true;  // keep the selection bias (minimax-m2, bailingmoe2: else the config
+                            // says there is none; glm4moe: a broken checkpoint)
 };
 
 /// config.json of the twin: the GGUF's hyperparameters under the transformers class's keys.
-inline nlohmann::json twin_config(const model::GgufFile& g, bool minimax, const HfOptions& opt) {
-  const std::string a = minimax ? "minimax-m2." : "glm4moe.";
-  const int64_t n_nextn = minimax ? 0 : g.get_int(a + "nextn_predict_layers");
+inline nlohmann::json twin_config(const model::GgufFile& g, Twin arch, const HfOptions& opt) {
+  const bool minimax = arch == Twin::kMinimax;
+  const std::string a = g.get_string("general.architecture") + ".";
+  const int64_t n_nextn = g.get_int_or(a + "nextn_predict_layers", 0);
   const int64_t n_layer = g.get_int(a + "block_count") - n_nextn;
-  const int64_t head_dim = g.get_int(a + "attention.key_length");
+  const int64_t head_dim =
+      g.get_int_or(a + "attention.key_length",
+                   g.get_int(a + "embedding_length") / g.get_int(a + "attention.head_count"));
   nlohmann::json c = {{"vocab_size", g.find_tensor("token_embd.weight")->ne[1]},
                       {"hidden_size", g.get_int(a + "embedding_length")},
                       {"num_hidden_layers", n_layer},
@@ -108,6 +120,26 @@ inline nlohmann::json twin_config(const model::GgufFile& g, bool minimax, const 
                       {"num_experts_per_tok", g.get_int(a + "expert_used_count")},
                       {"hidden_act", "silu"},
                       {"tie_word_embeddings", false}};
+  if (arch == Twin::kBailing) {
+    c["architectures"] = {"BailingMoeV2ForCausalLM"};
+    c["model_type"] = "bailing_moe";
+    c["partial_rotary_factor"] =
+        static_cast<double>(g.get_int(a + "rope.dimension_count")) / static_cast<double>(head_dim);
+    c["use_qkv_bias"] = false;
+    c["use_bias"] = false;
+    c["intermediate_size"] = g.get_int(a + "feed_forward_length");
+    c["moe_intermediate_size"] = g.get_int(a + "expert_feed_forward_length");
+    c["num_experts"] = g.get_int(a + "expert_count");
+    c["num_shared_experts"] = g.get_int(a + "expert_shared_count");
+    c["first_k_dense_replace"] = g.get_int(a + "leading_dense_block_count");
+    c["n_group"] = g.get_int(a + "expert_group_count");
+    c["topk_group"] = g.get_int(a + "expert_group_used_count");
+    c["routed_scaling_factor"] = g.get_float(a + "expert_weights_scale");
+    c["norm_topk_prob"] = g.get_bool(a + "expert_weights_norm");
+    c["score_function"] = "sigmoid";
+    c["moe_router_enable_expert_bias"] = opt.router_bias;
+    return c;
+  }
   if (minimax) {
     c["architectures"] = {"MiniMaxM2ForCausalLM"};
     c["model_type"] = "minimax_m2";
@@ -145,7 +177,11 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
   auto f = model::GgufFile::open(gguf);
   ASSERT_TRUE(f.has_value()) << f.error().message;
   const model::GgufFile& g = **f;
-  const bool minimax = g.get_string("general.architecture") == "minimax-m2";
+  const std::string gguf_arch = g.get_string("general.architecture");
+  const Twin arch = gguf_arch == "minimax-m2"    ? Twin::kMinimax
+                    : gguf_arch == "bailingmoe2" ? Twin::kBailing
+                                                 : Twin::kGlm;
+  const bool minimax = arch == Twin::kMinimax;
   std::vector<StTensor> tensors;
   for (const model::TensorInfo& t : g.tensors()) {
     ASSERT_EQ(t.type, model::GgmlType::kF32) << t.name;
@@ -157,7 +193,7 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
     const std::string bytes(reinterpret_cast<const char*>(t.data), t.nbytes);
     std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
     std::reverse(shape.begin(), shape.end());  // ggml ne → PyTorch order
-    const std::string name = twin_hf_name(minimax, t.name);
+    const std::string name = twin_hf_name(arch, t.name);
     if (!name.empty()) {
       tensors.push_back({name, "F32", shape, bytes});
       continue;
@@ -179,7 +215,7 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
            {shape[1], shape[2]},
            bytes.substr(static_cast<size_t>(e) * per, per)});
   }
-  dir.write("config.json", twin_config(g, minimax, opt).dump(2));
+  dir.write("config.json", twin_config(g, arch, opt).dump(2));
   dir.write("model.safetensors", safetensors_image(tensors));
 }
 

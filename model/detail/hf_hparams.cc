@@ -61,6 +61,7 @@ class HparamsReader {
         {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
+        {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -117,7 +118,7 @@ class HparamsReader {
     const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
-    if (f == HfFamily::kMinimaxM2) {
+    if (f == HfFamily::kMinimaxM2 || (f == HfFamily::kBailingMoeV2 && cfg_.has("rotary_dim"))) {
       s.n_rot = cfg_.has("rotary_dim") ? cfg_.get_dim("rotary_dim") : head_dim;
     } else {
       // GLM-4.5 rotates half of each head (its config class's default).
@@ -136,13 +137,19 @@ class HparamsReader {
       h_.attention_bias = true;
     } else if (f == HfFamily::kGlm4Moe) {
       h_.attention_bias = cfg_.get_bool_or("attention_bias", false);
+    } else if (f == HfFamily::kBailingMoeV2) {
+      h_.attention_bias = cfg_.get_bool_or("use_qkv_bias", false);
+      if (cfg_.get_bool_or("use_bias", false))
+        TROUPE_INPUT_ERROR("%s: use_bias (an output projection bias) is not supported",
+                           cfg_.path().c_str());
     } else if (cfg_.get_bool_or("attention_bias", false)) {
       TROUPE_INPUT_ERROR("%s: attention_bias is not supported for %s (no output bias)",
                          cfg_.path().c_str(), arch.c_str());
     }
     h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe ||
                  (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
-                 (f == HfFamily::kMinimaxM2 && cfg_.get_bool_or("use_qk_norm", true));
+                 ((f == HfFamily::kMinimaxM2 || f == HfFamily::kBailingMoeV2) &&
+                  cfg_.get_bool_or("use_qk_norm", true));
     if (f == HfFamily::kMinimaxM2) {
       const std::string type = cfg_.get_string_or("qk_norm_type", "per_layer");
       if (type != "per_layer")
@@ -195,6 +202,9 @@ class HparamsReader {
         break;
       case HfFamily::kMinimaxM2:
         read_minimax_m2();
+        break;
+      case HfFamily::kBailingMoeV2:
+        read_bailing_moe_v2();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -277,6 +287,29 @@ class HparamsReader {
                          path);
   }
 
+  /// Ling-2.0: DeepSeek-V3's routing under other keys; the group limit always applies.
+  void read_bailing_moe_v2() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    s.arch = Arch::kBailingMoe2;
+    s.n_expert = cfg_.get_int_or("num_experts", 0);
+    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
+    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
+    s.n_expert_shared = cfg_.get_int_or("num_shared_experts", 0);
+    s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
+    s.n_leading_dense = std::min(cfg_.get_int_or("first_k_dense_replace", 0), s.n_layer);
+    s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.0));
+    s.norm_topk = cfg_.get_bool_or("norm_topk_prob", true) && s.n_expert_used > 1;
+    const std::string scoring = cfg_.get_string_or("score_function", "sigmoid");
+    if (scoring != "sigmoid")
+      TROUPE_INPUT_ERROR("%s: score_function '%s' is not supported (sigmoid)", path,
+                         scoring.c_str());
+    s.gating = Gating::kSigmoid;
+    s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
+    s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
+    h_.router_bias = cfg_.get_bool_or("moe_router_enable_expert_bias", true);
+  }
+
   /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek
   /// first_k_dense_replace / moe_layer_freq; GLM first_k_dense_replace; Mixtral all.
   void mark_moe_layers() {
@@ -297,12 +330,14 @@ class HparamsReader {
         is_moe[static_cast<size_t>(il)] =
             (il + 1) % step == 0 &&
             std::find(mlp_only.begin(), mlp_only.end(), il) == mlp_only.end();
-    } else if (s.n_expert > 0 && (mla() || f == HfFamily::kGlm4Moe)) {
+    } else if (s.n_expert > 0 &&
+               (mla() || f == HfFamily::kGlm4Moe || f == HfFamily::kBailingMoeV2)) {
       const int64_t freq = mla() ? std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1)) : 1;
       for (int64_t il = 0; il < s.n_layer; ++il)
         is_moe[static_cast<size_t>(il)] = il >= s.n_leading_dense && il % freq == 0;
     }
-    if (!mla() && f != HfFamily::kGlm4Moe) {  // leading dense layers (0 when dense, as GGUF)
+    // Leading dense layers (0 when dense, as GGUF) where the config does not name them.
+    if (!mla() && f != HfFamily::kGlm4Moe && f != HfFamily::kBailingMoeV2) {
       s.n_leading_dense = 0;
       while (s.n_expert > 0 && s.n_leading_dense < s.n_layer &&
              !is_moe[static_cast<size_t>(s.n_leading_dense)])

@@ -22,8 +22,9 @@ enum class HfFamily : uint8_t {
   kQwen3Moe,
   kDeepseekV2,
   kDeepseekV3,
-  kGlm4Moe,    ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
-  kMinimaxM2,  ///< MiniMaxM2ForCausalLM (MiniMax-M2)
+  kGlm4Moe,       ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
+  kMinimaxM2,     ///< MiniMaxM2ForCausalLM (MiniMax-M2)
+  kBailingMoeV2,  ///< BailingMoeV2ForCausalLM (Ling-mini-2.0, Ling-flash-2.0, Ling-1T)
 };
 
 struct HfHparams {

@@ -25,9 +25,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "qwen3") return SynthArch::kQwen3;
   if (a == "glm4moe") return SynthArch::kGlm4Moe;
   if (a == "minimax-m2") return SynthArch::kMinimaxM2;
+  if (a == "bailingmoe2") return SynthArch::kBailingMoe2;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe, minimax-m2)",
+      "glm4moe, minimax-m2, bailingmoe2)",
       a.c_str());
 }
 
@@ -39,26 +40,26 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256;
+                     kM = 256, kB = 512;
   const Use uses[] = {
-      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM},
+      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB},
       {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM},
-      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
-      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG},
-      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG},
-      {"--n-group", o.n_group.has_value(), kDs},
-      {"--n-group-used", o.n_group_used.has_value(), kDs},
+      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
+      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
+      {"--n-group", o.n_group.has_value(), kDs | kB},
+      {"--n-group-used", o.n_group_used.has_value(), kDs | kB},
       {"--q-lora-rank", o.q_lora_rank.has_value(), kDs},
       {"--kv-lora-rank", o.kv_lora_rank.has_value(), kDs},
       {"--qk-rope-dim", o.qk_rope_dim.has_value(), kDs},
       {"--qk-nope-dim", o.qk_nope_dim.has_value(), kDs},
       {"--v-head-dim", o.v_head_dim.has_value(), kDs},
       {"--gating", o.gating.has_value(), kDs},
-      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs | kG},
-      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs | kG},
+      {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs | kG | kB},
+      {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs | kG | kB},
   };
   const auto bit = static_cast<uint16_t>(1u << static_cast<unsigned>(arch));
   for (const Use& u : uses)
@@ -109,7 +110,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
     TROUPE_INPUT_ERROR("head width %lld must be even for rope", static_cast<long long>(c.head_dim));
   // GLM and MiniMax-M2 rotate half of each head (partial_rotary_factor 0.5, rotary_dim 64 of
   // 128).
-  const bool half = c.arch == SynthArch::kGlm4Moe || minimax;
+  const bool half = c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kBailingMoe2;
   c.rope_dim = half ? c.head_dim / 2 / 2 * 2 : c.head_dim;
   if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for %s", o.arch.c_str());
 }
@@ -117,7 +118,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3)
     return;
-  const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe;
+  const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
+                  c.arch == SynthArch::kBailingMoe2;
   c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
   c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
   check_positive("--n-expert", c.n_expert);
@@ -199,7 +201,8 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
-  if (c.arch == SynthArch::kGlm4Moe) resolve_sigmoid_routing(o, c);
+  if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
+    resolve_sigmoid_routing(o, c);
   if (c.arch == SynthArch::kMinimaxM2) c.sigmoid = c.w_norm = true;
   return c;
 }

@@ -15,6 +15,8 @@ namespace troupe::model::detail {
 // of each head, DeepSeek-V3's routing) plus its multi-token-prediction layer, stored after the
 // decoder's as the converted checkpoints have it. kMinimaxM2: MiniMax-M2 (q/k RMSNorm over all
 // heads at once, rope on half of each head, sigmoid routing with a bias, experts only).
+// kBailingMoe2: Ling-2.0 (one fused q/k/v matrix, per-head q/k norms, rope on half of each
+// head, DeepSeek-V3's group-limited sigmoid routing with shared experts).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -24,7 +26,8 @@ enum class SynthArch {
   kQwen2,
   kQwen3,
   kGlm4Moe,
-  kMinimaxM2
+  kMinimaxM2,
+  kBailingMoe2
 };
 
 struct SynthConfig {

@@ -1,4 +1,5 @@
-// Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2), synthesized, as GGUF
+// Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
+// bailingmoe2), synthesized, as GGUF
 // and in Hugging Face form, through the actor system with stages and expert shards spread out:
 // every token and logit bit-identical to the single-process run.
 #include <string>
@@ -47,6 +48,14 @@ TEST(Glm4MoeCluster, HuggingFaceFormAcrossStagesAndExpertShards) {
 TEST(MinimaxM2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;
   const std::string gguf = testing::synth_arch(dir, "minimax-m2", 23);
+  expect_plans_match_one_process(gguf);
+  testing::write_hf_twin(gguf, hf);
+  expect_plans_match_one_process(hf.path());
+}
+
+TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "bailingmoe2", 24);
   expect_plans_match_one_process(gguf);
   testing::write_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path());
