@@ -17,11 +17,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2|glm4moe|\n"
-    "                           minimax-m2|bailingmoe2 --out FILE\n"
+    "                           minimax-m2|bailingmoe2|gpt-oss --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"
     "  [--n-dense-lead N] [--n-expert-shared N] [--n-group N] [--n-group-used N]\n"
+    "  [--sliding-window N]\n"
     "  [--gating softmax|sigmoid] [--expert-weights-norm 0|1] [--expert-weights-scale X]\n"
     "  [--rope-theta X] [--rms-eps X] [--n-vocab N] [--n-ctx N] [--name NAME]\n"
     "  [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|\n"
@@ -56,6 +57,7 @@ constexpr IntOption kIntOptions[] = {
     {"n-dense-lead", &model::SynthOptions::n_dense_lead, 0},
     {"n-group", &model::SynthOptions::n_group, 1},
     {"n-group-used", &model::SynthOptions::n_group_used, 1},
+    {"sliding-window", &model::SynthOptions::sliding_window, 1},
     {"q-lora-rank", &model::SynthOptions::q_lora_rank, 0},
     {"kv-lora-rank", &model::SynthOptions::kv_lora_rank, 1},
     {"qk-rope-dim", &model::SynthOptions::qk_rope_dim, 1},

@@ -11,6 +11,7 @@
 #include "base/check.h"
 #include "compute/detail/ops.h"
 #include "compute/matmul.h"
+#include "compute/moe_route.h"
 #include "compute/thread_pool.h"
 #include "compute/vec_ops.h"
 #include "model/rope.h"
@@ -53,6 +54,15 @@ const float* f32(const WeightView& w) {
   TROUPE_CHECK(w.type == model::GgmlType::kF32, "%s: norm/bias weights must be f32, are %s",
                w.name.c_str(), model::type_name(w.type).c_str());
   return reinterpret_cast<const float*>(w.data);
+}
+
+// y[r] += b for each of n rows of b's width (a no-op without a bias).
+void add_rows(const WeightView& b, float* y, int64_t n) {
+  if (!b.present()) return;
+  const float* bb = f32(b);
+  const int64_t w = b.cols();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < w; ++i) y[r * w + i] += bb[i];
 }
 
 // Query heads per piece of attention work: the g heads of a KV head share each K/V row read,
@@ -104,7 +114,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     for (const LayerSpec& L : s.layers) {
       ok = ok && need_f32(L.attn_norm) && need_f32(L.ffn_norm) && need_f32(L.bq) &&
            need_f32(L.bk) && need_f32(L.bv) && need_f32(L.q_norm) && need_f32(L.k_norm) &&
-           need_f32(L.q_a_norm) && need_f32(L.kv_a_norm) && need_f32(L.router_bias);
+           need_f32(L.q_a_norm) && need_f32(L.kv_a_norm) && need_f32(L.router_bias) &&
+           need_f32(L.bo) && need_f32(L.sinks) && need_f32(L.router_logit_bias) &&
+           need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b);
+      for (const model::ExpertFfn& X : L.experts)
+        ok = ok && need_f32(X.gate_b) && need_f32(X.up_b) && need_f32(X.down_b);
     }
     if (!ok) return Error{1, model->path + ": norm and bias weights must be f32"};
 
@@ -222,6 +236,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
       attention(il, seqs);
     }
     matmul(L.wo, S.attn.data(), T, S.tmp.data(), pool_.get());
+    add_rows(L.bo, S.tmp.data(), T);
     for (int64_t i = 0; i < T * E; ++i) S.x[i] += S.tmp[i];
     const float* fn = f32(L.ffn_norm);
     for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], fn, &S.h[t * E], E, s.rms_eps);
@@ -284,15 +299,9 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
                               {L.wk, S.k.data(), L.wk.rows()},
                               {L.wv, S.v.data(), L.wv.rows()}};
   matmul_shared(qkv, S.h.data(), L.wq.cols(), T, pool_.get());
-  auto add_bias = [&](const WeightView& b, std::vector<float>& y, int64_t w) {
-    if (!b.present()) return;
-    const float* bb = f32(b);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < w; ++i) y[t * w + i] += bb[i];
-  };
-  add_bias(L.bq, S.q, qw);
-  add_bias(L.bk, S.k, kw);
-  add_bias(L.bv, S.v, vw);
+  add_rows(L.bq, S.q.data(), T);
+  add_rows(L.bk, S.k.data(), T);
+  add_rows(L.bv, S.v.data(), T);
   // q/k RMSNorm per head (Qwen3, GLM: weights [head_dim]) or over all heads of a token at once
   // (MiniMax-M2: weights [heads * head_dim]); either way rows of the weights' width.
   auto qk_norm = [&](const WeightView& w, std::vector<float>& y, int64_t width) {
@@ -324,13 +333,16 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dk))));
   const int64_t group = H / HK, part = head_part(group, T, H, pool_->size()), parts = H / part;
   const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
+  const float* sinks = L.sinks.present() ? f32(L.sinks) : nullptr;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const float*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {
       const int64_t t = tp / parts, h0 = tp % parts * part, kvh = h0 / group;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const KvView kv = kv_view(*kv_, l, q, pos + 1, kvh * dk, k_width + kvh * dv, blocks);
+      KvView kv = kv_view(*kv_, l, q, pos + 1, kvh * dk, k_width + kvh * dv, blocks);
+      if (L.window > 0) kv.first = std::max<int64_t>(0, pos + 1 - L.window);
+      if (sinks != nullptr) kv.sinks = sinks + h0;
       attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, pos + 1, scale, dv,
                    &S.attn[t * H * dv + h0 * dv], dv);
     }
@@ -408,32 +420,47 @@ namespace {
 // SwiGLU activations below this many run on the calling thread (waking the pool costs more).
 constexpr int64_t kMinParallelActivations = 32768;
 
-// y = down(silu(gate(x)) * up(x)) for n rows.
-void swiglu_ffn(const model::ExpertFfn& f, const float* x, int64_t n, float* y,
-                std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
+// y = down(act(gate(x), up(x))) for n rows, each matrix's bias added where it has one; act is
+// silu(g) * u, or gpt-oss's clamped form (model::FfnAct).
+void swiglu_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float* x, int64_t n,
+                float* y, std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
   const int64_t ff = f.gate.rows();
   grow(g, n * ff);
   grow(u, n * ff);
   const MatmulTarget gate_up[] = {{f.gate, g.data(), ff}, {f.up, u.data(), ff}};
   matmul_shared(gate_up, x, f.gate.cols(), n, pool);
+  add_rows(f.gate_b, g.data(), n);
+  add_rows(f.up_b, u.data(), n);
   // Element by element (the same result on any split): on the pool once there is enough of it,
   // as at 16 sequences (90k exp() per layer of the 1.1B shape, ~3 % of a step run serially).
+  const float alpha = s.act_alpha, limit = s.act_limit;
   auto act = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) g[i] = detail::silu(g[i]) * u[i];
+    if (s.ffn_act == model::FfnAct::kSwigluOai) {
+      for (int64_t i = b; i < e; ++i) {
+        const float gi = std::min(g[i], limit), ui = std::clamp(u[i], -limit, limit);
+        g[i] = gi * detail::sigmoid(alpha * gi) * (ui + 1.0f);
+      }
+    } else {
+      for (int64_t i = b; i < e; ++i) g[i] = detail::silu(g[i]) * u[i];
+    }
   };
   if (pool != nullptr && pool->size() > 1 && n * ff >= kMinParallelActivations)
     pool->parallel_for(n * ff, 64, act);
   else
     act(0, n * ff);
   matmul(f.down, g.data(), n, y, pool);
+  add_rows(f.down_b, y, n);
 }
 }  // namespace
 
 void Engine::ffn(int64_t il) {
   const LayerSpec& L = spec().layers[static_cast<size_t>(il)];
   Scratch& S = *s_;
-  model::ExpertFfn f{L.ffn_gate, L.ffn_up, L.ffn_down};
-  swiglu_ffn(f, S.h.data(), S.T, S.tmp.data(), S.gate, S.up, pool_.get());
+  model::ExpertFfn f;
+  f.gate = L.ffn_gate;
+  f.up = L.ffn_up;
+  f.down = L.ffn_down;
+  swiglu_ffn(spec(), f, S.h.data(), S.T, S.tmp.data(), S.gate, S.up, pool_.get());
 }
 
 void Engine::moe(int64_t il) {
@@ -445,69 +472,7 @@ void Engine::moe(int64_t il) {
   matmul(L.router, S.h.data(), T, S.router.data(), pool_.get());
   S.sel_id.resize(static_cast<size_t>(T * K));
   S.sel_w.resize(static_cast<size_t>(T * K));
-  const float* bias = L.router_bias.present() ? f32(L.router_bias) : nullptr;
-  std::vector<float> probs(static_cast<size_t>(NE)), selp(static_cast<size_t>(NE));
-  std::vector<int32_t> order(static_cast<size_t>(NE));
-  const float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < T; ++t) {
-    const float* lg = &S.router[t * NE];
-    if (s.gating == model::Gating::kSoftmax) {
-      float mx = kNegInf;
-      for (int64_t e = 0; e < NE; ++e) mx = std::max(mx, lg[e]);
-      double sum = 0;
-      for (int64_t e = 0; e < NE; ++e) {
-        probs[static_cast<size_t>(e)] = std::exp(lg[e] - mx);
-        sum += probs[static_cast<size_t>(e)];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t e = 0; e < NE; ++e) probs[static_cast<size_t>(e)] *= inv;
-    } else {
-      for (int64_t e = 0; e < NE; ++e) probs[static_cast<size_t>(e)] = detail::sigmoid(lg[e]);
-    }
-    for (int64_t e = 0; e < NE; ++e)
-      selp[static_cast<size_t>(e)] = probs[static_cast<size_t>(e)] + (bias ? bias[e] : 0.f);
-    if (s.n_group > 1 && s.n_group_used < s.n_group) {
-      // Group-limited routing: a group's score is the sum of its two best selection scores;
-      // experts outside the best n_group_used groups cannot be chosen.
-      const int64_t per = NE / s.n_group;
-      std::vector<std::pair<float, int64_t>> gs;
-      for (int64_t g = 0; g < s.n_group; ++g) {
-        float b1 = kNegInf, b2 = kNegInf;
-        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-          const float v = selp[static_cast<size_t>(e)];
-          if (v > b1) {
-            b2 = b1;
-            b1 = v;
-          } else if (v > b2) {
-            b2 = v;
-          }
-        }
-        gs.emplace_back(b1 + b2, g);
-      }
-      std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
-      std::vector<bool> keep(static_cast<size_t>(s.n_group), false);
-      for (int64_t g = 0; g < s.n_group_used; ++g)
-        keep[static_cast<size_t>(gs[static_cast<size_t>(g)].second)] = true;
-      for (int64_t e = 0; e < NE; ++e)
-        if (!keep[static_cast<size_t>(e / per)]) selp[static_cast<size_t>(e)] = kNegInf;
-    }
-    for (int64_t e = 0; e < NE; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return selp[static_cast<size_t>(a)] > selp[static_cast<size_t>(b)];
-    });
-    double wsum = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = order[static_cast<size_t>(k)];
-      S.sel_id[static_cast<size_t>(t * K + k)] = e;
-      S.sel_w[static_cast<size_t>(t * K + k)] = probs[static_cast<size_t>(e)];
-      wsum += probs[static_cast<size_t>(e)];
-    }
-    for (int64_t k = 0; k < K; ++k) {
-      float& w = S.sel_w[static_cast<size_t>(t * K + k)];
-      if (s.norm_topk) w = w / static_cast<float>(wsum);
-      w *= s.routed_scale;
-    }
-  }
+  route_experts(s, L, S.router.data(), T, S.sel_id.data(), S.sel_w.data());
   // Gather the rows routed to each expert, let the runner compute them, then weight.
   grow(S.slot_out, T * K * E);
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(NE));  // entries: t * K + k
@@ -547,7 +512,7 @@ void Engine::moe(int64_t il) {
   }
   if (L.shared.gate.present()) {
     grow(S.shared_out, T * E);
-    swiglu_ffn(L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
+    swiglu_ffn(s, L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
     for (int64_t t = 0; t < T; ++t) {
       float g = 1.f;
       if (L.shared_gate.present()) {
@@ -573,7 +538,7 @@ void ExpertCompute::run(int64_t layer, std::span<const ExpertTask> tasks) {
   for (const ExpertTask& t : tasks) {
     TROUPE_CHECK(t.expert >= 0 && t.expert < static_cast<int32_t>(L.experts.size()),
                  "expert %d out of range", t.expert);
-    swiglu_ffn(L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
+    swiglu_ffn(s, L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
   }
 }
 

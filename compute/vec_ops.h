@@ -16,10 +16,13 @@ struct KvView {
   int64_t row_stride = 0;
   int64_t k_offset = 0;
   int64_t v_offset = 0;
+  int64_t first = 0;             ///< positions before it are not attended (a sliding window)
+  const float* sinks = nullptr;  ///< g logits, one per head: an extra softmax term, value 0
 };
 
-/// Attention of g query heads that share one KV head, over positions [0, n):
-/// out_h = sum_j softmax_j(q_h . k_j * scale) v_j. q: g rows of dk floats, q_stride apart;
+/// Attention of g query heads that share one KV head, over positions [kv.first, n):
+/// out_h = sum_j softmax_j(q_h . k_j * scale) v_j, the softmax's denominator also holding
+/// exp(kv.sinks[h]) when there are sinks. q: g rows of dk floats, q_stride apart;
 /// out: g rows of dv floats, out_stride apart. Each K and V row is read once for all g heads.
 void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                   int64_t n, float scale, int64_t dv, float* out, int64_t out_stride);

@@ -31,6 +31,8 @@ const char* arch_name(Arch a) {
       return "minimax-m2";
     case Arch::kBailingMoe2:
       return "bailingmoe2";
+    case Arch::kGptOss:
+      return "gpt-oss";
   }
   return "?";
 }
@@ -84,10 +86,12 @@ class GgufSpecBuilder {
       s.arch = Arch::kMinimaxM2;
     } else if (arch == "bailingmoe2") {
       s.arch = Arch::kBailingMoe2;
+    } else if (arch == "gpt-oss") {
+      s.arch = Arch::kGptOss;
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -165,6 +169,15 @@ class GgufSpecBuilder {
       case Arch::kGlm4Moe:
       case Arch::kBailingMoe2:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
+        break;
+      case Arch::kGptOss:  // llama.cpp's graph: softmax over the top-k logits, clamped SwiGLU
+        s.gating = Gating::kSoftmaxTopk;
+        s.norm_topk = false;
+        s.ffn_act = FfnAct::kSwigluOai;
+        window_ = g_.get_int(p + "attention.sliding_window");
+        if (window_ <= 0)
+          TROUPE_INPUT_ERROR("%s: %sattention.sliding_window must be positive, got %lld",
+                             g_.path().c_str(), p.c_str(), static_cast<long long>(window_));
         break;
     }
     if (s.arch == Arch::kDeepseek2) {
@@ -288,9 +301,14 @@ class GgufSpecBuilder {
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
     L.wo = req(b + "attn_output.weight");
-    // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
-    L.ffn_norm =
-        req(b + (s.arch == Arch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight"));
+    L.bo = opt(b + "attn_output.bias");
+    L.sinks = opt(b + "attn_sinks.weight");
+    // gpt-oss: a sliding window on every other layer, from the first (llama.cpp's pattern 2).
+    if (s.arch == Arch::kGptOss && il % 2 == 0) L.window = window_;
+    // GLM's and gpt-oss's converters name the norm before the FFN after HF's
+    // post_attention_layernorm.
+    const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss;
+    L.ffn_norm = req(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"));
     const bool moe = s.n_expert > 0 && il >= s.n_leading_dense;
     L.is_moe = moe;
     if (!moe) {
@@ -300,6 +318,7 @@ class GgufSpecBuilder {
       return;
     }
     L.router = req(b + "ffn_gate_inp.weight");
+    L.router_logit_bias = opt(b + "ffn_gate_inp.bias");
     L.router_bias = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2
                         ? req(b + "exp_probs_b.bias")
                         : opt(b + "exp_probs_b.bias");
@@ -308,6 +327,13 @@ class GgufSpecBuilder {
       const WeightView g = req(b + "ffn_gate_exps.weight");
       const WeightView u = req(b + "ffn_up_exps.weight");
       const WeightView d = req(b + "ffn_down_exps.weight");
+      // Per-expert biases (gpt-oss): [width, n_expert], expert e's the e-th row.
+      const WeightView gb = opt(b + "ffn_gate_exps.bias"), ub = opt(b + "ffn_up_exps.bias"),
+                       db = opt(b + "ffn_down_exps.bias");
+      for (const WeightView* x : {&gb, &ub, &db})
+        if (x->present() && (x->type != GgmlType::kF32 || x->ne[1] != s.n_expert || x->ne[2] != 1))
+          TROUPE_INPUT_ERROR("%s: tensor '%s' must be f32 [width, %lld experts]", g_.path().c_str(),
+                             x->name.c_str(), static_cast<long long>(s.n_expert));
       for (int64_t e = 0; e < s.n_expert; ++e) {
         if (g.ne[2] != s.n_expert || u.ne[2] != s.n_expert || d.ne[2] != s.n_expert)
           TROUPE_INPUT_ERROR("%s: %sffn_*_exps has %lld experts, expected %lld", g_.path().c_str(),
@@ -317,6 +343,9 @@ class GgufSpecBuilder {
         E.gate = g.slice(e);
         E.up = u.slice(e);
         E.down = d.slice(e);
+        if (gb.present()) E.gate_b = gb.row_range(e, 1, gb.name + strfmt("[%lld]", ll(e)));
+        if (ub.present()) E.up_b = ub.row_range(e, 1, ub.name + strfmt("[%lld]", ll(e)));
+        if (db.present()) E.down_b = db.row_range(e, 1, db.name + strfmt("[%lld]", ll(e)));
       }
     } else {  // older per-expert layout: blk.N.ffn_gate.E.weight
       for (int64_t e = 0; e < s.n_expert; ++e) {
@@ -368,7 +397,10 @@ class GgufSpecBuilder {
     L.bv = part(q + k, v, "v");
   }
 
+  static long long ll(int64_t v) { return static_cast<long long>(v); }
+
   const GgufFile& g_;
+  int64_t window_ = 0;  // gpt-oss's sliding window
 };
 
 [[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,
@@ -450,6 +482,9 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect(src, L.wk, E, s.n_head_kv * s.head_dim_k);
       expect(src, L.wv, E, s.n_head_kv * s.head_dim_v);
       expect(src, L.wo, s.n_head * s.head_dim_v, E);
+      expect_opt(src, L.bo, E, 1);
+      expect_opt(src, L.sinks, s.n_head, 1);
+      if (L.window < 0) TROUPE_INPUT_ERROR("%s: negative sliding window", src.c_str());
       expect_opt(src, L.bq, s.n_head * s.head_dim_k, 1);
       expect_opt(src, L.bk, s.n_head_kv * s.head_dim_k, 1);
       expect_opt(src, L.bv, s.n_head_kv * s.head_dim_v, 1);
@@ -467,10 +502,14 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
     }
     expect(src, L.router, E, s.n_expert);
     expect_opt(src, L.router_bias, s.n_expert, 1);
+    expect_opt(src, L.router_logit_bias, s.n_expert, 1);
     for (const ExpertFfn& X : L.experts) {
       expect(src, X.gate, E, s.n_ff_exp);
       expect(src, X.up, E, s.n_ff_exp);
       expect(src, X.down, s.n_ff_exp, E);
+      expect_opt(src, X.gate_b, s.n_ff_exp, 1);
+      expect_opt(src, X.up_b, s.n_ff_exp, 1);
+      expect_opt(src, X.down_b, E, 1);
     }
     if (L.shared.gate.present()) {
       const int64_t f = L.shared.gate.rows();

@@ -96,6 +96,10 @@ enum class Arch : uint8_t {
   /// Ling-2.0 (BailingMoeV2: Ling-mini/flash-2.0, Ling-1T): GQA from one fused q/k/v matrix,
   /// per-head q/k RMSNorm, NeoX rope on part of each head; DeepSeek-V3's routing
   kBailingMoe2 = 8,
+  /// OpenAI gpt-oss: GQA with biases everywhere, learned attention sinks, a sliding window on
+  /// every other layer; experts with biases and a clamped SwiGLU, softmax over the chosen
+  /// experts' logits
+  kGptOss = 9,
 };
 const char* arch_name(Arch a);
 
@@ -104,7 +108,13 @@ enum class RopeStyle : uint8_t {
   kNeox = 1,    ///< rotate (x_i, x_{i+n/2}) (Qwen, and Llama weights straight from HF)
 };
 
-enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1 };
+/// How router logits become expert weights: kSoftmax (over all experts, then the top-k),
+/// kSigmoid (each alone), kSoftmaxTopk (top-k of the logits, then a softmax over those k: gpt-oss).
+enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxTopk = 2 };
+
+/// The FFN's gated activation: kSilu: silu(gate) * up; kSwigluOai (gpt-oss): with
+/// g = min(gate, limit), u = clamp(up, -limit, limit): g * sigmoid(alpha * g) * (u + 1).
+enum class FfnAct : uint8_t { kSilu = 0, kSwigluOai = 1 };
 
 /// How a model stretches its rotary frequencies past its training context (model/rope.h).
 enum class RopeScalingType : uint8_t {
@@ -125,6 +135,7 @@ struct RopeScaling {
 
 struct ExpertFfn {
   WeightView gate, up, down;  // gate/up: [n_ff_exp rows, n_embd cols]; down: [n_embd, n_ff_exp]
+  WeightView gate_b, up_b, down_b;  // optional f32 biases [n_ff_exp], [n_ff_exp], [n_embd]
 };
 
 struct LayerSpec {
@@ -135,6 +146,9 @@ struct LayerSpec {
   // Optional q/k RMSNorm weights: per head [head_dim] (Qwen3, GLM), or over all heads of a
   // token at once [n_head * head_dim] and [n_head_kv * head_dim] (MiniMax-M2).
   WeightView q_norm, k_norm;
+  WeightView bo;       // optional output projection bias [n_embd] (gpt-oss)
+  WeightView sinks;    // optional f32 [n_head]: each head's sink logit, an extra softmax term
+  int64_t window = 0;  // > 0: each query attends to its last `window` positions only
   // Multi-head latent attention (DeepSeek2).
   WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
   WeightView wkv_a;                 // [kv_lora + rope, n_embd]
@@ -148,6 +162,7 @@ struct LayerSpec {
   bool is_moe = false;
   WeightView router;               // [n_expert rows, n_embd cols]
   WeightView router_bias;          // optional [n_expert] (selection bias, DeepSeek-V3)
+  WeightView router_logit_bias;    // optional [n_expert]: added to the router's logits (gpt-oss)
   std::vector<ExpertFfn> experts;  // n_expert entries
   ExpertFfn shared;                // optional shared expert(s), merged as one FFN
   WeightView shared_gate;          // optional [1 row, n_embd]: sigmoid gate of the shared expert
@@ -188,6 +203,9 @@ struct ModelSpec {
   float routed_scale = 1.f;  // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
   int64_t n_group = 1;       // expert groups for group-limited routing
   int64_t n_group_used = 1;
+  FfnAct ffn_act = FfnAct::kSilu;
+  float act_alpha = 1.702f;  // kSwigluOai
+  float act_limit = 7.0f;    // kSwigluOai
 
   // Multi-head latent attention.
   int64_t q_lora_rank = 0;

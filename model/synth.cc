@@ -212,12 +212,16 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
         p.matrix(b + "attn_v.weight", {e, kv});
       }
       if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen2 ||
-          c.arch == SynthArch::kGlm4Moe) {
+          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kGptOss) {
         p.f32(b + "attn_q.bias", {q}, 0.02f);
         p.f32(b + "attn_k.bias", {kv}, 0.02f);
         p.f32(b + "attn_v.bias", {kv}, 0.02f);
       }
       p.matrix(b + "attn_output.weight", {q, e});
+      if (c.arch == SynthArch::kGptOss) {
+        p.f32(b + "attn_output.bias", {e}, 0.02f);
+        p.f32(b + "attn_sinks.weight", {c.n_head}, 1.0f);
+      }
       if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
           c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
@@ -227,9 +231,10 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
         p.norm(b + "attn_k_norm.weight", kv);
       }
     }
-    // GLM's converter names the norm before the FFN after HF's post_attention_layernorm.
-    p.norm(b + (c.arch == SynthArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight"),
-           e);
+    // GLM's and gpt-oss's converters name the norm before the FFN after HF's
+    // post_attention_layernorm.
+    const bool post = c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kGptOss;
+    p.norm(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), e);
     if (il >= c.n_layer) plan_nextn(p, b, e);
     const bool dense = c.n_expert == 0 || il < c.n_dense_lead;
     if (dense) {
@@ -242,6 +247,12 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
         c.arch == SynthArch::kMinimaxM2 || c.arch == SynthArch::kBailingMoe2)
       p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
     plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
+    if (c.arch == SynthArch::kGptOss) {  // biases on the router's logits and on every expert
+      p.f32(b + "ffn_gate_inp.bias", {c.n_expert}, 0.5f);
+      p.f32(b + "ffn_gate_exps.bias", {c.n_ff_exp, c.n_expert}, 0.1f);
+      p.f32(b + "ffn_up_exps.bias", {c.n_ff_exp, c.n_expert}, 0.1f);
+      p.f32(b + "ffn_down_exps.bias", {e, c.n_expert}, 0.1f);
+    }
     if (c.arch == SynthArch::kQwen2Moe) {
       p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
       plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
@@ -344,6 +355,15 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("expert_count", c.n_expert);
       u32("expert_used_count", c.n_expert_used);
       u32("expert_gating_func", 2);
+      break;
+    case SynthArch::kGptOss:
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("attention.value_length", c.head_dim);
+      u32("attention.sliding_window", c.n_swa);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
       break;
     case SynthArch::kBailingMoe2:
       u32("rope.dimension_count", c.rope_dim);

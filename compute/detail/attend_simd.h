@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -60,9 +61,11 @@ auto value_pass(int64_t regs) {
 
 template <class V>
 void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
-                 int64_t n, float scale, int64_t dv, float* out, int64_t out_stride) {
+                 int64_t n_end, float scale, int64_t dv, float* out, int64_t out_stride) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
+  // Positions [first, n_end): rows[j] is position first + j's.
+  const int64_t first = kv.first, n = n_end - first;
   const int64_t n_pad = (n + L - 1) / L * L;
   // [g][n_pad]: scores, then exp(score - max); then [g]: 1 / their sums.
   thread_local std::vector<float> scores;
@@ -72,9 +75,9 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   float* inv = &scores[static_cast<size_t>(g * n_pad)];
   if (static_cast<int64_t>(rows.size()) < n_pad) rows.resize(static_cast<size_t>(n_pad));
   // Row pointers once, block by block (no division per position).
-  for (int64_t b = 0, j = 0; j < n; ++b) {
+  for (int64_t b = first / kv.block_size, j = 0, i0 = first % kv.block_size; j < n; ++b, i0 = 0) {
     const float* base = kv.blocks[b];
-    for (int64_t i = 0; i < kv.block_size && j < n; ++i, ++j)
+    for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j)
       rows[static_cast<size_t>(j)] = base + i * kv.row_stride;
   }
   for (int64_t j = n; j < n_pad; ++j) rows[static_cast<size_t>(j)] = rows[0];  // read, unused
@@ -114,7 +117,10 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
       for (int i = 0; i < L; ++i) tmp[i] = i < n_tail ? sh[n_full + i] : sh[0];
       mx = V::max(mx, V::load(tmp));
     }
-    const Reg m = V::set1(V::hmax(mx));
+    // A sink is one more softmax term (its value vector 0): in the max and in the sum.
+    const float sink = kv.sinks != nullptr ? kv.sinks[h] : -std::numeric_limits<float>::infinity();
+    const float mh = std::max(V::hmax(mx), sink);
+    const Reg m = V::set1(mh);
     Reg sum = V::zero();
     for (int64_t j = 0; j < n_full; j += L) {
       const Reg ev = V::exp_nonpos(V::sub(V::load(sh + j), m));
@@ -127,7 +133,7 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
       for (int i = n_tail; i < L; ++i) sh[n_full + i] = 0.0f;
       sum = V::add(sum, V::load(sh + n_full));
     }
-    inv[h] = 1.0f / V::hsum(sum);
+    inv[h] = 1.0f / (V::hsum(sum) + (kv.sinks != nullptr ? std::exp(sink - mh) : 0.0f));
   }
 
   // Weighted values, kValueRegs registers of output columns per pass.

@@ -26,9 +26,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "glm4moe") return SynthArch::kGlm4Moe;
   if (a == "minimax-m2") return SynthArch::kMinimaxM2;
   if (a == "bailingmoe2") return SynthArch::kBailingMoe2;
+  if (a == "gpt-oss") return SynthArch::kGptOss;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe, minimax-m2, bailingmoe2)",
+      "glm4moe, minimax-m2, bailingmoe2, gpt-oss)",
       a.c_str());
 }
 
@@ -40,13 +41,15 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256, kB = 512;
+                     kM = 256, kB = 512, kO = 1024;
   const Use uses[] = {
-      {"--n-head-kv", o.n_head_kv.has_value(), kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB},
-      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB},
+      {"--n-head-kv", o.n_head_kv.has_value(),
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
+      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO},
+      {"--sliding-window", o.sliding_window.has_value(), kO},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
       {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
@@ -94,7 +97,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
   if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGlm4Moe || minimax) {
+      c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss) {
     // Qwen3, GLM and MiniMax heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads
     // of 128; GLM-4.5-Air: 4096/96 of 128; MiniMax-M2: 3072/48 of 128): twice by default, any
     // with --head-dim.
@@ -204,6 +207,10 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
     resolve_sigmoid_routing(o, c);
   if (c.arch == SynthArch::kMinimaxM2) c.sigmoid = c.w_norm = true;
+  if (c.arch == SynthArch::kGptOss) {
+    c.n_swa = o.sliding_window.value_or(8);
+    check_positive("--sliding-window", c.n_swa);
+  }
   return c;
 }
 

@@ -16,7 +16,9 @@ namespace troupe::model::detail {
 // decoder's as the converted checkpoints have it. kMinimaxM2: MiniMax-M2 (q/k RMSNorm over all
 // heads at once, rope on half of each head, sigmoid routing with a bias, experts only).
 // kBailingMoe2: Ling-2.0 (one fused q/k/v matrix, per-head q/k norms, rope on half of each
-// head, DeepSeek-V3's group-limited sigmoid routing with shared experts).
+// head, DeepSeek-V3's group-limited sigmoid routing with shared experts). kGptOss: gpt-oss
+// (biases everywhere, attention sinks, a sliding window on even layers, biased experts with the
+// clamped SwiGLU, softmax over the top-k logits).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -27,7 +29,8 @@ enum class SynthArch {
   kQwen3,
   kGlm4Moe,
   kMinimaxM2,
-  kBailingMoe2
+  kBailingMoe2,
+  kGptOss
 };
 
 struct SynthConfig {
@@ -38,6 +41,7 @@ struct SynthConfig {
   int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
   int64_t n_nextn = 0;  // glm4moe: multi-token-prediction layers after the decoder's
+  int64_t n_swa = 0;    // gpt-oss: the sliding window
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

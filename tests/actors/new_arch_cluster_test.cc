@@ -1,5 +1,5 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2), synthesized, as GGUF
+// bailingmoe2, gpt-oss), synthesized, as GGUF
 // and in Hugging Face form, through the actor system with stages and expert shards spread out:
 // every token and logit bit-identical to the single-process run.
 #include <string>
@@ -59,6 +59,12 @@ TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(gguf);
   testing::write_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path());
+}
+
+// gpt-oss: expert shards run the biased, clamped experts; stages carry the sliding window.
+TEST(GptOssCluster, GgufAcrossStagesAndExpertShards) {
+  testing::TempDir dir;
+  expect_plans_match_one_process(testing::synth_arch(dir, "gpt-oss", 25));
 }
 
 }  // namespace

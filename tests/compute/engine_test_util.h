@@ -132,4 +132,28 @@ inline std::vector<int32_t> prompt_of(int n, int32_t vocab, int32_t step) {
   return p;
 }
 
+// Logits of every position of `toks`, computed according to a chunking plan.
+inline std::vector<float> run_chunks(Engine& eng, const std::vector<int32_t>& toks,
+                                     const std::vector<int64_t>& chunks) {
+  Sequence seq(eng);
+  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(toks.size())));
+  std::vector<float> out;
+  size_t at = 0;
+  for (size_t c = 0; at < toks.size(); ++c) {
+    const int64_t n =
+        std::min<int64_t>(chunks[c % chunks.size()], static_cast<int64_t>(toks.size() - at));
+    SeqStep st = seq.next({toks.data() + at, static_cast<size_t>(n)}, SeqStep::Logits::kAll);
+    StepResult r;
+    EXPECT_TRUE(eng.step({&st, 1}, &r).has_value());
+    out.insert(out.end(), r.logits.begin(), r.logits.end());
+    seq.advance(n);
+    at += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
 }  // namespace troupe::compute

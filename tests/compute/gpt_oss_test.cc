@@ -1,0 +1,124 @@
+// OpenAI gpt-oss (GGUF "gpt-oss", llama.cpp's conventions) through the engine: a synthesized
+// model against the independent float64 forward pass of tests/gpt_oss_reference.h. New parts it
+// exercises: learned attention sinks, a sliding window on every other layer (prompts longer than
+// the window, KV blocks smaller than it), biases on the output projection, the router's logits
+// and every expert, the clamped SwiGLU, and a softmax over the chosen experts' logits. No
+// ../shared golden case exists for this architecture.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/gguf.h"
+#include "model/model.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/edited_model.h"
+#include "tests/gpt_oss_reference.h"
+#include "tests/hf_twin_model.h"
+#include "tests/test_support.h"
+
+namespace troupe::compute {
+namespace {
+
+using testing::TempDir;
+
+std::string synth_gpt_oss(const TempDir& dir, uint64_t seed = 13) {
+  return testing::synth_arch(dir, "gpt-oss", seed);
+}
+
+TEST(GptOss, GgufMapsAsLlamaCpp) {
+  TempDir dir;
+  auto m = model::load_model(synth_gpt_oss(dir));
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::ModelSpec& s = (*m)->spec;
+  EXPECT_EQ(s.arch, model::Arch::kGptOss);
+  EXPECT_STREQ(model::arch_name(s.arch), "gpt-oss");
+  EXPECT_EQ(s.gating, model::Gating::kSoftmaxTopk);
+  EXPECT_EQ(s.ffn_act, model::FfnAct::kSwigluOai);
+  EXPECT_FALSE(s.norm_topk);
+  EXPECT_EQ(s.rope_style, model::RopeStyle::kNeox);
+  for (size_t il = 0; il < s.layers.size(); ++il) {
+    const model::LayerSpec& L = s.layers[il];
+    EXPECT_EQ(L.window, il % 2 == 0 ? 8 : 0) << il;  // llama.cpp's pattern: even layers
+    EXPECT_EQ(L.sinks.cols(), s.n_head);
+    EXPECT_TRUE(L.bo.present() && L.bq.present() && L.router_logit_bias.present());
+    EXPECT_EQ(L.ffn_norm.name, "blk." + std::to_string(il) + ".post_attention_norm.weight");
+    ASSERT_TRUE(L.is_moe);
+    for (const model::ExpertFfn& X : L.experts) {
+      EXPECT_EQ(X.gate_b.cols(), s.n_ff_exp);
+      EXPECT_EQ(X.down_b.cols(), s.n_embd);
+    }
+    // Expert e's biases are row e of the stacked [width, n_expert] tensors.
+    EXPECT_EQ(L.experts[3].up_b.data,
+              L.experts[0].up_b.data + 3 * s.n_ff_exp * static_cast<int64_t>(sizeof(float)));
+  }
+}
+
+// No golden case exists: the engine's logits are held to an independent float64 forward pass.
+// 40 tokens over a window of 8, KV blocks of 4 and 16.
+TEST(GptOss, EngineMatchesTheFloat64Reference) {
+  TempDir dir;
+  const std::string path = synth_gpt_oss(dir);
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const int32_t vocab = static_cast<int32_t>((*m)->spec.n_vocab);
+  const std::vector<int32_t> prompt = prompt_of(40, vocab, 19);
+  const std::vector<double> ref = testing::gpt_oss_reference_logits(path, prompt);
+  for (const int64_t block : {4, 16}) {
+    SCOPED_TRACE("KV blocks of " + std::to_string(block));
+    EngineOptions o;
+    o.max_tokens_in_cache = 64;
+    o.kv_block_size = block;
+    auto eng = Engine::create(*m, o);
+    ASSERT_TRUE(eng.has_value()) << eng.error().message;
+    expect_near_reference(run_chunks(**eng, prompt, {40}), ref, vocab);
+  }
+}
+
+// The window and the sinks keep batch invariance: one chunk, several, token by token, 2 threads,
+// and beside other sequences, bit for bit.
+TEST(GptOss, LogitsBitIdenticalAcrossChunkingThreadsAndBatches) {
+  TempDir dir;
+  auto m = model::load_model(synth_gpt_oss(dir, 17));
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const int32_t vocab = static_cast<int32_t>((*m)->spec.n_vocab);
+  const std::vector<int32_t> a = prompt_of(27, vocab, 7);
+  EngineOptions o1;
+  o1.max_tokens_in_cache = 128;
+  o1.kv_block_size = 4;
+  EngineOptions o2 = o1;
+  o2.n_threads = 2;
+  auto e1 = Engine::create(*m, o1);
+  auto e2 = Engine::create(*m, o2);
+  ASSERT_TRUE(e1 && e2);
+  const std::vector<float> ref = run_chunks(**e1, a, {27});
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {5, 7, 3}))) << "chunked prefill";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {1}))) << "token by token";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {4, 1, 9}))) << "2 threads, chunked";
+  const std::vector<float> batched = batch_logits(*m, {prompt_of(9, vocab, 3), a}, 1);
+  EXPECT_TRUE(bit_equal(ref, batched)) << "beside another sequence";
+}
+
+std::string load_error(const std::string& path) {
+  auto m = model::load_model(path);
+  return m.has_value() ? std::string("loaded") : m.error().message;
+}
+
+TEST(GptOss, BadFilesAreRefusedByName) {
+  TempDir dir;
+  const std::string src = synth_gpt_oss(dir);
+  const std::string no_window = testing::edited_gguf(
+      dir, "w0.gguf", src, [](auto& w) { w.set_u32("gpt-oss.attention.sliding_window", 0); });
+  EXPECT_NE(load_error(no_window).find("gpt-oss.attention.sliding_window must be positive, got 0"),
+            std::string::npos)
+      << load_error(no_window);
+  // One expert fewer in the file's header than the bias tensors have.
+  const std::string fewer = testing::edited_gguf(
+      dir, "e.gguf", src, [](auto& w) { w.set_u32("gpt-oss.expert_count", 7); });
+  EXPECT_NE(load_error(fewer).find("must be f32 [width, 7 experts]"), std::string::npos)
+      << load_error(fewer);
+}
+
+}  // namespace
+}  // namespace troupe::compute
