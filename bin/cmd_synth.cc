@@ -26,7 +26,7 @@ constexpr const char* kUsage =
     "  [--gating softmax|sigmoid] [--expert-weights-norm 0|1] [--expert-weights-scale X]\n"
     "  [--rope-theta X] [--rms-eps X] [--n-vocab N] [--n-ctx N] [--name NAME]\n"
     "  [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|\n"
-    "           iq4_nl|iq4_xs]\n"
+    "           iq4_nl|iq4_xs|mxfp4]\n"
     "  [--seed S] [--vocab-donor GGUF] [--threads N]\n"
     "Defaults give the shapes of ../shared/models/synth/<arch> (mixtral: 8 experts of --n-ff\n"
     "32). Without --vocab-donor the model gets a built-in byte-level BPE vocabulary of 512 tokens\n"
@@ -115,7 +115,7 @@ int cmd_synth(const Args& args) {
     throw CliError(
         "--dtype must be f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
         "q6_k, q4_k_m, "
-        "q5_k_m, iq4_nl or iq4_xs, got '" +
+        "q5_k_m, iq4_nl, iq4_xs or mxfp4, got '" +
         ap.str("dtype") + "'");
   // Recorded as general.synth.command; the output path and thread count do not change the bytes.
   o.command_line = "troupe synth";

@@ -73,6 +73,9 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     case GgmlType::kIQ4_NL:
       k = &iq4_nl;
       break;
+    case GgmlType::kMXFP4:
+      k = &mxfp4;
+      break;
     case GgmlType::kIQ4_XS:
       k = &iq4_xs;
       break;

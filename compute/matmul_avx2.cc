@@ -488,6 +488,8 @@ KernelSet make_set() {
   s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
   s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
+  // MXFP4 runs the portable kernel (with its own activation format) at every level for now.
+  s.mxfp4 = scalar_kernels().mxfp4;
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
     k->act_row_bytes = actk_bytes;

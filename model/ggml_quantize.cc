@@ -182,6 +182,28 @@ void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb) {
   }
 }
 
+// MXFP4: as llama.cpp's quantizer, the scale 2^(e - 128) that puts the block's largest magnitude
+// in [8, 16) of the doubled values (those past 12 saturate), each value the nearest of
+// kMXFP4Values (ties: the first).
+void quant_mxfp4(const float* x, BlockMXFP4* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 32) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    int e = 0;
+    if (amax > 0.f) e = std::clamp(static_cast<int>(std::floor(std::log2(amax))) - 2 + 127, 0, 254);
+    y[i].e = static_cast<uint8_t>(e);
+    const float d = mxfp4_scale(y[i].e);
+    auto nearest = [&](float v) {
+      int best = 0;
+      for (int k = 1; k < 16; ++k)
+        if (std::fabs(d * kMXFP4Values[k] - v) < std::fabs(d * kMXFP4Values[best] - v)) best = k;
+      return static_cast<uint8_t>(best);
+    };
+    for (int j = 0; j < 16; ++j)
+      y[i].qs[j] = static_cast<uint8_t>(nearest(x[j]) | nearest(x[j + 16]) << 4);
+  }
+}
+
 // IQ4_XS: per sub-block of 32 the IQ4_NL scale, relative to the super-block's f16 d as a
 // signed 6-bit integer; d puts the scale of largest magnitude at -32.
 void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
@@ -342,6 +364,8 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
       return quant_min32<BlockQ5_1, 31>(src, static_cast<BlockQ5_1*>(dst), n / kQK4_0);
     case GgmlType::kIQ4_NL:
       return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n / kQK4_0);
+    case GgmlType::kMXFP4:
+      return quant_mxfp4(src, static_cast<BlockMXFP4*>(dst), n / kQK4_0);
     case GgmlType::kIQ4_XS:
       return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), n / kQK_K);
     case GgmlType::kQ2_K:

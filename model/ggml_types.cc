@@ -59,6 +59,8 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
       return TypeTraits{"f64", 1, 8, false};
     case 30:
       return TypeTraits{"bf16", 1, 2, true};
+    case 39:
+      return TypeTraits{"mxfp4", 32, 17, true};
     case static_cast<uint32_t>(GgmlType::kF8_E4M3):
       return TypeTraits{"f8_e4m3", 1, 1, true};
     case static_cast<uint32_t>(GgmlType::kI4_PACKED):
@@ -267,6 +269,15 @@ void dequant_iq4_nl(const BlockIQ4_NL* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += 32) dequant_iq4_32(fp16_to_fp32(x[i].d), x[i].qs, y);
 }
 
+void dequant_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    int8_t v[32];
+    mxfp4_values32(x[i].qs, v);
+    const float d = mxfp4_scale(x[i].e);
+    for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(v[j]);
+  }
+}
+
 void dequant_iq4_xs(const BlockIQ4_XS* x, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = fp16_to_fp32(x[i].d);
@@ -383,6 +394,8 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q8_0(static_cast<const BlockQ8_0*>(src), out, n / kQK8_0);
     case GgmlType::kIQ4_NL:
       return dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), out, n / kQK4_0);
+    case GgmlType::kMXFP4:
+      return dequant_mxfp4(static_cast<const BlockMXFP4*>(src), out, n / kQK4_0);
     case GgmlType::kIQ4_XS:
       return dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), out, n / kQK_K);
     case GgmlType::kQ2_K:

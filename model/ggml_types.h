@@ -35,6 +35,7 @@ enum class GgmlType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  kMXFP4 = 39,  ///< OCP microscaling FP4 (gpt-oss's experts): E2M1 values, a power-of-two scale
   /// troupe's own, never in a GGUF file (ids from kFirstTroupeOnlyType): FP8 E4M3 ("e4m3fn":
   /// no infinities, S.1111.111 is NaN), one byte per value, times a scale per block of values
   /// that the WeightView carries (Hugging Face "fp8" checkpoints: model/hf_fp8.h).
@@ -142,6 +143,12 @@ struct BlockIQ4_NL {
 };
 /// IQ4_XS: 256 values in 8 sub-blocks of 32, each IQ4_NL-like with its own 6-bit scale
 /// (stored + 32: low 4 bits in scales_l, nibble j/2 by parity, top 2 in scales_h bits 2j).
+/// MXFP4: 32 E2M1 values as indices into kMXFP4Values (twice the FP4 value; low nibble = value
+/// j, high = j + 16), times the scale 2^(e - 128) (half the E8M0 scale, undoing the doubling).
+struct BlockMXFP4 {
+  uint8_t e;
+  uint8_t qs[kQK4_0 / 2];
+};
 struct BlockIQ4_XS {
   uint16_t d;
   uint16_t scales_h;
@@ -171,6 +178,7 @@ static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
 /// The 16 non-uniformly spaced values the IQ4 types index (as int8, times the block scale).
@@ -182,6 +190,22 @@ inline int iq4xs_scale(const BlockIQ4_XS& b, int j) {
 }
 
 /// The values of 32 IQ4 indices (16 bytes: low nibbles values 0-15, high nibbles 16-31).
+/// FP4 E2M1's values {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their negatives, doubled (MXFP4).
+inline constexpr int8_t kMXFP4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+/// An MXFP4 block's scale: 2^(e - 128), exact (subnormal for e < 2; e = 255 is not a NaN here).
+inline float mxfp4_scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline void mxfp4_values32(const uint8_t* qs, int8_t* v) {
+  for (int j = 0; j < 16; ++j) {
+    v[j] = kMXFP4Values[qs[j] & 0xF];
+    v[j + 16] = kMXFP4Values[qs[j] >> 4];
+  }
+}
 inline void iq4_values32(const uint8_t* qs, int8_t* v) {
   for (int j = 0; j < 16; ++j) {
     v[j] = kIQ4Values[qs[j] & 0xF];

@@ -29,6 +29,7 @@ std::optional<GgmlType> parse_synth_dtype(const std::string& s) {
   if (s == "q5_1") return GgmlType::kQ5_1;
   if (s == "iq4_nl") return GgmlType::kIQ4_NL;
   if (s == "iq4_xs") return GgmlType::kIQ4_XS;
+  if (s == "mxfp4") return GgmlType::kMXFP4;
   if (s == "q2_k" || s == "q2_K") return GgmlType::kQ2_K;
   if (s == "q3_k" || s == "q3_K") return GgmlType::kQ3_K;
   if (s == "q4_k" || s == "q4_K") return GgmlType::kQ4_K;
@@ -288,6 +289,8 @@ uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 
       return 25;
     case GgmlType::kIQ4_XS:
       return 30;
+    case GgmlType::kMXFP4:
+      return 38;  // mostly MXFP4 (llama.cpp's "MXFP4 MoE")
     case GgmlType::kQ2_K:
       return 10;
     case GgmlType::kQ3_K:
@@ -565,7 +568,7 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     if (!parse_synth_dtype(std::string(type_name(opts.dtype))))
       TROUPE_INPUT_ERROR(
           "--dtype %s cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
-          "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)",
+          "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs, mxfp4)",
           type_name(opts.dtype).c_str());
     const Config c = detail::resolve_synth_config(opts);
     SynthSummary sum;

@@ -73,7 +73,7 @@ struct BuiltinVocab {
 BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt);
 
 /// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k" (or
-/// "q2_K" ... "q6_K"), "iq4_nl", "iq4_xs"; nullopt otherwise.
+/// "q2_K" ... "q6_K"), "iq4_nl", "iq4_xs", "mxfp4"; nullopt otherwise.
 std::optional<GgmlType> parse_synth_dtype(const std::string& s);
 /// The same, also taking "q4_k_m" and "q5_k_m" (or "q4_K_M", "q5_K_M"): Q4_K or Q5_K with
 /// SynthOptions::k_mix.

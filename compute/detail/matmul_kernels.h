@@ -89,7 +89,7 @@ struct TypeKernels {
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, f8, i4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
-      iq4_nl, iq4_xs;
+      iq4_nl, iq4_xs, mxfp4;
   TypeKernels q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16, q5_1_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
@@ -200,7 +200,8 @@ using Block32 = std::conditional_t<
 /// Weights read as signed int8 (Q8_0's values, IQ4_NL's looked-up ones); the others are
 /// unsigned 4- or 5-bit q.
 constexpr bool blocks32_signed(model::GgmlType t) {
-  return t == model::GgmlType::kQ8_0 || t == model::GgmlType::kIQ4_NL;
+  return t == model::GgmlType::kQ8_0 || t == model::GgmlType::kIQ4_NL ||
+         t == model::GgmlType::kMXFP4;
 }
 /// Value d * q + m: an offset m per block (Q4_1, Q5_1).
 constexpr bool blocks32_min(model::GgmlType t) {

@@ -169,6 +169,52 @@ TEST(GgmlTypes, IQ4NLDequantizesAsTheFormatLoops) {
     }
 }
 
+// MXFP4 (OCP microscaling FP4, gpt-oss's experts), from the format's definition: E2M1 values
+// {0, 0.5, 1, 1.5, 2, 3, 4, 6} with a sign bit (nibble 8 is -0), times 2^(e - 127).
+TEST(GgmlTypes, Mxfp4DequantizesAsTheFormatDefines) {
+  const double kE2M1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  for (int e : {0, 1, 2, 100, 127, 130, 252}) {  // (from 253, 6 units pass float's range)
+    BlockMXFP4 blk{};
+    blk.e = static_cast<uint8_t>(e);
+    for (int j = 0; j < 16; ++j) blk.qs[j] = static_cast<uint8_t>(j | (15 - j) << 4);
+    float got[32];
+    dequantize_row(GgmlType::kMXFP4, &blk, got, 32);
+    for (int j = 0; j < 32; ++j) {
+      const int nib = j < 16 ? j : 15 - (j - 16);
+      const double want = (nib & 8 ? -1 : 1) * kE2M1[nib & 7] * std::ldexp(1.0, e - 127);
+      ASSERT_EQ(static_cast<double>(got[j]), want) << "e " << e << " value " << j;
+    }
+  }
+  EXPECT_EQ(type_name(GgmlType::kMXFP4), "mxfp4");
+  EXPECT_EQ(row_bytes(GgmlType::kMXFP4, 64), 34);
+}
+
+// The MXFP4 writer: values on the block's grid come back exactly; others within half a step of
+// the grid (the largest gap, 2 units of 2^(e-127) between 4 and 6, so 1 unit), past the top
+// they saturate at 6 units.
+TEST(GgmlTypes, Mxfp4WriterRoundTrips) {
+  // Block 0: E2M1 values in units of 0.25, the largest 6 units (so the scale is 0.25).
+  const float kE2M1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  std::vector<float> src(64);
+  for (int i = 0; i < 32; ++i)
+    src[static_cast<size_t>(i)] = (i % 3 == 1 ? -0.25f : 0.25f) * kE2M1[(i * 5 + 7) % 8];
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (int i = 32; i < 64; ++i) src[static_cast<size_t>(i)] = normal(rng);
+  std::vector<uint8_t> q(static_cast<size_t>(row_bytes(GgmlType::kMXFP4, 64)));
+  quantize_row(GgmlType::kMXFP4, src.data(), q.data(), 64);
+  float back[64];
+  dequantize_row(GgmlType::kMXFP4, q.data(), back, 64);
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(back[i], src[static_cast<size_t>(i)]) << i;
+  const auto* blk = reinterpret_cast<const BlockMXFP4*>(q.data()) + 1;
+  const double unit = std::ldexp(1.0, blk->e - 127);
+  for (int i = 32; i < 64; ++i) {
+    const double x = src[static_cast<size_t>(i)];
+    const double clipped = std::clamp(x, -6 * unit, 6 * unit);
+    ASSERT_LE(std::fabs(back[i] - clipped), unit + 1e-12) << i;
+  }
+}
+
 // The IQ4 writers (synth's iq4_nl and iq4_xs): every value within the table's largest half-gap
 // (12 of 127, plus 14 above its top, 113) of its block's step, plus IQ4_XS's 6-bit scale
 // rounding; all-zero blocks stay zero.

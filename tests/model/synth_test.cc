@@ -460,7 +460,7 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   o.dtype = GgmlType::kQ8_K;
   EXPECT_EQ(err(o),
             "--dtype q8_K cannot be generated (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
-            "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs)");
+            "q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs, mxfp4)");
   o = {};
   o.dtype = GgmlType::kQ8_0;
   o.k_mix = true;
