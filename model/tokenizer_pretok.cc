@@ -124,14 +124,15 @@ size_t match_whitespace(const Span& s, size_t p, bool with_newline_rule) {
   return k;
 }
 
-// The alternatives Llama-3, Qwen2 and Kimi-K2 end with:
-// \p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ at p.
-size_t match_numbers_punct_space(const Span& s, size_t p, size_t max_digits) {
+// The alternatives Llama-3, Qwen2, Kimi-K2 and o200k end with:
+// \p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ at p
+// (o200k, `slash`: [\r\n/]* after the punctuation).
+size_t match_numbers_punct_space(const Span& s, size_t p, size_t max_digits, bool slash = false) {
   if (s.number(p)) return std::min(max_digits, s.run(p, [&](size_t i) { return s.number(i); }));
   const size_t q = s.at(p) == ' ' ? p + 1 : p;
   if (s.other(q)) {
     size_t j = q + s.run(q, [&](size_t i) { return s.other(i); });
-    j += s.run(j, [&](size_t i) { return s.newline(i); });
+    j += s.run(j, [&](size_t i) { return s.newline(i) || (slash && s.at(i) == '/'); });
     return j - p;
   }
   return match_whitespace(s, p, true);
@@ -194,18 +195,21 @@ size_t match_deepseek_v3(const Span& s, size_t p) {
 // with C = (?i:'s|'t|'re|'ve|'m|'ll|'d): words split where case turns ("getUserName" -> get,
 // User, Name) and Han runs apart from other letters. (llama.cpp's kimi-k2 splitter takes any
 // run of non-Han letters as one word; this follows the model's own tokenizer.)
-size_t match_kimi_k2(const Span& s, size_t p) {
-  auto han = [&](size_t i) { return (s.flags(i) & kCpHan) != 0; };
+// tiktoken's o200k (gpt-oss, GPT-4o), `kimi` false, is the same without the Han rules and with
+// [\r\n/]* after a punctuation run.
+size_t match_cased_words(const Span& s, size_t p, bool kimi) {
+  const uint16_t han_bit = kimi ? kCpHan : 0;
+  auto han = [&](size_t i) { return (s.flags(i) & han_bit) != 0; };
   if (han(p)) return s.run(p, han);
-  // U = Lu Lt Lm Lo M and L = Ll Lm Lo M, both without Han.
+  // U = Lu Lt Lm Lo M and L = Ll Lm Lo M (for Kimi-K2 both without Han).
   auto in_u = [&](size_t i) {
     const uint16_t f = s.flags(i);
-    return (f & kCpHan) == 0 &&
+    return (f & han_bit) == 0 &&
            ((f & kCpMark) != 0 || ((f & kCpLetter) != 0 && (f & kCpLower) == 0));
   };
   auto in_l = [&](size_t i) {
     const uint16_t f = s.flags(i);
-    return (f & kCpHan) == 0 &&
+    return (f & han_bit) == 0 &&
            ((f & kCpMark) != 0 || ((f & kCpLetter) != 0 && (f & kCpUpper) == 0));
   };
   // U*L+C? (greedy U*, giving back characters until L+ can start) or U+L*C?: the end of the
@@ -233,7 +237,7 @@ size_t match_kimi_k2(const Span& s, size_t p) {
     if (size_t e = upper_word(p + 1)) return e - p;
   }
   if (size_t e = upper_word(p)) return e - p;
-  return match_numbers_punct_space(s, p, 3);
+  return match_numbers_punct_space(s, p, 3, !kimi);
 }
 
 /// One regex of a set: returns the length of the match starting at p, or 0.
@@ -286,7 +290,8 @@ size_t m_gpt2(const Span& s, size_t p) { return match_gpt2(s, p); }
 size_t m_llama3(const Span& s, size_t p) { return match_llama3(s, p, 3); }
 size_t m_qwen2(const Span& s, size_t p) { return match_llama3(s, p, 1); }
 size_t m_deepseek_v3(const Span& s, size_t p) { return match_deepseek_v3(s, p); }
-size_t m_kimi_k2(const Span& s, size_t p) { return match_kimi_k2(s, p); }
+size_t m_kimi_k2(const Span& s, size_t p) { return match_cased_words(s, p, true); }
+size_t m_gpt4o(const Span& s, size_t p) { return match_cased_words(s, p, false); }
 size_t m_newline(const Span& s, size_t p) { return s.newline(p) ? 1 : 0; }
 size_t m_number_run(const Span& s, size_t p) {
   return s.run(p, [&](size_t i) { return s.number(i); });
@@ -374,6 +379,8 @@ std::optional<PreTokenizerInfo> pre_tokenizer_info(std::string_view name) {
       // A tiktoken vocabulary: a word that is itself a token is that token (as tiktoken does;
       // llama.cpp does not set this for kimi-k2).
       {"kimi-k2", {P::kKimiK2, false, true, false}},
+      {"gpt-4o", {P::kGpt4o, false, false, false}},
+      {"llama4", {P::kGpt4o, false, false, false}},
   };
   for (const Entry& e : kEntries) {
     if (e.name == name) return e.info;
@@ -409,6 +416,9 @@ void pre_split(PreTokenizer pre, const std::vector<uint32_t>& cps, std::vector<s
       break;
     case PreTokenizer::kKimiK2:
       split_stage(cps, m_kimi_k2, &pieces);
+      break;
+    case PreTokenizer::kGpt4o:
+      split_stage(cps, m_gpt4o, &pieces);
       break;
     case PreTokenizer::kDefault:
       split_stage(cps, m_default_punct, &pieces);

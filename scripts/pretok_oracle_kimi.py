@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Reference splits for Kimi-K2's pre-tokenizer, for tests/model/tokenizer_pretok_test.cc.
+"""Reference splits for Kimi-K2's pre-tokenizer, and with --gpt-4o for tiktoken's o200k pattern
+(gpt-oss; llama.cpp's "gpt-4o"), for tests/model/tokenizer_pretok_test.cc.
 
-Runs Moonshot's pattern (tokenization_kimi.py of the released model) with Python's backtracking
+Runs Moonshot's pattern (tokenization_kimi.py of the released model), or o200k's (the same
+without the Han rules, and with [\r\n/]* after a punctuation run), with Python's backtracking
 `re` engine, each \\p{..} class and the `&&` intersections spelled out for the characters of the
 input: general categories from unicodedata, the Han script from Debian's unicode-data package
 (/usr/share/unicode/Scripts.txt), \\s as the White_Space property.
 
-Usage: scripts/pretok_oracle_kimi.py CASES.json  (a JSON list of strings; prints one
+Usage: scripts/pretok_oracle_kimi.py [--gpt-4o] CASES.json  (a JSON list of strings; prints one
 [text, [pieces...]] JSON line per string)
 """
 import json
@@ -34,23 +36,22 @@ def cls(chars, neg=False, extra=""):
     return "[" + body + "]" if body else "(?:(?!x)x)"
 
 
-def split(text):
+def split(text, o200k=False):
     cs = set(text)
     cat = unicodedata.category
-    han = [c for c in cs if is_han(c)]
-    upper = [c for c in cs if (cat(c) in ("Lu", "Lt", "Lm", "Lo") or cat(c)[0] == "M") and not is_han(c)]
-    lower = [c for c in cs if (cat(c) in ("Ll", "Lm", "Lo") or cat(c)[0] == "M") and not is_han(c)]
+    han = [] if o200k else [c for c in cs if is_han(c)]
+    upper = [c for c in cs if (cat(c) in ("Lu", "Lt", "Lm", "Lo") or cat(c)[0] == "M") and c not in han]
+    lower = [c for c in cs if (cat(c) in ("Ll", "Lm", "Lo") or cat(c)[0] == "M") and c not in han]
     letter_number = [c for c in cs if cat(c)[0] in "LN"]
     number = [c for c in cs if cat(c)[0] == "N"]
     ws = [c for c in cs if c in WHITE_SPACE]
     contraction = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     prefix = cls(letter_number, True, "\\r\\n") + "?"
-    pattern = "|".join([
-        cls(han) + "+",
+    pattern = "|".join(([] if o200k else [cls(han) + "+"]) + [
         prefix + cls(upper) + "*" + cls(lower) + "+" + contraction,
         prefix + cls(upper) + "+" + cls(lower) + "*" + contraction,
         cls(number) + "{1,3}",
-        " ?" + cls(ws + letter_number, True) + "+[\\r\\n]*",
+        " ?" + cls(ws + letter_number, True) + ("+[\\r\\n/]*" if o200k else "+[\\r\\n]*"),
         cls(ws) + "*[\\r\\n]+",
         cls(ws) + "+(?!" + cls(ws, True) + ")",
         cls(ws) + "+",
@@ -68,9 +69,10 @@ def split(text):
 
 
 def main():
-    with open(sys.argv[1], encoding="utf-8") as f:
+    o200k = sys.argv[1] == "--gpt-4o"
+    with open(sys.argv[-1], encoding="utf-8") as f:
         for text in json.load(f):
-            print(json.dumps([text, split(text)], ensure_ascii=True))
+            print(json.dumps([text, split(text, o200k)], ensure_ascii=True))
 
 
 if __name__ == "__main__":

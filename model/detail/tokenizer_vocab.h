@@ -41,7 +41,8 @@ enum class PreTokenizer : uint8_t {
   kQwen2,
   kDeepseekLlm,
   kDeepseekV3,
-  kKimiK2
+  kKimiK2,
+  kGpt4o,  ///< tiktoken's o200k (gpt-oss, GPT-4o; llama.cpp's "gpt-4o")
 };
 
 /// Raw vocabulary as read from a file, before validation. Optional fields take llama.cpp's

@@ -1,7 +1,8 @@
 // Pre-tokenizer splitter tests: for each regex set, words as llama.cpp's regexes (with their
 // std::regex "collapsed" class semantics) split them, and Kimi-K2's as the model's own pattern
-// does. The expectations come from a Python re oracle that spells each \p{..} class out for the
-// characters of the input (for Kimi-K2: scripts/pretok_oracle_kimi.py).
+// does, and o200k's (gpt-oss) as tiktoken's pattern does. The expectations come from a Python re
+// oracle that spells each \p{..} class out for the characters of the input (for Kimi-K2 and
+// o200k: scripts/pretok_oracle_kimi.py).
 #include <string>
 #include <vector>
 
@@ -22,6 +23,23 @@ struct SplitCase {
 };
 
 const SplitCase kCases[] = {
+    // o200k (gpt-oss): expectations from scripts/pretok_oracle_kimi.py --gpt-4o.
+    {P::kGpt4o, "Hello world", {"Hello", " world"}},
+    {P::kGpt4o, "getUserName HTTPServer", {"get", "User", "Name", " HTTPServer"}},
+    {P::kGpt4o, "\u4f60\u597d\u4e16\u754cabc", {"\u4f60\u597d\u4e16\u754cabc"}},
+    {P::kGpt4o, "a/b\n/c", {"a", "/b", "\n", "/c"}},
+    {P::kGpt4o, "!!\n/x", {"!!\n/", "x"}},
+    {P::kGpt4o, "12345 don't I'M", {"123", "45", " don't", " I'M"}},
+    {P::kGpt4o, "e\u0301 \u00e7a\u0301b", {"e\u0301", " \u00e7a\u0301b"}},
+    {P::kGpt4o, "  \n\n  x ", {"  \n\n", " ", " x", " "}},
+    {P::kGpt4o, "$100 + <tag> ^_^", {"$", "100", " +", " <", "tag", ">", " ^_^"}},
+    {P::kGpt4o,
+     "\u65e5\u672c\u8a9e\u30c6 \u30ab\u30bfABCdef",
+     {"\u65e5\u672c\u8a9e\u30c6", " \u30ab\u30bfABCdef"}},
+    {P::kGpt4o,
+     "path/to/file.txt\n//comment",
+     {"path", "/to", "/file", ".txt", "\n", "//", "comment"}},
+    {P::kGpt4o, "\u3000abc\u3000 \u3000", {"\u3000abc", "\u3000 \u3000"}},
     {P::kGpt2, "Hello'S World's  \n\n  x", {"Hello", "'", "S", " World", "'s", "  \n\n ", " x"}},
     {P::kGpt2, "123456789 abc", {"123456789", " abc"}},
     {P::kGpt2, "a~b ~~c", {"a", "~", "b", " ~~", "c"}},
@@ -158,6 +176,10 @@ TEST(TokenizerPreSplit, NamesSelectRegexSetsAndFlags) {
   EXPECT_EQ(pre_tokenizer_info("qwen2")->pre, P::kQwen2);
   EXPECT_FALSE(pre_tokenizer_info("qwen2")->clean_spaces);
   EXPECT_EQ(pre_tokenizer_info("deepseek-v3")->pre, P::kDeepseekV3);
+  ASSERT_TRUE(pre_tokenizer_info("gpt-4o"));
+  EXPECT_EQ(pre_tokenizer_info("gpt-4o")->pre, P::kGpt4o);
+  EXPECT_FALSE(pre_tokenizer_info("gpt-4o")->clean_spaces);
+  EXPECT_FALSE(pre_tokenizer_info("gpt-4o")->ignore_merges);
   ASSERT_TRUE(pre_tokenizer_info("kimi-k2"));
   EXPECT_EQ(pre_tokenizer_info("kimi-k2")->pre, P::kKimiK2);
   EXPECT_TRUE(pre_tokenizer_info("kimi-k2")->ignore_merges);  // tiktoken's rule

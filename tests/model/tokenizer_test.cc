@@ -546,6 +546,29 @@ TEST(TokenizerHf, SplitRegexSelectsLlama3PreTokenizer) {
   EXPECT_EQ((*gpt2)->encode("123456", true), (Ids{0, 1, 2, 3, 4, 5}));
 }
 
+// gpt-oss's tokenizer.json (o200k_harmony) names tiktoken's o200k regex: words split where case
+// turns, so "getUser" is two words, "get" and "User"; as one word (GPT-2's regex) the merge
+// "t U" would join across the case change.
+TEST(TokenizerHf, SplitRegexSelectsO200kPreTokenizer) {
+  TempDir d;
+  const std::string vocab =
+      R"("vocab": {"g": 0, "e": 1, "t": 2, "U": 3, "s": 4, "r": 5, "get": 6, "User": 7,
+      "tU": 8, "ge": 9, "Us": 10, "Use": 11},)";
+  const std::string o200k = R"json({"type": "Split", "pattern": {"Regex":
+      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+      "behavior": "Isolated", "invert": false})json";
+  // "t U" ranks first: inside one word "getUser" it would win.
+  d.write("tokenizer.json", R"({"model": {"type": "BPE", )" + vocab + R"( "merges": ["t U",
+      "g e", "ge t", "U s", "Us e", "Use r"]},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [)" +
+                                o200k + R"(,
+        {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})");
+  d.write("tokenizer_config.json", R"({"add_bos_token": false})");
+  auto tok = Tokenizer::from_hf_dir(d.path());
+  ASSERT_TRUE(tok.has_value()) << tok.error().message;
+  EXPECT_EQ((*tok)->encode("getUser", true), (Ids{6, 7}));
+}
+
 TEST(TokenizerErrors, TokenizerJsonUnknownSplitRegex) {
   TempDir d;
   d.write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
