@@ -8,7 +8,8 @@
 // int8_tiles_supported(); quantized types also report GOP/s against the measured int8 dot-product
 // peak. Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 bf16 q8_0 q4_0
 // q8_0/t16
-//        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl q2_K q3_K iq4_xs q4_K q4_K/t16
+//        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 q2_K q3_K iq4_xs q4_K
+//        q4_K/t16
 //        q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up to 512, 1 always timed)
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
 //        (see compute/matmul.cc).
@@ -252,10 +253,10 @@ int main(int argc, char** argv) {
       {GgmlType::kQ4_0, false},    {GgmlType::kQ8_0, true},       {GgmlType::kQ4_0, true},
       {GgmlType::kQ4_1, false},    {GgmlType::kQ4_1, true},       {GgmlType::kQ5_0, false},
       {GgmlType::kQ5_0, true},     {GgmlType::kQ5_1, false},      {GgmlType::kQ5_1, true},
-      {GgmlType::kIQ4_NL, false},  {GgmlType::kQ2_K, false},      {GgmlType::kQ3_K, false},
-      {GgmlType::kIQ4_XS, false},  {GgmlType::kQ4_K, false},      {GgmlType::kQ4_K, true},
-      {GgmlType::kQ5_K, false},    {GgmlType::kQ5_K, true},       {GgmlType::kQ6_K, false},
-      {GgmlType::kQ6_K, true}};
+      {GgmlType::kIQ4_NL, false},  {GgmlType::kMXFP4, false},     {GgmlType::kQ2_K, false},
+      {GgmlType::kQ3_K, false},    {GgmlType::kIQ4_XS, false},    {GgmlType::kQ4_K, false},
+      {GgmlType::kQ4_K, true},     {GgmlType::kQ5_K, false},      {GgmlType::kQ5_K, true},
+      {GgmlType::kQ6_K, false},    {GgmlType::kQ6_K, true}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",

@@ -488,8 +488,9 @@ KernelSet make_set() {
   s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
   s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
-  // MXFP4 runs the portable kernel (with its own activation format) at every level for now.
+  // MXFP4: the portable activations, rows decoded and dotted with AVX2.
   s.mxfp4 = scalar_kernels().mxfp4;
+  s.mxfp4.rows = mxfp4_rows_avx2;
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
     k->act_row_bytes = actk_bytes;
@@ -499,6 +500,48 @@ KernelSet make_set() {
 }
 
 }  // namespace
+
+// MXFP4: each row's blocks decoded once (nibbles looked up in kMXFP4Values with vpshufb) into
+// int8 values and block scales, then per token the exact integer dot of each block, converted and
+// scaled by d_x * d_w in 8 float lanes (one FMA per block, in block order), summed at the row's
+// end. Deterministic per row: the same bits alone or in any batch.
+void mxfp4_rows_avx2(const MatmulJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> dbuf;
+  const int64_t nb = j.cols / 32;
+  int8_t* wq = scratch(qbuf, j.cols);
+  float* wd = scratch(dbuf, nb);
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kMXFP4Values));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* w = j.w + r * j.w_row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(model::BlockMXFP4));
+      wd[b] = model::mxfp4_scale(blk[0]);
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1));
+      const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
+      const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + 32 * b), _mm256_set_m128i(hi, lo));
+    }
+    for (int64_t t = 0; t < j.n_tok; ++t) {
+      const auto* a = reinterpret_cast<const ActBlock32*>(j.act + t * j.act_stride);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * b));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].q));
+        // |w| <= 12: pair sums of |w| * x stay far inside int16.
+        const __m256i dots = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), ones);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(a[b].d * wd[b]), acc);
+      }
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      j.y[t * j.y_stride + r] = _mm_cvtss_f32(s);
+    }
+  }
+}
 
 const KernelSet& avx2_kernels() {
   static const KernelSet s = make_set();

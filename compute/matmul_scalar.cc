@@ -72,10 +72,6 @@ float quantize_int8(const float* x, int n, int8_t* q) {
 }
 
 // Activations for 32-element weight blocks: per block a float scale and 32 int8.
-struct ActBlock32 {
-  float d;
-  int8_t q[32];
-};
 
 int64_t act32_bytes(int64_t cols) { return cols / 32 * static_cast<int64_t>(sizeof(ActBlock32)); }
 

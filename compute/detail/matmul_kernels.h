@@ -188,6 +188,16 @@ inline void finish_act_tileq6k(ActTileQ6K& a) {
   }
 }
 
+/// The portable kernels' int8 activations of a 32-value block (matmul_scalar.cc's act32 format,
+/// which MXFP4 uses at every SIMD level): the scale, then the values.
+struct ActBlock32 {
+  float d;
+  int8_t q[32];
+};
+/// MXFP4 rows with AVX2 (decoded by table lookup, exact integer dots, scaled per block in 8
+/// float lanes); the AVX2 and AVX-512 sets use it with the portable activations.
+void mxfp4_rows_avx2(const MatmulJob& j, int64_t r0, int64_t r1);
+
 /// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as the row kernels read them.
 /// IQ4_NL has Q4_0's layout (its nibbles index model::kIQ4Values).
 template <model::GgmlType t>
