@@ -318,8 +318,29 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
   w.set_f32(k + "attention.layer_norm_rms_epsilon", c.rms_eps);
   u32("vocab_size", n_vocab);
   u32("attention.head_count_kv", c.n_head_kv);
+  // Key groups several architectures write (llama.cpp's names; the order is each file's).
+  auto head_dims = [&] {
+    u32("attention.key_length", c.head_dim);
+    u32("attention.value_length", c.head_dim);
+  };
+  auto experts = [&] {  // expert width first, as llama.cpp's DeepSeek-style converters
+    u32("expert_feed_forward_length", c.n_ff_exp);
+    u32("expert_count", c.n_expert);
+    u32("expert_used_count", c.n_expert_used);
+  };
+  auto shared_and_weights = [&](int64_t gating) {
+    u32("expert_shared_count", c.n_expert_shared);
+    w.set_f32(k + "expert_weights_scale", c.w_scale);
+    w.set_bool(k + "expert_weights_norm", c.w_norm);
+    u32("expert_gating_func", gating);
+  };
+  auto groups = [&] {
+    u32("expert_group_count", c.n_group);
+    u32("expert_group_used_count", c.n_group_used);
+  };
   switch (c.arch) {
     case SynthArch::kLlama:
+    case SynthArch::kQwen2:
       u32("rope.dimension_count", c.rope_dim);
       break;
     case SynthArch::kMixtral:
@@ -327,18 +348,13 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("expert_count", c.n_expert);
       u32("expert_used_count", c.n_expert_used);
       break;
-    case SynthArch::kQwen2:
-      u32("rope.dimension_count", c.rope_dim);
-      break;
     case SynthArch::kQwen3:
       u32("rope.dimension_count", c.rope_dim);
-      u32("attention.key_length", c.head_dim);
-      u32("attention.value_length", c.head_dim);
+      head_dims();
       break;
     case SynthArch::kQwen3Moe:
       u32("rope.dimension_count", c.rope_dim);
-      u32("attention.key_length", c.head_dim);
-      u32("attention.value_length", c.head_dim);
+      head_dims();
       u32("expert_count", c.n_expert);
       u32("expert_used_count", c.n_expert_used);
       u32("expert_feed_forward_length", c.n_ff_exp);
@@ -352,50 +368,32 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       break;
     case SynthArch::kMinimaxM2:
       u32("rope.dimension_count", c.rope_dim);
-      u32("attention.key_length", c.head_dim);
-      u32("attention.value_length", c.head_dim);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
+      head_dims();
+      experts();
       u32("expert_gating_func", 2);
       break;
     case SynthArch::kGptOss:
       u32("rope.dimension_count", c.rope_dim);
-      u32("attention.key_length", c.head_dim);
-      u32("attention.value_length", c.head_dim);
+      head_dims();
       u32("attention.sliding_window", c.n_swa);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
+      experts();
       break;
     case SynthArch::kBailingMoe2:
       u32("rope.dimension_count", c.rope_dim);
       u32("leading_dense_block_count", c.n_dense_lead);
-      u32("expert_feed_forward_length", c.n_ff_exp);
       u32("expert_shared_feed_forward_length", c.n_ff_exp * c.n_expert_shared);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      u32("expert_shared_count", c.n_expert_shared);
-      w.set_f32(k + "expert_weights_scale", c.w_scale);
-      w.set_bool(k + "expert_weights_norm", c.w_norm);
-      u32("expert_gating_func", 2);
-      u32("expert_group_count", c.n_group);
-      u32("expert_group_used_count", c.n_group_used);
+      experts();
+      shared_and_weights(2);
+      groups();
       break;
     case SynthArch::kGlm4Moe:
       u32("block_count", c.n_layer + c.n_nextn);
       u32("nextn_predict_layers", c.n_nextn);
       u32("rope.dimension_count", c.rope_dim);
-      u32("attention.key_length", c.head_dim);
-      u32("attention.value_length", c.head_dim);
+      head_dims();
       u32("leading_dense_block_count", c.n_dense_lead);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      u32("expert_shared_count", c.n_expert_shared);
-      w.set_f32(k + "expert_weights_scale", c.w_scale);
-      w.set_bool(k + "expert_weights_norm", c.w_norm);
-      u32("expert_gating_func", 2);
+      experts();
+      shared_and_weights(2);
       break;
     case SynthArch::kDeepseek2:
       // MLA is stored as MQA over the latent: key/value_length describe the cache rows,
@@ -407,15 +405,9 @@ void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_
       u32("attention.value_length", c.kv_lora);
       u32("attention.key_length_mla", c.nope_dim + c.rope_dim);
       u32("attention.value_length_mla", c.v_dim);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      u32("expert_shared_count", c.n_expert_shared);
-      w.set_f32(k + "expert_weights_scale", c.w_scale);
-      w.set_bool(k + "expert_weights_norm", c.w_norm);
-      u32("expert_gating_func", c.sigmoid ? 2 : 1);
-      u32("expert_group_count", c.n_group);
-      u32("expert_group_used_count", c.n_group_used);
+      experts();
+      shared_and_weights(c.sigmoid ? 2 : 1);
+      groups();
       u32("rope.dimension_count", c.rope_dim);
       break;
   }

@@ -20,11 +20,12 @@
 
 #include "model/ggml_types.h"
 #include "model/gguf.h"
+#include "tests/reference_math.h"
 
 namespace troupe::testing {
 namespace gpt_oss_ref {
 
-using Vec = std::vector<double>;
+using namespace refmath;  // NOLINT(google-build-using-namespace): the shared arithmetic
 using Gguf = model::GgufFile;
 using Tensor = model::TensorInfo;
 
@@ -122,12 +123,6 @@ inline Vec vec(const Gguf& g, const std::string& name, int64_t n) {
   return row(tensor(g, name, {n}), 0);
 }
 
-inline double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
 /// W x for matrix m of w (ne [cols, rows, matrices]): y[r] = sum_c W[r][c] x[c].
 inline Vec matvec(const Tensor& w, const Vec& x, int64_t m = 0) {
   Vec out(static_cast<size_t>(w.ne[1]));
@@ -135,43 +130,12 @@ inline Vec matvec(const Tensor& w, const Vec& x, int64_t m = 0) {
   return out;
 }
 
-/// a += s * b.
-inline void add_scaled(Vec& a, double s, const Vec& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += s * b[i];
-}
-
-inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-/// v / sqrt(mean(v^2) + eps) * w.
-inline Vec rms_norm(const Vec& v, const Vec& w, double eps) {
-  const double inv = 1.0 / std::sqrt(dot(v, v) / static_cast<double>(v.size()) + eps);
-  Vec out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * inv * w[i];
-  return out;
-}
-
-/// Numerically stable softmax of z in place.
-inline void softmax(Vec& z) {
-  const double mx = *std::ranges::max_element(z);
-  double sum = 0;
-  for (double& x : z) sum += (x = std::exp(x - mx));
-  for (double& x : z) x /= sum;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-/// Rotates the first R elements of head [off, off + D) of v for position pos, NeoX style: pairs
-/// (i, i + R/2), angle = pos * theta^(-2i/R); the rest of the head is unchanged.
+/// NeoX rotary on the first R elements of the head at off (refmath::rope_neox).
 inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
-  for (int64_t i = 0; i < c.R / 2; ++i) {
-    const double inv_freq = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.R);
-    const double angle = static_cast<double>(pos) * inv_freq;
-    const double cs = std::cos(angle), sn = std::sin(angle);
-    const double a = v[off + i], b = v[off + i + c.R / 2];
-    v[off + i] = a * cs - b * sn;
-    v[off + i + c.R / 2] = b * cs + a * sn;
-  }
+  rope_neox(v, off, pos, c.R, c.rope_theta);
 }
 
 /// name.weight [E cols, rows] h + name.bias [rows].

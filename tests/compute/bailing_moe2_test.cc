@@ -1,6 +1,6 @@
 // Ling-2.0 (bailingmoe2 / BailingMoeV2ForCausalLM: Ling-mini-2.0, Ling-flash-2.0, Ling-1T)
 // through the engine: a synthesized GGUF in llama.cpp's conventions and its Hugging Face twin,
-// against the independent float64 forward pass of tests/glm4moe_reference.h. Its q, k and v come
+// against the independent float64 forward pass of tests/hf_moe_reference.h. Its q, k and v come
 // from one fused matrix, split into views of its rows. No ../shared golden case exists for this
 // architecture.
 #include <cstring>
@@ -15,7 +15,7 @@
 #include "model/model.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/edited_model.h"
-#include "tests/glm4moe_reference.h"
+#include "tests/hf_moe_reference.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
@@ -129,11 +129,6 @@ TEST(BailingMoe2, BatchedEqualsAlone) {
   const std::vector<float> batched = batch_logits(*m, {b, a}, 1);
   ASSERT_EQ(alone.size(), batched.size());
   EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0);
-}
-
-std::string load_error(const std::string& path) {
-  auto m = model::load_model(path);
-  return m.has_value() ? std::string("loaded") : m.error().message;
 }
 
 TEST(BailingMoe2, UnsupportedVariantsAndBadFilesAreRefused) {

@@ -156,4 +156,10 @@ inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+/// The error load_model gives for `path`, or "loaded".
+inline std::string load_error(const std::string& path) {
+  auto m = model::load_model(path);
+  return m.has_value() ? std::string("loaded") : m.error().message;
+}
+
 }  // namespace troupe::compute

@@ -1,6 +1,6 @@
 // GLM-4.5-family models (glm4moe / Glm4MoeForCausalLM) through the engine: a synthesized GGUF in
 // llama.cpp's conventions and its Hugging Face twin, against the independent float64 forward
-// pass of tests/glm4moe_reference.h; the multi-token-prediction layer is skipped; bad files are
+// pass of tests/hf_moe_reference.h; the multi-token-prediction layer is skipped; bad files are
 // refused by name. No ../shared golden case exists for this architecture (see the test names).
 #include <cmath>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "model/model.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/edited_model.h"
-#include "tests/glm4moe_reference.h"
+#include "tests/hf_moe_reference.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
@@ -99,11 +99,6 @@ TEST(Glm4Moe, BatchedEqualsAlone) {
   const std::vector<float> batched = batch_logits(*m, {b, a}, 1);
   ASSERT_EQ(alone.size(), batched.size());
   EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0);
-}
-
-std::string load_error(const std::string& path) {
-  auto m = model::load_model(path);
-  return m.has_value() ? std::string("loaded") : m.error().message;
 }
 
 TEST(Glm4Moe, HfWithoutRouterBiasIsRefusedByName) {

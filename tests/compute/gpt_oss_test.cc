@@ -159,11 +159,6 @@ TEST(GptOss, Mxfp4ModelMatchesItsF32TwinsReference) {
   }
 }
 
-std::string load_error(const std::string& path) {
-  auto m = model::load_model(path);
-  return m.has_value() ? std::string("loaded") : m.error().message;
-}
-
 TEST(GptOss, BadFilesAreRefusedByName) {
   TempDir dir;
   const std::string src = synth_gpt_oss(dir);

@@ -1,6 +1,6 @@
 // MiniMax-M2 (minimax-m2 / MiniMaxM2ForCausalLM) through the engine: a synthesized GGUF in
 // llama.cpp's conventions and its Hugging Face twin, against the independent float64 forward
-// pass of tests/glm4moe_reference.h. Its q/k RMSNorm spans all heads of a token at once (one
+// pass of tests/hf_moe_reference.h. Its q/k RMSNorm spans all heads of a token at once (one
 // mean over n_head * head_dim), unlike Qwen3's and GLM's per-head norms. No ../shared golden case
 // exists for this architecture.
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "tests/compute/engine_test_util.h"
-#include "tests/glm4moe_reference.h"
+#include "tests/hf_moe_reference.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
@@ -107,11 +107,6 @@ TEST(MinimaxM2, BatchedEqualsAlone) {
   const std::vector<float> batched = batch_logits(*m, {a, b}, 0);
   ASSERT_EQ(alone.size(), batched.size());
   EXPECT_EQ(std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)), 0);
-}
-
-std::string load_error(const std::string& path) {
-  auto m = model::load_model(path);
-  return m.has_value() ? std::string("loaded") : m.error().message;
 }
 
 // MiniMax-Text-01's features under the same config keys, and other variants, are refused by

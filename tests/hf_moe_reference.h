@@ -28,11 +28,12 @@
 
 #include "model/ggml_types.h"
 #include "model/safetensors.h"
+#include "tests/reference_math.h"
 
 namespace troupe::testing {
 namespace moe_ref {
 
-using Vec = std::vector<double>;
+using namespace refmath;  // NOLINT(google-build-using-namespace): the shared arithmetic
 using Tensor = model::SafetensorsTensor;
 using Tensors = model::SafetensorsSet;
 
@@ -232,32 +233,10 @@ inline Vec vec(const Tensors& st, const std::string& name, int64_t n) {
   return row(tensor(st, name, {n}), 0);
 }
 
-inline double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
 /// W x for a Linear weight W [out, in], read row by row.
 inline Vec matvec(const Tensor& w, const Vec& x) {
   Vec out(static_cast<size_t>(w.shape[0]));
   for (int64_t r = 0; r < w.shape[0]; ++r) out[r] = dot(row(w, r), x);
-  return out;
-}
-
-/// a += s * b.
-inline void add_scaled(Vec& a, double s, const Vec& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += s * b[i];
-}
-
-inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
-
-/// v / sqrt(mean(v^2) + eps) * w.
-inline Vec rms_norm(const Vec& v, const Vec& w, double eps) {
-  const double inv = 1.0 / std::sqrt(dot(v, v) / static_cast<double>(v.size()) + eps);
-  Vec out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * inv * w[i];
   return out;
 }
 
@@ -327,17 +306,9 @@ inline Vec mix_experts(const Tensors& st, const Config& c, const std::string& ex
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-/// Rotates the first R elements of head [off, off + D) of v for position pos (rotate_half style:
-/// pairs (i, i + R/2), inv_freq_i = theta^(-2i/R)); the rest of the head is unchanged.
+/// NeoX rotary on the first R elements of the head at off (refmath::rope_neox).
 inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
-  for (int64_t i = 0; i < c.R / 2; ++i) {
-    const double inv_freq = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.R);
-    const double angle = static_cast<double>(pos) * inv_freq;
-    const double cs = std::cos(angle), sn = std::sin(angle);
-    const double a = v[off + i], b = v[off + i + c.R / 2];
-    v[off + i] = a * cs - b * sn;
-    v[off + i + c.R / 2] = b * cs + a * sn;
-  }
+  rope_neox(v, off, pos, c.R, c.rope_theta);
 }
 
 /// Projection name+".weight" [rows, E] of h, plus its bias when attention_bias says so.
