@@ -26,16 +26,23 @@ namespace {
 template <class Spec, class View, class Fn>
 void visit(Spec& spec, const Fn& fn) {
   auto ffn = [&](auto& f) {
-    fn(f.gate);
-    fn(f.up);
-    fn(f.down);
+    for (View* w : {&f.gate, &f.up, &f.down, &f.gate_b, &f.up_b, &f.down_b}) fn(*w);
   };
   for (auto& L : spec.layers) {
-    for (View* w :
-         {&L.attn_norm, &L.wq,     &L.wk,        &L.wv,     &L.wo,          &L.bq,
-          &L.bk,        &L.bv,     &L.q_norm,    &L.k_norm, &L.wq_a,        &L.q_a_norm,
-          &L.wq_b,      &L.wkv_a,  &L.kv_a_norm, &L.wk_b,   &L.wv_b,        &L.ffn_norm,
-          &L.ffn_gate,  &L.ffn_up, &L.ffn_down,  &L.router, &L.router_bias, &L.shared_gate})
+    for (View* w : {&L.attn_norm,   &L.wq,
+                    &L.wk,          &L.wv,
+                    &L.wo,          &L.bq,
+                    &L.bk,          &L.bv,
+                    &L.q_norm,      &L.k_norm,
+                    &L.bo,          &L.sinks,
+                    &L.wq_a,        &L.q_a_norm,
+                    &L.wq_b,        &L.wkv_a,
+                    &L.kv_a_norm,   &L.wk_b,
+                    &L.wv_b,        &L.ffn_norm,
+                    &L.ffn_gate,    &L.ffn_up,
+                    &L.ffn_down,    &L.router,
+                    &L.router_bias, &L.router_logit_bias,
+                    &L.shared_gate})
       fn(*w);
     for (auto& e : L.experts) ffn(e);
     ffn(L.shared);

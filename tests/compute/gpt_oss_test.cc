@@ -159,6 +159,36 @@ TEST(GptOss, Mxfp4ModelMatchesItsF32TwinsReference) {
   }
 }
 
+// A node copies its weights into memory and may then drop the file mapping: every view must move
+// with the copy, gpt-oss's sinks and biases included, and the logits stay the same bits.
+TEST(GptOss, WeightsCopiedToMemoryMoveEveryView) {
+  TempDir dir;
+  auto mapped = model::load_model(synth_gpt_oss(dir, 31));
+  ASSERT_TRUE(mapped.has_value()) << mapped.error().message;
+  auto copy = model::copy_weights_to_memory(*mapped, {}, 2);
+  ASSERT_TRUE(copy.has_value()) << copy.error().message;
+  const model::ModelSpec &a = (*mapped)->spec, &b = (*copy)->spec;
+  for (size_t il = 0; il < a.layers.size(); ++il) {
+    const model::LayerSpec &x = a.layers[il], &y = b.layers[il];
+    for (auto [from, to] : {std::pair{&x.bo, &y.bo}, std::pair{&x.sinks, &y.sinks},
+                            std::pair{&x.router_logit_bias, &y.router_logit_bias}}) {
+      ASSERT_TRUE(from->present() && to->present());
+      EXPECT_NE(from->data, to->data) << from->name << " still points into the file";
+      EXPECT_EQ(std::memcmp(from->data, to->data, from->nbytes()), 0) << from->name;
+    }
+    for (size_t e = 0; e < x.experts.size(); ++e)
+      for (auto [from, to] : {std::pair{&x.experts[e].gate_b, &y.experts[e].gate_b},
+                              std::pair{&x.experts[e].up_b, &y.experts[e].up_b},
+                              std::pair{&x.experts[e].down_b, &y.experts[e].down_b}}) {
+        ASSERT_TRUE(from->present() && to->present());
+        EXPECT_NE(from->data, to->data) << from->name << " still points into the file";
+        EXPECT_EQ(std::memcmp(from->data, to->data, from->nbytes()), 0) << from->name;
+      }
+  }
+  const std::vector<int32_t> p = prompt_of(20, static_cast<int32_t>(a.n_vocab), 3);
+  EXPECT_TRUE(bit_equal(prompt_logits(*mapped, p), prompt_logits(*copy, p)));
+}
+
 TEST(GptOss, BadFilesAreRefusedByName) {
   TempDir dir;
   const std::string src = synth_gpt_oss(dir);
