@@ -301,8 +301,10 @@ class GgufSpecBuilder {
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
     L.wo = req(b + "attn_output.weight");
-    L.bo = opt(b + "attn_output.bias");
-    L.sinks = opt(b + "attn_sinks.weight");
+    // gpt-oss's sinks and biases are part of its arithmetic (llama.cpp requires them).
+    const bool oss = s.arch == Arch::kGptOss;
+    L.bo = oss ? req(b + "attn_output.bias") : opt(b + "attn_output.bias");
+    L.sinks = oss ? req(b + "attn_sinks.weight") : opt(b + "attn_sinks.weight");
     // gpt-oss: a sliding window on every other layer, from the first (llama.cpp's pattern 2).
     if (s.arch == Arch::kGptOss && il % 2 == 0) L.window = window_;
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
@@ -318,7 +320,8 @@ class GgufSpecBuilder {
       return;
     }
     L.router = req(b + "ffn_gate_inp.weight");
-    L.router_logit_bias = opt(b + "ffn_gate_inp.bias");
+    L.router_logit_bias =
+        s.arch == Arch::kGptOss ? req(b + "ffn_gate_inp.bias") : opt(b + "ffn_gate_inp.bias");
     L.router_bias = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2
                         ? req(b + "exp_probs_b.bias")
                         : opt(b + "exp_probs_b.bias");
@@ -328,8 +331,9 @@ class GgufSpecBuilder {
       const WeightView u = req(b + "ffn_up_exps.weight");
       const WeightView d = req(b + "ffn_down_exps.weight");
       // Per-expert biases (gpt-oss): [width, n_expert], expert e's the e-th row.
-      const WeightView gb = opt(b + "ffn_gate_exps.bias"), ub = opt(b + "ffn_up_exps.bias"),
-                       db = opt(b + "ffn_down_exps.bias");
+      auto bias = [&](const char* n) { return s.arch == Arch::kGptOss ? req(b + n) : opt(b + n); };
+      const WeightView gb = bias("ffn_gate_exps.bias"), ub = bias("ffn_up_exps.bias"),
+                       db = bias("ffn_down_exps.bias");
       for (const WeightView* x : {&gb, &ub, &db})
         if (x->present() && (x->type != GgmlType::kF32 || x->ne[1] != s.n_expert || x->ne[2] != 1))
           TROUPE_INPUT_ERROR("%s: tensor '%s' must be f32 [width, %lld experts]", g_.path().c_str(),

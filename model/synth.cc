@@ -269,150 +269,6 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
 // ---------------------------------------------------------------------------------------------
 // Metadata.
 
-uint32_t file_type_of(GgmlType t) {  // llama_ftype: all f32, mostly f16 / q4_0 / q8_0 / bf16 / ...
-  switch (t) {
-    case GgmlType::kF16:
-      return 1;
-    case GgmlType::kQ4_0:
-      return 2;
-    case GgmlType::kQ4_1:
-      return 3;
-    case GgmlType::kQ5_0:
-      return 8;
-    case GgmlType::kQ5_1:
-      return 9;
-    case GgmlType::kQ8_0:
-      return 7;
-    case GgmlType::kBF16:
-      return 32;
-    case GgmlType::kIQ4_NL:
-      return 25;
-    case GgmlType::kIQ4_XS:
-      return 30;
-    case GgmlType::kMXFP4:
-      return 38;  // mostly MXFP4 (llama.cpp's "MXFP4 MoE")
-    case GgmlType::kQ2_K:
-      return 10;
-    case GgmlType::kQ3_K:
-      return 11;  // mostly Q3_K (small)
-    case GgmlType::kQ4_K:
-      return 14;  // mostly Q4_K (small)
-    case GgmlType::kQ5_K:
-      return 16;  // mostly Q5_K (small)
-    case GgmlType::kQ6_K:
-      return 18;
-    default:
-      return 0;
-  }
-}
-
-void write_hparams(GgufWriter& w, const Config& c, const SynthOptions& o, int64_t n_vocab) {
-  const std::string k = c.gguf_arch + ".";
-  auto u32 = [&](const char* key, int64_t v) { w.set_u32(k + key, static_cast<uint32_t>(v)); };
-  u32("context_length", o.n_ctx);
-  u32("embedding_length", c.n_embd);
-  u32("block_count", c.n_layer);
-  u32("feed_forward_length", c.n_ff);
-  u32("attention.head_count", c.n_head);
-  w.set_f32(k + "rope.freq_base", c.rope_theta);
-  w.set_f32(k + "attention.layer_norm_rms_epsilon", c.rms_eps);
-  u32("vocab_size", n_vocab);
-  u32("attention.head_count_kv", c.n_head_kv);
-  // Key groups several architectures write (llama.cpp's names; the order is each file's).
-  auto head_dims = [&] {
-    u32("attention.key_length", c.head_dim);
-    u32("attention.value_length", c.head_dim);
-  };
-  auto experts = [&] {  // expert width first, as llama.cpp's DeepSeek-style converters
-    u32("expert_feed_forward_length", c.n_ff_exp);
-    u32("expert_count", c.n_expert);
-    u32("expert_used_count", c.n_expert_used);
-  };
-  auto shared_and_weights = [&](int64_t gating) {
-    u32("expert_shared_count", c.n_expert_shared);
-    w.set_f32(k + "expert_weights_scale", c.w_scale);
-    w.set_bool(k + "expert_weights_norm", c.w_norm);
-    u32("expert_gating_func", gating);
-  };
-  auto groups = [&] {
-    u32("expert_group_count", c.n_group);
-    u32("expert_group_used_count", c.n_group_used);
-  };
-  switch (c.arch) {
-    case SynthArch::kLlama:
-    case SynthArch::kQwen2:
-      u32("rope.dimension_count", c.rope_dim);
-      break;
-    case SynthArch::kMixtral:
-      u32("rope.dimension_count", c.rope_dim);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      break;
-    case SynthArch::kQwen3:
-      u32("rope.dimension_count", c.rope_dim);
-      head_dims();
-      break;
-    case SynthArch::kQwen3Moe:
-      u32("rope.dimension_count", c.rope_dim);
-      head_dims();
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      break;
-    case SynthArch::kQwen2Moe:
-      u32("rope.dimension_count", c.rope_dim);
-      u32("expert_count", c.n_expert);
-      u32("expert_used_count", c.n_expert_used);
-      u32("expert_feed_forward_length", c.n_ff_exp);
-      u32("expert_shared_feed_forward_length", c.n_ff_shexp);
-      break;
-    case SynthArch::kMinimaxM2:
-      u32("rope.dimension_count", c.rope_dim);
-      head_dims();
-      experts();
-      u32("expert_gating_func", 2);
-      break;
-    case SynthArch::kGptOss:
-      u32("rope.dimension_count", c.rope_dim);
-      head_dims();
-      u32("attention.sliding_window", c.n_swa);
-      experts();
-      break;
-    case SynthArch::kBailingMoe2:
-      u32("rope.dimension_count", c.rope_dim);
-      u32("leading_dense_block_count", c.n_dense_lead);
-      u32("expert_shared_feed_forward_length", c.n_ff_exp * c.n_expert_shared);
-      experts();
-      shared_and_weights(2);
-      groups();
-      break;
-    case SynthArch::kGlm4Moe:
-      u32("block_count", c.n_layer + c.n_nextn);
-      u32("nextn_predict_layers", c.n_nextn);
-      u32("rope.dimension_count", c.rope_dim);
-      head_dims();
-      u32("leading_dense_block_count", c.n_dense_lead);
-      experts();
-      shared_and_weights(2);
-      break;
-    case SynthArch::kDeepseek2:
-      // MLA is stored as MQA over the latent: key/value_length describe the cache rows,
-      // the _mla variants the decompressed heads (llama.cpp's convention).
-      u32("leading_dense_block_count", c.n_dense_lead);
-      u32("attention.q_lora_rank", c.q_lora);
-      u32("attention.kv_lora_rank", c.kv_lora);
-      u32("attention.key_length", c.kv_lora + c.rope_dim);
-      u32("attention.value_length", c.kv_lora);
-      u32("attention.key_length_mla", c.nope_dim + c.rope_dim);
-      u32("attention.value_length_mla", c.v_dim);
-      experts();
-      shared_and_weights(c.sigmoid ? 2 : 1);
-      groups();
-      u32("rope.dimension_count", c.rope_dim);
-      break;
-  }
-}
-
 struct VocabInfo {
   int64_t n_vocab = 0;
   std::vector<bool> quiet;  // control or unused tokens
@@ -577,8 +433,9 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
     const int64_t n_vocab = vocab.n_vocab;
     w.set_string("general.name", opts.name.empty() ? "synth-" + opts.arch : opts.name);
     // ggml's file types: 15 is Q4_K_M, 17 Q5_K_M.
-    w.set_u32("general.file_type", opts.k_mix ? (q5 ? 17 : 15) : file_type_of(opts.dtype));
-    write_hparams(w, c, opts, n_vocab);
+    w.set_u32("general.file_type",
+              opts.k_mix ? (q5 ? 17 : 15) : detail::synth_file_type(opts.dtype));
+    detail::write_synth_hparams(w, c, opts, n_vocab);
     if (!opts.command_line.empty()) w.set_string("general.synth.command", opts.command_line);
 
     const std::vector<PlannedTensor> plan =

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/gguf_writer.h"
 #include "model/synth.h"
 
 namespace troupe::model::detail {
@@ -49,5 +50,11 @@ struct SynthConfig {
 
 /// The options with every default filled in; throws InputError naming the flag that is wrong.
 SynthConfig resolve_synth_config(const SynthOptions& o);
+
+/// general.file_type (llama_ftype) of a file whose matrices are mostly `t`.
+uint32_t synth_file_type(GgmlType t);
+/// Writes the architecture's hyperparameter keys (llama.cpp's names, each file's order).
+void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions& o,
+                         int64_t n_vocab);
 
 }  // namespace troupe::model::detail

@@ -202,6 +202,21 @@ TEST(GptOss, BadFilesAreRefusedByName) {
       dir, "e.gguf", src, [](auto& w) { w.set_u32("gpt-oss.expert_count", 7); });
   EXPECT_NE(load_error(fewer).find("must be f32 [width, 7 experts]"), std::string::npos)
       << load_error(fewer);
+  // Without its sinks a file is not gpt-oss: refused, not run as plain attention.
+  auto g = model::GgufFile::open(src);
+  ASSERT_TRUE(g.has_value());
+  model::GgufWriter w;
+  for (const auto& [key, value] : (*g)->metadata()) w.copy_value(key, value);
+  for (const model::TensorInfo& t : (*g)->tensors()) {
+    if (t.name == "blk.1.attn_sinks.weight") continue;
+    const std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+    ASSERT_TRUE(w.add_tensor(t.name, t.type, shape, {t.data, static_cast<size_t>(t.nbytes)}));
+  }
+  const std::string no_sinks = dir.file("no_sinks.gguf");
+  ASSERT_TRUE(w.write(no_sinks).has_value());
+  EXPECT_NE(load_error(no_sinks).find("missing tensor 'blk.1.attn_sinks.weight'"),
+            std::string::npos)
+      << load_error(no_sinks);
 }
 
 }  // namespace
