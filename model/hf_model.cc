@@ -86,7 +86,6 @@ class HfSpecBuilder {
     is_moe_ = std::move(h.is_moe);
     attention_bias_ = h.attention_bias;
     qk_norm_ = h.qk_norm;
-    qk_norm_wide_ = h.qk_norm_wide;
     router_bias_ = h.router_bias;
   }
 
@@ -119,11 +118,12 @@ class HfSpecBuilder {
         L.bk = take_f32(a + "k_proj.bias", g + "attn_k.bias", {k});
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
       }
-      if (qk_norm_) {
-        L.q_norm = take_f32(a + "q_norm.weight", g + "attn_q_norm.weight",
-                            {qk_norm_wide_ ? q : s.head_dim_k});
-        L.k_norm = take_f32(a + "k_norm.weight", g + "attn_k_norm.weight",
-                            {qk_norm_wide_ ? k : s.head_dim_k});
+      if (qk_norm_) {  // MiniMax-M2's span all heads at once, the others' one head
+        const bool wide = fam_ == Family::kMinimaxM2;
+        L.q_norm =
+            take_f32(a + "q_norm.weight", g + "attn_q_norm.weight", {wide ? q : s.head_dim_k});
+        L.k_norm =
+            take_f32(a + "k_norm.weight", g + "attn_k_norm.weight", {wide ? k : s.head_dim_k});
       }
     }
     L.is_moe = is_moe_[static_cast<size_t>(il)];
@@ -370,7 +370,7 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
-  bool attention_bias_ = false, qk_norm_ = false, qk_norm_wide_ = false, router_bias_ = false;
+  bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
   ModelSpec s_;

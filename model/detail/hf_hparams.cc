@@ -155,7 +155,6 @@ class HparamsReader {
       if (type != "per_layer")
         TROUPE_INPUT_ERROR("%s: qk_norm_type '%s' is not supported (per_layer)",
                            cfg_.path().c_str(), type.c_str());
-      h_.qk_norm_wide = true;
     }
   }
 

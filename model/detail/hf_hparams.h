@@ -33,7 +33,6 @@ struct HfHparams {
   std::vector<bool> is_moe;     ///< per layer
   bool attention_bias = false;  ///< q/k/v projections carry biases
   bool qk_norm = false;         ///< q/k RMSNorm weights
-  bool qk_norm_wide = false;    ///< ... over all heads at once ([heads * head_dim], MiniMax-M2)
   bool router_bias = false;     ///< every router has a selection bias (required)
 };
 

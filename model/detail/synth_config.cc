@@ -207,7 +207,6 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
   if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
     resolve_sigmoid_routing(o, c);
-  if (c.arch == SynthArch::kMinimaxM2) c.sigmoid = c.w_norm = true;
   if (c.arch == SynthArch::kGptOss) {
     c.n_swa = o.sliding_window.value_or(8);
     check_positive("--sliding-window", c.n_swa);

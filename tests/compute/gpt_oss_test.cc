@@ -147,16 +147,7 @@ TEST(GptOss, Mxfp4ModelMatchesItsF32TwinsReference) {
   const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(V), 5);
   const std::vector<float> got = prompt_logits(*m, prompt);
   const std::vector<double> ref = testing::gpt_oss_reference_logits(twin, prompt);
-  ASSERT_EQ(got.size(), ref.size());
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    double max_ref = 0, max_diff = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const double r = ref[i * static_cast<size_t>(V) + static_cast<size_t>(v)];
-      max_ref = std::max(max_ref, std::fabs(r));
-      max_diff = std::max(max_diff, std::fabs(got[i * static_cast<size_t>(V) + v] - r));
-    }
-    EXPECT_LE(max_diff, 5e-2 * max_ref) << "position " << i;  // measured: at most 1.8 %
-  }
+  expect_near_reference(got, ref, V, 5e-2, /*top1=*/false);  // measured: at most 1.8 %
 }
 
 // A node copies its weights into memory and may then drop the file mapping: every view must move
@@ -168,22 +159,21 @@ TEST(GptOss, WeightsCopiedToMemoryMoveEveryView) {
   auto copy = model::copy_weights_to_memory(*mapped, {}, 2);
   ASSERT_TRUE(copy.has_value()) << copy.error().message;
   const model::ModelSpec &a = (*mapped)->spec, &b = (*copy)->spec;
+  auto moved = [](const model::WeightView& from, const model::WeightView& to) {
+    ASSERT_TRUE(from.present() && to.present());
+    EXPECT_NE(from.data, to.data) << from.name << " still points into the file";
+    EXPECT_EQ(std::memcmp(from.data, to.data, from.nbytes()), 0) << from.name;
+  };
   for (size_t il = 0; il < a.layers.size(); ++il) {
     const model::LayerSpec &x = a.layers[il], &y = b.layers[il];
-    for (auto [from, to] : {std::pair{&x.bo, &y.bo}, std::pair{&x.sinks, &y.sinks},
-                            std::pair{&x.router_logit_bias, &y.router_logit_bias}}) {
-      ASSERT_TRUE(from->present() && to->present());
-      EXPECT_NE(from->data, to->data) << from->name << " still points into the file";
-      EXPECT_EQ(std::memcmp(from->data, to->data, from->nbytes()), 0) << from->name;
+    moved(x.bo, y.bo);
+    moved(x.sinks, y.sinks);
+    moved(x.router_logit_bias, y.router_logit_bias);
+    for (size_t e = 0; e < x.experts.size(); ++e) {
+      moved(x.experts[e].gate_b, y.experts[e].gate_b);
+      moved(x.experts[e].up_b, y.experts[e].up_b);
+      moved(x.experts[e].down_b, y.experts[e].down_b);
     }
-    for (size_t e = 0; e < x.experts.size(); ++e)
-      for (auto [from, to] : {std::pair{&x.experts[e].gate_b, &y.experts[e].gate_b},
-                              std::pair{&x.experts[e].up_b, &y.experts[e].up_b},
-                              std::pair{&x.experts[e].down_b, &y.experts[e].down_b}}) {
-        ASSERT_TRUE(from->present() && to->present());
-        EXPECT_NE(from->data, to->data) << from->name << " still points into the file";
-        EXPECT_EQ(std::memcmp(from->data, to->data, from->nbytes()), 0) << from->name;
-      }
   }
   const std::vector<int32_t> p = prompt_of(20, static_cast<int32_t>(a.n_vocab), 3);
   EXPECT_TRUE(bit_equal(prompt_logits(*mapped, p), prompt_logits(*copy, p)));
