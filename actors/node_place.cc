@@ -85,6 +85,7 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
   auto add_ffn = [&](const model::ExpertFfn& f) {
     add(f.gate);
     add(f.up);
+    add(f.gate_up);
     add(f.down);
   };
   for (const auto& sp : pl.stages) {

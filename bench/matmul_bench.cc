@@ -79,6 +79,7 @@ struct Matrix {
   // f8_e4m3: one per 128 x 128 block; i4_packed: one per 32 columns, bf16 (all copies)
   std::shared_ptr<std::vector<float>> scales;
   std::shared_ptr<std::vector<uint16_t>> scales_bf16;
+  std::shared_ptr<std::vector<uint8_t>> scales_u8;
 };
 
 Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes) {
@@ -98,7 +99,7 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     if (t == GgmlType::kF8_E4M3) {  // random codes but the two NaNs
       for (int64_t i = 0; i < cols; ++i)
         dst[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
-    } else if (t == GgmlType::kI4_PACKED) {  // random nibbles
+    } else if (t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED) {  // random nibbles
       for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
     } else if (troupe::model::type_traits(static_cast<uint32_t>(t))->block_elems ==
                troupe::model::kQK_K) {
@@ -139,6 +140,15 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
                                                             troupe::model::fp32_to_bf16(1e-2f));
     m.view.scales = m.scales_bf16->data();
     m.view.scale_type = GgmlType::kBF16;
+    m.view.scale_block[0] = 1;
+    m.view.scale_block[1] = 32;
+    m.view.scale_stride = cols / 32;
+  }
+  if (t == GgmlType::kFP4_PACKED) {  // gpt-oss's Hugging Face experts: an E8M0 byte per 32
+    m.scales_u8 =
+        std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols / 32), uint8_t{120});
+    m.view.scales = m.scales_u8->data();
+    m.view.scale_type = GgmlType::kE8M0;
     m.view.scale_block[0] = 1;
     m.view.scale_block[1] = 32;
     m.view.scale_stride = cols / 32;
@@ -253,10 +263,10 @@ int main(int argc, char** argv) {
       {GgmlType::kQ4_0, false},    {GgmlType::kQ8_0, true},       {GgmlType::kQ4_0, true},
       {GgmlType::kQ4_1, false},    {GgmlType::kQ4_1, true},       {GgmlType::kQ5_0, false},
       {GgmlType::kQ5_0, true},     {GgmlType::kQ5_1, false},      {GgmlType::kQ5_1, true},
-      {GgmlType::kIQ4_NL, false},  {GgmlType::kMXFP4, false},     {GgmlType::kQ2_K, false},
-      {GgmlType::kQ3_K, false},    {GgmlType::kIQ4_XS, false},    {GgmlType::kQ4_K, false},
-      {GgmlType::kQ4_K, true},     {GgmlType::kQ5_K, false},      {GgmlType::kQ5_K, true},
-      {GgmlType::kQ6_K, false},    {GgmlType::kQ6_K, true}};
+      {GgmlType::kIQ4_NL, false},  {GgmlType::kMXFP4, false},     {GgmlType::kFP4_PACKED, false},
+      {GgmlType::kQ2_K, false},    {GgmlType::kQ3_K, false},      {GgmlType::kIQ4_XS, false},
+      {GgmlType::kQ4_K, false},    {GgmlType::kQ4_K, true},       {GgmlType::kQ5_K, false},
+      {GgmlType::kQ5_K, true},     {GgmlType::kQ6_K, false},      {GgmlType::kQ6_K, true}};
   const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",
@@ -265,7 +275,8 @@ int main(int argc, char** argv) {
     const GgmlType t = kind.type;
     const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
     const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 &&
-                      t != GgmlType::kF8_E4M3 && t != GgmlType::kI4_PACKED;
+                      t != GgmlType::kF8_E4M3 && t != GgmlType::kI4_PACKED &&
+                      t != GgmlType::kFP4_PACKED;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];

@@ -112,7 +112,7 @@ void print_weights(const model::ModelSpec& s) {
     if (w.type == model::GgmlType::kF8_E4M3)
       name += strfmt(" (scale per %lld x %lld)", (long long)w.scale_block[0],
                      (long long)w.scale_block[1]);
-    if (w.type == model::GgmlType::kI4_PACKED)
+    if (w.type == model::GgmlType::kI4_PACKED || w.type == model::GgmlType::kFP4_PACKED)
       name += strfmt(" (%s scale per %lld columns)", model::type_name(w.scale_type).c_str(),
                      (long long)w.scale_block[1]);
     auto& e = by_type[name];

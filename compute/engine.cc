@@ -424,11 +424,21 @@ constexpr int64_t kMinParallelActivations = 32768;
 // silu(g) * u, or gpt-oss's clamped form (model::FfnAct).
 void swiglu_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float* x, int64_t n,
                 float* y, std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
-  const int64_t ff = f.gate.rows();
+  const int64_t ff = f.width();
   grow(g, n * ff);
-  grow(u, n * ff);
-  const MatmulTarget gate_up[] = {{f.gate, g.data(), ff}, {f.up, u.data(), ff}};
-  matmul_shared(gate_up, x, f.gate.cols(), n, pool);
+  if (f.gate_up.present()) {
+    // One product of the interleaved rows into u, then gate's (even) outputs moved to g and
+    // up's (odd) packed in place (each read before anything lands on it). Every output is the
+    // dot product of one weight row with x, as with separate matrices.
+    grow(u, 2 * n * ff);
+    matmul(f.gate_up, x, n, u.data(), pool);
+    for (int64_t i = 0; i < n * ff; ++i) g[i] = u[2 * i];
+    for (int64_t i = 0; i < n * ff; ++i) u[i] = u[2 * i + 1];
+  } else {
+    grow(u, n * ff);
+    const MatmulTarget gate_up[] = {{f.gate, g.data(), ff}, {f.up, u.data(), ff}};
+    matmul_shared(gate_up, x, f.gate.cols(), n, pool);
+  }
   add_rows(f.gate_b, g.data(), n);
   add_rows(f.up_b, u.data(), n);
   // Element by element (the same result on any split): on the pool once there is enough of it,

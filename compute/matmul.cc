@@ -55,6 +55,9 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     case GgmlType::kI4_PACKED:
       k = &i4;
       break;
+    case GgmlType::kFP4_PACKED:
+      k = &fp4;
+      break;
     case GgmlType::kQ8_0:
       k = &q8_0;
       break;
@@ -203,17 +206,18 @@ const TypeKernels& kernels_for(const KernelSet& ks, const model::WeightView& w) 
     TROUPE_INPUT_ERROR("matmul: weight %s has type %s, which troupe cannot multiply yet",
                        w.name.c_str(), model::type_name(w.type).c_str());
   }
+  const bool nibbles =
+      w.type == model::GgmlType::kI4_PACKED || w.type == model::GgmlType::kFP4_PACKED;
   if (w.scaled() && (w.scales == nullptr || w.scale_block[0] <= 0 || w.scale_block[1] <= 0 ||
                      w.scale_block[1] % kScaleColsMultiple != 0 ||
                      w.scale_stride < (w.cols() + w.scale_block[1] - 1) / w.scale_block[1] ||
-                     (w.type == model::GgmlType::kI4_PACKED && w.cols() % kScaleColsMultiple != 0)))
+                     (nibbles && w.cols() % kScaleColsMultiple != 0)))
     TROUPE_INPUT_ERROR(
         "matmul: weight %s is %s without usable scales (blocks of %lld x %lld, %lld per "
         "block row, %lld columns; columns per block%s must be a multiple of %lld)",
         w.name.c_str(), model::type_name(w.type).c_str(), static_cast<long long>(w.scale_block[0]),
         static_cast<long long>(w.scale_block[1]), static_cast<long long>(w.scale_stride),
-        static_cast<long long>(w.cols()),
-        w.type == model::GgmlType::kI4_PACKED ? " and columns" : "",
+        static_cast<long long>(w.cols()), nibbles ? " and columns" : "",
         static_cast<long long>(kScaleColsMultiple));
   return *k;
 }

@@ -89,6 +89,26 @@ struct FloatLoad<GgmlType::kI4_PACKED> {
   }
 };
 
+// FP4 E2M1 (FP4_PACKED), 8 values from 4 bytes in I4_PACKED's nibble order: the magnitude
+// looked up by the low 3 bits of each int32 lane, the sign bit (bit 3) moved to bit 31.
+template <>
+struct FloatLoad<GgmlType::kFP4_PACKED> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    int32_t word;
+    std::memcpy(&word, row + k / 2, 4);
+    const __m128i b = _mm_cvtsi32_si128(word);
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i nib =
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m256i u = _mm256_cvtepu8_epi32(nib);
+    const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0, 0.5f, 1, 1.5f, 2, 3, 4, 6), u);
+    // Code 8 (negative zero) reads as 0, as model::kE2M1Values.
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(8)), 28);
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_andnot_si256(
+                                 _mm256_cmpeq_epi32(u, _mm256_set1_epi32(8)), sign)));
+  }
+};
+
 // The last n < 8 values of a row, zero-padded, through the same conversion.
 template <GgmlType kType>
 __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
@@ -98,15 +118,16 @@ __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
   return FloatLoad<kType>::load(buf, 0);
 }
 
-// F8_E4M3 and I4_PACKED weights are the same kernel on the values q * scale, each the nearest
-// float to the exact product (for F8 one multiply of the exact fp8/256 by 256 * scale), lane for
-// lane as an F32 matrix holding those values: the same bits. I4 rows are whole multiples of 16
-// (matmul.cc checks), so they never take the tail.
+// F8_E4M3, I4_PACKED and FP4_PACKED weights are the same kernel on the values q * scale, each
+// the nearest float to the exact product (for F8 one multiply of the exact fp8/256 by 256 *
+// scale), lane for lane as an F32 matrix holding those values: the same bits. I4 and FP4 rows
+// are whole multiples of 16 (matmul.cc checks), so they never take the tail.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
-  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED;
+  // Two 4-bit values per byte (I4_PACKED, FP4_PACKED).
+  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
   static constexpr bool kScaled = kF8 || kI4;
   // Bytes from the row start to column k.
   static constexpr int64_t offset(int64_t k) {
@@ -482,6 +503,7 @@ KernelSet make_set() {
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
+  s.fp4 = make_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
   s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
   s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
   s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();

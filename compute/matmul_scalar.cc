@@ -35,7 +35,8 @@ void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
     if constexpr (kType == model::GgmlType::kF32) {
       wr = reinterpret_cast<const float*>(src);
     } else if constexpr (kType == model::GgmlType::kF8_E4M3 ||
-                         kType == model::GgmlType::kI4_PACKED) {
+                         kType == model::GgmlType::kI4_PACKED ||
+                         kType == model::GgmlType::kFP4_PACKED) {
       thread_local std::vector<float> tmp;
       const float* sc = j.scale_row(r, scratch(tmp, j.w_scale_stride));
       model::dequantize_scaled_row(kType, src, sc, j.w_scale_cols, j.cols, row);
@@ -431,6 +432,7 @@ const KernelSet& scalar_kernels() {
     k.bf16.rows = float_rows<GgmlType::kBF16>;
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
     k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
+    k.fp4.rows = float_rows<GgmlType::kFP4_PACKED>;
     for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl, &k.mxfp4}) {
       t->act_row_bytes = act32_bytes;
       t->quantize = quantize_act32;

@@ -141,13 +141,14 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
     gpt_oss_parts = gpt_oss_parts || L.sinks.present() || L.window > 0 || L.bo.present() ||
                     L.router_logit_bias.present();
     for (const model::ExpertFfn& X : L.experts)
-      gpt_oss_parts = gpt_oss_parts || X.gate_b.present() || X.up_b.present() || X.down_b.present();
+      gpt_oss_parts = gpt_oss_parts || X.gate_b.present() || X.up_b.present() ||
+                      X.down_b.present() || X.gate_up.present();
   }
   if (gpt_oss_parts)
     TROUPE_INPUT_ERROR(
         "GpuEngine: attention sinks, sliding windows, output and expert biases, the clamped "
-        "SwiGLU and softmax-over-top-k routing (gpt-oss) are not supported yet; the CPU engine "
-        "runs them");
+        "SwiGLU, softmax-over-top-k routing and interleaved gate/up experts (gpt-oss) are not "
+        "supported yet; the CPU engine runs them");
   if (H > 65535)
     TROUPE_INPUT_ERROR("GpuEngine: %lld heads are more than the GPU kernels take (65535)", ll(H));
   if (n_rot < 0 || n_rot % 2 != 0)

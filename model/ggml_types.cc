@@ -65,6 +65,10 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
       return TypeTraits{"f8_e4m3", 1, 1, true};
     case static_cast<uint32_t>(GgmlType::kI4_PACKED):
       return TypeTraits{"i4_packed", 8, 4, true};
+    case static_cast<uint32_t>(GgmlType::kFP4_PACKED):
+      return TypeTraits{"fp4_packed", 32, 16, true};
+    case static_cast<uint32_t>(GgmlType::kE8M0):
+      return TypeTraits{"e8m0", 1, 1, false};
     default:
       return std::nullopt;
   }
@@ -163,7 +167,7 @@ const float* fp8_e4m3_values() {
 
 void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
                            int64_t cols_per_scale, int64_t n, float* out) {
-  TROUPE_CHECK(t == GgmlType::kF8_E4M3 || t == GgmlType::kI4_PACKED,
+  TROUPE_CHECK(t == GgmlType::kF8_E4M3 || t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED,
                "dequantize_scaled_row: %s has no separate scales", type_name(t).c_str());
   const float* fp8 = fp8_e4m3_values();
   for (int64_t c0 = 0, b = 0; c0 < n; c0 += cols_per_scale, ++b) {
@@ -171,6 +175,8 @@ void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
     const int64_t c1 = std::min(n, c0 + cols_per_scale);
     if (t == GgmlType::kF8_E4M3) {
       for (int64_t c = c0; c < c1; ++c) out[c] = fp8[q[c]] * s;
+    } else if (t == GgmlType::kFP4_PACKED) {
+      for (int64_t c = c0; c < c1; ++c) out[c] = kE2M1Values[(q[c / 2] >> (4 * (c % 2))) & 15] * s;
     } else {
       for (int64_t c = c0; c < c1; ++c)
         out[c] = static_cast<float>(((q[c / 2] >> (4 * (c % 2))) & 15) - 8) * s;
@@ -178,10 +184,22 @@ void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
   }
 }
 
+float e8m0_to_fp32(uint8_t e) {
+  if (e == 255) return std::numeric_limits<float>::quiet_NaN();
+  const uint32_t bits = e == 0 ? uint32_t{0x00400000} : static_cast<uint32_t>(e) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out) {
   const auto* p = static_cast<const uint8_t*>(scales);
   if (type == GgmlType::kF32) {
     std::memcpy(out, p, static_cast<size_t>(n) * 4);
+    return;
+  }
+  if (type == GgmlType::kE8M0) {
+    for (int64_t i = 0; i < n; ++i) out[i] = e8m0_to_fp32(p[i]);
     return;
   }
   uint16_t h;
@@ -410,6 +428,7 @@ void dequantize_row(GgmlType t, const void* src, float* out, int64_t n) {
       return dequant_q6_k(static_cast<const BlockQ6_K*>(src), out, n / kQK_K);
     case GgmlType::kF8_E4M3:
     case GgmlType::kI4_PACKED:
+    case GgmlType::kFP4_PACKED:
       TROUPE_INPUT_ERROR("%s rows need their scales (dequantize_view_row)", type_name(t).c_str());
     default:
       TROUPE_INPUT_ERROR("tensor type %s is not supported yet", type_name(t).c_str());

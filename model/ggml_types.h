@@ -45,6 +45,13 @@ enum class GgmlType : uint32_t {
   /// WeightView carries (compressed-tensors "pack-quantized" int4 checkpoints, such as
   /// Kimi-K2-Thinking's experts: model/detail/hf_compressed.h).
   kI4_PACKED = 1001,
+  /// FP4 E2M1 values (kE2M1Values), two to a byte, the low nibble first (value 2j in byte j's
+  /// low nibble, 2j + 1 in its high one), times a scale per group of columns that the WeightView
+  /// carries as kE8M0 bytes: Hugging Face's MXFP4 checkpoints (gpt-oss's `*_blocks` and
+  /// `*_scales`), read in place.
+  kFP4_PACKED = 1002,
+  /// A scale type only: one byte e per scale, the power of two 2^(e - 127) (OCP E8M0; 255 is NaN).
+  kE8M0 = 1003,
 };
 /// Type ids from here on exist only in memory; the GGUF reader and writer refuse them.
 inline constexpr uint32_t kFirstTroupeOnlyType = 1000;
@@ -75,10 +82,14 @@ inline float bf16_to_fp32(uint16_t b) {
   return f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
-/// Bytes of one scale of a WeightView (stored as F32, BF16 or F16).
-inline int64_t scale_bytes(GgmlType type) { return type == GgmlType::kF32 ? 4 : 2; }
-/// Scales [0, n) stored as `type` (F32, BF16 or F16) into out as floats (the kernels convert a
-/// row's scales once per tile with this).
+/// Bytes of one scale of a WeightView (stored as F32, BF16, F16 or E8M0).
+inline int64_t scale_bytes(GgmlType type) {
+  return type == GgmlType::kF32 ? 4 : type == GgmlType::kE8M0 ? 1 : 2;
+}
+/// An E8M0 scale: 2^(e - 127), exact (subnormal for e = 0); NaN for 255.
+float e8m0_to_fp32(uint8_t e);
+/// Scales [0, n) stored as `type` (F32, BF16, F16 or E8M0) into out as floats (the kernels
+/// convert a row's scales once per tile with this).
 void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out);
 /// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
 float fp8_e4m3_to_fp32(uint8_t b);
@@ -193,6 +204,9 @@ inline int iq4xs_scale(const BlockIQ4_XS& b, int j) {
 /// FP4 E2M1's values {0, 0.5, 1, 1.5, 2, 3, 4, 6} and their negatives, doubled (MXFP4).
 inline constexpr int8_t kMXFP4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                             0, -1, -2, -3, -4, -6, -8, -12};
+/// FP4 E2M1's values by code (kFP4_PACKED); code 8, negative zero, reads as 0.
+inline constexpr float kE2M1Values[16] = {0,    0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                          0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
 /// An MXFP4 block's scale: 2^(e - 128), exact (subnormal for e < 2; e = 255 is not a NaN here).
 inline float mxfp4_scale(uint8_t e) {
   const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
@@ -265,7 +279,7 @@ inline void q3k_scales(const uint8_t* p, int8_t* s) {
 /// Throws InputError for a type troupe cannot read, and for kF8_E4M3, whose scales are not in
 /// the row (model::dequantize_view_row reads any view).
 void dequantize_row(GgmlType t, const void* src, float* out, int64_t n);
-/// n values of a row of scaled type t (kF8_E4M3, kI4_PACKED) at q, whose scales are
+/// n values of a row of scaled type t (kF8_E4M3, kI4_PACKED, kFP4_PACKED) at q, whose scales are
 /// scales[c / cols_per_scale] (as floats): each the nearest float to q * scale (one multiply), as
 /// every kernel computes them.
 void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,

@@ -5,7 +5,8 @@
 // FP8 weights (detail/hf_fp8.h: DeepSeek's block-scaled form and compressed-tensors'
 // float-quantized one) and compressed-tensors int4 ones (detail/hf_compressed.h) stay views of
 // their stored values with their scales; the few the loader rearranges or keeps in f32
-// (kv_b_proj, norms, routers) become f32.
+// (kv_b_proj, norms, routers) become f32. gpt-oss's MXFP4 experts stay views too
+// (detail/hf_mxfp4.h).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "model/detail/hf_config.h"
 #include "model/detail/hf_fp8.h"
 #include "model/detail/hf_hparams.h"
+#include "model/detail/hf_mxfp4.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -87,6 +89,8 @@ class HfSpecBuilder {
     attention_bias_ = h.attention_bias;
     qk_norm_ = h.qk_norm;
     router_bias_ = h.router_bias;
+    output_bias_ = h.output_bias;
+    window_ = std::move(h.window);
   }
 
   bool is_mla() const { return s_.arch == Arch::kDeepseek2; }
@@ -117,6 +121,11 @@ class HfSpecBuilder {
         L.bq = take_f32(a + "q_proj.bias", g + "attn_q.bias", {q});
         L.bk = take_f32(a + "k_proj.bias", g + "attn_k.bias", {k});
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
+      }
+      if (output_bias_) L.bo = take_f32(a + "o_proj.bias", g + "attn_output.bias", {E});
+      if (fam_ == Family::kGptOss) {
+        L.sinks = take_f32(a + "sinks", g + "attn_sinks.weight", {s.n_head});
+        L.window = window_[static_cast<size_t>(il)];
       }
       if (qk_norm_) {  // MiniMax-M2's span all heads at once, the others' one head
         const bool wide = fam_ == Family::kMinimaxM2;
@@ -216,6 +225,7 @@ class HfSpecBuilder {
   }
 
   void build_moe(const std::string& h, const std::string& g, LayerSpec& L) {
+    if (fam_ == Family::kGptOss) return build_gpt_oss_moe(h + "mlp.", g, L);
     const ModelSpec& s = s_;
     const int64_t E = s.n_embd, F = s.n_ff_exp;
     // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
@@ -255,6 +265,74 @@ class HfSpecBuilder {
         L.shared_gate =
             take_f32(m + "shared_expert_gate.weight", g + "ffn_gate_inp_shexp.weight", {1, E});
     }
+  }
+
+  /// gpt-oss: router with a bias over its logits; experts stacked per layer, gate and up in
+  /// one matrix with alternating rows, every matrix with a bias. MXFP4 blocks and scales are
+  /// read in place; a dequantized checkpoint's [n_expert, in, out] matrices are transposed into
+  /// memory (as the rows the kernels read).
+  void build_gpt_oss_moe(const std::string& m, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t E = s.n_embd, F = s.n_ff_exp, N = s.n_expert;
+    L.router = take_f32(m + "router.weight", g + "ffn_gate_inp.weight", {N, E});
+    L.router_logit_bias = take_f32(m + "router.bias", g + "ffn_gate_inp.bias", {N});
+    const std::string x = m + "experts.";
+    WeightView gate_up, down;
+    if (detail::is_mxfp4(cfg_)) {
+      gate_up = detail::mxfp4_stack_view(st_, x + "gate_up_proj", N, 2 * F, E, cfg_.path(),
+                                         g + "ffn_gate_up_exps.weight");
+      down = detail::mxfp4_stack_view(st_, x + "down_proj", N, E, F, cfg_.path(),
+                                      g + "ffn_down_exps.weight");
+    } else {
+      gate_up = transposed_stack(x + "gate_up_proj", g + "ffn_gate_up_exps.weight", N, E, 2 * F);
+      down = transposed_stack(x + "down_proj", g + "ffn_down_exps.weight", N, F, E);
+    }
+    // Biases: gate_up's [N, 2F] split into gate's (even) and up's (odd) entries.
+    const WeightView gub =
+        take_f32(x + "gate_up_proj_bias", g + "ffn_gate_up_exps.bias", {N, 2 * F});
+    const WeightView db = take_f32(x + "down_proj_bias", g + "ffn_down_exps.bias", {N, E});
+    auto* gb = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(N * F) * 4));
+    auto* ub = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(N * F) * 4));
+    const auto* src = reinterpret_cast<const float*>(gub.data);
+    for (int64_t i = 0; i < N * F; ++i) {
+      gb[i] = src[2 * i];
+      ub[i] = src[2 * i + 1];
+    }
+    L.experts.resize(static_cast<size_t>(N));
+    for (int64_t e = 0; e < N; ++e) {
+      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
+      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
+      X.gate_up = gate_up.slice(e);
+      X.down = down.slice(e);
+      X.gate_b = make_view(g + "ffn_gate_exps.bias" + idx, GgmlType::kF32, {F},
+                           reinterpret_cast<const uint8_t*>(gb + e * F));
+      X.up_b = make_view(g + "ffn_up_exps.bias" + idx, GgmlType::kF32, {F},
+                         reinterpret_cast<const uint8_t*>(ub + e * F));
+      X.down_b = db.row_range(e, 1, db.name + idx);
+    }
+  }
+
+  /// The stacked [n, in, out] matrices `hf_name` (x @ W per matrix) as n row-major [out, in]
+  /// matrices in model-owned memory, in their stored float type.
+  WeightView transposed_stack(const std::string& hf_name, const std::string& gguf_name, int64_t n,
+                              int64_t in, int64_t out) {
+    const SafetensorsTensor& t = find(hf_name, {n, in, out});
+    if (t.type == GgmlType::kF8_E4M3)
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' is F8_E4M3; troupe reads gpt-oss's experts as MXFP4 or "
+          "F32, F16 or BF16",
+          t.file->c_str(), hf_name.c_str());
+    const auto es = static_cast<size_t>(row_bytes(t.type, 1));
+    uint8_t* dst = alloc(static_cast<uint64_t>(n * in * out) * es);
+    for (int64_t m = 0; m < n; ++m) {
+      const uint8_t* a = t.data + static_cast<size_t>(m * in * out) * es;
+      uint8_t* b = dst + static_cast<size_t>(m * in * out) * es;
+      for (int64_t r = 0; r < out; ++r)
+        for (int64_t c = 0; c < in; ++c)
+          std::memcpy(b + static_cast<size_t>(r * in + c) * es,
+                      a + static_cast<size_t>(c * out + r) * es, es);
+    }
+    return make_view(gguf_name, t.type, {in, out, n}, dst);
   }
 
   // ---- tensors ----
@@ -370,7 +448,8 @@ class HfSpecBuilder {
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
-  bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false;
+  bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
+  std::vector<int64_t> window_;  // per layer (gpt-oss)
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
   ModelSpec s_;

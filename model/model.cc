@@ -508,8 +508,12 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
     expect_opt(src, L.router_bias, s.n_expert, 1);
     expect_opt(src, L.router_logit_bias, s.n_expert, 1);
     for (const ExpertFfn& X : L.experts) {
-      expect(src, X.gate, E, s.n_ff_exp);
-      expect(src, X.up, E, s.n_ff_exp);
+      if (X.gate_up.present()) {
+        expect(src, X.gate_up, E, 2 * s.n_ff_exp);
+      } else {
+        expect(src, X.gate, E, s.n_ff_exp);
+        expect(src, X.up, E, s.n_ff_exp);
+      }
       expect(src, X.down, s.n_ff_exp, E);
       expect_opt(src, X.gate_b, s.n_ff_exp, 1);
       expect_opt(src, X.up_b, s.n_ff_exp, 1);

@@ -28,18 +28,21 @@ struct WeightView {
   int64_t ne[3] = {0, 1, 1};
   const uint8_t* data = nullptr;
   WeightLayout layout = WeightLayout::kRows;
-  /// kF8_E4M3 and kI4_PACKED only: value (r, c) of matrix i is q * scale, the scale being
-  /// element r / scale_block[0] * scale_stride + c / scale_block[1] of `scales` (stored as
-  /// scale_type: F32, BF16 or F16; model::scales_to_f32): one scale per block of scale_block[0]
-  /// rows x scale_block[1] columns, row-major, one such grid per stacked matrix (slice() moves
-  /// to matrix i's).
+  /// kF8_E4M3, kI4_PACKED and kFP4_PACKED only: value (r, c) of matrix i is q * scale, the scale
+  /// being element r / scale_block[0] * scale_stride + c / scale_block[1] of `scales` (stored as
+  /// scale_type: F32, BF16, F16 or E8M0; model::scales_to_f32): one scale per block of
+  /// scale_block[0] rows x scale_block[1] columns, row-major, one such grid per stacked matrix
+  /// (slice() moves to matrix i's).
   const void* scales = nullptr;
   GgmlType scale_type = GgmlType::kF32;
   int64_t scale_block[2] = {0, 0};
   int64_t scale_stride = 0;
 
-  /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED).
-  bool scaled() const { return type == GgmlType::kF8_E4M3 || type == GgmlType::kI4_PACKED; }
+  /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED, kFP4_PACKED).
+  bool scaled() const {
+    return type == GgmlType::kF8_E4M3 || type == GgmlType::kI4_PACKED ||
+           type == GgmlType::kFP4_PACKED;
+  }
   /// Row r's scale_stride scales (stored as scale_type; model::scales_to_f32 reads them).
   const uint8_t* row_scales(int64_t r) const {
     return static_cast<const uint8_t*>(scales) +
@@ -136,6 +139,11 @@ struct RopeScaling {
 struct ExpertFfn {
   WeightView gate, up, down;  // gate/up: [n_ff_exp rows, n_embd cols]; down: [n_embd, n_ff_exp]
   WeightView gate_b, up_b, down_b;  // optional f32 biases [n_ff_exp], [n_ff_exp], [n_embd]
+  /// Instead of gate and up: one matrix [2 * n_ff_exp rows, n_embd] whose row 2i is gate row i
+  /// and row 2i + 1 up row i (gpt-oss's Hugging Face layout, read in place).
+  WeightView gate_up;
+  /// The FFN's width: gate's rows, or half of gate_up's.
+  int64_t width() const { return gate_up.present() ? gate_up.rows() / 2 : gate.rows(); }
 };
 
 struct LayerSpec {

@@ -26,7 +26,7 @@ namespace {
 template <class Spec, class View, class Fn>
 void visit(Spec& spec, const Fn& fn) {
   auto ffn = [&](auto& f) {
-    for (View* w : {&f.gate, &f.up, &f.down, &f.gate_b, &f.up_b, &f.down_b}) fn(*w);
+    for (View* w : {&f.gate, &f.up, &f.down, &f.gate_b, &f.up_b, &f.down_b, &f.gate_up}) fn(*w);
   };
   for (auto& L : spec.layers) {
     for (View* w : {&L.attn_norm,   &L.wq,

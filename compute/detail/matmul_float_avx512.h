@@ -78,16 +78,18 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   }
 };
 
-// F8_E4M3 and I4_PACKED: the values q * scale, each the nearest float to the exact product, lane
-// for lane as an F32 matrix holding them (the same bits; matmul_avx2.cc). I4 rows are whole
-// multiples of 16 (matmul.cc checks), so they never take the tail. An I4 weight is looked up in
-// a 16-entry table of its block's (q - 8) * scale (vpermps reads the low 4 bits of each index
-// lane; the qword lane j holds byte j in its low dword and byte j >> 4 in its high one).
+// F8_E4M3, I4_PACKED and FP4_PACKED: the values q * scale, each the nearest float to the exact
+// product, lane for lane as an F32 matrix holding them (the same bits; matmul_avx2.cc). I4 and
+// FP4 rows are whole multiples of 16 (matmul.cc checks), so they never take the tail. An I4 or
+// FP4 weight is looked up in a 16-entry table of its block's (q - 8) * scale or E2M1(q) * scale
+// (vpermps reads the low 4 bits of each index lane; the qword lane j holds byte j in its low
+// dword and byte j >> 4 in its high one).
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
-  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED;
+  // Two 4-bit values per byte, read through a table (I4_PACKED, FP4_PACKED).
+  static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
   static constexpr bool kScaled = kF8 || kI4;
   // Bytes from the row start to column k.
   static constexpr int64_t offset(int64_t k) {
@@ -102,7 +104,7 @@ struct FloatKernel {
   struct Rows {
     const uint8_t* w[R];
     const float* sc[R] = {};  // each row's scales as floats (MatmulJob::scale_row)
-    // F8: 256 * the scale of the block being read; I4: its table of (q - 8) * scale.
+    // F8: 256 * the scale of the block being read; I4 and FP4: its table of values.
     __m512 f[R];
     int64_t k_next = 0, cols_per_scale = 0;
 
@@ -125,7 +127,9 @@ struct FloatKernel {
               f[i] = _mm512_set1_ps(256.f * sc[i][b]);
             } else {
               const __m512 steps =
-                  _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+                  kType == GgmlType::kFP4_PACKED
+                      ? _mm512_loadu_ps(model::kE2M1Values)
+                      : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
               f[i] = _mm512_mul_ps(steps, _mm512_set1_ps(sc[i][b]));
             }
           }

@@ -37,7 +37,8 @@ struct MatmulJob {
   int64_t n_tok = 0;
   float* y = nullptr;  // f32 [n_tok, y_stride]
   int64_t y_stride = 0;
-  // F8_E4M3 and I4_PACKED weights: their scale grid (model::WeightView::scales and its shape).
+  // F8_E4M3, I4_PACKED and FP4_PACKED weights: their scale grid (model::WeightView::scales and its
+  // shape).
   const uint8_t* w_scales = nullptr;
   model::GgmlType w_scale_type = model::GgmlType::kF32;
   int64_t w_scale_stride = 0;
@@ -65,8 +66,9 @@ inline void set_job_weight(MatmulJob& j, const model::WeightView& w) {
   j.w_scale_rows = w.scale_block[0];
   j.w_scale_cols = w.scale_block[1];
 }
-/// Columns per scale a scaled view (F8, I4) must have for the SIMD kernels (whose 8 or 16 lanes
-/// then never straddle two blocks): a multiple of this. I4 rows must be such a multiple too.
+/// Columns per scale a scaled view (F8, I4, FP4) must have for the SIMD kernels (whose 8 or 16
+/// lanes then never straddle two blocks): a multiple of this. I4 and FP4 rows must be such a
+/// multiple too.
 inline constexpr int64_t kScaleColsMultiple = 16;
 
 /// The kernels for one weight type at one SIMD level.
@@ -88,8 +90,8 @@ struct TypeKernels {
 /// get r0 and r1 at multiples of 16 (row_tile) and compute whole tiles.
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
-  TypeKernels f32, f16, bf16, f8, i4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
-      iq4_nl, iq4_xs, mxfp4;
+  TypeKernels f32, f16, bf16, f8, i4, fp4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
+      q6_k, iq4_nl, iq4_xs, mxfp4;
   TypeKernels q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16, q5_1_t16, q4_k_t16, q5_k_t16, q6_k_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;

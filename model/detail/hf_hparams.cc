@@ -62,6 +62,7 @@ class HparamsReader {
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
+        {"GptOssForCausalLM", HfFamily::kGptOss},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -82,6 +83,7 @@ class HparamsReader {
     const bool mixtral = h_.family == HfFamily::kMixtral;
     const bool glm = h_.family == HfFamily::kGlm4Moe;
     const bool minimax = h_.family == HfFamily::kMinimaxM2;
+    const bool oss = h_.family == HfFamily::kGptOss;
     s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
 
     const std::string act = cfg_.get_string_or("hidden_act", "silu");
@@ -103,10 +105,11 @@ class HparamsReader {
           cfg_.path().c_str(), static_cast<long long>(s.n_head),
           static_cast<long long>(s.n_head_kv));
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
-    s.rms_eps = static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm ? 1e-5 : 1e-6));
-    s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : 10000.0));
-    // MiniMax-M2 has no dense FFN: its intermediate_size is each expert's width.
-    s.n_ff = minimax ? 0 : cfg_.get_int_or("intermediate_size", 0);
+    s.rms_eps =
+        static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss ? 1e-5 : 1e-6));
+    s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : oss ? 150000.0 : 10000.0));
+    // MiniMax-M2 and gpt-oss have no dense FFN: intermediate_size is each expert's width.
+    s.n_ff = minimax || oss ? 0 : cfg_.get_int_or("intermediate_size", 0);
     if (cfg_.get_bool_or("mlp_bias", false))
       TROUPE_INPUT_ERROR("%s: mlp_bias is not supported", cfg_.path().c_str());
   }
@@ -137,6 +140,9 @@ class HparamsReader {
       h_.attention_bias = true;
     } else if (f == HfFamily::kGlm4Moe) {
       h_.attention_bias = cfg_.get_bool_or("attention_bias", false);
+    } else if (f == HfFamily::kGptOss) {
+      // gpt-oss: q, k, v and o all carry biases when attention_bias (its default).
+      h_.attention_bias = h_.output_bias = cfg_.get_bool_or("attention_bias", true);
     } else if (f == HfFamily::kBailingMoeV2) {
       h_.attention_bias = cfg_.get_bool_or("use_qkv_bias", false);
       if (cfg_.get_bool_or("use_bias", false))
@@ -204,6 +210,9 @@ class HparamsReader {
         break;
       case HfFamily::kBailingMoeV2:
         read_bailing_moe_v2();
+        break;
+      case HfFamily::kGptOss:
+        read_gpt_oss();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -307,6 +316,48 @@ class HparamsReader {
     s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
     s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
     h_.router_bias = cfg_.get_bool_or("moe_router_enable_expert_bias", true);
+  }
+
+  /// gpt-oss: every layer routes (softmax over the chosen experts' biased logits) to experts of
+  /// intermediate_size with the clamped SwiGLU; layer_types says which layers attend through
+  /// the sliding window (HF's default: the even ones, as llama.cpp's GGUF).
+  void read_gpt_oss() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    s.arch = Arch::kGptOss;
+    s.n_expert = cfg_.get_dim("num_local_experts");
+    s.n_expert_used = cfg_.has("num_experts_per_tok") ? cfg_.get_dim("num_experts_per_tok")
+                                                      : cfg_.get_dim("experts_per_token");
+    s.n_ff_exp = cfg_.get_dim("intermediate_size");
+    s.gating = Gating::kSoftmaxTopk;
+    s.norm_topk = false;
+    s.ffn_act = FfnAct::kSwigluOai;
+    const double limit = cfg_.get_float_or("swiglu_limit", 7.0);
+    if (!(limit > 0 && limit < 1e30))
+      TROUPE_INPUT_ERROR("%s: swiglu_limit %g must be positive and finite", path, limit);
+    s.act_limit = static_cast<float>(limit);
+    const int64_t window = cfg_.get_int_or("sliding_window", 128);
+    h_.window.assign(static_cast<size_t>(s.n_layer), 0);
+    const json* types = cfg_.find("layer_types");
+    if (types != nullptr && (!types->is_array() || types->size() != static_cast<size_t>(s.n_layer)))
+      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
+                         static_cast<long long>(s.n_layer));
+    for (int64_t il = 0; il < s.n_layer; ++il) {
+      bool sliding = il % 2 == 0;
+      if (types != nullptr) {
+        const json& t = (*types)[static_cast<size_t>(il)];
+        if (t != "sliding_attention" && t != "full_attention")
+          TROUPE_INPUT_ERROR(
+              "%s: layer_types[%lld] is %s; troupe reads \"sliding_attention\" and "
+              "\"full_attention\"",
+              path, static_cast<long long>(il), t.dump().c_str());
+        sliding = t == "sliding_attention";
+      }
+      if (sliding && window <= 0)
+        TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
+                           static_cast<long long>(window));
+      if (sliding) h_.window[static_cast<size_t>(il)] = window;
+    }
   }
 
   /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek

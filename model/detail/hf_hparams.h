@@ -25,6 +25,7 @@ enum class HfFamily : uint8_t {
   kGlm4Moe,       ///< Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6)
   kMinimaxM2,     ///< MiniMaxM2ForCausalLM (MiniMax-M2)
   kBailingMoeV2,  ///< BailingMoeV2ForCausalLM (Ling-mini-2.0, Ling-flash-2.0, Ling-1T)
+  kGptOss,        ///< GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b)
 };
 
 struct HfHparams {
@@ -34,6 +35,8 @@ struct HfHparams {
   bool attention_bias = false;  ///< q/k/v projections carry biases
   bool qk_norm = false;         ///< q/k RMSNorm weights
   bool router_bias = false;     ///< every router has a selection bias (required)
+  bool output_bias = false;     ///< o_proj carries a bias (gpt-oss)
+  std::vector<int64_t> window;  ///< per layer: sliding window (0: the whole context)
 };
 
 /// Reads and checks every hyperparameter; throws InputError naming the file and the key.

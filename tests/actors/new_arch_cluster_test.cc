@@ -1,6 +1,6 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, gpt-oss), synthesized, as GGUF
-// and in Hugging Face form, through the actor system with stages and expert shards spread out:
+// bailingmoe2, gpt-oss), synthesized, as GGUF and in Hugging Face form (gpt-oss's with MXFP4
+// experts), through the actor system with stages and expert shards spread out:
 // every token and logit bit-identical to the single-process run.
 #include <string>
 #include <vector>
@@ -10,7 +10,9 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "tests/cluster_test_util.h"
+#include "tests/gpt_oss_hf_twin.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
@@ -73,6 +75,20 @@ TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
 TEST(GptOssCluster, GgufAcrossStagesAndExpertShards) {
   testing::TempDir dir;
   expect_plans_match_one_process(testing::synth_arch(dir, "gpt-oss", 25));
+}
+
+// gpt-oss as released: MXFP4 experts read in place, gate and up interleaved in one matrix.
+TEST(GptOssCluster, HuggingFaceMxfp4AcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  model::SynthOptions o;
+  o.arch = "gpt-oss";
+  o.seed = 26;
+  o.n_ctx = 256;
+  o.dtype = model::GgmlType::kMXFP4;
+  const std::string path = dir.file("mxfp4.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
+  expect_plans_match_one_process(hf.path());
 }
 
 }  // namespace

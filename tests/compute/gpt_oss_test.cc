@@ -6,17 +6,22 @@
 // ../shared golden case exists for this architecture.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/model.h"
+#include "model/rope.h"
+#include "model/safetensors.h"
 #include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/edited_model.h"
+#include "tests/gpt_oss_hf_twin.h"
 #include "tests/gpt_oss_reference.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
@@ -120,25 +125,8 @@ TEST(GptOss, Mxfp4ModelMatchesItsF32TwinsReference) {
   o.n_expert_used = 4;
   const std::string path = dir.file("mxfp4.gguf");
   ASSERT_TRUE(model::synth_model(o, path).has_value());
-  auto g = model::GgufFile::open(path);
-  ASSERT_TRUE(g.has_value());
-  model::GgufWriter w;
-  for (const auto& [key, value] : (*g)->metadata()) w.copy_value(key, value);
-  std::vector<std::vector<float>> values;  // alive until write(): the writer reads them then
-  values.reserve((*g)->tensors().size());
-  for (const model::TensorInfo& t : (*g)->tensors()) {
-    const std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
-    if (t.type != model::GgmlType::kMXFP4) {
-      ASSERT_TRUE(w.add_tensor(t.name, t.type, shape, {t.data, static_cast<size_t>(t.nbytes)}));
-      continue;
-    }
-    std::vector<float>& v = values.emplace_back(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
-    model::dequantize_row(t.type, t.data, v.data(), static_cast<int64_t>(v.size()));
-    ASSERT_TRUE(w.add_tensor_f32(t.name, model::GgmlType::kF32, shape, v));
-  }
-  ASSERT_GT(values.size(), 10u);
   const std::string twin = dir.file("twin.gguf");
-  ASSERT_TRUE(w.write(twin).has_value());
+  testing::write_dequantized_gguf(path, twin);
 
   auto m = model::load_model(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
@@ -148,6 +136,142 @@ TEST(GptOss, Mxfp4ModelMatchesItsF32TwinsReference) {
   const std::vector<float> got = prompt_logits(*m, prompt);
   const std::vector<double> ref = testing::gpt_oss_reference_logits(twin, prompt);
   expect_near_reference(got, ref, V, 5e-2, /*top1=*/false);  // measured: at most 1.8 %
+}
+
+// gpt-oss's released checkpoints: MXFP4 experts as U8 blocks and scales, gate and up rows
+// alternating in one matrix, read in place (FP4_PACKED views of the file). The Hugging Face twin
+// of an MXFP4 GGUF gives, bit for bit, the logits of the GGUF's exact f32 twin (the float
+// kernels compute value * scale exactly), and those are the float64 reference's within 1e-4.
+TEST(GptOss, HuggingFaceMxfp4CheckpointEqualsTheExactF32Gguf) {
+  TempDir dir, hf;
+  model::SynthOptions o;
+  o.arch = "gpt-oss";
+  o.seed = 41;
+  o.n_ctx = 256;
+  o.dtype = model::GgmlType::kMXFP4;
+  const std::string path = dir.file("mxfp4.gguf"), twin = dir.file("f32.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  testing::write_dequantized_gguf(path, twin);
+  testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
+  auto m = model::load_model(hf.path());
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::ModelSpec& s = (*m)->spec;
+  EXPECT_EQ(s.arch, model::Arch::kGptOss);
+  EXPECT_EQ(s.gating, model::Gating::kSoftmaxTopk);
+  EXPECT_EQ(s.ffn_act, model::FfnAct::kSwigluOai);
+  EXPECT_EQ(s.act_limit, 7.0f);
+  for (size_t il = 0; il < s.layers.size(); ++il) {
+    const model::LayerSpec& L = s.layers[il];
+    EXPECT_EQ(L.window, il % 2 == 0 ? 8 : 0) << il;
+    EXPECT_TRUE(L.sinks.present() && L.bo.present() && L.router_logit_bias.present()) << il;
+    const model::ExpertFfn &x0 = L.experts[0], &x1 = L.experts[1];
+    EXPECT_EQ(x0.gate_up.type, model::GgmlType::kFP4_PACKED);
+    EXPECT_EQ(x0.gate_up.scale_type, model::GgmlType::kE8M0);
+    EXPECT_EQ(x0.down.type, model::GgmlType::kFP4_PACKED);
+    EXPECT_FALSE(x0.gate.present() || x0.up.present());
+    EXPECT_EQ(x0.width(), s.n_ff_exp);
+    // Expert 1's matrix follows expert 0's in the file: a view, not a copy.
+    EXPECT_EQ(x1.gate_up.data, x0.gate_up.data + 2 * s.n_ff_exp * s.n_embd / 2);
+  }
+  const int32_t V = static_cast<int32_t>(s.n_vocab);
+  const std::vector<int32_t> prompt = prompt_of(30, V, 23);
+  const std::vector<float> got = prompt_logits(*m, prompt);
+  EXPECT_TRUE(bit_equal(got, prompt_logits(twin, prompt)));
+  expect_near_reference(got, testing::gpt_oss_reference_logits(twin, prompt), V);
+}
+
+// A checkpoint saved after dequantization holds each layer's experts as [n_expert, in, out]
+// matrices (x @ W): transposed into memory, gate and up still alternating, they give the GGUF's
+// logits bit for bit.
+TEST(GptOss, HuggingFaceDequantizedCheckpointEqualsTheGguf) {
+  TempDir dir, hf;
+  const std::string path = synth_gpt_oss(dir, 43);
+  testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kDense);
+  auto m = model::load_model(hf.path());
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  EXPECT_EQ((*m)->spec.layers[0].experts[2].gate_up.type, model::GgmlType::kF32);
+  const std::vector<int32_t> prompt = prompt_of(30, static_cast<int32_t>((*m)->spec.n_vocab), 29);
+  EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), prompt_logits(path, prompt)));
+}
+
+// GptOssConfig's keys: layer_types, swiglu_limit and the released models' YaRN (not truncated)
+// are read; malformed ones and broken MXFP4 tensors are refused by name.
+TEST(GptOss, HuggingFaceConfigAndTensorsChecked) {
+  TempDir dir, hf;
+  model::SynthOptions o;
+  o.arch = "gpt-oss";
+  o.seed = 47;
+  o.n_ctx = 256;
+  o.dtype = model::GgmlType::kMXFP4;
+  const std::string path = dir.file("mxfp4.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
+  const std::string cfg_path = hf.file("config.json");
+  const nlohmann::json base = nlohmann::json::parse(testing::read_text_file(cfg_path));
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json c = base;
+    edit(c);
+    hf.write("config.json", c.dump());
+    return hf.path();
+  };
+  {
+    auto m = model::load_model(with([](nlohmann::json& c) {
+      c["layer_types"] = std::vector<std::string>(4, "full_attention");
+      c["swiglu_limit"] = 5.5;
+      c["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", 32.0},
+                           {"beta_fast", 32.0},
+                           {"beta_slow", 1.0},
+                           {"original_max_position_embeddings", 4096},
+                           {"truncate", false}};
+      c["max_position_embeddings"] = 131072;
+    }));
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    const model::ModelSpec& s = (*m)->spec;
+    for (const model::LayerSpec& L : s.layers) EXPECT_EQ(L.window, 0);
+    EXPECT_EQ(s.act_limit, 5.5f);
+    EXPECT_EQ(s.rope_scaling.type, model::RopeScalingType::kYarn);
+    EXPECT_FALSE(s.rope_scaling.truncate);
+    EXPECT_DOUBLE_EQ(s.rope_scaling.attn_factor, 1.0 + 0.1 * std::log(32.0));
+  }
+  EXPECT_NE(load_error(with([](nlohmann::json& c) {
+              c["layer_types"] = {"full_attention"};
+            })).find("'layer_types' must be a list of 4 entries"),
+            std::string::npos);
+  EXPECT_NE(load_error(with([](nlohmann::json& c) {
+              c["layer_types"][1] = "chunked_attention";
+            })).find("layer_types[1] is \"chunked_attention\""),
+            std::string::npos);
+  // The tensors: one scale grid missing, then a blocks tensor of the wrong shape.
+  auto st = model::SafetensorsFile::open(hf.file("model.safetensors"));
+  ASSERT_TRUE(st.has_value()) << st.error().message;
+  auto rewrite = [&](const std::function<bool(testing::StTensor&)>& keep) {
+    std::vector<testing::StTensor> out;
+    for (const model::SafetensorsTensor& t : (*st)->tensors()) {
+      testing::StTensor x{t.name, t.dtype, t.shape,
+                          std::string(reinterpret_cast<const char*>(t.data), t.nbytes)};
+      if (keep(x)) out.push_back(std::move(x));
+    }
+    TempDir d;
+    d.write("config.json", base.dump());
+    d.write("model.safetensors", testing::safetensors_image(out));
+    return load_error(d.path());
+  };
+  const std::string missing = rewrite(
+      [](testing::StTensor& t) { return t.name != "model.layers.2.mlp.experts.down_proj_scales"; });
+  EXPECT_NE(missing.find("missing tensor 'model.layers.2.mlp.experts.down_proj_scales' "
+                         "(quantization_config says mxfp4)"),
+            std::string::npos)
+      << missing;
+  const std::string shape = rewrite([](testing::StTensor& t) {
+    if (t.name == "model.layers.1.mlp.experts.gate_up_proj_blocks") {
+      t.shape = {t.shape[0], t.shape[1], t.shape[2] * 2, 8};
+    }
+    return true;
+  });
+  EXPECT_NE(shape.find("MXFP4 tensor 'model.layers.1.mlp.experts.gate_up_proj_blocks' is U8"),
+            std::string::npos)
+      << shape;
 }
 
 // A node copies its weights into memory and may then drop the file mapping: every view must move
