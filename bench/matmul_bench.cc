@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
     const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
     const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 &&
                       t != GgmlType::kF8_E4M3 && t != GgmlType::kI4_PACKED &&
-                      t != GgmlType::kFP4_PACKED;
+                      t != GgmlType::kFP4_PACKED && t != GgmlType::kMXFP4;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];

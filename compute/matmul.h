@@ -3,7 +3,9 @@
 // on n_tok, on the thread count, or on which rows are computed together. Tests pin this.
 // Kernels: AVX-512 (+VNNI), AVX2 or scalar, chosen once per process from the CPU (override:
 // TROUPE_SIMD=scalar|avx2|avx512, see matmul.cc); different paths may differ in the last bits.
-// F32/F16/BF16 weights multiply f32 activations with f32 FMA accumulation. Q8_0, Q4_0, the
+// F32/F16/BF16 weights multiply f32 activations with f32 FMA accumulation, and so do the
+// scaled types (F8_E4M3, I4_PACKED, FP4_PACKED) and MXFP4, on their exact values (each output
+// bit-identical to an F32 matrix holding them, on the same path). Q8_0, Q4_0, the
 // K-quants (Q2_K-Q6_K), IQ4_NL and IQ4_XS multiply int8-quantized activations (scale per 32
 // values, per 256 for 256-value blocks) with exact integer dot products: about 1e-3 relative
 // error against f32 math. A NaN or infinity in an activation row makes that row's outputs

@@ -89,8 +89,15 @@ struct FloatLoad<GgmlType::kI4_PACKED> {
   }
 };
 
-// FP4 E2M1 (FP4_PACKED), 8 values from 4 bytes in I4_PACKED's nibble order: the magnitude
-// looked up by the low 3 bits of each int32 lane, the sign bit (bit 3) moved to bit 31.
+// Eight E2M1 codes (the low 8 bytes of `codes`, each 0-15) as floats of twice their value
+// (model::kMXFP4Values: small integers, exact), looked up with one byte shuffle.
+inline __m256 e2m1_doubled(__m128i codes) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kMXFP4Values));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_shuffle_epi8(table, codes)));
+}
+
+// FP4 E2M1 (FP4_PACKED), 8 values from 4 bytes in I4_PACKED's nibble order, doubled (the
+// kernel's scale factor is half the E8M0 scale).
 template <>
 struct FloatLoad<GgmlType::kFP4_PACKED> {
   static __m256 load(const uint8_t* row, int64_t k) {
@@ -98,14 +105,21 @@ struct FloatLoad<GgmlType::kFP4_PACKED> {
     std::memcpy(&word, row + k / 2, 4);
     const __m128i b = _mm_cvtsi32_si128(word);
     const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i nib =
-        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m256i u = _mm256_cvtepu8_epi32(nib);
-    const __m256 mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0, 0.5f, 1, 1.5f, 2, 3, 4, 6), u);
-    // Code 8 (negative zero) reads as 0, as model::kE2M1Values.
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(8)), 28);
-    return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_andnot_si256(
-                                 _mm256_cmpeq_epi32(u, _mm256_set1_epi32(8)), sign)));
+    return e2m1_doubled(
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m)));
+  }
+};
+
+// MXFP4 (GGUF's 17-byte blocks: the scale byte, then value j in byte j's low nibble and j + 16
+// in its high one), 8 values at column k (a multiple of 8) as twice their E2M1 values; the
+// kernel multiplies by the block's mxfp4_scale (half its E8M0 scale).
+template <>
+struct FloatLoad<GgmlType::kMXFP4> {
+  static __m256 load(const uint8_t* row, int64_t k) {
+    const uint8_t* qs = row + k / 32 * 17 + 1 + (k / 8 % 2) * 8;
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs));
+    if (k / 16 % 2 != 0) b = _mm_srli_epi16(b, 4);
+    return e2m1_doubled(_mm_and_si128(b, _mm_set1_epi8(0x0f)));
   }
 };
 
@@ -118,20 +132,24 @@ __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
   return FloatLoad<kType>::load(buf, 0);
 }
 
-// F8_E4M3, I4_PACKED and FP4_PACKED weights are the same kernel on the values q * scale, each
-// the nearest float to the exact product (for F8 one multiply of the exact fp8/256 by 256 *
-// scale), lane for lane as an F32 matrix holding those values: the same bits. I4 and FP4 rows
-// are whole multiples of 16 (matmul.cc checks), so they never take the tail.
+// F8_E4M3, I4_PACKED, FP4_PACKED and MXFP4 weights are the same kernel on the values q * scale,
+// each the nearest float to the exact product (for F8 one multiply of the exact fp8/256 by 256 *
+// scale; MXFP4 twice its E2M1 value times half its scale, as model::dequantize_row), lane for
+// lane as an F32 matrix holding those values: the same bits. I4 and FP4 rows are whole
+// multiples of 16 (matmul.cc checks) and MXFP4 rows of 32, so they never take the tail.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
   // Two 4-bit values per byte (I4_PACKED, FP4_PACKED).
   static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
-  static constexpr bool kScaled = kF8 || kI4;
-  // Bytes from the row start to column k.
+  static constexpr bool kScaled = kF8 || kI4;             // a separate scale grid
+  static constexpr bool kMx = kType == GgmlType::kMXFP4;  // a scale byte in every block
+  // What a load is short of the value, per unit of scale: F8 loads fp8 / 256, FP4 twice E2M1.
+  static constexpr float kScaleFactor = kF8 ? 256.f : kType == GgmlType::kFP4_PACKED ? 0.5f : 1.f;
+  // Bytes from the row start to column k (MXFP4: to its block).
   static constexpr int64_t offset(int64_t k) {
-    return kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
+    return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
   static constexpr int kRows = 3;
   static constexpr int kToks = 4;
@@ -148,7 +166,7 @@ struct FloatKernel {
     for (int i = 0; i < R; ++i)
       for (int n = 0; n < NT; ++n) acc[i][n] = _mm256_setzero_ps();
     // Scaled types: each row's scales, and the factor of the block k is in (the next from
-    // k_next): 256 * the scale for F8 (its loads give fp8 / 256), the scale for I4.
+    // k_next): the scale times kScaleFactor.
     const float* sc[R] = {};
     __m256 ds[R];
     for (int i = 0; i < R; ++i) ds[i] = _mm256_setzero_ps();
@@ -159,14 +177,17 @@ struct FloatKernel {
       for (int i = 0; i < R; ++i) sc[i] = j.scale_row(r + i, buf + i * j.w_scale_stride);
     }
     auto scaled = [&](__m256 v, int i) {
-      if constexpr (kScaled) return _mm256_mul_ps(v, ds[i]);
+      if constexpr (kScaled || kMx) return _mm256_mul_ps(v, ds[i]);
       return v;
     };
     auto next_scales = [&](int64_t k) {
-      if constexpr (kScaled) {
+      if constexpr (kMx) {
+        if (k % 32 == 0)
+          for (int i = 0; i < R; ++i) ds[i] = _mm256_set1_ps(model::mxfp4_scale(w[i][offset(k)]));
+      } else if constexpr (kScaled) {
         if (k == k_next) {
           for (int i = 0; i < R; ++i)
-            ds[i] = _mm256_set1_ps((kF8 ? 256.f : 1.f) * sc[i][k / j.w_scale_cols]);
+            ds[i] = _mm256_set1_ps(kScaleFactor * sc[i][k / j.w_scale_cols]);
           k_next += j.w_scale_cols;
         }
       }
@@ -177,7 +198,7 @@ struct FloatKernel {
       next_scales(k);
       __m256 wv[R];
       for (int i = 0; i < R; ++i) {
-        if ((offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
+        if (kMx ? k % 128 == 0 : (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
         wv[i] = scaled(L::load(w[i], k), i);
       }
       for (int n = 0; n < NT; ++n) {
@@ -185,7 +206,7 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if constexpr (!kI4) {
+    if constexpr (!kI4 && !kMx) {
       if (k < j.cols) {
         next_scales(k);
         const int64_t rem = j.cols - k;
@@ -510,9 +531,7 @@ KernelSet make_set() {
   s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
   s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
-  // MXFP4: the portable activations, rows decoded and dotted with AVX2.
-  s.mxfp4 = scalar_kernels().mxfp4;
-  s.mxfp4.rows = mxfp4_rows_avx2;
+  s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
     k->act_row_bytes = actk_bytes;
@@ -522,48 +541,6 @@ KernelSet make_set() {
 }
 
 }  // namespace
-
-// MXFP4: each row's blocks decoded once (nibbles looked up in kMXFP4Values with vpshufb) into
-// int8 values and block scales, then per token the exact integer dot of each block, converted and
-// scaled by d_x * d_w in 8 float lanes (one FMA per block, in block order), summed at the row's
-// end. Deterministic per row: the same bits alone or in any batch.
-void mxfp4_rows_avx2(const MatmulJob& j, int64_t r0, int64_t r1) {
-  thread_local std::vector<int8_t> qbuf;
-  thread_local std::vector<float> dbuf;
-  const int64_t nb = j.cols / 32;
-  int8_t* wq = scratch(qbuf, j.cols);
-  float* wd = scratch(dbuf, nb);
-  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kMXFP4Values));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* w = j.w + r * j.w_row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(model::BlockMXFP4));
-      wd[b] = model::mxfp4_scale(blk[0]);
-      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1));
-      const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, m4));
-      const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + 32 * b), _mm256_set_m128i(hi, lo));
-    }
-    for (int64_t t = 0; t < j.n_tok; ++t) {
-      const auto* a = reinterpret_cast<const ActBlock32*>(j.act + t * j.act_stride);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * b));
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].q));
-        // |w| <= 12: pair sums of |w| * x stay far inside int16.
-        const __m256i dots = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)), ones);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(a[b].d * wd[b]), acc);
-      }
-      __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      s = _mm_add_ss(s, _mm_movehdup_ps(s));
-      j.y[t * j.y_stride + r] = _mm_cvtss_f32(s);
-    }
-  }
-}
 
 const KernelSet& avx2_kernels() {
   static const KernelSet s = make_set();

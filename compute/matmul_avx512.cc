@@ -414,9 +414,7 @@ KernelSet make_set() {
   }
   // IQ4_NL: Q8_0's arithmetic on looked-up values, at every AVX-512 level (no tiles).
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
-  // MXFP4: the portable activations, rows with the AVX2 kernel (matmul_avx2.cc).
-  s.mxfp4 = scalar_kernels().mxfp4;
-  s.mxfp4.rows = mxfp4_rows_avx2;
+  s.mxfp4 = float_kernels<FloatKernel<GgmlType::kMXFP4>>();
   if constexpr (kVnni) {  // Q4_K, Q5_K and Q6_K likewise
     avx512_tile_kernels_k(kGfni, &s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k);
     avx512_tile_kernels_q6k(kGfni, &s.q6_k_t16, &s.q6_k);

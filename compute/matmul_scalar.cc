@@ -98,10 +98,6 @@ void decode_blocks32(const uint8_t* src, int64_t nb, int8_t* wq, float* wd,
       const auto& blk = reinterpret_cast<const model::BlockIQ4_NL*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
       model::iq4_values32(blk.qs, q);
-    } else if constexpr (kType == GgmlType::kMXFP4) {  // 17-byte blocks: scale byte, nibbles
-      const auto& blk = reinterpret_cast<const model::BlockMXFP4*>(src)[b];
-      wd[b] = model::mxfp4_scale(blk.e);
-      model::mxfp4_values32(blk.qs, q);
     } else {  // unsigned q: Q4_0, Q5_0 (less their zero) and Q4_1, Q5_1 (as stored)
       const auto& blk = reinterpret_cast<const Block32<kType>*>(src)[b];
       wd[b] = fp16_to_fp32(blk.d);
@@ -433,7 +429,9 @@ const KernelSet& scalar_kernels() {
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
     k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
     k.fp4.rows = float_rows<GgmlType::kFP4_PACKED>;
-    for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl, &k.mxfp4}) {
+    // MXFP4's values times its power-of-two scales are exact floats: a float kernel.
+    k.mxfp4.rows = float_rows<GgmlType::kMXFP4>;
+    for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl}) {
       t->act_row_bytes = act32_bytes;
       t->quantize = quantize_act32;
     }
@@ -441,7 +439,6 @@ const KernelSet& scalar_kernels() {
     k.q5_0.rows = blocks32_rows<GgmlType::kQ5_0>;
     k.q5_1.rows = blocks32_rows<GgmlType::kQ5_1>;
     k.iq4_nl.rows = blocks32_rows<GgmlType::kIQ4_NL>;
-    k.mxfp4.rows = blocks32_rows<GgmlType::kMXFP4>;
     k.q8_0.rows = blocks32_rows<GgmlType::kQ8_0>;
     k.q4_0.rows = blocks32_rows<GgmlType::kQ4_0>;
     for (TypeKernels* t : {&k.q2_k, &k.q3_k, &k.q4_k, &k.q5_k, &k.q6_k, &k.iq4_xs}) {

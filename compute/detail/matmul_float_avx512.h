@@ -83,17 +83,21 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // FP4 rows are whole multiples of 16 (matmul.cc checks), so they never take the tail. An I4 or
 // FP4 weight is looked up in a 16-entry table of its block's (q - 8) * scale or E2M1(q) * scale
 // (vpermps reads the low 4 bits of each index lane; the qword lane j holds byte j in its low
-// dword and byte j >> 4 in its high one).
+// dword and byte j >> 4 in its high one). MXFP4 (GGUF's 17-byte blocks: the scale byte, then value
+// j in byte j's low nibble and j + 16 in its high one) likewise, its table kMXFP4Values(q) *
+// mxfp4_scale(e) (model::dequantize_row's values) rebuilt at every block; its rows are whole
+// blocks.
 template <GgmlType kType>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
   // Two 4-bit values per byte, read through a table (I4_PACKED, FP4_PACKED).
   static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
-  static constexpr bool kScaled = kF8 || kI4;
-  // Bytes from the row start to column k.
+  static constexpr bool kScaled = kF8 || kI4;             // a separate scale grid
+  static constexpr bool kMx = kType == GgmlType::kMXFP4;  // a scale byte in every block
+  // Bytes from the row start to column k (MXFP4: to its block).
   static constexpr int64_t offset(int64_t k) {
-    return kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
+    return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
   static constexpr int kRows = 4;
   static constexpr int kToks = 6;
@@ -119,7 +123,15 @@ struct FloatKernel {
     }
     // Call at every k (a multiple of 16) before loading there.
     void at(int64_t k) {
-      if constexpr (kScaled) {
+      if constexpr (kMx) {
+        if (k % 32 == 0) {
+          alignas(64) static constexpr float kDoubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                                             0, -1, -2, -3, -4, -6, -8, -12};
+          for (int i = 0; i < R; ++i)
+            f[i] = _mm512_mul_ps(_mm512_load_ps(kDoubled),
+                                 _mm512_set1_ps(model::mxfp4_scale(w[i][offset(k)])));
+        }
+      } else if constexpr (kScaled) {
         if (k == k_next) {
           const int64_t b = k / cols_per_scale;
           for (int i = 0; i < R; ++i) {
@@ -138,7 +150,12 @@ struct FloatKernel {
       }
     }
     __m512 load(int i, int64_t k) const {
-      if constexpr (kI4) {
+      if constexpr (kMx) {
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i] + offset(k) + 1));
+        __m512i q = _mm512_cvtepu8_epi32(qs);
+        if (k / 16 % 2 != 0) q = _mm512_srli_epi32(q, 4);
+        return _mm512_permutexvar_ps(q, f[i]);
+      } else if constexpr (kI4) {
         const __m512i q =
             _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i] + k / 2)));
         return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
@@ -149,7 +166,7 @@ struct FloatKernel {
       }
     }
     __m512 load_tail(int i, int64_t k, __mmask16 m) const {
-      static_assert(!kI4, "I4 rows have no tail");
+      static_assert(!kI4 && !kMx, "I4, FP4 and MXFP4 rows have no tail");
       if constexpr (kF8) return _mm512_mul_ps(L::load_tail(w[i], k, m), f[i]);
       return L::load_tail(w[i], k, m);
     }
@@ -170,7 +187,8 @@ struct FloatKernel {
       rw.at(k);
       __m512 wv[R];
       for (int i = 0; i < R; ++i) {
-        if (kType == GgmlType::kF32 || (offset(k) & 63) == 0) prefetch(rw.w[i] + offset(k), pf, 0);
+        if (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0))
+          prefetch(rw.w[i] + offset(k), pf, 0);
         wv[i] = rw.load(i, k);
       }
       for (int n = 0; n < NT; ++n) {
@@ -178,7 +196,7 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if constexpr (!kI4) {
+    if constexpr (!kI4 && !kMx) {
       if (k < j.cols) {
         rw.at(k);
         const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);

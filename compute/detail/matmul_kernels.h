@@ -190,15 +190,12 @@ inline void finish_act_tileq6k(ActTileQ6K& a) {
   }
 }
 
-/// The portable kernels' int8 activations of a 32-value block (matmul_scalar.cc's act32 format,
-/// which MXFP4 uses at every SIMD level): the scale, then the values.
+/// The portable kernels' int8 activations of a 32-value block (matmul_scalar.cc's act32
+/// format): the scale, then the values.
 struct ActBlock32 {
   float d;
   int8_t q[32];
 };
-/// MXFP4 rows with AVX2 (decoded by table lookup, exact integer dots, scaled per block in 8
-/// float lanes); the AVX2 and AVX-512 sets use it with the portable activations.
-void mxfp4_rows_avx2(const MatmulJob& j, int64_t r0, int64_t r1);
 
 /// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as the row kernels read them.
 /// IQ4_NL has Q4_0's layout (its nibbles index model::kIQ4Values).
@@ -212,8 +209,7 @@ using Block32 = std::conditional_t<
 /// Weights read as signed int8 (Q8_0's values, IQ4_NL's looked-up ones); the others are
 /// unsigned 4- or 5-bit q.
 constexpr bool blocks32_signed(model::GgmlType t) {
-  return t == model::GgmlType::kQ8_0 || t == model::GgmlType::kIQ4_NL ||
-         t == model::GgmlType::kMXFP4;
+  return t == model::GgmlType::kQ8_0 || t == model::GgmlType::kIQ4_NL;
 }
 /// Value d * q + m: an offset m per block (Q4_1, Q5_1).
 constexpr bool blocks32_min(model::GgmlType t) {

@@ -2,7 +2,7 @@
 // nibble first, one E8M0 scale byte per 32 columns) on every SIMD path this CPU runs: each output
 // equals, bit for bit, the same path's output for an F32 matrix holding value * scale computed
 // here from the OCP definitions; batch and thread invariance; get_row; the E8M0 extremes; bad
-// layouts get a clear error.
+// layouts get a clear error. GGUF's MXFP4 blocks likewise against their dequantized values.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -89,6 +89,41 @@ TEST(MatmulFp4, EqualsTheExactF32TwinOnEveryPath) {
         expect_bits(run(*ks, m.fp4, x, n_tok, &pool), want, "2 threads");
         const auto one = run(*ks, m.fp4, x, 1, nullptr);
         EXPECT_EQ(std::memcmp(one.data(), want.data(), one.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+// GGUF's MXFP4 (17-byte blocks, value j and j + 16 sharing a byte) runs the same float
+// arithmetic on its exact values: bit for bit an F32 matrix holding model::dequantize_row's.
+TEST(MatmulFp4, GgufMxfp4EqualsTheExactF32TwinOnEveryPath) {
+  ThreadPool pool(2);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 256}, {9, 64}, {130, 2880}}) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> uni(-3.f, 3.f);
+    const int64_t rb = model::row_bytes(GgmlType::kMXFP4, cols);
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows * rb));
+    std::vector<float> row(static_cast<size_t>(cols)), exact(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (auto& v : row) v = uni(rng) * std::ldexp(1.f, static_cast<int>(rng() % 9) - 4);
+      model::quantize_row(GgmlType::kMXFP4, row.data(), bytes.data() + r * rb, cols);
+      model::dequantize_row(GgmlType::kMXFP4, bytes.data() + r * rb, exact.data() + r * cols, cols);
+    }
+    WeightView w;
+    w.name = "test.mxfp4";
+    w.type = GgmlType::kMXFP4;
+    w.ne[0] = cols;
+    w.ne[1] = rows;
+    w.data = bytes.data();
+    const WeightView f32 = f32_view(exact, rows, cols);
+    for (const auto* ks : kernel_sets()) {
+      for (int64_t n_tok : {1, 3, 16, 48}) {
+        SCOPED_TRACE(std::string(ks->name) + " " + std::to_string(rows) + "x" +
+                     std::to_string(cols) + " n_tok " + std::to_string(n_tok));
+        const auto x = random_x(n_tok, cols, 13);
+        const auto want = run(*ks, f32, x, n_tok, nullptr);
+        expect_bits(run(*ks, w, x, n_tok, nullptr), want, "1 thread");
+        expect_bits(run(*ks, w, x, n_tok, &pool), want, "2 threads");
       }
     }
   }

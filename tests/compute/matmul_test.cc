@@ -30,8 +30,10 @@ constexpr GgmlType kTypes[] = {
     GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
     GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kMXFP4};
 
+// f32 activations and FMA accumulation (MXFP4: its exact values, as the float types).
 bool is_float(GgmlType t) {
-  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 ||
+         t == GgmlType::kMXFP4;
 }
 
 int64_t block_elems(GgmlType t) {
