@@ -97,11 +97,35 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
     }
     for (uint32_t l = sp.layer_begin; l < sp.layer_end && l < spec.layers.size(); ++l) {
       const model::LayerSpec& L = spec.layers[l];
-      for (const model::WeightView* w :
-           {&L.attn_norm, &L.wq,     &L.wk,        &L.wv,     &L.wo,          &L.bq,
-            &L.bk,        &L.bv,     &L.q_norm,    &L.k_norm, &L.wq_a,        &L.q_a_norm,
-            &L.wq_b,      &L.wkv_a,  &L.kv_a_norm, &L.wk_b,   &L.wv_b,        &L.ffn_norm,
-            &L.ffn_gate,  &L.ffn_up, &L.ffn_down,  &L.router, &L.router_bias, &L.shared_gate})
+      for (const model::WeightView* w : {&L.attn_norm,
+                                         &L.wq,
+                                         &L.wk,
+                                         &L.wv,
+                                         &L.wo,
+                                         &L.bq,
+                                         &L.bk,
+                                         &L.bv,
+                                         &L.q_norm,
+                                         &L.k_norm,
+                                         &L.wq_a,
+                                         &L.q_a_norm,
+                                         &L.wq_b,
+                                         &L.wkv_a,
+                                         &L.kv_a_norm,
+                                         &L.wk_b,
+                                         &L.wv_b,
+                                         &L.ffn_norm,
+                                         &L.ffn_gate,
+                                         &L.ffn_up,
+                                         &L.ffn_down,
+                                         &L.router,
+                                         &L.router_bias,
+                                         &L.shared_gate,
+                                         &L.bo,
+                                         &L.sinks,
+                                         &L.router_logit_bias,
+                                         &L.attn_post_norm,
+                                         &L.ffn_post_norm})
         add(*w);
       add_ffn(L.shared);
       if (pl.shards.empty())

@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2|glm4moe|\n"
-    "                           minimax-m2|bailingmoe2|gpt-oss --out FILE\n"
+    "                           minimax-m2|bailingmoe2|gpt-oss|gemma3 --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"
@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "(or --n-vocab). Norms, biases and routers stay f32; a matrix whose rows do not fill whole\n"
     "q8_0/q4_0 blocks is stored as f16 (noted in the output). glm4moe rotates half of each head\n"
     "and ends with one multi-token-prediction layer, as GLM-4.5's files; minimax-m2's experts are\n"
-    "--n-ff wide. Same options and seed, same bytes.\n";
+    "--n-ff wide; gemma3 has 7 layers (the sixth global, the others --sliding-window 8) and ties\n"
+    "its head to the embedding. Same options and seed, same bytes.\n";
 
 // Options taking an integer (flag name without "--") and where they go.
 struct IntOption {

@@ -29,6 +29,10 @@ struct Engine::Scratch {
   std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
   std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
   model::RopeFrequencies rope;            // the model's, scaling applied (set once)
+  // Layers with local_rope (Gemma 3's sliding ones): their own base, unscaled.
+  std::vector<float> rope_cos_local, rope_sin_local;
+  model::RopeFrequencies rope_local;
+  bool any_local_rope = false;
   std::vector<float> x, h, tmp;           // [T, n_embd]
   std::vector<float> q, k, v;             // attention projections
   std::vector<float> attn;                // [T, n_head * head_dim_v]
@@ -54,6 +58,12 @@ const float* f32(const WeightView& w) {
   TROUPE_CHECK(w.type == model::GgmlType::kF32, "%s: norm/bias weights must be f32, are %s",
                w.name.c_str(), model::type_name(w.type).c_str());
   return reinterpret_cast<const float*>(w.data);
+}
+
+// Each of n rows of y (width e) RMS-normalized in place by w (a no-op without w).
+void post_norm(const WeightView& w, float* y, int64_t n, int64_t e, float eps) {
+  if (!w.present()) return;
+  for (int64_t r = 0; r < n; ++r) detail::rms_norm(y + r * e, f32(w), y + r * e, e, eps);
 }
 
 // y[r] += b for each of n rows of b's width (a no-op without a bias).
@@ -116,7 +126,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
            need_f32(L.bk) && need_f32(L.bv) && need_f32(L.q_norm) && need_f32(L.k_norm) &&
            need_f32(L.q_a_norm) && need_f32(L.kv_a_norm) && need_f32(L.router_bias) &&
            need_f32(L.bo) && need_f32(L.sinks) && need_f32(L.router_logit_bias) &&
-           need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b);
+           need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b) &&
+           need_f32(L.attn_post_norm) && need_f32(L.ffn_post_norm);
       for (const model::ExpertFfn& X : L.experts)
         ok = ok && need_f32(X.gate_b) && need_f32(X.up_b) && need_f32(X.down_b);
     }
@@ -146,6 +157,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
     e->s_ = std::make_unique<Scratch>();
     e->s_->rope = model::rope_frequencies(s);
+    for (int64_t il = range.begin; il < range.end; ++il)
+      e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
+    if (e->s_->any_local_rope) e->s_->rope_local = model::rope_frequencies_local(s);
     return e;
   } catch (const std::exception& ex) {
     return Error{1, ex.what()};
@@ -217,11 +231,18 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   const int64_t half = s.n_rot / 2;
   grow(S.rope_cos, T * half);
   grow(S.rope_sin, T * half);
-  model::rope_cos_sin(S.rope, std::span<const int64_t>(S.tok_pos.data(), static_cast<size_t>(T)),
-                      S.rope_cos.data(), S.rope_sin.data());
+  const std::span<const int64_t> positions(S.tok_pos.data(), static_cast<size_t>(T));
+  model::rope_cos_sin(S.rope, positions, S.rope_cos.data(), S.rope_sin.data());
+  if (S.any_local_rope) {
+    grow(S.rope_cos_local, T * half);
+    grow(S.rope_sin_local, T * half);
+    model::rope_cos_sin(S.rope_local, positions, S.rope_cos_local.data(), S.rope_sin_local.data());
+  }
   if (range_.embed) {
     for (int64_t t = 0; t < T; ++t)
       get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
+    if (s.embd_scale != 1.0f)
+      for (int64_t i = 0; i < T * E; ++i) S.x[i] *= s.embd_scale;
   } else {
     std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
   }
@@ -237,6 +258,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     }
     matmul(L.wo, S.attn.data(), T, S.tmp.data(), pool_.get());
     add_rows(L.bo, S.tmp.data(), T);
+    post_norm(L.attn_post_norm, S.tmp.data(), T, E, s.rms_eps);
     for (int64_t i = 0; i < T * E; ++i) S.x[i] += S.tmp[i];
     const float* fn = f32(L.ffn_norm);
     for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], fn, &S.h[t * E], E, s.rms_eps);
@@ -245,6 +267,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     } else {
       ffn(il);
     }
+    post_norm(L.ffn_post_norm, S.tmp.data(), T, E, s.rms_eps);
     for (int64_t i = 0; i < T * E; ++i) S.x[i] += S.tmp[i];
   }
 
@@ -282,6 +305,10 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   for (int64_t r = 0; r < R; ++r)
     detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
   matmul(s.output, S.h.data(), R, out->logits.data(), pool_.get());
+  if (s.final_logit_softcap > 0) {
+    const float c = s.final_logit_softcap;
+    for (float& z : out->logits) z = c * std::tanh(z / c);
+  }
 }
 
 void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
@@ -314,10 +341,12 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   qk_norm(L.k_norm, S.k, kw);
   const bool neox = s.rope_style == model::RopeStyle::kNeox;
   const int64_t bs = kv_->block_size();
+  const std::vector<float>& rc = L.local_rope ? S.rope_cos_local : S.rope_cos;
+  const std::vector<float>& rs = L.local_rope ? S.rope_sin_local : S.rope_sin;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
-    const float* cs = &S.rope_cos[t * (s.n_rot / 2)];
-    const float* sn = &S.rope_sin[t * (s.n_rot / 2)];
+    const float* cs = &rc[t * (s.n_rot / 2)];
+    const float* sn = &rs[t * (s.n_rot / 2)];
     for (int64_t hh = 0; hh < H; ++hh)
       detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
     for (int64_t hh = 0; hh < HK; ++hh)
@@ -421,7 +450,7 @@ namespace {
 constexpr int64_t kMinParallelActivations = 32768;
 
 // y = down(act(gate(x), up(x))) for n rows, each matrix's bias added where it has one; act is
-// silu(g) * u, or gpt-oss's clamped form (model::FfnAct).
+// silu(g) * u, gpt-oss's clamped form or Gemma's gelu(g) * u (model::FfnAct).
 void swiglu_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float* x, int64_t n,
                 float* y, std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
   const int64_t ff = f.width();
@@ -450,6 +479,8 @@ void swiglu_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const floa
         const float gi = std::min(g[i], limit), ui = std::clamp(u[i], -limit, limit);
         g[i] = gi * detail::sigmoid(alpha * gi) * (ui + 1.0f);
       }
+    } else if (s.ffn_act == model::FfnAct::kGeluTanh) {
+      for (int64_t i = b; i < e; ++i) g[i] = detail::gelu_tanh(g[i]) * u[i];
     } else {
       for (int64_t i = b; i < e; ++i) g[i] = detail::silu(g[i]) * u[i];
     }

@@ -136,7 +136,8 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
   n_layers = range.end - range.begin;
   if (E < 1 || V < 1 || H < 1) TROUPE_INPUT_ERROR("GpuEngine: model has an empty shape");
   // gpt-oss's parts the GPU kernels do not have yet (the CPU engine runs them).
-  bool gpt_oss_parts = s.ffn_act != model::FfnAct::kSilu || s.gating == model::Gating::kSoftmaxTopk;
+  bool gpt_oss_parts =
+      s.ffn_act == model::FfnAct::kSwigluOai || s.gating == model::Gating::kSoftmaxTopk;
   for (const model::LayerSpec& L : s.layers) {
     gpt_oss_parts = gpt_oss_parts || L.sinks.present() || L.window > 0 || L.bo.present() ||
                     L.router_logit_bias.present();
@@ -149,6 +150,17 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
         "GpuEngine: attention sinks, sliding windows, output and expert biases, the clamped "
         "SwiGLU, softmax-over-top-k routing and interleaved gate/up experts (gpt-oss) are not "
         "supported yet; the CPU engine runs them");
+  // Gemma 3's parts likewise.
+  bool gemma_parts =
+      s.embd_scale != 1.0f || s.final_logit_softcap > 0 || s.ffn_act == model::FfnAct::kGeluTanh;
+  for (const model::LayerSpec& L : s.layers)
+    gemma_parts =
+        gemma_parts || L.attn_post_norm.present() || L.ffn_post_norm.present() || L.local_rope;
+  if (gemma_parts)
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: scaled embeddings, post-attention and post-FFN norms, per-layer rope bases, "
+        "the GELU FFN and logit soft-capping (Gemma 3) are not supported yet; the CPU engine "
+        "runs them");
   if (H > 65535)
     TROUPE_INPUT_ERROR("GpuEngine: %lld heads are more than the GPU kernels take (65535)", ll(H));
   if (n_rot < 0 || n_rot % 2 != 0)

@@ -61,8 +61,8 @@ class HfSpecBuilder {
     s.token_embd = take(fam_ == Family::kBailingMoeV2 ? "model.word_embeddings.weight"
                                                       : "model.embed_tokens.weight",
                         "token_embd.weight", {s.n_vocab, s.n_embd});
-    s.output_norm = take_f32("model.norm.weight", "output_norm.weight", {s.n_embd});
-    if (cfg_.get_bool_or("tie_word_embeddings", false)) {
+    s.output_norm = take_norm("model.norm.weight", "output_norm.weight", {s.n_embd});
+    if (tied_) {
       s.output = s.token_embd;
     } else {
       if (!st_.find("lm_head.weight") && !detail::is_packed(st_, "lm_head.weight"))
@@ -91,6 +91,8 @@ class HfSpecBuilder {
     router_bias_ = h.router_bias;
     output_bias_ = h.output_bias;
     window_ = std::move(h.window);
+    local_rope_ = std::move(h.local_rope);
+    tied_ = h.tied;
   }
 
   bool is_mla() const { return s_.arch == Arch::kDeepseek2; }
@@ -102,8 +104,20 @@ class HfSpecBuilder {
     const std::string h = "model.layers." + std::to_string(il) + ".";
     const std::string g = "blk." + std::to_string(il) + ".";
     const int64_t E = s.n_embd;
-    L.attn_norm = take_f32(h + "input_layernorm.weight", g + "attn_norm.weight", {E});
-    L.ffn_norm = take_f32(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
+    L.attn_norm = take_norm(h + "input_layernorm.weight", g + "attn_norm.weight", {E});
+    if (fam_ == Family::kGemma3) {
+      // Gemma normalizes the attention's and the FFN's outputs too; post_attention_layernorm
+      // is the first of those, not the FFN's input norm.
+      L.attn_post_norm =
+          take_norm(h + "post_attention_layernorm.weight", g + "post_attention_norm.weight", {E});
+      L.ffn_norm = take_norm(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {E});
+      L.ffn_post_norm =
+          take_norm(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {E});
+      L.window = window_[static_cast<size_t>(il)];
+      L.local_rope = local_rope_[static_cast<size_t>(il)];
+    } else {
+      L.ffn_norm = take_f32(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
+    }
     const std::string a = h + "self_attn.";
     if (is_mla()) {
       build_mla(a, g, L);
@@ -130,9 +144,9 @@ class HfSpecBuilder {
       if (qk_norm_) {  // MiniMax-M2's span all heads at once, the others' one head
         const bool wide = fam_ == Family::kMinimaxM2;
         L.q_norm =
-            take_f32(a + "q_norm.weight", g + "attn_q_norm.weight", {wide ? q : s.head_dim_k});
+            take_norm(a + "q_norm.weight", g + "attn_q_norm.weight", {wide ? q : s.head_dim_k});
         L.k_norm =
-            take_f32(a + "k_norm.weight", g + "attn_k_norm.weight", {wide ? k : s.head_dim_k});
+            take_norm(a + "k_norm.weight", g + "attn_k_norm.weight", {wide ? k : s.head_dim_k});
       }
     }
     L.is_moe = is_moe_[static_cast<size_t>(il)];
@@ -407,6 +421,20 @@ class HfSpecBuilder {
                      reinterpret_cast<const uint8_t*>(out));
   }
 
+  /// An RMSNorm weight as f32: as stored, or for Gemma 1 + the stored value (its norms multiply
+  /// by 1 + w; llama.cpp's converter adds the 1 likewise).
+  WeightView take_norm(const std::string& hf_name, const std::string& gguf_name,
+                       const std::vector<int64_t>& shape) {
+    WeightView v = take_f32(hf_name, gguf_name, shape);
+    if (fam_ != Family::kGemma3) return v;
+    const auto n = static_cast<size_t>(v.ne[0] * v.ne[1] * v.ne[2]);
+    auto* out = reinterpret_cast<float*>(alloc(n * sizeof(float)));
+    const auto* in = reinterpret_cast<const float*>(v.data);
+    for (size_t i = 0; i < n; ++i) out[i] = 1.0f + in[i];
+    v.data = reinterpret_cast<const uint8_t*>(out);
+    return v;
+  }
+
   /// v with the ggml shape of `torch_shape` (a 1-D tensor's view is [n] rather than [n, 1]).
   static WeightView with_shape(WeightView v, const std::vector<int64_t>& torch_shape) {
     const std::vector<int64_t> ne = ggml_shape(torch_shape);
@@ -449,7 +477,9 @@ class HfSpecBuilder {
   std::vector<std::shared_ptr<const void>>& storage_;
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
-  std::vector<int64_t> window_;  // per layer (gpt-oss)
+  std::vector<int64_t> window_;   // per layer (gpt-oss, Gemma 3)
+  std::vector<bool> local_rope_;  // per layer (Gemma 3)
+  bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
   ModelSpec s_;

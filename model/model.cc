@@ -33,6 +33,8 @@ const char* arch_name(Arch a) {
       return "bailingmoe2";
     case Arch::kGptOss:
       return "gpt-oss";
+    case Arch::kGemma3:
+      return "gemma3";
   }
   return "?";
 }
@@ -88,10 +90,12 @@ class GgufSpecBuilder {
       s.arch = Arch::kBailingMoe2;
     } else if (arch == "gpt-oss") {
       s.arch = Arch::kGptOss;
+    } else if (arch == "gemma3") {
+      s.arch = Arch::kGemma3;
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -159,6 +163,9 @@ class GgufSpecBuilder {
       case Arch::kQwen2Moe:
         s.norm_topk = false;
         break;
+      case Arch::kGemma3:
+        read_gemma3(s, p);
+        [[fallthrough]];
       case Arch::kQwen2:
       case Arch::kQwen3:
         if (s.n_expert != 0)
@@ -212,7 +219,8 @@ class GgufSpecBuilder {
     RopeScaling& sc = s.rope_scaling;
     const std::string type = g_.get_string_or(p + "rope.scaling.type", "");
     // As llama.cpp: the factor falls back to the older rope.scale_linear key, 0 means unset, and
-    // every type divides the frequencies by it ("none" and "linear" alike).
+    // a missing type means "linear"; "none" never scales, whatever the factor (llama.cpp's
+    // context sets the frequency scale to 1 for it).
     const std::string factor_key =
         g_.find(p + "rope.scaling.factor") || !g_.find(p + "rope.scale_linear")
             ? p + "rope.scaling.factor"
@@ -222,6 +230,7 @@ class GgufSpecBuilder {
     const double af = g_.get_float_or(p + "rope.scaling.attn_factor", 1.0);
     const double log_mul = g_.get_float_or(p + "rope.scaling.yarn_log_multiplier", 0.0);
     if (type.empty() || type == "none" || type == "linear") {
+      if (type == "none") sc.factor = 1.0;
       if (sc.factor != 1.0) sc.type = RopeScalingType::kLinear;
       // llama.cpp multiplies cos and sin by attn_factor (DeepSeek's graph replaces it).
       if (af != 1.0 && s.arch == Arch::kDeepseek2)
@@ -265,6 +274,26 @@ class GgufSpecBuilder {
     }
   }
 
+  /// Gemma 3 as llama.cpp runs it: embeddings times sqrt(n_embd), GELU FFN; with a sliding
+  /// window, five window layers (rope base 10000, unscaled) to every global one; without one,
+  /// the optional final logit soft cap; the 27B model (62 layers) scales queries by
+  /// 1/sqrt(n_embd / n_head) rather than 1/sqrt(head size).
+  void read_gemma3(ModelSpec& s, const std::string& p) {
+    s.ffn_act = FfnAct::kGeluTanh;
+    s.embd_scale = std::sqrt(static_cast<float>(s.n_embd));
+    s.rope_theta_local = 10000.f;
+    window_ = g_.get_int_or(p + "attention.sliding_window", 0);
+    if (window_ < 0)
+      TROUPE_INPUT_ERROR("%s: %sattention.sliding_window must not be negative, got %lld",
+                         g_.path().c_str(), p.c_str(), ll(window_));
+    if (window_ == 0)
+      s.final_logit_softcap =
+          static_cast<float>(g_.get_float_or(p + "final_logit_softcapping", 0.0));
+    if (s.n_layer == 62)
+      s.kq_scale_mult = std::sqrt(static_cast<double>(s.head_dim_k)) /
+                        std::sqrt(static_cast<double>(s.n_embd / s.n_head));
+  }
+
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
@@ -296,7 +325,7 @@ class GgufSpecBuilder {
         L.bk = opt(b + "attn_k.bias");
         L.bv = opt(b + "attn_v.bias");
       }
-      const bool need_qk_norm = s.arch == Arch::kMinimaxM2;
+      const bool need_qk_norm = s.arch == Arch::kMinimaxM2 || s.arch == Arch::kGemma3;
       L.q_norm = need_qk_norm ? req(b + "attn_q_norm.weight") : opt(b + "attn_q_norm.weight");
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
@@ -307,6 +336,15 @@ class GgufSpecBuilder {
     L.sinks = oss ? req(b + "attn_sinks.weight") : opt(b + "attn_sinks.weight");
     // gpt-oss: a sliding window on every other layer, from the first (llama.cpp's pattern 2).
     if (s.arch == Arch::kGptOss && il % 2 == 0) L.window = window_;
+    if (s.arch == Arch::kGemma3) {
+      L.attn_post_norm = req(b + "post_attention_norm.weight");
+      L.ffn_post_norm = req(b + "post_ffw_norm.weight");
+      // Five sliding-window layers, then a global one (llama.cpp's pattern 6).
+      if (window_ > 0 && (il + 1) % 6 != 0) {
+        L.window = window_;
+        L.local_rope = true;
+      }
+    }
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
     // post_attention_layernorm.
     const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss;
@@ -404,7 +442,7 @@ class GgufSpecBuilder {
   static long long ll(int64_t v) { return static_cast<long long>(v); }
 
   const GgufFile& g_;
-  int64_t window_ = 0;  // gpt-oss's sliding window
+  int64_t window_ = 0;  // gpt-oss's and Gemma 3's sliding window
 };
 
 [[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,
@@ -488,6 +526,8 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect(src, L.wo, s.n_head * s.head_dim_v, E);
       expect_opt(src, L.bo, E, 1);
       expect_opt(src, L.sinks, s.n_head, 1);
+      expect_opt(src, L.attn_post_norm, E, 1);
+      expect_opt(src, L.ffn_post_norm, E, 1);
       if (L.window < 0) TROUPE_INPUT_ERROR("%s: negative sliding window", src.c_str());
       expect_opt(src, L.bq, s.n_head * s.head_dim_k, 1);
       expect_opt(src, L.bk, s.n_head_kv * s.head_dim_k, 1);

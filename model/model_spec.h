@@ -103,6 +103,10 @@ enum class Arch : uint8_t {
   /// every other layer; experts with biases and a clamped SwiGLU, softmax over the chosen
   /// experts' logits
   kGptOss = 9,
+  /// Google Gemma 3 (text): GQA with per-head q/k RMSNorm, norms after attention and after the
+  /// FFN too, embeddings scaled by sqrt(n_embd), a GELU-gated FFN, five sliding-window layers
+  /// (their own unscaled rope base) to every global one
+  kGemma3 = 10,
 };
 const char* arch_name(Arch a);
 
@@ -116,8 +120,10 @@ enum class RopeStyle : uint8_t {
 enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxTopk = 2 };
 
 /// The FFN's gated activation: kSilu: silu(gate) * up; kSwigluOai (gpt-oss): with
-/// g = min(gate, limit), u = clamp(up, -limit, limit): g * sigmoid(alpha * g) * (u + 1).
-enum class FfnAct : uint8_t { kSilu = 0, kSwigluOai = 1 };
+/// g = min(gate, limit), u = clamp(up, -limit, limit): g * sigmoid(alpha * g) * (u + 1);
+/// kGeluTanh (Gemma): gelu(gate) * up, GELU's tanh form
+/// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+enum class FfnAct : uint8_t { kSilu = 0, kSwigluOai = 1, kGeluTanh = 2 };
 
 /// How a model stretches its rotary frequencies past its training context (model/rope.h).
 enum class RopeScalingType : uint8_t {
@@ -154,9 +160,13 @@ struct LayerSpec {
   // Optional q/k RMSNorm weights: per head [head_dim] (Qwen3, GLM), or over all heads of a
   // token at once [n_head * head_dim] and [n_head_kv * head_dim] (MiniMax-M2).
   WeightView q_norm, k_norm;
-  WeightView bo;       // optional output projection bias [n_embd] (gpt-oss)
-  WeightView sinks;    // optional f32 [n_head]: each head's sink logit, an extra softmax term
-  int64_t window = 0;  // > 0: each query attends to its last `window` positions only
+  WeightView bo;  // optional output projection bias [n_embd] (gpt-oss)
+  // Optional f32 [n_embd] RMSNorms of the attention's and the FFN's outputs before each joins
+  // the residual stream (Gemma 3).
+  WeightView attn_post_norm, ffn_post_norm;
+  bool local_rope = false;  // rotate with ModelSpec::rope_theta_local, unscaled (Gemma 3)
+  WeightView sinks;         // optional f32 [n_head]: each head's sink logit, an extra softmax term
+  int64_t window = 0;       // > 0: each query attends to its last `window` positions only
   // Multi-head latent attention (DeepSeek2).
   WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
   WeightView wkv_a;                 // [kv_lora + rope, n_embd]
@@ -194,8 +204,16 @@ struct ModelSpec {
   /// Divisor of each rotary pair's frequency ([n_rot / 2]; empty: none): GGUF's
   /// rope_freqs.weight, or computed from Hugging Face's "llama3" rope scaling.
   std::vector<float> rope_freq_factors;
-  /// Multiplies the attention logits' 1/sqrt(head_dim_k) (DeepSeek's YaRN: mscale squared).
+  /// Multiplies the attention logits' 1/sqrt(head_dim_k) (DeepSeek's YaRN: mscale squared;
+  /// Gemma 3 27B: its query_pre_attn_scalar).
   double kq_scale_mult = 1.0;
+  /// The rope base of layers with local_rope (Gemma 3's sliding layers), which take no scaling
+  /// and no frequency factors.
+  float rope_theta_local = 10000.f;
+  /// Token embeddings are multiplied by this (Gemma: sqrt(n_embd)).
+  float embd_scale = 1.0f;
+  /// > 0: logits become c * tanh(logits / c).
+  float final_logit_softcap = 0.0f;
   float rms_eps = 1e-5f;
   int64_t n_ctx_train = 0;
 

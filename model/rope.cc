@@ -78,6 +78,17 @@ RopeFrequencies rope_frequencies(const ModelSpec& s) {
   return r;
 }
 
+RopeFrequencies rope_frequencies_local(const ModelSpec& s) {
+  const int64_t half = s.n_rot / 2;
+  RopeFrequencies r;
+  r.inv_freq.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    r.inv_freq[static_cast<size_t>(i)] =
+        std::pow(static_cast<double>(s.rope_theta_local),
+                 -2.0 * static_cast<double>(i) / static_cast<double>(s.n_rot));
+  return r;
+}
+
 void rope_cos_sin(const RopeFrequencies& f, std::span<const int64_t> positions, float* cos,
                   float* sin) {
   const size_t half = f.inv_freq.size();

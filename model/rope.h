@@ -20,6 +20,8 @@ struct RopeFrequencies {
 /// Pair i turns by pos * inv_freq[i]. Unscaled: theta^(-2i / n_rot), computed in double exactly
 /// as the engine always has (so unscaled models keep their bits).
 RopeFrequencies rope_frequencies(const ModelSpec& s);
+/// The frequencies of layers with local_rope: base s.rope_theta_local, no scaling, no factors.
+RopeFrequencies rope_frequencies_local(const ModelSpec& s);
 
 /// cos and sin of every pair's angle at each position, times f.mscale: row t of `cos` and `sin`
 /// ([positions.size(), inv_freq.size()], row-major) is position positions[t]. The one place

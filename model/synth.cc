@@ -184,8 +184,11 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   const float router_sd = 1.f / std::sqrt(static_cast<float>(e));
   p.embedding("token_embd.weight", {e, n_vocab});
   p.norm("output_norm.weight", e);
-  p.matrix("output.weight", {e, n_vocab});
-  p.last().quiet_rows = quiet_rows;
+  const bool gemma = c.arch == SynthArch::kGemma3;
+  if (!gemma) {  // Gemma ties its head to the embedding
+    p.matrix("output.weight", {e, n_vocab});
+    p.last().quiet_rows = quiet_rows;
+  }
   for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
@@ -224,7 +227,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
         p.f32(b + "attn_sinks.weight", {c.n_head}, 1.0f);
       }
       if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2) {
+          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2 || gemma) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
       } else if (c.arch == SynthArch::kMinimaxM2) {  // over all heads at once
@@ -235,11 +238,13 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
     // post_attention_layernorm.
     const bool post = c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kGptOss;
+    if (gemma) p.norm(b + "post_attention_norm.weight", e);  // of the attention's output
     p.norm(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), e);
     if (il >= c.n_layer) plan_nextn(p, b, e);
     const bool dense = c.n_expert == 0 || il < c.n_dense_lead;
     if (dense) {
       plan_dense_ffn(p, b, e, c.n_ff);
+      if (gemma) p.norm(b + "post_ffw_norm.weight", e);
       continue;
     }
     // Routers stay f32, as llama.cpp's quantizer leaves them.

@@ -27,6 +27,11 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+/// GELU's tanh form: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
 
 /// Rotary embedding of one head in place with precomputed cos/sin of each pair's angle
 /// (f32 [n_rot / 2] each). Same pairing as rope() below.

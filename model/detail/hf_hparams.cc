@@ -4,6 +4,7 @@
 #include "model/detail/hf_hparams.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -63,6 +64,7 @@ class HparamsReader {
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
         {"GptOssForCausalLM", HfFamily::kGptOss},
+        {"Gemma3ForCausalLM", HfFamily::kGemma3},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -84,12 +86,18 @@ class HparamsReader {
     const bool glm = h_.family == HfFamily::kGlm4Moe;
     const bool minimax = h_.family == HfFamily::kMinimaxM2;
     const bool oss = h_.family == HfFamily::kGptOss;
+    const bool gemma = h_.family == HfFamily::kGemma3;
     s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
 
-    const std::string act = cfg_.get_string_or("hidden_act", "silu");
-    if (act != "silu")
-      TROUPE_INPUT_ERROR("%s: hidden_act '%s' is not supported (only silu)", cfg_.path().c_str(),
-                         act.c_str());
+    // Gemma names its activation hidden_activation (GELU's tanh form); the others SiLU.
+    const std::string want = gemma ? "gelu_pytorch_tanh" : "silu";
+    const char* act_key =
+        gemma && cfg_.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+    const std::string act = cfg_.get_string_or(act_key, want);
+    if (act != want)
+      TROUPE_INPUT_ERROR("%s: %s '%s' is not supported for %s (only %s)", cfg_.path().c_str(),
+                         act_key, act.c_str(), arch.c_str(), want.c_str());
+    h_.tied = cfg_.get_bool_or("tie_word_embeddings", gemma);
     s.n_vocab = cfg_.get_dim("vocab_size");
     s.n_embd = cfg_.get_dim("hidden_size");
     s.n_layer = cfg_.get_dim("num_hidden_layers");
@@ -107,7 +115,7 @@ class HparamsReader {
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
     s.rms_eps =
         static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss ? 1e-5 : 1e-6));
-    s.rope_theta = static_cast<float>(read_rope(mixtral ? 1e6 : oss ? 150000.0 : 10000.0));
+    s.rope_theta = static_cast<float>(read_rope(mixtral || gemma ? 1e6 : oss ? 150000.0 : 10000.0));
     // MiniMax-M2 and gpt-oss have no dense FFN: intermediate_size is each expert's width.
     s.n_ff = minimax || oss ? 0 : cfg_.get_int_or("intermediate_size", 0);
     if (cfg_.get_bool_or("mlp_bias", false))
@@ -118,7 +126,9 @@ class HparamsReader {
   void read_attention(const std::string& arch) {
     ModelSpec& s = h_.spec;
     const HfFamily f = h_.family;
-    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : s.n_embd / s.n_head;
+    const int64_t head_dim = cfg_.has("head_dim")     ? cfg_.get_dim("head_dim")
+                             : f == HfFamily::kGemma3 ? 256  // Gemma3TextConfig's default
+                                                      : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
     if (f == HfFamily::kMinimaxM2 || (f == HfFamily::kBailingMoeV2 && cfg_.has("rotary_dim"))) {
@@ -152,7 +162,7 @@ class HparamsReader {
       TROUPE_INPUT_ERROR("%s: attention_bias is not supported for %s (no output bias)",
                          cfg_.path().c_str(), arch.c_str());
     }
-    h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe ||
+    h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe || f == HfFamily::kGemma3 ||
                  (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
                  ((f == HfFamily::kMinimaxM2 || f == HfFamily::kBailingMoeV2) &&
                   cfg_.get_bool_or("use_qk_norm", true));
@@ -213,6 +223,9 @@ class HparamsReader {
         break;
       case HfFamily::kGptOss:
         read_gpt_oss();
+        break;
+      case HfFamily::kGemma3:
+        read_gemma3();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -338,12 +351,72 @@ class HparamsReader {
     s.act_limit = static_cast<float>(limit);
     const int64_t window = cfg_.get_int_or("sliding_window", 128);
     h_.window.assign(static_cast<size_t>(s.n_layer), 0);
-    const json* types = cfg_.find("layer_types");
-    if (types != nullptr && (!types->is_array() || types->size() != static_cast<size_t>(s.n_layer)))
-      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
-                         static_cast<long long>(s.n_layer));
+    const std::vector<bool> layers =
+        read_layer_types(s.n_layer, [](int64_t il) { return il % 2 == 0; });
     for (int64_t il = 0; il < s.n_layer; ++il) {
-      bool sliding = il % 2 == 0;
+      const bool sliding = layers[static_cast<size_t>(il)];
+      if (sliding && window <= 0)
+        TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
+                           static_cast<long long>(window));
+      if (sliding) h_.window[static_cast<size_t>(il)] = window;
+    }
+  }
+
+  /// Gemma 3's text decoder: embeddings times sqrt(hidden_size), GELU FFN, queries scaled by
+  /// query_pre_attn_scalar^-1/2, sliding-window layers (layer_types, or every layer but each
+  /// sliding_window_pattern-th) rotating with rope_local_base_freq unscaled, an optional final
+  /// logit soft cap. Attention-logit soft-capping (Gemma 2's) is refused.
+  void read_gemma3() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    s.arch = Arch::kGemma3;
+    s.ffn_act = FfnAct::kGeluTanh;
+    s.embd_scale = std::sqrt(static_cast<float>(s.n_embd));
+    s.rope_theta_local = static_cast<float>(cfg_.get_float_or("rope_local_base_freq", 10000.0));
+    const double qpas =
+        cfg_.get_float_or("query_pre_attn_scalar", static_cast<double>(s.head_dim_k));
+    if (!(qpas > 0 && std::isfinite(qpas)))
+      TROUPE_INPUT_ERROR("%s: query_pre_attn_scalar %g must be positive", path, qpas);
+    s.kq_scale_mult = std::sqrt(static_cast<double>(s.head_dim_k) / qpas);
+    const json* cap = cfg_.find("attn_logit_softcapping");
+    if (cap != nullptr && !cap->is_null())
+      TROUPE_INPUT_ERROR("%s: attn_logit_softcapping is not supported (Gemma 2's)", path);
+    const json* fcap = cfg_.find("final_logit_softcapping");
+    if (fcap != nullptr && !fcap->is_null()) {
+      if (!fcap->is_number() || !(fcap->get<double>() > 0))
+        TROUPE_INPUT_ERROR("%s: final_logit_softcapping must be null or positive, got %s", path,
+                           fcap->dump().c_str());
+      s.final_logit_softcap = fcap->get<float>();
+    }
+    const int64_t window = cfg_.get_int_or("sliding_window", 4096);
+    const int64_t pattern = cfg_.get_int_or("sliding_window_pattern", 6);
+    if (pattern < 1) TROUPE_INPUT_ERROR("%s: sliding_window_pattern must be positive", path);
+    h_.window.assign(static_cast<size_t>(s.n_layer), 0);
+    h_.local_rope.assign(static_cast<size_t>(s.n_layer), false);
+    const std::vector<bool> sliding =
+        read_layer_types(s.n_layer, [&](int64_t il) { return (il + 1) % pattern != 0; });
+    for (int64_t il = 0; il < s.n_layer; ++il) {
+      if (!sliding[static_cast<size_t>(il)]) continue;
+      if (window <= 0)
+        TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
+                           static_cast<long long>(window));
+      h_.window[static_cast<size_t>(il)] = window;
+      h_.local_rope[static_cast<size_t>(il)] = true;
+    }
+  }
+
+  /// Per layer: whether layer_types (when present) says "sliding_attention" ("full_attention"
+  /// the other choice), else `pattern_default`'s answer.
+  template <class Fn>
+  std::vector<bool> read_layer_types(int64_t n_layer, const Fn& pattern_default) {
+    const char* path = cfg_.path().c_str();
+    const json* types = cfg_.find("layer_types");
+    if (types != nullptr && (!types->is_array() || types->size() != static_cast<size_t>(n_layer)))
+      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
+                         static_cast<long long>(n_layer));
+    std::vector<bool> out(static_cast<size_t>(n_layer));
+    for (int64_t il = 0; il < n_layer; ++il) {
+      bool sliding = pattern_default(il);
       if (types != nullptr) {
         const json& t = (*types)[static_cast<size_t>(il)];
         if (t != "sliding_attention" && t != "full_attention")
@@ -353,11 +426,9 @@ class HparamsReader {
               path, static_cast<long long>(il), t.dump().c_str());
         sliding = t == "sliding_attention";
       }
-      if (sliding && window <= 0)
-        TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
-                           static_cast<long long>(window));
-      if (sliding) h_.window[static_cast<size_t>(il)] = window;
+      out[static_cast<size_t>(il)] = sliding;
     }
+    return out;
   }
 
   /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek

@@ -28,9 +28,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "minimax-m2") return SynthArch::kMinimaxM2;
   if (a == "bailingmoe2") return SynthArch::kBailingMoe2;
   if (a == "gpt-oss") return SynthArch::kGptOss;
+  if (a == "gemma3") return SynthArch::kGemma3;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe, minimax-m2, bailingmoe2, gpt-oss)",
+      "glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3)",
       a.c_str());
 }
 
@@ -42,15 +43,15 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256, kB = 512, kO = 1024;
+                     kM = 256, kB = 512, kO = 1024, kGe = 2048;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe},
       {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
       {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
       {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO},
-      {"--sliding-window", o.sliding_window.has_value(), kO},
+      {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
       {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
@@ -75,8 +76,10 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
 void resolve_common(const SynthOptions& o, SynthConfig& c) {
   const bool ds = c.arch == SynthArch::kDeepseek2;
   const bool llama = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral;
+  const bool gemma = c.arch == SynthArch::kGemma3;
   c.n_embd = o.n_embd.value_or(128);
-  c.n_layer = o.n_layer.value_or(4);
+  // Gemma 3: seven layers by default, so that both kinds are there (layer 5 is global).
+  c.n_layer = o.n_layer.value_or(gemma ? 7 : 4);
   c.n_head = o.n_head.value_or(8);
   // Default GQA: a quarter of the heads (8 -> 2, as in ../shared's models; 32 -> 8).
   c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
@@ -98,7 +101,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
   if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss) {
+      c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss || gemma) {
     // Qwen3, GLM and MiniMax heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads
     // of 128; GLM-4.5-Air: 4096/96 of 128; MiniMax-M2: 3072/48 of 128): twice by default, any
     // with --head-dim.
@@ -120,7 +123,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
 }
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
-  if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3)
+  if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3 ||
+      c.arch == SynthArch::kGemma3)
     return;
   const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                   c.arch == SynthArch::kBailingMoe2;
@@ -207,7 +211,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
   if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
     resolve_sigmoid_routing(o, c);
-  if (c.arch == SynthArch::kGptOss) {
+  if (c.arch == SynthArch::kGptOss || c.arch == SynthArch::kGemma3) {
     c.n_swa = o.sliding_window.value_or(8);
     check_positive("--sliding-window", c.n_swa);
   }
@@ -324,6 +328,10 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       head_dims();
       u32("attention.sliding_window", c.n_swa);
       experts();
+      break;
+    case SynthArch::kGemma3:  // llama.cpp's converter writes no rope.dimension_count
+      head_dims();
+      u32("attention.sliding_window", c.n_swa);
       break;
     case SynthArch::kBailingMoe2:
       u32("rope.dimension_count", c.rope_dim);

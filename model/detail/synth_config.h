@@ -19,7 +19,9 @@ namespace troupe::model::detail {
 // kBailingMoe2: Ling-2.0 (one fused q/k/v matrix, per-head q/k norms, rope on half of each
 // head, DeepSeek-V3's group-limited sigmoid routing with shared experts). kGptOss: gpt-oss
 // (biases everywhere, attention sinks, a sliding window on even layers, biased experts with the
-// clamped SwiGLU, softmax over the top-k logits).
+// clamped SwiGLU, softmax over the top-k logits). kGemma3: Gemma 3's text decoder (per-head q/k
+// norms, norms after attention and after the FFN, GELU FFN, tied embeddings, five sliding-window
+// layers to each global one).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -31,7 +33,8 @@ enum class SynthArch {
   kGlm4Moe,
   kMinimaxM2,
   kBailingMoe2,
-  kGptOss
+  kGptOss,
+  kGemma3
 };
 
 struct SynthConfig {
@@ -42,7 +45,7 @@ struct SynthConfig {
   int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
   int64_t n_nextn = 0;  // glm4moe: multi-token-prediction layers after the decoder's
-  int64_t n_swa = 0;    // gpt-oss: the sliding window
+  int64_t n_swa = 0;    // gpt-oss, gemma3: the sliding window
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

@@ -1,7 +1,7 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, gpt-oss), synthesized, as GGUF and in Hugging Face form (gpt-oss's with MXFP4
-// experts), through the actor system with stages and expert shards spread out:
-// every token and logit bit-identical to the single-process run.
+// bailingmoe2, gpt-oss, Gemma 3), synthesized, as GGUF and in Hugging Face form (gpt-oss's with
+// MXFP4 experts), through the actor system with stages and expert shards spread out: every token
+// and logit bit-identical to the single-process run.
 #include <string>
 #include <vector>
 
@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "tests/cluster_test_util.h"
+#include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
@@ -19,12 +20,12 @@
 namespace troupe::actors {
 namespace {
 
-void expect_plans_match_one_process(const std::string& path) {
+void expect_plans_match_one_process(const std::string& path, bool dense = false) {
   auto m = model::load_model(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
   const auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 4, 10, 900);
   const auto want = testing::local_results(path, reqs);
-  for (const auto& [stages, shards] : {std::pair{2, 2}, std::pair{4, 3}}) {
+  for (const auto& [stages, shards] : {std::pair{2, dense ? 0 : 2}, std::pair{4, dense ? 0 : 3}}) {
     SCOPED_TRACE("stages=" + std::to_string(stages) + " shards=" + std::to_string(shards));
     Plan plan = even_plan(path, stages, shards);
     plan.scheduler.max_sequences = 8;
@@ -89,6 +90,15 @@ TEST(GptOssCluster, HuggingFaceMxfp4AcrossStagesAndExpertShards) {
   ASSERT_TRUE(model::synth_model(o, path).has_value());
   testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
   expect_plans_match_one_process(hf.path());
+}
+
+// Gemma 3 (dense): its window layers, local rope and post-norms split across stages.
+TEST(Gemma3Cluster, GgufAndHuggingFaceFormAcrossStages) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "gemma3", 27);
+  expect_plans_match_one_process(gguf, /*dense=*/true);
+  testing::write_gemma3_hf_twin(gguf, hf);
+  expect_plans_match_one_process(hf.path(), /*dense=*/true);
 }
 
 }  // namespace

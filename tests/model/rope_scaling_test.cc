@@ -236,9 +236,9 @@ TEST(RopeScalingGguf, DeepseekYarnScalesTheAttentionLogits) {
   EXPECT_NEAR(s.kq_scale_mult, m * m, 1e-6);
 }
 
-// As llama.cpp reads them: the factor divides the frequencies whatever the type says unless it
-// is YaRN ("none", "linear" or no type at all), the old rope.scale_linear key stands in for a
-// missing factor, and a factor of 0 means unset.
+// As llama.cpp reads them: the factor divides the frequencies under "linear" or no type at all,
+// never under "none" (llama.cpp's context forces the scale to 1 then), the old rope.scale_linear
+// key stands in for a missing factor, and a factor of 0 means unset.
 TEST(RopeScalingGguf, LinearFactorUnderEveryNonYarnType) {
   TROUPE_SHARED_OR_SKIP(shared);
   TempDir dir;
@@ -251,7 +251,7 @@ TEST(RopeScalingGguf, LinearFactorUnderEveryNonYarnType) {
   };
   const Case cases[] = {
       {"linear", "rope.scaling.factor", 2, RopeScalingType::kLinear, 2},
-      {"none", "rope.scaling.factor", 2, RopeScalingType::kLinear, 2},
+      {"none", "rope.scaling.factor", 2, RopeScalingType::kNone, 1},
       {nullptr, "rope.scaling.factor", 3, RopeScalingType::kLinear, 3},
       {nullptr, "rope.scale_linear", 2, RopeScalingType::kLinear, 2},
       {"linear", "rope.scaling.factor", 0, RopeScalingType::kNone, 1},

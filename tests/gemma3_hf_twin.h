@@ -1,0 +1,104 @@
+// Test helper for Gemma 3 in Hugging Face form (Gemma3ForCausalLM), which ../shared has no files
+// of: the twin of a synthesized "gemma3" GGUF (llama.cpp's conventions), written by reversing the
+// names llama.cpp's converter gives and the 1 it adds to every RMSNorm weight (Gemma's norms
+// multiply by 1 + w). F32 safetensors; the head tied to the embedding. Header-only; for test
+// binaries that link troupe_model.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/gguf.h"
+#include "tests/fp8_model.h"
+#include "tests/test_support.h"
+
+namespace troupe::testing {
+
+/// The Hugging Face name of a gemma3 GGUF tensor ("" for one it has no name for).
+inline std::string gemma3_hf_name(const std::string& g) {
+  if (g == "token_embd.weight") return "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  const size_t dot = g.find('.', 4);
+  if (g.rfind("blk.", 0) != 0 || dot == std::string::npos) return "";
+  const std::string at = "model.layers." + g.substr(4, dot - 4) + ".", rest = g.substr(dot + 1);
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+      {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  for (const auto& [from, to] : kLayer)
+    if (rest == from) return at + to;
+  return "";
+}
+
+/// config.json of the twin: the GGUF's hyperparameters under Gemma3TextConfig's keys.
+inline nlohmann::json gemma3_twin_config(const model::GgufFile& g) {
+  const std::string a = "gemma3.";
+  const int64_t n_layer = g.get_int(a + "block_count");
+  const int64_t head_dim = g.get_int(a + "attention.key_length");
+  std::vector<std::string> types;
+  for (int64_t il = 0; il < n_layer; ++il)
+    types.push_back((il + 1) % 6 != 0 ? "sliding_attention" : "full_attention");
+  return {{"architectures", {"Gemma3ForCausalLM"}},
+          {"model_type", "gemma3_text"},
+          {"vocab_size", g.find_tensor("token_embd.weight")->ne[1]},
+          {"hidden_size", g.get_int(a + "embedding_length")},
+          {"intermediate_size", g.get_int(a + "feed_forward_length")},
+          {"num_hidden_layers", n_layer},
+          {"num_attention_heads", g.get_int(a + "attention.head_count")},
+          {"num_key_value_heads", g.get_int(a + "attention.head_count_kv")},
+          {"head_dim", head_dim},
+          {"hidden_activation", "gelu_pytorch_tanh"},
+          {"max_position_embeddings", g.get_int(a + "context_length")},
+          {"rms_norm_eps", g.get_float(a + "attention.layer_norm_rms_epsilon")},
+          {"rope_theta", g.get_float(a + "rope.freq_base")},
+          {"rope_local_base_freq", 10000.0},
+          {"rope_scaling", nullptr},
+          {"query_pre_attn_scalar", head_dim},
+          {"sliding_window", g.get_int(a + "attention.sliding_window")},
+          {"layer_types", types},
+          {"final_logit_softcapping", nullptr},
+          {"attn_logit_softcapping", nullptr},
+          {"attention_bias", false},
+          {"tie_word_embeddings", true}};
+}
+
+/// The Hugging Face form of the f32 gemma3 GGUF at `gguf` (config.json + model.safetensors) in
+/// `dir`: every norm weight w stored as w - 1.
+inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir) {
+  auto f = model::GgufFile::open(gguf);
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  const model::GgufFile& g = **f;
+  ASSERT_EQ(g.get_string("general.architecture"), "gemma3");
+  std::vector<StTensor> out;
+  for (const model::TensorInfo& t : g.tensors()) {
+    ASSERT_EQ(t.type, model::GgmlType::kF32) << t.name;
+    const std::string name = gemma3_hf_name(t.name);
+    ASSERT_FALSE(name.empty()) << "no Hugging Face name for " << t.name;
+    std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+    std::reverse(shape.begin(), shape.end());  // ggml ne -> PyTorch order
+    std::vector<float> v(static_cast<size_t>(t.nbytes / 4));
+    std::memcpy(v.data(), t.data, v.size() * 4);
+    if (name.ends_with("norm.weight"))
+      for (float& x : v) x -= 1.0f;  // exact for the values near 1 synth writes
+    out.push_back({name, "F32", shape, f32_bytes(v)});
+  }
+  dir.write("config.json", gemma3_twin_config(g).dump(2));
+  dir.write("model.safetensors", safetensors_image(out));
+}
+
+}  // namespace troupe::testing
