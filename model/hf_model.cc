@@ -51,17 +51,19 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Builds the ModelSpec; converted tensors go into buffers appended to `storage`.
 class HfSpecBuilder {
  public:
+  /// `prefix`: where the decoder's tensors are ("model.", or a multimodal checkpoint's
+  /// language model's).
   HfSpecBuilder(const SafetensorsSet& st, const HfConfig& cfg,
-                std::vector<std::shared_ptr<const void>>& storage)
-      : st_(st), cfg_(cfg), storage_(storage) {}
+                std::vector<std::shared_ptr<const void>>& storage, std::string prefix)
+      : st_(st), cfg_(cfg), storage_(storage), prefix_(std::move(prefix)) {}
 
   ModelSpec build() {
     read_hparams();
     ModelSpec& s = s_;
-    s.token_embd = take(fam_ == Family::kBailingMoeV2 ? "model.word_embeddings.weight"
-                                                      : "model.embed_tokens.weight",
+    s.token_embd = take(prefix_ + (fam_ == Family::kBailingMoeV2 ? "word_embeddings.weight"
+                                                                 : "embed_tokens.weight"),
                         "token_embd.weight", {s.n_vocab, s.n_embd});
-    s.output_norm = take_norm("model.norm.weight", "output_norm.weight", {s.n_embd});
+    s.output_norm = take_norm(prefix_ + "norm.weight", "output_norm.weight", {s.n_embd});
     if (tied_) {
       s.output = s.token_embd;
     } else {
@@ -101,7 +103,7 @@ class HfSpecBuilder {
 
   void build_layer(int64_t il, LayerSpec& L) {
     const ModelSpec& s = s_;
-    const std::string h = "model.layers." + std::to_string(il) + ".";
+    const std::string h = prefix_ + "layers." + std::to_string(il) + ".";
     const std::string g = "blk." + std::to_string(il) + ".";
     const int64_t E = s.n_embd;
     L.attn_norm = take_norm(h + "input_layernorm.weight", g + "attn_norm.weight", {E});
@@ -475,6 +477,7 @@ class HfSpecBuilder {
   const SafetensorsSet& st_;
   const HfConfig& cfg_;
   std::vector<std::shared_ptr<const void>>& storage_;
+  const std::string prefix_;
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
   std::vector<int64_t> window_;   // per layer (gpt-oss, Gemma 3)
@@ -493,17 +496,26 @@ Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
     const std::string config_path = dir + "/config.json";
     if (!file_exists(config_path))
       return Error{1, dir + ": not a Hugging Face model directory (no config.json)"};
-    HfConfig cfg(read_json_file(config_path), config_path);
+    bool multimodal = false;
+    HfConfig cfg(detail::text_decoder_config(read_json_file(config_path), &multimodal),
+                 config_path);
 
     auto st = SafetensorsSet::open_dir(dir);
     if (!st) return st.error();
     std::shared_ptr<const SafetensorsSet> weights(std::move(*st));
+    // A multimodal checkpoint's decoder: "language_model.model." (transformers before 4.52) or
+    // "model.language_model." (after); its vision tower is not read.
+    std::string prefix = "model.";
+    if (multimodal)
+      prefix = weights->find("language_model.model.embed_tokens.weight") != nullptr
+                   ? "language_model.model."
+                   : "model.language_model.";
 
     auto m = std::make_shared<Model>();
     m->path = dir;
     m->format = "hf";
     m->storage.push_back(weights);
-    HfSpecBuilder builder(*weights, cfg, m->storage);
+    HfSpecBuilder builder(*weights, cfg, m->storage, prefix);
     m->spec = builder.build();
     validate_spec(m->spec, dir);
 

@@ -77,9 +77,28 @@ inline nlohmann::json gemma3_twin_config(const model::GgufFile& g) {
           {"tie_word_embeddings", true}};
 }
 
+/// The multimodal form's config.json: the text decoder's keys under text_config, those equal to
+/// Gemma3TextConfig's defaults left out (as the released files do), and a vision config.
+inline nlohmann::json gemma3_multimodal_config(const nlohmann::json& text) {
+  nlohmann::json t = text;
+  for (const char* k : {"architectures", "hidden_activation", "rms_norm_eps", "rope_theta",
+                        "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping",
+                        "attention_bias", "tie_word_embeddings", "layer_types"})
+    t.erase(k);
+  t["model_type"] = "gemma3_text";
+  return {{"architectures", {"Gemma3ForConditionalGeneration"}},
+          {"model_type", "gemma3"},
+          {"text_config", t},
+          {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 16}}},
+          {"mm_tokens_per_image", 256}};
+}
+
 /// The Hugging Face form of the f32 gemma3 GGUF at `gguf` (config.json + model.safetensors) in
-/// `dir`: every norm weight w stored as w - 1.
-inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir) {
+/// `dir`: every norm weight w stored as w - 1. With `multimodal_prefix` ("language_model.model."
+/// or "model.language_model."), the Gemma3ForConditionalGeneration form: the decoder's tensors
+/// under that prefix beside a (tiny, unread) vision tower.
+inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir,
+                                 const std::string& multimodal_prefix = "") {
   auto f = model::GgufFile::open(gguf);
   ASSERT_TRUE(f.has_value()) << f.error().message;
   const model::GgufFile& g = **f;
@@ -95,9 +114,19 @@ inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir) {
     std::memcpy(v.data(), t.data, v.size() * 4);
     if (name.ends_with("norm.weight"))
       for (float& x : v) x -= 1.0f;  // exact for the values near 1 synth writes
-    out.push_back({name, "F32", shape, f32_bytes(v)});
+    out.push_back({multimodal_prefix.empty() ? name : multimodal_prefix + name.substr(6), "F32",
+                   shape, f32_bytes(v)});
   }
-  dir.write("config.json", gemma3_twin_config(g).dump(2));
+  nlohmann::json config = gemma3_twin_config(g);
+  if (!multimodal_prefix.empty()) {
+    config = gemma3_multimodal_config(config);
+    const std::string tower = multimodal_prefix == "model.language_model." ? "model." : "";
+    out.push_back({tower + "vision_tower.vision_model.embeddings.patch_embedding.weight",
+                   "F32",
+                   {16, 3, 2, 2},
+                   f32_bytes(std::vector<float>(192, 0.5f))});
+  }
+  dir.write("config.json", config.dump(2));
   dir.write("model.safetensors", safetensors_image(out));
 }
 

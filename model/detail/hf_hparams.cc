@@ -515,4 +515,41 @@ class HparamsReader {
 
 HfHparams read_hf_hparams(const HfConfig& cfg) { return HparamsReader(cfg).read(); }
 
+nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal) {
+  *multimodal = false;
+  if (!config.is_object()) return config;
+  auto archs = config.find("architectures");
+  if (archs == config.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+    return config;
+  const std::string arch = (*archs)[0].get<std::string>();
+  if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
+  // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.
+  json text = {{"vocab_size", 262208},
+               {"hidden_size", 2304},
+               {"intermediate_size", 9216},
+               {"num_hidden_layers", 26},
+               {"num_attention_heads", 8},
+               {"num_key_value_heads", 4},
+               {"head_dim", 256},
+               {"hidden_activation", "gelu_pytorch_tanh"},
+               {"max_position_embeddings", 131072},
+               {"rms_norm_eps", 1e-6},
+               {"rope_theta", 1000000.0},
+               {"rope_local_base_freq", 10000.0},
+               {"query_pre_attn_scalar", 256},
+               {"sliding_window", 4096},
+               {"tie_word_embeddings", true}};
+  if (arch == "Gemma3ForCausalLM") {
+    text.update(config);
+    return text;
+  }
+  *multimodal = true;
+  auto tc = config.find("text_config");
+  if (tc != config.end() && tc->is_object()) text.update(*tc);
+  text["architectures"] = json::array({"Gemma3ForCausalLM"});
+  if (auto q = config.find("quantization_config"); q != config.end())
+    text["quantization_config"] = *q;
+  return text;
+}
+
 }  // namespace troupe::model::detail

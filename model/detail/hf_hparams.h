@@ -45,4 +45,10 @@ struct HfHparams {
 /// Reads and checks every hyperparameter; throws InputError naming the file and the key.
 HfHparams read_hf_hparams(const HfConfig& cfg);
 
+/// The configuration of the text decoder config.json describes: for Gemma 3, its settings over
+/// Gemma3TextConfig's defaults (which its released files leave out), taken from text_config for
+/// the multimodal Gemma3ForConditionalGeneration (then *multimodal is set and the result names
+/// Gemma3ForCausalLM; quantization_config carries over); any other config as it is.
+nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal);
+
 }  // namespace troupe::model::detail

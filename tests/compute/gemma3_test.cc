@@ -167,6 +167,26 @@ TEST(Gemma3, HuggingFaceTwinEqualsTheGguf) {
   EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), prompt_logits(path, prompt)));
 }
 
+// The multimodal checkpoints (Gemma 3 4B, 12B, 27B): the decoder under text_config, keys at
+// Gemma3TextConfig's defaults left out, tensors under either prefix transformers has written,
+// the vision tower beside them unread: the GGUF's logits bit for bit.
+TEST(Gemma3, MultimodalCheckpointsTextDecoderEqualsTheGguf) {
+  TempDir dir;
+  const std::string path = synth_gemma3(dir, 39);
+  const std::vector<int32_t> prompt = prompt_of(25, 512, 43);
+  const std::vector<float> want = prompt_logits(path, prompt);
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    TempDir hf;
+    testing::write_gemma3_hf_twin(path, hf, prefix);
+    auto m = model::load_model(hf.path());
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    EXPECT_EQ((*m)->spec.arch, model::Arch::kGemma3);
+    EXPECT_EQ((*m)->spec.layers[5].window, 0);
+    EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), want));
+  }
+}
+
 // Gemma3TextConfig's keys: query_pre_attn_scalar, sliding_window_pattern (without layer_types),
 // rope_local_base_freq and final_logit_softcapping are read; Gemma 2's attention soft cap and
 // other activations are refused by name.
