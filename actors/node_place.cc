@@ -82,12 +82,7 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
   auto add = [&](const model::WeightView& w) {
     if (w.present()) out.push_back({w.data, static_cast<size_t>(w.nbytes())});
   };
-  auto add_ffn = [&](const model::ExpertFfn& f) {
-    add(f.gate);
-    add(f.up);
-    add(f.gate_up);
-    add(f.down);
-  };
+  auto add_ffn = [&](const model::ExpertFfn& f) { model::for_each_ffn_weight(f, add); };
   for (const auto& sp : pl.stages) {
     if (sp.node_id != me) continue;
     if (sp.has_embedding) add(spec.token_embd);
@@ -97,37 +92,7 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
     }
     for (uint32_t l = sp.layer_begin; l < sp.layer_end && l < spec.layers.size(); ++l) {
       const model::LayerSpec& L = spec.layers[l];
-      for (const model::WeightView* w : {&L.attn_norm,
-                                         &L.wq,
-                                         &L.wk,
-                                         &L.wv,
-                                         &L.wo,
-                                         &L.bq,
-                                         &L.bk,
-                                         &L.bv,
-                                         &L.q_norm,
-                                         &L.k_norm,
-                                         &L.wq_a,
-                                         &L.q_a_norm,
-                                         &L.wq_b,
-                                         &L.wkv_a,
-                                         &L.kv_a_norm,
-                                         &L.wk_b,
-                                         &L.wv_b,
-                                         &L.ffn_norm,
-                                         &L.ffn_gate,
-                                         &L.ffn_up,
-                                         &L.ffn_down,
-                                         &L.router,
-                                         &L.router_bias,
-                                         &L.shared_gate,
-                                         &L.bo,
-                                         &L.sinks,
-                                         &L.router_logit_bias,
-                                         &L.attn_post_norm,
-                                         &L.ffn_post_norm})
-        add(*w);
-      add_ffn(L.shared);
+      model::for_each_layer_weight(L, add);  // the shared expert too
       if (pl.shards.empty())
         for (const auto& e : L.experts) add_ffn(e);
     }

@@ -41,6 +41,12 @@ void dequantize_view_row(const WeightView& w, int64_t r, float* out);
 /// norm and head), present or not. A tied head is visited as its own view.
 void for_each_weight(ModelSpec& spec, const std::function<void(WeightView&)>& fn);
 void for_each_weight(const ModelSpec& spec, const std::function<void(const WeightView&)>& fn);
+/// The part of for_each_weight that is one layer's, routed experts excepted (its shared expert
+/// included).
+void for_each_layer_weight(const LayerSpec& layer,
+                           const std::function<void(const WeightView&)>& fn);
+/// Every view of one FFN (a routed expert's): matrices and biases.
+void for_each_ffn_weight(const ExpertFfn& ffn, const std::function<void(const WeightView&)>& fn);
 
 /// Where compute reads the weights from. kMap: the file mapping (page-cache pages of 4 KiB,
 /// shared between processes, nothing copied; a node faults in only what it reads). kMemory: a

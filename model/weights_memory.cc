@@ -23,44 +23,52 @@ namespace troupe::model {
 
 namespace {
 
+template <class View, class Ffn, class Fn>
+void visit_ffn(Ffn& f, const Fn& fn) {
+  for (View* w : {&f.gate, &f.up, &f.down, &f.gate_b, &f.up_b, &f.down_b, &f.gate_up}) fn(*w);
+}
+
+// Every view of a layer but its routed experts'.
+template <class View, class Layer, class Fn>
+void visit_layer(Layer& L, const Fn& fn) {
+  for (View* w : {&L.attn_norm,
+                  &L.wq,
+                  &L.wk,
+                  &L.wv,
+                  &L.wo,
+                  &L.bq,
+                  &L.bk,
+                  &L.bv,
+                  &L.q_norm,
+                  &L.k_norm,
+                  &L.bo,
+                  &L.sinks,
+                  &L.attn_post_norm,
+                  &L.ffn_post_norm,
+                  &L.wq_a,
+                  &L.q_a_norm,
+                  &L.wq_b,
+                  &L.wkv_a,
+                  &L.kv_a_norm,
+                  &L.wk_b,
+                  &L.wv_b,
+                  &L.ffn_norm,
+                  &L.ffn_gate,
+                  &L.ffn_up,
+                  &L.ffn_down,
+                  &L.router,
+                  &L.router_bias,
+                  &L.router_logit_bias,
+                  &L.shared_gate})
+    fn(*w);
+  visit_ffn<View>(L.shared, fn);
+}
+
 template <class Spec, class View, class Fn>
 void visit(Spec& spec, const Fn& fn) {
-  auto ffn = [&](auto& f) {
-    for (View* w : {&f.gate, &f.up, &f.down, &f.gate_b, &f.up_b, &f.down_b, &f.gate_up}) fn(*w);
-  };
   for (auto& L : spec.layers) {
-    for (View* w : {&L.attn_norm,
-                    &L.wq,
-                    &L.wk,
-                    &L.wv,
-                    &L.wo,
-                    &L.bq,
-                    &L.bk,
-                    &L.bv,
-                    &L.q_norm,
-                    &L.k_norm,
-                    &L.bo,
-                    &L.sinks,
-                    &L.attn_post_norm,
-                    &L.ffn_post_norm,
-                    &L.wq_a,
-                    &L.q_a_norm,
-                    &L.wq_b,
-                    &L.wkv_a,
-                    &L.kv_a_norm,
-                    &L.wk_b,
-                    &L.wv_b,
-                    &L.ffn_norm,
-                    &L.ffn_gate,
-                    &L.ffn_up,
-                    &L.ffn_down,
-                    &L.router,
-                    &L.router_bias,
-                    &L.router_logit_bias,
-                    &L.shared_gate})
-      fn(*w);
-    for (auto& e : L.experts) ffn(e);
-    ffn(L.shared);
+    visit_layer<View>(L, fn);
+    for (auto& e : L.experts) visit_ffn<View>(e, fn);
   }
   fn(spec.token_embd);
   fn(spec.output_norm);
@@ -141,6 +149,15 @@ void for_each_weight(ModelSpec& spec, const std::function<void(WeightView&)>& fn
 
 void for_each_weight(const ModelSpec& spec, const std::function<void(const WeightView&)>& fn) {
   visit<const ModelSpec, const WeightView>(spec, fn);
+}
+
+void for_each_layer_weight(const LayerSpec& layer,
+                           const std::function<void(const WeightView&)>& fn) {
+  visit_layer<const WeightView>(layer, fn);
+}
+
+void for_each_ffn_weight(const ExpertFfn& ffn, const std::function<void(const WeightView&)>& fn) {
+  visit_ffn<const WeightView>(ffn, fn);
 }
 
 Result<WeightStorage> parse_weight_storage(const std::string& s) {

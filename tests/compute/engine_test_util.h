@@ -155,6 +155,46 @@ inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+/// The engine's logits for all of `prompt` in one chunk, with KV blocks of 4 and of 16 (so that a
+/// sliding window of 8 crosses blocks), each near the float64 reference `ref`
+/// (expect_near_reference's defaults).
+inline void expect_engine_near_reference(std::shared_ptr<const model::Model> m,
+                                         const std::vector<int32_t>& prompt,
+                                         const std::vector<double>& ref) {
+  const int32_t vocab = static_cast<int32_t>(m->spec.n_vocab);
+  for (const int64_t block : {4, 16}) {
+    SCOPED_TRACE("KV blocks of " + std::to_string(block));
+    EngineOptions o;
+    o.max_tokens_in_cache = 64;
+    o.kv_block_size = block;
+    auto eng = Engine::create(m, o);
+    ASSERT_TRUE(eng.has_value()) << eng.error().message;
+    expect_near_reference(run_chunks(**eng, prompt, {static_cast<int64_t>(prompt.size())}), ref,
+                          vocab);
+  }
+}
+
+/// A 27-token prompt's logits bit for bit the same in one chunk, in several, token by token,
+/// with 2 threads, and beside another sequence (KV blocks of 4).
+inline void expect_batch_invariant(std::shared_ptr<const model::Model> m) {
+  const int32_t vocab = static_cast<int32_t>(m->spec.n_vocab);
+  const std::vector<int32_t> a = prompt_of(27, vocab, 7);
+  EngineOptions o1;
+  o1.max_tokens_in_cache = 128;
+  o1.kv_block_size = 4;
+  EngineOptions o2 = o1;
+  o2.n_threads = 2;
+  auto e1 = Engine::create(m, o1);
+  auto e2 = Engine::create(m, o2);
+  ASSERT_TRUE(e1 && e2);
+  const std::vector<float> ref = run_chunks(**e1, a, {27});
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {5, 7, 3}))) << "chunked prefill";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {1}))) << "token by token";
+  EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {4, 1, 9}))) << "2 threads, chunked";
+  EXPECT_TRUE(bit_equal(ref, batch_logits(m, {prompt_of(9, vocab, 3), a}, 1)))
+      << "beside another sequence";
+}
+
 /// The error load_model gives for `path`, or "loaded".
 inline std::string load_error(const std::string& path) {
   auto m = model::load_model(path);

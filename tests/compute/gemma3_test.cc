@@ -68,38 +68,14 @@ TEST(Gemma3, EngineMatchesTheFloat64Reference) {
   ASSERT_TRUE(m.has_value()) << m.error().message;
   const int32_t vocab = static_cast<int32_t>((*m)->spec.n_vocab);
   const std::vector<int32_t> prompt = prompt_of(40, vocab, 19);
-  const std::vector<double> ref = testing::gemma3_reference_logits(path, prompt);
-  for (const int64_t block : {4, 16}) {
-    SCOPED_TRACE("KV blocks of " + std::to_string(block));
-    EngineOptions o;
-    o.max_tokens_in_cache = 64;
-    o.kv_block_size = block;
-    auto eng = Engine::create(*m, o);
-    ASSERT_TRUE(eng.has_value()) << eng.error().message;
-    expect_near_reference(run_chunks(**eng, prompt, {40}), ref, vocab);
-  }
+  expect_engine_near_reference(*m, prompt, testing::gemma3_reference_logits(path, prompt));
 }
 
 TEST(Gemma3, LogitsBitIdenticalAcrossChunkingThreadsAndBatches) {
   TempDir dir;
   auto m = model::load_model(synth_gemma3(dir, 17));
   ASSERT_TRUE(m.has_value()) << m.error().message;
-  const int32_t vocab = static_cast<int32_t>((*m)->spec.n_vocab);
-  const std::vector<int32_t> a = prompt_of(27, vocab, 7);
-  EngineOptions o1;
-  o1.max_tokens_in_cache = 128;
-  o1.kv_block_size = 4;
-  EngineOptions o2 = o1;
-  o2.n_threads = 2;
-  auto e1 = Engine::create(*m, o1);
-  auto e2 = Engine::create(*m, o2);
-  ASSERT_TRUE(e1 && e2);
-  const std::vector<float> ref = run_chunks(**e1, a, {27});
-  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {5, 7, 3}))) << "chunked prefill";
-  EXPECT_TRUE(bit_equal(ref, run_chunks(**e1, a, {1}))) << "token by token";
-  EXPECT_TRUE(bit_equal(ref, run_chunks(**e2, a, {4, 1, 9}))) << "2 threads, chunked";
-  const std::vector<float> batched = batch_logits(*m, {prompt_of(9, vocab, 3), a}, 1);
-  EXPECT_TRUE(bit_equal(ref, batched)) << "beside another sequence";
+  expect_batch_invariant(*m);
 }
 
 // llama.cpp's variants: without a sliding window every layer is global and the file's final
