@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "compute/detail/ops.h"
+#include "compute/ffn.h"
 #include "compute/matmul.h"
 #include "compute/moe_route.h"
 #include "compute/thread_pool.h"
@@ -64,15 +65,6 @@ const float* f32(const WeightView& w) {
 void post_norm(const WeightView& w, float* y, int64_t n, int64_t e, float eps) {
   if (!w.present()) return;
   for (int64_t r = 0; r < n; ++r) detail::rms_norm(y + r * e, f32(w), y + r * e, e, eps);
-}
-
-// y[r] += b for each of n rows of b's width (a no-op without a bias).
-void add_rows(const WeightView& b, float* y, int64_t n) {
-  if (!b.present()) return;
-  const float* bb = f32(b);
-  const int64_t w = b.cols();
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t i = 0; i < w; ++i) y[r * w + i] += bb[i];
 }
 
 // Query heads per piece of attention work: the g heads of a KV head share each K/V row read,
@@ -445,55 +437,6 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     matmul(L.wv_b.slice(hh), &S.lat[hh * lora], H * lora, T, &S.attn[hh * dv], H * dv, pool_.get());
 }
 
-namespace {
-// SwiGLU activations below this many run on the calling thread (waking the pool costs more).
-constexpr int64_t kMinParallelActivations = 32768;
-
-// y = down(act(gate(x), up(x))) for n rows, each matrix's bias added where it has one; act is
-// silu(g) * u, gpt-oss's clamped form or Gemma's gelu(g) * u (model::FfnAct).
-void swiglu_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float* x, int64_t n,
-                float* y, std::vector<float>& g, std::vector<float>& u, ThreadPool* pool) {
-  const int64_t ff = f.width();
-  grow(g, n * ff);
-  if (f.gate_up.present()) {
-    // One product of the interleaved rows into u, then gate's (even) outputs moved to g and
-    // up's (odd) packed in place (each read before anything lands on it). Every output is the
-    // dot product of one weight row with x, as with separate matrices.
-    grow(u, 2 * n * ff);
-    matmul(f.gate_up, x, n, u.data(), pool);
-    for (int64_t i = 0; i < n * ff; ++i) g[i] = u[2 * i];
-    for (int64_t i = 0; i < n * ff; ++i) u[i] = u[2 * i + 1];
-  } else {
-    grow(u, n * ff);
-    const MatmulTarget gate_up[] = {{f.gate, g.data(), ff}, {f.up, u.data(), ff}};
-    matmul_shared(gate_up, x, f.gate.cols(), n, pool);
-  }
-  add_rows(f.gate_b, g.data(), n);
-  add_rows(f.up_b, u.data(), n);
-  // Element by element (the same result on any split): on the pool once there is enough of it,
-  // as at 16 sequences (90k exp() per layer of the 1.1B shape, ~3 % of a step run serially).
-  const float alpha = s.act_alpha, limit = s.act_limit;
-  auto act = [&](int64_t b, int64_t e) {
-    if (s.ffn_act == model::FfnAct::kSwigluOai) {
-      for (int64_t i = b; i < e; ++i) {
-        const float gi = std::min(g[i], limit), ui = std::clamp(u[i], -limit, limit);
-        g[i] = gi * detail::sigmoid(alpha * gi) * (ui + 1.0f);
-      }
-    } else if (s.ffn_act == model::FfnAct::kGeluTanh) {
-      for (int64_t i = b; i < e; ++i) g[i] = detail::gelu_tanh(g[i]) * u[i];
-    } else {
-      for (int64_t i = b; i < e; ++i) g[i] = detail::silu(g[i]) * u[i];
-    }
-  };
-  if (pool != nullptr && pool->size() > 1 && n * ff >= kMinParallelActivations)
-    pool->parallel_for(n * ff, 64, act);
-  else
-    act(0, n * ff);
-  matmul(f.down, g.data(), n, y, pool);
-  add_rows(f.down_b, y, n);
-}
-}  // namespace
-
 void Engine::ffn(int64_t il) {
   const LayerSpec& L = spec().layers[static_cast<size_t>(il)];
   Scratch& S = *s_;
@@ -501,7 +444,7 @@ void Engine::ffn(int64_t il) {
   f.gate = L.ffn_gate;
   f.up = L.ffn_up;
   f.down = L.ffn_down;
-  swiglu_ffn(spec(), f, S.h.data(), S.T, S.tmp.data(), S.gate, S.up, pool_.get());
+  gated_ffn(spec(), f, S.h.data(), S.T, S.tmp.data(), S.gate, S.up, pool_.get());
 }
 
 void Engine::moe(int64_t il) {
@@ -553,7 +496,7 @@ void Engine::moe(int64_t il) {
   }
   if (L.shared.gate.present()) {
     grow(S.shared_out, T * E);
-    swiglu_ffn(s, L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
+    gated_ffn(s, L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
     for (int64_t t = 0; t < T; ++t) {
       float g = 1.f;
       if (L.shared_gate.present()) {
@@ -579,7 +522,7 @@ void ExpertCompute::run(int64_t layer, std::span<const ExpertTask> tasks) {
   for (const ExpertTask& t : tasks) {
     TROUPE_CHECK(t.expert >= 0 && t.expert < static_cast<int32_t>(L.experts.size()),
                  "expert %d out of range", t.expert);
-    swiglu_ffn(s, L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
+    gated_ffn(s, L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
   }
 }
 
