@@ -93,7 +93,6 @@ class HfSpecBuilder {
     router_bias_ = h.router_bias;
     output_bias_ = h.output_bias;
     window_ = std::move(h.window);
-    local_rope_ = std::move(h.local_rope);
     tied_ = h.tied;
   }
 
@@ -115,8 +114,6 @@ class HfSpecBuilder {
       L.ffn_norm = take_norm(h + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", {E});
       L.ffn_post_norm =
           take_norm(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {E});
-      L.window = window_[static_cast<size_t>(il)];
-      L.local_rope = local_rope_[static_cast<size_t>(il)];
     } else {
       L.ffn_norm = take_f32(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
     }
@@ -139,10 +136,8 @@ class HfSpecBuilder {
         L.bv = take_f32(a + "v_proj.bias", g + "attn_v.bias", {v});
       }
       if (output_bias_) L.bo = take_f32(a + "o_proj.bias", g + "attn_output.bias", {E});
-      if (fam_ == Family::kGptOss) {
+      if (fam_ == Family::kGptOss)
         L.sinks = take_f32(a + "sinks", g + "attn_sinks.weight", {s.n_head});
-        L.window = window_[static_cast<size_t>(il)];
-      }
       if (qk_norm_) {  // MiniMax-M2's span all heads at once, the others' one head
         const bool wide = fam_ == Family::kMinimaxM2;
         L.q_norm =
@@ -151,6 +146,9 @@ class HfSpecBuilder {
             take_norm(a + "k_norm.weight", g + "attn_k_norm.weight", {wide ? k : s.head_dim_k});
       }
     }
+    if (!window_.empty()) L.window = window_[static_cast<size_t>(il)];
+    // Gemma 3's window layers rotate with their own base (gpt-oss's with the model's).
+    L.local_rope = fam_ == Family::kGemma3 && L.window > 0;
     L.is_moe = is_moe_[static_cast<size_t>(il)];
     if (L.is_moe) {
       build_moe(h, g, L);
@@ -485,8 +483,7 @@ class HfSpecBuilder {
   const std::string prefix_;
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
-  std::vector<int64_t> window_;   // per layer (gpt-oss, Gemma 3)
-  std::vector<bool> local_rope_;  // per layer (Gemma 3)
+  std::vector<int64_t> window_;  // per layer (gpt-oss, Gemma 3)
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

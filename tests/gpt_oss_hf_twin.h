@@ -18,6 +18,7 @@
 #include "model/ggml_types.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "model/synth.h"
 #include "tests/fp8_model.h"
 #include "tests/test_support.h"
 
@@ -43,6 +44,20 @@ inline void write_dequantized_gguf(const std::string& gguf, const std::string& o
     ASSERT_TRUE(w.add_tensor_f32(t.name, model::GgmlType::kF32, shape, v));
   }
   ASSERT_TRUE(w.write(out).has_value());
+}
+
+/// A synthesized gpt-oss GGUF with every matrix in MXFP4 (synth --dtype mxfp4, its defaults
+/// otherwise), as `dir`/mxfp4.gguf.
+inline std::string synth_gpt_oss_mxfp4(const TempDir& dir, uint64_t seed) {
+  model::SynthOptions o;
+  o.arch = "gpt-oss";
+  o.seed = seed;
+  o.n_ctx = 256;
+  o.dtype = model::GgmlType::kMXFP4;
+  const std::string path = dir.file("mxfp4.gguf");
+  const Status st = model::synth_model(o, path);
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  return path;
 }
 
 enum class OssExperts { kMxfp4, kDense };

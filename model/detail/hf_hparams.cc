@@ -392,7 +392,6 @@ class HparamsReader {
     const int64_t pattern = cfg_.get_int_or("sliding_window_pattern", 6);
     if (pattern < 1) TROUPE_INPUT_ERROR("%s: sliding_window_pattern must be positive", path);
     h_.window.assign(static_cast<size_t>(s.n_layer), 0);
-    h_.local_rope.assign(static_cast<size_t>(s.n_layer), false);
     const std::vector<bool> sliding =
         read_layer_types(s.n_layer, [&](int64_t il) { return (il + 1) % pattern != 0; });
     for (int64_t il = 0; il < s.n_layer; ++il) {
@@ -401,7 +400,6 @@ class HparamsReader {
         TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
                            static_cast<long long>(window));
       h_.window[static_cast<size_t>(il)] = window;
-      h_.local_rope[static_cast<size_t>(il)] = true;
     }
   }
 

@@ -31,15 +31,14 @@ enum class HfFamily : uint8_t {
 
 struct HfHparams {
   HfFamily family = HfFamily::kLlama;
-  ModelSpec spec;                ///< hyperparameters only: no weights, no layers
-  std::vector<bool> is_moe;      ///< per layer
-  bool attention_bias = false;   ///< q/k/v projections carry biases
-  bool qk_norm = false;          ///< q/k RMSNorm weights
-  bool router_bias = false;      ///< every router has a selection bias (required)
-  bool output_bias = false;      ///< o_proj carries a bias (gpt-oss)
-  std::vector<int64_t> window;   ///< per layer: sliding window (0: the whole context)
-  std::vector<bool> local_rope;  ///< per layer: rotates with spec.rope_theta_local (Gemma 3)
-  bool tied = false;             ///< tie_word_embeddings, with the family's default
+  ModelSpec spec;               ///< hyperparameters only: no weights, no layers
+  std::vector<bool> is_moe;     ///< per layer
+  bool attention_bias = false;  ///< q/k/v projections carry biases
+  bool qk_norm = false;         ///< q/k RMSNorm weights
+  bool router_bias = false;     ///< every router has a selection bias (required)
+  bool output_bias = false;     ///< o_proj carries a bias (gpt-oss)
+  std::vector<int64_t> window;  ///< per layer: sliding window (0: the whole context)
+  bool tied = false;            ///< tie_word_embeddings, with the family's default
 };
 
 /// Reads and checks every hyperparameter; throws InputError naming the file and the key.

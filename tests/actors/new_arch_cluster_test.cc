@@ -10,7 +10,6 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
-#include "model/synth.h"
 #include "tests/cluster_test_util.h"
 #include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
@@ -81,13 +80,7 @@ TEST(GptOssCluster, GgufAcrossStagesAndExpertShards) {
 // gpt-oss as released: MXFP4 experts read in place, gate and up interleaved in one matrix.
 TEST(GptOssCluster, HuggingFaceMxfp4AcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;
-  model::SynthOptions o;
-  o.arch = "gpt-oss";
-  o.seed = 26;
-  o.n_ctx = 256;
-  o.dtype = model::GgmlType::kMXFP4;
-  const std::string path = dir.file("mxfp4.gguf");
-  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  const std::string path = testing::synth_gpt_oss_mxfp4(dir, 26);
   testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
   expect_plans_match_one_process(hf.path());
 }

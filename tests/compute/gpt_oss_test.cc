@@ -90,13 +90,7 @@ TEST(GptOss, LogitsBitIdenticalAcrossChunkingThreadsAndBatches) {
 // within 1e-4.
 TEST(GptOss, Mxfp4ModelEqualsItsExactF32Twin) {
   TempDir dir;
-  model::SynthOptions o;
-  o.arch = "gpt-oss";
-  o.seed = 29;
-  o.n_ctx = 256;
-  o.dtype = model::GgmlType::kMXFP4;
-  const std::string path = dir.file("mxfp4.gguf");
-  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  const std::string path = testing::synth_gpt_oss_mxfp4(dir, 29);
   const std::string twin = dir.file("twin.gguf");
   testing::write_dequantized_gguf(path, twin);
 
@@ -116,13 +110,8 @@ TEST(GptOss, Mxfp4ModelEqualsItsExactF32Twin) {
 // kernels compute value * scale exactly), and those are the float64 reference's within 1e-4.
 TEST(GptOss, HuggingFaceMxfp4CheckpointEqualsTheExactF32Gguf) {
   TempDir dir, hf;
-  model::SynthOptions o;
-  o.arch = "gpt-oss";
-  o.seed = 41;
-  o.n_ctx = 256;
-  o.dtype = model::GgmlType::kMXFP4;
-  const std::string path = dir.file("mxfp4.gguf"), twin = dir.file("f32.gguf");
-  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  const std::string path = testing::synth_gpt_oss_mxfp4(dir, 41);
+  const std::string twin = dir.file("f32.gguf");
   testing::write_dequantized_gguf(path, twin);
   testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
   auto m = model::load_model(hf.path());
@@ -170,13 +159,7 @@ TEST(GptOss, HuggingFaceDequantizedCheckpointEqualsTheGguf) {
 // are read; malformed ones and broken MXFP4 tensors are refused by name.
 TEST(GptOss, HuggingFaceConfigAndTensorsChecked) {
   TempDir dir, hf;
-  model::SynthOptions o;
-  o.arch = "gpt-oss";
-  o.seed = 47;
-  o.n_ctx = 256;
-  o.dtype = model::GgmlType::kMXFP4;
-  const std::string path = dir.file("mxfp4.gguf");
-  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  const std::string path = testing::synth_gpt_oss_mxfp4(dir, 47);
   testing::write_gpt_oss_hf_twin(path, hf, testing::OssExperts::kMxfp4);
   const std::string cfg_path = hf.file("config.json");
   const nlohmann::json base = nlohmann::json::parse(testing::read_text_file(cfg_path));
