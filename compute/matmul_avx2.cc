@@ -72,19 +72,23 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   }
 };
 
-// Signed int4 (I4_PACKED), 8 values from 4 bytes: each byte's nibbles, low first, widened to
-// int32 lanes; with the bits of 2^23 OR-ed in they are the floats 2^23 + u, and subtracting
-// 2^23 + 8 leaves u - 8 exactly.
+// The 8 nibbles of the 4 bytes holding values k..k+7 of a row packed two to a byte, low nibble
+// first (I4_PACKED, FP4_PACKED), one per byte of the low 8 bytes.
+inline __m128i nibbles8(const uint8_t* row, int64_t k) {
+  int32_t word;
+  std::memcpy(&word, row + k / 2, 4);
+  const __m128i b = _mm_cvtsi32_si128(word);
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+
+// Signed int4 (I4_PACKED), 8 values: the nibbles widened to int32 lanes; with the bits of 2^23
+// OR-ed in they are the floats 2^23 + u, and subtracting 2^23 + 8 leaves u - 8 exactly.
 template <>
 struct FloatLoad<GgmlType::kI4_PACKED> {
   static __m256 load(const uint8_t* row, int64_t k) {
-    int32_t word;
-    std::memcpy(&word, row + k / 2, 4);
-    const __m128i b = _mm_cvtsi32_si128(word);
-    const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i nib =
-        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    const __m256i u = _mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_set1_epi32(0x4B000000));
+    const __m256i u =
+        _mm256_or_si256(_mm256_cvtepu8_epi32(nibbles8(row, k)), _mm256_set1_epi32(0x4B000000));
     return _mm256_sub_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(8388616.f));
   }
 };
@@ -96,18 +100,11 @@ inline __m256 e2m1_doubled(__m128i codes) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_shuffle_epi8(table, codes)));
 }
 
-// FP4 E2M1 (FP4_PACKED), 8 values from 4 bytes in I4_PACKED's nibble order, doubled (the
-// kernel's scale factor is half the E8M0 scale).
+// FP4 E2M1 (FP4_PACKED), 8 values in I4_PACKED's nibble order, doubled (the kernel's scale
+// factor is half the E8M0 scale).
 template <>
 struct FloatLoad<GgmlType::kFP4_PACKED> {
-  static __m256 load(const uint8_t* row, int64_t k) {
-    int32_t word;
-    std::memcpy(&word, row + k / 2, 4);
-    const __m128i b = _mm_cvtsi32_si128(word);
-    const __m128i m = _mm_set1_epi8(0x0f);
-    return e2m1_doubled(
-        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m)));
-  }
+  static __m256 load(const uint8_t* row, int64_t k) { return e2m1_doubled(nibbles8(row, k)); }
 };
 
 // MXFP4 (GGUF's 17-byte blocks: the scale byte, then value j in byte j's low nibble and j + 16

@@ -22,6 +22,7 @@
 
 #include "model/ggml_types.h"
 #include "model/gguf.h"
+#include "tests/reference_gguf.h"
 #include "tests/reference_math.h"
 
 namespace troupe::testing {
@@ -31,9 +32,9 @@ using namespace refmath;  // NOLINT(google-build-using-namespace): the shared ar
 using Gguf = model::GgufFile;
 using Tensor = model::TensorInfo;
 
-[[noreturn]] inline void fail(const std::string& what) {
-  throw std::runtime_error("gemma3 reference: " + what);
-}
+inline constexpr const char* kWho = "gemma3";
+
+[[noreturn]] inline void fail(const std::string& what) { refgguf::fail(kWho, what); }
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -113,52 +114,19 @@ inline Config read_config(const Gguf& g) {
 // ---------------------------------------------------------------------------------------------
 // Tensors and vector arithmetic
 
-/// The tensor `name`, which must exist, be of a type model::dequantize_row reads (whole blocks
-/// per row) and have the ggml shape `ne` (innermost first; omitted trailing dimensions are 1).
 inline const Tensor& tensor(const Gguf& g, const std::string& name,
                             const std::vector<int64_t>& ne) {
-  const Tensor* t = g.find_tensor(name);
-  if (t == nullptr) fail("missing tensor " + name);
-  const auto traits = model::type_traits(static_cast<uint32_t>(t->type));
-  if (!traits || !traits->supported)
-    fail("tensor " + name + " has type " + model::type_name(t->type) + ", which is not readable");
-  bool same = true;
-  for (size_t d = 0; d < 4; ++d) same = same && t->ne[d] == (d < ne.size() ? ne[d] : 1);
-  if (!same) {
-    std::string want = "[";
-    for (size_t d = 0; d < ne.size(); ++d) want += (d ? ", " : "") + std::to_string(ne[d]);
-    fail("tensor " + name + " has shape " + t->shape_string() + ", the metadata implies " + want +
-         "]");
-  }
-  if (t->ne[0] % traits->block_elems != 0)
-    fail("tensor " + name + ": rows of " + std::to_string(t->ne[0]) + " are not whole " +
-         model::type_name(t->type) + " blocks");
-  return *t;
+  return refgguf::tensor(g, name, ne, kWho, /*f32_only=*/false);
 }
-
-/// Row r (ne[0] values) of t, dequantized, as doubles.
-inline Vec row(const Tensor& t, int64_t r) {
-  const int64_t n = t.ne[0];
-  std::vector<float> f(static_cast<size_t>(n));
-  const uint8_t* p = t.data + static_cast<size_t>(r * model::row_bytes(t.type, n));
-  try {
-    model::dequantize_row(t.type, p, f.data(), n);
-  } catch (const std::exception& e) {
-    fail("tensor " + t.name + ": " + e.what());
-  }
-  return Vec(f.begin(), f.end());
-}
+inline Vec row(const Tensor& t, int64_t r) { return refgguf::row(t, r, kWho); }
 
 /// The 1-D tensor `name` of length n as doubles.
 inline Vec vec(const Gguf& g, const std::string& name, int64_t n) {
   return row(tensor(g, name, {n}), 0);
 }
 
-/// W x for w with ne [cols, rows]: y[r] = sum_c W[r][c] x[c].
-inline Vec matvec(const Tensor& w, const Vec& x) {
-  Vec out(static_cast<size_t>(w.ne[1]));
-  for (int64_t r = 0; r < w.ne[1]; ++r) out[r] = dot(row(w, r), x);
-  return out;
+inline Vec matvec(const Tensor& w, const Vec& x, int64_t m = 0) {
+  return refgguf::matvec(w, x, kWho, m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,9 +309,7 @@ inline std::vector<double> forward(const Model& m, const std::vector<int32_t>& t
 }
 
 inline std::unique_ptr<Gguf> open_gguf(const std::string& path) {
-  auto opened = Gguf::open(path);
-  if (!opened) fail(opened.error().message);
-  return std::move(*opened);
+  return refgguf::open_gguf(path, kWho);
 }
 
 }  // namespace gemma3_ref

@@ -20,6 +20,7 @@
 
 #include "model/ggml_types.h"
 #include "model/gguf.h"
+#include "tests/reference_gguf.h"
 #include "tests/reference_math.h"
 
 namespace troupe::testing {
@@ -29,9 +30,9 @@ using namespace refmath;  // NOLINT(google-build-using-namespace): the shared ar
 using Gguf = model::GgufFile;
 using Tensor = model::TensorInfo;
 
-[[noreturn]] inline void fail(const std::string& what) {
-  throw std::runtime_error("gpt-oss reference: " + what);
-}
+inline constexpr const char* kWho = "gpt-oss";
+
+[[noreturn]] inline void fail(const std::string& what) { refgguf::fail(kWho, what); }
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -88,46 +89,19 @@ inline Config read_config(const Gguf& g) {
 // ---------------------------------------------------------------------------------------------
 // Tensors and vector arithmetic
 
-/// The tensor `name`, which must exist, be F32 and have the ggml shape `ne` (innermost first;
-/// omitted trailing dimensions are 1).
 inline const Tensor& tensor(const Gguf& g, const std::string& name,
                             const std::vector<int64_t>& ne) {
-  const Tensor* t = g.find_tensor(name);
-  if (t == nullptr) fail("missing tensor " + name);
-  if (t->type != model::GgmlType::kF32) fail("tensor " + name + " is not F32");
-  bool same = true;
-  for (size_t d = 0; d < 4; ++d) same = same && t->ne[d] == (d < ne.size() ? ne[d] : 1);
-  if (!same) {
-    std::string want = "[";
-    for (size_t d = 0; d < ne.size(); ++d) want += (d ? ", " : "") + std::to_string(ne[d]);
-    fail("tensor " + name + " has shape " + t->shape_string() + ", the metadata implies " + want +
-         "]");
-  }
-  return *t;
+  return refgguf::tensor(g, name, ne, kWho, /*f32_only=*/true);
 }
-
-/// Row r (ne[0] floats, rows counted across all stacked matrices) of t as doubles.
-inline Vec row(const Tensor& t, int64_t r) {
-  Vec out(static_cast<size_t>(t.ne[0]));
-  const uint8_t* p = t.data + static_cast<size_t>(r * t.ne[0]) * sizeof(float);
-  for (size_t i = 0; i < out.size(); ++i) {
-    float f;
-    std::memcpy(&f, p + i * sizeof(float), sizeof(float));
-    out[i] = f;
-  }
-  return out;
-}
+inline Vec row(const Tensor& t, int64_t r) { return refgguf::row(t, r, kWho); }
 
 /// The 1-D tensor `name` of length n as doubles.
 inline Vec vec(const Gguf& g, const std::string& name, int64_t n) {
   return row(tensor(g, name, {n}), 0);
 }
 
-/// W x for matrix m of w (ne [cols, rows, matrices]): y[r] = sum_c W[r][c] x[c].
 inline Vec matvec(const Tensor& w, const Vec& x, int64_t m = 0) {
-  Vec out(static_cast<size_t>(w.ne[1]));
-  for (int64_t r = 0; r < w.ne[1]; ++r) out[r] = dot(row(w, m * w.ne[1] + r), x);
-  return out;
+  return refgguf::matvec(w, x, kWho, m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,9 +265,7 @@ inline std::vector<double> forward(const Gguf& g, Config c, const std::vector<in
 }
 
 inline std::unique_ptr<Gguf> open_gguf(const std::string& path) {
-  auto opened = Gguf::open(path);
-  if (!opened) fail(opened.error().message);
-  return std::move(*opened);
+  return refgguf::open_gguf(path, kWho);
 }
 
 }  // namespace gpt_oss_ref
