@@ -25,7 +25,6 @@ using model::WeightView;
 
 struct Engine::Scratch {
   int64_t T = 0;
-  std::vector<int32_t> tok_id;            // [T]
   std::vector<int64_t> tok_pos;           // [T]
   std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
   std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
@@ -170,11 +169,26 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
     const SeqStep& q = seqs[i];
     if (q.pos0 < 0) return Error{1, strfmt("step: sequence %zu has negative position", i)};
     if (q.tokens.empty()) return Error{1, strfmt("step: sequence %zu has no tokens", i)};
-    for (int32_t t : q.tokens)
+    int64_t n_embedded = 0;
+    for (int32_t t : q.tokens) {
+      if (t == SeqStep::kEmbedded) {
+        ++n_embedded;
+        continue;
+      }
       if (t < 0 || t >= s.n_vocab)
         return Error{
             1, strfmt("step: sequence %zu: token id %d is outside the vocabulary (0..%lld)", i, t,
                       static_cast<long long>(s.n_vocab - 1))};
+    }
+    if (static_cast<int64_t>(q.embd.size()) != n_embedded * s.n_embd)
+      return Error{1, strfmt("step: sequence %zu has %lld embedded positions (n_embd %lld) but "
+                             "%zu embedding values",
+                             i, static_cast<long long>(n_embedded),
+                             static_cast<long long>(s.n_embd), q.embd.size())};
+    if (n_embedded > 0 && !range_.embed)
+      return Error{1, strfmt("step: sequence %zu has embedded positions but this stage does not "
+                             "embed",
+                             i)};
     const int64_t end = q.pos0 + static_cast<int64_t>(q.tokens.size());
     const int64_t need = (end + bs - 1) / bs;
     if (static_cast<int64_t>(q.blocks.size()) < need)
@@ -204,14 +218,12 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   for (const SeqStep& q : seqs) T += static_cast<int64_t>(q.tokens.size());
   S.T = T;
   S.seqs = seqs;
-  S.tok_id.resize(static_cast<size_t>(T));
   S.tok_pos.resize(static_cast<size_t>(T));
   S.tok_seq.resize(static_cast<size_t>(T));
   {
     int64_t t = 0;
     for (size_t i = 0; i < seqs.size(); ++i)
       for (size_t j = 0; j < seqs[i].tokens.size(); ++j, ++t) {
-        S.tok_id[static_cast<size_t>(t)] = seqs[i].tokens[j];
         S.tok_pos[static_cast<size_t>(t)] = seqs[i].pos0 + static_cast<int64_t>(j);
         S.tok_seq[static_cast<size_t>(t)] = static_cast<int32_t>(i);
       }
@@ -231,10 +243,21 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     model::rope_cos_sin(S.rope_local, positions, S.rope_cos_local.data(), S.rope_sin_local.data());
   }
   if (range_.embed) {
-    for (int64_t t = 0; t < T; ++t)
-      get_row(s.token_embd, S.tok_id[static_cast<size_t>(t)], &S.x[static_cast<size_t>(t * E)]);
-    if (s.embd_scale != 1.0f)
-      for (int64_t i = 0; i < T * E; ++i) S.x[i] *= s.embd_scale;
+    int64_t t = 0;
+    for (const SeqStep& q : seqs) {
+      const float* row = q.embd.data();  // the next embedded position's input row
+      for (int32_t id : q.tokens) {
+        float* x = &S.x[static_cast<size_t>(t++ * E)];
+        if (id == SeqStep::kEmbedded) {
+          std::memcpy(x, row, static_cast<size_t>(E) * sizeof(float));
+          row += E;
+          continue;
+        }
+        get_row(s.token_embd, id, x);
+        if (s.embd_scale != 1.0f)
+          for (int64_t i = 0; i < E; ++i) x[i] *= s.embd_scale;
+      }
+    }
   } else {
     std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
   }

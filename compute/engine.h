@@ -70,10 +70,17 @@ struct EngineOptions {
 
 /// One sequence's part of a step.
 struct SeqStep {
+  /// A token id that takes its input row from `embd` instead of the token embedding table: an
+  /// image position of a vision-language prompt (its row comes from the vision encoder).
+  static constexpr int32_t kEmbedded = -1;
+
   int64_t pos0 = 0;                 // positions [0, pos0) are already in this sequence's KV
   std::span<const int32_t> tokens;  // new tokens, at positions pos0 ... pos0 + size - 1
   std::span<const int32_t> blocks;  // block table covering at least [0, pos0 + size)
   enum class Logits : uint8_t { kNone, kLast, kAll } logits = Logits::kLast;
+  /// f32 [number of kEmbedded tokens, n_embd]: their input rows, in order. Used as they are
+  /// (no embedding scale: Gemma's sqrt(n_embd) applies to token rows only, as in llama.cpp).
+  std::span<const float> embd;
 };
 
 struct StepResult {
@@ -93,8 +100,9 @@ class Engine {
                                                 const EngineOptions& opts);
   ~Engine();
 
-  /// Runs one batched step. Validates every SeqStep (token ids in range, block tables long
-  /// enough, block ids in range) and returns an Error without computing when one is bad.
+  /// Runs one batched step. Validates every SeqStep (token ids in range or kEmbedded with one
+  /// embd row each, block tables long enough, block ids in range) and returns an Error without
+  /// computing when one is bad.
   /// hidden_in: f32 [num_tokens, n_embd] when the range does not embed (else ignored).
   /// hidden_out: receives f32 [num_tokens, n_embd] when the range has no head (then `out` only
   /// gets its row bookkeeping and no logits).

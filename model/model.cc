@@ -39,8 +39,6 @@ const char* arch_name(Arch a) {
   return "?";
 }
 
-namespace {
-
 WeightView view_of(const TensorInfo& t) {
   WeightView v;
   v.name = t.name;
@@ -51,6 +49,8 @@ WeightView view_of(const TensorInfo& t) {
   v.data = t.data;
   return v;
 }
+
+namespace {
 
 class GgufSpecBuilder {
  public:
@@ -92,6 +92,11 @@ class GgufSpecBuilder {
       s.arch = Arch::kGptOss;
     } else if (arch == "gemma3") {
       s.arch = Arch::kGemma3;
+    } else if (arch == "clip") {
+      TROUPE_INPUT_ERROR(
+          "%s: this is a vision encoder (mmproj), not a language model: pass it "
+          "with --mmproj beside the language model",
+          g_.path().c_str());
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "

@@ -15,6 +15,7 @@ namespace troupe::model {
 
 class GgufFile;
 class Tokenizer;
+struct TensorInfo;
 
 struct Model {
   std::string path;
@@ -32,6 +33,9 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& path);
 /// Builds a ModelSpec from an open GGUF file (weight views point into its mapping).
 /// Throws InputError naming the file and the key or tensor.
 ModelSpec spec_from_gguf(const GgufFile& gguf);
+
+/// A GGUF tensor as a weight view: ne[0], ne[1], and ne[2] * ne[3] stacked matrices.
+WeightView view_of(const TensorInfo& t);
 
 /// Row r (of a 2-D view in rows) as floats: dequantize_row, and for kF8_E4M3 each value times
 /// its block's scale (one float multiply: the nearest float to the exact product).

@@ -1,0 +1,39 @@
+// A prompt with images, as the engine takes it: token ids with SeqStep::kEmbedded at each image
+// position and the images' embedding rows in order. Built the way llama.cpp's libmtmd lays a
+// prompt out, so that outputs can be compared with it. Users: bin/ (troupe generate --image).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "model/vision.h"
+
+namespace troupe::model {
+class Tokenizer;
+}
+
+namespace troupe::compute {
+
+/// Where an image goes in a prompt's text (llama.cpp's default media marker).
+inline constexpr std::string_view kMediaMarker = "<__media__>";
+
+struct MultimodalPrompt {
+  std::vector<int32_t> tokens;  // ids, and SeqStep::kEmbedded at image positions
+  std::vector<float> embd;      // f32 [number of kEmbedded tokens, n_embd]
+};
+
+/// Splits `text` at each kMediaMarker (one per image, in order; with no marker at all the images
+/// come first, each followed by nothing) and tokenizes each text part on its own without
+/// BOS/EOS but recognising special-token texts, BOS first when add_bos (llama.cpp's
+/// mtmd_tokenize). Each image is its rows of `images` (f32 [tokens_per_image, n_embd]), wrapped
+/// in the projector's begin/end-of-image tokens where it has them (Gemma 3's <start_of_image>
+/// and <end_of_image>). Errors: marker count not equal to the image count, an image of the wrong
+/// size, begin/end tokens missing from the vocabulary.
+Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, std::string_view text,
+                                                 std::span<const std::vector<float>> images,
+                                                 const model::VisionSpec& vision, bool add_bos);
+
+}  // namespace troupe::compute
