@@ -7,7 +7,8 @@
 namespace troupe::cli {
 
 ArgParser::ArgParser(const std::vector<std::string>& args, const std::set<std::string>& with_value,
-                     const std::set<std::string>& flags, size_t max_positional) {
+                     const std::set<std::string>& flags, size_t max_positional,
+                     const std::set<std::string>& repeatable) {
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
     if (a.rfind("--", 0) != 0 || a.size() == 2) {
@@ -27,8 +28,10 @@ ArgParser::ArgParser(const std::vector<std::string>& args, const std::set<std::s
         if (i + 1 >= args.size()) throw CliError("option --" + name + " needs a value");
         value = args[++i];
       }
-      if (values_.count(name)) throw CliError("option --" + name + " given twice");
+      if (values_.count(name) && !repeatable.count(name))
+        throw CliError("option --" + name + " given twice");
       values_[name] = value;
+      repeated_[name].push_back(value);
     } else if (flags.count(name)) {
       if (inline_value) throw CliError("option --" + name + " takes no value");
       flags_.insert(name);
@@ -36,6 +39,11 @@ ArgParser::ArgParser(const std::vector<std::string>& args, const std::set<std::s
       throw CliError("unknown option --" + name);
     }
   }
+}
+
+std::vector<std::string> ArgParser::all(const std::string& name) const {
+  auto it = repeated_.find(name);
+  return it == repeated_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string ArgParser::str(const std::string& name, const std::string& def) const {

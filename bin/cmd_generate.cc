@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -13,9 +14,14 @@
 #include "bin/commands.h"
 #include "bin/common.h"
 #include "compute/engine.h"
+#include "compute/multimodal_prompt.h"
 #include "compute/sampler.h"
 #include "compute/thread_pool.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
+#include "model/vision.h"
 
 namespace troupe::cli {
 
@@ -43,7 +49,11 @@ constexpr const char* kGenerateHelp =
     "  --weights W          where compute reads weights: auto (default: memory if the copy\n"
     "                       fits with room to spare, else map), memory (a private copy in\n"
     "                       huge-page memory, made at start) or map (the file mapping)\n"
+    "  --mmproj PATH        a vision encoder (llama.cpp mmproj GGUF: LLaVA mlp, Gemma 3)\n"
+    "  --image FILE         a PNG or JPEG for the prompt (repeatable); each goes where the\n"
+    "                       prompt says <__media__>, or before the text when it says none\n"
     "  --json               print {\"prompt_tokens\":[...],\"tokens\":[...],\"text\":\"...\"}\n"
+    "                       (image positions are -1 in prompt_tokens)\n"
     "  --stats              print prefill/decode speed to stderr\n"
     "through the actor system (router, scheduler, pipeline stages, expert shards):\n"
     "  --config PLAN.toml   run the plan a TOML file describes (see conf/plan-example.toml)\n"
@@ -53,6 +63,39 @@ constexpr const char* kGenerateHelp =
     "  --head HOST:PORT     send the prompts to the cluster's head node\n"
     "  --token T            the cluster token (or TROUPE_CLUSTER_TOKEN, or --config CLUSTER)\n";
 
+// The prompt text with the --image files encoded by the --mmproj encoder in their places.
+compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::Model& model,
+                                             int threads) {
+  const std::vector<std::string> files = ap.all("image");
+  if (files.empty()) throw CliError("--mmproj needs at least one --image");
+  auto vision = model::load_vision_model(ap.required("mmproj"));
+  if (!vision) throw CliError(vision.error().message);
+  const model::VisionSpec& vs = (*vision)->spec;
+  if (vs.n_embd_out != model.spec.n_embd)
+    throw CliError(
+        strfmt("the vision encoder gives rows of %lld values but the language model's "
+               "width is %lld: they do not belong together",
+               static_cast<long long>(vs.n_embd_out), static_cast<long long>(model.spec.n_embd)));
+  if (vs.projector == model::Projector::kGemma3)
+    throw CliError(
+        "Gemma 3 images attend to themselves in both directions, which troupe's "
+        "engine does not do yet");
+  auto enc = compute::VisionEncoder::create(*vision, threads);
+  if (!enc) throw CliError(enc.error().message);
+  std::vector<std::vector<float>> rows;
+  for (const std::string& f : files) {
+    auto image = model::read_image_file(f);
+    if (!image) throw CliError(image.error().message);
+    auto e = (*enc)->encode(*image);
+    if (!e) throw CliError(f + ": " + e.error().message);
+    rows.push_back(std::move(*e));
+  }
+  auto p = compute::build_multimodal_prompt(*model.tokenizer, ap.str("prompt"), rows, vs,
+                                            !ap.flag("no-bos"));
+  if (!p) throw CliError(p.error().message);
+  return std::move(*p);
+}
+
 }  // namespace
 
 int cmd_generate(const Args& args) {
@@ -60,29 +103,33 @@ int cmd_generate(const Args& args) {
     std::fputs(kGenerateHelp, stdout);
     return 0;
   }
-  ArgParser ap(args, {"model",
-                      "prompt",
-                      "prompt-tokens",
-                      "max-tokens",
-                      "temperature",
-                      "top-k",
-                      "top-p",
-                      "min-p",
-                      "repeat-penalty",
-                      "presence-penalty",
-                      "frequency-penalty",
-                      "seed",
-                      "stop",
-                      "threads",
-                      "config",
-                      "stages",
-                      "expert-shards",
-                      "concurrency",
-                      "prompt-file",
-                      "head",
-                      "token",
-                      "weights"},
-               {"json", "stats", "ignore-eos", "no-bos"});
+  ArgParser ap(args,
+               {"model",
+                "prompt",
+                "prompt-tokens",
+                "max-tokens",
+                "temperature",
+                "top-k",
+                "top-p",
+                "min-p",
+                "repeat-penalty",
+                "presence-penalty",
+                "frequency-penalty",
+                "seed",
+                "stop",
+                "threads",
+                "config",
+                "stages",
+                "expert-shards",
+                "concurrency",
+                "prompt-file",
+                "head",
+                "token",
+                "weights",
+                "mmproj",
+                "image"},
+               {"json", "stats", "ignore-eos", "no-bos"}, 0, {"image"});
+  const bool with_images = ap.has("image") || ap.has("mmproj");
   const bool use_plan =
       ap.has("config") || ap.has("stages") || ap.has("expert-shards") || ap.has("head");
   if (!use_plan && ap.has("prompt-file"))
@@ -107,14 +154,25 @@ int cmd_generate(const Args& args) {
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
+  if (with_images && use_plan)
+    throw CliError(
+        "--image runs in the single-process engine only, not yet with --config, "
+        "--stages, --expert-shards or --head");
   if (ap.has("head")) return generate_with_head(ap, sp, max_tokens);
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");
 
   auto model = load_model_or_throw(path, ap.str("weights", "auto"));
   const model::Tokenizer* tok = model->tokenizer.get();
+  const int threads = compute::resolve_threads(threads_option(ap), 1);
   std::vector<int32_t> prompt;
-  if (ap.has("prompt")) {
+  std::vector<float> image_rows;  // the input rows of the prompt's image positions
+  if (with_images) {
+    if (!tok || !ap.has("prompt")) throw CliError("--image needs a text --prompt and a vocabulary");
+    compute::MultimodalPrompt mp = prompt_with_images(ap, *model, threads);
+    prompt = std::move(mp.tokens);
+    image_rows = std::move(mp.embd);
+  } else if (ap.has("prompt")) {
     if (!tok) throw CliError(path + " has no vocabulary: use --prompt-tokens");
     prompt = tok->encode(ap.str("prompt"), !ap.flag("no-bos"));
   } else {
@@ -126,7 +184,6 @@ int cmd_generate(const Args& args) {
       throw CliError("prompt token " + std::to_string(id) + " is outside the vocabulary (size " +
                      std::to_string(model->spec.n_vocab) + ")");
 
-  const int threads = compute::resolve_threads(threads_option(ap), 1);
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
@@ -137,7 +194,9 @@ int cmd_generate(const Args& args) {
     throw CliError("KV cache too small");
 
   compute::Sampler sampler(sp);
-  std::vector<int32_t> history = prompt, generated;
+  std::vector<int32_t> history, generated;  // penalties see the prompt's tokens, not its images
+  std::copy_if(prompt.begin(), prompt.end(), std::back_inserter(history),
+               [](int32_t id) { return id != compute::SeqStep::kEmbedded; });
   std::vector<int32_t> eos_ids;
   if (tok && tok->eos_id() >= 0) eos_ids.push_back(tok->eos_id());
   const bool json = ap.flag("json");
@@ -157,11 +216,18 @@ int cmd_generate(const Args& args) {
   constexpr int64_t kChunk = 512;
   compute::StepResult res;
   const auto t0 = Clock::now();
+  const int64_t E = model->spec.n_embd;
+  size_t row = 0;  // the next image row
   for (size_t at = 0; at < prompt.size();) {
     const size_t n = std::min<size_t>(kChunk, prompt.size() - at);
     const bool last = at + n == prompt.size();
     compute::SeqStep st = seq.next({prompt.data() + at, n}, last ? compute::SeqStep::Logits::kLast
                                                                  : compute::SeqStep::Logits::kNone);
+    const auto k = static_cast<size_t>(std::count(prompt.begin() + static_cast<ptrdiff_t>(at),
+                                                  prompt.begin() + static_cast<ptrdiff_t>(at + n),
+                                                  compute::SeqStep::kEmbedded));
+    st.embd = {image_rows.data() + row * static_cast<size_t>(E), k * static_cast<size_t>(E)};
+    row += k;
     if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
     seq.advance(static_cast<int64_t>(n));
     at += n;

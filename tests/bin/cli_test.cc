@@ -1,5 +1,7 @@
 // End-to-end tests of the `troupe` command: real processes, real model files. Bad input must
 // give one line on stderr and a non-zero exit; good input the reference tokens and logits.
+#include <algorithm>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -213,6 +215,61 @@ TEST(Cli, GenerateJsonMatchesGoldenGreedyTokens) {
   // Every recorded margin of this case is far above the tolerance bound, so all tokens must match.
   EXPECT_EQ(out.at("tokens").get<std::vector<int32_t>>(), greedy);
   EXPECT_FALSE(out.at("text").get<std::string>().empty());
+}
+
+// An image prompt from the command line: the PNG, the mmproj and the text with its media
+// marker give the reference's greedy tokens (llama.cpp libmtmd, golden/vlm).
+TEST(Cli, ImagePromptGeneratesGoldenGreedyTokens) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  for (const char* c : {"checker_50x40", "circles_64x64", "gradient_32x32"}) {
+    SCOPED_TRACE(c);
+    const std::string dir = shared + "/golden/vlm/llava-tiny__" + c + "__look";
+    const auto j = nlohmann::json::parse(testing::read_text_file(dir + "/case.json"));
+    const auto greedy = j.at("greedy_tokens").get<std::vector<int32_t>>();
+    CliRun r = troupe({"generate", "--model", shared + "/models/synth/llava-tiny/model.gguf",
+                       "--mmproj", shared + "/models/synth/llava-tiny/mmproj.gguf", "--image",
+                       shared + "/golden/vlm/images/" + c + ".png", "--prompt",
+                       j.at("prompt_text").get<std::string>(), "--max-tokens",
+                       std::to_string(greedy.size()), "--json", "--ignore-eos"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto out = nlohmann::json::parse(r.out);
+    // Every recorded margin is far above the tolerance bound: all tokens must match.
+    EXPECT_EQ(out.at("tokens").get<std::vector<int32_t>>(), greedy);
+    const auto prompt = out.at("prompt_tokens").get<std::vector<int32_t>>();
+    EXPECT_EQ(std::count(prompt.begin(), prompt.end(), -1), 16) << "image positions";
+  }
+}
+
+TEST(Cli, ImagePromptErrorsAreOneLine) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string model = shared + "/models/synth/llava-tiny/model.gguf";
+  const std::string mmproj = shared + "/models/synth/llava-tiny/mmproj.gguf";
+  const std::string png = shared + "/golden/vlm/images/circles_64x64.png";
+  const fs::path text = temp_dir() / "not_an_image.png";
+  {
+    std::ofstream f(text);
+    f << "hello";
+  }
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image",
+                                text.string(), "--prompt", "x"}),
+                        "not_an_image.png: unknown image format");
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image",
+                                "/nonexistent.png", "--prompt", "x"}),
+                        "/nonexistent.png");
+  expect_one_line_error(troupe({"generate", "--model", model, "--image", png, "--prompt", "x"}),
+                        "missing required option --mmproj");
+  expect_one_line_error(troupe({"generate", "--model", mmproj, "--prompt", "x"}),
+                        "pass it with --mmproj");
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
+                                "--prompt", "<__media__> and <__media__>"}),
+                        "2 image markers");
+  expect_one_line_error(
+      troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf", "--mmproj",
+              mmproj, "--image", png, "--prompt", "x"}),
+      "do not belong together");
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
+                                "--prompt", "x", "--stages", "2"}),
+                        "single-process engine only");
 }
 
 TEST(Cli, TextPromptTokenizesLikeReference) {
