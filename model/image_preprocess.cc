@@ -88,22 +88,26 @@ Image resize_bilinear(const Image& src, int32_t width, int32_t height) {
   check_resize_args(src, width, height);
   const int32_t nx = src.width, ny = src.height;
   Image dst = blank(width, height);
-  // Step (n - 1) / n_dst in float32: the last destination pixel stops short of the last source
-  // pixel, which is what llama.cpp computes (neither align-corners nor half-pixel).
-  const float x_ratio = static_cast<float>(nx - 1) / static_cast<float>(width);
-  const float y_ratio = static_cast<float>(ny - 1) / static_cast<float>(height);
+  // Align-corners step (n_src - 1) / (n_dst - 1) in float32: the first and last destination
+  // pixels sit exactly on the first and last source pixels. A 1-pixel destination samples the
+  // first source pixel.
+  const float x_ratio =
+      width > 1 ? static_cast<float>(nx - 1) / static_cast<float>(width - 1) : 0.0f;
+  const float y_ratio =
+      height > 1 ? static_cast<float>(ny - 1) / static_cast<float>(height - 1) : 0.0f;
   auto at = [&](int32_t x, int32_t y, int c) -> float {
     return src.rgb[(size_t{3} * (static_cast<size_t>(y) * nx + x)) + c];
   };
   for (int32_t y = 0; y < height; ++y) {
     const float py = y_ratio * static_cast<float>(y);
-    const auto y0 = static_cast<int32_t>(py);
+    // The last row lands on n_src - 1 exactly: step back to n_src - 2 with weight 1 so that the
+    // second sample stays inside. A 1-pixel source uses its only row twice.
+    const int32_t y0 = std::max(std::min(static_cast<int32_t>(py), ny - 2), 0);
     const float fy = py - static_cast<float>(y0);
-    // With a 1-pixel source llama.cpp reads past the row; we repeat the edge (weight is 0).
     const int32_t y1 = std::min(y0 + 1, ny - 1);
     for (int32_t x = 0; x < width; ++x) {
       const float px = x_ratio * static_cast<float>(x);
-      const auto x0 = static_cast<int32_t>(px);
+      const int32_t x0 = std::max(std::min(static_cast<int32_t>(px), nx - 2), 0);
       const float fx = px - static_cast<float>(x0);
       const int32_t x1 = std::min(x0 + 1, nx - 1);
       for (int c = 0; c < 3; ++c) {

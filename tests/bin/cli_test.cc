@@ -1,7 +1,6 @@
 // End-to-end tests of the `troupe` command: real processes, real model files. Bad input must
 // give one line on stderr and a non-zero exit; good input the reference tokens and logits.
 #include <algorithm>
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
