@@ -76,10 +76,6 @@ compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::M
         strfmt("the vision encoder gives rows of %lld values but the language model's "
                "width is %lld: they do not belong together",
                static_cast<long long>(vs.n_embd_out), static_cast<long long>(model.spec.n_embd)));
-  if (vs.projector == model::Projector::kGemma3)
-    throw CliError(
-        "Gemma 3 images attend to themselves in both directions, which troupe's "
-        "engine does not do yet");
   auto enc = compute::VisionEncoder::create(*vision, threads);
   if (!enc) throw CliError(enc.error().message);
   std::vector<std::vector<float>> rows;
@@ -165,13 +161,11 @@ int cmd_generate(const Args& args) {
   auto model = load_model_or_throw(path, ap.str("weights", "auto"));
   const model::Tokenizer* tok = model->tokenizer.get();
   const int threads = compute::resolve_threads(threads_option(ap), 1);
-  std::vector<int32_t> prompt;
-  std::vector<float> image_rows;  // the input rows of the prompt's image positions
+  compute::MultimodalPrompt mp;  // the prompt's tokens, and its images' rows where it has any
+  std::vector<int32_t>& prompt = mp.tokens;
   if (with_images) {
     if (!tok || !ap.has("prompt")) throw CliError("--image needs a text --prompt and a vocabulary");
-    compute::MultimodalPrompt mp = prompt_with_images(ap, *model, threads);
-    prompt = std::move(mp.tokens);
-    image_rows = std::move(mp.embd);
+    mp = prompt_with_images(ap, *model, threads);
   } else if (ap.has("prompt")) {
     if (!tok) throw CliError(path + " has no vocabulary: use --prompt-tokens");
     prompt = tok->encode(ap.str("prompt"), !ap.flag("no-bos"));
@@ -216,21 +210,19 @@ int cmd_generate(const Args& args) {
   constexpr int64_t kChunk = 512;
   compute::StepResult res;
   const auto t0 = Clock::now();
-  const int64_t E = model->spec.n_embd;
-  size_t row = 0;  // the next image row
-  for (size_t at = 0; at < prompt.size();) {
-    const size_t n = std::min<size_t>(kChunk, prompt.size() - at);
-    const bool last = at + n == prompt.size();
-    compute::SeqStep st = seq.next({prompt.data() + at, n}, last ? compute::SeqStep::Logits::kLast
-                                                                 : compute::SeqStep::Logits::kNone);
-    const auto k = static_cast<size_t>(std::count(prompt.begin() + static_cast<ptrdiff_t>(at),
-                                                  prompt.begin() + static_cast<ptrdiff_t>(at + n),
-                                                  compute::SeqStep::kEmbedded));
-    st.embd = {image_rows.data() + row * static_cast<size_t>(E), k * static_cast<size_t>(E)};
-    row += k;
+  const auto E = static_cast<size_t>(model->spec.n_embd);
+  for (const compute::PrefillChunk& c : compute::prefill_chunks(mp, kChunk)) {
+    const auto n = static_cast<size_t>(c.end - c.begin);
+    const bool last = c.end == static_cast<int64_t>(prompt.size());
+    compute::SeqStep st =
+        seq.next({prompt.data() + c.begin, n},
+                 last ? compute::SeqStep::Logits::kLast : compute::SeqStep::Logits::kNone);
+    const auto rows = static_cast<size_t>(
+        std::count(st.tokens.begin(), st.tokens.end(), compute::SeqStep::kEmbedded));
+    st.embd = {mp.embd.data() + static_cast<size_t>(c.row_begin) * E, rows * E};
+    st.non_causal = c.non_causal;
     if (auto s = (*eng)->step({&st, 1}, &res); !s) throw CliError(s.error().message);
     seq.advance(static_cast<int64_t>(n));
-    at += n;
   }
   const double t_prefill = seconds_since(t0);
   const auto t1 = Clock::now();

@@ -76,6 +76,12 @@ int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads) {
   return 1;
 }
 
+// How many positions the token at `pos` of step q attends to: those up to itself, or with
+// non_causal every position of the step.
+int64_t keys_seen(const SeqStep& q, int64_t pos) {
+  return q.non_causal ? q.pos0 + static_cast<int64_t>(q.tokens.size()) : pos + 1;
+}
+
 // The KV view of one sequence at layer l: its blocks' first rows, in position order.
 KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t k_offset,
                int64_t v_offset, std::vector<const float*>& blocks) {
@@ -384,10 +390,11 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t t = tp / parts, h0 = tp % parts * part, kvh = h0 / group;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      KvView kv = kv_view(*kv_, l, q, pos + 1, kvh * dk, k_width + kvh * dv, blocks);
+      const int64_t n_keys = keys_seen(q, pos);
+      KvView kv = kv_view(*kv_, l, q, n_keys, kvh * dk, k_width + kvh * dv, blocks);
       if (L.window > 0) kv.first = std::max<int64_t>(0, pos + 1 - L.window);
       if (sinks != nullptr) kv.sinks = sinks + h0;
-      attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, pos + 1, scale, dv,
+      attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, n_keys, scale, dv,
                    &S.attn[t * H * dv + h0 * dv], dv);
     }
   });
@@ -450,8 +457,9 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t t = tp / parts, h0 = tp % parts * part;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-      const KvView kv = kv_view(*kv_, l, q, pos + 1, 0, 0, blocks);
-      attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, pos + 1, scale, lora,
+      const int64_t n_keys = keys_seen(q, pos);
+      const KvView kv = kv_view(*kv_, l, q, n_keys, 0, 0, blocks);
+      attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, n_keys, scale, lora,
                    &S.lat[(t * H + h0) * lora], lora);
     }
   });

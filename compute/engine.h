@@ -81,6 +81,10 @@ struct SeqStep {
   /// f32 [number of kEmbedded tokens, n_embd]: their input rows, in order. Used as they are
   /// (no embedding scale: Gemma's sqrt(n_embd) applies to token rows only, as in llama.cpp).
   std::span<const float> embd;
+  /// Every token of this step attends to all of the step's positions, not only to earlier ones
+  /// (Gemma 3's image positions, prefilled as one step of their own, as llama.cpp does). The
+  /// result then depends on where the step begins and ends; causal steps never do.
+  bool non_causal = false;
 };
 
 struct StepResult {

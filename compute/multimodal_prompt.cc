@@ -1,6 +1,7 @@
 // build_multimodal_prompt: text parts and image rows in prompt order (see the header).
 #include "compute/multimodal_prompt.h"
 
+#include <algorithm>
 #include <string>
 
 #include "base/check.h"
@@ -60,6 +61,7 @@ Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, st
   const int64_t rows = vision.n_image_tokens(), width = vision.n_embd_out;
 
   MultimodalPrompt p;
+  p.non_causal_images = vision.projector == model::Projector::kGemma3;
   if (add_bos && tok.bos_id() >= 0) p.tokens.push_back(tok.bos_id());
   size_t at = 0, image = 0;
   while (true) {
@@ -77,12 +79,38 @@ Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, st
       return Error{
           1, strfmt("image %zu has %zu embedding values, expected %lld x %lld", image + 1, e.size(),
                     static_cast<long long>(rows), static_cast<long long>(width))};
+    p.images.push_back({static_cast<int64_t>(p.tokens.size()), rows});
     p.tokens.insert(p.tokens.end(), static_cast<size_t>(rows), SeqStep::kEmbedded);
     p.embd.insert(p.embd.end(), e.begin(), e.end());
     ++image;
     at = m + kMediaMarker.size();
   }
   return p;
+}
+
+std::vector<PrefillChunk> prefill_chunks(const MultimodalPrompt& p, int64_t max_tokens) {
+  TROUPE_CHECK(max_tokens > 0, "prefill_chunks: max_tokens %lld",
+               static_cast<long long>(max_tokens));
+  std::vector<PrefillChunk> out;
+  const int64_t n = static_cast<int64_t>(p.tokens.size());
+  int64_t at = 0, row = 0;
+  size_t image = 0;
+  auto add = [&](int64_t end, bool non_causal) {
+    out.push_back({at, end, row, non_causal});
+    for (int64_t i = at; i < end; ++i)
+      row += p.tokens[static_cast<size_t>(i)] == SeqStep::kEmbedded;
+    at = end;
+  };
+  while (at < n) {
+    if (p.non_causal_images && image < p.images.size() && p.images[image].begin == at) {
+      add(at + p.images[image++].count, true);
+      continue;
+    }
+    int64_t end = std::min(n, at + max_tokens);
+    if (p.non_causal_images && image < p.images.size()) end = std::min(end, p.images[image].begin);
+    add(end, false);
+  }
+  return out;
 }
 
 }  // namespace troupe::compute

@@ -21,9 +21,24 @@ namespace troupe::compute {
 inline constexpr std::string_view kMediaMarker = "<__media__>";
 
 struct MultimodalPrompt {
-  std::vector<int32_t> tokens;  // ids, and SeqStep::kEmbedded at image positions
-  std::vector<float> embd;      // f32 [number of kEmbedded tokens, n_embd]
+  struct Span {
+    int64_t begin = 0, count = 0;  // token positions
+  };
+  std::vector<int32_t> tokens;     // ids, and SeqStep::kEmbedded at image positions
+  std::vector<float> embd;         // f32 [number of kEmbedded tokens, n_embd]
+  std::vector<Span> images;        // where each image's rows are, in order
+  bool non_causal_images = false;  // each image must be one step with SeqStep::non_causal
 };
+
+/// One prefill step of a multimodal prompt: tokens [begin, end), rows [row_begin, ...).
+struct PrefillChunk {
+  int64_t begin = 0, end = 0, row_begin = 0;
+  bool non_causal = false;
+};
+
+/// Prefill steps of at most max_tokens each (an image that must be non-causal is one step of its
+/// own, however long); causal prompts split anywhere, which never changes a result.
+std::vector<PrefillChunk> prefill_chunks(const MultimodalPrompt& p, int64_t max_tokens);
 
 /// Splits `text` at each kMediaMarker (one per image, in order; with no marker at all the images
 /// come first, each followed by nothing) and tokenizes each text part on its own without

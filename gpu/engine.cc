@@ -129,6 +129,10 @@ Status GpuEngine::Impl::validate(std::span<const SeqStep> seqs, const compute::S
     if (q.pos0 < 0)
       return Error{kErrBadInput, strfmt("step: sequence %zu has negative position", i)};
     if (q.tokens.empty()) return Error{kErrBadInput, strfmt("step: sequence %zu has no tokens", i)};
+    if (q.non_causal)
+      return Error{kErrBadInput, strfmt("step: sequence %zu is non-causal, which the GPU engine "
+                                        "does not do yet",
+                                        i)};
     if (!q.embd.empty())
       return Error{kErrBadInput, strfmt("step: sequence %zu has embedded (image) positions, which "
                                         "the GPU engine does not take yet",

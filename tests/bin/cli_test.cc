@@ -266,6 +266,10 @@ TEST(Cli, ImagePromptErrorsAreOneLine) {
       troupe({"generate", "--model", shared + "/models/stories260K/stories260K.gguf", "--mmproj",
               mmproj, "--image", png, "--prompt", "x"}),
       "do not belong together");
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj",
+                                shared + "/models/tinygemma3-mmproj/mmproj-tinygemma3.gguf",
+                                "--image", png, "--prompt", "x"}),
+                        "no <start_of_image> / <end_of_image> tokens");
   expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
                                 "--prompt", "x", "--stages", "2"}),
                         "single-process engine only");

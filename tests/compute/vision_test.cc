@@ -222,6 +222,28 @@ TEST(VisionPrompt, MarkerCountMustMatchImages) {
   EXPECT_NE(wrong.error().message.find("7 embedding values"), std::string::npos);
 }
 
+// Prefill steps: a non-causal image is one step of its own, whatever the chunk size; causal
+// prompts are cut only by the chunk size.
+TEST(VisionPrompt, PrefillChunksKeepNonCausalImagesWhole) {
+  MultimodalPrompt p;
+  const int32_t I = SeqStep::kEmbedded;
+  p.tokens = {1, 2, 3, I, I, I, I, I, 4, 5, I, I, 6};
+  p.images = {{3, 5}, {10, 2}};
+  auto as_tuples = [](const std::vector<PrefillChunk>& cs) {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& c : cs) out.push_back({c.begin, c.end, c.row_begin, c.non_causal ? 1 : 0});
+    return out;
+  };
+  using V = std::vector<std::vector<int64_t>>;
+  EXPECT_EQ(as_tuples(prefill_chunks(p, 4)),
+            (V{{0, 4, 0, 0}, {4, 8, 1, 0}, {8, 12, 5, 0}, {12, 13, 7, 0}}));
+  p.non_causal_images = true;
+  EXPECT_EQ(as_tuples(prefill_chunks(p, 4)),
+            (V{{0, 3, 0, 0}, {3, 8, 0, 1}, {8, 10, 5, 0}, {10, 12, 5, 1}, {12, 13, 7, 0}}));
+  EXPECT_EQ(as_tuples(prefill_chunks(p, 100)),
+            (V{{0, 3, 0, 0}, {3, 8, 0, 1}, {8, 10, 5, 0}, {10, 12, 5, 1}, {12, 13, 7, 0}}));
+}
+
 // The engine refuses embedded positions without their rows, or with too many.
 TEST(VisionPrompt, EngineChecksEmbeddingRows) {
   TROUPE_SHARED_OR_SKIP(shared);
