@@ -3,6 +3,7 @@
 // metadata and tensors changed. Header-only; for test binaries that link troupe_model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -51,12 +52,13 @@ struct ExtraTensor {
   model::GgmlType type = model::GgmlType::kF32;  // stored as (converted by the writer)
 };
 
-/// A copy of the GGUF file `src` in `dir` named `name`: every key and tensor, then `edit` run on
-/// the writer (to set or remove keys), then `extra` tensors appended. Returns the path ("" with
-/// a test failure when the copy could not be written).
+/// A copy of the GGUF file `src` in `dir` named `name`: every key and tensor but those named in
+/// `drop`, then `edit` run on the writer (to set or remove keys), then `extra` tensors appended.
+/// Returns the path ("" with a test failure when the copy could not be written).
 inline std::string edited_gguf(const TempDir& dir, const std::string& name, const std::string& src,
                                const std::function<void(model::GgufWriter&)>& edit,
-                               const std::vector<ExtraTensor>& extra = {}) {
+                               const std::vector<ExtraTensor>& extra = {},
+                               const std::vector<std::string>& drop = {}) {
   auto f = model::GgufFile::open(src);
   EXPECT_TRUE(f.has_value()) << src << ": " << f.error().message;
   if (!f) return {};
@@ -64,6 +66,7 @@ inline std::string edited_gguf(const TempDir& dir, const std::string& name, cons
   for (const auto& [key, value] : (*f)->metadata()) w.copy_value(key, value);
   edit(w);
   for (const model::TensorInfo& t : (*f)->tensors()) {
+    if (std::find(drop.begin(), drop.end(), t.name) != drop.end()) continue;
     const std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
     const std::span<const uint8_t> bytes(t.data, static_cast<size_t>(t.nbytes));
     EXPECT_TRUE(w.add_tensor(t.name, t.type, shape, bytes).has_value()) << t.name;
