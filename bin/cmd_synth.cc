@@ -1,6 +1,7 @@
 // `troupe synth`: writes a deterministic random-weight model of a supported architecture in
 // llama.cpp's GGUF conventions (see model/synth.h). Prints one summary line, plus one note per
 // tensor kind stored in another type than --dtype.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -34,7 +35,45 @@ constexpr const char* kUsage =
     "q8_0/q4_0 blocks is stored as f16 (noted in the output). glm4moe rotates half of each head\n"
     "and ends with one multi-token-prediction layer, as GLM-4.5's files; minimax-m2's experts are\n"
     "--n-ff wide; gemma3 has 7 layers (the sixth global, the others --sliding-window 8) and ties\n"
-    "its head to the embedding. Same options and seed, same bytes.\n";
+    "its head to the embedding. Same options and seed, same bytes.\n"
+    "A vision encoder (llama.cpp mmproj GGUF) for --mmproj:\n"
+    "  troupe synth --arch clip --out FILE [--projector mlp|gemma3] [--image-size N]\n"
+    "    [--patch-size N] [--n-embd N] [--n-ff N] [--n-layer N] [--n-head N] [--feature-layer N]\n"
+    "    [--proj-dim N] [--merge N] [--dtype f32|f16|q8_0] [--seed S]\n"
+    "  defaults: LLaVA 1.5's CLIP ViT-L/14-336 shape (mlp, block 23 of 24, to 4096 wide).\n";
+
+// `troupe synth --arch clip`: a synthetic mmproj (model::synth_mmproj).
+int synth_clip(const Args& args) {
+  ArgParser ap(args,
+               {"arch", "out", "projector", "image-size", "patch-size", "n-embd", "n-ff", "n-layer",
+                "n-head", "feature-layer", "proj-dim", "merge", "dtype", "seed"},
+               {});
+  model::MmprojSynthOptions o;
+  const std::string out = ap.required("out");
+  o.projector = ap.str("projector", o.projector);
+  constexpr int64_t kMax = int64_t{1} << 16;
+  o.image_size = ap.integer("image-size", o.image_size, 1, kMax);
+  o.patch_size = ap.integer("patch-size", o.patch_size, 1, kMax);
+  o.n_embd = ap.integer("n-embd", o.n_embd, 1, kMax);
+  o.n_ff = ap.integer("n-ff", o.n_ff, 1, kMax * 4);
+  o.n_layer = ap.integer("n-layer", o.n_layer, 1, 1024);
+  o.n_head = ap.integer("n-head", o.n_head, 1, 1024);
+  o.n_layer_used = ap.integer("feature-layer", std::min(o.n_layer_used, o.n_layer), 0, 1024);
+  o.proj_dim = ap.integer("proj-dim", o.proj_dim, 1, kMax * 4);
+  o.merge = ap.integer("merge", o.merge, 1, 1024);
+  o.seed = static_cast<uint64_t>(ap.integer("seed", 1, 0, INT64_MAX));
+  const std::string dt = ap.str("dtype", "f16");
+  const std::optional<model::GgmlType> t = model::parse_synth_dtype(dt);
+  if (!t ||
+      (*t != model::GgmlType::kF32 && *t != model::GgmlType::kF16 && *t != model::GgmlType::kQ8_0))
+    throw CliError("--dtype for a vision encoder must be f32, f16 or q8_0, got '" + dt + "'");
+  o.dtype = *t;
+  if (auto st = model::synth_mmproj(o, out); !st) throw CliError(st.error().message);
+  std::printf("synth: clip (%s projector, %lldx%lld images, %lld blocks) -> %s\n",
+              o.projector.c_str(), static_cast<long long>(o.image_size),
+              static_cast<long long>(o.image_size), static_cast<long long>(o.n_layer), out.c_str());
+  return 0;
+}
 
 // Options taking an integer (flag name without "--") and where they go.
 struct IntOption {
@@ -78,6 +117,10 @@ int cmd_synth(const Args& args) {
       return 0;
     }
   }
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--arch=clip" ||
+        (args[i] == "--arch" && i + 1 < args.size() && args[i + 1] == "clip"))
+      return synth_clip(args);
   std::set<std::string> with_value = {"arch",
                                       "out",
                                       "dtype",

@@ -228,38 +228,53 @@ void VisionEncoder::block(const VisionLayer& L) {
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
 }
 
-// Full (non-causal) attention of every position to every position, head by head: scores
-// q.k * 1/sqrt(d), softmax with the maximum subtracted and the sum in double, then the
-// probability-weighted sum of v rows in position order.
+// Full (non-causal) attention of every position to every position, head by head, as two
+// products on the f32 matmul kernels: scores = Q K^T (K's rows as the "weights"), scaled by
+// 1/sqrt(d), softmax with the maximum subtracted and the sum in double, then P V (V transposed
+// as the weights). The kernels' per-output dot products make every row independent of the
+// others, like the rest of the encoder.
 void VisionEncoder::attention(const float* qkv, float* out) {
   const VisionSpec& s = spec();
   const int64_t E = s.n_embd, N = s.n_pos(), H = s.n_head, d = E / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  pool_->parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
-    std::vector<float> p(static_cast<size_t>(N));
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t i = 0; i < N; ++i) {
-        const float* q = qkv + i * 3 * E + h * d;
+  head_q_.resize(static_cast<size_t>(N * d));
+  head_k_.resize(static_cast<size_t>(N * d));
+  head_vt_.resize(static_cast<size_t>(d * N));
+  scores_.resize(static_cast<size_t>(N * N));
+  head_out_.resize(static_cast<size_t>(N * d));
+  model::WeightView kw, vw;
+  kw.name = "attention keys";
+  kw.ne[0] = d;
+  kw.ne[1] = N;
+  kw.data = reinterpret_cast<const uint8_t*>(head_k_.data());
+  vw.name = "attention values";
+  vw.ne[0] = N;
+  vw.ne[1] = d;
+  vw.data = reinterpret_cast<const uint8_t*>(head_vt_.data());
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t j = 0; j < N; ++j) {
+      const float* row = qkv + j * 3 * E + h * d;
+      std::memcpy(&head_q_[static_cast<size_t>(j * d)], row, static_cast<size_t>(d) * 4);
+      std::memcpy(&head_k_[static_cast<size_t>(j * d)], row + E, static_cast<size_t>(d) * 4);
+      for (int64_t c = 0; c < d; ++c) head_vt_[static_cast<size_t>(c * N + j)] = row[2 * E + c];
+    }
+    matmul(kw, head_q_.data(), N, scores_.data(), pool_.get());
+    pool_->parallel_for(N, 8, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float* p = &scores_[static_cast<size_t>(i * N)];
         float mx = -INFINITY;
-        for (int64_t j = 0; j < N; ++j) {
-          p[static_cast<size_t>(j)] = detail::dot(q, qkv + j * 3 * E + E + h * d, d) * scale;
-          mx = std::max(mx, p[static_cast<size_t>(j)]);
-        }
+        for (int64_t j = 0; j < N; ++j) mx = std::max(mx, p[j] *= scale);
         double sum = 0;
-        for (float& v : p) {
-          v = std::exp(v - mx);
-          sum += v;
-        }
+        for (int64_t j = 0; j < N; ++j) sum += (p[j] = std::exp(p[j] - mx));
         const float inv = static_cast<float>(1.0 / sum);
-        float* o = out + i * E + h * d;
-        std::fill(o, o + d, 0.0f);
-        for (int64_t j = 0; j < N; ++j) {
-          const float w = p[static_cast<size_t>(j)] * inv;
-          const float* v = qkv + j * 3 * E + 2 * E + h * d;
-          for (int64_t c = 0; c < d; ++c) o[c] += w * v[c];
-        }
+        for (int64_t j = 0; j < N; ++j) p[j] *= inv;
       }
-  });
+    });
+    matmul(vw, scores_.data(), N, head_out_.data(), pool_.get());
+    for (int64_t i = 0; i < N; ++i)
+      std::memcpy(out + i * E + h * d, &head_out_[static_cast<size_t>(i * d)],
+                  static_cast<size_t>(d) * 4);
+  }
 }
 
 void VisionEncoder::project(std::vector<float>* out) {

@@ -43,6 +43,8 @@ class VisionEncoder {
   std::unique_ptr<ThreadPool> pool_;
   // Scratch, f32 row-major: the sequence [n_pos, n_embd] and per-block temporaries.
   std::vector<float> x_, h_, qkv_, attn_, tmp_, ff_, features_;
+  // One head's attention: q and k [n_pos, d], v transposed [d, n_pos], scores [n_pos, n_pos].
+  std::vector<float> head_q_, head_k_, head_vt_, scores_, head_out_;
 };
 
 }  // namespace troupe::compute

@@ -13,6 +13,7 @@
 
 #include "base/check.h"
 #include "model/detail/synth_config.h"
+#include "model/detail/synth_random.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 
@@ -52,6 +53,9 @@ bool parse_synth_dtype(const std::string& s, SynthOptions* o) {
 namespace {
 
 using Config = detail::SynthConfig;
+using detail::hash_name;
+using detail::normalish;
+using detail::splitmix64;
 using detail::SynthArch;
 
 // ---------------------------------------------------------------------------------------------
@@ -328,28 +332,6 @@ VocabInfo write_vocab(GgufWriter& w, const SynthOptions& o) {
 
 // ---------------------------------------------------------------------------------------------
 // Weights.
-
-inline uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t hash_name(const std::string& s) {  // FNV-1a
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
-
-// Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), rescaled.
-inline float normalish(uint64_t r) {
-  const int64_t s =
-      static_cast<int64_t>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
-  constexpr float kMean = 4 * 32767.5f;
-  constexpr float kInvStd = 1.f / 37837.23f;  // sqrt(4 * (65536^2 - 1) / 12)
-  return (static_cast<float>(s) - kMean) * kInvStd;
-}
 
 void fill_row(const PlannedTensor& t, uint64_t tensor_seed, int64_t row, float* out) {
   uint64_t s = tensor_seed ^ (static_cast<uint64_t>(row) * 0xd1b54a32d192ed03ull);

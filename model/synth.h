@@ -61,6 +61,23 @@ Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::st
 /// The same, without the summary.
 Status synth_model(const SynthOptions& opts, const std::string& out_path);
 
+/// A synthetic vision encoder: a llama.cpp mmproj GGUF (general.architecture "clip") holding a
+/// ViT and an "mlp" (LLaVA) or "gemma3" projector with random weights, deterministic for a seed.
+/// The defaults are the shape of LLaVA 1.5's encoder (CLIP ViT-L/14 at 336 pixels, the output
+/// of block 23 of 24 projected to a 4096-wide text model).
+struct MmprojSynthOptions {
+  std::string projector = "mlp";  // mlp | gemma3
+  int64_t image_size = 336, patch_size = 14;
+  int64_t n_embd = 1024, n_ff = 4096, n_layer = 24, n_head = 16;
+  int64_t n_layer_used = 23;        // mlp: clip.vision.feature_layer (blocks run), 0 = all
+  int64_t proj_dim = 4096;          // the text model's width
+  int64_t merge = 1;                // gemma3: the pooling kernel
+  GgmlType dtype = GgmlType::kF16;  // matrices (the patch embedding stays f16 when quantized)
+  uint64_t seed = 1;
+};
+/// Writes the encoder `opts` describes to `out_path`. Errors: a bad shape or projector.
+Status synth_mmproj(const MmprojSynthOptions& opts, const std::string& out_path);
+
 /// The built-in byte-level BPE vocabulary (GPT-2 byte tokens, merges learnt from an embedded
 /// English text, <|bos|>, <|eos|>, then <|reserved_N|> padding up to n_vocab when given).
 struct BuiltinVocab {

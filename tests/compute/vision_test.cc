@@ -16,6 +16,7 @@
 #include "compute/vision_encoder.h"
 #include "model/image.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "model/tokenizer.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/compute/golden_check.h"
@@ -242,6 +243,48 @@ TEST(VisionPrompt, PrefillChunksKeepNonCausalImagesWhole) {
             (V{{0, 3, 0, 0}, {3, 8, 0, 1}, {8, 10, 5, 0}, {10, 12, 5, 1}, {12, 13, 7, 0}}));
   EXPECT_EQ(as_tuples(prefill_chunks(p, 100)),
             (V{{0, 3, 0, 0}, {3, 8, 0, 1}, {8, 10, 5, 0}, {10, 12, 5, 1}, {12, 13, 7, 0}}));
+}
+
+// Synthetic encoders of both kinds (troupe synth --arch clip) load, give finite rows of the text
+// model's width, and the same bits with 1 and 2 threads.
+TEST(VisionEncoderSynth, BothProjectorsAreThreadInvariant) {
+  testing::TempDir dir;
+  for (const char* proj : {"mlp", "gemma3"}) {
+    SCOPED_TRACE(proj);
+    model::MmprojSynthOptions o;
+    o.projector = proj;
+    o.image_size = 48;
+    o.patch_size = 8;
+    o.n_embd = 64;
+    o.n_ff = 96;
+    o.n_layer = 3;
+    o.n_layer_used = 2;
+    o.n_head = 4;
+    o.proj_dim = 80;
+    o.merge = 2;
+    o.dtype = model::GgmlType::kQ8_0;
+    const std::string path = dir.file(std::string(proj) + ".gguf");
+    ASSERT_TRUE(model::synth_mmproj(o, path).has_value());
+    auto vm = model::load_vision_model(path);
+    ASSERT_TRUE(vm) << vm.error().message;
+    EXPECT_EQ((*vm)->spec.n_image_tokens(), std::string(proj) == "mlp" ? 36 : 9);
+    model::Image img;
+    img.width = 70;
+    img.height = 50;
+    for (int i = 0; i < img.width * img.height * 3; ++i)
+      img.rgb.push_back(static_cast<uint8_t>((i * 37) % 251));
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2}) {
+      auto enc = VisionEncoder::create(*vm, threads);
+      ASSERT_TRUE(enc);
+      auto e = (*enc)->encode(img);
+      ASSERT_TRUE(e) << e.error().message;
+      ASSERT_EQ(static_cast<int64_t>(e->size()), (*vm)->spec.n_image_tokens() * 80);
+      for (float v : *e) ASSERT_TRUE(std::isfinite(v));
+      outs.push_back(*e);
+    }
+    EXPECT_TRUE(bit_equal(outs[0], outs[1]));
+  }
 }
 
 // The engine refuses embedded positions without their rows, or with too many.
