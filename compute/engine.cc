@@ -186,15 +186,14 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
             1, strfmt("step: sequence %zu: token id %d is outside the vocabulary (0..%lld)", i, t,
                       static_cast<long long>(s.n_vocab - 1))};
     }
-    if (static_cast<int64_t>(q.embd.size()) != n_embedded * s.n_embd)
+    // A stage after the first takes hidden states: its tokens only place positions, and image
+    // positions come without rows.
+    const int64_t rows = range_.embed ? n_embedded : 0;
+    if (static_cast<int64_t>(q.embd.size()) != rows * s.n_embd)
       return Error{1, strfmt("step: sequence %zu has %lld embedded positions (n_embd %lld) but "
-                             "%zu embedding values",
-                             i, static_cast<long long>(n_embedded),
-                             static_cast<long long>(s.n_embd), q.embd.size())};
-    if (n_embedded > 0 && !range_.embed)
-      return Error{1, strfmt("step: sequence %zu has embedded positions but this stage does not "
-                             "embed",
-                             i)};
+                             "%zu embedding values%s",
+                             i, static_cast<long long>(rows), static_cast<long long>(s.n_embd),
+                             q.embd.size(), range_.embed ? "" : " (this stage does not embed)")};
     const int64_t end = q.pos0 + static_cast<int64_t>(q.tokens.size());
     const int64_t need = (end + bs - 1) / bs;
     if (static_cast<int64_t>(q.blocks.size()) < need)

@@ -80,6 +80,7 @@ struct SeqStep {
   enum class Logits : uint8_t { kNone, kLast, kAll } logits = Logits::kLast;
   /// f32 [number of kEmbedded tokens, n_embd]: their input rows, in order. Used as they are
   /// (no embedding scale: Gemma's sqrt(n_embd) applies to token rows only, as in llama.cpp).
+  /// Empty on a stage that does not embed (it takes hidden states for every position).
   std::span<const float> embd;
   /// Every token of this step attends to all of the step's positions, not only to earlier ones
   /// (Gemma 3's image positions, prefilled as one step of their own, as llama.cpp does). The

@@ -118,7 +118,13 @@ void KvBlockManager::commit(int64_t seq_id, std::span<const int32_t> tokens,
                "(computed so far, reserved) and <= %zu tokens",
                ll(seq_id), ll(computed_length), ll(s.computed), ll(capacity), tokens.size());
   if (cfg_.enable_prefix_cache) {
-    for (int64_t i = s.computed / bs; i < computed_length / bs; ++i) {
+    for (int64_t i = s.computed / bs; i < computed_length / bs && i < s.uncached_from; ++i) {
+      const auto block_tokens =
+          tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs));
+      if (std::any_of(block_tokens.begin(), block_tokens.end(), [](int32_t t) { return t < 0; })) {
+        s.uncached_from = i;  // invariant 7
+        break;
+      }
       const int32_t b = s.blocks[static_cast<size_t>(i)];
       // Only the private tail is ever written: a shared or cached block here means the table
       // and the computed length disagree, and caching it again would corrupt the index.
@@ -127,8 +133,7 @@ void KvBlockManager::commit(int64_t seq_id, std::span<const int32_t> tokens,
                    ll(seq_id), b, ll(i));
       const int32_t prev = i == 0 ? kNoBlock : s.blocks[static_cast<size_t>(i - 1)];
       register_full_block(b, prev == kNoBlock ? kKvRootHash : blocks_[prev].hash,
-                          prev == kNoBlock ? kRootContent : blocks_[prev].content_id,
-                          tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs)));
+                          prev == kNoBlock ? kRootContent : blocks_[prev].content_id, block_tokens);
     }
   }
   num_unfilled_slots_ -= computed_length - s.computed;
@@ -291,9 +296,11 @@ void KvBlockManager::check_sequences() const {
     unfilled += capacity - s.computed;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       const Block& m = blocks_[s.blocks[i]];
-      if (static_cast<int64_t>(i) >= s.computed / bs) {
+      const auto bi = static_cast<int64_t>(i);
+      if (bi >= s.computed / bs || bi >= s.uncached_from) {
         TROUPE_CHECK(m.ref_count == 1 && m.content_id == kNoContent,
-                     "sequence %lld: tail block %d is shared or cached", ll(id), s.blocks[i]);
+                     "sequence %lld: tail or image block %d is shared or cached", ll(id),
+                     s.blocks[i]);
       } else if (cfg_.enable_prefix_cache) {
         const Block* parent = i == 0 ? nullptr : &blocks_[s.blocks[i - 1]];
         TROUPE_CHECK(m.content_id != kNoContent, "sequence %lld: full block %d is not cached",

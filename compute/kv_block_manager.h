@@ -19,8 +19,11 @@
 //     sequences that computed the same prefix at once) go back to the free list on release.
 //  6. Deterministic: the same sequence of calls yields the same block ids (no iteration over
 //     hash maps decides anything; the free list is a stack that starts with the lowest ids).
+//  7. A block holding an image position (a negative token id: its KV depends on the image's
+//     rows, not on the id) is never cached, nor is any later block of that sequence.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -173,6 +176,9 @@ class KvBlockManager {
   struct SeqState {
     std::vector<int32_t> blocks;
     int64_t computed = 0;
+    // The first block holding an image position (invariant 7): from it on, full blocks stay
+    // private like the tail.
+    int64_t uncached_from = INT64_MAX;
   };
 
   SeqState& live(int64_t seq_id, const char* what);

@@ -7,23 +7,28 @@
 #include "model/image.h"
 
 #include <fcntl.h>
-#include <png.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csetjmp>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
-// jpeglib.h needs FILE and size_t declared before it.
+#include <sys/stat.h>
+
+#include "base/check.h"
+
+// TROUPE_NO_IMAGE_CODECS: a TROUPE_GPU_ONLY build on a machine without libpng or libjpeg
+// (model/CMakeLists.txt); decode_image then refuses every input.
+#ifndef TROUPE_NO_IMAGE_CODECS
+// jpeglib.h needs FILE and size_t declared before it (<cstdio> above).
 // clang-format off
-#include <cstdio>
+#include <png.h>
 #include <jpeglib.h>
 #include <jerror.h>
 // clang-format on
-
-#include "base/check.h"
+#endif
 
 namespace troupe::model {
 
@@ -31,13 +36,32 @@ namespace {
 
 constexpr uint8_t kPngMagic[4] = {0x89, 'P', 'N', 'G'};  // libpng checks the other 4 bytes
 constexpr uint8_t kJpegMagic[3] = {0xFF, 0xD8, 0xFF};
-constexpr int kMaxJpegScans = 1000;  // a progressive JPEG needs ~10; thousands only cost time
 constexpr int64_t kMaxFileBytes = int64_t{1} << 30;
-constexpr size_t kMessageBytes = 256;
 
 Error image_error(ImageErrc code, std::string message) {
   return Error{static_cast<int>(code), std::move(message)};
 }
+
+#ifdef TROUPE_NO_IMAGE_CODECS
+
+Result<Image> decode_png(std::span<const uint8_t> /*bytes*/, std::string_view what,
+                         const ImageLimits& /*limits*/) {
+  return image_error(ImageErrc::kUnsupported,
+                     strfmt("%s: this build has no PNG decoder (libpng was not found)",
+                            std::string(what).c_str()));
+}
+
+Result<Image> decode_jpeg(std::span<const uint8_t> /*bytes*/, std::string_view what,
+                          const ImageLimits& /*limits*/) {
+  return image_error(ImageErrc::kUnsupported,
+                     strfmt("%s: this build has no JPEG decoder (libjpeg was not found)",
+                            std::string(what).c_str()));
+}
+
+#else  // TROUPE_NO_IMAGE_CODECS
+
+constexpr int kMaxJpegScans = 1000;  // a progressive JPEG needs ~10; thousands only cost time
+constexpr size_t kMessageBytes = 256;
 
 // Grows the caller's buffer without letting std::bad_alloc cross a frame that libpng or
 // libjpeg may longjmp over.
@@ -90,6 +114,7 @@ struct PngJob {
   int num_palette = 0;
   ImageErrc code = ImageErrc::kCorrupt;
   char message[kMessageBytes] = {};
+  char warning[kMessageBytes] = {};  // the first warning, which says what "Invalid IHDR" means
 };
 
 [[noreturn]] void on_png_error(png_structp png, png_const_charp msg) {
@@ -99,8 +124,12 @@ struct PngJob {
 }
 
 // Warnings concern ancillary chunks (a bad CRC in tEXt, an unknown sRGB profile): libpng
-// drops the chunk and goes on, as stb_image ignores them.
-void on_png_warning(png_structp /*png*/, png_const_charp /*msg*/) {}
+// drops the chunk and goes on, as stb_image ignores them. The first is kept because libpng
+// explains a bad IHDR in warnings ("Image width is zero in IHDR") before its error.
+void on_png_warning(png_structp png, png_const_charp msg) {
+  auto* job = static_cast<PngJob*>(png_get_error_ptr(png));
+  if (job->warning[0] == '\0') std::snprintf(job->warning, sizeof job->warning, "%s", msg);
+}
 
 void on_png_read(png_structp png, png_bytep out, size_t n) {
   auto* job = static_cast<PngJob*>(png_get_io_ptr(png));
@@ -141,12 +170,8 @@ int setup_png(PngJob* job) {
     // Scales 1/2/4-bit grey by 255/85/17, as stb_image's depth scale table.
     png_set_expand_gray_1_2_4_to_8(job->png);
   }
-  switch (color) {
-    case PNG_COLOR_TYPE_GRAY_ALPHA: job->channels = 2; break;
-    case PNG_COLOR_TYPE_RGB: job->channels = 3; break;
-    case PNG_COLOR_TYPE_RGB_ALPHA: job->channels = 4; break;
-    default: job->channels = 1; break;  // grey, palette
-  }
+  // Samples per pixel in the file: 1 grey or palette index, 2 grey+alpha, 3 RGB, 4 RGBA.
+  job->channels = png_get_channels(job->png, job->info);
   return png_set_interlace_handling(job->png);
 }
 
@@ -222,7 +247,11 @@ Result<Image> decode_png(std::span<const uint8_t> bytes, std::string_view what,
   job.samples = &samples;
   if (!run_png(&job)) {
     const char* kind = job.code == ImageErrc::kCorrupt ? "PNG: " : "";
-    return image_error(job.code, strfmt("%s: %s%s", std::string(what).c_str(), kind, job.message));
+    std::string why = job.message;
+    if (why.find("IHDR") != std::string::npos && job.warning[0] != '\0') {
+      why += strfmt(" (%s)", job.warning);
+    }
+    return image_error(job.code, strfmt("%s: %s%s", std::string(what).c_str(), kind, why.c_str()));
   }
   Image img;
   img.width = static_cast<int32_t>(job.width);
@@ -246,6 +275,7 @@ struct JpegJob {
   jpeg_error_mgr err;
   jpeg_progress_mgr progress;
   std::jmp_buf jump;
+  uint32_t width = 0, height = 0;
   bool cmyk = false;  // samples are Adobe (inverted) CMYK
   ImageErrc code = ImageErrc::kCorrupt;
   char message[kMessageBytes] = {};
@@ -267,8 +297,10 @@ void on_jpeg_message(j_common_ptr cinfo, int level) {
     case JWRN_HIT_MARKER:
     case JWRN_MUST_RESYNC:
     case JWRN_HUFF_BAD_CODE:
-    case JWRN_ARITH_BAD_CODE: on_jpeg_error(cinfo);
-    default: return;
+    case JWRN_ARITH_BAD_CODE:
+      on_jpeg_error(cinfo);
+    default:
+      return;
   }
 }
 
@@ -294,7 +326,9 @@ bool setup_jpeg(JpegJob* job) {
   switch (cinfo->jpeg_color_space) {
     case JCS_GRAYSCALE:
     case JCS_YCbCr:
-    case JCS_RGB: cinfo->out_color_space = JCS_RGB; return true;
+    case JCS_RGB:
+      cinfo->out_color_space = JCS_RGB;
+      return true;
     case JCS_CMYK:
     case JCS_YCCK:  // libjpeg turns YCCK into CMYK
       cinfo->out_color_space = JCS_CMYK;
@@ -330,6 +364,8 @@ bool run_jpeg(JpegJob* job) {
   bool ok = setup_jpeg(job);
   if (ok) {
     jpeg_start_decompress(cinfo);
+    job->width = cinfo->output_width;
+    job->height = cinfo->output_height;
     size_t row_bytes = size_t{cinfo->output_width} * cinfo->output_components;
     if (!try_resize(job->samples, row_bytes * cinfo->output_height)) {
       std::snprintf(job->message, sizeof job->message, "out of memory for the pixels");
@@ -375,11 +411,13 @@ Result<Image> decode_jpeg(std::span<const uint8_t> bytes, std::string_view what,
     return image_error(job.code, strfmt("%s: %s%s", std::string(what).c_str(), kind, job.message));
   }
   Image img;
-  img.width = static_cast<int32_t>(job.cinfo.output_width);
-  img.height = static_cast<int32_t>(job.cinfo.output_height);
+  img.width = static_cast<int32_t>(job.width);
+  img.height = static_cast<int32_t>(job.height);
   img.rgb = job.cmyk ? cmyk_to_rgb(samples) : std::move(samples);
   return img;
 }
+
+#endif  // TROUPE_NO_IMAGE_CODECS
 
 bool starts_with(std::span<const uint8_t> bytes, std::span<const uint8_t> magic) {
   return bytes.size() >= magic.size() && std::memcmp(bytes.data(), magic.data(), magic.size()) == 0;
@@ -395,11 +433,16 @@ std::string first_bytes_hex(std::span<const uint8_t> bytes) {
 
 std::string_view to_string(ImageErrc e) {
   switch (e) {
-    case ImageErrc::kUnknownFormat: return "unknown_format";
-    case ImageErrc::kCorrupt: return "corrupt";
-    case ImageErrc::kTooLarge: return "too_large";
-    case ImageErrc::kUnsupported: return "unsupported";
-    case ImageErrc::kIo: return "io";
+    case ImageErrc::kUnknownFormat:
+      return "unknown_format";
+    case ImageErrc::kCorrupt:
+      return "corrupt";
+    case ImageErrc::kTooLarge:
+      return "too_large";
+    case ImageErrc::kUnsupported:
+      return "unsupported";
+    case ImageErrc::kIo:
+      return "io";
   }
   return "unknown";
 }
@@ -408,9 +451,9 @@ Result<Image> decode_image(std::span<const uint8_t> bytes, std::string_view what
                            const ImageLimits& limits) {
   try {
     if (bytes.empty()) {
-      return image_error(ImageErrc::kUnknownFormat,
-                         strfmt("%s: empty (0 bytes); expected a PNG or JPEG image",
-                                std::string(what).c_str()));
+      return image_error(
+          ImageErrc::kUnknownFormat,
+          strfmt("%s: empty (0 bytes); expected a PNG or JPEG image", std::string(what).c_str()));
     }
     if (starts_with(bytes, kPngMagic)) return decode_png(bytes, what, limits);
     if (starts_with(bytes, kJpegMagic)) return decode_jpeg(bytes, what, limits);
@@ -447,7 +490,8 @@ Result<Image> read_image_file(const std::string& path, const ImageLimits& limits
       ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        problem = n < 0 ? strfmt("read failed: %s", std::strerror(errno)) : "file shrank while read";
+        problem =
+            n < 0 ? strfmt("read failed: %s", std::strerror(errno)) : "file shrank while read";
         break;
       }
       got += static_cast<size_t>(n);

@@ -69,9 +69,9 @@ Result<Image> read_image_file(const std::string& path, const ImageLimits& limits
 /// Resizing to the same size returns the input unchanged.
 Image resize_bicubic(const Image& src, int32_t width, int32_t height);
 
-/// Bilinear resize as llama.cpp's img_tool resize_bilinear: source position
-/// ((w_src - 1) / w_dst) * x (float32), lerp in x then y, truncated to uint8. NOTE: this
-/// blurs slightly even at the same size, as llama.cpp's does.
+/// Bilinear resize as llama.cpp's img_tool resize_bilinear at 18ef86ece: align-corners source
+/// position ((w_src - 1) / (w_dst - 1)) * x in float32 (the corner pixels map onto each other),
+/// lerp in x then y, truncated (not rounded) to uint8.
 Image resize_bilinear(const Image& src, int32_t width, int32_t height);
 
 /// Placement of a w x h image fitted inside size x size keeping its aspect (llama.cpp's

@@ -15,9 +15,9 @@ namespace troupe::model {
 namespace {
 
 void check_resize_args(const Image& src, int32_t width, int32_t height) {
-  TROUPE_CHECK(src.width > 0 && src.height > 0 &&
-                   src.rgb.size() == size_t{3} * src.width * src.height,
-               "image of %dx%d with %zu bytes", src.width, src.height, src.rgb.size());
+  TROUPE_CHECK(
+      src.width > 0 && src.height > 0 && src.rgb.size() == size_t{3} * src.width * src.height,
+      "image of %dx%d with %zu bytes", src.width, src.height, src.rgb.size());
   TROUPE_CHECK(width > 0 && height > 0, "resize to %dx%d", width, height);
 }
 
@@ -124,8 +124,8 @@ Image resize_bilinear(const Image& src, int32_t width, int32_t height) {
 
 FitGeometry fit_geometry(int32_t width, int32_t height, int32_t size) {
   TROUPE_CHECK(width > 0 && height > 0 && size > 0, "fit %dx%d into %d", width, height, size);
-  // float32 as llama.cpp: 50 * (32.0f / 50) is 31.9999993 in real numbers but rounds to
-  // 32.0f, so ceil gives 32; in double it would give 33 before the min() below.
+  // float32 as llama.cpp, rounding included: a 13x26 image fits in 224 as 113x224 in float
+  // (13 * (224.0f / 26) lands a hair above 112) but as 112x224 in double.
   const float scale = std::min(static_cast<float>(size) / static_cast<float>(width),
                                static_cast<float>(size) / static_cast<float>(height));
   FitGeometry g;
@@ -145,10 +145,12 @@ Image fit_and_pad(const Image& src, int32_t size, ImagePreprocess::Resize resize
                            ? resize_bicubic(src, g.width, g.height)
                            : resize_bilinear(src, g.width, g.height);
   Image dst = blank(size, size);
-  for (size_t i = 0; i < dst.rgb.size(); i += 3) std::copy(pad_rgb.begin(), pad_rgb.end(), &dst.rgb[i]);
+  for (size_t i = 0; i < dst.rgb.size(); i += 3)
+    std::copy(pad_rgb.begin(), pad_rgb.end(), &dst.rgb[i]);
   for (int32_t y = 0; y < g.height; ++y) {
     const uint8_t* row = &fitted.rgb[size_t{3} * y * g.width];
-    uint8_t* out = &dst.rgb[size_t{3} * ((static_cast<size_t>(y) + g.offset_y) * size + g.offset_x)];
+    uint8_t* out =
+        &dst.rgb[size_t{3} * ((static_cast<size_t>(y) + g.offset_y) * size + g.offset_x)];
     std::copy(row, row + size_t{3} * g.width, out);
   }
   return dst;
@@ -156,8 +158,8 @@ Image fit_and_pad(const Image& src, int32_t size, ImagePreprocess::Resize resize
 
 std::vector<float> normalize_planar(const Image& img, std::array<float, 3> mean,
                                     std::array<float, 3> std) {
-  TROUPE_CHECK(img.rgb.size() == size_t{3} * img.width * img.height, "image of %dx%d with %zu bytes",
-               img.width, img.height, img.rgb.size());
+  TROUPE_CHECK(img.rgb.size() == size_t{3} * img.width * img.height,
+               "image of %dx%d with %zu bytes", img.width, img.height, img.rgb.size());
   const size_t plane = static_cast<size_t>(img.width) * img.height;
   std::vector<float> out(3 * plane);
   for (size_t i = 0; i < plane; ++i) {

@@ -40,9 +40,10 @@ ImagePreprocess VisionSpec::preprocess() const {
     p.resize = ImagePreprocess::Resize::kBilinear;
     p.pad_rgb = {0, 0, 0};
   } else {
-    // LLaVA: bicubic, padded with the mean colour truncated to 8 bits (as llama.cpp does).
+    // LLaVA: bicubic, padded with the colour llama.cpp fixes for its LLaVA-style projectors
+    // (CLIP's mean colour in 8 bits, whatever the file's mean).
     p.resize = ImagePreprocess::Resize::kBicubic;
-    for (int c = 0; c < 3; ++c) p.pad_rgb[c] = static_cast<uint8_t>(mean[c] * 255.0f);
+    p.pad_rgb = {122, 116, 104};
   }
   return p;
 }

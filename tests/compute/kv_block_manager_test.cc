@@ -56,6 +56,29 @@ int64_t run(KvBlockManager& m, int64_t seq_id, const Tokens& tokens) {
   return hit.has_value() ? *hit : -1;
 }
 
+// Image positions (negative ids) are never cached, nor anything after them: two prompts with
+// different images behind the same placeholder must not share KV. The blocks before the first
+// image block still are.
+TEST(KvBlockManager, BlocksFromTheFirstImagePositionOnAreNeverCached) {
+  KvBlockManager m(config(32));
+  const Tokens text = iota_tokens(100, 8);  // two full blocks
+  const Tokens prompt =
+      concat(concat(text, Tokens{5, -1, -1, -1, -1, -1, 6, 7}), iota_tokens(200, 8));
+  EXPECT_EQ(run(m, 1, prompt), 0);
+  ASSERT_TRUE(m.free_sequence(1));
+  // Same text, then the same placeholders (a different image, maybe): only the text is reused.
+  EXPECT_EQ(run(m, 2, prompt), 8);
+  ASSERT_TRUE(m.free_sequence(2));
+  // Committed in several pieces, the blocks after the image stay uncached too.
+  auto hit = m.add_sequence(3, prompt);
+  ASSERT_TRUE(hit.has_value());
+  ASSERT_TRUE(m.reserve(3, static_cast<int64_t>(prompt.size())));
+  for (int64_t n : {12, 16, 20, 24}) m.commit(3, prompt, n);
+  m.check_invariants();
+  ASSERT_TRUE(m.free_sequence(3));
+  EXPECT_EQ(m.match_prefix(prompt).num_computed_tokens, 8);
+}
+
 // Test hash functions that force collisions.
 uint64_t constant_hash(uint64_t, std::span<const int32_t>) { return 42; }
 uint64_t parent_blind_hash(uint64_t, std::span<const int32_t> t) { return kv_block_hash(0, t); }

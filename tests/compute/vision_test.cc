@@ -77,6 +77,13 @@ void check_encoder(const std::string& dir, const std::string& shared, double tol
               fs::path(dir).filename().c_str(), model::projector_name(enc->spec().projector), err,
               tol);
   EXPECT_LE(err, tol);
+  // The same from the PNG: decoding and preprocessing give the recorded input exactly.
+  auto image = model::read_image_file(shared_path(shared, j.at("image_file").get<std::string>()));
+  ASSERT_TRUE(image) << image.error().message;
+  EXPECT_EQ(model::preprocess_image(*image, enc->spec().preprocess()), pixels);
+  auto from_png = enc->encode(*image);
+  ASSERT_TRUE(from_png) << from_png.error().message;
+  EXPECT_TRUE(bit_equal(*from_png, *got));
 }
 
 TEST(VisionGolden, LlavaEncoderMatchesReference) {
