@@ -6,7 +6,8 @@
 // rotary, GQA attention (five sliding-window layers with rope base 10000, then one global layer
 // with the file's base and linear scaling), RMSNorm after attention and after the GELU(tanh)-gated
 // FFN; final RMSNorm, output head (tied to the embeddings when absent), optional soft cap.
-// Plain loops and a per-layer cache of rotated keys and values: for small test models.
+// Also input rows in place of tokens (image positions, unscaled) and non-causal position ranges
+// (Gemma 3's image chunks). Plain loops, layer by layer over all positions: for small test models.
 #pragma once
 
 #include <algorithm>
@@ -189,12 +190,86 @@ inline Model read_model(const Gguf& g) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention
+// Input and visibility
+
+/// The token id of a position whose input row is the next row of Prompt::rows instead of a row
+/// of the embedding table (an image position of a vision-language prompt).
+inline constexpr int32_t kEmbeddedRow = -1;
+
+/// Positions [begin, end) decoded as one non-causal chunk: each of their queries sees every key
+/// up to `end`, not only the earlier ones.
+struct PosRange {
+  int64_t begin = 0, end = 0;
+};
+
+/// What a forward pass reads, at positions 0, 1, ...
+struct Prompt {
+  std::vector<int32_t> tokens;       // ids in [0, vocab), or kEmbeddedRow
+  std::vector<double> rows;          // [number of kEmbeddedRow tokens, E], in order
+  std::vector<PosRange> non_causal;  // ascending, disjoint, non-empty, inside [0, tokens.size())
+};
+
+/// Throws unless p's tokens, rows and ranges fit each other and the vocabulary.
+inline void check_prompt(const Config& c, const Prompt& p) {
+  int64_t n_rows = 0;
+  for (int32_t t : p.tokens) {
+    if (t == kEmbeddedRow)
+      ++n_rows;
+    else if (t < 0 || t >= c.vocab)
+      fail("token " + std::to_string(t) + " outside the vocabulary");
+  }
+  if (static_cast<int64_t>(p.rows.size()) != n_rows * c.E)
+    fail(std::to_string(n_rows) + " embedded positions need " + std::to_string(n_rows * c.E) +
+         " row values, got " + std::to_string(p.rows.size()));
+  int64_t at = 0;
+  for (const PosRange& r : p.non_causal) {
+    if (r.begin < at || r.end <= r.begin || r.end > static_cast<int64_t>(p.tokens.size()))
+      fail("non-causal ranges must be ascending, disjoint, non-empty and inside the prompt");
+    at = r.end;
+  }
+}
+
+/// The input rows [tokens][E]: token rows times sqrt(E), kEmbeddedRow positions their row of
+/// p.rows as it is. llama.cpp's gemma3 graph scales only a batch of token ids (`if
+/// (ubatch.token)`): rows from the vision projector come at the scale the decoder expects.
+inline std::vector<Vec> embed(const Model& m, const Prompt& p) {
+  const double embd_scale = std::sqrt(static_cast<double>(m.c.E));
+  std::vector<Vec> xs;
+  auto next_row = p.rows.begin();
+  for (int32_t t : p.tokens) {
+    if (t == kEmbeddedRow) {
+      xs.emplace_back(next_row, next_row + m.c.E);
+      next_row += m.c.E;
+      continue;
+    }
+    xs.push_back(row(*m.embed, t));
+    for (double& e : xs.back()) e *= embd_scale;
+  }
+  return xs;
+}
 
 /// Whether layer il attends through the sliding window (and rotates with base 10000, unscaled).
 inline bool is_sliding(const Config& c, int64_t il) {
   return c.W > 0 && (il + 1) % kSlidingPattern != 0;
 }
+
+/// One past the last key the query at pos sees: pos + 1, or the end of its non-causal range.
+inline int64_t keys_end(const std::vector<PosRange>& non_causal, int64_t pos) {
+  for (const PosRange& r : non_causal)
+    if (r.begin <= pos && pos < r.end) return r.end;
+  return pos + 1;
+}
+
+/// The first key the query at pos sees on layer il: on sliding layers the last W up to pos (keys
+/// s with pos - s < W), else 0. The bound holds for non-causal queries too: llama.cpp's standard
+/// SWA mask hides key p0 from query p1 when p1 - p0 >= n_swa whatever the causality, and keys
+/// after the query (p1 - p0 < 0) are never hidden by it.
+inline int64_t keys_begin(const Config& c, int64_t il, int64_t pos) {
+  return is_sliding(c, il) ? std::max<int64_t>(0, pos - c.W + 1) : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
 
 /// refmath::rope_neox at a fractional position (pos / s under linear scaling): pairs
 /// (i, i + r/2), angle = pos * theta^(-2i/r).
@@ -226,38 +301,57 @@ inline void norm_and_rotate(Vec& v, int64_t n, const Vec& w, const Config& c, in
   }
 }
 
-/// One layer's keys and values so far: per position, Hkv * D rotated keys and Hkv * D values.
-struct KvCache {
-  std::vector<Vec> k, v;
+/// One layer's queries (times the attention scale), rotated keys and values, per position:
+/// H * D, Hkv * D and Hkv * D values each.
+struct Qkv {
+  std::vector<Vec> q, k, v;
 };
 
-/// Attention of layer il for the normed input h of the next position (cache.k.size()), which it
-/// appends to the cache: per-head normed and rotated q and k, q times the attention scale, causal
-/// GQA softmax(q . k) over the earlier positions (the last W on sliding layers), output projection.
-inline Vec attention(const Layer& ly, const Config& c, int64_t il, const Vec& h, KvCache& cache) {
-  const auto pos = static_cast<int64_t>(cache.k.size());
-  Vec q = matvec(*ly.wq, h), k = matvec(*ly.wk, h);
-  norm_and_rotate(q, c.H, ly.q_norm, c, il, pos);
-  norm_and_rotate(k, c.Hkv, ly.k_norm, c, il, pos);
-  for (double& e : q) e *= c.attn_scale;
-  cache.k.push_back(std::move(k));
-  cache.v.push_back(matvec(*ly.wv, h));
-  // Sliding: keys s with pos - s < W.
-  const int64_t first = is_sliding(c, il) ? std::max<int64_t>(0, pos - c.W + 1) : 0;
+/// Layer il's Qkv of the normed inputs hs (position = index): per-head normed and rotated q, k.
+inline Qkv project(const Layer& ly, const Config& c, int64_t il, const std::vector<Vec>& hs) {
+  Qkv out;
+  for (size_t pos = 0; pos < hs.size(); ++pos) {
+    Vec q = matvec(*ly.wq, hs[pos]), k = matvec(*ly.wk, hs[pos]);
+    norm_and_rotate(q, c.H, ly.q_norm, c, il, static_cast<int64_t>(pos));
+    norm_and_rotate(k, c.Hkv, ly.k_norm, c, il, static_cast<int64_t>(pos));
+    for (double& e : q) e *= c.attn_scale;
+    out.q.push_back(std::move(q));
+    out.k.push_back(std::move(k));
+    out.v.push_back(matvec(*ly.wv, hs[pos]));
+  }
+  return out;
+}
+
+/// GQA softmax(q . k) over keys [first, end) for query q: the H * D head outputs.
+inline Vec attend(const Config& c, const Vec& q, const Qkv& kv, int64_t first, int64_t end) {
   Vec heads(static_cast<size_t>(c.H * c.D), 0.0);
   for (int64_t j = 0; j < c.H; ++j) {
     const int64_t qo = j * c.D, ko = j / (c.H / c.Hkv) * c.D;
-    Vec z;  // scores of keys first..pos
-    for (int64_t s = first; s <= pos; ++s) {
+    Vec z;  // scores of keys first..end-1
+    for (int64_t s = first; s < end; ++s) {
       double d = 0;
-      for (int64_t e = 0; e < c.D; ++e) d += q[qo + e] * cache.k[s][ko + e];
+      for (int64_t e = 0; e < c.D; ++e) d += q[qo + e] * kv.k[s][ko + e];
       z.push_back(d);
     }
     softmax(z);
-    for (int64_t s = first; s <= pos; ++s)
-      for (int64_t e = 0; e < c.D; ++e) heads[qo + e] += z[s - first] * cache.v[s][ko + e];
+    for (int64_t s = first; s < end; ++s)
+      for (int64_t e = 0; e < c.D; ++e) heads[qo + e] += z[s - first] * kv.v[s][ko + e];
   }
-  return matvec(*ly.wo, heads);
+  return heads;
+}
+
+/// Attention of layer il for every position's normed input hs: each query over the keys
+/// [keys_begin, keys_end), then the output projection.
+inline std::vector<Vec> attention(const Layer& ly, const Config& c, int64_t il,
+                                  const std::vector<Vec>& hs,
+                                  const std::vector<PosRange>& non_causal) {
+  const Qkv kv = project(ly, c, il, hs);
+  std::vector<Vec> out;
+  for (int64_t pos = 0; pos < static_cast<int64_t>(hs.size()); ++pos) {
+    const Vec heads = attend(c, kv.q[pos], kv, keys_begin(c, il, pos), keys_end(non_causal, pos));
+    out.push_back(matvec(*ly.wo, heads));
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -277,35 +371,44 @@ inline Vec ffn(const Layer& ly, const Vec& f) {
   return matvec(*ly.down, m);
 }
 
-/// Layer il on the residual x of the next position: x += post_attention_norm(attention(attn_norm
+/// Layer il on the residuals xs of all positions: x += post_attention_norm(attention(attn_norm
 /// x)); x += post_ffw_norm(ffn(ffn_norm x)).
-inline void layer(const Layer& ly, const Config& c, int64_t il, Vec& x, KvCache& cache) {
-  const Vec a = attention(ly, c, il, rms_norm(x, ly.attn_norm, c.eps), cache);
-  add_scaled(x, 1.0, rms_norm(a, ly.post_attn_norm, c.eps));
-  const Vec y = ffn(ly, rms_norm(x, ly.ffn_norm, c.eps));
-  add_scaled(x, 1.0, rms_norm(y, ly.post_ffw_norm, c.eps));
+inline void layer(const Layer& ly, const Config& c, int64_t il, std::vector<Vec>& xs,
+                  const std::vector<PosRange>& non_causal) {
+  std::vector<Vec> hs;
+  for (const Vec& x : xs) hs.push_back(rms_norm(x, ly.attn_norm, c.eps));
+  const std::vector<Vec> a = attention(ly, c, il, hs, non_causal);
+  for (size_t pos = 0; pos < xs.size(); ++pos) {
+    Vec& x = xs[pos];
+    add_scaled(x, 1.0, rms_norm(a[pos], ly.post_attn_norm, c.eps));
+    const Vec y = ffn(ly, rms_norm(x, ly.ffn_norm, c.eps));
+    add_scaled(x, 1.0, rms_norm(y, ly.post_ffw_norm, c.eps));
+  }
 }
 
-/// Logits [tokens x vocab], token by token at positions 0, 1, ...: the embedding times sqrt(E),
-/// the layers, output_norm, the output head, the soft cap when the config has one.
-inline std::vector<double> forward(const Model& m, const std::vector<int32_t>& tokens) {
+/// Logits [tokens x vocab] of p, layer by layer over all positions: the input rows (embed), the
+/// layers, output_norm, the output head, the soft cap when the config has one.
+inline std::vector<double> forward(const Model& m, const Prompt& p) {
   const Config& c = m.c;
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.vocab) fail("token " + std::to_string(t) + " outside the vocabulary");
-  std::vector<KvCache> caches(static_cast<size_t>(c.L));
+  check_prompt(c, p);
+  std::vector<Vec> xs = embed(m, p);
+  for (int64_t il = 0; il < c.L; ++il) layer(m.layers[il], c, il, xs, p.non_causal);
   std::vector<double> logits;
-  logits.reserve(tokens.size() * static_cast<size_t>(c.vocab));
-  const double embd_scale = std::sqrt(static_cast<double>(c.E));
-  for (int32_t t : tokens) {
-    Vec x = row(*m.embed, t);
-    for (double& e : x) e *= embd_scale;
-    for (int64_t il = 0; il < c.L; ++il) layer(m.layers[il], c, il, x, caches[il]);
+  logits.reserve(xs.size() * static_cast<size_t>(c.vocab));
+  for (const Vec& x : xs) {
     Vec y = matvec(*m.output, rms_norm(x, m.output_norm, c.eps));
     if (c.softcap > 0)
       for (double& e : y) e = c.softcap * std::tanh(e / c.softcap);
     logits.insert(logits.end(), y.begin(), y.end());
   }
   return logits;
+}
+
+/// The same for token ids only, all causal.
+inline std::vector<double> forward(const Model& m, const std::vector<int32_t>& tokens) {
+  for (int32_t t : tokens)
+    if (t < 0) fail("token " + std::to_string(t) + " outside the vocabulary");
+  return forward(m, Prompt{tokens, {}, {}});
 }
 
 inline std::unique_ptr<Gguf> open_gguf(const std::string& path) {
@@ -329,6 +432,17 @@ inline std::vector<double> gemma3_reference_logits(const std::string& path,
   using namespace gemma3_ref;
   const auto g = open_gguf(path);
   return forward(read_model(*g), tokens);
+}
+
+/// The same for a prompt with input rows and non-causal ranges (gemma3_ref::Prompt): positions
+/// with token kEmbeddedRow take the next row of prompt.rows, unscaled; a query inside a
+/// non-causal range [b, e) sees the keys up to e (from pos + 1 - W on sliding layers). Also
+/// throws when the rows or ranges do not fit the tokens.
+inline std::vector<double> gemma3_reference_logits(const std::string& path,
+                                                   const gemma3_ref::Prompt& prompt) {
+  using namespace gemma3_ref;
+  const auto g = open_gguf(path);
+  return forward(read_model(*g), prompt);
 }
 
 }  // namespace troupe::testing
