@@ -146,6 +146,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   cc.scheduler_cfg.kv_pools = kv_pools;
   cc.scheduler_cfg.kv_block_size = plan.kv_block_size;
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
+  cc.scheduler_cfg.n_embd = spec.n_embd;
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
   // by message, before any request exists.
   cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, StageInputActor{});

@@ -11,6 +11,7 @@
 
 #include "actors/plan.h"
 #include "base/result.h"
+#include "compute/multimodal_prompt.h"
 #include "compute/sampler.h"
 #include "model/model.h"
 
@@ -19,7 +20,10 @@ namespace troupe::actors {
 struct GenerateRequest {
   std::string prompt;                  // text; used when prompt_tokens is empty
   std::vector<int32_t> prompt_tokens;  // token ids (take precedence over text)
-  bool add_bos = true;                 // for a text prompt
+  /// A prompt with images (compute/multimodal_prompt.h): when set, its tokens are the prompt
+  /// (prompt and prompt_tokens are ignored) and its rows feed the image positions.
+  std::shared_ptr<const compute::MultimodalPrompt> images;
+  bool add_bos = true;  // for a text prompt
   compute::SamplingParams sampling;
   int64_t max_tokens = 128;
   bool return_logits = false;  // the logits row of every sampled token (tests, eval)

@@ -391,6 +391,7 @@ void head_init(NodeSelf* self) {
   sc.kv_block_size = st.plan.kv_block_size;
   sc.kv_pools = st.plan.kv_pools();
   sc.n_vocab = st.model->spec.n_vocab;
+  sc.n_embd = st.model->spec.n_embd;
   sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
   auto& sys = self->system();
   st.scheduler = spawn_scheduler(sys, sc, StageInputActor{});

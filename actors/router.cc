@@ -132,7 +132,10 @@ void on_submit(Self* self, const GenerateRequestPtr& req, int64_t tag, const Res
   if (req->max_tokens < 0)
     return reply_error(self, client, tag, "error", "max_tokens must be >= 0");
   auto sreq = std::make_shared<SeqRequest>();
-  if (!req->prompt_tokens.empty()) {
+  if (req->images) {
+    sreq->prompt = req->images->tokens;
+    sreq->images = req->images;
+  } else if (!req->prompt_tokens.empty()) {
     sreq->prompt = req->prompt_tokens;
   } else {
     if (!tok)

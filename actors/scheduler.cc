@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -39,6 +40,7 @@ struct Seq {
 struct SchedulerState {
   SchedulerConfig cfg;
   int64_t n_vocab = 0;
+  int64_t n_embd = 0;
   std::unique_ptr<compute::KvPools> kv;
   compute::KvBlockManagerConfig kv_cfg;
   int64_t kv_pools = 1;
@@ -113,12 +115,47 @@ bool preempt_one(Self* self, int64_t keep) {
   return false;
 }
 
+// How many tokens of s the next step computes, at most `budget`. A non-causal image (Gemma 3)
+// is one step of its own: a chunk ends where one begins, and one that begins here is computed
+// whole, over the budget only when the step has nothing else (else it waits: 0).
+int64_t next_chunk(const Seq& s, int64_t budget, bool step_empty) {
+  const int64_t left = static_cast<int64_t>(s.tokens.size()) - s.num_computed;
+  const int64_t n = std::min(budget, left);
+  const compute::MultimodalPrompt* mm = s.req->images.get();
+  if (!mm || !mm->non_causal_images) return n;
+  for (const auto& img : mm->images) {
+    const int64_t end = img.begin + img.count;
+    if (end <= s.num_computed) continue;
+    if (img.begin <= s.num_computed) {
+      const int64_t whole = end - s.num_computed;
+      return whole <= budget || step_empty ? whole : 0;
+    }
+    return std::min(n, img.begin - s.num_computed);
+  }
+  return n;
+}
+
+// The image rows of tokens [from, from + n) of s (null when there are none), and whether those
+// tokens are a non-causal image.
+void attach_images(const Seq& s, int64_t from, int64_t n, int64_t width, SeqWork& w) {
+  const compute::MultimodalPrompt* mm = s.req->images.get();
+  if (!mm) return;
+  const auto first = s.tokens.begin() + from;
+  const auto k = std::count(first, first + n, compute::SeqStep::kEmbedded);
+  if (k == 0) return;
+  const auto row0 = std::count(s.tokens.begin(), first, compute::SeqStep::kEmbedded);
+  w.image_rows = std::make_shared<const std::vector<float>>(mm->embd.begin() + row0 * width,
+                                                            mm->embd.begin() + (row0 + k) * width);
+  w.non_causal = mm->non_causal_images;
+}
+
 SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
   auto& st = self->state;
   SeqWork w;
   w.seq_id = id;
   w.pos0 = s.num_computed;
   w.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n);
+  attach_images(s, s.num_computed, n, st.n_embd, w);
   auto bt = st.kv->block_table(id);
   w.blocks.assign(bt.begin(), bt.end());
   w.sample = s.num_computed + n == static_cast<int64_t>(s.tokens.size());
@@ -127,8 +164,14 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
   w.rng = s.rng;
   const auto& sp = *s.req->sampling;
   if (w.sample &&
-      (sp.repetition_penalty != 1.f || sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f))
-    w.history = std::make_shared<const std::vector<int32_t>>(s.tokens);
+      (sp.repetition_penalty != 1.f || sp.presence_penalty != 0.f || sp.frequency_penalty != 0.f)) {
+    // Penalties see the text's tokens, not the image positions (as the single-process path).
+    auto h = std::make_shared<std::vector<int32_t>>();
+    h->reserve(s.tokens.size());
+    std::copy_if(s.tokens.begin(), s.tokens.end(), std::back_inserter(*h),
+                 [](int32_t t) { return t != compute::SeqStep::kEmbedded; });
+    w.history = std::move(h);
+  }
   s.in_flight = true;
   s.in_flight_tokens = n;
   return w;
@@ -146,8 +189,7 @@ void schedule(Self* self) {
       const int64_t id = st.running[i];
       Seq& s = st.seqs.at(id);
       if (s.in_flight || s.cancelled) continue;
-      const int64_t n =
-          std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      const int64_t n = next_chunk(s, budget, batch->seqs.empty());
       if (n <= 0) continue;
       bool ok = st.kv->reserve(id, s.num_computed + n);
       while (!ok && preempt_one(self, id)) ok = st.kv->reserve(id, s.num_computed + n);
@@ -166,8 +208,11 @@ void schedule(Self* self) {
         continue;
       }
       s.num_computed = *cached;
-      const int64_t n =
-          std::min<int64_t>(budget, static_cast<int64_t>(s.tokens.size()) - s.num_computed);
+      const int64_t n = next_chunk(s, budget, batch->seqs.empty());
+      if (n <= 0) {  // a whole image does not fit this step: wait for the next
+        st.kv->free_sequence(id);
+        break;
+      }
       if (!st.kv->reserve(id, s.num_computed + n)) {
         st.kv->free_sequence(id);  // not enough free blocks now: keep its place in the queue
         break;
@@ -333,9 +378,19 @@ void on_submit(Self* self, const SeqRequestPtr& req, SchedulerClientActor reply_
   }
   std::string bad;
   if (req->prompt.empty()) bad = "the prompt is empty";
-  for (int32_t t : req->prompt)
+  int64_t n_images = 0;
+  for (int32_t t : req->prompt) {
+    if (t == compute::SeqStep::kEmbedded && req->images) {
+      ++n_images;
+      continue;
+    }
     if (t < 0 || t >= st.n_vocab)
       bad = "prompt token " + std::to_string(t) + " is outside the vocabulary";
+  }
+  if (req->images && static_cast<int64_t>(req->images->embd.size()) != n_images * st.n_embd)
+    bad = "the prompt's " + std::to_string(req->images->embd.size()) +
+          " image row values are not its " + std::to_string(n_images) + " image positions x " +
+          std::to_string(st.n_embd);
   if (len >= st.cfg.max_model_len)
     bad = "the prompt has " + std::to_string(req->prompt.size()) +
           " tokens; the model length limit is " + std::to_string(st.cfg.max_model_len);
@@ -371,6 +426,7 @@ SchedulerActor::behavior_type scheduler_behavior(
   auto& st = self->state;
   st.cfg = cfg.limits;
   st.n_vocab = cfg.n_vocab;
+  st.n_embd = cfg.n_embd;
   st.epoch = cfg.epoch0;
   st.step_timeout_ms = cfg.step_timeout_ms;
   st.first_stage = std::move(first_stage);

@@ -190,6 +190,8 @@ void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double comp
     steps[i].blocks = w.blocks;
     steps[i].logits = (last && (w.sample || w.want_logits)) ? compute::SeqStep::Logits::kLast
                                                             : compute::SeqStep::Logits::kNone;
+    if (w.image_rows && st.cfg.range.embed) steps[i].embd = *w.image_rows;
+    steps[i].non_causal = w.non_causal;
   }
   compute::StepResult res;
   if (!last) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -86,6 +87,46 @@ bool penalties_on(const compute::SamplingParams& p) {
          (p.repetition_penalty != 1 || p.presence_penalty != 0 || p.frequency_penalty != 0);
 }
 
+// The runs of image positions (SeqStep::kEmbedded) in tokens: [begin, end) pairs, in order.
+std::vector<std::pair<size_t, size_t>> image_runs(std::span<const int32_t> tokens) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] != compute::SeqStep::kEmbedded) continue;
+    if (runs.empty() || runs.back().second != i) runs.push_back({i, i});
+    runs.back().second = i + 1;
+  }
+  return runs;
+}
+
+// One splice per run of image positions, with the run's rows (stage 0 only).
+Status write_splices(schemas::SequenceStep::Builder dst, const SeqWork& w, size_t idx) {
+  const auto runs = image_runs(w.tokens);
+  size_t k = 0;
+  for (const auto& r : runs) k += r.second - r.first;
+  const size_t n_rows = w.image_rows ? w.image_rows->size() : 0;
+  if (k == 0 && n_rows == 0) return Ok{};
+  if (k == 0 || n_rows % k != 0)
+    return fail(WireErrc::kUnencodable,
+                strfmt("seqs[%zu]: %zu image positions but %zu image row values", idx, k, n_rows));
+  const size_t width = n_rows / k;
+  auto splices = dst.initSplices(static_cast<unsigned>(runs.size()));
+  size_t row = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const size_t n = runs[i].second - runs[i].first;
+    auto sp = splices[unsigned(i)];
+    sp.setOffset(static_cast<uint32_t>(runs[i].first));
+    const uint64_t shape[] = {n, width};
+    const std::span<const uint8_t> bytes(
+        reinterpret_cast<const uint8_t*>(w.image_rows->data() + row * width),
+        n * width * sizeof(float));
+    if (auto st = schemas::set_tensor_copy(sp.initEmbeddings(), TensorDtype::kF32, shape, bytes);
+        !st)
+      return in_field(strfmt("seqs[%zu].splices[%zu]", idx, i), st.error());
+    row += n;
+  }
+  return Ok{};
+}
+
 Status write_seq(schemas::SequenceStep::Builder dst, const SeqWork& w, uint32_t stage, size_t idx) {
   if (w.seq_id < 0 || uint64_t(w.seq_id) > kMaxU32 || w.pos0 < 0 || uint64_t(w.pos0) > kMaxU32 ||
       w.tokens.empty() || w.tokens.size() > kMaxU32) {
@@ -101,6 +142,9 @@ Status write_seq(schemas::SequenceStep::Builder dst, const SeqWork& w, uint32_t 
   dst.setCount(static_cast<uint32_t>(w.tokens.size()));
   auto ids = dst.initTokenIds(static_cast<unsigned>(w.tokens.size()));
   for (size_t i = 0; i < w.tokens.size(); ++i) ids.set(unsigned(i), w.tokens[i]);
+  dst.setNonCausal(w.non_causal);
+  if (stage == 0)
+    if (auto st = write_splices(dst, w, idx); !st) return st;
   auto table = dst.initBlockTables(1)[0];
   table.setStage(stage);
   auto blocks = table.initBlockIds(static_cast<unsigned>(w.blocks.size()));
@@ -205,6 +249,44 @@ Status read_sampling_part(schemas::SequenceStep::Reader src, const StepLimits& l
   return Ok{};
 }
 
+// Stage 0: one f32 splice per run of image positions, covering it exactly, in order; their rows
+// become w.image_rows. Later stages get none (they take hidden states).
+Status read_splices(schemas::SequenceStep::Reader src, uint32_t stage, const StepLimits& lim,
+                    const std::string& where, SeqWork& w) {
+  auto splices = src.getSplices();
+  if (stage != 0) {
+    if (splices.size() == 0) return Ok{};
+    return fail(WireErrc::kInvalid, strfmt("%s.splices: %u image splices sent to stage %u, "
+                                           "expected none after stage 0",
+                                           where.c_str(), splices.size(), stage));
+  }
+  const auto runs = image_runs(w.tokens);
+  if (splices.size() != runs.size())
+    return fail(WireErrc::kInvalid,
+                strfmt("%s.splices: %u splices for %zu runs of image positions (token id -1)",
+                       where.c_str(), splices.size(), runs.size()));
+  if (runs.empty()) return Ok{};
+  auto rows = std::make_shared<std::vector<float>>();
+  for (unsigned i = 0; i < splices.size(); ++i) {
+    const std::string sw = strfmt("%s.splices[%u]", where.c_str(), i);
+    const size_t n = runs[i].second - runs[i].first;
+    if (splices[i].getOffset() != runs[i].first)
+      return fail(WireErrc::kInvalid,
+                  strfmt("%s.offset: %u, expected %zu (the start of image run %u)", sw.c_str(),
+                         splices[i].getOffset(), runs[i].first, i));
+    auto v = schemas::read_tensor(splices[i].getEmbeddings());
+    if (!v) return in_field(sw + ".embeddings", v.error());
+    if (auto st = schemas::expect_tensor(*v, {TensorDtype::kF32},
+                                         {static_cast<int64_t>(n), lim.n_embd}, sw + ".embeddings");
+        !st)
+      return st;
+    auto f = v->as<float>();
+    rows->insert(rows->end(), f.begin(), f.end());
+  }
+  w.image_rows = std::move(rows);
+  return Ok{};
+}
+
 Status read_seq(schemas::SequenceStep::Reader src, uint32_t stage, const StepLimits& lim,
                 const std::string& where, SeqWork& w) {
   if (src.getRequestId() == 0) return fail(WireErrc::kInvalid, where + ".requestId: 0 is invalid");
@@ -223,13 +305,18 @@ Status read_seq(schemas::SequenceStep::Reader src, uint32_t stage, const StepLim
                        where.c_str(), static_cast<long long>(w.pos0), static_cast<long long>(count),
                        static_cast<long long>(lim.max_positions)));
   }
-  if (auto st = check_ids(tokens, lim.n_vocab, where + ".tokenIds", "token id"); !st) return st;
-  w.tokens = to_vector(tokens);
-  if (src.hasSplices() && src.getSplices().size() > 0) {
-    return fail(WireErrc::kUnsupported,
-                strfmt("%s.splices: %u image splices, this build has no encoder path",
-                       where.c_str(), src.getSplices().size()));
+  for (unsigned i = 0; i < tokens.size(); ++i) {
+    const int64_t id = tokens[i];
+    if (id != compute::SeqStep::kEmbedded && (id < 0 || id >= lim.n_vocab))
+      return fail(WireErrc::kInvalid,
+                  strfmt("%s.tokenIds[%u]: token id %lld is outside [0, %lld) and not -1 (an "
+                         "image position)",
+                         where.c_str(), i, static_cast<long long>(id),
+                         static_cast<long long>(lim.n_vocab)));
   }
+  w.tokens = to_vector(tokens);
+  w.non_causal = src.getNonCausal();
+  if (auto st = read_splices(src, stage, lim, where, w); !st) return st;
   if (auto st = read_blocks(src.getBlockTables(), stage, w.pos0 + count, lim, where, w.blocks); !st)
     return st;
   return read_sampling_part(src, lim, where, w);

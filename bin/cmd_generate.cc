@@ -63,35 +63,6 @@ constexpr const char* kGenerateHelp =
     "  --head HOST:PORT     send the prompts to the cluster's head node\n"
     "  --token T            the cluster token (or TROUPE_CLUSTER_TOKEN, or --config CLUSTER)\n";
 
-// The prompt text with the --image files encoded by the --mmproj encoder in their places.
-compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::Model& model,
-                                             int threads) {
-  const std::vector<std::string> files = ap.all("image");
-  if (files.empty()) throw CliError("--mmproj needs at least one --image");
-  auto vision = model::load_vision_model(ap.required("mmproj"));
-  if (!vision) throw CliError(vision.error().message);
-  const model::VisionSpec& vs = (*vision)->spec;
-  if (vs.n_embd_out != model.spec.n_embd)
-    throw CliError(
-        strfmt("the vision encoder gives rows of %lld values but the language model's "
-               "width is %lld: they do not belong together",
-               static_cast<long long>(vs.n_embd_out), static_cast<long long>(model.spec.n_embd)));
-  auto enc = compute::VisionEncoder::create(*vision, threads);
-  if (!enc) throw CliError(enc.error().message);
-  std::vector<std::vector<float>> rows;
-  for (const std::string& f : files) {
-    auto image = model::read_image_file(f);
-    if (!image) throw CliError(image.error().message);
-    auto e = (*enc)->encode(*image);
-    if (!e) throw CliError(f + ": " + e.error().message);
-    rows.push_back(std::move(*e));
-  }
-  auto p = compute::build_multimodal_prompt(*model.tokenizer, ap.str("prompt"), rows, vs,
-                                            !ap.flag("no-bos"));
-  if (!p) throw CliError(p.error().message);
-  return std::move(*p);
-}
-
 }  // namespace
 
 int cmd_generate(const Args& args) {
@@ -150,10 +121,12 @@ int cmd_generate(const Args& args) {
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
-  if (with_images && use_plan)
+  if (with_images && ap.has("head"))
     throw CliError(
-        "--image runs in the single-process engine only, not yet with --config, "
-        "--stages, --expert-shards or --head");
+        "--image does not go to a remote cluster (--head) yet: run the plan here "
+        "with --config or --stages");
+  if (with_images && !ap.has("prompt"))
+    throw CliError("--image needs a text --prompt (where <__media__> marks each image)");
   if (ap.has("head")) return generate_with_head(ap, sp, max_tokens);
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");

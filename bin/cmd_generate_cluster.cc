@@ -15,6 +15,7 @@
 #include "bin/args.h"
 #include "bin/cluster_generate.h"
 #include "bin/common.h"
+#include "compute/thread_pool.h"
 
 namespace troupe::cli {
 
@@ -144,7 +145,13 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
     for (auto& s : plan.expert_shards) s.threads = n;
   }
   if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
-  const auto reqs = build_requests(ap, sp, max_tokens);
+  auto reqs = build_requests(ap, sp, max_tokens);
+  if (ap.has("image") || ap.has("mmproj")) {
+    // The images are encoded here, before the actors start; the first stage splices their rows.
+    const int threads = compute::resolve_threads(threads_option(ap), 1);
+    reqs.at(0).images =
+        std::make_shared<const compute::MultimodalPrompt>(prompt_with_images(ap, *model, threads));
+  }
   auto lc = actors::LocalCluster::start(plan, model);
   if (!lc) throw CliError(lc.error().message);
   const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));

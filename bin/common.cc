@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "bin/args.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
+#include "model/vision.h"
 
 namespace troupe::cli {
 
@@ -46,6 +50,35 @@ int threads_option(const ArgParser& ap) {
 
 std::string json_quote(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The prompt text with the --image files encoded by the --mmproj encoder in their places.
+compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::Model& model,
+                                             int threads) {
+  const std::vector<std::string> files = ap.all("image");
+  if (files.empty()) throw CliError("--mmproj needs at least one --image");
+  auto vision = model::load_vision_model(ap.required("mmproj"));
+  if (!vision) throw CliError(vision.error().message);
+  const model::VisionSpec& vs = (*vision)->spec;
+  if (vs.n_embd_out != model.spec.n_embd)
+    throw CliError(
+        strfmt("the vision encoder gives rows of %lld values but the language model's "
+               "width is %lld: they do not belong together",
+               static_cast<long long>(vs.n_embd_out), static_cast<long long>(model.spec.n_embd)));
+  auto enc = compute::VisionEncoder::create(*vision, threads);
+  if (!enc) throw CliError(enc.error().message);
+  std::vector<std::vector<float>> rows;
+  for (const std::string& f : files) {
+    auto image = model::read_image_file(f);
+    if (!image) throw CliError(image.error().message);
+    auto e = (*enc)->encode(*image);
+    if (!e) throw CliError(f + ": " + e.error().message);
+    rows.push_back(std::move(*e));
+  }
+  auto p = compute::build_multimodal_prompt(*model.tokenizer, ap.str("prompt"), rows, vs,
+                                            !ap.flag("no-bos"));
+  if (!p) throw CliError(p.error().message);
+  return std::move(*p);
 }
 
 }  // namespace troupe::cli

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "compute/multimodal_prompt.h"
 #include "model/model.h"
 
 namespace troupe::cli {
@@ -26,6 +27,12 @@ class ArgParser;
 /// The value of --threads: an integer in [1, 1024], or 0 for "auto" (also when the option is
 /// absent). CliError names a bad value. compute::resolve_threads turns 0 into a count.
 int threads_option(const ArgParser& ap);
+
+/// The --prompt text with each --image file (decoded, then encoded by the --mmproj encoder)
+/// in place of its <__media__> marker, BOS first unless --no-bos. CliError names a bad image, a
+/// mismatched encoder or a marker count that does not match the images.
+compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::Model& model,
+                                             int threads);
 
 /// A JSON string literal for s (UTF-8 passed through, invalid bytes as U+FFFD).
 std::string json_quote(const std::string& s);

@@ -92,7 +92,8 @@ struct SequenceStep {
   count @3 :UInt32;
   # tokens: this step adds positions pos0 .. pos0 + count - 1; >= 1
   tokenIds @4 :List(Int32);
-  # [count] token ids for the new positions (stage 0 embeds them; later stages may ignore them)
+  # [count] token ids for the new positions (stage 0 embeds them; later stages may ignore them);
+  # -1 marks an image position, whose row comes from a splice at stage 0
   blockTables @5 :List(BlockTable);
   # one table per pipeline stage (each stage reads its own)
   logits @6 :LogitsMode;
@@ -107,9 +108,13 @@ struct SequenceStep {
   # token ids, oldest first: the last penaltyLastN tokens of prompt + generated text before this
   # step (all of them when penaltyLastN = -1); empty when penalties are off
   splices @11 :List(EmbeddingSplice);
-  # image embeddings to splice in at stage 0, in position order, non-overlapping
+  # image embeddings to splice in at stage 0, in position order, non-overlapping: one per run of
+  # -1 token ids, covering it exactly; absent for later stages
   returnLogits @12 :Bool;
   # true: return the logits row(s) of this sequence in StepResult.logits
+  nonCausal @13 :Bool;
+  # true: every new position attends to all of this step's positions, not only to earlier ones
+  # (a Gemma 3 image, prefilled as one step of its own)
 }
 
 struct BatchDescriptor {

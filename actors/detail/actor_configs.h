@@ -44,6 +44,7 @@ struct SchedulerActorConfig {
   int64_t kv_pools = 1;
   int64_t kv_block_size = 16;
   int64_t n_vocab = 0;
+  int64_t n_embd = 0;  // image rows' width (0: image prompts are refused)
   // First step epoch. A replacement starts far above its predecessor's epochs, so outcomes of
   // steps the failed scheduler sent (still in the pipeline) are recognised and dropped.
   uint64_t epoch0 = 1;

@@ -31,6 +31,10 @@ struct SeqWork {
   std::shared_ptr<const compute::SamplingParams> sampling;
   compute::SamplerState rng;  // the request's RNG state before this sample
   std::shared_ptr<const std::vector<int32_t>> history;  // prompt + generated (penalties)
+  /// f32 [number of SeqStep::kEmbedded tokens in `tokens`, n_embd]: their input rows, for the
+  /// stage that embeds; null when the step has no image positions.
+  std::shared_ptr<const std::vector<float>> image_rows;
+  bool non_causal = false;  // the tokens see all of the step's positions (a Gemma 3 image)
 };
 
 /// A step descriptor, shared read-only by every stage it passes through.
@@ -148,6 +152,8 @@ struct SeqRequest {
   std::shared_ptr<const compute::SamplingParams> sampling;
   std::vector<int32_t> eos_ids;  // end-of-generation tokens of the vocabulary
   bool want_logits = false;
+  /// The prompt's images (its tokens equal `prompt`'s first tokens); null without images.
+  std::shared_ptr<const compute::MultimodalPrompt> images;
   // A resubmission after a scheduler or router failure. The request was admitted once already,
   // so it bypasses the queue limit. `prompt` ends with the num_generated tokens sampled before
   // the failure, `max_tokens` counts only the rest, and `rng` is the sampler state after the last

@@ -167,6 +167,17 @@ struct DecodeResult {
 // of one token each; the median of the last kSteps.
 constexpr int64_t kPrompt = 128, kWarm = 4, kSteps = 32;
 
+// A step of `tokens` at pos0 whose last position gives logits.
+compute::SeqStep last_step(int64_t pos0, std::span<const int32_t> tokens,
+                           std::span<const int32_t> blocks) {
+  compute::SeqStep st;
+  st.pos0 = pos0;
+  st.tokens = tokens;
+  st.blocks = blocks;
+  st.logits = compute::SeqStep::Logits::kLast;
+  return st;
+}
+
 template <class Engine>
 DecodeResult decode(Engine& e, int64_t batch, int64_t block_size) {
   std::vector<Seq> seqs;
@@ -176,15 +187,16 @@ DecodeResult decode(Engine& e, int64_t batch, int64_t block_size) {
   compute::StepResult res;
   std::vector<compute::SeqStep> steps(seqs.size());
   for (size_t i = 0; i < seqs.size(); ++i)
-    steps[i] = {0, std::span<const int32_t>(seqs[i].tokens.data(), kPrompt), seqs[i].blocks,
-                compute::SeqStep::Logits::kLast};
+    steps[i] =
+        last_step(0, std::span<const int32_t>(seqs[i].tokens.data(), kPrompt), seqs[i].blocks);
   timed_step(e, steps, &res);
   std::vector<double> t, eng;
   for (int64_t d = 0; d < kWarm + kSteps; ++d) {
     const int64_t pos = kPrompt + d;
     for (size_t i = 0; i < seqs.size(); ++i)
-      steps[i] = {pos, std::span<const int32_t>(&seqs[i].tokens[static_cast<size_t>(pos)], 1),
-                  seqs[i].blocks, compute::SeqStep::Logits::kLast};
+      steps[i] =
+          last_step(pos, std::span<const int32_t>(&seqs[i].tokens[static_cast<size_t>(pos)], 1),
+                    seqs[i].blocks);
     const double dt = timed_step(e, steps, &res);
     if (d >= kWarm) {
       t.push_back(dt);
@@ -205,8 +217,7 @@ double prefill(GpuEngine& e, int64_t block_size) {
     if (!make_seqs(e, kPrefillSeqs, kPrefillLen, block_size, 100 + static_cast<uint32_t>(r), &seqs))
       throw std::runtime_error("KV pool too small for the prefill batch");
     std::vector<compute::SeqStep> steps;
-    for (const Seq& s : seqs)
-      steps.push_back({0, s.tokens, s.blocks, compute::SeqStep::Logits::kLast});
+    for (const Seq& s : seqs) steps.push_back(last_step(0, s.tokens, s.blocks));
     compute::StepResult res;
     const double dt = timed_step(e, steps, &res);
     if (r > 0) t.push_back(dt);

@@ -476,11 +476,90 @@ TEST(WireStep, RejectsZeroRequestId) {
                "sequences[2].requestId: 0 is invalid");
 }
 
-TEST(WireStep, RejectsUnsupportedSplicesAndLogprobs) {
-  Bytes splices = mutate<schemas::BatchDescriptor>(
+// A prefill chunk with two runs of image positions (-1) and their rows.
+StepBatch image_batch() {
+  StepBatch b = make_batch();
+  SeqWork& w = b.seqs[0];
+  w.tokens = {1, -1, -1, 4, -1};
+  w.blocks = blocks_for(w.pos0 + 5, 0);
+  auto rows = std::make_shared<std::vector<float>>(3 * kEmbd);
+  for (size_t i = 0; i < rows->size(); ++i) (*rows)[i] = 0.5f * static_cast<float>(i) - 3.f;
+  w.image_rows = rows;
+  w.non_causal = true;
+  return b;
+}
+
+TEST(WireStep, ImageRowsGoToStageZeroAsSplices) {
+  const StepBatch b = image_batch();
+  auto f0 = encode_step(b, nullptr, kEmbd, 0, kSend);
+  ASSERT_TRUE(f0) << f0.error().message;
+  auto d0 = decode_step(f0->flatten(), step_limits());
+  ASSERT_TRUE(d0) << d0.error().message;
+  const SeqWork& w0 = d0->batch->seqs[0];
+  EXPECT_EQ(w0.tokens, b.seqs[0].tokens);
+  ASSERT_TRUE(w0.image_rows);
+  EXPECT_EQ(*w0.image_rows, *b.seqs[0].image_rows);
+  EXPECT_TRUE(w0.non_causal);
+  EXPECT_FALSE(d0->batch->seqs[1].image_rows);
+  EXPECT_FALSE(d0->batch->seqs[1].non_causal);
+  // A later stage gets the positions (and the attention rule) but not the rows.
+  auto f1 = encode_step(b, make_hidden(num_tokens(b)), kEmbd, 1, kSend);
+  ASSERT_TRUE(f1) << f1.error().message;
+  auto d1 = decode_step(f1->flatten(), step_limits());
+  ASSERT_TRUE(d1) << d1.error().message;
+  EXPECT_EQ(d1->batch->seqs[0].tokens, b.seqs[0].tokens);
+  EXPECT_FALSE(d1->batch->seqs[0].image_rows);
+  EXPECT_TRUE(d1->batch->seqs[0].non_causal);
+  // Rows that do not match the image positions are not sent.
+  StepBatch bad = image_batch();
+  bad.seqs[0].image_rows = std::make_shared<const std::vector<float>>(2 * kEmbd + 1);
+  expect_error(encode_step(bad, nullptr, kEmbd, 0, kSend), wire(WireErrc::kUnencodable),
+               "seqs[0]: 3 image positions but");
+}
+
+Bytes encode_image_step() {
+  auto f = encode_step(image_batch(), nullptr, kEmbd, 0, kSend);
+  EXPECT_TRUE(f) << (f ? "" : f.error().message);
+  return f ? f->flatten() : Bytes{};
+}
+
+TEST(WireStep, RejectsSplicesThatDoNotCoverTheImagePositions) {
+  Bytes offset = mutate<schemas::BatchDescriptor>(
+      encode_image_step(), [](auto root) { root.getSequences()[0].getSplices()[1].setOffset(3); });
+  expect_error(decode_step(offset, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[0].splices[1].offset: 3, expected 4");
+  Bytes missing = mutate<schemas::BatchDescriptor>(
+      encode_image_step(), [](auto root) { root.getSequences()[0].disownSplices(); });
+  expect_error(decode_step(missing, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[0].splices: 0 splices for 2 runs of image positions");
+  Bytes extra_run = mutate<schemas::BatchDescriptor>(encode_image_step(), [](auto root) {
+    root.getSequences()[0].getTokenIds().set(3, -1);  // the two runs become one
+  });
+  expect_error(decode_step(extra_run, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[0].splices: 2 splices for 1 runs");
+  Bytes negative = mutate<schemas::BatchDescriptor>(
+      encode_image_step(), [](auto root) { root.getSequences()[0].getTokenIds().set(0, -2); });
+  expect_error(decode_step(negative, step_limits()), wire(WireErrc::kInvalid),
+               "tokenIds[0]: token id -2 is outside [0, 50) and not -1");
+  // Splices for a stage that takes hidden states.
+  Bytes later = mutate<schemas::BatchDescriptor>(
       encode_valid_step(), [](auto root) { root.getSequences()[0].initSplices(1); });
-  expect_error(decode_step(splices, step_limits()), wire(WireErrc::kUnsupported),
-               "sequences[0].splices: 1 image splices");
+  expect_error(decode_step(later, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[0].splices: 1 image splices sent to stage 1");
+}
+
+TEST(WireStep, RejectsSpliceOfWrongShape) {
+  StepBatch b = image_batch();
+  auto f = encode_step(b, nullptr, kEmbd, 0, kSend);
+  ASSERT_TRUE(f);
+  StepLimits wide = step_limits();
+  wide.n_embd = kEmbd + 1;  // the receiver's model is wider than the rows sent
+  expect_error(decode_step(f->flatten(), wide), schema(schemas::Errc::kShapeMismatch),
+               "BatchDescriptor.sequences[0].splices[0].embeddings: expected f32 [2, 9], got f32 "
+               "[2, 8]");
+}
+
+TEST(WireStep, RejectsUnsupportedLogprobs) {
   Bytes logprobs = mutate<schemas::BatchDescriptor>(encode_valid_step(), [](auto root) {
     root.getSequences()[1].getSampling().setNumLogprobs(5);
   });

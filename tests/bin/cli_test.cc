@@ -236,6 +236,15 @@ TEST(Cli, ImagePromptGeneratesGoldenGreedyTokens) {
     EXPECT_EQ(out.at("tokens").get<std::vector<int32_t>>(), greedy);
     const auto prompt = out.at("prompt_tokens").get<std::vector<int32_t>>();
     EXPECT_EQ(std::count(prompt.begin(), prompt.end(), -1), 16) << "image positions";
+    // The same through the actor system: two pipeline stages, the image spliced by the first.
+    CliRun staged =
+        troupe({"generate", "--model", shared + "/models/synth/llava-tiny/model.gguf", "--mmproj",
+                shared + "/models/synth/llava-tiny/mmproj.gguf", "--image",
+                shared + "/golden/vlm/images/" + c + ".png", "--prompt",
+                j.at("prompt_text").get<std::string>(), "--max-tokens",
+                std::to_string(greedy.size()), "--json", "--ignore-eos", "--stages", "2"});
+    ASSERT_EQ(staged.rc, 0) << staged.err;
+    EXPECT_EQ(nlohmann::json::parse(staged.out).at("tokens").get<std::vector<int32_t>>(), greedy);
   }
 }
 
@@ -271,8 +280,11 @@ TEST(Cli, ImagePromptErrorsAreOneLine) {
                                 "--image", png, "--prompt", "x"}),
                         "no <start_of_image> / <end_of_image> tokens");
   expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
-                                "--prompt", "x", "--stages", "2"}),
-                        "single-process engine only");
+                                "--prompt", "x", "--head", "127.0.0.1:9"}),
+                        "does not go to a remote cluster");
+  expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
+                                "--prompt-tokens", "1,2", "--stages", "2"}),
+                        "--image needs a text --prompt");
 }
 
 TEST(Cli, TextPromptTokenizesLikeReference) {

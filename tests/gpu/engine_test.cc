@@ -326,6 +326,16 @@ class GpuEngineErrors : public ::testing::Test {
   std::shared_ptr<const model::Model> model_;
 };
 
+// A step whose last position gives logits (the tests below vary the rest).
+SeqStep last_step(int64_t pos0, std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
+  SeqStep st;
+  st.pos0 = pos0;
+  st.tokens = tokens;
+  st.blocks = blocks;
+  st.logits = Logits::kLast;
+  return st;
+}
+
 TEST_F(GpuEngineErrors, RejectsBadStepsWithTheCpuMessages) {
   GpuEngineOptions o = small_options();
   o.max_tokens_in_cache = 64;  // 4 blocks
@@ -342,35 +352,42 @@ TEST_F(GpuEngineErrors, RejectsBadStepsWithTheCpuMessages) {
     EXPECT_NE(s.error().message.find(text), std::string::npos) << s.error().message;
   };
   const std::vector<int32_t> bad_token = {1, 512};
-  SeqStep st{0, bad_token, blocks, Logits::kLast};
+  SeqStep st = last_step(0, bad_token, blocks);
   expect_error(&st, 1, "token id 512 is outside the vocabulary");
   const std::vector<int32_t> many(40, 1);
-  st = SeqStep{0, many, blocks, Logits::kLast};
+  st = last_step(0, many, blocks);
   expect_error(&st, 1, "needs 3 KV blocks");
-  st = SeqStep{0, {}, blocks, Logits::kLast};
+  st = last_step(0, {}, blocks);
   expect_error(&st, 1, "has no tokens");
   const std::vector<int32_t> one = {1};
-  st = SeqStep{-1, one, blocks, Logits::kLast};
+  st = last_step(-1, one, blocks);
   expect_error(&st, 1, "negative position");
   const std::vector<int32_t> bad_block = {99};
-  st = SeqStep{0, one, bad_block, Logits::kLast};
+  st = last_step(0, one, bad_block);
   expect_error(&st, 1, "block id 99 out of range");
   const std::vector<int32_t> four = {0, 1, 2, 3, 0};  // repeats a block: past the pool's 64 slots
-  st = SeqStep{64, one, four, Logits::kLast};
+  st = last_step(64, one, four);
   expect_error(&st, 1, "beyond the KV pool");
-  const SeqStep three[3] = {{0, one, blocks, Logits::kLast},
-                            {0, one, blocks, Logits::kLast},
-                            {0, one, blocks, Logits::kLast}};
+  const std::vector<int32_t> image = {SeqStep::kEmbedded};
+  const std::vector<float> row(static_cast<size_t>(model_->spec.n_embd));
+  st = last_step(0, image, blocks);
+  st.embd = row;
+  expect_error(&st, 1, "embedded (image) positions");
+  st = last_step(0, one, blocks);
+  st.non_causal = true;
+  expect_error(&st, 1, "non-causal");
+  const SeqStep three[3] = {last_step(0, one, blocks), last_step(0, one, blocks),
+                            last_step(0, one, blocks)};
   expect_error(three, 3, "max_step_seqs");
   const std::vector<int32_t> thirty(30, 1);
   std::vector<int32_t> b2, b3;
   ASSERT_TRUE(e->blocks().allocate(2, &b2));
   ASSERT_TRUE(e->blocks().allocate(1, &b3));
   b3.push_back(b2[0]);  // not a real sharing, only long enough for the size check
-  const SeqStep big[2] = {{0, thirty, b2, Logits::kLast}, {0, thirty, b3, Logits::kLast}};
+  const SeqStep big[2] = {last_step(0, thirty, b2), last_step(0, thirty, b3)};
   expect_error(big, 2, "max_step_tokens");
   // A good step still works after the rejected ones.
-  st = SeqStep{0, one, blocks, Logits::kLast};
+  st = last_step(0, one, blocks);
   StepResult r;
   const Status ok = e->step({&st, 1}, &r);
   ASSERT_TRUE(ok.has_value()) << message(ok);
@@ -386,7 +403,7 @@ TEST_F(GpuEngineErrors, StageWithoutEmbeddingOrHeadNeedsHiddenStates) {
   std::vector<int32_t> blocks;
   ASSERT_TRUE(e->blocks().allocate(1, &blocks));
   const std::vector<int32_t> one = {1};
-  SeqStep st{0, one, blocks, Logits::kLast};
+  SeqStep st = last_step(0, one, blocks);
   StepResult r;
   const Status s = e->step({&st, 1}, &r);
   ASSERT_FALSE(s.has_value());

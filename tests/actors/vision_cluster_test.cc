@@ -1,0 +1,212 @@
+// Image prompts through the actor system: for plans of 1 to 4 stages, with the prefix cache on
+// and off and scheduler budgets that cut the prompt before, inside and after the image, every
+// greedy token and logit is bit-identical to the single-process engine; two images behind the
+// same text never share KV; and a Gemma 3 image is prefilled as one non-causal step, even when
+// it is longer than the step budget.
+#include <cstring>
+#include <random>
+
+#include "actors/local_cluster.h"
+#include "actors/plan.h"
+#include "compute/engine.h"
+#include "compute/multimodal_prompt.h"
+#include "compute/sampler.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+#include "model/vision.h"
+#include "tests/test_support.h"
+
+namespace troupe::actors {
+namespace {
+
+using compute::MultimodalPrompt;
+
+struct Reference {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;  // [tokens, n_vocab]
+};
+
+// Greedy generation on the plain engine, the prompt prefilled as the CLI does (a non-causal
+// image as a step of its own).
+Reference solo(std::shared_ptr<const model::Model> m, const MultimodalPrompt& p, int64_t n) {
+  compute::EngineOptions o;
+  o.max_tokens_in_cache = static_cast<int64_t>(p.tokens.size()) + n + 1;
+  auto eng = compute::Engine::create(m, o);
+  EXPECT_TRUE(eng);
+  compute::Sequence seq(**eng);
+  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(p.tokens.size()) + n));
+  compute::StepResult r;
+  const auto E = static_cast<size_t>(m->spec.n_embd);
+  for (const compute::PrefillChunk& c : compute::prefill_chunks(p, 1 << 20)) {
+    auto st = seq.next({p.tokens.data() + c.begin, static_cast<size_t>(c.end - c.begin)},
+                       compute::SeqStep::Logits::kLast);
+    const auto k = static_cast<size_t>(
+        std::count(st.tokens.begin(), st.tokens.end(), compute::SeqStep::kEmbedded));
+    st.embd = {p.embd.data() + static_cast<size_t>(c.row_begin) * E, k * E};
+    st.non_causal = c.non_causal;
+    const Status ok = (*eng)->step({&st, 1}, &r);
+    EXPECT_TRUE(ok.has_value()) << ok.error().message;
+    seq.advance(c.end - c.begin);
+  }
+  Reference ref;
+  compute::Sampler greedy(compute::SamplingParams{});
+  for (int64_t i = 0; i < n; ++i) {
+    std::span<const float> row(r.row(0), static_cast<size_t>(r.n_vocab));
+    ref.logits.insert(ref.logits.end(), row.begin(), row.end());
+    ref.tokens.push_back(greedy.sample(row, {}));
+    if (i + 1 == n) break;
+    auto st2 = seq.next({&ref.tokens.back(), 1}, compute::SeqStep::Logits::kLast);
+    EXPECT_TRUE((*eng)->step({&st2, 1}, &r).has_value());
+    seq.advance(1);
+  }
+  return ref;
+}
+
+GenerateRequest request(const MultimodalPrompt& p, int64_t n) {
+  GenerateRequest r;
+  r.images = std::make_shared<const MultimodalPrompt>(p);
+  r.max_tokens = n;
+  r.sampling.ignore_eos = true;
+  r.return_logits = true;
+  return r;
+}
+
+void expect_identical(const GenerateResult& got, const Reference& ref, const std::string& what) {
+  ASSERT_TRUE(got.ok()) << what << ": " << got.error;
+  EXPECT_EQ(got.tokens, ref.tokens) << what;
+  ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
+  EXPECT_EQ(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0)
+      << what << ": logits differ";
+}
+
+// Runs `reqs` on every plan of 1..max_stages stages x prefix cache on/off x the budgets, each
+// result against its solo reference.
+void expect_plans_match(std::shared_ptr<const model::Model> m, int64_t max_stages,
+                        const std::vector<int64_t>& budgets,
+                        const std::vector<MultimodalPrompt>& prompts, int64_t n_gen) {
+  std::vector<Reference> refs;
+  std::vector<GenerateRequest> reqs;
+  for (const auto& p : prompts) {
+    refs.push_back(solo(m, p, n_gen));
+    reqs.push_back(request(p, n_gen));
+  }
+  for (int64_t ns = 1; ns <= max_stages; ++ns)
+    for (bool prefix : {true, false})
+      for (int64_t budget : budgets) {
+        Plan plan = even_plan(m->path, ns, 0);
+        plan.scheduler.prefix_cache = prefix;
+        plan.scheduler.max_tokens_per_step = budget;
+        plan.scheduler.max_sequences = 8;
+        plan.scheduler.max_model_len = 128;
+        ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+        auto lc = LocalCluster::start(plan, m);
+        ASSERT_TRUE(lc) << lc.error().message;
+        const auto res = (*lc)->generate_many(reqs);
+        const std::string what = "stages=" + std::to_string(ns) +
+                                 " prefix=" + std::to_string(prefix) +
+                                 " budget=" + std::to_string(budget);
+        for (size_t i = 0; i < reqs.size(); ++i)
+          expect_identical(res[i], refs[i], what + " request " + std::to_string(i));
+      }
+}
+
+TEST(VisionCluster, LlavaPromptsMatchTheEngineOnEveryPlan) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(vm) << vm.error().message;
+  auto enc = compute::VisionEncoder::create(*vm, 1);
+  ASSERT_TRUE(enc);
+  // Three images behind the same text (so the prefix cache sees equal placeholders with other
+  // rows), the text alone, and an image with no text after it.
+  std::vector<MultimodalPrompt> prompts;
+  for (const char* img : {"circles_64x64", "checker_50x40", "gradient_32x32"}) {
+    auto image = model::read_image_file(shared + "/golden/vlm/images/" + img + ".png");
+    ASSERT_TRUE(image) << image.error().message;
+    auto rows = (*enc)->encode(*image);
+    ASSERT_TRUE(rows);
+    const std::vector<std::vector<float>> images = {*rows};
+    auto p = compute::build_multimodal_prompt(*(*m)->tokenizer,
+                                              "Look at this picture: <__media__>\nOnce upon a time",
+                                              images, (*vm)->spec, true);
+    ASSERT_TRUE(p) << p.error().message;
+    prompts.push_back(*p);
+  }
+  auto tail = compute::build_multimodal_prompt(
+      *(*m)->tokenizer, "A cat <__media__>",
+      std::vector<std::vector<float>>{std::vector<float>(prompts[0].embd)}, (*vm)->spec, true);
+  ASSERT_TRUE(tail) << tail.error().message;
+  prompts.push_back(*tail);
+  MultimodalPrompt text;
+  text.tokens = (*m)->tokenizer->encode("Look at this picture: and then", true);
+  prompts.push_back(text);
+  expect_plans_match(*m, 4, {5, 16, 512}, prompts, 8);
+}
+
+// n rows [n, E] of deterministic values of about unit size.
+std::vector<float> rows(int64_t n, int64_t E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(static_cast<size_t>(n * E));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(VisionCluster, Gemma3NonCausalImageIsOneStepOnEveryPlan) {
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "gemma3";
+  o.seed = 47;
+  o.n_ctx = 256;
+  o.sliding_window = 4;
+  const std::string path = dir.file("gemma3.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m) << m.error().message;
+  const int64_t E = (*m)->spec.n_embd;
+  const int32_t I = compute::SeqStep::kEmbedded;
+  std::vector<MultimodalPrompt> prompts(2);
+  // 7 text tokens, a 6-position image, 5 tokens, a 3-position image, 2 tokens.
+  prompts[0].tokens = {1, 40, 41, 42, 43, 44, 45, I, I, I,  I, I,
+                       I, 50, 51, 52, 53, 54, I,  I, I, 60, 61};
+  prompts[0].images = {{7, 6}, {18, 3}};
+  prompts[0].embd = rows(9, E, 5);
+  prompts[0].non_causal_images = true;
+  // The same text with other image rows: no KV may be shared past the first image.
+  prompts[1] = prompts[0];
+  prompts[1].embd = rows(9, E, 6);
+  // Budgets below the image's length (it goes whole, alone), inside it and above the prompt.
+  expect_plans_match(*m, 2, {4, 9, 512}, prompts, 6);
+}
+
+TEST(VisionCluster, BadImageRequestsGetErrors) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(m);
+  Plan plan = even_plan((*m)->path, 2, 0);
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  auto lc = LocalCluster::start(plan, *m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  // Image positions in plain token ids.
+  GenerateRequest plain;
+  plain.prompt_tokens = {1, compute::SeqStep::kEmbedded, 5};
+  plain.max_tokens = 2;
+  auto r1 = (*lc)->generate(plain);
+  EXPECT_FALSE(r1.ok());
+  EXPECT_NE(r1.error.find("outside the vocabulary"), std::string::npos) << r1.error;
+  // Rows that do not divide among the image positions.
+  MultimodalPrompt p;
+  p.tokens = {1, compute::SeqStep::kEmbedded, compute::SeqStep::kEmbedded, 5};
+  p.images = {{1, 2}};
+  p.embd = std::vector<float>(7);
+  auto r2 = (*lc)->generate(request(p, 2));
+  EXPECT_FALSE(r2.ok());
+  EXPECT_NE(r2.error.find("image row values"), std::string::npos) << r2.error;
+}
+
+}  // namespace
+}  // namespace troupe::actors
