@@ -315,7 +315,10 @@ VocabInfo write_vocab(GgufWriter& w, const SynthOptions& o) {
   if (o.n_vocab && (*o.n_vocab < 258 || *o.n_vocab > (int64_t{1} << 22)))
     TROUPE_INPUT_ERROR("--n-vocab must be between 258 and %lld for the built-in vocabulary",
                        static_cast<long long>(int64_t{1} << 22));
-  const BuiltinVocab v = builtin_vocab(o.n_vocab);
+  // Gemma 3 brackets each image with two control tokens (compute/multimodal_prompt.h).
+  const BuiltinVocab v = o.arch == "gemma3"
+                             ? builtin_vocab(o.n_vocab, {"<start_of_image>", "<end_of_image>"})
+                             : builtin_vocab(o.n_vocab);
   w.set_string("tokenizer.ggml.model", "gpt2");
   w.set_string("tokenizer.ggml.pre", "gpt-2");
   w.set_string_array("tokenizer.ggml.tokens", v.tokens);

@@ -79,7 +79,8 @@ struct MmprojSynthOptions {
 Status synth_mmproj(const MmprojSynthOptions& opts, const std::string& out_path);
 
 /// The built-in byte-level BPE vocabulary (GPT-2 byte tokens, merges learnt from an embedded
-/// English text, <|bos|>, <|eos|>, then <|reserved_N|> padding up to n_vocab when given).
+/// English text, <|bos|>, <|eos|>, the `extra_control` tokens (Gemma 3's <start_of_image> and
+/// <end_of_image>), then <|reserved_N|> padding up to n_vocab when given).
 struct BuiltinVocab {
   std::vector<std::string> tokens;
   std::vector<int32_t> token_types;  // 1 normal, 3 control
@@ -87,7 +88,8 @@ struct BuiltinVocab {
   int32_t bos_id = 0;
   int32_t eos_id = 0;
 };
-BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt);
+BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab = std::nullopt,
+                           const std::vector<std::string>& extra_control = {});
 
 /// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k" (or
 /// "q2_K" ... "q6_K"), "iq4_nl", "iq4_xs", "mxfp4"; nullopt otherwise.

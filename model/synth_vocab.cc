@@ -115,7 +115,8 @@ std::vector<std::string> pretokenize(const std::string& text) {
 
 }  // namespace
 
-BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab) {
+BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab,
+                           const std::vector<std::string>& extra_control) {
   BuiltinVocab v;
   const auto bytes = gpt2_byte_tokens();
   std::string byte_str[256];
@@ -138,7 +139,8 @@ BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab) {
     words.emplace_back(std::move(syms), n);
   }
   std::unordered_map<uint64_t, int64_t> pair_count;
-  while (static_cast<int64_t>(v.tokens.size()) + 2 < target) {
+  const auto specials = static_cast<int64_t>(2 + extra_control.size());
+  while (static_cast<int64_t>(v.tokens.size()) + specials < target) {
     pair_count.clear();
     for (const auto& [syms, n] : words)
       for (size_t k = 0; k + 1 < syms.size(); ++k)
@@ -178,6 +180,10 @@ BuiltinVocab builtin_vocab(std::optional<int64_t> n_vocab) {
   v.eos_id = static_cast<int32_t>(v.tokens.size());
   v.tokens.push_back("<|eos|>");
   v.token_types.push_back(3);
+  for (const std::string& t : extra_control) {
+    v.tokens.push_back(t);
+    v.token_types.push_back(3);
+  }
   for (int64_t k = 0; static_cast<int64_t>(v.tokens.size()) < target; ++k) {
     v.tokens.push_back("<|reserved_" + std::to_string(k) + "|>");
     v.token_types.push_back(3);

@@ -248,6 +248,39 @@ TEST(Cli, ImagePromptGeneratesGoldenGreedyTokens) {
   }
 }
 
+// A Gemma 3 pair from troupe synth: the image is bracketed by <start_of_image>/<end_of_image>
+// and prefilled as one non-causal step, alone and through two pipeline stages alike.
+TEST(Cli, Gemma3ImagePromptRunsAloneAndStagedAlike) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string model = (temp_dir() / "g3.gguf").string();
+  const std::string mmproj = (temp_dir() / "g3-mmproj.gguf").string();
+  ASSERT_EQ(troupe({"synth", "--arch", "gemma3", "--out", model}).rc, 0);
+  CliRun mm = troupe({"synth", "--arch",       "clip", "--projector", "gemma3", "--image-size",
+                      "32",    "--patch-size", "4",    "--n-embd",    "64",     "--n-ff",
+                      "128",   "--n-layer",    "2",    "--n-head",    "4",      "--proj-dim",
+                      "128",   "--merge",      "2",    "--out",       mmproj});
+  ASSERT_EQ(mm.rc, 0) << mm.err;
+  std::vector<std::vector<int32_t>> outs;
+  for (const char* stages : {"1", "2"}) {
+    CliRun r =
+        troupe({"generate", "--model", model, "--mmproj", mmproj, "--image",
+                shared + "/golden/vlm/images/checker_50x40.png", "--prompt", "Look: <__media__> so",
+                "--max-tokens", "6", "--json", "--ignore-eos", "--stages", stages});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const auto prompt = j.at("prompt_tokens").get<std::vector<int32_t>>();
+    const auto first = std::find(prompt.begin(), prompt.end(), -1);
+    ASSERT_NE(first, prompt.end());
+    EXPECT_EQ(std::count(prompt.begin(), prompt.end(), -1), 16);  // (32 / 4 / 2)^2 rows
+    EXPECT_NE(*(first - 1), -1);
+    EXPECT_NE(*(first + 16), -1);
+    EXPECT_NE(*(first - 1), *(first + 16)) << "start and end of image are different tokens";
+    outs.push_back(j.at("tokens").get<std::vector<int32_t>>());
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0].size(), 6u);
+}
+
 TEST(Cli, ImagePromptErrorsAreOneLine) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string model = shared + "/models/synth/llava-tiny/model.gguf";
