@@ -14,44 +14,13 @@
 
 #include "compute/engine.h"
 #include "model/model.h"
+#include "tests/actors/solo_reference.h"
 #include "tests/fp8_model.h"
 #include "tests/int4_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
 namespace {
-
-struct Reference {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [tokens, n_vocab]
-};
-
-// Greedy generation on the plain engine: the ground truth every plan must reproduce bit for bit.
-Reference solo(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt,
-               int64_t n) {
-  compute::EngineOptions o;
-  o.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + n + 1;
-  auto eng = compute::Engine::create(m, o);
-  EXPECT_TRUE(eng);
-  compute::Sequence seq(**eng);
-  EXPECT_TRUE(seq.reserve(static_cast<int64_t>(prompt.size()) + n));
-  Reference ref;
-  compute::StepResult r;
-  auto st = seq.next(prompt, compute::SeqStep::Logits::kLast);
-  EXPECT_TRUE((*eng)->step({&st, 1}, &r).has_value());
-  seq.advance(static_cast<int64_t>(prompt.size()));
-  compute::Sampler greedy(compute::SamplingParams{});
-  for (int64_t i = 0; i < n; ++i) {
-    std::span<const float> row(r.row(0), static_cast<size_t>(r.n_vocab));
-    ref.logits.insert(ref.logits.end(), row.begin(), row.end());
-    ref.tokens.push_back(greedy.sample(row, {}));
-    if (i + 1 == n) break;
-    auto st2 = seq.next({&ref.tokens.back(), 1}, compute::SeqStep::Logits::kLast);
-    EXPECT_TRUE((*eng)->step({&st2, 1}, &r).has_value());
-    seq.advance(1);
-  }
-  return ref;
-}
 
 std::vector<int32_t> random_prompt(size_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -67,14 +36,6 @@ GenerateRequest greedy_request(const std::vector<int32_t>& prompt, int64_t n) {
   r.sampling.ignore_eos = true;
   r.return_logits = true;
   return r;
-}
-
-void expect_identical(const GenerateResult& got, const Reference& ref, const std::string& what) {
-  ASSERT_TRUE(got.ok()) << what << ": " << got.error;
-  EXPECT_EQ(got.tokens, ref.tokens) << what;
-  ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
-  EXPECT_EQ(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0)
-      << what << ": logits differ";
 }
 
 std::shared_ptr<const model::Model> load(const std::string& path) {
