@@ -96,7 +96,21 @@ detail::AttendFn attend_fn() {
   return f;
 }
 
+detail::SoftmaxFn softmax_fn() {
+  static const detail::SoftmaxFn f = [] {
+    const std::string_view level = simd_level();
+    if (level == "avx512") return detail::softmax_avx512();
+    if (level == "avx2") return detail::softmax_avx2();
+    return static_cast<detail::SoftmaxFn>(detail::softmax_rows_simd<Portable>);
+  }();
+  return f;
+}
+
 }  // namespace
+
+void softmax_rows(float* p, int64_t rows, int64_t n, float scale) {
+  softmax_fn()(p, rows, n, scale);
+}
 
 void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                   int64_t n, float scale, int64_t dv, float* out, int64_t out_stride) {

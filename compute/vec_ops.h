@@ -27,11 +27,18 @@ struct KvView {
 void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                   int64_t n, float scale, int64_t dv, float* out, int64_t out_stride);
 
+/// In place, for each of `rows` rows of n floats: x_j = softmax_j(x_j * scale) (the maximum
+/// subtracted, the sum over the row in a fixed order). Rows are independent of each other.
+void softmax_rows(float* p, int64_t rows, int64_t n, float scale);
+
 namespace detail {
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const KvView&, int64_t, float,
                           int64_t, float*, int64_t);
 AttendFn attend_avx2();
 AttendFn attend_avx512();
+using SoftmaxFn = void (*)(float*, int64_t, int64_t, float);
+SoftmaxFn softmax_avx2();
+SoftmaxFn softmax_avx512();
 }  // namespace detail
 
 }  // namespace troupe::compute

@@ -77,5 +77,6 @@ struct Avx2 {
 }  // namespace
 
 AttendFn attend_avx2() { return attend_simd<Avx2>; }
+SoftmaxFn softmax_avx2() { return softmax_rows_simd<Avx2>; }
 
 }  // namespace troupe::compute::detail

@@ -71,5 +71,6 @@ struct Avx512 {
 }  // namespace
 
 AttendFn attend_avx512() { return attend_simd<Avx512>; }
+SoftmaxFn softmax_avx512() { return softmax_rows_simd<Avx512>; }
 
 }  // namespace troupe::compute::detail

@@ -12,6 +12,7 @@
 #include "compute/detail/ops.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
+#include "compute/vec_ops.h"
 #include "model/ggml_types.h"
 
 namespace troupe::compute {
@@ -230,7 +231,7 @@ void VisionEncoder::block(const VisionLayer& L) {
 
 // Full (non-causal) attention of every position to every position, head by head, as two
 // products on the f32 matmul kernels: scores = Q K^T (K's rows as the "weights"), scaled by
-// 1/sqrt(d), softmax with the maximum subtracted and the sum in double, then P V (V transposed
+// 1/sqrt(d), softmax with the maximum subtracted (vec_ops.h softmax_rows), then P V (V transposed
 // as the weights). The kernels' per-output dot products make every row independent of the
 // others, like the rest of the encoder.
 void VisionEncoder::attention(const float* qkv, float* out) {
@@ -240,7 +241,10 @@ void VisionEncoder::attention(const float* qkv, float* out) {
   head_q_.resize(static_cast<size_t>(N * d));
   head_k_.resize(static_cast<size_t>(N * d));
   head_vt_.resize(static_cast<size_t>(d * N));
-  scores_.resize(static_cast<size_t>(N * N));
+  // Queries go kQueryBlock at a time, so that their scores (kQueryBlock x N) stay in cache
+  // between the two products; each row is computed alone either way (the same bits).
+  constexpr int64_t kQueryBlock = 128;
+  scores_.resize(static_cast<size_t>(std::min(N, kQueryBlock) * N));
   head_out_.resize(static_cast<size_t>(N * d));
   model::WeightView kw, vw;
   kw.name = "attention keys";
@@ -258,19 +262,14 @@ void VisionEncoder::attention(const float* qkv, float* out) {
       std::memcpy(&head_k_[static_cast<size_t>(j * d)], row + E, static_cast<size_t>(d) * 4);
       for (int64_t c = 0; c < d; ++c) head_vt_[static_cast<size_t>(c * N + j)] = row[2 * E + c];
     }
-    matmul(kw, head_q_.data(), N, scores_.data(), pool_.get());
-    pool_->parallel_for(N, 8, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        float* p = &scores_[static_cast<size_t>(i * N)];
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < N; ++j) mx = std::max(mx, p[j] *= scale);
-        double sum = 0;
-        for (int64_t j = 0; j < N; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t j = 0; j < N; ++j) p[j] *= inv;
-      }
-    });
-    matmul(vw, scores_.data(), N, head_out_.data(), pool_.get());
+    for (int64_t q0 = 0; q0 < N; q0 += kQueryBlock) {
+      const int64_t nq = std::min(kQueryBlock, N - q0);
+      matmul(kw, &head_q_[static_cast<size_t>(q0 * d)], nq, scores_.data(), pool_.get());
+      pool_->parallel_for(nq, 8, [&](int64_t i0, int64_t i1) {
+        softmax_rows(&scores_[static_cast<size_t>(i0 * N)], i1 - i0, N, scale);
+      });
+      matmul(vw, scores_.data(), nq, &head_out_[static_cast<size_t>(q0 * d)], pool_.get());
+    }
     for (int64_t i = 0; i < N; ++i)
       std::memcpy(out + i * E + h * d, &head_out_[static_cast<size_t>(i * d)],
                   static_cast<size_t>(d) * 4);

@@ -147,5 +147,45 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   }
 }
 
+// softmax_rows of vec_ops.h: per row, the scaled maximum, e^(x * scale - max) summed in lanes
+// over chunks in order, then each value times 1 / the sum. The tail chunk is read with load_n,
+// whose zero lanes are masked out of the maximum and the sum.
+template <class V>
+void softmax_rows_simd(float* p, int64_t rows, int64_t n, float scale) {
+  using Reg = typename V::Reg;
+  constexpr int L = V::kLanes;
+  const int64_t n_full = n / L * L;
+  const int tail = static_cast<int>(n - n_full);
+  const Reg sc = V::set1(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = p + r * n;
+    Reg mx = V::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n_full; j += L) {
+      const Reg v = V::mul(V::load(x + j), sc);
+      V::store(x + j, v);
+      mx = V::max(mx, v);
+    }
+    float m = V::hmax(mx);
+    for (int64_t j = n_full; j < n; ++j) m = std::max(m, x[j] *= scale);
+    const Reg mv = V::set1(m);
+    Reg sum = V::zero();
+    for (int64_t j = 0; j < n_full; j += L) {
+      const Reg e = V::exp_nonpos(V::sub(V::load(x + j), mv));
+      V::store(x + j, e);
+      sum = V::add(sum, e);
+    }
+    if (tail > 0) {
+      const Reg e = V::exp_nonpos(V::sub(V::load_n(x + n_full, tail), mv));
+      V::store_n(x + n_full, e, tail);
+      float t[V::kLanes] = {};
+      V::store_n(t, e, tail);
+      sum = V::add(sum, V::load(t));
+    }
+    const Reg inv = V::set1(1.0f / V::hsum(sum));
+    for (int64_t j = 0; j < n_full; j += L) V::store(x + j, V::mul(V::load(x + j), inv));
+    if (tail > 0) V::store_n(x + n_full, V::mul(V::load_n(x + n_full, tail), inv), tail);
+  }
+}
+
 }  // namespace
 }  // namespace troupe::compute::detail
