@@ -1,5 +1,6 @@
 // The attention kernel (compute/vec_ops.h) against a double-precision reference, on K/V rows
 // laid out in blocks as the paged cache holds them.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -123,6 +124,38 @@ TEST(Attention, ExtremeScoresStayFinite) {
   attend_heads(q.data(), dk, 1, dk, kv, n, 1.0f, dv, out.data(), dv);
   EXPECT_FLOAT_EQ(out[0], 4.f);  // all weight on position 3
   for (float v : out) EXPECT_TRUE(std::isfinite(v));
+}
+
+// softmax_rows against a double-precision softmax, for lengths around the SIMD widths (tails of
+// every size), with scales and magnitudes that make the maximum matter; rows do not mix.
+TEST(SoftmaxRows, MatchesDoublePrecisionAndKeepsRowsApart) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 4.f);
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 577}) {
+    const int64_t rows = 3;
+    std::vector<float> x(static_cast<size_t>(rows * n));
+    for (float& v : x) v = d(rng);
+    std::vector<float> got = x;
+    softmax_rows(got.data(), rows, n, 0.37f);
+    for (int64_t r = 0; r < rows; ++r) {
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, 0.37 * x[static_cast<size_t>(r * n + j)]);
+      for (int64_t j = 0; j < n; ++j)
+        sum += std::exp(0.37 * x[static_cast<size_t>(r * n + j)] - mx);
+      double total = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const double want = std::exp(0.37 * x[static_cast<size_t>(r * n + j)] - mx) / sum;
+        const float g = got[static_cast<size_t>(r * n + j)];
+        EXPECT_NEAR(g, want, 2e-6 + 2e-6 * want) << "n " << n << " row " << r << " j " << j;
+        total += g;
+      }
+      EXPECT_NEAR(total, 1.0, 1e-5) << "n " << n;
+    }
+    // A row alone gives the same bits as within the block.
+    std::vector<float> one(x.begin() + n, x.begin() + 2 * n);
+    softmax_rows(one.data(), 1, n, 0.37f);
+    EXPECT_EQ(0, std::memcmp(one.data(), got.data() + n, static_cast<size_t>(n) * 4)) << n;
+  }
 }
 
 }  // namespace
