@@ -123,7 +123,6 @@ class VisionLoader {
     s->std = triple("clip.vision.image_std");
     for (float v : s->std)
       if (!(v > 0.0f)) TROUPE_INPUT_ERROR("%s: clip.vision.image_std must be positive", path_);
-    s->n_embd_out = positive("clip.vision.projection_dim", 1 << 18);
     s->merge = g_.get_int_or("clip.vision.projector.scale_factor", 1);
     if (s->merge <= 0 || s->patches_per_side() % s->merge != 0)
       TROUPE_INPUT_ERROR("%s: projector scale factor %lld does not divide the %lld patches a side",
@@ -213,15 +212,24 @@ class VisionLoader {
     return L;
   }
 
+  // The text model's width is the projector's output (as llama.cpp reads it):
+  // clip.vision.projection_dim is CLIP's own projection (768 in LLaVA 1.5's files), unused here.
+  int64_t output_width(const char* name, int dim) const {
+    const TensorInfo* t = g_.find_tensor(name);
+    if (!t) TROUPE_INPUT_ERROR("%s: missing tensor '%s'", path_, name);
+    if (t->ne[dim] <= 0 || t->ne[dim] > (int64_t{1} << 18))
+      TROUPE_INPUT_ERROR("%s: tensor '%s' has shape %s", path_, name, t->shape_string().c_str());
+    return t->ne[dim];
+  }
+
   void read_projector(VisionSpec* s, std::vector<std::shared_ptr<const void>>* storage) const {
-    const int64_t out = s->n_embd_out;
     if (s->projector == Projector::kMlp) {
       const int64_t width =
           s->n_embd * std::max<int64_t>(1, static_cast<int64_t>(s->feature_layers.size()));
-      const TensorInfo* t = g_.find_tensor("mm.0.weight");
-      if (!t) TROUPE_INPUT_ERROR("%s: missing tensor 'mm.0.weight'", path_);
-      const int64_t hidden = t->ne[1];
+      const int64_t hidden = output_width("mm.0.weight", 1);
       const bool two = g_.find_tensor("mm.2.weight") != nullptr;
+      const int64_t out = two ? output_width("mm.2.weight", 1) : hidden;
+      s->n_embd_out = out;
       s->mm0_w = req("mm.0.weight", width, two ? hidden : out);
       s->mm0_b = opt("mm.0.bias", s->mm0_w.rows(), 1);
       if (two) {
@@ -231,8 +239,9 @@ class VisionLoader {
       return;
     }
     s->soft_emb_norm_w = req("mm.soft_emb_norm.weight", s->n_embd, 1);
+    s->n_embd_out = output_width("mm.input_projection.weight", 0);
     // Stored as x @ W ([n_embd rows][out columns]); the kernels want one row per output.
-    const WeightView w = req("mm.input_projection.weight", out, s->n_embd);
+    const WeightView w = req("mm.input_projection.weight", s->n_embd_out, s->n_embd);
     s->input_proj = transposed(w, storage);
   }
 

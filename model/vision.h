@@ -53,7 +53,7 @@ struct VisionSpec {
   int64_t n_layer_run = 0;
   std::vector<int64_t> feature_layers;
   int64_t merge = 1;       // Gemma 3: the pooling kernel (clip.vision.projector.scale_factor)
-  int64_t n_embd_out = 0;  // the text model's width (projection_dim)
+  int64_t n_embd_out = 0;  // the text model's width: the projector's output rows
 
   /// Patch embedding as a matrix: [n_embd rows, 3 * patch^2 columns], column c * p^2 + y * p + x.
   WeightView patch_w, patch_b;

@@ -59,6 +59,19 @@ void expect_refused(const std::string& shared, const std::function<void(GgufWrit
   EXPECT_NE(m.error().message.find(path), std::string::npos) << m.error().message;
 }
 
+// LLaVA 1.5's files say projection_dim 768 (CLIP's own projection) while the projector writes
+// 4096-wide rows: the width comes from the projector's tensors, as llama.cpp takes it.
+TEST(VisionModel, OutputWidthComesFromTheProjector) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir dir;
+  const std::string path =
+      testing::edited_gguf(dir, "mmproj.gguf", shared + "/models/synth/llava-tiny/mmproj.gguf",
+                           [](GgufWriter& w) { w.set_u32("clip.vision.projection_dim", 768); });
+  auto m = load_vision_model(path);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ((*m)->spec.n_embd_out, 128);
+}
+
 TEST(VisionModel, BadFilesAreRefusedWithTheirReason) {
   TROUPE_SHARED_OR_SKIP(shared);
   auto none = [](GgufWriter&) {};
