@@ -100,6 +100,11 @@ class VisionLoader {
       TROUPE_INPUT_ERROR("%s: projector type '%s' is not supported (troupe runs mlp, gemma3)",
                          path_, proj.c_str());
     }
+    // LLaVA-1.6 cuts an image into tiles by these grids and merges them back ("anyres"); one
+    // resized image would give another answer than llama.cpp's, so such files are refused.
+    if (g_.find("clip.vision.image_grid_pinpoints") != nullptr)
+      TROUPE_INPUT_ERROR("%s: LLaVA-1.6 tiling (clip.vision.image_grid_pinpoints) is not supported",
+                         path_);
     const bool gelu = g_.get_bool_or("clip.use_gelu", false);
     const bool silu = g_.get_bool_or("clip.use_silu", false);
     if (gelu && silu) TROUPE_INPUT_ERROR("%s: both clip.use_gelu and clip.use_silu are set", path_);

@@ -118,6 +118,13 @@ TEST(VisionModel, BadFilesAreRefusedWithTheirReason) {
       shared, [](GgufWriter& w) { w.set_bool("clip.use_silu", true); },
       "both clip.use_gelu and clip.use_silu");
   expect_refused(
+      shared,
+      [](GgufWriter& w) {
+        const int32_t grid[4] = {336, 672, 672, 336};
+        w.set_array_i32("clip.vision.image_grid_pinpoints", grid);
+      },
+      "LLaVA-1.6 tiling");
+  expect_refused(
       shared, [](GgufWriter& w) { w.remove_key("clip.vision.patch_size"); },
       "clip.vision.patch_size");
   expect_refused(shared, none, "missing tensor 'v.blk.1.attn_q.weight'", {},
