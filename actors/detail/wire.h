@@ -170,14 +170,15 @@ struct DecodedStep {
 
 /// Decodes and fully validates a BatchDescriptor from an untrusted peer: frame and header; every
 /// list length against `limits`; per sequence requestId != 0, count >= 1 and tokenIds of that
-/// length, ids in [0, n_vocab), pos0 + count <= max_positions, this stage's block table present
-/// once and covering pos0 + count at block_size (and no longer than max_positions needs), block
-/// ids in range, logits mode none or last (sample and returnLogits need last; all is
-/// unsupported), sampling params present when sampling
-/// and valid (compute::SamplingParams::validate()), a non-zero sampler state, a penalty history
-/// no longer than penaltyLastN, no image splices; the hidden tensor absent at stage 0, else f32
-/// [sum of counts, n_embd]. Error messages are one line: what, expected, got. Never throws.
-/// `frame` need not outlive the result.
+/// length, ids in [0, n_vocab) or -1 (an image position), pos0 + count <= max_positions, this
+/// stage's block table present once and covering pos0 + count at block_size (and no longer than
+/// max_positions needs), block ids in range, logits mode none or last (sample and returnLogits need
+/// last; all is unsupported), sampling params present when sampling and valid
+/// (compute::SamplingParams::validate()), a non-zero sampler state, a penalty history no longer
+/// than penaltyLastN; at stage 0 one f32 [run length, n_embd] splice per run of image positions, at
+/// its start (their rows become SeqWork::image_rows), none at later stages; the hidden tensor
+/// absent at stage 0, else f32 [sum of counts, n_embd]. Error messages are one line: what,
+/// expected, got. Never throws. `frame` need not outlive the result.
 Result<DecodedStep> decode_step(std::span<const uint8_t> frame, const StepLimits& limits);
 
 // ---- Step outcomes: last stage -> scheduler ----------------------------------------------------

@@ -42,7 +42,15 @@ void check_step(const DecodedStep& d) {
   size_t tokens = 0;
   for (const auto& w : d.batch->seqs) {
     tokens += w.tokens.size();
-    for (int32_t t : w.tokens) require(t >= 0 && t < kVocab);
+    size_t image_positions = 0;
+    for (int32_t t : w.tokens) {
+      require(t == troupe::compute::SeqStep::kEmbedded || (t >= 0 && t < kVocab));
+      image_positions += t == troupe::compute::SeqStep::kEmbedded;
+    }
+    // Image positions carry their rows at stage 0 (one splice per run) and none after it.
+    const size_t rows = w.image_rows ? w.image_rows->size() : 0;
+    require(rows == (d.stage == 0 ? image_positions * static_cast<size_t>(kEmbd) : 0));
+    if (w.image_rows) sink_floats(*w.image_rows);
     for (int32_t b : w.blocks) require(b >= 0 && b < 64);
     require(w.pos0 + static_cast<int64_t>(w.tokens.size()) <= 256);
     if (w.history) sink(w.history->size());

@@ -166,6 +166,23 @@ void data_seeds(const std::filesystem::path& dir) {
   emit(dir, "step_stage1", Decoder::kStep, encode_step(b, hidden, kEmbd, 1, kStage),
        [&](auto f) { return decode_step(f, sl); });
 
+  // A prompt chunk with two runs of image positions (token id -1): stage 0 carries their rows as
+  // one splice per run; later stages would take hidden states instead.
+  StepBatch bi = b;
+  SeqWork image;
+  image.seq_id = 9;
+  image.pos0 = 0;
+  image.tokens = {1, compute::SeqStep::kEmbedded, compute::SeqStep::kEmbedded, 2,
+                  compute::SeqStep::kEmbedded};
+  image.blocks = {5, 6};
+  image.non_causal = true;
+  image.image_rows = std::make_shared<const std::vector<float>>(3 * kEmbd, 0.5f);
+  image.sampling = std::make_shared<const compute::SamplingParams>();
+  image.rng = compute::Sampler::seeded_state(3);
+  bi.seqs = {image};
+  emit(dir, "step_stage0_images", Decoder::kStep, encode_step(bi, nullptr, kEmbd, 0, kStage),
+       [&](auto f) { return decode_step(f, sl); });
+
   StepOutcome o;
   o.epoch = kEpoch;
   o.step_id = 42;
