@@ -19,6 +19,7 @@
 #include <caf/send.hpp>
 
 #include "actors/detail/node_state.h"
+#include "actors/encoder.h"
 #include "transport/auth.h"
 
 namespace troupe::actors {
@@ -284,6 +285,7 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
   st.shared = std::move(cfg.shared);
   st.model = std::move(cfg.model);
   st.model_hash = cfg.model_hash;
+  st.encoder = std::move(cfg.encoder);
   st.started = cfg.started;
   st.phases = std::move(cfg.phases);
   st.me = st.plan.cluster.nodes[static_cast<size_t>(node_index(st.plan, st.opts.name))];
@@ -426,7 +428,25 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   nc.model = *model;
   nc.model_hash = model_file_hash(plan.model_path);
   nc.started = started;
+  if (im.head && !plan.mmproj.empty()) {
+    // The head encodes the images of client requests: load the encoder now, so that a file that
+    // is missing or does not belong to the model stops `troupe serve` at once.
+    phases.push_back({"load vision encoder", ms_since(started), 0, false});
+    auto vision = model::load_vision_model(plan.mmproj);
+    if (!vision) return Error{1, plan.source + ": [model] mmproj: " + vision.error().message};
+    EncoderConfig ec;
+    ec.vision = *vision;
+    ec.model = *model;
+    ec.threads = static_cast<int>(plan.vision_threads);
+    ec.cache_bytes = plan.image_cache_mb << 20;
+    auto enc = spawn_encoder(*im.sys, std::move(ec));
+    if (!enc) return Error{1, plan.source + ": [model] mmproj: " + enc.error().message};
+    nc.encoder = *enc;
+    phases.back().duration_ms = ms_since(started) - phases.back().start_ms;
+    phases.back().done = true;
+  }
   nc.phases = std::move(phases);
+  const EncoderActor encoder = nc.encoder;
   im.node = im.sys->spawn(node_behavior, std::move(nc));
 
   transport::TransportOptions to;
@@ -456,6 +476,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
       });
   if (!tx) {
     caf::anon_send_exit(im.node, caf::exit_reason::user_shutdown);
+    if (encoder) caf::anon_send_exit(encoder, caf::exit_reason::user_shutdown);
     im.node = nullptr;
     return Error{1, "node " + opts.name + ": " + tx.error().message};
   }

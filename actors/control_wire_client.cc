@@ -84,6 +84,26 @@ Result<GenerateRequest> read_request(schemas::GenerateRequest::Reader root, cons
                        static_cast<long long>(r.max_tokens), static_cast<long long>(l.max_tokens)));
   }
   r.return_logits = root.getReturnLogits();
+  auto images = root.getImages();
+  if (auto st = check_len("GenerateRequest.images", images.size(), l.max_images); !st)
+    return st.error();
+  if (images.size() > 0) {
+    if (!r.prompt_tokens.empty())
+      return fail(WireErrc::kInvalid,
+                  "GenerateRequest.images: a request with images needs a text prompt, not "
+                  "promptTokens");
+    auto files = std::make_shared<std::vector<std::string>>();
+    for (unsigned i = 0; i < images.size(); ++i) {
+      const std::string at = strfmt("GenerateRequest.images[%u]", i);
+      auto d = images[i];
+      if (d.size() == 0) return fail(WireErrc::kInvalid, at + ": empty, expected image bytes");
+      if (d.size() > l.max_image_bytes)
+        return fail(WireErrc::kTooLong, strfmt("%s: %zu bytes exceed the limit of %zu", at.c_str(),
+                                               d.size(), l.max_image_bytes));
+      files->emplace_back(reinterpret_cast<const char*>(d.begin()), d.size());
+    }
+    r.image_files = std::move(files);
+  }
   return r;
 }
 
@@ -92,7 +112,15 @@ Status read_result(schemas::GenerateEvent::Reader root, const ClientLimits& l, G
   auto prompt = root.getPromptTokens();
   if (auto st = check_len("GenerateEvent.promptTokens", prompt.size(), l.max_prompt_tokens); !st)
     return st;
-  if (auto st = check_tokens(prompt, l.n_vocab, "GenerateEvent.promptTokens"); !st) return st;
+  // A prompt laid out around images has -1 (compute::SeqStep::kEmbedded) at their positions.
+  for (unsigned i = 0; i < prompt.size(); ++i) {
+    const int64_t bound = l.n_vocab > 0 ? l.n_vocab : int64_t{1} << 31;
+    if (prompt[i] < -1 || prompt[i] >= bound)
+      return fail(WireErrc::kInvalid,
+                  strfmt("GenerateEvent.promptTokens[%u]: token id %d is outside [0, %lld) and "
+                         "not -1 (an image position)",
+                         i, prompt[i], static_cast<long long>(bound)));
+  }
   r.prompt_tokens = wire_internal::to_vector(prompt);
   auto tokens = root.getTokens();
   if (auto st = check_len("GenerateEvent.tokens", tokens.size(),
@@ -154,6 +182,14 @@ Result<WireFrame> encode(const GenerateRequestMsg& m, const SendInfo& send) {
         for (size_t i = 0; i < stops.size(); ++i) list.set(unsigned(i), text(stops[i]));
         root.setMaxTokens(r.max_tokens);
         root.setReturnLogits(r.return_logits);
+        if (r.image_files && !r.image_files->empty()) {
+          const auto& files = *r.image_files;
+          auto images = root.initImages(static_cast<unsigned>(files.size()));
+          for (size_t i = 0; i < files.size(); ++i)
+            images.set(
+                static_cast<unsigned>(i),
+                kj::arrayPtr(reinterpret_cast<const kj::byte*>(files[i].data()), files[i].size()));
+        }
         return Ok{};
       });
 }

@@ -95,7 +95,7 @@ void restart_router(Self* self) {
   auto& c = st.cfg;
   ++st.router_restarts;
   const int64_t first_seq_id = (static_cast<int64_t>(st.router_restarts) << 40) + 1;
-  c.router = spawn_router(self->system(), c.model, c.scheduler, first_seq_id);
+  c.router = spawn_router(self->system(), c.model, c.scheduler, first_seq_id, c.encoder);
   self->monitor(c.router);
   std::fprintf(stderr, "troupe: restart actor=router reason=failed (restart %d)\n",
                st.router_restarts);

@@ -26,6 +26,7 @@ struct ControllerConfig {
   std::vector<ExpertShardActor> shard_actors;
   SchedulerActor scheduler;
   RouterActor router;
+  EncoderActor encoder;  // for a replacement router; may be null
 };
 
 ControllerActor spawn_controller(caf::actor_system& sys, ControllerConfig cfg);

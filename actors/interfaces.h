@@ -19,6 +19,7 @@
 
 namespace troupe::compute {
 struct KvStats;
+struct MultimodalPrompt;
 }  // namespace troupe::compute
 
 namespace troupe::actors {
@@ -45,6 +46,7 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;  // a step's ti
 using fail_atom = caf::atom_constant<caf::atom("fail")>;          // end every request with an error
 using drain_atom = caf::atom_constant<caf::atom("drain")>;        // stop admitting; -> in flight
 using hold_atom = caf::atom_constant<caf::atom("hold")>;          // send no steps until (reset)
+using encode_atom = caf::atom_constant<caf::atom("encode")>;      // a request's images -> rows
 
 // Within one process messages move as shared pointers: no serialization, no tensor copies.
 struct GenerateRequest;  // local_cluster.h
@@ -67,6 +69,13 @@ using StreamPiecePtr = std::shared_ptr<const StreamPiece>;
 using ResumeStatePtr = std::shared_ptr<const ResumeState>;
 using GenerateRequestPtr = std::shared_ptr<const GenerateRequest>;
 using GenerateResultPtr = std::shared_ptr<const GenerateResult>;
+
+/// A request's prompt with its images encoded, or why it could not be.
+struct EncodedPrompt {
+  std::shared_ptr<const compute::MultimodalPrompt> prompt;  // null on error
+  std::string error;                                        // one line; "" = ok
+};
+using EncodedPromptPtr = std::shared_ptr<const EncodedPrompt>;
 
 /// Expert shard (expert_shard.cc):
 ///   (expert, ExpertRequestPtr)  compute the request's rows for experts this shard owns, fill y,
@@ -139,9 +148,19 @@ using StageActor = StageInputActor::extend<
 using RouterClientActor = caf::typed_actor<caf::reacts_to<token_atom, int64_t, StreamPiecePtr>,
                                            caf::reacts_to<finish_atom, int64_t, GenerateResultPtr>>;
 
+/// Image encoder (encoder.cc):
+///   (encode, GenerateRequestPtr) -> EncodedPromptPtr
+///                               decode and encode the request's image_files, then lay out its
+///                               text prompt around them; a bad image is an error result naming it
+///   (stats) -> string           JSON: images encoded, cache hits, encode seconds, cache bytes
+using EncoderActor =
+    caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>,
+                     caf::replies_to<stats_atom>::with<std::string>>;
+
 /// Router (router.cc); a client is whoever sent the submit, addressed as a RouterClientActor:
 ///   (submit, GenerateRequestPtr, int64 tag)
-///                               tokenize, open the token log, queue with the scheduler
+///                               tokenize (a request with image files: have the encoder lay out
+///                               its prompt first), open the token log, queue with the scheduler
 ///   (submit, GenerateRequestPtr, int64 tag, ResumeStatePtr)
 ///                               as above, for a request whose router failed: the pieces the
 ///                               client saw are not streamed again
@@ -178,6 +197,7 @@ using ControllerActor =
 // Never serialized: in-process only (the cross-host form is the wire codec, detail/wire.h).
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateRequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateResultPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodedPromptPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepBatchPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::HiddenPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepOutcomePtr)

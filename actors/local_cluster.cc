@@ -14,6 +14,7 @@
 
 #include "actors/controller.h"
 #include "actors/detail/messages.h"
+#include "actors/encoder.h"
 #include "actors/expert_shard.h"
 #include "actors/router.h"
 #include "actors/scheduler.h"
@@ -58,6 +59,7 @@ struct LocalCluster::Impl {
   ControllerActor controller;
   RouterActor router;    // the router the client talks to (the controller's current one)
   ActorHandles spawned;  // until the controller exists: what start() spawned
+  EncoderActor encoder;  // null without a vision encoder; not supervised (it does not throw)
   std::vector<std::pair<int64_t, int64_t>> layers;  // per stage: [begin, end)
   ClientRun* active = nullptr;                      // the running generate_many
 
@@ -88,6 +90,7 @@ struct LocalCluster::Impl {
       self->wait_for(controller);
     }
     stop_all(h);
+    if (encoder) caf::anon_send_exit(encoder, caf::exit_reason::user_shutdown);
   }
 };
 
@@ -197,7 +200,18 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
       if (!err.empty()) return Error{1, "stage " + std::to_string(i) + " failed to start: " + err};
     }
   }
-  cc.router = spawn_router(*im.sys, model, cc.scheduler, 1);
+  if (opts.vision) {
+    EncoderConfig ec;
+    ec.vision = opts.vision;
+    ec.model = model;
+    ec.threads = opts.vision_threads;
+    ec.cache_bytes = opts.image_cache_bytes;
+    auto enc = spawn_encoder(*im.sys, std::move(ec));
+    if (!enc) return enc.error();
+    im.encoder = *enc;
+    cc.encoder = im.encoder;
+  }
+  cc.router = spawn_router(*im.sys, model, cc.scheduler, 1, cc.encoder);
   im.spawned.router = cc.router;
   im.router = cc.router;
   im.controller = spawn_controller(*im.sys, std::move(cc));
@@ -338,7 +352,13 @@ std::string LocalCluster::stats_json() {
         (unsigned long long)(block_bytes * static_cast<uint64_t>(kv.num_used)),
         kv.fragmentation_perc);
   }
-  return "{\"scheduler\":" + sched + ",\"controller\":" + ctrl + ",\"kv_stages\":[" + stages + "]}";
+  std::string encoder;
+  if (im.encoder)
+    self->request(im.encoder, kControlTimeout, stats_atom::value)
+        .receive([&](const std::string& s) { encoder = ",\"encoder\":" + s; },
+                 [&](const caf::error&) {});
+  return "{\"scheduler\":" + sched + ",\"controller\":" + ctrl + ",\"kv_stages\":[" + stages + "]" +
+         encoder + "}";
 }
 
 }  // namespace troupe::actors

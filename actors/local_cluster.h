@@ -14,6 +14,7 @@
 #include "compute/multimodal_prompt.h"
 #include "compute/sampler.h"
 #include "model/model.h"
+#include "model/vision.h"
 
 namespace troupe::actors {
 
@@ -23,6 +24,10 @@ struct GenerateRequest {
   /// A prompt with images (compute/multimodal_prompt.h): when set, its tokens are the prompt
   /// (prompt and prompt_tokens are ignored) and its rows feed the image positions.
   std::shared_ptr<const compute::MultimodalPrompt> images;
+  /// Image files (PNG or JPEG bytes), one per <__media__> marker of the text `prompt`, in order
+  /// (with no marker they come first): the cluster's image encoder lays the prompt out (needs a
+  /// vision encoder: Plan::mmproj). Ignored when `images` is set.
+  std::shared_ptr<const std::vector<std::string>> image_files;
   bool add_bos = true;  // for a text prompt
   compute::SamplingParams sampling;
   int64_t max_tokens = 128;
@@ -51,6 +56,10 @@ struct ClusterOptions {
   /// The scheduler's KV pools (compute/kv_pools.h); 0: the plan's (Plan::kv_pools: one per GPU
   /// of a data-parallel stage). Tests set it to run pooled KV on CPU stages.
   int64_t kv_pools = 0;
+  /// The vision encoder (an mmproj) for requests with image_files; null refuses them.
+  std::shared_ptr<const model::VisionModel> vision;
+  int vision_threads = 0;                          // its compute threads; 0 = all cores
+  int64_t image_cache_bytes = int64_t{256} << 20;  // encoded images kept (actors/encoder.h)
 };
 
 class LocalCluster {
@@ -79,6 +88,7 @@ class LocalCluster {
   /// A JSON summary:
   ///   "scheduler":  counters, KV usage, prefix-cache hits (one line from the scheduler)
   ///   "controller": restarts per actor
+  ///   "encoder":    images encoded, cache hits, encode seconds (only with a vision encoder)
   ///   "kv_stages":  one object per pipeline stage, in order. Block ids are shared along the
   ///                 pipeline (one logical block table per sequence), so the block counts are the
   ///                 same for every stage; the bytes are that stage's own pool:

@@ -395,7 +395,7 @@ void head_init(NodeSelf* self) {
   sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
   auto& sys = self->system();
   st.scheduler = spawn_scheduler(sys, sc, StageInputActor{});
-  st.router = spawn_router(sys, st.model, st.scheduler, 1);
+  st.router = spawn_router(sys, st.model, st.scheduler, 1, st.encoder);
   st.gateway = sys.spawn(gateway_behavior, st.link, st.router, st.model->spec.n_vocab);
   begin_phase(self, "wait for nodes");
   maybe_place(self);

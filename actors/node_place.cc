@@ -528,6 +528,7 @@ void stop_local_actors(NodeSelf* self) {
   self->send_exit(st.router, caf::exit_reason::user_shutdown);
   self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send_exit(st.gateway, caf::exit_reason::user_shutdown);
+  self->send_exit(st.encoder, caf::exit_reason::user_shutdown);
 }
 
 void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& name,

@@ -114,9 +114,15 @@ struct Plan {
   std::string source;      // where the plan came from (file name), the prefix of every message
   std::string model_path;  // GGUF file or HF directory; "" = the command line names it
   std::string weights =
-      "auto";                  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
-  int64_t kv_block_size = 16;  // tokens per KV block
-  int64_t num_stages = 1;      // pipeline stages
+      "auto";  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
+  // [model] mmproj: the vision encoder (llama.cpp mmproj GGUF) for requests with images; "" =
+  // none (they are refused). The head loads it; image_cache_mb of encoded images are kept (0 =
+  // none) and vision_threads encode them (0 = "auto": all cores).
+  std::string mmproj;
+  int64_t image_cache_mb = 256;
+  int64_t vision_threads = 0;
+  int64_t kv_block_size = 16;     // tokens per KV block
+  int64_t num_stages = 1;         // pipeline stages
   int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages
   std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)
   std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved

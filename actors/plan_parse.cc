@@ -317,9 +317,12 @@ class Parser {
                {"model", "stages", "stage", "expert_shards", "expert_shard", "scheduler", "cluster",
                 "node"});
     if (const toml::table* m = read_table(root, "model")) {
-      check_keys(*m, "model", {"path", "weights"});
+      check_keys(*m, "model", {"path", "weights", "mmproj", "image_cache_mb", "vision_threads"});
       read_string(*m, "model", "path", p.model_path);
       read_string(*m, "model", "weights", p.weights);
+      read_string(*m, "model", "mmproj", p.mmproj);
+      read_int(*m, "model", "image_cache_mb", kImageCacheMb, p.image_cache_mb);
+      read_int(*m, "model", "vision_threads", kThreads, p.vision_threads, /*auto_value=*/0);
       if (!model::parse_weight_storage(p.weights))
         fail(m->get("weights")->source().begin.line, "model.weights",
              "expected \"auto\", \"memory\" or \"map\", got \"" + p.weights + "\"");
@@ -421,6 +424,7 @@ Result<Plan> parse_plan_string(std::string_view toml_text, const std::string& so
     }
     Plan p = Parser(source_name).read_plan(root);
     p.model_path = anchor_model_path(p.model_path, source_name);
+    p.mmproj = anchor_model_path(p.mmproj, source_name);
     return p;
   } catch (const PlanError& e) {
     return to_error(e);

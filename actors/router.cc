@@ -35,6 +35,9 @@ struct Pending {
 struct RouterState {
   std::shared_ptr<const model::Model> model;
   SchedulerActor scheduler;
+  EncoderActor encoder;  // null: requests with image files are refused
+  // Requests whose images the encoder is laying out: (client, tag) -> cancelled meanwhile.
+  std::map<std::pair<caf::actor_addr, int64_t>, bool> encoding;
   int64_t next_id = 1;
   std::map<int64_t, Pending> pending;                             // by sequence id
   std::map<std::pair<caf::actor_addr, int64_t>, int64_t> by_tag;  // (client, tag) -> seq id
@@ -120,17 +123,61 @@ void replay_seen(Pending& p, const ResumeState& seen) {
   }
 }
 
-void on_submit(Self* self, const GenerateRequestPtr& req, int64_t tag, const ResumeStatePtr& seen) {
+void on_submit(Self* self, const RouterClientActor& client, const GenerateRequestPtr& req,
+               int64_t tag, const ResumeStatePtr& seen);
+
+// A request with image files: the encoder lays its prompt out (seconds per new image, on its own
+// thread); then it is submitted as a request with that prompt. A cancel meanwhile is kept and
+// answered when the encoder is done.
+void encode_then_submit(Self* self, const RouterClientActor& client, const GenerateRequestPtr& req,
+                        int64_t tag, const ResumeStatePtr& seen) {
   auto& st = self->state;
-  // Any sender may submit (the caller's scoped actor, the gateway, the node actor); it gets the
-  // answers a RouterClientActor takes.
-  auto client = caf::actor_cast<RouterClientActor>(self->current_sender());
+  if (!st.encoder)
+    return reply_error(self, client, tag, "error",
+                       "this cluster has no vision encoder for the request's images (the plan's "
+                       "[model] mmproj names none)");
+  const auto key = std::make_pair(client.address(), tag);
+  if (!st.encoding.emplace(key, false).second)
+    return reply_error(self, client, tag, "error",
+                       "request tag " + std::to_string(tag) + " is already in flight");
+  self->request(st.encoder, caf::infinite, encode_atom::value, req)
+      .then(
+          [=](const EncodedPromptPtr& e) {
+            auto& s = self->state;
+            auto it = s.encoding.find(key);
+            const bool cancelled = it != s.encoding.end() && it->second;
+            if (it != s.encoding.end()) s.encoding.erase(it);
+            if (cancelled) {
+              auto r = std::make_shared<GenerateResult>();
+              r->finish_reason = "cancelled";
+              r->prompt_tokens = e->prompt ? e->prompt->tokens : std::vector<int32_t>{};
+              self->send(client, finish_atom::value, tag, GenerateResultPtr(std::move(r)));
+              return;
+            }
+            if (!e->prompt) return reply_error(self, client, tag, "error", e->error);
+            auto r = std::make_shared<GenerateRequest>(*req);
+            r->images = e->prompt;
+            r->image_files = nullptr;
+            on_submit(self, client, r, tag, seen);
+          },
+          [=](const caf::error& err) {
+            self->state.encoding.erase(key);
+            reply_error(self, client, tag, "error",
+                        "the image encoder failed: " + self->system().render(err));
+          });
+}
+
+void on_submit(Self* self, const RouterClientActor& client, const GenerateRequestPtr& req,
+               int64_t tag, const ResumeStatePtr& seen) {
+  auto& st = self->state;
   if (!client) return;
   const model::Tokenizer* tok = st.model->tokenizer.get();
   if (auto v = req->sampling.validate(); !v)
     return reply_error(self, client, tag, "error", v.error().message);
   if (req->max_tokens < 0)
     return reply_error(self, client, tag, "error", "max_tokens must be >= 0");
+  if (!req->images && req->image_files && !req->image_files->empty())
+    return encode_then_submit(self, client, req, tag, seen);
   auto sreq = std::make_shared<SeqRequest>();
   if (req->images) {
     sreq->prompt = req->images->tokens;
@@ -237,24 +284,34 @@ void maybe_crash(Self* self) {
 
 RouterActor::behavior_type router_behavior(RouterActor::stateful_pointer<RouterState> self,
                                            std::shared_ptr<const model::Model> model,
-                                           SchedulerActor scheduler, int64_t first_seq_id) {
+                                           SchedulerActor scheduler, int64_t first_seq_id,
+                                           EncoderActor encoder) {
   self->state.model = std::move(model);
   self->state.scheduler = std::move(scheduler);
   self->state.next_id = first_seq_id;
+  self->state.encoder = std::move(encoder);
+  // Any sender may submit (the caller's scoped actor, the gateway, the node actor); it gets the
+  // answers a RouterClientActor takes.
+  const auto sender = [=] { return caf::actor_cast<RouterClientActor>(self->current_sender()); };
   return {
       [=](submit_atom, const GenerateRequestPtr& req, int64_t tag) {
         maybe_crash(self);
-        on_submit(self, req, tag, nullptr);
+        on_submit(self, sender(), req, tag, nullptr);
       },
       [=](submit_atom, const GenerateRequestPtr& req, int64_t tag, const ResumeStatePtr& seen) {
         maybe_crash(self);
-        on_submit(self, req, tag, seen);
+        on_submit(self, sender(), req, tag, seen);
       },
       [=](cancel_atom, int64_t tag) {
         maybe_crash(self);
         auto& st = self->state;
-        auto it = st.by_tag.find(
-            std::make_pair(caf::actor_cast<caf::actor_addr>(self->current_sender()), tag));
+        const auto key =
+            std::make_pair(caf::actor_cast<caf::actor_addr>(self->current_sender()), tag);
+        if (auto e = st.encoding.find(key); e != st.encoding.end()) {
+          e->second = true;  // answered when the encoder is done
+          return;
+        }
+        auto it = st.by_tag.find(key);
         if (it == st.by_tag.end()) return;
         st.pending.at(it->second).cancelled = true;
         self->send(st.scheduler, cancel_atom::value, it->second);
@@ -269,8 +326,9 @@ RouterActor::behavior_type router_behavior(RouterActor::stateful_pointer<RouterS
 }
 
 RouterActor spawn_router(caf::actor_system& sys, std::shared_ptr<const model::Model> model,
-                         SchedulerActor scheduler, int64_t first_seq_id) {
-  return sys.spawn(router_behavior, std::move(model), std::move(scheduler), first_seq_id);
+                         SchedulerActor scheduler, int64_t first_seq_id, EncoderActor encoder) {
+  return sys.spawn(router_behavior, std::move(model), std::move(scheduler), first_seq_id,
+                   std::move(encoder));
 }
 
 }  // namespace troupe::actors

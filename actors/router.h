@@ -17,8 +17,9 @@ namespace troupe::actors {
 
 /// first_seq_id: the router numbers its sequences from here. A replacement router starts above
 /// every id its predecessor could have used, since the scheduler may still hold (and is
-/// cancelling) the old router's sequences.
+/// cancelling) the old router's sequences. encoder: lays out the prompts of requests with image
+/// files (actors/encoder.h); null refuses them with an error result.
 RouterActor spawn_router(caf::actor_system& sys, std::shared_ptr<const model::Model> model,
-                         SchedulerActor scheduler, int64_t first_seq_id);
+                         SchedulerActor scheduler, int64_t first_seq_id, EncoderActor encoder = {});
 
 }  // namespace troupe::actors

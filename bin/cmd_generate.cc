@@ -121,10 +121,10 @@ int cmd_generate(const Args& args) {
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
-  if (with_images && ap.has("head"))
+  if (ap.has("mmproj") && ap.has("head"))
     throw CliError(
-        "--image does not go to a remote cluster (--head) yet: run the plan here "
-        "with --config or --stages");
+        "--mmproj is not for a remote cluster (--head): its vision encoder is the [model] mmproj "
+        "of its config; send just the --image files");
   if (with_images && !ap.has("prompt"))
     throw CliError("--image needs a text --prompt (where <__media__> marks each image)");
   if (ap.has("head")) return generate_with_head(ap, sp, max_tokens);

@@ -16,6 +16,7 @@
 #include "bin/cluster_generate.h"
 #include "bin/common.h"
 #include "compute/thread_pool.h"
+#include "model/vision.h"
 
 namespace troupe::cli {
 
@@ -146,13 +147,24 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   }
   if (ap.flag("stats")) std::fprintf(stderr, "%s\n", actors::describe_plan(plan).c_str());
   auto reqs = build_requests(ap, sp, max_tokens);
+  actors::ClusterOptions opts;
   if (ap.has("image") || ap.has("mmproj")) {
-    // The images are encoded here, before the actors start; the first stage splices their rows.
-    const int threads = compute::resolve_threads(threads_option(ap), 1);
-    reqs.at(0).images =
-        std::make_shared<const compute::MultimodalPrompt>(prompt_with_images(ap, *model, threads));
+    // The cluster's image encoder lays each prompt out; the first stage splices the rows.
+    const std::string mmproj = ap.has("mmproj") ? ap.str("mmproj") : plan.mmproj;
+    if (mmproj.empty())
+      throw CliError("--image needs a vision encoder: --mmproj FILE, or [model] mmproj in " +
+                     plan.source);
+    if (!ap.has("image")) throw CliError("--mmproj needs at least one --image");
+    auto vision = model::load_vision_model(mmproj);
+    if (!vision) throw CliError(vision.error().message);
+    opts.vision = *vision;
+    opts.vision_threads = ap.has("threads") ? compute::resolve_threads(threads_option(ap), 1)
+                                            : static_cast<int>(plan.vision_threads);
+    opts.image_cache_bytes = plan.image_cache_mb << 20;
+    const auto files = image_file_bytes(ap);
+    for (auto& r : reqs) r.image_files = files;
   }
-  auto lc = actors::LocalCluster::start(plan, model);
+  auto lc = actors::LocalCluster::start(plan, model, opts);
   if (!lc) throw CliError(lc.error().message);
   const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
   const auto results = (*lc)->generate_many(reqs, concurrency, stream_callback(ap, reqs.size()));
@@ -162,8 +174,12 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
 }
 
 int generate_with_head(const ArgParser& ap, const compute::SamplingParams& sp, int64_t max_tokens) {
+  auto reqs = build_requests(ap, sp, max_tokens);
+  if (ap.has("image")) {
+    const auto files = image_file_bytes(ap);  // the head's encoder lays the prompts out
+    for (auto& r : reqs) r.image_files = files;
+  }
   auto client = connect_head(ap);
-  const auto reqs = build_requests(ap, sp, max_tokens);
   const size_t concurrency = static_cast<size_t>(ap.integer("concurrency", 1, 1, 1 << 20));
   return print_results(ap,
                        client->generate_many(reqs, concurrency, stream_callback(ap, reqs.size())));

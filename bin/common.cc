@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,19 @@ int threads_option(const ArgParser& ap) {
 
 std::string json_quote(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::shared_ptr<const std::vector<std::string>> image_file_bytes(const ArgParser& ap) {
+  auto files = std::make_shared<std::vector<std::string>>();
+  for (const std::string& path : ap.all("image")) {
+    auto image = model::read_image_file(path);
+    if (!image) throw CliError(image.error().message);
+    std::ifstream f(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f && !f.eof()) throw CliError("cannot read " + path);
+    files->push_back(std::move(bytes));
+  }
+  return files;
 }
 
 // The prompt text with the --image files encoded by the --mmproj encoder in their places.

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "compute/multimodal_prompt.h"
 #include "model/model.h"
@@ -33,6 +34,10 @@ int threads_option(const ArgParser& ap);
 /// mismatched encoder or a marker count that does not match the images.
 compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::Model& model,
                                              int threads);
+
+/// The bytes of each --image file, in order, for a cluster's encoder to decode; each is decoded
+/// here first so that a bad file is a CliError naming it before anything is sent.
+std::shared_ptr<const std::vector<std::string>> image_file_bytes(const ArgParser& ap);
 
 /// A JSON string literal for s (UTF-8 passed through, invalid bytes as U+FFFD).
 std::string json_quote(const std::string& s);

@@ -37,6 +37,10 @@ struct GenerateRequest {
   # tokens to generate at most, >= 1
   returnLogits @8 :Bool;
   # true: every finished event carries the logits row of each sampled token (tests, eval)
+  images @9 :List(Data);
+  # image files (PNG or JPEG bytes, each non-empty), one per "<__media__>" marker in the text
+  # prompt, in order (with no marker they come first); the head's vision encoder lays the prompt
+  # out around them. Needs a text prompt (promptTokens empty) and a cluster with [model] mmproj.
 }
 
 struct CancelRequest {
@@ -57,7 +61,7 @@ struct GenerateEvent {
   finished @4 :Bool;
   # true: the request is over and the fields below are set
   promptTokens @5 :List(Int32);
-  # (finished) the prompt as tokenized
+  # (finished) the prompt as tokenized; -1 at each image position
   tokens @6 :List(Int32);
   # (finished) every generated token, without an end-of-generation token
   text @7 :Text;

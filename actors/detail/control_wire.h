@@ -317,17 +317,20 @@ struct ClientLimits {
   size_t max_prompt_tokens = 1 << 20;
   size_t max_text = size_t{4} << 20;  // prompt text bytes
   size_t max_stop_strings = 16;
-  int64_t max_tokens = 1 << 20;   // GenerateRequest.maxTokens in [1, max_tokens]; also
-                                  // the most GenerateEvent.tokens
-  size_t max_stop_tokens = 1024;  // SamplingParams.stopTokenIds
+  int64_t max_tokens = 1 << 20;               // GenerateRequest.maxTokens in [1, max_tokens]; also
+                                              // the most GenerateEvent.tokens
+  size_t max_stop_tokens = 1024;              // SamplingParams.stopTokenIds
+  size_t max_images = 16;                     // GenerateRequest.images
+  size_t max_image_bytes = size_t{32} << 20;  // each image file
 };
 /// Decoders validate as above; a GenerateRequest's sampling params (stop strings included) are
 /// validated with compute::SamplingParams::validate(), each stop string non-empty and at most
-/// max_text bytes. A GenerateEvent's result fields are read only when finished (then the
-/// finish reason is one of length, eos, stop, cancelled, error, overloaded); its logits are
-/// f32 [rows, width] with rows == tokens.size(), or tokens.size() + 1 when the finish reason is
-/// "stop" (the router keeps the row of the stop token, not the token), and width == n_vocab
-/// when n_vocab > 0.
+/// max_text bytes; its images at most max_images, each 1 .. max_image_bytes bytes (not decoded
+/// here: the encoder does that), and only with a text prompt. A GenerateEvent's result fields are
+/// read only when finished (then the finish reason is one of length, eos, stop, cancelled, error,
+/// overloaded); its logits are f32 [rows, width] with rows == tokens.size(), or tokens.size() + 1
+/// when the finish reason is "stop" (the router keeps the row of the stop token, not the token),
+/// and width == n_vocab when n_vocab > 0.
 Result<GenerateRequestMsg> decode_generate_request(std::span<const uint8_t> f,
                                                    const ClientLimits& l);
 Result<CancelRequestMsg> decode_cancel_request(std::span<const uint8_t> f, const ClientLimits& l);

@@ -62,6 +62,7 @@ struct NodeConfig {
   uint64_t model_hash = 0;
   Clock::time_point started;
   std::vector<Phase> phases;
+  EncoderActor encoder;  // the head's image encoder ([model] mmproj); null without one
 };
 
 /// One node as the head's controller sees it.
@@ -139,6 +140,7 @@ struct NodeState {
   SchedulerActor scheduler;
   RouterActor router;
   GatewayActor gateway;
+  EncoderActor encoder;  // [model] mmproj: lays out requests with images; null without one
   std::map<std::string, Member> members;  // by node name
   uint32_t next_node_id = 2;              // the head is node 1
   uint64_t membership_version = 0;

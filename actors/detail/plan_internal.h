@@ -41,6 +41,7 @@ inline constexpr Bound kHeartbeatMs{10, 600000};
 inline constexpr Bound kLeaseMs{20, 3600000};
 inline constexpr Bound kReplaceWaitMs{0, 86400000};
 inline constexpr Bound kMemoryLimitMb{0, int64_t{1} << 40};
+inline constexpr Bound kImageCacheMb{0, int64_t{1} << 30};
 
 struct SchedField {
   const char* name;

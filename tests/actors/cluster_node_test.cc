@@ -8,7 +8,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -22,8 +24,13 @@
 
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
+#include "compute/multimodal_prompt.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "model/vision.h"
+#include "tests/actors/solo_reference.h"
 #include "tests/cluster_test_util.h"
 #include "tests/test_support.h"
 #include "transport/transport.h"
@@ -660,6 +667,81 @@ TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
     }
   });
   expect_same(got, want);
+}
+
+// A vision-language pair: the head encodes the images clients send ([model] mmproj), stages on
+// the other two nodes splice them; tokens and logits equal the single-process engine's.
+TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  auto m = model::load_model(dir + "model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  auto vm = model::load_vision_model(dir + "mmproj.gguf");
+  ASSERT_TRUE(vm) << vm.error().message;
+  auto enc = compute::VisionEncoder::create(*vm, 1);
+  ASSERT_TRUE(enc);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (const char* img : {"circles_64x64", "checker_50x40"}) {
+    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
+    auto image = model::read_image_file(png);
+    ASSERT_TRUE(image) << image.error().message;
+    auto rows = (*enc)->encode(*image);
+    ASSERT_TRUE(rows);
+    const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+    auto p = compute::build_multimodal_prompt(
+        *(*m)->tokenizer, text, std::vector<std::vector<float>>{*rows}, (*vm)->spec, true);
+    ASSERT_TRUE(p) << p.error().message;
+    refs.push_back(solo(*m, *p, 6));
+    std::ifstream f(png, std::ios::binary);
+    GenerateRequest r;
+    r.prompt = text;
+    r.image_files = std::make_shared<const std::vector<std::string>>(
+        1, std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
+    r.max_tokens = 6;
+    r.sampling.ignore_eos = true;
+    r.return_logits = true;
+    reqs.push_back(std::move(r));
+  }
+  GenerateRequest bad = reqs[0];
+  bad.image_files = std::make_shared<const std::vector<std::string>>(1, "GIF89a");
+  reqs.push_back(bad);
+
+  std::vector<uint16_t> ports;
+  std::string toml = cluster_toml(dir + "model.gguf", {{"b", "c"}, {}}, &ports);
+  toml.insert(toml.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  Nodes n;
+  n.start(parse(toml), 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  const auto res = (*client)->generate_many(reqs);
+  for (size_t i = 0; i < refs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  EXPECT_FALSE(res[2].ok());
+  EXPECT_NE(res[2].error.find("image 1: unknown image format"), std::string::npos) << res[2].error;
+  // The head's start-up shows the encoder's loading as a phase of its own.
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  const auto j = nlohmann::json::parse(*st);
+  bool phase = false;
+  for (const auto& p : j["phases"]) phase |= p["node"] == "a" && p["name"] == "load vision encoder";
+  EXPECT_TRUE(phase) << *st;
+}
+
+TEST(ClusterNode, HeadRefusesAVisionEncoderThatDoesNotFitItsModel) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  std::vector<uint16_t> ports;
+  std::string toml =
+      cluster_toml(shared + "/models/stories260K/stories260K.gguf", {{"a"}, {}}, &ports, "t", 1);
+  toml.insert(toml.find("[cluster]"),
+              "mmproj = \"" + shared + "/models/synth/llava-tiny/mmproj.gguf\"\n");
+  NodeOptions o;
+  o.name = "a";
+  auto head = ClusterNode::start(parse(toml), o);
+  ASSERT_FALSE(head);
+  EXPECT_NE(head.error().message.find("[model] mmproj: the vision encoder gives rows of"),
+            std::string::npos)
+      << head.error().message;
 }
 
 }  // namespace

@@ -474,6 +474,19 @@ TEST(ControlWireRoundTrip, GenerateEventOfAnErrorAndOfAStopToken) {
   EXPECT_EQ(d->result.tokens.size(), 2u);
 }
 
+// A prompt laid out around an image reports -1 at the image's positions; nothing below -1 passes.
+TEST(ControlWireRoundTrip, GenerateEventKeepsImagePositionsOfItsPrompt) {
+  GenerateEventMsg m = make_finished_event();
+  m.result.prompt_tokens = {1, -1, -1, 5};
+  auto d = decode_generate_event(frame_of(encode(m, kVocab, kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ(d->result.prompt_tokens, m.result.prompt_tokens);
+  m.result.prompt_tokens[2] = -2;
+  expect_error(decode_generate_event(frame_of(encode(m, kVocab, kSend)), client_limits()),
+               wire(WireErrc::kInvalid),
+               "GenerateEvent.promptTokens[2]: token id -2 is outside [0, 16) and not -1");
+}
+
 // ---- Encoders refuse what has no wire form ----
 
 TEST(ControlWireEncode, RejectsEpochZeroExceptInJoinRequest) {
@@ -829,6 +842,49 @@ TEST(ControlWireMalformed, RejectsGenerateRequestWithZeroMaxTokens) {
   lim.max_tokens = 100;
   expect_error(decode_edited_request([](GenerateRequestMsg&) {}, lim), wire(WireErrc::kInvalid),
                "GenerateRequest.maxTokens: 300, expected 1 .. 100");
+}
+
+// A request with images: a text prompt and the image files' bytes (a PNG's first bytes, a JPEG's,
+// a zero byte inside), unchanged.
+GenerateRequestMsg image_request(std::vector<std::string> files) {
+  GenerateRequestMsg m = make_generate_request();
+  m.request.prompt_tokens.clear();
+  m.request.image_files = std::make_shared<const std::vector<std::string>>(std::move(files));
+  return m;
+}
+
+TEST(ControlWireRoundTrip, GenerateRequestKeepsItsImageFilesByteForByte) {
+  const std::string png("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16), jpeg("\xff\xd8\xff\xe0", 4);
+  auto d =
+      decode_generate_request(frame_of(encode(image_request({png, jpeg}), kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  ASSERT_TRUE(d->request.image_files);
+  EXPECT_EQ(*d->request.image_files, (std::vector<std::string>{png, jpeg}));
+  EXPECT_EQ(d->request.prompt, "Once upon a time");
+  // Without images there is no list at all.
+  d = decode_generate_request(frame_of(encode(make_generate_request(), kSend)), client_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_FALSE(d->request.image_files);
+}
+
+TEST(ControlWireMalformed, RejectsBadImageLists) {
+  ClientLimits lim = client_limits();
+  lim.max_images = 2;
+  lim.max_image_bytes = 8;
+  const auto decode = [&](const GenerateRequestMsg& m) {
+    return decode_generate_request(frame_of(encode(m, kSend)), lim);
+  };
+  EXPECT_TRUE(decode(image_request({"12345678", "a"})));
+  expect_error(decode(image_request({"a", "b", "c"})), wire(WireErrc::kTooLong),
+               "GenerateRequest.images: 3 entries exceed");
+  expect_error(decode(image_request({"a", "123456789"})), wire(WireErrc::kTooLong),
+               "GenerateRequest.images[1]: 9 bytes exceed the limit of 8");
+  expect_error(decode(image_request({""})), wire(WireErrc::kInvalid),
+               "GenerateRequest.images[0]: empty, expected image bytes");
+  GenerateRequestMsg tokens = image_request({"a"});
+  tokens.request.prompt_tokens = {1, 2};
+  expect_error(decode(tokens), wire(WireErrc::kInvalid),
+               "GenerateRequest.images: a request with images needs a text prompt");
 }
 
 TEST(ControlWireMalformed, RejectsGenerateRequestWithTokenOutOfRange) {

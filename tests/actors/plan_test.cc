@@ -759,6 +759,28 @@ TEST(PlanWeights, StorageIsReadAndChecked) {
       << e;
 }
 
+TEST(PlanVision, MmprojIsAnchoredAndItsKnobsChecked) {
+  const Plan none = parse_ok("[model]\npath = \"m.gguf\"\n");
+  EXPECT_EQ(none.mmproj, "");
+  EXPECT_EQ(none.image_cache_mb, 256);
+  EXPECT_EQ(none.vision_threads, 0);
+  const Plan p = parse_ok(
+      "[model]\npath = \"m.gguf\"\nmmproj = \"v/mmproj.gguf\"\nimage_cache_mb = 0\n"
+      "vision_threads = 3\n",
+      "/etc/troupe/plan.toml");
+  EXPECT_EQ(p.mmproj, "/etc/troupe/v/mmproj.gguf");  // relative to the plan, like the model
+  EXPECT_EQ(p.image_cache_mb, 0);
+  EXPECT_EQ(p.vision_threads, 3);
+  EXPECT_EQ(parse_ok("[model]\nmmproj = \"/abs/mm.gguf\"\nvision_threads = \"auto\"\n").mmproj,
+            "/abs/mm.gguf");
+  std::string e = parse_error("[model]\nimage_cache_mb = -1\n");
+  EXPECT_NE(e.find("plan.toml:2: model.image_cache_mb: expected"), std::string::npos) << e;
+  e = parse_error("[model]\nvision_threads = 0\n");
+  EXPECT_NE(e.find("model.vision_threads: expected"), std::string::npos) << e;
+  e = parse_error("[model]\nmmproj = 5\n");
+  EXPECT_NE(e.find("model.mmproj"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace troupe::actors
 

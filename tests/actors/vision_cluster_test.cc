@@ -2,9 +2,15 @@
 // and off and scheduler budgets that cut the prompt before, inside and after the image, every
 // greedy token and logit is bit-identical to the single-process engine; two images behind the
 // same text never share KV; and a Gemma 3 image is prefilled as one non-causal step, even when
-// it is longer than the step budget.
+// it is longer than the step budget. Requests that carry image files are laid out by the
+// cluster's encoder actor exactly as here, encode each distinct image once, and bad ones get
+// errors naming the image.
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
@@ -135,6 +141,110 @@ TEST(VisionCluster, Gemma3NonCausalImageIsOneStepOnEveryPlan) {
   expect_plans_match(*m, 2, {4, 9, 512}, prompts, 6);
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f) << path;
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A request with image files, for the cluster's encoder to lay out.
+GenerateRequest file_request(const std::string& text, std::vector<std::string> files, int64_t n) {
+  GenerateRequest r;
+  r.prompt = text;
+  r.image_files = std::make_shared<const std::vector<std::string>>(std::move(files));
+  r.max_tokens = n;
+  r.sampling.ignore_eos = true;
+  r.return_logits = true;
+  return r;
+}
+
+TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(vm) << vm.error().message;
+  auto enc = compute::VisionEncoder::create(*vm, 1);
+  ASSERT_TRUE(enc);
+  const std::string dir = shared + "/golden/vlm/images/";
+  std::map<std::string, std::vector<float>> rows_of;  // encoded here, the reference way
+  std::map<std::string, std::string> bytes_of;
+  for (const char* img : {"circles_64x64", "checker_50x40", "gradient_32x32"}) {
+    auto image = model::read_image_file(dir + img + ".png");
+    ASSERT_TRUE(image) << image.error().message;
+    auto r = (*enc)->encode(*image);
+    ASSERT_TRUE(r);
+    rows_of[img] = *r;
+    bytes_of[img] = file_bytes(dir + img + ".png");
+  }
+  // One image each, then two in one prompt (both seen before: taken from the cache).
+  struct Case {
+    std::string text;
+    std::vector<std::string> images;
+  };
+  const std::vector<Case> cases = {
+      {"Look at this picture: <__media__>\nOnce upon a time", {"circles_64x64"}},
+      {"Look at this picture: <__media__>\nOnce upon a time", {"checker_50x40"}},
+      {"<__media__> what is it", {"gradient_32x32"}},
+      {"First <__media__> then <__media__> and", {"checker_50x40", "circles_64x64"}},
+  };
+  std::vector<Reference> refs;
+  std::vector<GenerateRequest> reqs;
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> rows;
+    std::vector<std::string> files;
+    for (const auto& img : c.images) {
+      rows.push_back(rows_of[img]);
+      files.push_back(bytes_of[img]);
+    }
+    auto p = compute::build_multimodal_prompt(*(*m)->tokenizer, c.text, rows, (*vm)->spec, true);
+    ASSERT_TRUE(p) << p.error().message;
+    refs.push_back(solo(*m, *p, 6));
+    reqs.push_back(file_request(c.text, files, 6));
+  }
+  Plan plan = even_plan((*m)->path, 2, 0);
+  plan.scheduler.max_tokens_per_step = 16;  // the prompts are cut inside their images
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  ClusterOptions opts;
+  opts.vision = *vm;
+  opts.vision_threads = 1;
+  auto lc = LocalCluster::start(plan, *m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto encoder_stats = [&] { return nlohmann::json::parse((*lc)->stats_json())["encoder"]; };
+  for (int round = 0; round < 2; ++round) {
+    const auto res = (*lc)->generate_many(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      expect_identical(res[i], refs[i],
+                       "round " + std::to_string(round) + " request " + std::to_string(i));
+    // Each distinct image is encoded once; every later sight of it comes from the cache.
+    const auto s = encoder_stats();
+    EXPECT_EQ(s["encoded"], 3) << s;
+    EXPECT_EQ(s["cache_hits"], round == 0 ? 2 : 7) << s;
+    EXPECT_EQ(s["cache_entries"], 3) << s;
+  }
+
+  // Bad requests get an error naming the image, and the cluster goes on serving.
+  const std::string& png = bytes_of["circles_64x64"];
+  const std::vector<std::pair<GenerateRequest, std::string>> bad = {
+      {file_request("<__media__>", {"hello"}, 2), "image 1: unknown image format"},
+      {file_request("<__media__> <__media__>", {png, png.substr(0, png.size() / 2)}, 2),
+       "image 2:"},
+      {file_request("one <__media__>", {png, png}, 2), "1 image markers"},
+  };
+  for (const auto& [req, want] : bad) {
+    auto r = (*lc)->generate(req);
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.finish_reason, "error");
+    EXPECT_NE(r.error.find(want), std::string::npos) << r.error;
+  }
+  GenerateRequest tokens = file_request("", {png}, 2);
+  tokens.prompt_tokens = {1, 2, 3};
+  auto rt = (*lc)->generate(tokens);
+  EXPECT_NE(rt.error.find("must be text"), std::string::npos) << rt.error;
+  EXPECT_EQ(encoder_stats()["failed"], 4);
+  expect_identical((*lc)->generate(reqs[0]), refs[0], "after the bad requests");
+}
+
 TEST(VisionCluster, BadImageRequestsGetErrors) {
   TROUPE_SHARED_OR_SKIP(shared);
   auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
@@ -158,6 +268,13 @@ TEST(VisionCluster, BadImageRequestsGetErrors) {
   auto r2 = (*lc)->generate(request(p, 2));
   EXPECT_FALSE(r2.ok());
   EXPECT_NE(r2.error.find("image row values"), std::string::npos) << r2.error;
+  // Image files for a cluster without a vision encoder.
+  GenerateRequest files;
+  files.prompt = "<__media__>";
+  files.image_files = std::make_shared<const std::vector<std::string>>(1, "x");
+  auto r3 = (*lc)->generate(files);
+  EXPECT_FALSE(r3.ok());
+  EXPECT_NE(r3.error.find("no vision encoder"), std::string::npos) << r3.error;
 }
 
 }  // namespace

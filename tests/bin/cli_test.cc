@@ -314,7 +314,13 @@ TEST(Cli, ImagePromptErrorsAreOneLine) {
                         "no <start_of_image> / <end_of_image> tokens");
   expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
                                 "--prompt", "x", "--head", "127.0.0.1:9"}),
-                        "does not go to a remote cluster");
+                        "--mmproj is not for a remote cluster");
+  expect_one_line_error(troupe({"generate", "--image", text.string(), "--prompt", "x", "--head",
+                                "127.0.0.1:9", "--token", "t"}),
+                        "not_an_image.png: unknown image format");
+  expect_one_line_error(
+      troupe({"generate", "--model", model, "--image", png, "--prompt", "x", "--stages", "2"}),
+      "--image needs a vision encoder: --mmproj FILE, or [model] mmproj in");
   expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,
                                 "--prompt-tokens", "1,2", "--stages", "2"}),
                         "--image needs a text --prompt");

@@ -1,0 +1,183 @@
+// Image encoder actor (see encoder.h): decode, encode (or take from the cache), lay out.
+#include "actors/encoder.h"
+
+#include <chrono>
+#include <cstdio>
+#include <list>
+#include <map>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/local_cluster.h"
+#include "base/check.h"
+#include "compute/multimodal_prompt.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
+#include "model/tokenizer.h"
+#include "transport/auth.h"
+
+namespace troupe::actors {
+
+namespace {
+
+using Rows = std::shared_ptr<const std::vector<float>>;
+
+// Encoded rows by the SHA-256 of the image file, least recently used first out.
+class RowCache {
+ public:
+  explicit RowCache(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  Rows find(const transport::Digest& key) {
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    order_.splice(order_.end(), order_, it->second.at);  // now the most recent
+    return it->second.rows;
+  }
+  void insert(const transport::Digest& key, Rows rows) {
+    const int64_t b = bytes_of(*rows);
+    if (b > max_bytes_ || map_.count(key)) return;
+    while (bytes_ + b > max_bytes_) {
+      auto old = map_.find(order_.front());
+      bytes_ -= bytes_of(*old->second.rows);
+      map_.erase(old);
+      order_.pop_front();
+    }
+    order_.push_back(key);
+    map_.emplace(key, Entry{std::move(rows), std::prev(order_.end())});
+    bytes_ += b;
+  }
+  int64_t bytes() const { return bytes_; }
+  size_t size() const { return map_.size(); }
+
+ private:
+  static int64_t bytes_of(const std::vector<float>& v) {
+    return static_cast<int64_t>(v.size() * sizeof(float));
+  }
+  struct Entry {
+    Rows rows;
+    std::list<transport::Digest>::iterator at;
+  };
+  int64_t max_bytes_ = 0, bytes_ = 0;
+  std::list<transport::Digest> order_;
+  std::map<transport::Digest, Entry> map_;
+};
+
+struct EncoderState {
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<compute::VisionEncoder> encoder;
+  std::unique_ptr<RowCache> cache;
+  uint64_t requests = 0, images = 0, encoded = 0, cache_hits = 0, failed = 0;
+  double encode_seconds = 0;
+  static inline const char* name = "encoder";
+};
+
+using Self = EncoderActor::stateful_pointer<EncoderState>;
+
+// Rows of one image file: from the cache, or decoded and encoded now.
+Result<Rows> rows_of(EncoderState& st, const std::string& bytes, size_t index) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  const transport::Digest key = transport::hmac_sha256(
+      {}, "troupe image file", {std::span<const uint8_t>(data, bytes.size())});
+  if (Rows r = st.cache->find(key)) {
+    ++st.cache_hits;
+    return r;
+  }
+  const std::string what = strfmt("image %zu", index + 1);
+  auto image = model::decode_image(std::span<const uint8_t>(data, bytes.size()), what);
+  if (!image) return image.error();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto e = st.encoder->encode(*image);
+  st.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!e) return Error{e.error().code, what + ": " + e.error().message};
+  ++st.encoded;
+  Rows r = std::make_shared<const std::vector<float>>(std::move(*e));
+  st.cache->insert(key, r);
+  return r;
+}
+
+EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
+  auto out = std::make_shared<EncodedPrompt>();
+  ++st.requests;
+  const auto fail = [&](std::string why) {
+    ++st.failed;
+    out->error = std::move(why);
+    return out;
+  };
+  if (!req.prompt_tokens.empty())
+    return fail(
+        "a prompt with images must be text, with a <__media__> marker where each image goes, not "
+        "token ids");
+  std::vector<std::vector<float>> rows;
+  const std::vector<std::string>& files = *req.image_files;
+  for (size_t i = 0; i < files.size(); ++i) {
+    auto r = rows_of(st, files[i], i);
+    if (!r) return fail(r.error().message);
+    rows.push_back(**r);
+    ++st.images;
+  }
+  auto p = compute::build_multimodal_prompt(*st.model->tokenizer, req.prompt, rows,
+                                            st.encoder->spec(), req.add_bos);
+  if (!p) return fail(p.error().message);
+  out->prompt = std::make_shared<const compute::MultimodalPrompt>(std::move(*p));
+  return out;
+}
+
+EncoderActor::behavior_type encoder_behavior(Self self, std::shared_ptr<const model::Model> model,
+                                             std::shared_ptr<compute::VisionEncoder> encoder,
+                                             int64_t cache_bytes) {
+  auto& st = self->state;
+  st.model = std::move(model);
+  st.encoder = std::move(encoder);
+  st.cache = std::make_unique<RowCache>(cache_bytes);
+  return {
+      [=](encode_atom, const GenerateRequestPtr& req) -> EncodedPromptPtr {
+        if (!req->image_files)
+          return std::make_shared<EncodedPrompt>(
+              EncodedPrompt{nullptr, "the request has no image files"});
+        return encode_request(self->state, *req);
+      },
+      [=](stats_atom) -> std::string {
+        const auto& s = self->state;
+        return strfmt(
+            "{\"requests\":%llu,\"images\":%llu,\"encoded\":%llu,\"cache_hits\":%llu,"
+            "\"failed\":%llu,\"encode_seconds\":%.3f,\"cache_entries\":%zu,\"cache_bytes\":%lld}",
+            static_cast<unsigned long long>(s.requests), static_cast<unsigned long long>(s.images),
+            static_cast<unsigned long long>(s.encoded),
+            static_cast<unsigned long long>(s.cache_hits),
+            static_cast<unsigned long long>(s.failed), s.encode_seconds, s.cache->size(),
+            static_cast<long long>(s.cache->bytes()));
+      },
+  };
+}
+
+}  // namespace
+
+Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg) {
+  if (!cfg.vision || !cfg.model)
+    return Error{1, "image encoder: no vision model or language model"};
+  const model::VisionSpec& vs = cfg.vision->spec;
+  if (!cfg.model->tokenizer)
+    return Error{1, "image encoder: the language model has no vocabulary to lay out a prompt with"};
+  if (vs.n_embd_out != cfg.model->spec.n_embd)
+    return Error{1, strfmt("the vision encoder gives rows of %lld values but the language model's "
+                           "width is %lld: they do not belong together",
+                           static_cast<long long>(vs.n_embd_out),
+                           static_cast<long long>(cfg.model->spec.n_embd))};
+  if (vs.projector == model::Projector::kGemma3 &&
+      (cfg.model->tokenizer->find_token("<start_of_image>") < 0 ||
+       cfg.model->tokenizer->find_token("<end_of_image>") < 0))
+    return Error{1,
+                 "the language model's vocabulary has no <start_of_image> / <end_of_image> "
+                 "tokens, which a Gemma 3 vision encoder needs"};
+  int threads = cfg.threads;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto enc = compute::VisionEncoder::create(cfg.vision, threads);
+  if (!enc) return enc.error();
+  std::shared_ptr<compute::VisionEncoder> e = std::move(*enc);
+  return sys.spawn<caf::detached>(encoder_behavior, std::move(cfg.model), std::move(e),
+                                  std::max<int64_t>(0, cfg.cache_bytes));
+}
+
+}  // namespace troupe::actors

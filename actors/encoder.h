@@ -1,0 +1,33 @@
+// Image encoder actor (actors/encoder.cc): turns a request's image files (PNG or JPEG bytes, as a
+// client sent them) into the multimodal prompt the scheduler runs: decode, preprocess, the vision
+// encoder, then the prompt text split at its <__media__> markers with the rows in their places
+// (compute/multimodal_prompt.h). Runs on its own thread (spawned detached): encoding an image
+// takes seconds and must not stall the router. Rows are cached by the SHA-256 of the file's
+// bytes, so a conversation that sends the same image every turn encodes it once.
+// Users: the head node (node_head.cc), LocalCluster; the router asks it (router.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <caf/fwd.hpp>
+
+#include "actors/interfaces.h"
+#include "base/result.h"
+#include "model/model.h"
+#include "model/vision.h"
+
+namespace troupe::actors {
+
+struct EncoderConfig {
+  std::shared_ptr<const model::VisionModel> vision;  // the mmproj
+  std::shared_ptr<const model::Model> model;         // the language model: tokenizer and width
+  int threads = 0;                                   // encoder compute threads; 0 = all cores
+  int64_t cache_bytes = int64_t{256} << 20;          // encoded rows kept; 0 = no cache
+};
+
+/// Checks that the encoder and the language model belong together (row width, a vocabulary,
+/// Gemma 3's image tokens) and spawns the actor. Errors name the mismatch.
+Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg);
+
+}  // namespace troupe::actors
