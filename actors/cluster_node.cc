@@ -286,6 +286,7 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
   st.model = std::move(cfg.model);
   st.model_hash = cfg.model_hash;
   st.encoder = std::move(cfg.encoder);
+  st.encoder_counters = std::move(cfg.encoder_counters);
   st.started = cfg.started;
   st.phases = std::move(cfg.phases);
   st.me = st.plan.cluster.nodes[static_cast<size_t>(node_index(st.plan, st.opts.name))];
@@ -439,6 +440,8 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
     ec.model = *model;
     ec.threads = static_cast<int>(plan.vision_threads);
     ec.cache_bytes = plan.image_cache_mb << 20;
+    ec.counters = std::make_shared<EncoderCounters>();
+    nc.encoder_counters = ec.counters;
     auto enc = spawn_encoder(*im.sys, std::move(ec));
     if (!enc) return Error{1, plan.source + ": [model] mmproj: " + enc.error().message};
     nc.encoder = *enc;

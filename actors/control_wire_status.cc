@@ -117,6 +117,26 @@ Result<ThroughputInfo> read_throughput(schemas::Throughput::Reader src) {
   return t;
 }
 
+Result<EncoderInfo> read_encoder(schemas::EncoderCounters::Reader src, const ControlLimits& l) {
+  EncoderInfo e;
+  auto name = read_text(src.getMmproj(), l.max_text, "StatusSnapshot.encoder.mmproj");
+  if (!name) return name.error();
+  e.mmproj = std::move(*name);
+  e.requests = src.getRequests();
+  e.images = src.getImages();
+  e.encoded = src.getEncoded();
+  e.cache_hits = src.getCacheHits();
+  e.failed = src.getFailed();
+  e.encode_seconds = src.getEncodeSeconds();
+  e.cache_entries = src.getCacheEntries();
+  e.cache_bytes = src.getCacheBytes();
+  if (!std::isfinite(e.encode_seconds) || e.encode_seconds < 0)
+    return fail(WireErrc::kInvalid,
+                strfmt("StatusSnapshot.encoder.encodeSeconds: %g, expected a finite time >= 0",
+                       e.encode_seconds));
+  return e;
+}
+
 }  // namespace
 
 Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
@@ -137,6 +157,18 @@ Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
         auto tc = root.initTransport(static_cast<unsigned>(m.transport.size()));
         for (size_t i = 0; i < m.transport.size(); ++i)
           write_transport(tc[unsigned(i)], m.transport[i]);
+        if (m.has_encoder) {
+          auto e = root.initEncoder();
+          e.setMmproj(text(m.encoder.mmproj));
+          e.setRequests(m.encoder.requests);
+          e.setImages(m.encoder.images);
+          e.setEncoded(m.encoder.encoded);
+          e.setCacheHits(m.encoder.cache_hits);
+          e.setFailed(m.encoder.failed);
+          e.setEncodeSeconds(m.encoder.encode_seconds);
+          e.setCacheEntries(m.encoder.cache_entries);
+          e.setCacheBytes(m.encoder.cache_bytes);
+        }
         return Ok{};
       });
 }
@@ -188,6 +220,12 @@ Result<StatusSnapshotMsg> decode_status_snapshot(std::span<const uint8_t> f,
           auto x = read_transport(tc[i], l, strfmt("StatusSnapshot.transport[%u]", i), false);
           if (!x) return x.error();
           m.transport.push_back(std::move(*x));
+        }
+        m.has_encoder = root.hasEncoder();
+        if (m.has_encoder) {
+          auto e = read_encoder(root.getEncoder(), l);
+          if (!e) return e.error();
+          m.encoder = std::move(*e);
         }
         return m;
       });

@@ -68,8 +68,7 @@ struct EncoderState {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<compute::VisionEncoder> encoder;
   std::unique_ptr<RowCache> cache;
-  uint64_t requests = 0, images = 0, encoded = 0, cache_hits = 0, failed = 0;
-  double encode_seconds = 0;
+  std::shared_ptr<EncoderCounters> n;
   static inline const char* name = "encoder";
 };
 
@@ -81,7 +80,7 @@ Result<Rows> rows_of(EncoderState& st, const std::string& bytes, size_t index) {
   const transport::Digest key = transport::hmac_sha256(
       {}, "troupe image file", {std::span<const uint8_t>(data, bytes.size())});
   if (Rows r = st.cache->find(key)) {
-    ++st.cache_hits;
+    ++st.n->cache_hits;
     return r;
   }
   const std::string what = strfmt("image %zu", index + 1);
@@ -89,19 +88,23 @@ Result<Rows> rows_of(EncoderState& st, const std::string& bytes, size_t index) {
   if (!image) return image.error();
   const auto t0 = std::chrono::steady_clock::now();
   auto e = st.encoder->encode(*image);
-  st.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.n->encode_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
   if (!e) return Error{e.error().code, what + ": " + e.error().message};
-  ++st.encoded;
+  ++st.n->encoded;
   Rows r = std::make_shared<const std::vector<float>>(std::move(*e));
   st.cache->insert(key, r);
+  st.n->cache_entries = st.cache->size();
+  st.n->cache_bytes = static_cast<uint64_t>(st.cache->bytes());
   return r;
 }
 
 EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
   auto out = std::make_shared<EncodedPrompt>();
-  ++st.requests;
+  ++st.n->requests;
   const auto fail = [&](std::string why) {
-    ++st.failed;
+    ++st.n->failed;
     out->error = std::move(why);
     return out;
   };
@@ -115,7 +118,7 @@ EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
     auto r = rows_of(st, files[i], i);
     if (!r) return fail(r.error().message);
     rows.push_back(**r);
-    ++st.images;
+    ++st.n->images;
   }
   auto p = compute::build_multimodal_prompt(*st.model->tokenizer, req.prompt, rows,
                                             st.encoder->spec(), req.add_bos);
@@ -126,11 +129,13 @@ EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
 
 EncoderActor::behavior_type encoder_behavior(Self self, std::shared_ptr<const model::Model> model,
                                              std::shared_ptr<compute::VisionEncoder> encoder,
-                                             int64_t cache_bytes) {
+                                             int64_t cache_bytes,
+                                             std::shared_ptr<EncoderCounters> counters) {
   auto& st = self->state;
   st.model = std::move(model);
   st.encoder = std::move(encoder);
   st.cache = std::make_unique<RowCache>(cache_bytes);
+  st.n = std::move(counters);
   return {
       [=](encode_atom, const GenerateRequestPtr& req) -> EncodedPromptPtr {
         if (!req->image_files)
@@ -139,15 +144,15 @@ EncoderActor::behavior_type encoder_behavior(Self self, std::shared_ptr<const mo
         return encode_request(self->state, *req);
       },
       [=](stats_atom) -> std::string {
-        const auto& s = self->state;
+        const EncoderCounters& c = *self->state.n;
         return strfmt(
             "{\"requests\":%llu,\"images\":%llu,\"encoded\":%llu,\"cache_hits\":%llu,"
-            "\"failed\":%llu,\"encode_seconds\":%.3f,\"cache_entries\":%zu,\"cache_bytes\":%lld}",
-            static_cast<unsigned long long>(s.requests), static_cast<unsigned long long>(s.images),
-            static_cast<unsigned long long>(s.encoded),
-            static_cast<unsigned long long>(s.cache_hits),
-            static_cast<unsigned long long>(s.failed), s.encode_seconds, s.cache->size(),
-            static_cast<long long>(s.cache->bytes()));
+            "\"failed\":%llu,\"encode_seconds\":%.3f,\"cache_entries\":%llu,"
+            "\"cache_bytes\":%llu}",
+            (unsigned long long)c.requests, (unsigned long long)c.images,
+            (unsigned long long)c.encoded, (unsigned long long)c.cache_hits,
+            (unsigned long long)c.failed, c.encode_us * 1e-6, (unsigned long long)c.cache_entries,
+            (unsigned long long)c.cache_bytes);
       },
   };
 }
@@ -176,8 +181,9 @@ Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg) {
   auto enc = compute::VisionEncoder::create(cfg.vision, threads);
   if (!enc) return enc.error();
   std::shared_ptr<compute::VisionEncoder> e = std::move(*enc);
+  if (!cfg.counters) cfg.counters = std::make_shared<EncoderCounters>();
   return sys.spawn<caf::detached>(encoder_behavior, std::move(cfg.model), std::move(e),
-                                  std::max<int64_t>(0, cfg.cache_bytes));
+                                  std::max<int64_t>(0, cfg.cache_bytes), std::move(cfg.counters));
 }
 
 }  // namespace troupe::actors

@@ -7,6 +7,7 @@
 // Users: the head node (node_head.cc), LocalCluster; the router asks it (router.cc).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -19,11 +20,23 @@
 
 namespace troupe::actors {
 
+/// What the encoder has done, readable from any thread (the node's status snapshot).
+struct EncoderCounters {
+  std::atomic<uint64_t> requests{0};  // requests laid out or refused
+  std::atomic<uint64_t> images{0};    // images of those requests
+  std::atomic<uint64_t> encoded{0};   // run through the encoder; the rest came from the cache
+  std::atomic<uint64_t> cache_hits{0};
+  std::atomic<uint64_t> failed{0};     // requests refused
+  std::atomic<uint64_t> encode_us{0};  // microseconds spent encoding
+  std::atomic<uint64_t> cache_entries{0}, cache_bytes{0};
+};
+
 struct EncoderConfig {
   std::shared_ptr<const model::VisionModel> vision;  // the mmproj
   std::shared_ptr<const model::Model> model;         // the language model: tokenizer and width
   int threads = 0;                                   // encoder compute threads; 0 = all cores
   int64_t cache_bytes = int64_t{256} << 20;          // encoded rows kept; 0 = no cache
+  std::shared_ptr<EncoderCounters> counters;         // kept up to date when set
 };
 
 /// Checks that the encoder and the language model belong together (row width, a vocabulary,

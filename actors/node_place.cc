@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include <caf/send.hpp>
@@ -12,6 +13,7 @@
 
 #include "actors/detail/node_state.h"
 #include "actors/detail/remote.h"
+#include "actors/encoder.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
 #include "compute/matmul.h"
@@ -602,6 +604,19 @@ StatusSnapshotMsg snapshot(NodeSelf* self) {
       add(ActorRole::kStage, sp.stage, sp.node_id, "stage");
     for (const auto& sp : st.placement->shards)
       add(ActorRole::kExpertShard, sp.shard, sp.node_id, "expert");
+  }
+  if (st.encoder_counters) {
+    const EncoderCounters& c = *st.encoder_counters;
+    s.has_encoder = true;
+    s.encoder = {std::filesystem::path(st.plan.mmproj).filename().string(),
+                 c.requests,
+                 c.images,
+                 c.encoded,
+                 c.cache_hits,
+                 c.failed,
+                 static_cast<double>(c.encode_us) * 1e-6,
+                 c.cache_entries,
+                 c.cache_bytes};
   }
   return s;
 }

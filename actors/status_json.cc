@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "actors/detail/control_wire.h"
+#include "base/check.h"
 
 namespace troupe::actors::detail {
 
@@ -109,7 +110,16 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"unauthenticated_dropped\":" + n(t.unauthenticated_dropped) +
          ",\"connections_accepted\":" + n(t.connections_accepted) + "}";
   }
-  return o + "]}";
+  o += "]";
+  if (s.has_encoder) {
+    const EncoderInfo& e = s.encoder;
+    o += ",\"encoder\":{\"mmproj\":" + json_str(e.mmproj) + ",\"requests\":" + n(e.requests) +
+         ",\"images\":" + n(e.images) + ",\"encoded\":" + n(e.encoded) +
+         ",\"cache_hits\":" + n(e.cache_hits) + ",\"failed\":" + n(e.failed) +
+         ",\"encode_seconds\":" + strfmt("%.3f", e.encode_seconds) +
+         ",\"cache_entries\":" + n(e.cache_entries) + ",\"cache_bytes\":" + n(e.cache_bytes) + "}";
+  }
+  return o + "}";
 }
 
 namespace {
@@ -206,6 +216,16 @@ std::string status_text(const StatusSnapshotMsg& s) {
                     std::to_string(t.unauthenticated_dropped),
                     std::to_string(t.connections_accepted)});
   if (!s.transport.empty()) o += "transports:\n" + table(rows, {false, true, true, true});
+  if (s.has_encoder) {
+    const EncoderInfo& e = s.encoder;
+    o += strfmt(
+        "image encoder: %s: %llu requests (%llu refused), %llu images: %llu encoded in %.3f s, "
+        "%llu from the cache; cache holds %llu images, %s MB\n",
+        e.mmproj.c_str(), (unsigned long long)e.requests, (unsigned long long)e.failed,
+        (unsigned long long)e.images, (unsigned long long)e.encoded, e.encode_seconds,
+        (unsigned long long)e.cache_hits, (unsigned long long)e.cache_entries,
+        strfmt("%.1f", e.cache_bytes / 1e6).c_str());
+  }
   return o;
 }
 

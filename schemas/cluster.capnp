@@ -409,6 +409,30 @@ struct StatusSnapshot {
   # the reporter's live links; the controller's adds each node's from its last heartbeat
   transport @12 :List(TransportCounters);
   # the reporter's transport; the controller's adds each node's from its last heartbeat
+  encoder @13 :EncoderCounters;
+  # the head's image encoder ([model] mmproj); absent where none runs
+}
+
+struct EncoderCounters {
+  # The head's image encoder (actors/encoder.h), for operators. Counts since it started.
+  mmproj @0 :Text;
+  # file name of the vision encoder
+  requests @1 :UInt64;
+  # requests with images it laid out (or refused)
+  images @2 :UInt64;
+  # images of those requests
+  encoded @3 :UInt64;
+  # images run through the encoder; the rest came from the cache
+  cacheHits @4 :UInt64;
+  # images whose rows came from the cache
+  failed @5 :UInt64;
+  # requests refused: an image that does not decode, a marker count that does not match, ...
+  encodeSeconds @6 :Float64;
+  # time spent encoding, in seconds (finite, >= 0)
+  cacheEntries @7 :UInt64;
+  # images in the cache now
+  cacheBytes @8 :UInt64;
+  # bytes of encoded rows in the cache now
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

@@ -207,6 +207,14 @@ struct ThroughputInfo {
   uint32_t num_requests_running = 0, num_requests_waiting = 0;
 };
 
+/// The head's image encoder (schemas/cluster.capnp EncoderCounters).
+struct EncoderInfo {
+  std::string mmproj;
+  uint64_t requests = 0, images = 0, encoded = 0, cache_hits = 0, failed = 0;
+  double encode_seconds = 0;
+  uint64_t cache_entries = 0, cache_bytes = 0;
+};
+
 struct StatusSnapshotMsg {
   WireHeader header;
   uint64_t taken_at_ms = 0;
@@ -222,6 +230,8 @@ struct StatusSnapshotMsg {
   std::string condition;  // the head: why requests are not served right now; "" when they are
   std::vector<LinkCountersInfo> links;           // the reporter's links (the head: and its nodes')
   std::vector<TransportCountersInfo> transport;  // the same for the transports as a whole
+  bool has_encoder = false;                      // the head with [model] mmproj
+  EncoderInfo encoder;
 };
 
 /// The snapshot as one JSON object (what `troupe status --json` prints): node, serving,

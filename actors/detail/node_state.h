@@ -28,6 +28,10 @@
 #include "actors/plan.h"
 #include "model/model.h"
 
+namespace troupe::actors {
+struct EncoderCounters;  // actors/encoder.h
+}  // namespace troupe::actors
+
 namespace troupe::actors::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -63,6 +67,7 @@ struct NodeConfig {
   Clock::time_point started;
   std::vector<Phase> phases;
   EncoderActor encoder;  // the head's image encoder ([model] mmproj); null without one
+  std::shared_ptr<const EncoderCounters> encoder_counters;
 };
 
 /// One node as the head's controller sees it.
@@ -141,8 +146,9 @@ struct NodeState {
   RouterActor router;
   GatewayActor gateway;
   EncoderActor encoder;  // [model] mmproj: lays out requests with images; null without one
-  std::map<std::string, Member> members;  // by node name
-  uint32_t next_node_id = 2;              // the head is node 1
+  std::shared_ptr<const EncoderCounters> encoder_counters;  // for the status snapshot
+  std::map<std::string, Member> members;                    // by node name
+  uint32_t next_node_id = 2;                                // the head is node 1
   uint64_t membership_version = 0;
   bool placement_sent = false, serving = false, draining = false;
   bool placement_done = false;  // every node started the first placement (warm-up follows)

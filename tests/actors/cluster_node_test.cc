@@ -726,6 +726,13 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   bool phase = false;
   for (const auto& p : j["phases"]) phase |= p["node"] == "a" && p["name"] == "load vision encoder";
   EXPECT_TRUE(phase) << *st;
+  // And its encoder's counts: three requests, one refused; two images encoded.
+  const auto& e = j["encoder"];
+  EXPECT_EQ(e["mmproj"], "mmproj.gguf") << *st;
+  EXPECT_EQ(e["requests"], 3) << *st;
+  EXPECT_EQ(e["failed"], 1) << *st;
+  EXPECT_EQ(e["encoded"], 2) << *st;
+  EXPECT_EQ(e["cache_entries"], 2) << *st;
 }
 
 TEST(ClusterNode, HeadRefusesAVisionEncoderThatDoesNotFitItsModel) {

@@ -314,7 +314,16 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   EXPECT_EQ(thead.find("connections accepted") + std::string("connections accepted").size(),
             ta.find("4242") + 4)
       << t;  // right-aligned under its heading
+  EXPECT_NE(t.find("image encoder: mmproj-f16.gguf: 12 requests (1 refused), 15 images: 4 encoded "
+                   "in 5.625 s, 11 from the cache; cache holds 4 images, 37.7 MB\n"),
+            std::string::npos)
+      << t;
   const std::string j = status_json(m);
+  EXPECT_NE(j.find("\"encoder\":{\"mmproj\":\"mmproj-f16.gguf\",\"requests\":12,\"images\":15,"
+                   "\"encoded\":4,\"cache_hits\":11,\"failed\":1,\"encode_seconds\":5.625,"
+                   "\"cache_entries\":4,\"cache_bytes\":37748736}}"),
+            std::string::npos)
+      << j;
   EXPECT_NE(j.find("\"links\":[{\"node\":\"node-a\",\"peer\":\"node-b\",\"address\":"
                    "\"10.0.0.2:7100\",\"large_messages\":\"pull out\",\"messages_sent\":1,"),
             std::string::npos)
@@ -329,6 +338,8 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
   EXPECT_NE(e.find("(ms since each node's start):\n  (none)\n"), std::string::npos) << e;
   EXPECT_NE(e.find("last heartbeat):\n  (none)\n"), std::string::npos) << e;
   EXPECT_EQ(e.find("transports:"), std::string::npos) << e;
+  EXPECT_EQ(e.find("image encoder"), std::string::npos) << e;
+  EXPECT_EQ(status_json(empty).find("encoder"), std::string::npos);
 }
 
 TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
@@ -362,14 +373,32 @@ TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   EXPECT_EQ(d->condition, m.condition);
   EXPECT_EQ(d->links, m.links);
   EXPECT_EQ(d->transport, m.transport);
-  // A single node's snapshot: no membership, no throughput.
+  ASSERT_TRUE(d->has_encoder);
+  EXPECT_EQ(d->encoder.mmproj, m.encoder.mmproj);
+  EXPECT_EQ(d->encoder.requests, m.encoder.requests);
+  EXPECT_EQ(d->encoder.images, m.encoder.images);
+  EXPECT_EQ(d->encoder.encoded, m.encoder.encoded);
+  EXPECT_EQ(d->encoder.cache_hits, m.encoder.cache_hits);
+  EXPECT_EQ(d->encoder.failed, m.encoder.failed);
+  EXPECT_EQ(d->encoder.encode_seconds, m.encoder.encode_seconds);
+  EXPECT_EQ(d->encoder.cache_entries, m.encoder.cache_entries);
+  EXPECT_EQ(d->encoder.cache_bytes, m.encoder.cache_bytes);
+  // A single node's snapshot: no membership, no throughput, no encoder.
   StatusSnapshotMsg node = m;
   node.has_membership = false;
   node.has_throughput = false;
+  node.has_encoder = false;
   d = decode_status_snapshot(frame_of(encode(node, kSend)), control_limits());
   ASSERT_TRUE(d) << d.error().message;
   EXPECT_FALSE(d->has_membership);
   EXPECT_FALSE(d->has_throughput);
+  EXPECT_FALSE(d->has_encoder);
+  // An encoder time that is not a time.
+  node.has_encoder = true;
+  node.encoder.encode_seconds = -1;
+  expect_error(decode_status_snapshot(frame_of(encode(node, kSend)), control_limits()),
+               wire(WireErrc::kInvalid),
+               "StatusSnapshot.encoder.encodeSeconds: -1, expected a finite time >= 0");
   EXPECT_TRUE(d->membership.members.empty());
 }
 
