@@ -135,7 +135,16 @@ std::vector<GenerateResult> ClusterClient::generate_many(const std::vector<Gener
     ControlMsg kind;
     if (!control_msg_of(m.type, &kind) || kind != ControlMsg::kGenerateEvent) continue;
     auto e = decode_generate_event(m.data(), {});
-    if (!e || e->tag == 0 || e->tag > reqs.size()) continue;
+    if (!e) {
+      // Not waited for in vain: the request it belongs to (when that much reads) fails with the
+      // reason; its other events are ignored.
+      const uint64_t tag = generate_event_tag(m.data(), {});
+      if (tag == 0 || tag > reqs.size() || finished[tag - 1]) continue;
+      fail(tag - 1, "the head sent a malformed event for this request: " + e.error().message);
+      if (next < reqs.size()) submit(next++);
+      continue;
+    }
+    if (e->tag == 0 || e->tag > reqs.size()) continue;
     const size_t i = e->tag - 1;
     if (finished[i]) continue;
     if (!e->finished) {

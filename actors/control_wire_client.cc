@@ -269,6 +269,17 @@ Result<WireFrame> encode(const GenerateEventMsg& m, int64_t n_vocab, const SendI
       });
 }
 
+uint64_t generate_event_tag(std::span<const uint8_t> f, const ClientLimits& l) {
+  auto tag = decode_frame<schemas::GenerateEvent, uint64_t>(
+      f, l.max_frame_bytes, "GenerateEvent",
+      [&](schemas::GenerateEvent::Reader root) -> Result<uint64_t> {
+        auto h = read_wire_header(root.getHeader(), l.expected_epoch, "GenerateEvent");
+        if (!h) return h.error();
+        return root.getTag();
+      });
+  return tag ? *tag : 0;
+}
+
 Result<GenerateEventMsg> decode_generate_event(std::span<const uint8_t> f, const ClientLimits& l) {
   return decode_frame<schemas::GenerateEvent, GenerateEventMsg>(
       f, l.max_frame_bytes, "GenerateEvent",

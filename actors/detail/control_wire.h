@@ -345,5 +345,9 @@ Result<GenerateRequestMsg> decode_generate_request(std::span<const uint8_t> f,
                                                    const ClientLimits& l);
 Result<CancelRequestMsg> decode_cancel_request(std::span<const uint8_t> f, const ClientLimits& l);
 Result<GenerateEventMsg> decode_generate_event(std::span<const uint8_t> f, const ClientLimits& l);
+/// The tag of a GenerateEvent whose frame and header read, however malformed the rest: a client
+/// fails that request with decode_generate_event's reason instead of waiting for it. 0 when not
+/// even the tag reads.
+uint64_t generate_event_tag(std::span<const uint8_t> f, const ClientLimits& l);
 
 }  // namespace troupe::actors::detail

@@ -503,6 +503,21 @@ TEST(ControlWireRoundTrip, GenerateEventOfAnErrorAndOfAStopToken) {
   EXPECT_EQ(d->result.tokens.size(), 2u);
 }
 
+// A client fails the request a malformed event belongs to, when its tag reads, rather than wait.
+TEST(ControlWireMalformed, GenerateEventTagReadsWhereTheRestIsMalformed) {
+  GenerateEventMsg m = make_finished_event();
+  m.tag = 5;
+  m.result.prompt_tokens = {1, -7};
+  const auto frame = frame_of(encode(m, kVocab, kSend));
+  EXPECT_FALSE(decode_generate_event(frame, client_limits()));
+  EXPECT_EQ(generate_event_tag(frame, client_limits()), 5u);
+  const std::vector<uint8_t> garbage(64, 0xab);
+  EXPECT_EQ(generate_event_tag(garbage, client_limits()), 0u);
+  ClientLimits stale = client_limits();
+  stale.expected_epoch = kEpoch + 5;  // a header that does not read: nothing trusted
+  EXPECT_EQ(generate_event_tag(frame, stale), 0u);
+}
+
 // A prompt laid out around an image reports -1 at the image's positions; nothing below -1 passes.
 TEST(ControlWireRoundTrip, GenerateEventKeepsImagePositionsOfItsPrompt) {
   GenerateEventMsg m = make_finished_event();

@@ -245,6 +245,59 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   expect_identical((*lc)->generate(reqs[0]), refs[0], "after the bad requests");
 }
 
+// A request cancelled while the encoder works on its image ends as "cancelled" once the encoder
+// is done, and never reaches the scheduler; the cluster serves on.
+TEST(VisionCluster, RequestCancelledWhileItsImageIsEncodedEndsCancelled) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  // An encoder slow enough (a few hundred ms) that the other request streams before it is done.
+  testing::TempDir dir;
+  model::MmprojSynthOptions mo;
+  mo.image_size = 112;
+  mo.n_embd = 768;
+  mo.n_ff = 3072;
+  mo.n_layer = 4;
+  mo.n_layer_used = 0;
+  mo.n_head = 12;
+  mo.proj_dim = (*m)->spec.n_embd;
+  ASSERT_TRUE(model::synth_mmproj(mo, dir.file("slow-mmproj.gguf")).has_value());
+  auto vm = model::load_vision_model(dir.file("slow-mmproj.gguf"));
+  ASSERT_TRUE(vm) << vm.error().message;
+  Plan plan = even_plan((*m)->path, 1, 0);
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  ClusterOptions opts;
+  opts.vision = *vm;
+  opts.vision_threads = 1;
+  auto lc = LocalCluster::start(plan, *m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  GenerateRequest text;
+  text.prompt = "Once upon a time";
+  text.max_tokens = 4;
+  text.sampling.ignore_eos = true;
+  const std::string png = file_bytes(shared + "/golden/vlm/images/circles_64x64.png");
+  const std::vector<GenerateRequest> reqs = {text, file_request("<__media__> a", {png}, 4)};
+  bool cancelled = false;
+  const auto res = (*lc)->generate_many(reqs, 0, [&](size_t i, const std::string&, int32_t) {
+    if (i == 0 && !cancelled) {
+      cancelled = true;
+      (*lc)->cancel(1);
+    }
+  });
+  ASSERT_TRUE(cancelled);
+  EXPECT_TRUE(res[0].ok()) << res[0].error;
+  EXPECT_EQ(res[0].tokens.size(), 4u);
+  EXPECT_EQ(res[1].finish_reason, "cancelled") << res[1].error;
+  EXPECT_TRUE(res[1].tokens.empty());
+  const auto s = nlohmann::json::parse((*lc)->stats_json());
+  EXPECT_EQ(s["encoder"]["encoded"], 1) << s;
+  EXPECT_EQ(s["scheduler"]["tokens_generated"], 4) << "the cancelled request was scheduled: " << s;
+  // The image is cached: the same request again runs at once, whole.
+  const auto again = (*lc)->generate(reqs[1]);
+  EXPECT_TRUE(again.ok()) << again.error;
+  EXPECT_EQ(again.tokens.size(), 4u);
+}
+
 TEST(VisionCluster, BadImageRequestsGetErrors) {
   TROUPE_SHARED_OR_SKIP(shared);
   auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
