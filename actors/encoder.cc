@@ -78,7 +78,7 @@ using Self = EncoderActor::stateful_pointer<EncoderState>;
 Result<Rows> rows_of(EncoderState& st, const std::string& bytes, size_t index) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   const transport::Digest key = transport::hmac_sha256(
-      {}, "troupe image file", {std::span<const uint8_t>(data, bytes.size())});
+      "troupe image cache", "image file", {std::span<const uint8_t>(data, bytes.size())});
   if (Rows r = st.cache->find(key)) {
     ++st.n->cache_hits;
     return r;

@@ -2,8 +2,9 @@
 // client sent them) into the multimodal prompt the scheduler runs: decode, preprocess, the vision
 // encoder, then the prompt text split at its <__media__> markers with the rows in their places
 // (compute/multimodal_prompt.h). Runs on its own thread (spawned detached): encoding an image
-// takes seconds and must not stall the router. Rows are cached by the SHA-256 of the file's
-// bytes, so a conversation that sends the same image every turn encodes it once.
+// takes seconds and must not stall the router. Rows are cached by a SHA-256 digest (an HMAC with
+// a fixed key) of the file's bytes, so a conversation that sends the same image every turn
+// encodes it once.
 // Users: the head node (node_head.cc), LocalCluster; the router asks it (router.cc).
 #pragma once
 
