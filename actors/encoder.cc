@@ -74,11 +74,17 @@ struct EncoderState {
 
 using Self = EncoderActor::stateful_pointer<EncoderState>;
 
-// Rows of one image file: from the cache, or decoded and encoded now.
-Result<Rows> rows_of(EncoderState& st, const std::string& bytes, size_t index) {
+// The cache key of an image file (and its content key in the prefix cache).
+transport::Digest key_of(const std::string& bytes) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
-  const transport::Digest key = transport::hmac_sha256(
-      "troupe image cache", "image file", {std::span<const uint8_t>(data, bytes.size())});
+  return transport::hmac_sha256("troupe image cache", "image file",
+                                {std::span<const uint8_t>(data, bytes.size())});
+}
+
+// Rows of one image file: from the cache, or decoded and encoded now.
+Result<Rows> rows_of(EncoderState& st, const std::string& bytes, const transport::Digest& key,
+                     size_t index) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   if (Rows r = st.cache->find(key)) {
     ++st.n->cache_hits;
     return r;
@@ -113,9 +119,11 @@ EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
         "a prompt with images must be text, with a <__media__> marker where each image goes, not "
         "token ids");
   std::vector<std::vector<float>> rows;
+  std::vector<std::array<uint8_t, 32>> keys;
   const std::vector<std::string>& files = *req.image_files;
   for (size_t i = 0; i < files.size(); ++i) {
-    auto r = rows_of(st, files[i], i);
+    keys.push_back(key_of(files[i]));
+    auto r = rows_of(st, files[i], keys.back(), i);
     if (!r) return fail(r.error().message);
     rows.push_back(**r);
     ++st.n->images;
@@ -123,6 +131,7 @@ EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
   auto p = compute::build_multimodal_prompt(*st.model->tokenizer, req.prompt, rows,
                                             st.encoder->spec(), req.add_bos);
   if (!p) return fail(p.error().message);
+  p->image_keys = std::move(keys);
   out->prompt = std::make_shared<const compute::MultimodalPrompt>(std::move(*p));
   return out;
 }

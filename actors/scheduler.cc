@@ -5,6 +5,7 @@
 #include "actors/scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -28,7 +29,10 @@ struct Seq {
   SeqRequestPtr req;
   SchedulerClientActor reply_to;
   std::vector<int32_t> tokens;  // prompt + generated: the token log of this sequence
-  int64_t num_computed = 0;     // tokens whose KV is in the cache
+  // The same with each identified image's positions as its content id (compute::kv_image_id),
+  // what the prefix cache keys blocks by; empty when it would equal `tokens`.
+  std::vector<int32_t> cache_tokens;
+  int64_t num_computed = 0;  // tokens whose KV is in the cache
   int64_t num_generated = 0;
   compute::SamplerState rng;
   bool admitted = false;  // holds KV blocks
@@ -54,6 +58,9 @@ struct SchedulerState {
   double step_wall_s = 0, step_compute_s = 0;  // summed over completed steps
   uint64_t epoch = 1;
   uint64_t next_step = 1;
+  // Image content digest -> index for compute::kv_image_id; never shrinks, so an id is never
+  // reused for other content (at most kMaxImageIds entries).
+  std::map<std::array<uint8_t, 32>, int32_t> image_index;
   std::set<caf::actor_addr> watched;  // reply_to actors we monitor (their requests die with them)
   bool crash_next = false;            // fault injection
   bool held = false;                  // (hold): no steps until the next (reset)
@@ -113,6 +120,45 @@ bool preempt_one(Self* self, int64_t keep) {
     return true;
   }
   return false;
+}
+
+// Distinct images the prefix cache can tell apart over the scheduler's life (about 80 bytes each).
+constexpr size_t kMaxImageIds = size_t{1} << 18;
+
+const std::vector<int32_t>& cache_view(const Seq& s) {
+  return s.cache_tokens.empty() ? s.tokens : s.cache_tokens;
+}
+
+// The cache tokens of a prompt whose images all carry content keys (the encoder's): each image's
+// positions become its content id. A non-causal image (Gemma 3) keeps -1, never cached: a hit
+// inside it would split the one step it must be computed in.
+std::vector<int32_t> cache_tokens_of(SchedulerState& st, const SeqRequest& req) {
+  const compute::MultimodalPrompt* mm = req.images.get();
+  if (!mm || mm->non_causal_images || mm->image_keys.size() != mm->images.size() ||
+      mm->images.empty())
+    return {};
+  std::vector<int32_t> t = req.prompt;
+  for (size_t i = 0; i < mm->images.size(); ++i) {
+    const auto& span = mm->images[i];
+    if (span.begin < 0 || span.count < 0 ||
+        span.begin + span.count > static_cast<int64_t>(t.size()))
+      return {};
+    auto it = st.image_index.find(mm->image_keys[i]);
+    if (it == st.image_index.end()) {
+      // Ids are never reused (a cached block may still hold one), so the table only grows: past
+      // its cap, new images are not identified and their KV is not cached (invariant 7).
+      if (st.image_index.size() >= kMaxImageIds) return {};
+      it = st.image_index.emplace(mm->image_keys[i], static_cast<int32_t>(st.image_index.size()))
+               .first;
+    }
+    const int32_t index = it->second;
+    for (int64_t p = span.begin; p < span.begin + span.count; ++p) {
+      if (t[static_cast<size_t>(p)] != compute::SeqStep::kEmbedded) return {};
+      t[static_cast<size_t>(p)] = compute::kv_image_id(index);
+    }
+  }
+  // Replayed requests carry their generated tokens after the prompt's: nothing else is -1.
+  return t;
 }
 
 // How many tokens of s the next step computes, at most `budget`. A non-causal image (Gemma 3)
@@ -202,7 +248,7 @@ void schedule(Self* self) {
            static_cast<int64_t>(st.running.size()) < st.cfg.max_sequences) {
       const int64_t id = st.waiting.front();
       Seq& s = st.seqs.at(id);
-      auto cached = st.kv->add_sequence(id, s.tokens);
+      auto cached = st.kv->add_sequence(id, cache_view(s));
       if (!cached) {
         finish(self, id, "error", cached.error().message);
         continue;
@@ -307,7 +353,7 @@ void on_done(Self* self, const StepOutcomePtr& out) {
     if (!s.in_flight) continue;
     s.in_flight = false;
     s.num_computed += s.in_flight_tokens;
-    st.kv->commit(r.seq_id, s.tokens, s.num_computed);
+    st.kv->commit(r.seq_id, cache_view(s), s.num_computed);
     if (s.cancelled) {
       finish(self, r.seq_id, "cancelled");
       continue;
@@ -315,6 +361,7 @@ void on_done(Self* self, const StepOutcomePtr& out) {
     if (r.token < 0) continue;  // a prefill chunk that did not reach the end of the prompt
     s.rng = r.rng;
     s.tokens.push_back(r.token);
+    if (!s.cache_tokens.empty()) s.cache_tokens.push_back(r.token);
     ++s.num_generated;
     ++st.tokens_generated;
     const auto& sp = *s.req->sampling;
@@ -401,6 +448,7 @@ void on_submit(Self* self, const SeqRequestPtr& req, SchedulerClientActor reply_
     return;
   }
   if (s.reply_to && st.watched.insert(s.reply_to.address()).second) self->monitor(s.reply_to);
+  s.cache_tokens = cache_tokens_of(st, *req);
   st.seqs.emplace(id, std::move(s));
   st.waiting.push_back(id);
   schedule(self);

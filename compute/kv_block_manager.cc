@@ -121,7 +121,8 @@ void KvBlockManager::commit(int64_t seq_id, std::span<const int32_t> tokens,
     for (int64_t i = s.computed / bs; i < computed_length / bs && i < s.uncached_from; ++i) {
       const auto block_tokens =
           tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs));
-      if (std::any_of(block_tokens.begin(), block_tokens.end(), [](int32_t t) { return t < 0; })) {
+      if (std::any_of(block_tokens.begin(), block_tokens.end(),
+                      [](int32_t t) { return t == -1; })) {
         s.uncached_from = i;  // invariant 7
         break;
       }

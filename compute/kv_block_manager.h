@@ -19,8 +19,10 @@
 //     sequences that computed the same prefix at once) go back to the free list on release.
 //  6. Deterministic: the same sequence of calls yields the same block ids (no iteration over
 //     hash maps decides anything; the free list is a stack that starts with the lowest ids).
-//  7. A block holding an image position (a negative token id: its KV depends on the image's
-//     rows, not on the id) is never cached, nor is any later block of that sequence.
+//  7. A block holding an unidentified image position (token id -1: its KV depends on the
+//     image's rows, not on the id) is never cached, nor is any later block of that sequence.
+//     Ids below -1 name an image's content (kv_image_id): blocks holding them are cached and
+//     matched like text, so a prompt that repeats an image behind the same prefix reuses its KV.
 #pragma once
 
 #include <climits>
@@ -35,6 +37,12 @@ namespace troupe::compute {
 
 /// Chained hash of one full block: H(hash of the previous block, tokens of this block).
 using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t> tokens);
+
+/// The id that stands for every position of one image in a sequence's cache tokens: -2 - index,
+/// where index numbers distinct image contents (the owner keeps a table from a content digest to
+/// its index and never reuses one). Positions of the same image content share the id; the parent
+/// chain then fixes which of its rows each one holds.
+inline constexpr int32_t kv_image_id(int32_t index) { return -2 - index; }
 
 /// The parent hash of a sequence's first block.
 inline constexpr uint64_t kKvRootHash = 0x6b765f726f6f7421ULL;  // "kv_root!"

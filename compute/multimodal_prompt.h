@@ -3,6 +3,7 @@
 // prompt out, so that outputs can be compared with it. Users: bin/ (troupe generate --image).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -28,6 +29,10 @@ struct MultimodalPrompt {
   std::vector<float> embd;         // f32 [number of kEmbedded tokens, n_embd]
   std::vector<Span> images;        // where each image's rows are, in order
   bool non_causal_images = false;  // each image must be one step with SeqStep::non_causal
+  /// Per image (in order), a digest of its content (the encoder's cache key: a SHA-256 of the
+  /// file); empty when unknown. With it the prefix cache may keep and reuse the KV of image
+  /// positions (causal images only; compute/kv_block_manager.h invariant 7).
+  std::vector<std::array<uint8_t, 32>> image_keys;
 };
 
 /// One prefill step of a multimodal prompt: tokens [begin, end), rows [row_begin, ...).

@@ -245,6 +245,61 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   expect_identical((*lc)->generate(reqs[0]), refs[0], "after the bad requests");
 }
 
+// A chat that sends its picture again every turn: the second turn's prompt starts with the
+// first's, image included, so its KV comes from the prefix cache through the image (the
+// encoder's content key names it); tokens and logits stay the engine's. Another picture behind
+// the same text reuses only the text before it.
+TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(vm) << vm.error().message;
+  auto enc = compute::VisionEncoder::create(*vm, 1);
+  ASSERT_TRUE(enc);
+  const std::string dir = shared + "/golden/vlm/images/";
+  Plan plan = even_plan((*m)->path, 2, 0);
+  plan.kv_block_size = 4;
+  plan.scheduler.max_model_len = 128;
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  ClusterOptions opts;
+  opts.vision = *vm;
+  opts.vision_threads = 1;
+  auto lc = LocalCluster::start(plan, *m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto hits = [&] {
+    return nlohmann::json::parse((*lc)->stats_json())["scheduler"]["prefix_hit_tokens"]
+        .get<int64_t>();
+  };
+  // The reference: the prompt laid out here, run alone on the engine; and where its image ends.
+  const auto expect_turn = [&](const std::string& text, const std::string& img, int64_t min_hit,
+                               int64_t max_hit, const std::string& what) {
+    auto image = model::read_image_file(dir + img + ".png");
+    ASSERT_TRUE(image) << image.error().message;
+    auto rows = (*enc)->encode(*image);
+    ASSERT_TRUE(rows);
+    auto p = compute::build_multimodal_prompt(
+        *(*m)->tokenizer, text, std::vector<std::vector<float>>{*rows}, (*vm)->spec, true);
+    ASSERT_TRUE(p) << p.error().message;
+    const int64_t image_end = p->images[0].begin + p->images[0].count;
+    const int64_t before = hits();
+    expect_identical((*lc)->generate(file_request(text, {file_bytes(dir + img + ".png")}, 5)),
+                     solo(*m, *p, 5), what);
+    const int64_t hit = hits() - before;
+    const int64_t bs = plan.kv_block_size;
+    if (min_hit < 0) min_hit = image_end / bs * bs;  // at least every block up to the image's end
+    if (max_hit < 0) max_hit = p->images[0].begin / bs * bs + bs - 1;
+    EXPECT_GE(hit, min_hit) << what << ": image ends at " << image_end;
+    EXPECT_LE(hit, max_hit) << what << ": image starts at " << p->images[0].begin;
+  };
+  const std::string turn1 = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+  const std::string turn2 = turn1 + " circles and more USER: and the colours? ASSISTANT:";
+  expect_turn(turn1, "circles_64x64", 0, 0, "turn 1");
+  expect_turn(turn2, "circles_64x64", -1, 1 << 20, "turn 2, the same picture");
+  expect_turn(turn2, "checker_50x40", 0, -1, "turn 2, another picture");
+  expect_turn(turn2, "checker_50x40", -1, 1 << 20, "turn 2, that picture again");
+}
+
 // A request cancelled while the encoder works on its image ends as "cancelled" once the encoder
 // is done, and never reaches the scheduler; the cluster serves on.
 TEST(VisionCluster, RequestCancelledWhileItsImageIsEncodedEndsCancelled) {

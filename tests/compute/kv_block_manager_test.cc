@@ -79,6 +79,30 @@ TEST(KvBlockManager, BlocksFromTheFirstImagePositionOnAreNeverCached) {
   EXPECT_EQ(m.match_prefix(prompt).num_computed_tokens, 8);
 }
 
+// Identified images (content ids below -1, kv_image_id) are cached like text: the same image
+// behind the same prefix is reused through and past it; another image (another id) only up to
+// where it starts.
+TEST(KvBlockManager, BlocksOfIdentifiedImagesAreCachedByContent) {
+  KvBlockManager m(config(32));
+  const Tokens text = iota_tokens(100, 8);
+  const int32_t a = kv_image_id(0), b = kv_image_id(1);
+  EXPECT_EQ(a, -2);
+  EXPECT_EQ(b, -3);
+  const Tokens with_a =
+      concat(concat(text, Tokens{5, a, a, a, a, a, a, a, a, a, 6, 7}), iota_tokens(200, 4));
+  Tokens with_b = with_a;
+  std::replace(with_b.begin(), with_b.end(), a, b);
+  EXPECT_EQ(run(m, 1, with_a), 0);
+  ASSERT_TRUE(m.free_sequence(1));
+  // Every block but the last (one token is always computed): text, image, text after it.
+  EXPECT_EQ(run(m, 2, with_a), 20);
+  ASSERT_TRUE(m.free_sequence(2));
+  EXPECT_EQ(run(m, 3, with_b), 8);  // the text only: the next block holds the other image
+  ASSERT_TRUE(m.free_sequence(3));
+  EXPECT_EQ(m.match_prefix(with_b).num_computed_tokens, 20);  // now cached too
+  EXPECT_EQ(m.match_prefix(with_a).num_computed_tokens, 20);
+}
+
 // Test hash functions that force collisions.
 uint64_t constant_hash(uint64_t, std::span<const int32_t>) { return 42; }
 uint64_t parent_blind_hash(uint64_t, std::span<const int32_t> t) { return kv_block_hash(0, t); }
