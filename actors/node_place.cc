@@ -1,11 +1,10 @@
-// Node daemon: placing actors on this node, link events, status (the helpers the node actor's
-// files share are in node_common.cc).
+// Node daemon: placing actors on this node, link events (its status snapshot: node_status.cc;
+// the helpers the node actor's files share are in node_common.cc).
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <filesystem>
 #include <thread>
 
 #include <caf/send.hpp>
@@ -13,7 +12,6 @@
 
 #include "actors/detail/node_state.h"
 #include "actors/detail/remote.h"
-#include "actors/encoder.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
 #include "compute/matmul.h"
@@ -549,84 +547,6 @@ void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& na
   if (st.gateway)
     self->send(st.gateway, linkdown_atom::value, static_cast<transport::PeerId>(peer));
   if (!st.head && peer == st.head_peer && !st.leaving) st.head_lost = true;
-}
-
-// --- status ---------------------------------------------------------------------------------
-
-StatusSnapshotMsg snapshot(NodeSelf* self) {
-  auto& st = self->state;
-  StatusSnapshotMsg s;
-  s.header.cluster_epoch = std::max<uint64_t>(1, st.link->epoch());
-  s.taken_at_ms = ms_since(st.started);
-  s.placement_version = st.placement ? st.placement->version : 0;
-  s.reporter = st.me.name;
-  s.serving = st.head ? st.serving : st.placed;
-  if (st.head) {
-    s.condition = head_condition(self);
-    s.has_membership = true;
-    s.membership = membership_of(self);
-    for (const auto& [name, m] : st.members) {
-      auto ph = phase_infos(name == st.me.name ? st.phases : m.phases, m.node_id);
-      s.phases.insert(s.phases.end(), ph.begin(), ph.end());
-    }
-  } else {
-    s.phases = phase_infos(st.phases, st.link->node_id());
-  }
-  s.transport.resize(1);
-  transport_counters(self, &s.links, &s.transport[0]);
-  if (st.head)
-    for (const auto& [name, m] : st.members)
-      if (name != st.me.name && m.state == MemberState::kAlive) {
-        s.links.insert(s.links.end(), m.links.begin(), m.links.end());
-        if (m.transport) {
-          s.transport.push_back(*m.transport);
-          s.transport.back().node = name;  // as the head knows it
-        }
-      }
-  if (st.placement) {
-    auto table = node_table(self);
-    auto add = [&](ActorRole role, uint32_t index, uint32_t node, const char* kind) {
-      ActorStatusInfo a;
-      a.actor = {node, role, index};
-      a.name = std::string(kind) + "/" + std::to_string(index) + "@" +
-               (table.count(node) ? table[node].name : "?");
-      bool up = false;
-      if (st.head) {
-        for (const auto& [n, m] : st.members)
-          if (m.node_id == node) up = m.reported && m.state == MemberState::kAlive;
-      } else {
-        up = node == st.link->node_id() && st.placed;
-      }
-      a.state = up ? ActorStateInfo::kRunning : ActorStateInfo::kStarting;
-      s.actors.push_back(std::move(a));
-    };
-    for (const auto& sp : st.placement->stages)
-      add(ActorRole::kStage, sp.stage, sp.node_id, "stage");
-    for (const auto& sp : st.placement->shards)
-      add(ActorRole::kExpertShard, sp.shard, sp.node_id, "expert");
-  }
-  if (st.encoder_counters) {
-    const EncoderCounters& c = *st.encoder_counters;
-    s.has_encoder = true;
-    s.encoder = {std::filesystem::path(st.plan.mmproj).filename().string(),
-                 c.requests,
-                 c.images,
-                 c.encoded,
-                 c.cache_hits,
-                 c.failed,
-                 static_cast<double>(c.encode_us) * 1e-6,
-                 c.cache_entries,
-                 c.cache_bytes};
-  }
-  return s;
-}
-
-std::string status_json(NodeSelf* self) { return detail::status_json(snapshot(self)); }
-
-void answer_status(NodeSelf* self, const MessagePtr& m) {
-  auto r = decode_status_request(m->data(), {});
-  if (!r) return drop_malformed(self, m, "status request", r.error().message);
-  send_to(self, m->peer, snapshot(self), ActorRole::kNodeDaemon);
 }
 
 }  // namespace troupe::actors::detail
