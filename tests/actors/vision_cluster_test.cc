@@ -40,6 +40,22 @@ GenerateRequest request(const MultimodalPrompt& p, int64_t n) {
   return r;
 }
 
+// The synthetic LLaVA pair of ../shared, and an encoder for reference rows.
+struct Llava {
+  Result<std::shared_ptr<const model::Model>> m = Error{1, "not loaded"};
+  Result<std::shared_ptr<const model::VisionModel>> vm = Error{1, "not loaded"};
+  Result<std::unique_ptr<compute::VisionEncoder>> enc = Error{1, "not loaded"};
+};
+
+void load_llava(const std::string& shared, Llava* l) {
+  l->m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(l->m) << l->m.error().message;
+  l->vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(l->vm) << l->vm.error().message;
+  l->enc = compute::VisionEncoder::create(*l->vm, 1);
+  ASSERT_TRUE(l->enc);
+}
+
 // Runs `reqs` on every plan of 1..max_stages stages x prefix cache on/off x the budgets, each
 // result against its solo reference.
 void expect_plans_match(std::shared_ptr<const model::Model> m, int64_t max_stages,
@@ -73,12 +89,11 @@ void expect_plans_match(std::shared_ptr<const model::Model> m, int64_t max_stage
 
 TEST(VisionCluster, LlavaPromptsMatchTheEngineOnEveryPlan) {
   TROUPE_SHARED_OR_SKIP(shared);
-  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
-  ASSERT_TRUE(m) << m.error().message;
-  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
-  ASSERT_TRUE(vm) << vm.error().message;
-  auto enc = compute::VisionEncoder::create(*vm, 1);
-  ASSERT_TRUE(enc);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  auto& m = l.m;
+  auto& vm = l.vm;
+  auto& enc = l.enc;
   // Three images behind the same text (so the prefix cache sees equal placeholders with other
   // rows), the text alone, and an image with no text after it.
   std::vector<MultimodalPrompt> prompts;
@@ -160,12 +175,11 @@ GenerateRequest file_request(const std::string& text, std::vector<std::string> f
 
 TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   TROUPE_SHARED_OR_SKIP(shared);
-  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
-  ASSERT_TRUE(m) << m.error().message;
-  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
-  ASSERT_TRUE(vm) << vm.error().message;
-  auto enc = compute::VisionEncoder::create(*vm, 1);
-  ASSERT_TRUE(enc);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  auto& m = l.m;
+  auto& vm = l.vm;
+  auto& enc = l.enc;
   const std::string dir = shared + "/golden/vlm/images/";
   std::map<std::string, std::vector<float>> rows_of;  // encoded here, the reference way
   std::map<std::string, std::string> bytes_of;
@@ -251,12 +265,11 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
 // the same text reuses only the text before it.
 TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
   TROUPE_SHARED_OR_SKIP(shared);
-  auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
-  ASSERT_TRUE(m) << m.error().message;
-  auto vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
-  ASSERT_TRUE(vm) << vm.error().message;
-  auto enc = compute::VisionEncoder::create(*vm, 1);
-  ASSERT_TRUE(enc);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  auto& m = l.m;
+  auto& vm = l.vm;
+  auto& enc = l.enc;
   const std::string dir = shared + "/golden/vlm/images/";
   Plan plan = even_plan((*m)->path, 2, 0);
   plan.kv_block_size = 4;
