@@ -32,6 +32,9 @@ struct Seq {
   // The same with each identified image's positions as its content id (compute::kv_image_id),
   // what the prefix cache keys blocks by; empty when it would equal `tokens`.
   std::vector<int32_t> cache_tokens;
+  // Its non-causal images (Gemma 3): a prefix-cache hit takes each whole or not at all, since
+  // an image must be computed in one step.
+  std::vector<compute::KvWholeSpan> whole;
   int64_t num_computed = 0;  // tokens whose KV is in the cache
   int64_t num_generated = 0;
   compute::SamplerState rng;
@@ -130,13 +133,10 @@ const std::vector<int32_t>& cache_view(const Seq& s) {
 }
 
 // The cache tokens of a prompt whose images all carry content keys (the encoder's): each image's
-// positions become its content id. A non-causal image (Gemma 3) keeps -1, never cached: a hit
-// inside it would split the one step it must be computed in.
+// positions become its content id.
 std::vector<int32_t> cache_tokens_of(SchedulerState& st, const SeqRequest& req) {
   const compute::MultimodalPrompt* mm = req.images.get();
-  if (!mm || mm->non_causal_images || mm->image_keys.size() != mm->images.size() ||
-      mm->images.empty())
-    return {};
+  if (!mm || mm->image_keys.size() != mm->images.size() || mm->images.empty()) return {};
   std::vector<int32_t> t = req.prompt;
   for (size_t i = 0; i < mm->images.size(); ++i) {
     const auto& span = mm->images[i];
@@ -248,7 +248,7 @@ void schedule(Self* self) {
            static_cast<int64_t>(st.running.size()) < st.cfg.max_sequences) {
       const int64_t id = st.waiting.front();
       Seq& s = st.seqs.at(id);
-      auto cached = st.kv->add_sequence(id, cache_view(s));
+      auto cached = st.kv->add_sequence(id, cache_view(s), s.whole);
       if (!cached) {
         finish(self, id, "error", cached.error().message);
         continue;
@@ -449,6 +449,9 @@ void on_submit(Self* self, const SeqRequestPtr& req, SchedulerClientActor reply_
   }
   if (s.reply_to && st.watched.insert(s.reply_to.address()).second) self->monitor(s.reply_to);
   s.cache_tokens = cache_tokens_of(st, *req);
+  if (req->images && req->images->non_causal_images)
+    for (const auto& img : req->images->images)
+      s.whole.push_back({img.begin, img.begin + img.count});
   st.seqs.emplace(id, std::move(s));
   st.waiting.push_back(id);
   schedule(self);

@@ -62,7 +62,8 @@ KvBlockManager::KvBlockManager(const KvBlockManagerConfig& cfg) : cfg_(cfg) {
 
 // ---- Sequence lifecycle ----
 
-Result<int64_t> KvBlockManager::add_sequence(int64_t seq_id, std::span<const int32_t> tokens) {
+Result<int64_t> KvBlockManager::add_sequence(int64_t seq_id, std::span<const int32_t> tokens,
+                                             std::span<const KvWholeSpan> whole) {
   if (seqs_.contains(seq_id))
     return make_error(kBadSequence,
                       strfmt("KV add_sequence: sequence %lld is already live", ll(seq_id)));
@@ -70,7 +71,7 @@ Result<int64_t> KvBlockManager::add_sequence(int64_t seq_id, std::span<const int
     return make_error(kBadSequence,
                       strfmt("KV add_sequence: sequence %lld has no tokens", ll(seq_id)));
   SeqState s;
-  const int64_t num_hit = find_prefix(tokens, &s.blocks);
+  const int64_t num_hit = find_prefix(tokens, whole, &s.blocks);
   for (int32_t b : s.blocks) acquire(b);
   s.computed = num_hit * cfg_.block_size;
   if (cfg_.enable_prefix_cache) {
@@ -83,10 +84,11 @@ Result<int64_t> KvBlockManager::add_sequence(int64_t seq_id, std::span<const int
   return computed;
 }
 
-KvPrefixMatch KvBlockManager::match_prefix(std::span<const int32_t> tokens) const {
+KvPrefixMatch KvBlockManager::match_prefix(std::span<const int32_t> tokens,
+                                           std::span<const KvWholeSpan> whole) const {
   std::vector<int32_t> hit;
   KvPrefixMatch m;
-  m.num_blocks = find_prefix(tokens, &hit);
+  m.num_blocks = find_prefix(tokens, whole, &hit);
   m.num_computed_tokens = m.num_blocks * cfg_.block_size;
   for (int32_t b : hit) m.num_unreferenced_blocks += blocks_[b].ref_count == 0 ? 1 : 0;
   return m;
@@ -332,6 +334,7 @@ const KvBlockManager::SeqState& KvBlockManager::live(int64_t seq_id, const char*
 }
 
 int64_t KvBlockManager::find_prefix(std::span<const int32_t> tokens,
+                                    std::span<const KvWholeSpan> whole,
                                     std::vector<int32_t>* out) const {
   if (!cfg_.enable_prefix_cache || tokens.empty()) return 0;
   const int64_t bs = cfg_.block_size;
@@ -349,6 +352,18 @@ int64_t KvBlockManager::find_prefix(std::span<const int32_t> tokens,
     parent = blocks_[b].content_id;
     if (out != nullptr) out->push_back(b);
   }
+  // Back off to a block boundary at or before the start of any span the hit would end inside
+  // (earlier spans first: backing off may land inside one of them).
+  for (bool moved = true; moved && n > 0;) {
+    moved = false;
+    for (const KvWholeSpan& w : whole) {
+      if (w.begin < n * bs && n * bs < w.end) {
+        n = w.begin / bs;
+        moved = true;
+      }
+    }
+  }
+  if (out != nullptr && static_cast<int64_t>(out->size()) > n) out->resize(static_cast<size_t>(n));
   return n;
 }
 

@@ -23,6 +23,7 @@
 //     image's rows, not on the id) is never cached, nor is any later block of that sequence.
 //     Ids below -1 name an image's content (kv_image_id): blocks holding them are cached and
 //     matched like text, so a prompt that repeats an image behind the same prefix reuses its KV.
+//     A hit never ends inside a span the caller asks to keep whole (KvWholeSpan).
 #pragma once
 
 #include <climits>
@@ -83,6 +84,13 @@ struct KvStats {
 };
 
 /// What add_sequence would find for a token sequence, without taking anything (admission).
+/// Positions [begin, end) of a sequence that a prefix-cache hit takes whole or not at all (a
+/// non-causal image, which must be computed in one step): a hit that would end strictly inside
+/// one ends before it instead.
+struct KvWholeSpan {
+  int64_t begin = 0, end = 0;
+};
+
 struct KvPrefixMatch {
   int64_t num_computed_tokens = 0;  // num_blocks * block_size
   int64_t num_blocks = 0;           // leading full blocks found in the cache
@@ -109,10 +117,13 @@ class KvBlockManager {
   /// computed: a multiple of block_size, at most tokens.size() - 1 (the last token is always
   /// computed again, since a step needs it to produce logits). Those blocks form the block table;
   /// call reserve() for the rest. Errors (nothing changed): seq_id already live, empty tokens.
-  Result<int64_t> add_sequence(int64_t seq_id, std::span<const int32_t> tokens);
+  /// `whole`: spans a hit must not end inside (KvWholeSpan).
+  Result<int64_t> add_sequence(int64_t seq_id, std::span<const int32_t> tokens,
+                               std::span<const KvWholeSpan> whole = {});
 
-  /// What add_sequence(tokens) would find now. Changes nothing, counts nothing.
-  KvPrefixMatch match_prefix(std::span<const int32_t> tokens) const;
+  /// What add_sequence(tokens, whole) would find now. Changes nothing, counts nothing.
+  KvPrefixMatch match_prefix(std::span<const int32_t> tokens,
+                             std::span<const KvWholeSpan> whole = {}) const;
 
   /// Grows the block table of seq_id to cover positions [0, new_length), taking blocks from the
   /// free list first, then evicting the least recently released cached block. Returns true if it
@@ -192,7 +203,8 @@ class KvBlockManager {
   SeqState& live(int64_t seq_id, const char* what);
   const SeqState& live(int64_t seq_id, const char* what) const;
   // Walks the cache along tokens; appends matched block ids to *out (may be null).
-  int64_t find_prefix(std::span<const int32_t> tokens, std::vector<int32_t>* out) const;
+  int64_t find_prefix(std::span<const int32_t> tokens, std::span<const KvWholeSpan> whole,
+                      std::vector<int32_t>* out) const;
   std::span<const int32_t> stored_tokens(int32_t b) const;
   bool holds(int32_t b, uint64_t parent_content_id, std::span<const int32_t> tokens) const;
   // A cached block with this content, preferring one already referenced; kNoBlock if none.

@@ -19,7 +19,8 @@ KvPools::KvPools(const KvBlockManagerConfig& cfg, int64_t n_pools) {
   for (int64_t p = 0; p < n_pools; ++p) pools_.emplace_back(c);
 }
 
-Result<int64_t> KvPools::add_sequence(int64_t seq_id, std::span<const int32_t> tokens) {
+Result<int64_t> KvPools::add_sequence(int64_t seq_id, std::span<const int32_t> tokens,
+                                      std::span<const KvWholeSpan> whole) {
   if (seq_pool_.contains(seq_id))
     return Error{0, "KV pools: sequence " + std::to_string(seq_id) + " is already live"};
   // Pools with room for the whole known sequence first, then the longest cached prefix, the
@@ -30,7 +31,7 @@ Result<int64_t> KvPools::add_sequence(int64_t seq_id, std::span<const int32_t> t
   bool best_fits = false;
   int64_t best_hit = -1, best_seqs = 0, best_left = -1;
   for (size_t p = 0; p < pools_.size(); ++p) {
-    const KvPrefixMatch m = pools_[p].match_prefix(tokens);
+    const KvPrefixMatch m = pools_[p].match_prefix(tokens, whole);
     const int64_t left = pools_[p].num_free_blocks() - m.num_unreferenced_blocks;
     const bool fits = want - m.num_blocks <= left;
     const int64_t seqs = pools_[p].num_sequences();
@@ -46,7 +47,7 @@ Result<int64_t> KvPools::add_sequence(int64_t seq_id, std::span<const int32_t> t
       best_left = left;
     }
   }
-  auto r = pools_[best].add_sequence(seq_id, tokens);
+  auto r = pools_[best].add_sequence(seq_id, tokens, whole);
   if (r) seq_pool_.emplace(seq_id, static_cast<int64_t>(best));
   return r;
 }

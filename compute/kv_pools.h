@@ -30,7 +30,8 @@ class KvPools {
   /// longest cached prefix of them, the fewest live sequences, the most blocks left, the lowest
   /// index: deterministic, spreading new sequences over the pools and following a cached prefix
   /// only where it fits.
-  Result<int64_t> add_sequence(int64_t seq_id, std::span<const int32_t> tokens);
+  Result<int64_t> add_sequence(int64_t seq_id, std::span<const int32_t> tokens,
+                               std::span<const KvWholeSpan> whole = {});
   /// As KvBlockManager, in the sequence's pool. REQUIRES (reserve, commit): seq_id is live.
   bool reserve(int64_t seq_id, int64_t new_length);
   void commit(int64_t seq_id, std::span<const int32_t> tokens, int64_t computed_length);

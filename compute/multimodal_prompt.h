@@ -31,7 +31,7 @@ struct MultimodalPrompt {
   bool non_causal_images = false;  // each image must be one step with SeqStep::non_causal
   /// Per image (in order), a digest of its content (the encoder's cache key: a SHA-256 of the
   /// file); empty when unknown. With it the prefix cache may keep and reuse the KV of image
-  /// positions (causal images only; compute/kv_block_manager.h invariant 7).
+  /// positions (compute/kv_block_manager.h invariant 7; a non-causal image only whole).
   std::vector<std::array<uint8_t, 32>> image_keys;
 };
 

@@ -262,23 +262,21 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
 // A chat that sends its picture again every turn: the second turn's prompt starts with the
 // first's, image included, so its KV comes from the prefix cache through the image (the
 // encoder's content key names it); tokens and logits stay the engine's. Another picture behind
-// the same text reuses only the text before it.
-TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  Llava l;
-  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  auto& m = l.m;
-  auto& vm = l.vm;
-  auto& enc = l.enc;
-  const std::string dir = shared + "/golden/vlm/images/";
-  Plan plan = even_plan((*m)->path, 2, 0);
+// the same text reuses only the text before it. Runs on model m with encoder vm, 2 stages, KV
+// blocks of 4.
+void expect_chat_reuses_image_kv(std::shared_ptr<const model::Model> m,
+                                 std::shared_ptr<const model::VisionModel> vm,
+                                 const std::string& images_dir) {
+  auto enc = compute::VisionEncoder::create(vm, 1);
+  ASSERT_TRUE(enc);
+  Plan plan = even_plan(m->path, 2, 0);
   plan.kv_block_size = 4;
-  plan.scheduler.max_model_len = 128;
-  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  plan.scheduler.max_model_len = 160;
+  ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
   ClusterOptions opts;
-  opts.vision = *vm;
+  opts.vision = vm;
   opts.vision_threads = 1;
-  auto lc = LocalCluster::start(plan, *m, opts);
+  auto lc = LocalCluster::start(plan, m, opts);
   ASSERT_TRUE(lc) << lc.error().message;
   const auto hits = [&] {
     return nlohmann::json::parse((*lc)->stats_json())["scheduler"]["prefix_hit_tokens"]
@@ -287,17 +285,18 @@ TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
   // The reference: the prompt laid out here, run alone on the engine; and where its image ends.
   const auto expect_turn = [&](const std::string& text, const std::string& img, int64_t min_hit,
                                int64_t max_hit, const std::string& what) {
-    auto image = model::read_image_file(dir + img + ".png");
+    auto image = model::read_image_file(images_dir + img + ".png");
     ASSERT_TRUE(image) << image.error().message;
     auto rows = (*enc)->encode(*image);
     ASSERT_TRUE(rows);
     auto p = compute::build_multimodal_prompt(
-        *(*m)->tokenizer, text, std::vector<std::vector<float>>{*rows}, (*vm)->spec, true);
+        *m->tokenizer, text, std::vector<std::vector<float>>{*rows}, vm->spec, true);
     ASSERT_TRUE(p) << p.error().message;
     const int64_t image_end = p->images[0].begin + p->images[0].count;
     const int64_t before = hits();
-    expect_identical((*lc)->generate(file_request(text, {file_bytes(dir + img + ".png")}, 5)),
-                     solo(*m, *p, 5), what);
+    expect_identical(
+        (*lc)->generate(file_request(text, {file_bytes(images_dir + img + ".png")}, 5)),
+        solo(m, *p, 5), what);
     const int64_t hit = hits() - before;
     const int64_t bs = plan.kv_block_size;
     if (min_hit < 0) min_hit = image_end / bs * bs;  // at least every block up to the image's end
@@ -311,6 +310,44 @@ TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
   expect_turn(turn2, "circles_64x64", -1, 1 << 20, "turn 2, the same picture");
   expect_turn(turn2, "checker_50x40", 0, -1, "turn 2, another picture");
   expect_turn(turn2, "checker_50x40", -1, 1 << 20, "turn 2, that picture again");
+}
+
+TEST(VisionCluster, ChatTurnsWithTheSameImageReuseItsKv) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  expect_chat_reuses_image_kv(*l.m, *l.vm, shared + "/golden/vlm/images/");
+}
+
+// The same for Gemma 3, whose images are non-causal (one step each): a cache hit takes an image
+// whole (blocks of 4 and images of 16 positions start mid-block, so a hit inside one is near).
+TEST(VisionCluster, Gemma3ChatTurnsReuseTheKvOfWholeImages) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "gemma3";
+  o.seed = 53;
+  o.n_ctx = 256;
+  o.sliding_window = 4;
+  ASSERT_TRUE(model::synth_model(o, dir.file("gemma3.gguf")).has_value());
+  auto m = model::load_model(dir.file("gemma3.gguf"));
+  ASSERT_TRUE(m) << m.error().message;
+  model::MmprojSynthOptions mo;
+  mo.projector = "gemma3";
+  mo.image_size = 64;
+  mo.patch_size = 8;
+  mo.n_embd = 64;
+  mo.n_ff = 128;
+  mo.n_layer = 2;
+  mo.n_layer_used = 0;
+  mo.n_head = 4;
+  mo.merge = 2;
+  mo.proj_dim = (*m)->spec.n_embd;
+  mo.dtype = model::GgmlType::kF32;
+  ASSERT_TRUE(model::synth_mmproj(mo, dir.file("mmproj.gguf")).has_value());
+  auto vm = model::load_vision_model(dir.file("mmproj.gguf"));
+  ASSERT_TRUE(vm) << vm.error().message;
+  expect_chat_reuses_image_kv(*m, *vm, shared + "/golden/vlm/images/");
 }
 
 // A request cancelled while the encoder works on its image ends as "cancelled" once the encoder

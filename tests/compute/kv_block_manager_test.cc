@@ -103,6 +103,39 @@ TEST(KvBlockManager, BlocksOfIdentifiedImagesAreCachedByContent) {
   EXPECT_EQ(m.match_prefix(with_a).num_computed_tokens, 20);
 }
 
+// A hit never ends strictly inside a span kept whole (a non-causal image): it backs off to the
+// block boundary at or before the span's start, and only then; the blocks it drops stay cached.
+TEST(KvBlockManager, HitsTakeWholeSpansWholeOrNotAtAll) {
+  KvBlockManager m(config(32));
+  const int32_t a = kv_image_id(0);
+  // Text 0..9, image 10..21, text 22..27.
+  const Tokens prompt = concat(concat(iota_tokens(100, 10), Tokens(12, a)), iota_tokens(300, 6));
+  const KvWholeSpan image[] = {{10, 22}};
+  // Only positions 0..15 are computed and cached: four blocks, the last ending inside the image.
+  ASSERT_TRUE(m.add_sequence(1, prompt).has_value());
+  ASSERT_TRUE(m.reserve(1, 16));
+  m.commit(1, prompt, 16);
+  ASSERT_TRUE(m.free_sequence(1));
+  EXPECT_EQ(m.match_prefix(prompt).num_computed_tokens, 16);
+  EXPECT_EQ(m.match_prefix(prompt, image).num_computed_tokens, 8);  // block 2 holds position 10
+  auto hit = m.add_sequence(2, prompt, image);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(*hit, 8);
+  EXPECT_EQ(m.block_table(2).size(), 2u);
+  m.check_invariants();
+  // With the whole image computed, the hit goes through it.
+  ASSERT_TRUE(m.reserve(2, 28));
+  m.commit(2, prompt, 28);
+  ASSERT_TRUE(m.free_sequence(2));
+  EXPECT_EQ(m.match_prefix(prompt, image).num_computed_tokens, 24);
+  // Spans that touch the hit's end but do not contain it change nothing; nested back-offs do.
+  const KvWholeSpan ends_there[] = {{10, 24}};
+  EXPECT_EQ(m.match_prefix(prompt, ends_there).num_computed_tokens, 24);
+  const KvWholeSpan chain[] = {{22, 26}, {5, 23}};
+  EXPECT_EQ(m.match_prefix(prompt, chain).num_computed_tokens, 4);
+  m.check_invariants();
+}
+
 // Test hash functions that force collisions.
 uint64_t constant_hash(uint64_t, std::span<const int32_t>) { return 42; }
 uint64_t parent_blind_hash(uint64_t, std::span<const int32_t> t) { return kv_block_hash(0, t); }
