@@ -2,18 +2,19 @@
 #include "actors/encoder.h"
 
 #include <chrono>
-#include <cstdio>
+#include <filesystem>
 #include <list>
 #include <map>
-#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/detail/control_wire.h"
 #include "actors/local_cluster.h"
 #include "base/check.h"
 #include "compute/multimodal_prompt.h"
+#include "compute/thread_pool.h"
 #include "compute/vision_encoder.h"
 #include "model/image.h"
 #include "model/tokenizer.h"
@@ -152,42 +153,31 @@ EncoderActor::behavior_type encoder_behavior(Self self, std::shared_ptr<const mo
               EncodedPrompt{nullptr, "the request has no image files"});
         return encode_request(self->state, *req);
       },
-      [=](stats_atom) -> std::string {
-        const EncoderCounters& c = *self->state.n;
-        return strfmt(
-            "{\"requests\":%llu,\"images\":%llu,\"encoded\":%llu,\"cache_hits\":%llu,"
-            "\"failed\":%llu,\"encode_seconds\":%.3f,\"cache_entries\":%llu,"
-            "\"cache_bytes\":%llu}",
-            (unsigned long long)c.requests, (unsigned long long)c.images,
-            (unsigned long long)c.encoded, (unsigned long long)c.cache_hits,
-            (unsigned long long)c.failed, c.encode_us * 1e-6, (unsigned long long)c.cache_entries,
-            (unsigned long long)c.cache_bytes);
-      },
   };
 }
 
 }  // namespace
 
+detail::EncoderInfo encoder_info(const std::string& mmproj_path, const EncoderCounters& c) {
+  return {std::filesystem::path(mmproj_path).filename().string(),
+          c.requests,
+          c.images,
+          c.encoded,
+          c.cache_hits,
+          c.failed,
+          static_cast<double>(c.encode_us) * 1e-6,
+          c.cache_entries,
+          c.cache_bytes};
+}
+
 Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg) {
   if (!cfg.vision || !cfg.model)
     return Error{1, "image encoder: no vision model or language model"};
-  const model::VisionSpec& vs = cfg.vision->spec;
-  if (!cfg.model->tokenizer)
-    return Error{1, "image encoder: the language model has no vocabulary to lay out a prompt with"};
-  if (vs.n_embd_out != cfg.model->spec.n_embd)
-    return Error{1, strfmt("the vision encoder gives rows of %lld values but the language model's "
-                           "width is %lld: they do not belong together",
-                           static_cast<long long>(vs.n_embd_out),
-                           static_cast<long long>(cfg.model->spec.n_embd))};
-  if (vs.projector == model::Projector::kGemma3 &&
-      (cfg.model->tokenizer->find_token("<start_of_image>") < 0 ||
-       cfg.model->tokenizer->find_token("<end_of_image>") < 0))
-    return Error{1,
-                 "the language model's vocabulary has no <start_of_image> / <end_of_image> "
-                 "tokens, which a Gemma 3 vision encoder needs"};
-  int threads = cfg.threads;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto enc = compute::VisionEncoder::create(cfg.vision, threads);
+  if (auto st = compute::check_vision_pair(cfg.model->tokenizer.get(), cfg.model->spec.n_embd,
+                                           cfg.vision->spec);
+      !st)
+    return st.error();
+  auto enc = compute::VisionEncoder::create(cfg.vision, compute::resolve_threads(cfg.threads, 1));
   if (!enc) return enc.error();
   std::shared_ptr<compute::VisionEncoder> e = std::move(*enc);
   if (!cfg.counters) cfg.counters = std::make_shared<EncoderCounters>();

@@ -32,6 +32,13 @@ struct EncoderCounters {
   std::atomic<uint64_t> cache_entries{0}, cache_bytes{0};
 };
 
+namespace detail {
+struct EncoderInfo;  // detail/control_wire.h
+}  // namespace detail
+
+/// The counts as the status snapshot carries them, the encoder named by its file name.
+detail::EncoderInfo encoder_info(const std::string& mmproj_path, const EncoderCounters& c);
+
 struct EncoderConfig {
   std::shared_ptr<const model::VisionModel> vision;  // the mmproj
   std::shared_ptr<const model::Model> model;         // the language model: tokenizer and width

@@ -152,10 +152,10 @@ using RouterClientActor = caf::typed_actor<caf::reacts_to<token_atom, int64_t, S
 ///   (encode, GenerateRequestPtr) -> EncodedPromptPtr
 ///                               decode and encode the request's image_files, then lay out its
 ///                               text prompt around them; a bad image is an error result naming it
-///   (stats) -> string           JSON: images encoded, cache hits, encode seconds, cache bytes
+/// Its counts are atomics the owner reads without asking (EncoderCounters): a busy encoder
+/// answers nothing for seconds.
 using EncoderActor =
-    caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>,
-                     caf::replies_to<stats_atom>::with<std::string>>;
+    caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>>;
 
 /// Router (router.cc); a client is whoever sent the submit, addressed as a RouterClientActor:
 ///   (submit, GenerateRequestPtr, int64 tag)

@@ -13,6 +13,7 @@
 #include <caf/send.hpp>
 
 #include "actors/controller.h"
+#include "actors/detail/control_wire.h"
 #include "actors/detail/messages.h"
 #include "actors/encoder.h"
 #include "actors/expert_shard.h"
@@ -60,6 +61,7 @@ struct LocalCluster::Impl {
   RouterActor router;    // the router the client talks to (the controller's current one)
   ActorHandles spawned;  // until the controller exists: what start() spawned
   EncoderActor encoder;  // null without a vision encoder; not supervised (it does not throw)
+  std::shared_ptr<EncoderCounters> encoder_counters;
   std::vector<std::pair<int64_t, int64_t>> layers;  // per stage: [begin, end)
   ClientRun* active = nullptr;                      // the running generate_many
 
@@ -206,6 +208,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     ec.model = model;
     ec.threads = opts.vision_threads;
     ec.cache_bytes = opts.image_cache_bytes;
+    ec.counters = im.encoder_counters = std::make_shared<EncoderCounters>();
     auto enc = spawn_encoder(*im.sys, std::move(ec));
     if (!enc) return enc.error();
     im.encoder = *enc;
@@ -352,11 +355,11 @@ std::string LocalCluster::stats_json() {
         (unsigned long long)(block_bytes * static_cast<uint64_t>(kv.num_used)),
         kv.fragmentation_perc);
   }
-  std::string encoder;
-  if (im.encoder)
-    self->request(im.encoder, kControlTimeout, stats_atom::value)
-        .receive([&](const std::string& s) { encoder = ",\"encoder\":" + s; },
-                 [&](const caf::error&) {});
+  const std::string encoder =
+      im.encoder_counters
+          ? ",\"encoder\":" +
+                detail::encoder_json(encoder_info(im.opts.vision->path, *im.encoder_counters))
+          : std::string();
   return "{\"scheduler\":" + sched + ",\"controller\":" + ctrl + ",\"kv_stages\":[" + stages + "]" +
          encoder + "}";
 }

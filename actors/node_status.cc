@@ -1,7 +1,6 @@
 // Node daemon: its status snapshot (`troupe status`): membership and start-up phases (the
 // head's with every node's), links and transports, placed actors, the head's image encoder.
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <string>
 
@@ -47,18 +46,6 @@ void add_actors(NodeSelf* self, StatusSnapshotMsg& s) {
   for (const auto& sp : st.placement->stages) add(ActorRole::kStage, sp.stage, sp.node_id, "stage");
   for (const auto& sp : st.placement->shards)
     add(ActorRole::kExpertShard, sp.shard, sp.node_id, "expert");
-}
-
-EncoderInfo encoder_info(const std::string& mmproj, const EncoderCounters& c) {
-  return {std::filesystem::path(mmproj).filename().string(),
-          c.requests,
-          c.images,
-          c.encoded,
-          c.cache_hits,
-          c.failed,
-          static_cast<double>(c.encode_us) * 1e-6,
-          c.cache_entries,
-          c.cache_bytes};
 }
 
 }  // namespace

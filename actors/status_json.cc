@@ -111,15 +111,17 @@ std::string status_json(const StatusSnapshotMsg& s) {
          ",\"connections_accepted\":" + n(t.connections_accepted) + "}";
   }
   o += "]";
-  if (s.has_encoder) {
-    const EncoderInfo& e = s.encoder;
-    o += ",\"encoder\":{\"mmproj\":" + json_str(e.mmproj) + ",\"requests\":" + n(e.requests) +
+  if (s.has_encoder) o += ",\"encoder\":" + encoder_json(s.encoder);
+  return o + "}";
+}
+
+std::string encoder_json(const EncoderInfo& e) {
+  const auto n = [](uint64_t v) { return std::to_string(v); };
+  return "{\"mmproj\":" + json_str(e.mmproj) + ",\"requests\":" + n(e.requests) +
          ",\"images\":" + n(e.images) + ",\"encoded\":" + n(e.encoded) +
          ",\"cache_hits\":" + n(e.cache_hits) + ",\"failed\":" + n(e.failed) +
          ",\"encode_seconds\":" + strfmt("%.3f", e.encode_seconds) +
          ",\"cache_entries\":" + n(e.cache_entries) + ",\"cache_bytes\":" + n(e.cache_bytes) + "}";
-  }
-  return o + "}";
 }
 
 namespace {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -57,12 +55,12 @@ std::string json_quote(const std::string& s) {
 std::shared_ptr<const std::vector<std::string>> image_file_bytes(const ArgParser& ap) {
   auto files = std::make_shared<std::vector<std::string>>();
   for (const std::string& path : ap.all("image")) {
-    auto image = model::read_image_file(path);
-    if (!image) throw CliError(image.error().message);
-    std::ifstream f(path, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (!f && !f.eof()) throw CliError("cannot read " + path);
-    files->push_back(std::move(bytes));
+    auto bytes = model::read_image_bytes(path);
+    if (!bytes) throw CliError(bytes.error().message);
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes->data());
+    if (auto image = model::decode_image({data, bytes->size()}, path); !image)
+      throw CliError(image.error().message);
+    files->push_back(std::move(*bytes));
   }
   return files;
 }
@@ -75,11 +73,8 @@ compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::M
   auto vision = model::load_vision_model(ap.required("mmproj"));
   if (!vision) throw CliError(vision.error().message);
   const model::VisionSpec& vs = (*vision)->spec;
-  if (vs.n_embd_out != model.spec.n_embd)
-    throw CliError(
-        strfmt("the vision encoder gives rows of %lld values but the language model's "
-               "width is %lld: they do not belong together",
-               static_cast<long long>(vs.n_embd_out), static_cast<long long>(model.spec.n_embd)));
+  if (auto st = compute::check_vision_pair(model.tokenizer.get(), model.spec.n_embd, vs); !st)
+    throw CliError(st.error().message);
   auto enc = compute::VisionEncoder::create(*vision, threads);
   if (!enc) throw CliError(enc.error().message);
   std::vector<std::vector<float>> rows;

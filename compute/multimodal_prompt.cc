@@ -35,7 +35,27 @@ size_t count_markers(std::string_view text) {
   return n;
 }
 
+Status check_image_tokens(const model::Tokenizer& tok, const model::VisionSpec& v) {
+  if (v.projector != model::Projector::kGemma3 ||
+      (tok.find_token("<start_of_image>") >= 0 && tok.find_token("<end_of_image>") >= 0))
+    return Ok{};
+  return Error{1,
+               "the language model's vocabulary has no <start_of_image> / <end_of_image> "
+               "tokens, which a Gemma 3 vision encoder needs"};
+}
+
 }  // namespace
+
+Status check_vision_pair(const model::Tokenizer* tok, int64_t n_embd,
+                         const model::VisionSpec& vision) {
+  if (vision.n_embd_out != n_embd)
+    return Error{1,
+                 strfmt("the vision encoder gives rows of %lld values but the language model's "
+                        "width is %lld: they do not belong together",
+                        static_cast<long long>(vision.n_embd_out), static_cast<long long>(n_embd))};
+  if (!tok) return Error{1, "the language model has no vocabulary to lay out a prompt with images"};
+  return check_image_tokens(*tok, vision);
+}
 
 Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, std::string_view text,
                                                  std::span<const std::vector<float>> images,
@@ -52,11 +72,7 @@ Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, st
   } else {
     with_markers = text;
   }
-  if (vision.projector == model::Projector::kGemma3 &&
-      (tok.find_token("<start_of_image>") < 0 || tok.find_token("<end_of_image>") < 0))
-    return Error{1,
-                 "the language model's vocabulary has no <start_of_image> / <end_of_image> "
-                 "tokens, which a Gemma 3 vision encoder needs"};
+  if (auto st = check_image_tokens(tok, vision); !st) return st.error();
   const std::string full = bracket_markers(with_markers, vision);
   const int64_t rows = vision.n_image_tokens(), width = vision.n_embd_out;
 

@@ -45,6 +45,12 @@ struct PrefillChunk {
 /// own, however long); causal prompts split anywhere, which never changes a result.
 std::vector<PrefillChunk> prefill_chunks(const MultimodalPrompt& p, int64_t max_tokens);
 
+/// Whether an encoder fits a language model: rows as wide as its embeddings (n_embd), a
+/// vocabulary (`tok` non-null), and for a Gemma 3 encoder the <start_of_image>/<end_of_image>
+/// tokens. The error names the mismatch.
+Status check_vision_pair(const model::Tokenizer* tok, int64_t n_embd,
+                         const model::VisionSpec& vision);
+
 /// Splits `text` at each kMediaMarker (one per image, in order; with no marker at all the images
 /// come first, each followed by nothing) and tokenizes each text part on its own without
 /// BOS/EOS but recognising special-token texts, BOS first when add_bos (llama.cpp's

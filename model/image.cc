@@ -466,7 +466,7 @@ Result<Image> decode_image(std::span<const uint8_t> bytes, std::string_view what
   }
 }
 
-Result<Image> read_image_file(const std::string& path, const ImageLimits& limits) {
+Result<std::string> read_image_bytes(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return image_error(ImageErrc::kIo,
@@ -482,7 +482,7 @@ Result<Image> read_image_file(const std::string& path, const ImageLimits& limits
     problem = strfmt("%lld bytes, over the %lld-byte limit for an image file",
                      static_cast<long long>(st.st_size), static_cast<long long>(kMaxFileBytes));
   }
-  std::vector<uint8_t> bytes;
+  std::string bytes;
   if (problem.empty()) {
     bytes.resize(static_cast<size_t>(st.st_size));
     size_t got = 0;
@@ -499,7 +499,15 @@ Result<Image> read_image_file(const std::string& path, const ImageLimits& limits
   }
   ::close(fd);
   if (!problem.empty()) return image_error(ImageErrc::kIo, path + ": " + problem);
-  return decode_image(bytes, path, limits);
+  return bytes;
+}
+
+Result<Image> read_image_file(const std::string& path, const ImageLimits& limits) {
+  auto bytes = read_image_bytes(path);
+  if (!bytes) return bytes.error();
+  return decode_image(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()),
+      path, limits);
 }
 
 }  // namespace troupe::model

@@ -60,6 +60,10 @@ Result<Image> decode_image(std::span<const uint8_t> bytes, std::string_view what
 /// Reads and decodes a file; errors name the path (a missing file is ImageErrc::kIo).
 Result<Image> read_image_file(const std::string& path, const ImageLimits& limits = {});
 
+/// The bytes of an image file, undecoded (for a cluster's encoder to decode): a regular file of
+/// at most the image file size limit. Errors name the path (ImageErrc::kIo).
+Result<std::string> read_image_bytes(const std::string& path);
+
 // ---- Preprocessing (llama.cpp tools/mtmd img_tool and normalize, float32 throughout) ----
 // REQUIRES for all: a non-empty input image and target sides > 0 (else InternalError).
 

@@ -238,6 +238,8 @@ struct StatusSnapshotMsg {
 /// placement version, members, actors, start-up phases grouped by node name, and links with
 /// their counters. actors/status_json.cc.
 std::string status_json(const StatusSnapshotMsg& s);
+/// The snapshot's "encoder" object alone (LocalCluster's stats use it too).
+std::string encoder_json(const EncoderInfo& e);
 /// The same for a person (`troupe status` without --json): whether the cluster serves and why
 /// not, then tables of members, actors, start-up phases and links. actors/status_json.cc.
 std::string status_text(const StatusSnapshotMsg& s);

@@ -8,9 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -24,9 +22,7 @@
 
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
-#include "compute/multimodal_prompt.h"
 #include "compute/vision_encoder.h"
-#include "model/image.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "model/vision.h"
@@ -684,24 +680,9 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   std::vector<Reference> refs;
   for (const char* img : {"circles_64x64", "checker_50x40"}) {
     const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-    auto image = model::read_image_file(png);
-    ASSERT_TRUE(image) << image.error().message;
-    auto rows = (*enc)->encode(*image);
-    ASSERT_TRUE(rows);
     const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-    auto p = compute::build_multimodal_prompt(
-        *(*m)->tokenizer, text, std::vector<std::vector<float>>{*rows}, (*vm)->spec, true);
-    ASSERT_TRUE(p) << p.error().message;
-    refs.push_back(solo(*m, *p, 6));
-    std::ifstream f(png, std::ios::binary);
-    GenerateRequest r;
-    r.prompt = text;
-    r.image_files = std::make_shared<const std::vector<std::string>>(
-        1, std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()));
-    r.max_tokens = 6;
-    r.sampling.ignore_eos = true;
-    r.return_logits = true;
-    reqs.push_back(std::move(r));
+    refs.push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
+    reqs.push_back(file_request(text, {image_file(png)}, 6));
   }
   GenerateRequest bad = reqs[0];
   bad.image_files = std::make_shared<const std::vector<std::string>>(1, "GIF89a");

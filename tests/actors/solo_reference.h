@@ -14,7 +14,10 @@
 #include "compute/engine.h"
 #include "compute/multimodal_prompt.h"
 #include "compute/sampler.h"
+#include "compute/vision_encoder.h"
+#include "model/image.h"
 #include "model/model.h"
+#include "model/tokenizer.h"
 
 namespace troupe::actors {
 
@@ -75,6 +78,44 @@ inline void expect_identical(const GenerateResult& got, const Reference& ref,
   ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
   EXPECT_EQ(std::memcmp(got.logits.data(), ref.logits.data(), ref.logits.size() * 4), 0)
       << what << ": logits differ";
+}
+
+// The bytes of an image file, as a client sends them ("" and a test failure when unreadable).
+inline std::string image_file(const std::string& path) {
+  auto b = model::read_image_bytes(path);
+  EXPECT_TRUE(b) << b.error().message;
+  return b ? std::move(*b) : std::string();
+}
+
+// The prompt `text` with the image files at `paths` encoded by `enc` and laid out here: what a
+// cluster's encoder must reproduce (empty, and a test failure, on an error).
+inline compute::MultimodalPrompt reference_prompt(const model::Model& m,
+                                                  compute::VisionEncoder& enc,
+                                                  const std::string& text,
+                                                  const std::vector<std::string>& paths) {
+  std::vector<std::vector<float>> rows;
+  for (const auto& path : paths) {
+    auto image = model::read_image_file(path);
+    auto r = image ? enc.encode(*image) : Result<std::vector<float>>(image.error());
+    EXPECT_TRUE(r) << path << ": " << r.error().message;
+    if (!r) return {};
+    rows.push_back(std::move(*r));
+  }
+  auto p = compute::build_multimodal_prompt(*m.tokenizer, text, rows, enc.spec(), true);
+  EXPECT_TRUE(p) << p.error().message;
+  return p ? std::move(*p) : compute::MultimodalPrompt{};
+}
+
+// A greedy request of n tokens, logits returned, whose image files the cluster's encoder lays out.
+inline GenerateRequest file_request(const std::string& text, std::vector<std::string> files,
+                                    int64_t n) {
+  GenerateRequest r;
+  r.prompt = text;
+  r.image_files = std::make_shared<const std::vector<std::string>>(std::move(files));
+  r.max_tokens = n;
+  r.sampling.ignore_eos = true;
+  r.return_logits = true;
+  return r;
 }
 
 }  // namespace troupe::actors

@@ -6,8 +6,6 @@
 // cluster's encoder actor exactly as here, encode each distinct image once, and bad ones get
 // errors naming the image.
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -97,18 +95,10 @@ TEST(VisionCluster, LlavaPromptsMatchTheEngineOnEveryPlan) {
   // Three images behind the same text (so the prefix cache sees equal placeholders with other
   // rows), the text alone, and an image with no text after it.
   std::vector<MultimodalPrompt> prompts;
-  for (const char* img : {"circles_64x64", "checker_50x40", "gradient_32x32"}) {
-    auto image = model::read_image_file(shared + "/golden/vlm/images/" + img + ".png");
-    ASSERT_TRUE(image) << image.error().message;
-    auto rows = (*enc)->encode(*image);
-    ASSERT_TRUE(rows);
-    const std::vector<std::vector<float>> images = {*rows};
-    auto p = compute::build_multimodal_prompt(*(*m)->tokenizer,
-                                              "Look at this picture: <__media__>\nOnce upon a time",
-                                              images, (*vm)->spec, true);
-    ASSERT_TRUE(p) << p.error().message;
-    prompts.push_back(*p);
-  }
+  for (const char* img : {"circles_64x64", "checker_50x40", "gradient_32x32"})
+    prompts.push_back(reference_prompt(**m, **enc,
+                                       "Look at this picture: <__media__>\nOnce upon a time",
+                                       {shared + "/golden/vlm/images/" + img + ".png"}));
   auto tail = compute::build_multimodal_prompt(
       *(*m)->tokenizer, "A cat <__media__>",
       std::vector<std::vector<float>>{std::vector<float>(prompts[0].embd)}, (*vm)->spec, true);
@@ -156,23 +146,6 @@ TEST(VisionCluster, Gemma3NonCausalImageIsOneStepOnEveryPlan) {
   expect_plans_match(*m, 2, {4, 9, 512}, prompts, 6);
 }
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f) << path;
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-// A request with image files, for the cluster's encoder to lay out.
-GenerateRequest file_request(const std::string& text, std::vector<std::string> files, int64_t n) {
-  GenerateRequest r;
-  r.prompt = text;
-  r.image_files = std::make_shared<const std::vector<std::string>>(std::move(files));
-  r.max_tokens = n;
-  r.sampling.ignore_eos = true;
-  r.return_logits = true;
-  return r;
-}
-
 TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   TROUPE_SHARED_OR_SKIP(shared);
   Llava l;
@@ -181,16 +154,6 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   auto& vm = l.vm;
   auto& enc = l.enc;
   const std::string dir = shared + "/golden/vlm/images/";
-  std::map<std::string, std::vector<float>> rows_of;  // encoded here, the reference way
-  std::map<std::string, std::string> bytes_of;
-  for (const char* img : {"circles_64x64", "checker_50x40", "gradient_32x32"}) {
-    auto image = model::read_image_file(dir + img + ".png");
-    ASSERT_TRUE(image) << image.error().message;
-    auto r = (*enc)->encode(*image);
-    ASSERT_TRUE(r);
-    rows_of[img] = *r;
-    bytes_of[img] = file_bytes(dir + img + ".png");
-  }
   // One image each, then two in one prompt (both seen before: taken from the cache).
   struct Case {
     std::string text;
@@ -205,15 +168,12 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   std::vector<Reference> refs;
   std::vector<GenerateRequest> reqs;
   for (const Case& c : cases) {
-    std::vector<std::vector<float>> rows;
-    std::vector<std::string> files;
+    std::vector<std::string> paths, files;
     for (const auto& img : c.images) {
-      rows.push_back(rows_of[img]);
-      files.push_back(bytes_of[img]);
+      paths.push_back(dir + img + ".png");
+      files.push_back(image_file(paths.back()));
     }
-    auto p = compute::build_multimodal_prompt(*(*m)->tokenizer, c.text, rows, (*vm)->spec, true);
-    ASSERT_TRUE(p) << p.error().message;
-    refs.push_back(solo(*m, *p, 6));
+    refs.push_back(solo(*m, reference_prompt(**m, **enc, c.text, paths), 6));
     reqs.push_back(file_request(c.text, files, 6));
   }
   Plan plan = even_plan((*m)->path, 2, 0);
@@ -238,7 +198,7 @@ TEST(VisionCluster, ImageFilesAreLaidOutByTheClusterEncoderAndEncodedOnce) {
   }
 
   // Bad requests get an error naming the image, and the cluster goes on serving.
-  const std::string& png = bytes_of["circles_64x64"];
+  const std::string png = image_file(dir + "circles_64x64.png");
   const std::vector<std::pair<GenerateRequest, std::string>> bad = {
       {file_request("<__media__>", {"hello"}, 2), "image 1: unknown image format"},
       {file_request("<__media__> <__media__>", {png, png.substr(0, png.size() / 2)}, 2),
@@ -285,24 +245,19 @@ void expect_chat_reuses_image_kv(std::shared_ptr<const model::Model> m,
   // The reference: the prompt laid out here, run alone on the engine; and where its image ends.
   const auto expect_turn = [&](const std::string& text, const std::string& img, int64_t min_hit,
                                int64_t max_hit, const std::string& what) {
-    auto image = model::read_image_file(images_dir + img + ".png");
-    ASSERT_TRUE(image) << image.error().message;
-    auto rows = (*enc)->encode(*image);
-    ASSERT_TRUE(rows);
-    auto p = compute::build_multimodal_prompt(
-        *m->tokenizer, text, std::vector<std::vector<float>>{*rows}, vm->spec, true);
-    ASSERT_TRUE(p) << p.error().message;
-    const int64_t image_end = p->images[0].begin + p->images[0].count;
+    const std::string path = images_dir + img + ".png";
+    const MultimodalPrompt p = reference_prompt(*m, **enc, text, {path});
+    ASSERT_EQ(p.images.size(), 1u);
+    const int64_t image_end = p.images[0].begin + p.images[0].count;
     const int64_t before = hits();
-    expect_identical(
-        (*lc)->generate(file_request(text, {file_bytes(images_dir + img + ".png")}, 5)),
-        solo(m, *p, 5), what);
+    expect_identical((*lc)->generate(file_request(text, {image_file(path)}, 5)), solo(m, p, 5),
+                     what);
     const int64_t hit = hits() - before;
     const int64_t bs = plan.kv_block_size;
     if (min_hit < 0) min_hit = image_end / bs * bs;  // at least every block up to the image's end
-    if (max_hit < 0) max_hit = p->images[0].begin / bs * bs + bs - 1;
+    if (max_hit < 0) max_hit = p.images[0].begin / bs * bs + bs - 1;
     EXPECT_GE(hit, min_hit) << what << ": image ends at " << image_end;
-    EXPECT_LE(hit, max_hit) << what << ": image starts at " << p->images[0].begin;
+    EXPECT_LE(hit, max_hit) << what << ": image starts at " << p.images[0].begin;
   };
   const std::string turn1 = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
   const std::string turn2 = turn1 + " circles and more USER: and the colours? ASSISTANT:";
@@ -356,13 +311,14 @@ TEST(VisionCluster, RequestCancelledWhileItsImageIsEncodedEndsCancelled) {
   TROUPE_SHARED_OR_SKIP(shared);
   auto m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
   ASSERT_TRUE(m) << m.error().message;
-  // An encoder slow enough (a few hundred ms) that the other request streams before it is done.
+  // An encoder slow enough (a few hundred ms; its first token takes a few ms) that the other
+  // request streams before it is done.
   testing::TempDir dir;
   model::MmprojSynthOptions mo;
   mo.image_size = 112;
   mo.n_embd = 768;
   mo.n_ff = 3072;
-  mo.n_layer = 4;
+  mo.n_layer = 8;
   mo.n_layer_used = 0;
   mo.n_head = 12;
   mo.proj_dim = (*m)->spec.n_embd;
@@ -380,7 +336,7 @@ TEST(VisionCluster, RequestCancelledWhileItsImageIsEncodedEndsCancelled) {
   text.prompt = "Once upon a time";
   text.max_tokens = 4;
   text.sampling.ignore_eos = true;
-  const std::string png = file_bytes(shared + "/golden/vlm/images/circles_64x64.png");
+  const std::string png = image_file(shared + "/golden/vlm/images/circles_64x64.png");
   const std::vector<GenerateRequest> reqs = {text, file_request("<__media__> a", {png}, 4)};
   bool cancelled = false;
   const auto res = (*lc)->generate_many(reqs, 0, [&](size_t i, const std::string&, int32_t) {
