@@ -149,6 +149,64 @@ void route_combine(NodeSelf* self, const MessagePtr& m) {
   self->send(it->second, combine_atom::value, m);
 }
 
+// An image for an encoder instance placed here: encode it on the instance's thread, answer on
+// the link it came by. An instance that is not running here (a re-placement moved it, or is
+// starting it) answers "try again".
+void route_image(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  EncodeImageLimits lim;
+  lim.num_encoders = st.placement ? static_cast<uint32_t>(st.placement->encoders.size()) : 0;
+  auto d = decode_encode_image(m->data(), lim);
+  if (!d) return drop_malformed(self, m, "image", d.error().message);
+  auto link = st.link;
+  const transport::PeerId peer = m->peer;
+  const uint64_t job_id = d->job.job_id;
+  const uint32_t index = d->job.encoder;
+  auto send_answer = [link, peer, job_id, index](const ImageRows& r, int64_t n_rows,
+                                                 int64_t n_embd) {
+    ImageRowsWire w{job_id, r.rows, r.error, r.retry, r.seconds};
+    auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
+                                  link->send_info(ActorRole::kEncoder, index));
+    if (!f) {
+      w = {job_id, nullptr, "the encoder's answer has no wire form: " + f.error().message, false,
+           r.seconds};
+      f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
+                               link->send_info(ActorRole::kEncoder, index));
+    }
+    if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
+  };
+  auto it = st.image_workers.find(index);
+  if (it == st.image_workers.end() || !st.vision) {
+    ImageRows r;
+    r.error = "image encoder " + std::to_string(index) + " is not running on node " + st.me.name;
+    r.retry = true;
+    return send_answer(r, 1, 1);
+  }
+  const int64_t n_rows = st.vision->spec.n_image_tokens();
+  const int64_t n_embd = st.vision->spec.n_embd_out;
+  auto job = std::make_shared<const ImageJob>(ImageJob{d->job.image, d->job.what});
+  self->request(it->second, caf::infinite, image_atom::value, ImageJobPtr(job))
+      .then([=](const ImageRowsPtr& r) { send_answer(*r, n_rows, n_embd); },
+            [=](const caf::error& e) {
+              ImageRows r;
+              r.error = "image encoder " + std::to_string(index) +
+                        " stopped: " + self->system().render(e);
+              r.retry = true;
+              send_answer(r, n_rows, n_embd);
+            });
+}
+
+void route_image_answer(NodeSelf* self, const MessagePtr& m) {
+  auto& st = self->state;
+  auto who = peek_encoded_image(m->data());
+  if (!who) return drop_malformed(self, m, "image encoder answer", who.error().message);
+  auto it = st.image_proxies.find(who->sender.index);
+  if (it == st.image_proxies.end())
+    return drop_malformed(self, m, "image encoder answer",
+                          "no image went to encoder " + std::to_string(who->sender.index));
+  self->send(it->second, combine_atom::value, m);
+}
+
 // --- joining and heartbeats (every node but the head) -------------------------------------
 
 void send_join(NodeSelf* self) {
@@ -239,6 +297,10 @@ void on_wire(NodeSelf* self, const MessagePtr& m) {
       return route_dispatch(self, m);
     case ControlMsg::kExpertCombine:
       return route_combine(self, m);
+    case ControlMsg::kEncodeImage:
+      return route_image(self, m);
+    case ControlMsg::kEncodedImage:
+      return route_image_answer(self, m);
     case ControlMsg::kJoinReply:
       return on_join_reply(self, m);
     case ControlMsg::kHeartbeatAck:
@@ -287,6 +349,7 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
   st.model_hash = cfg.model_hash;
   st.encoder = std::move(cfg.encoder);
   st.encoder_counters = std::move(cfg.encoder_counters);
+  st.vision = std::move(cfg.vision);
   st.started = cfg.started;
   st.phases = std::move(cfg.phases);
   st.me = st.plan.cluster.nodes[static_cast<size_t>(node_index(st.plan, st.opts.name))];
@@ -435,10 +498,10 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
     phases.push_back({"load vision encoder", ms_since(started), 0, false});
     auto vision = model::load_vision_model(plan.mmproj);
     if (!vision) return Error{1, plan.source + ": [model] mmproj: " + vision.error().message};
+    nc.vision = *vision;
     EncoderConfig ec;
     ec.vision = *vision;
     ec.model = *model;
-    ec.threads = static_cast<int>(plan.vision_threads);
     ec.cache_bytes = plan.image_cache_mb << 20;
     ec.counters = std::make_shared<EncoderCounters>();
     nc.encoder_counters = ec.counters;

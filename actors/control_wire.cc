@@ -19,6 +19,7 @@
 #include "actors/detail/wire_internal.h"
 #include "schemas/client.capnp.h"
 #include "schemas/cluster.capnp.h"
+#include "schemas/encoder.capnp.h"
 #include "schemas/expert.capnp.h"
 #include "schemas/step.capnp.h"
 
@@ -81,6 +82,8 @@ constexpr KindInfo kKinds[] = {
     {ControlMsg::kExpertDispatch, capnp::typeId<schemas::ExpertDispatch>(), "ExpertDispatch"},
     {ControlMsg::kExpertCombine, capnp::typeId<schemas::ExpertCombine>(), "ExpertCombine"},
     {ControlMsg::kActorRestart, capnp::typeId<schemas::ActorRestart>(), "ActorRestart"},
+    {ControlMsg::kEncodeImage, capnp::typeId<schemas::EncodeImage>(), "EncodeImage"},
+    {ControlMsg::kEncodedImage, capnp::typeId<schemas::EncodedImage>(), "EncodedImage"},
 };
 
 constexpr bool kinds_in_order() {
@@ -89,7 +92,7 @@ constexpr bool kinds_in_order() {
   return true;
 }
 static_assert(kinds_in_order(), "kKinds must list ControlMsg values in order");
-static_assert(std::size(kKinds) == size_t(ControlMsg::kActorRestart) + 1,
+static_assert(std::size(kKinds) == size_t(ControlMsg::kEncodedImage) + 1,
               "a ControlMsg is missing");
 
 const KindInfo* kind_info(ControlMsg m) {

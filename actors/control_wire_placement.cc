@@ -198,6 +198,14 @@ Result<WireFrame> encode(const PlacementMsg& m, const SendInfo& send) {
           y.setNumBlocks(x.num_blocks);
           y.setBlockSizeTokens(x.block_size);
         }
+        auto encoders = root.initEncoders(static_cast<unsigned>(m.encoders.size()));
+        for (size_t i = 0; i < m.encoders.size(); ++i) {
+          auto y = encoders[unsigned(i)];
+          y.setIndex(m.encoders[i].index);
+          y.setNodeId(m.encoders[i].node_id);
+          y.setDevice(-1);
+          y.setThreads(m.encoders[i].threads);
+        }
         root.setNumMicrobatches(m.microbatches);
         return Ok{};
       });
@@ -225,10 +233,20 @@ Result<PlacementMsg> decode_placement(std::span<const uint8_t> f, const ControlL
         auto pools = read_kv_pools(root.getKvPools(), m.stages.size());
         if (!pools) return pools.error();
         m.kv_pools = std::move(*pools);
-        if (root.getEncoders().size() != 0) {
-          return fail(WireErrc::kUnsupported,
-                      strfmt("Placement.encoders: %u encoders, this build has no encoder path",
-                             root.getEncoders().size()));
+        auto encoders = root.getEncoders();
+        if (auto st = check_len("Placement.encoders", encoders.size(), l.max_list); !st)
+          return st.error();
+        for (unsigned i = 0; i < encoders.size(); ++i) {
+          EncoderPlacementInfo e{encoders[i].getIndex(), encoders[i].getNodeId(),
+                                 encoders[i].getThreads()};
+          if (e.index != i) {
+            return fail(WireErrc::kInvalid,
+                        strfmt("Placement.encoders[%u].index: %u, expected %u (in index order)", i,
+                               e.index, i));
+          }
+          if (auto st = check_node_id(e.node_id, strfmt("Placement.encoders[%u].nodeId", i)); !st)
+            return st.error();
+          m.encoders.push_back(e);
         }
         m.microbatches = root.getNumMicrobatches();
         if (m.microbatches == 0)

@@ -1,4 +1,4 @@
-// Image encoder actor (see encoder.h): decode, encode (or take from the cache), lay out.
+// Image encoding (see encoder.h): the front (cache, jobs, layout) and the encoder instances.
 #include "actors/encoder.h"
 
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <map>
 
 #include <caf/actor_system.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -65,93 +66,331 @@ class RowCache {
   std::map<transport::Digest, Entry> map_;
 };
 
-struct EncoderState {
-  std::shared_ptr<const model::Model> model;
-  std::shared_ptr<compute::VisionEncoder> encoder;
-  std::unique_ptr<RowCache> cache;
-  std::shared_ptr<EncoderCounters> n;
-  static inline const char* name = "encoder";
-};
+using Clock = std::chrono::steady_clock;
+using Digest = transport::Digest;
 
-using Self = EncoderActor::stateful_pointer<EncoderState>;
+// How long a job may wait with no instance to run it (the node of the only one is gone and the
+// head re-places it), and how often an unreachable instance is tried again for one image.
+constexpr auto kNoEncoderWait = std::chrono::seconds(120);
+constexpr int kMaxTries = 5;
+// An instance that has not answered a job within this time is taken as lost (the job goes to
+// another, or fails): far above any image's encoding time on a CPU.
+constexpr auto kJobTimeout = std::chrono::minutes(10);
 
 // The cache key of an image file (and its content key in the prefix cache).
-transport::Digest key_of(const std::string& bytes) {
+Digest key_of(const std::string& bytes) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   return transport::hmac_sha256("troupe image cache", "image file",
                                 {std::span<const uint8_t>(data, bytes.size())});
 }
 
-// Rows of one image file: from the cache, or decoded and encoded now.
-Result<Rows> rows_of(EncoderState& st, const std::string& bytes, const transport::Digest& key,
-                     size_t index) {
-  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
-  if (Rows r = st.cache->find(key)) {
-    ++st.n->cache_hits;
-    return r;
+// --- an encoder instance ------------------------------------------------------------------------
+
+struct WorkerState {
+  std::unique_ptr<compute::VisionEncoder> encoder;
+  static inline const char* name = "image_encoder";
+};
+
+ImageWorkerActor::behavior_type worker_behavior(
+    ImageWorkerActor::stateful_pointer<WorkerState> self,
+    std::shared_ptr<std::unique_ptr<compute::VisionEncoder>> made) {
+  self->state.encoder = std::move(*made);
+  return {
+      [=](image_atom, const ImageJobPtr& job) -> ImageRowsPtr {
+        auto out = std::make_shared<ImageRows>();
+        if (!job || !job->bytes) {
+          out->error = "an image job without bytes";
+          return out;
+        }
+        const auto t0 = Clock::now();
+        const auto* data = reinterpret_cast<const uint8_t*>(job->bytes->data());
+        auto image =
+            model::decode_image(std::span<const uint8_t>(data, job->bytes->size()), job->what);
+        if (!image) {
+          out->error = image.error().message;
+          return out;
+        }
+        auto e = self->state.encoder->encode(*image);
+        out->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (!e) {
+          out->error = job->what + ": " + e.error().message;
+          return out;
+        }
+        out->rows = std::make_shared<const std::vector<float>>(std::move(*e));
+        return out;
+      },
+  };
+}
+
+// --- the front
+// ------------------------------------------------------------------------------------
+
+// One image file being encoded (or waiting for an instance), shared by every request that sent
+// the same bytes meanwhile.
+struct Job {
+  std::shared_ptr<const std::string> bytes;
+  std::string what;
+  std::vector<std::pair<uint64_t, size_t>> waiters;  // (request, image index)
+  uint64_t attempt = 0;                              // of the dispatch whose answer counts
+  caf::actor_addr worker;                            // that dispatch's instance; null while waiting
+  int tries = 0;                 // dispatches that found their instance unreachable
+  Clock::time_point since;       // waiting for an instance since
+  Clock::time_point not_before;  // waiting: next try not before (backs off after a failure)
+};
+
+// A request whose images are being encoded.
+struct Pending {
+  caf::typed_response_promise<EncodedPromptPtr> promise;
+  GenerateRequestPtr req;
+  std::vector<Digest> keys;
+  std::vector<Rows> rows;
+  size_t missing = 0;
+};
+
+struct Instance {
+  ImageWorkerActor actor;
+  int jobs = 0;  // dispatched and not answered
+};
+
+struct FrontState {
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const model::VisionModel> vision;
+  std::unique_ptr<RowCache> cache;
+  std::shared_ptr<EncoderCounters> n;
+  std::map<uint64_t, Pending> requests;
+  std::map<Digest, Job> jobs;
+  std::vector<Instance> instances;
+  uint64_t next_request = 1, next_attempt = 1;
+  bool timer = false;  // a (deadline) is on its way
+  static inline const char* name = "encoder";
+};
+
+using Front = EncoderActor::stateful_pointer<FrontState>;
+
+void dispatch(Front self, const Digest& key);
+
+void arm_timer(Front self, Clock::duration after) {
+  if (self->state.timer) return;
+  self->state.timer = true;
+  self->delayed_send(
+      self,
+      std::chrono::duration_cast<std::chrono::milliseconds>(after) + std::chrono::milliseconds(1),
+      deadline_atom::value);
+}
+
+void answer(Front self, uint64_t id, std::string error) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  Pending p = std::move(it->second);
+  st.requests.erase(it);
+  auto out = std::make_shared<EncodedPrompt>();
+  if (error.empty()) {
+    std::vector<std::vector<float>> rows;
+    rows.reserve(p.rows.size());
+    for (const Rows& r : p.rows) rows.push_back(*r);
+    auto laid = compute::build_multimodal_prompt(*st.model->tokenizer, p.req->prompt, rows,
+                                                 st.vision->spec, p.req->add_bos);
+    if (laid) {
+      laid->image_keys = std::move(p.keys);
+      out->prompt = std::make_shared<const compute::MultimodalPrompt>(std::move(*laid));
+    } else {
+      error = laid.error().message;
+    }
   }
-  const std::string what = strfmt("image %zu", index + 1);
-  auto image = model::decode_image(std::span<const uint8_t>(data, bytes.size()), what);
-  if (!image) return image.error();
-  const auto t0 = std::chrono::steady_clock::now();
-  auto e = st.encoder->encode(*image);
-  st.n->encode_us += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-          .count());
-  if (!e) return Error{e.error().code, what + ": " + e.error().message};
+  if (!error.empty()) {
+    ++st.n->failed;
+    out->error = std::move(error);
+  }
+  p.promise.deliver(EncodedPromptPtr(std::move(out)));
+}
+
+void fail_job(Front self, const Digest& key, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.jobs.find(key);
+  if (it == st.jobs.end()) return;
+  auto waiters = std::move(it->second.waiters);
+  st.jobs.erase(it);
+  for (const auto& [id, index] : waiters) answer(self, id, why);
+}
+
+void release(Front self, const caf::actor_addr& worker) {
+  for (auto& in : self->state.instances)
+    if (in.actor.address() == worker && in.jobs > 0) --in.jobs;
+}
+
+void on_rows(Front self, const Digest& key, uint64_t attempt, const ImageRowsPtr& r) {
+  auto& st = self->state;
+  auto it = st.jobs.find(key);
+  if (it == st.jobs.end() || it->second.attempt != attempt) return;  // re-sent meanwhile
+  Job& job = it->second;
+  release(self, job.worker);
+  job.worker = caf::actor_addr{};
+  if (!r->error.empty()) {
+    if (!r->retry || ++job.tries >= kMaxTries) return fail_job(self, key, r->error);
+    std::fprintf(stderr, "troupe: encoder: %s: %s; trying again\n", job.what.c_str(),
+                 r->error.c_str());
+    job.since = Clock::now();
+    job.not_before = job.since + std::chrono::milliseconds(100 << job.tries);
+    return arm_timer(self, job.not_before - job.since);
+  }
+  const auto& spec = st.vision->spec;
+  const size_t want = static_cast<size_t>(spec.n_image_tokens() * spec.n_embd_out);
+  if (!r->rows || r->rows->size() != want)
+    return fail_job(self, key,
+                    strfmt("%s: the encoder answered %zu values, expected %zu", job.what.c_str(),
+                           r->rows ? r->rows->size() : size_t{0}, want));
   ++st.n->encoded;
-  Rows r = std::make_shared<const std::vector<float>>(std::move(*e));
-  st.cache->insert(key, r);
+  st.n->encode_us += static_cast<uint64_t>(r->seconds * 1e6);
+  st.cache->insert(key, r->rows);
   st.n->cache_entries = st.cache->size();
   st.n->cache_bytes = static_cast<uint64_t>(st.cache->bytes());
-  return r;
-}
-
-EncodedPromptPtr encode_request(EncoderState& st, const GenerateRequest& req) {
-  auto out = std::make_shared<EncodedPrompt>();
-  ++st.n->requests;
-  const auto fail = [&](std::string why) {
-    ++st.n->failed;
-    out->error = std::move(why);
-    return out;
-  };
-  if (!req.prompt_tokens.empty())
-    return fail(
-        "a prompt with images must be text, with a <__media__> marker where each image goes, not "
-        "token ids");
-  std::vector<std::vector<float>> rows;
-  std::vector<std::array<uint8_t, 32>> keys;
-  const std::vector<std::string>& files = *req.image_files;
-  for (size_t i = 0; i < files.size(); ++i) {
-    keys.push_back(key_of(files[i]));
-    auto r = rows_of(st, files[i], keys.back(), i);
-    if (!r) return fail(r.error().message);
-    rows.push_back(**r);
-    ++st.n->images;
+  auto waiters = std::move(job.waiters);
+  st.jobs.erase(it);
+  for (const auto& [id, index] : waiters) {
+    auto p = st.requests.find(id);
+    if (p == st.requests.end()) continue;
+    p->second.rows[index] = r->rows;
+    if (--p->second.missing == 0) answer(self, id, "");
   }
-  auto p = compute::build_multimodal_prompt(*st.model->tokenizer, req.prompt, rows,
-                                            st.encoder->spec(), req.add_bos);
-  if (!p) return fail(p.error().message);
-  p->image_keys = std::move(keys);
-  out->prompt = std::make_shared<const compute::MultimodalPrompt>(std::move(*p));
-  return out;
 }
 
-EncoderActor::behavior_type encoder_behavior(Self self, std::shared_ptr<const model::Model> model,
-                                             std::shared_ptr<compute::VisionEncoder> encoder,
-                                             int64_t cache_bytes,
-                                             std::shared_ptr<EncoderCounters> counters) {
+// Sends the job to the instance with the fewest jobs, or leaves it waiting.
+void dispatch(Front self, const Digest& key) {
+  auto& st = self->state;
+  Job& job = st.jobs.at(key);
+  if (st.instances.empty() || Clock::now() < job.not_before) {
+    if (job.worker) release(self, job.worker);
+    job.worker = caf::actor_addr{};
+    return arm_timer(self, st.instances.empty() ? Clock::duration(kNoEncoderWait)
+                                                : job.not_before - Clock::now());
+  }
+  Instance* best = &st.instances[0];
+  for (auto& in : st.instances)
+    if (in.jobs < best->jobs) best = &in;
+  ++best->jobs;
+  job.worker = best->actor.address();
+  job.attempt = st.next_attempt++;
+  const uint64_t attempt = job.attempt;
+  auto msg = std::make_shared<const ImageJob>(ImageJob{job.bytes, job.what});
+  self->request(best->actor, kJobTimeout, image_atom::value, ImageJobPtr(msg))
+      .then([self, key, attempt](const ImageRowsPtr& r) { on_rows(self, key, attempt, r); },
+            [self, key, attempt](const caf::error& e) {
+              auto r = std::make_shared<ImageRows>();
+              r->error = "the image encoder did not answer: " + self->system().render(e);
+              r->retry = true;
+              on_rows(self, key, attempt, r);
+            });
+}
+
+EncodedPromptPtr refuse(FrontState& st, std::string why) {
+  ++st.n->failed;
+  return std::make_shared<EncodedPrompt>(EncodedPrompt{nullptr, std::move(why)});
+}
+
+EncoderActor::behavior_type front_behavior(Front self, std::shared_ptr<const model::Model> model,
+                                           std::shared_ptr<const model::VisionModel> vision,
+                                           int64_t cache_bytes,
+                                           std::shared_ptr<EncoderCounters> counters) {
   auto& st = self->state;
   st.model = std::move(model);
-  st.encoder = std::move(encoder);
+  st.vision = std::move(vision);
   st.cache = std::make_unique<RowCache>(cache_bytes);
   st.n = std::move(counters);
   return {
-      [=](encode_atom, const GenerateRequestPtr& req) -> EncodedPromptPtr {
-        if (!req->image_files)
-          return std::make_shared<EncodedPrompt>(
-              EncodedPrompt{nullptr, "the request has no image files"});
-        return encode_request(self->state, *req);
+      [=](encode_atom, const GenerateRequestPtr& req) -> caf::result<EncodedPromptPtr> {
+        auto& st = self->state;
+        ++st.n->requests;
+        if (!req->image_files) return refuse(st, "the request has no image files");
+        if (!req->prompt_tokens.empty())
+          return refuse(st,
+                        "a prompt with images must be text, with a <__media__> marker where each "
+                        "image goes, not token ids");
+        const uint64_t id = st.next_request++;
+        Pending& p = st.requests[id];
+        p.promise = self->make_response_promise<EncodedPromptPtr>();
+        p.req = req;
+        auto promise = p.promise;
+        const std::vector<std::string>& files = *req->image_files;
+        p.rows.resize(files.size());
+        std::vector<Digest> fresh;
+        for (size_t i = 0; i < files.size(); ++i) {
+          ++st.n->images;
+          const Digest key = key_of(files[i]);
+          p.keys.push_back(key);
+          if (Rows r = st.cache->find(key)) {
+            ++st.n->cache_hits;
+            p.rows[i] = r;
+            continue;
+          }
+          ++p.missing;
+          Job& job = st.jobs[key];
+          if (job.waiters.empty() && !job.bytes) {
+            job.bytes = std::make_shared<const std::string>(files[i]);
+            job.what = strfmt("image %zu", i + 1);
+            job.since = Clock::now();
+            fresh.push_back(key);
+          } else {
+            ++st.n->cache_hits;  // being encoded for another request: encoded once for both
+          }
+          job.waiters.emplace_back(id, i);
+        }
+        if (p.missing == 0) answer(self, id, "");
+        for (const Digest& k : fresh) dispatch(self, k);
+        return promise;
+      },
+      [=](encoders_atom, const std::vector<ImageWorkerActor>& list) {
+        auto& st = self->state;
+        std::vector<Instance> next;
+        for (const auto& a : list)
+          if (a) next.push_back({a, 0});
+        // Jobs on instances that stay keep them; the others go out again.
+        std::vector<Digest> resend;
+        for (auto& [key, job] : st.jobs) {
+          bool kept = false;
+          for (auto& in : next)
+            if (job.worker && in.actor.address() == job.worker) {
+              ++in.jobs;
+              kept = true;
+            }
+          if (!kept) resend.push_back(key);
+        }
+        st.instances = std::move(next);
+        for (const Digest& k : resend) {
+          Job& job = st.jobs.at(k);
+          job.worker = caf::actor_addr{};
+          job.attempt = 0;  // an answer of the old dispatch no longer counts
+          job.not_before = Clock::time_point{};
+          job.since = Clock::now();
+          dispatch(self, k);
+        }
+      },
+      [=](deadline_atom) {
+        auto& st = self->state;
+        st.timer = false;
+        const auto now = Clock::now();
+        std::vector<Digest> due, late;
+        Clock::duration next = Clock::duration::max();
+        for (const auto& [key, job] : st.jobs) {
+          if (job.worker) continue;  // with an instance
+          if (st.instances.empty()) {
+            if (now - job.since >= kNoEncoderWait)
+              late.push_back(key);
+            else
+              next = std::min(next, job.since + kNoEncoderWait - now);
+          } else if (now >= job.not_before) {
+            due.push_back(key);
+          } else {
+            next = std::min(next, job.not_before - now);
+          }
+        }
+        for (const Digest& k : late)
+          fail_job(self, k,
+                   "no image encoder is reachable: the node of every [[encoder]] is gone and none "
+                   "was re-placed within " +
+                       std::to_string(kNoEncoderWait.count()) + " s");
+        for (const Digest& k : due) dispatch(self, k);
+        if (next != Clock::duration::max()) arm_timer(self, next);
       },
   };
 }
@@ -177,12 +416,37 @@ Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg) {
                                            cfg.vision->spec);
       !st)
     return st.error();
-  auto enc = compute::VisionEncoder::create(cfg.vision, compute::resolve_threads(cfg.threads, 1));
-  if (!enc) return enc.error();
-  std::shared_ptr<compute::VisionEncoder> e = std::move(*enc);
   if (!cfg.counters) cfg.counters = std::make_shared<EncoderCounters>();
-  return sys.spawn<caf::detached>(encoder_behavior, std::move(cfg.model), std::move(e),
-                                  std::max<int64_t>(0, cfg.cache_bytes), std::move(cfg.counters));
+  return sys.spawn(front_behavior, std::move(cfg.model), std::move(cfg.vision),
+                   std::max<int64_t>(0, cfg.cache_bytes), std::move(cfg.counters));
+}
+
+Result<ImageWorkerActor> spawn_image_worker(caf::actor_system& sys,
+                                            std::shared_ptr<const model::VisionModel> vision,
+                                            int threads) {
+  if (!vision) return Error{1, "image encoder: no vision model"};
+  auto enc =
+      compute::VisionEncoder::create(std::move(vision), compute::resolve_threads(threads, 1));
+  if (!enc) return enc.error();
+  auto made = std::make_shared<std::unique_ptr<compute::VisionEncoder>>(std::move(*enc));
+  return sys.spawn<caf::detached>(worker_behavior, std::move(made));
+}
+
+Result<EncoderActor> spawn_local_encoder(caf::actor_system& sys, EncoderConfig cfg, int threads) {
+  auto vision = cfg.vision;
+  auto front = spawn_encoder(sys, std::move(cfg));
+  if (!front) return front.error();
+  auto worker = spawn_image_worker(sys, std::move(vision), threads);
+  if (!worker) {
+    caf::anon_send_exit(*front, caf::exit_reason::user_shutdown);
+    return worker.error();
+  }
+  caf::anon_send(*front, encoders_atom::value, std::vector<ImageWorkerActor>{*worker});
+  // The instance lives as long as the front.
+  caf::actor_cast<caf::actor>(*front)->attach_functor([w = *worker](const caf::error&) {
+    caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  });
+  return front;
 }
 
 }  // namespace troupe::actors

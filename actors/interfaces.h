@@ -47,6 +47,8 @@ using fail_atom = caf::atom_constant<caf::atom("fail")>;          // end every r
 using drain_atom = caf::atom_constant<caf::atom("drain")>;        // stop admitting; -> in flight
 using hold_atom = caf::atom_constant<caf::atom("hold")>;          // send no steps until (reset)
 using encode_atom = caf::atom_constant<caf::atom("encode")>;      // a request's images -> rows
+using image_atom = caf::atom_constant<caf::atom("image")>;        // one image file -> rows
+using encoders_atom = caf::atom_constant<caf::atom("encoders")>;  // the image encoders now
 
 // Within one process messages move as shared pointers: no serialization, no tensor copies.
 struct GenerateRequest;  // local_cluster.h
@@ -148,14 +150,42 @@ using StageActor = StageInputActor::extend<
 using RouterClientActor = caf::typed_actor<caf::reacts_to<token_atom, int64_t, StreamPiecePtr>,
                                            caf::reacts_to<finish_atom, int64_t, GenerateResultPtr>>;
 
-/// Image encoder (encoder.cc):
+/// One image file for an encoder instance, and what it gives back.
+struct ImageJob {
+  std::shared_ptr<const std::string> bytes;  // PNG or JPEG, as the client sent it
+  std::string what;                          // "image 2": errors name it
+};
+struct ImageRows {
+  std::shared_ptr<const std::vector<float>> rows;  // f32 [tokens per image, n_embd]; null: error
+  std::string error;                               // one line; "" = ok
+  bool retry = false;  // the instance could not be reached (not the image's fault): try again
+  double seconds = 0;  // spent decoding and encoding
+};
+using ImageJobPtr = std::shared_ptr<const ImageJob>;
+using ImageRowsPtr = std::shared_ptr<const ImageRows>;
+
+/// An image encoder instance ([[encoder]]; encoder.cc spawn_image_worker, or the proxy of one on
+/// another node, detail/remote.h):
+///   (image, ImageJobPtr) -> ImageRowsPtr   decode the file and run the vision encoder
+using ImageWorkerActor =
+    caf::typed_actor<caf::replies_to<image_atom, ImageJobPtr>::with<ImageRowsPtr>>;
+
+/// The head's image encoder front (encoder.cc): the row cache, the prompt layout, and the jobs
+/// it hands its encoder instances.
 ///   (encode, GenerateRequestPtr) -> EncodedPromptPtr
-///                               decode and encode the request's image_files, then lay out its
-///                               text prompt around them; a bad image is an error result naming it
-/// Its counts are atomics the owner reads without asking (EncoderCounters): a busy encoder
-/// answers nothing for seconds.
+///                               encode the request's image_files (cache misses go to the
+///                               instance with the fewest jobs), then lay out its text prompt
+///                               around them; a bad image is an error result naming it
+///   (encoders, vector<ImageWorkerActor>)
+///                               the instances now (a placement or re-placement): the jobs of
+///                               instances no longer listed go to the others; with none, jobs
+///                               wait (a bounded while) for the next list
+///   (deadline)                  its own timer: retry or fail jobs that wait
+/// Its counts are atomics the owner reads without asking (EncoderCounters).
 using EncoderActor =
-    caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>>;
+    caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>,
+                     caf::reacts_to<encoders_atom, std::vector<ImageWorkerActor>>,
+                     caf::reacts_to<deadline_atom>>;
 
 /// Router (router.cc); a client is whoever sent the submit, addressed as a RouterClientActor:
 ///   (submit, GenerateRequestPtr, int64 tag)
@@ -198,6 +228,8 @@ using ControllerActor =
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateRequestPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::GenerateResultPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodedPromptPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ImageJobPtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ImageRowsPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepBatchPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::HiddenPtr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepOutcomePtr)

@@ -206,10 +206,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     EncoderConfig ec;
     ec.vision = opts.vision;
     ec.model = model;
-    ec.threads = opts.vision_threads;
     ec.cache_bytes = opts.image_cache_bytes;
     ec.counters = im.encoder_counters = std::make_shared<EncoderCounters>();
-    auto enc = spawn_encoder(*im.sys, std::move(ec));
+    auto enc = spawn_local_encoder(*im.sys, std::move(ec), opts.vision_threads);
     if (!enc) return enc.error();
     im.encoder = *enc;
     cc.encoder = im.encoder;

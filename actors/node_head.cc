@@ -179,6 +179,9 @@ PlacementMsg build_placement(NodeSelf* self) {
     sp.threads = static_cast<uint32_t>(s.threads);
     pl.shards.push_back(std::move(sp));
   }
+  for (size_t k = 0; k < p.encoders.size(); ++k)
+    pl.encoders.push_back({static_cast<uint32_t>(k), st.members.at(p.encoders[k].node).node_id,
+                           static_cast<uint32_t>(p.encoders[k].threads)});
   return pl;
 }
 
@@ -196,8 +199,9 @@ void maybe_place(NodeSelf* self) {
   set_waiting(self, "nodes to start their actors");
   const PlacementMsg pl = build_placement(self);
   std::fprintf(stderr,
-               "troupe: head: every node joined; placing %zu stages and %zu expert shards\n",
-               pl.stages.size(), pl.shards.size());
+               "troupe: head: every node joined; placing %zu stages, %zu expert shards and %zu "
+               "image encoders\n",
+               pl.stages.size(), pl.shards.size(), pl.encoders.size());
   for (const auto& [name, m] : st.members)
     if (name != st.me.name) send_to(self, m.peer, pl, ActorRole::kController);
   start_placement(self, pl);
@@ -311,7 +315,12 @@ void replace_actors(NodeSelf* self, const std::string& what) {
     if (mem.state == MemberState::kAlive) alive[mem.node_id] = {mem.resources.free_memory_bytes};
   const auto& spec = st.model->spec;
   const PlacementMsg& old = *st.placement;
-  auto next = replan(old, alive, [&](ActorRole role, uint32_t index) {
+  auto next = replan(old, alive, [&](ActorRole role, uint32_t index) -> uint64_t {
+    if (role == ActorRole::kEncoder) {  // the whole mmproj
+      std::error_code ec;
+      const auto n = std::filesystem::file_size(st.plan.mmproj, ec);
+      return ec ? 0 : static_cast<uint64_t>(n);
+    }
     return actor_weight_bytes(spec, old, role, index);
   });
   if (!next) return wait_for_capacity(self, what, next.error().message);
@@ -360,6 +369,7 @@ void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState
     bool hosted = false;
     for (const auto& s : st.placement->stages) hosted |= s.node_id == m.node_id;
     for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
+    for (const auto& e : st.placement->encoders) hosted |= e.node_id == m.node_id;
     if (hosted) {
       broadcast_membership(self);
       return replace_actors(self, "node " + name + ", which hosts part of the pipeline, is " +

@@ -12,6 +12,7 @@
 
 #include "actors/detail/node_state.h"
 #include "actors/detail/remote.h"
+#include "actors/encoder.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
 #include "compute/matmul.h"
@@ -176,6 +177,13 @@ void stop_placed_actors(NodeSelf* self) {
   for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
   self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
   for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [i, a] : st.image_workers) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [i, a] : st.image_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  // The front's jobs wait for the instances of the next placement instead of failing on these.
+  if (st.head && st.encoder && (!st.image_workers.empty() || !st.image_proxies.empty()))
+    self->send(st.encoder, encoders_atom::value, std::vector<ImageWorkerActor>{});
+  st.image_workers.clear();
+  st.image_proxies.clear();
   st.stages.clear();
   st.shards.clear();
   st.shard_proxies.clear();
@@ -214,6 +222,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     bool complete = known.count(me) > 0;
     for (const auto& s : p.stages) complete &= known.count(s.node_id) > 0;
     for (const auto& s : p.shards) complete &= known.count(s.node_id) > 0;
+    for (const auto& e : p.encoders) complete &= known.count(e.node_id) > 0;
     if (!complete) {
       st.pending_placement = std::move(p);
       return;
@@ -243,6 +252,14 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     for (const auto& sh : pl.shards) want(sh.node_id);
   }
   if (st.head && !pl.stages.empty()) want(pl.stages[0].node_id);
+  if (st.head)
+    for (const auto& e : pl.encoders) want(e.node_id);
+  // An image encoder instance placed here needs the mmproj (the head loaded it at start).
+  bool encoder_here = false;
+  for (const auto& e : pl.encoders) encoder_here |= e.node_id == me;
+  const std::string mmproj = encoder_here && !st.vision ? st.plan.mmproj : std::string();
+  auto vision_slot = std::make_shared<std::shared_ptr<const model::VisionModel>>();
+  st.placed_vision = vision_slot;
   auto link = st.link;
   NodeActor node = caf::actor_cast<NodeActor>(self);
   const uint64_t version = pl.version;
@@ -273,8 +290,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   std::shared_ptr<const model::Model> held = st.placed_weights ? st.placed_weights : st.model;
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
-  std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot,
-               tile_int8] {
+  std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot, tile_int8,
+               mmproj, vision_slot] {
     std::string error;
     for (const auto& w : peers) {
       for (int i = 0; w.wait_for_it && i < 500 && link->peer_of(w.name) == 0; ++i)
@@ -302,10 +319,49 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
         bytes = prefetch(ranges, threads);
       }
     }
+    if (error.empty() && !mmproj.empty()) {
+      auto v = model::load_vision_model(mmproj);
+      if (v)
+        *vision_slot = *v;  // written before the message below, read by the node actor after it
+      else
+        error = "[model] mmproj: " + v.error().message;
+    }
     caf::anon_send(node, placed_atom::value, version, error, map_start,
                    ms_since(started) - map_start, bytes);
   }).detach();
 }
+
+namespace {
+
+// The image encoder instances of placement pl placed on this node, and (the head) the proxies of
+// the others; the head's front gets the list in index order. Returns an error text, "" = ok.
+std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_t me) {
+  auto& st = self->state;
+  if (st.placed_vision && *st.placed_vision) st.vision = *st.placed_vision;
+  auto table = node_table(self);
+  std::vector<ImageWorkerActor> instances;
+  for (const auto& e : pl.encoders) {
+    const std::string who = "image encoder " + std::to_string(e.index);
+    if (e.node_id == me) {
+      if (!st.vision) return who + " on " + st.me.name + ": the plan names no [model] mmproj";
+      auto w = spawn_image_worker(self->system(), st.vision, static_cast<int>(e.threads));
+      if (!w) return who + " on " + st.me.name + ": " + w.error().message;
+      self->monitor(*w);
+      st.image_workers[e.index] = *w;
+      instances.push_back(*w);
+    } else if (st.head && st.vision) {
+      const auto& spec = st.vision->spec;
+      RemoteImageActor proxy = spawn_remote_image(self->system(), st.link, table[e.node_id].name,
+                                                  e.index, spec.n_image_tokens(), spec.n_embd_out);
+      st.image_proxies[e.index] = proxy;
+      instances.push_back(caf::actor_cast<ImageWorkerActor>(proxy));
+    }
+  }
+  if (st.head && st.encoder) self->send(st.encoder, encoders_atom::value, instances);
+  return {};
+}
+
+}  // namespace
 
 void finish_placement(NodeSelf* self, uint64_t version, const std::string& error,
                       uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes) {
@@ -419,6 +475,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     if (pl.stages[0].node_id != me) st.stage_proxies.push_back(first);
     self->send(st.scheduler, stage_atom::value, StageInputActor{first});
   }
+  if (auto e = start_image_encoders(self, pl, me); !e.empty()) return report(self, false, e);
   // Ready once every local stage answers: its engine is built and its KV pool allocated.
   auto remaining = std::make_shared<size_t>(st.stages.size());
   auto failed = std::make_shared<std::string>();
@@ -497,6 +554,33 @@ void on_actor_down(NodeSelf* self, const caf::down_msg& dm) {
     return tell_head(ActorRole::kExpertShard, j, "expert/" + std::to_string(j) + "@" + st.me.name,
                      false);
   }
+  for (auto& [j, a] : st.image_workers) {
+    if (dm.source != a.address()) continue;
+    uint32_t threads = 0;
+    if (st.placement)
+      for (const auto& e : st.placement->encoders)
+        if (e.index == j) threads = e.threads;
+    auto fresh = spawn_image_worker(sys, st.vision, static_cast<int>(threads));
+    if (!fresh) {
+      std::fprintf(stderr, "troupe: node %s: image encoder %u failed and cannot restart: %s\n",
+                   st.me.name.c_str(), j, fresh.error().message.c_str());
+      return;
+    }
+    self->monitor(*fresh);
+    a = *fresh;
+    if (st.head && st.encoder) {  // the front's list, in index order
+      std::vector<ImageWorkerActor> list;
+      for (const auto& e : st.placement->encoders) {
+        if (auto w = st.image_workers.find(e.index); w != st.image_workers.end())
+          list.push_back(w->second);
+        else if (auto p = st.image_proxies.find(e.index); p != st.image_proxies.end())
+          list.push_back(caf::actor_cast<ImageWorkerActor>(p->second));
+      }
+      self->send(st.encoder, encoders_atom::value, list);
+    }
+    return tell_head(ActorRole::kEncoder, j, "encoder/" + std::to_string(j) + "@" + st.me.name,
+                     false);
+  }
   std::fprintf(stderr, "troupe: node %s: an actor failed: %s\n", st.me.name.c_str(), why.c_str());
 }
 
@@ -544,6 +628,13 @@ void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& na
                  why.c_str());
   auto it = st.shard_proxies.find(name);
   if (it != st.shard_proxies.end()) self->send(it->second, linkdown_atom::value);
+  if (st.placement && !st.image_proxies.empty()) {
+    auto table = node_table(self);
+    for (const auto& e : st.placement->encoders)
+      if (table.count(e.node_id) && table[e.node_id].name == name)
+        if (auto p = st.image_proxies.find(e.index); p != st.image_proxies.end())
+          self->send(p->second, linkdown_atom::value);
+  }
   if (st.gateway)
     self->send(st.gateway, linkdown_atom::value, static_cast<transport::PeerId>(peer));
   if (!st.head && peer == st.head_peer && !st.leaving) st.head_lost = true;

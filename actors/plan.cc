@@ -369,6 +369,22 @@ int node_index(const Plan& plan, const std::string& name) {
   return -1;
 }
 
+namespace {
+
+// [[encoder]] tables need an mmproj; an mmproj without them gets one encoder (node "" = the head).
+Status resolve_encoders(Plan& p) {
+  if (p.mmproj.empty() && !p.encoders.empty())
+    return Error{static_cast<int>(PlanErrc::kInvalid),
+                 where(p.source, p.encoders[0].line) +
+                     ": encoder[0]: an [[encoder]] encodes images for [model] mmproj, which the "
+                     "plan does not name"};
+  if (!p.mmproj.empty() && p.encoders.empty())
+    p.encoders.push_back({static_cast<int>(p.vision_threads), "", 0});
+  return Ok{};
+}
+
+}  // namespace
+
 Status resolve_placement(Plan& p) {
   ClusterPlan& c = p.cluster;
   auto err = [&](int line, const std::string& what) -> Status {
@@ -385,7 +401,12 @@ Status resolve_placement(Plan& p) {
         return err(p.expert_shards[i].line, "expert_shard[" + std::to_string(i) +
                                                 "].node: names node '" + p.expert_shards[i].node +
                                                 "' but the plan has no [[node]] tables");
-    return Ok{};
+    for (size_t i = 0; i < p.encoders.size(); ++i)
+      if (!p.encoders[i].node.empty())
+        return err(p.encoders[i].line, "encoder[" + std::to_string(i) + "].node: names node '" +
+                                           p.encoders[i].node +
+                                           "' but the plan has no [[node]] tables");
+    return resolve_encoders(p);
   }
   for (size_t i = 0; i < c.nodes.size(); ++i)
     for (size_t j = 0; j < i; ++j) {
@@ -433,6 +454,14 @@ Status resolve_placement(Plan& p) {
       return err(s.line, "expert_shard[" + std::to_string(j) + "].node: no [[node]] is named '" +
                              s.node + "'");
   }
+  if (auto s = resolve_encoders(p); !s) return s;
+  for (size_t i = 0; i < p.encoders.size(); ++i) {
+    EncoderPlan& e = p.encoders[i];
+    if (e.node.empty()) e.node = c.head;
+    if (node_index(p, e.node) < 0)
+      return err(e.line,
+                 "encoder[" + std::to_string(i) + "].node: no [[node]] is named '" + e.node + "'");
+  }
   return Ok{};
 }
 
@@ -469,6 +498,12 @@ std::string describe_plan(const Plan& p) {
       os << compress_ids(s.experts) << " (" << s.experts.size() << ")";
     os << ", threads " << threads_text(s.threads);
     if (!s.node.empty()) os << ", on " << s.node;
+    os << "\n";
+  }
+  for (size_t i = 0; i < p.encoders.size(); ++i) {
+    const EncoderPlan& e = p.encoders[i];
+    os << "image encoder " << i << ": threads " << threads_text(e.threads);
+    if (!e.node.empty()) os << ", on " << e.node;
     os << "\n";
   }
   if (p.cluster.present()) {

@@ -71,6 +71,15 @@ struct ExpertShardPlan {
   int line = 0;                  // line of its [[expert_shard]] table; 0 = not from a file
 };
 
+/// One image encoder ([model] mmproj): decodes and encodes the images of requests the head's
+/// encoder front sends it (actors/encoder.h). TOML: one [[encoder]] table. A plan with an mmproj
+/// and no [[encoder]] gets one on the head (resolve_placement).
+struct EncoderPlan {
+  int threads = 0;   // compute threads; 0 = "auto"; default: [model] vision_threads
+  std::string node;  // node daemon hosting it; "" = the head
+  int line = 0;      // line of its [[encoder]] table; 0 = not from a file
+};
+
 /// One node daemon of a multi-host cluster. TOML: one [[node]] table.
 struct NodePlan {
   std::string name;  // unique in the cluster, e.g. "node-b"
@@ -116,8 +125,9 @@ struct Plan {
   std::string weights =
       "auto";  // [model] weights: "auto", "memory" or "map" (model.h WeightStorage)
   // [model] mmproj: the vision encoder (llama.cpp mmproj GGUF) for requests with images; "" =
-  // none (they are refused). The head loads it; image_cache_mb of encoded images are kept (0 =
-  // none) and vision_threads encode them (0 = "auto": all cores).
+  // none (they are refused). The head lays prompts out and keeps image_cache_mb of encoded
+  // images (0 = none); the encoders ([[encoder]], default: one on the head with vision_threads,
+  // 0 = "auto") decode and encode them.
   std::string mmproj;
   int64_t image_cache_mb = 256;
   int64_t vision_threads = 0;
@@ -126,6 +136,7 @@ struct Plan {
   int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages
   std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)
   std::vector<ExpertShardPlan> expert_shards;  // num_expert_shards entries once resolved
+  std::vector<EncoderPlan> encoders;           // [[encoder]]; one on the head once resolved
   SchedulerConfig scheduler;
   ClusterPlan cluster;
   /// The scheduler's KV pools: the GPU count of the data-parallel stages (all equal), else 1.
@@ -167,8 +178,10 @@ Status resolve_plan(Plan& plan, const model::ModelSpec& spec);
 /// For a multi-host plan (cluster.present()): checks the nodes (unique names and addresses, a
 /// head among them), resolves the token (environment, then token, then token_file), and places
 /// every stage and expert shard without a node round-robin over the nodes in file order (stages
-/// first, then shards). Errors name the key and its line. No-op for a single-process plan that
-/// names no nodes; an error when stages or shards name nodes but no [[node]] table exists.
+/// first, then shards), and every image encoder without a node on the head. Errors name the key
+/// and its line. For a single-process plan it only checks that nothing names a node. Either way
+/// a plan with an mmproj and no [[encoder]] gets one, and [[encoder]] without an mmproj is an
+/// error.
 Status resolve_placement(Plan& plan);
 
 /// Index of the node named `name` in plan.cluster.nodes, or -1.

@@ -298,6 +298,22 @@ class Parser {
     p.expert_shards.resize(static_cast<size_t>(p.num_expert_shards), defaults);
   }
 
+  void read_encoders(const toml::table& root, Plan& p) const {
+    const toml::array* arr = read_table_array(root, "encoder");
+    if (arr == nullptr) return;
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table& t = *(*arr)[i].as_table();
+      std::string path = "encoder[" + std::to_string(i) + "]";
+      check_keys(t, path, {"threads", "node"});
+      EncoderPlan e;
+      e.threads = static_cast<int>(p.vision_threads);
+      e.line = static_cast<int>(t.source().begin.line);
+      read_threads(t, path, e.threads);
+      read_node_name(t, path, e.node);
+      p.encoders.push_back(e);
+    }
+  }
+
   void read_scheduler(const toml::table& root, SchedulerConfig& sc) const {
     const toml::table* s = read_table(root, "scheduler");
     if (s == nullptr) return;
@@ -314,8 +330,8 @@ class Parser {
     Plan p;
     p.source = source_;
     check_keys(root, "",
-               {"model", "stages", "stage", "expert_shards", "expert_shard", "scheduler", "cluster",
-                "node"});
+               {"model", "stages", "stage", "expert_shards", "expert_shard", "encoder", "scheduler",
+                "cluster", "node"});
     if (const toml::table* m = read_table(root, "model")) {
       check_keys(*m, "model", {"path", "weights", "mmproj", "image_cache_mb", "vision_threads"});
       read_string(*m, "model", "path", p.model_path);
@@ -329,6 +345,7 @@ class Parser {
     }
     read_stages(root, p);
     read_expert_shards(root, p);
+    read_encoders(root, p);
     read_scheduler(root, p.scheduler);
     read_cluster(root, p.cluster);
     return p;

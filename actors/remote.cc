@@ -149,7 +149,81 @@ RemoteShardsActor::behavior_type remote_shards(
   };
 }
 
+struct RemoteImageState {
+  uint64_t next_id = 1;
+  std::map<uint64_t, caf::typed_response_promise<ImageRowsPtr>> pending;  // by job id
+  static inline const char* name = "remote_image";
+};
+
+ImageRowsPtr unreachable(const std::string& why) {
+  auto r = std::make_shared<ImageRows>();
+  r->error = why;
+  r->retry = true;
+  return r;
+}
+
+RemoteImageActor::behavior_type remote_image(
+    RemoteImageActor::stateful_pointer<RemoteImageState> self, std::shared_ptr<Link> link,
+    std::string node, uint32_t index, int64_t n_rows, int64_t n_embd) {
+  const std::string who = "image encoder " + std::to_string(index) + " on " + node;
+  return {
+      [=](image_atom, const ImageJobPtr& job) -> caf::result<ImageRowsPtr> {
+        const uint64_t id = self->state.next_id++;
+        ImageJobWire w{id, index, job->bytes, job->what};
+        auto f = encode_encode_image(w, link->epoch(), link->send_info(ActorRole::kEncoder, index));
+        Status s = f ? link->send(node, ControlMsg::kEncodeImage, *f) : Status(f.error());
+        if (!s) {
+          // An image the wire refuses (too large) is the image's fault, not the link's.
+          if (!f) {
+            auto r = std::make_shared<ImageRows>();
+            r->error = job->what + ": " + f.error().message;
+            return ImageRowsPtr(std::move(r));
+          }
+          return unreachable(who + ": " + s.error().message);
+        }
+        auto rp = self->make_response_promise<ImageRowsPtr>();
+        self->state.pending.emplace(id, rp);
+        return rp;
+      },
+      [=](combine_atom, const MessagePtr& m) {
+        EncodedImageLimits lim;
+        lim.n_rows = n_rows;
+        lim.n_embd = n_embd;
+        auto d = decode_encoded_image(m->data(), lim);
+        if (!d) {
+          link->report_malformed(m->peer);
+          std::fprintf(stderr, "troupe: dropped an image encoder answer from %s: %s\n",
+                       node.c_str(), d.error().message.c_str());
+          return;
+        }
+        auto it = self->state.pending.find(d->job_id);
+        if (it == self->state.pending.end()) return;  // the answer of a job given up
+        auto rp = it->second;
+        self->state.pending.erase(it);
+        auto r = std::make_shared<ImageRows>();
+        r->seconds = d->seconds;
+        r->retry = d->retry;
+        if (!d->error.empty())
+          r->error = d->error;
+        else
+          r->rows = std::make_shared<const std::vector<float>>(std::move(d->rows));
+        rp.deliver(ImageRowsPtr(std::move(r)));
+      },
+      [=](linkdown_atom) {
+        for (auto& [id, rp] : self->state.pending)
+          rp.deliver(unreachable("the link to " + node + " went down"));
+        self->state.pending.clear();
+      },
+  };
+}
+
 }  // namespace
+
+RemoteImageActor spawn_remote_image(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                    std::string node, uint32_t index, int64_t n_rows,
+                                    int64_t n_embd) {
+  return sys.spawn(remote_image, std::move(link), std::move(node), index, n_rows, n_embd);
+}
 
 StageActor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,
                               uint32_t stage, int64_t n_embd, SchedulerActor scheduler) {

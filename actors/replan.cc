@@ -20,6 +20,8 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
     if (load.count(s.node_id)) ++load[s.node_id];
   for (const auto& s : pl.shards)
     if (load.count(s.node_id)) ++load[s.node_id];
+  for (const auto& e : pl.encoders)
+    if (load.count(e.node_id)) ++load[e.node_id];
   auto move = [&](uint32_t& node_id, ActorRole role, uint32_t index,
                   const std::string& what) -> Status {
     if (alive.count(node_id)) return Ok{};
@@ -54,6 +56,11 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
   for (auto& s : pl.shards)
     if (auto st = move(s.node_id, ActorRole::kExpertShard, s.shard,
                        "expert shard " + std::to_string(s.shard));
+        !st)
+      return st.error();
+  for (auto& e : pl.encoders)
+    if (auto st = move(e.node_id, ActorRole::kEncoder, e.index,
+                       "image encoder " + std::to_string(e.index));
         !st)
       return st.error();
   for (auto& k : pl.kv_pools)

@@ -256,6 +256,8 @@ struct EncoderPlacement {
   # node hosting it
   device @2 :Int32;
   # device index; -1 = CPU
+  threads @3 :UInt32;
+  # compute threads; 0 = auto
 }
 
 struct Placement {
@@ -424,7 +426,7 @@ struct EncoderCounters {
   encoded @3 :UInt64;
   # images run through the encoder; the rest came from the cache
   cacheHits @4 :UInt64;
-  # images whose rows came from the cache
+  # images found in the cache, or already being encoded for another request
   failed @5 :UInt64;
   # requests refused: an image that does not decode, a marker count that does not match, ...
   encodeSeconds @6 :Float64;

@@ -39,6 +39,8 @@ enum class ControlMsg : uint8_t {
   kExpertDispatch,
   kExpertCombine,
   kActorRestart,
+  kEncodeImage,  // schemas/encoder.capnp; codec in detail/wire.h
+  kEncodedImage,
 };
 /// capnp::typeId of the message's root struct (kExpertDispatch/kExpertCombine: ExpertDispatch/
 /// ExpertCombine; the data-plane kinds are those of actors/detail/wire.h); 0 for a value out of
@@ -134,6 +136,12 @@ struct ShardPlacementInfo {
   std::vector<int32_t> experts;  // ascending
   uint32_t threads = 0;
 };
+/// An image encoder instance (schemas/cluster.capnp EncoderPlacement; CPU only).
+struct EncoderPlacementInfo {
+  uint32_t index = 0, node_id = 0;
+  uint32_t threads = 0;  // 0 = auto
+  bool operator==(const EncoderPlacementInfo&) const = default;
+};
 struct KvPoolInfo {
   uint32_t stage = 0, node_id = 0, num_blocks = 0, block_size = 0;
 };
@@ -146,6 +154,7 @@ struct PlacementMsg {
   std::vector<StagePlacementInfo> stages;
   std::vector<ShardPlacementInfo> shards;
   std::vector<KvPoolInfo> kv_pools;
+  std::vector<EncoderPlacementInfo> encoders;  // empty without [model] mmproj
   uint32_t microbatches = 0;
 };
 
@@ -278,7 +287,7 @@ struct ControlLimits {
 // Placement: >= 1 stage, stages[i].stage == i, layers contiguous from 0 with begin < end, the
 // embedding on exactly the first stage and the output head on exactly the last; shards[i].shard
 // == i, experts strictly ascending in [0, 2^31), no expert in two shards; one KV pool per stage
-// (any order) with blocks >= 1 and block size >= 1; no encoders (kUnsupported);
+// (any order) with blocks >= 1 and block size >= 1; encoders[i].index == i with a node id >= 1;
 // numMicrobatches >= 1. Error texts are cut to kMaxErrorBytes. Not read: NodeResources.devices,
 // StatusSnapshot.kvPools, device indices (no in-process home).
 Result<JoinRequestMsg> decode_join_request(std::span<const uint8_t> f, const ControlLimits& l);

@@ -37,6 +37,13 @@ using MessagePtr = std::shared_ptr<const transport::Message>;
 using RemoteShardsActor = ExpertShardActor::extend<caf::reacts_to<combine_atom, MessagePtr>,
                                                    caf::reacts_to<linkdown_atom>>;
 
+/// The stand-in for an image encoder instance on another node (detail/remote.h): an
+/// ImageWorkerActor to the head's encoder front, plus what the node actor hands it:
+///   (combine, MessagePtr)  an EncodedImage frame from that node: answers its waiting job
+///   (linkdown)             the link to that node went down: every waiting job is to be retried
+using RemoteImageActor = ImageWorkerActor::extend<caf::reacts_to<combine_atom, MessagePtr>,
+                                                  caf::reacts_to<linkdown_atom>>;
+
 /// The head's client gateway (node_head.cc): client requests that came over the transport, and
 /// the router's answers (as RouterClientActor), sent back as GenerateEvent frames.
 ///   (submit, PeerId, uint64 tag, GenerateRequestPtr)  hand a client's request to the router

@@ -27,6 +27,7 @@
 #include "actors/interfaces.h"
 #include "actors/plan.h"
 #include "model/model.h"
+#include "model/vision.h"
 
 namespace troupe::actors {
 struct EncoderCounters;  // actors/encoder.h
@@ -66,8 +67,9 @@ struct NodeConfig {
   uint64_t model_hash = 0;
   Clock::time_point started;
   std::vector<Phase> phases;
-  EncoderActor encoder;  // the head's image encoder ([model] mmproj); null without one
+  EncoderActor encoder;  // the head's image encoder front ([model] mmproj); null without one
   std::shared_ptr<const EncoderCounters> encoder_counters;
+  std::shared_ptr<const model::VisionModel> vision;  // the head's mmproj, loaded at start
 };
 
 /// One node as the head's controller sees it.
@@ -122,6 +124,12 @@ struct NodeState {
   SchedulerActor scheduler_proxy;                          // not on the head: the head's scheduler
   std::vector<StageActor> stage_proxies;                   // stages on other nodes this one feeds
   std::vector<int32_t> owned_experts;  // experts of this node's shards, ascending
+  // Image encoder instances placed here, by index, and (the head) the proxies of the others.
+  std::map<uint32_t, ImageWorkerActor> image_workers;
+  std::map<uint32_t, RemoteImageActor> image_proxies;
+  // The mmproj, once a placement put an encoder instance here (or the head loaded it at start).
+  std::shared_ptr<const model::VisionModel> vision;
+  std::shared_ptr<std::shared_ptr<const model::VisionModel>> placed_vision;  // loading slot
   // How each local actor was built, to restart it in place when it fails.
   struct StageBuild {
     StageConfig cfg;

@@ -9,6 +9,10 @@
 //                     ExpertDispatch; the node daemon hands it each ExpertCombine of its node as
 //                     (combine, MessagePtr) and the proxy completes the waiting request (or fails
 //                     every pending one on (linkdown)).
+//   remote image      RemoteImageActor (an ImageWorkerActor): (image, ImageJobPtr) ->
+//                     EncodeImage; the node daemon hands it each EncodedImage of its node as
+//                     (combine, MessagePtr) and the proxy answers the waiting job (or every
+//                     pending one, retryable, on (linkdown)).
 // The interfaces' other messages never reach a proxy (the node wires, supervises and queries
 // only its local actors; the actor a proxy stands for is looked after on its own node): a proxy
 // logs and drops them, and answers a request with sec::unexpected_message, as CAF's default
@@ -34,5 +38,10 @@ SchedulerActor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Li
 /// One proxy for every expert shard hosted on `node`.
 RemoteShardsActor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link,
                                       std::string node, int64_t n_embd);
+
+/// The proxy of encoder instance `index` on `node`; answers carry rows f32 [n_rows, n_embd].
+RemoteImageActor spawn_remote_image(caf::actor_system& sys, std::shared_ptr<Link> link,
+                                    std::string node, uint32_t index, int64_t n_rows,
+                                    int64_t n_embd);
 
 }  // namespace troupe::actors::detail

@@ -20,7 +20,8 @@ struct Survivor {
 /// reported). Actors on alive nodes stay where they are (their weights are resident); each actor
 /// of a gone node moves to the alive node that hosts the fewest actors so far (ties: the lower
 /// node id), provided the node reported enough free memory for the weights of everything moved
-/// onto it (`actor_bytes(role, index)`; actors checked in stage, then shard order). KV pools
+/// onto it (`actor_bytes(role, index)`; actors checked in stage, shard, then image encoder
+/// order). KV pools
 /// follow their stages. The version is old.version + 1. Errors: no node is alive, or no alive
 /// node has room for an actor (the message names it, what it needs and the most free memory).
 Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Survivor>& alive,

@@ -1,6 +1,7 @@
 // Wire codec of the actor messages: StepBatch (+ hidden states) <-> BatchDescriptor, StepOutcome
 // <-> StepResult, ExpertRequest <-> ExpertDispatch / ExpertCombine (schemas/step.capnp and
-// schemas/expert.capnp). Users: the cross-host links of actors/ (stage, scheduler, expert shard).
+// schemas/expert.capnp), and the image messages EncodeImage / EncodedImage (schemas/encoder.capnp).
+// Users: the cross-host links of actors/ (stage, scheduler, expert shard, image encoder).
 // No CAF or Cap'n Proto types here: the message structs of messages.h are forward-declared.
 // Thread safety: free functions with no shared state; a WireFrame is immutable once built.
 //
@@ -280,6 +281,85 @@ struct DecodedCombine {
 /// against its dispatch. Never throws.
 Result<DecodedCombine> decode_expert_combine(std::span<const uint8_t> frame,
                                              const CombineLimits& limits);
+
+// ---- Images: head -> encoder node -> head (schemas/encoder.capnp) ------------------------------
+
+/// The most bytes of one image file a node accepts (as ClientLimits::max_image_bytes).
+inline constexpr size_t kMaxImageFileBytes = size_t{32} << 20;
+/// EncodeImage.what is cut to this many bytes.
+inline constexpr size_t kMaxImageWhatBytes = 64;
+
+/// One image for an encoder instance (EncodeImage).
+struct ImageJobWire {
+  uint64_t job_id = 0;                       // >= 1
+  uint32_t encoder = 0;                      // EncoderPlacement.index
+  std::shared_ptr<const std::string> image;  // the file's bytes, referenced until sent
+  std::string what;                          // "image 2"
+};
+
+/// Encodes `job` (the image bytes copied into the frame). Errors: kUnencodable for job id 0, no
+/// image, or an image over kMaxImageFileBytes.
+Result<WireFrame> encode_encode_image(const ImageJobWire& job, uint64_t epoch,
+                                      const SendInfo& send);
+
+struct EncodeImageLimits {
+  uint32_t num_encoders = 0;  // encoder index < this (required: the placement's count)
+  uint64_t expected_epoch = 0;
+  size_t max_image_bytes = kMaxImageFileBytes;
+  size_t max_frame_bytes = kMaxImageFileBytes + (size_t{1} << 20);
+};
+
+struct DecodedEncodeImage {
+  WireHeader header;
+  ImageJobWire job;  // the image copied out of the frame
+};
+
+/// Decodes and validates an EncodeImage: job id >= 1, encoder index in range, an image of 1 to
+/// max_image_bytes bytes, `what` at most kMaxImageWhatBytes (longer is cut). Never throws.
+Result<DecodedEncodeImage> decode_encode_image(std::span<const uint8_t> frame,
+                                               const EncodeImageLimits& limits);
+
+/// An encoder's answer (EncodedImage): rows f32 [n_rows, n_embd], or an error.
+struct ImageRowsWire {
+  uint64_t job_id = 0;
+  std::shared_ptr<const std::vector<float>> rows;  // referenced in place; null with an error
+  std::string error;                               // "" = ok
+  bool retry = false;  // with an error: the instance is not running here (yet); try again
+  double seconds = 0;  // spent decoding and encoding
+};
+
+/// Encodes `r`: its rows must be n_rows x n_embd floats unless r.error is set.
+Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, int64_t n_embd,
+                                       uint64_t epoch, const SendInfo& send);
+
+struct EncodedImageLimits {
+  int64_t n_rows = 0;  // tokens per image (required)
+  int64_t n_embd = 0;  // the text model's width (required)
+  uint64_t expected_epoch = 0;
+  size_t max_frame_bytes = size_t{1} << 30;
+};
+
+struct DecodedEncodedImage {
+  WireHeader header;
+  uint64_t job_id = 0;
+  std::vector<float> rows;  // f32 [n_rows, n_embd]; empty with an error
+  std::string error;        // never empty when reported
+  bool retry = false;       // ErrorReport.code kImageRetry: not the image's fault
+  double seconds = 0;
+};
+
+/// EncodedImage.error.code of an answer to try again elsewhere (retry); 0 for a bad image.
+inline constexpr uint16_t kImageRetry = 1;
+
+/// The checked header of an EncodedImage (its sender names the encoder instance), without
+/// reading the rows: where to route it. Never throws.
+Result<WireHeader> peek_encoded_image(std::span<const uint8_t> frame,
+                                      size_t max_frame_bytes = size_t{1} << 30);
+
+/// Decodes and validates an EncodedImage: job id >= 1, rows f32 [n_rows, n_embd] with every
+/// value finite, unless an error is reported (then rows must be absent). Never throws.
+Result<DecodedEncodedImage> decode_encoded_image(std::span<const uint8_t> frame,
+                                                 const EncodedImageLimits& limits);
 
 }  // namespace detail
 }  // namespace troupe::actors

@@ -238,7 +238,7 @@ TEST(PlanParse, ModelPathAnchoredAtTheFileDirectory) {
 TEST(PlanParse, RejectsUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("[model]\npath = \"m.gguf\"\n\n[schedular]\nmax_queue = 3\n"),
             "plan.toml:4: unknown key 'schedular' (known here: model, stages, stage, "
-            "expert_shards, expert_shard, scheduler, cluster, node)");
+            "expert_shards, expert_shard, encoder, scheduler, cluster, node)");
 }
 
 TEST(PlanParse, RejectsUnknownKeyInStageWithLineAndPath) {
