@@ -134,6 +134,7 @@ struct Job {
   uint64_t attempt = 0;                              // of the dispatch whose answer counts
   caf::actor_addr worker;                            // that dispatch's instance; null while waiting
   int tries = 0;                 // dispatches that found their instance unreachable
+  caf::actor_addr failed_on;     // the last of them: the next try prefers another
   Clock::time_point since;       // waiting for an instance since
   Clock::time_point not_before;  // waiting: next try not before (backs off after a failure)
 };
@@ -225,9 +226,11 @@ void on_rows(Front self, const Digest& key, uint64_t attempt, const ImageRowsPtr
   if (it == st.jobs.end() || it->second.attempt != attempt) return;  // re-sent meanwhile
   Job& job = it->second;
   release(self, job.worker);
+  const caf::actor_addr failed_on = job.worker;
   job.worker = caf::actor_addr{};
   if (!r->error.empty()) {
     if (!r->retry || ++job.tries >= kMaxTries) return fail_job(self, key, r->error);
+    job.failed_on = failed_on;
     std::fprintf(stderr, "troupe: encoder: %s: %s; trying again\n", job.what.c_str(),
                  r->error.c_str());
     job.since = Clock::now();
@@ -265,9 +268,12 @@ void dispatch(Front self, const Digest& key) {
     return arm_timer(self, st.instances.empty() ? Clock::duration(kNoEncoderWait)
                                                 : job.not_before - Clock::now());
   }
-  Instance* best = &st.instances[0];
-  for (auto& in : st.instances)
-    if (in.jobs < best->jobs) best = &in;
+  // The instance with the fewest jobs, not the one that just failed this job if there is another.
+  Instance* best = nullptr;
+  for (auto& in : st.instances) {
+    const bool failed = in.actor.address() == job.failed_on && st.instances.size() > 1;
+    if (!failed && (!best || in.jobs < best->jobs)) best = &in;
+  }
   ++best->jobs;
   job.worker = best->actor.address();
   job.attempt = st.next_attempt++;

@@ -23,7 +23,8 @@ std::map<uint32_t, std::string> node_names(NodeSelf* self) {
   return out;
 }
 
-// Every placed stage and expert shard, named kind/index@node, running once its node reported.
+// Every placed stage, expert shard and image encoder, named kind/index@node, running once its node
+// reported.
 void add_actors(NodeSelf* self, StatusSnapshotMsg& s) {
   auto& st = self->state;
   const auto names = node_names(self);
@@ -46,6 +47,8 @@ void add_actors(NodeSelf* self, StatusSnapshotMsg& s) {
   for (const auto& sp : st.placement->stages) add(ActorRole::kStage, sp.stage, sp.node_id, "stage");
   for (const auto& sp : st.placement->shards)
     add(ActorRole::kExpertShard, sp.shard, sp.node_id, "expert");
+  for (const auto& e : st.placement->encoders)
+    add(ActorRole::kEncoder, e.index, e.node_id, "encoder");
 }
 
 }  // namespace

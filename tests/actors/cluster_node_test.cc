@@ -716,6 +716,85 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   EXPECT_EQ(e["cache_entries"], 2) << *st;
 }
 
+// Image encoders placed on other nodes ([[encoder]] on b and c, none on the head): the head's
+// front sends each image to one of them and lays the prompts out; tokens and logits equal the
+// single-process engine's. Node c leaves: its encoder is re-placed with the cluster's other
+// actors, and new images are encoded there with the same output.
+TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplacement) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  auto m = model::load_model(dir + "model.gguf");
+  ASSERT_TRUE(m) << m.error().message;
+  auto vm = model::load_vision_model(dir + "mmproj.gguf");
+  ASSERT_TRUE(vm) << vm.error().message;
+  auto enc = compute::VisionEncoder::create(*vm, 1);
+  ASSERT_TRUE(enc);
+  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+  auto workload = [&](std::vector<const char*> images, std::vector<GenerateRequest>* reqs,
+                      std::vector<Reference>* refs) {
+    for (const char* img : images) {
+      const std::string png = shared + "/golden/vlm/images/" + img + ".png";
+      refs->push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
+      reqs->push_back(file_request(text, {image_file(png)}, 6));
+    }
+  };
+  std::vector<GenerateRequest> reqs, later;
+  std::vector<Reference> refs, later_refs;
+  workload({"circles_64x64", "checker_50x40"}, &reqs, &refs);
+  workload({"gradient_32x32"}, &later, &later_refs);
+
+  std::vector<uint16_t> ports;
+  std::string toml = cluster_toml(dir + "model.gguf", {{"a", "b"}, {}}, &ports);
+  toml.insert(toml.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  toml += "[[encoder]]\nnode = \"b\"\nthreads = 1\n[[encoder]]\nnode = \"c\"\nthreads = 1\n";
+  Nodes n;
+  n.start(parse(toml), 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  auto res = (*client)->generate_many(reqs);
+  for (size_t i = 0; i < refs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  auto actors = [&](std::string* raw) {
+    std::set<std::string> out;
+    auto st = (*client)->status_json();
+    if (!st) return out;
+    *raw = *st;
+    const auto j = nlohmann::json::parse(*st);
+    if (!j["serving"].get<bool>()) return out;
+    for (const auto& a : j["actors"])
+      if (a["state"] == "running") out.insert(a["name"].get<std::string>());
+    return out;
+  };
+  std::string raw;
+  auto placed = actors(&raw);
+  EXPECT_TRUE(placed.count("encoder/0@b") && placed.count("encoder/1@c")) << raw;
+  EXPECT_EQ(nlohmann::json::parse(raw)["encoder"]["encoded"], 2) << raw;
+
+  n.nodes[2]->leave("test");
+  bool moved = false;
+  for (int i = 0; i < 300 && !moved; ++i) {  // up to 30 s: a hang guard, not a timing check
+    std::this_thread::sleep_for(100ms);
+    placed = actors(&raw);
+    moved = placed.count("encoder/0@b") && placed.count("encoder/1@a");
+  }
+  ASSERT_TRUE(moved) << "encoder 1 was not re-placed on a: " << raw;
+  // Both instances take jobs again: two new images at once (the second is the first's file with
+  // bytes after its end: another digest, the same picture), one to each, and a cached one.
+  later.push_back(later[0]);
+  later.back().image_files = std::make_shared<const std::vector<std::string>>(
+      1, (*later[0].image_files)[0] + std::string(16, '\0'));
+  later_refs.push_back(later_refs[0]);
+  later.push_back(reqs[0]);
+  later_refs.push_back(refs[0]);
+  res = (*client)->generate_many(later);
+  for (size_t i = 0; i < later_refs.size(); ++i)
+    expect_identical(res[i], later_refs[i], "after the re-placement, request " + std::to_string(i));
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  EXPECT_EQ(nlohmann::json::parse(*st)["encoder"]["encoded"], 4) << *st;
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
+}
+
 TEST(ClusterNode, HeadRefusesAVisionEncoderThatDoesNotFitItsModel) {
   TROUPE_SHARED_OR_SKIP(shared);
   std::vector<uint16_t> ports;
