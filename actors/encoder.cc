@@ -438,19 +438,24 @@ Result<ImageWorkerActor> spawn_image_worker(caf::actor_system& sys,
   return sys.spawn<caf::detached>(worker_behavior, std::move(made));
 }
 
-Result<EncoderActor> spawn_local_encoder(caf::actor_system& sys, EncoderConfig cfg, int threads) {
+Result<EncoderActor> spawn_local_encoder(caf::actor_system& sys, EncoderConfig cfg,
+                                         const std::vector<int>& threads) {
   auto vision = cfg.vision;
   auto front = spawn_encoder(sys, std::move(cfg));
   if (!front) return front.error();
-  auto worker = spawn_image_worker(sys, std::move(vision), threads);
-  if (!worker) {
-    caf::anon_send_exit(*front, caf::exit_reason::user_shutdown);
-    return worker.error();
+  std::vector<ImageWorkerActor> workers;
+  for (int t : threads) {
+    auto w = spawn_image_worker(sys, vision, t);
+    if (!w) {
+      caf::anon_send_exit(*front, caf::exit_reason::user_shutdown);
+      for (auto& x : workers) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+      return w.error();
+    }
+    workers.push_back(*w);
   }
-  caf::anon_send(*front, encoders_atom::value, std::vector<ImageWorkerActor>{*worker});
-  // The instance lives as long as the front.
-  caf::actor_cast<caf::actor>(*front)->attach_functor([w = *worker](const caf::error&) {
-    caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  caf::anon_send(*front, encoders_atom::value, workers);
+  caf::actor_cast<caf::actor>(*front)->attach_functor([workers](const caf::error&) {
+    for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   });
   return front;
 }

@@ -62,7 +62,9 @@ Result<ImageWorkerActor> spawn_image_worker(caf::actor_system& sys,
                                             std::shared_ptr<const model::VisionModel> vision,
                                             int threads);
 
-/// A front with one local instance: spawn_encoder, spawn_image_worker, and the list sent.
-Result<EncoderActor> spawn_local_encoder(caf::actor_system& sys, EncoderConfig cfg, int threads);
+/// A front with local instances, one per entry of `threads` (each its compute threads, 0 = all
+/// cores): spawn_encoder, spawn_image_worker, and the list sent. The instances stop with it.
+Result<EncoderActor> spawn_local_encoder(caf::actor_system& sys, EncoderConfig cfg,
+                                         const std::vector<int>& threads);
 
 }  // namespace troupe::actors

@@ -208,7 +208,13 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     ec.model = model;
     ec.cache_bytes = opts.image_cache_bytes;
     ec.counters = im.encoder_counters = std::make_shared<EncoderCounters>();
-    auto enc = spawn_local_encoder(*im.sys, std::move(ec), opts.vision_threads);
+    // One instance, or one per [[encoder]] of a plan that names several.
+    std::vector<int> threads{opts.vision_threads};
+    if (plan.encoders.size() > 1) {
+      threads.clear();
+      for (const EncoderPlan& e : plan.encoders) threads.push_back(e.threads);
+    }
+    auto enc = spawn_local_encoder(*im.sys, std::move(ec), threads);
     if (!enc) return enc.error();
     im.encoder = *enc;
     cc.encoder = im.encoder;

@@ -58,7 +58,8 @@ struct ClusterOptions {
   int64_t kv_pools = 0;
   /// The vision encoder (an mmproj) for requests with image_files; null refuses them.
   std::shared_ptr<const model::VisionModel> vision;
-  int vision_threads = 0;                          // its compute threads; 0 = all cores
+  int vision_threads = 0;  // its compute threads; 0 = all cores (a plan with several [[encoder]]
+                           // tables runs one instance per table, with its threads)
   int64_t image_cache_bytes = int64_t{256} << 20;  // encoded images kept (actors/encoder.h)
 };
 
