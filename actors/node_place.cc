@@ -258,7 +258,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   bool encoder_here = false;
   for (const auto& e : pl.encoders) encoder_here |= e.node_id == me;
   const std::string mmproj = encoder_here && !st.vision ? st.plan.mmproj : std::string();
-  auto vision_slot = std::make_shared<std::shared_ptr<const model::VisionModel>>();
+  auto vision_slot = std::make_shared<NodeState::VisionSlot>();
   st.placed_vision = vision_slot;
   auto link = st.link;
   NodeActor node = caf::actor_cast<NodeActor>(self);
@@ -320,9 +320,11 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
       }
     }
     if (error.empty() && !mmproj.empty()) {
+      vision_slot->start_ms = ms_since(started);
       auto v = model::load_vision_model(mmproj);
+      vision_slot->duration_ms = ms_since(started) - vision_slot->start_ms;
       if (v)
-        *vision_slot = *v;  // written before the message below, read by the node actor after it
+        vision_slot->model = *v;  // written before the message below, read after it
       else
         error = "[model] mmproj: " + v.error().message;
     }
@@ -337,7 +339,11 @@ namespace {
 // the others; the head's front gets the list in index order. Returns an error text, "" = ok.
 std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_t me) {
   auto& st = self->state;
-  if (st.placed_vision && *st.placed_vision) st.vision = *st.placed_vision;
+  if (st.placed_vision && st.placed_vision->model) {
+    st.vision = st.placed_vision->model;
+    st.phases.push_back(
+        {"load vision encoder", st.placed_vision->start_ms, st.placed_vision->duration_ms, true});
+  }
   auto table = node_table(self);
   std::vector<ImageWorkerActor> instances;
   for (const auto& e : pl.encoders) {

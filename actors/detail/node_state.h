@@ -129,7 +129,11 @@ struct NodeState {
   std::map<uint32_t, RemoteImageActor> image_proxies;
   // The mmproj, once a placement put an encoder instance here (or the head loaded it at start).
   std::shared_ptr<const model::VisionModel> vision;
-  std::shared_ptr<std::shared_ptr<const model::VisionModel>> placed_vision;  // loading slot
+  struct VisionSlot {  // filled by the placement thread, read after its (placed) message
+    std::shared_ptr<const model::VisionModel> model;
+    uint64_t start_ms = 0, duration_ms = 0;  // its loading, from the daemon's start
+  };
+  std::shared_ptr<VisionSlot> placed_vision;
   // How each local actor was built, to restart it in place when it fails.
   struct StageBuild {
     StageConfig cfg;

@@ -769,6 +769,12 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   auto placed = actors(&raw);
   EXPECT_TRUE(placed.count("encoder/0@b") && placed.count("encoder/1@c")) << raw;
   EXPECT_EQ(nlohmann::json::parse(raw)["encoder"]["encoded"], 2) << raw;
+  // The nodes of the instances load the encoder as a start-up phase of their own.
+  std::set<std::string> loaded;
+  const auto snapshot = nlohmann::json::parse(raw);
+  for (const auto& p : snapshot["phases"])
+    if (p["name"] == "load vision encoder") loaded.insert(p["node"].get<std::string>());
+  EXPECT_EQ(loaded, (std::set<std::string>{"a", "b", "c"})) << raw;
 
   n.nodes[2]->leave("test");
   bool moved = false;
