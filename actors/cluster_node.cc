@@ -149,64 +149,6 @@ void route_combine(NodeSelf* self, const MessagePtr& m) {
   self->send(it->second, combine_atom::value, m);
 }
 
-// An image for an encoder instance placed here: encode it on the instance's thread, answer on
-// the link it came by. An instance that is not running here (a re-placement moved it, or is
-// starting it) answers "try again".
-void route_image(NodeSelf* self, const MessagePtr& m) {
-  auto& st = self->state;
-  EncodeImageLimits lim;
-  lim.num_encoders = st.placement ? static_cast<uint32_t>(st.placement->encoders.size()) : 0;
-  auto d = decode_encode_image(m->data(), lim);
-  if (!d) return drop_malformed(self, m, "image", d.error().message);
-  auto link = st.link;
-  const transport::PeerId peer = m->peer;
-  const uint64_t job_id = d->job.job_id;
-  const uint32_t index = d->job.encoder;
-  auto send_answer = [link, peer, job_id, index](const ImageRows& r, int64_t n_rows,
-                                                 int64_t n_embd) {
-    ImageRowsWire w{job_id, r.rows, r.error, r.retry, r.seconds};
-    auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
-                                  link->send_info(ActorRole::kEncoder, index));
-    if (!f) {
-      w = {job_id, nullptr, "the encoder's answer has no wire form: " + f.error().message, false,
-           r.seconds};
-      f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
-                               link->send_info(ActorRole::kEncoder, index));
-    }
-    if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
-  };
-  auto it = st.image_workers.find(index);
-  if (it == st.image_workers.end() || !st.vision) {
-    ImageRows r;
-    r.error = "image encoder " + std::to_string(index) + " is not running on node " + st.me.name;
-    r.retry = true;
-    return send_answer(r, 1, 1);
-  }
-  const int64_t n_rows = st.vision->spec.n_image_tokens();
-  const int64_t n_embd = st.vision->spec.n_embd_out;
-  auto job = std::make_shared<const ImageJob>(ImageJob{d->job.image, d->job.what});
-  self->request(it->second, caf::infinite, image_atom::value, ImageJobPtr(job))
-      .then([=](const ImageRowsPtr& r) { send_answer(*r, n_rows, n_embd); },
-            [=](const caf::error& e) {
-              ImageRows r;
-              r.error = "image encoder " + std::to_string(index) +
-                        " stopped: " + self->system().render(e);
-              r.retry = true;
-              send_answer(r, n_rows, n_embd);
-            });
-}
-
-void route_image_answer(NodeSelf* self, const MessagePtr& m) {
-  auto& st = self->state;
-  auto who = peek_encoded_image(m->data());
-  if (!who) return drop_malformed(self, m, "image encoder answer", who.error().message);
-  auto it = st.image_proxies.find(who->sender.index);
-  if (it == st.image_proxies.end())
-    return drop_malformed(self, m, "image encoder answer",
-                          "no image went to encoder " + std::to_string(who->sender.index));
-  self->send(it->second, combine_atom::value, m);
-}
-
 // --- joining and heartbeats (every node but the head) -------------------------------------
 
 void send_join(NodeSelf* self) {
@@ -262,7 +204,8 @@ void worker_tick(NodeSelf* self) {
   hb.header.cluster_epoch = st.link->epoch();
   hb.lease_ms = st.lease_ms;
   hb.resources = node_resources(self);
-  hb.num_actors = static_cast<uint32_t>(st.stages.size() + st.shards.size());
+  hb.num_actors =
+      static_cast<uint32_t>(st.stages.size() + st.shards.size() + st.image_workers.size());
   hb.uptime_ms = ms_since(st.started);
   transport_counters(self, &hb.links, &hb.transport);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);

@@ -12,7 +12,6 @@
 
 #include "actors/detail/node_state.h"
 #include "actors/detail/remote.h"
-#include "actors/encoder.h"
 #include "actors/expert_shard.h"
 #include "actors/stage.h"
 #include "compute/matmul.h"
@@ -333,42 +332,6 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   }).detach();
 }
 
-namespace {
-
-// The image encoder instances of placement pl placed on this node, and (the head) the proxies of
-// the others; the head's front gets the list in index order. Returns an error text, "" = ok.
-std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_t me) {
-  auto& st = self->state;
-  if (st.placed_vision && st.placed_vision->model) {
-    st.vision = st.placed_vision->model;
-    st.phases.push_back(
-        {"load vision encoder", st.placed_vision->start_ms, st.placed_vision->duration_ms, true});
-  }
-  auto table = node_table(self);
-  std::vector<ImageWorkerActor> instances;
-  for (const auto& e : pl.encoders) {
-    const std::string who = "image encoder " + std::to_string(e.index);
-    if (e.node_id == me) {
-      if (!st.vision) return who + " on " + st.me.name + ": the plan names no [model] mmproj";
-      auto w = spawn_image_worker(self->system(), st.vision, static_cast<int>(e.threads));
-      if (!w) return who + " on " + st.me.name + ": " + w.error().message;
-      self->monitor(*w);
-      st.image_workers[e.index] = *w;
-      instances.push_back(*w);
-    } else if (st.head && st.vision) {
-      const auto& spec = st.vision->spec;
-      RemoteImageActor proxy = spawn_remote_image(self->system(), st.link, table[e.node_id].name,
-                                                  e.index, spec.n_image_tokens(), spec.n_embd_out);
-      st.image_proxies[e.index] = proxy;
-      instances.push_back(caf::actor_cast<ImageWorkerActor>(proxy));
-    }
-  }
-  if (st.head && st.encoder) self->send(st.encoder, encoders_atom::value, instances);
-  return {};
-}
-
-}  // namespace
-
 void finish_placement(NodeSelf* self, uint64_t version, const std::string& error,
                       uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes) {
   auto& st = self->state;
@@ -560,33 +523,9 @@ void on_actor_down(NodeSelf* self, const caf::down_msg& dm) {
     return tell_head(ActorRole::kExpertShard, j, "expert/" + std::to_string(j) + "@" + st.me.name,
                      false);
   }
-  for (auto& [j, a] : st.image_workers) {
-    if (dm.source != a.address()) continue;
-    uint32_t threads = 0;
-    if (st.placement)
-      for (const auto& e : st.placement->encoders)
-        if (e.index == j) threads = e.threads;
-    auto fresh = spawn_image_worker(sys, st.vision, static_cast<int>(threads));
-    if (!fresh) {
-      std::fprintf(stderr, "troupe: node %s: image encoder %u failed and cannot restart: %s\n",
-                   st.me.name.c_str(), j, fresh.error().message.c_str());
-      return;
-    }
-    self->monitor(*fresh);
-    a = *fresh;
-    if (st.head && st.encoder) {  // the front's list, in index order
-      std::vector<ImageWorkerActor> list;
-      for (const auto& e : st.placement->encoders) {
-        if (auto w = st.image_workers.find(e.index); w != st.image_workers.end())
-          list.push_back(w->second);
-        else if (auto p = st.image_proxies.find(e.index); p != st.image_proxies.end())
-          list.push_back(caf::actor_cast<ImageWorkerActor>(p->second));
-      }
-      self->send(st.encoder, encoders_atom::value, list);
-    }
-    return tell_head(ActorRole::kEncoder, j, "encoder/" + std::to_string(j) + "@" + st.me.name,
-                     false);
-  }
+  if (auto j = restart_image_worker(self, dm); j >= 0)
+    return tell_head(ActorRole::kEncoder, static_cast<uint32_t>(j),
+                     "encoder/" + std::to_string(j) + "@" + st.me.name, false);
   std::fprintf(stderr, "troupe: node %s: an actor failed: %s\n", st.me.name.c_str(), why.c_str());
 }
 
@@ -634,13 +573,7 @@ void on_peer_event(NodeSelf* self, uint64_t peer, bool up, const std::string& na
                  why.c_str());
   auto it = st.shard_proxies.find(name);
   if (it != st.shard_proxies.end()) self->send(it->second, linkdown_atom::value);
-  if (st.placement && !st.image_proxies.empty()) {
-    auto table = node_table(self);
-    for (const auto& e : st.placement->encoders)
-      if (table.count(e.node_id) && table[e.node_id].name == name)
-        if (auto p = st.image_proxies.find(e.index); p != st.image_proxies.end())
-          self->send(p->second, linkdown_atom::value);
-  }
+  image_link_down(self, name);
   if (st.gateway)
     self->send(st.gateway, linkdown_atom::value, static_cast<transport::PeerId>(peer));
   if (!st.head && peer == st.head_peer && !st.leaving) st.head_lost = true;

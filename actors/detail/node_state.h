@@ -244,6 +244,21 @@ std::string status_json(NodeSelf* self);
 StatusSnapshotMsg snapshot(NodeSelf* self);
 std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint32_t node_id);
 
+// --- image encoder instances (node_images.cc) -------------------------------------------------
+
+/// Starts the encoder instances of placement pl placed on node `me` (loaded by the placement
+/// thread into placed_vision) and, on the head, the proxies of the others; tells the head's front.
+/// Returns an error text, "" when all started.
+std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_t me);
+/// Restarts the local instance that `dm` reports down; its index, or -1 when it is none of them.
+int64_t restart_image_worker(NodeSelf* self, const caf::down_msg& dm);
+/// The link to `node` went down: the proxies of its instances answer their jobs "retry".
+void image_link_down(NodeSelf* self, const std::string& node);
+/// EncodeImage: encode on the local instance, answer on the link it came by.
+void route_image(NodeSelf* self, const MessagePtr& m);
+/// EncodedImage (the head): to the proxy of the instance that sent it.
+void route_image_answer(NodeSelf* self, const MessagePtr& m);
+
 // --- the head (node_head.cc) ----------------------------------------------------------------
 
 void head_init(NodeSelf* self);
