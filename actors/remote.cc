@@ -194,6 +194,16 @@ RemoteImageActor::behavior_type remote_image(
           link->report_malformed(m->peer);
           std::fprintf(stderr, "troupe: dropped an image encoder answer from %s: %s\n",
                        node.c_str(), d.error().message.c_str());
+          // Its job ends with the reason rather than wait for an answer that will not come.
+          uint64_t job = 0;
+          (void)peek_encoded_image(m->data(), lim.max_frame_bytes, &job);
+          if (auto it = self->state.pending.find(job); it != self->state.pending.end()) {
+            auto rp = it->second;
+            self->state.pending.erase(it);
+            auto r = std::make_shared<ImageRows>();
+            r->error = who + " sent an answer that does not decode: " + d.error().message;
+            rp.deliver(ImageRowsPtr(std::move(r)));
+          }
           return;
         }
         auto it = self->state.pending.find(d->job_id);

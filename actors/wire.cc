@@ -37,6 +37,8 @@ const char* to_string(WireErrc e) {
       return "unsupported";
     case WireErrc::kUnencodable:
       return "unencodable";
+    case WireErrc::kUnavailable:
+      return "unavailable";
   }
   return "unknown";
 }

@@ -64,8 +64,9 @@ Result<DecodedEncodeImage> decode_encode_image(std::span<const uint8_t> frame,
                              d.job.encoder, lim.num_encoders));
         auto image = root.getImage();
         if (image.size() == 0 || image.size() > lim.max_image_bytes)
-          return fail(WireErrc::kTooLong, strfmt("EncodeImage.image: %zu bytes, expected 1 to %zu",
-                                                 image.size(), lim.max_image_bytes));
+          return fail(image.size() == 0 ? WireErrc::kInvalid : WireErrc::kTooLong,
+                      strfmt("EncodeImage.image: %zu bytes, expected 1 to %zu", image.size(),
+                             lim.max_image_bytes));
         d.job.image = std::make_shared<const std::string>(
             reinterpret_cast<const char*>(image.begin()), image.size());
         auto w = root.getWhat();
@@ -88,6 +89,11 @@ Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, i
                 strfmt("encode_encoded_image: %zu values, expected %lld x %lld",
                        r.rows ? r.rows->size() : size_t{0}, static_cast<long long>(n_rows),
                        static_cast<long long>(n_embd)));
+  if (!failed)
+    for (size_t i = 0; i < r.rows->size(); ++i)
+      if (!std::isfinite((*r.rows)[i]))
+        return fail(WireErrc::kUnencodable,
+                    strfmt("encode_encoded_image: value %zu of the rows is not finite", i));
   return build_frame<schemas::EncodedImage>(
       what, [&](schemas::EncodedImage::Builder root, WireFrame::Impl& impl) -> Status {
         write_header(root.initHeader(), epoch, send);
@@ -107,10 +113,13 @@ Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, i
       });
 }
 
-Result<WireHeader> peek_encoded_image(std::span<const uint8_t> frame, size_t max_frame_bytes) {
+Result<WireHeader> peek_encoded_image(std::span<const uint8_t> frame, size_t max_frame_bytes,
+                                      uint64_t* job_id) {
+  if (job_id) *job_id = 0;
   return decode_frame<schemas::EncodedImage, WireHeader>(
       frame, max_frame_bytes, "EncodedImage",
       [&](schemas::EncodedImage::Reader root) -> Result<WireHeader> {
+        if (job_id) *job_id = root.getJobId();
         auto header = read_wire_header(root.getHeader(), 0, "EncodedImage");
         if (!header) return header.error();
         if (header->sender.role != ActorRole::kEncoder)

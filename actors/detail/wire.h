@@ -66,6 +66,9 @@ enum class WireErrc : uint8_t {
   kUnsupported = 66,
   /// Encoder: an in-process value has no wire form (a negative id, a field that overflows).
   kUnencodable = 67,
+  /// The receiver cannot act on it now (the actor it names is not running there): try again,
+  /// there or elsewhere. Carried in ErrorReport.code of an answer (EncodedImage).
+  kUnavailable = 68,
 };
 const char* to_string(WireErrc e);
 constexpr int code(WireErrc e) { return static_cast<int>(e); }
@@ -328,7 +331,8 @@ struct ImageRowsWire {
   double seconds = 0;  // spent decoding and encoding
 };
 
-/// Encodes `r`: its rows must be n_rows x n_embd floats unless r.error is set.
+/// Encodes `r`: its rows must be n_rows x n_embd finite floats unless r.error is set (else
+/// kUnencodable: the caller sends an error answer instead).
 Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, int64_t n_embd,
                                        uint64_t epoch, const SendInfo& send);
 
@@ -349,12 +353,14 @@ struct DecodedEncodedImage {
 };
 
 /// EncodedImage.error.code of an answer to try again elsewhere (retry); 0 for a bad image.
-inline constexpr uint16_t kImageRetry = 1;
+inline constexpr uint16_t kImageRetry = static_cast<uint16_t>(WireErrc::kUnavailable);
 
 /// The checked header of an EncodedImage (its sender names the encoder instance), without
-/// reading the rows: where to route it. Never throws.
+/// reading the rows: where to route it; and its job id in *job_id when given (0 if absent), so
+/// that an answer whose rows do not decode can still end its job. Never throws.
 Result<WireHeader> peek_encoded_image(std::span<const uint8_t> frame,
-                                      size_t max_frame_bytes = size_t{1} << 30);
+                                      size_t max_frame_bytes = size_t{1} << 30,
+                                      uint64_t* job_id = nullptr);
 
 /// Decodes and validates an EncodedImage: job id >= 1, rows f32 [n_rows, n_embd] with every
 /// value finite, unless an error is reported (then rows must be absent). Never throws.

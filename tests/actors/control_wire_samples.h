@@ -63,6 +63,7 @@ inline PlacementMsg make_placement() {
       {0, 1, 0, 4, true, false, 2}, {1, 2, 4, 8, false, false, 0}, {2, 3, 8, 12, false, true, 6}};
   m.shards = {{0, 2, {0, 2, 4}, 1}, {1, 3, {1, 3, 5}, 3}};
   m.kv_pools = {{2, 3, 100, 16}, {0, 1, 120, 16}, {1, 2, 110, 16}};  // any order
+  m.encoders = {{0, 1, 4}, {1, 3, 0}};  // image encoders on the head and on node 3
   m.microbatches = 2;
   return m;
 }

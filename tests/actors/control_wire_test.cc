@@ -15,6 +15,7 @@
 
 #include "schemas/client.capnp.h"
 #include "schemas/cluster.capnp.h"
+#include "schemas/encoder.capnp.h"
 #include "schemas/errc.h"
 #include "schemas/expert.capnp.h"
 #include "schemas/frame.h"
@@ -95,8 +96,12 @@ TEST(ControlWireKinds, TypeIdsNameTheRootStructs) {
   EXPECT_EQ(type_id(ControlMsg::kStepResult), capnp::typeId<schemas::StepResult>());
   EXPECT_EQ(type_id(ControlMsg::kExpertDispatch), capnp::typeId<schemas::ExpertDispatch>());
   EXPECT_EQ(type_id(ControlMsg::kExpertCombine), capnp::typeId<schemas::ExpertCombine>());
+  EXPECT_EQ(type_id(ControlMsg::kEncodeImage), capnp::typeId<schemas::EncodeImage>());
+  EXPECT_EQ(type_id(ControlMsg::kEncodedImage), capnp::typeId<schemas::EncodedImage>());
+  EXPECT_STREQ(to_string(ControlMsg::kEncodeImage), "EncodeImage");
+  EXPECT_STREQ(to_string(ControlMsg::kEncodedImage), "EncodedImage");
   std::vector<uint64_t> seen;
-  for (int i = 0; i <= static_cast<int>(ControlMsg::kExpertCombine); ++i) {
+  for (int i = 0; i <= static_cast<int>(ControlMsg::kEncodedImage); ++i) {
     const auto m = static_cast<ControlMsg>(i);
     SCOPED_TRACE(to_string(m));
     EXPECT_NE(type_id(m), 0u);
@@ -228,7 +233,31 @@ TEST(ControlWireRoundTrip, PlacementKeepsEveryField) {
     EXPECT_EQ(d->kv_pools[i].num_blocks, m.kv_pools[i].num_blocks);
     EXPECT_EQ(d->kv_pools[i].block_size, m.kv_pools[i].block_size);
   }
+  ASSERT_EQ(m.encoders.size(), 2u);
+  EXPECT_EQ(d->encoders, m.encoders);
   EXPECT_EQ(d->microbatches, m.microbatches);
+}
+
+TEST(ControlWireRoundTrip, PlacementKeepsTwoEncodersOrNone) {
+  PlacementMsg m = make_placement();
+  m.encoders = {{0, 2, 3}, {1, 5, 0}};
+  auto d = decode_placement(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  ASSERT_EQ(d->encoders.size(), 2u);
+  EXPECT_EQ(d->encoders[0], (EncoderPlacementInfo{0, 2, 3}));
+  EXPECT_EQ(d->encoders[1], (EncoderPlacementInfo{1, 5, 0}));  // threads 0 = auto
+  // CPU only: every instance goes out with device -1.
+  const Bytes bytes = frame_of(encode(m, kSend));
+  auto r = schemas::read_frame(bytes, size_t{1} << 20);
+  ASSERT_TRUE(r);
+  auto encoders = (*r)->getRoot<schemas::Placement>().getEncoders();
+  ASSERT_EQ(encoders.size(), 2u);
+  EXPECT_EQ(encoders[1].getDevice(), -1);
+  EXPECT_EQ(encoders[1].getNodeId(), 5u);
+  m.encoders.clear();  // a model without an mmproj
+  d = decode_placement(frame_of(encode(m, kSend)), control_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_TRUE(d->encoders.empty());
 }
 
 TEST(ControlWireRoundTrip, PlacementReportLeaveNoticeAndStatusRequestKeepEveryField) {
@@ -870,6 +899,36 @@ TEST(ControlWireMalformed, RejectsKvPoolsNotOnePerStage) {
                wire(WireErrc::kInvalid), "Placement.kvPools[0]: 100 blocks of 0 tokens");
   expect_error(decode_edited_placement([](PlacementMsg& p) { p.microbatches = 0; }),
                wire(WireErrc::kInvalid), "Placement.numMicrobatches: 0, expected >= 1");
+}
+
+TEST(ControlWireMalformed, RejectsEncodersOutOfIndexOrder) {
+  expect_error(
+      decode_edited_placement([](PlacementMsg& p) { std::swap(p.encoders[0], p.encoders[1]); }),
+      wire(WireErrc::kInvalid), "Placement.encoders[0].index: 1, expected 0 (in index order)");
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.encoders[1].index = 0; }),
+               wire(WireErrc::kInvalid),
+               "Placement.encoders[1].index: 0, expected 1 (in index order)");
+  expect_error(decode_edited_placement([](PlacementMsg& p) {
+                 p.encoders.pop_back();
+                 p.encoders[0].index = 1;
+               }),
+               wire(WireErrc::kInvalid),
+               "Placement.encoders[0].index: 1, expected 0 (in index order)");
+}
+
+TEST(ControlWireMalformed, RejectsEncoderOnNodeIdZero) {
+  expect_error(decode_edited_placement([](PlacementMsg& p) { p.encoders[1].node_id = 0; }),
+               wire(WireErrc::kInvalid),
+               "Placement.encoders[1].nodeId: node id 0, expected an assigned id >= 1");
+}
+
+TEST(ControlWireMalformed, RejectsOverLongEncoderList) {
+  PlacementMsg p = make_placement();
+  for (uint32_t i = 2; i < 4; ++i) p.encoders.push_back({i, 2, 0});
+  ControlLimits lim = control_limits();
+  lim.max_list = 3;  // room for the 3 stages and KV pools, not the 4 encoders
+  expect_error(decode_placement(frame_of(encode(p, kSend)), lim), wire(WireErrc::kTooLong),
+               "Placement.encoders: 4 entries exceed the limit of 3");
 }
 
 Result<GenerateRequestMsg> decode_edited_request(

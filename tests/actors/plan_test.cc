@@ -847,3 +847,140 @@ TEST(PlanDevice, StageDeviceIsReadAndChecked) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+// --- image encoders: [[encoder]] and its default for an mmproj --------------------------------
+
+namespace troupe::actors {
+namespace {
+
+const char* kVision = "[model]\nmmproj = \"/m/mmproj.gguf\"\nvision_threads = 3\n";
+
+// Two nodes, "a" and the head "b" (not the first, so that "the head" is not "node 0").
+const char* kTwoNodes =
+    "[cluster]\ntoken = \"s3cret\"\nhead = \"b\"\n"
+    "[[node]]\nname = \"a\"\naddress = \"10.0.0.1:7401\"\n"
+    "[[node]]\nname = \"b\"\naddress = \"10.0.0.2:7401\"\n";
+
+/// resolve_placement's error on a plan that parses ("" and a test failure when it resolved).
+std::string encoder_error(const std::string& toml) {
+  Plan p = parse_ok(toml, "c.toml");
+  Status s = resolve_placement(p);
+  EXPECT_FALSE(s.has_value()) << "resolved, but should not have:\n" << describe_plan(p);
+  if (s.has_value()) return "";
+  EXPECT_EQ(s.error().code, static_cast<int>(PlanErrc::kInvalid)) << s.error().message;
+  return s.error().message;
+}
+
+TEST(PlanEncoder, ParsesNodeAndThreadsWhichDefaultToVisionThreads) {
+  const Plan p = parse_ok(std::string(kVision) +
+                          "[[encoder]]\nnode = \"b\"\nthreads = 2\n"              // line 4
+                          "[[encoder]]\n"                                         // line 7
+                          "[[encoder]]\nthreads = \"auto\"\nnode = \"auto\"\n");  // line 8
+  ASSERT_EQ(p.encoders.size(), 3u);
+  EXPECT_EQ(p.encoders[0].node, "b");
+  EXPECT_EQ(p.encoders[0].threads, 2);
+  EXPECT_EQ(p.encoders[0].line, 4);
+  EXPECT_EQ(p.encoders[1].node, "");
+  EXPECT_EQ(p.encoders[1].threads, 3);  // [model] vision_threads
+  EXPECT_EQ(p.encoders[1].line, 7);
+  EXPECT_EQ(p.encoders[2].node, "");    // "auto": placed by resolve_placement
+  EXPECT_EQ(p.encoders[2].threads, 0);  // "auto"
+  // The default follows vision_threads wherever [model] sits in the file; unset, it is auto.
+  const Plan later =
+      parse_ok("[[encoder]]\n[model]\nmmproj = \"/m/mmproj.gguf\"\nvision_threads = 5\n");
+  ASSERT_EQ(later.encoders.size(), 1u);
+  EXPECT_EQ(later.encoders[0].threads, 5);
+  const Plan unset = parse_ok("[model]\nmmproj = \"/m/mmproj.gguf\"\n[[encoder]]\n");
+  ASSERT_EQ(unset.encoders.size(), 1u);
+  EXPECT_EQ(unset.encoders[0].threads, 0);
+  // No [[encoder]] table: none until resolve_placement adds the default.
+  EXPECT_TRUE(parse_ok(kVision).encoders.empty());
+}
+
+TEST(PlanEncoder, RejectsBadEncoderTables) {
+  EXPECT_EQ(parse_error(std::string(kVision) + "[[encoder]]\ndevice = \"cpu\"\n"),
+            "plan.toml:5: unknown key 'encoder[0].device' (known here: threads, node)");
+  EXPECT_EQ(parse_error(std::string(kVision) + "[[encoder]]\nthreads = 0\n"),
+            "plan.toml:5: encoder[0].threads: expected an integer in [1, 1024] or \"auto\", got "
+            "the integer 0");
+  EXPECT_EQ(parse_error(std::string(kVision) + "[[encoder]]\nnode = 2\n"),
+            "plan.toml:5: encoder[0].node: expected a string, got the integer 2");
+  EXPECT_EQ(parse_error(std::string(kVision) + "[encoder]\nthreads = 2\n"),
+            "plan.toml:4: encoder: expected an array of tables ([[encoder]]), got a table");
+}
+
+TEST(PlanEncoder, EncoderWithoutMmprojIsAnError) {
+  EXPECT_EQ(encoder_error("[model]\npath = \"m.gguf\"\n[[encoder]]\nthreads = 2\n"),
+            "c.toml:3: encoder[0]: an [[encoder]] encodes images for [model] mmproj, which the "
+            "plan does not name");
+  EXPECT_EQ(encoder_error(std::string(kTwoNodes) + "[[encoder]]\nnode = \"a\"\n"),
+            "c.toml:10: encoder[0]: an [[encoder]] encodes images for [model] mmproj, which the "
+            "plan does not name");
+}
+
+TEST(PlanEncoder, EncoderOnAnUnknownNodeIsAnError) {
+  EXPECT_EQ(encoder_error(std::string(kTwoNodes) + kVision +
+                          "[[encoder]]\nnode = \"a\"\n[[encoder]]\nnode = \"q\"\n"),
+            "c.toml:15: encoder[1].node: no [[node]] is named 'q'");
+}
+
+TEST(PlanEncoder, EncoderNamingANodeInASingleProcessPlanIsAnError) {
+  EXPECT_EQ(encoder_error(std::string(kVision) + "[[encoder]]\n[[encoder]]\nnode = \"b\"\n"),
+            "c.toml:5: encoder[1].node: names node 'b' but the plan has no [[node]] tables");
+}
+
+TEST(PlanEncoder, MmprojWithoutEncodersGetsOneOnTheHead) {
+  // Single process: one encoder with vision_threads, on no named node.
+  Plan solo = parse_ok(kVision, "c.toml");
+  ASSERT_TRUE(resolve_placement(solo));
+  ASSERT_EQ(solo.encoders.size(), 1u);
+  EXPECT_EQ(solo.encoders[0].threads, 3);
+  EXPECT_EQ(solo.encoders[0].node, "");
+  EXPECT_EQ(solo.encoders[0].line, 0);   // not from the file
+  ASSERT_TRUE(resolve_placement(solo));  // idempotent: still one
+  EXPECT_EQ(solo.encoders.size(), 1u);
+  // A cluster: on the head, which is not the first node here.
+  Plan multi = parse_ok(std::string(kTwoNodes) + kVision, "c.toml");
+  ASSERT_TRUE(resolve_placement(multi));
+  ASSERT_EQ(multi.encoders.size(), 1u);
+  EXPECT_EQ(multi.encoders[0].node, "b");
+  EXPECT_EQ(multi.encoders[0].threads, 3);
+  // An [[encoder]] without a node goes to the head too; named ones stay; none is added.
+  Plan named = parse_ok(
+      std::string(kTwoNodes) + kVision + "[[encoder]]\nnode = \"a\"\n[[encoder]]\nthreads = 1\n",
+      "c.toml");
+  ASSERT_TRUE(resolve_placement(named));
+  ASSERT_EQ(named.encoders.size(), 2u);
+  EXPECT_EQ(named.encoders[0].node, "a");
+  EXPECT_EQ(named.encoders[1].node, "b");
+  EXPECT_EQ(named.encoders[1].threads, 1);
+  // Without an mmproj: no encoder at all.
+  Plan text = parse_ok(kTwoNodes, "c.toml");
+  ASSERT_TRUE(resolve_placement(text));
+  EXPECT_TRUE(text.encoders.empty());
+  Plan text_solo = parse_ok("[model]\npath = \"m.gguf\"\n", "c.toml");
+  ASSERT_TRUE(resolve_placement(text_solo));
+  EXPECT_TRUE(text_solo.encoders.empty());
+}
+
+TEST(PlanEncoder, DescribeShowsOneLinePerEncoder) {
+  Plan multi = parse_ok(std::string(kTwoNodes) + kVision +
+                            "[[encoder]]\nnode = \"a\"\nthreads = 2\n[[encoder]]\nthreads = "
+                            "\"auto\"\n",
+                        "c.toml");
+  ASSERT_TRUE(resolve_placement(multi));
+  const std::string d = describe_plan(multi);
+  EXPECT_CONTAINS(d, "\nimage encoder 0: threads 2, on a\nimage encoder 1: threads auto, on b\n");
+  EXPECT_EQ(d.find("image encoder 2"), std::string::npos) << d;
+  Plan solo = parse_ok(kVision, "c.toml");
+  EXPECT_EQ(describe_plan(solo).find("image encoder"), std::string::npos);  // not resolved yet
+  ASSERT_TRUE(resolve_placement(solo));
+  EXPECT_CONTAINS(describe_plan(solo), "\nimage encoder 0: threads 3\n");
+  // Encoders come after the expert shards and before the cluster line.
+  const size_t enc = d.find("image encoder 0");
+  EXPECT_LT(d.find("stage 0"), enc);
+  EXPECT_LT(enc, d.find("cluster "));
+}
+
+}  // namespace
+}  // namespace troupe::actors

@@ -1,6 +1,11 @@
-// Re-placement after node loss: actors of gone nodes move to the least-loaded survivor with room,
-// the others stay, KV pools follow their stages, and a lack of room is a clear error.
+// Re-placement after node loss: actors of gone nodes (stages, expert shards, image encoders) move
+// to the least-loaded survivor with room, the others stay, KV pools follow their stages, and a
+// lack of room is a clear error.
 #include "actors/detail/replan.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -67,6 +72,78 @@ TEST(Replan, RoomIsCheckedAgainstReportedFreeMemory) {
   EXPECT_NE(bad.error().message.find("stage 2 of node 3"), std::string::npos)
       << bad.error().message;
   EXPECT_NE(bad.error().message.find("600.0 MB"), std::string::npos) << bad.error().message;
+}
+
+// three_nodes() with image encoders on node 3 (gone below), node 2 and node 3.
+PlacementMsg with_encoders() {
+  PlacementMsg pl = three_nodes();
+  pl.encoders = {{0, 3, 2}, {1, 2, 0}, {2, 3, 4}};
+  return pl;
+}
+
+TEST(Replan, EncodersOfAGoneNodeMoveToTheLeastLoadedSurvivor) {
+  const PlacementMsg old = with_encoders();
+  auto r = replan(old, {{1, {}}, {2, {}}}, nullptr);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  // Loads before: node 1 has 1 actor (stage 0), node 2 has 3 (stage 1, shard 0, encoder 1).
+  // Stage 2 and shard 1 go to node 1 (2, then 3 actors); encoder 0 ties 3/3 and takes the lower
+  // id, node 1 (4); encoder 2 then goes to node 2 (4).
+  EXPECT_EQ(r->stages[2].node_id, 1u);
+  EXPECT_EQ(r->shards[1].node_id, 1u);
+  ASSERT_EQ(r->encoders.size(), 3u);
+  EXPECT_EQ(r->encoders[0], (EncoderPlacementInfo{0, 1, 2}));
+  EXPECT_EQ(r->encoders[1], (EncoderPlacementInfo{1, 2, 0}));  // on a survivor: stays
+  EXPECT_EQ(r->encoders[2], (EncoderPlacementInfo{2, 2, 4}));  // index and threads kept
+}
+
+TEST(Replan, EncodersOnSurvivorsStayAndCountAsLoad) {
+  PlacementMsg old = three_nodes();
+  // Three encoders on node 1 make it the busiest survivor (4 actors to node 2's 2): stage 2
+  // and shard 1 go to node 2.
+  old.encoders = {{0, 1, 0}, {1, 1, 0}, {2, 1, 0}};
+  auto r = replan(old, {{1, {}}, {2, {}}}, nullptr);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->encoders, old.encoders);
+  EXPECT_EQ(r->stages[2].node_id, 2u);
+  EXPECT_EQ(r->shards[1].node_id, 2u);
+  // Nothing gone: nothing moves.
+  const PlacementMsg all = with_encoders();
+  auto same = replan(all, {{1, {}}, {2, {}}, {3, {}}}, nullptr);
+  ASSERT_TRUE(same.has_value()) << same.error().message;
+  EXPECT_EQ(same->encoders, all.encoders);
+}
+
+TEST(Replan, EncoderRoomIsAskedForWithItsRoleAndIndex) {
+  const PlacementMsg old = with_encoders();
+  std::vector<std::pair<ActorRole, uint32_t>> asked;
+  auto bytes = [&](ActorRole role, uint32_t index) -> uint64_t {
+    asked.push_back({role, index});
+    return role == ActorRole::kEncoder ? 300'000'000 : 100'000'000;
+  };
+  // Node 1 (the least loaded) can take stage 2 and shard 1 (200 MB) but no 300 MB encoder.
+  auto r = replan(old, {{1, {450'000'000}}, {2, {2'000'000'000}}}, bytes);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->stages[2].node_id, 1u);
+  EXPECT_EQ(r->shards[1].node_id, 1u);
+  EXPECT_EQ(r->encoders[0].node_id, 2u);
+  EXPECT_EQ(r->encoders[2].node_id, 2u);
+  const std::vector<std::pair<ActorRole, uint32_t>> expected = {{ActorRole::kStage, 2},
+                                                                {ActorRole::kExpertShard, 1},
+                                                                {ActorRole::kEncoder, 0},
+                                                                {ActorRole::kEncoder, 2}};
+  EXPECT_EQ(asked, expected);  // only the actors that move
+}
+
+TEST(Replan, NoRoomForAnEncoderIsAnErrorNamingIt) {
+  const PlacementMsg old = with_encoders();
+  auto bytes = [](ActorRole role, uint32_t) -> uint64_t {
+    return role == ActorRole::kEncoder ? 700'000'000 : 100'000'000;
+  };
+  auto bad = replan(old, {{1, {500'000'000}}, {2, {600'000'000}}}, bytes);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("image encoder 0 of node 3"), std::string::npos)
+      << bad.error().message;
+  EXPECT_NE(bad.error().message.find("700.0 MB"), std::string::npos) << bad.error().message;
 }
 
 TEST(Replan, NoSurvivorIsAnError) {

@@ -7,6 +7,7 @@
 #include "tests/fuzz/wire_fuzz.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -119,6 +120,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         for (const auto& s : m.shards)
           for (size_t i = 1; i < s.experts.size(); ++i) require(s.experts[i - 1] < s.experts[i]);
+        for (size_t i = 0; i < m.encoders.size(); ++i)
+          require(m.encoders[i].index == i && m.encoders[i].node_id >= 1);
       });
       break;
     case Decoder::kPlacementReport:
@@ -188,6 +191,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       run(decode_expert_combine(f, combine_limits()), [&](const DecodedCombine& d) {
         require(d.y.size() % static_cast<size_t>(kEmbd) == 0);
         sink_floats(d.y);
+      });
+      break;
+    case Decoder::kEncodeImage:
+      run(decode_encode_image(f, encode_image_limits()), [&](const DecodedEncodeImage& d) {
+        header(d);
+        require(d.job.job_id >= 1 && d.job.encoder < encode_image_limits().num_encoders);
+        require(d.job.image != nullptr && !d.job.image->empty() &&
+                d.job.image->size() <= encode_image_limits().max_image_bytes);
+        require(d.job.what.size() <= kMaxImageWhatBytes);
+        for (char c : d.job.what)  // it ends up in one-line error messages
+          require(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
+        sink(static_cast<uint8_t>(d.job.image->back()));
+      });
+      break;
+    case Decoder::kEncodedImage:
+      run(decode_encoded_image(f, encoded_image_limits()), [&](const DecodedEncodedImage& d) {
+        header(d);
+        require(d.job_id >= 1);
+        if (d.error.empty()) {
+          require(d.rows.size() == static_cast<size_t>(kImageRows * kEmbd));
+          for (float v : d.rows) require(std::isfinite(v));
+        } else {
+          require(d.rows.empty() && d.error.size() <= kMaxErrorBytes);
+        }
+        sink_floats(d.rows);
+        sink(d.error.size() + d.retry);
+      });
+      break;
+    case Decoder::kPeekEncodedImage:
+      run(peek_encoded_image(f), [&](const WireHeader& h) {
+        require(h.sender.role == ActorRole::kEncoder && h.cluster_epoch >= 1 && h.seq >= 1);
+        sink(h.sender.index);
       });
       break;
   }

@@ -32,8 +32,11 @@ enum class Decoder : uint8_t {
   kStepOutcome,
   kExpertDispatch,
   kExpertCombine,
+  kEncodeImage,
+  kEncodedImage,
+  kPeekEncodedImage,  // peek_encoded_image: the header of an EncodedImage only
 };
-inline constexpr int kNumDecoders = 18;
+inline constexpr int kNumDecoders = 21;
 
 inline constexpr uint64_t kEpoch = samples::kEpoch;  // the samples' epoch
 inline constexpr int64_t kVocab = 64;
@@ -73,6 +76,22 @@ inline DispatchLimits dispatch_limits() {
 }
 inline CombineLimits combine_limits() {
   CombineLimits l;
+  l.n_embd = kEmbd;
+  l.expected_epoch = kEpoch;
+  return l;
+}
+
+inline EncodeImageLimits encode_image_limits() {
+  EncodeImageLimits l;
+  l.num_encoders = 2;
+  l.expected_epoch = kEpoch;
+  l.max_image_bytes = 4096;  // small, so that the fuzzer reaches the limit
+  return l;
+}
+inline constexpr int64_t kImageRows = 4;  // tokens per image
+inline EncodedImageLimits encoded_image_limits() {
+  EncodedImageLimits l;
+  l.n_rows = kImageRows;
   l.n_embd = kEmbd;
   l.expected_epoch = kEpoch;
   return l;

@@ -1,4 +1,4 @@
-// Writes the wire fuzzer's seed corpus: for each decoder of wire_fuzz.cc, one or two valid frames
+// Writes the wire fuzzer's seed corpus: for each decoder of wire_fuzz.cc, one or more valid frames
 // (from the real encoders, for wire_fuzz.h's limits; control and client messages are the samples
 // of tests/actors/control_wire_samples.h) behind their selector byte, plus a few
 // truncations of each. Exits non-zero when an encoder refuses a seed or its decoder refuses
@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/detail/messages.h"
@@ -217,6 +218,44 @@ void data_seeds(const std::filesystem::path& dir) {
        [&](auto f) { return decode_expert_combine(f, cl); });
 }
 
+// The image messages: one image for an encoder instance, and its answers (rows, an error to try
+// again elsewhere, a bad image). The peek seeds are the answers' frames behind its own selector.
+void image_seeds(const std::filesystem::path& dir) {
+  const SendInfo encoder{.sender = {.node = 3, .role = ActorRole::kEncoder, .index = 1}, .seq = 7};
+  ImageJobWire job;
+  job.job_id = 42;
+  job.encoder = 1;
+  std::string png = "\x89PNG\r\n\x1a\n";
+  png.append(200, '\0');
+  job.image = std::make_shared<const std::string>(std::move(png));
+  job.what = "image 2";
+  const EncodeImageLimits el = encode_image_limits();
+  emit(dir, "encode_image", Decoder::kEncodeImage, encode_encode_image(job, kEpoch, encoder),
+       [&](auto f) { return decode_encode_image(f, el); });
+
+  ImageRowsWire rows;
+  rows.job_id = 42;
+  rows.rows = std::make_shared<const std::vector<float>>(kImageRows * kEmbd, 0.5f);
+  rows.seconds = 0.25;
+  ImageRowsWire retry = rows;
+  retry.rows = nullptr;
+  retry.error = "image encoder 1 is not running on node node-c";
+  retry.retry = true;
+  ImageRowsWire bad = retry;
+  bad.error = "image 2: not a PNG or JPEG file";
+  bad.retry = false;
+  const EncodedImageLimits il = encoded_image_limits();
+  const std::pair<const char*, const ImageRowsWire*> answers[] = {
+      {"rows", &rows}, {"retry", &retry}, {"error", &bad}};
+  for (const auto& [name, answer] : answers) {
+    const auto frame = encode_encoded_image(*answer, kImageRows, kEmbd, kEpoch, encoder);
+    emit(dir, std::string("encoded_image_") + name, Decoder::kEncodedImage, frame,
+         [&](auto f) { return decode_encoded_image(f, il); });
+    emit(dir, std::string("peek_encoded_image_") + name, Decoder::kPeekEncodedImage, frame,
+         [&](auto f) { return peek_encoded_image(f); });
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +268,7 @@ int main(int argc, char** argv) {
   control_seeds(dir);
   client_seeds(dir);
   data_seeds(dir);
+  image_seeds(dir);
   if (g_failures != 0) {
     std::fprintf(stderr, "wire_fuzz_seeds: %d seeds failed\n", g_failures);
     return 1;
