@@ -323,6 +323,7 @@ void replace_actors(NodeSelf* self, const std::string& what) {
     }
     return actor_weight_bytes(spec, old, role, index);
   });
+  if (place_encoders_only(self, what, old, alive, next)) return;
   if (!next) return wait_for_capacity(self, what, next.error().message);
   if (st.awaiting_capacity)
     std::fprintf(stderr, "troupe: head: a node with room is back after %llu ms\n",
@@ -366,14 +367,15 @@ void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState
   std::fprintf(stderr, "troupe: head: node %s is %s: %s\n", name.c_str(), to_string(state),
                why.c_str());
   if (st.placement_sent && st.serving && st.placement) {
-    bool hosted = false;
-    for (const auto& s : st.placement->stages) hosted |= s.node_id == m.node_id;
-    for (const auto& s : st.placement->shards) hosted |= s.node_id == m.node_id;
-    for (const auto& e : st.placement->encoders) hosted |= e.node_id == m.node_id;
-    if (hosted) {
+    bool pipeline = false, encoders = false;
+    for (const auto& s : st.placement->stages) pipeline |= s.node_id == m.node_id;
+    for (const auto& s : st.placement->shards) pipeline |= s.node_id == m.node_id;
+    for (const auto& e : st.placement->encoders) encoders |= e.node_id == m.node_id;
+    if (pipeline || encoders) {
       broadcast_membership(self);
-      return replace_actors(self, "node " + name + ", which hosts part of the pipeline, is " +
-                                      to_string(state) + " (" + why + ")");
+      return replace_actors(self, "node " + name + ", which hosts " +
+                                      (pipeline ? "part of the pipeline" : "image encoders") +
+                                      ", is " + to_string(state) + " (" + why + ")");
     }
   }
   broadcast_membership(self);
@@ -465,6 +467,13 @@ void head_placement_report(NodeSelf* self, const std::string& node, bool ok,
   if (it == st.members.end()) return;
   if (!st.placement || version != st.placement->version) return;  // an earlier placement's
   it->second.phases = std::move(phases);
+  if (!ok && st.encoders_only == version) {
+    // The pipeline is unaffected: requests with images fail in the encoder front (no instance
+    // within its wait) until a later placement brings one; everything else keeps serving.
+    std::fprintf(stderr, "troupe: head: image encoders of placement %llu failed on node %s: %s\n",
+                 static_cast<unsigned long long>(version), node.c_str(), error.c_str());
+    return;
+  }
   if (!ok && st.replacing) {
     // Often a node that dies in the same lease as the one being replaced (its actors could not
     // be reached): its own verdict re-places again. So the requests wait as for missing

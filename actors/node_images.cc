@@ -3,11 +3,13 @@
 // sends (EncodeImage) and routing the answers (EncodedImage) to the proxy that asked; restarts
 // and lost links. Runs on the node actor (detail/node_state.h).
 #include <cstdio>
+#include <thread>
 
 #include <caf/send.hpp>
 
 #include "actors/detail/node_state.h"
 #include "actors/detail/remote.h"
+#include "actors/detail/replan.h"
 #include "actors/encoder.h"
 
 namespace troupe::actors::detail {
@@ -61,6 +63,93 @@ std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_
   }
   if (st.head && st.encoder) self->send(st.encoder, encoders_atom::value, instance_list(self));
   return {};
+}
+
+bool place_encoders_only(NodeSelf* self, const std::string& what, const PlacementMsg& old,
+                         const std::map<uint32_t, Survivor>& alive, Result<PlacementMsg>& next) {
+  auto& st = self->state;
+  if (!next) {
+    // When only image encoders find no room, the pipeline need not wait for capacity: they are
+    // dropped (images then fail in the encoder front, naming why) and text keeps being served.
+    PlacementMsg kept = old;
+    kept.encoders.clear();
+    for (const auto& e : old.encoders)
+      if (alive.count(e.node_id))
+        kept.encoders.push_back(
+            {static_cast<uint32_t>(kept.encoders.size()), e.node_id, e.threads});
+    if (kept.encoders.size() == old.encoders.size()) return false;
+    const auto& spec = st.model->spec;
+    auto without = replan(kept, alive, [&](ActorRole role, uint32_t index) -> uint64_t {
+      return actor_weight_bytes(spec, old, role, index);
+    });
+    if (!without) return false;
+    std::fprintf(stderr, "troupe: head: %s; its image encoders are dropped: %s\n", what.c_str(),
+                 next.error().message.c_str());
+    next = std::move(without);
+  }
+  if (!next->same_pipeline(old)) return false;
+  // Only image encoders move: the pipeline keeps serving (nothing is held or recomputed); images
+  // wait in the encoder front until the new instances run.
+  std::fprintf(stderr, "troupe: head: %s; re-placing its image encoders (placement %llu)\n",
+               what.c_str(), static_cast<unsigned long long>(next->version));
+  st.awaiting_capacity = false;
+  for (auto& [n, mem] : st.members) mem.reported = false;
+  next->header.cluster_epoch = st.link->epoch();
+  for (const auto& [n, mem] : st.members)
+    if (n != st.me.name && mem.state == MemberState::kAlive)
+      send_to(self, mem.peer, *next, ActorRole::kController);
+  start_placement(self, std::move(*next));
+  return true;
+}
+
+void stop_image_encoders(NodeSelf* self) {
+  auto& st = self->state;
+  for (auto& [i, a] : st.image_workers) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& [i, a] : st.image_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
+  // The front's jobs wait for the next list instead of failing on these.
+  if (st.head && st.encoder && (!st.image_workers.empty() || !st.image_proxies.empty()))
+    self->send(st.encoder, encoders_atom::value, std::vector<ImageWorkerActor>{});
+  st.image_workers.clear();
+  st.image_proxies.clear();
+}
+
+void replace_image_encoders(NodeSelf* self, PlacementMsg p) {
+  auto& st = self->state;
+  std::fprintf(stderr, "troupe: node %s: placement %llu moves image encoders only\n",
+               st.me.name.c_str(), static_cast<unsigned long long>(p.version));
+  stop_image_encoders(self);
+  st.placement = std::move(p);
+  st.encoders_only = st.placement->version;
+  const uint32_t me = st.link->node_id();
+  bool here = false;
+  for (const auto& e : st.placement->encoders) here |= e.node_id == me;
+  auto slot = std::make_shared<NodeState::VisionSlot>();
+  st.placed_vision = slot;
+  if (!here || st.vision) return finish_image_encoders(self, st.placement->version, "");
+  // First instance on this node: load the mmproj off the node actor.
+  NodeActor node = caf::actor_cast<NodeActor>(self);
+  const uint64_t version = st.placement->version;
+  const std::string mmproj = st.plan.mmproj;
+  const auto started = st.started;
+  std::thread([node, version, mmproj, slot, started] {
+    std::string error;
+    slot->start_ms = ms_since(started);
+    auto v = model::load_vision_model(mmproj);
+    slot->duration_ms = ms_since(started) - slot->start_ms;
+    if (v)
+      slot->model = *v;  // written before the message below, read after it
+    else
+      error = "[model] mmproj: " + v.error().message;
+    caf::anon_send(node, placed_atom::value, version, error, uint64_t{0}, uint64_t{0}, uint64_t{0});
+  }).detach();
+}
+
+void finish_image_encoders(NodeSelf* self, uint64_t version, const std::string& error) {
+  auto& st = self->state;
+  if (!st.placement || st.placement->version != version) return;
+  std::string e = error;
+  if (e.empty()) e = start_image_encoders(self, *st.placement, st.link->node_id());
+  report_placement(self, e.empty(), e);
 }
 
 int64_t restart_image_worker(NodeSelf* self, const caf::down_msg& dm) {

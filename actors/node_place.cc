@@ -133,7 +133,9 @@ uint64_t prefetch(const std::vector<std::span<const uint8_t>>& ranges, int threa
   return total;
 }
 
-void report(NodeSelf* self, bool ok, const std::string& error) {
+}  // namespace
+
+void report_placement(NodeSelf* self, bool ok, const std::string& error) {
   auto& st = self->state;
   if (st.head)
     return head_placement_report(self, st.me.name, ok, error, st.phases,
@@ -150,8 +152,6 @@ void report(NodeSelf* self, bool ok, const std::string& error) {
   else
     fail(self, error);
 }
-
-}  // namespace
 
 uint64_t actor_weight_bytes(const model::ModelSpec& spec, const PlacementMsg& pl, ActorRole role,
                             uint32_t index) {
@@ -176,13 +176,7 @@ void stop_placed_actors(NodeSelf* self) {
   for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
   self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
   for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& [i, a] : st.image_workers) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& [i, a] : st.image_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  // The front's jobs wait for the instances of the next placement instead of failing on these.
-  if (st.head && st.encoder && (!st.image_workers.empty() || !st.image_proxies.empty()))
-    self->send(st.encoder, encoders_atom::value, std::vector<ImageWorkerActor>{});
-  st.image_workers.clear();
-  st.image_proxies.clear();
+  stop_image_encoders(self);
   st.stages.clear();
   st.shards.clear();
   st.shard_proxies.clear();
@@ -204,6 +198,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
                  static_cast<unsigned long long>(st.placement->version));
     return;
   }
+  if (st.placement && st.placed && st.placement->same_pipeline(p))
+    return replace_image_encoders(self, std::move(p));
   if (st.placement) {
     // A re-placement (a node hosting part of the pipeline is gone): start over with the new
     // placement. Actors that stay on this node are rebuilt too; their weights are resident.
@@ -336,12 +332,13 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
                       uint64_t map_start_ms, uint64_t map_ms, uint64_t map_bytes) {
   auto& st = self->state;
   if (!st.placement || st.placement->version != version) return;
+  if (st.encoders_only == version) return finish_image_encoders(self, version, error);
   for (auto& p : st.phases)  // connecting ended where mapping began
     if (p.name == "connect peers" && !p.done) {
       p.duration_ms = map_start_ms - std::min(map_start_ms, p.start_ms);
       p.done = true;
     }
-  if (!error.empty()) return report(self, false, error);
+  if (!error.empty()) return report_placement(self, false, error);
   // The model the actors compute with: the copy in memory when one was made, else the mapping.
   std::shared_ptr<const model::Model> weights = st.model;
   if (st.placed_model && *st.placed_model) weights = *st.placed_model;
@@ -444,7 +441,8 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     if (pl.stages[0].node_id != me) st.stage_proxies.push_back(first);
     self->send(st.scheduler, stage_atom::value, StageInputActor{first});
   }
-  if (auto e = start_image_encoders(self, pl, me); !e.empty()) return report(self, false, e);
+  if (auto e = start_image_encoders(self, pl, me); !e.empty())
+    return report_placement(self, false, e);
   // Ready once every local stage answers: its engine is built and its KV pool allocated.
   auto remaining = std::make_shared<size_t>(st.stages.size());
   auto failed = std::make_shared<std::string>();
@@ -454,7 +452,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     if (!self->state.placement || self->state.placement->version != version) return;
     end_phase(self, "start actors");
     self->state.placed = failed->empty();
-    report(self, failed->empty(), *failed);
+    report_placement(self, failed->empty(), *failed);
   };
   if (st.stages.empty()) {
     ++*remaining;

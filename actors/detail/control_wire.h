@@ -130,11 +130,13 @@ struct StagePlacementInfo {
   uint32_t layer_begin = 0, layer_end = 0;
   bool has_embedding = false, has_output_head = false;
   uint32_t threads = 0;
+  bool operator==(const StagePlacementInfo&) const = default;
 };
 struct ShardPlacementInfo {
   uint32_t shard = 0, node_id = 0;
   std::vector<int32_t> experts;  // ascending
   uint32_t threads = 0;
+  bool operator==(const ShardPlacementInfo&) const = default;
 };
 /// An image encoder instance (schemas/cluster.capnp EncoderPlacement; CPU only).
 struct EncoderPlacementInfo {
@@ -144,6 +146,7 @@ struct EncoderPlacementInfo {
 };
 struct KvPoolInfo {
   uint32_t stage = 0, node_id = 0, num_blocks = 0, block_size = 0;
+  bool operator==(const KvPoolInfo&) const = default;
 };
 
 struct PlacementMsg {
@@ -156,6 +159,12 @@ struct PlacementMsg {
   std::vector<KvPoolInfo> kv_pools;
   std::vector<EncoderPlacementInfo> encoders;  // empty without [model] mmproj
   uint32_t microbatches = 0;
+  /// Whether `o` places the same pipeline (stages, expert shards, KV pools, model): placements
+  /// that differ only in their image encoders.
+  bool same_pipeline(const PlacementMsg& o) const {
+    return model_name == o.model_name && model_hash == o.model_hash && stages == o.stages &&
+           shards == o.shards && kv_pools == o.kv_pools && microbatches == o.microbatches;
+  }
 };
 
 struct StartupPhaseInfo {

@@ -24,6 +24,7 @@
 #include "actors/detail/link.h"
 #include "actors/detail/messages.h"
 #include "actors/detail/node_messages.h"
+#include "actors/detail/replan.h"
 #include "actors/interfaces.h"
 #include "actors/plan.h"
 #include "model/model.h"
@@ -134,6 +135,9 @@ struct NodeState {
     uint64_t start_ms = 0, duration_ms = 0;  // its loading, from the daemon's start
   };
   std::shared_ptr<VisionSlot> placed_vision;
+  // The version of a placement that moved only image encoders (same_pipeline): the stages and
+  // shards keep running, and only the instances are restarted. 0: none.
+  uint64_t encoders_only = 0;
   // How each local actor was built, to restart it in place when it fails.
   struct StageBuild {
     StageConfig cfg;
@@ -226,6 +230,9 @@ void send_to(NodeSelf* self, transport::PeerId peer, const Msg& m, ActorRole rol
 /// Starts this node's actors of placement p; a newer version than the current one (a
 /// re-placement) first stops the actors of the current one.
 void start_placement(NodeSelf* self, PlacementMsg p);
+/// Tells the head (or, on the head, itself) that this node's actors of the current placement run
+/// (ok) or could not start (error).
+void report_placement(NodeSelf* self, bool ok, const std::string& error);
 /// Bytes of the weights that the actor (role, index) of placement pl reads.
 uint64_t actor_weight_bytes(const model::ModelSpec& spec, const PlacementMsg& pl, ActorRole role,
                             uint32_t index);
@@ -254,6 +261,20 @@ std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_
 int64_t restart_image_worker(NodeSelf* self, const caf::down_msg& dm);
 /// The link to `node` went down: the proxies of its instances answer their jobs "retry".
 void image_link_down(NodeSelf* self, const std::string& node);
+/// The head's re-placement when image encoders alone need it (`next`: replan's answer for the
+/// survivors `alive`). If replan failed only for lack of room for encoders, they are dropped
+/// (logged) and `next` becomes the placement without them. When `next` moves nothing but
+/// encoders, it is sent and started and the pipeline keeps serving: true. Else false (next
+/// unchanged unless encoders were dropped): the caller re-places everything.
+bool place_encoders_only(NodeSelf* self, const std::string& what, const PlacementMsg& old,
+                         const std::map<uint32_t, Survivor>& alive, Result<PlacementMsg>& next);
+/// Stops the local instances and the proxies (the head's front then waits for the next list).
+void stop_image_encoders(NodeSelf* self);
+/// A placement that moves only image encoders: adopt it, restart the instances (loading the
+/// mmproj on a helper thread when this node has not yet), report. The pipeline keeps running.
+void replace_image_encoders(NodeSelf* self, PlacementMsg p);
+/// The helper thread of replace_image_encoders is done (`error` "" = the mmproj loaded).
+void finish_image_encoders(NodeSelf* self, uint64_t version, const std::string& error);
 /// EncodeImage: encode on the local instance, answer on the link it came by.
 void route_image(NodeSelf* self, const MessagePtr& m);
 /// EncodedImage (the head): to the proxy of the instance that sent it.

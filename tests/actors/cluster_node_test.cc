@@ -718,8 +718,8 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
 
 // Image encoders placed on other nodes ([[encoder]] on b and c, none on the head): the head's
 // front sends each image to one of them and lays the prompts out; tokens and logits equal the
-// single-process engine's. Node c leaves: its encoder is re-placed with the cluster's other
-// actors, and new images are encoded there with the same output.
+// single-process engine's. Node c leaves: only its encoder is re-placed (the pipeline keeps
+// running), and new images are encoded there with the same output.
 TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplacement) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string dir = shared + "/models/synth/llava-tiny/";
@@ -784,6 +784,20 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
     moved = placed.count("encoder/0@b") && placed.count("encoder/1@a");
   }
   ASSERT_TRUE(moved) << "encoder 1 was not re-placed on a: " << raw;
+  // Only the encoder moved: the stages kept running (no node started its actors again, as a
+  // re-placement of the pipeline would), and a took the instance without reloading the mmproj.
+  {
+    const auto j = nlohmann::json::parse(raw);
+    std::map<std::string, int> starts, loads;
+    for (const auto& p : j["phases"]) {
+      if (p["name"] == "start actors") ++starts[p["node"].get<std::string>()];
+      if (p["name"] == "load vision encoder") ++loads[p["node"].get<std::string>()];
+    }
+    EXPECT_EQ(starts["a"], 1) << raw;
+    EXPECT_EQ(starts["b"], 1) << raw;
+    EXPECT_EQ(loads["a"], 1) << raw;
+    EXPECT_EQ(j["placement_version"], 2) << raw;
+  }
   // Both instances take jobs again: two new images at once (the second is the first's file with
   // bytes after its end: another digest, the same picture), one to each, and a cached one.
   later.push_back(later[0]);
