@@ -163,6 +163,7 @@ struct FrontState {
   std::vector<Instance> instances;
   uint64_t next_request = 1, next_attempt = 1;
   bool timer = false;  // a (deadline) is on its way
+  std::string none;    // why there is no instance and none is coming; "" = one is or may be
   static inline const char* name = "encoder";
 };
 
@@ -312,6 +313,7 @@ EncoderActor::behavior_type front_behavior(Front self, std::shared_ptr<const mod
           return refuse(st,
                         "a prompt with images must be text, with a <__media__> marker where each "
                         "image goes, not token ids");
+        if (!st.none.empty()) return refuse(st, st.none);
         const uint64_t id = st.next_request++;
         Pending& p = st.requests[id];
         p.promise = self->make_response_promise<EncodedPromptPtr>();
@@ -345,8 +347,17 @@ EncoderActor::behavior_type front_behavior(Front self, std::shared_ptr<const mod
         for (const Digest& k : fresh) dispatch(self, k);
         return promise;
       },
+      [=](encoders_atom, const std::string& why) {
+        auto& st = self->state;
+        st.none = why.empty() ? "no image encoder is placed" : why;
+        st.instances.clear();
+        std::vector<Digest> all;
+        for (const auto& [key, job] : st.jobs) all.push_back(key);
+        for (const Digest& k : all) fail_job(self, k, st.none);
+      },
       [=](encoders_atom, const std::vector<ImageWorkerActor>& list) {
         auto& st = self->state;
+        st.none.clear();
         std::vector<Instance> next;
         for (const auto& a : list)
           if (a) next.push_back({a, 0});

@@ -180,12 +180,15 @@ using ImageWorkerActor =
 ///                               the instances now (a placement or re-placement): the jobs of
 ///                               instances no longer listed go to the others; with none, jobs
 ///                               wait (a bounded while) for the next list
+///   (encoders, string why)      there is no instance and none is coming (the placement has
+///                               none): waiting jobs and new requests with images fail with `why`
+///                               until a list arrives
 ///   (deadline)                  its own timer: retry or fail jobs that wait
 /// Its counts are atomics the owner reads without asking (EncoderCounters).
 using EncoderActor =
     caf::typed_actor<caf::replies_to<encode_atom, GenerateRequestPtr>::with<EncodedPromptPtr>,
                      caf::reacts_to<encoders_atom, std::vector<ImageWorkerActor>>,
-                     caf::reacts_to<deadline_atom>>;
+                     caf::reacts_to<encoders_atom, std::string>, caf::reacts_to<deadline_atom>>;
 
 /// Router (router.cc); a client is whoever sent the submit, addressed as a RouterClientActor:
 ///   (submit, GenerateRequestPtr, int64 tag)

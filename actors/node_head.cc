@@ -310,6 +310,8 @@ void stop_serving(NodeSelf* self, const std::string& why) {
 // which node is gone and why.
 void replace_actors(NodeSelf* self, const std::string& what) {
   auto& st = self->state;
+  // The head's own free memory as of now (its tick refreshes it only every heartbeat).
+  st.members[st.me.name].resources = node_resources(self);
   std::map<uint32_t, Survivor> alive;
   for (const auto& [n, mem] : st.members)
     if (mem.state == MemberState::kAlive) alive[mem.node_id] = {mem.resources.free_memory_bytes};

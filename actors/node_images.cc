@@ -61,7 +61,14 @@ std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_
                              spec.n_image_tokens(), spec.n_embd_out);
     }
   }
-  if (st.head && st.encoder) self->send(st.encoder, encoders_atom::value, instance_list(self));
+  if (st.head && st.encoder) {
+    if (pl.encoders.empty())  // the plan has an mmproj, so they were dropped for lack of room
+      self->send(st.encoder, encoders_atom::value,
+                 std::string("the cluster has no image encoder now: its node is gone and no "
+                             "other node had room for it (see the head's log)"));
+    else
+      self->send(st.encoder, encoders_atom::value, instance_list(self));
+  }
   return {};
 }
 

@@ -815,6 +815,50 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 
+// The only image encoder's node (b) leaves and the survivor has no room for it (a may hold
+// 1 MiB of weights; its stages take more): the encoder is dropped, text requests go on at
+// once, and a request with an image fails at once saying why.
+TEST(ClusterNode, AnEncoderWithNoRoomIsDroppedAndTextKeepsBeingServed) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  std::vector<uint16_t> ports;
+  std::string t = cluster_toml(dir + "model.gguf", {{"a", "a"}, {}}, &ports, "test-token", 2);
+  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  const std::string a = "name = \"a\"\n";
+  t.insert(t.find(a) + a.size(), "memory_limit_mb = 1\n");
+  t += "[[encoder]]\nnode = \"b\"\nthreads = 1\n";
+  Nodes n;
+  n.start(parse(t), 2);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  const std::string png = shared + "/golden/vlm/images/circles_64x64.png";
+  const auto image = file_request("USER: <__media__>\nWhat? ASSISTANT:", {image_file(png)}, 4);
+  ASSERT_TRUE((*client)->generate_many({image})[0].ok());
+  n.nodes[1]->leave("test");
+  std::string raw;
+  bool dropped = false;
+  for (int i = 0; i < 300 && !dropped; ++i) {  // up to 30 s: a hang guard, not a timing check
+    std::this_thread::sleep_for(100ms);
+    auto st = (*client)->status_json();
+    if (!st) continue;
+    raw = *st;
+    const auto j = nlohmann::json::parse(raw);
+    dropped = j["placement_version"] == 2 && j["serving"].get<bool>();
+    for (const auto& a : j["actors"])
+      dropped &= a["name"].get<std::string>().rfind("encoder/", 0) != 0;
+  }
+  ASSERT_TRUE(dropped) << raw;
+  GenerateRequest text;
+  text.prompt = "Once upon a time";
+  text.max_tokens = 4;
+  const auto res = (*client)->generate_many({text, image});
+  EXPECT_TRUE(res[0].ok()) << res[0].error;
+  EXPECT_FALSE(res[1].ok());
+  EXPECT_NE(res[1].error.find("the cluster has no image encoder now"), std::string::npos)
+      << res[1].error;
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
+}
+
 TEST(ClusterNode, HeadRefusesAVisionEncoderThatDoesNotFitItsModel) {
   TROUPE_SHARED_OR_SKIP(shared);
   std::vector<uint16_t> ports;
