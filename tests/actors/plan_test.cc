@@ -132,6 +132,24 @@ TEST(PlanConf, AutoParsesAndResolves) {
   EXPECT_EQ(p.stages[0].kv_blocks, 64 * 128);  // defaults: 64 sequences of 2048 tokens
 }
 
+TEST(PlanConf, VisionClusterExamplePlacesItsEncoders) {
+  Result<Plan> r = parse_plan_file(conf_dir() + "/cluster-vision-example.toml");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_ENDS_WITH(r->mmproj, "shared/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(resolve_placement(*r).has_value());
+  ASSERT_EQ(r->encoders.size(), 2u);
+  EXPECT_EQ(r->encoders[0].node, "node-c");
+  EXPECT_EQ(r->encoders[0].threads, 0);  // auto
+  EXPECT_EQ(r->encoders[1].node, "node-b");
+  EXPECT_EQ(r->encoders[1].threads, 1);
+  TROUPE_SHARED_OR_SKIP(dir);
+  auto m = model::load_model(r->model_path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  Plan p = resolve_ok(*r, (*m)->spec);
+  EXPECT_EQ(p.stages[0].node, "node-a");
+  EXPECT_EQ(p.stages[1].node, "node-b");
+}
+
 TEST(PlanConf, ModelPathIsRelativeToTheConfDirectory) {
   namespace fs = std::filesystem;
   for (const char* name : {"plan-example.toml", "plan-2stage-moe.toml", "plan-auto.toml"}) {
