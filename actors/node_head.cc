@@ -335,12 +335,7 @@ void replace_actors(NodeSelf* self, const std::string& what) {
                static_cast<unsigned long long>(next->version));
   st.replacing = true;
   self->send(st.scheduler, hold_atom::value);
-  for (auto& [n, mem] : st.members) mem.reported = false;
-  next->header.cluster_epoch = st.link->epoch();
-  for (const auto& [n, mem] : st.members)
-    if (n != st.me.name && mem.state == MemberState::kAlive)
-      send_to(self, mem.peer, *next, ActorRole::kController);
-  start_placement(self, std::move(*next));
+  send_placement(self, std::move(*next));
 }
 
 // No survivor has room for the gone node's actors: hold the requests (new ones queue too) and
@@ -386,6 +381,16 @@ void member_gone(NodeSelf* self, Member& m, const std::string& name, MemberState
 }  // namespace
 
 // --- entry points -------------------------------------------------------------------------
+
+void send_placement(NodeSelf* self, PlacementMsg next) {
+  auto& st = self->state;
+  for (auto& [n, mem] : st.members) mem.reported = false;
+  next.header.cluster_epoch = st.link->epoch();
+  for (const auto& [n, mem] : st.members)
+    if (n != st.me.name && mem.state == MemberState::kAlive)
+      send_to(self, mem.peer, next, ActorRole::kController);
+  start_placement(self, std::move(next));
+}
 
 void head_init(NodeSelf* self) {
   auto& st = self->state;

@@ -100,12 +100,7 @@ bool place_encoders_only(NodeSelf* self, const std::string& what, const Placemen
   std::fprintf(stderr, "troupe: head: %s; re-placing its image encoders (placement %llu)\n",
                what.c_str(), static_cast<unsigned long long>(next->version));
   st.awaiting_capacity = false;
-  for (auto& [n, mem] : st.members) mem.reported = false;
-  next->header.cluster_epoch = st.link->epoch();
-  for (const auto& [n, mem] : st.members)
-    if (n != st.me.name && mem.state == MemberState::kAlive)
-      send_to(self, mem.peer, *next, ActorRole::kController);
-  start_placement(self, std::move(*next));
+  send_placement(self, std::move(*next));
   return true;
 }
 
@@ -139,14 +134,7 @@ void replace_image_encoders(NodeSelf* self, PlacementMsg p) {
   const std::string mmproj = st.plan.mmproj;
   const auto started = st.started;
   std::thread([node, version, mmproj, slot, started] {
-    std::string error;
-    slot->start_ms = ms_since(started);
-    auto v = model::load_vision_model(mmproj);
-    slot->duration_ms = ms_since(started) - slot->start_ms;
-    if (v)
-      slot->model = *v;  // written before the message below, read after it
-    else
-      error = "[model] mmproj: " + v.error().message;
+    const std::string error = slot->load(mmproj, started);  // read after the message
     caf::anon_send(node, placed_atom::value, version, error, uint64_t{0}, uint64_t{0}, uint64_t{0});
   }).detach();
 }

@@ -314,15 +314,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
         bytes = prefetch(ranges, threads);
       }
     }
-    if (error.empty() && !mmproj.empty()) {
-      vision_slot->start_ms = ms_since(started);
-      auto v = model::load_vision_model(mmproj);
-      vision_slot->duration_ms = ms_since(started) - vision_slot->start_ms;
-      if (v)
-        vision_slot->model = *v;  // written before the message below, read after it
-      else
-        error = "[model] mmproj: " + v.error().message;
-    }
+    // The slot is written before the message below, and read after it.
+    if (error.empty() && !mmproj.empty()) error = vision_slot->load(mmproj, started);
     caf::anon_send(node, placed_atom::value, version, error, map_start,
                    ms_since(started) - map_start, bytes);
   }).detach();

@@ -32,8 +32,8 @@
 #include "actors/cluster_client.h"
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
+#include "bench/detail/pictures.h"
 #include "model/synth.h"
-#include "tests/image_writers.h"
 
 namespace {
 
@@ -43,18 +43,6 @@ using Clock = std::chrono::steady_clock;
 [[noreturn]] void die(const std::string& why) {
   std::fprintf(stderr, "encoder_bench: %s\n", why.c_str());
   std::exit(1);
-}
-
-// A 336x336 picture whose pattern depends on `seed`: every seed is another image.
-std::string picture(int seed) {
-  const int S = 336;
-  std::vector<uint8_t> rgb(static_cast<size_t>(S * S * 3));
-  for (int y = 0; y < S; ++y)
-    for (int x = 0; x < S; ++x)
-      for (int c = 0; c < 3; ++c)
-        rgb[static_cast<size_t>((y * S + x) * 3 + c)] =
-            static_cast<uint8_t>((x * (c + 1) + y * (seed + 2) + 40 * seed) & 255);
-  return testing::encode_rgb_png(S, S, rgb);
 }
 
 // A loopback port nobody listens on now.
@@ -114,7 +102,7 @@ Burst run(const std::string& model, const std::string& mmproj, const std::string
   for (int i = 0; i < images; ++i) {
     actors::GenerateRequest r;
     r.prompt = "USER: <__media__>\nWhat is in this picture? ASSISTANT:";
-    r.image_files = std::make_shared<const std::vector<std::string>>(1, picture(seed + i));
+    r.image_files = std::make_shared<const std::vector<std::string>>(1, bench::picture(seed + i));
     r.max_tokens = 1;
     r.sampling.ignore_eos = true;
     reqs.push_back(std::move(r));

@@ -19,10 +19,10 @@
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
+#include "bench/detail/pictures.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "model/vision.h"
-#include "tests/image_writers.h"
 
 namespace {
 
@@ -32,18 +32,6 @@ using Clock = std::chrono::steady_clock;
 [[noreturn]] void die(const std::string& why) {
   std::fprintf(stderr, "image_chat_bench: %s\n", why.c_str());
   std::exit(1);
-}
-
-// A 336x336 picture: a pattern that depends on `seed`, so two seeds are two images.
-std::string picture(int seed) {
-  const int S = 336;
-  std::vector<uint8_t> rgb(static_cast<size_t>(S * S * 3));
-  for (int y = 0; y < S; ++y)
-    for (int x = 0; x < S; ++x)
-      for (int c = 0; c < 3; ++c)
-        rgb[static_cast<size_t>((y * S + x) * 3 + c)] =
-            static_cast<uint8_t>((x * (c + 1) + y * (seed + 2) + 40 * seed) & 255);
-  return testing::encode_rgb_png(S, S, rgb);
 }
 
 struct Turn {
@@ -131,7 +119,7 @@ int main(int argc, char** argv) {
   actors::ClusterOptions opts;
   opts.vision = *vm;
   opts.vision_threads = threads;
-  const std::string cat = picture(1), dog = picture(2);
+  const std::string cat = bench::picture(1), dog = bench::picture(2);
   const std::string turn1 = "USER: <__media__>\nWhat is in this picture? ASSISTANT:";
   std::printf("%s (%lld layers, width %lld) + %s; %d threads; 16 tokens per turn\n",
               std::filesystem::path(model_path).filename().c_str(),

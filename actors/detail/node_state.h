@@ -133,6 +133,15 @@ struct NodeState {
   struct VisionSlot {  // filled by the placement thread, read after its (placed) message
     std::shared_ptr<const model::VisionModel> model;
     uint64_t start_ms = 0, duration_ms = 0;  // its loading, from the daemon's start
+    /// Loads `mmproj` into `model`, timed from `started`; the error text, "" when loaded.
+    std::string load(const std::string& mmproj, Clock::time_point started) {
+      start_ms = ms_since(started);
+      auto v = model::load_vision_model(mmproj);
+      duration_ms = ms_since(started) - start_ms;
+      if (!v) return "[model] mmproj: " + v.error().message;
+      model = *v;
+      return {};
+    }
   };
   std::shared_ptr<VisionSlot> placed_vision;
   // The version of a placement that moved only image encoders (same_pipeline): the stages and
@@ -283,6 +292,9 @@ void route_image_answer(NodeSelf* self, const MessagePtr& m);
 // --- the head (node_head.cc) ----------------------------------------------------------------
 
 void head_init(NodeSelf* self);
+/// Sends placement `next` (a re-placement) to every other live node and starts it here; the
+/// members' reports are expected anew.
+void send_placement(NodeSelf* self, PlacementMsg next);
 /// The head's member table as a Membership message (also the status snapshot's).
 MembershipMsg membership_of(NodeSelf* self);
 void head_tick(NodeSelf* self);

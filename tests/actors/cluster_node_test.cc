@@ -670,12 +670,10 @@ TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
 TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string dir = shared + "/models/synth/llava-tiny/";
-  auto m = model::load_model(dir + "model.gguf");
-  ASSERT_TRUE(m) << m.error().message;
-  auto vm = model::load_vision_model(dir + "mmproj.gguf");
-  ASSERT_TRUE(vm) << vm.error().message;
-  auto enc = compute::VisionEncoder::create(*vm, 1);
-  ASSERT_TRUE(enc);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  auto& m = l.m;
+  auto& enc = l.enc;
   std::vector<GenerateRequest> reqs;
   std::vector<Reference> refs;
   for (const char* img : {"circles_64x64", "checker_50x40"}) {
@@ -723,12 +721,10 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
 TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplacement) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string dir = shared + "/models/synth/llava-tiny/";
-  auto m = model::load_model(dir + "model.gguf");
-  ASSERT_TRUE(m) << m.error().message;
-  auto vm = model::load_vision_model(dir + "mmproj.gguf");
-  ASSERT_TRUE(vm) << vm.error().message;
-  auto enc = compute::VisionEncoder::create(*vm, 1);
-  ASSERT_TRUE(enc);
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  auto& m = l.m;
+  auto& enc = l.enc;
   const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
   auto workload = [&](std::vector<const char*> images, std::vector<GenerateRequest>* reqs,
                       std::vector<Reference>* refs) {

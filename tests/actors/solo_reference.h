@@ -18,6 +18,7 @@
 #include "model/image.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "model/vision.h"
 
 namespace troupe::actors {
 
@@ -116,6 +117,22 @@ inline GenerateRequest file_request(const std::string& text, std::vector<std::st
   r.sampling.ignore_eos = true;
   r.return_logits = true;
   return r;
+}
+
+// The synthetic LLaVA pair of ../shared, and an encoder for reference rows.
+struct Llava {
+  Result<std::shared_ptr<const model::Model>> m = Error{1, "not loaded"};
+  Result<std::shared_ptr<const model::VisionModel>> vm = Error{1, "not loaded"};
+  Result<std::unique_ptr<compute::VisionEncoder>> enc = Error{1, "not loaded"};
+};
+
+inline void load_llava(const std::string& shared, Llava* l) {
+  l->m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+  ASSERT_TRUE(l->m) << l->m.error().message;
+  l->vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(l->vm) << l->vm.error().message;
+  l->enc = compute::VisionEncoder::create(*l->vm, 1);
+  ASSERT_TRUE(l->enc);
 }
 
 }  // namespace troupe::actors

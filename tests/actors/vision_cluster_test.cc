@@ -38,22 +38,6 @@ GenerateRequest request(const MultimodalPrompt& p, int64_t n) {
   return r;
 }
 
-// The synthetic LLaVA pair of ../shared, and an encoder for reference rows.
-struct Llava {
-  Result<std::shared_ptr<const model::Model>> m = Error{1, "not loaded"};
-  Result<std::shared_ptr<const model::VisionModel>> vm = Error{1, "not loaded"};
-  Result<std::unique_ptr<compute::VisionEncoder>> enc = Error{1, "not loaded"};
-};
-
-void load_llava(const std::string& shared, Llava* l) {
-  l->m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
-  ASSERT_TRUE(l->m) << l->m.error().message;
-  l->vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
-  ASSERT_TRUE(l->vm) << l->vm.error().message;
-  l->enc = compute::VisionEncoder::create(*l->vm, 1);
-  ASSERT_TRUE(l->enc);
-}
-
 // Runs `reqs` on every plan of 1..max_stages stages x prefix cache on/off x the budgets, each
 // result against its solo reference.
 void expect_plans_match(std::shared_ptr<const model::Model> m, int64_t max_stages,
