@@ -84,7 +84,7 @@ Digest key_of(const std::string& bytes) {
                                 {std::span<const uint8_t>(data, bytes.size())});
 }
 
-// --- an encoder instance ------------------------------------------------------------------------
+// --- an encoder instance --------------------------------------------------------------------
 
 struct WorkerState {
   std::unique_ptr<compute::VisionEncoder> encoder;
@@ -122,8 +122,7 @@ ImageWorkerActor::behavior_type worker_behavior(
   };
 }
 
-// --- the front
-// ------------------------------------------------------------------------------------
+// --- the front -----------------------------------------------------------------------------
 
 // One image file being encoded (or waiting for an instance), shared by every request that sent
 // the same bytes meanwhile.
