@@ -213,6 +213,14 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
   }
   const int64_t n_rows = st.vision->spec.n_image_tokens();
   const int64_t n_embd = st.vision->spec.n_embd_out;
+  {  // The receipt: the head stops waiting for one (it retries a job whose image was lost).
+    ImageRowsWire w;
+    w.job_id = job_id;
+    w.accepted = true;
+    auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
+                                  link->send_info(ActorRole::kEncoder, index));
+    if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
+  }
   auto job = std::make_shared<const ImageJob>(ImageJob{d->job.image, d->job.what});
   self->request(it->second, caf::infinite, image_atom::value, ImageJobPtr(job))
       .then([=](const ImageRowsPtr& r) { send_answer(*r, n_rows, n_embd); },

@@ -149,9 +149,17 @@ RemoteShardsActor::behavior_type remote_shards(
   };
 }
 
+// How long a job may go without the node's receipt before it counts as lost. The node sends the
+// receipt as soon as the image reaches its instance, before any encoding.
+constexpr auto kReceiptTimeout = std::chrono::seconds(5);
+
 struct RemoteImageState {
+  struct Job {
+    caf::typed_response_promise<ImageRowsPtr> promise;
+    bool accepted = false;  // the node's receipt came
+  };
   uint64_t next_id = 1;
-  std::map<uint64_t, caf::typed_response_promise<ImageRowsPtr>> pending;  // by job id
+  std::map<uint64_t, Job> pending;  // by job id
   static inline const char* name = "remote_image";
 };
 
@@ -182,7 +190,8 @@ RemoteImageActor::behavior_type remote_image(
           return unreachable(who + ": " + s.error().message);
         }
         auto rp = self->make_response_promise<ImageRowsPtr>();
-        self->state.pending.emplace(id, rp);
+        self->state.pending.emplace(id, RemoteImageState::Job{rp, false});
+        self->delayed_send(self, kReceiptTimeout, deadline_atom::value, id);
         return rp;
       },
       [=](combine_atom, const MessagePtr& m) {
@@ -198,7 +207,7 @@ RemoteImageActor::behavior_type remote_image(
           uint64_t job = 0;
           (void)peek_encoded_image(m->data(), lim.max_frame_bytes, &job);
           if (auto it = self->state.pending.find(job); it != self->state.pending.end()) {
-            auto rp = it->second;
+            auto rp = it->second.promise;
             self->state.pending.erase(it);
             auto r = std::make_shared<ImageRows>();
             r->error = who + " sent an answer that does not decode: " + d.error().message;
@@ -208,7 +217,11 @@ RemoteImageActor::behavior_type remote_image(
         }
         auto it = self->state.pending.find(d->job_id);
         if (it == self->state.pending.end()) return;  // the answer of a job given up
-        auto rp = it->second;
+        if (d->accepted) {
+          it->second.accepted = true;
+          return;
+        }
+        auto rp = it->second.promise;
         self->state.pending.erase(it);
         auto r = std::make_shared<ImageRows>();
         r->seconds = d->seconds;
@@ -220,9 +233,17 @@ RemoteImageActor::behavior_type remote_image(
         rp.deliver(ImageRowsPtr(std::move(r)));
       },
       [=](linkdown_atom) {
-        for (auto& [id, rp] : self->state.pending)
-          rp.deliver(unreachable("the link to " + node + " went down"));
+        for (auto& [id, job] : self->state.pending)
+          job.promise.deliver(unreachable("the link to " + node + " went down"));
         self->state.pending.clear();
+      },
+      [=](deadline_atom, uint64_t id) {
+        auto it = self->state.pending.find(id);
+        if (it == self->state.pending.end() || it->second.accepted) return;
+        auto rp = it->second.promise;
+        self->state.pending.erase(it);  // a late receipt or answer is then ignored
+        rp.deliver(unreachable(who + " did not take the image within " +
+                               std::to_string(kReceiptTimeout.count()) + " s"));
       },
   };
 }

@@ -82,6 +82,14 @@ Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, i
   const char* what = "encode_encoded_image";
   if (auto st = check_send(epoch, send, what); !st) return st.error();
   if (r.job_id == 0) return fail(WireErrc::kUnencodable, "encode_encoded_image: job id 0 is unset");
+  if (r.accepted)
+    return build_frame<schemas::EncodedImage>(
+        what, [&](schemas::EncodedImage::Builder root, WireFrame::Impl&) -> Status {
+          write_header(root.initHeader(), epoch, send);
+          root.setJobId(r.job_id);
+          root.setAccepted(true);
+          return Ok{};
+        });
   const bool failed = !r.error.empty();
   if (!failed && (n_rows < 1 || n_embd < 1 || !r.rows ||
                   r.rows->size() != static_cast<size_t>(n_rows * n_embd)))
@@ -142,6 +150,12 @@ Result<DecodedEncodedImage> decode_encoded_image(std::span<const uint8_t> frame,
         d.job_id = root.getJobId();
         if (d.job_id == 0) return fail(WireErrc::kInvalid, "EncodedImage.jobId: 0 is invalid");
         d.seconds = static_cast<double>(root.getEncodeNs()) * 1e-9;
+        if (root.getAccepted()) {
+          if (root.hasError() || root.hasRows())
+            return fail(WireErrc::kInvalid, "EncodedImage: a receipt with rows or an error");
+          d.accepted = true;
+          return d;
+        }
         if (root.hasError()) {
           if (root.hasRows())
             return fail(WireErrc::kInvalid, "EncodedImage: an error with rows, expected none");

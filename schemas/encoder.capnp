@@ -39,4 +39,7 @@ struct EncodedImage {
   # set when the image could not be decoded or encoded (then `rows` is absent)
   encodeNs @4 :UInt64;
   # ns the node spent decoding and encoding it
+  accepted @5 :Bool;
+  # true: a receipt, sent as the job reaches a running instance (no rows, no error): the head
+  # retries a job that gets none in time (its EncodeImage was lost); the rows follow
 }

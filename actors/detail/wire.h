@@ -327,12 +327,14 @@ struct ImageRowsWire {
   uint64_t job_id = 0;
   std::shared_ptr<const std::vector<float>> rows;  // referenced in place; null with an error
   std::string error;                               // "" = ok
-  bool retry = false;  // with an error: the instance is not running here (yet); try again
-  double seconds = 0;  // spent decoding and encoding
+  bool retry = false;     // with an error: the instance is not running here (yet); try again
+  double seconds = 0;     // spent decoding and encoding
+  bool accepted = false;  // a receipt: the job reached its instance (no rows, no error)
 };
 
-/// Encodes `r`: its rows must be n_rows x n_embd finite floats unless r.error is set (else
-/// kUnencodable: the caller sends an error answer instead).
+/// Encodes `r`: a receipt (accepted: nothing else is written), or rows that must be n_rows x
+/// n_embd finite floats unless r.error is set (else kUnencodable: the caller sends an error
+/// answer instead).
 Result<WireFrame> encode_encoded_image(const ImageRowsWire& r, int64_t n_rows, int64_t n_embd,
                                        uint64_t epoch, const SendInfo& send);
 
@@ -350,6 +352,7 @@ struct DecodedEncodedImage {
   std::string error;        // never empty when reported
   bool retry = false;       // ErrorReport.code kImageRetry: not the image's fault
   double seconds = 0;
+  bool accepted = false;  // a receipt (rows and error absent)
 };
 
 /// EncodedImage.error.code of an answer to try again elsewhere (retry); 0 for a bad image.
@@ -362,8 +365,9 @@ Result<WireHeader> peek_encoded_image(std::span<const uint8_t> frame,
                                       size_t max_frame_bytes = size_t{1} << 30,
                                       uint64_t* job_id = nullptr);
 
-/// Decodes and validates an EncodedImage: job id >= 1, rows f32 [n_rows, n_embd] with every
-/// value finite, unless an error is reported (then rows must be absent). Never throws.
+/// Decodes and validates an EncodedImage: job id >= 1; a receipt (accepted) carries neither rows
+/// nor an error; otherwise rows f32 [n_rows, n_embd] with every value finite, unless an error is
+/// reported (then rows must be absent). Never throws.
 Result<DecodedEncodedImage> decode_encoded_image(std::span<const uint8_t> frame,
                                                  const EncodedImageLimits& limits);
 

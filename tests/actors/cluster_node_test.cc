@@ -811,6 +811,41 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 
+// The head's first EncodeImage to the encoder's node is lost (a fault rule drops it): no receipt
+// comes, the head sends the image again, and the request ends with the single-process output.
+TEST(ClusterNode, ALostImageIsSentAgainAndTheOutputIsUnchanged) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
+  const std::string png = shared + "/golden/vlm/images/checker_50x40.png";
+  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+  const Reference ref = solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6);
+  std::vector<uint16_t> ports;
+  std::string t = cluster_toml(dir + "model.gguf", {{"a"}, {}}, &ports, "test-token", 2);
+  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  t += "[[encoder]]\nnode = \"b\"\nthreads = 1\n";
+  Nodes n;
+  n.tweak = [](NodeOptions& o) {
+    if (o.name != "a") return;
+    transport::FaultRule drop;
+    drop.action = transport::FaultAction::kDrop;
+    drop.peer = "b";
+    drop.type = detail::type_id(detail::ControlMsg::kEncodeImage);
+    drop.max_count = 1;
+    o.faults = {drop};
+  };
+  n.start(parse(t), 2);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  const auto res = (*client)->generate_many({file_request(text, {image_file(png)}, 6)});
+  expect_identical(res[0], ref, "the image sent twice");
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  EXPECT_EQ(nlohmann::json::parse(*st)["encoder"]["encoded"], 1) << *st;
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
+}
+
 // The only image encoder's node (b) leaves and the survivor has no room for it (a may hold
 // 1 MiB of weights; its stages take more): the encoder is dropped, text requests go on at
 // once, and a request with an image fails at once saying why.

@@ -324,6 +324,29 @@ TEST(WireEncodedImage, EncodeRefusesRowsThatAreNotFiniteAndPeekStillFindsTheJob)
   EXPECT_EQ(job, d->job_id);
 }
 
+TEST(WireEncodedImage, AReceiptCarriesNeitherRowsNorAnError) {
+  ImageRowsWire r;
+  r.job_id = 9;
+  r.accepted = true;
+  SendInfo send{{3, ActorRole::kEncoder, 0}, 1, 0};
+  auto f = encode_encoded_image(r, kRows, kEmbd, kEpoch, send);
+  ASSERT_TRUE(f) << f.error().message;
+  auto d = decode_encoded_image(f->flatten(), encoded_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_TRUE(d->accepted);
+  EXPECT_EQ(d->job_id, 9u);
+  EXPECT_TRUE(d->rows.empty());
+  EXPECT_TRUE(d->error.empty());
+  // An answer with rows or an error is not a receipt, and a receipt with either is refused.
+  auto full = decode_encoded_image(valid_encoded_image(), encoded_limits());
+  ASSERT_TRUE(full);
+  EXPECT_FALSE(full->accepted);
+  Bytes both = mutate<schemas::EncodedImage>(valid_encoded_image(),
+                                             [](auto root) { root.setAccepted(true); });
+  expect_error(decode_encoded_image(both, encoded_limits()), wire(WireErrc::kInvalid),
+               "EncodedImage: a receipt with rows or an error");
+}
+
 TEST(WireEncodedImage, RejectsRowsWithAnErrorAndNeitherRowsNorError) {
   Bytes both = mutate<schemas::EncodedImage>(
       valid_encoded_image(), [](auto root) { root.initError().setMessage("boom"); });

@@ -209,7 +209,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       run(decode_encoded_image(f, encoded_image_limits()), [&](const DecodedEncodedImage& d) {
         header(d);
         require(d.job_id >= 1);
-        if (d.error.empty()) {
+        if (d.accepted) {
+          require(d.rows.empty() && d.error.empty());
+        } else if (d.error.empty()) {
           require(d.rows.size() == static_cast<size_t>(kImageRows * kEmbd));
           for (float v : d.rows) require(std::isfinite(v));
         } else {

@@ -244,9 +244,12 @@ void image_seeds(const std::filesystem::path& dir) {
   ImageRowsWire bad = retry;
   bad.error = "image 2: not a PNG or JPEG file";
   bad.retry = false;
+  ImageRowsWire receipt;
+  receipt.job_id = 42;
+  receipt.accepted = true;
   const EncodedImageLimits il = encoded_image_limits();
   const std::pair<const char*, const ImageRowsWire*> answers[] = {
-      {"rows", &rows}, {"retry", &retry}, {"error", &bad}};
+      {"rows", &rows}, {"retry", &retry}, {"error", &bad}, {"receipt", &receipt}};
   for (const auto& [name, answer] : answers) {
     const auto frame = encode_encoded_image(*answer, kImageRows, kEmbd, kEpoch, encoder);
     emit(dir, std::string("encoded_image_") + name, Decoder::kEncodedImage, frame,
