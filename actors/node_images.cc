@@ -237,10 +237,21 @@ void route_image_answer(NodeSelf* self, const MessagePtr& m) {
   auto& st = self->state;
   auto who = peek_encoded_image(m->data());
   if (!who) return drop_malformed(self, m, "image encoder answer", who.error().message);
-  auto it = st.image_proxies.find(who->sender.index);
+  const uint32_t index = who->sender.index;
+  auto it = st.image_proxies.find(index);
   if (it == st.image_proxies.end())
     return drop_malformed(self, m, "image encoder answer",
-                          "no image went to encoder " + std::to_string(who->sender.index));
+                          "no image went to encoder " + std::to_string(index));
+  // Only from the node the instance is placed on now: a late answer of its previous node (which
+  // the head declared gone) must not complete a job of the new one.
+  std::string placed_on;
+  for (const auto& e : st.placement->encoders)
+    if (e.index == index) placed_on = member_name(self, e.node_id);
+  const std::string from = st.link->peer_name(m->peer);
+  if (from != placed_on)
+    return drop_malformed(
+        self, m, "image encoder answer",
+        "encoder " + std::to_string(index) + " is on " + placed_on + ", not " + from);
   self->send(it->second, combine_atom::value, m);
 }
 

@@ -1,6 +1,7 @@
 // Remote proxies (see detail/remote.h): encode in-process messages and send them over the Link.
 #include "actors/detail/remote.h"
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 
@@ -153,12 +154,15 @@ RemoteShardsActor::behavior_type remote_shards(
 // receipt as soon as the image reaches its instance, before any encoding.
 constexpr auto kReceiptTimeout = std::chrono::seconds(5);
 
+// Job ids, unique in this process across proxies, so that no answer can be taken for another
+// proxy's job.
+std::atomic<uint64_t> next_image_job{1};
+
 struct RemoteImageState {
   struct Job {
     caf::typed_response_promise<ImageRowsPtr> promise;
     bool accepted = false;  // the node's receipt came
   };
-  uint64_t next_id = 1;
   std::map<uint64_t, Job> pending;  // by job id
   static inline const char* name = "remote_image";
 };
@@ -176,7 +180,7 @@ RemoteImageActor::behavior_type remote_image(
   const std::string who = "image encoder " + std::to_string(index) + " on " + node;
   return {
       [=](image_atom, const ImageJobPtr& job) -> caf::result<ImageRowsPtr> {
-        const uint64_t id = self->state.next_id++;
+        const uint64_t id = next_image_job.fetch_add(1);
         ImageJobWire w{id, index, job->bytes, job->what};
         auto f = encode_encode_image(w, link->epoch(), link->send_info(ActorRole::kEncoder, index));
         Status s = f ? link->send(node, ControlMsg::kEncodeImage, *f) : Status(f.error());
