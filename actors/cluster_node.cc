@@ -10,7 +10,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -45,9 +44,8 @@ ResourcesInfo node_resources(NodeSelf* self) {
     for (const auto& s : st.placement->shards)
       if (s.node_id == me)
         used += actor_weight_bytes(spec, *st.placement, ActorRole::kExpertShard, s.shard);
-    std::error_code ec;
     for (const auto& e : st.placement->encoders)
-      if (e.node_id == me) used += std::filesystem::file_size(st.plan.mmproj, ec);
+      if (e.node_id == me) used += mmproj_bytes(st.plan);
   }
   const uint64_t limit = static_cast<uint64_t>(st.me.memory_limit_mb) << 20;
   r.free_memory_bytes = std::min(r.free_memory_bytes, limit > used ? limit - used : 0);

@@ -1,7 +1,9 @@
 // Image encoding (see encoder.h): the front (cache, jobs, layout) and the encoder instances.
 #include "actors/encoder.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <list>
 #include <map>
@@ -147,11 +149,6 @@ struct Pending {
   size_t missing = 0;
 };
 
-struct Instance {
-  ImageWorkerActor actor;
-  int jobs = 0;  // dispatched and not answered
-};
-
 struct FrontState {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const model::VisionModel> vision;
@@ -159,7 +156,7 @@ struct FrontState {
   std::shared_ptr<EncoderCounters> n;
   std::map<uint64_t, Pending> requests;
   std::map<Digest, Job> jobs;
-  std::vector<Instance> instances;
+  std::vector<ImageWorkerActor> instances;
   uint64_t next_request = 1, next_attempt = 1;
   bool timer = false;  // a (deadline) is on its way
   std::string none;    // why there is no instance and none is coming; "" = one is or may be
@@ -215,17 +212,11 @@ void fail_job(Front self, const Digest& key, const std::string& why) {
   for (const auto& [id, index] : waiters) answer(self, id, why);
 }
 
-void release(Front self, const caf::actor_addr& worker) {
-  for (auto& in : self->state.instances)
-    if (in.actor.address() == worker && in.jobs > 0) --in.jobs;
-}
-
 void on_rows(Front self, const Digest& key, uint64_t attempt, const ImageRowsPtr& r) {
   auto& st = self->state;
   auto it = st.jobs.find(key);
   if (it == st.jobs.end() || it->second.attempt != attempt) return;  // re-sent meanwhile
   Job& job = it->second;
-  release(self, job.worker);
   const caf::actor_addr failed_on = job.worker;
   job.worker = caf::actor_addr{};
   if (!r->error.empty()) {
@@ -262,24 +253,27 @@ void on_rows(Front self, const Digest& key, uint64_t attempt, const ImageRowsPtr
 void dispatch(Front self, const Digest& key) {
   auto& st = self->state;
   Job& job = st.jobs.at(key);
-  if (st.instances.empty() || Clock::now() < job.not_before) {
-    if (job.worker) release(self, job.worker);
-    job.worker = caf::actor_addr{};
+  if (st.instances.empty() || Clock::now() < job.not_before)
     return arm_timer(self, st.instances.empty() ? Clock::duration(kNoEncoderWait)
                                                 : job.not_before - Clock::now());
+  // The instance with the fewest jobs in hand, not the one that just failed this job if there is
+  // another.
+  const ImageWorkerActor* best = nullptr;
+  size_t best_jobs = 0;
+  for (const auto& in : st.instances) {
+    if (in.address() == job.failed_on && st.instances.size() > 1) continue;
+    size_t jobs = 0;
+    for (const auto& [k, other] : st.jobs) jobs += other.worker == in.address();
+    if (!best || jobs < best_jobs) {
+      best = &in;
+      best_jobs = jobs;
+    }
   }
-  // The instance with the fewest jobs, not the one that just failed this job if there is another.
-  Instance* best = nullptr;
-  for (auto& in : st.instances) {
-    const bool failed = in.actor.address() == job.failed_on && st.instances.size() > 1;
-    if (!failed && (!best || in.jobs < best->jobs)) best = &in;
-  }
-  ++best->jobs;
-  job.worker = best->actor.address();
+  job.worker = best->address();
   job.attempt = st.next_attempt++;
   const uint64_t attempt = job.attempt;
   auto msg = std::make_shared<const ImageJob>(ImageJob{job.bytes, job.what});
-  self->request(best->actor, kJobTimeout, image_atom::value, ImageJobPtr(msg))
+  self->request(*best, kJobTimeout, image_atom::value, ImageJobPtr(msg))
       .then([self, key, attempt](const ImageRowsPtr& r) { on_rows(self, key, attempt, r); },
             [self, key, attempt](const caf::error& e) {
               auto r = std::make_shared<ImageRows>();
@@ -357,21 +351,17 @@ EncoderActor::behavior_type front_behavior(Front self, std::shared_ptr<const mod
       [=](encoders_atom, const std::vector<ImageWorkerActor>& list) {
         auto& st = self->state;
         st.none.clear();
-        std::vector<Instance> next;
+        st.instances.clear();
         for (const auto& a : list)
-          if (a) next.push_back({a, 0});
+          if (a) st.instances.push_back(a);
         // Jobs on instances that stay keep them; the others go out again.
         std::vector<Digest> resend;
-        for (auto& [key, job] : st.jobs) {
-          bool kept = false;
-          for (auto& in : next)
-            if (job.worker && in.actor.address() == job.worker) {
-              ++in.jobs;
-              kept = true;
-            }
+        for (const auto& [key, job] : st.jobs) {
+          const caf::actor_addr& on = job.worker;
+          const bool kept = std::any_of(st.instances.begin(), st.instances.end(),
+                                        [&on](const auto& in) { return in.address() == on; });
           if (!kept) resend.push_back(key);
         }
-        st.instances = std::move(next);
         for (const Digest& k : resend) {
           Job& job = st.jobs.at(k);
           job.worker = caf::actor_addr{};

@@ -315,16 +315,8 @@ void replace_actors(NodeSelf* self, const std::string& what) {
   std::map<uint32_t, Survivor> alive;
   for (const auto& [n, mem] : st.members)
     if (mem.state == MemberState::kAlive) alive[mem.node_id] = {mem.resources.free_memory_bytes};
-  const auto& spec = st.model->spec;
   const PlacementMsg& old = *st.placement;
-  auto next = replan(old, alive, [&](ActorRole role, uint32_t index) -> uint64_t {
-    if (role == ActorRole::kEncoder) {  // the whole mmproj
-      std::error_code ec;
-      const auto n = std::filesystem::file_size(st.plan.mmproj, ec);
-      return ec ? 0 : static_cast<uint64_t>(n);
-    }
-    return actor_weight_bytes(spec, old, role, index);
-  });
+  auto next = replan(old, alive, actor_bytes_of(self, old));
   if (place_encoders_only(self, what, old, alive, next)) return;
   if (!next) return wait_for_capacity(self, what, next.error().message);
   if (st.awaiting_capacity)

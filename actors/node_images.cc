@@ -3,6 +3,7 @@
 // sends (EncodeImage) and routing the answers (EncodedImage) to the proxy that asked; restarts
 // and lost links. Runs on the node actor (detail/node_state.h).
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include <caf/send.hpp>
@@ -38,6 +39,30 @@ std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
 }
 
 }  // namespace
+
+uint64_t mmproj_bytes(const Plan& plan) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(plan.mmproj, ec);
+  return ec ? 0 : static_cast<uint64_t>(n);
+}
+
+std::function<uint64_t(ActorRole, uint32_t)> actor_bytes_of(NodeSelf* self,
+                                                            const PlacementMsg& pl) {
+  return [self, &pl](ActorRole role, uint32_t index) -> uint64_t {
+    auto& st = self->state;
+    return role == ActorRole::kEncoder ? mmproj_bytes(st.plan)
+                                       : actor_weight_bytes(st.model->spec, pl, role, index);
+  };
+}
+
+std::string mmproj_to_load(NodeSelf* self, const PlacementMsg& pl) {
+  auto& st = self->state;
+  if (st.vision) return {};
+  const uint32_t me = st.link->node_id();
+  for (const auto& e : pl.encoders)
+    if (e.node_id == me) return st.plan.mmproj;
+  return {};
+}
 
 std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_t me) {
   auto& st = self->state;
@@ -85,10 +110,7 @@ bool place_encoders_only(NodeSelf* self, const std::string& what, const Placemen
         kept.encoders.push_back(
             {static_cast<uint32_t>(kept.encoders.size()), e.node_id, e.threads});
     if (kept.encoders.size() == old.encoders.size()) return false;
-    const auto& spec = st.model->spec;
-    auto without = replan(kept, alive, [&](ActorRole role, uint32_t index) -> uint64_t {
-      return actor_weight_bytes(spec, old, role, index);
-    });
+    auto without = replan(kept, alive, actor_bytes_of(self, old));
     if (!without) return false;
     std::fprintf(stderr, "troupe: head: %s; its image encoders are dropped: %s\n", what.c_str(),
                  next.error().message.c_str());
@@ -122,16 +144,13 @@ void replace_image_encoders(NodeSelf* self, PlacementMsg p) {
   stop_image_encoders(self);
   st.placement = std::move(p);
   st.encoders_only = st.placement->version;
-  const uint32_t me = st.link->node_id();
-  bool here = false;
-  for (const auto& e : st.placement->encoders) here |= e.node_id == me;
   auto slot = std::make_shared<NodeState::VisionSlot>();
   st.placed_vision = slot;
-  if (!here || st.vision) return finish_image_encoders(self, st.placement->version, "");
+  const std::string mmproj = mmproj_to_load(self, *st.placement);
+  if (mmproj.empty()) return finish_image_encoders(self, st.placement->version, "");
   // First instance on this node: load the mmproj off the node actor.
   NodeActor node = caf::actor_cast<NodeActor>(self);
   const uint64_t version = st.placement->version;
-  const std::string mmproj = st.plan.mmproj;
   const auto started = st.started;
   std::thread([node, version, mmproj, slot, started] {
     const std::string error = slot->load(mmproj, started);  // read after the message
@@ -191,18 +210,22 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
   const transport::PeerId peer = m->peer;
   const uint64_t job_id = d->job.job_id;
   const uint32_t index = d->job.encoder;
-  auto send_answer = [link, peer, job_id, index](const ImageRows& r, int64_t n_rows,
-                                                 int64_t n_embd) {
-    ImageRowsWire w{job_id, r.rows, r.error, r.retry, r.seconds};
+  // Sends w (job_id set here) on the link the image came by; an answer with no wire form (rows
+  // that are not finite, ...) goes as the error that says so.
+  auto send = [link, peer, job_id, index](ImageRowsWire w, int64_t n_rows, int64_t n_embd) {
+    w.job_id = job_id;
     auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
                                   link->send_info(ActorRole::kEncoder, index));
     if (!f) {
       w = {job_id, nullptr, "the encoder's answer has no wire form: " + f.error().message, false,
-           r.seconds};
+           w.seconds};
       f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
                                link->send_info(ActorRole::kEncoder, index));
     }
     if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
+  };
+  auto send_answer = [send](const ImageRows& r, int64_t n_rows, int64_t n_embd) {
+    send({0, r.rows, r.error, r.retry, r.seconds}, n_rows, n_embd);
   };
   auto it = st.image_workers.find(index);
   if (it == st.image_workers.end() || !st.vision) {
@@ -213,14 +236,10 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
   }
   const int64_t n_rows = st.vision->spec.n_image_tokens();
   const int64_t n_embd = st.vision->spec.n_embd_out;
-  {  // The receipt: the head stops waiting for one (it retries a job whose image was lost).
-    ImageRowsWire w;
-    w.job_id = job_id;
-    w.accepted = true;
-    auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
-                                  link->send_info(ActorRole::kEncoder, index));
-    if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
-  }
+  // The receipt: the head stops waiting for one (it retries a job whose image was lost).
+  ImageRowsWire receipt;
+  receipt.accepted = true;
+  send(receipt, n_rows, n_embd);
   auto job = std::make_shared<const ImageJob>(ImageJob{d->job.image, d->job.what});
   self->request(it->second, caf::infinite, image_atom::value, ImageJobPtr(job))
       .then([=](const ImageRowsPtr& r) { send_answer(*r, n_rows, n_embd); },

@@ -249,10 +249,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   if (st.head && !pl.stages.empty()) want(pl.stages[0].node_id);
   if (st.head)
     for (const auto& e : pl.encoders) want(e.node_id);
-  // An image encoder instance placed here needs the mmproj (the head loaded it at start).
-  bool encoder_here = false;
-  for (const auto& e : pl.encoders) encoder_here |= e.node_id == me;
-  const std::string mmproj = encoder_here && !st.vision ? st.plan.mmproj : std::string();
+  const std::string mmproj = mmproj_to_load(self, pl);
   auto vision_slot = std::make_shared<NodeState::VisionSlot>();
   st.placed_vision = vision_slot;
   auto link = st.link;

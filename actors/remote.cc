@@ -167,6 +167,16 @@ struct RemoteImageState {
   static inline const char* name = "remote_image";
 };
 
+// Answers job `id` with `r` and forgets it; a job no longer pending (answered, given up) is left.
+void answer_job(RemoteImageActor::stateful_pointer<RemoteImageState> self, uint64_t id,
+                ImageRowsPtr r) {
+  auto it = self->state.pending.find(id);
+  if (it == self->state.pending.end()) return;
+  auto rp = it->second.promise;
+  self->state.pending.erase(it);
+  rp.deliver(std::move(r));
+}
+
 ImageRowsPtr unreachable(const std::string& why) {
   auto r = std::make_shared<ImageRows>();
   r->error = why;
@@ -210,23 +220,15 @@ RemoteImageActor::behavior_type remote_image(
           // Its job ends with the reason rather than wait for an answer that will not come.
           uint64_t job = 0;
           (void)peek_encoded_image(m->data(), lim.max_frame_bytes, &job);
-          if (auto it = self->state.pending.find(job); it != self->state.pending.end()) {
-            auto rp = it->second.promise;
-            self->state.pending.erase(it);
-            auto r = std::make_shared<ImageRows>();
-            r->error = who + " sent an answer that does not decode: " + d.error().message;
-            rp.deliver(ImageRowsPtr(std::move(r)));
-          }
-          return;
+          auto r = std::make_shared<ImageRows>();
+          r->error = who + " sent an answer that does not decode: " + d.error().message;
+          return answer_job(self, job, std::move(r));
         }
-        auto it = self->state.pending.find(d->job_id);
-        if (it == self->state.pending.end()) return;  // the answer of a job given up
         if (d->accepted) {
-          it->second.accepted = true;
+          if (auto it = self->state.pending.find(d->job_id); it != self->state.pending.end())
+            it->second.accepted = true;
           return;
         }
-        auto rp = it->second.promise;
-        self->state.pending.erase(it);
         auto r = std::make_shared<ImageRows>();
         r->seconds = d->seconds;
         r->retry = d->retry;
@@ -234,7 +236,7 @@ RemoteImageActor::behavior_type remote_image(
           r->error = d->error;
         else
           r->rows = std::make_shared<const std::vector<float>>(std::move(d->rows));
-        rp.deliver(ImageRowsPtr(std::move(r)));
+        answer_job(self, d->job_id, std::move(r));
       },
       [=](linkdown_atom) {
         for (auto& [id, job] : self->state.pending)
@@ -244,9 +246,9 @@ RemoteImageActor::behavior_type remote_image(
       [=](deadline_atom, uint64_t id) {
         auto it = self->state.pending.find(id);
         if (it == self->state.pending.end() || it->second.accepted) return;
-        auto rp = it->second.promise;
-        self->state.pending.erase(it);  // a late receipt or answer is then ignored
-        rp.deliver(unreachable(who + " did not take the image within " +
+        // A late receipt or answer is then ignored.
+        answer_job(self, id,
+                   unreachable(who + " did not take the image within " +
                                std::to_string(kReceiptTimeout.count()) + " s"));
       },
   };

@@ -83,7 +83,6 @@ struct KvStats {
   }
 };
 
-/// What add_sequence would find for a token sequence, without taking anything (admission).
 /// Positions [begin, end) of a sequence that a prefix-cache hit takes whole or not at all (a
 /// non-causal image, which must be computed in one step): a hit that would end strictly inside
 /// one ends before it instead.
@@ -91,6 +90,7 @@ struct KvWholeSpan {
   int64_t begin = 0, end = 0;
 };
 
+/// What add_sequence would find for a token sequence, without taking anything (admission).
 struct KvPrefixMatch {
   int64_t num_computed_tokens = 0;  // num_blocks * block_size
   int64_t num_blocks = 0;           // leading full blocks found in the cache

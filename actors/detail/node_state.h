@@ -262,6 +262,14 @@ std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint
 
 // --- image encoder instances (node_images.cc) -------------------------------------------------
 
+/// The mmproj to load for placement pl: the plan's when it puts an encoder instance on this node
+/// and the node has none loaded yet (the head loads it at start), else "".
+std::string mmproj_to_load(NodeSelf* self, const PlacementMsg& pl);
+/// Bytes of an encoder instance's weights (the mmproj file), for memory accounting; 0 if unknown.
+uint64_t mmproj_bytes(const Plan& plan);
+/// The weight bytes of actor (role, index) of placement pl (replan's actor_bytes): the tensors of
+/// a stage or shard (actor_weight_bytes), the mmproj of an image encoder. Keeps a reference to pl.
+std::function<uint64_t(ActorRole, uint32_t)> actor_bytes_of(NodeSelf* self, const PlacementMsg& pl);
 /// Starts the encoder instances of placement pl placed on node `me` (loaded by the placement
 /// thread into placed_vision) and, on the head, the proxies of the others; tells the head's front.
 /// Returns an error text, "" when all started.

@@ -665,11 +665,43 @@ TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
   expect_same(got, want);
 }
 
+// A cluster TOML (cluster_toml) for the synthetic LLaVA pair of shared/, with its mmproj; `extra`
+// ([[encoder]] tables, ...) goes at the end.
+std::string llava_toml(const std::string& shared, const Layout& l, std::vector<uint16_t>* ports,
+                       size_t num_nodes = 3, const std::string& extra = "") {
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  std::string t = cluster_toml(dir + "model.gguf", l, ports, "test-token", num_nodes);
+  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  return t + extra;
+}
+
+// Polls the head's status every 100 ms until `done` holds for a snapshot, up to 30 s (a hang
+// guard, not a timing check); *raw gets the last snapshot read.
+bool wait_for_status(ClusterClient& c, const std::function<bool(const nlohmann::json&)>& done,
+                     std::string* raw) {
+  for (int i = 0; i < 300; ++i) {
+    std::this_thread::sleep_for(100ms);
+    auto st = c.status_json();
+    if (!st) continue;
+    *raw = *st;
+    if (done(nlohmann::json::parse(*st))) return true;
+  }
+  return false;
+}
+
+// The names of the actors a serving cluster's snapshot shows running (none while not serving).
+std::set<std::string> running_actors(const nlohmann::json& j) {
+  std::set<std::string> out;
+  if (!j["serving"].get<bool>()) return out;
+  for (const auto& a : j["actors"])
+    if (a["state"] == "running") out.insert(a["name"].get<std::string>());
+  return out;
+}
+
 // A vision-language pair: the head encodes the images clients send ([model] mmproj), stages on
 // the other two nodes splice them; tokens and logits equal the single-process engine's.
 TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string dir = shared + "/models/synth/llava-tiny/";
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
   auto& m = l.m;
@@ -687,10 +719,8 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   reqs.push_back(bad);
 
   std::vector<uint16_t> ports;
-  std::string toml = cluster_toml(dir + "model.gguf", {{"b", "c"}, {}}, &ports);
-  toml.insert(toml.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
   Nodes n;
-  n.start(parse(toml), 3);
+  n.start(parse(llava_toml(shared, {{"b", "c"}, {}}, &ports)), 3);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
   const auto res = (*client)->generate_many(reqs);
@@ -720,7 +750,6 @@ TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
 // running), and new images are encoded there with the same output.
 TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplacement) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string dir = shared + "/models/synth/llava-tiny/";
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
   auto& m = l.m;
@@ -740,29 +769,20 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   workload({"gradient_32x32"}, &later, &later_refs);
 
   std::vector<uint16_t> ports;
-  std::string toml = cluster_toml(dir + "model.gguf", {{"a", "b"}, {}}, &ports);
-  toml.insert(toml.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
-  toml += "[[encoder]]\nnode = \"b\"\nthreads = 1\n[[encoder]]\nnode = \"c\"\nthreads = 1\n";
   Nodes n;
-  n.start(parse(toml), 3);
+  n.start(parse(llava_toml(
+              shared, {{"a", "b"}, {}}, &ports, 3,
+              "[[encoder]]\nnode = \"b\"\nthreads = 1\n[[encoder]]\nnode = \"c\"\nthreads = 1\n")),
+          3);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
   auto res = (*client)->generate_many(reqs);
   for (size_t i = 0; i < refs.size(); ++i)
     expect_identical(res[i], refs[i], "request " + std::to_string(i));
-  auto actors = [&](std::string* raw) {
-    std::set<std::string> out;
-    auto st = (*client)->status_json();
-    if (!st) return out;
-    *raw = *st;
-    const auto j = nlohmann::json::parse(*st);
-    if (!j["serving"].get<bool>()) return out;
-    for (const auto& a : j["actors"])
-      if (a["state"] == "running") out.insert(a["name"].get<std::string>());
-    return out;
-  };
-  std::string raw;
-  auto placed = actors(&raw);
+  auto first = (*client)->status_json();
+  ASSERT_TRUE(first) << first.error().message;
+  std::string raw = *first;
+  const auto placed = running_actors(nlohmann::json::parse(raw));
   EXPECT_TRUE(placed.count("encoder/0@b") && placed.count("encoder/1@c")) << raw;
   EXPECT_EQ(nlohmann::json::parse(raw)["encoder"]["encoded"], 2) << raw;
   // The nodes of the instances load the encoder as a start-up phase of their own.
@@ -773,12 +793,13 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   EXPECT_EQ(loaded, (std::set<std::string>{"a", "b", "c"})) << raw;
 
   n.nodes[2]->leave("test");
-  bool moved = false;
-  for (int i = 0; i < 300 && !moved; ++i) {  // up to 30 s: a hang guard, not a timing check
-    std::this_thread::sleep_for(100ms);
-    placed = actors(&raw);
-    moved = placed.count("encoder/0@b") && placed.count("encoder/1@a");
-  }
+  const bool moved = wait_for_status(
+      **client,
+      [](const nlohmann::json& j) {
+        const auto on = running_actors(j);
+        return on.count("encoder/0@b") && on.count("encoder/1@a");
+      },
+      &raw);
   ASSERT_TRUE(moved) << "encoder 1 was not re-placed on a: " << raw;
   // Only the encoder moved: the stages kept running (no node started its actors again, as a
   // re-placement of the pipeline would), and a took the instance without reloading the mmproj.
@@ -815,16 +836,14 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
 // comes, the head sends the image again, and the request ends with the single-process output.
 TEST(ClusterNode, ALostImageIsSentAgainAndTheOutputIsUnchanged) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string dir = shared + "/models/synth/llava-tiny/";
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
   const std::string png = shared + "/golden/vlm/images/checker_50x40.png";
   const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
   const Reference ref = solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6);
   std::vector<uint16_t> ports;
-  std::string t = cluster_toml(dir + "model.gguf", {{"a"}, {}}, &ports, "test-token", 2);
-  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
-  t += "[[encoder]]\nnode = \"b\"\nthreads = 1\n";
+  const std::string t =
+      llava_toml(shared, {{"a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
   Nodes n;
   n.tweak = [](NodeOptions& o) {
     if (o.name != "a") return;
@@ -851,13 +870,11 @@ TEST(ClusterNode, ALostImageIsSentAgainAndTheOutputIsUnchanged) {
 // once, and a request with an image fails at once saying why.
 TEST(ClusterNode, AnEncoderWithNoRoomIsDroppedAndTextKeepsBeingServed) {
   TROUPE_SHARED_OR_SKIP(shared);
-  const std::string dir = shared + "/models/synth/llava-tiny/";
   std::vector<uint16_t> ports;
-  std::string t = cluster_toml(dir + "model.gguf", {{"a", "a"}, {}}, &ports, "test-token", 2);
-  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
+  std::string t =
+      llava_toml(shared, {{"a", "a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
   const std::string a = "name = \"a\"\n";
   t.insert(t.find(a) + a.size(), "memory_limit_mb = 1\n");
-  t += "[[encoder]]\nnode = \"b\"\nthreads = 1\n";
   Nodes n;
   n.start(parse(t), 2);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
@@ -867,17 +884,15 @@ TEST(ClusterNode, AnEncoderWithNoRoomIsDroppedAndTextKeepsBeingServed) {
   ASSERT_TRUE((*client)->generate_many({image})[0].ok());
   n.nodes[1]->leave("test");
   std::string raw;
-  bool dropped = false;
-  for (int i = 0; i < 300 && !dropped; ++i) {  // up to 30 s: a hang guard, not a timing check
-    std::this_thread::sleep_for(100ms);
-    auto st = (*client)->status_json();
-    if (!st) continue;
-    raw = *st;
-    const auto j = nlohmann::json::parse(raw);
-    dropped = j["placement_version"] == 2 && j["serving"].get<bool>();
-    for (const auto& a : j["actors"])
-      dropped &= a["name"].get<std::string>().rfind("encoder/", 0) != 0;
-  }
+  const bool dropped = wait_for_status(
+      **client,
+      [](const nlohmann::json& j) {
+        bool none = j["placement_version"] == 2 && j["serving"].get<bool>();
+        for (const auto& a : j["actors"])
+          none &= a["name"].get<std::string>().rfind("encoder/", 0) != 0;
+        return none;
+      },
+      &raw);
   ASSERT_TRUE(dropped) << raw;
   GenerateRequest text;
   text.prompt = "Once upon a time";

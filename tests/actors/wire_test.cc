@@ -33,6 +33,7 @@ const SendInfo kSend{
 
 using testing::Bytes;
 using testing::expect_error;
+using testing::flip_bytes;
 using testing::mutate;
 using testing::schema;
 using testing::wire;
@@ -825,25 +826,6 @@ TEST(WireExpert, RejectsBadDispatches) {
 }
 
 // ---- Byte flips: decoding must never crash (run under ASan) ----
-
-template <class Decode>
-void flip_bytes(const Bytes& valid, int iterations, uint32_t seed, Decode decode) {
-  std::mt19937 gen(seed);
-  int accepted = 0;
-  for (int it = 0; it < iterations; ++it) {
-    Bytes frame = valid;
-    const int flips = 1 + static_cast<int>(gen() % 4);
-    for (int k = 0; k < flips; ++k)
-      frame[gen() % frame.size()] ^= static_cast<uint8_t>(1 + gen() % 255);
-    auto r = decode(frame);
-    if (r) {
-      ++accepted;  // a flip inside a payload or an unchecked field is still a valid message
-    } else {
-      EXPECT_FALSE(r.error().message.empty());
-    }
-  }
-  EXPECT_LT(accepted, iterations);
-}
 
 TEST(WireFuzz, FlippedBytesNeverCrashTheDecoders) {
   flip_bytes(encode_valid_step(1), 2000, 1,

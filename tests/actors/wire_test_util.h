@@ -1,8 +1,9 @@
-// Helpers of the wire codec tests (wire_test.cc, control_wire_test.cc): breaking a valid frame
-// on purpose and checking the error a decoder gives for it.
+// Helpers of the wire codec tests (wire_test.cc, wire_images_test.cc, control_wire_test.cc):
+// breaking a valid frame on purpose and checking the error a decoder gives for it.
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,28 @@ void expect_error(const Result<T>& r, int code, const std::string& text) {
   EXPECT_EQ(r.error().code, code) << r.error().message;
   EXPECT_CONTAINS(r.error().message, text);
   EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << "one line: " << r.error().message;
+}
+
+// Flips 1-4 random bytes of `valid` `iterations` times: decode must never crash (run under
+// ASan), and every rejection is a one-line message; some flips must be rejected.
+template <class Decode>
+void flip_bytes(const Bytes& valid, int iterations, uint32_t seed, Decode decode) {
+  std::mt19937 gen(seed);
+  int accepted = 0;
+  for (int it = 0; it < iterations; ++it) {
+    Bytes frame = valid;
+    const int flips = 1 + static_cast<int>(gen() % 4);
+    for (int k = 0; k < flips; ++k)
+      frame[gen() % frame.size()] ^= static_cast<uint8_t>(1 + gen() % 255);
+    auto r = decode(frame);
+    if (r) {
+      ++accepted;  // a flip inside a payload or an unchecked field is still a valid message
+    } else {
+      EXPECT_FALSE(r.error().message.empty());
+      EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << r.error().message;
+    }
+  }
+  EXPECT_LT(accepted, iterations);
 }
 
 inline int wire(WireErrc e) { return code(e); }
