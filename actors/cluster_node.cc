@@ -211,6 +211,7 @@ void worker_tick(NodeSelf* self) {
   hb.uptime_ms = ms_since(st.started);
   transport_counters(self, &hb.links, &hb.transport);
   send_to(self, st.head_peer, hb, ActorRole::kNodeDaemon);
+  repeat_image_receipts(self);
   const auto silent = ms_since(st.last_ack);
   if (silent > st.lease_ms && !st.head_lost) {
     st.head_lost = true;

@@ -130,6 +130,7 @@ Result<EncoderInfo> read_encoder(schemas::EncoderCounters::Reader src, const Con
   e.encode_seconds = src.getEncodeSeconds();
   e.cache_entries = src.getCacheEntries();
   e.cache_bytes = src.getCacheBytes();
+  e.retried = src.getRetried();
   if (!std::isfinite(e.encode_seconds) || e.encode_seconds < 0)
     return fail(WireErrc::kInvalid,
                 strfmt("StatusSnapshot.encoder.encodeSeconds: %g, expected a finite time >= 0",
@@ -168,6 +169,7 @@ Result<WireFrame> encode(const StatusSnapshotMsg& m, const SendInfo& send) {
           e.setEncodeSeconds(m.encoder.encode_seconds);
           e.setCacheEntries(m.encoder.cache_entries);
           e.setCacheBytes(m.encoder.cache_bytes);
+          e.setRetried(m.encoder.retried);
         }
         return Ok{};
       });

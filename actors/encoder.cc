@@ -222,6 +222,7 @@ void on_rows(Front self, const Digest& key, uint64_t attempt, const ImageRowsPtr
   if (!r->error.empty()) {
     if (!r->retry || ++job.tries >= kMaxTries) return fail_job(self, key, r->error);
     job.failed_on = failed_on;
+    ++st.n->retried;
     std::fprintf(stderr, "troupe: encoder: %s: %s; trying again\n", job.what.c_str(),
                  r->error.c_str());
     job.since = Clock::now();
@@ -412,7 +413,8 @@ detail::EncoderInfo encoder_info(const std::string& mmproj_path, const EncoderCo
           c.failed,
           static_cast<double>(c.encode_us) * 1e-6,
           c.cache_entries,
-          c.cache_bytes};
+          c.cache_bytes,
+          c.retried};
 }
 
 Result<EncoderActor> spawn_encoder(caf::actor_system& sys, EncoderConfig cfg) {

@@ -2,6 +2,7 @@
 // placement puts here and, on the head, the proxies of the others; encoding the images the head
 // sends (EncodeImage) and routing the answers (EncodedImage) to the proxy that asked; restarts
 // and lost links. Runs on the node actor (detail/node_state.h).
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -81,9 +82,12 @@ std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_
       st.image_workers[e.index] = *w;
     } else if (st.head && st.vision) {
       const auto& spec = st.vision->spec;
+      // The node repeats its receipt every heartbeat: a job it says nothing of for a lease (the
+      // silence that makes a node gone) is lost.
+      const auto silence = std::chrono::milliseconds(st.plan.cluster.lease_ms);
       st.image_proxies[e.index] =
           spawn_remote_image(self->system(), st.link, member_name(self, e.node_id), e.index,
-                             spec.n_image_tokens(), spec.n_embd_out);
+                             spec.n_image_tokens(), spec.n_embd_out, silence);
     }
   }
   if (st.head && st.encoder) {
@@ -197,6 +201,31 @@ void image_link_down(NodeSelf* self, const std::string& node) {
         self->send(p->second, linkdown_atom::value);
 }
 
+namespace {
+
+// Sends w (job_id set here) for encoder `index` to `peer`; an answer with no wire form (rows that
+// are not finite, ...) goes as the error that says so.
+void send_encoded(Link& link, transport::PeerId peer, uint64_t job_id, uint32_t index,
+                  ImageRowsWire w, int64_t n_rows, int64_t n_embd) {
+  w.job_id = job_id;
+  const auto info = link.send_info(ActorRole::kEncoder, index);
+  auto f = encode_encoded_image(w, n_rows, n_embd, link.epoch(), info);
+  if (!f) {
+    w = {job_id, nullptr, "the encoder's answer has no wire form: " + f.error().message, false,
+         w.seconds};
+    f = encode_encoded_image(w, n_rows, n_embd, link.epoch(), info);
+  }
+  if (f) (void)link.send(peer, ControlMsg::kEncodedImage, *f);
+}
+
+ImageRowsWire receipt() {
+  ImageRowsWire r;
+  r.accepted = true;
+  return r;
+}
+
+}  // namespace
+
 // An image for an encoder instance placed here: encode it on the instance's thread, answer on
 // the link it came by. An instance that is not running here (a re-placement moved it, or is
 // starting it) answers "try again".
@@ -210,46 +239,43 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
   const transport::PeerId peer = m->peer;
   const uint64_t job_id = d->job.job_id;
   const uint32_t index = d->job.encoder;
-  // Sends w (job_id set here) on the link the image came by; an answer with no wire form (rows
-  // that are not finite, ...) goes as the error that says so.
-  auto send = [link, peer, job_id, index](ImageRowsWire w, int64_t n_rows, int64_t n_embd) {
-    w.job_id = job_id;
-    auto f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
-                                  link->send_info(ActorRole::kEncoder, index));
-    if (!f) {
-      w = {job_id, nullptr, "the encoder's answer has no wire form: " + f.error().message, false,
-           w.seconds};
-      f = encode_encoded_image(w, n_rows, n_embd, link->epoch(),
-                               link->send_info(ActorRole::kEncoder, index));
-    }
-    if (f) (void)link->send(peer, ControlMsg::kEncodedImage, *f);
-  };
-  auto send_answer = [send](const ImageRows& r, int64_t n_rows, int64_t n_embd) {
-    send({0, r.rows, r.error, r.retry, r.seconds}, n_rows, n_embd);
-  };
   auto it = st.image_workers.find(index);
   if (it == st.image_workers.end() || !st.vision) {
-    ImageRows r;
-    r.error = "image encoder " + std::to_string(index) + " is not running on node " + st.me.name;
-    r.retry = true;
-    return send_answer(r, 1, 1);
+    ImageRowsWire r{
+        0, nullptr,
+        "image encoder " + std::to_string(index) + " is not running on node " + st.me.name, true,
+        0.0};
+    return send_encoded(*link, peer, job_id, index, std::move(r), 1, 1);
   }
   const int64_t n_rows = st.vision->spec.n_image_tokens();
   const int64_t n_embd = st.vision->spec.n_embd_out;
-  // The receipt: the head stops waiting for one (it retries a job whose image was lost).
-  ImageRowsWire receipt;
-  receipt.accepted = true;
-  send(receipt, n_rows, n_embd);
+  // The receipt: the head stops waiting for one (it retries a job whose image was lost), and
+  // then waits for the answer as long as the receipt keeps coming (repeat_image_receipts).
+  send_encoded(*link, peer, job_id, index, receipt(), n_rows, n_embd);
+  const auto key = std::make_pair(peer, job_id);
+  st.images_in_flight[key] = {index, n_rows, n_embd};
+  auto answer = [self, link, key, index, n_rows, n_embd](ImageRowsWire w) {
+    self->state.images_in_flight.erase(key);
+    send_encoded(*link, key.first, key.second, index, std::move(w), n_rows, n_embd);
+  };
   auto job = std::make_shared<const ImageJob>(ImageJob{d->job.image, d->job.what});
   self->request(it->second, caf::infinite, image_atom::value, ImageJobPtr(job))
-      .then([=](const ImageRowsPtr& r) { send_answer(*r, n_rows, n_embd); },
-            [=](const caf::error& e) {
-              ImageRows r;
-              r.error = "image encoder " + std::to_string(index) +
-                        " stopped: " + self->system().render(e);
-              r.retry = true;
-              send_answer(r, n_rows, n_embd);
-            });
+      .then(
+          [=](const ImageRowsPtr& r) {
+            answer({0, r->rows, r->error, r->retry, r->seconds});
+          },
+          [=](const caf::error& e) {
+            answer(
+                {0, nullptr,
+                 "image encoder " + std::to_string(index) + " stopped: " + self->system().render(e),
+                 true, 0.0});
+          });
+}
+
+void repeat_image_receipts(NodeSelf* self) {
+  auto& st = self->state;
+  for (const auto& [key, job] : st.images_in_flight)
+    send_encoded(*st.link, key.first, key.second, job.index, receipt(), job.n_rows, job.n_embd);
 }
 
 void route_image_answer(NodeSelf* self, const MessagePtr& m) {

@@ -150,9 +150,11 @@ RemoteShardsActor::behavior_type remote_shards(
   };
 }
 
-// How long a job may go without the node's receipt before it counts as lost. The node sends the
-// receipt as soon as the image reaches its instance, before any encoding.
-constexpr auto kReceiptTimeout = std::chrono::seconds(5);
+// A job is lost when its node has said nothing of it for `silence`: the node sends a receipt as
+// soon as the image reaches its instance, before any encoding, and sends it again every heartbeat
+// until the answer goes. No first receipt: the image was lost; no more receipts and no answer:
+// the answer was.
+using Clock = std::chrono::steady_clock;
 
 // Job ids, unique in this process across proxies, so that no answer can be taken for another
 // proxy's job.
@@ -161,7 +163,8 @@ std::atomic<uint64_t> next_image_job{1};
 struct RemoteImageState {
   struct Job {
     caf::typed_response_promise<ImageRowsPtr> promise;
-    bool accepted = false;  // the node's receipt came
+    bool accepted = false;    // the node's first receipt came
+    Clock::time_point heard;  // the last receipt (or the send, before the first)
   };
   std::map<uint64_t, Job> pending;  // by job id
   static inline const char* name = "remote_image";
@@ -186,7 +189,8 @@ ImageRowsPtr unreachable(const std::string& why) {
 
 RemoteImageActor::behavior_type remote_image(
     RemoteImageActor::stateful_pointer<RemoteImageState> self, std::shared_ptr<Link> link,
-    std::string node, uint32_t index, int64_t n_rows, int64_t n_embd) {
+    std::string node, uint32_t index, int64_t n_rows, int64_t n_embd,
+    std::chrono::milliseconds silence) {
   const std::string who = "image encoder " + std::to_string(index) + " on " + node;
   return {
       [=](image_atom, const ImageJobPtr& job) -> caf::result<ImageRowsPtr> {
@@ -204,8 +208,8 @@ RemoteImageActor::behavior_type remote_image(
           return unreachable(who + ": " + s.error().message);
         }
         auto rp = self->make_response_promise<ImageRowsPtr>();
-        self->state.pending.emplace(id, RemoteImageState::Job{rp, false});
-        self->delayed_send(self, kReceiptTimeout, deadline_atom::value, id);
+        self->state.pending.emplace(id, RemoteImageState::Job{rp, false, Clock::now()});
+        self->delayed_send(self, silence, deadline_atom::value, id);
         return rp;
       },
       [=](combine_atom, const MessagePtr& m) {
@@ -225,8 +229,10 @@ RemoteImageActor::behavior_type remote_image(
           return answer_job(self, job, std::move(r));
         }
         if (d->accepted) {
-          if (auto it = self->state.pending.find(d->job_id); it != self->state.pending.end())
+          if (auto it = self->state.pending.find(d->job_id); it != self->state.pending.end()) {
             it->second.accepted = true;
+            it->second.heard = Clock::now();
+          }
           return;
         }
         auto r = std::make_shared<ImageRows>();
@@ -245,11 +251,16 @@ RemoteImageActor::behavior_type remote_image(
       },
       [=](deadline_atom, uint64_t id) {
         auto it = self->state.pending.find(id);
-        if (it == self->state.pending.end() || it->second.accepted) return;
+        if (it == self->state.pending.end()) return;
+        const auto quiet = Clock::now() - it->second.heard;
+        if (quiet < silence)
+          return self->delayed_send(self, silence - quiet, deadline_atom::value, id);
         // A late receipt or answer is then ignored.
+        const std::string ms = std::to_string(silence.count()) + " ms";
         answer_job(self, id,
-                   unreachable(who + " did not take the image within " +
-                               std::to_string(kReceiptTimeout.count()) + " s"));
+                   unreachable(it->second.accepted ? who + " stopped reporting on the image for " +
+                                                         ms + " (its answer was lost)"
+                                                   : who + " did not take the image within " + ms));
       },
   };
 }
@@ -258,8 +269,8 @@ RemoteImageActor::behavior_type remote_image(
 
 RemoteImageActor spawn_remote_image(caf::actor_system& sys, std::shared_ptr<Link> link,
                                     std::string node, uint32_t index, int64_t n_rows,
-                                    int64_t n_embd) {
-  return sys.spawn(remote_image, std::move(link), std::move(node), index, n_rows, n_embd);
+                                    int64_t n_embd, std::chrono::milliseconds silence) {
+  return sys.spawn(remote_image, std::move(link), std::move(node), index, n_rows, n_embd, silence);
 }
 
 StageActor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<Link> link, std::string node,

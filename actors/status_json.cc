@@ -121,7 +121,8 @@ std::string encoder_json(const EncoderInfo& e) {
          ",\"images\":" + n(e.images) + ",\"encoded\":" + n(e.encoded) +
          ",\"cache_hits\":" + n(e.cache_hits) + ",\"failed\":" + n(e.failed) +
          ",\"encode_seconds\":" + strfmt("%.3f", e.encode_seconds) +
-         ",\"cache_entries\":" + n(e.cache_entries) + ",\"cache_bytes\":" + n(e.cache_bytes) + "}";
+         ",\"cache_entries\":" + n(e.cache_entries) + ",\"cache_bytes\":" + n(e.cache_bytes) +
+         ",\"retried\":" + n(e.retried) + "}";
 }
 
 namespace {
@@ -222,11 +223,11 @@ std::string status_text(const StatusSnapshotMsg& s) {
     const EncoderInfo& e = s.encoder;
     o += strfmt(
         "image encoder: %s: %llu requests (%llu refused), %llu images: %llu encoded in %.3f s, "
-        "%llu from the cache; cache holds %llu images, %s MB\n",
+        "%llu from the cache, %llu sent again; cache holds %llu images, %s MB\n",
         e.mmproj.c_str(), (unsigned long long)e.requests, (unsigned long long)e.failed,
         (unsigned long long)e.images, (unsigned long long)e.encoded, e.encode_seconds,
-        (unsigned long long)e.cache_hits, (unsigned long long)e.cache_entries,
-        strfmt("%.1f", e.cache_bytes / 1e6).c_str());
+        (unsigned long long)e.cache_hits, (unsigned long long)e.retried,
+        (unsigned long long)e.cache_entries, strfmt("%.1f", e.cache_bytes / 1e6).c_str());
   }
   return o;
 }

@@ -435,6 +435,9 @@ struct EncoderCounters {
   # images in the cache now
   cacheBytes @8 :UInt64;
   # bytes of encoded rows in the cache now
+  retried @9 :UInt64;
+  # images sent to an instance again: the message or its answer was lost, or the instance was not
+  # running (yet) where it was sent
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

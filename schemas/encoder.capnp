@@ -40,6 +40,8 @@ struct EncodedImage {
   encodeNs @4 :UInt64;
   # ns the node spent decoding and encoding it
   accepted @5 :Bool;
-  # true: a receipt, sent as the job reaches a running instance (no rows, no error): the head
-  # retries a job that gets none in time (its EncodeImage was lost); the rows follow
+  # true: a receipt, sent as the job reaches a running instance (no rows, no error) and again
+  # every heartbeat while the instance holds it; the rows follow. The head retries a job it hears
+  # nothing of for a lease: no first receipt (its EncodeImage was lost), or no more receipts and
+  # no answer (the answer was lost)
 }

@@ -67,11 +67,14 @@ Result<FaultRule> parse_fault_rule(const std::string& text) {
     } else if (key == "max") {
       if (!parse_u64(val, &u) || u > 0xffffffffull) return bad("max must be a uint32, got " + val);
       r.max_count = static_cast<uint32_t>(u);
+    } else if (key == "min_bytes") {
+      if (!parse_u64(val, &r.min_bytes))
+        return bad("min_bytes must be an unsigned integer, got " + val);
     } else if (key == "dir") {
       if (val != "in" && val != "out") return bad("dir must be in or out, got " + val);
       r.outgoing = val == "out";
     } else {
-      return bad("unknown key '" + key + "' (peer, type, p, seed, delay_ms, max, dir)");
+      return bad("unknown key '" + key + "' (peer, type, p, seed, delay_ms, max, min_bytes, dir)");
     }
   }
   return r;
@@ -94,6 +97,7 @@ std::optional<FaultDecision> FaultShim::decide(const std::string& peer, uint64_t
     if (r.outgoing != outgoing) continue;
     if (!r.peer.empty() && r.peer != peer) continue;
     if (r.type != 0 && r.type != type) continue;
+    if (size_bytes < r.min_bytes) continue;
     if (r.max_count != 0 && s.fired >= r.max_count) continue;
     const uint64_t draw = xoshiro256ss_next(s.rng);
     const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;  // uniform in [0, 1)

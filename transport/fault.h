@@ -31,11 +31,13 @@ struct FaultRule {
   uint32_t delay_ms = 0;   // kDelay only
   uint32_t max_count = 0;  // fires at most this often; 0 = unlimited
   bool outgoing = true;    // true: messages this node sends; false: messages it receives
+  uint64_t min_bytes = 0;  // only messages of at least this many bytes (0 = any size)
 };
 using FaultRules = std::vector<FaultRule>;
 
 /// Parses one rule from "action[:key=value]..." with keys peer, type, p, seed, delay_ms, max,
-/// dir=out|in, e.g. "drop:peer=node-b:p=0.1:seed=7" (used by `troupe node --fault`, tests).
+/// min_bytes, dir=out|in, e.g. "drop:peer=node-b:p=0.1:seed=7" (used by `troupe node --fault`,
+/// tests).
 Result<FaultRule> parse_fault_rule(const std::string& text);
 
 /// What the shim decided for one message.

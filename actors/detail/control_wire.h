@@ -231,6 +231,7 @@ struct EncoderInfo {
   uint64_t requests = 0, images = 0, encoded = 0, cache_hits = 0, failed = 0;
   double encode_seconds = 0;
   uint64_t cache_entries = 0, cache_bytes = 0;
+  uint64_t retried = 0;
 };
 
 struct StatusSnapshotMsg {

@@ -128,6 +128,13 @@ struct NodeState {
   // Image encoder instances placed here, by index, and (the head) the proxies of the others.
   std::map<uint32_t, ImageWorkerActor> image_workers;
   std::map<uint32_t, RemoteImageActor> image_proxies;
+  // Images this node's instances hold (queued or encoding), by sender and job id: their receipt
+  // is sent again every heartbeat until the answer goes (see repeat_image_receipts).
+  struct ImageInFlight {
+    uint32_t index = 0;
+    int64_t n_rows = 0, n_embd = 0;
+  };
+  std::map<std::pair<transport::PeerId, uint64_t>, ImageInFlight> images_in_flight;
   // The mmproj, once a placement put an encoder instance here (or the head loaded it at start).
   std::shared_ptr<const model::VisionModel> vision;
   struct VisionSlot {  // filled by the placement thread, read after its (placed) message
@@ -294,6 +301,9 @@ void replace_image_encoders(NodeSelf* self, PlacementMsg p);
 void finish_image_encoders(NodeSelf* self, uint64_t version, const std::string& error);
 /// EncodeImage: encode on the local instance, answer on the link it came by.
 void route_image(NodeSelf* self, const MessagePtr& m);
+/// Sends again the receipt of every image an instance here still holds (each heartbeat), so that
+/// the head can tell a lost answer from a long encoding.
+void repeat_image_receipts(NodeSelf* self);
 /// EncodedImage (the head): to the proxy of the instance that sent it.
 void route_image_answer(NodeSelf* self, const MessagePtr& m);
 

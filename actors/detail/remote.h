@@ -20,6 +20,7 @@
 // The proxies run on CAF's shared workers; encoding references the tensors in place.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,11 @@ SchedulerActor spawn_remote_scheduler(caf::actor_system& sys, std::shared_ptr<Li
 RemoteShardsActor spawn_remote_shards(caf::actor_system& sys, std::shared_ptr<Link> link,
                                       std::string node, int64_t n_embd);
 
-/// The proxy of encoder instance `index` on `node`; answers carry rows f32 [n_rows, n_embd].
+/// The proxy of encoder instance `index` on `node`; answers carry rows f32 [n_rows, n_embd]. A
+/// job its node says nothing of for `silence` (no receipt, none repeated, no answer) is lost and
+/// answered "retry".
 RemoteImageActor spawn_remote_image(caf::actor_system& sys, std::shared_ptr<Link> link,
                                     std::string node, uint32_t index, int64_t n_rows,
-                                    int64_t n_embd);
+                                    int64_t n_embd, std::chrono::milliseconds silence);
 
 }  // namespace troupe::actors::detail

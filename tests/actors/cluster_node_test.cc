@@ -2,6 +2,7 @@
 // loopback: the cluster forms, places stages and expert shards across the nodes, and serves
 // requests whose greedy tokens and logits are bit-identical to the single-process actor system;
 // a wrong token is refused; a node that leaves is marked `left`; garbage frames are survived.
+// Clusters with image encoders: cluster_images_test.cc.
 #include "actors/cluster_node.h"
 
 #include <unistd.h>
@@ -22,11 +23,9 @@
 
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
-#include "compute/vision_encoder.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "model/vision.h"
-#include "tests/actors/solo_reference.h"
+#include "tests/actors/cluster_nodes.h"
 #include "tests/cluster_test_util.h"
 #include "tests/test_support.h"
 #include "transport/transport.h"
@@ -35,6 +34,7 @@ namespace troupe::actors {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_nodes;
 using testing::expect_same;
 using testing::free_port;
 using testing::generate_with_fault;
@@ -43,53 +43,6 @@ using testing::local_results;
 std::vector<GenerateRequest> requests(int64_t n_vocab, size_t count, int64_t n_gen) {
   return testing::cluster_requests(n_vocab, count, n_gen, 7);
 }
-
-struct Layout {
-  std::vector<std::string> stage_nodes;  // per stage
-  std::vector<std::string> shard_nodes;  // per expert shard
-};
-
-// A cluster TOML for nodes a, b, c on free loopback ports.
-std::string cluster_toml(const std::string& model, const Layout& l, std::vector<uint16_t>* ports,
-                         const std::string& token = "test-token", size_t num_nodes = 3) {
-  std::string t = "[model]\npath = \"" + model + "\"\n";
-  t += "[cluster]\ntoken = \"" + token + "\"\nhead = \"a\"\nheartbeat_ms = 100\nlease_ms = 1000\n";
-  t += "ucx_net_devices = \"lo\"\n";
-  ports->clear();
-  for (size_t i = 0; i < num_nodes; ++i) {
-    ports->push_back(free_port());
-    t += "[[node]]\nname = \"" + std::string(1, static_cast<char>('a' + i)) +
-         "\"\naddress = \"127.0.0.1:" + std::to_string(ports->back()) + "\"\n";
-  }
-  for (const auto& n : l.stage_nodes) t += "[[stage]]\nnode = \"" + n + "\"\n";
-  for (const auto& n : l.shard_nodes) t += "[[expert_shard]]\nnode = \"" + n + "\"\n";
-  t += "[stages]\nkv_blocks = 64\n[scheduler]\nmax_sequences = 8\nmax_model_len = 256\n";
-  return t;
-}
-
-Plan parse(const std::string& toml) {
-  auto p = parse_plan_string(toml, "cluster-test.toml");
-  EXPECT_TRUE(p) << (p ? "" : p.error().message);
-  return p ? *p : Plan{};
-}
-
-struct Nodes {
-  std::vector<std::unique_ptr<ClusterNode>> nodes;
-  std::function<void(NodeOptions&)> tweak;  // per-node options (faults, timeouts)
-  void start(const Plan& plan, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      NodeOptions o;
-      o.name = std::string(1, static_cast<char>('a' + i));
-      o.join_timeout = 30s;
-      if (tweak) tweak(o);
-      auto node = ClusterNode::start(plan, o);
-      ASSERT_TRUE(node) << node.error().message;
-      nodes.push_back(std::move(*node));
-    }
-    auto s = nodes[0]->wait_ready(120s);
-    ASSERT_TRUE(s) << s.error().message;
-  }
-};
 
 // The model at shared/rel, the request mix on it, and the single-process results to compare with
 // (empty when the model cannot be loaded).
@@ -663,262 +616,6 @@ TEST(ClusterNode, CrashedActorsAreRestartedOnTheirNodeWithIdenticalOutput) {
     }
   });
   expect_same(got, want);
-}
-
-// A cluster TOML (cluster_toml) for the synthetic LLaVA pair of shared/, with its mmproj; `extra`
-// ([[encoder]] tables, ...) goes at the end.
-std::string llava_toml(const std::string& shared, const Layout& l, std::vector<uint16_t>* ports,
-                       size_t num_nodes = 3, const std::string& extra = "") {
-  const std::string dir = shared + "/models/synth/llava-tiny/";
-  std::string t = cluster_toml(dir + "model.gguf", l, ports, "test-token", num_nodes);
-  t.insert(t.find("[cluster]"), "mmproj = \"" + dir + "mmproj.gguf\"\n");
-  return t + extra;
-}
-
-// Polls the head's status every 100 ms until `done` holds for a snapshot, up to 30 s (a hang
-// guard, not a timing check); *raw gets the last snapshot read.
-bool wait_for_status(ClusterClient& c, const std::function<bool(const nlohmann::json&)>& done,
-                     std::string* raw) {
-  for (int i = 0; i < 300; ++i) {
-    std::this_thread::sleep_for(100ms);
-    auto st = c.status_json();
-    if (!st) continue;
-    *raw = *st;
-    if (done(nlohmann::json::parse(*st))) return true;
-  }
-  return false;
-}
-
-// The names of the actors a serving cluster's snapshot shows running (none while not serving).
-std::set<std::string> running_actors(const nlohmann::json& j) {
-  std::set<std::string> out;
-  if (!j["serving"].get<bool>()) return out;
-  for (const auto& a : j["actors"])
-    if (a["state"] == "running") out.insert(a["name"].get<std::string>());
-  return out;
-}
-
-// A vision-language pair: the head encodes the images clients send ([model] mmproj), stages on
-// the other two nodes splice them; tokens and logits equal the single-process engine's.
-TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  Llava l;
-  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  auto& m = l.m;
-  auto& enc = l.enc;
-  std::vector<GenerateRequest> reqs;
-  std::vector<Reference> refs;
-  for (const char* img : {"circles_64x64", "checker_50x40"}) {
-    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-    const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-    refs.push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
-    reqs.push_back(file_request(text, {image_file(png)}, 6));
-  }
-  GenerateRequest bad = reqs[0];
-  bad.image_files = std::make_shared<const std::vector<std::string>>(1, "GIF89a");
-  reqs.push_back(bad);
-
-  std::vector<uint16_t> ports;
-  Nodes n;
-  n.start(parse(llava_toml(shared, {{"b", "c"}, {}}, &ports)), 3);
-  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
-  ASSERT_TRUE(client) << client.error().message;
-  const auto res = (*client)->generate_many(reqs);
-  for (size_t i = 0; i < refs.size(); ++i)
-    expect_identical(res[i], refs[i], "request " + std::to_string(i));
-  EXPECT_FALSE(res[2].ok());
-  EXPECT_NE(res[2].error.find("image 1: unknown image format"), std::string::npos) << res[2].error;
-  // The head's start-up shows the encoder's loading as a phase of its own.
-  auto st = (*client)->status_json();
-  ASSERT_TRUE(st) << st.error().message;
-  const auto j = nlohmann::json::parse(*st);
-  bool phase = false;
-  for (const auto& p : j["phases"]) phase |= p["node"] == "a" && p["name"] == "load vision encoder";
-  EXPECT_TRUE(phase) << *st;
-  // And its encoder's counts: three requests, one refused; two images encoded.
-  const auto& e = j["encoder"];
-  EXPECT_EQ(e["mmproj"], "mmproj.gguf") << *st;
-  EXPECT_EQ(e["requests"], 3) << *st;
-  EXPECT_EQ(e["failed"], 1) << *st;
-  EXPECT_EQ(e["encoded"], 2) << *st;
-  EXPECT_EQ(e["cache_entries"], 2) << *st;
-}
-
-// Image encoders placed on other nodes ([[encoder]] on b and c, none on the head): the head's
-// front sends each image to one of them and lays the prompts out; tokens and logits equal the
-// single-process engine's. Node c leaves: only its encoder is re-placed (the pipeline keeps
-// running), and new images are encoded there with the same output.
-TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplacement) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  Llava l;
-  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  auto& m = l.m;
-  auto& enc = l.enc;
-  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-  auto workload = [&](std::vector<const char*> images, std::vector<GenerateRequest>* reqs,
-                      std::vector<Reference>* refs) {
-    for (const char* img : images) {
-      const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-      refs->push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
-      reqs->push_back(file_request(text, {image_file(png)}, 6));
-    }
-  };
-  std::vector<GenerateRequest> reqs, later;
-  std::vector<Reference> refs, later_refs;
-  workload({"circles_64x64", "checker_50x40"}, &reqs, &refs);
-  workload({"gradient_32x32"}, &later, &later_refs);
-
-  std::vector<uint16_t> ports;
-  Nodes n;
-  n.start(parse(llava_toml(
-              shared, {{"a", "b"}, {}}, &ports, 3,
-              "[[encoder]]\nnode = \"b\"\nthreads = 1\n[[encoder]]\nnode = \"c\"\nthreads = 1\n")),
-          3);
-  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
-  ASSERT_TRUE(client) << client.error().message;
-  auto res = (*client)->generate_many(reqs);
-  for (size_t i = 0; i < refs.size(); ++i)
-    expect_identical(res[i], refs[i], "request " + std::to_string(i));
-  auto first = (*client)->status_json();
-  ASSERT_TRUE(first) << first.error().message;
-  std::string raw = *first;
-  const auto placed = running_actors(nlohmann::json::parse(raw));
-  EXPECT_TRUE(placed.count("encoder/0@b") && placed.count("encoder/1@c")) << raw;
-  EXPECT_EQ(nlohmann::json::parse(raw)["encoder"]["encoded"], 2) << raw;
-  // The nodes of the instances load the encoder as a start-up phase of their own.
-  std::set<std::string> loaded;
-  const auto snapshot = nlohmann::json::parse(raw);
-  for (const auto& p : snapshot["phases"])
-    if (p["name"] == "load vision encoder") loaded.insert(p["node"].get<std::string>());
-  EXPECT_EQ(loaded, (std::set<std::string>{"a", "b", "c"})) << raw;
-
-  n.nodes[2]->leave("test");
-  const bool moved = wait_for_status(
-      **client,
-      [](const nlohmann::json& j) {
-        const auto on = running_actors(j);
-        return on.count("encoder/0@b") && on.count("encoder/1@a");
-      },
-      &raw);
-  ASSERT_TRUE(moved) << "encoder 1 was not re-placed on a: " << raw;
-  // Only the encoder moved: the stages kept running (no node started its actors again, as a
-  // re-placement of the pipeline would), and a took the instance without reloading the mmproj.
-  {
-    const auto j = nlohmann::json::parse(raw);
-    std::map<std::string, int> starts, loads;
-    for (const auto& p : j["phases"]) {
-      if (p["name"] == "start actors") ++starts[p["node"].get<std::string>()];
-      if (p["name"] == "load vision encoder") ++loads[p["node"].get<std::string>()];
-    }
-    EXPECT_EQ(starts["a"], 1) << raw;
-    EXPECT_EQ(starts["b"], 1) << raw;
-    EXPECT_EQ(loads["a"], 1) << raw;
-    EXPECT_EQ(j["placement_version"], 2) << raw;
-  }
-  // Both instances take jobs again: two new images at once (the second is the first's file with
-  // bytes after its end: another digest, the same picture), one to each, and a cached one.
-  later.push_back(later[0]);
-  later.back().image_files = std::make_shared<const std::vector<std::string>>(
-      1, (*later[0].image_files)[0] + std::string(16, '\0'));
-  later_refs.push_back(later_refs[0]);
-  later.push_back(reqs[0]);
-  later_refs.push_back(refs[0]);
-  res = (*client)->generate_many(later);
-  for (size_t i = 0; i < later_refs.size(); ++i)
-    expect_identical(res[i], later_refs[i], "after the re-placement, request " + std::to_string(i));
-  auto st = (*client)->status_json();
-  ASSERT_TRUE(st) << st.error().message;
-  EXPECT_EQ(nlohmann::json::parse(*st)["encoder"]["encoded"], 4) << *st;
-  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
-}
-
-// The head's first EncodeImage to the encoder's node is lost (a fault rule drops it): no receipt
-// comes, the head sends the image again, and the request ends with the single-process output.
-TEST(ClusterNode, ALostImageIsSentAgainAndTheOutputIsUnchanged) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  Llava l;
-  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  const std::string png = shared + "/golden/vlm/images/checker_50x40.png";
-  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-  const Reference ref = solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6);
-  std::vector<uint16_t> ports;
-  const std::string t =
-      llava_toml(shared, {{"a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
-  Nodes n;
-  n.tweak = [](NodeOptions& o) {
-    if (o.name != "a") return;
-    transport::FaultRule drop;
-    drop.action = transport::FaultAction::kDrop;
-    drop.peer = "b";
-    drop.type = detail::type_id(detail::ControlMsg::kEncodeImage);
-    drop.max_count = 1;
-    o.faults = {drop};
-  };
-  n.start(parse(t), 2);
-  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
-  ASSERT_TRUE(client) << client.error().message;
-  const auto res = (*client)->generate_many({file_request(text, {image_file(png)}, 6)});
-  expect_identical(res[0], ref, "the image sent twice");
-  auto st = (*client)->status_json();
-  ASSERT_TRUE(st) << st.error().message;
-  EXPECT_EQ(nlohmann::json::parse(*st)["encoder"]["encoded"], 1) << *st;
-  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
-}
-
-// The only image encoder's node (b) leaves and the survivor has no room for it (a may hold
-// 1 MiB of weights; its stages take more): the encoder is dropped, text requests go on at
-// once, and a request with an image fails at once saying why.
-TEST(ClusterNode, AnEncoderWithNoRoomIsDroppedAndTextKeepsBeingServed) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  std::vector<uint16_t> ports;
-  std::string t =
-      llava_toml(shared, {{"a", "a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
-  const std::string a = "name = \"a\"\n";
-  t.insert(t.find(a) + a.size(), "memory_limit_mb = 1\n");
-  Nodes n;
-  n.start(parse(t), 2);
-  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
-  ASSERT_TRUE(client) << client.error().message;
-  const std::string png = shared + "/golden/vlm/images/circles_64x64.png";
-  const auto image = file_request("USER: <__media__>\nWhat? ASSISTANT:", {image_file(png)}, 4);
-  ASSERT_TRUE((*client)->generate_many({image})[0].ok());
-  n.nodes[1]->leave("test");
-  std::string raw;
-  const bool dropped = wait_for_status(
-      **client,
-      [](const nlohmann::json& j) {
-        bool none = j["placement_version"] == 2 && j["serving"].get<bool>();
-        for (const auto& a : j["actors"])
-          none &= a["name"].get<std::string>().rfind("encoder/", 0) != 0;
-        return none;
-      },
-      &raw);
-  ASSERT_TRUE(dropped) << raw;
-  GenerateRequest text;
-  text.prompt = "Once upon a time";
-  text.max_tokens = 4;
-  const auto res = (*client)->generate_many({text, image});
-  EXPECT_TRUE(res[0].ok()) << res[0].error;
-  EXPECT_FALSE(res[1].ok());
-  EXPECT_NE(res[1].error.find("the cluster has no image encoder now"), std::string::npos)
-      << res[1].error;
-  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
-}
-
-TEST(ClusterNode, HeadRefusesAVisionEncoderThatDoesNotFitItsModel) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  std::vector<uint16_t> ports;
-  std::string toml =
-      cluster_toml(shared + "/models/stories260K/stories260K.gguf", {{"a"}, {}}, &ports, "t", 1);
-  toml.insert(toml.find("[cluster]"),
-              "mmproj = \"" + shared + "/models/synth/llava-tiny/mmproj.gguf\"\n");
-  NodeOptions o;
-  o.name = "a";
-  auto head = ClusterNode::start(parse(toml), o);
-  ASSERT_FALSE(head);
-  EXPECT_NE(head.error().message.find("[model] mmproj: the vision encoder gives rows of"),
-            std::string::npos)
-      << head.error().message;
 }
 
 }  // namespace

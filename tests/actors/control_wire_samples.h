@@ -132,7 +132,7 @@ inline StatusSnapshotMsg make_snapshot() {
   m.links = make_links();
   m.transport = {{"node-a", 3, 1717, 4242}, {"node-b", 0, 0, 2}};
   m.has_encoder = true;
-  m.encoder = {"mmproj-f16.gguf", 12, 15, 4, 11, 1, 5.625, 4, 37748736};
+  m.encoder = {"mmproj-f16.gguf", 12, 15, 4, 11, 1, 5.625, 4, 37748736, 3};
   return m;
 }
 

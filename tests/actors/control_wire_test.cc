@@ -344,13 +344,13 @@ TEST(StatusText, SaysWhyNotServingAndAlignsMembersActorsAndPhases) {
             ta.find("4242") + 4)
       << t;  // right-aligned under its heading
   EXPECT_NE(t.find("image encoder: mmproj-f16.gguf: 12 requests (1 refused), 15 images: 4 encoded "
-                   "in 5.625 s, 11 from the cache; cache holds 4 images, 37.7 MB\n"),
+                   "in 5.625 s, 11 from the cache, 3 sent again; cache holds 4 images, 37.7 MB\n"),
             std::string::npos)
       << t;
   const std::string j = status_json(m);
   EXPECT_NE(j.find("\"encoder\":{\"mmproj\":\"mmproj-f16.gguf\",\"requests\":12,\"images\":15,"
                    "\"encoded\":4,\"cache_hits\":11,\"failed\":1,\"encode_seconds\":5.625,"
-                   "\"cache_entries\":4,\"cache_bytes\":37748736}}"),
+                   "\"cache_entries\":4,\"cache_bytes\":37748736,\"retried\":3}}"),
             std::string::npos)
       << j;
   EXPECT_NE(j.find("\"links\":[{\"node\":\"node-a\",\"peer\":\"node-b\",\"address\":"
@@ -412,6 +412,7 @@ TEST(ControlWireRoundTrip, StatusSnapshotKeepsEveryField) {
   EXPECT_EQ(d->encoder.encode_seconds, m.encoder.encode_seconds);
   EXPECT_EQ(d->encoder.cache_entries, m.encoder.cache_entries);
   EXPECT_EQ(d->encoder.cache_bytes, m.encoder.cache_bytes);
+  EXPECT_EQ(d->encoder.retried, m.encoder.retried);
   // A single node's snapshot: no membership, no throughput, no encoder.
   StatusSnapshotMsg node = m;
   node.has_membership = false;

@@ -321,7 +321,8 @@ TEST(Transport, PeerDestroyedIsSeenAsDown) {
 // --- fault shim ---------------------------------------------------------------------------
 
 TEST(FaultRules, ParseAndReject) {
-  auto r = parse_fault_rule("delay:peer=node-b:type=7:p=0.5:seed=9:delay_ms=20:max=3:dir=in");
+  auto r = parse_fault_rule(
+      "delay:peer=node-b:type=7:p=0.5:seed=9:delay_ms=20:max=3:dir=in:min_bytes=4096");
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->action, FaultAction::kDelay);
   EXPECT_EQ(r->peer, "node-b");
@@ -331,6 +332,9 @@ TEST(FaultRules, ParseAndReject) {
   EXPECT_EQ(r->delay_ms, 20u);
   EXPECT_EQ(r->max_count, 3u);
   EXPECT_FALSE(r->outgoing);
+  EXPECT_EQ(r->min_bytes, 4096u);
+  EXPECT_NE(parse_fault_rule("drop:min_bytes=-1").error().message.find("min_bytes"),
+            std::string::npos);
   EXPECT_NE(parse_fault_rule("explode").error().message.find("unknown action"), std::string::npos);
   EXPECT_NE(parse_fault_rule("drop:p=2").error().message.find("p must be in [0, 1]"),
             std::string::npos);
@@ -361,6 +365,11 @@ TEST(FaultRules, SeededDecisionsReplay) {
   EXPECT_TRUE(other_peer.decide("node-b", 1, true, 1));
   EXPECT_TRUE(other_peer.decide("node-b", 1, true, 1));
   EXPECT_FALSE(other_peer.decide("node-b", 1, true, 1));  // max 2
+  FaultRule big;
+  big.min_bytes = 100;
+  FaultShim only_big({big});
+  EXPECT_FALSE(only_big.decide("x", 1, true, 99));  // a receipt-sized message passes
+  EXPECT_TRUE(only_big.decide("x", 1, true, 100));
 }
 
 TEST(TransportFaults, DropDuplicateCorruptDelay) {
