@@ -4,7 +4,6 @@
 // and lost links. Runs on the node actor (detail/node_state.h).
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <thread>
 
 #include <caf/send.hpp>
@@ -41,11 +40,7 @@ std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
 
 }  // namespace
 
-uint64_t mmproj_bytes(const Plan& plan) {
-  std::error_code ec;
-  const auto n = std::filesystem::file_size(plan.mmproj, ec);
-  return ec ? 0 : static_cast<uint64_t>(n);
-}
+uint64_t mmproj_bytes(const Plan& plan) { return model::vision_weight_bytes(plan.mmproj); }
 
 std::function<uint64_t(ActorRole, uint32_t)> actor_bytes_of(NodeSelf* self,
                                                             const PlacementMsg& pl) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -150,7 +151,9 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   actors::ClusterOptions opts;
   if (ap.has("image") || ap.has("mmproj")) {
     // The cluster's image encoder lays each prompt out; the first stage splices the rows.
-    const std::string mmproj = ap.has("mmproj") ? ap.str("mmproj") : plan.mmproj;
+    std::string mmproj = ap.has("mmproj") ? ap.str("mmproj") : plan.mmproj;
+    if (mmproj.empty() && std::filesystem::is_directory(plan.model_path))
+      mmproj = plan.model_path;  // a Hugging Face LLaVA directory holds its vision tower
     if (mmproj.empty())
       throw CliError("--image needs a vision encoder: --mmproj FILE, or [model] mmproj in " +
                      plan.source);

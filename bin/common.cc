@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -70,7 +71,14 @@ compute::MultimodalPrompt prompt_with_images(const ArgParser& ap, const model::M
                                              int threads) {
   const std::vector<std::string> files = ap.all("image");
   if (files.empty()) throw CliError("--mmproj needs at least one --image");
-  auto vision = model::load_vision_model(ap.required("mmproj"));
+  // A Hugging Face LLaVA directory holds its vision tower beside the language model.
+  std::string mmproj = ap.str("mmproj");
+  if (mmproj.empty() && std::filesystem::is_directory(ap.str("model"))) mmproj = ap.str("model");
+  if (mmproj.empty())
+    throw CliError(
+        "--image needs a vision encoder: --mmproj FILE (or a Hugging Face LLaVA "
+        "directory as --model)");
+  auto vision = model::load_vision_model(mmproj);
   if (!vision) throw CliError(vision.error().message);
   const model::VisionSpec& vs = (*vision)->spec;
   if (auto st = compute::check_vision_pair(model.tokenizer.get(), model.spec.n_embd, vs); !st)

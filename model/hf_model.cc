@@ -67,10 +67,13 @@ class HfSpecBuilder {
     if (tied_) {
       s.output = s.token_embd;
     } else {
-      if (!st_.find("lm_head.weight") && !detail::is_packed(st_, "lm_head.weight"))
-        TROUPE_INPUT_ERROR("%s: no 'lm_head.weight' and tie_word_embeddings is not true",
-                           cfg_.path().c_str());
-      s.output = take("lm_head.weight", "output.weight", {s.n_vocab, s.n_embd});
+      // A multimodal checkpoint of transformers before 4.52 keeps its head beside the decoder.
+      const std::string head =
+          prefix_ == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
+      if (!st_.find(head) && !detail::is_packed(st_, head))
+        TROUPE_INPUT_ERROR("%s: no '%s' and tie_word_embeddings is not true", cfg_.path().c_str(),
+                           head.c_str());
+      s.output = take(head, "output.weight", {s.n_vocab, s.n_embd});
     }
     s.layers.resize(static_cast<size_t>(s.n_layer));
     for (int64_t il = 0; il < s.n_layer; ++il) build_layer(il, s.layers[static_cast<size_t>(il)]);
@@ -506,7 +509,7 @@ Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
     if (!st) return st.error();
     std::shared_ptr<const SafetensorsSet> weights(std::move(*st));
     // A multimodal checkpoint's decoder: "language_model.model." (transformers before 4.52) or
-    // "model.language_model." (after); its vision tower is not read.
+    // "model.language_model." (after); its vision tower is read by load_hf_vision_model.
     std::string prefix = "model.";
     if (multimodal)
       prefix = weights->find("language_model.model.embed_tokens.weight") != nullptr

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <sys/stat.h>
+
 #include "base/check.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -318,6 +320,8 @@ class VisionLoader {
 }  // namespace
 
 Result<std::shared_ptr<const VisionModel>> load_vision_model(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return load_hf_vision_model(path);
   auto g = GgufFile::open(path);
   if (!g) return g.error();
   try {

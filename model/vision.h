@@ -82,8 +82,19 @@ struct VisionModel {
   std::vector<std::shared_ptr<const void>> storage;  // the mapping and converted copies
 };
 
-/// Loads an mmproj GGUF. Errors name the file and the key or tensor (an unknown projector type,
+/// Loads an mmproj GGUF, or the vision tower of a Hugging Face model directory (see
+/// load_hf_vision_model). Errors name the file and the key or tensor (an unknown projector type,
 /// a missing or misshapen tensor, an image size that is not a multiple of the patch size, ...).
 Result<std::shared_ptr<const VisionModel>> load_vision_model(const std::string& path);
+
+/// The vision tower and projector of a Hugging Face LlavaForConditionalGeneration directory
+/// (model/hf_vision.cc: config.json, preprocessor_config.json, safetensors), as the VisionSpec
+/// llama.cpp's converter would give it.
+Result<std::shared_ptr<const VisionModel>> load_hf_vision_model(const std::string& dir);
+
+/// The bytes of weights load_vision_model(path) maps: an mmproj file's size, or in a Hugging Face
+/// directory those of its vision tower and projector tensors (not the language model's); 0 when
+/// the path cannot be read.
+uint64_t vision_weight_bytes(const std::string& path);
 
 }  // namespace troupe::model

@@ -272,7 +272,8 @@ std::vector<StartupPhaseInfo> phase_infos(const std::vector<Phase>& phases, uint
 /// The mmproj to load for placement pl: the plan's when it puts an encoder instance on this node
 /// and the node has none loaded yet (the head loads it at start), else "".
 std::string mmproj_to_load(NodeSelf* self, const PlacementMsg& pl);
-/// Bytes of an encoder instance's weights (the mmproj file), for memory accounting; 0 if unknown.
+/// Bytes of an encoder instance's weights (the mmproj file, or a Hugging Face directory's vision
+/// tower), for memory accounting; 0 if unknown.
 uint64_t mmproj_bytes(const Plan& plan);
 /// The weight bytes of actor (role, index) of placement pl (replan's actor_bytes): the tensors of
 /// a stage or shard (actor_weight_bytes), the mmproj of an image encoder. Keeps a reference to pl.

@@ -513,6 +513,55 @@ class HparamsReader {
 
 HfHparams read_hf_hparams(const HfConfig& cfg) { return HparamsReader(cfg).read(); }
 
+namespace {
+
+// LlavaForConditionalGeneration's language model: text_config over the defaults of its
+// model_type's config class (LLaVA 1.5's files give little more than the vocabulary size).
+json llava_text_config(const json& config) {
+  auto tc = config.find("text_config");
+  const json given = tc != config.end() && tc->is_object() ? *tc : json::object();
+  const auto mt = given.find("model_type");
+  const std::string type = mt != given.end() && mt->is_string() ? mt->get<std::string>() : "llama";
+  json text;
+  if (type == "llama") {  // LlamaConfig
+    text = {{"architectures", {"LlamaForCausalLM"}},
+            {"vocab_size", 32000},
+            {"hidden_size", 4096},
+            {"intermediate_size", 11008},
+            {"num_hidden_layers", 32},
+            {"num_attention_heads", 32},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", 2048},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 10000.0},
+            {"tie_word_embeddings", false}};
+  } else if (type == "mistral") {  // MistralConfig
+    text = {{"architectures", {"MistralForCausalLM"}},
+            {"vocab_size", 32000},
+            {"hidden_size", 4096},
+            {"intermediate_size", 14336},
+            {"num_hidden_layers", 32},
+            {"num_attention_heads", 32},
+            {"num_key_value_heads", 8},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", 131072},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 10000.0},
+            {"tie_word_embeddings", false}};
+  } else if (type == "qwen2") {  // every key given: Qwen2Config's defaults are a 7B's
+    text = {{"architectures", {"Qwen2ForCausalLM"}}};
+  } else {
+    text = {{"architectures", {"LlavaForConditionalGeneration text model '" + type + "'"}}};
+  }
+  for (auto it = given.begin(); it != given.end(); ++it)
+    if (it.key() != "architectures") text[it.key()] = it.value();
+  if (auto q = config.find("quantization_config"); q != config.end())
+    text["quantization_config"] = *q;
+  return text;
+}
+
+}  // namespace
+
 nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal) {
   *multimodal = false;
   if (!config.is_object()) return config;
@@ -520,6 +569,10 @@ nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal) {
   if (archs == config.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
     return config;
   const std::string arch = (*archs)[0].get<std::string>();
+  if (arch == "LlavaForConditionalGeneration") {
+    *multimodal = true;
+    return llava_text_config(config);
+  }
   if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
   // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.
   json text = {{"vocab_size", 262208},

@@ -47,7 +47,9 @@ HfHparams read_hf_hparams(const HfConfig& cfg);
 /// The configuration of the text decoder config.json describes: for Gemma 3, its settings over
 /// Gemma3TextConfig's defaults (which its released files leave out), taken from text_config for
 /// the multimodal Gemma3ForConditionalGeneration (then *multimodal is set and the result names
-/// Gemma3ForCausalLM; quantization_config carries over); any other config as it is.
+/// Gemma3ForCausalLM; quantization_config carries over); for LlavaForConditionalGeneration, its
+/// text_config over the defaults of its model_type (llama, mistral; qwen2 as given), also
+/// *multimodal; any other config as it is.
 nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal);
 
 }  // namespace troupe::model::detail

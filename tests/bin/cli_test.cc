@@ -14,6 +14,7 @@
 #include "tests/edited_model.h"
 #include "tests/fp8_model.h"
 #include "tests/int4_model.h"
+#include "tests/llava_hf_twin.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -245,6 +246,18 @@ TEST(Cli, ImagePromptGeneratesGoldenGreedyTokens) {
                 std::to_string(greedy.size()), "--json", "--ignore-eos", "--stages", "2"});
     ASSERT_EQ(staged.rc, 0) << staged.err;
     EXPECT_EQ(nlohmann::json::parse(staged.out).at("tokens").get<std::vector<int32_t>>(), greedy);
+    // The same pair as one Hugging Face LLaVA directory, which is its own --mmproj.
+    testing::TempDir hf;
+    ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, hf));
+    for (const char* stages : {"1", "2"}) {
+      CliRun h = troupe(
+          {"generate", "--model", hf.path(), "--image", shared + "/golden/vlm/images/" + c + ".png",
+           "--prompt", j.at("prompt_text").get<std::string>(), "--max-tokens",
+           std::to_string(greedy.size()), "--json", "--ignore-eos", "--stages", stages});
+      ASSERT_EQ(h.rc, 0) << h.err;
+      EXPECT_EQ(nlohmann::json::parse(h.out).at("tokens").get<std::vector<int32_t>>(), greedy)
+          << "Hugging Face form, " << stages << " stage(s)";
+    }
   }
 }
 
@@ -298,7 +311,11 @@ TEST(Cli, ImagePromptErrorsAreOneLine) {
                                 "/nonexistent.png", "--prompt", "x"}),
                         "/nonexistent.png");
   expect_one_line_error(troupe({"generate", "--model", model, "--image", png, "--prompt", "x"}),
-                        "missing required option --mmproj");
+                        "--image needs a vision encoder: --mmproj FILE");
+  // A Hugging Face directory is its own vision encoder only when it has a vision tower.
+  expect_one_line_error(troupe({"generate", "--model", shared + "/models/hf/stories260K", "--image",
+                                png, "--prompt", "x"}),
+                        "'LlamaForCausalLM' has no vision tower troupe reads");
   expect_one_line_error(troupe({"generate", "--model", mmproj, "--prompt", "x"}),
                         "pass it with --mmproj");
   expect_one_line_error(troupe({"generate", "--model", model, "--mmproj", mmproj, "--image", png,

@@ -20,6 +20,7 @@
 #include "model/tokenizer.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/compute/golden_check.h"
+#include "tests/llava_hf_twin.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -126,18 +127,23 @@ GoldenRun vlm_run(const json& j, const std::vector<float>& image_embd, int64_t n
 }
 
 // The whole path of a request: the PNG decoded, preprocessed and encoded, the prompt text split
-// at its media marker and tokenized around the image, then the reference's logits.
-TEST(VisionGolden, LlavaPromptFromPngMatchesReference) {
-  TROUPE_SHARED_OR_SKIP(shared);
+// at its media marker and tokenized around the image, then the reference's logits. `model_path`
+// and `mmproj_path` ("" = the case's files) may name another form of the same pair.
+void check_llava_prompts(const std::string& shared, const std::string& model_path = "",
+                         const std::string& mmproj_path = "") {
   const auto dirs = case_dirs(shared + "/golden/vlm");
   ASSERT_EQ(dirs.size(), 3u);
   for (const auto& d : dirs) {
     SCOPED_TRACE(d);
     const json j = json::parse(testing::read_text_file(d + "/case.json"));
-    auto loaded = model::load_model(shared_path(shared, j.at("model_file").get<std::string>()));
+    auto loaded = model::load_model(model_path.empty()
+                                        ? shared_path(shared, j.at("model_file").get<std::string>())
+                                        : model_path);
     ASSERT_TRUE(loaded) << loaded.error().message;
     const std::shared_ptr<const model::Model> model = *loaded;
-    auto enc = encoder_for(shared_path(shared, j.at("mmproj_file").get<std::string>()));
+    auto enc = encoder_for(mmproj_path.empty()
+                               ? shared_path(shared, j.at("mmproj_file").get<std::string>())
+                               : mmproj_path);
     ASSERT_TRUE(enc);
     auto image = model::read_image_file(shared_path(shared, j.at("image_file").get<std::string>()));
     ASSERT_TRUE(image) << image.error().message;
@@ -153,8 +159,24 @@ TEST(VisionGolden, LlavaPromptFromPngMatchesReference) {
     GoldenRun r = vlm_run(j, *embd, model->spec.n_embd);
     EXPECT_EQ(prompt->tokens, r.prompt) << "the prompt's layout around the image";
     EXPECT_EQ(prompt->embd, r.embd);
-    r.label = "vlm " + fs::path(d).filename().string();
+    r.label = "vlm " + fs::path(d).filename().string() + (model_path.empty() ? "" : " (hf)");
     check_golden_run(model, j, d, 1e-4, r);
+  }
+}
+
+TEST(VisionGolden, LlavaPromptFromPngMatchesReference) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  check_llava_prompts(shared);
+}
+
+// The same pair in Hugging Face form (LlavaForConditionalGeneration, one directory for both
+// halves, in each of transformers' two layouts) gives the reference's logits too.
+TEST(VisionGolden, LlavaHuggingFaceFormMatchesReference) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  for (auto layout : {testing::LlavaLayout::kBefore452, testing::LlavaLayout::kAfter452}) {
+    testing::TempDir dir;
+    ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, dir, layout));
+    check_llava_prompts(shared, dir.path(), dir.path());
   }
 }
 

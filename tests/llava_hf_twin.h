@@ -1,0 +1,193 @@
+// Test helper: the Hugging Face form (LlavaForConditionalGeneration) of ../shared's synthetic
+// LLaVA pair, models/synth/llava-tiny (model.gguf + mmproj.gguf), which ../shared has no files
+// of. Written by reversing what llama.cpp's converter does: tensor names, the text model's q/k
+// row permutation (GGUF pairs rotated dimensions, transformers keeps rotate_half's halves), and
+// the metadata (config.json, preprocessor_config.json; the tokenizer files are stories260K's, the
+// donor of the text model's vocabulary). F32 safetensors, so every weight keeps its bits.
+// Header-only; for test binaries that link troupe_model.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/gguf.h"
+#include "tests/fp8_model.h"
+#include "tests/test_support.h"
+
+namespace troupe::testing {
+
+/// The Hugging Face name of a llama GGUF tensor ("" for none), without the decoder's prefix
+/// ("model." in a text-only checkpoint) except for the head.
+inline std::string llava_text_hf_name(const std::string& g) {
+  if (g == "token_embd.weight") return "embed_tokens.weight";
+  if (g == "output_norm.weight") return "norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
+  if (g.rfind("blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 4);
+  const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  for (const auto& [gg, hf] : kLayer)
+    if (rest == gg) return "layers." + layer + "." + hf;
+  return "";
+}
+
+/// The Hugging Face name of an mmproj GGUF tensor ("" for none), below the tower's
+/// "vision_tower.vision_model." or the projector's "multi_modal_projector." (which *projector
+/// tells).
+inline std::string llava_vision_hf_name(const std::string& g, bool* projector) {
+  *projector = g.rfind("mm.", 0) == 0;
+  if (g == "mm.0.weight") return "linear_1.weight";
+  if (g == "mm.0.bias") return "linear_1.bias";
+  if (g == "mm.2.weight") return "linear_2.weight";
+  if (g == "mm.2.bias") return "linear_2.bias";
+  if (g == "v.patch_embd.weight") return "embeddings.patch_embedding.weight";
+  if (g == "v.patch_embd.bias") return "embeddings.patch_embedding.bias";
+  if (g == "v.class_embd") return "embeddings.class_embedding";
+  if (g == "v.position_embd.weight") return "embeddings.position_embedding.weight";
+  if (g == "v.pre_ln.weight") return "pre_layrnorm.weight";
+  if (g == "v.pre_ln.bias") return "pre_layrnorm.bias";
+  if (g == "v.post_ln.weight") return "post_layernorm.weight";
+  if (g == "v.post_ln.bias") return "post_layernorm.bias";
+  if (g.rfind("v.blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 6);
+  const std::string layer = g.substr(6, dot - 6), rest = g.substr(dot + 1);
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"ln1.", "layer_norm1."},         {"ln2.", "layer_norm2."},
+      {"attn_q.", "self_attn.q_proj."}, {"attn_k.", "self_attn.k_proj."},
+      {"attn_v.", "self_attn.v_proj."}, {"attn_out.", "self_attn.out_proj."},
+      {"ffn_up.", "mlp.fc1."},          {"ffn_down.", "mlp.fc2."}};
+  for (const auto& [gg, hf] : kLayer)
+    if (rest.rfind(gg, 0) == 0)
+      return "encoder.layers." + layer + "." + hf + rest.substr(std::string(gg).size());
+  return "";
+}
+
+/// Where a checkpoint keeps its parts: transformers before 4.52 ("language_model.model.",
+/// "vision_tower.", "multi_modal_projector.", "language_model.lm_head.") or after ("model."
+/// before each of them, "lm_head." at the top).
+enum class LlavaLayout { kBefore452, kAfter452 };
+
+/// Writes the twin of shared/models/synth/llava-tiny into `dir`.
+inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
+                                LlavaLayout layout = LlavaLayout::kBefore452) {
+  const std::string src = shared + "/models/synth/llava-tiny/";
+  auto text = model::GgufFile::open(src + "model.gguf");
+  ASSERT_TRUE(text.has_value()) << text.error().message;
+  auto vision = model::GgufFile::open(src + "mmproj.gguf");
+  ASSERT_TRUE(vision.has_value()) << vision.error().message;
+  const model::GgufFile& t = **text;
+  const model::GgufFile& v = **vision;
+  const bool after = layout == LlavaLayout::kAfter452;
+  const std::string lm = after ? "model.language_model." : "language_model.model.";
+  const std::string head = after ? "lm_head.weight" : "language_model.lm_head.weight";
+  const std::string tower =
+      after ? "model.vision_tower.vision_model." : "vision_tower.vision_model.";
+  const std::string proj = after ? "model.multi_modal_projector." : "multi_modal_projector.";
+  const int64_t n_head = t.get_int("llama.attention.head_count");
+  const int64_t n_head_kv = t.get_int("llama.attention.head_count_kv");
+  const int64_t n_embd = t.get_int("llama.embedding_length");
+  const int64_t head_dim = n_embd / n_head;
+
+  std::vector<StTensor> out;
+  auto add = [&](const model::TensorInfo& ti, const std::string& name) {
+    ASSERT_EQ(ti.type, model::GgmlType::kF32) << ti.name;
+    std::vector<int64_t> shape(ti.ne, ti.ne + ti.n_dims);
+    std::reverse(shape.begin(), shape.end());  // ggml ne -> PyTorch order
+    std::string bytes(reinterpret_cast<const char*>(ti.data), ti.nbytes);
+    const bool text_model = ti.name.rfind("blk.", 0) == 0;  // not the ViT's "v.blk."
+    const bool q = text_model && ti.name.ends_with("attn_q.weight");
+    const bool k = text_model && ti.name.ends_with("attn_k.weight");
+    if (q || k) {  // GGUF row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i
+      const size_t row = static_cast<size_t>(shape[1]) * 4;
+      const int64_t rows = (q ? n_head : n_head_kv) * head_dim, half = head_dim / 2;
+      std::string hf(bytes.size(), '\0');
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t h = r / head_dim, kk = r % head_dim, j = kk / half, i = kk % half;
+        const int64_t g = h * head_dim + 2 * i + j;
+        std::memcpy(hf.data() + static_cast<size_t>(r) * row,
+                    bytes.data() + static_cast<size_t>(g) * row, row);
+      }
+      bytes = std::move(hf);
+    }
+    out.push_back({name, "F32", shape, std::move(bytes)});
+  };
+  for (const model::TensorInfo& ti : t.tensors()) {
+    const std::string name = llava_text_hf_name(ti.name);
+    ASSERT_FALSE(name.empty()) << "no Hugging Face name for " << ti.name;
+    add(ti, name == "lm_head.weight" ? head : lm + name);
+  }
+  for (const model::TensorInfo& ti : v.tensors()) {
+    bool is_proj = false;
+    const std::string name = llava_vision_hf_name(ti.name, &is_proj);
+    ASSERT_FALSE(name.empty()) << "no Hugging Face name for " << ti.name;
+    add(ti, (is_proj ? proj : tower) + name);
+  }
+  dir.write("model.safetensors", safetensors_image(out));
+
+  // The feature layer: GGUF lists hidden-state indices; one is written as the single integer
+  // released LLaVA configs give (-2 there).
+  std::vector<int64_t> feats;
+  if (const model::GgufValue* f = v.find("clip.vision.feature_layer"))
+    for (uint64_t i = 0; i < f->count; ++i) feats.push_back(f->array_i64(i));
+  nlohmann::json feature = feats.size() == 1
+                               ? nlohmann::json(feats[0] - v.get_int("clip.vision.block_count") - 1)
+                               : nlohmann::json(feats);
+  auto triple = [&](const char* key) {
+    const model::GgufValue* a = v.find(key);
+    std::vector<double> x;
+    for (uint64_t i = 0; i < a->count; ++i) x.push_back(static_cast<float>(a->array_f64(i)));
+    return x;
+  };
+  const nlohmann::json config = {
+      {"architectures", {"LlavaForConditionalGeneration"}},
+      {"model_type", "llava"},
+      {"image_token_index", 32000},
+      {"vision_feature_layer", feature},
+      {"vision_feature_select_strategy", "default"},
+      {"projector_hidden_act", "gelu"},
+      // Only what differs from LlamaConfig's defaults, as LLaVA 1.5's released file does.
+      {"text_config",
+       {{"model_type", "llama"},
+        {"vocab_size", t.get_int("llama.vocab_size")},
+        {"hidden_size", n_embd},
+        {"intermediate_size", t.get_int("llama.feed_forward_length")},
+        {"num_hidden_layers", t.get_int("llama.block_count")},
+        {"num_attention_heads", n_head},
+        {"num_key_value_heads", n_head_kv},
+        {"rms_norm_eps", t.get_float("llama.attention.layer_norm_rms_epsilon")},
+        {"max_position_embeddings", t.get_int("llama.context_length")}}},
+      {"vision_config",
+       {{"model_type", "clip_vision_model"},
+        {"hidden_size", v.get_int("clip.vision.embedding_length")},
+        {"intermediate_size", v.get_int("clip.vision.feed_forward_length")},
+        {"num_attention_heads", v.get_int("clip.vision.attention.head_count")},
+        {"num_hidden_layers", v.get_int("clip.vision.block_count")},
+        {"image_size", v.get_int("clip.vision.image_size")},
+        {"patch_size", v.get_int("clip.vision.patch_size")},
+        {"hidden_act", v.get_bool_or("clip.use_gelu", false) ? "gelu" : "quick_gelu"},
+        {"layer_norm_eps", v.get_float("clip.vision.attention.layer_norm_epsilon")}}}};
+  dir.write("config.json", config.dump(2));
+  const nlohmann::json pre = {{"image_processor_type", "CLIPImageProcessor"},
+                              {"image_mean", triple("clip.vision.image_mean")},
+                              {"image_std", triple("clip.vision.image_std")}};
+  dir.write("preprocessor_config.json", pre.dump(2));
+  for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+    dir.write(f, read_text_file(shared + "/models/hf/stories260K/" + f));
+}
+
+}  // namespace troupe::testing
