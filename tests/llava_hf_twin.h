@@ -4,12 +4,14 @@
 // row permutation (GGUF pairs rotated dimensions, transformers keeps rotate_half's halves), and
 // the metadata (config.json, preprocessor_config.json; the tokenizer files are stories260K's, the
 // donor of the text model's vocabulary). F32 safetensors, so every weight keeps its bits.
-// Header-only; for test binaries that link troupe_model.
+// Header-only; the writer itself (llava_hf_twin_files) needs no test framework (hf_fuzz uses it).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -17,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
-#include "tests/fp8_model.h"
+#include "tests/safetensors_writer.h"
 #include "tests/test_support.h"
 
 namespace troupe::testing {
@@ -82,14 +84,20 @@ inline std::string llava_vision_hf_name(const std::string& g, bool* projector) {
 /// before each of them, "lm_head." at the top).
 enum class LlavaLayout { kBefore452, kAfter452 };
 
-/// Writes the twin of shared/models/synth/llava-tiny into `dir`.
-inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
-                                LlavaLayout layout = LlavaLayout::kBefore452) {
+/// Writes the twin of shared/models/synth/llava-tiny into the existing folder `dir`; returns ""
+/// or what went wrong.
+inline std::string llava_hf_twin_files(const std::string& shared, const std::string& dir,
+                                       LlavaLayout layout = LlavaLayout::kBefore452) {
   const std::string src = shared + "/models/synth/llava-tiny/";
   auto text = model::GgufFile::open(src + "model.gguf");
-  ASSERT_TRUE(text.has_value()) << text.error().message;
+  if (!text) return text.error().message;
   auto vision = model::GgufFile::open(src + "mmproj.gguf");
-  ASSERT_TRUE(vision.has_value()) << vision.error().message;
+  if (!vision) return vision.error().message;
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream f(dir + "/" + name, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return f.good();
+  };
   const model::GgufFile& t = **text;
   const model::GgufFile& v = **vision;
   const bool after = layout == LlavaLayout::kAfter452;
@@ -104,8 +112,12 @@ inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
   const int64_t head_dim = n_embd / n_head;
 
   std::vector<StTensor> out;
+  std::string error;
   auto add = [&](const model::TensorInfo& ti, const std::string& name) {
-    ASSERT_EQ(ti.type, model::GgmlType::kF32) << ti.name;
+    if (name.empty() || ti.type != model::GgmlType::kF32) {
+      error = "no F32 Hugging Face tensor for " + ti.name;
+      return;
+    }
     std::vector<int64_t> shape(ti.ne, ti.ne + ti.n_dims);
     std::reverse(shape.begin(), shape.end());  // ggml ne -> PyTorch order
     std::string bytes(reinterpret_cast<const char*>(ti.data), ti.nbytes);
@@ -128,16 +140,15 @@ inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
   };
   for (const model::TensorInfo& ti : t.tensors()) {
     const std::string name = llava_text_hf_name(ti.name);
-    ASSERT_FALSE(name.empty()) << "no Hugging Face name for " << ti.name;
-    add(ti, name == "lm_head.weight" ? head : lm + name);
+    add(ti, name.empty() ? "" : name == "lm_head.weight" ? head : lm + name);
   }
   for (const model::TensorInfo& ti : v.tensors()) {
     bool is_proj = false;
     const std::string name = llava_vision_hf_name(ti.name, &is_proj);
-    ASSERT_FALSE(name.empty()) << "no Hugging Face name for " << ti.name;
-    add(ti, (is_proj ? proj : tower) + name);
+    add(ti, name.empty() ? "" : (is_proj ? proj : tower) + name);
   }
-  dir.write("model.safetensors", safetensors_image(out));
+  if (!error.empty()) return error;
+  if (!write("model.safetensors", safetensors_image(out))) return "cannot write in " + dir;
 
   // The feature layer: GGUF lists hidden-state indices; one is written as the single integer
   // released LLaVA configs give (-2 there).
@@ -181,13 +192,23 @@ inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
         {"patch_size", v.get_int("clip.vision.patch_size")},
         {"hidden_act", v.get_bool_or("clip.use_gelu", false) ? "gelu" : "quick_gelu"},
         {"layer_norm_eps", v.get_float("clip.vision.attention.layer_norm_epsilon")}}}};
-  dir.write("config.json", config.dump(2));
   const nlohmann::json pre = {{"image_processor_type", "CLIPImageProcessor"},
                               {"image_mean", triple("clip.vision.image_mean")},
                               {"image_std", triple("clip.vision.image_std")}};
-  dir.write("preprocessor_config.json", pre.dump(2));
+  if (!write("config.json", config.dump(2)) || !write("preprocessor_config.json", pre.dump(2)))
+    return "cannot write in " + dir;
+  std::error_code ec;
   for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
-    dir.write(f, read_text_file(shared + "/models/hf/stories260K/" + f));
+    if (!std::filesystem::copy_file(shared + "/models/hf/stories260K/" + f, dir + "/" + f,
+                                    std::filesystem::copy_options::overwrite_existing, ec))
+      return std::string("cannot copy ") + f + ": " + ec.message();
+  return "";
+}
+
+/// The same into a test's TempDir (a failure fails the test).
+inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
+                                LlavaLayout layout = LlavaLayout::kBefore452) {
+  ASSERT_EQ(llava_hf_twin_files(shared, dir.path(), layout), "");
 }
 
 }  // namespace troupe::testing

@@ -33,13 +33,11 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
+// A fresh folder per test process, removed at exit: a folder named after the process id alone
+// could be a finished process's (ids come round), whose daemon logs a test would then read.
 fs::path temp_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("troupe_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+  static const testing::TempDir d;
+  return d.path();
 }
 
 CliRun troupe(const std::vector<std::string>& args) {

@@ -40,13 +40,11 @@ std::vector<actors::GenerateRequest> requests(int64_t n_vocab) {
   return testing::cluster_requests(n_vocab, 3, 8, 11);
 }
 
+// A fresh folder per test process, removed at exit: a folder named after the process id alone
+// could be a finished process's (ids come round), whose daemon logs a test would then read.
 fs::path temp_dir() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / ("troupe_cluster_test_" + std::to_string(::getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+  static const testing::TempDir d;
+  return d.path();
 }
 
 // A daemon process; killed (SIGKILL) if still running when the test ends.

@@ -1,10 +1,12 @@
-// libFuzzer entry for the Hugging Face model reader (model/hf_model.cc) on hostile config.json
-// files: the first byte picks one of ../shared's model directories (dense, Mixtral sharded,
-// Qwen2-MoE, Qwen3-MoE, DeepSeek-V3-style), the rest replaces its config.json; the weights and
-// tokenizer files stay the real ones (linked into a scratch directory). A refused config is fine
-// (its error must name the directory); an accepted one must give a spec whose tensors have the
-// shapes it states. Needs ../shared (or $TROUPE_SHARED_DIR): without it the fuzzer stops at
-// start with exit status 77 (scripts/fuzz-smoke then skips it, or fails in CI).
+// libFuzzer entry for the Hugging Face model readers (model/hf_model.cc, and the vision tower's
+// model/hf_vision.cc) on hostile config.json files: the first byte picks one of ../shared's model
+// directories (dense, Mixtral sharded, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3-style) or the LLaVA twin
+// of its synthetic vision-language pair (tests/llava_hf_twin.h), the rest replaces its
+// config.json; the weights and tokenizer files stay the real ones (linked into, or written to, a
+// scratch directory). A refused config is fine (its error must name the directory); an accepted
+// one must give a spec whose tensors have the shapes it states. Needs ../shared (or
+// $TROUPE_SHARED_DIR): without it the fuzzer stops at start with exit status 77 (scripts/fuzz-smoke
+// then skips it, or fails in CI).
 #include <unistd.h>
 
 #include <cstddef>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "model/model.h"
+#include "model/vision.h"
+#include "tests/llava_hf_twin.h"
 
 namespace fs = std::filesystem;
 
@@ -56,6 +60,15 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
     g_dirs->push_back(dir.string());
   }
+  const fs::path llava = fs::path(*g_root) / "llava";
+  fs::create_directories(llava);
+  const std::string error = troupe::testing::llava_hf_twin_files(
+      (hf / "../..").lexically_normal().string(), llava.string());
+  if (!error.empty()) {
+    std::fprintf(stderr, "hf_fuzz: cannot write the LLaVA twin: %s\n", error.c_str());
+    std::exit(1);
+  }
+  g_dirs->push_back(llava.string());
   return 0;
 }
 
@@ -65,6 +78,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     std::ofstream out(dir + "/config.json", std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
+  }
+  if (auto v = troupe::model::load_vision_model(dir); !v) {
+    require(v.error().message.find(dir) != std::string::npos);
+  } else {
+    const auto& s = (*v)->spec;
+    require(s.n_embd >= 1 && s.n_embd_out >= 1 &&
+            s.n_layer_run <= static_cast<int64_t>(s.layers.size()));
+    require(s.patch_w.rows() == s.n_embd && s.pos_embd.rows() == s.n_pos());
+    require(s.mm0_w.present() && s.mm2_w.rows() == s.n_embd_out);
   }
   auto m = troupe::model::load_hf_model(dir);
   if (!m) {
