@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/tokenizer.h"
+#include "model/vision.h"
 
 namespace troupe::cli {
 
@@ -129,6 +130,16 @@ void print_weights(const model::ModelSpec& s) {
   std::printf("\n");
 }
 
+// A vision encoder's shape, one line (an mmproj GGUF, or a Hugging Face directory's tower).
+void print_vision(const model::VisionSpec& v) {
+  std::printf(
+      "vision encoder: %s projector, %lld of %zu blocks run, %lld px images in %lld px patches, "
+      "width %lld (%lld heads, ffn %lld), %lld image tokens of width %lld\n",
+      model::projector_name(v.projector), (long long)v.n_layer_run, v.layers.size(),
+      (long long)v.image_size, (long long)v.patch_size, (long long)v.n_embd, (long long)v.n_head,
+      (long long)v.n_ff, (long long)v.n_image_tokens(), (long long)v.n_embd_out);
+}
+
 }  // namespace
 
 int cmd_inspect(const Args& args) {
@@ -144,6 +155,11 @@ int cmd_inspect(const Args& args) {
     if (m->tokenizer)
       std::printf("tokenizer: %s, %d tokens\n", m->tokenizer->model_kind().c_str(),
                   m->tokenizer->n_vocab());
+    auto v = model::load_vision_model(path);
+    if (v)
+      print_vision((*v)->spec);
+    else if (v.error().message.find("has no vision tower") == std::string::npos)
+      std::printf("vision encoder: not runnable by troupe: %s\n", v.error().message.c_str());
     return 0;
   }
   auto g = model::GgufFile::open(path);
@@ -175,6 +191,12 @@ int cmd_inspect(const Args& args) {
   std::printf("\n");
   if (f.tensors().empty()) {
     std::printf("no weights (vocabulary-only file)\n");
+  } else if (f.get_string_or("general.architecture", "") == "clip") {
+    auto v = model::load_vision_model(path);
+    if (v)
+      print_vision((*v)->spec);
+    else
+      std::printf("not runnable by troupe: %s\n", v.error().message.c_str());
   } else {
     try {
       print_spec(model::spec_from_gguf(f));

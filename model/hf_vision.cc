@@ -1,8 +1,9 @@
 // Hugging Face vision towers -> VisionSpec: LlavaForConditionalGeneration (a CLIP ViT and the
-// two-layer "mlp" projector of LLaVA 1.5), read from config.json, preprocessor_config.json and
-// the safetensors of the model directory, so that a released LLaVA checkpoint runs as it is,
+// two-layer "mlp" projector of LLaVA 1.5) and Gemma3ForConditionalGeneration (a SigLIP ViT, k x k
+// pooling, soft-embedding norm and projection), read from config.json, preprocessor_config.json
+// and the safetensors of the model directory, so that a released checkpoint runs as it is,
 // without a separate mmproj file. The spec is the one llama.cpp's converter would write for the
-// same checkpoint, so both forms compute the same rows:
+// same checkpoint, so both forms compute the same rows. LLaVA:
 // - The ViT runs the blocks up to vision_feature_layer (hidden_states[-2] by default: all but the
 //   last); post_layernorm is not applied (LLaVA reads hidden states, which precede it).
 // - hidden_act "gelu" and the projector's GELU are computed as llama.cpp computes GELU (its tanh
@@ -10,7 +11,10 @@
 // - Images are fitted and padded to a square as llama.cpp does for LLaVA (the LLaVA 1.5 training
 //   recipe), not centre-cropped as transformers' CLIPImageProcessor does; the mean and standard
 //   deviation come from preprocessor_config.json.
-// Norms, biases and the class token become f32 copies; matrices stay views of the mapping.
+// Gemma 3: every block and post_layernorm; the pooling from mm_tokens_per_image; the norm's
+// weight + 1 (Gemma's norms multiply by 1 + w); images resized bilinearly and padded as llama.cpp
+// does. Norms, biases and the class token become f32 copies; matrices stay views of the mapping
+// (Gemma 3's projection a transposed copy: one row per output).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -52,20 +56,27 @@ class HfVisionLoader {
 
   VisionSpec build() {
     const std::string arch = architecture();
-    if (arch != "LlavaForConditionalGeneration")
-      fail(strfmt("'%s' has no vision tower troupe reads (it reads LlavaForConditionalGeneration)",
-                  arch.c_str()));
     VisionSpec s;
-    s.projector = Projector::kMlp;
+    if (arch == "LlavaForConditionalGeneration") {
+      s.projector = Projector::kMlp;
+    } else if (arch == "Gemma3ForConditionalGeneration") {
+      s.projector = Projector::kGemma3;
+    } else {
+      fail(
+          strfmt("'%s' has no vision tower troupe reads (it reads LlavaForConditionalGeneration "
+                 "and Gemma3ForConditionalGeneration)",
+                 arch.c_str()));
+    }
     read_vision_config(&s);
-    tower_ = st_.find("model.vision_tower.vision_model.embeddings.class_embedding")
-                 ? "model.vision_tower.vision_model."
-                 : "vision_tower.vision_model.";
-    projector_ = st_.find("model.multi_modal_projector.linear_1.weight")
-                     ? "model.multi_modal_projector."
-                     : "multi_modal_projector.";
+    const bool after =
+        st_.find("model.vision_tower.vision_model.embeddings.patch_embedding.weight");
+    tower_ = after ? "model.vision_tower.vision_model." : "vision_tower.vision_model.";
+    projector_ = after ? "model.multi_modal_projector." : "multi_modal_projector.";
     read_encoder(&s);
-    read_projector(&s);
+    if (s.projector == Projector::kMlp)
+      read_mlp_projector(&s);
+    else
+      read_gemma3_projector(&s);
     return s;
   }
 
@@ -123,30 +134,34 @@ class HfVisionLoader {
   void read_vision_config(VisionSpec* s) {
     auto vc = config_.find("vision_config");
     if (vc == config_.end() || !vc->is_object()) fail("missing \"vision_config\"");
-    const std::string type = text(*vc, "model_type", "clip_vision_model", *this);
-    if (type != "clip_vision_model")
-      fail(strfmt("vision_config.model_type '%s' is not supported (troupe reads clip_vision_model)",
-                  type.c_str()));
-    // CLIPVisionConfig's defaults, for the keys a config leaves out.
+    const bool clip = s->projector == Projector::kMlp;
+    const char* want = clip ? "clip_vision_model" : "siglip_vision_model";
+    const std::string type = text(*vc, "model_type", want, *this);
+    if (type != want)
+      fail(strfmt("vision_config.model_type '%s' is not supported (troupe reads %s here)",
+                  type.c_str(), want));
+    // CLIPVisionConfig's or SiglipVisionConfig's defaults, for the keys a config leaves out.
     s->n_embd = integer(*vc, "hidden_size", 768, 1, 1 << 16, *this);
     s->n_ff = integer(*vc, "intermediate_size", 3072, 1, 1 << 18, *this);
     s->n_head = integer(*vc, "num_attention_heads", 12, 1, 1024, *this);
     n_layer_ = integer(*vc, "num_hidden_layers", 12, 1, 1024, *this);
     s->image_size = integer(*vc, "image_size", 224, 1, 8192, *this);
-    s->patch_size = integer(*vc, "patch_size", 32, 1, 1024, *this);
+    s->patch_size = integer(*vc, "patch_size", clip ? 32 : 16, 1, 1024, *this);
     if (s->image_size % s->patch_size != 0)
       fail(strfmt("image size %lld is not a multiple of the patch size %lld", ll(s->image_size),
                   ll(s->patch_size)));
     if (s->n_embd % s->n_head != 0)
       fail(strfmt("width %lld is not a multiple of the head count %lld", ll(s->n_embd),
                   ll(s->n_head)));
-    s->act = activation(text(*vc, "hidden_act", "quick_gelu", *this), "vision_config.hidden_act");
+    s->act = activation(text(*vc, "hidden_act", clip ? "quick_gelu" : "gelu_pytorch_tanh", *this),
+                        "vision_config.hidden_act");
     auto eps = vc->find("layer_norm_eps");
-    s->eps = eps == vc->end() || eps->is_null() ? 1e-5f
+    s->eps = eps == vc->end() || eps->is_null() ? (clip ? 1e-5f : 1e-6f)
              : eps->is_number()                 ? eps->get<float>()
                                                 : -1.0f;
     if (!(s->eps > 0.0f && s->eps < 1.0f))
       fail("vision_config.layer_norm_eps must be a number in (0, 1)");
+    if (!clip) return read_gemma3_config(s);
     // LLaVA's own keys.
     const std::string strategy = text(config_, "vision_feature_select_strategy", "default", *this);
     if (strategy != "default")
@@ -160,6 +175,25 @@ class HfVisionLoader {
     feature_layers(s);
     s->mean = triple("image_mean", kClipMean);
     s->std = triple("image_std", kClipStd);
+    for (float v : s->std)
+      if (!(v > 0.0f)) fail("preprocessor_config.json: image_std must be positive");
+  }
+
+  // Gemma 3: every block and post_layernorm run; the projector pools the patches k x k down to
+  // mm_tokens_per_image (a square).
+  void read_gemma3_config(VisionSpec* s) {
+    s->n_layer_run = n_layer_;
+    const int64_t tokens = integer(config_, "mm_tokens_per_image", 256, 1, 1 << 20, *this);
+    int64_t side = 1;
+    while ((side + 1) * (side + 1) <= tokens) ++side;
+    if (side * side != tokens || s->patches_per_side() % side != 0)
+      fail(
+          strfmt("mm_tokens_per_image %lld is not the square of a divisor of the %lld patches a "
+                 "side",
+                 ll(tokens), ll(s->patches_per_side())));
+    s->merge = s->patches_per_side() / side;
+    s->mean = triple("image_mean", {0.5f, 0.5f, 0.5f});
+    s->std = triple("image_std", {0.5f, 0.5f, 0.5f});
     for (float v : s->std)
       if (!(v > 0.0f)) fail("preprocessor_config.json: image_std must be positive");
   }
@@ -234,19 +268,20 @@ class HfVisionLoader {
     return copy->data();
   }
 
-  // A vector of n values as f32 (norms, biases, the class token).
-  WeightView vec(const std::string& name, int64_t n) {
+  // A vector of n values as f32 (norms, biases, the class token), `add` added to each.
+  WeightView vec(const std::string& name, int64_t n, float add = 0.0f) {
     const SafetensorsTensor& t = find(name, {n});
     auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
+      float x;
       if (t.type == GgmlType::kF32) {
-        std::memcpy(&(*out)[static_cast<size_t>(i)], t.data + 4 * i, 4);
-        continue;
+        std::memcpy(&x, t.data + 4 * i, 4);
+      } else {
+        uint16_t bits;
+        std::memcpy(&bits, t.data + 2 * i, 2);
+        x = t.type == GgmlType::kF16 ? fp16_to_fp32(bits) : bf16_to_fp32(bits);
       }
-      uint16_t bits;
-      std::memcpy(&bits, t.data + 2 * i, 2);
-      (*out)[static_cast<size_t>(i)] =
-          t.type == GgmlType::kF16 ? fp16_to_fp32(bits) : bf16_to_fp32(bits);
+      (*out)[static_cast<size_t>(i)] = x + add;
     }
     storage_->push_back(out);
     return view(name, GgmlType::kF32, n, 1, reinterpret_cast<const uint8_t*>(out->data()));
@@ -261,10 +296,15 @@ class HfVisionLoader {
     const SafetensorsTensor& patch = find(e + "patch_embedding.weight", {E, 3, P, P});
     s->patch_w = view(patch.name, patch.type, 3 * P * P, E, aligned(patch));
     s->patch_b = opt_vec(e + "patch_embedding.bias", E);
-    s->class_embd = vec(e + "class_embedding", E);
+    if (s->projector == Projector::kMlp) {
+      s->class_embd = vec(e + "class_embedding", E);
+      s->pre_ln_w = opt_vec(tower_ + "pre_layrnorm.weight", E);  // (sic: transformers' name)
+      s->pre_ln_b = opt_vec(tower_ + "pre_layrnorm.bias", E);
+    } else {
+      s->post_ln_w = vec(tower_ + "post_layernorm.weight", E);
+      s->post_ln_b = opt_vec(tower_ + "post_layernorm.bias", E);
+    }
     s->pos_embd = matrix(e + "position_embedding.weight", s->n_pos(), E);
-    s->pre_ln_w = opt_vec(tower_ + "pre_layrnorm.weight", E);  // (sic: transformers' name)
-    s->pre_ln_b = opt_vec(tower_ + "pre_layrnorm.bias", E);
     for (int64_t il = 0; il < n_layer_; ++il) s->layers.push_back(layer(*s, il));
     if (st_.find(tower_ + "encoder.layers." + std::to_string(n_layer_) + ".layer_norm1.weight"))
       fail(strfmt("the checkpoint has more ViT blocks than vision_config.num_hidden_layers = %lld",
@@ -294,7 +334,32 @@ class HfVisionLoader {
     return L;
   }
 
-  void read_projector(VisionSpec* s) {
+  // Gemma 3: mm_soft_emb_norm (Gemma's RMS norm multiplies by 1 + w: stored + 1, as llama.cpp's
+  // converter does) and mm_input_projection_weight, stored for x @ W ([n_embd, text width]).
+  void read_gemma3_projector(VisionSpec* s) {
+    const std::string norm = projector_ + "mm_soft_emb_norm.weight";
+    const std::string proj = projector_ + "mm_input_projection_weight";
+    s->soft_emb_norm_w = vec(norm, s->n_embd, 1.0f);
+    const SafetensorsTensor* p = st_.find(proj);
+    if (!p) fail(strfmt("missing tensor '%s'", proj.c_str()));
+    if (p->shape.size() != 2 || p->shape[1] <= 0 || p->shape[1] > (int64_t{1} << 18))
+      fail(strfmt("tensor '%s' has shape %s, expected [%lld, text width]", proj.c_str(),
+                  p->shape_string().c_str(), ll(s->n_embd)));
+    s->n_embd_out = p->shape[1];
+    const SafetensorsTensor& t = find(proj, {s->n_embd, s->n_embd_out});
+    // The kernels want one row per output: a transposed copy.
+    const size_t es = t.type == GgmlType::kF32 ? 4 : 2;
+    const int64_t rows = s->n_embd, cols = s->n_embd_out;
+    auto buf = std::make_shared<std::vector<uint8_t>>(t.nbytes);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        std::memcpy(buf->data() + static_cast<size_t>(c * rows + r) * es,
+                    t.data + static_cast<size_t>(r * cols + c) * es, es);
+    storage_->push_back(buf);
+    s->input_proj = view(proj, t.type, rows, cols, buf->data());
+  }
+
+  void read_mlp_projector(VisionSpec* s) {
     const int64_t width =
         s->n_embd * std::max<int64_t>(1, static_cast<int64_t>(s->feature_layers.size()));
     const std::string w1 = projector_ + "linear_1.weight", w2 = projector_ + "linear_2.weight";

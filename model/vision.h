@@ -87,9 +87,9 @@ struct VisionModel {
 /// a missing or misshapen tensor, an image size that is not a multiple of the patch size, ...).
 Result<std::shared_ptr<const VisionModel>> load_vision_model(const std::string& path);
 
-/// The vision tower and projector of a Hugging Face LlavaForConditionalGeneration directory
-/// (model/hf_vision.cc: config.json, preprocessor_config.json, safetensors), as the VisionSpec
-/// llama.cpp's converter would give it.
+/// The vision tower and projector of a Hugging Face LlavaForConditionalGeneration or
+/// Gemma3ForConditionalGeneration directory (model/hf_vision.cc: config.json,
+/// preprocessor_config.json, safetensors), as the VisionSpec llama.cpp's converter would give it.
 Result<std::shared_ptr<const VisionModel>> load_hf_vision_model(const std::string& dir);
 
 /// The bytes of weights load_vision_model(path) maps: an mmproj file's size, or in a Hugging Face

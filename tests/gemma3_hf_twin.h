@@ -15,6 +15,7 @@
 
 #include "model/gguf.h"
 #include "tests/fp8_model.h"
+#include "tests/llava_hf_twin.h"
 #include "tests/test_support.h"
 
 namespace troupe::testing {
@@ -93,12 +94,59 @@ inline nlohmann::json gemma3_multimodal_config(const nlohmann::json& text) {
           {"mm_tokens_per_image", 256}};
 }
 
+/// The vision half of a Gemma3ForConditionalGeneration twin from the f32 gemma3 mmproj GGUF at
+/// `mmproj`: its tensors under `tower` ("[model.]vision_tower.vision_model.") and `projector`
+/// ("[model.]multi_modal_projector."), the soft-embedding norm's weight stored as w - 1, and the
+/// keys for config.json (vision_config, mm_tokens_per_image; the rest at transformers' defaults).
+inline void gemma3_vision_twin(const std::string& mmproj, const std::string& tower,
+                               const std::string& projector, std::vector<StTensor>* out,
+                               nlohmann::json* config) {
+  auto f = model::GgufFile::open(mmproj);
+  ASSERT_TRUE(f.has_value()) << f.error().message;
+  const model::GgufFile& v = **f;
+  ASSERT_EQ(v.get_string("clip.projector_type"), "gemma3");
+  for (const model::TensorInfo& t : v.tensors()) {
+    ASSERT_EQ(t.type, model::GgmlType::kF32) << t.name;
+    std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+    std::reverse(shape.begin(), shape.end());  // ggml ne -> PyTorch order
+    std::vector<float> x(static_cast<size_t>(t.nbytes / 4));
+    std::memcpy(x.data(), t.data, x.size() * 4);
+    std::string name;
+    if (t.name == "mm.soft_emb_norm.weight") {
+      name = projector + "mm_soft_emb_norm.weight";
+      for (float& w : x) w -= 1.0f;  // exact for the values near 1 synth writes
+    } else if (t.name == "mm.input_projection.weight") {
+      name = projector + "mm_input_projection_weight";  // [n_embd, text width], as stored
+    } else {
+      bool is_proj = false;
+      name = llava_vision_hf_name(t.name, &is_proj);
+      ASSERT_FALSE(name.empty() || is_proj) << "no Hugging Face name for " << t.name;
+      name = tower + name;
+    }
+    out->push_back({name, "F32", shape, f32_bytes(x)});
+  }
+  const int64_t side = v.get_int("clip.vision.image_size") / v.get_int("clip.vision.patch_size");
+  const int64_t pooled = side / v.get_int("clip.vision.projector.scale_factor");
+  (*config)["mm_tokens_per_image"] = pooled * pooled;
+  (*config)["vision_config"] = {
+      {"model_type", "siglip_vision_model"},
+      {"hidden_size", v.get_int("clip.vision.embedding_length")},
+      {"intermediate_size", v.get_int("clip.vision.feed_forward_length")},
+      {"num_attention_heads", v.get_int("clip.vision.attention.head_count")},
+      {"num_hidden_layers", v.get_int("clip.vision.block_count")},
+      {"image_size", v.get_int("clip.vision.image_size")},
+      {"patch_size", v.get_int("clip.vision.patch_size")},
+      {"vision_use_head", false}};
+}
+
 /// The Hugging Face form of the f32 gemma3 GGUF at `gguf` (config.json + model.safetensors) in
 /// `dir`: every norm weight w stored as w - 1. With `multimodal_prefix` ("language_model.model."
 /// or "model.language_model."), the Gemma3ForConditionalGeneration form: the decoder's tensors
-/// under that prefix beside a (tiny, unread) vision tower.
+/// under that prefix beside a vision tower: the f32 gemma3 mmproj GGUF `mmproj`'s, or without one
+/// a tiny one (which the text reader never reads).
 inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir,
-                                 const std::string& multimodal_prefix = "") {
+                                 const std::string& multimodal_prefix = "",
+                                 const std::string& mmproj = "") {
   auto f = model::GgufFile::open(gguf);
   ASSERT_TRUE(f.has_value()) << f.error().message;
   const model::GgufFile& g = **f;
@@ -121,10 +169,15 @@ inline void write_gemma3_hf_twin(const std::string& gguf, const TempDir& dir,
   if (!multimodal_prefix.empty()) {
     config = gemma3_multimodal_config(config);
     const std::string tower = multimodal_prefix == "model.language_model." ? "model." : "";
-    out.push_back({tower + "vision_tower.vision_model.embeddings.patch_embedding.weight",
-                   "F32",
-                   {16, 3, 2, 2},
-                   f32_bytes(std::vector<float>(192, 0.5f))});
+    if (!mmproj.empty()) {
+      ASSERT_NO_FATAL_FAILURE(gemma3_vision_twin(mmproj, tower + "vision_tower.vision_model.",
+                                                 tower + "multi_modal_projector.", &out, &config));
+    } else {
+      out.push_back({tower + "vision_tower.vision_model.embeddings.patch_embedding.weight",
+                     "F32",
+                     {16, 3, 2, 2},
+                     f32_bytes(std::vector<float>(192, 0.5f))});
+    }
   }
   dir.write("config.json", config.dump(2));
   dir.write("model.safetensors", safetensors_image(out));

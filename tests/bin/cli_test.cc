@@ -387,6 +387,28 @@ TEST(Cli, InspectDescribesModel) {
   EXPECT_NE(r.out.find("blk.0.attn_k_b.weight"), std::string::npos);
 }
 
+// A vision encoder's shape, from an mmproj GGUF and from a Hugging Face LLaVA directory alike
+// (beside its language model there).
+TEST(Cli, InspectDescribesVisionEncoders) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string line =
+      "vision encoder: mlp projector, 2 of 2 blocks run, 32 px images in 8 px patches, width 64 "
+      "(4 heads, ffn 128), 16 image tokens of width 128\n";
+  CliRun g = troupe({"inspect", shared + "/models/synth/llava-tiny/mmproj.gguf"});
+  ASSERT_EQ(g.rc, 0) << g.err;
+  EXPECT_NE(g.out.find(line), std::string::npos) << g.out;
+  testing::TempDir hf;
+  ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, hf));
+  CliRun h = troupe({"inspect", hf.path()});
+  ASSERT_EQ(h.rc, 0) << h.err;
+  EXPECT_NE(h.out.find(line), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("architecture: llama"), std::string::npos) << h.out;
+  // A text-only directory has no such line.
+  CliRun t = troupe({"inspect", shared + "/models/hf/stories260K"});
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(t.out.find("vision encoder"), std::string::npos) << t.out;
+}
+
 TEST(Cli, InspectShowsRopeScaling) {
   TROUPE_SHARED_OR_SKIP(shared);
   testing::TempDir dir;

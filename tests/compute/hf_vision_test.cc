@@ -3,6 +3,7 @@
 // its mmproj GGUF, in both of transformers' layouts; configs troupe cannot run are refused with
 // the key or tensor named. (Its logits against the reference: vision_test.cc.)
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,11 @@
 #include "compute/vision_encoder.h"
 #include "model/image.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "model/vision.h"
 #include "tests/compute/engine_test_util.h"
+#include "tests/gemma3_hf_twin.h"
+#include "tests/hf_twin_model.h"
 #include "tests/llava_hf_twin.h"
 #include "tests/test_support.h"
 
@@ -71,6 +75,72 @@ TEST(HfVision, LlavaTwinGivesTheSpecAndTheBitsOfItsMmproj) {
     ASSERT_TRUE(text) << text.error().message;
     EXPECT_EQ((*text)->spec.n_embd, h.n_embd_out);
     EXPECT_EQ((*text)->spec.n_layer, 4);
+  }
+}
+
+// Gemma3ForConditionalGeneration with its SigLIP tower: the twin of a synthesized f32 pair (the
+// soft-embedding norm stored as w - 1, the projection as x @ W, no preprocessor_config.json: the
+// mean and deviation at Gemma 3's 0.5) gives the mmproj's spec and bits in both layouts.
+TEST(HfVision, Gemma3TwinGivesTheSpecAndTheBitsOfItsMmproj) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir dir;
+  const std::string text = testing::synth_arch(dir, "gemma3", 51);
+  model::MmprojSynthOptions o;
+  o.projector = "gemma3";
+  o.image_size = 32;
+  o.patch_size = 4;
+  o.n_embd = 64;
+  o.n_ff = 128;
+  o.n_layer = 2;
+  o.n_layer_used = 0;
+  o.n_head = 4;
+  o.proj_dim = 128;
+  o.merge = 2;
+  o.dtype = model::GgmlType::kF32;
+  o.seed = 52;
+  const std::string mmproj = dir.file("mmproj.gguf");
+  const Status made = model::synth_mmproj(o, mmproj);
+  ASSERT_TRUE(made) << made.error().message;
+  auto gguf = model::load_vision_model(mmproj);
+  ASSERT_TRUE(gguf) << gguf.error().message;
+  const model::VisionSpec& g = (*gguf)->spec;
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    testing::TempDir hf;
+    ASSERT_NO_FATAL_FAILURE(testing::write_gemma3_hf_twin(text, hf, prefix, mmproj));
+    auto vm = model::load_vision_model(hf.path());
+    ASSERT_TRUE(vm) << vm.error().message;
+    const model::VisionSpec& h = (*vm)->spec;
+    EXPECT_EQ(h.projector, model::Projector::kGemma3);
+    EXPECT_EQ(h.act, g.act);
+    EXPECT_EQ(h.eps, g.eps);
+    EXPECT_EQ(h.mean, g.mean);
+    EXPECT_EQ(h.std, g.std);
+    EXPECT_EQ(h.merge, g.merge);
+    EXPECT_EQ(h.n_layer_run, g.n_layer_run);
+    EXPECT_EQ(h.n_embd_out, g.n_embd_out);
+    EXPECT_EQ(h.n_image_tokens(), g.n_image_tokens());
+    EXPECT_TRUE(h.post_ln_w.present());
+    for (const char* png : {"checker_50x40.png", "gradient_32x32.png"}) {
+      SCOPED_TRACE(png);
+      auto image = model::read_image_file(shared + "/golden/vlm/images/" + png);
+      ASSERT_TRUE(image) << image.error().message;
+      const auto want = encode(*gguf, *image);
+      ASSERT_FALSE(want.empty());
+      EXPECT_TRUE(bit_equal(encode(*vm, *image), want));
+    }
+    // Pooling needs a square number of tokens whose side divides the patches a side (8).
+    json c = json::parse(testing::read_text_file(hf.file("config.json")));
+    for (int tokens : {5, 9}) {
+      c["mm_tokens_per_image"] = tokens;
+      hf.write("config.json", c.dump());
+      auto bad = model::load_vision_model(hf.path());
+      ASSERT_FALSE(bad);
+      EXPECT_NE(bad.error().message.find("mm_tokens_per_image " + std::to_string(tokens) +
+                                         " is not the square of a divisor of the 8 patches"),
+                std::string::npos)
+          << bad.error().message;
+    }
   }
 }
 
