@@ -18,6 +18,7 @@
 #include "tests/actors/cluster_nodes.h"
 #include "tests/actors/solo_reference.h"
 #include "tests/image_writers.h"
+#include "tests/llava_hf_twin.h"
 #include "tests/test_support.h"
 #include "transport/fault.h"
 
@@ -224,6 +225,42 @@ void expect_one_lost_message_retried(const std::string& on, transport::FaultRule
   const auto enc = nlohmann::json::parse(*st)["encoder"];
   EXPECT_EQ(enc["encoded"], 1) << *st;  // the front saw one answer
   EXPECT_EQ(enc["retried"], 1) << *st;
+  for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
+}
+
+// A LLaVA checkpoint in Hugging Face form (one directory: the plan's model and mmproj) served by
+// three daemons: stages on b and c read the decoder from it, the encoder on c its vision tower;
+// the output is the single-process engine's on the same directory.
+TEST(ClusterNode, AHuggingFaceLlavaDirectoryServesImagesAcrossNodes) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir hf;
+  ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, hf));
+  Llava l;
+  ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l, hf.path(), hf.path()));
+  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  for (const char* img : {"circles_64x64", "checker_50x40"}) {
+    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
+    refs.push_back(solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6));
+    reqs.push_back(file_request(text, {image_file(png)}, 6));
+  }
+  std::vector<uint16_t> ports;
+  std::string t = cluster_toml(hf.path(), {{"b", "c"}, {}}, &ports, "test-token", 3);
+  t.insert(t.find("[cluster]"), "mmproj = \"" + hf.path() + "\"\n");
+  t += "[[encoder]]\nnode = \"c\"\nthreads = 1\n";
+  Nodes n;
+  n.start(parse(t), 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  const auto res = (*client)->generate_many(reqs);
+  for (size_t i = 0; i < refs.size(); ++i)
+    expect_identical(res[i], refs[i], "request " + std::to_string(i));
+  auto st = (*client)->status_json();
+  ASSERT_TRUE(st) << st.error().message;
+  const auto j = nlohmann::json::parse(*st);
+  EXPECT_TRUE(running_actors(j).count("encoder/0@c")) << *st;
+  EXPECT_EQ(j["encoder"]["encoded"], 2) << *st;
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 

@@ -126,10 +126,14 @@ struct Llava {
   Result<std::unique_ptr<compute::VisionEncoder>> enc = Error{1, "not loaded"};
 };
 
-inline void load_llava(const std::string& shared, Llava* l) {
-  l->m = model::load_model(shared + "/models/synth/llava-tiny/model.gguf");
+/// ../shared's synthetic LLaVA pair, or the pair at `model` and `mmproj` (a Hugging Face
+/// directory may be both).
+inline void load_llava(const std::string& shared, Llava* l, const std::string& model = "",
+                       const std::string& mmproj = "") {
+  const std::string dir = shared + "/models/synth/llava-tiny/";
+  l->m = model::load_model(model.empty() ? dir + "model.gguf" : model);
   ASSERT_TRUE(l->m) << l->m.error().message;
-  l->vm = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  l->vm = model::load_vision_model(mmproj.empty() ? dir + "mmproj.gguf" : mmproj);
   ASSERT_TRUE(l->vm) << l->vm.error().message;
   l->enc = compute::VisionEncoder::create(*l->vm, 1);
   ASSERT_TRUE(l->enc);
