@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/ggml_types.h"
 #include "model/gguf.h"
 #include "tests/safetensors_writer.h"
 #include "tests/test_support.h"
@@ -86,8 +87,11 @@ enum class LlavaLayout { kBefore452, kAfter452 };
 
 /// Writes the twin of shared/models/synth/llava-tiny into the existing folder `dir`; returns ""
 /// or what went wrong.
+/// `dtype` "F16" or "BF16" stores every tensor rounded to that type (as released checkpoints are),
+/// "F32" keeps every bit.
 inline std::string llava_hf_twin_files(const std::string& shared, const std::string& dir,
-                                       LlavaLayout layout = LlavaLayout::kBefore452) {
+                                       LlavaLayout layout = LlavaLayout::kBefore452,
+                                       const std::string& dtype = "F32") {
   const std::string src = shared + "/models/synth/llava-tiny/";
   auto text = model::GgufFile::open(src + "model.gguf");
   if (!text) return text.error().message;
@@ -136,7 +140,17 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
       }
       bytes = std::move(hf);
     }
-    out.push_back({name, "F32", shape, std::move(bytes)});
+    if (dtype != "F32") {
+      std::string half(bytes.size() / 2, '\0');
+      for (size_t i = 0; i < bytes.size() / 4; ++i) {
+        float x;
+        std::memcpy(&x, bytes.data() + 4 * i, 4);
+        const uint16_t h = dtype == "F16" ? model::fp32_to_fp16(x) : model::fp32_to_bf16(x);
+        std::memcpy(half.data() + 2 * i, &h, 2);
+      }
+      bytes = std::move(half);
+    }
+    out.push_back({name, dtype, shape, std::move(bytes)});
   };
   for (const model::TensorInfo& ti : t.tensors()) {
     const std::string name = llava_text_hf_name(ti.name);
@@ -207,8 +221,9 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
 
 /// The same into a test's TempDir (a failure fails the test).
 inline void write_llava_hf_twin(const std::string& shared, const TempDir& dir,
-                                LlavaLayout layout = LlavaLayout::kBefore452) {
-  ASSERT_EQ(llava_hf_twin_files(shared, dir.path(), layout), "");
+                                LlavaLayout layout = LlavaLayout::kBefore452,
+                                const std::string& dtype = "F32") {
+  ASSERT_EQ(llava_hf_twin_files(shared, dir.path(), layout, dtype), "");
 }
 
 }  // namespace troupe::testing

@@ -2,6 +2,8 @@
 // of ../shared's synthetic LLaVA pair (tests/llava_hf_twin.h) gives the spec and the very bits of
 // its mmproj GGUF, in both of transformers' layouts; configs troupe cannot run are refused with
 // the key or tensor named. (Its logits against the reference: vision_test.cc.)
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -75,6 +77,46 @@ TEST(HfVision, LlavaTwinGivesTheSpecAndTheBitsOfItsMmproj) {
     ASSERT_TRUE(text) << text.error().message;
     EXPECT_EQ((*text)->spec.n_embd, h.n_embd_out);
     EXPECT_EQ((*text)->spec.n_layer, 4);
+  }
+}
+
+// Released checkpoints store F16 (LLaVA 1.5) or BF16 (Gemma 3): norms, biases and the class
+// token become f32, matrices are computed as stored. The rows stay within the rounding of the
+// weights of the f32 ones, and the language model reads the same types.
+TEST(HfVision, HalfPrecisionCheckpointsRun) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto gguf = model::load_vision_model(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_TRUE(gguf) << gguf.error().message;
+  auto image = model::read_image_file(shared + "/golden/vlm/images/circles_64x64.png");
+  ASSERT_TRUE(image) << image.error().message;
+  const auto want = encode(*gguf, *image);
+  ASSERT_FALSE(want.empty());
+  for (const char* dtype : {"F16", "BF16"}) {
+    SCOPED_TRACE(dtype);
+    testing::TempDir dir;
+    ASSERT_NO_FATAL_FAILURE(
+        testing::write_llava_hf_twin(shared, dir, testing::LlavaLayout::kAfter452, dtype));
+    auto hf = model::load_vision_model(dir.path());
+    ASSERT_TRUE(hf) << hf.error().message;
+    const model::GgmlType type =
+        std::string(dtype) == "F16" ? model::GgmlType::kF16 : model::GgmlType::kBF16;
+    EXPECT_EQ((*hf)->spec.layers[0].q_w.type, type);
+    EXPECT_EQ((*hf)->spec.mm0_w.type, type);
+    EXPECT_EQ((*hf)->spec.layers[0].ln1_w.type, model::GgmlType::kF32);
+    const auto got = encode(*hf, *image);
+    ASSERT_EQ(got.size(), want.size());
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      mx = std::max(mx, std::fabs(static_cast<double>(want[i])));
+      d = std::max(d, std::fabs(static_cast<double>(got[i]) - want[i]));
+    }
+    const double err = d / mx;
+    std::printf("%s checkpoint: image rows max|d|/max|ref| = %.3g\n", dtype, err);
+    EXPECT_GT(err, 0.0);  // rounded weights: not the f32 bits
+    EXPECT_LT(err, std::string(dtype) == "F16" ? 5e-3 : 5e-2);
+    auto text = model::load_model(dir.path());
+    ASSERT_TRUE(text) << text.error().message;
+    EXPECT_EQ((*text)->spec.layers[0].wq.type, type);
   }
 }
 
