@@ -181,13 +181,23 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
   const nlohmann::json config = {
       {"architectures", {"LlavaForConditionalGeneration"}},
       {"model_type", "llava"},
+      // The bookkeeping keys released files carry beside the model's (read by nothing here).
       {"image_token_index", 32000},
+      {"ignore_index", -100},
+      {"pad_token_id", 0},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", "float32"},
+      {"transformers_version", "4.36.0"},
+      {"vocab_size", t.get_int("llama.vocab_size")},
       {"vision_feature_layer", feature},
       {"vision_feature_select_strategy", "default"},
       {"projector_hidden_act", "gelu"},
       // Only what differs from LlamaConfig's defaults, as LLaVA 1.5's released file does.
       {"text_config",
-       {{"model_type", "llama"},
+       {{"_name_or_path", "synth-llava-tiny-text"},
+        {"architectures", {"LlamaForCausalLM"}},
+        {"torch_dtype", "float32"},
+        {"model_type", "llama"},
         {"vocab_size", t.get_int("llama.vocab_size")},
         {"hidden_size", n_embd},
         {"intermediate_size", t.get_int("llama.feed_forward_length")},
@@ -204,6 +214,7 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
         {"num_hidden_layers", v.get_int("clip.vision.block_count")},
         {"image_size", v.get_int("clip.vision.image_size")},
         {"patch_size", v.get_int("clip.vision.patch_size")},
+        {"projection_dim", v.get_int("clip.vision.projection_dim")},  // CLIP's, unused
         {"hidden_act", v.get_bool_or("clip.use_gelu", false) ? "gelu" : "quick_gelu"},
         {"layer_norm_eps", v.get_float("clip.vision.attention.layer_norm_epsilon")}}}};
   const nlohmann::json pre = {{"image_processor_type", "CLIPImageProcessor"},
