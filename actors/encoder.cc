@@ -365,6 +365,7 @@ EncoderActor::behavior_type front_behavior(Front self, std::shared_ptr<const mod
         }
         for (const Digest& k : resend) {
           Job& job = st.jobs.at(k);
+          if (job.worker) ++st.n->retried;  // it was on an instance that is gone
           job.worker = caf::actor_addr{};
           job.attempt = 0;  // an answer of the old dispatch no longer counts
           job.not_before = Clock::time_point{};

@@ -36,7 +36,7 @@ struct EncoderCounters {
   std::atomic<uint64_t> failed{0};      // requests refused
   std::atomic<uint64_t> encode_us{0};   // microseconds spent encoding
   std::atomic<uint64_t> cache_entries{0}, cache_bytes{0};
-  std::atomic<uint64_t> retried{0};  // jobs sent again after a retryable failure
+  std::atomic<uint64_t> retried{0};  // jobs sent again: a retryable failure, their instance gone
 };
 
 namespace detail {

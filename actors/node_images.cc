@@ -70,12 +70,14 @@ std::string start_image_encoders(NodeSelf* self, const PlacementMsg& pl, uint32_
   for (const auto& e : pl.encoders) {
     const std::string who = "image encoder " + std::to_string(e.index);
     if (e.node_id == me) {
+      if (st.image_workers.count(e.index)) continue;  // kept from the last placement
       if (!st.vision) return who + " on " + st.me.name + ": the plan names no [model] mmproj";
       auto w = spawn_image_worker(self->system(), st.vision, static_cast<int>(e.threads));
       if (!w) return who + " on " + st.me.name + ": " + w.error().message;
       self->monitor(*w);
       st.image_workers[e.index] = *w;
     } else if (st.head && st.vision) {
+      if (st.image_proxies.count(e.index)) continue;  // kept from the last placement
       const auto& spec = st.vision->spec;
       // The node repeats its receipt every heartbeat: a job it says nothing of for a lease (the
       // silence that makes a node gone) is lost.
@@ -125,22 +127,50 @@ bool place_encoders_only(NodeSelf* self, const std::string& what, const Placemen
   return true;
 }
 
-void stop_image_encoders(NodeSelf* self) {
+void stop_image_encoders(NodeSelf* self, const PlacementMsg* next) {
   auto& st = self->state;
-  for (auto& [i, a] : st.image_workers) self->send_exit(a, caf::exit_reason::user_shutdown);
-  for (auto& [i, a] : st.image_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  // The front's jobs wait for the next list instead of failing on these.
-  if (st.head && st.encoder && (!st.image_workers.empty() || !st.image_proxies.empty()))
-    self->send(st.encoder, encoders_atom::value, std::vector<ImageWorkerActor>{});
-  st.image_workers.clear();
-  st.image_proxies.clear();
+  // Instance i stays where `next` places it on the same node with the same threads.
+  auto stays = [&](uint32_t i) {
+    if (!next || !st.placement) return false;
+    const EncoderPlacementInfo *was = nullptr, *will = nullptr;
+    for (const auto& e : st.placement->encoders)
+      if (e.index == i) was = &e;
+    for (const auto& e : next->encoders)
+      if (e.index == i) will = &e;
+    return was && will && *was == *will;
+  };
+  std::vector<ImageWorkerActor> kept;
+  bool stopped = false;
+  for (auto it = st.image_workers.begin(); it != st.image_workers.end();) {
+    if (stays(it->first)) {
+      kept.push_back(it->second);
+      ++it;
+      continue;
+    }
+    self->send_exit(it->second, caf::exit_reason::user_shutdown);
+    it = st.image_workers.erase(it);
+    stopped = true;
+  }
+  for (auto it = st.image_proxies.begin(); it != st.image_proxies.end();) {
+    if (stays(it->first)) {
+      kept.push_back(caf::actor_cast<ImageWorkerActor>(it->second));
+      ++it;
+      continue;
+    }
+    self->send_exit(it->second, caf::exit_reason::user_shutdown);
+    it = st.image_proxies.erase(it);
+    stopped = true;
+  }
+  // The front's jobs on the stopped ones go to those kept, or wait for the next list, instead of
+  // failing on them; jobs on those kept stay.
+  if (st.head && st.encoder && stopped) self->send(st.encoder, encoders_atom::value, kept);
 }
 
 void replace_image_encoders(NodeSelf* self, PlacementMsg p) {
   auto& st = self->state;
   std::fprintf(stderr, "troupe: node %s: placement %llu moves image encoders only\n",
                st.me.name.c_str(), static_cast<unsigned long long>(p.version));
-  stop_image_encoders(self);
+  stop_image_encoders(self, &p);
   st.placement = std::move(p);
   st.encoders_only = st.placement->version;
   auto slot = std::make_shared<NodeState::VisionSlot>();

@@ -168,15 +168,16 @@ uint64_t actor_weight_bytes(const model::ModelSpec& spec, const PlacementMsg& pl
 
 // Stops the actors of the current placement (stages, shards and the proxies they use) before a
 // re-placement: the head's scheduler recomputes every sequence afterwards, so nothing they hold
-// is needed. Stopped with user_shutdown, so on_actor_down does not restart them.
-void stop_placed_actors(NodeSelf* self) {
+// is needed. Stopped with user_shutdown, so on_actor_down does not restart them. Image encoder
+// instances `next` keeps in place go on (their jobs are not the scheduler's).
+void stop_placed_actors(NodeSelf* self, const PlacementMsg* next = nullptr) {
   auto& st = self->state;
   for (auto& [i, a] : st.stages) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& [i, a] : st.shards) self->send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& [n, a] : st.shard_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
   self->send_exit(st.scheduler_proxy, caf::exit_reason::user_shutdown);  // no-op when null
   for (auto& a : st.stage_proxies) self->send_exit(a, caf::exit_reason::user_shutdown);
-  stop_image_encoders(self);
+  stop_image_encoders(self, next);
   st.stages.clear();
   st.shards.clear();
   st.shard_proxies.clear();
@@ -205,7 +206,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     // placement. Actors that stay on this node are rebuilt too; their weights are resident.
     std::fprintf(stderr, "troupe: node %s: re-placement %llu\n", st.me.name.c_str(),
                  static_cast<unsigned long long>(p.version));
-    stop_placed_actors(self);
+    stop_placed_actors(self, &p);
     st.placement.reset();
   }
   const uint32_t me = st.link->node_id();

@@ -436,8 +436,8 @@ struct EncoderCounters {
   cacheBytes @8 :UInt64;
   # bytes of encoded rows in the cache now
   retried @9 :UInt64;
-  # images sent to an instance again: the message or its answer was lost, or the instance was not
-  # running (yet) where it was sent
+  # images sent to an instance again: the message or its answer was lost, the instance was not
+  # running (yet) where it was sent, or a re-placement stopped it
 }
 
 # --- Fault injection (tests only) --------------------------------------------------------------

@@ -293,8 +293,10 @@ void image_link_down(NodeSelf* self, const std::string& node);
 /// unchanged unless encoders were dropped): the caller re-places everything.
 bool place_encoders_only(NodeSelf* self, const std::string& what, const PlacementMsg& old,
                          const std::map<uint32_t, Survivor>& alive, Result<PlacementMsg>& next);
-/// Stops the local instances and the proxies (the head's front then waits for the next list).
-void stop_image_encoders(NodeSelf* self);
+/// Stops the local instances and the proxies, but those `next` (the placement about to start, if
+/// any) keeps where they are with the same threads: their jobs go on. The head's front then
+/// sends the stopped ones' jobs to those kept, or waits for the next list.
+void stop_image_encoders(NodeSelf* self, const PlacementMsg* next = nullptr);
 /// A placement that moves only image encoders: adopt it, restart the instances (loading the
 /// mmproj on a helper thread when this node has not yet), report. The pipeline keeps running.
 void replace_image_encoders(NodeSelf* self, PlacementMsg p);
