@@ -4,13 +4,17 @@
 // LLaVA 1.5's CLIP ViT-L/14-336 (577 positions, 23 of 24 blocks, MLP projector to 4096) and
 // Gemma 3's SigLIP at 896 pixels (4096 positions, 27 blocks, 4x4 pooling to 256 rows of 2560),
 // both F16 as their mmproj files ship.
-// Usage: vision_bench [--mmproj FILE] [--runs N] [--threads 1,2] [--only llava|gemma3]
+// With --hf, the LLaVA encoder is also written as a Hugging Face LlavaForConditionalGeneration
+// directory (its tensors as stored: tests/llava_hf_twin.h) and both forms are loaded and run side
+// by side: load time, the first image after loading (its pages fetched), and the rows' bits.
+// Usage: vision_bench [--mmproj FILE] [--runs N] [--threads 1,2] [--only llava|gemma3] [--hf]
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -21,6 +25,7 @@
 #include "compute/vision_encoder.h"
 #include "model/synth.h"
 #include "model/vision.h"
+#include "tests/llava_hf_twin.h"
 
 namespace {
 
@@ -91,10 +96,50 @@ void run(const std::string& label, const std::string& path, int runs,
   }
 }
 
+// The mmproj GGUF at `gguf` and its Hugging Face form `hf`, alternated run by run: the time to
+// load each (median), the first image after a load, and whether the rows are the same bits.
+void compare_forms(const std::string& gguf, const std::string& hf, int runs, int threads) {
+  std::vector<double> load[2], first[2];
+  std::vector<float> rows[2];
+  for (int r = 0; r < runs; ++r) {
+    for (int f = 0; f < 2; ++f) {
+      const auto t0 = Clock::now();
+      auto vm = model::load_vision_model(f == 0 ? gguf : hf);
+      if (!vm) {
+        std::fprintf(stderr, "vision_bench: %s\n", vm.error().message.c_str());
+        std::exit(1);
+      }
+      const auto t1 = Clock::now();
+      const int64_t S = (*vm)->spec.image_size;
+      std::vector<float> pixels(static_cast<size_t>(3 * S * S));
+      for (size_t i = 0; i < pixels.size(); ++i)
+        pixels[i] = static_cast<float>(i % 97) / 48.f - 1.f;
+      auto enc = compute::VisionEncoder::create(*vm, threads);
+      auto out = (*enc)->encode(pixels);
+      if (!out) {
+        std::fprintf(stderr, "vision_bench: %s\n", out.error().message.c_str());
+        std::exit(1);
+      }
+      load[f].push_back(std::chrono::duration<double>(t1 - t0).count());
+      first[f].push_back(std::chrono::duration<double>(Clock::now() - t1).count());
+      rows[f] = std::move(*out);
+    }
+  }
+  const bool same = rows[0].size() == rows[1].size() &&
+                    std::memcmp(rows[0].data(), rows[1].data(), rows[0].size() * 4) == 0;
+  for (int f = 0; f < 2; ++f)
+    std::printf("  %-28s load %7.1f ms, first image %.3f s (%d thread%s; medians of %d)\n",
+                f == 0 ? "mmproj GGUF:" : "Hugging Face directory:", 1e3 * median(load[f]),
+                median(first[f]), threads, threads == 1 ? "" : "s", runs);
+  std::printf("  rows of the two forms: %s\n", same ? "the same bits" : "DIFFERENT");
+  if (!same) std::exit(1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mmproj, only;
+  bool hf = false;
   int runs = 3;
   std::vector<int> threads = {1, 2};
   for (int i = 1; i < argc; ++i) {
@@ -103,6 +148,8 @@ int main(int argc, char** argv) {
       mmproj = argv[++i];
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--hf") {
+      hf = true;
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
@@ -115,7 +162,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: vision_bench [--mmproj FILE] [--runs N] [--threads 1,2] "
-                   "[--only llava|gemma3]\n");
+                   "[--only llava|gemma3] [--hf]\n");
       return 2;
     }
   }
@@ -132,6 +179,15 @@ int main(int argc, char** argv) {
     if (auto st = model::synth_mmproj(o, p); !st)
       return std::fprintf(stderr, "%s\n", st.error().message.c_str()), 1;
     run("LLaVA 1.5 CLIP ViT-L/14-336 (synthetic, f16)", p, runs, threads);
+    if (hf) {
+      const std::string d = (dir / "llava-hf").string();
+      std::filesystem::create_directories(d);
+      const std::string e = troupe::testing::llava_hf_files(
+          "", p, "", d, troupe::testing::LlavaLayout::kAfter452, "stored");
+      if (!e.empty()) return std::fprintf(stderr, "vision_bench: %s\n", e.c_str()), 1;
+      std::printf("the same encoder as a Hugging Face directory:\n");
+      compare_forms(p, d, runs, threads.back());
+    }
   }
   if (only.empty() || only == "gemma3") {
     model::MmprojSynthOptions o;

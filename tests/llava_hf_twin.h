@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -85,24 +86,27 @@ inline std::string llava_vision_hf_name(const std::string& g, bool* projector) {
 /// before each of them, "lm_head." at the top).
 enum class LlavaLayout { kBefore452, kAfter452 };
 
-/// Writes the twin of shared/models/synth/llava-tiny into the existing folder `dir`; returns ""
-/// or what went wrong.
-/// `dtype` "F16" or "BF16" stores every tensor rounded to that type (as released checkpoints are),
-/// "F32" keeps every bit.
-inline std::string llava_hf_twin_files(const std::string& shared, const std::string& dir,
-                                       LlavaLayout layout = LlavaLayout::kBefore452,
-                                       const std::string& dtype = "F32") {
-  const std::string src = shared + "/models/synth/llava-tiny/";
-  auto text = model::GgufFile::open(src + "model.gguf");
+/// Writes the LlavaForConditionalGeneration form of the llama GGUF `text_gguf` and the "mlp"
+/// mmproj GGUF `mmproj` into the existing folder `dir`, with the tokenizer files of the Hugging
+/// Face directory `tokenizer_dir`; returns "" or what went wrong. `dtype` "F16" or "BF16" stores
+/// every f32 tensor rounded to that type (as released checkpoints are), "F32" keeps every bit
+/// (and refuses other types), "stored" keeps each f32 or f16 tensor as it is. Without
+/// `text_gguf` only the vision half is written (text_config then has no weights behind it).
+inline std::string llava_hf_files(const std::string& text_gguf, const std::string& mmproj,
+                                  const std::string& tokenizer_dir, const std::string& dir,
+                                  LlavaLayout layout, const std::string& dtype) {
+  std::unique_ptr<model::GgufFile> no_text;
+  auto text = text_gguf.empty() ? Result<std::unique_ptr<model::GgufFile>>(std::move(no_text))
+                                : model::GgufFile::open(text_gguf);
   if (!text) return text.error().message;
-  auto vision = model::GgufFile::open(src + "mmproj.gguf");
+  auto vision = model::GgufFile::open(mmproj);
   if (!vision) return vision.error().message;
   auto write = [&](const std::string& name, const std::string& bytes) {
     std::ofstream f(dir + "/" + name, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return f.good();
   };
-  const model::GgufFile& t = **text;
+  const model::GgufFile* tp = text->get();
   const model::GgufFile& v = **vision;
   const bool after = layout == LlavaLayout::kAfter452;
   const std::string lm = after ? "model.language_model." : "language_model.model.";
@@ -110,16 +114,18 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
   const std::string tower =
       after ? "model.vision_tower.vision_model." : "vision_tower.vision_model.";
   const std::string proj = after ? "model.multi_modal_projector." : "multi_modal_projector.";
-  const int64_t n_head = t.get_int("llama.attention.head_count");
-  const int64_t n_head_kv = t.get_int("llama.attention.head_count_kv");
-  const int64_t n_embd = t.get_int("llama.embedding_length");
+  auto text_int = [&](const char* key, int64_t def) { return tp ? tp->get_int(key) : def; };
+  const int64_t n_head = text_int("llama.attention.head_count", 1);
+  const int64_t n_head_kv = text_int("llama.attention.head_count_kv", 1);
+  const int64_t n_embd = text_int("llama.embedding_length", 1);
   const int64_t head_dim = n_embd / n_head;
 
   std::vector<StTensor> out;
   std::string error;
   auto add = [&](const model::TensorInfo& ti, const std::string& name) {
-    if (name.empty() || ti.type != model::GgmlType::kF32) {
-      error = "no F32 Hugging Face tensor for " + ti.name;
+    const bool f16 = ti.type == model::GgmlType::kF16 && dtype == "stored";
+    if (name.empty() || (ti.type != model::GgmlType::kF32 && !f16)) {
+      error = "no Hugging Face tensor for " + ti.name + " (" + model::type_name(ti.type) + ")";
       return;
     }
     std::vector<int64_t> shape(ti.ne, ti.ne + ti.n_dims);
@@ -129,7 +135,7 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
     const bool q = text_model && ti.name.ends_with("attn_q.weight");
     const bool k = text_model && ti.name.ends_with("attn_k.weight");
     if (q || k) {  // GGUF row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i
-      const size_t row = static_cast<size_t>(shape[1]) * 4;
+      const size_t row = static_cast<size_t>(shape[1]) * (f16 ? 2 : 4);
       const int64_t rows = (q ? n_head : n_head_kv) * head_dim, half = head_dim / 2;
       std::string hf(bytes.size(), '\0');
       for (int64_t r = 0; r < rows; ++r) {
@@ -140,7 +146,7 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
       }
       bytes = std::move(hf);
     }
-    if (dtype != "F32") {
+    if (dtype == "F16" || dtype == "BF16") {
       std::string half(bytes.size() / 2, '\0');
       for (size_t i = 0; i < bytes.size() / 4; ++i) {
         float x;
@@ -150,12 +156,14 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
       }
       bytes = std::move(half);
     }
-    out.push_back({name, dtype, shape, std::move(bytes)});
+    const std::string stored = dtype == "F16" || dtype == "BF16" ? dtype : f16 ? "F16" : "F32";
+    out.push_back({name, stored, shape, std::move(bytes)});
   };
-  for (const model::TensorInfo& ti : t.tensors()) {
-    const std::string name = llava_text_hf_name(ti.name);
-    add(ti, name.empty() ? "" : name == "lm_head.weight" ? head : lm + name);
-  }
+  if (tp)
+    for (const model::TensorInfo& ti : tp->tensors()) {
+      const std::string name = llava_text_hf_name(ti.name);
+      add(ti, name.empty() ? "" : name == "lm_head.weight" ? head : lm + name);
+    }
   for (const model::TensorInfo& ti : v.tensors()) {
     bool is_proj = false;
     const std::string name = llava_vision_hf_name(ti.name, &is_proj);
@@ -188,7 +196,7 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
       {"tie_word_embeddings", false},
       {"torch_dtype", "float32"},
       {"transformers_version", "4.36.0"},
-      {"vocab_size", t.get_int("llama.vocab_size")},
+      {"vocab_size", text_int("llama.vocab_size", 32000)},
       {"vision_feature_layer", feature},
       {"vision_feature_select_strategy", "default"},
       {"projector_hidden_act", "gelu"},
@@ -198,14 +206,14 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
         {"architectures", {"LlamaForCausalLM"}},
         {"torch_dtype", "float32"},
         {"model_type", "llama"},
-        {"vocab_size", t.get_int("llama.vocab_size")},
+        {"vocab_size", text_int("llama.vocab_size", 32000)},
         {"hidden_size", n_embd},
-        {"intermediate_size", t.get_int("llama.feed_forward_length")},
-        {"num_hidden_layers", t.get_int("llama.block_count")},
+        {"intermediate_size", text_int("llama.feed_forward_length", 11008)},
+        {"num_hidden_layers", text_int("llama.block_count", 32)},
         {"num_attention_heads", n_head},
         {"num_key_value_heads", n_head_kv},
-        {"rms_norm_eps", t.get_float("llama.attention.layer_norm_rms_epsilon")},
-        {"max_position_embeddings", t.get_int("llama.context_length")}}},
+        {"rms_norm_eps", tp ? tp->get_float("llama.attention.layer_norm_rms_epsilon") : 1e-5},
+        {"max_position_embeddings", text_int("llama.context_length", 4096)}}},
       {"vision_config",
        {{"model_type", "clip_vision_model"},
         {"hidden_size", v.get_int("clip.vision.embedding_length")},
@@ -223,11 +231,22 @@ inline std::string llava_hf_twin_files(const std::string& shared, const std::str
   if (!write("config.json", config.dump(2)) || !write("preprocessor_config.json", pre.dump(2)))
     return "cannot write in " + dir;
   std::error_code ec;
-  for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
-    if (!std::filesystem::copy_file(shared + "/models/hf/stories260K/" + f, dir + "/" + f,
-                                    std::filesystem::copy_options::overwrite_existing, ec))
-      return std::string("cannot copy ") + f + ": " + ec.message();
+  if (!tokenizer_dir.empty())
+    for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+      if (!std::filesystem::copy_file(tokenizer_dir + "/" + f, dir + "/" + f,
+                                      std::filesystem::copy_options::overwrite_existing, ec))
+        return std::string("cannot copy ") + f + ": " + ec.message();
   return "";
+}
+
+/// The twin of shared/models/synth/llava-tiny (its tokenizer: stories260K's, the donor of the
+/// text model's vocabulary).
+inline std::string llava_hf_twin_files(const std::string& shared, const std::string& dir,
+                                       LlavaLayout layout = LlavaLayout::kBefore452,
+                                       const std::string& dtype = "F32") {
+  const std::string src = shared + "/models/synth/llava-tiny/";
+  return llava_hf_files(src + "model.gguf", src + "mmproj.gguf", shared + "/models/hf/stories260K",
+                        dir, layout, dtype);
 }
 
 /// The same into a test's TempDir (a failure fails the test).
