@@ -24,6 +24,36 @@ std::string member_name(NodeSelf* self, uint32_t id) {
   return {};
 }
 
+// Instance `index` in placement `pl`; null when it has none.
+const EncoderPlacementInfo* encoder_at(const PlacementMsg* pl, uint32_t index) {
+  if (pl)
+    for (const auto& e : pl->encoders)
+      if (e.index == index) return &e;
+  return nullptr;
+}
+const EncoderPlacementInfo* encoder_at(const std::optional<PlacementMsg>& pl, uint32_t index) {
+  return pl ? encoder_at(&*pl, index) : nullptr;
+}
+
+// Stops the actors of `instances` (local workers or proxies) but those `stays` keeps, which go
+// to *kept; returns whether any stopped.
+template <class Map, class Stays>
+bool stop_unless_kept(NodeSelf* self, Map& instances, const Stays& stays,
+                      std::vector<ImageWorkerActor>* kept) {
+  bool stopped = false;
+  for (auto it = instances.begin(); it != instances.end();) {
+    if (stays(it->first)) {
+      kept->push_back(caf::actor_cast<ImageWorkerActor>(it->second));
+      ++it;
+      continue;
+    }
+    self->send_exit(it->second, caf::exit_reason::user_shutdown);
+    it = instances.erase(it);
+    stopped = true;
+  }
+  return stopped;
+}
+
 // The instances in index order, local ones or proxies (the head's front gets this list).
 std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
   auto& st = self->state;
@@ -131,36 +161,13 @@ void stop_image_encoders(NodeSelf* self, const PlacementMsg* next) {
   auto& st = self->state;
   // Instance i stays where `next` places it on the same node with the same threads.
   auto stays = [&](uint32_t i) {
-    if (!next || !st.placement) return false;
-    const EncoderPlacementInfo *was = nullptr, *will = nullptr;
-    for (const auto& e : st.placement->encoders)
-      if (e.index == i) was = &e;
-    for (const auto& e : next->encoders)
-      if (e.index == i) will = &e;
+    const EncoderPlacementInfo* was = encoder_at(st.placement, i);
+    const EncoderPlacementInfo* will = encoder_at(next, i);
     return was && will && *was == *will;
   };
   std::vector<ImageWorkerActor> kept;
-  bool stopped = false;
-  for (auto it = st.image_workers.begin(); it != st.image_workers.end();) {
-    if (stays(it->first)) {
-      kept.push_back(it->second);
-      ++it;
-      continue;
-    }
-    self->send_exit(it->second, caf::exit_reason::user_shutdown);
-    it = st.image_workers.erase(it);
-    stopped = true;
-  }
-  for (auto it = st.image_proxies.begin(); it != st.image_proxies.end();) {
-    if (stays(it->first)) {
-      kept.push_back(caf::actor_cast<ImageWorkerActor>(it->second));
-      ++it;
-      continue;
-    }
-    self->send_exit(it->second, caf::exit_reason::user_shutdown);
-    it = st.image_proxies.erase(it);
-    stopped = true;
-  }
+  const bool stopped_workers = stop_unless_kept(self, st.image_workers, stays, &kept);
+  const bool stopped = stop_unless_kept(self, st.image_proxies, stays, &kept) || stopped_workers;
   // The front's jobs on the stopped ones go to those kept, or wait for the next list, instead of
   // failing on them; jobs on those kept stay.
   if (st.head && st.encoder && stopped) self->send(st.encoder, encoders_atom::value, kept);
@@ -199,10 +206,8 @@ int64_t restart_image_worker(NodeSelf* self, const caf::down_msg& dm) {
   auto& st = self->state;
   for (auto& [j, a] : st.image_workers) {
     if (dm.source != a.address()) continue;
-    uint32_t threads = 0;
-    if (st.placement)
-      for (const auto& e : st.placement->encoders)
-        if (e.index == j) threads = e.threads;
+    const EncoderPlacementInfo* e = encoder_at(st.placement, j);
+    const uint32_t threads = e ? e->threads : 0;
     auto fresh = spawn_image_worker(self->system(), st.vision, static_cast<int>(threads));
     if (!fresh) {
       std::fprintf(stderr, "troupe: node %s: image encoder %u failed and cannot restart: %s\n",
@@ -243,10 +248,11 @@ void send_encoded(Link& link, transport::PeerId peer, uint64_t job_id, uint32_t 
   if (f) (void)link.send(peer, ControlMsg::kEncodedImage, *f);
 }
 
-ImageRowsWire receipt() {
+// A receipt for job `job_id` of encoder `index` (it carries no rows, so no shape).
+void send_receipt(Link& link, transport::PeerId peer, uint64_t job_id, uint32_t index) {
   ImageRowsWire r;
   r.accepted = true;
-  return r;
+  send_encoded(link, peer, job_id, index, std::move(r), 1, 1);
 }
 
 }  // namespace
@@ -276,9 +282,9 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
   const int64_t n_embd = st.vision->spec.n_embd_out;
   // The receipt: the head stops waiting for one (it retries a job whose image was lost), and
   // then waits for the answer as long as the receipt keeps coming (repeat_image_receipts).
-  send_encoded(*link, peer, job_id, index, receipt(), n_rows, n_embd);
+  send_receipt(*link, peer, job_id, index);
   const auto key = std::make_pair(peer, job_id);
-  st.images_in_flight[key] = {index, n_rows, n_embd};
+  st.images_in_flight[key] = index;
   auto answer = [self, link, key, index, n_rows, n_embd](ImageRowsWire w) {
     self->state.images_in_flight.erase(key);
     send_encoded(*link, key.first, key.second, index, std::move(w), n_rows, n_embd);
@@ -299,8 +305,8 @@ void route_image(NodeSelf* self, const MessagePtr& m) {
 
 void repeat_image_receipts(NodeSelf* self) {
   auto& st = self->state;
-  for (const auto& [key, job] : st.images_in_flight)
-    send_encoded(*st.link, key.first, key.second, job.index, receipt(), job.n_rows, job.n_embd);
+  for (const auto& [key, index] : st.images_in_flight)
+    send_receipt(*st.link, key.first, key.second, index);
 }
 
 void route_image_answer(NodeSelf* self, const MessagePtr& m) {
@@ -314,9 +320,8 @@ void route_image_answer(NodeSelf* self, const MessagePtr& m) {
                           "no image went to encoder " + std::to_string(index));
   // Only from the node the instance is placed on now: a late answer of its previous node (which
   // the head declared gone) must not complete a job of the new one.
-  std::string placed_on;
-  for (const auto& e : st.placement->encoders)
-    if (e.index == index) placed_on = member_name(self, e.node_id);
+  const EncoderPlacementInfo* e = encoder_at(st.placement, index);
+  const std::string placed_on = e ? member_name(self, e->node_id) : std::string();
   const std::string from = st.link->peer_name(m->peer);
   if (from != placed_on)
     return drop_malformed(

@@ -150,10 +150,6 @@ RemoteShardsActor::behavior_type remote_shards(
   };
 }
 
-// A job is lost when its node has said nothing of it for `silence`: the node sends a receipt as
-// soon as the image reaches its instance, before any encoding, and sends it again every heartbeat
-// until the answer goes. No first receipt: the image was lost; no more receipts and no answer:
-// the answer was.
 using Clock = std::chrono::steady_clock;
 
 // Job ids, unique in this process across proxies, so that no answer can be taken for another
@@ -187,6 +183,10 @@ ImageRowsPtr unreachable(const std::string& why) {
   return r;
 }
 
+// A job is lost when its node has said nothing of it for `silence`: the node sends a receipt as
+// soon as the image reaches its instance, before any encoding, and sends it again every heartbeat
+// until the answer goes. No first receipt: the image was lost; no more receipts and no answer:
+// the answer was.
 RemoteImageActor::behavior_type remote_image(
     RemoteImageActor::stateful_pointer<RemoteImageState> self, std::shared_ptr<Link> link,
     std::string node, uint32_t index, int64_t n_rows, int64_t n_embd,

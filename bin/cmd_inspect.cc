@@ -155,11 +155,13 @@ int cmd_inspect(const Args& args) {
     if (m->tokenizer)
       std::printf("tokenizer: %s, %d tokens\n", m->tokenizer->model_kind().c_str(),
                   m->tokenizer->n_vocab());
-    auto v = model::load_vision_model(path);
-    if (v)
-      print_vision((*v)->spec);
-    else if (v.error().message.find("has no vision tower") == std::string::npos)
-      std::printf("vision encoder: not runnable by troupe: %s\n", v.error().message.c_str());
+    if (model::hf_names_multimodal_model(path)) {
+      auto v = model::load_vision_model(path);
+      if (v)
+        print_vision((*v)->spec);
+      else
+        std::printf("vision encoder: not runnable by troupe: %s\n", v.error().message.c_str());
+    }
     return 0;
   }
   auto g = model::GgufFile::open(path);

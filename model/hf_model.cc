@@ -13,7 +13,6 @@
 #include <new>
 
 #include <nlohmann/json.hpp>
-#include <sys/stat.h>
 
 #include "base/check.h"
 #include "model/detail/hf_compressed.h"
@@ -33,11 +32,6 @@ using detail::HfConfig;
 using Family = detail::HfFamily;
 using detail::read_json_file;
 using nlohmann::json;
-
-bool file_exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -499,7 +493,7 @@ class HfSpecBuilder {
 Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
   try {
     const std::string config_path = dir + "/config.json";
-    if (!file_exists(config_path))
+    if (!detail::file_exists(config_path))
       return Error{1, dir + ": not a Hugging Face model directory (no config.json)"};
     bool multimodal = false;
     HfConfig cfg(detail::text_decoder_config(read_json_file(config_path), &multimodal),
@@ -524,8 +518,9 @@ Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
     m->spec = builder.build();
     validate_spec(m->spec, dir);
 
-    if (file_exists(dir + "/tokenizer.json") || file_exists(dir + "/tokenizer.model") ||
-        file_exists(dir + "/tiktoken.model")) {
+    if (detail::file_exists(dir + "/tokenizer.json") ||
+        detail::file_exists(dir + "/tokenizer.model") ||
+        detail::file_exists(dir + "/tiktoken.model")) {
       auto tok = Tokenizer::from_hf_dir(dir);
       if (!tok) return tok.error();
       m->tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));

@@ -26,6 +26,7 @@
 
 #include "base/check.h"
 #include "model/detail/hf_config.h"
+#include "model/detail/vision_weights.h"
 #include "model/ggml_types.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -38,11 +39,6 @@ namespace {
 using nlohmann::json;
 
 long long ll(int64_t v) { return static_cast<long long>(v); }
-
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 // transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, CLIPImageProcessor's defaults.
 constexpr std::array<float, 3> kClipMean = {0.48145466f, 0.4578275f, 0.40821073f};
@@ -91,21 +87,19 @@ class HfVisionLoader {
   }
 
   // config[key] as an integer in [lo, hi], or `def` when absent.
-  static int64_t integer(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi,
-                         const HfVisionLoader& self) {
+  int64_t integer(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) const {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
-    if (!it->is_number_integer()) self.fail(strfmt("\"%s\" must be an integer", key));
+    if (!it->is_number_integer()) fail(strfmt("\"%s\" must be an integer", key));
     const int64_t v = it->get<int64_t>();
     if (v < lo || v > hi)
-      self.fail(strfmt("\"%s\" = %lld is outside %lld..%lld", key, ll(v), ll(lo), ll(hi)));
+      fail(strfmt("\"%s\" = %lld is outside %lld..%lld", key, ll(v), ll(lo), ll(hi)));
     return v;
   }
-  static std::string text(const json& j, const char* key, const char* def,
-                          const HfVisionLoader& self) {
+  std::string text(const json& j, const char* key, const char* def) const {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
-    if (!it->is_string()) self.fail(strfmt("\"%s\" must be a string", key));
+    if (!it->is_string()) fail(strfmt("\"%s\" must be a string", key));
     return it->get<std::string>();
   }
 
@@ -136,24 +130,24 @@ class HfVisionLoader {
     if (vc == config_.end() || !vc->is_object()) fail("missing \"vision_config\"");
     const bool clip = s->projector == Projector::kMlp;
     const char* want = clip ? "clip_vision_model" : "siglip_vision_model";
-    const std::string type = text(*vc, "model_type", want, *this);
+    const std::string type = text(*vc, "model_type", want);
     if (type != want)
       fail(strfmt("vision_config.model_type '%s' is not supported (troupe reads %s here)",
                   type.c_str(), want));
     // CLIPVisionConfig's or SiglipVisionConfig's defaults, for the keys a config leaves out.
-    s->n_embd = integer(*vc, "hidden_size", 768, 1, 1 << 16, *this);
-    s->n_ff = integer(*vc, "intermediate_size", 3072, 1, 1 << 18, *this);
-    s->n_head = integer(*vc, "num_attention_heads", 12, 1, 1024, *this);
-    n_layer_ = integer(*vc, "num_hidden_layers", 12, 1, 1024, *this);
-    s->image_size = integer(*vc, "image_size", 224, 1, 8192, *this);
-    s->patch_size = integer(*vc, "patch_size", clip ? 32 : 16, 1, 1024, *this);
+    s->n_embd = integer(*vc, "hidden_size", 768, 1, 1 << 16);
+    s->n_ff = integer(*vc, "intermediate_size", 3072, 1, 1 << 18);
+    s->n_head = integer(*vc, "num_attention_heads", 12, 1, 1024);
+    n_layer_ = integer(*vc, "num_hidden_layers", 12, 1, 1024);
+    s->image_size = integer(*vc, "image_size", 224, 1, 8192);
+    s->patch_size = integer(*vc, "patch_size", clip ? 32 : 16, 1, 1024);
     if (s->image_size % s->patch_size != 0)
       fail(strfmt("image size %lld is not a multiple of the patch size %lld", ll(s->image_size),
                   ll(s->patch_size)));
     if (s->n_embd % s->n_head != 0)
       fail(strfmt("width %lld is not a multiple of the head count %lld", ll(s->n_embd),
                   ll(s->n_head)));
-    s->act = activation(text(*vc, "hidden_act", clip ? "quick_gelu" : "gelu_pytorch_tanh", *this),
+    s->act = activation(text(*vc, "hidden_act", clip ? "quick_gelu" : "gelu_pytorch_tanh"),
                         "vision_config.hidden_act");
     auto eps = vc->find("layer_norm_eps");
     s->eps = eps == vc->end() || eps->is_null() ? (clip ? 1e-5f : 1e-6f)
@@ -163,13 +157,13 @@ class HfVisionLoader {
       fail("vision_config.layer_norm_eps must be a number in (0, 1)");
     if (!clip) return read_gemma3_config(s);
     // LLaVA's own keys.
-    const std::string strategy = text(config_, "vision_feature_select_strategy", "default", *this);
+    const std::string strategy = text(config_, "vision_feature_select_strategy", "default");
     if (strategy != "default")
       fail(strfmt(
           "vision_feature_select_strategy '%s' is not supported (troupe drops the class token: "
           "'default')",
           strategy.c_str()));
-    const std::string proj_act = text(config_, "projector_hidden_act", "gelu", *this);
+    const std::string proj_act = text(config_, "projector_hidden_act", "gelu");
     if (activation(proj_act, "projector_hidden_act") != VisionAct::kGelu)
       fail(strfmt("projector_hidden_act '%s' is not supported (gelu)", proj_act.c_str()));
     feature_layers(s);
@@ -183,7 +177,7 @@ class HfVisionLoader {
   // mm_tokens_per_image (a square).
   void read_gemma3_config(VisionSpec* s) {
     s->n_layer_run = n_layer_;
-    const int64_t tokens = integer(config_, "mm_tokens_per_image", 256, 1, 1 << 20, *this);
+    const int64_t tokens = integer(config_, "mm_tokens_per_image", 256, 1, 1 << 20);
     int64_t side = 1;
     while ((side + 1) * (side + 1) <= tokens) ++side;
     if (side * side != tokens || s->patches_per_side() % side != 0)
@@ -272,17 +266,9 @@ class HfVisionLoader {
   WeightView vec(const std::string& name, int64_t n, float add = 0.0f) {
     const SafetensorsTensor& t = find(name, {n});
     auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      float x;
-      if (t.type == GgmlType::kF32) {
-        std::memcpy(&x, t.data + 4 * i, 4);
-      } else {
-        uint16_t bits;
-        std::memcpy(&bits, t.data + 2 * i, 2);
-        x = t.type == GgmlType::kF16 ? fp16_to_fp32(bits) : bf16_to_fp32(bits);
-      }
-      (*out)[static_cast<size_t>(i)] = x + add;
-    }
+    dequantize_view_row(view(name, t.type, n, 1, t.data), 0, out->data());
+    if (add != 0.0f)
+      for (float& x : *out) x += add;
     storage_->push_back(out);
     return view(name, GgmlType::kF32, n, 1, reinterpret_cast<const uint8_t*>(out->data()));
   }
@@ -346,17 +332,7 @@ class HfVisionLoader {
       fail(strfmt("tensor '%s' has shape %s, expected [%lld, text width]", proj.c_str(),
                   p->shape_string().c_str(), ll(s->n_embd)));
     s->n_embd_out = p->shape[1];
-    const SafetensorsTensor& t = find(proj, {s->n_embd, s->n_embd_out});
-    // The kernels want one row per output: a transposed copy.
-    const size_t es = t.type == GgmlType::kF32 ? 4 : 2;
-    const int64_t rows = s->n_embd, cols = s->n_embd_out;
-    auto buf = std::make_shared<std::vector<uint8_t>>(t.nbytes);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        std::memcpy(buf->data() + static_cast<size_t>(c * rows + r) * es,
-                    t.data + static_cast<size_t>(r * cols + c) * es, es);
-    storage_->push_back(buf);
-    s->input_proj = view(proj, t.type, rows, cols, buf->data());
+    s->input_proj = detail::transposed_copy(matrix(proj, s->n_embd, s->n_embd_out), storage_);
   }
 
   void read_mlp_projector(VisionSpec* s) {
@@ -389,6 +365,17 @@ class HfVisionLoader {
 
 }  // namespace
 
+bool hf_names_multimodal_model(const std::string& dir) {
+  try {
+    const json config = detail::read_json_file(dir + "/config.json");
+    auto a = config.find("architectures");
+    if (a == config.end() || !a->is_array() || a->empty() || !(*a)[0].is_string()) return false;
+    return (*a)[0].get<std::string>().ends_with("ForConditionalGeneration");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 uint64_t vision_weight_bytes(const std::string& path) {
   struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0) return 0;
@@ -406,11 +393,12 @@ uint64_t vision_weight_bytes(const std::string& path) {
 Result<std::shared_ptr<const VisionModel>> load_hf_vision_model(const std::string& dir) {
   try {
     const std::string config_path = dir + "/config.json";
-    if (!is_file(config_path))
+    if (!detail::file_exists(config_path))
       return Error{1, dir + ": not a Hugging Face model directory (no config.json)"};
     const json config = detail::read_json_file(config_path);
     const std::string pre_path = dir + "/preprocessor_config.json";
-    const json pre = is_file(pre_path) ? detail::read_json_file(pre_path) : json::object();
+    const json pre =
+        detail::file_exists(pre_path) ? detail::read_json_file(pre_path) : json::object();
     if (!pre.is_object()) return Error{1, pre_path + ": not a JSON object"};
     auto st = SafetensorsSet::open_dir(dir);
     if (!st) return st.error();

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "base/check.h"
+#include "model/detail/vision_weights.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -256,19 +257,7 @@ class VisionLoader {
     if (!is_float(w.type))
       TROUPE_INPUT_ERROR("%s: tensor '%s' has type %s (expected f32, f16 or bf16)", path_,
                          w.name.c_str(), type_name(w.type).c_str());
-    const int64_t rows = w.rows(), cols = w.cols();
-    const size_t es = w.type == GgmlType::kF32 ? 4 : 2;
-    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols) * es);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        std::memcpy(buf->data() + static_cast<size_t>(c * rows + r) * es,
-                    w.data + static_cast<size_t>(r * cols + c) * es, es);
-    WeightView t = w;
-    t.ne[0] = rows;
-    t.ne[1] = cols;
-    t.data = buf->data();
-    st->push_back(buf);
-    return t;
+    return detail::transposed_copy(w, st);
   }
 
   static bool integer_type(GgufType t) {
@@ -318,6 +307,26 @@ class VisionLoader {
 };
 
 }  // namespace
+
+namespace detail {
+
+WeightView transposed_copy(const WeightView& w, std::vector<std::shared_ptr<const void>>* storage) {
+  const int64_t rows = w.rows(), cols = w.cols();
+  const size_t es = w.type == GgmlType::kF32 ? 4 : 2;
+  auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols) * es);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      std::memcpy(buf->data() + static_cast<size_t>(c * rows + r) * es,
+                  w.data + static_cast<size_t>(r * cols + c) * es, es);
+  WeightView t = w;
+  t.ne[0] = rows;
+  t.ne[1] = cols;
+  t.data = buf->data();
+  storage->push_back(buf);
+  return t;
+}
+
+}  // namespace detail
 
 Result<std::shared_ptr<const VisionModel>> load_vision_model(const std::string& path) {
   struct stat st {};

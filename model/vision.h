@@ -92,6 +92,11 @@ Result<std::shared_ptr<const VisionModel>> load_vision_model(const std::string& 
 /// preprocessor_config.json, safetensors), as the VisionSpec llama.cpp's converter would give it.
 Result<std::shared_ptr<const VisionModel>> load_hf_vision_model(const std::string& dir);
 
+/// Whether the Hugging Face directory's config.json names a multimodal class (architectures[0]
+/// ending in "ForConditionalGeneration"): one whose vision tower load_vision_model may read, or
+/// refuses saying why. False for any other directory, or one that cannot be read.
+bool hf_names_multimodal_model(const std::string& dir);
+
 /// The bytes of weights load_vision_model(path) maps: an mmproj file's size, or in a Hugging Face
 /// directory those of its vision tower and projector tensors (not the language model's); 0 when
 /// the path cannot be read.

@@ -41,8 +41,8 @@ using RemoteShardsActor = ExpertShardActor::extend<caf::reacts_to<combine_atom, 
 /// ImageWorkerActor to the head's encoder front, plus what the node actor hands it:
 ///   (combine, MessagePtr)  an EncodedImage frame from that node: answers its waiting job
 ///   (linkdown)             the link to that node went down: every waiting job is to be retried
-///   (deadline, uint64 job) its own timer: a job without a receipt by now is to be retried (its
-///                          EncodeImage was lost)
+///   (deadline, uint64 job) its own timer: a job its node has said nothing of (no receipt, none
+///                          repeated, no answer) for a lease is lost and to be retried
 using RemoteImageActor = ImageWorkerActor::extend<caf::reacts_to<combine_atom, MessagePtr>,
                                                   caf::reacts_to<linkdown_atom>,
                                                   caf::reacts_to<deadline_atom, uint64_t>>;

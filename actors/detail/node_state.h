@@ -128,13 +128,10 @@ struct NodeState {
   // Image encoder instances placed here, by index, and (the head) the proxies of the others.
   std::map<uint32_t, ImageWorkerActor> image_workers;
   std::map<uint32_t, RemoteImageActor> image_proxies;
-  // Images this node's instances hold (queued or encoding), by sender and job id: their receipt
-  // is sent again every heartbeat until the answer goes (see repeat_image_receipts).
-  struct ImageInFlight {
-    uint32_t index = 0;
-    int64_t n_rows = 0, n_embd = 0;
-  };
-  std::map<std::pair<transport::PeerId, uint64_t>, ImageInFlight> images_in_flight;
+  // Images this node's instances hold (queued or encoding): the instance's index by sender and
+  // job id. Their receipt is sent again every heartbeat until the answer goes
+  // (repeat_image_receipts).
+  std::map<std::pair<transport::PeerId, uint64_t>, uint32_t> images_in_flight;
   // The mmproj, once a placement put an encoder instance here (or the head loaded it at start).
   std::shared_ptr<const model::VisionModel> vision;
   struct VisionSlot {  // filled by the placement thread, read after its (placed) message

@@ -13,6 +13,11 @@ namespace troupe::model::detail {
 
 using nlohmann::json;
 
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) TROUPE_INPUT_ERROR("%s: cannot open", path.c_str());

@@ -1,5 +1,6 @@
 // config.json of a Hugging Face model directory: typed access whose errors name the file and the
-// key, and the rope-scaling section turned into ModelSpec fields. Used by model/hf_model.cc only.
+// key, and the rope-scaling section turned into ModelSpec fields. Used by model/hf_model.cc and
+// model/hf_vision.cc.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,9 @@
 namespace troupe::model::detail {
 
 inline constexpr int64_t kMaxDim = int64_t{1} << 24;  // any one hyperparameter (vocab, width)
+
+/// Whether `path` names a regular file (a model directory's config.json, tokenizer, ...).
+bool file_exists(const std::string& path);
 
 /// The JSON document at `path`; throws InputError naming the file when unreadable or invalid.
 nlohmann::json read_json_file(const std::string& path);

@@ -62,22 +62,28 @@ std::set<std::string> running_actors(const nlohmann::json& j) {
   return out;
 }
 
+// For each golden picture named (golden/vlm/images/NAME.png): a request asking what is in it (6
+// tokens), and the single-process engine's result for it on the pair `l`.
+void picture_workload(const std::string& shared, const Llava& l,
+                      const std::vector<const char*>& images, std::vector<GenerateRequest>* reqs,
+                      std::vector<Reference>* refs) {
+  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
+  for (const char* img : images) {
+    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
+    refs->push_back(solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6));
+    reqs->push_back(file_request(text, {image_file(png)}, 6));
+  }
+}
+
 // A vision-language pair: the head encodes the images clients send ([model] mmproj), stages on
 // the other two nodes splice them; tokens and logits equal the single-process engine's.
 TEST(ClusterNode, ImagesSentToTheHeadAreEncodedThereWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  auto& m = l.m;
-  auto& enc = l.enc;
   std::vector<GenerateRequest> reqs;
   std::vector<Reference> refs;
-  for (const char* img : {"circles_64x64", "checker_50x40"}) {
-    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-    const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-    refs.push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
-    reqs.push_back(file_request(text, {image_file(png)}, 6));
-  }
+  picture_workload(shared, l, {"circles_64x64", "checker_50x40"}, &reqs, &refs);
   GenerateRequest bad = reqs[0];
   bad.image_files = std::make_shared<const std::vector<std::string>>(1, "GIF89a");
   reqs.push_back(bad);
@@ -116,21 +122,10 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
   TROUPE_SHARED_OR_SKIP(shared);
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  auto& m = l.m;
-  auto& enc = l.enc;
-  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-  auto workload = [&](std::vector<const char*> images, std::vector<GenerateRequest>* reqs,
-                      std::vector<Reference>* refs) {
-    for (const char* img : images) {
-      const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-      refs->push_back(solo(*m, reference_prompt(**m, **enc, text, {png}), 6));
-      reqs->push_back(file_request(text, {image_file(png)}, 6));
-    }
-  };
   std::vector<GenerateRequest> reqs, later;
   std::vector<Reference> refs, later_refs;
-  workload({"circles_64x64", "checker_50x40"}, &reqs, &refs);
-  workload({"gradient_32x32"}, &later, &later_refs);
+  picture_workload(shared, l, {"circles_64x64", "checker_50x40"}, &reqs, &refs);
+  picture_workload(shared, l, {"gradient_32x32"}, &later, &later_refs);
 
   std::vector<uint16_t> ports;
   Nodes n;
@@ -200,13 +195,13 @@ TEST(ClusterNode, ImagesAreEncodedWhereTheirEncodersArePlacedAndFollowAReplaceme
 // `drop` is lost: the head sends the image again once, and the output is the single-process
 // engine's.
 void expect_one_lost_message_retried(const std::string& on, transport::FaultRule drop,
-                                     const std::string& image) {
+                                     const char* image) {
   TROUPE_SHARED_OR_SKIP(shared);
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l));
-  const std::string png = shared + "/golden/vlm/images/" + image;
-  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
-  const Reference ref = solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6);
+  std::vector<GenerateRequest> reqs;
+  std::vector<Reference> refs;
+  picture_workload(shared, l, {image}, &reqs, &refs);
   std::vector<uint16_t> ports;
   const std::string t =
       llava_toml(shared, {{"a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
@@ -219,8 +214,8 @@ void expect_one_lost_message_retried(const std::string& on, transport::FaultRule
   n.start(parse(t), 2);
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
-  const auto res = (*client)->generate_many({file_request(text, {image_file(png)}, 6)});
-  expect_identical(res[0], ref, "the image sent again");
+  const auto res = (*client)->generate_many(reqs);
+  expect_identical(res[0], refs[0], "the image sent again");
   auto st = (*client)->status_json();
   ASSERT_TRUE(st) << st.error().message;
   const auto enc = nlohmann::json::parse(*st)["encoder"];
@@ -238,14 +233,9 @@ TEST(ClusterNode, AHuggingFaceLlavaDirectoryServesImagesAcrossNodes) {
   ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, hf));
   Llava l;
   ASSERT_NO_FATAL_FAILURE(load_llava(shared, &l, hf.path(), hf.path()));
-  const std::string text = "USER: <__media__>\nWhat is in the picture? ASSISTANT:";
   std::vector<GenerateRequest> reqs;
   std::vector<Reference> refs;
-  for (const char* img : {"circles_64x64", "checker_50x40"}) {
-    const std::string png = shared + "/golden/vlm/images/" + img + ".png";
-    refs.push_back(solo(*l.m, reference_prompt(**l.m, **l.enc, text, {png}), 6));
-    reqs.push_back(file_request(text, {image_file(png)}, 6));
-  }
+  picture_workload(shared, l, {"circles_64x64", "checker_50x40"}, &reqs, &refs);
   std::vector<uint16_t> ports;
   std::string t = cluster_toml(hf.path(), {{"b", "c"}, {}}, &ports, "test-token", 3);
   t.insert(t.find("[cluster]"), "mmproj = \"" + hf.path() + "\"\n");
@@ -271,7 +261,7 @@ TEST(ClusterNode, ALostImageIsSentAgainAndTheOutputIsUnchanged) {
   transport::FaultRule drop;
   drop.peer = "b";
   drop.type = detail::type_id(detail::ControlMsg::kEncodeImage);
-  expect_one_lost_message_retried("a", drop, "checker_50x40.png");
+  expect_one_lost_message_retried("a", drop, "checker_50x40");
 }
 
 // b's first answer with rows (8 KiB; its receipts are far smaller) is lost on the way. b repeats
@@ -282,7 +272,7 @@ TEST(ClusterNode, ALostImageAnswerIsNoticedAndTheImageSentAgain) {
   drop.peer = "a";
   drop.type = detail::type_id(detail::ControlMsg::kEncodedImage);
   drop.min_bytes = 2048;
-  expect_one_lost_message_retried("b", drop, "circles_64x64.png");
+  expect_one_lost_message_retried("b", drop, "circles_64x64");
 }
 
 // A cluster TOML of llava-tiny's language model with a vision encoder far heavier than its own
