@@ -14,6 +14,7 @@
 // *_avx512.cc; runs only where VNNI was detected.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -130,13 +131,27 @@ struct TileKernel {
     return r;
   }
 
+  // A token block's start and d in every lane pair, by one 8-byte broadcast: loads are what a
+  // pass runs short of first (two per cycle, and every vpdpbusd takes one for its broadcast),
+  // while the shuffles that split it run on pipes the dot products leave idle.
+  static __m512i start_d(const ActTile32& a) {
+    static_assert(offsetof(ActTile32, d) == offsetof(ActTile32, start) + 4);
+    int64_t sd = 0;
+    std::memcpy(&sd, &a.start, sizeof sd);
+    return _mm512_set1_epi64(sd);
+  }
+  static __m512i start_of(__m512i sd) { return _mm512_shuffle_epi32(sd, _MM_PERM_AAAA); }
+  static __m512 d_of(__m512i sd) {
+    return _mm512_castsi512_ps(_mm512_shuffle_epi32(sd, _MM_PERM_BBBB));
+  }
+
   // The exact dots of the 16 rows with one token's block, in two chains of 4 vpdpbusd: one
   // chain of 8 left the tile's 8 tokens waiting on its latency (16-token products 20-30 %
   // slower, docs/benchmarks.md "Engine, session 12"); one chain per token with the tile's
   // tokens interleaved was no faster at 16 to 512 tokens and slower for Q8_0 at 2 to 8
   // ("Engine, session 13"). Integer sums: the order is free.
-  static __m512i dots(const Rec& r, const ActTile32& a) {
-    __m512i s0 = _mm512_set1_epi32(a.start), s1 = _mm512_setzero_si512();
+  static __m512i dots(const Rec& r, const ActTile32& a, __m512i sd) {
+    __m512i s0 = start_of(sd), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 8; c += 2) {
       s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
       s1 = dot_u8s8_bcast(s1, r.v[c + 1], a.q + 4 * c + 4);
@@ -145,11 +160,13 @@ struct TileKernel {
   }
 
   // acc + (the block's dots x d_x) x d_w, ActTile32's recurrence: x's int32 lanes are the
-  // floats M + dot (the dot started from M's bits), so one FMA is float(dot) x d_x.
-  // Q4_1 and Q5_1 then add the offsets' term, acc + d_x sum(x) x m_w.
-  static __m512 scale(__m512i x, const ActTile32& a, const Rec& r, __m512 acc) {
+  // floats M + dot (the dot started from M's bits), so x - M is the dot exactly and one
+  // multiply is float(dot) x d_x rounded once -- the bits of the scalar fma(M + dot, d_x,
+  // -M d_x). The subtraction runs beside the dot products; an FMA with -M d_x would cost a
+  // load more. Q4_1 and Q5_1 then add the offsets' term, acc + d_x sum(x) x m_w.
+  static __m512 scale(__m512i x, const ActTile32& a, __m512i sd, const Rec& r, __m512 acc) {
     const __m512 t =
-        _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(a.d), _mm512_set1_ps(a.neg_md));
+        _mm512_mul_ps(_mm512_sub_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(kTileMagic)), d_of(sd));
     acc = _mm512_fmadd_ps(t, r.dw, acc);
     if constexpr (kMin) acc = _mm512_fmadd_ps(_mm512_set1_ps(a.dsum), r.dm, acc);
     return acc;
@@ -187,8 +204,8 @@ struct TileKernel {
 
   // dots() for a Rec loaded with kHigh16: the high chain sums 16 q x, a multiple of 16 below
   // 2^31 (4 x 4 x 240 x 128 per lane), so the shift is exact and the dots are dots()'s.
-  static __m512i dots_high16(const Rec& r, const ActTile32& a) {
-    __m512i s0 = _mm512_set1_epi32(a.start), s1 = _mm512_setzero_si512();
+  static __m512i dots_high16(const Rec& r, const ActTile32& a, __m512i sd) {
+    __m512i s0 = start_of(sd), s1 = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       s0 = dot_u8s8_bcast(s0, r.v[c], a.q + 4 * c);
       s1 = dot_u8s8_bcast(s1, r.v[4 + c], a.q + 16 + 4 * c);
@@ -210,6 +227,7 @@ struct TileKernel {
     [[maybe_unused]] const std::conditional_t<kRowsIn, TileRows, NoRows> src(w, j.w_row_bytes,
                                                                              n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
+    [[maybe_unused]] int64_t l2_due = pass.index;
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {
@@ -220,14 +238,15 @@ struct TileKernel {
       } else {
         const uint8_t* rec = w + b * kRec;
         for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
-        if (const uint8_t* l2 =
-                pass.l2_target(b, rec + kAheadL2 * kRec, rec + model::kTileRows * j.w_row_bytes))
+        if (const uint8_t* l2 = pass.l2_target_in_order(b, &l2_due, rec + kAheadL2 * kRec,
+                                                        rec + model::kTileRows * j.w_row_bytes))
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
         r = load<kHi16>(rec);
       }
       for (int n = 0; n < NT; ++n) {
         const ActTile32& ab = a[n][b];
-        acc[n] = scale(kHi16 ? dots_high16(r, ab) : dots(r, ab), ab, r, acc[n]);
+        const __m512i sd = start_d(ab);
+        acc[n] = scale(kHi16 ? dots_high16(r, ab, sd) : dots(r, ab, sd), ab, sd, r, acc[n]);
       }
     }
     if constexpr (kRowsIn)

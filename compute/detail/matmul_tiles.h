@@ -68,6 +68,17 @@ struct TilePass {
     if (count == 1) return ahead;
     return static_cast<int>(b) % count == index ? next : nullptr;
   }
+
+  /// l2_target for a kernel that visits b = 0, 1, 2, ... in order, without a division per
+  /// record (the 32-value kernels' records are short enough for one to show): `due` starts
+  /// at index and holds the next record of this pass's share.
+  const uint8_t* l2_target_in_order(int64_t b, int64_t* due, const uint8_t* ahead,
+                                    const uint8_t* next) const {
+    if (count == 1) return ahead;
+    if (b != *due) return nullptr;
+    *due += count;
+    return next;
+  }
 };
 
 /// The loop nest of the 16-row tile kernels (matmul_tiles*_avx512.cc). K provides kRowsIn,
