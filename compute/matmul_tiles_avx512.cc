@@ -63,6 +63,10 @@ struct TileKernel {
   // engine (docs/benchmarks.md "Engine, session 12").
   static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
+  // Passes of up to this many tokens prefetch records into L1; longer ones leave it to the
+  // hardware (their 5 prefetches per record took load slots from the broadcasts: 16-token
+  // products ~4 % faster without, docs/benchmarks.md "Engine, session 27").
+  static constexpr int kL1Tok = 2;
 
   // One record of a tile, ready: v[c] pairs with activation bytes 4c..4c+3 of the block
   // (4- and 5-bit types: chunks 0-3 low nibbles = values 4c.., high nibbles = values 16 + 4c..).
@@ -237,7 +241,8 @@ struct TileKernel {
         r = gather<kHi16>(src, w, b);
       } else {
         const uint8_t* rec = w + b * kRec;
-        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
+        if (NT <= kL1Tok)
+          for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
         if (const uint8_t* l2 = pass.l2_target_in_order(b, &l2_due, rec + kAheadL2 * kRec,
                                                         rec + model::kTileRows * j.w_row_bytes))
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
 #include "compute/matmul.h"
 
@@ -51,6 +52,12 @@ struct Portable {
   }
   static Reg max(const Reg& a, const Reg& b) {
     return map([&](int i) { return a.v[i] > b.v[i] ? a.v[i] : b.v[i]; });
+  }
+  static Reg div(const Reg& a, const Reg& b) {
+    return map([&](int i) { return a.v[i] / b.v[i]; });
+  }
+  static Reg select_nonneg(const Reg& x, const Reg& a, const Reg& b) {
+    return map([&](int i) { return x.v[i] >= 0.0f ? a.v[i] : b.v[i]; });
   }
   static Reg fmadd(const Reg& a, const Reg& b, const Reg& c) {
     return map([&](int i) { return a.v[i] * b.v[i] + c.v[i]; });
@@ -106,7 +113,19 @@ detail::SoftmaxFn softmax_fn() {
   return f;
 }
 
+detail::SiluMulFn silu_mul_fn() {
+  static const detail::SiluMulFn f = [] {
+    const std::string_view level = simd_level();
+    if (level == "avx512") return detail::silu_mul_avx512();
+    if (level == "avx2") return detail::silu_mul_avx2();
+    return static_cast<detail::SiluMulFn>(detail::silu_mul_simd<Portable>);
+  }();
+  return f;
+}
+
 }  // namespace
+
+void silu_mul(float* g, const float* u, int64_t n) { silu_mul_fn()(g, u, n); }
 
 void softmax_rows(float* p, int64_t rows, int64_t n, float scale) {
   softmax_fn()(p, rows, n, scale);

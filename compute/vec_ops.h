@@ -1,6 +1,7 @@
-// The attention kernel (scores, softmax, weighted values over paged K/V rows), dispatched once
-// per process to the same SIMD level as the matmul kernels. A head's result depends only on its
-// query row, the K/V rows and their count, so attention stays batch-invariant. Thread-safe.
+// The attention kernel (scores, softmax, weighted values over paged K/V rows) and the SwiGLU
+// activation, dispatched once per process to the same SIMD level as the matmul kernels. A head's
+// result depends only on its query row, the K/V rows and their count, so attention stays
+// batch-invariant. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,10 @@ void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const
 /// subtracted, the sum over the row in a fixed order). Rows are independent of each other.
 void softmax_rows(float* p, int64_t rows, int64_t n, float scale);
 
+/// g[i] = silu(g[i]) * u[i] for i < n: the SwiGLU activation, SIMD (compute/detail/act_simd.h).
+/// Each element's result depends on its two inputs only.
+void silu_mul(float* g, const float* u, int64_t n);
+
 namespace detail {
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const KvView&, int64_t, float,
                           int64_t, float*, int64_t);
@@ -39,6 +44,9 @@ AttendFn attend_avx512();
 using SoftmaxFn = void (*)(float*, int64_t, int64_t, float);
 SoftmaxFn softmax_avx2();
 SoftmaxFn softmax_avx512();
+using SiluMulFn = void (*)(float*, const float*, int64_t);
+SiluMulFn silu_mul_avx2();
+SiluMulFn silu_mul_avx512();
 }  // namespace detail
 
 }  // namespace troupe::compute

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
 #include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
@@ -30,6 +31,11 @@ struct Avx2 {
   static Reg sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  static Reg div(Reg a, Reg b) { return _mm256_div_ps(a, b); }
+  // x >= 0 ? a : b, lane by lane (a NaN x takes b).
+  static Reg select_nonneg(Reg x, Reg a, Reg b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, zero(), _CMP_GE_OQ));
+  }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static float hsum(Reg r) { return hsum8(r); }
   static float hmax(Reg r) {
@@ -78,5 +84,6 @@ struct Avx2 {
 
 AttendFn attend_avx2() { return attend_simd<Avx2>; }
 SoftmaxFn softmax_avx2() { return softmax_rows_simd<Avx2>; }
+SiluMulFn silu_mul_avx2() { return silu_mul_simd<Avx2>; }
 
 }  // namespace troupe::compute::detail

@@ -2,6 +2,7 @@
 // is called only when the CPU has them). The algorithm is compute/detail/attend_simd.h.
 #include <immintrin.h>
 
+#include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
 #include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
@@ -23,6 +24,11 @@ struct Avx512 {
   static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static Reg div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
+  // x >= 0 ? a : b, lane by lane (a NaN x takes b).
+  static Reg select_nonneg(Reg x, Reg a, Reg b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_GE_OQ), b, a);
+  }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(Reg r) { return hsum16(r); }
   static float hmax(Reg r) { return _mm512_reduce_max_ps(r); }
@@ -72,5 +78,6 @@ struct Avx512 {
 
 AttendFn attend_avx512() { return attend_simd<Avx512>; }
 SoftmaxFn softmax_avx512() { return softmax_rows_simd<Avx512>; }
+SiluMulFn silu_mul_avx512() { return silu_mul_simd<Avx512>; }
 
 }  // namespace troupe::compute::detail
