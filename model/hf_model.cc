@@ -496,7 +496,7 @@ Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir) {
     if (!detail::file_exists(config_path))
       return Error{1, dir + ": not a Hugging Face model directory (no config.json)"};
     bool multimodal = false;
-    HfConfig cfg(detail::text_decoder_config(read_json_file(config_path), &multimodal),
+    HfConfig cfg(detail::text_decoder_config(read_json_file(config_path), config_path, &multimodal),
                  config_path);
 
     auto st = SafetensorsSet::open_dir(dir);

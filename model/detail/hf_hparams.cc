@@ -517,7 +517,7 @@ namespace {
 
 // LlavaForConditionalGeneration's language model: text_config over the defaults of its
 // model_type's config class (LLaVA 1.5's files give little more than the vocabulary size).
-json llava_text_config(const json& config) {
+json llava_text_config(const json& config, const std::string& path) {
   auto tc = config.find("text_config");
   const json given = tc != config.end() && tc->is_object() ? *tc : json::object();
   const auto mt = given.find("model_type");
@@ -551,7 +551,10 @@ json llava_text_config(const json& config) {
   } else if (type == "qwen2") {  // every key given: Qwen2Config's defaults are a 7B's
     text = {{"architectures", {"Qwen2ForCausalLM"}}};
   } else {
-    text = {{"architectures", {"LlavaForConditionalGeneration text model '" + type + "'"}}};
+    TROUPE_INPUT_ERROR(
+        "%s: text_config.model_type '%s' is not supported for LlavaForConditionalGeneration "
+        "(troupe reads llama, mistral and qwen2 text models there)",
+        path.c_str(), type.c_str());
   }
   for (auto it = given.begin(); it != given.end(); ++it)
     if (it.key() != "architectures") text[it.key()] = it.value();
@@ -562,7 +565,8 @@ json llava_text_config(const json& config) {
 
 }  // namespace
 
-nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal) {
+nlohmann::json text_decoder_config(nlohmann::json config, const std::string& path,
+                                   bool* multimodal) {
   *multimodal = false;
   if (!config.is_object()) return config;
   auto archs = config.find("architectures");
@@ -571,7 +575,7 @@ nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal) {
   const std::string arch = (*archs)[0].get<std::string>();
   if (arch == "LlavaForConditionalGeneration") {
     *multimodal = true;
-    return llava_text_config(config);
+    return llava_text_config(config, path);
   }
   if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
   // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.

@@ -49,7 +49,9 @@ HfHparams read_hf_hparams(const HfConfig& cfg);
 /// the multimodal Gemma3ForConditionalGeneration (then *multimodal is set and the result names
 /// Gemma3ForCausalLM; quantization_config carries over); for LlavaForConditionalGeneration, its
 /// text_config over the defaults of its model_type (llama, mistral; qwen2 as given), also
-/// *multimodal; any other config as it is.
-nlohmann::json text_decoder_config(nlohmann::json config, bool* multimodal);
+/// *multimodal; any other config as it is. A LLaVA text model_type troupe cannot run is an
+/// InputError naming `path`.
+nlohmann::json text_decoder_config(nlohmann::json config, const std::string& path,
+                                   bool* multimodal);
 
 }  // namespace troupe::model::detail

@@ -252,5 +252,27 @@ TEST(HfVision, ConfigsTroupeCannotRunAreRefusedNamingWhy) {
   EXPECT_NE(none.error().message.find("no config.json"), std::string::npos) << none.error().message;
 }
 
+// A LLaVA checkpoint whose language model troupe has no defaults for is refused by its
+// model_type, naming the file, and the known ones still load.
+TEST(HfVision, AnUnknownLlavaTextModelIsRefusedByName) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  testing::TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing::write_llava_hf_twin(shared, dir));
+  const std::string good = testing::read_text_file(dir.file("config.json"));
+  json j = json::parse(good);
+  j["text_config"]["model_type"] = "phi3";
+  dir.write("config.json", j.dump());
+  auto text = model::load_model(dir.path());
+  ASSERT_FALSE(text);
+  EXPECT_NE(text.error().message.find("text_config.model_type 'phi3' is not supported for "
+                                      "LlavaForConditionalGeneration"),
+            std::string::npos)
+      << text.error().message;
+  EXPECT_NE(text.error().message.find(dir.file("config.json")), std::string::npos)
+      << text.error().message;
+  dir.write("config.json", good);
+  EXPECT_TRUE(model::load_model(dir.path()));
+}
+
 }  // namespace
 }  // namespace troupe::compute
