@@ -92,34 +92,31 @@ struct Portable {
   }
 };
 
-// Chosen once, from the same level the matmul kernels use (TROUPE_SIMD applies to both).
+// The function built for the level the matmul kernels use (TROUPE_SIMD applies to all), each
+// chosen once.
+template <class Fn>
+Fn for_level(Fn (*avx512)(), Fn (*avx2)(), Fn portable) {
+  const std::string_view level = simd_level();
+  if (level == "avx512") return avx512();
+  if (level == "avx2") return avx2();
+  return portable;
+}
+
 detail::AttendFn attend_fn() {
-  static const detail::AttendFn f = [] {
-    const std::string_view level = simd_level();
-    if (level == "avx512") return detail::attend_avx512();
-    if (level == "avx2") return detail::attend_avx2();
-    return static_cast<detail::AttendFn>(detail::attend_simd<Portable>);
-  }();
+  static const detail::AttendFn f = for_level<detail::AttendFn>(
+      detail::attend_avx512, detail::attend_avx2, detail::attend_simd<Portable>);
   return f;
 }
 
 detail::SoftmaxFn softmax_fn() {
-  static const detail::SoftmaxFn f = [] {
-    const std::string_view level = simd_level();
-    if (level == "avx512") return detail::softmax_avx512();
-    if (level == "avx2") return detail::softmax_avx2();
-    return static_cast<detail::SoftmaxFn>(detail::softmax_rows_simd<Portable>);
-  }();
+  static const detail::SoftmaxFn f = for_level<detail::SoftmaxFn>(
+      detail::softmax_avx512, detail::softmax_avx2, detail::softmax_rows_simd<Portable>);
   return f;
 }
 
 detail::SiluMulFn silu_mul_fn() {
-  static const detail::SiluMulFn f = [] {
-    const std::string_view level = simd_level();
-    if (level == "avx512") return detail::silu_mul_avx512();
-    if (level == "avx2") return detail::silu_mul_avx2();
-    return static_cast<detail::SiluMulFn>(detail::silu_mul_simd<Portable>);
-  }();
+  static const detail::SiluMulFn f = for_level<detail::SiluMulFn>(
+      detail::silu_mul_avx512, detail::silu_mul_avx2, detail::silu_mul_simd<Portable>);
   return f;
 }
 
