@@ -134,8 +134,11 @@ struct TileKernelK {
                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
-      __m512 u[NT];  // from -0: the sub-blocks' products summed in order, as ActTileK's
-      for (int n = 0; n < NT; ++n) u[n] = _mm512_set1_ps(-0.f);
+      // The sub-blocks' products summed in order, as ActTileK's (which starts from -0). Here
+      // from +0: a product (x - M) dsc of a zero dot is -0 where dsc < 0 (the scalar FMA gives
+      // +0), and +0 plus either zero is +0, so every sum has the scalar one's bits.
+      __m512 u[NT];
+      for (int n = 0; n < NT; ++n) u[n] = _mm512_setzero_ps();
       __m512i qh[8];  // Q5_K: bit sb of each byte is the top bit of a value of sub-block sb
       if constexpr (kQ5) {
         src.dwords4(s, kQh, qh);
@@ -147,11 +150,15 @@ struct TileKernelK {
         src.dwords4(s, kQs + 8 * p, z);
         src.dwords4(s, kQs + 8 * p + 4, z + 4);
         for (int h = 0; h < 2; ++h) {
+          if constexpr (!kRowsIn)
+            if (h == 1) {  // read again (L1) rather than kept: 8 registers g++ spilled
+              src.dwords4(s, kQs + 8 * p, z);
+              src.dwords4(s, kQs + 8 * p + 4, z + 4);
+            }
           const int sb = 2 * p + h;
           const __m512i scv =
               _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)), mlo);
-          const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scv), d);          // exact
-          const __m512 nmdsc = _mm512_mul_ps(dsc, _mm512_set1_ps(-kTileMagic));  // exact
+          const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scv), d);  // exact
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
             w[k] = h == 0 ? _mm512_and_si512(z[k], m0f) : high_nibbles<kGfni>(z[k]);
@@ -162,14 +169,20 @@ struct TileKernelK {
           }
           for (int n = 0; n < NT; ++n) {
             const int8_t* x = a[n][s].q + 32 * sb;
-            // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits).
+            // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits), so less M
+            // they are the dot exactly, and one multiply rounds dot x dsc once (as an FMA with
+            // -M dsc would, a multiply per sub-block more).
             __m512i d0 = _mm512_set1_epi32(tile_start(0)), d1 = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2) {
               d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
               d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);
             }
+            // Rounded here, by an explicit rounding mode: g++ would fuse a plain multiply with
+            // the add below into one FMA, a rounding fewer than the scalar recurrence's.
             const __m512 v =
-                _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_add_epi32(d0, d1)), dsc, nmdsc);
+                _mm512_mul_round_ps(_mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(d0, d1)),
+                                                  _mm512_set1_ps(kTileMagic)),
+                                    dsc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             u[n] = _mm512_add_ps(u[n], v);
           }
         }
