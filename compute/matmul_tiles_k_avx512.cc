@@ -177,8 +177,9 @@ struct TileKernelK {
               d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
               d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);
             }
-            // Rounded here, by an explicit rounding mode: g++ would fuse a plain multiply with
-            // the add below into one FMA, a rounding fewer than the scalar recurrence's.
+            // Rounded here, by an explicit rounding mode: g++ fused a plain multiply with the
+            // add below into one FMA, a rounding fewer than the scalar recurrence's (the kernel
+            // files now build with -ffp-contract=off as well, compute/CMakeLists.txt).
             const __m512 v =
                 _mm512_mul_round_ps(_mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(d0, d1)),
                                                   _mm512_set1_ps(kTileMagic)),
