@@ -2,11 +2,12 @@
 // tiles (model/weight_tiles.h). Vector lane i is output row i of the tile: one vpdpbusd multiplies
 // 4 columns of 16 rows by the same 4 activation values (broadcast), so a 32-value block is 8
 // vpdpbusd into one int32 accumulator per row (two chains, joined by one add), and its scaling is
-// 2 FMAs for 16 rows (the dot starts from the bits of a float, ActTile32, so no convert and no
-// multiply); Q4_1 and Q5_1 add one FMA for their offsets. The row-layout kernels spend 3
-// instructions of scaling per 8 values of one row: with tiles, 8 of every 11 instructions of a
-// token are dot products (Q8_0; the 4- and 5-bit types add their unpacking, shared by up to 8
-// tokens).
+// a subtraction, a multiply and an FMA for 16 rows (the dot starts from the bits of a float,
+// ActTile32, so no convert); Q4_1 and Q5_1 add one FMA for their offsets. The row-layout
+// kernels spend 3 instructions of scaling per 8 values of one row: with tiles, 8 of every 10
+// multiply-pipe instructions of a token are dot products (Q8_0; the 4- and 5-bit types add their
+// unpacking, shared by up to 8 tokens). What limits a pass here is loads and the two multiply
+// pipes, not the dot products' count (docs/benchmarks.md "Engine, session 27").
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
 // serve these types in ggml's rows too (kRowsIn, reading 16 rows), so a matrix gives the
