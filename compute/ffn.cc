@@ -43,8 +43,8 @@ void gated_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float
   add_rows(f.gate_b, g.data(), n);
   add_rows(f.up_b, u.data(), n);
   // Element by element (the same result on any split): on the pool once there is enough of it,
-  // as at 16 sequences (90k exp() per layer of the 1.1B shape, ~3 % of a step run serially;
-  // SiLU in SIMD, silu_mul, since session 27: ~10x faster than the scalar loop).
+  // as at 16 sequences (90k exp() per layer of the 1.1B shape; SiLU in SIMD, silu_mul, ~10x
+  // the scalar loop: docs/benchmarks.md "Engine, session 27").
   const float alpha = s.act_alpha, limit = s.act_limit;
   auto act = [&](int64_t b, int64_t e) {
     if (s.ffn_act == model::FfnAct::kSwigluOai) {

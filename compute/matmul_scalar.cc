@@ -161,7 +161,7 @@ void blocks32_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
           if constexpr (!kTiled && blocks32_min(kType)) sum += a[b].q[k];
         }
         if constexpr (kTiled) {
-          const float t = std::fma(kTileMagic + static_cast<float>(dot), a[b].d, a[b].neg_md);
+          const float t = static_cast<float>(dot) * a[b].d;
           acc = std::fma(t, wd[b], acc);
           if constexpr (blocks32_min(kType)) acc = std::fma(a[b].dsum, wm[b], acc);
         } else {

@@ -166,9 +166,9 @@ struct TileKernel {
 
   // acc + (the block's dots x d_x) x d_w, ActTile32's recurrence: x's int32 lanes are the
   // floats M + dot (the dot started from M's bits), so x - M is the dot exactly and one
-  // multiply is float(dot) x d_x rounded once -- the bits of the scalar fma(M + dot, d_x,
-  // -M d_x). The subtraction runs beside the dot products; an FMA with -M d_x would cost a
-  // load more. Q4_1 and Q5_1 then add the offsets' term, acc + d_x sum(x) x m_w.
+  // multiply is float(dot) x d_x rounded once, as the scalar recurrence's. The subtraction
+  // runs beside the dot products; an FMA with -M d_x (the earlier form) cost a load more.
+  // Q4_1 and Q5_1 then add the offsets' term, acc + d_x sum(x) x m_w.
   static __m512 scale(__m512i x, const ActTile32& a, __m512i sd, const Rec& r, __m512 acc) {
     const __m512 t =
         _mm512_mul_ps(_mm512_sub_ps(_mm512_castsi512_ps(x), _mm512_set1_ps(kTileMagic)), d_of(sd));
@@ -244,8 +244,8 @@ struct TileKernel {
         const uint8_t* rec = w + b * kRec;
         if (NT <= kL1Tok)
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
-        if (const uint8_t* l2 = pass.l2_target_in_order(b, &l2_due, rec + kAheadL2 * kRec,
-                                                        rec + model::kTileRows * j.w_row_bytes))
+        if (const uint8_t* l2 = pass.l2_target(b, &l2_due, rec + kAheadL2 * kRec,
+                                               rec + model::kTileRows * j.w_row_bytes))
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
         r = load<kHi16>(rec);
       }

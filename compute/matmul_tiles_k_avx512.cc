@@ -117,6 +117,7 @@ struct TileKernelK {
     const __m512i m3f = _mm512_set1_epi8(0x3F), m0f = _mm512_set1_epi8(0x0F),
                   m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
                   mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
+    [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
       // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
@@ -130,7 +131,7 @@ struct TileKernelK {
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
       const uint8_t* l2 =
           kRowsIn ? nullptr
-                  : pass.l2_target(s, src.base + (s + 2) * kRec,
+                  : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);

@@ -181,9 +181,11 @@ struct TileKernelQ6K {
     const uint8_t* next_tile = src.base + model::kTileRows * j.w_row_bytes;
     if (!kRowsIn && pass.count > 1 && pass.index == 0)  // the next tile's d values
       for (int64_t o = 0; o < 32 * nsb; o += 64) prefetch_l2(next_tile + nsb * kRec + o);
+    [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* l2 =
-          kRowsIn ? nullptr : pass.l2_target(s, src.base + (s + 2) * kRec, next_tile + s * kRec);
+          kRowsIn ? nullptr
+                  : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec, next_tile + s * kRec);
       const uint8_t* rec = src.record(s);
       const __m512 d24 = _mm512_mul_ps(src.d(s), _mm512_set1_ps(0x1p-24f));
       const ActTileQ6K* x[NT];

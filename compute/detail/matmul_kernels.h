@@ -101,12 +101,12 @@ struct KernelSet {
 /// int8 values and scale of quantize_int8, as for the row kernels, the scale rounded to 22
 /// significant bits), rows padded to 64 bytes. Every kernel forms one output as: for each
 /// block b in order, the exact integer dot s_b = sum_k w_k * x_k, then
-/// acc = fma(fma(M + s_b, d_x, -M * d_x), d_w, acc) from acc = 0, with M = kTileMagic -- one
-/// scalar recurrence per output, so any SIMD level that reads tiles gives the same bits. The
-/// inner FMA is float(s_b) * d_x, rounded once (|s_b| < 2^22, so M + s_b is exact, and so is
-/// -M * d_x for a 22-bit d_x below 2^101): the SIMD kernels start the integer dot from the bits
-/// of M, which makes its int32 lanes the floats M + s_b, and one FMA scales them -- no convert
-/// and no multiply per block and token.
+/// acc = fma(float(s_b) * d_x, d_w, acc) from acc = 0 -- one scalar recurrence per output, so
+/// any SIMD level that reads tiles gives the same bits. The SIMD kernels start the integer dot
+/// from the bits of M = kTileMagic, which makes its int32 lanes the floats M + s_b (exact, as
+/// |s_b| < 2^22), and (M + s_b) - M is float(s_b) exactly: no convert per block and token.
+/// (d_x has 22 significant bits so that -M * d_x was exact when an FMA with it did the scaling,
+/// before session 27; the rounding stays, as it decides the outputs' bits.)
 inline constexpr float kTileMagic = 12582912.f;        // 1.5 * 2^23
 inline constexpr int32_t kTileMagicBits = 0x4B400000;  // its bits
 /// Q4_1 and Q5_1 (value d_w * q + m_w) then add the offset's term,
@@ -115,7 +115,7 @@ struct ActTile32 {
   int8_t q[32];
   int32_t start;  // the bits of M + kInit * sum(q): the weights' stored offset folded in
   float d;        // the scale, 22 significant bits
-  float neg_md;   // -M * d, exact
+  float unused;   // keeps a record 48 bytes
   float dsum;     // d * sum(q), rounded once: what Q4_1 and Q5_1's offsets multiply
 };
 static_assert(sizeof(ActTile32) == 48);
@@ -134,10 +134,10 @@ inline int32_t tile_start(int32_t offset) {
   return static_cast<int32_t>(static_cast<uint32_t>(kTileMagicBits) +
                               static_cast<uint32_t>(offset));
 }
-/// Fills a record's start, d and neg_md from its values' sum and quantize_int8's scale.
+/// Fills a record's start, d and dsum from its values' sum and quantize_int8's scale.
 inline void finish_act_tile32(ActTile32& a, int init, int32_t sum, float d) {
   a.d = tile_act_scale(d);
-  a.neg_md = -kTileMagic * a.d;
+  a.unused = 0.f;
   a.start = tile_start(init * sum);
   a.dsum = a.d * static_cast<float>(sum);
 }

@@ -63,17 +63,11 @@ struct TilePass {
   /// Where a kernel at record b of a tile prefetches into L2: `ahead` (further on in this tile)
   /// when this is the tile's only pass; otherwise `next` (record b of the next tile) on this
   /// pass's share of the records (every count-th, from index), so that DRAM streams through all
-  /// passes, not just the first (the tile itself stays in L2 between them); else nowhere.
-  const uint8_t* l2_target(int64_t b, const uint8_t* ahead, const uint8_t* next) const {
-    if (count == 1) return ahead;
-    return static_cast<int>(b) % count == index ? next : nullptr;
-  }
-
-  /// l2_target for a kernel that visits b = 0, 1, 2, ... in order, without a division per
-  /// record (the 32-value kernels' records are short enough for one to show): `due` starts
-  /// at index and holds the next record of this pass's share.
-  const uint8_t* l2_target_in_order(int64_t b, int64_t* due, const uint8_t* ahead,
-                                    const uint8_t* next) const {
+  /// passes, not just the first (the tile itself stays in L2 between them); else nowhere. The
+  /// kernel visits b = 0, 1, 2, ... in order, with `due` starting at index: the next record of
+  /// this pass's share (a counter, not a division per record).
+  const uint8_t* l2_target(int64_t b, int64_t* due, const uint8_t* ahead,
+                           const uint8_t* next) const {
     if (count == 1) return ahead;
     if (b != *due) return nullptr;
     *due += count;
