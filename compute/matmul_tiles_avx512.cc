@@ -224,10 +224,11 @@ struct TileKernel {
   static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
     const uint8_t* w = j.w + row * j.w_row_bytes;
     const ActTile32* a[NT];
-    for (int n = 0; n < NT; ++n)
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
       a[n] = reinterpret_cast<const ActTile32*>(j.act + (tok + n) * j.act_stride);
+    });
     __m512 acc[NT];
-    for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
+    unroll<NT>([&](int n) __attribute__((always_inline)) { acc[n] = _mm512_setzero_ps(); });
     const int64_t nb = j.cols / 32;
     [[maybe_unused]] const std::conditional_t<kRowsIn, TileRows, NoRows> src(w, j.w_row_bytes,
                                                                              n_rows);
@@ -249,17 +250,19 @@ struct TileKernel {
           for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
         r = load<kHi16>(rec);
       }
-      for (int n = 0; n < NT; ++n) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
         const ActTile32& ab = a[n][b];
         const __m512i sd = start_d(ab);
         acc[n] = scale(kHi16 ? dots_high16(r, ab, sd) : dots(r, ab, sd), ab, sd, r, acc[n]);
-      }
+      });
     }
     if constexpr (kRowsIn)
-      for (int n = 0; n < NT; ++n) acc[n] = TileRows::to_row_order(acc[n]);
+      unroll<NT>([&](int n)
+                     __attribute__((always_inline)) { acc[n] = TileRows::to_row_order(acc[n]); });
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
-    for (int n = 0; n < NT; ++n)
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
+    });
   }
 };
 

@@ -110,10 +110,11 @@ struct TileKernelK {
     const uint8_t* w = j.w + row * j.w_row_bytes;
     const Source src{w, j.w_row_bytes, {w, j.w_row_bytes, n_rows}};
     const ActTileK* a[NT];
-    for (int n = 0; n < NT; ++n)
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
       a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
+    });
     __m512 acc[NT];
-    for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
+    unroll<NT>([&](int n) __attribute__((always_inline)) { acc[n] = _mm512_setzero_ps(); });
     const __m512i m3f = _mm512_set1_epi8(0x3F), m0f = _mm512_set1_epi8(0x0F),
                   m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
                   mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
@@ -139,7 +140,7 @@ struct TileKernelK {
       // from +0: a product (x - M) dsc of a zero dot is -0 where dsc < 0 (the scalar FMA gives
       // +0), and +0 plus either zero is +0, so every sum has the scalar one's bits.
       __m512 u[NT];
-      for (int n = 0; n < NT; ++n) u[n] = _mm512_setzero_ps();
+      unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm512_setzero_ps(); });
       __m512i qh[8];  // Q5_K: bit sb of each byte is the top bit of a value of sub-block sb
       if constexpr (kQ5) {
         src.dwords4(s, kQh, qh);
@@ -168,7 +169,7 @@ struct TileKernelK {
               w[k] = _mm512_ternarylogic_epi32(w[k], hb, m10, 0xF8);
             }
           }
-          for (int n = 0; n < NT; ++n) {
+          unroll<NT>([&](int n) __attribute__((always_inline)) {
             const int8_t* x = a[n][s].q + 32 * sb;
             // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits), so less M
             // they are the dot exactly, and one multiply rounds dot x dsc once (as an FMA with
@@ -186,7 +187,7 @@ struct TileKernelK {
                                                   _mm512_set1_ps(kTileMagic)),
                                     dsc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             u[n] = _mm512_add_ps(u[n], v);
-          }
+          });
         }
       }
       // The mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7): xsum's order.
@@ -194,7 +195,7 @@ struct TileKernelK {
                     m13 = _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8), pair),
                     m46 = _mm512_and_si512(mn_hi, pair),
                     m57 = _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8), pair);
-      for (int n = 0; n < NT; ++n) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
         const int16_t* xs = a[n][s].xsum;
         __m512i ms = dot16_bcast(_mm512_setzero_si512(), m02, xs);
         ms = dot16_bcast(ms, m13, xs + 2);
@@ -202,13 +203,15 @@ struct TileKernelK {
         ms = dot16_bcast(ms, m57, xs + 6);
         const __m512 w = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), dmin, u[n]);
         acc[n] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[n][s].d), acc[n]);
-      }
+      });
     }
     if constexpr (kRowsIn)
-      for (int n = 0; n < NT; ++n) acc[n] = TileRows::to_row_order(acc[n]);
+      unroll<NT>([&](int n)
+                     __attribute__((always_inline)) { acc[n] = TileRows::to_row_order(acc[n]); });
     const auto keep = static_cast<__mmask16>((1u << n_rows) - 1);
-    for (int n = 0; n < NT; ++n)
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
       _mm512_mask_storeu_ps(j.y + (tok + n) * j.y_stride + row, keep, acc[n]);
+    });
   }
 };
 
