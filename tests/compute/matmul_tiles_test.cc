@@ -221,17 +221,26 @@ TEST(TiledMatmul, BatchInvariant) {
   }
 }
 
+// A NaN reaches its own token's outputs only, also where 4 tokens share the kernels' lanes
+// (6 tokens: groups of 4 with a partial one).
 TEST(TiledMatmul, NonFiniteInputPropagates) {
-  for (const auto* ks : kernel_sets()) {
-    const Pair p = make_pair(GgmlType::kQ8_0, 16, 64, 2);
-    auto x = random_x(2, 64, 3);
-    x[64 + 40] = NAN;
-    const auto y = run(*ks, p.tiles, x, 2, nullptr);
-    for (int64_t r = 0; r < 16; ++r) {
-      EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(r)])) << ks->name;
-      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(16 + r)])) << ks->name;
-    }
-  }
+  for (const auto* ks : kernel_sets())
+    for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_1})
+      for (int64_t n_tok : {2, 6}) {
+        const Pair p = make_pair(t, 16, 64, 2);
+        auto x = random_x(n_tok, 64, 3);
+        x[64 + 40] = NAN;
+        const auto y = run(*ks, p.tiles, x, n_tok, nullptr);
+        for (int64_t tk = 0; tk < n_tok; ++tk)
+          for (int64_t r = 0; r < 16; ++r) {
+            const float v = y[static_cast<size_t>(tk * 16 + r)];
+            EXPECT_EQ(std::isnan(v), tk == 1)
+                << ks->name << " " << model::type_name(t) << " n_tok=" << n_tok << " token " << tk;
+            if (tk != 1) {
+              EXPECT_TRUE(std::isfinite(v));
+            }
+          }
+      }
 }
 
 // A block whose largest value is below 127 / FLT_MAX would scale to infinity: it quantizes to
