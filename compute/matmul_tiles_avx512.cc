@@ -6,8 +6,10 @@
 // ActTile32, so no convert); Q4_1 and Q5_1 add one FMA for their offsets. The row-layout
 // kernels spend 3 instructions of scaling per 8 values of one row: with tiles, 8 of every 10
 // multiply-pipe instructions of a token are dot products (Q8_0; the 4- and 5-bit types add their
-// unpacking, shared by up to 8 tokens). What limits a pass here is loads and the two multiply
-// pipes, not the dot products' count (docs/benchmarks.md "Engine, session 27").
+// unpacking, shared by up to 8 tokens). What limits a pass here is the two multiply pipes, not
+// the dot products' count (docs/benchmarks.md "Engine, session 27"); loads stopped binding once
+// the accumulators stayed in registers: a layout with a third of the loads (4 rows x 4 tokens
+// per vector) was no faster ("Engine, session 28").
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), identical to the scalar
 // kernel's, whatever the tile's token count (batch invariance). With VNNI the same kernels
 // serve these types in ggml's rows too (kRowsIn, reading 16 rows), so a matrix gives the
