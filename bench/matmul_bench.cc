@@ -313,7 +313,8 @@ int main(int argc, char** argv) {
               std::snprintf(of_i8, sizeof(of_i8), "%.0f%%", 100 * gflops / i8peak[th]);
               // The same on one cache-resident copy: what the kernel reaches when no weight
               // comes from DRAM, beside what it reaches streaming them (of_i8).
-              const double hot_s = compute_bound ? s : time_matmul(single, x, n_tok, y, pools[th], 21);
+              const double hot_s =
+                  compute_bound ? s : time_matmul(single, x, n_tok, y, pools[th], 21);
               const double hot_gops = 2.0 * static_cast<double>(rows * cols * n_tok) / hot_s / 1e9;
               std::snprintf(hot_i8, sizeof(hot_i8), "%.0f%%", 100 * hot_gops / i8peak[th]);
             }

@@ -221,8 +221,8 @@ TEST(TiledMatmul, BatchInvariant) {
   }
 }
 
-// A NaN reaches its own token's outputs only, also where 4 tokens share the kernels' lanes
-// (6 tokens: groups of 4 with a partial one).
+// A NaN reaches its own token's outputs only, in a pass of 2 tokens and in one of 6 (the
+// kernels' per-token accumulators, unrolled since session 28).
 TEST(TiledMatmul, NonFiniteInputPropagates) {
   for (const auto* ks : kernel_sets())
     for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_1})
