@@ -247,31 +247,95 @@ void prepare_activations(const TypeKernels& k, const float* x, int64_t x_stride,
   job->act_stride = bytes;
 }
 
-// The output rows of jobs[i] (rows[i] of them) in one pool run. Rows go out in chunks (about 4
-// per thread per job, whole tiles) from a shared counter, dynamically (a descheduled thread
-// does not hold up the rest): that changes who computes a row, never how, so results stay
-// bit-identical. Chunk c belongs to job i where first[i] <= c < first[i + 1].
-void run_row_chunks(const TypeKernels& k, std::span<const MatmulJob> jobs,
-                    std::span<const int64_t> rows, int n_threads, ThreadPool* pool) {
+// A thread's share of run_rows' work units, [lo, hi) packed in one word (lo in the low half)
+// so that its owner (from the front) and a thief (from the back) change it by compare-exchange.
+struct alignas(64) UnitRange {
+  std::atomic<uint64_t> v{0};
+
+  static uint64_t pack(int64_t lo, int64_t hi) {
+    return static_cast<uint64_t>(lo) | static_cast<uint64_t>(hi) << 32;
+  }
+  static int64_t lo(uint64_t v) { return static_cast<int64_t>(v & 0xFFFFFFFFu); }
+  static int64_t hi(uint64_t v) { return static_cast<int64_t>(v >> 32); }
+};
+
+// The output rows of jobs[i] (rows[i] of them) in one pool run, in units of one row tile
+// numbered across the jobs (job i's are [first[i], first[i + 1])). Each thread owns a contiguous
+// share and takes it from the front, `step` units at a time, so its weights stream as one
+// sequence: the kernels' prefetches run on from one call into the next. A thread whose share is
+// done takes the back half of the largest share left (work stealing), so a slower or
+// descheduled thread does not hold up the rest, while the streams stay long. (Before, all
+// threads took chunks of a quarter of a share from one counter: each chunk restarted a stream,
+// and batch-1 decode was 5-8 % slower; docs/benchmarks.md "Engine, session 29".) Who computes a
+// row never changes how: results stay bit-identical.
+void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<const int64_t> rows,
+              int n_threads, ThreadPool* pool) {
   TROUPE_CHECK(jobs.size() == rows.size() && jobs.size() <= kMaxSharedTargets,
                "matmul: %zu jobs, %zu row counts", jobs.size(), rows.size());
-  std::array<int64_t, kMaxSharedTargets> chunk{};
+  const int64_t tile = std::max(1, k.row_tile);
   std::array<int64_t, kMaxSharedTargets + 1> first{};
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const int64_t c = (rows[i] + 4 * n_threads - 1) / (4 * n_threads);
-    chunk[i] = (c + k.row_tile - 1) / k.row_tile * k.row_tile;
-    first[i + 1] = first[i] + (rows[i] + chunk[i] - 1) / chunk[i];
+  for (size_t i = 0; i < jobs.size(); ++i) first[i + 1] = first[i] + (rows[i] + tile - 1) / tile;
+  const int64_t units = first[jobs.size()];
+  TROUPE_CHECK(units < (int64_t{1} << 31), "matmul: %lld row tiles in one product",
+               static_cast<long long>(units));
+  const int64_t step = std::max<int64_t>(1, units / (32 * n_threads));
+
+  thread_local std::unique_ptr<UnitRange[]> ranges;
+  thread_local int capacity = 0;
+  if (capacity < n_threads) {
+    ranges = std::make_unique<UnitRange[]>(static_cast<size_t>(n_threads));
+    capacity = n_threads;
   }
-  const int64_t n_chunks = first[jobs.size()];
-  std::atomic<int64_t> next{0};
-  pool->run([&](int, int) {
+  for (int t = 0; t < n_threads; ++t)
+    ranges[t].v.store(UnitRange::pack(units * t / n_threads, units * (t + 1) / n_threads),
+                      std::memory_order_relaxed);
+  UnitRange* shares = ranges.get();
+
+  auto compute = [&](int64_t u0, int64_t u1) {
+    size_t i = 0;
+    while (u0 < u1) {
+      while (u0 >= first[i + 1]) ++i;
+      const int64_t u_end = std::min(u1, first[i + 1]);
+      k.rows(jobs[i], (u0 - first[i]) * tile, std::min(rows[i], (u_end - first[i]) * tile));
+      u0 = u_end;
+    }
+  };
+  pool->run([&](int idx, int nt) {
+    UnitRange& mine = shares[idx];
     for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= n_chunks) break;
-      size_t i = 0;
-      while (c >= first[i + 1]) ++i;
-      const int64_t r0 = (c - first[i]) * chunk[i];
-      k.rows(jobs[i], r0, std::min(rows[i], r0 + chunk[i]));
+      uint64_t v = mine.v.load(std::memory_order_acquire);
+      while (UnitRange::lo(v) < UnitRange::hi(v)) {
+        const int64_t lo = UnitRange::lo(v), n = std::min(step, UnitRange::hi(v) - lo);
+        if (mine.v.compare_exchange_weak(v, UnitRange::pack(lo + n, UnitRange::hi(v)),
+                                         std::memory_order_acq_rel)) {
+          compute(lo, lo + n);
+          v = mine.v.load(std::memory_order_acquire);
+        }
+      }
+      // Steal the back half of the largest share left, unless it is a step or less (its
+      // owner's next take).
+      bool stole = false;
+      while (!stole) {
+        int victim = -1;
+        int64_t most = step;
+        uint64_t seen = 0;
+        for (int d = 1; d < nt; ++d) {
+          const int t = (idx + d) % nt;
+          const uint64_t w = shares[t].v.load(std::memory_order_acquire);
+          if (UnitRange::hi(w) - UnitRange::lo(w) > most) {
+            victim = t;
+            most = UnitRange::hi(w) - UnitRange::lo(w);
+            seen = w;
+          }
+        }
+        if (victim < 0) return;
+        const int64_t lo = UnitRange::lo(seen), hi = UnitRange::hi(seen), mid = hi - most / 2;
+        if (shares[victim].v.compare_exchange_strong(seen, UnitRange::pack(lo, mid),
+                                                     std::memory_order_acq_rel)) {
+          mine.v.store(UnitRange::pack(mid, hi), std::memory_order_release);
+          stole = true;
+        }
+      }
     }
   });
 }
@@ -302,7 +366,7 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
     return;
   }
   if (rows >= 2 * k.row_tile * n_threads) {  // split output rows
-    run_row_chunks(k, {&job, 1}, {&rows, 1}, n_threads, pool);
+    run_rows(k, {&job, 1}, {&rows, 1}, n_threads, pool);
   } else {  // few rows, many tokens (a router, a gate): split tokens
     const int64_t chunk = std::max<int64_t>(1, n_tok / (4 * n_threads));
     std::atomic<int64_t> next{0};
@@ -355,7 +419,7 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
     jobs[i].y_stride = t.y_stride;
     rows[i] = t.w.rows();
   }
-  run_row_chunks(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
+  run_rows(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
 }
 
 }  // namespace detail

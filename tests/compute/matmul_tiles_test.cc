@@ -221,6 +221,44 @@ TEST(TiledMatmul, BatchInvariant) {
   }
 }
 
+// Threads own contiguous shares of a product's row tiles and steal the back half of another's
+// when done (run_rows in matmul.cc). With more threads than CPUs (so that some are descheduled
+// mid-share and others steal) and several targets in one run, every output row is written, once
+// computed, with the one-thread bits: rows start as NaN.
+TEST(TiledMatmul, RowSharesAndStealingWriteEveryRow) {
+  ThreadPool pool4(4), pool7(7);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+    const int64_t cols = cols_of(t, t == GgmlType::kQ4_K ? 2 : 8);
+    const Pair a = make_pair(t, 16 * 97, cols, 41), b = make_pair(t, 16 * 13, cols, 42),
+               c = make_pair(t, 16 * 40, cols, 43);
+    for (int64_t n_tok : {1, 3}) {
+      const auto x = random_x(n_tok, cols, 44);
+      auto alone = [&](const WeightView& w) {
+        std::vector<float> y(static_cast<size_t>(n_tok * w.rows()));
+        matmul(w, x.data(), n_tok, y.data(), nullptr);
+        return y;
+      };
+      const std::vector<float> wa = alone(a.tiles), wb = alone(b.tiles), wc = alone(c.tiles);
+      for (ThreadPool* pool : {&pool4, &pool7})
+        for (int rep = 0; rep < 20; ++rep) {
+          std::vector<float> ya(wa.size(), NAN), yb(wb.size(), NAN), yc(wc.size(), NAN);
+          if (rep % 2 == 0) {
+            matmul(a.tiles, x.data(), n_tok, ya.data(), pool);
+            ASSERT_TRUE(same_bits(ya, wa))
+                << model::type_name(t) << " alone, threads " << pool->size() << " n_tok " << n_tok;
+            continue;
+          }
+          const MatmulTarget targets[] = {{a.tiles, ya.data(), a.tiles.rows()},
+                                          {b.tiles, yb.data(), b.tiles.rows()},
+                                          {c.tiles, yc.data(), c.tiles.rows()}};
+          matmul_shared(targets, x.data(), cols, n_tok, pool);
+          ASSERT_TRUE(same_bits(ya, wa) && same_bits(yb, wb) && same_bits(yc, wc))
+              << model::type_name(t) << " shared, threads " << pool->size() << " n_tok " << n_tok;
+        }
+    }
+  }
+}
+
 // A NaN reaches its own token's outputs only, in a pass of 2 tokens and in one of 6 (the
 // kernels' per-token accumulators, unrolled since session 28).
 TEST(TiledMatmul, NonFiniteInputPropagates) {
