@@ -54,7 +54,11 @@ struct TileKernelK {
   static constexpr int kQh = 4;                     // Q5_K: qh's first dword
   static constexpr int kQs = kQ5 ? 12 : 4;          // qs's first dword
   static constexpr int kPartLines = kRec / 64 / 4;  // a quarter of a record, in cache lines
-  static constexpr int kMaxTok = 8;
+  // Tokens per pass over a tile. Q4_K: 4. With 8, a pass's 8 sums u and 8 accumulators left too
+  // few registers and g++ spilled; 4 ran the engine's Q4_K prefill 19 % and decode@16 9 % faster.
+  // Q5_K keeps 8: its fifth-bit unpacking, shared by a pass's tokens, made 4 per pass 16 % slower
+  // (docs/benchmarks.md "Engine, session 29").
+  static constexpr int kMaxTok = kQ5 ? 8 : 4;
   static constexpr int64_t kTokBlock = 64;
 
   // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its
