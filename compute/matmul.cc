@@ -300,9 +300,34 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
       u0 = u_end;
     }
   };
+  // Moves the back half of the largest other share into `mine` (empty), unless every other
+  // share is a step or less (its owner's next take); false when there was none.
+  auto steal = [&](int idx, int nt, UnitRange& mine) {
+    for (;;) {
+      int victim = -1;
+      int64_t most = step;
+      uint64_t seen = 0;
+      for (int d = 1; d < nt; ++d) {
+        const int t = (idx + d) % nt;
+        const uint64_t w = shares[t].v.load(std::memory_order_acquire);
+        if (UnitRange::hi(w) - UnitRange::lo(w) > most) {
+          victim = t;
+          most = UnitRange::hi(w) - UnitRange::lo(w);
+          seen = w;
+        }
+      }
+      if (victim < 0) return false;
+      const int64_t lo = UnitRange::lo(seen), hi = UnitRange::hi(seen), mid = hi - most / 2;
+      if (shares[victim].v.compare_exchange_strong(seen, UnitRange::pack(lo, mid),
+                                                   std::memory_order_acq_rel)) {
+        mine.v.store(UnitRange::pack(mid, hi), std::memory_order_release);
+        return true;
+      }
+    }
+  };
   pool->run([&](int idx, int nt) {
     UnitRange& mine = shares[idx];
-    for (;;) {
+    do {
       uint64_t v = mine.v.load(std::memory_order_acquire);
       while (UnitRange::lo(v) < UnitRange::hi(v)) {
         const int64_t lo = UnitRange::lo(v), n = std::min(step, UnitRange::hi(v) - lo);
@@ -312,31 +337,7 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
           v = mine.v.load(std::memory_order_acquire);
         }
       }
-      // Steal the back half of the largest share left, unless it is a step or less (its
-      // owner's next take).
-      bool stole = false;
-      while (!stole) {
-        int victim = -1;
-        int64_t most = step;
-        uint64_t seen = 0;
-        for (int d = 1; d < nt; ++d) {
-          const int t = (idx + d) % nt;
-          const uint64_t w = shares[t].v.load(std::memory_order_acquire);
-          if (UnitRange::hi(w) - UnitRange::lo(w) > most) {
-            victim = t;
-            most = UnitRange::hi(w) - UnitRange::lo(w);
-            seen = w;
-          }
-        }
-        if (victim < 0) return;
-        const int64_t lo = UnitRange::lo(seen), hi = UnitRange::hi(seen), mid = hi - most / 2;
-        if (shares[victim].v.compare_exchange_strong(seen, UnitRange::pack(lo, mid),
-                                                     std::memory_order_acq_rel)) {
-          mine.v.store(UnitRange::pack(mid, hi), std::memory_order_release);
-          stole = true;
-        }
-      }
-    }
+    } while (steal(idx, nt, mine));
   });
 }
 

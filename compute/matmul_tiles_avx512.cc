@@ -248,12 +248,13 @@ struct TileKernel {
         r = gather<kHi16>(src, w, b);
       } else {
         const uint8_t* rec = w + b * kRec;
-        if (NT <= kL1Tok && !alone)
-          for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
-        if (const uint8_t* l2 = alone ? nullptr
-                                      : pass.l2_target(b, &l2_due, rec + kAheadL2 * kRec,
-                                                       rec + model::kTileRows * j.w_row_bytes))
-          for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
+        if (!alone) {
+          if (NT <= kL1Tok)
+            for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
+          if (const uint8_t* l2 = pass.l2_target(b, &l2_due, rec + kAheadL2 * kRec,
+                                                 rec + model::kTileRows * j.w_row_bytes))
+            for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(l2 + o);
+        }
         r = load<kHi16>(rec);
       }
       unroll<NT>([&](int n) __attribute__((always_inline)) {

@@ -7,33 +7,31 @@
 
 namespace troupe::compute::detail {
 
-/// out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double like the reference's
-/// (each square exact), in 8 interleaved partial sums and a fixed pairwise combine (one chain of
-/// dependent adds, as before, left 16-sequence decode 1-2 % slower: docs/benchmarks.md "Engine,
-/// session 29"). The order moves the double sum by ~1e-16 relative, which
-/// float(sum / n) keeps unless it falls that close to a rounding boundary (as with the GPU's
-/// tree of partial sums, gpu/ops.cu).
-inline void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/// sum a[i] * b[i] in Acc in a fixed order: 8 interleaved partial sums, then a fixed pairwise
+/// combine (no chain of n dependent adds).
+template <class Acc>
+inline Acc dot_in(const float* a, const float* b, int64_t n) {
+  Acc acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
-  for (int k = 0; i < n; ++i, ++k) acc[k] += static_cast<double>(x[i]) * x[i];
-  const double sum =
-      ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
-  for (i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
-}
-
-/// Fixed-order f32 dot product (8 interleaved partial sums, then a fixed pairwise combine).
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  for (int k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<Acc>(a[i + k]) * b[i + k];
+  for (int k = 0; i < n; ++i, ++k) acc[k] += static_cast<Acc>(a[i]) * b[i];
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
+
+/// out = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double like the reference's (each
+/// square exact). Its order (dot_in's, since session 29: one chain of adds left 16-sequence
+/// decode 1-2 % slower, docs/benchmarks.md) moves the double sum by ~1e-16 relative, which
+/// float(sum / n) keeps unless it falls that close to a rounding boundary (as with the GPU's tree
+/// of partial sums, gpu/ops.cu).
+inline void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  const double sum = dot_in<double>(x, x, n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
+}
+
+/// Fixed-order f32 dot product (dot_in's order).
+inline float dot(const float* a, const float* b, int64_t n) { return dot_in<float>(a, b, n); }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
