@@ -266,8 +266,10 @@ int main(int argc, char** argv) {
     // decode run, whose roofline fraction is taken against the bandwidth of its own minutes.
     compute::ThreadPool probe_pool(nt);
     bench::ReadBandwidthProbe probe(probe_pool, 1024);
-    const double bw = probe.measure(5).median;
-    std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s\n", nt, "-", "membw", "-", "-", bw, "100%");
+    const bench::ReadBandwidth first = probe.measure(5);
+    const double bw = first.median;
+    std::printf("%-8d %-8s %-10s %12s %12s %10.1f %10s  (%s)\n", nt, "-", "membw", "-", "-", bw,
+                "100%", bench::read_way_name(first.way));
     // The arithmetic peak the batched decode is bound by (bench/detail/peaks.h).
     const double peak =
         bench::compute_peak(probe_pool, compute::simd_level(),

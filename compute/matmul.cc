@@ -261,13 +261,17 @@ struct alignas(64) UnitRange {
 
 // The output rows of jobs[i] (rows[i] of them) in one pool run, in units of one row tile
 // numbered across the jobs (job i's are [first[i], first[i + 1])). Each thread owns a contiguous
-// share and takes it from the front, `step` units at a time, so its weights stream as one
-// sequence: the kernels' prefetches run on from one call into the next. A thread whose share is
-// done takes the back half of the largest share left (work stealing), so a slower or
-// descheduled thread does not hold up the rest, while the streams stay long. (Before, all
-// threads took chunks of a quarter of a share from one counter: each chunk restarted a stream,
-// and batch-1 decode was 5-8 % slower; docs/benchmarks.md "Engine, session 29".) Who computes a
-// row never changes how: results stay bit-identical.
+// share and takes it from the front, so its weights stream as one sequence: the kernels'
+// prefetches run on from one call into the next. It takes `step` units at a time, and near the
+// end of its share half of what is left, so the last takes are single units. A thread whose
+// share is done takes the back half of the largest share left (work stealing) while any has 2
+// units or more, so a slower or descheduled thread does not hold up the rest, while the streams
+// stay long. Threads then finish within about one unit of each other. (Before, all threads
+// took chunks of a quarter of a share from one counter: each chunk restarted a stream, and
+// batch-1 decode was 5-8 % slower; docs/benchmarks.md "Engine, session 29". Until session 30
+// the owner took 1/32 of its share at a time to the end and a thief left shares of one step:
+// threads finished twice as far apart, "Engine, session 30".) Who computes a row never changes
+// how: results stay bit-identical.
 void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<const int64_t> rows,
               int n_threads, ThreadPool* pool) {
   TROUPE_CHECK(jobs.size() == rows.size() && jobs.size() <= kMaxSharedTargets,
@@ -278,7 +282,7 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
   const int64_t units = first[jobs.size()];
   TROUPE_CHECK(units < (int64_t{1} << 31), "matmul: %lld row tiles in one product",
                static_cast<long long>(units));
-  const int64_t step = std::max<int64_t>(1, units / (32 * n_threads));
+  const int64_t step = std::max<int64_t>(1, units / (8 * n_threads));
 
   thread_local std::unique_ptr<UnitRange[]> ranges;
   thread_local int capacity = 0;
@@ -301,11 +305,11 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
     }
   };
   // Moves the back half of the largest other share into `mine` (empty), unless every other
-  // share is a step or less (its owner's next take); false when there was none.
+  // share is a single unit or none; false when there was none to take.
   auto steal = [&](int idx, int nt, UnitRange& mine) {
     for (;;) {
       int victim = -1;
-      int64_t most = step;
+      int64_t most = 1;
       uint64_t seen = 0;
       for (int d = 1; d < nt; ++d) {
         const int t = (idx + d) % nt;
@@ -330,7 +334,8 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
     do {
       uint64_t v = mine.v.load(std::memory_order_acquire);
       while (UnitRange::lo(v) < UnitRange::hi(v)) {
-        const int64_t lo = UnitRange::lo(v), n = std::min(step, UnitRange::hi(v) - lo);
+        const int64_t lo = UnitRange::lo(v), left = UnitRange::hi(v) - lo;
+        const int64_t n = std::min(step, std::max<int64_t>(1, left / 2));
         if (mine.v.compare_exchange_weak(v, UnitRange::pack(lo + n, UnitRange::hi(v)),
                                          std::memory_order_acq_rel)) {
           compute(lo, lo + n);

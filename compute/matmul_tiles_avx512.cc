@@ -63,9 +63,10 @@ struct TileKernel {
   static constexpr int kMaxTok = 8;
   // Records prefetched ahead into L1 and into L2 (prefetches past the tensor's end are
   // harmless). Against 12 ahead into L1 only, batch-1 Q4_0 decode ran 8-15 % faster in the
-  // engine (docs/benchmarks.md "Engine, session 12"). One token alone prefetches nothing: the
-  // hardware's prefetchers stream its tiles faster by themselves (batch-1 decode 10-25 %
-  // faster without, "Engine, session 29"), while 2 to 8 tokens ran 5-50 % slower without.
+  // engine (docs/benchmarks.md "Engine, session 12"). One token alone prefetches only once per
+  // page, two pages ahead (prefetch_page_ahead): per record, batch-1 decode ran 10-25 %
+  // slower than with none ("Engine, session 29"), and with none ~30 % slower than once per
+  // page ("Engine, session 30"); 2 to 8 tokens ran 5-50 % slower with none.
   static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
   // Passes of up to this many tokens prefetch records into L1; longer ones leave it to the
@@ -238,7 +239,7 @@ struct TileKernel {
                                                                              n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
     [[maybe_unused]] int64_t l2_due = pass.index;
-    const bool alone = NT == 1 && pass.count == 1;  // no software prefetch (kAheadL1)
+    const bool alone = NT == 1 && pass.count == 1;  // one prefetch per page (kAheadL1)
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {
@@ -248,7 +249,9 @@ struct TileKernel {
         r = gather<kHi16>(src, w, b);
       } else {
         const uint8_t* rec = w + b * kRec;
-        if (!alone) {
+        if (alone) {
+          prefetch_page_ahead(rec, kRec);
+        } else {
           if (NT <= kL1Tok)
             for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);
           if (const uint8_t* l2 = pass.l2_target(b, &l2_due, rec + kAheadL2 * kRec,

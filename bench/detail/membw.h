@@ -1,10 +1,15 @@
 // The machine's memory read bandwidth, measured one way for every benchmark that reports a
 // fraction of it (membw_bench, matmul_bench, engine_bench): the roofline of batch-1 decode.
-// Each thread sums its part of a buffer in 8 sections read in lockstep with software prefetch
-// (one sequential stream per core leaves DRAM bandwidth unused: as few misses in flight as the
-// hardware prefetcher keeps), 256-bit loads where the CPU has AVX2, over memory advised to use
-// huge pages, as the engine's weights in memory do. The best plain read this code knows: a
-// kernel's fraction of it is a fraction of what the machine gives, not of a weaker loop.
+// Each thread reads its part of a buffer (advised to use huge pages, as the engine's weights in
+// memory are) in three ways, and the fastest counts: the best plain read this code knows, so
+// that a kernel's fraction of it is a fraction of what the machine gives, not of a weaker loop.
+//   - 8 sections in lockstep with a software prefetch per line 4 KiB ahead (more misses in
+//     flight than the hardware prefetcher keeps for one stream: the best on session 7's host);
+//   - the same 8 sections without software prefetch;
+//   - one stream with one prefetch per 4 KiB page, two pages ahead (the hardware prefetchers
+//     do not follow a stream into the next page: the best on session 30's host, where the
+//     first way read ~30 % less; docs/benchmarks.md "Engine, session 30").
+// 256-bit loads where the CPU has AVX2.
 #pragma once
 
 #include <immintrin.h>
@@ -13,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "base/huge_pages.h"
@@ -20,7 +26,25 @@
 
 namespace troupe::bench {
 
-__attribute__((target("avx2"))) inline uint64_t read_sum_avx2(const uint64_t* p, int64_t n) {
+/// The ways of reading (see the top of this file); kPlain where the CPU lacks AVX2.
+enum class ReadWay { kSectionsPrefetch, kSections, kPagePrefetch, kPlain };
+
+inline const char* read_way_name(ReadWay w) {
+  switch (w) {
+    case ReadWay::kSectionsPrefetch:
+      return "8 sections, prefetch per line";
+    case ReadWay::kSections:
+      return "8 sections";
+    case ReadWay::kPagePrefetch:
+      return "1 stream, prefetch per page";
+    case ReadWay::kPlain:
+      return "plain";
+  }
+  return "?";
+}
+
+template <bool kPrefetch>
+__attribute__((target("avx2"))) inline uint64_t read_sections_avx2(const uint64_t* p, int64_t n) {
   constexpr int kStreams = 8;
   const int64_t sec = n / kStreams / 8 * 8;
   __m256i acc[kStreams];
@@ -28,7 +52,8 @@ __attribute__((target("avx2"))) inline uint64_t read_sum_avx2(const uint64_t* p,
   for (int64_t i = 0; i < sec; i += 8) {  // 64 bytes of each section per iteration
     for (int s = 0; s < kStreams; ++s) {
       const uint64_t* q = p + s * sec + i;
-      _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);  // 4 KiB ahead
+      if constexpr (kPrefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);  // 4 KiB ahead
       acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q)));
       acc[s] = _mm256_add_epi64(acc[s], _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4)));
     }
@@ -40,6 +65,28 @@ __attribute__((target("avx2"))) inline uint64_t read_sum_avx2(const uint64_t* p,
     r += v[0] + v[1] + v[2] + v[3];
   }
   for (int64_t i = kStreams * sec; i < n; ++i) r += p[i];
+  return r;
+}
+
+// One stream, 128 bytes per iteration; at the start of every 4 KiB page, a prefetch into L2 of
+// the page two on (p is 64-byte aligned, as the probe's parts are).
+__attribute__((target("avx2"))) inline uint64_t read_pages_avx2(const uint64_t* p, int64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const uint64_t* q = p + i;
+    if ((reinterpret_cast<uintptr_t>(q) & 4095) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(q) + 8192, _MM_HINT_T1);
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(q)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 12)));
+  }
+  const __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  uint64_t v[4];
+  std::memcpy(v, &a, sizeof(v));
+  uint64_t r = v[0] + v[1] + v[2] + v[3];
+  for (; i < n; ++i) r += p[i];
   return r;
 }
 
@@ -55,8 +102,23 @@ inline uint64_t read_sum_plain(const uint64_t* p, int64_t n) {
 inline bool membw_uses_avx2() { return __builtin_cpu_supports("avx2"); }
 
 struct ReadBandwidth {
-  double median = 0, min = 0, max = 0;  // GB/s over the timed passes
+  double median = 0, min = 0, max = 0;  // GB/s over the timed passes of the fastest way
+  ReadWay way = ReadWay::kPlain;        // that way
 };
+
+inline uint64_t read_sum(ReadWay way, const uint64_t* p, int64_t n) {
+  switch (way) {
+    case ReadWay::kSectionsPrefetch:
+      return read_sections_avx2<true>(p, n);
+    case ReadWay::kSections:
+      return read_sections_avx2<false>(p, n);
+    case ReadWay::kPagePrefetch:
+      return read_pages_avx2(p, n);
+    case ReadWay::kPlain:
+      break;
+  }
+  return read_sum_plain(p, n);
+}
 
 /// A buffer of `mib` MiB that `measure` reads with the pool's threads, each its own part (first
 /// touched by the thread that reads it). Kept between measurements, so that a benchmark can
@@ -75,12 +137,27 @@ class ReadBandwidthProbe {
     });
   }
 
-  /// Reads the buffer `passes` times after one untimed pass. Zero GB/s if the buffer could not
-  /// be allocated.
-  ReadBandwidth measure(int passes) {
+  /// Reads the buffer `passes` times after one untimed pass, in each way this CPU has (one way
+  /// only if `only` is given); the way with the highest median counts. Zero GB/s if the buffer
+  /// could not be allocated.
+  ReadBandwidth measure(int passes, const ReadWay* only = nullptr) {
     if (!buf_ || passes < 1) return {};
+    const ReadWay all[] = {ReadWay::kSectionsPrefetch, ReadWay::kSections, ReadWay::kPagePrefetch};
+    std::span<const ReadWay> ways(all);
+    const ReadWay plain = ReadWay::kPlain;
+    if (only != nullptr) ways = {only, 1};
+    if (!membw_uses_avx2()) ways = {&plain, 1};
+    ReadBandwidth best;
+    for (ReadWay way : ways) {
+      const ReadBandwidth bw = measure_one(way, passes);
+      if (bw.median > best.median) best = bw;
+    }
+    return best;
+  }
+
+ private:
+  ReadBandwidth measure_one(ReadWay way, int passes) {
     const uint64_t* buf = buf_.get();
-    const bool avx2 = membw_uses_avx2();
     std::vector<double> gbs;
     std::vector<uint64_t> sums(static_cast<size_t>(pool_.size()));
     volatile uint64_t sink = 0;
@@ -88,18 +165,16 @@ class ReadBandwidthProbe {
       const auto t0 = std::chrono::steady_clock::now();
       pool_.run([&](int idx, int nt) {
         const int64_t b = n_ * idx / nt / 64 * 64, e = n_ * (idx + 1) / nt / 64 * 64;
-        sums[static_cast<size_t>(idx)] =
-            avx2 ? read_sum_avx2(buf + b, e - b) : read_sum_plain(buf + b, e - b);
+        sums[static_cast<size_t>(idx)] = read_sum(way, buf + b, e - b);
       });
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (uint64_t v : sums) sink = sink + v;
       if (p > 0) gbs.push_back(static_cast<double>(bytes_) / s / 1e9);  // pass 0: warm-up
     }
     std::sort(gbs.begin(), gbs.end());
-    return {gbs[gbs.size() / 2], gbs.front(), gbs.back()};
+    return {gbs[gbs.size() / 2], gbs.front(), gbs.back(), way};
   }
 
- private:
   compute::ThreadPool& pool_;
   int64_t n_;
   size_t bytes_;
