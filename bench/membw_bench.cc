@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "bench/detail/membw.h"
 #include "compute/thread_pool.h"
@@ -25,22 +26,16 @@ int main(int argc, char** argv) {
   for (int threads = 1; threads <= 2; ++threads) {
     troupe::compute::ThreadPool pool(threads);
     tb::ReadBandwidthProbe probe(pool, mib);
-    const tb::ReadWay ways[] = {tb::ReadWay::kSectionsPrefetch, tb::ReadWay::kSections,
-                                tb::ReadWay::kPagePrefetch};
-    const bool avx2 = tb::membw_uses_avx2();
-    tb::ReadBandwidth best;
-    for (const tb::ReadWay& way : ways) {
-      const auto bw = probe.measure(passes, avx2 ? &way : nullptr);
-      if (bw.median <= 0) {
-        std::fprintf(stderr, "membw_bench: allocation of %lld MiB failed\n",
-                     static_cast<long long>(mib));
-        return 1;
-      }
+    const std::vector<tb::ReadBandwidth> each = probe.measure_each(passes);
+    if (each.empty()) {
+      std::fprintf(stderr, "membw_bench: allocation of %lld MiB failed\n",
+                   static_cast<long long>(mib));
+      return 1;
+    }
+    for (const tb::ReadBandwidth& bw : each)
       std::printf("  %d thread%s, %-30s median %.1f GB/s (min %.1f, max %.1f)\n", threads,
                   threads > 1 ? "s" : " ", tb::read_way_name(bw.way), bw.median, bw.min, bw.max);
-      if (bw.median > best.median) best = bw;
-      if (!avx2) break;
-    }
+    const tb::ReadBandwidth best = tb::ReadBandwidthProbe::fastest(each);
     std::printf("read bandwidth, %d thread%s: median %.1f GB/s (min %.1f, max %.1f; %s)\n", threads,
                 threads > 1 ? "s" : " ", best.median, best.min, best.max,
                 tb::read_way_name(best.way));

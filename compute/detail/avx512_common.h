@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "compute/detail/matmul_kernels.h"
+#include "compute/detail/page_ahead.h"
 
 namespace troupe::compute::detail {
 
@@ -69,16 +70,14 @@ inline void prefetch_l2(const void* p) {
 }
 
 // A stream read record by record: when the record [p, p + len) ends in another 4 KiB page than
-// it starts, one prefetch into L2 of that page's start kPageAhead bytes on. The hardware's
-// prefetchers follow a stream within a page but not into the next one, where each restart
-// costs a few misses' latency; one prefetch per page, two pages ahead, restarts them early.
+// it starts, one prefetch into L2 of that page's start kPageAhead bytes on (page_ahead.h).
 // Batch-1 Q4_0 decode ~30 % faster than with no software prefetch, and the best read loop
 // found on this host (docs/benchmarks.md "Engine, session 30").
-inline constexpr int64_t kPageAhead = 8192;
 inline void prefetch_page_ahead(const uint8_t* p, int64_t len) {
+  constexpr auto kPage = static_cast<uintptr_t>(kPageBytes);
   const auto a = reinterpret_cast<uintptr_t>(p), e = a + static_cast<uintptr_t>(len);
-  if ((a >> 12) != (e >> 12))
-    prefetch_l2(reinterpret_cast<const uint8_t*>((e & ~uintptr_t{4095}) + kPageAhead));
+  if (a / kPage != e / kPage)
+    prefetch_l2(reinterpret_cast<const uint8_t*>((e & ~(kPage - 1)) + kPageAhead));
 }
 
 // The 16 rows of a tile read from ggml's row layout (a mapped file) by the tile kernels'
