@@ -231,8 +231,8 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
-  // "memory" is the copy as troupe makes it for CPU engines (int8 matrices in 16-row tiles
-  // where compute::int8_tiles_supported()); "rows" the same copy without tiles.
+  // "memory" is the copy as troupe makes it for CPU engines (int8, F16 and BF16 matrices in tiles
+  // where compute::weight_tiles_supported()); "rows" the same copy without tiles.
   if (weights == "map" || weights == "both") variants.push_back({"map", *m});
   for (const bool tiles : {false, true}) {
     const bool want = tiles ? (weights == "memory" || weights == "both" || weights == "tiles")
@@ -241,13 +241,14 @@ int main(int argc, char** argv) {
     const double t0 = now_s();
     auto copy =
         model::copy_weights_to_memory(*m, {}, static_cast<int>(std::thread::hardware_concurrency()),
-                                      tiles && compute::int8_tiles_supported());
+                                      tiles && compute::weight_tiles_supported());
     if (!copy) {
       std::fprintf(stderr, "engine_bench: %s\n", copy.error().message.c_str());
       return 1;
     }
     std::printf("weights copied to huge-page memory%s in %.2f s\n",
-                tiles && compute::int8_tiles_supported() ? " (int8 in tiles)" : "", now_s() - t0);
+                tiles && compute::weight_tiles_supported() ? " (int8, F16, BF16 in tiles)" : "",
+                now_s() - t0);
     variants.push_back({tiles ? "memory" : "rows", *copy});
   }
   if (variants.empty()) {

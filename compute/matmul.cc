@@ -35,6 +35,8 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     if (t == GgmlType::kQ4_K) k = &q4_k_t16;
     if (t == GgmlType::kQ5_K) k = &q5_k_t16;
     if (t == GgmlType::kQ6_K) k = &q6_k_t16;
+    if (t == GgmlType::kF16) k = &f16_t16;
+    if (t == GgmlType::kBF16) k = &bf16_t16;
     if (k == nullptr) return nullptr;
     // A level without SIMD tile kernels reads tiles with the scalar ones (the same bits).
     return k->rows ? k : scalar_kernels().find(t, layout);
@@ -440,13 +442,13 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
   model::dequantize_row(w.type, row.data(), out, w.cols());
 }
 
-bool int8_tiles_supported() {
+bool weight_tiles_supported() {
   const detail::KernelSet& ks = detail::active_kernels();
   return ks.q8_0_t16.rows != nullptr && ks.q4_0_t16.rows != nullptr &&
          ks.q4_1_t16.rows != nullptr && ks.q5_0_t16.rows != nullptr &&
          ks.q5_1_t16.rows != nullptr && ks.q4_k_t16.rows != nullptr &&
-         ks.q5_k_t16.rows != nullptr && ks.q6_k_t16.rows != nullptr &&
-         std::string_view(ks.name) != "scalar";
+         ks.q5_k_t16.rows != nullptr && ks.q6_k_t16.rows != nullptr && ks.f16_t16.rows != nullptr &&
+         ks.bf16_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

@@ -57,8 +57,10 @@ void get_row(const model::WeightView& w, int64_t r, float* out);
 /// Whether this process's kernels read every tileable type (model::tileable) in 16-row tiles
 /// (WeightLayout::kTiles16) fast (AVX-512 with VNNI), so that a weight copy for the CPU engine
 /// should tile them (model::copy_weights_to_memory). Every kernel path reads tiles correctly (where
-/// no SIMD tile kernel exists, the scalar one, slowly), with the same bits on every path.
-bool int8_tiles_supported();
+/// no SIMD tile kernel exists, the scalar one, slowly). Int8 types give the same bits on every
+/// path; F16 and BF16 (whose kernels sum in each SIMD level's own order) give the AVX-512 row
+/// kernels' bits at the AVX-512 levels and the scalar kernel's elsewhere.
+bool weight_tiles_supported();
 
 /// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").
 const char* simd_level();

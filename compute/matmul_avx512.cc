@@ -392,6 +392,8 @@ KernelSet make_set() {
   s.f32 = float_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = float_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = float_kernels<FloatKernel<GgmlType::kBF16>>();
+  s.f16_t16 = float_kernels<FloatKernel<GgmlType::kF16, true>>();
+  s.bf16_t16 = float_kernels<FloatKernel<GgmlType::kBF16, true>>();
   s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = float_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();

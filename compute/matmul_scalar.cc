@@ -24,13 +24,16 @@ using model::BlockQ8_0;
 using model::fp16_to_fp32;
 using model::kQK_K;
 
-// Float weights: convert one row (exactly) and dot it with every token.
-template <model::GgmlType kType>
+const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r);
+
+// Float weights: convert one row (exactly) and dot it with every token. kTiled: F16 or BF16 in
+// 16-row tiles (model/weight_tiles.h), each row taken out of its tile first.
+template <model::GgmlType kType, bool kTiled = false>
 void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<float> buf;
   float* row = scratch(buf, j.cols);
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* src = j.w + r * j.w_row_bytes;
+    const uint8_t* src = kTiled ? untiled_row(kType, j, r) : j.w + r * j.w_row_bytes;
     const float* wr = row;
     if constexpr (kType == model::GgmlType::kF32) {
       wr = reinterpret_cast<const float*>(src);
@@ -426,6 +429,8 @@ const KernelSet& scalar_kernels() {
     k.f32.rows = float_rows<GgmlType::kF32>;
     k.f16.rows = float_rows<GgmlType::kF16>;
     k.bf16.rows = float_rows<GgmlType::kBF16>;
+    k.f16_t16.rows = float_rows<GgmlType::kF16, true>;
+    k.bf16_t16.rows = float_rows<GgmlType::kBF16, true>;
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
     k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
     k.fp4.rows = float_rows<GgmlType::kFP4_PACKED>;

@@ -13,9 +13,10 @@
 namespace troupe::model {
 
 /// How a view's bytes are ordered. kRows is ggml's (and every file's). kTiles16 exists only in
-/// memory (model/weight_tiles.h): an int8-kernel type's matrix (weight_tiles.h: tileable) whose
-/// rows go 16 at a time, block by block, so that one 64-byte load holds the same 4 columns of 16
-/// rows (the CPU's int8 kernels). The byte count is the same; row(r) is meaningful only for kRows.
+/// memory (model/weight_tiles.h): a matrix of an int8-kernel type whose rows go 16 at a time,
+/// block by block, so that one 64-byte load holds the same 4 columns of 16 rows (the CPU's int8
+/// kernels), or of F16 or BF16 whose rows go 4 at a time, 16 columns by 16 (the CPU's float
+/// kernels: one stream). The byte count is the same; row(r) is meaningful only for kRows.
 enum class WeightLayout : uint8_t { kRows = 0, kTiles16 = 1 };
 
 /// A read-only view of a weight matrix (or stack of matrices) in its stored type.

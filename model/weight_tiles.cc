@@ -1,5 +1,5 @@
-// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices (see weight_tiles.h
-// for the layout).
+// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 matrices (see
+// weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
 #include <cstring>
@@ -115,20 +115,48 @@ uint32_t permute_bytes(const uint32_t (&table)[4][256], uint32_t x) {
          table[3][x >> 24];
 }
 
+bool float_tiled(GgmlType t) { return t == GgmlType::kF16 || t == GgmlType::kBF16; }
+
+// F16 and BF16: row i (0-15) of a tile is row i % 4 of quad i / 4, whose 4 rows take 4 *
+// row_bytes bytes from the tile's start plus 4 * row_bytes * (i / 4); in a quad, chunk c
+// (columns 16c..16c+15, 32 bytes per row) of row i % 4 is at 128c + 32 (i % 4).
+constexpr int64_t kQuadRows = 4, kChunkBytes = 32;
+int64_t quad_chunk(int64_t row_bytes, int64_t i, int64_t c) {
+  return i / kQuadRows * kQuadRows * row_bytes + kQuadRows * kChunkBytes * c +
+         kChunkBytes * (i % kQuadRows);
+}
+
 }  // namespace
 
 uint32_t q5_tile_qh(uint32_t h) { return permute_bytes(kQ5Qh.tile, h); }
 uint32_t q5_untile_qh(uint32_t t) { return permute_bytes(kQ5Qh.untile, t); }
 
 bool tileable(const WeightView& w) {
-  return w.present() && w.layout == WeightLayout::kRows &&
-         (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ5_0 ||
-          w.type == GgmlType::kQ5_1 || w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
-          w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K) &&
-         w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
+  const bool int8 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 ||
+                    w.type == GgmlType::kQ5_0 || w.type == GgmlType::kQ5_1 ||
+                    w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
+                    w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K;
+  const bool floats = float_tiled(w.type) && w.cols() % kFloatTileCols == 0;
+  return w.present() && w.layout == WeightLayout::kRows && (int8 || floats) && w.rows() > 0 &&
+         w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat) {
+  if (float_tiled(type)) {
+    TROUPE_CHECK(rows % kTileRows == 0 && cols % kFloatTileCols == 0, "weight tiles: %lld x %lld",
+                 static_cast<long long>(rows), static_cast<long long>(cols));
+    const int64_t row_bytes = 2 * cols, tile_bytes = kTileRows * row_bytes;
+    std::vector<uint8_t> copy(static_cast<size_t>(tile_bytes));
+    for (int64_t t = 0; t < n_mat * rows / kTileRows; ++t) {
+      uint8_t* tile = data + t * tile_bytes;
+      std::memcpy(copy.data(), tile, copy.size());
+      for (int64_t i = 0; i < kTileRows; ++i)
+        for (int64_t c = 0; c < cols / kFloatTileCols; ++c)
+          std::memcpy(tile + quad_chunk(row_bytes, i, c),
+                      copy.data() + i * row_bytes + c * kChunkBytes, kChunkBytes);
+    }
+    return;
+  }
   const BlockShape s = shape_of(type);
   const int64_t elems = type_traits(static_cast<uint32_t>(type))->block_elems;
   TROUPE_CHECK(rows % kTileRows == 0 && cols % elems == 0, "weight tiles: %lld x %lld",
@@ -143,6 +171,11 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
 }
 
 void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out) {
+  if (float_tiled(type)) {
+    for (int64_t c = 0; c < row_bytes / kChunkBytes; ++c)
+      std::memcpy(out + c * kChunkBytes, tile + quad_chunk(row_bytes, i, c), kChunkBytes);
+    return;
+  }
   const BlockShape s = shape_of(type);
   const int64_t nb = row_bytes / s.bytes;
   for (int64_t b = 0; b < nb; ++b) {

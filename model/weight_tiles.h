@@ -1,8 +1,8 @@
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices in 16-row tiles
-// (WeightLayout::kTiles16), the in-memory order the CPU's int8 kernels read fastest: one 64-byte
-// load gives 4 columns of 16 rows, so one dot-product instruction serves 16 output rows at once and
-// a block's scaling is done once for 16 rows (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md
-// "Engine, session 12").
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 matrices in 16-row tiles
+// (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8 types: one
+// 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16 output rows at
+// once and a block's scaling is done once for 16 rows (compute/matmul_tiles*_avx512.cc;
+// docs/benchmarks.md "Engine, session 12").
 //
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per
@@ -21,6 +21,11 @@
 //   Q6_K, whose d ends its block, differs: a record is its 52 chunks alone (ql 32, qh 16,
 //   scales 4; 3328 bytes, whole cache lines), and the tile's d values follow its last record,
 //   32 bytes per block column in column order.
+// F16 and BF16 (the float kernels read 4 rows at a time, compute/detail/matmul_float_avx512.h)
+// have no records: a tile is 4 quads of 4 rows, each quad in its 4 rows' bytes, and a quad holds
+// its rows 16 columns (32 bytes) at a time: columns 16c..16c+15 of its rows 0-3 are the 128
+// bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
+// the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
 // A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
@@ -31,9 +36,10 @@
 namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
+inline constexpr int64_t kFloatTileCols = 16;  // F16 and BF16: columns per chunk of a quad
 
-/// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, rows a multiple of
-/// kTileRows, present, in rows.
+/// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16 or BF16 with
+/// columns a multiple of kFloatTileCols; rows a multiple of kTileRows, present, in rows.
 bool tileable(const WeightView& w);
 
 /// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.

@@ -235,13 +235,13 @@ Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t by
 Result<std::shared_ptr<const Model>> place_weights(
     std::shared_ptr<const Model> model, WeightStorage requested,
     const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why,
-    bool tile_int8) {
+    bool tile_weights) {
   if (requested == WeightStorage::kMap) return model;
   auto where = choose_weight_storage(requested, weight_copy_bytes(*model, ranges),
                                      available_memory_bytes(), why);
   if (!where) return make_error(0, model->path + ": " + where.error().message);
   if (*where == WeightStorage::kMap) return model;
-  return copy_weights_to_memory(std::move(model), ranges, threads, tile_int8);
+  return copy_weights_to_memory(std::move(model), ranges, threads, tile_weights);
 }
 
 namespace {
@@ -341,7 +341,7 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
 
 Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
-    int threads, bool tile_int8) {
+    int threads, bool tile_weights) {
   std::vector<Interval> merged = copy_intervals(*model, ranges);
   // Each interval starts 64-byte aligned in the copy, like the tensors of a GGUF file.
   uint64_t total = 0;
@@ -439,7 +439,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     --it;
     if (w.data + w.nbytes() <= it->end) w.data = base + it->offset + (w.data - it->begin);
   });
-  if (tile_int8) tile_copied_views(copy->spec, base, bytes, threads);
+  if (tile_weights) tile_copied_views(copy->spec, base, bytes, threads);
   ::mprotect(base, bytes, PROT_READ);  // weights are read-only, as in the mapping
   copy->storage.push_back(std::move(mem));
   return std::shared_ptr<const Model>(std::move(copy));

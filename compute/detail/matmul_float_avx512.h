@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "compute/detail/avx512_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/simd_hsum.h"
@@ -87,7 +88,10 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // j in byte j's low nibble and j + 16 in its high one) likewise, its table kMXFP4Values(q) *
 // mxfp4_scale(e) (model::dequantize_row's values) rebuilt at every block; its rows are whole
 // blocks.
-template <GgmlType kType>
+// kTiled (F16 and BF16 only): the matrix is in 16-row tiles, a float tile being 4 quads of 4
+// rows interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
+// order, so the same bits as reading rows. Its columns are a multiple of 16: no tail.
+template <GgmlType kType, bool kTiled = false>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
@@ -99,7 +103,9 @@ struct FloatKernel {
   static constexpr int64_t offset(int64_t k) {
     return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
-  static constexpr int kRows = 4;
+  static constexpr int kRows = 4;  // a quad of a tiled matrix
+  static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16);
+  static constexpr int64_t kQuadChunk = 4 * 32;  // tiled: bytes of 16 columns of a quad
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
 
@@ -113,7 +119,12 @@ struct FloatKernel {
     int64_t k_next = 0, cols_per_scale = 0;
 
     Rows(const MatmulJob& j, int64_t r) {
-      for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+      for (int i = 0; i < R; ++i) {
+        const int64_t row = r + i;
+        // Tiled: row's 32 bytes of the quad's first chunk; its chunk c is kQuadChunk * c on.
+        w[i] =
+            kTiled ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * 32 : j.w + row * j.w_row_bytes;
+      }
       if constexpr (kScaled) {
         thread_local std::vector<float> tmp;
         float* t = scratch(tmp, R * j.w_scale_stride);
@@ -161,6 +172,8 @@ struct FloatKernel {
         return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
       } else if constexpr (kF8) {
         return _mm512_mul_ps(L::load(w[i], k), f[i]);
+      } else if constexpr (kTiled) {
+        return L::load(w[i] + k / 16 * kQuadChunk, 0);
       } else {
         return L::load(w[i], k);
       }
@@ -186,8 +199,19 @@ struct FloatKernel {
     for (; k + 16 <= j.cols; k += 16) {
       rw.at(k);
       __m512 wv[R];
+      if constexpr (kTiled) {
+        // One stream: a lone token fetches a page two ahead as it enters a page, like the int8
+        // tile kernels (batch-1 decode 1.4x the per-line fetch below); more tokens fetch both
+        // lines of a quad's chunk two quads ahead.
+        const uint8_t* chunk = rw.w[0] + k / 16 * kQuadChunk;
+        if constexpr (NT == 1 && R == kRows) {
+          prefetch_page_ahead(chunk, kQuadChunk);
+        } else if constexpr (R == kRows) {
+          prefetch(chunk, pf, 64);  // [chunk, chunk + 128) + pf: 2 lines
+        }
+      }
       for (int i = 0; i < R; ++i) {
-        if (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0))
+        if (!kTiled && (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0)))
           prefetch(rw.w[i] + offset(k), pf, 0);
         wv[i] = rw.load(i, k);
       }
@@ -196,7 +220,7 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if constexpr (!kI4 && !kMx) {
+    if constexpr (!kI4 && !kMx && !kTiled) {
       if (k < j.cols) {
         rw.at(k);
         const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);

@@ -41,8 +41,12 @@ constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::k
                                    GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K,
                                    GgmlType::kQ5_K, GgmlType::kQ6_K};
 
-// Columns of n blocks of type t.
+// F16 and BF16 tile too (4-row quads, 16 columns at a time; model/weight_tiles.h).
+constexpr GgmlType kFloatTypes[] = {GgmlType::kF16, GgmlType::kBF16};
+
+// Columns of n blocks of type t (F16, BF16: of n chunks of 16 columns).
 int64_t cols_of(GgmlType t, int64_t n) {
+  if (t == GgmlType::kF16 || t == GgmlType::kBF16) return n * model::kFloatTileCols;
   return n * model::type_traits(static_cast<uint32_t>(t))->block_elems;
 }
 
@@ -103,7 +107,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(WeightTiles, EveryRowComesBack) {
-  for (GgmlType t : kInt8Types) {
+  std::vector<GgmlType> types(std::begin(kInt8Types), std::end(kInt8Types));
+  types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  for (GgmlType t : types) {
     const Pair p = make_pair(t, 48, cols_of(t, 5), 3, 2);
     EXPECT_NE(p.rows_bytes, p.tile_bytes) << "tiling moved nothing";
     std::vector<uint8_t> row(static_cast<size_t>(p.rows.row_bytes()));
@@ -116,7 +122,7 @@ TEST(WeightTiles, EveryRowComesBack) {
   }
 }
 
-TEST(WeightTiles, OnlyWholeTilesOfInt8Types) {
+TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
   Pair p = make_pair(GgmlType::kQ4_0, 32, 64, 1);
   EXPECT_TRUE(model::tileable(p.rows));
   EXPECT_FALSE(model::tileable(p.tiles)) << "already tiled";
@@ -124,11 +130,51 @@ TEST(WeightTiles, OnlyWholeTilesOfInt8Types) {
   v.ne[1] = 40;  // not a multiple of 16
   EXPECT_FALSE(model::tileable(v));
   v = p.rows;
-  v.type = GgmlType::kF16;
-  EXPECT_FALSE(model::tileable(v));
-  v = p.rows;
   v.data = nullptr;
   EXPECT_FALSE(model::tileable(v));
+  // Float types: F16 and BF16 with whole chunks of 16 columns; not F32, F8 or packed int4.
+  for (GgmlType t : kFloatTypes) {
+    v = p.rows;
+    v.type = t;
+    EXPECT_TRUE(model::tileable(v)) << model::type_name(t);
+    v.ne[0] = 72;  // not a multiple of 16
+    EXPECT_FALSE(model::tileable(v)) << model::type_name(t);
+  }
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF8_E4M3, GgmlType::kI4_PACKED}) {
+    v = p.rows;
+    v.type = t;
+    EXPECT_FALSE(model::tileable(v)) << model::type_name(t);
+  }
+}
+
+// F16 and BF16 tiles hold the rows' values in another order and the kernels sum them in the
+// same order: a kernel set with float tile kernels (the AVX-512 ones) gives its row kernels'
+// bits for every token count and thread count, and so is batch-invariant as they are; the others
+// read tiles through the scalar kernel and give its bits. Columns of 37 chunks: rows of 1184
+// bytes, so that quads cross pages at varying places (the batch-1 kernel prefetches per page).
+TEST(TiledMatmul, FloatTilesGiveTheBitsOfRows) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  const auto sets = kernel_sets();
+  const detail::KernelSet& scalar = *sets.back();
+  for (GgmlType t : kFloatTypes) {
+    const Pair p = make_pair(t, 64, cols_of(t, 37), 31, 2);
+    for (const auto* ks : sets) {
+      const bool own =
+          ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
+      for (int64_t m = 0; m < 2; ++m) {
+        const WeightView rows = p.rows.slice(m), tiles = p.tiles.slice(m);
+        for (int64_t n_tok : {1, 2, 5, 6, 7, 16, 49}) {
+          const auto x = random_x(n_tok, rows.cols(), 33 + static_cast<uint32_t>(n_tok));
+          const auto want = run(own ? *ks : scalar, rows, x, n_tok, nullptr);
+          for (ThreadPool* pool : pools)
+            ASSERT_TRUE(same_bits(run(*ks, tiles, x, n_tok, pool), want))
+                << ks->name << " " << model::type_name(t) << " matrix " << m << " n_tok=" << n_tok
+                << " threads=" << (pool ? pool->size() : 1);
+        }
+      }
+    }
+  }
 }
 
 // Every path (those without SIMD tile kernels read tiles through the scalar ones) gives the
@@ -158,7 +204,7 @@ TEST(TiledMatmul, EveryPathGivesTheScalarBitsAndRowsToRounding) {
 // a matrix gives the same bits mapped from its file (rows) and copied into tiles, also for a
 // row count that is not whole tiles (a masked last tile) and any first row.
 TEST(TiledMatmul, RowsGiveTheBitsOfTilesWhereTilesAreSupported) {
-  if (!int8_tiles_supported())
+  if (!weight_tiles_supported())
     GTEST_SKIP() << "this CPU has no AVX-512 VNNI: its row kernels round differently (checked "
                     "to rounding by EveryPathGivesTheScalarBitsAndRowsToRounding)";
   ThreadPool pool2(2);
@@ -368,7 +414,7 @@ TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
     for (const auto* ks : sets) {
       EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, 3, nullptr), want))
           << ks->name << " " << model::type_name(t);
-      if (int8_tiles_supported() && std::string_view(ks->name).starts_with("avx512-vnni")) {
+      if (weight_tiles_supported() && std::string_view(ks->name).starts_with("avx512-vnni")) {
         EXPECT_TRUE(same_bits(run(*ks, p.rows, x, 3, nullptr), want))
             << ks->name << " " << model::type_name(t) << " from rows";
       }
@@ -377,7 +423,9 @@ TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
 }
 
 TEST(TiledMatmul, GetRowReadsTiles) {
-  for (GgmlType t : kInt8Types) {
+  std::vector<GgmlType> types(std::begin(kInt8Types), std::end(kInt8Types));
+  types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  for (GgmlType t : types) {
     const Pair p = make_pair(t, 32, cols_of(t, 3), 9);
     std::vector<float> a(static_cast<size_t>(p.rows.cols())), b(a.size());
     for (int64_t r = 0; r < 32; ++r) {
@@ -535,7 +583,7 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
     err = std::max(err, static_cast<double>(std::fabs(alone[i] - want[i])));
     sum += std::fabs(alone[i] - want[i]);
   }
-  if (int8_tiles_supported()) {
+  if (weight_tiles_supported()) {
     EXPECT_TRUE(same_bits(alone, want)) << "tiled against mapped logits: max diff " << err;
   } else {
     EXPECT_LE(err, 3e-2 * amax) << "tiled against mapped logits";
@@ -551,7 +599,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"llama", GgmlType::kQ4_1}, ModelCase{"llama", GgmlType::kQ5_0},
                       ModelCase{"mixtral", GgmlType::kQ5_1}, ModelCase{"llama", GgmlType::kQ4_K},
                       ModelCase{"llama", GgmlType::kQ5_K}, ModelCase{"mixtral", GgmlType::kQ5_K},
-                      ModelCase{"llama", GgmlType::kQ6_K}, ModelCase{"mixtral", GgmlType::kQ6_K}),
+                      ModelCase{"llama", GgmlType::kQ6_K}, ModelCase{"mixtral", GgmlType::kQ6_K},
+                      ModelCase{"llama", GgmlType::kF16}, ModelCase{"mixtral", GgmlType::kBF16}),
     [](const ::testing::TestParamInfo<ModelCase>& p) {
       return std::string(p.param.arch) + "_" + model::type_name(p.param.dtype);
     });
