@@ -310,6 +310,7 @@ int main(int argc, char** argv) {
       for (int64_t nb : {int64_t{1}, batch}) {
         if (nb < 1) continue;              // --batch 0: batch 1 only
         std::vector<double> t, bw_around;  // bw_around[r], [r + 1]: before and after run r
+        std::vector<compute::ThreadPool::Stats> in_runs;  // the pool's time over run r
         const auto probe_now = [&] {
           bw_around.push_back(probe.measure(2).median);
           // Let the probe's workers stop polling before the engine's run.
@@ -328,6 +329,7 @@ int main(int argc, char** argv) {
             seqs.back()->advance(ctx);
           }
           if (nb == 1 && r == 0) probe_now();
+          const compute::ThreadPool::Stats before = (*eng)->pool().stats();
           const double t0 = now_s();
           for (int64_t d = 0; d < n_decode; ++d) {
             std::vector<compute::SeqStep> steps;
@@ -339,10 +341,32 @@ int main(int argc, char** argv) {
             for (auto& q : seqs) q->advance(1);
           }
           t.push_back((now_s() - t0) / static_cast<double>(n_decode));
+          const compute::ThreadPool::Stats& after = (*eng)->pool().stats();
+          in_runs.push_back({after.runs - before.runs, after.run_s - before.run_s,
+                             after.wait_s - before.wait_s});
           if (nb == 1) probe_now();
         }
         const double step_s = median(t);
         const double tps = static_cast<double>(nb) / step_s;
+        // Where a step's time went on the calling thread (ThreadPool::Stats), per step: in
+        // parallel sections (of which waiting for the other threads) or alone (serial), each
+        // the median over the runs.
+        std::vector<double> sections, waiting, serial, n_sections;
+        for (size_t r = 0; r < t.size(); ++r) {
+          const double per = 1.0 / static_cast<double>(n_decode);
+          sections.push_back(in_runs[r].run_s * per);
+          waiting.push_back(in_runs[r].wait_s * per);
+          serial.push_back(t[r] - in_runs[r].run_s * per);
+          n_sections.push_back(static_cast<double>(in_runs[r].runs) * per);
+        }
+        const auto where = [&] {
+          if (nt > 1)
+            std::printf(
+                "         (per step: %.0f parallel sections, %.0f us in them, of which %.0f us "
+                "waiting for the other threads; %.0f us serial)\n",
+                median(n_sections), median(sections) * 1e6, median(waiting) * 1e6,
+                median(serial) * 1e6);
+        };
         const double gbs = wbytes / step_s / 1e9;
         char phase[32];
         std::snprintf(phase, sizeof phase, "decode@%lld", (long long)nb);
@@ -363,6 +387,7 @@ int main(int argc, char** argv) {
                       step_s * 1e3, gbs, 100.0 * median(frac));
           std::printf("         (each run against the bandwidth around it: %s GB/s)\n",
                       runs_text.c_str());
+          where();
         } else {
           // Weights are shared by the batch: the speed-up over batch 1, and the arithmetic
           // (2 operations per weight per token) against the peak.
@@ -372,6 +397,7 @@ int main(int argc, char** argv) {
           if (peak > 0)
             std::printf("         (%.0f GOP/s of weight arithmetic: %.0f%% of the %s peak)\n", gops,
                         100 * gops / peak, int8 ? "int8" : "f32 FMA");
+          where();
         }
       }
     }

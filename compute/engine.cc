@@ -104,6 +104,8 @@ Engine::~Engine() = default;
 
 int Engine::n_threads() const { return pool_->size(); }
 
+const ThreadPool& Engine::pool() const { return *pool_; }
+
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Model> model,
                                                const EngineOptions& opts) {
   try {

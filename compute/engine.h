@@ -120,6 +120,8 @@ class Engine {
   KvCache& kv_cache() { return *kv_; }
   BlockAllocator& blocks() { return *alloc_; }
   int n_threads() const;
+  /// The engine's compute threads (ThreadPool::stats: where a step's time went).
+  const ThreadPool& pool() const;
 
  private:
   Engine() = default;

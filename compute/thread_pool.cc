@@ -91,8 +91,12 @@ void ThreadPool::worker(int idx) {
 }
 
 void ThreadPool::run(FnRef<void(int, int)> fn) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  ++stats_.runs;
   if (n_threads_ == 1) {
     fn(0, 1);
+    stats_.run_s += std::chrono::duration<double>(Clock::now() - t0).count();
     return;
   }
   job_ = &fn;
@@ -105,8 +109,12 @@ void ThreadPool::run(FnRef<void(int, int)> fn) {
   } catch (...) {
     mine = std::current_exception();
   }
+  const Clock::time_point t1 = Clock::now();
   Backoff backoff;
   while (pending_.load(std::memory_order_acquire) != 0) backoff.wait();
+  const Clock::time_point t2 = Clock::now();
+  stats_.run_s += std::chrono::duration<double>(t2 - t0).count();
+  stats_.wait_s += std::chrono::duration<double>(t2 - t1).count();
   std::exception_ptr err = mine;
   for (int i = 1; i < n_threads_; ++i) {
     auto& e = errors_[static_cast<size_t>(i)];

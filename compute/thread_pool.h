@@ -68,6 +68,18 @@ class ThreadPool {
   /// on each non-empty one. The partition depends only on n, grain and size().
   void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn);
 
+  /// Where the calling thread's time went, since the pool was made: runs (parallel sections,
+  /// each run() and each parallel_for() of more than one chunk), the time from their start to
+  /// their end, and of that the time the caller waited for the other threads once its own part
+  /// was done. The rest of a caller's time (a step's minus run_s) is serial: the caller alone.
+  /// Read on the calling thread (as run()).
+  struct Stats {
+    int64_t runs = 0;
+    double run_s = 0;
+    double wait_s = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
  private:
   void worker(int idx);
 
@@ -81,6 +93,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   // One slot per worker: each written only by its worker, read by the caller after pending_.
   std::unique_ptr<std::exception_ptr[]> errors_;
+  Stats stats_;  // the caller's only
 };
 
 }  // namespace troupe::compute

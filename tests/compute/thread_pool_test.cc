@@ -110,5 +110,36 @@ TEST(ThreadPool, AcceptsStdFunction) {
   EXPECT_EQ(n.load(), 2);
 }
 
+// stats(): every run and multi-chunk parallel_for counts (a single chunk runs inline and does
+// not); the time in runs covers the caller's part, and the wait the time the caller spent after
+// its part until the slowest worker finished.
+TEST(ThreadPool, StatsCountRunsAndTheCallersWait) {
+  ThreadPool pool(2);
+  EXPECT_EQ(pool.stats().runs, 0);
+  pool.run([](int idx, int) {
+    if (idx == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+  const ThreadPool::Stats a = pool.stats();
+  EXPECT_EQ(a.runs, 1);
+  EXPECT_GE(a.wait_s, 0.025);  // the caller's part was empty: it waited for the worker
+  EXPECT_GE(a.run_s, a.wait_s);
+  pool.run([](int idx, int) {
+    if (idx == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+  const ThreadPool::Stats b = pool.stats();
+  EXPECT_EQ(b.runs, 2);
+  EXPECT_GE(b.run_s - a.run_s, 0.025);
+  EXPECT_LT(b.wait_s - a.wait_s, 0.025);  // the worker was done long before the caller
+  pool.parallel_for(10, 10, [](int64_t, int64_t) {});  // one chunk: on the caller, not a run
+  EXPECT_EQ(pool.stats().runs, 2);
+  pool.parallel_for(10, 1, [](int64_t, int64_t) {});
+  EXPECT_EQ(pool.stats().runs, 3);
+  ThreadPool one(1);
+  one.run([](int, int) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  EXPECT_EQ(one.stats().runs, 1);
+  EXPECT_GE(one.stats().run_s, 0.004);
+  EXPECT_EQ(one.stats().wait_s, 0);
+}
+
 }  // namespace
 }  // namespace troupe::compute
