@@ -551,11 +551,14 @@ void ExpertCompute::run(int64_t layer, std::span<const ExpertTask> tasks) {
   TROUPE_CHECK(layer >= 0 && layer < s.n_layer, "expert layer %lld out of range",
                static_cast<long long>(layer));
   const LayerSpec& L = s.layers[static_cast<size_t>(layer)];
+  std::vector<FfnTask> ffns;
+  ffns.reserve(tasks.size());
   for (const ExpertTask& t : tasks) {
     TROUPE_CHECK(t.expert >= 0 && t.expert < static_cast<int32_t>(L.experts.size()),
                  "expert %d out of range", t.expert);
-    gated_ffn(s, L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y, gate_, up_, pool_);
+    ffns.push_back({&L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y});
   }
+  gated_ffns(s, ffns, gate_, up_, pool_);
 }
 
 Sequence::~Sequence() { engine_.blocks().release(blocks_); }

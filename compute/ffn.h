@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/model_spec.h"
@@ -18,6 +19,21 @@ class ThreadPool;
 /// (grown as needed). Every output row depends on its own input row only.
 void gated_ffn(const model::ModelSpec& s, const model::ExpertFfn& f, const float* x, int64_t n,
                float* y, std::vector<float>& g, std::vector<float>& u, ThreadPool* pool);
+
+/// One FFN of gated_ffns: y [n, n_embd] = f(x [n, n_embd]).
+struct FfnTask {
+  const model::ExpertFfn* f;
+  const float* x;
+  int64_t n;
+  float* y;
+};
+
+/// gated_ffn for several FFNs at once (the experts an MoE layer routes a step's tokens to),
+/// every output bit-identical to gated_ffn's: the gate and up products of all of them run as
+/// one parallel section, the activations as one pass, the down products as one more section
+/// (compute/matmul.h matmul_many) -- rather than two sections per expert.
+void gated_ffns(const model::ModelSpec& s, std::span<const FfnTask> tasks, std::vector<float>& g,
+                std::vector<float>& u, ThreadPool* pool);
 
 /// y[r] += b for each of n rows of b's width (nothing without a bias; b must be f32).
 void add_rows(const model::WeightView& b, float* y, int64_t n);

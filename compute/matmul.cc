@@ -276,10 +276,12 @@ struct alignas(64) UnitRange {
 // how: results stay bit-identical.
 void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<const int64_t> rows,
               int n_threads, ThreadPool* pool) {
-  TROUPE_CHECK(jobs.size() == rows.size() && jobs.size() <= kMaxSharedTargets,
-               "matmul: %zu jobs, %zu row counts", jobs.size(), rows.size());
+  TROUPE_CHECK(jobs.size() == rows.size() && !jobs.empty(), "matmul: %zu jobs, %zu row counts",
+               jobs.size(), rows.size());
   const int64_t tile = std::max(1, k.row_tile);
-  std::array<int64_t, kMaxSharedTargets + 1> first{};
+  thread_local std::vector<int64_t> first_of;  // reused: no allocation per call
+  first_of.assign(jobs.size() + 1, 0);
+  const std::span<int64_t> first(first_of);
   for (size_t i = 0; i < jobs.size(); ++i) first[i + 1] = first[i] + (rows[i] + tile - 1) / tile;
   const int64_t units = first[jobs.size()];
   TROUPE_CHECK(units < (int64_t{1} << 31), "matmul: %lld row tiles in one product",
@@ -298,7 +300,8 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
   UnitRange* shares = ranges.get();
 
   auto compute = [&](int64_t u0, int64_t u1) {
-    size_t i = 0;
+    // The job holding unit u0: the last whose first unit is <= u0.
+    auto i = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1);
     while (u0 < u1) {
       while (u0 >= first[i + 1]) ++i;
       const int64_t u_end = std::min(u1, first[i + 1]);
@@ -430,6 +433,88 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   run_rows(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
 }
 
+void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> ps, ThreadPool* pool) {
+  const int n_threads = pool != nullptr ? pool->size() : 1;
+  // One run for all where they share kernels and each would split rows anyway.
+  bool together = n_threads > 1 && ps.size() > 1;
+  int64_t macs = 0;
+  for (const MatmulProduct& p : ps) {
+    if (!together) break;
+    const model::WeightView& w = *p.w;
+    const TypeKernels* k = ks.find(w.type, w.layout);
+    together = k != nullptr && w.type == ps[0].w->type && w.layout == ps[0].w->layout &&
+               w.cols() > 0 && p.n_tok > 0 && w.rows() >= 2 * k->row_tile * n_threads &&
+               p.x_stride >= w.cols() && p.y_stride >= w.rows();
+    macs += w.rows() * w.cols() * p.n_tok;
+  }
+  if (!together || macs < kMinParallelMacs) {
+    for (const MatmulProduct& p : ps)
+      matmul_with(ks, *p.w, p.x, p.x_stride, p.n_tok, p.y, p.y_stride, pool);
+    return;
+  }
+  const TypeKernels& k = kernels_for(ks, *ps[0].w);
+  for (const MatmulProduct& p : ps.subspan(1)) kernels_for(ks, *p.w);  // (F8: the scales)
+  // The jobs, and for quantized weights each input's activation rows in one scratch: a product
+  // with the same input as the one before it (gate and up of one expert) shares its rows.
+  thread_local std::vector<MatmulJob> jobs;
+  thread_local std::vector<int64_t> rows;
+  struct QuantRow {
+    const float* x;
+    int64_t offset;  // in the activation scratch
+    int64_t cols;
+  };
+  thread_local std::vector<QuantRow> to_quantize;
+  jobs.assign(ps.size(), MatmulJob{});
+  rows.assign(ps.size(), 0);
+  to_quantize.clear();
+  int64_t act_bytes = 0, values = 0;
+  auto same_input = [&](size_t i) {
+    return i > 0 && ps[i].x == ps[i - 1].x && ps[i].x_stride == ps[i - 1].x_stride &&
+           ps[i].n_tok == ps[i - 1].n_tok && ps[i].w->cols() == ps[i - 1].w->cols();
+  };
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const MatmulProduct& p = ps[i];
+    MatmulJob& j = jobs[i];
+    j.cols = p.w->cols();
+    j.n_tok = p.n_tok;
+    if (k.quantize == nullptr) {
+      j.act = reinterpret_cast<const uint8_t*>(p.x);
+      j.act_stride = p.x_stride * static_cast<int64_t>(sizeof(float));
+    } else if (same_input(i)) {
+      j.act = jobs[i - 1].act;  // an offset until the scratch exists
+      j.act_stride = jobs[i - 1].act_stride;
+    } else {
+      j.act_stride = k.act_row_bytes(j.cols);
+      j.act = reinterpret_cast<const uint8_t*>(act_bytes);
+      for (int64_t t = 0; t < p.n_tok; ++t)
+        to_quantize.push_back({p.x + t * p.x_stride, act_bytes + t * j.act_stride, j.cols});
+      act_bytes += p.n_tok * j.act_stride;
+      values += p.n_tok * j.cols;
+    }
+    set_job_weight(j, *p.w);
+    j.y = p.y;
+    j.y_stride = p.y_stride;
+    rows[i] = p.w->rows();
+  }
+  if (k.quantize != nullptr) {
+    uint8_t* act = act_scratch(act_bytes);
+    for (MatmulJob& j : jobs) j.act = act + reinterpret_cast<uintptr_t>(j.act);
+    const QuantRow* rows_q = to_quantize.data();  // (the lambda may run on other threads)
+    auto quantize = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const QuantRow& q = rows_q[r];
+        k.quantize(q.x, q.cols, act + q.offset);
+      }
+    };
+    const auto n_rows = static_cast<int64_t>(to_quantize.size());
+    if (n_rows > 1 && values >= kMinParallelQuant)
+      pool->parallel_for(n_rows, 1, quantize);
+    else
+      quantize(0, n_rows);
+  }
+  run_rows(k, jobs, rows, n_threads, pool);
+}
+
 }  // namespace detail
 
 void get_row(const model::WeightView& w, int64_t r, float* out) {
@@ -459,6 +544,10 @@ void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_
 void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
                    int64_t n_tok, ThreadPool* pool) {
   detail::matmul_shared_with(detail::active_kernels(), targets, x, x_stride, n_tok, pool);
+}
+
+void matmul_many(std::span<const MatmulProduct> products, ThreadPool* pool) {
+  detail::matmul_many_with(detail::active_kernels(), products, pool);
 }
 
 const char* simd_level() {

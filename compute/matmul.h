@@ -51,6 +51,23 @@ inline constexpr size_t kMaxSharedTargets = 4;
 void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
                    int64_t n_tok, ThreadPool* pool);
 
+/// One product of matmul_many: y[t * y_stride + o] = dot(w row o, x row t) for t < n_tok.
+struct MatmulProduct {
+  const model::WeightView* w;
+  const float* x;
+  int64_t x_stride;
+  int64_t n_tok;
+  float* y;
+  int64_t y_stride;
+};
+
+/// Products with their own inputs (the experts of an MoE layer, each on its own tokens): every
+/// output exactly as matmul() computes it, in one hand-off to the pool when the matrices share
+/// a type and a layout (else one matmul() each), so that the threads share out the rows of all
+/// of them at once. A product whose input is the one before it (x, stride, token count and
+/// width: gate and up of one expert) shares its prepared activations.
+void matmul_many(std::span<const MatmulProduct> products, ThreadPool* pool);
+
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup). Any layout.
 void get_row(const model::WeightView& w, int64_t r, float* out);
 

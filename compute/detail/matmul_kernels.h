@@ -258,6 +258,7 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
                  int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool);
 void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
                         int64_t x_stride, int64_t n_tok, ThreadPool* pool);
+void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> products, ThreadPool* pool);
 
 // --- helpers shared by the kernel files (inline; no ISA-specific code) ---
 

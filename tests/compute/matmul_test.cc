@@ -264,6 +264,75 @@ TEST(Matmul, SharedInputMatchesSeparateProducts) {
   }
 }
 
+// Products with their own inputs in one run (an MoE layer's experts): each output bit-identical
+// to its own matmul, whatever the thread count; more products than matmul_shared takes; inputs
+// shared by neighbours (gate and up of one expert) or not; token counts and strides of their
+// own; one of another type sends the call down the fallback.
+TEST(Matmul, ManyProductsMatchSeparateProducts) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  for (const auto* ks : kernel_sets()) {
+    for (GgmlType t : kTypes) {
+      SCOPED_TRACE(std::string(ks->name) + " " + model::type_name(t));
+      const int64_t cols = test_cols(t);
+      const Weights a = make_weights(t, 96, cols, 41), b = make_weights(t, 64, cols, 42),
+                    c = make_weights(t, 37, cols, 43);
+      const GgmlType other = t == GgmlType::kF32 ? GgmlType::kF16 : GgmlType::kF32;
+      const Weights d = make_weights(other, 48, cols, 44);
+      // Inputs: x0 one token, x1 five tokens at stride cols + 4, x2 three tokens, x3 enough
+      // tokens for the activations to be prepared on the pool.
+      const int64_t n3 = (1 << 16) / cols + 1;
+      const auto x0 = random_x(1, cols, 45), x2 = random_x(3, cols, 47), x3 = random_x(n3, cols, 48);
+      std::vector<float> x1(static_cast<size_t>(5 * (cols + 4)), NAN);
+      {
+        const auto dense = random_x(5, cols, 46);
+        for (int64_t tk = 0; tk < 5; ++tk)
+          std::copy_n(dense.begin() + tk * cols, cols, x1.begin() + tk * (cols + 4));
+      }
+      struct Spec {
+        const Weights* w;
+        const float* x;
+        int64_t x_stride, n_tok;
+      };
+      for (const bool mixed : {false, true}) {
+        std::vector<Spec> specs = {{&a, x0.data(), cols, 1},     {&b, x0.data(), cols, 1},
+                                   {&c, x1.data(), cols + 4, 5}, {&a, x1.data(), cols + 4, 5},
+                                   {&b, x2.data(), cols, 3},     {&c, x2.data(), cols, 3},
+                                   {&b, x3.data(), cols, n3}};
+        if (mixed) specs.insert(specs.begin() + 2, {&d, x2.data(), cols, 3});
+        for (ThreadPool* pool : pools) {
+          std::vector<std::vector<float>> ys;
+          std::vector<MatmulProduct> products;
+          ys.reserve(specs.size());
+          for (const Spec& sp : specs) {
+            const int64_t stride = sp.w->view.rows() + 3;
+            ys.emplace_back(static_cast<size_t>(sp.n_tok * stride), -7.f);
+            products.push_back({&sp.w->view, sp.x, sp.x_stride, sp.n_tok, ys.back().data(), stride});
+          }
+          detail::matmul_many_with(*ks, products, pool);
+          for (size_t i = 0; i < specs.size(); ++i) {
+            const Spec& sp = specs[i];
+            const int64_t rows = sp.w->view.rows(), stride = rows + 3;
+            std::vector<float> x(static_cast<size_t>(sp.n_tok * cols));
+            for (int64_t tk = 0; tk < sp.n_tok; ++tk)
+              std::copy_n(sp.x + tk * sp.x_stride, cols, x.begin() + tk * cols);
+            const auto want = run(*ks, sp.w->view, x, sp.n_tok, nullptr);
+            for (int64_t tk = 0; tk < sp.n_tok; ++tk) {
+              ASSERT_EQ(std::memcmp(ys[i].data() + tk * stride, want.data() + tk * rows,
+                                    rows * sizeof(float)),
+                        0)
+                  << "product " << i << " mixed=" << mixed
+                  << " threads=" << (pool ? pool->size() : 1);
+              for (int64_t k = rows; k < stride; ++k)
+                ASSERT_EQ(ys[i][static_cast<size_t>(tk * stride + k)], -7.f);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, StridedInputAndOutput) {
   for (const auto* ks : kernel_sets()) {
     for (GgmlType t : {GgmlType::kF32, GgmlType::kQ4_0}) {
