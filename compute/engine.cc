@@ -510,7 +510,15 @@ void Engine::moe(int64_t il) {
     tasks.push_back(ExpertTask{static_cast<int32_t>(e), n, &S.xe[at * E], &S.de[at * E]});
     at += n;
   }
-  experts_->run(il, tasks);
+  // A shared expert computed here joins the routed ones' parallel sections.
+  const bool shared = L.shared.gate.present();
+  if (shared) grow(S.shared_out, T * E);
+  const FfnTask shared_task{&L.shared, S.h.data(), T, S.shared_out.data()};
+  const bool together = shared && experts_ == local_experts_.get();
+  if (together)
+    local_experts_->run_with(il, tasks, {&shared_task, 1});
+  else
+    experts_->run(il, tasks);
   at = 0;
   for (int64_t e = 0; e < NE; ++e) {
     const auto& r = rows[static_cast<size_t>(e)];
@@ -526,9 +534,9 @@ void Engine::moe(int64_t il) {
     for (int64_t k = 1; k < K; ++k)
       for (int64_t d = 0; d < E; ++d) y[d] += S.slot_out[(t * K + k) * E + d];
   }
-  if (L.shared.gate.present()) {
-    grow(S.shared_out, T * E);
-    gated_ffn(s, L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
+  if (shared) {
+    if (!together)
+      gated_ffn(s, L.shared, S.h.data(), T, S.shared_out.data(), S.gate, S.up, pool_.get());
     for (int64_t t = 0; t < T; ++t) {
       float g = 1.f;
       if (L.shared_gate.present()) {
@@ -547,17 +555,23 @@ ExpertCompute::ExpertCompute(std::shared_ptr<const model::Model> model, ThreadPo
 ExpertCompute::~ExpertCompute() = default;
 
 void ExpertCompute::run(int64_t layer, std::span<const ExpertTask> tasks) {
+  run_with(layer, tasks, {});
+}
+
+void ExpertCompute::run_with(int64_t layer, std::span<const ExpertTask> tasks,
+                             std::span<const FfnTask> also) {
   const ModelSpec& s = model_->spec;
   TROUPE_CHECK(layer >= 0 && layer < s.n_layer, "expert layer %lld out of range",
                static_cast<long long>(layer));
   const LayerSpec& L = s.layers[static_cast<size_t>(layer)];
   std::vector<FfnTask> ffns;
-  ffns.reserve(tasks.size());
+  ffns.reserve(tasks.size() + also.size());
   for (const ExpertTask& t : tasks) {
     TROUPE_CHECK(t.expert >= 0 && t.expert < static_cast<int32_t>(L.experts.size()),
                  "expert %d out of range", t.expert);
     ffns.push_back({&L.experts[static_cast<size_t>(t.expert)], t.x, t.n_rows, t.y});
   }
+  ffns.insert(ffns.end(), also.begin(), also.end());
   gated_ffns(s, ffns, gate_, up_, pool_);
 }
 

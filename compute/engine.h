@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "compute/ffn.h"
 #include "compute/kv_cache.h"
 #include "model/model.h"
 
@@ -52,6 +53,9 @@ class ExpertCompute : public ExpertRunner {
   ExpertCompute(std::shared_ptr<const model::Model> model, ThreadPool* pool);
   ~ExpertCompute() override;
   void run(int64_t layer, std::span<const ExpertTask> tasks) override;
+  /// run(), with `also` (FFNs on inputs of their own: the layer's shared expert) computed in
+  /// the same parallel sections.
+  void run_with(int64_t layer, std::span<const ExpertTask> tasks, std::span<const FfnTask> also);
 
  private:
   std::shared_ptr<const model::Model> model_;

@@ -433,9 +433,12 @@ void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targe
   run_rows(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
 }
 
-void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> ps, ThreadPool* pool) {
+namespace {
+
+// matmul_many_with for products of one type and layout.
+void many_of_one_type(const KernelSet& ks, std::span<const MatmulProduct> ps, ThreadPool* pool) {
   const int n_threads = pool != nullptr ? pool->size() : 1;
-  // One run for all where they share kernels and each would split rows anyway.
+  // One run for all where each would split rows anyway.
   bool together = n_threads > 1 && ps.size() > 1;
   int64_t macs = 0;
   for (const MatmulProduct& p : ps) {
@@ -513,6 +516,32 @@ void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> ps, Th
       quantize(0, n_rows);
   }
   run_rows(k, jobs, rows, n_threads, pool);
+}
+
+}  // namespace
+
+void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> ps, ThreadPool* pool) {
+  // One run per type and layout, the products of each in their order (so that gate and up of
+  // one expert stay neighbours).
+  bool one_type = true;
+  for (const MatmulProduct& p : ps)
+    one_type = one_type && p.w->type == ps[0].w->type && p.w->layout == ps[0].w->layout;
+  if (one_type) {
+    many_of_one_type(ks, ps, pool);
+    return;
+  }
+  std::vector<MatmulProduct> group;
+  std::vector<bool> done(ps.size(), false);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (done[i]) continue;
+    group.clear();
+    for (size_t j = i; j < ps.size(); ++j)
+      if (!done[j] && ps[j].w->type == ps[i].w->type && ps[j].w->layout == ps[i].w->layout) {
+        group.push_back(ps[j]);
+        done[j] = true;
+      }
+    many_of_one_type(ks, group, pool);
+  }
 }
 
 }  // namespace detail

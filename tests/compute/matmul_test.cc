@@ -267,7 +267,7 @@ TEST(Matmul, SharedInputMatchesSeparateProducts) {
 // Products with their own inputs in one run (an MoE layer's experts): each output bit-identical
 // to its own matmul, whatever the thread count; more products than matmul_shared takes; inputs
 // shared by neighbours (gate and up of one expert) or not; token counts and strides of their
-// own; one of another type sends the call down the fallback.
+// own; one of another type among them runs in a section of its own.
 TEST(Matmul, ManyProductsMatchSeparateProducts) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
