@@ -6,7 +6,6 @@
 #include <cpuid.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -395,44 +394,6 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
   }
 }
 
-void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
-                        int64_t x_stride, int64_t n_tok, ThreadPool* pool) {
-  const int n_threads = pool != nullptr ? pool->size() : 1;
-  // One run for all only where each would split rows anyway, with one activation preparation.
-  bool together =
-      n_threads > 1 && n_tok > 0 && !targets.empty() && targets.size() <= kMaxSharedTargets;
-  int64_t macs = 0;
-  for (const MatmulTarget& t : targets) {
-    if (!together) break;
-    const TypeKernels* k = ks.find(t.w.type, t.w.layout);
-    together = k != nullptr && t.w.type == targets[0].w.type && t.w.layout == targets[0].w.layout &&
-               t.w.cols() == targets[0].w.cols() && t.w.cols() > 0 &&
-               t.w.rows() >= 2 * k->row_tile * n_threads && x_stride >= t.w.cols() &&
-               t.y_stride >= t.w.rows();
-    macs += t.w.rows() * t.w.cols() * n_tok;
-  }
-  if (!together || macs < kMinParallelMacs) {
-    for (const MatmulTarget& t : targets)
-      matmul_with(ks, t.w, x, x_stride, n_tok, t.y, t.y_stride, pool);
-    return;
-  }
-  const TypeKernels& k = kernels_for(ks, targets[0].w);
-  for (const MatmulTarget& t : targets.subspan(1)) kernels_for(ks, t.w);  // (F8: the scales)
-  MatmulJob shared;
-  prepare_activations(k, x, x_stride, targets[0].w.cols(), n_tok, n_threads, pool, &shared);
-  std::array<MatmulJob, kMaxSharedTargets> jobs;
-  std::array<int64_t, kMaxSharedTargets> rows{};
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const MatmulTarget& t = targets[i];
-    jobs[i] = shared;
-    set_job_weight(jobs[i], t.w);
-    jobs[i].y = t.y;
-    jobs[i].y_stride = t.y_stride;
-    rows[i] = t.w.rows();
-  }
-  run_rows(k, {jobs.data(), targets.size()}, {rows.data(), targets.size()}, n_threads, pool);
-}
-
 namespace {
 
 // matmul_many_with for products of one type and layout.
@@ -467,8 +428,10 @@ void many_of_one_type(const KernelSet& ks, std::span<const MatmulProduct> ps, Th
     int64_t cols;
   };
   thread_local std::vector<QuantRow> to_quantize;
+  thread_local std::vector<int64_t> act_at;  // job i's activation rows in the scratch
   jobs.assign(ps.size(), MatmulJob{});
   rows.assign(ps.size(), 0);
+  act_at.assign(ps.size(), 0);
   to_quantize.clear();
   int64_t act_bytes = 0, values = 0;
   auto same_input = [&](size_t i) {
@@ -484,11 +447,11 @@ void many_of_one_type(const KernelSet& ks, std::span<const MatmulProduct> ps, Th
       j.act = reinterpret_cast<const uint8_t*>(p.x);
       j.act_stride = p.x_stride * static_cast<int64_t>(sizeof(float));
     } else if (same_input(i)) {
-      j.act = jobs[i - 1].act;  // an offset until the scratch exists
+      act_at[i] = act_at[i - 1];
       j.act_stride = jobs[i - 1].act_stride;
     } else {
       j.act_stride = k.act_row_bytes(j.cols);
-      j.act = reinterpret_cast<const uint8_t*>(act_bytes);
+      act_at[i] = act_bytes;
       for (int64_t t = 0; t < p.n_tok; ++t)
         to_quantize.push_back({p.x + t * p.x_stride, act_bytes + t * j.act_stride, j.cols});
       act_bytes += p.n_tok * j.act_stride;
@@ -501,7 +464,7 @@ void many_of_one_type(const KernelSet& ks, std::span<const MatmulProduct> ps, Th
   }
   if (k.quantize != nullptr) {
     uint8_t* act = act_scratch(act_bytes);
-    for (MatmulJob& j : jobs) j.act = act + reinterpret_cast<uintptr_t>(j.act);
+    for (size_t i = 0; i < jobs.size(); ++i) jobs[i].act = act + act_at[i];
     const QuantRow* rows_q = to_quantize.data();  // (the lambda may run on other threads)
     auto quantize = [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -542,6 +505,14 @@ void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> ps, Th
       }
     many_of_one_type(ks, group, pool);
   }
+}
+
+void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
+                        int64_t x_stride, int64_t n_tok, ThreadPool* pool) {
+  thread_local std::vector<MatmulProduct> ps;
+  ps.clear();
+  for (const MatmulTarget& t : targets) ps.push_back({&t.w, x, x_stride, n_tok, t.y, t.y_stride});
+  matmul_many_with(ks, ps, pool);
 }
 
 }  // namespace detail

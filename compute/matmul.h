@@ -43,11 +43,10 @@ struct MatmulTarget {
   float* y;
   int64_t y_stride;
 };
-inline constexpr size_t kMaxSharedTargets = 4;
 
 /// Several matrices applied to the same x (q/k/v, gate/up): every output exactly as matmul()
-/// computes it, with one hand-off to the pool and one preparation of x when the matrices share
-/// a type and a width (else one matmul() each). At most kMaxSharedTargets run together.
+/// computes it, with one hand-off to the pool and one preparation of x for the matrices of one
+/// type, layout and width (matmul_many).
 void matmul_shared(std::span<const MatmulTarget> targets, const float* x, int64_t x_stride,
                    int64_t n_tok, ThreadPool* pool);
 
