@@ -216,7 +216,7 @@ TEST(Matmul, BatchInvariant) {
 }
 
 // Several matrices on one input (q/k/v, gate/up) in one run: each output bit-identical to its
-// own matmul, whatever the thread count; mixed types or widths fall back to one call each.
+// own matmul, whatever the thread count; a matrix of another type or width among them too.
 TEST(Matmul, SharedInputMatchesSeparateProducts) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
@@ -227,7 +227,7 @@ TEST(Matmul, SharedInputMatchesSeparateProducts) {
       // Row counts: a big one (split across threads), a small one, an odd one.
       const Weights a = make_weights(t, 96, cols, 31), b = make_weights(t, 40, cols, 32),
                     c = make_weights(t, 37, cols, 33);
-      // A fourth of another type (or width), which sends the call down the fallback.
+      // A fourth of another type (or width): its own section, or matmul() alone.
       const GgmlType other = t == GgmlType::kF32 ? GgmlType::kF16 : GgmlType::kF32;
       const Weights d = make_weights(other, 48, cols, 34);
       for (int64_t n_tok : {1, 5, 33}) {
@@ -265,8 +265,8 @@ TEST(Matmul, SharedInputMatchesSeparateProducts) {
 }
 
 // Products with their own inputs in one run (an MoE layer's experts): each output bit-identical
-// to its own matmul, whatever the thread count; more products than matmul_shared takes; inputs
-// shared by neighbours (gate and up of one expert) or not; token counts and strides of their
+// to its own matmul, whatever the thread count; more than four products; inputs shared by
+// neighbours (gate and up of one expert) or not; token counts and strides of their
 // own; one of another type among them runs in a section of its own.
 TEST(Matmul, ManyProductsMatchSeparateProducts) {
   ThreadPool pool2(2), pool3(3);
