@@ -6,7 +6,7 @@
 // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 also run in 16-row tiles
 // (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU engine's weights copy uses where
 // weight_tiles_supported(); quantized types also report GOP/s against the measured int8 dot-product
-// peak. Usage: matmul_bench [--tokens 1,16,512] [type ...]   (types: f32 f16 f16/t16 bf16 bf16/t16
+// peak. Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [type ...]   (types: f32 f16 f16/t16 bf16 bf16/t16
 // q8_0 q4_0 q8_0/t16
 //        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 q2_K q3_K iq4_xs q4_K
 //        q4_K/t16
@@ -14,6 +14,7 @@
 //        TROUPE_SIMD=scalar|avx2|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
 //        (see compute/matmul.cc).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -193,6 +194,7 @@ double time_matmul(Matrix& m, const std::vector<float>& x, int64_t n_tok, std::v
 int main(int argc, char** argv) {
   std::vector<std::string> want;
   std::vector<int64_t> tokens = {1, 16, 512};
+  std::vector<std::array<int64_t, 2>> shapes = {{2048, 5632}, {5632, 2048}};  // rows x cols
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tokens" && i + 1 < argc) {
@@ -208,6 +210,25 @@ int main(int argc, char** argv) {
           return 2;
         }
         if (v > 1) tokens.push_back(v);
+        pos = end + 1;
+      }
+    } else if (a == "--shapes" && i + 1 < argc) {
+      // rows x cols pairs, e.g. 2560x2048,2048x2048 (the engine's fused q/k/v and its o).
+      shapes.clear();
+      const std::string list = argv[++i];
+      for (size_t pos = 0; pos <= list.size();) {
+        const size_t end = std::min(list.find(',', pos), list.size());
+        long long r = 0, c = 0;
+        char tail = 0;
+        if (std::sscanf(list.substr(pos, end - pos).c_str(), "%lldx%lld%c", &r, &c, &tail) != 2 ||
+            r < 1 || c < 256 || c % 256 != 0 || r > (1 << 20) || c > (1 << 20)) {
+          std::fprintf(stderr,
+                       "matmul_bench: --shapes wants ROWSxCOLS pairs (cols a multiple of 256), "
+                       "got '%s'\n",
+                       list.c_str());
+          return 2;
+        }
+        shapes.push_back({r, c});
         pos = end + 1;
       }
     } else {
@@ -268,7 +289,6 @@ int main(int argc, char** argv) {
       {GgmlType::kQ3_K, false},      {GgmlType::kIQ4_XS, false},     {GgmlType::kQ4_K, false},
       {GgmlType::kQ4_K, true},       {GgmlType::kQ5_K, false},       {GgmlType::kQ5_K, true},
       {GgmlType::kQ6_K, false},      {GgmlType::kQ6_K, true}};
-  const int64_t shapes[2][2] = {{2048, 5632}, {5632, 2048}};  // rows x cols
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",
               "hot_i8", "x_vs_n1");

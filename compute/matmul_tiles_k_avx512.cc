@@ -90,7 +90,7 @@ struct TileKernelK {
       }
     }
     // Part `part` (0-3) of the next super-block's prefetch; l2: the record TilePass::l2_target
-    // chose for this super-block, or null (tiles only).
+    // chose for this super-block, or null (tiles only; none for one token alone).
     void prefetch(int64_t s, int part, const uint8_t* l2) const {
       if constexpr (kRowsIn) {
         // The next tile's rows at this super-block, 3 lines each, one per part (a block that
@@ -123,7 +123,14 @@ struct TileKernelK {
                   m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
                   mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
+    // One token alone: the next record into L1 as for more tokens, but instead of the record
+    // two ahead into L2, one prefetch per page two pages ahead (prefetch_page_ahead), as the
+    // 32-value kernels: Q4_K batch-1 products 13-15 % faster streaming and 30-40 % hot
+    // (docs/benchmarks.md "Engine, session 33"). With no L1 prefetch either, they streamed a
+    // third slower.
+    const bool alone = !kRowsIn && NT == 1 && pass.count == 1;
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
+      if (alone) prefetch_page_ahead(src.base + s * kRec, kRec);
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
       // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
       __m512i head[4];  // d and dmin, then the packed scales
@@ -135,8 +142,8 @@ struct TileKernelK {
       const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m0f),
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
       const uint8_t* l2 =
-          kRowsIn ? nullptr
-                  : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
+          kRowsIn || alone ? nullptr
+                           : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
