@@ -125,7 +125,7 @@ struct TileKernelK {
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
     // One token alone: the next record into L1 as for more tokens, but instead of the record
     // two ahead into L2, one prefetch per page two pages ahead (prefetch_page_ahead), as the
-    // 32-value kernels: Q4_K batch-1 products 13-15 % faster streaming and 30-40 % hot
+    // 32-value kernels: Q4_K batch-1 products 9-16 % faster streaming and 22-40 % hot
     // (docs/benchmarks.md "Engine, session 33"). With no L1 prefetch either, they streamed a
     // third slower.
     const bool alone = !kRowsIn && NT == 1 && pass.count == 1;

@@ -181,7 +181,7 @@ struct TileKernelQ6K {
     const uint8_t* next_tile = src.base + model::kTileRows * j.w_row_bytes;
     // One token alone: the prefetches of more tokens (the next record into L1, the one after
     // into L2) and one per page two pages ahead, as the 32-value kernels (prefetch_page_ahead):
-    // Q6_K batch-1 products 5-12 % faster. Without the L2 prefetches, as Q4_K, 3-15 % slower
+    // Q6_K batch-1 products 6-8 % faster. Without the L2 prefetches, as Q4_K, 2-15 % slower
     // (docs/benchmarks.md "Engine, session 33").
     const bool alone = !kRowsIn && NT == 1 && pass.count == 1;
     if (!kRowsIn && ((pass.count > 1 && pass.index == 0) || alone))  // the next tile's d values
