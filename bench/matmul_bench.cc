@@ -6,8 +6,8 @@
 // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 also run in 16-row tiles
 // (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU engine's weights copy uses where
 // weight_tiles_supported(); quantized types also report GOP/s against the measured int8 dot-product
-// peak. Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [type ...]   (types: f32 f16 f16/t16 bf16 bf16/t16
-// q8_0 q4_0 q8_0/t16
+// peak. Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [type ...]
+//        (types: f32 f16 f16/t16 bf16 bf16/t16 q8_0 q4_0 q8_0/t16
 //        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 q2_K q3_K iq4_xs q4_K
 //        q4_K/t16
 //        q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up to 512, 1 always timed)
@@ -43,6 +43,17 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The comma-separated items of an option's value.
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> items;
+  for (size_t pos = 0; pos <= list.size();) {
+    const size_t end = std::min(list.find(',', pos), list.size());
+    items.push_back(list.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return items;
 }
 
 double median(std::vector<double> v) {
@@ -200,28 +211,25 @@ int main(int argc, char** argv) {
     if (a == "--tokens" && i + 1 < argc) {
       // n_tok values to time (1 is always timed first: the x_vs_n1 base).
       tokens = {1};
-      std::string list = argv[++i];
-      for (size_t pos = 0; pos <= list.size();) {
-        const size_t end = std::min(list.find(',', pos), list.size());
-        const long long v = std::atoll(list.substr(pos, end - pos).c_str());
+      const std::string list = argv[++i];
+      for (const std::string& item : split_commas(list)) {
+        const long long v = std::atoll(item.c_str());
         if (v < 1 || v > 512) {
           std::fprintf(stderr, "matmul_bench: --tokens wants values in 1..512, got '%s'\n",
                        list.c_str());
           return 2;
         }
         if (v > 1) tokens.push_back(v);
-        pos = end + 1;
       }
     } else if (a == "--shapes" && i + 1 < argc) {
       // rows x cols pairs, e.g. 2560x2048,2048x2048 (the engine's fused q/k/v and its o).
       shapes.clear();
       const std::string list = argv[++i];
-      for (size_t pos = 0; pos <= list.size();) {
-        const size_t end = std::min(list.find(',', pos), list.size());
+      for (const std::string& item : split_commas(list)) {
         long long r = 0, c = 0;
         char tail = 0;
-        if (std::sscanf(list.substr(pos, end - pos).c_str(), "%lldx%lld%c", &r, &c, &tail) != 2 ||
-            r < 1 || c < 256 || c % 256 != 0 || r > (1 << 20) || c > (1 << 20)) {
+        if (std::sscanf(item.c_str(), "%lldx%lld%c", &r, &c, &tail) != 2 || r < 1 || c < 256 ||
+            c % 256 != 0 || r > (1 << 20) || c > (1 << 20)) {
           std::fprintf(stderr,
                        "matmul_bench: --shapes wants ROWSxCOLS pairs (cols a multiple of 256), "
                        "got '%s'\n",
@@ -229,7 +237,6 @@ int main(int argc, char** argv) {
           return 2;
         }
         shapes.push_back({r, c});
-        pos = end + 1;
       }
     } else {
       want.push_back(a);

@@ -239,7 +239,7 @@ struct TileKernel {
                                                                              n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
     [[maybe_unused]] int64_t l2_due = pass.index;
-    const bool alone = NT == 1 && pass.count == 1;  // one prefetch per page (kAheadL1)
+    const bool alone = pass.alone(NT);  // one prefetch per page (kAheadL1)
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {

@@ -128,7 +128,7 @@ struct TileKernelK {
     // 32-value kernels: Q4_K batch-1 products 9-16 % faster streaming and 22-40 % hot
     // (docs/benchmarks.md "Engine, session 33"). With no L1 prefetch either, they streamed a
     // third slower.
-    const bool alone = !kRowsIn && NT == 1 && pass.count == 1;
+    const bool alone = !kRowsIn && pass.alone(NT);
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       if (alone) prefetch_page_ahead(src.base + s * kRec, kRec);
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
@@ -144,7 +144,7 @@ struct TileKernelK {
       const uint8_t* l2 =
           kRowsIn || alone ? nullptr
                            : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
-                                   src.base + model::kTileRows * j.w_row_bytes + s * kRec);
+                                            src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
       // The sub-blocks' products summed in order, as ActTileK's (which starts from -0). Here

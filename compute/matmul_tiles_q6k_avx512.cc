@@ -183,7 +183,7 @@ struct TileKernelQ6K {
     // into L2) and one per page two pages ahead, as the 32-value kernels (prefetch_page_ahead):
     // Q6_K batch-1 products 6-8 % faster. Without the L2 prefetches, as Q4_K, 2-15 % slower
     // (docs/benchmarks.md "Engine, session 33").
-    const bool alone = !kRowsIn && NT == 1 && pass.count == 1;
+    const bool alone = !kRowsIn && pass.alone(NT);
     if (!kRowsIn && ((pass.count > 1 && pass.index == 0) || alone))  // the next tile's d values
       for (int64_t o = 0; o < 32 * nsb; o += 64) prefetch_l2(next_tile + nsb * kRec + o);
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target

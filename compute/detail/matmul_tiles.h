@@ -77,6 +77,10 @@ void tiled_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
 struct TilePass {
   int index, count;
 
+  /// Whether an nt-token pass is one token alone over the tile: the batch-1 decode case, where
+  /// the kernels prefetch once per page, two pages ahead (prefetch_page_ahead).
+  bool alone(int nt) const { return nt == 1 && count == 1; }
+
   /// Where a kernel at record b of a tile prefetches into L2: `ahead` (further on in this tile)
   /// when this is the tile's only pass; otherwise `next` (record b of the next tile) on this
   /// pass's share of the records (every count-th, from index), so that DRAM streams through all
