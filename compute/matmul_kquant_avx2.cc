@@ -3,6 +3,7 @@
 // Compiled with -mavx2 -mfma -mf16c (compute/CMakeLists.txt).
 #include <immintrin.h>
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -25,6 +26,30 @@ using model::kQK_K;
 // acc = fma(float(lanes), d * x_scale, acc), then two FMAs of corr with the activations'
 // d*sum(x) per 16 values (groups 0-7, then 8-15) for the min/offset term. Then hsum8.
 
+// The scales of step q of a type with 16 groups of 16 (sc16: group g's scale in int16 word g):
+// group 2q's in the low 8 words, 2q + 1's in the high 8, for vpmaddwd against the step's pairs.
+// Dword q of sc16 holds both; one permute copies it everywhere and one shuffle splits it.
+inline __m256i step_scales(__m256i sc16, int q) {
+  const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(q));
+  return _mm256_shuffle_epi8(
+      pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                             2, 3, 2, 3, 2, 3, 2, 3));
+}
+
+// 16 int8 or uint8 values as floats times f (one rounding each): lanes of groups 0-7 and 8-15.
+template <bool kSigned>
+inline void times16(__m128i v, float f, __m256* lo, __m256* hi) {
+  const __m256 fv = _mm256_set1_ps(f);
+  const __m128i h = _mm_unpackhi_epi64(v, v);
+  if constexpr (kSigned) {
+    *lo = _mm256_mul_ps(fv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+    *hi = _mm256_mul_ps(fv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)));
+  } else {
+    *lo = _mm256_mul_ps(fv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+    *hi = _mm256_mul_ps(fv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)));
+  }
+}
+
 // Q4_K and Q5_K (Block): the same scales and mins; Q5_K adds a fifth bit per value from qh.
 template <class Block>
 struct Q45KDecode {
@@ -37,17 +62,23 @@ struct Q45KDecode {
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
     r.b = reinterpret_cast<const Block*>(row) + s;
-    uint8_t sc[8], mn[8];
-    q4k_scales_mins(r.b->scales, sc, mn);
+    // q4k_scales_mins four values at a time: bytes 0-3 hold sc[0..3] (low 6 bits) and the top
+    // bits of sc[4..7], bytes 4-7 the same for the mins, bytes 8-11 the low nibbles of
+    // sc[4..7] and of mn[4..7].
+    uint32_t u[3];
+    std::memcpy(u, r.b->scales, sizeof u);
+    const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, mn_lo = u[1] & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u);
+    const __m128i sc8 = _mm_cvtsi64_si128(static_cast<int64_t>(sc_lo | uint64_t{sc_hi} << 32));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.sc), _mm_cvtepu8_epi16(sc8));
+    const __m128i mn8 = _mm_cvtsi64_si128(static_cast<int64_t>(mn_lo | uint64_t{mn_hi} << 32));
     r.d = _cvtsh_ss(r.b->d);
-    const float dmin = _cvtsh_ss(r.b->dmin);
-    float corr[16];
-    for (int j = 0; j < 8; ++j) {
-      r.sc[j] = sc[j];
-      corr[2 * j] = corr[2 * j + 1] = -dmin * static_cast<float>(mn[j]);
-    }
-    r.corr_lo = _mm256_loadu_ps(corr);
-    r.corr_hi = _mm256_loadu_ps(corr + 8);
+    // -dmin * m[j], one rounding each, for the two groups of 16 of sub-block j.
+    const __m256 c = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(r.b->dmin)),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn8)));
+    r.corr_lo = _mm256_permutevar8x32_ps(c, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    r.corr_hi = _mm256_permutevar8x32_ps(c, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
     return r;
   }
   // Step q: values 32q..32q+31 (sub-block q: low nibbles of qs[32(q/2)..] for even q, high
@@ -70,15 +101,16 @@ struct Q6KDecode {
     const BlockQ6_K* b;
     float d;
     __m256 corr_lo, corr_hi;  // -32*d*sc[g]
+    __m256i sc16;             // sc[g] as int16, g = 0..15
   };
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
     r.b = reinterpret_cast<const BlockQ6_K*>(row) + s;
     r.d = _cvtsh_ss(r.b->d);
-    float corr[16];
-    for (int g = 0; g < 16; ++g) corr[g] = -32.f * r.d * static_cast<float>(r.b->scales[g]);
-    r.corr_lo = _mm256_loadu_ps(corr);
-    r.corr_hi = _mm256_loadu_ps(corr + 8);
+    // -32 * d * sc[g] (the -32 * d exact), one rounding each.
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->scales));
+    times16<true>(sc, -32.f * r.d, &r.corr_lo, &r.corr_hi);
+    r.sc16 = _mm256_cvtepi8_epi16(sc);
     return r;
   }
   // Step q: values 32q..32q+31. Half h = q/4 (128 values); within it, part p = q%4 takes the
@@ -94,8 +126,7 @@ struct Q6KDecode {
     const __m256i hb =
         _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
     w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-    sc = _mm256_set_m128i(_mm_set1_epi16(r.b->scales[2 * q + 1]),
-                          _mm_set1_epi16(r.b->scales[2 * q]));
+    sc = step_scales(r.sc16, q);
   }
 };
 
@@ -108,26 +139,27 @@ struct LowBitDecode {
   struct Row {
     const Block* b;
     float d;
-    int8_t sc[16];
+    __m256i sc16;             // group g's scale in int16 word g
     __m256 corr_lo, corr_hi;  // group g: Q2_K -dmin*m[g], Q3_K -4*d*s[g]
   };
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
     r.b = reinterpret_cast<const Block*>(row) + s;
     r.d = _cvtsh_ss(r.b->d);
-    float corr[16];
     if constexpr (kQ3) {
-      model::q3k_scales(r.b->scales, r.sc);
-      for (int g = 0; g < 16; ++g) corr[g] = -4.f * r.d * static_cast<float>(r.sc[g]);
+      alignas(16) int8_t sc[16];
+      model::q3k_scales(r.b->scales, sc);
+      const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sc));
+      r.sc16 = _mm256_cvtepi8_epi16(v);
+      times16<true>(v, -4.f * r.d, &r.corr_lo, &r.corr_hi);  // -4 * d exact
     } else {
-      const float dmin = _cvtsh_ss(r.b->dmin);
-      for (int g = 0; g < 16; ++g) {
-        r.sc[g] = static_cast<int8_t>(r.b->scales[g] & 0xF);
-        corr[g] = -dmin * static_cast<float>(r.b->scales[g] >> 4);
-      }
+      // Byte g: the scale in the low nibble, the min in the high one.
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->scales));
+      const __m128i m4 = _mm_set1_epi8(0x0F);
+      r.sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(v, m4));
+      times16<false>(_mm_and_si128(_mm_srli_epi16(v, 4), m4), -_cvtsh_ss(r.b->dmin), &r.corr_lo,
+                     &r.corr_hi);
     }
-    r.corr_lo = _mm256_loadu_ps(corr);
-    r.corr_hi = _mm256_loadu_ps(corr + 8);
     return r;
   }
   // Step q: values 32q..32q+31 (n = q/4, j = q%4); scales: group 2q for int16 words 0-7, 2q+1
@@ -142,7 +174,7 @@ struct LowBitDecode {
           _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * n + j)), _mm256_set1_epi8(1));
       w = _mm256_or_si256(w, _mm256_slli_epi16(hb, 2));
     }
-    sc = _mm256_set_m128i(_mm_set1_epi16(r.sc[2 * q + 1]), _mm_set1_epi16(r.sc[2 * q]));
+    sc = step_scales(r.sc16, q);
   }
 };
 
