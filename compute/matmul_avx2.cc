@@ -362,7 +362,8 @@ inline __m256i bit4_bytes(uint32_t bits) {
 
 // Two blocks' f16 fields (scales or offsets) as lanes [f0 x4, f1 x4].
 inline __m256 pair_lanes(uint16_t f0, uint16_t f1) {
-  return _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(f1)), _mm_set1_ps(_cvtsh_ss(f0)));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<int16_t>(f0)),
+                                            _mm_set1_epi16(static_cast<int16_t>(f1))));
 }
 
 template <GgmlType kType>
