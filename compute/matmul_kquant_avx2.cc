@@ -25,6 +25,9 @@ using model::kQK_K;
 // sub-block's scale into int32 lanes (vpmaddwd): exact. Per super-block:
 // acc = fma(float(lanes), d * x_scale, acc), then two FMAs of corr with the activations'
 // d*sum(x) per 16 values (groups 0-7, then 8-15) for the min/offset term. Then hsum8.
+// A row's super-block header (scales, mins, offset factors) is unpacked in vector registers:
+// built with scalar stores and read back as vectors, as first written, it cost a third to a
+// half of the products' time (docs/benchmarks.md "Engine, session 34").
 
 // The scales of step q of a type with 16 groups of 16 (sc16: group g's scale in int16 word g):
 // group 2q's in the low 8 words, 2q + 1's in the high 8, for vpmaddwd against the step's pairs.
@@ -193,7 +196,21 @@ struct IQ4XSDecode {
     Row r;
     r.b = reinterpret_cast<const model::BlockIQ4_XS*>(row) + s;
     r.d = _cvtsh_ss(r.b->d);
-    for (int j = 0; j < 8; ++j) r.sc[j] = static_cast<int16_t>(model::iq4xs_scale(*r.b, j));
+    // model::iq4xs_scale for j = 0..7 at once: byte j takes nibble j of scales_l (low nibbles
+    // are the even j) and, at bits 4-5, bits 2j..2j+1 of scales_h (spread by three shifts).
+    uint32_t l = 0;
+    std::memcpy(&l, r.b->scales_l, sizeof l);
+    const __m128i v = _mm_cvtsi32_si128(static_cast<int>(l));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo =
+        _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    uint64_t h = r.b->scales_h;
+    h = (h & 0xFF) | (h & 0xFF00) << 24;      // fields 0-3 in byte 0, 4-7 in byte 4
+    h = (h | h << 12) & 0x000F000F000F000Fu;  // two fields per 16 bits
+    h = (h | h << 6) & 0x0303030303030303u;   // one field per byte
+    const __m128i u = _mm_or_si128(lo, _mm_cvtsi64_si128(static_cast<int64_t>(h << 4)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.sc),
+                     _mm_cvtepi8_epi16(_mm_sub_epi8(u, _mm_set1_epi8(32))));
     r.corr_lo = r.corr_hi = _mm256_setzero_ps();
     return r;
   }
