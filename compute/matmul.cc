@@ -114,8 +114,14 @@ bool cpu_has_f16c() {
   return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
 }
 
+bool cpu_has_avx_vnni() {
+  // AVX-VNNI (VEX-encoded vpdpbusd): cpuid leaf 7, subleaf 1, eax bit 4.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
+}
+
 struct CpuSets {
-  const KernelSet* sets[6];
+  const KernelSet* sets[8];
   int n = 0;
 };
 
@@ -132,6 +138,7 @@ CpuSets detect_sets() {
   if (gfni) s.sets[s.n++] = &avx512_kernels(true, true);
   if (vnni) s.sets[s.n++] = &avx512_kernels(true);
   if (avx512) s.sets[s.n++] = &avx512_kernels(false);
+  if (avx2 && cpu_has_avx_vnni()) s.sets[s.n++] = &avx2_kernels(true);
   if (avx2) s.sets[s.n++] = &avx2_kernels();
   s.sets[s.n++] = &scalar_kernels();
   return s;
@@ -146,8 +153,8 @@ const CpuSets& cpu_sets() {
 const KernelSet& active_kernels() {
   static const KernelSet* chosen = [] {
     const CpuSets& s = cpu_sets();
-    // env: TROUPE_SIMD = scalar | avx2 | avx512 | avx512-novnni | avx512-vnni (without GFNI)
-    // | avx512-vnni-gfni (default: the best this CPU runs). Lets tests and benchmarks pin a
+    // env: TROUPE_SIMD = scalar | avx2 | avx2-vnni | avx512 | avx512-novnni | avx512-vnni (without
+    // GFNI) | avx512-vnni-gfni (default: the best this CPU runs). Lets tests and benchmarks pin a
     // path; an unavailable one falls back to the best.
     const char* env = std::getenv("TROUPE_SIMD");
     if (env == nullptr || *env == '\0') return s.sets[0];
@@ -300,7 +307,8 @@ void run_rows(const TypeKernels& k, std::span<const MatmulJob> jobs, std::span<c
 
   auto compute = [&](int64_t u0, int64_t u1) {
     // The job holding unit u0: the last whose first unit is <= u0.
-    auto i = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1);
+    auto i =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1);
     while (u0 < u1) {
       while (u0 >= first[i + 1]) ++i;
       const int64_t u_end = std::min(u1, first[i + 1]);
@@ -552,7 +560,8 @@ void matmul_many(std::span<const MatmulProduct> products, ThreadPool* pool) {
 
 const char* simd_level() {
   const char* name = detail::active_kernels().name;
-  return std::string_view(name).starts_with("avx512") ? "avx512" : name;
+  const std::string_view n(name);
+  return n.starts_with("avx512") ? "avx512" : n.starts_with("avx2") ? "avx2" : name;
 }
 
 }  // namespace troupe::compute

@@ -366,7 +366,19 @@ inline __m256 pair_lanes(uint16_t f0, uint16_t f1) {
                                             _mm_set1_epi16(static_cast<int16_t>(f1))));
 }
 
-template <GgmlType kType>
+// acc + the exact 4-byte dot products of unsigned a and signed b in each int32 lane, by AVX-VNNI's
+// VEX-encoded vpdpbusd (Intel's client cores since Alder Lake and its E-core Xeons have it
+// without AVX-512): one instruction for dot_u8s8's two and its add. Only where the CPU reports
+// AVX-VNNI (the avx2-vnni set, compute/matmul.cc); written as asm so that the file keeps its
+// AVX2 flags.
+inline __m256i dot_u8s8_vnni(__m256i acc, __m256i a, __m256i b) {
+  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+
+// kVnni: the integer dots by dot_u8s8_vnni. Every pair sum of vpmaddubsw fits int16 here (see
+// lane_dots), so both give the same integers and the same outputs.
+template <GgmlType kType, bool kVnni = false>
 struct Blocks32Kernel {
   using Block = Block32<kType>;
   static constexpr int kRows = 2;
@@ -428,7 +440,15 @@ struct Blocks32Kernel {
   static __m256i lane_dots(const WGroup& g, const uint8_t* act) {
     const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act));
     const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 32));
-    if constexpr (!blocks32_signed(kType)) {
+    if constexpr (kVnni) {
+      __m256i start = _mm256_setzero_si256();
+      if constexpr (!blocks32_signed(kType) && !blocks32_min(kType))
+        start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64));
+      if constexpr (blocks32_signed(kType))
+        return dot_u8s8_vnni(dot_u8s8_vnni(start, g.a, _mm256_sign_epi8(xa, g.sign_a)), g.b,
+                             _mm256_sign_epi8(xb, g.sign_b));
+      return dot_u8s8_vnni(dot_u8s8_vnni(start, g.a, xa), g.b, xb);
+    } else if constexpr (!blocks32_signed(kType)) {
       // Pair sums stay below 2 * 2 * 31 * 127 < 2^15: add them as int16.
       const __m256i pairs =
           _mm256_add_epi16(_mm256_maddubs_epi16(g.a, xa), _mm256_maddubs_epi16(g.b, xb));
@@ -510,25 +530,26 @@ TypeKernels make_kernels(int64_t (*bytes)(int64_t) = nullptr,
 }
 
 template <GgmlType kType>
-TypeKernels blocks32_kernels() {
-  return make_kernels<Blocks32Kernel<kType>>(act32_bytes, quantize_act_blocks32<kType>);
+TypeKernels blocks32_kernels(bool vnni) {
+  return vnni ? make_kernels<Blocks32Kernel<kType, true>>(act32_bytes, quantize_act_blocks32<kType>)
+              : make_kernels<Blocks32Kernel<kType>>(act32_bytes, quantize_act_blocks32<kType>);
 }
 
-KernelSet make_set() {
+KernelSet make_set(bool vnni) {
   KernelSet s{};
-  s.name = "avx2";
+  s.name = vnni ? "avx2-vnni" : "avx2";
   s.f32 = make_kernels<FloatKernel<GgmlType::kF32>>();
   s.f16 = make_kernels<FloatKernel<GgmlType::kF16>>();
   s.bf16 = make_kernels<FloatKernel<GgmlType::kBF16>>();
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = make_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
-  s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>();
-  s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>();
-  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>();
-  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>();
-  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>();
-  s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>();
+  s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>(vnni);
+  s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>(vnni);
+  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>(vnni);
+  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>(vnni);
+  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>(vnni);
+  s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>(vnni);
   s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
@@ -540,9 +561,9 @@ KernelSet make_set() {
 
 }  // namespace
 
-const KernelSet& avx2_kernels() {
-  static const KernelSet s = make_set();
-  return s;
+const KernelSet& avx2_kernels(bool use_vnni) {
+  static const KernelSet plain = make_set(false), vnni = make_set(true);
+  return use_vnni ? vnni : plain;
 }
 
 }  // namespace troupe::compute::detail

@@ -239,7 +239,9 @@ T* scratch(std::vector<T>& v, int64_t n) {
 }
 
 const KernelSet& scalar_kernels();
-const KernelSet& avx2_kernels();  // requires AVX2, FMA, F16C
+// Requires AVX2, FMA and F16C, and AVX-VNNI where asked (the 32-value block types' dots by
+// vpdpbusd; the same bits).
+const KernelSet& avx2_kernels(bool use_vnni = false);
 /// The K-quant and IQ4_XS row kernels of the AVX2 set (matmul_kquant_avx2.cc): sets rows and
 /// row_tile of s->iq4_xs, q2_k ... q6_k; the caller sets their activation format.
 void avx2_kquant_rows(KernelSet* s);
@@ -258,7 +260,8 @@ void matmul_with(const KernelSet& ks, const model::WeightView& w, const float* x
                  int64_t n_tok, float* y, int64_t y_stride, ThreadPool* pool);
 void matmul_shared_with(const KernelSet& ks, std::span<const MatmulTarget> targets, const float* x,
                         int64_t x_stride, int64_t n_tok, ThreadPool* pool);
-void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> products, ThreadPool* pool);
+void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> products,
+                      ThreadPool* pool);
 
 // --- helpers shared by the kernel files (inline; no ISA-specific code) ---
 
