@@ -11,8 +11,8 @@
 //        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 q2_K q3_K iq4_xs q4_K
 //        q4_K/t16
 //        q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up to 512, 1 always timed)
-//        TROUPE_SIMD=scalar|avx2|avx2-vnni|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the kernel path
-//        (see compute/matmul.cc).
+//        TROUPE_SIMD=scalar|avx2|avx2-vnni|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the
+//        kernel path (see compute/matmul.cc).
 #include <algorithm>
 #include <array>
 #include <chrono>

@@ -65,17 +65,10 @@ struct Q45KDecode {
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
     r.b = reinterpret_cast<const Block*>(row) + s;
-    // q4k_scales_mins four values at a time: bytes 0-3 hold sc[0..3] (low 6 bits) and the top
-    // bits of sc[4..7], bytes 4-7 the same for the mins, bytes 8-11 the low nibbles of
-    // sc[4..7] and of mn[4..7].
-    uint32_t u[3];
-    std::memcpy(u, r.b->scales, sizeof u);
-    const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, mn_lo = u[1] & 0x3F3F3F3Fu;
-    const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u);
-    const __m128i sc8 = _mm_cvtsi64_si128(static_cast<int64_t>(sc_lo | uint64_t{sc_hi} << 32));
+    const Q4kScaleBytes sm = q4k_scale_bytes(r.b->scales);
+    const __m128i sc8 = _mm_cvtsi64_si128(static_cast<int64_t>(sm.sc));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(r.sc), _mm_cvtepu8_epi16(sc8));
-    const __m128i mn8 = _mm_cvtsi64_si128(static_cast<int64_t>(mn_lo | uint64_t{mn_hi} << 32));
+    const __m128i mn8 = _mm_cvtsi64_si128(static_cast<int64_t>(sm.mn));
     r.d = _cvtsh_ss(r.b->d);
     // -dmin * m[j], one rounding each, for the two groups of 16 of sub-block j.
     const __m256 c = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(r.b->dmin)),

@@ -61,16 +61,8 @@ struct Q45KDecode {
   static Row prepare(const uint8_t* row, int64_t s) {
     Row r;
     r.b = reinterpret_cast<const Block*>(row) + s;
-    uint32_t w[3];
-    std::memcpy(w, r.b->scales, 12);
-    // 6-bit fields: sc[0..3] and m[0..3] are the low 6 bits of bytes 0-3 and 4-7; sc[4..7]
-    // and m[4..7] take their low 4 bits from bytes 8-11 and their top 2 from bits 6-7 of
-    // bytes 0-3 and 4-7.
-    const uint32_t sc_lo = w[0] & 0x3f3f3f3f, m_lo = w[1] & 0x3f3f3f3f;
-    const uint32_t sc_hi = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
-    const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
-    const __m128i bytes = _mm_set_epi32(static_cast<int>(m_hi), static_cast<int>(m_lo),
-                                        static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+    const Q4kScaleBytes sm = q4k_scale_bytes(r.b->scales);  // sc[0..7], then m[0..7]
+    const __m128i bytes = _mm_set_epi64x(static_cast<int64_t>(sm.mn), static_cast<int64_t>(sm.sc));
     r.sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(bytes));
     r.d = _cvtsh_ss(r.b->d);
     const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));

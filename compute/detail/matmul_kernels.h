@@ -265,6 +265,21 @@ void matmul_many_with(const KernelSet& ks, std::span<const MatmulProduct> produc
 
 // --- helpers shared by the kernel files (inline; no ISA-specific code) ---
 
+/// q4k_scales_mins eight values per 64-bit word, for the SIMD kernels: byte j of sc is sc[j], of
+/// mn mn[j]. Bytes 0-3 of q hold sc[0..3] (low 6 bits) and the top bits of sc[4..7], bytes 4-7
+/// the same for the mins, bytes 8-11 the low nibbles of sc[4..7] and of mn[4..7].
+struct Q4kScaleBytes {
+  uint64_t sc, mn;
+};
+inline Q4kScaleBytes q4k_scale_bytes(const uint8_t* q) {
+  uint32_t u[3];
+  std::memcpy(u, q, sizeof u);
+  const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u);
+  const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u);
+  return {(u[0] & 0x3F3F3F3Fu) | uint64_t{sc_hi} << 32,
+          (u[1] & 0x3F3F3F3Fu) | uint64_t{mn_hi} << 32};
+}
+
 /// Decodes the 6-bit scales and mins of a Q4_K block (8 of each).
 inline void q4k_scales_mins(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
   for (int j = 0; j < 4; ++j) {
