@@ -175,6 +175,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.parallel = sp.parallel;
     c.kv_blocks = kv_blocks;
     c.kv_block_size = plan.kv_block_size;
+    c.kv_type = plan.kv_type;
     c.model = model;
     c.expert_timeout = std::chrono::milliseconds(opts.expert_timeout_ms);
     c.scheduler = cc.scheduler;

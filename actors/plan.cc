@@ -471,7 +471,8 @@ std::string describe_plan(const Plan& p) {
   os << "plan " << p.source << ": model "
      << (p.model_path.empty() ? "(from the command line)" : p.model_path) << ", "
      << plural(p.num_stages, "stage") << ", " << plural(p.num_expert_shards, "expert shard")
-     << ", KV blocks of " << p.kv_block_size << " tokens\n";
+     << ", KV blocks of " << p.kv_block_size << " tokens (" << compute::kv_type_name(p.kv_type)
+     << ")\n";
   os << "scheduler: max_tokens_per_step " << sc.max_tokens_per_step << ", max_sequences "
      << sc.max_sequences << ", max_queue " << sc.max_queue << ", microbatches " << sc.microbatches
      << ", max_model_len " << sc.max_model_len << ", prefix_cache "

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "compute/kv_type.h"
 
 namespace troupe::model {
 struct ModelSpec;
@@ -132,6 +133,9 @@ struct Plan {
   int64_t image_cache_mb = 256;
   int64_t vision_threads = 0;
   int64_t kv_block_size = 16;     // tokens per KV block
+  // [stages] kv_type: what the CPU stages' KV pools store ("f32", "f16" or "bf16",
+  // compute/kv_type.h); GPU stages keep bf16 whatever it says.
+  compute::KvType kv_type = compute::KvType::kF32;
   int64_t num_stages = 1;         // pipeline stages
   int64_t num_expert_shards = 0;  // 0 = experts stay inside the stages
   std::vector<StagePlan> stages;  // num_stages entries once resolved (padded with auto ones)

@@ -225,9 +225,17 @@ class Parser {
     const toml::node* count_node = nullptr;
     StagePlan defaults;
     if (const toml::table* s = read_table(root, "stages")) {
-      check_keys(*s, "stages", {"count", "kv_block_size", "kv_blocks", "threads"});
+      check_keys(*s, "stages", {"count", "kv_block_size", "kv_type", "kv_blocks", "threads"});
       count_node = read_int(*s, "stages", "count", kStageCount, count, -1);
       read_int(*s, "stages", "kv_block_size", kBlockSize, p.kv_block_size);
+      std::string kv_type(compute::kv_type_name(p.kv_type));
+      read_string(*s, "stages", "kv_type", kv_type);
+      if (auto t = compute::parse_kv_type(kv_type)) {
+        p.kv_type = *t;
+      } else {
+        fail(s->get("kv_type")->source().begin.line, "stages.kv_type",
+             "expected \"f32\", \"f16\" or \"bf16\", got \"" + kv_type + "\"");
+      }
       read_int(*s, "stages", "kv_blocks", kKvBlocks, defaults.kv_blocks, 0);
       read_threads(*s, "stages", defaults.threads);
     }

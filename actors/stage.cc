@@ -244,6 +244,7 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
   eo.range = st.cfg.range;
   eo.kv_block_size = st.cfg.kv_block_size;
   eo.kv_num_blocks = st.cfg.kv_blocks;
+  eo.kv_type = st.cfg.kv_type;
   if (!placement.shards.empty()) {
     st.experts = std::make_unique<ShardedExperts>(st.cfg.model->spec.n_embd, st.cfg.expert_timeout);
     st.experts->placement = std::move(placement);

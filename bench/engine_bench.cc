@@ -2,6 +2,7 @@
 // measured memory bandwidth (decode is bound by reading every active weight once per step).
 // Usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] [--runs 5]
 //                     [--context 16]   (prompt tokens of each decoding sequence)
+//                     [--kv-type f32|f16|bf16]   (what the KV cache stores)
 //                     [--weights map|memory|rows|tiles|both]   (both: map and memory side by
 //                     side in one run; memory: a copy as troupe makes one for the CPU engine,
 //                     int8 matrices in 16-row tiles where the kernels read them; rows: that copy
@@ -154,7 +155,8 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                 "[--batch 16] [--runs 5] [--context 16] [--weights map|memory|rows|tiles|both]\n");
+                 "[--batch 16] [--runs 5] [--context 16] [--kv-type f32|f16|bf16] "
+                 "[--weights map|memory|rows|tiles|both]\n");
     return 2;
   }
   std::string path = argv[1];
@@ -163,6 +165,7 @@ int main(int argc, char** argv) {
   int runs = 5;
   std::string weights = "both";
   std::string as;
+  compute::KvType kv_type = compute::KvType::kF32;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -185,6 +188,13 @@ int main(int argc, char** argv) {
       ctx = std::max<int64_t>(1, std::atoll(v.c_str()));
     } else if (k == "--weights") {
       weights = v;
+    } else if (k == "--kv-type") {
+      const auto t = compute::parse_kv_type(v);
+      if (!t) {
+        std::fprintf(stderr, "engine_bench: --kv-type takes f32, f16 or bf16\n");
+        return 2;
+      }
+      kv_type = *t;
     } else if (k == "--as") {
       as = v;
     } else {
@@ -229,6 +239,15 @@ int main(int argc, char** argv) {
   std::printf("model %s: %s, %lld layers, n_embd %lld, weights read per decode token %.1f MB\n",
               path.c_str(), model::arch_name(s.arch), (long long)s.n_layer, (long long)s.n_embd,
               wbytes / 1e6);
+  // What attention reads per decoding token: K and V of every position it attends to, at the
+  // middle of the decode (a sliding window aside).
+  const double kv_row = static_cast<double>(s.kv_k_width() + s.kv_v_width()) *
+                        static_cast<double>(compute::kv_type_bytes(kv_type));
+  std::printf("KV cache %s: %.1f KB per position, %.1f MB read per decode token at %lld positions\n",
+              std::string(compute::kv_type_name(kv_type)).c_str(),
+              kv_row * static_cast<double>(s.n_layer) / 1e3,
+              kv_row * static_cast<double>(s.n_layer) * static_cast<double>(ctx + n_decode / 2) / 1e6,
+              static_cast<long long>(ctx + n_decode / 2));
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
   // "memory" is the copy as troupe makes it for CPU engines (int8, F16 and BF16 matrices in tiles
@@ -281,6 +300,7 @@ int main(int argc, char** argv) {
       const char* wn = wname.c_str();
       compute::EngineOptions o;
       o.n_threads = nt;
+      o.kv_type = kv_type;
       o.max_tokens_in_cache =
           std::max<int64_t>(n_prefill, std::max<int64_t>(batch, 1) * (ctx + n_decode)) + 64;
       auto eng = compute::Engine::create(model, o);

@@ -49,6 +49,9 @@ constexpr const char* kGenerateHelp =
     "  --weights W          where compute reads weights: auto (default: memory if the copy\n"
     "                       fits with room to spare, else map), memory (a private copy in\n"
     "                       huge-page memory, made at start) or map (the file mapping)\n"
+    "  --kv-type T          what the KV cache stores: f32 (default: the exact values), f16 or\n"
+    "                       bf16 (half the memory and half the attention reads; each value\n"
+    "                       rounded once; with a plan, every CPU stage's)\n"
     "  --mmproj PATH        a vision encoder: a llama.cpp mmproj GGUF (LLaVA mlp, Gemma 3)\n"
     "                       or a Hugging Face LLaVA directory; default with --image: the\n"
     "                       --model directory, when it is one\n"
@@ -95,6 +98,7 @@ int cmd_generate(const Args& args) {
                 "head",
                 "token",
                 "weights",
+                "kv-type",
                 "mmproj",
                 "image"},
                {"json", "stats", "ignore-eos", "no-bos"}, 0, {"image"});
@@ -129,6 +133,10 @@ int cmd_generate(const Args& args) {
         "of its config; send just the --image files");
   if (with_images && !ap.has("prompt"))
     throw CliError("--image needs a text --prompt (where <__media__> marks each image)");
+  if (ap.has("head") && ap.has("kv-type"))
+    throw CliError(
+        "--kv-type is not for a running cluster (--head): its config's [stages] kv_type says "
+        "what its KV pools store");
   if (ap.has("head")) return generate_with_head(ap, sp, max_tokens);
   if (use_plan) return generate_with_plan(ap, sp, max_tokens);
   const std::string path = ap.required("model");
@@ -156,6 +164,7 @@ int cmd_generate(const Args& args) {
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
+  eo.kv_type = kv_type_option(ap);
   auto eng = compute::Engine::create(model, eo);
   if (!eng) throw CliError(eng.error().message);
   compute::Sequence seq(**eng);
@@ -249,7 +258,7 @@ int cmd_generate(const Args& args) {
 }
 
 int cmd_eval(const Args& args) {
-  ArgParser ap(args, {"model", "tokens", "logits-out", "threads"}, {});
+  ArgParser ap(args, {"model", "tokens", "logits-out", "threads", "kv-type"}, {});
   const std::string path = ap.required("model");
   const std::vector<int32_t> toks = parse_id_list(ap.required("tokens"), "--tokens");
   const std::string out_path = ap.required("logits-out");
@@ -262,6 +271,7 @@ int cmd_eval(const Args& args) {
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(toks.size()) + 1;
+  eo.kv_type = kv_type_option(ap);
   auto eng = compute::Engine::create(model, eo);
   if (!eng) throw CliError(eng.error().message);
   compute::Sequence seq(**eng);

@@ -141,6 +141,7 @@ int generate_with_plan(const ArgParser& ap, const compute::SamplingParams& sp, i
   auto model = load_model_or_throw(plan.model_path,
                                    ap.has("weights") ? ap.str("weights") : plan.weights, cpu_only);
   if (auto st = actors::resolve_plan(plan, model->spec); !st) throw CliError(st.error().message);
+  if (ap.has("kv-type")) plan.kv_type = kv_type_option(ap);
   if (ap.has("threads")) {  // every stage and expert shard (0 = auto: LocalCluster divides)
     const int n = threads_option(ap);
     for (auto& s : plan.stages) s.threads = n;

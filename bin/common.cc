@@ -49,6 +49,13 @@ int threads_option(const ArgParser& ap) {
   return n;
 }
 
+compute::KvType kv_type_option(const ArgParser& ap) {
+  if (!ap.has("kv-type")) return compute::KvType::kF32;
+  const std::string v = ap.str("kv-type");
+  if (auto t = compute::parse_kv_type(v)) return *t;
+  throw CliError("--kv-type must be f32, f16 or bf16, got '" + v + "'");
+}
+
 std::string json_quote(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

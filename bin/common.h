@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "compute/kv_type.h"
 #include "compute/multimodal_prompt.h"
 #include "model/model.h"
 
@@ -28,6 +29,10 @@ class ArgParser;
 /// The value of --threads: an integer in [1, 1024], or 0 for "auto" (also when the option is
 /// absent). CliError names a bad value. compute::resolve_threads turns 0 into a count.
 int threads_option(const ArgParser& ap);
+
+/// The value of --kv-type: f32 (also when the option is absent), f16 or bf16
+/// (compute/kv_type.h). CliError names a bad value.
+compute::KvType kv_type_option(const ArgParser& ap);
 
 /// The --prompt text with each --image file (decoded, then encoded by the --mmproj encoder)
 /// in place of its <__media__> marker, BOS first unless --no-bos. CliError names a bad image, a

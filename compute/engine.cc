@@ -84,13 +84,14 @@ int64_t keys_seen(const SeqStep& q, int64_t pos) {
 
 // The KV view of one sequence at layer l: its blocks' first rows, in position order.
 KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t k_offset,
-               int64_t v_offset, std::vector<const float*>& blocks) {
+               int64_t v_offset, std::vector<const void*>& blocks) {
   const int64_t bs = kv.block_size(), nb = (n + bs - 1) / bs;
   blocks.resize(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b)
-    blocks[static_cast<size_t>(b)] = kv.k(l, q.blocks[static_cast<size_t>(b)], 0);
+    blocks[static_cast<size_t>(b)] = kv.row(l, q.blocks[static_cast<size_t>(b)], 0);
   KvView v;
   v.blocks = blocks.data();
+  v.type = kv.config().type;
   v.block_size = bs;
   v.row_stride = kv.row_stride();
   v.k_offset = k_offset;
@@ -149,6 +150,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     kc.k_width = s.kv_k_width();
     kc.v_width = s.kv_v_width();
     kc.block_size = opts.kv_block_size;
+    kc.type = opts.kv_type;
     kc.num_blocks = opts.kv_num_blocks > 0
                         ? opts.kv_num_blocks
                         : (opts.max_tokens_in_cache + kc.block_size - 1) / kc.block_size;
@@ -375,10 +377,8 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
-    std::memcpy(kv_->k(il - range_.begin, blk, pos % bs), &S.k[t * kw],
-                static_cast<size_t>(kw) * 4);
-    std::memcpy(kv_->v(il - range_.begin, blk, pos % bs), &S.v[t * vw],
-                static_cast<size_t>(vw) * 4);
+    kv_->store(il - range_.begin, blk, pos % bs, 0, &S.k[t * kw], kw);
+    kv_->store(il - range_.begin, blk, pos % bs, kv_->config().k_width, &S.v[t * vw], vw);
   }
   const float scale =
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dk))));
@@ -386,7 +386,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
   const float* sinks = L.sinks.present() ? f32(L.sinks) : nullptr;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<const float*> blocks;
+    thread_local std::vector<const void*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {
       const int64_t t = tp / parts, h0 = tp % parts * part, kvh = h0 / group;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
@@ -435,8 +435,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     for (int64_t hh = 0; hh < H; ++hh)
       detail::rope_cs(&S.q[(t * H + hh) * dqk + nope], rope, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-    std::memcpy(kv_->k(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs), row,
-                static_cast<size_t>(kw) * 4);
+    kv_->store(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
   }
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]].
   grow(S.qabs, T * H * kw);
@@ -453,7 +452,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
   // every head shares them (one KV "head").
   const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part, l = il - range_.begin;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<const float*> blocks;
+    thread_local std::vector<const void*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {
       const int64_t t = tp / parts, h0 = tp % parts * part;
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];

@@ -2,14 +2,19 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "base/check.h"
 #include "base/huge_pages.h"
+#include "compute/vec_ops.h"
+#include "model/ggml_types.h"
 #include "model/model.h"
 
 namespace troupe::compute {
 
-KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), stride_(cfg.k_width + cfg.v_width) {
+KvCache::KvCache(const KvCacheConfig& cfg)
+    : cfg_(cfg), stride_(cfg.k_width + cfg.v_width), elem_bytes_(kv_type_bytes(cfg.type)) {
   if (cfg.n_layer <= 0 || stride_ <= 0 || cfg.block_size <= 0 || cfg.num_blocks <= 0)
     TROUPE_INPUT_ERROR(
         "KV cache: bad configuration (layers %lld, width %lld, block %lld, "
@@ -18,22 +23,54 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), stride_(cfg.k_width + cf
         static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.num_blocks));
   const uint64_t n = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
                      static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(stride_);
-  bytes_ = n * sizeof(float);
+  bytes_ = n * static_cast<uint64_t>(elem_bytes_);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const uint64_t available = model::available_memory_bytes();  // 0: unknown
   if (available > 0 && bytes_ > available)
     TROUPE_INPUT_ERROR(
-        "KV cache: a pool of %lld blocks of %lld tokens over %lld layers needs %.2f GiB, more "
-        "than the %.2f GiB of memory available (lower kv_blocks, or scheduler.max_sequences or "
-        "max_model_len, which size an \"auto\" pool)",
+        "KV cache: a pool of %lld blocks of %lld tokens over %lld layers needs %.2f GiB of %s "
+        "values, more than the %.2f GiB of memory available (lower kv_blocks, or "
+        "scheduler.max_sequences or max_model_len, which size an \"auto\" pool; f16 or bf16 "
+        "values take half of f32's)",
         static_cast<long long>(cfg.num_blocks), static_cast<long long>(cfg.block_size),
         static_cast<long long>(cfg.n_layer), static_cast<double>(bytes_) / kGiB,
+        std::string(kv_type_name(cfg.type)).c_str(),
         static_cast<double>(available) / kGiB);
   std::shared_ptr<uint8_t> mem = map_huge_pages(bytes_);
   if (!mem)
     TROUPE_INPUT_ERROR("KV cache: cannot map %.2f GiB: %s", static_cast<double>(bytes_) / kGiB,
                        std::strerror(errno));
-  pool_ = std::shared_ptr<float>(mem, reinterpret_cast<float*>(mem.get()));
+  pool_ = std::move(mem);
+}
+
+void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x,
+                    int64_t n) {
+  uint8_t* r = row(layer, block, slot) + at * elem_bytes_;
+  switch (cfg_.type) {
+    case KvType::kF32:
+      std::memcpy(r, x, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case KvType::kF16:
+      round_to_f16(x, reinterpret_cast<uint16_t*>(r), n);
+      return;
+    case KvType::kBF16: {
+      auto* h = reinterpret_cast<uint16_t*>(r);
+      for (int64_t i = 0; i < n; ++i) h[i] = model::fp32_to_bf16(x[i]);
+      return;
+    }
+  }
+}
+
+void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n,
+                   float* out) {
+  const uint8_t* r = row(layer, block, slot) + at * elem_bytes_;
+  if (cfg_.type == KvType::kF32) {
+    std::memcpy(out, r, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(r);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = cfg_.type == KvType::kF16 ? model::fp16_to_fp32(h[i]) : model::bf16_to_fp32(h[i]);
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : total_(num_blocks) {

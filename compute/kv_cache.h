@@ -14,15 +14,17 @@
 #include <vector>
 
 #include "base/result.h"
+#include "compute/kv_type.h"
 
 namespace troupe::compute {
 
 struct KvCacheConfig {
   int64_t n_layer = 0;
-  int64_t k_width = 0;      // floats per token per layer for K (MLA: latent + rope key)
-  int64_t v_width = 0;      // floats per token per layer for V (0 for MLA)
+  int64_t k_width = 0;      // values per token per layer for K (MLA: latent + rope key)
+  int64_t v_width = 0;      // values per token per layer for V (0 for MLA)
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
+  KvType type = KvType::kF32;  // what the values are stored as (kv_type.h)
 };
 
 class KvCache {
@@ -38,21 +40,32 @@ class KvCache {
   int64_t num_blocks() const { return cfg_.num_blocks; }
   uint64_t bytes() const { return bytes_; }
 
-  /// K row of (layer, block, slot): f32 [k_width].
+  /// The row of (layer, block, slot): k_width K values, then v_width V values, of
+  /// config().type.
+  uint8_t* row(int64_t layer, int32_t block, int64_t slot) {
+    return pool_.get() +
+           ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_ * elem_bytes_;
+  }
+  /// Writes x[0, n) into that row from value `at` on, rounded to the pool's type.
+  void store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x, int64_t n);
+  /// Reads values [at, at + n) of that row back as floats (the rounded values, exactly).
+  void load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out);
+  /// An f32 pool's K row of (layer, block, slot) [k_width], and its V row [v_width].
   float* k(int64_t layer, int32_t block, int64_t slot) {
-    return pool_.get() + ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_;
+    return reinterpret_cast<float*>(row(layer, block, slot));
   }
   float* v(int64_t layer, int32_t block, int64_t slot) {
     return k(layer, block, slot) + cfg_.k_width;
   }
-  /// Floats from one slot's K row to the next slot's (K and V of a slot are one row).
+  /// Values from one slot's row to the next slot's (K and V of a slot are one row).
   int64_t row_stride() const { return stride_; }
 
  private:
   KvCacheConfig cfg_;
-  int64_t stride_ = 0;           // k_width + v_width
-  std::shared_ptr<float> pool_;  // base/huge_pages.h: zero, committed as blocks are written
-  uint64_t bytes_ = 0;           // of the pool
+  int64_t stride_ = 0;             // k_width + v_width
+  int64_t elem_bytes_ = 4;         // kv_type_bytes(cfg_.type)
+  std::shared_ptr<uint8_t> pool_;  // base/huge_pages.h: zero, committed as blocks are written
+  uint64_t bytes_ = 0;             // of the pool
 };
 
 /// Free-list allocator of block ids. Not thread-safe.

@@ -10,6 +10,7 @@
 #include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
 #include "compute/matmul.h"
+#include "model/ggml_types.h"
 
 namespace troupe::compute {
 
@@ -36,6 +37,12 @@ struct Portable {
   }
   static Reg load_n(const float* p, int k) {
     return map([&](int i) { return i < k ? p[i] : 0.0f; });
+  }
+  static Reg load_f16(const uint16_t* h) {
+    return map([&](int i) { return model::fp16_to_fp32(h[i]); });
+  }
+  static Reg load_bf16(const uint16_t* h) {
+    return map([&](int i) { return model::bf16_to_fp32(h[i]); });
   }
   static void store(float* p, const Reg& r) { std::memcpy(p, r.v, sizeof r.v); }
   static void store_n(float* p, const Reg& r, int k) {
@@ -120,7 +127,19 @@ detail::SiluMulFn silu_mul_fn() {
   return f;
 }
 
+void round_to_f16_portable(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = model::fp32_to_fp16(x[i]);
+}
+
+detail::RoundF16Fn round_to_f16_fn() {
+  static const detail::RoundF16Fn f = for_level<detail::RoundF16Fn>(
+      detail::round_to_f16_avx512, detail::round_to_f16_avx2, round_to_f16_portable);
+  return f;
+}
+
 }  // namespace
+
+void round_to_f16(const float* x, uint16_t* out, int64_t n) { round_to_f16_fn()(x, out, n); }
 
 void silu_mul(float* g, const float* u, int64_t n) { silu_mul_fn()(g, u, n); }
 

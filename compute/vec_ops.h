@@ -6,13 +6,17 @@
 
 #include <cstdint>
 
+#include "compute/kv_type.h"
+
 namespace troupe::compute {
 
 /// K/V rows of one sequence at one layer, in its blocks: position j's row starts at
-/// blocks[j / block_size] + (j % block_size) * row_stride; its key at k_offset floats from the
-/// row's start, its value at v_offset (MLA: both 0, the value is the key's latent prefix).
+/// blocks[j / block_size] + (j % block_size) * row_stride values of `type` (f32, or f16 or
+/// bf16 bits); its key at k_offset values from the row's start, its value at v_offset (MLA:
+/// both 0, the value is the key's latent prefix).
 struct KvView {
-  const float* const* blocks = nullptr;
+  const void* const* blocks = nullptr;
+  KvType type = KvType::kF32;
   int64_t block_size = 0;
   int64_t row_stride = 0;
   int64_t k_offset = 0;
@@ -27,6 +31,10 @@ struct KvView {
 /// out: g rows of dv floats, out_stride apart. Each K and V row is read once for all g heads.
 void attend_heads(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                   int64_t n, float scale, int64_t dv, float* out, int64_t out_stride);
+
+/// out[i] = x[i] rounded to f16 (nearest even; overflow to infinity, NaN to the quiet NaN
+/// 0x7e00 with x's sign): model::fp32_to_fp16's bits, with F16C where the CPU has it.
+void round_to_f16(const float* x, uint16_t* out, int64_t n);
 
 /// In place, for each of `rows` rows of n floats: x_j = softmax_j(x_j * scale) (the maximum
 /// subtracted, the sum over the row in a fixed order). Rows are independent of each other.
@@ -47,6 +55,9 @@ SoftmaxFn softmax_avx512();
 using SiluMulFn = void (*)(float*, const float*, int64_t);
 SiluMulFn silu_mul_avx2();
 SiluMulFn silu_mul_avx512();
+using RoundF16Fn = void (*)(const float*, uint16_t*, int64_t);
+RoundF16Fn round_to_f16_avx2();
+RoundF16Fn round_to_f16_avx512();
 }  // namespace detail
 
 }  // namespace troupe::compute

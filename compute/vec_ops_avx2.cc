@@ -8,6 +8,7 @@
 #include "compute/detail/attend_simd.h"
 #include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
+#include "model/ggml_types.h"
 
 namespace troupe::compute::detail {
 namespace {
@@ -25,6 +26,13 @@ struct Avx2 {
   static Reg set1(float f) { return _mm256_set1_ps(f); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
   static Reg load_n(const float* p, int k) { return _mm256_maskload_ps(p, first(k)); }
+  static Reg load_f16(const uint16_t* h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  }
+  static Reg load_bf16(const uint16_t* h) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
   static void store(float* p, Reg r) { _mm256_storeu_ps(p, r); }
   static void store_n(float* p, Reg r, int k) { _mm256_maskstore_ps(p, first(k), r); }
   static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
@@ -80,10 +88,27 @@ struct Avx2 {
   }
 };
 
+// round_to_f16 with F16C, 8 values per conversion; a chunk holding a NaN goes through the scalar
+// function (as in the AVX-512 file).
+void round_to_f16_simd(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) == 0) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      for (int64_t k = i; k < i + 8; ++k) out[k] = model::fp32_to_fp16(x[k]);
+    }
+  }
+  for (; i < n; ++i) out[i] = model::fp32_to_fp16(x[i]);
+}
+
 }  // namespace
 
 AttendFn attend_avx2() { return attend_simd<Avx2>; }
 SoftmaxFn softmax_avx2() { return softmax_rows_simd<Avx2>; }
 SiluMulFn silu_mul_avx2() { return silu_mul_simd<Avx2>; }
+RoundF16Fn round_to_f16_avx2() { return round_to_f16_simd; }
 
 }  // namespace troupe::compute::detail

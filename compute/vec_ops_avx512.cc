@@ -2,10 +2,13 @@
 // is called only when the CPU has them). The algorithm is compute/detail/attend_simd.h.
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
 #include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
+#include "model/ggml_types.h"
 
 namespace troupe::compute::detail {
 namespace {
@@ -18,6 +21,13 @@ struct Avx512 {
   static Reg set1(float f) { return _mm512_set1_ps(f); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }
   static Reg load_n(const float* p, int k) { return _mm512_maskz_loadu_ps(first(k), p); }
+  static Reg load_f16(const uint16_t* h) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  }
+  static Reg load_bf16(const uint16_t* h) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
   static void store(float* p, Reg r) { _mm512_storeu_ps(p, r); }
   static void store_n(float* p, Reg r, int k) { _mm512_mask_storeu_ps(p, first(k), r); }
   static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
@@ -74,10 +84,28 @@ struct Avx512 {
   }
 };
 
+// round_to_f16: 16 values per conversion (round to nearest even, as model::fp32_to_fp16); a
+// chunk holding a NaN goes through the scalar function, which makes every NaN 0x7e00 (F16C
+// would keep its payload).
+void round_to_f16_simd(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) == 0) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      for (int64_t k = i; k < i + 16; ++k) out[k] = model::fp32_to_fp16(x[k]);
+    }
+  }
+  for (; i < n; ++i) out[i] = model::fp32_to_fp16(x[i]);
+}
+
 }  // namespace
 
 AttendFn attend_avx512() { return attend_simd<Avx512>; }
 SoftmaxFn softmax_avx512() { return softmax_rows_simd<Avx512>; }
 SiluMulFn silu_mul_avx512() { return silu_mul_simd<Avx512>; }
+RoundF16Fn round_to_f16_avx512() { return round_to_f16_simd; }
 
 }  // namespace troupe::compute::detail

@@ -22,6 +22,7 @@ struct StageConfig {
   int threads = 1;
   int64_t kv_blocks = 0;
   int64_t kv_block_size = 16;
+  compute::KvType kv_type = compute::KvType::kF32;  // a CPU stage's KV values (Plan::kv_type)
   std::shared_ptr<const model::Model> model;
   std::string device = "cpu";                       // "cpu" or "cuda:N[,M...]" (StagePlan::device)
   std::string parallel = "tensor";                  // with several GPUs (StagePlan::parallel)

@@ -1,12 +1,15 @@
 // The attention kernel of vec_ops.h for a SIMD level, over a vector-traits type V that the
 // level's file defines (vec_ops_avx2.cc, vec_ops_avx512.cc; see AttendTraits there):
 //   V::kLanes; V::Reg; zero(), set1(f), load(p), load_n(p, k) (first k lanes, rest 0),
+//   load_f16(h), load_bf16(h) (kLanes f16 or bf16 values, exactly as floats),
 //   store(p, r), store_n(p, r, k), add, sub, mul, max, fmadd(a, b, c) = a * b + c,
 //   lane_sums(Reg (&)[kLanes]) (lane i = the sum of every lane of input i), hsum(r),
 //   hmax(r), exp_nonpos(r) (e^x for x <= 0; below -87 it is 0).
 // Everything is in an unnamed namespace: each including file keeps its own copy built for its
 // instruction set.
 //
+// K/V rows of f16 or bf16 (KvView::type) are read as the floats they hold, so the arithmetic is
+// the same as on an f32 cache holding those values.
 // Fixed arithmetic order, so a head's result depends only on its query row, the K/V rows and
 // n (never on its neighbours in the group, the positions' alignment or the thread):
 //  - score(j) = lane_sums over [q[c] * k_j[c] accumulated over the dk chunks c in order] * scale;
@@ -18,7 +21,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,8 +35,34 @@ namespace {  // NOLINT(google-build-namespaces): one copy per SIMD level, see ab
 // Output columns in registers per pass over the positions (x kLanes floats).
 constexpr int kValueRegs = 8;
 
-template <class V, int R>
-void weighted_values(const float* const* rows, int64_t n, int64_t v_offset, const float* e,
+// A K/V value as the cache stores it.
+template <KvType kT>
+using KvElem = std::conditional_t<kT == KvType::kF32, float, uint16_t>;
+
+// kLanes stored values (the first k of them, the rest 0) as floats.
+template <class V, KvType kT>
+typename V::Reg load_kv(const KvElem<kT>* p) {
+  if constexpr (kT == KvType::kF32) {
+    return V::load(p);
+  } else if constexpr (kT == KvType::kF16) {
+    return V::load_f16(p);
+  } else {
+    return V::load_bf16(p);
+  }
+}
+template <class V, KvType kT>
+typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
+  if constexpr (kT == KvType::kF32) {
+    return V::load_n(p, k);
+  } else {
+    uint16_t t[V::kLanes] = {};  // +0 in either format
+    std::memcpy(t, p, static_cast<size_t>(k) * sizeof(uint16_t));
+    return load_kv<V, kT>(t);
+  }
+}
+
+template <class V, KvType kT, int R>
+void weighted_values(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset, const float* e,
                      float inv, int64_t cols, float* out) {
   constexpr int L = V::kLanes;
   typename V::Reg acc[R];
@@ -39,44 +70,46 @@ void weighted_values(const float* const* rows, int64_t n, int64_t v_offset, cons
   const int last = static_cast<int>(cols - (R - 1) * L);  // lanes in the last register
   for (int64_t j = 0; j < n; ++j) {
     const typename V::Reg w = V::set1(e[j]);
-    const float* v = rows[j] + v_offset;
-    for (int r = 0; r + 1 < R; ++r) acc[r] = V::fmadd(w, V::load(v + r * L), acc[r]);
-    acc[R - 1] = V::fmadd(w, V::load_n(v + (R - 1) * L, last), acc[R - 1]);
+    const KvElem<kT>* v = rows[j] + v_offset;
+    for (int r = 0; r + 1 < R; ++r) acc[r] = V::fmadd(w, load_kv<V, kT>(v + r * L), acc[r]);
+    acc[R - 1] = V::fmadd(w, load_kv_n<V, kT>(v + (R - 1) * L, last), acc[R - 1]);
   }
   const typename V::Reg s = V::set1(inv);
   for (int r = 0; r + 1 < R; ++r) V::store(out + r * L, V::mul(acc[r], s));
   V::store_n(out + (R - 1) * L, V::mul(acc[R - 1], s), last);
 }
 
-// weighted_values<V, r> for r = 1 .. kValueRegs registers.
-template <class V>
+// weighted_values<V, kT, r> for r = 1 .. kValueRegs registers.
+template <class V, KvType kT>
 auto value_pass(int64_t regs) {
-  using Fn = void (*)(const float* const*, int64_t, int64_t, const float*, float, int64_t, float*);
+  using Fn = void (*)(const KvElem<kT>* const*, int64_t, int64_t, const float*, float, int64_t,
+                      float*);
   static constexpr auto kPasses = []<int... R>(std::integer_sequence<int, R...>) {
-    return std::array<Fn, sizeof...(R)>{&weighted_values<V, R + 1>...};
+    return std::array<Fn, sizeof...(R)>{&weighted_values<V, kT, R + 1>...};
   }
   (std::make_integer_sequence<int, kValueRegs>{});
   return kPasses[static_cast<size_t>(regs - 1)];
 }
 
-template <class V>
-void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+template <class V, KvType kT>
+void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
                  int64_t n_end, float scale, int64_t dv, float* out, int64_t out_stride) {
   using Reg = typename V::Reg;
+  using Elem = KvElem<kT>;
   constexpr int L = V::kLanes;
   // Positions [first, n_end): rows[j] is position first + j's.
   const int64_t first = kv.first, n = n_end - first;
   const int64_t n_pad = (n + L - 1) / L * L;
   // [g][n_pad]: scores, then exp(score - max); then [g]: 1 / their sums.
   thread_local std::vector<float> scores;
-  thread_local std::vector<const float*> rows;
+  thread_local std::vector<const Elem*> rows;
   if (static_cast<int64_t>(scores.size()) < g * (n_pad + 1))
     scores.resize(static_cast<size_t>(g * (n_pad + 1)));
   float* inv = &scores[static_cast<size_t>(g * n_pad)];
   if (static_cast<int64_t>(rows.size()) < n_pad) rows.resize(static_cast<size_t>(n_pad));
   // Row pointers once, block by block (no division per position).
   for (int64_t b = first / kv.block_size, j = 0, i0 = first % kv.block_size; j < n; ++b, i0 = 0) {
-    const float* base = kv.blocks[b];
+    const auto* base = static_cast<const Elem*>(kv.blocks[b]);
     for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j)
       rows[static_cast<size_t>(j)] = base + i * kv.row_stride;
   }
@@ -87,19 +120,20 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   const int k_tail = static_cast<int>(dk - k_full);
   const Reg vscale = V::set1(scale);
   for (int64_t j0 = 0; j0 < n; j0 += L) {
-    const float* const* kr = &rows[static_cast<size_t>(j0)];
+    const Elem* const* kr = &rows[static_cast<size_t>(j0)];
     for (int64_t h = 0; h < g; ++h) {
       const float* qh = q + h * q_stride;
       Reg acc[L];
       for (int i = 0; i < L; ++i) acc[i] = V::zero();
       for (int64_t c = 0; c < k_full; c += L) {
         const Reg qv = V::load(qh + c);
-        for (int i = 0; i < L; ++i) acc[i] = V::fmadd(qv, V::load(kr[i] + kv.k_offset + c), acc[i]);
+        for (int i = 0; i < L; ++i)
+          acc[i] = V::fmadd(qv, load_kv<V, kT>(kr[i] + kv.k_offset + c), acc[i]);
       }
       if (k_tail > 0) {
         const Reg qv = V::load_n(qh + k_full, k_tail);
         for (int i = 0; i < L; ++i)
-          acc[i] = V::fmadd(qv, V::load_n(kr[i] + kv.k_offset + k_full, k_tail), acc[i]);
+          acc[i] = V::fmadd(qv, load_kv_n<V, kT>(kr[i] + kv.k_offset + k_full, k_tail), acc[i]);
       }
       V::store(&scores[static_cast<size_t>(h * n_pad + j0)], V::mul(V::lane_sums(acc), vscale));
     }
@@ -142,9 +176,27 @@ void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     float* oh = out + h * out_stride;
     for (int64_t c0 = 0; c0 < dv; c0 += kValueRegs * L) {
       const int64_t cols = std::min<int64_t>(kValueRegs * L, dv - c0);
-      value_pass<V>((cols + L - 1) / L)(rows.data(), n, kv.v_offset + c0, e, inv[h], cols, oh + c0);
+      value_pass<V, kT>((cols + L - 1) / L)(rows.data(), n, kv.v_offset + c0, e, inv[h], cols,
+                                            oh + c0);
     }
   }
+}
+
+// The attention kernel of vec_ops.h (attend_heads) for the cache's value type.
+template <class V>
+void attend_simd(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+                 int64_t n_end, float scale, int64_t dv, float* out, int64_t out_stride) {
+  switch (kv.type) {
+    case KvType::kF16:
+      return attend_rows<V, KvType::kF16>(q, q_stride, g, dk, kv, n_end, scale, dv, out,
+                                          out_stride);
+    case KvType::kBF16:
+      return attend_rows<V, KvType::kBF16>(q, q_stride, g, dk, kv, n_end, scale, dv, out,
+                                           out_stride);
+    case KvType::kF32:
+      break;
+  }
+  attend_rows<V, KvType::kF32>(q, q_stride, g, dk, kv, n_end, scale, dv, out, out_stride);
 }
 
 // softmax_rows of vec_ops.h: per row, the scaled maximum, e^(x * scale - max) summed in lanes

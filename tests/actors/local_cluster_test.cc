@@ -224,6 +224,49 @@ TEST(LocalCluster, TwoKvPoolsPreemptWithinAPoolAndStillMatch) {
       << bad.error().message;
 }
 
+// Plan::kv_type: stages whose KV pools store f16 or bf16 give the bits of the engine with the same
+// cache (pipeline stages, expert shards, continuous batching and the prefix cache change
+// nothing), and their pools take half the bytes per block of f32's.
+TEST(LocalCluster, HalfPrecisionKvStagesMatchTheEngineWithTheSameCache) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  auto m = load(shared + "/models/synth/mixtral-moe/model.gguf");
+  ASSERT_TRUE(m);
+  std::vector<uint64_t> f32_block_bytes;
+  for (const compute::KvType kv :
+       {compute::KvType::kF32, compute::KvType::kF16, compute::KvType::kBF16}) {
+    SCOPED_TRACE(std::string(compute::kv_type_name(kv)));
+    const auto common = random_prompt(21, m->spec.n_vocab, 7);
+    std::vector<GenerateRequest> reqs;
+    std::vector<Reference> refs;
+    for (uint32_t i = 0; i < 5; ++i) {
+      auto p = random_prompt(4 + 5 * i, m->spec.n_vocab, 500 + i);
+      if (i % 2 == 0) p.insert(p.begin(), common.begin(), common.end());
+      reqs.push_back(greedy_request(p, 16));
+      refs.push_back(solo(m, p, 16, kv));
+    }
+    Plan plan = even_plan(m->path, 2, 1);
+    plan.kv_type = kv;
+    plan.scheduler.max_model_len = 128;
+    ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
+    auto lc = LocalCluster::start(plan, m);
+    ASSERT_TRUE(lc) << lc.error().message;
+    const auto res = (*lc)->generate_many(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      expect_identical(res[i], refs[i], "request " + std::to_string(i));
+    const auto st = nlohmann::json::parse((*lc)->stats_json());
+    for (size_t i = 0; i < st["kv_stages"].size(); ++i) {
+      const auto bytes = st["kv_stages"][i]["block_bytes"].get<uint64_t>();
+      if (kv == compute::KvType::kF32)
+        f32_block_bytes.push_back(bytes);
+      else
+        EXPECT_EQ(2 * bytes, f32_block_bytes.at(i)) << "stage " << i;
+    }
+  }
+  // And not the f32 cache's bits: the rounding is really applied.
+  const auto p = random_prompt(30, m->spec.n_vocab, 9);
+  EXPECT_NE(solo(m, p, 4).logits, solo(m, p, 4, compute::KvType::kF16).logits);
+}
+
 TEST(LocalCluster, CrashedStageAndShardAreRestartedWithIdenticalOutput) {
   TROUPE_SHARED_OR_SKIP(shared);
   auto m = load(shared + "/models/synth/mixtral-moe/model.gguf");

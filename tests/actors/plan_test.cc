@@ -200,6 +200,22 @@ TEST(PlanParse, EmptyFileIsOneAutoStageAndDefaults) {
   EXPECT_EQ(p.scheduler.microbatches, 2);
 }
 
+TEST(PlanParse, KvTypeIsReadCheckedAndShown) {
+  EXPECT_EQ(parse_ok("").kv_type, compute::KvType::kF32);
+  for (const char* t : {"f32", "f16", "bf16"}) {
+    Plan p = parse_ok(std::string("[stages]\nkv_type = \"") + t + "\"\n");
+    EXPECT_EQ(compute::kv_type_name(p.kv_type), t);
+    EXPECT_NE(describe_plan(p).find(std::string("tokens (") + t + ")"), std::string::npos)
+        << describe_plan(p);
+  }
+  const std::string e = parse_error("[stages]\ncount = 2\nkv_type = \"fp8\"\n");
+  EXPECT_NE(e.find("plan.toml:3"), std::string::npos) << e;
+  EXPECT_NE(e.find("stages.kv_type"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected \"f32\", \"f16\" or \"bf16\", got \"fp8\""), std::string::npos)
+      << e;
+  EXPECT_NE(parse_error("[stages]\nkv_type = 16\n").find("stages.kv_type"), std::string::npos);
+}
+
 TEST(PlanParse, StageTablesSetTheCountAndInheritDefaults) {
   Plan p = parse_ok(R"([stages]
 kv_blocks = 300
@@ -458,7 +474,7 @@ TEST(PlanDescribe, OneLinePerStageAndShard) {
   Plan p = resolve_ok(even_plan("m.gguf", 2, 3), make_spec(5, 8));
   EXPECT_EQ(describe_plan(p),
             "plan --stages 2 --expert-shards 3: model m.gguf, 2 stages, 3 expert shards, KV "
-            "blocks of 16 tokens\n"
+            "blocks of 16 tokens (f32)\n"
             "scheduler: max_tokens_per_step 512, max_sequences 64, max_queue 256, microbatches "
             "2, max_model_len 2048, prefix_cache on\n"
             "stage 0: layers [0, 3), kv_blocks 8192 (131072 tokens), threads 1\n"

@@ -30,9 +30,10 @@ struct Reference {
 // Greedy generation on the plain engine, the prompt prefilled as the CLI does (a non-causal
 // image as a step of its own).
 inline Reference solo(std::shared_ptr<const model::Model> m, const compute::MultimodalPrompt& p,
-                      int64_t n) {
+                      int64_t n, compute::KvType kv = compute::KvType::kF32) {
   compute::EngineOptions o;
   o.max_tokens_in_cache = static_cast<int64_t>(p.tokens.size()) + n + 1;
+  o.kv_type = kv;
   auto eng = compute::Engine::create(m, o);
   EXPECT_TRUE(eng);
   compute::Sequence seq(**eng);
@@ -66,10 +67,10 @@ inline Reference solo(std::shared_ptr<const model::Model> m, const compute::Mult
 
 // The same for a prompt of token ids, prefilled in one step.
 inline Reference solo(std::shared_ptr<const model::Model> m, const std::vector<int32_t>& prompt,
-                      int64_t n) {
+                      int64_t n, compute::KvType kv = compute::KvType::kF32) {
   compute::MultimodalPrompt p;
   p.tokens = prompt;
-  return solo(std::move(m), p, n);
+  return solo(std::move(m), p, n, kv);
 }
 
 inline void expect_identical(const GenerateResult& got, const Reference& ref,

@@ -378,6 +378,51 @@ TEST(Cli, EvalWritesReferenceLogits) {
   }
 }
 
+// --kv-type: generate and eval take f32, f16 or bf16; a half-precision cache changes the logits
+// by its rounding only (within issue #2's F16 tolerance of the f32 cache's), generates alike
+// alone and through pipeline stages, and a bad value or a remote cluster is a one-line error.
+TEST(Cli, KvTypeOptionIsCheckedAndApplied) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string m = shared + "/models/stories260K/stories260K.gguf";
+  const fs::path f32 = temp_dir() / "kv-f32.f32", f16 = temp_dir() / "kv-f16.f32";
+  const std::string toks = "1,403,407,261,378,454,30,32,49,63,70,90,301,17,388,2";
+  for (const auto& [type, out] : {std::pair{"f32", f32}, std::pair{"f16", f16}}) {
+    CliRun r = troupe({"eval", "--model", m, "--tokens", toks, "--logits-out", out.string(),
+                       "--kv-type", type});
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  const auto a = testing::read_f32_file(f32.string()), b = testing::read_f32_file(f16.string());
+  ASSERT_EQ(a.size(), b.size());
+  double mx = 0, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    mx = std::max(mx, std::fabs(static_cast<double>(a[i])));
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_GT(d, 0.0) << "f16 rounding changed nothing";
+  EXPECT_LE(d, 1e-2 * mx);
+  auto gen = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"generate", "--model", m, "--prompt", "Once upon a time",
+                                  "--max-tokens", "24", "--json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return troupe(a);
+  };
+  for (const char* type : {"f16", "bf16"}) {
+    const CliRun alone = gen({"--kv-type", type});
+    const CliRun staged = gen({"--kv-type", type, "--stages", "2"});
+    ASSERT_EQ(alone.rc, 0) << alone.err;
+    ASSERT_EQ(staged.rc, 0) << staged.err;
+    EXPECT_EQ(nlohmann::json::parse(alone.out).at("tokens"),
+              nlohmann::json::parse(staged.out).at("tokens"))
+        << type;
+  }
+  for (const std::string bad : {"fp16", "F16", "", "int8"})
+    expect_one_line_error(gen({"--kv-type", bad}),
+                          "--kv-type must be f32, f16 or bf16, got '" + bad + "'");
+  expect_one_line_error(
+      troupe({"generate", "--head", "127.0.0.1:9", "--prompt", "x", "--kv-type", "f16"}),
+      "--kv-type is not for a running cluster (--head)");
+}
+
 TEST(Cli, InspectDescribesModel) {
   TROUPE_SHARED_OR_SKIP(shared);
   CliRun r = troupe({"inspect", shared + "/models/synth/deepseek2/model.gguf"});

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "compute/kv_cache.h"
 #include "compute/vec_ops.h"
+#include "model/ggml_types.h"
 
 namespace troupe::compute {
 namespace {
@@ -17,7 +19,7 @@ namespace {
 // blocks scattered over the pool in reverse order.
 struct Paged {
   std::vector<float> pool;
-  std::vector<const float*> blocks;
+  std::vector<const void*> blocks;
   KvView view;
 };
 
@@ -38,7 +40,8 @@ Paged make_paged(int64_t n, int64_t bs, int64_t dk, int64_t dv, std::mt19937& rn
 }
 
 const float* row(const KvView& kv, int64_t j) {
-  return kv.blocks[j / kv.block_size] + (j % kv.block_size) * kv.row_stride;
+  return static_cast<const float*>(kv.blocks[j / kv.block_size]) +
+         (j % kv.block_size) * kv.row_stride;
 }
 
 std::vector<double> reference(const float* q, int64_t dk, const KvView& kv, int64_t n, float scale,
@@ -107,12 +110,92 @@ TEST(Attention, MatchesReferenceAndEachHeadIsIndependentOfItsGroup) {
   }
 }
 
+// A cache of f16 or bf16 values (KvType): the kernel reads them as the floats they are, so its
+// output has the same bits as on an f32 pool holding the rounded values, for every shape and
+// head grouping; and that pool's values are what KvCache::store rounds to.
+TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
+  std::mt19937 rng(9);
+  const Shape shapes[] = {{8, 64, 64, 37, 16}, {2, 40, 24, 17, 4}, {1, 7, 5, 3, 2},
+                          {3, 72, 64, 300, 32}, {8, 576, 512, 20, 16}};
+  for (const KvType type : {KvType::kF16, KvType::kBF16}) {
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(::testing::Message() << kv_type_name(type) << " g=" << sh.g << " dk=" << sh.dk
+                                        << " dv=" << sh.dv << " n=" << sh.n);
+      Paged p = make_paged(sh.n, sh.bs, sh.dk, sh.dv, rng, 2.0f);
+      // The same pool stored as halves (via the cache, which rounds), and read back as floats.
+      const int64_t stride = p.view.row_stride, rows = static_cast<int64_t>(p.pool.size()) / stride;
+      KvCacheConfig c;
+      c.n_layer = 1;
+      c.k_width = stride;
+      c.block_size = rows;
+      c.num_blocks = 1;
+      c.type = type;
+      KvCache cache(c);
+      for (int64_t r = 0; r < rows; ++r)
+        cache.store(0, 0, r, 0, &p.pool[static_cast<size_t>(r * stride)], stride);
+      for (int64_t r = 0; r < rows; ++r)
+        cache.load(0, 0, r, 0, stride, &p.pool[static_cast<size_t>(r * stride)]);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < stride; ++i) {
+          const auto* h = reinterpret_cast<const uint16_t*>(cache.row(0, 0, r)) + i;
+          const float v = p.pool[static_cast<size_t>(r * stride + i)];
+          ASSERT_EQ(*h, type == KvType::kF16 ? model::fp32_to_fp16(v) : model::fp32_to_bf16(v));
+        }
+      Paged half = p;
+      half.view.type = type;
+      for (size_t b = 0; b < p.blocks.size(); ++b) {
+        const auto off = static_cast<const float*>(p.blocks[b]) - p.pool.data();
+        half.blocks[b] = cache.row(0, 0, off / stride);
+      }
+      half.view.blocks = half.blocks.data();
+      std::normal_distribution<float> nd(0.f, 2.0f);
+      std::vector<float> q(static_cast<size_t>(sh.g * sh.dk));
+      for (auto& v : q) v = nd(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.dk));
+      std::vector<float> want(static_cast<size_t>(sh.g * sh.dv)), got(want.size());
+      attend_heads(q.data(), sh.dk, sh.g, sh.dk, p.view, sh.n, scale, sh.dv, want.data(), sh.dv);
+      attend_heads(q.data(), sh.dk, sh.g, sh.dk, half.view, sh.n, scale, sh.dv, got.data(), sh.dv);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+      // And close to the double-precision reference on the rounded values.
+      const auto ref = reference(q.data(), sh.dk, p.view, sh.n, scale, sh.dv);
+      for (int64_t i = 0; i < sh.dv; ++i)
+        ASSERT_NEAR(got[static_cast<size_t>(i)], ref[static_cast<size_t>(i)], 1e-4);
+    }
+  }
+}
+
+// round_to_f16 (the SIMD conversion behind an f16 cache) gives model::fp32_to_fp16's bits for
+// every kind of value, at every offset and tail: ties to even, overflow to infinity, the
+// subnormals, zeros of both signs, and NaN (0x7e00 with its sign) in a chunk of ordinary values.
+TEST(Attention, RoundToF16IsTheScalarConversion) {
+  std::vector<float> x = {0.f,        -0.f,         1.f,          -1.f,       65504.f,
+                          65519.f,    65520.f,      -70000.f,     1e30f,      INFINITY,
+                          -INFINITY,  6.0e-8f,      -6.0e-8f,     2.98e-8f,   2.9802322e-8f,
+                          1e-10f,     6.1035156e-5f, 6.097555e-5f, 1.00048828125f, 1.00146484375f,
+                          3.14159f,   -2.71828f,    1e-5f,        std::nanf(""), -std::nanf("")};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 100.f);
+  for (int i = 0; i < 300; ++i) x.push_back(nd(rng) * std::ldexp(1.f, static_cast<int>(i % 40) - 30));
+  for (size_t off = 0; off < 17; ++off) {
+    const auto n = static_cast<int64_t>(x.size() - off);
+    std::vector<uint16_t> got(static_cast<size_t>(n));
+    round_to_f16(x.data() + off, got.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], model::fp32_to_fp16(x[off + static_cast<size_t>(i)]))
+          << "value " << x[off + static_cast<size_t>(i)] << " offset " << off;
+  }
+}
+
 // Scores far apart: the smallest weights underflow to 0 without NaN, the largest dominates.
 TEST(Attention, ExtremeScoresStayFinite) {
   const int64_t dk = 16, dv = 16, n = 5;
   std::vector<float> rows(static_cast<size_t>(n * (dk + dv)), 0.f);
-  std::vector<const float*> blocks = {rows.data()};
-  KvView kv{blocks.data(), n, dk + dv, 0, dk};
+  std::vector<const void*> blocks = {rows.data()};
+  KvView kv;
+  kv.blocks = blocks.data();
+  kv.block_size = n;
+  kv.row_stride = dk + dv;
+  kv.v_offset = dk;
   std::vector<float> q(dk, 0.f);
   q[0] = 1.f;
   const float keys[n] = {-1e4f, 0.f, 50.f, 1e4f, -3e38f};

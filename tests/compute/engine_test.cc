@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "compute/thread_pool.h"
 #include "tests/compute/engine_test_util.h"
@@ -19,15 +21,18 @@ std::vector<int32_t> make_tokens(int64_t n, int64_t vocab, uint32_t seed) {
   return v;
 }
 
-class EngineInvariance : public ::testing::TestWithParam<const char*> {};
+// A model, and what its KV cache stores: rounding K and V to f16 or bf16 when they are written
+// keeps every invariance (the rounding of a value depends on that value alone).
+class EngineInvariance : public ::testing::TestWithParam<std::tuple<const char*, KvType>> {};
 
 TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
   TROUPE_SHARED_OR_SKIP(shared);
-  auto model = load_model_for_test(shared + "/" + GetParam());
+  auto model = load_model_for_test(shared + "/" + std::get<0>(GetParam()));
   ASSERT_TRUE(model);
   const int64_t V = model->spec.n_vocab;
   EngineOptions o1;
   o1.max_tokens_in_cache = 1024;
+  o1.kv_type = std::get<1>(GetParam());
   EngineOptions o2 = o1;
   o2.n_threads = 2;
   auto e1 = Engine::create(model, o1);
@@ -94,11 +99,18 @@ TEST_P(EngineInvariance, LogitsBitIdenticalAcrossBatchingChunkingAndThreads) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllArchitectures, EngineInvariance,
-    ::testing::Values("models/stories260K/stories260K.gguf",
-                      "models/synth/llama-dense-f16/model.gguf",
-                      "models/synth/mixtral-moe/model.gguf", "models/synth/qwen2moe/model.gguf",
-                      "models/synth/qwen3moe/model.gguf", "models/synth/deepseek2/model.gguf"),
-    [](const auto& info) { return ::troupe::testing::model_param_name(info.param); });
+    ::testing::Combine(::testing::Values("models/stories260K/stories260K.gguf",
+                                         "models/synth/llama-dense-f16/model.gguf",
+                                         "models/synth/mixtral-moe/model.gguf",
+                                         "models/synth/qwen2moe/model.gguf",
+                                         "models/synth/qwen3moe/model.gguf",
+                                         "models/synth/deepseek2/model.gguf"),
+                       ::testing::Values(KvType::kF32, KvType::kF16, KvType::kBF16)),
+    [](const auto& info) {
+      const KvType kv = std::get<1>(info.param);
+      return ::troupe::testing::model_param_name(std::get<0>(info.param)) +
+             (kv == KvType::kF32 ? "" : "_kv_" + std::string(kv_type_name(kv)));
+    });
 
 TEST(Engine, RejectsBadSteps) {
   TROUPE_SHARED_OR_SKIP(shared);

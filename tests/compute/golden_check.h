@@ -53,9 +53,11 @@ struct GoldenRun {
 };
 
 /// Checks a case (`j` its case.json, `dir` its folder) on `model`: batch logits of every
-/// position (prompt then greedy tokens), then the greedy path after a one-chunk prefill.
+/// position (prompt then greedy tokens), then the greedy path after a one-chunk prefill; with
+/// the KV cache storing `kv` values.
 inline void check_golden_run(std::shared_ptr<const model::Model> model, const nlohmann::json& j,
-                             const std::string& dir, double tol, const GoldenRun& r) {
+                             const std::string& dir, double tol, const GoldenRun& r,
+                             KvType kv = KvType::kF32) {
   const int64_t V = model->spec.n_vocab;
   ASSERT_EQ(V, j.at("vocab").get<int64_t>());
   const auto greedy = j.at("greedy_tokens").get<std::vector<int32_t>>();
@@ -70,6 +72,7 @@ inline void check_golden_run(std::shared_ptr<const model::Model> model, const nl
 
   EngineOptions opts;
   opts.max_tokens_in_cache = 256;
+  opts.kv_type = kv;
   auto eng = Engine::create(model, opts);
   ASSERT_TRUE(eng) << eng.error().message;
 

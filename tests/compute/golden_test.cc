@@ -54,12 +54,14 @@ std::vector<GoldenCase> find_cases(const std::string& shared) {
 }
 
 // Checks one golden case against `model` (loaded from the GGUF file or its Hugging Face twin).
-void check_case(const GoldenCase& g, std::shared_ptr<const model::Model> model) {
+void check_case(const GoldenCase& g, std::shared_ptr<const model::Model> model,
+                KvType kv = KvType::kF32, double tol = 0) {
   const json j = json::parse(testing::read_text_file(g.dir + "/case.json"));
   GoldenRun r;
   r.label = model->format + " " + g.model_name + "/" + g.case_name;
+  if (kv != KvType::kF32) r.label += std::string(", KV ") + std::string(kv_type_name(kv));
   r.prompt = j.at("prompt_tokens").get<std::vector<int32_t>>();
-  check_golden_run(model, j, g.dir, g.tol, r);
+  check_golden_run(model, j, g.dir, tol > 0 ? tol : g.tol, r, kv);
 }
 
 TEST(Golden, AllCasesMatchReference) {
@@ -71,6 +73,28 @@ TEST(Golden, AllCasesMatchReference) {
     auto model = load_model_for_test(g.model_file);
     ASSERT_TRUE(model) << g.model_file;
     check_case(g, model);
+  }
+}
+
+// A KV cache of f16 or bf16 values rounds every K and V value once. With f16 every case stays
+// within the tolerance issue #2 sets for F16 models (1e-2 of max|ref|; measured at most 1e-3),
+// with the same top-1 and greedy rules, against the reference's f32 logits. bf16 keeps 8
+// significant bits: the dense models stay within it (at most 8e-3, stories260K), but in an MoE
+// model a rounded value can tip a router's near-tie to another expert, which moves the logits by
+// far more (0.25 of max|ref| in one qwen3moe case), so the MoE cases are held to f16 only.
+TEST(Golden, HalfPrecisionKvCacheStaysWithinTheF16Tolerance) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto cases = find_cases(shared);
+  ASSERT_GE(cases.size(), 21u) << "expected 7 models x 3 cases under golden/";
+  for (const GoldenCase& g : cases) {
+    auto model = load_model_for_test(g.model_file);
+    ASSERT_TRUE(model) << g.model_file;
+    const bool dense = model->spec.n_expert == 0;
+    for (const KvType kv : {KvType::kF16, KvType::kBF16}) {
+      if (kv == KvType::kBF16 && !dense) continue;
+      SCOPED_TRACE(g.model_name + "/" + g.case_name + " KV " + std::string(kv_type_name(kv)));
+      check_case(g, model, kv, 1e-2);
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "base/check.h"
+#include "model/ggml_types.h"
 #include "model/model.h"
 
 namespace troupe::compute {
@@ -22,6 +23,47 @@ KvCacheConfig config(int64_t n_layer, int64_t k_width, int64_t v_width, int64_t 
   c.block_size = block_size;
   c.num_blocks = num_blocks;
   return c;
+}
+
+// f16 and bf16 pools: half the bytes of f32's; store() rounds each value (to nearest even) into
+// its own row and place only, and load() reads back exactly the rounded values.
+TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
+  for (const KvType type : {KvType::kF16, KvType::kBF16}) {
+    SCOPED_TRACE(std::string(kv_type_name(type)));
+    KvCacheConfig c = config(2, 6, 3, 4, 3);
+    c.type = type;
+    KvCache kv(c);
+    EXPECT_EQ(kv.bytes(), uint64_t{2 * 3 * 4 * 9 * 2});
+    auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
+      return 1.0f + 0.001f * static_cast<float>(((l * 3 + b) * 4 + s) * 9 + i) + 1e-7f;
+    };
+    for (int64_t l = 0; l < 2; ++l)
+      for (int32_t b = 0; b < 3; ++b)
+        for (int64_t s = 0; s < 4; ++s) {
+          float row[9];
+          for (int64_t i = 0; i < 9; ++i) row[i] = value(l, b, s, i);
+          kv.store(l, b, s, 0, row, 6);     // K
+          kv.store(l, b, s, 6, row + 6, 3);  // V
+        }
+    for (int64_t l = 0; l < 2; ++l)
+      for (int32_t b = 0; b < 3; ++b)
+        for (int64_t s = 0; s < 4; ++s) {
+          float got[9];
+          kv.load(l, b, s, 0, 9, got);
+          for (int64_t i = 0; i < 9; ++i) {
+            const float v = value(l, b, s, i);
+            const float want = type == KvType::kF16 ? model::fp16_to_fp32(model::fp32_to_fp16(v))
+                                                    : model::bf16_to_fp32(model::fp32_to_bf16(v));
+            ASSERT_EQ(got[i], want) << l << " " << b << " " << s << " " << i;
+            ASSERT_NE(got[i], v);  // these values need rounding in either format
+          }
+        }
+  }
+  EXPECT_EQ(parse_kv_type("f16"), KvType::kF16);
+  EXPECT_EQ(parse_kv_type("bf16"), KvType::kBF16);
+  EXPECT_EQ(parse_kv_type("f32"), KvType::kF32);
+  EXPECT_FALSE(parse_kv_type("fp16").has_value());
+  EXPECT_FALSE(parse_kv_type("").has_value());
 }
 
 TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
