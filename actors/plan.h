@@ -132,7 +132,7 @@ struct Plan {
   std::string mmproj;
   int64_t image_cache_mb = 256;
   int64_t vision_threads = 0;
-  int64_t kv_block_size = 16;     // tokens per KV block
+  int64_t kv_block_size = 16;  // tokens per KV block
   // [stages] kv_type: what the CPU stages' KV pools store ("f32", "f16" or "bf16",
   // compute/kv_type.h); GPU stages keep bf16 whatever it says.
   compute::KvType kv_type = compute::KvType::kF32;

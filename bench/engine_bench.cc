@@ -243,11 +243,12 @@ int main(int argc, char** argv) {
   // middle of the decode (a sliding window aside).
   const double kv_row = static_cast<double>(s.kv_k_width() + s.kv_v_width()) *
                         static_cast<double>(compute::kv_type_bytes(kv_type));
-  std::printf("KV cache %s: %.1f KB per position, %.1f MB read per decode token at %lld positions\n",
-              std::string(compute::kv_type_name(kv_type)).c_str(),
-              kv_row * static_cast<double>(s.n_layer) / 1e3,
-              kv_row * static_cast<double>(s.n_layer) * static_cast<double>(ctx + n_decode / 2) / 1e6,
-              static_cast<long long>(ctx + n_decode / 2));
+  std::printf(
+      "KV cache %s: %.1f KB per position, %.1f MB read per decode token at %lld positions\n",
+      std::string(compute::kv_type_name(kv_type)).c_str(),
+      kv_row * static_cast<double>(s.n_layer) / 1e3,
+      kv_row * static_cast<double>(s.n_layer) * static_cast<double>(ctx + n_decode / 2) / 1e6,
+      static_cast<long long>(ctx + n_decode / 2));
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
   // "memory" is the copy as troupe makes it for CPU engines (int8, F16 and BF16 matrices in tiles
@@ -362,8 +363,8 @@ int main(int argc, char** argv) {
           }
           t.push_back((now_s() - t0) / static_cast<double>(n_decode));
           const compute::ThreadPool::Stats& after = (*eng)->pool().stats();
-          in_runs.push_back({after.runs - before.runs, after.run_s - before.run_s,
-                             after.wait_s - before.wait_s});
+          in_runs.push_back(
+              {after.runs - before.runs, after.run_s - before.run_s, after.wait_s - before.wait_s});
           if (nb == 1) probe_now();
         }
         const double step_s = median(t);

@@ -34,8 +34,7 @@ KvCache::KvCache(const KvCacheConfig& cfg)
         "values take half of f32's)",
         static_cast<long long>(cfg.num_blocks), static_cast<long long>(cfg.block_size),
         static_cast<long long>(cfg.n_layer), static_cast<double>(bytes_) / kGiB,
-        std::string(kv_type_name(cfg.type)).c_str(),
-        static_cast<double>(available) / kGiB);
+        std::string(kv_type_name(cfg.type)).c_str(), static_cast<double>(available) / kGiB);
   std::shared_ptr<uint8_t> mem = map_huge_pages(bytes_);
   if (!mem)
     TROUPE_INPUT_ERROR("KV cache: cannot map %.2f GiB: %s", static_cast<double>(bytes_) / kGiB,
@@ -61,8 +60,7 @@ void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, cons
   }
 }
 
-void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n,
-                   float* out) {
+void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out) {
   const uint8_t* r = row(layer, block, slot) + at * elem_bytes_;
   if (cfg_.type == KvType::kF32) {
     std::memcpy(out, r, static_cast<size_t>(n) * sizeof(float));

@@ -25,7 +25,8 @@ struct Avx512 {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
   }
   static Reg load_bf16(const uint16_t* h) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
   static void store(float* p, Reg r) { _mm512_storeu_ps(p, r); }

@@ -27,13 +27,11 @@
 #include <utility>
 #include <vector>
 
+#include "compute/detail/unroll.h"
 #include "compute/vec_ops.h"
 
 namespace troupe::compute::detail {
 namespace {  // NOLINT(google-build-namespaces): one copy per SIMD level, see above
-
-// Output columns in registers per pass over the positions (x kLanes floats).
-constexpr int kValueRegs = 8;
 
 // A K/V value as the cache stores it.
 template <KvType kT>
@@ -61,34 +59,126 @@ typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
   }
 }
 
-template <class V, KvType kT, int R>
+// How far ahead of the rows it reads attention prefetches them: the K rows of the position block
+// kScoreAhead blocks on, the V row kValueAhead positions on. A decode step reads every layer's
+// K and V from memory once, rows kv row_stride apart, where the hardware prefetchers fall
+// behind (docs/benchmarks.md "Engine, session 35").
+constexpr int64_t kScoreAhead = 4;
+constexpr int64_t kValueAhead = 64;
+
+// The weighted values of HB heads over R registers of value columns (the last holding `last`
+// lanes, all of them when kFull): out_h = (sum over j in order of e_h[j] * v_j, by FMA) * inv_h.
+// Each V row is read once for all HB heads (a head's sum is the same whatever heads share its
+// pass); the HB * R accumulators stay in registers (indexed through unroll: with loops g++ 12
+// stored them all to the stack at every position).
+template <class V, KvType kT, int HB, int R, bool kFull>
 void weighted_values(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset, const float* e,
-                     float inv, int64_t cols, float* out) {
+                     int64_t e_stride, const float* inv, int last, float* out, int64_t out_stride) {
+  using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
-  typename V::Reg acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero();
-  const int last = static_cast<int>(cols - (R - 1) * L);  // lanes in the last register
+  Reg acc[HB][R];
+  unroll<HB>([&](auto h) __attribute__((always_inline)) {
+    unroll<R>([&](auto r) __attribute__((always_inline)) { acc[h][r] = V::zero(); });
+  });
   for (int64_t j = 0; j < n; ++j) {
-    const typename V::Reg w = V::set1(e[j]);
     const KvElem<kT>* v = rows[j] + v_offset;
-    for (int r = 0; r + 1 < R; ++r) acc[r] = V::fmadd(w, load_kv<V, kT>(v + r * L), acc[r]);
-    acc[R - 1] = V::fmadd(w, load_kv_n<V, kT>(v + (R - 1) * L, last), acc[R - 1]);
+    // This pass's part of a V row kValueAhead positions on (rows past n are row 0's).
+    const auto* ahead = reinterpret_cast<const char*>(rows[j + kValueAhead] + v_offset);
+    for (int64_t o = 0; o < R * L * static_cast<int64_t>(sizeof(KvElem<kT>)); o += 64)
+      __builtin_prefetch(ahead + o);
+    Reg vr[R];
+    unroll<R>([&](auto r) __attribute__((always_inline)) {
+      if (kFull || r + 1 < R) {
+        vr[r] = load_kv<V, kT>(v + r * L);
+      } else {
+        vr[r] = load_kv_n<V, kT>(v + r * L, last);
+      }
+    });
+    unroll<HB>([&](auto h) __attribute__((always_inline)) {
+      const Reg w = V::set1(e[h * e_stride + j]);
+      unroll<R>([&](auto r)
+                    __attribute__((always_inline)) { acc[h][r] = V::fmadd(w, vr[r], acc[h][r]); });
+    });
   }
-  const typename V::Reg s = V::set1(inv);
-  for (int r = 0; r + 1 < R; ++r) V::store(out + r * L, V::mul(acc[r], s));
-  V::store_n(out + (R - 1) * L, V::mul(acc[R - 1], s), last);
+  unroll<HB>([&](auto h) __attribute__((always_inline)) {
+    const Reg s = V::set1(inv[h]);
+    float* o = out + h * out_stride;
+    unroll<R>([&](auto r) __attribute__((always_inline)) {
+      if (kFull || r + 1 < R) {
+        V::store(o + r * L, V::mul(acc[h][r], s));
+      } else {
+        V::store_n(o + r * L, V::mul(acc[h][r], s), last);
+      }
+    });
+  });
 }
 
-// weighted_values<V, kT, r> for r = 1 .. kValueRegs registers.
-template <class V, KvType kT>
+// Heads per values pass (1, 2, 4 or 8) and the registers of columns each pass may hold for
+// them: 16 accumulators (8 heads x 2 registers ... 1 head x 8), so that the V rows are read
+// once for as many heads as the registers allow.
+constexpr int kValueAccs = 16;
+constexpr int value_regs(int hb) { return std::min(8, kValueAccs / hb); }
+
+// weighted_values<V, kT, HB, r, full> for r = 1 .. value_regs(HB).
+template <class V, KvType kT, int HB, bool kFull>
 auto value_pass(int64_t regs) {
-  using Fn = void (*)(const KvElem<kT>* const*, int64_t, int64_t, const float*, float, int64_t,
-                      float*);
+  using Fn = void (*)(const KvElem<kT>* const*, int64_t, int64_t, const float*, int64_t,
+                      const float*, int, float*, int64_t);
   static constexpr auto kPasses = []<int... R>(std::integer_sequence<int, R...>) {
-    return std::array<Fn, sizeof...(R)>{&weighted_values<V, kT, R + 1>...};
+    return std::array<Fn, sizeof...(R)>{&weighted_values<V, kT, HB, R + 1, kFull>...};
   }
-  (std::make_integer_sequence<int, kValueRegs>{});
+  (std::make_integer_sequence<int, value_regs(HB)>{});
   return kPasses[static_cast<size_t>(regs - 1)];
+}
+
+// The weighted values of heads [h0, h0 + HB) over every column, in passes of value_regs(HB)
+// registers.
+template <class V, KvType kT, int HB>
+void values_of_heads(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset, const float* e,
+                     int64_t e_stride, const float* inv, int64_t dv, float* out,
+                     int64_t out_stride) {
+  constexpr int L = V::kLanes;
+  constexpr int64_t kCols = value_regs(HB) * L;
+  for (int64_t c0 = 0; c0 < dv; c0 += kCols) {
+    const int64_t cols = std::min(kCols, dv - c0);
+    const int64_t regs = (cols + L - 1) / L;
+    const int last = static_cast<int>(cols - (regs - 1) * L);
+    (last == L ? value_pass<V, kT, HB, true>(regs) : value_pass<V, kT, HB, false>(regs))(
+        rows, n, v_offset + c0, e, e_stride, inv, last, out + c0, out_stride);
+  }
+}
+
+// Query registers held per pass of the score loop: with the L accumulators, 24 of AVX-512's 32
+// registers, 12 of AVX2's 16.
+template <class V>
+constexpr int kScoreRegs = V::kLanes >= 16 ? 8 : 4;
+
+// acc[i] += q[c, c + QR L) . k_i[c, c + QR L) for the L positions i, chunk by chunk in order
+// (each position's sum in the order of the plain loop over chunks), position by position so
+// that one row pointer is live at a time.
+template <class V, KvType kT, int QR>
+[[gnu::always_inline]] inline void score_chunks(const float* qh, const KvElem<kT>* const* kr,
+                                                int64_t c, typename V::Reg (&acc)[V::kLanes]) {
+  typename V::Reg qv[QR];
+  unroll<QR>([&](auto r)
+                 __attribute__((always_inline)) { qv[r] = V::load(qh + c + r * V::kLanes); });
+  unroll<V::kLanes>([&](auto i) __attribute__((always_inline)) {
+    const KvElem<kT>* k = kr[i] + c;
+    unroll<QR>([&](auto r) __attribute__((always_inline)) {
+      acc[i] = V::fmadd(qv[r], load_kv<V, kT>(k + r * V::kLanes), acc[i]);
+    });
+  });
+}
+
+// score_chunks for 1 .. kScoreRegs registers.
+template <class V, KvType kT, int QR = kScoreRegs<V>>
+[[gnu::always_inline]] inline void score_regs(int regs, const float* qh,
+                                              const KvElem<kT>* const* kr, int64_t c,
+                                              typename V::Reg (&acc)[V::kLanes]) {
+  if constexpr (QR > 1) {
+    if (regs < QR) return score_regs<V, kT, QR - 1>(regs, qh, kr, c, acc);
+  }
+  score_chunks<V, kT, QR>(qh, kr, c, acc);
 }
 
 template <class V, KvType kT>
@@ -106,34 +196,44 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   if (static_cast<int64_t>(scores.size()) < g * (n_pad + 1))
     scores.resize(static_cast<size_t>(g * (n_pad + 1)));
   float* inv = &scores[static_cast<size_t>(g * n_pad)];
-  if (static_cast<int64_t>(rows.size()) < n_pad) rows.resize(static_cast<size_t>(n_pad));
+  // Row pointers for [0, n_pad) and the prefetches' look-ahead past it.
+  const int64_t n_rows = n_pad + std::max<int64_t>(kValueAhead, kScoreAhead * L);
+  if (static_cast<int64_t>(rows.size()) < n_rows) rows.resize(static_cast<size_t>(n_rows));
   // Row pointers once, block by block (no division per position).
   for (int64_t b = first / kv.block_size, j = 0, i0 = first % kv.block_size; j < n; ++b, i0 = 0) {
     const auto* base = static_cast<const Elem*>(kv.blocks[b]);
     for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j)
       rows[static_cast<size_t>(j)] = base + i * kv.row_stride;
   }
-  for (int64_t j = n; j < n_pad; ++j) rows[static_cast<size_t>(j)] = rows[0];  // read, unused
+  for (int64_t j = n; j < n_rows; ++j) rows[static_cast<size_t>(j)] = rows[0];  // read, unused
 
   // Scores, L positions at a time: one register per position, summed across lanes at the end.
   const int64_t k_full = dk / L * L;
   const int k_tail = static_cast<int>(dk - k_full);
   const Reg vscale = V::set1(scale);
   for (int64_t j0 = 0; j0 < n; j0 += L) {
-    const Elem* const* kr = &rows[static_cast<size_t>(j0)];
+    const Elem* kr[L];
+    for (int i = 0; i < L; ++i) {
+      kr[i] = rows[static_cast<size_t>(j0 + i)] + kv.k_offset;
+      const auto* ahead = reinterpret_cast<const char*>(
+          rows[static_cast<size_t>(j0 + kScoreAhead * L + i)] + kv.k_offset);
+      for (int64_t o = 0; o < dk * static_cast<int64_t>(sizeof(Elem)); o += 64)
+        __builtin_prefetch(ahead + o);
+    }
     for (int64_t h = 0; h < g; ++h) {
       const float* qh = q + h * q_stride;
       Reg acc[L];
-      for (int i = 0; i < L; ++i) acc[i] = V::zero();
-      for (int64_t c = 0; c < k_full; c += L) {
-        const Reg qv = V::load(qh + c);
-        for (int i = 0; i < L; ++i)
-          acc[i] = V::fmadd(qv, load_kv<V, kT>(kr[i] + kv.k_offset + c), acc[i]);
+      unroll<L>([&](auto i) __attribute__((always_inline)) { acc[i] = V::zero(); });
+      for (int64_t c = 0; c < k_full;) {
+        const int64_t regs = std::min<int64_t>(kScoreRegs<V>, (k_full - c) / L);
+        score_regs<V, kT>(static_cast<int>(regs), qh, kr, c, acc);
+        c += regs * L;
       }
       if (k_tail > 0) {
         const Reg qv = V::load_n(qh + k_full, k_tail);
-        for (int i = 0; i < L; ++i)
-          acc[i] = V::fmadd(qv, load_kv_n<V, kT>(kr[i] + kv.k_offset + k_full, k_tail), acc[i]);
+        unroll<L>([&](auto i) __attribute__((always_inline)) {
+          acc[i] = V::fmadd(qv, load_kv_n<V, kT>(kr[i] + k_full, k_tail), acc[i]);
+        });
       }
       V::store(&scores[static_cast<size_t>(h * n_pad + j0)], V::mul(V::lane_sums(acc), vscale));
     }
@@ -170,14 +270,25 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     inv[h] = 1.0f / (V::hsum(sum) + (kv.sinks != nullptr ? std::exp(sink - mh) : 0.0f));
   }
 
-  // Weighted values, kValueRegs registers of output columns per pass.
-  for (int64_t h = 0; h < g; ++h) {
+  // Weighted values, up to 8 heads per pass over the V rows.
+  for (int64_t h = 0; h < g;) {
+    const int64_t left = g - h;
     const float* e = &scores[static_cast<size_t>(h * n_pad)];
     float* oh = out + h * out_stride;
-    for (int64_t c0 = 0; c0 < dv; c0 += kValueRegs * L) {
-      const int64_t cols = std::min<int64_t>(kValueRegs * L, dv - c0);
-      value_pass<V, kT>((cols + L - 1) / L)(rows.data(), n, kv.v_offset + c0, e, inv[h], cols,
-                                            oh + c0);
+    const Elem* const* r = rows.data();
+    const int64_t vo = kv.v_offset;
+    if (left >= 8) {
+      values_of_heads<V, kT, 8>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      h += 8;
+    } else if (left >= 4) {
+      values_of_heads<V, kT, 4>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      h += 4;
+    } else if (left >= 2) {
+      values_of_heads<V, kT, 2>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      h += 2;
+    } else {
+      values_of_heads<V, kT, 1>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      h += 1;
     }
   }
 }

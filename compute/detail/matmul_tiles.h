@@ -14,6 +14,7 @@
 
 #include "base/check.h"
 #include "compute/detail/matmul_kernels.h"
+#include "compute/detail/unroll.h"
 #include "model/weight_tiles.h"
 
 namespace troupe::compute::detail {
@@ -24,21 +25,6 @@ namespace troupe::compute::detail {
 inline void prefetch(const void* p, int64_t ahead, int64_t bytes) {
   const char* c = static_cast<const char*>(p) + ahead;
   for (int64_t o = 0; o < bytes + 63; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
-}
-
-/// f(0), f(1), ..., f(N - 1), unrolled in the source (each index a std::integral_constant, so
-/// it can be an intrinsic's immediate at -O0 too). A kernel's arrays of registers (one
-/// accumulator per token) are then indexed by constants only, which g++ 12 needs to keep them in
-/// registers: after a loop over them, even one it unrolled later, it stored every accumulator
-/// to the stack once per record (docs/benchmarks.md "Engine, session 28"). Give the lambda
-/// __attribute__((always_inline)) too: g++ outlined a long one, passing the arrays' address.
-template <class F, int... I>
-[[gnu::always_inline]] inline void unroll_each(F& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, class F>
-[[gnu::always_inline]] inline void unroll(F&& f) {
-  unroll_each(f, std::make_integer_sequence<int, N>{});
 }
 
 /// K provides kRows, kToks, kTokBlock and

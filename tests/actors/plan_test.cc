@@ -211,8 +211,7 @@ TEST(PlanParse, KvTypeIsReadCheckedAndShown) {
   const std::string e = parse_error("[stages]\ncount = 2\nkv_type = \"fp8\"\n");
   EXPECT_NE(e.find("plan.toml:3"), std::string::npos) << e;
   EXPECT_NE(e.find("stages.kv_type"), std::string::npos) << e;
-  EXPECT_NE(e.find("expected \"f32\", \"f16\" or \"bf16\", got \"fp8\""), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("expected \"f32\", \"f16\" or \"bf16\", got \"fp8\""), std::string::npos) << e;
   EXPECT_NE(parse_error("[stages]\nkv_type = 16\n").find("stages.kv_type"), std::string::npos);
 }
 

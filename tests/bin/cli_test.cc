@@ -387,8 +387,8 @@ TEST(Cli, KvTypeOptionIsCheckedAndApplied) {
   const fs::path f32 = temp_dir() / "kv-f32.f32", f16 = temp_dir() / "kv-f16.f32";
   const std::string toks = "1,403,407,261,378,454,30,32,49,63,70,90,301,17,388,2";
   for (const auto& [type, out] : {std::pair{"f32", f32}, std::pair{"f16", f16}}) {
-    CliRun r = troupe({"eval", "--model", m, "--tokens", toks, "--logits-out", out.string(),
-                       "--kv-type", type});
+    CliRun r = troupe(
+        {"eval", "--model", m, "--tokens", toks, "--logits-out", out.string(), "--kv-type", type});
     ASSERT_EQ(r.rc, 0) << r.err;
   }
   const auto a = testing::read_f32_file(f32.string()), b = testing::read_f32_file(f16.string());
@@ -401,8 +401,8 @@ TEST(Cli, KvTypeOptionIsCheckedAndApplied) {
   EXPECT_GT(d, 0.0) << "f16 rounding changed nothing";
   EXPECT_LE(d, 1e-2 * mx);
   auto gen = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = {"generate", "--model", m, "--prompt", "Once upon a time",
-                                  "--max-tokens", "24", "--json"};
+    std::vector<std::string> a = {"generate",         "--model",      m,    "--prompt",
+                                  "Once upon a time", "--max-tokens", "24", "--json"};
     a.insert(a.end(), extra.begin(), extra.end());
     return troupe(a);
   };

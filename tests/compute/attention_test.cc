@@ -115,8 +115,11 @@ TEST(Attention, MatchesReferenceAndEachHeadIsIndependentOfItsGroup) {
 // head grouping; and that pool's values are what KvCache::store rounds to.
 TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
   std::mt19937 rng(9);
-  const Shape shapes[] = {{8, 64, 64, 37, 16}, {2, 40, 24, 17, 4}, {1, 7, 5, 3, 2},
-                          {3, 72, 64, 300, 32}, {8, 576, 512, 20, 16}};
+  const Shape shapes[] = {{8, 64, 64, 37, 16},
+                          {2, 40, 24, 17, 4},
+                          {1, 7, 5, 3, 2},
+                          {3, 72, 64, 300, 32},
+                          {8, 576, 512, 20, 16}};
   for (const KvType type : {KvType::kF16, KvType::kBF16}) {
     for (const Shape& sh : shapes) {
       SCOPED_TRACE(::testing::Message() << kv_type_name(type) << " g=" << sh.g << " dk=" << sh.dk
@@ -168,14 +171,15 @@ TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
 // every kind of value, at every offset and tail: ties to even, overflow to infinity, the
 // subnormals, zeros of both signs, and NaN (0x7e00 with its sign) in a chunk of ordinary values.
 TEST(Attention, RoundToF16IsTheScalarConversion) {
-  std::vector<float> x = {0.f,        -0.f,         1.f,          -1.f,       65504.f,
-                          65519.f,    65520.f,      -70000.f,     1e30f,      INFINITY,
-                          -INFINITY,  6.0e-8f,      -6.0e-8f,     2.98e-8f,   2.9802322e-8f,
-                          1e-10f,     6.1035156e-5f, 6.097555e-5f, 1.00048828125f, 1.00146484375f,
-                          3.14159f,   -2.71828f,    1e-5f,        std::nanf(""), -std::nanf("")};
+  std::vector<float> x = {0.f,       -0.f,          1.f,          -1.f,           65504.f,
+                          65519.f,   65520.f,       -70000.f,     1e30f,          INFINITY,
+                          -INFINITY, 6.0e-8f,       -6.0e-8f,     2.98e-8f,       2.9802322e-8f,
+                          1e-10f,    6.1035156e-5f, 6.097555e-5f, 1.00048828125f, 1.00146484375f,
+                          3.14159f,  -2.71828f,     1e-5f,        std::nanf(""),  -std::nanf("")};
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 100.f);
-  for (int i = 0; i < 300; ++i) x.push_back(nd(rng) * std::ldexp(1.f, static_cast<int>(i % 40) - 30));
+  for (int i = 0; i < 300; ++i)
+    x.push_back(nd(rng) * std::ldexp(1.f, static_cast<int>(i % 40) - 30));
   for (size_t off = 0; off < 17; ++off) {
     const auto n = static_cast<int64_t>(x.size() - off);
     std::vector<uint16_t> got(static_cast<size_t>(n));

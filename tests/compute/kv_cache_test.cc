@@ -42,7 +42,7 @@ TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
         for (int64_t s = 0; s < 4; ++s) {
           float row[9];
           for (int64_t i = 0; i < 9; ++i) row[i] = value(l, b, s, i);
-          kv.store(l, b, s, 0, row, 6);     // K
+          kv.store(l, b, s, 0, row, 6);      // K
           kv.store(l, b, s, 6, row + 6, 3);  // V
         }
     for (int64_t l = 0; l < 2; ++l)

@@ -1,0 +1,158 @@
+// attention_bench: the CPU attention kernel (compute/vec_ops.h attend_heads) over a paged KV cache
+// laid out as the engine keeps it (compute/kv_cache.h: one row per position holding every KV
+// head's K, then V), for one decoding token: the query heads of each KV head together, as a
+// decode step hands them to one thread. Prints the time per layer, the multiply-adds per second
+// against the machine's f32 FMA peak, and the K/V bytes read per second against its read
+// bandwidth (both measured here, one thread). Each timed pass runs every layer once, as a decode
+// step does, so that the K/V rows of a long context come from memory, not from the caches.
+// Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim 64]
+//                        [--layers 22] [--kv-type f32,f16,bf16] [--runs 7]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/detail/membw.h"
+#include "bench/detail/peaks.h"
+#include "compute/kv_cache.h"
+#include "compute/matmul.h"
+#include "compute/thread_pool.h"
+#include "compute/vec_ops.h"
+
+namespace {
+
+using namespace troupe;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t p = 0; p <= s.size();) {
+    const size_t q = std::min(s.find(',', p), s.size());
+    out.push_back(s.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> contexts = {512, 4096};
+  int64_t heads = 32, kv_heads = 4, dim = 64, layers = 22;
+  int runs = 7;
+  std::vector<compute::KvType> types = {compute::KvType::kF32, compute::KvType::kF16,
+                                        compute::KvType::kBF16};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--context") {
+      contexts.clear();
+      for (const auto& c : split(v))
+        contexts.push_back(std::max<int64_t>(1, std::atoll(c.c_str())));
+    } else if (k == "--heads") {
+      heads = std::atoll(v.c_str());
+    } else if (k == "--kv-heads") {
+      kv_heads = std::atoll(v.c_str());
+    } else if (k == "--layers") {
+      layers = std::max<int64_t>(1, std::atoll(v.c_str()));
+    } else if (k == "--head-dim") {
+      dim = std::atoll(v.c_str());
+    } else if (k == "--runs") {
+      runs = std::max(1, std::atoi(v.c_str()));
+    } else if (k == "--kv-type") {
+      types.clear();
+      for (const auto& t : split(v)) {
+        const auto kt = compute::parse_kv_type(t);
+        if (!kt) {
+          std::fprintf(stderr, "attention_bench: --kv-type takes f32, f16 or bf16\n");
+          return 2;
+        }
+        types.push_back(*kt);
+      }
+    } else {
+      std::fprintf(stderr, "attention_bench: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1) {
+    std::fprintf(stderr, "attention_bench: --heads must be a multiple of --kv-heads\n");
+    return 2;
+  }
+  compute::ThreadPool pool(1);
+  const double peak = bench::compute_peak(pool, compute::simd_level(), bench::PeakKind::kF32Fma);
+  const double bw = bench::measure_read_bandwidth(pool, 512, 5).median;
+  std::printf(
+      "attention_bench: simd %s, one thread: f32 FMA peak %.0f GFLOP/s, read bandwidth "
+      "%.1f GB/s\n",
+      compute::simd_level(), peak, bw);
+  std::printf(
+      "shape: %lld query heads, %lld KV heads, head dim %lld; one token, %lld layers per "
+      "pass (times per layer)\n",
+      static_cast<long long>(heads), static_cast<long long>(kv_heads), static_cast<long long>(dim),
+      static_cast<long long>(layers));
+  std::printf("%-6s %8s %10s %10s %8s %10s %8s\n", "kv", "context", "us/layer", "GFLOP/s",
+              "of_peak", "KV GB/s", "of_bw");
+  const int64_t g = heads / kv_heads, kw = kv_heads * dim;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const int64_t n : contexts) {
+    for (const compute::KvType type : types) {
+      compute::KvCacheConfig c;
+      c.n_layer = layers;
+      c.k_width = kw;
+      c.v_width = kw;
+      c.block_size = 16;
+      c.num_blocks = (n + 15) / 16;
+      c.type = type;
+      compute::KvCache kv(c);
+      std::vector<float> row(static_cast<size_t>(2 * kw));
+      // Blocks in a shuffled order, as a pool that has served other sequences hands them out.
+      std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
+      for (size_t b = 0; b < ids.size(); ++b) ids[b] = static_cast<int32_t>(b);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (int64_t l = 0; l < layers; ++l)
+        for (int64_t p = 0; p < n; ++p) {
+          for (auto& x : row) x = nd(rng);
+          kv.store(l, ids[static_cast<size_t>(p / 16)], p % 16, 0, row.data(), 2 * kw);
+        }
+      std::vector<std::vector<const void*>> layer_blocks(static_cast<size_t>(layers));
+      for (int64_t l = 0; l < layers; ++l)
+        for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.row(l, id, 0));
+      std::vector<float> q(static_cast<size_t>(heads * dim)), out(q.size());
+      for (auto& x : q) x = nd(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+      std::vector<double> t;
+      for (int r = 0; r < runs + 1; ++r) {
+        const double t0 = now_s();
+        for (int64_t l = 0; l < layers; ++l)
+          for (int64_t h = 0; h < kv_heads; ++h) {
+            compute::KvView v;
+            v.blocks = layer_blocks[static_cast<size_t>(l)].data();
+            v.type = type;
+            v.block_size = 16;
+            v.row_stride = kv.row_stride();
+            v.k_offset = h * dim;
+            v.v_offset = kw + h * dim;
+            compute::attend_heads(&q[static_cast<size_t>(h * g * dim)], dim, g, dim, v, n, scale,
+                                  dim, &out[static_cast<size_t>(h * g * dim)], dim);
+          }
+        if (r > 0) t.push_back(now_s() - t0);  // the first pass warms up
+      }
+      std::sort(t.begin(), t.end());
+      const double s = t[t.size() / 2] / static_cast<double>(layers);
+      const double flop = 4.0 * static_cast<double>(heads * n * dim);  // q.k and p.v
+      const double bytes = static_cast<double>(n * 2 * kw * compute::kv_type_bytes(type));
+      std::printf("%-6s %8lld %10.1f %10.1f %7.0f%% %10.1f %7.0f%%\n",
+                  std::string(compute::kv_type_name(type)).c_str(), static_cast<long long>(n),
+                  s * 1e6, flop / s / 1e9, peak > 0 ? 100 * flop / s / 1e9 / peak : 0,
+                  bytes / s / 1e9, bw > 0 ? 100 * bytes / s / 1e9 / bw : 0);
+    }
+  }
+  return 0;
+}
