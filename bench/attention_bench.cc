@@ -1,11 +1,11 @@
 // attention_bench: the CPU attention kernel (compute/vec_ops.h attend_heads) over a paged KV cache
-// laid out as the engine keeps it (compute/kv_cache.h: one row per position holding every KV
-// head's K, then V), for one decoding token: the query heads of each KV head together, as a
-// decode step hands them to one thread. Prints the time per layer, the multiply-adds per second
-// against the machine's f32 FMA peak, and the K/V bytes read per second against its read
-// bandwidth (both measured here, one thread). Each timed pass runs every layer once, as a decode
-// step does, so that the K/V rows of a long context come from memory, not from the caches.
-// Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim 64]
+// laid out as the engine keeps it (compute/kv_cache.h), for one decoding token: the query heads of
+// each KV head together, as a decode step hands them to one thread. Prints the time per layer, the
+// multiply-adds per second against the machine's f32 FMA peak, and the K/V bytes read per second
+// against its read bandwidth (both measured here, one thread). Each timed pass runs every layer
+// once, as a decode step does, so that the K/V rows of a long context come from memory, not from
+// the caches. Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim
+// 64]
 //                        [--layers 22] [--kv-type f32,f16,bf16] [--runs 7]
 #include <algorithm>
 #include <chrono>
@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
       c.n_layer = layers;
       c.k_width = kw;
       c.v_width = kw;
+      c.heads = kv_heads;
       c.block_size = 16;
       c.num_blocks = (n + 15) / 16;
       c.type = type;
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
         }
       std::vector<std::vector<const void*>> layer_blocks(static_cast<size_t>(layers));
       for (int64_t l = 0; l < layers; ++l)
-        for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.row(l, id, 0));
+        for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.block(l, id));
       std::vector<float> q(static_cast<size_t>(heads * dim)), out(q.size());
       for (auto& x : q) x = nd(rng);
       const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -136,9 +137,10 @@ int main(int argc, char** argv) {
             v.blocks = layer_blocks[static_cast<size_t>(l)].data();
             v.type = type;
             v.block_size = 16;
-            v.row_stride = kv.row_stride();
-            v.k_offset = h * dim;
-            v.v_offset = kw + h * dim;
+            v.k_offset = kv.k_offset(h);
+            v.k_stride = kv.k_stride();
+            v.v_offset = kv.v_offset(h);
+            v.v_stride = kv.v_stride();
             compute::attend_heads(&q[static_cast<size_t>(h * g * dim)], dim, g, dim, v, n, scale,
                                   dim, &out[static_cast<size_t>(h * g * dim)], dim);
           }

@@ -82,20 +82,22 @@ int64_t keys_seen(const SeqStep& q, int64_t pos) {
   return q.non_causal ? q.pos0 + static_cast<int64_t>(q.tokens.size()) : pos + 1;
 }
 
-// The KV view of one sequence at layer l: its blocks' first rows, in position order.
-KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t k_offset,
-               int64_t v_offset, std::vector<const void*>& blocks) {
+// The KV view of KV head `head` of one sequence at layer l: its blocks, in position order (MLA:
+// head 0, the value the key's latent prefix).
+KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t head, bool mla,
+               std::vector<const void*>& blocks) {
   const int64_t bs = kv.block_size(), nb = (n + bs - 1) / bs;
   blocks.resize(static_cast<size_t>(nb));
   for (int64_t b = 0; b < nb; ++b)
-    blocks[static_cast<size_t>(b)] = kv.row(l, q.blocks[static_cast<size_t>(b)], 0);
+    blocks[static_cast<size_t>(b)] = kv.block(l, q.blocks[static_cast<size_t>(b)]);
   KvView v;
   v.blocks = blocks.data();
   v.type = kv.config().type;
   v.block_size = bs;
-  v.row_stride = kv.row_stride();
-  v.k_offset = k_offset;
-  v.v_offset = v_offset;
+  v.k_offset = kv.k_offset(head);
+  v.k_stride = kv.k_stride();
+  v.v_offset = mla ? v.k_offset : kv.v_offset(head);
+  v.v_stride = mla ? v.k_stride : kv.v_stride();
   return v;
 }
 
@@ -149,6 +151,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     kc.n_layer = range.end - range.begin;
     kc.k_width = s.kv_k_width();
     kc.v_width = s.kv_v_width();
+    kc.heads = s.is_mla() ? 1 : s.n_head_kv;
     kc.block_size = opts.kv_block_size;
     kc.type = opts.kv_type;
     kc.num_blocks = opts.kv_num_blocks > 0
@@ -383,7 +386,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   const float scale =
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dk))));
   const int64_t group = H / HK, part = head_part(group, T, H, pool_->size()), parts = H / part;
-  const int64_t l = il - range_.begin, k_width = kv_->config().k_width;
+  const int64_t l = il - range_.begin;
   const float* sinks = L.sinks.present() ? f32(L.sinks) : nullptr;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const void*> blocks;
@@ -392,7 +395,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
       const int64_t n_keys = keys_seen(q, pos);
-      KvView kv = kv_view(*kv_, l, q, n_keys, kvh * dk, k_width + kvh * dv, blocks);
+      KvView kv = kv_view(*kv_, l, q, n_keys, kvh, false, blocks);
       if (L.window > 0) kv.first = std::max<int64_t>(0, pos + 1 - L.window);
       if (sinks != nullptr) kv.sinks = sinks + h0;
       attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, n_keys, scale, dv,
@@ -458,7 +461,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
       const int64_t n_keys = keys_seen(q, pos);
-      const KvView kv = kv_view(*kv_, l, q, n_keys, 0, 0, blocks);
+      const KvView kv = kv_view(*kv_, l, q, n_keys, 0, true, blocks);
       attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, n_keys, scale, lora,
                    &S.lat[(t * H + h0) * lora], lora);
     }

@@ -1,5 +1,6 @@
 #include "compute/kv_cache.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -14,15 +15,20 @@
 namespace troupe::compute {
 
 KvCache::KvCache(const KvCacheConfig& cfg)
-    : cfg_(cfg), stride_(cfg.k_width + cfg.v_width), elem_bytes_(kv_type_bytes(cfg.type)) {
-  if (cfg.n_layer <= 0 || stride_ <= 0 || cfg.block_size <= 0 || cfg.num_blocks <= 0)
+    : cfg_(cfg), row_(cfg.k_width + cfg.v_width), elem_bytes_(kv_type_bytes(cfg.type)) {
+  if (cfg.n_layer <= 0 || row_ <= 0 || cfg.k_width <= 0 || cfg.v_width < 0 || cfg.block_size <= 0 ||
+      cfg.num_blocks <= 0 || cfg.heads <= 0 || cfg.k_width % cfg.heads != 0 ||
+      cfg.v_width % cfg.heads != 0)
     TROUPE_INPUT_ERROR(
-        "KV cache: bad configuration (layers %lld, width %lld, block %lld, "
-        "blocks %lld)",
-        static_cast<long long>(cfg.n_layer), static_cast<long long>(stride_),
+        "KV cache: bad configuration (layers %lld, K width %lld, V width %lld, heads %lld, "
+        "block %lld, blocks %lld)",
+        static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.k_width),
+        static_cast<long long>(cfg.v_width), static_cast<long long>(cfg.heads),
         static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.num_blocks));
+  kd_ = cfg.k_width / cfg.heads;
+  vd_ = cfg.v_width / cfg.heads;
   const uint64_t n = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
-                     static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(stride_);
+                     static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(row_);
   bytes_ = n * static_cast<uint64_t>(elem_bytes_);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const uint64_t available = model::available_memory_bytes();  // 0: unknown
@@ -44,31 +50,40 @@ KvCache::KvCache(const KvCacheConfig& cfg)
 
 void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x,
                     int64_t n) {
-  uint8_t* r = row(layer, block, slot) + at * elem_bytes_;
-  switch (cfg_.type) {
-    case KvType::kF32:
-      std::memcpy(r, x, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case KvType::kF16:
-      round_to_f16(x, reinterpret_cast<uint16_t*>(r), n);
-      return;
-    case KvType::kBF16: {
-      auto* h = reinterpret_cast<uint16_t*>(r);
-      for (int64_t i = 0; i < n; ++i) h[i] = model::fp32_to_bf16(x[i]);
-      return;
+  uint8_t* base = this->block(layer, block);
+  // Head by head: each head's part of the row is contiguous in the block.
+  for (int64_t done = 0; done < n;) {
+    const int64_t v = at + done, w = v < cfg_.k_width ? kd_ : vd_;
+    const int64_t len = std::min(n - done, w - (v < cfg_.k_width ? v : v - cfg_.k_width) % w);
+    uint8_t* r = base + place(slot, v) * elem_bytes_;
+    switch (cfg_.type) {
+      case KvType::kF32:
+        std::memcpy(r, x + done, static_cast<size_t>(len) * sizeof(float));
+        break;
+      case KvType::kF16:
+        round_to_f16(x + done, reinterpret_cast<uint16_t*>(r), len);
+        break;
+      case KvType::kBF16: {
+        auto* h = reinterpret_cast<uint16_t*>(r);
+        for (int64_t i = 0; i < len; ++i) h[i] = model::fp32_to_bf16(x[done + i]);
+        break;
+      }
     }
+    done += len;
   }
 }
 
 void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out) {
-  const uint8_t* r = row(layer, block, slot) + at * elem_bytes_;
-  if (cfg_.type == KvType::kF32) {
-    std::memcpy(out, r, static_cast<size_t>(n) * sizeof(float));
-    return;
+  const uint8_t* base = this->block(layer, block);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* r = base + place(slot, at + i) * elem_bytes_;
+    uint16_t h;
+    std::memcpy(&h, r, sizeof h);
+    if (cfg_.type == KvType::kF32)
+      std::memcpy(&out[i], r, sizeof(float));
+    else
+      out[i] = cfg_.type == KvType::kF16 ? model::fp16_to_fp32(h) : model::bf16_to_fp32(h);
   }
-  const auto* h = reinterpret_cast<const uint16_t*>(r);
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = cfg_.type == KvType::kF16 ? model::fp16_to_fp32(h[i]) : model::bf16_to_fp32(h[i]);
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : total_(num_blocks) {

@@ -22,15 +22,23 @@ struct KvCacheConfig {
   int64_t n_layer = 0;
   int64_t k_width = 0;      // values per token per layer for K (MLA: latent + rope key)
   int64_t v_width = 0;      // values per token per layer for V (0 for MLA)
+  int64_t heads = 1;        // K and V each in this many equal parts (the KV heads; MLA: 1)
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
   KvType type = KvType::kF32;  // what the values are stored as (kv_type.h)
 };
 
+/// A block of a layer holds its block_size slots' K and V head by head: for each KV head h its
+/// K rows (k_width / heads values per slot, slot after slot), then for each head its V rows.
+/// So attention, which reads one KV head's rows position after position, reads each block's
+/// part as one contiguous run that the hardware prefetchers follow (with K and V of all heads
+/// in one row per slot, a head's 256 bytes lay 2 KiB apart and attention read ~3x slower,
+/// docs/benchmarks.md "Engine, session 35").
 class KvCache {
  public:
   /// Reserves the whole pool up front (zeroed, committed as used). Throws InputError when it is
-  /// larger than the memory available or cannot be mapped.
+  /// larger than the memory available or cannot be mapped, or when the widths do not split
+  /// into `heads` parts.
   explicit KvCache(const KvCacheConfig& cfg);
   KvCache(const KvCache&) = delete;  // one pool per owner (a copy would share it)
   KvCache& operator=(const KvCache&) = delete;
@@ -40,29 +48,36 @@ class KvCache {
   int64_t num_blocks() const { return cfg_.num_blocks; }
   uint64_t bytes() const { return bytes_; }
 
-  /// The row of (layer, block, slot): k_width K values, then v_width V values, of
-  /// config().type.
-  uint8_t* row(int64_t layer, int32_t block, int64_t slot) {
-    return pool_.get() +
-           ((layer * cfg_.num_blocks + block) * cfg_.block_size + slot) * stride_ * elem_bytes_;
+  /// The start of (layer, block): block_size * (k_width + v_width) values of config().type.
+  uint8_t* block(int64_t layer, int32_t block) {
+    return pool_.get() + (layer * cfg_.num_blocks + block) * cfg_.block_size * row_ * elem_bytes_;
   }
-  /// Writes x[0, n) into that row from value `at` on, rounded to the pool's type.
+  /// Where KV head h's K rows start in a block, in values; a slot's row is k_stride() on from
+  /// the one before. The same for V.
+  int64_t k_offset(int64_t head) const { return head * cfg_.block_size * kd_; }
+  int64_t v_offset(int64_t head) const {
+    return cfg_.block_size * cfg_.k_width + head * cfg_.block_size * vd_;
+  }
+  int64_t k_stride() const { return kd_; }
+  int64_t v_stride() const { return vd_; }
+
+  /// Writes x[0, n) as values [at, at + n) of the slot's K|V row (k_width K values, then v_width
+  /// V values, heads in order), each rounded to the pool's type.
   void store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x, int64_t n);
   /// Reads values [at, at + n) of that row back as floats (the rounded values, exactly).
   void load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out);
-  /// An f32 pool's K row of (layer, block, slot) [k_width], and its V row [v_width].
-  float* k(int64_t layer, int32_t block, int64_t slot) {
-    return reinterpret_cast<float*>(row(layer, block, slot));
-  }
-  float* v(int64_t layer, int32_t block, int64_t slot) {
-    return k(layer, block, slot) + cfg_.k_width;
-  }
-  /// Values from one slot's row to the next slot's (K and V of a slot are one row).
-  int64_t row_stride() const { return stride_; }
 
  private:
+  // Value x (< k_width + v_width) of a slot's row: its place in the block, in values.
+  int64_t place(int64_t slot, int64_t x) const {
+    if (x < cfg_.k_width) return k_offset(x / kd_) + slot * kd_ + x % kd_;
+    x -= cfg_.k_width;
+    return v_offset(x / vd_) + slot * vd_ + x % vd_;
+  }
+
   KvCacheConfig cfg_;
-  int64_t stride_ = 0;             // k_width + v_width
+  int64_t row_ = 0;                // k_width + v_width
+  int64_t kd_ = 0, vd_ = 0;        // one head's K and V values per slot
   int64_t elem_bytes_ = 4;         // kv_type_bytes(cfg_.type)
   std::shared_ptr<uint8_t> pool_;  // base/huge_pages.h: zero, committed as blocks are written
   uint64_t bytes_ = 0;             // of the pool

@@ -10,17 +10,19 @@
 
 namespace troupe::compute {
 
-/// K/V rows of one sequence at one layer, in its blocks: position j's row starts at
-/// blocks[j / block_size] + (j % block_size) * row_stride values of `type` (f32, or f16 or
-/// bf16 bits); its key at k_offset values from the row's start, its value at v_offset (MLA:
-/// both 0, the value is the key's latent prefix).
+/// K/V rows of one KV head of one sequence at one layer, in its blocks, values of `type` (f32,
+/// or f16 or bf16 bits): position j's key starts at blocks[j / block_size] + k_offset +
+/// (j % block_size) * k_stride, its value at blocks[j / block_size] + v_offset +
+/// (j % block_size) * v_stride (MLA: the value is the key's latent prefix, v_offset = k_offset
+/// and v_stride = k_stride).
 struct KvView {
   const void* const* blocks = nullptr;
   KvType type = KvType::kF32;
   int64_t block_size = 0;
-  int64_t row_stride = 0;
   int64_t k_offset = 0;
+  int64_t k_stride = 0;
   int64_t v_offset = 0;
+  int64_t v_stride = 0;
   int64_t first = 0;             ///< positions before it are not attended (a sliding window)
   const float* sinks = nullptr;  ///< g logits, one per head: an extra softmax term, value 0
 };

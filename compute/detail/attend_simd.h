@@ -61,8 +61,8 @@ typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
 
 // How far ahead of the rows it reads attention prefetches them: the K rows of the position block
 // kScoreAhead blocks on, the V row kValueAhead positions on. A decode step reads every layer's
-// K and V from memory once, rows kv row_stride apart, where the hardware prefetchers fall
-// behind (docs/benchmarks.md "Engine, session 35").
+// K and V from memory once, and the hardware prefetchers follow a KV head's rows only as far as
+// a block's run of them goes (docs/benchmarks.md "Engine, session 35").
 constexpr int64_t kScoreAhead = 4;
 constexpr int64_t kValueAhead = 64;
 
@@ -187,25 +187,33 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   using Reg = typename V::Reg;
   using Elem = KvElem<kT>;
   constexpr int L = V::kLanes;
-  // Positions [first, n_end): rows[j] is position first + j's.
+  // Positions [first, n_end): krows[j] and vrows[j] are position first + j's key and value.
   const int64_t first = kv.first, n = n_end - first;
   const int64_t n_pad = (n + L - 1) / L * L;
   // [g][n_pad]: scores, then exp(score - max); then [g]: 1 / their sums.
   thread_local std::vector<float> scores;
-  thread_local std::vector<const Elem*> rows;
+  thread_local std::vector<const Elem*> krows, vrows;
   if (static_cast<int64_t>(scores.size()) < g * (n_pad + 1))
     scores.resize(static_cast<size_t>(g * (n_pad + 1)));
   float* inv = &scores[static_cast<size_t>(g * n_pad)];
   // Row pointers for [0, n_pad) and the prefetches' look-ahead past it.
   const int64_t n_rows = n_pad + std::max<int64_t>(kValueAhead, kScoreAhead * L);
-  if (static_cast<int64_t>(rows.size()) < n_rows) rows.resize(static_cast<size_t>(n_rows));
+  if (static_cast<int64_t>(krows.size()) < n_rows) {
+    krows.resize(static_cast<size_t>(n_rows));
+    vrows.resize(static_cast<size_t>(n_rows));
+  }
   // Row pointers once, block by block (no division per position).
   for (int64_t b = first / kv.block_size, j = 0, i0 = first % kv.block_size; j < n; ++b, i0 = 0) {
     const auto* base = static_cast<const Elem*>(kv.blocks[b]);
-    for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j)
-      rows[static_cast<size_t>(j)] = base + i * kv.row_stride;
+    for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j) {
+      krows[static_cast<size_t>(j)] = base + kv.k_offset + i * kv.k_stride;
+      vrows[static_cast<size_t>(j)] = base + kv.v_offset + i * kv.v_stride;
+    }
   }
-  for (int64_t j = n; j < n_rows; ++j) rows[static_cast<size_t>(j)] = rows[0];  // read, unused
+  for (int64_t j = n; j < n_rows; ++j) {  // read, unused
+    krows[static_cast<size_t>(j)] = krows[0];
+    vrows[static_cast<size_t>(j)] = vrows[0];
+  }
 
   // Scores, L positions at a time: one register per position, summed across lanes at the end.
   const int64_t k_full = dk / L * L;
@@ -214,9 +222,9 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   for (int64_t j0 = 0; j0 < n; j0 += L) {
     const Elem* kr[L];
     for (int i = 0; i < L; ++i) {
-      kr[i] = rows[static_cast<size_t>(j0 + i)] + kv.k_offset;
-      const auto* ahead = reinterpret_cast<const char*>(
-          rows[static_cast<size_t>(j0 + kScoreAhead * L + i)] + kv.k_offset);
+      kr[i] = krows[static_cast<size_t>(j0 + i)];
+      const auto* ahead =
+          reinterpret_cast<const char*>(krows[static_cast<size_t>(j0 + kScoreAhead * L + i)]);
       for (int64_t o = 0; o < dk * static_cast<int64_t>(sizeof(Elem)); o += 64)
         __builtin_prefetch(ahead + o);
     }
@@ -275,8 +283,8 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     const int64_t left = g - h;
     const float* e = &scores[static_cast<size_t>(h * n_pad)];
     float* oh = out + h * out_stride;
-    const Elem* const* r = rows.data();
-    const int64_t vo = kv.v_offset;
+    const Elem* const* r = vrows.data();
+    const int64_t vo = 0;
     if (left >= 8) {
       values_of_heads<V, kT, 8>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
       h += 8;

@@ -33,15 +33,21 @@ Paged make_paged(int64_t n, int64_t bs, int64_t dk, int64_t dv, std::mt19937& rn
     p.blocks.push_back(&p.pool[static_cast<size_t>((nb - 1 - b) * bs * stride)]);
   p.view.blocks = p.blocks.data();
   p.view.block_size = bs;
-  p.view.row_stride = stride;
   p.view.k_offset = 0;
+  p.view.k_stride = stride;
   p.view.v_offset = dk;
+  p.view.v_stride = stride;
   return p;
 }
 
-const float* row(const KvView& kv, int64_t j) {
-  return static_cast<const float*>(kv.blocks[j / kv.block_size]) +
-         (j % kv.block_size) * kv.row_stride;
+// Position j's key and value in an f32 view.
+const float* key(const KvView& kv, int64_t j) {
+  return static_cast<const float*>(kv.blocks[j / kv.block_size]) + kv.k_offset +
+         (j % kv.block_size) * kv.k_stride;
+}
+const float* value(const KvView& kv, int64_t j) {
+  return static_cast<const float*>(kv.blocks[j / kv.block_size]) + kv.v_offset +
+         (j % kv.block_size) * kv.v_stride;
 }
 
 std::vector<double> reference(const float* q, int64_t dk, const KvView& kv, int64_t n, float scale,
@@ -50,14 +56,14 @@ std::vector<double> reference(const float* q, int64_t dk, const KvView& kv, int6
   double mx = -INFINITY, sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     double d = 0;
-    for (int64_t i = 0; i < dk; ++i) d += double{q[i]} * row(kv, j)[kv.k_offset + i];
+    for (int64_t i = 0; i < dk; ++i) d += double{q[i]} * key(kv, j)[i];
     s[static_cast<size_t>(j)] = d * scale;
     mx = std::max(mx, d * scale);
   }
   for (auto& v : s) sum += (v = std::exp(v - mx));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < dv; ++i)
-      out[static_cast<size_t>(i)] += s[static_cast<size_t>(j)] / sum * row(kv, j)[kv.v_offset + i];
+      out[static_cast<size_t>(i)] += s[static_cast<size_t>(j)] / sum * value(kv, j)[i];
   return out;
 }
 
@@ -126,7 +132,7 @@ TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
                                         << " dv=" << sh.dv << " n=" << sh.n);
       Paged p = make_paged(sh.n, sh.bs, sh.dk, sh.dv, rng, 2.0f);
       // The same pool stored as halves (via the cache, which rounds), and read back as floats.
-      const int64_t stride = p.view.row_stride, rows = static_cast<int64_t>(p.pool.size()) / stride;
+      const int64_t stride = p.view.k_stride, rows = static_cast<int64_t>(p.pool.size()) / stride;
       KvCacheConfig c;
       c.n_layer = 1;
       c.k_width = stride;
@@ -140,7 +146,8 @@ TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
         cache.load(0, 0, r, 0, stride, &p.pool[static_cast<size_t>(r * stride)]);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < stride; ++i) {
-          const auto* h = reinterpret_cast<const uint16_t*>(cache.row(0, 0, r)) + i;
+          // One head and no V: slot r's row is r * stride values into the block.
+          const auto* h = reinterpret_cast<const uint16_t*>(cache.block(0, 0)) + r * stride + i;
           const float v = p.pool[static_cast<size_t>(r * stride + i)];
           ASSERT_EQ(*h, type == KvType::kF16 ? model::fp32_to_fp16(v) : model::fp32_to_bf16(v));
         }
@@ -148,7 +155,7 @@ TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
       half.view.type = type;
       for (size_t b = 0; b < p.blocks.size(); ++b) {
         const auto off = static_cast<const float*>(p.blocks[b]) - p.pool.data();
-        half.blocks[b] = cache.row(0, 0, off / stride);
+        half.blocks[b] = reinterpret_cast<const uint16_t*>(cache.block(0, 0)) + off;
       }
       half.view.blocks = half.blocks.data();
       std::normal_distribution<float> nd(0.f, 2.0f);
@@ -198,7 +205,8 @@ TEST(Attention, ExtremeScoresStayFinite) {
   KvView kv;
   kv.blocks = blocks.data();
   kv.block_size = n;
-  kv.row_stride = dk + dv;
+  kv.k_stride = dk + dv;
+  kv.v_stride = dk + dv;
   kv.v_offset = dk;
   std::vector<float> q(dk, 0.f);
   q[0] = 1.f;

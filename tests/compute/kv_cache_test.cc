@@ -4,6 +4,7 @@
 #include "compute/kv_cache.h"
 
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -67,29 +68,58 @@ TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
 }
 
 TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
-  KvCache kv(config(3, 8, 4, 4, 5));
+  KvCacheConfig c = config(3, 8, 4, 4, 5);
+  c.heads = 2;  // K: 2 x 4 values per slot, V: 2 x 2
+  KvCache kv(c);
   EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
-  EXPECT_EQ(kv.row_stride(), 12);
-  // Every float reads 0 before any write (attention may read a block's unwritten slots as
+  // Every value reads 0 before any write (attention may read a block's unwritten slots as
   // padding; the old pool was zero-filled and the mapped one must read the same).
+  std::vector<float> got(12);
   for (int64_t l = 0; l < 3; ++l)
     for (int32_t b = 0; b < 5; ++b)
-      for (int64_t s = 0; s < 4; ++s)
-        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(kv.k(l, b, s)[i], 0.f);
-  // Write a distinct value everywhere through k() and v(), then read every one back.
+      for (int64_t s = 0; s < 4; ++s) {
+        kv.load(l, b, s, 0, 12, got.data());
+        for (float v : got) ASSERT_EQ(v, 0.f);
+      }
+  // Write a distinct value everywhere, K and V of a slot in one store or in pieces that cross
+  // the heads, then read every one back, through load() and where the layout puts it.
   auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
     return static_cast<float>(((l * 5 + b) * 4 + s) * 12 + i + 1);
   };
   for (int64_t l = 0; l < 3; ++l)
     for (int32_t b = 0; b < 5; ++b)
       for (int64_t s = 0; s < 4; ++s) {
-        for (int64_t i = 0; i < 8; ++i) kv.k(l, b, s)[i] = value(l, b, s, i);
-        for (int64_t i = 0; i < 4; ++i) kv.v(l, b, s)[i] = value(l, b, s, 8 + i);
+        float row[12];
+        for (int64_t i = 0; i < 12; ++i) row[i] = value(l, b, s, i);
+        if (s % 2 == 0) {
+          kv.store(l, b, s, 0, row, 12);
+        } else {
+          kv.store(l, b, s, 0, row, 3);
+          kv.store(l, b, s, 3, row + 3, 6);  // K head 0's last value, head 1, V head 0's first
+          kv.store(l, b, s, 9, row + 9, 3);
+        }
       }
   for (int64_t l = 0; l < 3; ++l)
-    for (int32_t b = 0; b < 5; ++b)
-      for (int64_t s = 0; s < 4; ++s)
-        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(kv.k(l, b, s)[i], value(l, b, s, i));
+    for (int32_t b = 0; b < 5; ++b) {
+      const auto* blk = reinterpret_cast<const float*>(kv.block(l, b));
+      for (int64_t s = 0; s < 4; ++s) {
+        kv.load(l, b, s, 0, 12, got.data());
+        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(got[i], value(l, b, s, i));
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t d = 0; d < 4; ++d)  // K of head h: its 4 slots' rows in a run
+            ASSERT_EQ(blk[kv.k_offset(h) + s * kv.k_stride() + d], value(l, b, s, 4 * h + d));
+          for (int64_t d = 0; d < 2; ++d)
+            ASSERT_EQ(blk[kv.v_offset(h) + s * kv.v_stride() + d], value(l, b, s, 8 + 2 * h + d));
+        }
+      }
+    }
+  EXPECT_EQ(kv.k_offset(1), 4 * 4);
+  EXPECT_EQ(kv.v_offset(0), 4 * 8);
+  EXPECT_EQ(kv.v_offset(1), 4 * 8 + 4 * 2);
+  // Widths that do not split into the heads are refused.
+  KvCacheConfig bad = config(1, 6, 4, 4, 1);
+  bad.heads = 4;
+  EXPECT_THROW(KvCache{bad}, InputError);
 }
 
 TEST(KvCache, PoolLargerThanTheMemoryAvailableIsRefusedAtStart) {
@@ -130,7 +160,11 @@ TEST(KvCache, PoolOfTheDefaultPlanStartsWithoutTouchingItsMemory) {
   const uint64_t before = resident();
   KvCache kv(config(22, 256, 256, 16, 8192));
   EXPECT_EQ(kv.bytes(), bytes);
-  kv.k(21, 8191, 15)[511] = 1.f;  // the last float is there
+  const float one = 1.f;
+  kv.store(21, 8191, 15, 511, &one, 1);  // the last float is there
+  float back = 0;
+  kv.load(21, 8191, 15, 511, 1, &back);
+  EXPECT_EQ(back, 1.f);
   EXPECT_LT(resident() - before, uint64_t{64} << 20);
 }
 
