@@ -70,7 +70,7 @@ struct EngineOptions {
   int64_t kv_block_size = 16;             // tokens per KV block
   int64_t kv_num_blocks = 0;              // 0: enough for max_tokens_in_cache
   int64_t max_tokens_in_cache = 4096;
-  KvType kv_type = KvType::kF32;          // what the KV cache stores (kv_type.h)
+  KvType kv_type = KvType::kF32;  // what the KV cache stores (kv_type.h)
 };
 
 /// One sequence's part of a step.
