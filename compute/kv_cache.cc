@@ -51,39 +51,40 @@ KvCache::KvCache(const KvCacheConfig& cfg)
 void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x,
                     int64_t n) {
   uint8_t* base = this->block(layer, block);
-  // Head by head: each head's part of the row is contiguous in the block.
-  for (int64_t done = 0; done < n;) {
-    const int64_t v = at + done, w = v < cfg_.k_width ? kd_ : vd_;
-    const int64_t len = std::min(n - done, w - (v < cfg_.k_width ? v : v - cfg_.k_width) % w);
-    uint8_t* r = base + place(slot, v) * elem_bytes_;
+  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len) {
+    uint8_t* r = base + place * elem_bytes_;
+    auto* h = reinterpret_cast<uint16_t*>(r);
     switch (cfg_.type) {
       case KvType::kF32:
-        std::memcpy(r, x + done, static_cast<size_t>(len) * sizeof(float));
+        std::memcpy(r, x + i, static_cast<size_t>(len) * sizeof(float));
         break;
       case KvType::kF16:
-        round_to_f16(x + done, reinterpret_cast<uint16_t*>(r), len);
+        round_to_f16(x + i, h, len);
         break;
-      case KvType::kBF16: {
-        auto* h = reinterpret_cast<uint16_t*>(r);
-        for (int64_t i = 0; i < len; ++i) h[i] = model::fp32_to_bf16(x[done + i]);
+      case KvType::kBF16:
+        for (int64_t k = 0; k < len; ++k) h[k] = model::fp32_to_bf16(x[i + k]);
         break;
-      }
     }
-    done += len;
-  }
+  });
 }
 
 void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out) {
   const uint8_t* base = this->block(layer, block);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* r = base + place(slot, at + i) * elem_bytes_;
-    uint16_t h;
-    std::memcpy(&h, r, sizeof h);
-    if (cfg_.type == KvType::kF32)
-      std::memcpy(&out[i], r, sizeof(float));
-    else
-      out[i] = cfg_.type == KvType::kF16 ? model::fp16_to_fp32(h) : model::bf16_to_fp32(h);
-  }
+  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len) {
+    const uint8_t* r = base + place * elem_bytes_;
+    const auto* h = reinterpret_cast<const uint16_t*>(r);
+    switch (cfg_.type) {
+      case KvType::kF32:
+        std::memcpy(out + i, r, static_cast<size_t>(len) * sizeof(float));
+        break;
+      case KvType::kF16:
+        for (int64_t k = 0; k < len; ++k) out[i + k] = model::fp16_to_fp32(h[k]);
+        break;
+      case KvType::kBF16:
+        for (int64_t k = 0; k < len; ++k) out[i + k] = model::bf16_to_fp32(h[k]);
+        break;
+    }
+  });
 }
 
 BlockAllocator::BlockAllocator(int64_t num_blocks) : total_(num_blocks) {

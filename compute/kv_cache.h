@@ -8,6 +8,7 @@
 // threads of a step only read and write the rows the step assigns to them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -32,8 +33,8 @@ struct KvCacheConfig {
 /// K rows (k_width / heads values per slot, slot after slot), then for each head its V rows.
 /// So attention, which reads one KV head's rows position after position, reads each block's
 /// part as one contiguous run that the hardware prefetchers follow (with K and V of all heads
-/// in one row per slot, a head's 256 bytes lay 2 KiB apart and attention read ~3x slower,
-/// docs/benchmarks.md "Engine, session 35").
+/// in one row per slot, a head's 256 bytes lay 2 KiB apart; attention_bench at 4096 positions
+/// ran ~15 % slower that way, docs/benchmarks.md "Engine, session 35").
 class KvCache {
  public:
   /// Reserves the whole pool up front (zeroed, committed as used). Throws InputError when it is
@@ -68,11 +69,19 @@ class KvCache {
   void load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out);
 
  private:
-  // Value x (< k_width + v_width) of a slot's row: its place in the block, in values.
-  int64_t place(int64_t slot, int64_t x) const {
-    if (x < cfg_.k_width) return k_offset(x / kd_) + slot * kd_ + x % kd_;
-    x -= cfg_.k_width;
-    return v_offset(x / vd_) + slot * vd_ + x % vd_;
+  // Values [at, at + n) of a slot's row as the contiguous runs the block holds them in: calls
+  // run(place in the block, index into [0, n), length) for each, in order.
+  template <class F>
+  void for_each_run(int64_t slot, int64_t at, int64_t n, F&& run) const {
+    for (int64_t done = 0; done < n;) {
+      const int64_t x = at + done;
+      const bool k = x < cfg_.k_width;
+      const int64_t w = k ? kd_ : vd_, in_row = k ? x : x - cfg_.k_width;
+      const int64_t head = in_row / w, d = in_row % w;
+      const int64_t len = std::min(n - done, w - d);
+      run((k ? k_offset(head) : v_offset(head)) + slot * w + d, done, len);
+      done += len;
+    }
   }
 
   KvCacheConfig cfg_;

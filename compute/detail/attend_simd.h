@@ -66,13 +66,13 @@ typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
 constexpr int64_t kScoreAhead = 4;
 constexpr int64_t kValueAhead = 64;
 
-// The weighted values of HB heads over R registers of value columns (the last holding `last`
-// lanes, all of them when kFull): out_h = (sum over j in order of e_h[j] * v_j, by FMA) * inv_h.
-// Each V row is read once for all HB heads (a head's sum is the same whatever heads share its
-// pass); the HB * R accumulators stay in registers (indexed through unroll: with loops g++ 12
-// stored them all to the stack at every position).
+// The weighted values of HB heads over R registers of value columns from column `col` (the last
+// register holding `last` lanes, all of them when kFull): out_h = (sum over j in order of
+// e_h[j] * v_j, by FMA) * inv_h. Each V row is read once for all HB heads (a head's sum is the
+// same whatever heads share its pass); the HB * R accumulators stay in registers (indexed
+// through unroll: with loops g++ 12 stored them all to the stack at every position).
 template <class V, KvType kT, int HB, int R, bool kFull>
-void weighted_values(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset, const float* e,
+void weighted_values(const KvElem<kT>* const* rows, int64_t n, int64_t col, const float* e,
                      int64_t e_stride, const float* inv, int last, float* out, int64_t out_stride) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
@@ -81,9 +81,9 @@ void weighted_values(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset,
     unroll<R>([&](auto r) __attribute__((always_inline)) { acc[h][r] = V::zero(); });
   });
   for (int64_t j = 0; j < n; ++j) {
-    const KvElem<kT>* v = rows[j] + v_offset;
+    const KvElem<kT>* v = rows[j] + col;
     // This pass's part of a V row kValueAhead positions on (rows past n are row 0's).
-    const auto* ahead = reinterpret_cast<const char*>(rows[j + kValueAhead] + v_offset);
+    const auto* ahead = reinterpret_cast<const char*>(rows[j + kValueAhead] + col);
     for (int64_t o = 0; o < R * L * static_cast<int64_t>(sizeof(KvElem<kT>)); o += 64)
       __builtin_prefetch(ahead + o);
     Reg vr[R];
@@ -134,9 +134,8 @@ auto value_pass(int64_t regs) {
 // The weighted values of heads [h0, h0 + HB) over every column, in passes of value_regs(HB)
 // registers.
 template <class V, KvType kT, int HB>
-void values_of_heads(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset, const float* e,
-                     int64_t e_stride, const float* inv, int64_t dv, float* out,
-                     int64_t out_stride) {
+void values_of_heads(const KvElem<kT>* const* rows, int64_t n, const float* e, int64_t e_stride,
+                     const float* inv, int64_t dv, float* out, int64_t out_stride) {
   constexpr int L = V::kLanes;
   constexpr int64_t kCols = value_regs(HB) * L;
   for (int64_t c0 = 0; c0 < dv; c0 += kCols) {
@@ -144,7 +143,7 @@ void values_of_heads(const KvElem<kT>* const* rows, int64_t n, int64_t v_offset,
     const int64_t regs = (cols + L - 1) / L;
     const int last = static_cast<int>(cols - (regs - 1) * L);
     (last == L ? value_pass<V, kT, HB, true>(regs) : value_pass<V, kT, HB, false>(regs))(
-        rows, n, v_offset + c0, e, e_stride, inv, last, out + c0, out_stride);
+        rows, n, c0, e, e_stride, inv, last, out + c0, out_stride);
   }
 }
 
@@ -284,18 +283,17 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     const float* e = &scores[static_cast<size_t>(h * n_pad)];
     float* oh = out + h * out_stride;
     const Elem* const* r = vrows.data();
-    const int64_t vo = 0;
     if (left >= 8) {
-      values_of_heads<V, kT, 8>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 8>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
       h += 8;
     } else if (left >= 4) {
-      values_of_heads<V, kT, 4>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 4>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
       h += 4;
     } else if (left >= 2) {
-      values_of_heads<V, kT, 2>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 2>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
       h += 2;
     } else {
-      values_of_heads<V, kT, 1>(r, n, vo, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 1>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
       h += 1;
     }
   }
