@@ -4,9 +4,12 @@
 // multiply-adds per second against the machine's f32 FMA peak, and the K/V bytes read per second
 // against its read bandwidth (both measured here, one thread). Each timed pass runs every layer
 // once, as a decode step does, so that the K/V rows of a long context come from memory, not from
-// the caches. Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim
-// 64]
-//                        [--layers 22] [--kv-type f32,f16,bf16] [--runs 7]
+// the caches. The keys are laid out as the engine keeps them (by dimension,
+// KvCacheConfig::k_by_dim) or, with --k-layout rows, in rows as MLA keeps them; "rows,dims" times
+// both side by side. Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4]
+// [--head-dim 64]
+//                        [--layers 22] [--kv-type f32,f16,bf16] [--k-layout dims|rows|rows,dims]
+//                        [--runs 7]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> contexts = {512, 4096};
   int64_t heads = 32, kv_heads = 4, dim = 64, layers = 22;
   int runs = 7;
+  std::vector<bool> by_dim = {true};
   std::vector<compute::KvType> types = {compute::KvType::kF32, compute::KvType::kF16,
                                         compute::KvType::kBF16};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -75,6 +79,15 @@ int main(int argc, char** argv) {
         }
         types.push_back(*kt);
       }
+    } else if (k == "--k-layout") {
+      by_dim.clear();
+      for (const auto& t : split(v)) {
+        if (t != "rows" && t != "dims") {
+          std::fprintf(stderr, "attention_bench: --k-layout takes rows, dims or both\n");
+          return 2;
+        }
+        by_dim.push_back(t == "dims");
+      }
     } else {
       std::fprintf(stderr, "attention_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -96,64 +109,69 @@ int main(int argc, char** argv) {
       "pass (times per layer)\n",
       static_cast<long long>(heads), static_cast<long long>(kv_heads), static_cast<long long>(dim),
       static_cast<long long>(layers));
-  std::printf("%-6s %8s %10s %10s %8s %10s %8s\n", "kv", "context", "us/layer", "GFLOP/s",
-              "of_peak", "KV GB/s", "of_bw");
+  std::printf("%-6s %-5s %8s %10s %10s %8s %10s %8s\n", "kv", "keys", "context", "us/layer",
+              "GFLOP/s", "of_peak", "KV GB/s", "of_bw");
   const int64_t g = heads / kv_heads, kw = kv_heads * dim;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const int64_t n : contexts) {
     for (const compute::KvType type : types) {
-      compute::KvCacheConfig c;
-      c.n_layer = layers;
-      c.k_width = kw;
-      c.v_width = kw;
-      c.heads = kv_heads;
-      c.block_size = 16;
-      c.num_blocks = (n + 15) / 16;
-      c.type = type;
-      compute::KvCache kv(c);
-      std::vector<float> row(static_cast<size_t>(2 * kw));
-      // Blocks in a shuffled order, as a pool that has served other sequences hands them out.
-      std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
-      for (size_t b = 0; b < ids.size(); ++b) ids[b] = static_cast<int32_t>(b);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      for (int64_t l = 0; l < layers; ++l)
-        for (int64_t p = 0; p < n; ++p) {
-          for (auto& x : row) x = nd(rng);
-          kv.store(l, ids[static_cast<size_t>(p / 16)], p % 16, 0, row.data(), 2 * kw);
-        }
-      std::vector<std::vector<const void*>> layer_blocks(static_cast<size_t>(layers));
-      for (int64_t l = 0; l < layers; ++l)
-        for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.block(l, id));
-      std::vector<float> q(static_cast<size_t>(heads * dim)), out(q.size());
-      for (auto& x : q) x = nd(rng);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-      std::vector<double> t;
-      for (int r = 0; r < runs + 1; ++r) {
-        const double t0 = now_s();
+      for (const bool dims : by_dim) {
+        compute::KvCacheConfig c;
+        c.n_layer = layers;
+        c.k_width = kw;
+        c.v_width = kw;
+        c.heads = kv_heads;
+        c.block_size = 16;
+        c.num_blocks = (n + 15) / 16;
+        c.type = type;
+        c.k_by_dim = dims;
+        compute::KvCache kv(c);
+        std::vector<float> row(static_cast<size_t>(2 * kw));
+        // Blocks in a shuffled order, as a pool that has served other sequences hands them out.
+        std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
+        for (size_t b = 0; b < ids.size(); ++b) ids[b] = static_cast<int32_t>(b);
+        std::shuffle(ids.begin(), ids.end(), rng);
         for (int64_t l = 0; l < layers; ++l)
-          for (int64_t h = 0; h < kv_heads; ++h) {
-            compute::KvView v;
-            v.blocks = layer_blocks[static_cast<size_t>(l)].data();
-            v.type = type;
-            v.block_size = 16;
-            v.k_offset = kv.k_offset(h);
-            v.k_stride = kv.k_stride();
-            v.v_offset = kv.v_offset(h);
-            v.v_stride = kv.v_stride();
-            compute::attend_heads(&q[static_cast<size_t>(h * g * dim)], dim, g, dim, v, n, scale,
-                                  dim, &out[static_cast<size_t>(h * g * dim)], dim);
+          for (int64_t p = 0; p < n; ++p) {
+            for (auto& x : row) x = nd(rng);
+            kv.store(l, ids[static_cast<size_t>(p / 16)], p % 16, 0, row.data(), 2 * kw);
           }
-        if (r > 0) t.push_back(now_s() - t0);  // the first pass warms up
+        std::vector<std::vector<const void*>> layer_blocks(static_cast<size_t>(layers));
+        for (int64_t l = 0; l < layers; ++l)
+          for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.block(l, id));
+        std::vector<float> q(static_cast<size_t>(heads * dim)), out(q.size());
+        for (auto& x : q) x = nd(rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+        std::vector<double> t;
+        for (int r = 0; r < runs + 1; ++r) {
+          const double t0 = now_s();
+          for (int64_t l = 0; l < layers; ++l)
+            for (int64_t h = 0; h < kv_heads; ++h) {
+              compute::KvView v;
+              v.blocks = layer_blocks[static_cast<size_t>(l)].data();
+              v.type = type;
+              v.block_size = 16;
+              v.k_offset = kv.k_offset(h);
+              v.k_stride = kv.k_stride();
+              v.v_offset = kv.v_offset(h);
+              v.v_stride = kv.v_stride();
+              v.k_by_dim = dims;
+              compute::attend_heads(&q[static_cast<size_t>(h * g * dim)], dim, g, dim, v, n, scale,
+                                    dim, &out[static_cast<size_t>(h * g * dim)], dim);
+            }
+          if (r > 0) t.push_back(now_s() - t0);  // the first pass warms up
+        }
+        std::sort(t.begin(), t.end());
+        const double s = t[t.size() / 2] / static_cast<double>(layers);
+        const double flop = 4.0 * static_cast<double>(heads * n * dim);  // q.k and p.v
+        const double bytes = static_cast<double>(n * 2 * kw * compute::kv_type_bytes(type));
+        std::printf("%-6s %-5s %8lld %10.1f %10.1f %7.0f%% %10.1f %7.0f%%\n",
+                    std::string(compute::kv_type_name(type)).c_str(), dims ? "dims" : "rows",
+                    static_cast<long long>(n), s * 1e6, flop / s / 1e9,
+                    peak > 0 ? 100 * flop / s / 1e9 / peak : 0, bytes / s / 1e9,
+                    bw > 0 ? 100 * bytes / s / 1e9 / bw : 0);
       }
-      std::sort(t.begin(), t.end());
-      const double s = t[t.size() / 2] / static_cast<double>(layers);
-      const double flop = 4.0 * static_cast<double>(heads * n * dim);  // q.k and p.v
-      const double bytes = static_cast<double>(n * 2 * kw * compute::kv_type_bytes(type));
-      std::printf("%-6s %8lld %10.1f %10.1f %7.0f%% %10.1f %7.0f%%\n",
-                  std::string(compute::kv_type_name(type)).c_str(), static_cast<long long>(n),
-                  s * 1e6, flop / s / 1e9, peak > 0 ? 100 * flop / s / 1e9 / peak : 0,
-                  bytes / s / 1e9, bw > 0 ? 100 * bytes / s / 1e9 / bw : 0);
     }
   }
   return 0;

@@ -98,6 +98,7 @@ KvView kv_view(KvCache& kv, int64_t l, const SeqStep& q, int64_t n, int64_t head
   v.k_stride = kv.k_stride();
   v.v_offset = mla ? v.k_offset : kv.v_offset(head);
   v.v_stride = mla ? v.k_stride : kv.v_stride();
+  v.k_by_dim = kv.config().k_by_dim;
   return v;
 }
 
@@ -154,6 +155,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     kc.heads = s.is_mla() ? 1 : s.n_head_kv;
     kc.block_size = opts.kv_block_size;
     kc.type = opts.kv_type;
+    kc.k_by_dim = !s.is_mla();  // MLA's values are read from its keys' rows
     kc.num_blocks = opts.kv_num_blocks > 0
                         ? opts.kv_num_blocks
                         : (opts.max_tokens_in_cache + kc.block_size - 1) / kc.block_size;

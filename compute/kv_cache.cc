@@ -51,18 +51,27 @@ KvCache::KvCache(const KvCacheConfig& cfg)
 void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, const float* x,
                     int64_t n) {
   uint8_t* base = this->block(layer, block);
-  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len) {
+  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len, int64_t step) {
     uint8_t* r = base + place * elem_bytes_;
+    auto* f = reinterpret_cast<float*>(r);
     auto* h = reinterpret_cast<uint16_t*>(r);
     switch (cfg_.type) {
       case KvType::kF32:
-        std::memcpy(r, x + i, static_cast<size_t>(len) * sizeof(float));
+        if (step == 1) {
+          std::memcpy(r, x + i, static_cast<size_t>(len) * sizeof(float));
+        } else {
+          for (int64_t k = 0; k < len; ++k) f[k * step] = x[i + k];
+        }
         break;
       case KvType::kF16:
-        round_to_f16(x + i, h, len);
+        if (step == 1) {
+          round_to_f16(x + i, h, len);
+        } else {  // the same bits (round_to_f16 is the scalar conversion)
+          for (int64_t k = 0; k < len; ++k) h[k * step] = model::fp32_to_fp16(x[i + k]);
+        }
         break;
       case KvType::kBF16:
-        for (int64_t k = 0; k < len; ++k) h[k] = model::fp32_to_bf16(x[i + k]);
+        for (int64_t k = 0; k < len; ++k) h[k * step] = model::fp32_to_bf16(x[i + k]);
         break;
     }
   });
@@ -70,19 +79,22 @@ void KvCache::store(int64_t layer, int32_t block, int64_t slot, int64_t at, cons
 
 void KvCache::load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out) {
   const uint8_t* base = this->block(layer, block);
-  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len) {
+  for_each_run(slot, at, n, [&](int64_t place, int64_t i, int64_t len, int64_t step) {
     const uint8_t* r = base + place * elem_bytes_;
+    const auto* f = reinterpret_cast<const float*>(r);
     const auto* h = reinterpret_cast<const uint16_t*>(r);
-    switch (cfg_.type) {
-      case KvType::kF32:
-        std::memcpy(out + i, r, static_cast<size_t>(len) * sizeof(float));
-        break;
-      case KvType::kF16:
-        for (int64_t k = 0; k < len; ++k) out[i + k] = model::fp16_to_fp32(h[k]);
-        break;
-      case KvType::kBF16:
-        for (int64_t k = 0; k < len; ++k) out[i + k] = model::bf16_to_fp32(h[k]);
-        break;
+    for (int64_t k = 0; k < len; ++k) {
+      switch (cfg_.type) {
+        case KvType::kF32:
+          out[i + k] = f[k * step];
+          break;
+        case KvType::kF16:
+          out[i + k] = model::fp16_to_fp32(h[k * step]);
+          break;
+        case KvType::kBF16:
+          out[i + k] = model::bf16_to_fp32(h[k * step]);
+          break;
+      }
     }
   });
 }

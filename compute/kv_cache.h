@@ -27,6 +27,7 @@ struct KvCacheConfig {
   int64_t block_size = 16;  // tokens per block
   int64_t num_blocks = 0;
   KvType type = KvType::kF32;  // what the values are stored as (kv_type.h)
+  bool k_by_dim = false;       // each head's K in a block dimension by dimension (see KvCache)
 };
 
 /// A block of a layer holds its block_size slots' K and V head by head: for each KV head h its
@@ -35,6 +36,10 @@ struct KvCacheConfig {
 /// part as one contiguous run that the hardware prefetchers follow (with K and V of all heads
 /// in one row per slot, a head's 256 bytes lay 2 KiB apart; attention_bench at 4096 positions
 /// ran ~15 % slower that way, docs/benchmarks.md "Engine, session 35").
+/// With k_by_dim, a head's K part of a block holds its values dimension by dimension (K value d
+/// of slot s at k_offset(h) + d * block_size + s), so that attention's scores take block_size
+/// positions per vector load (KvView::k_by_dim); the V rows stay slot after slot. MLA does not
+/// use it: its values are read from its keys' rows.
 class KvCache {
  public:
   /// Reserves the whole pool up front (zeroed, committed as used). Throws InputError when it is
@@ -54,7 +59,7 @@ class KvCache {
     return pool_.get() + (layer * cfg_.num_blocks + block) * cfg_.block_size * row_ * elem_bytes_;
   }
   /// Where KV head h's K rows start in a block, in values; a slot's row is k_stride() on from
-  /// the one before. The same for V.
+  /// the one before (without k_by_dim). The same for V.
   int64_t k_offset(int64_t head) const { return head * cfg_.block_size * kd_; }
   int64_t v_offset(int64_t head) const {
     return cfg_.block_size * cfg_.k_width + head * cfg_.block_size * vd_;
@@ -69,8 +74,9 @@ class KvCache {
   void load(int64_t layer, int32_t block, int64_t slot, int64_t at, int64_t n, float* out);
 
  private:
-  // Values [at, at + n) of a slot's row as the contiguous runs the block holds them in: calls
-  // run(place in the block, index into [0, n), length) for each, in order.
+  // Values [at, at + n) of a slot's row as the runs the block holds them in, one per head's
+  // part: calls run(place in the block, index into [0, n), length, step) for each, in order,
+  // value i of the run at place + i * step (step 1, or block_size for K by dimension).
   template <class F>
   void for_each_run(int64_t slot, int64_t at, int64_t n, F&& run) const {
     for (int64_t done = 0; done < n;) {
@@ -79,7 +85,10 @@ class KvCache {
       const int64_t w = k ? kd_ : vd_, in_row = k ? x : x - cfg_.k_width;
       const int64_t head = in_row / w, d = in_row % w;
       const int64_t len = std::min(n - done, w - d);
-      run((k ? k_offset(head) : v_offset(head)) + slot * w + d, done, len);
+      if (k && cfg_.k_by_dim)
+        run(k_offset(head) + d * cfg_.block_size + slot, done, len, cfg_.block_size);
+      else
+        run((k ? k_offset(head) : v_offset(head)) + slot * w + d, done, len, int64_t{1});
       done += len;
     }
   }

@@ -14,7 +14,9 @@ namespace troupe::compute {
 /// or f16 or bf16 bits): position j's key starts at blocks[j / block_size] + k_offset +
 /// (j % block_size) * k_stride, its value at blocks[j / block_size] + v_offset +
 /// (j % block_size) * v_stride (MLA: the value is the key's latent prefix, v_offset = k_offset
-/// and v_stride = k_stride).
+/// and v_stride = k_stride). With k_by_dim, a block's keys are stored dimension by dimension
+/// instead: key value c of position j is at blocks[j / block_size] + k_offset + c * block_size +
+/// j % block_size (k_stride unused; the values stay in rows).
 struct KvView {
   const void* const* blocks = nullptr;
   KvType type = KvType::kF32;
@@ -23,6 +25,7 @@ struct KvView {
   int64_t k_stride = 0;
   int64_t v_offset = 0;
   int64_t v_stride = 0;
+  bool k_by_dim = false;
   int64_t first = 0;             ///< positions before it are not attended (a sliding window)
   const float* sinks = nullptr;  ///< g logits, one per head: an extra softmax term, value 0
 };

@@ -12,7 +12,9 @@
 // the same as on an f32 cache holding those values.
 // Fixed arithmetic order, so a head's result depends only on its query row, the K/V rows and
 // n (never on its neighbours in the group, the positions' alignment or the thread):
-//  - score(j) = lane_sums over [q[c] * k_j[c] accumulated over the dk chunks c in order] * scale;
+//  - score(j) = lane_sums over [q[c] * k_j[c] accumulated over the dk chunks c in order] * scale
+//    for keys in rows; for keys by dimension (KvView::k_by_dim), (q[0] k_j[0] + q[1] k_j[1] + ...
+//    by FMA, in the order of the dimensions) * scale, each position in its own lane;
 //  - the softmax sum runs in lanes over position chunks in order, then hsum;
 //  - out[d] = (sum over j in order of e_j * v_j[d], by FMA) * (1 / sum).
 #pragma once
@@ -180,50 +182,139 @@ template <class V, KvType kT, int QR = kScoreRegs<V>>
   score_chunks<V, kT, QR>(qh, kr, c, acc);
 }
 
+// Keys by dimension (KvView::k_by_dim): a chunk of up to kLanes positions of one block, its
+// key values for dimension d at k + d * block_size, its scores at index `at` of a score row.
+struct KeyChunk {
+  const void* k;
+  int64_t at;
+  int lanes;
+};
+
+// How many chunks ahead the by-dimension scores prefetch their keys (a chunk of 16 positions of
+// 64 f32 dimensions is 4 KiB).
+constexpr int64_t kChunksAhead = 4;
+
+// Scores of HB heads (rows of q, q_stride apart) at PC chunks (all kLanes wide when kFull, else
+// the one chunk of `lanes`): acc[h][c] = sum over d in order of q_h[d] * k_c[d] by FMA, one
+// position per lane; then stored times scale at s + h * s_stride + at_c. The HB * PC sums are
+// independent chains, so that the FMAs' latency is hidden. With `ahead`, the keys of the chunks
+// kChunksAhead on are prefetched, one line per dimension.
+template <class V, KvType kT, int HB, int PC, bool kFull>
+void key_scores(const float* q, int64_t q_stride, int64_t dk, int64_t bs, const KeyChunk* ch,
+                bool ahead, float scale, float* s, int64_t s_stride) {
+  using Reg = typename V::Reg;
+  using Elem = KvElem<kT>;
+  const Reg vscale = V::set1(scale);
+  Reg acc[HB][PC];
+  const Elem* k[PC];
+  const char* pf[PC];
+  unroll<PC>([&](auto c) __attribute__((always_inline)) {
+    k[c] = static_cast<const Elem*>(ch[c].k);
+    pf[c] = static_cast<const char*>(ch[c + kChunksAhead].k);
+    unroll<HB>([&](auto h) __attribute__((always_inline)) { acc[h][c] = V::zero(); });
+  });
+  const int lanes = ch[0].lanes;
+  for (int64_t d = 0; d < dk; ++d) {
+    Reg kv[PC];
+    unroll<PC>([&](auto c) __attribute__((always_inline)) {
+      if (ahead) __builtin_prefetch(pf[c] + d * bs * static_cast<int64_t>(sizeof(Elem)));
+      kv[c] = kFull ? load_kv<V, kT>(k[c] + d * bs) : load_kv_n<V, kT>(k[c] + d * bs, lanes);
+    });
+    unroll<HB>([&](auto h) __attribute__((always_inline)) {
+      const Reg qd = V::set1(q[h * q_stride + d]);
+      unroll<PC>([&](auto c) __attribute__((always_inline)) {
+        acc[h][c] = V::fmadd(qd, kv[c], acc[h][c]);
+      });
+    });
+  }
+  unroll<HB>([&](auto h) __attribute__((always_inline)) {
+    unroll<PC>([&](auto c) __attribute__((always_inline)) {
+      V::store(s + h * s_stride + ch[c].at, V::mul(acc[h][c], vscale));
+    });
+  });
+}
+
+// Accumulators the by-dimension scores keep: 16 of AVX-512's 32 registers, 8 of AVX2's 16.
+template <class V>
+constexpr int kKeyAccs = V::kLanes >= 16 ? 16 : 8;
+
+// key_scores for HB = 1 << hb and PC = 1 << pc (full chunks), where HB * PC <= kKeyAccs.
 template <class V, KvType kT>
-void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
-                 int64_t n_end, float scale, int64_t dv, float* out, int64_t out_stride) {
+using KeyScoresFn = void (*)(const float*, int64_t, int64_t, int64_t, const KeyChunk*, bool, float,
+                             float*, int64_t);
+template <class V, KvType kT, int H, int C>
+constexpr KeyScoresFn<V, kT> key_entry() {
+  if constexpr ((1 << H) * (1 << C) <= kKeyAccs<V>) {
+    return &key_scores<V, kT, 1 << H, 1 << C, true>;
+  } else {
+    return nullptr;
+  }
+}
+template <class V, KvType kT, int H>
+constexpr std::array<KeyScoresFn<V, kT>, 4> key_row() {
+  return {key_entry<V, kT, H, 0>(), key_entry<V, kT, H, 1>(), key_entry<V, kT, H, 2>(),
+          key_entry<V, kT, H, 3>()};
+}
+template <class V, KvType kT>
+KeyScoresFn<V, kT> key_pass(int hb, int pc) {
+  static constexpr std::array<std::array<KeyScoresFn<V, kT>, 4>, 4> kPasses = {
+      key_row<V, kT, 0>(), key_row<V, kT, 1>(), key_row<V, kT, 2>(), key_row<V, kT, 3>()};
+  return kPasses[static_cast<size_t>(hb)][static_cast<size_t>(pc)];
+}
+
+// The scores of g heads at the chunks ch[0, n_chunks) (the list followed by kChunksAhead more
+// for the prefetches), in groups of up to PC full chunks, each group's keys read once for all
+// heads (in passes of 8, 4, 2 and 1 heads); a chunk narrower than kLanes on its own.
+template <class V, KvType kT>
+void scores_by_dim(const float* q, int64_t q_stride, int64_t g, int64_t dk, int64_t bs,
+                   const KeyChunk* ch, int64_t n_chunks, float scale, float* s, int64_t s_stride) {
+  constexpr int L = V::kLanes;
+  int hb0 = 0;  // log2 of the widest head pass
+  while (hb0 < 3 && (int64_t{2} << hb0) <= g) ++hb0;
+  int pc0 = 0;  // log2 of the most chunks per group
+  while (pc0 < 3 && (2 << pc0) << hb0 <= kKeyAccs<V>) ++pc0;
+  for (int64_t i = 0; i < n_chunks;) {
+    int pc = 0;
+    if (ch[i].lanes == L) {
+      int64_t m = 1;  // full chunks from i, up to the group's size
+      while (m < (int64_t{1} << pc0) && i + m < n_chunks && ch[i + m].lanes == L) ++m;
+      while ((int64_t{2} << pc) <= m) ++pc;
+    }
+    for (int64_t h = 0, hb = hb0; h < g; h += int64_t{1} << hb) {
+      while ((int64_t{1} << hb) > g - h) --hb;
+      const float* qh = q + h * q_stride;
+      float* sh = s + h * s_stride;
+      if (ch[i].lanes < L) {
+        constexpr auto kMasked =
+            std::array{&key_scores<V, kT, 1, 1, false>, &key_scores<V, kT, 2, 1, false>,
+                       &key_scores<V, kT, 4, 1, false>, &key_scores<V, kT, 8, 1, false>};
+        kMasked[static_cast<size_t>(hb)](qh, q_stride, dk, bs, ch + i, h == 0, scale, sh, s_stride);
+      } else {
+        key_pass<V, kT>(static_cast<int>(hb), pc)(qh, q_stride, dk, bs, ch + i, h == 0, scale, sh,
+                                                  s_stride);
+      }
+    }
+    i += int64_t{1} << pc;
+  }
+}
+
+// Scores from keys in rows, L positions at a time: one register per position, summed across
+// lanes at the end; krows[j] is position j's key, for j in [0, n) and the prefetches'
+// look-ahead past it.
+template <class V, KvType kT>
+void scores_by_row(const float* q, int64_t q_stride, int64_t g, int64_t dk,
+                   const KvElem<kT>* const* krows, int64_t n, typename V::Reg vscale, float* s,
+                   int64_t s_stride) {
   using Reg = typename V::Reg;
   using Elem = KvElem<kT>;
   constexpr int L = V::kLanes;
-  // Positions [first, n_end): krows[j] and vrows[j] are position first + j's key and value.
-  const int64_t first = kv.first, n = n_end - first;
-  const int64_t n_pad = (n + L - 1) / L * L;
-  // [g][n_pad]: scores, then exp(score - max); then [g]: 1 / their sums.
-  thread_local std::vector<float> scores;
-  thread_local std::vector<const Elem*> krows, vrows;
-  if (static_cast<int64_t>(scores.size()) < g * (n_pad + 1))
-    scores.resize(static_cast<size_t>(g * (n_pad + 1)));
-  float* inv = &scores[static_cast<size_t>(g * n_pad)];
-  // Row pointers for [0, n_pad) and the prefetches' look-ahead past it.
-  const int64_t n_rows = n_pad + std::max<int64_t>(kValueAhead, kScoreAhead * L);
-  if (static_cast<int64_t>(krows.size()) < n_rows) {
-    krows.resize(static_cast<size_t>(n_rows));
-    vrows.resize(static_cast<size_t>(n_rows));
-  }
-  // Row pointers once, block by block (no division per position).
-  for (int64_t b = first / kv.block_size, j = 0, i0 = first % kv.block_size; j < n; ++b, i0 = 0) {
-    const auto* base = static_cast<const Elem*>(kv.blocks[b]);
-    for (int64_t i = i0; i < kv.block_size && j < n; ++i, ++j) {
-      krows[static_cast<size_t>(j)] = base + kv.k_offset + i * kv.k_stride;
-      vrows[static_cast<size_t>(j)] = base + kv.v_offset + i * kv.v_stride;
-    }
-  }
-  for (int64_t j = n; j < n_rows; ++j) {  // read, unused
-    krows[static_cast<size_t>(j)] = krows[0];
-    vrows[static_cast<size_t>(j)] = vrows[0];
-  }
-
-  // Scores, L positions at a time: one register per position, summed across lanes at the end.
   const int64_t k_full = dk / L * L;
   const int k_tail = static_cast<int>(dk - k_full);
-  const Reg vscale = V::set1(scale);
   for (int64_t j0 = 0; j0 < n; j0 += L) {
     const Elem* kr[L];
     for (int i = 0; i < L; ++i) {
-      kr[i] = krows[static_cast<size_t>(j0 + i)];
-      const auto* ahead =
-          reinterpret_cast<const char*>(krows[static_cast<size_t>(j0 + kScoreAhead * L + i)]);
+      kr[i] = krows[j0 + i];
+      const auto* ahead = reinterpret_cast<const char*>(krows[j0 + kScoreAhead * L + i]);
       for (int64_t o = 0; o < dk * static_cast<int64_t>(sizeof(Elem)); o += 64)
         __builtin_prefetch(ahead + o);
     }
@@ -242,15 +333,75 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
           acc[i] = V::fmadd(qv, load_kv_n<V, kT>(kr[i] + k_full, k_tail), acc[i]);
         });
       }
-      V::store(&scores[static_cast<size_t>(h * n_pad + j0)], V::mul(V::lane_sums(acc), vscale));
+      V::store(s + h * s_stride + j0, V::mul(V::lane_sums(acc), vscale));
     }
+  }
+}
+
+template <class V, KvType kT>
+void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const KvView& kv,
+                 int64_t n_end, float scale, int64_t dv, float* out, int64_t out_stride) {
+  using Reg = typename V::Reg;
+  using Elem = KvElem<kT>;
+  constexpr int L = V::kLanes;
+  // Positions [first, n_end): vrows[j] (and krows[j], keys in rows) is position first + j's
+  // value (key).
+  const int64_t first = kv.first, n = n_end - first, bs = kv.block_size;
+  // Score rows [g][row]: head h's score of position first + j at h * row + off + j (keys by
+  // dimension: off = first % bs, scores computed from the start of first's block, and a chunk
+  // stored whole past n), then exp(score - max); then [g]: 1 / their sums.
+  const int64_t off = kv.k_by_dim ? first % bs : 0;
+  const int64_t row = (off + n + L - 1) / L * L + (kv.k_by_dim ? L : 0);
+  thread_local std::vector<float> scores;
+  thread_local std::vector<const Elem*> krows, vrows;
+  thread_local std::vector<KeyChunk> chunks;
+  if (static_cast<int64_t>(scores.size()) < g * (row + 1))
+    scores.resize(static_cast<size_t>(g * (row + 1)));
+  float* inv = &scores[static_cast<size_t>(g * row)];
+  // Row pointers for [0, n) and the prefetches' look-ahead past it.
+  const int64_t n_rows = (n + L - 1) / L * L + std::max<int64_t>(kValueAhead, kScoreAhead * L);
+  if (static_cast<int64_t>(vrows.size()) < n_rows) {
+    krows.resize(static_cast<size_t>(n_rows));
+    vrows.resize(static_cast<size_t>(n_rows));
+  }
+  // Row pointers once, block by block (no division per position).
+  for (int64_t b = first / bs, j = 0, i0 = first % bs; j < n; ++b, i0 = 0) {
+    const auto* base = static_cast<const Elem*>(kv.blocks[b]);
+    for (int64_t i = i0; i < bs && j < n; ++i, ++j) {
+      krows[static_cast<size_t>(j)] = base + kv.k_offset + i * kv.k_stride;
+      vrows[static_cast<size_t>(j)] = base + kv.v_offset + i * kv.v_stride;
+    }
+  }
+  for (int64_t j = n; j < n_rows; ++j) {  // read, unused
+    krows[static_cast<size_t>(j)] = krows[0];
+    vrows[static_cast<size_t>(j)] = vrows[0];
+  }
+
+  const Reg vscale = V::set1(scale);
+  if (kv.k_by_dim) {
+    // The chunks of up to L positions of each block from first's to n_end's, then kChunksAhead
+    // copies of the first (prefetched, unused).
+    chunks.clear();
+    const int64_t b0 = first / bs;
+    for (int64_t b = b0; b * bs < n_end; ++b) {
+      const auto* base = static_cast<const Elem*>(kv.blocks[b]) + kv.k_offset;
+      for (int64_t c0 = 0; c0 < bs && b * bs + c0 < n_end; c0 += L)
+        chunks.push_back(
+            {base + c0, (b - b0) * bs + c0, static_cast<int>(std::min<int64_t>(L, bs - c0))});
+    }
+    const auto n_chunks = static_cast<int64_t>(chunks.size());
+    for (int64_t i = 0; i < kChunksAhead; ++i) chunks.push_back(chunks[0]);
+    scores_by_dim<V, kT>(q, q_stride, g, dk, bs, chunks.data(), n_chunks, scale, scores.data(),
+                         row);
+  } else {
+    scores_by_row<V, kT>(q, q_stride, g, dk, krows.data(), n, vscale, scores.data(), row);
   }
 
   // Softmax numerators; positions past n become 0.
   const int64_t n_full = n / L * L;
   const int n_tail = static_cast<int>(n - n_full);
   for (int64_t h = 0; h < g; ++h) {
-    float* sh = &scores[static_cast<size_t>(h * n_pad)];
+    float* sh = &scores[static_cast<size_t>(h * row + off)];
     Reg mx = V::set1(-std::numeric_limits<float>::infinity());
     for (int64_t j = 0; j < n_full; j += L) mx = V::max(mx, V::load(sh + j));
     if (n_tail > 0) {
@@ -280,20 +431,20 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   // Weighted values, up to 8 heads per pass over the V rows.
   for (int64_t h = 0; h < g;) {
     const int64_t left = g - h;
-    const float* e = &scores[static_cast<size_t>(h * n_pad)];
+    const float* e = &scores[static_cast<size_t>(h * row + off)];
     float* oh = out + h * out_stride;
     const Elem* const* r = vrows.data();
     if (left >= 8) {
-      values_of_heads<V, kT, 8>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 8>(r, n, e, row, inv + h, dv, oh, out_stride);
       h += 8;
     } else if (left >= 4) {
-      values_of_heads<V, kT, 4>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 4>(r, n, e, row, inv + h, dv, oh, out_stride);
       h += 4;
     } else if (left >= 2) {
-      values_of_heads<V, kT, 2>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 2>(r, n, e, row, inv + h, dv, oh, out_stride);
       h += 2;
     } else {
-      values_of_heads<V, kT, 1>(r, n, e, n_pad, inv + h, dv, oh, out_stride);
+      values_of_heads<V, kT, 1>(r, n, e, row, inv + h, dv, oh, out_stride);
       h += 1;
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -170,6 +171,155 @@ TEST(Attention, HalfPrecisionRowsGiveTheBitsOfTheirValuesInF32) {
       const auto ref = reference(q.data(), sh.dk, p.view, sh.n, scale, sh.dv);
       for (int64_t i = 0; i < sh.dv; ++i)
         ASSERT_NEAR(got[static_cast<size_t>(i)], ref[static_cast<size_t>(i)], 1e-4);
+    }
+  }
+}
+
+// n positions of 2 KV heads in a KvCache (one layer, blocks of bs in reverse order), as the
+// engine fills it: keys[j] and values[j] are head `head`'s, the other head's random as well.
+struct CachedKv {
+  std::unique_ptr<KvCache> cache;
+  std::vector<const void*> blocks;
+  KvView view;
+};
+
+CachedKv cache_kv(const std::vector<std::vector<float>>& keys,
+                  const std::vector<std::vector<float>>& values, int64_t head, int64_t bs,
+                  KvType type, bool by_dim) {
+  const auto n = static_cast<int64_t>(keys.size());
+  const auto dk = static_cast<int64_t>(keys[0].size()), dv = static_cast<int64_t>(values[0].size());
+  CachedKv c;
+  KvCacheConfig cfg;
+  cfg.n_layer = 1;
+  cfg.k_width = 2 * dk;
+  cfg.v_width = 2 * dv;
+  cfg.heads = 2;
+  cfg.block_size = bs;
+  cfg.num_blocks = (n + bs - 1) / bs;
+  cfg.type = type;
+  cfg.k_by_dim = by_dim;
+  c.cache = std::make_unique<KvCache>(cfg);
+  for (int64_t j = 0; j < n; ++j) {
+    const auto b = static_cast<int32_t>(cfg.num_blocks - 1 - j / bs);
+    std::vector<float> other(static_cast<size_t>(dk + dv), 7.5f + static_cast<float>(j));
+    const auto& k = keys[static_cast<size_t>(j)];
+    const auto& v = values[static_cast<size_t>(j)];
+    c.cache->store(0, b, j % bs, head * dk, k.data(), dk);
+    c.cache->store(0, b, j % bs, (1 - head) * dk, other.data(), dk);
+    c.cache->store(0, b, j % bs, 2 * dk + head * dv, v.data(), dv);
+    c.cache->store(0, b, j % bs, 2 * dk + (1 - head) * dv, other.data(), dv);
+  }
+  for (int64_t b = 0; b < cfg.num_blocks; ++b)
+    c.blocks.push_back(c.cache->block(0, static_cast<int32_t>(cfg.num_blocks - 1 - b)));
+  c.view.blocks = c.blocks.data();
+  c.view.type = type;
+  c.view.block_size = bs;
+  c.view.k_offset = c.cache->k_offset(head);
+  c.view.k_stride = c.cache->k_stride();
+  c.view.v_offset = c.cache->v_offset(head);
+  c.view.v_stride = c.cache->v_stride();
+  c.view.k_by_dim = by_dim;
+  return c;
+}
+
+// Keys by dimension (KvView::k_by_dim, the engine's layout for all but MLA): each head close to
+// the double-precision reference; a head's bits the same alone as in its group (of up to 16, in
+// passes of 8, 4, 2 and 1), whatever the block size (chunks of the full SIMD width, narrower
+// ones at the end of a block, blocks of one position) and where a sliding window starts in a
+// block; and an f16 or bf16 cache gives the bits of an f32 one holding its rounded values.
+TEST(Attention, KeysByDimensionMatchTheReferenceInAnyBlockShape) {
+  struct Case {
+    int64_t g, dk, dv, n, first;
+  };
+  const Case cases[] = {{8, 64, 64, 1, 0},   {8, 64, 64, 37, 0},    {4, 128, 128, 300, 0},
+                        {2, 40, 24, 17, 3},  {1, 7, 5, 3, 0},       {3, 72, 64, 200, 50},
+                        {12, 64, 64, 70, 0}, {16, 32, 32, 100, 17}, {5, 16, 16, 33, 21}};
+  std::mt19937 rng(11);
+  for (const Case& cs : cases) {
+    for (const float spread : {0.3f, 3.0f}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "g=" << cs.g << " dk=" << cs.dk << " dv=" << cs.dv << " n=" << cs.n
+                   << " first=" << cs.first << " spread=" << spread);
+      std::normal_distribution<float> nd(0.f, spread);
+      std::vector<std::vector<float>> keys(static_cast<size_t>(cs.n)), values(keys.size());
+      for (auto& k : keys) {
+        k.resize(static_cast<size_t>(cs.dk));
+        for (auto& x : k) x = nd(rng);
+      }
+      for (auto& v : values) {
+        v.resize(static_cast<size_t>(cs.dv));
+        for (auto& x : v) x = nd(rng);
+      }
+      const int64_t q_stride = cs.dk + 1;
+      std::vector<float> q(static_cast<size_t>(cs.g * q_stride));
+      for (auto& x : q) x = nd(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(cs.dk));
+      std::vector<float> first_out;
+      for (const int64_t bs : {16, 4, 20, 1, 48}) {
+        SCOPED_TRACE(::testing::Message() << "block size " << bs);
+        CachedKv c = cache_kv(keys, values, 1, bs, KvType::kF32, true);
+        c.view.first = cs.first;
+        std::vector<float> out(static_cast<size_t>(cs.g * cs.dv), -99.f);
+        attend_heads(q.data(), q_stride, cs.g, cs.dk, c.view, cs.n, scale, cs.dv, out.data(),
+                     cs.dv);
+        if (first_out.empty()) {
+          first_out = out;
+          for (int64_t h = 0; h < cs.g; ++h) {
+            std::vector<double> s, want(static_cast<size_t>(cs.dv), 0.0);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = cs.first; j < cs.n; ++j) {
+              double d = 0;
+              for (int64_t i = 0; i < cs.dk; ++i)
+                d += double{q[static_cast<size_t>(h * q_stride + i)]} *
+                     keys[static_cast<size_t>(j)][static_cast<size_t>(i)];
+              s.push_back(d * scale);
+              mx = std::max(mx, d * scale);
+            }
+            for (auto& v : s) sum += (v = std::exp(v - mx));
+            for (int64_t j = cs.first; j < cs.n; ++j)
+              for (int64_t i = 0; i < cs.dv; ++i)
+                want[static_cast<size_t>(i)] +=
+                    s[static_cast<size_t>(j - cs.first)] / sum *
+                    values[static_cast<size_t>(j)][static_cast<size_t>(i)];
+            double vmax = 0;
+            for (double v : want) vmax = std::max(vmax, std::fabs(v));
+            for (int64_t i = 0; i < cs.dv; ++i) {
+              const float got = out[static_cast<size_t>(h * cs.dv + i)];
+              ASSERT_TRUE(std::isfinite(got));
+              ASSERT_NEAR(got, want[static_cast<size_t>(i)], 2e-5 * (vmax + spread))
+                  << "head " << h << " value " << i;
+            }
+          }
+        } else {
+          ASSERT_EQ(0, std::memcmp(out.data(), first_out.data(), out.size() * sizeof(float)));
+        }
+        for (int64_t h = 0; h < cs.g; ++h) {  // each head alone
+          std::vector<float> solo(static_cast<size_t>(cs.dv));
+          attend_heads(&q[static_cast<size_t>(h * q_stride)], q_stride, 1, cs.dk, c.view, cs.n,
+                       scale, cs.dv, solo.data(), cs.dv);
+          ASSERT_EQ(0, std::memcmp(solo.data(), &out[static_cast<size_t>(h * cs.dv)],
+                                   solo.size() * sizeof(float)))
+              << "head " << h;
+        }
+      }
+      for (const KvType type : {KvType::kF16, KvType::kBF16}) {
+        SCOPED_TRACE(std::string(kv_type_name(type)));
+        CachedKv half = cache_kv(keys, values, 0, 16, type, true);
+        auto rk = keys, rv = values;  // the rounded values, read back
+        for (int64_t j = 0; j < cs.n; ++j) {
+          const auto b = static_cast<int32_t>(half.blocks.size() - 1 - static_cast<size_t>(j / 16));
+          half.cache->load(0, b, j % 16, 0, cs.dk, rk[static_cast<size_t>(j)].data());
+          half.cache->load(0, b, j % 16, 2 * cs.dk, cs.dv, rv[static_cast<size_t>(j)].data());
+        }
+        CachedKv f32 = cache_kv(rk, rv, 0, 16, KvType::kF32, true);
+        half.view.first = f32.view.first = cs.first;
+        std::vector<float> want(static_cast<size_t>(cs.g * cs.dv)), got(want.size());
+        attend_heads(q.data(), q_stride, cs.g, cs.dk, f32.view, cs.n, scale, cs.dv, want.data(),
+                     cs.dv);
+        attend_heads(q.data(), q_stride, cs.g, cs.dk, half.view, cs.n, scale, cs.dv, got.data(),
+                     cs.dv);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+      }
     }
   }
 }

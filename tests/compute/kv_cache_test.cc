@@ -28,11 +28,15 @@ KvCacheConfig config(int64_t n_layer, int64_t k_width, int64_t v_width, int64_t 
 
 // f16 and bf16 pools: half the bytes of f32's; store() rounds each value (to nearest even) into
 // its own row and place only, and load() reads back exactly the rounded values.
+// Keys in rows or by dimension alike.
 TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
-  for (const KvType type : {KvType::kF16, KvType::kBF16}) {
-    SCOPED_TRACE(std::string(kv_type_name(type)));
+  for (const auto& [type, by_dim] :
+       {std::pair{KvType::kF16, false}, std::pair{KvType::kBF16, false},
+        std::pair{KvType::kF16, true}, std::pair{KvType::kBF16, true}}) {
+    SCOPED_TRACE(std::string(kv_type_name(type)) + (by_dim ? " by dimension" : " in rows"));
     KvCacheConfig c = config(2, 6, 3, 4, 3);
     c.type = type;
+    c.k_by_dim = by_dim;
     KvCache kv(c);
     EXPECT_EQ(kv.bytes(), uint64_t{2 * 3 * 4 * 9 * 2});
     auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
@@ -67,55 +71,62 @@ TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
   EXPECT_FALSE(parse_kv_type("").has_value());
 }
 
+// With keys in rows, and by dimension (KvCacheConfig::k_by_dim: a head's K value d of slot s at
+// k_offset(h) + d * block_size + s; the V rows as with keys in rows).
 TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
-  KvCacheConfig c = config(3, 8, 4, 4, 5);
-  c.heads = 2;  // K: 2 x 4 values per slot, V: 2 x 2
-  KvCache kv(c);
-  EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
-  // Every value reads 0 before any write (attention may read a block's unwritten slots as
-  // padding; the old pool was zero-filled and the mapped one must read the same).
-  std::vector<float> got(12);
-  for (int64_t l = 0; l < 3; ++l)
-    for (int32_t b = 0; b < 5; ++b)
-      for (int64_t s = 0; s < 4; ++s) {
-        kv.load(l, b, s, 0, 12, got.data());
-        for (float v : got) ASSERT_EQ(v, 0.f);
-      }
-  // Write a distinct value everywhere, K and V of a slot in one store or in pieces that cross
-  // the heads, then read every one back, through load() and where the layout puts it.
-  auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
-    return static_cast<float>(((l * 5 + b) * 4 + s) * 12 + i + 1);
-  };
-  for (int64_t l = 0; l < 3; ++l)
-    for (int32_t b = 0; b < 5; ++b)
-      for (int64_t s = 0; s < 4; ++s) {
-        float row[12];
-        for (int64_t i = 0; i < 12; ++i) row[i] = value(l, b, s, i);
-        if (s % 2 == 0) {
-          kv.store(l, b, s, 0, row, 12);
-        } else {
-          kv.store(l, b, s, 0, row, 3);
-          kv.store(l, b, s, 3, row + 3, 6);  // K head 0's last value, head 1, V head 0's first
-          kv.store(l, b, s, 9, row + 9, 3);
+  for (const bool by_dim : {false, true}) {
+    SCOPED_TRACE(by_dim ? "keys by dimension" : "keys in rows");
+    KvCacheConfig c = config(3, 8, 4, 4, 5);
+    c.heads = 2;  // K: 2 x 4 values per slot, V: 2 x 2
+    c.k_by_dim = by_dim;
+    KvCache kv(c);
+    EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
+    // Every value reads 0 before any write (attention may read a block's unwritten slots as
+    // padding; the old pool was zero-filled and the mapped one must read the same).
+    std::vector<float> got(12);
+    for (int64_t l = 0; l < 3; ++l)
+      for (int32_t b = 0; b < 5; ++b)
+        for (int64_t s = 0; s < 4; ++s) {
+          kv.load(l, b, s, 0, 12, got.data());
+          for (float v : got) ASSERT_EQ(v, 0.f);
+        }
+    // Write a distinct value everywhere, K and V of a slot in one store or in pieces that cross
+    // the heads, then read every one back, through load() and where the layout puts it.
+    auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
+      return static_cast<float>(((l * 5 + b) * 4 + s) * 12 + i + 1);
+    };
+    for (int64_t l = 0; l < 3; ++l)
+      for (int32_t b = 0; b < 5; ++b)
+        for (int64_t s = 0; s < 4; ++s) {
+          float row[12];
+          for (int64_t i = 0; i < 12; ++i) row[i] = value(l, b, s, i);
+          if (s % 2 == 0) {
+            kv.store(l, b, s, 0, row, 12);
+          } else {
+            kv.store(l, b, s, 0, row, 3);
+            kv.store(l, b, s, 3, row + 3, 6);  // K head 0's last value, head 1, V head 0's first
+            kv.store(l, b, s, 9, row + 9, 3);
+          }
+        }
+    for (int64_t l = 0; l < 3; ++l)
+      for (int32_t b = 0; b < 5; ++b) {
+        const auto* blk = reinterpret_cast<const float*>(kv.block(l, b));
+        for (int64_t s = 0; s < 4; ++s) {
+          kv.load(l, b, s, 0, 12, got.data());
+          for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(got[i], value(l, b, s, i));
+          for (int64_t h = 0; h < 2; ++h) {
+            for (int64_t d = 0; d < 4; ++d)  // K of head h: its 4 slots' rows in a run
+              ASSERT_EQ(blk[kv.k_offset(h) + (by_dim ? d * 4 + s : s * kv.k_stride() + d)],
+                        value(l, b, s, 4 * h + d));
+            for (int64_t d = 0; d < 2; ++d)
+              ASSERT_EQ(blk[kv.v_offset(h) + s * kv.v_stride() + d], value(l, b, s, 8 + 2 * h + d));
+          }
         }
       }
-  for (int64_t l = 0; l < 3; ++l)
-    for (int32_t b = 0; b < 5; ++b) {
-      const auto* blk = reinterpret_cast<const float*>(kv.block(l, b));
-      for (int64_t s = 0; s < 4; ++s) {
-        kv.load(l, b, s, 0, 12, got.data());
-        for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(got[i], value(l, b, s, i));
-        for (int64_t h = 0; h < 2; ++h) {
-          for (int64_t d = 0; d < 4; ++d)  // K of head h: its 4 slots' rows in a run
-            ASSERT_EQ(blk[kv.k_offset(h) + s * kv.k_stride() + d], value(l, b, s, 4 * h + d));
-          for (int64_t d = 0; d < 2; ++d)
-            ASSERT_EQ(blk[kv.v_offset(h) + s * kv.v_stride() + d], value(l, b, s, 8 + 2 * h + d));
-        }
-      }
-    }
-  EXPECT_EQ(kv.k_offset(1), 4 * 4);
-  EXPECT_EQ(kv.v_offset(0), 4 * 8);
-  EXPECT_EQ(kv.v_offset(1), 4 * 8 + 4 * 2);
+    EXPECT_EQ(kv.k_offset(1), 4 * 4);
+    EXPECT_EQ(kv.v_offset(0), 4 * 8);
+    EXPECT_EQ(kv.v_offset(1), 4 * 8 + 4 * 2);
+  }
   // Widths that do not split into the heads are refused.
   KvCacheConfig bad = config(1, 6, 4, 4, 1);
   bad.heads = 4;
