@@ -61,8 +61,9 @@ typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
   }
 }
 
-// How far ahead of the rows it reads attention prefetches them: the K rows of the position block
-// kScoreAhead blocks on, the V row kValueAhead positions on. A decode step reads every layer's
+// How far ahead of the rows it reads attention prefetches them: keys in rows, the K rows of the
+// position block kScoreAhead blocks on; the V row kValueAhead positions on (keys by dimension:
+// kChunksAhead below). A decode step reads every layer's
 // K and V from memory once, and the hardware prefetchers follow a KV head's rows only as far as
 // a block's run of them goes (docs/benchmarks.md "Engine, session 35").
 constexpr int64_t kScoreAhead = 4;
@@ -191,7 +192,8 @@ struct KeyChunk {
 };
 
 // How many chunks ahead the by-dimension scores prefetch their keys (a chunk of 16 positions of
-// 64 f32 dimensions is 4 KiB).
+// 64 f32 dimensions is 4 KiB). Every line of a chunk is prefetched: fetching every 4th or 16th
+// line, or 8 or 16 chunks ahead, was no faster (docs/benchmarks.md "Engine, session 36").
 constexpr int64_t kChunksAhead = 4;
 
 // Scores of HB heads (rows of q, q_stride apart) at PC chunks (all kLanes wide when kFull, else
