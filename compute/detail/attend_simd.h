@@ -349,6 +349,10 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
   // Positions [first, n_end): vrows[j] (and krows[j], keys in rows) is position first + j's
   // value (key).
   const int64_t first = kv.first, n = n_end - first, bs = kv.block_size;
+  if (n <= 0) {  // no positions: nothing to weigh (the engine never asks)
+    for (int64_t h = 0; h < g; ++h) std::fill_n(out + h * out_stride, dv, 0.0f);
+    return;
+  }
   // Score rows [g][row]: head h's score of position first + j at h * row + off + j (keys by
   // dimension: off = first % bs, scores computed from the start of first's block, and a chunk
   // stored whole past n), then exp(score - max); then [g]: 1 / their sums.

@@ -209,6 +209,10 @@ CachedKv cache_kv(const std::vector<std::vector<float>>& keys,
     c.cache->store(0, b, j % bs, 2 * dk + head * dv, v.data(), dv);
     c.cache->store(0, b, j % bs, 2 * dk + (1 - head) * dv, other.data(), dv);
   }
+  // The last block's slots past n hold NaN: attention must never let them in.
+  const std::vector<float> nan(static_cast<size_t>(2 * (dk + dv)), std::nanf(""));
+  for (int64_t j = n; j < cfg.num_blocks * bs; ++j)
+    c.cache->store(0, 0, j % bs, 0, nan.data(), 2 * (dk + dv));
   for (int64_t b = 0; b < cfg.num_blocks; ++b)
     c.blocks.push_back(c.cache->block(0, static_cast<int32_t>(cfg.num_blocks - 1 - b)));
   c.view.blocks = c.blocks.data();
@@ -227,6 +231,8 @@ CachedKv cache_kv(const std::vector<std::vector<float>>& keys,
 // passes of 8, 4, 2 and 1), whatever the block size (chunks of the full SIMD width, narrower
 // ones at the end of a block, blocks of one position) and where a sliding window starts in a
 // block; and an f16 or bf16 cache gives the bits of an f32 one holding its rounded values.
+// Positions before the window and the last block's unwritten slots hold NaN, which must not
+// reach the result (in either layout).
 TEST(Attention, KeysByDimensionMatchTheReferenceInAnyBlockShape) {
   struct Case {
     int64_t g, dk, dv, n, first;
@@ -249,6 +255,12 @@ TEST(Attention, KeysByDimensionMatchTheReferenceInAnyBlockShape) {
       for (auto& v : values) {
         v.resize(static_cast<size_t>(cs.dv));
         for (auto& x : v) x = nd(rng);
+      }
+      for (int64_t j = 0; j < cs.first; ++j) {  // outside the window
+        std::fill(keys[static_cast<size_t>(j)].begin(), keys[static_cast<size_t>(j)].end(),
+                  std::nanf(""));
+        std::fill(values[static_cast<size_t>(j)].begin(), values[static_cast<size_t>(j)].end(),
+                  std::nanf(""));
       }
       const int64_t q_stride = cs.dk + 1;
       std::vector<float> q(static_cast<size_t>(cs.g * q_stride));
@@ -290,6 +302,14 @@ TEST(Attention, KeysByDimensionMatchTheReferenceInAnyBlockShape) {
                   << "head " << h << " value " << i;
             }
           }
+          // Keys in rows (MLA's layout) over the same positions: as close, other bits.
+          CachedKv rows = cache_kv(keys, values, 1, bs, KvType::kF32, false);
+          rows.view.first = cs.first;
+          std::vector<float> by_row(out.size());
+          attend_heads(q.data(), q_stride, cs.g, cs.dk, rows.view, cs.n, scale, cs.dv,
+                       by_row.data(), cs.dv);
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(by_row[i], out[i], 4e-5 * (1 + std::fabs(out[i]))) << "value " << i;
         } else {
           ASSERT_EQ(0, std::memcmp(out.data(), first_out.data(), out.size() * sizeof(float)));
         }
@@ -302,16 +322,18 @@ TEST(Attention, KeysByDimensionMatchTheReferenceInAnyBlockShape) {
               << "head " << h;
         }
       }
-      for (const KvType type : {KvType::kF16, KvType::kBF16}) {
-        SCOPED_TRACE(std::string(kv_type_name(type)));
-        CachedKv half = cache_kv(keys, values, 0, 16, type, true);
+      for (const auto& [type, bs] :
+           {std::pair{KvType::kF16, int64_t{16}}, std::pair{KvType::kBF16, int64_t{16}},
+            std::pair{KvType::kF16, int64_t{20}}, std::pair{KvType::kBF16, int64_t{1}}}) {
+        SCOPED_TRACE(::testing::Message() << kv_type_name(type) << " block size " << bs);
+        CachedKv half = cache_kv(keys, values, 0, bs, type, true);
         auto rk = keys, rv = values;  // the rounded values, read back
         for (int64_t j = 0; j < cs.n; ++j) {
-          const auto b = static_cast<int32_t>(half.blocks.size() - 1 - static_cast<size_t>(j / 16));
-          half.cache->load(0, b, j % 16, 0, cs.dk, rk[static_cast<size_t>(j)].data());
-          half.cache->load(0, b, j % 16, 2 * cs.dk, cs.dv, rv[static_cast<size_t>(j)].data());
+          const auto b = static_cast<int32_t>(half.blocks.size() - 1 - static_cast<size_t>(j / bs));
+          half.cache->load(0, b, j % bs, 0, cs.dk, rk[static_cast<size_t>(j)].data());
+          half.cache->load(0, b, j % bs, 2 * cs.dk, cs.dv, rv[static_cast<size_t>(j)].data());
         }
-        CachedKv f32 = cache_kv(rk, rv, 0, 16, KvType::kF32, true);
+        CachedKv f32 = cache_kv(rk, rv, 0, bs, KvType::kF32, true);
         half.view.first = f32.view.first = cs.first;
         std::vector<float> want(static_cast<size_t>(cs.g * cs.dv)), got(want.size());
         attend_heads(q.data(), q_stride, cs.g, cs.dk, f32.view, cs.n, scale, cs.dv, want.data(),

@@ -76,28 +76,28 @@ TEST(KvCache, HalfPrecisionPoolsHoldRoundedValuesInHalfTheBytes) {
 TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
   for (const bool by_dim : {false, true}) {
     SCOPED_TRACE(by_dim ? "keys by dimension" : "keys in rows");
-    KvCacheConfig c = config(3, 8, 4, 4, 5);
-    c.heads = 2;  // K: 2 x 4 values per slot, V: 2 x 2
+    KvCacheConfig c = config(3, 8, 4, 5, 5);  // blocks of 5 slots: not the K head width (4)
+    c.heads = 2;                              // K: 2 x 4 values per slot, V: 2 x 2
     c.k_by_dim = by_dim;
     KvCache kv(c);
-    EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 4 * 12 * sizeof(float)});
+    EXPECT_EQ(kv.bytes(), uint64_t{3 * 5 * 5 * 12 * sizeof(float)});
     // Every value reads 0 before any write (attention may read a block's unwritten slots as
     // padding; the old pool was zero-filled and the mapped one must read the same).
     std::vector<float> got(12);
     for (int64_t l = 0; l < 3; ++l)
       for (int32_t b = 0; b < 5; ++b)
-        for (int64_t s = 0; s < 4; ++s) {
+        for (int64_t s = 0; s < 5; ++s) {
           kv.load(l, b, s, 0, 12, got.data());
           for (float v : got) ASSERT_EQ(v, 0.f);
         }
     // Write a distinct value everywhere, K and V of a slot in one store or in pieces that cross
     // the heads, then read every one back, through load() and where the layout puts it.
     auto value = [](int64_t l, int64_t b, int64_t s, int64_t i) {
-      return static_cast<float>(((l * 5 + b) * 4 + s) * 12 + i + 1);
+      return static_cast<float>(((l * 5 + b) * 5 + s) * 12 + i + 1);
     };
     for (int64_t l = 0; l < 3; ++l)
       for (int32_t b = 0; b < 5; ++b)
-        for (int64_t s = 0; s < 4; ++s) {
+        for (int64_t s = 0; s < 5; ++s) {
           float row[12];
           for (int64_t i = 0; i < 12; ++i) row[i] = value(l, b, s, i);
           if (s % 2 == 0) {
@@ -111,21 +111,21 @@ TEST(KvCache, FreshPoolReadsZeroAndRowsDoNotOverlap) {
     for (int64_t l = 0; l < 3; ++l)
       for (int32_t b = 0; b < 5; ++b) {
         const auto* blk = reinterpret_cast<const float*>(kv.block(l, b));
-        for (int64_t s = 0; s < 4; ++s) {
+        for (int64_t s = 0; s < 5; ++s) {
           kv.load(l, b, s, 0, 12, got.data());
           for (int64_t i = 0; i < 12; ++i) ASSERT_EQ(got[i], value(l, b, s, i));
           for (int64_t h = 0; h < 2; ++h) {
             for (int64_t d = 0; d < 4; ++d)  // K of head h: its 4 slots' rows in a run
-              ASSERT_EQ(blk[kv.k_offset(h) + (by_dim ? d * 4 + s : s * kv.k_stride() + d)],
+              ASSERT_EQ(blk[kv.k_offset(h) + (by_dim ? d * 5 + s : s * kv.k_stride() + d)],
                         value(l, b, s, 4 * h + d));
             for (int64_t d = 0; d < 2; ++d)
               ASSERT_EQ(blk[kv.v_offset(h) + s * kv.v_stride() + d], value(l, b, s, 8 + 2 * h + d));
           }
         }
       }
-    EXPECT_EQ(kv.k_offset(1), 4 * 4);
-    EXPECT_EQ(kv.v_offset(0), 4 * 8);
-    EXPECT_EQ(kv.v_offset(1), 4 * 8 + 4 * 2);
+    EXPECT_EQ(kv.k_offset(1), 5 * 4);
+    EXPECT_EQ(kv.v_offset(0), 5 * 8);
+    EXPECT_EQ(kv.v_offset(1), 5 * 8 + 5 * 2);
   }
   // Widths that do not split into the heads are refused.
   KvCacheConfig bad = config(1, 6, 4, 4, 1);
