@@ -393,6 +393,22 @@ TEST(Attention, ExtremeScoresStayFinite) {
   for (float v : out) EXPECT_TRUE(std::isfinite(v));
 }
 
+// A window that leaves no positions (first == n) gives zeros, as a sink's zero value vector
+// would, in either key layout; nothing past dv is written.
+TEST(Attention, NoPositionsGiveZeros) {
+  std::vector<std::vector<float>> keys(20, std::vector<float>(8, 1.f)), values(20, keys[0]);
+  for (const bool by_dim : {false, true}) {
+    CachedKv c = cache_kv(keys, values, 0, 16, KvType::kF32, by_dim);
+    c.view.first = 18;
+    std::vector<float> q(3 * 8, 0.5f), out(3 * 9, -99.f);
+    attend_heads(q.data(), 8, 3, 8, c.view, 18, 1.0f, 8, out.data(), 9);
+    for (int64_t h = 0; h < 3; ++h) {
+      for (int64_t i = 0; i < 8; ++i) ASSERT_EQ(out[static_cast<size_t>(h * 9 + i)], 0.f);
+      ASSERT_EQ(out[static_cast<size_t>(h * 9 + 8)], -99.f);
+    }
+  }
+}
+
 // softmax_rows against a double-precision softmax, for lengths around the SIMD widths (tails of
 // every size), with scales and magnitudes that make the maximum matter; rows do not mix.
 TEST(SoftmaxRows, MatchesDoublePrecisionAndKeepsRowsApart) {
