@@ -305,11 +305,12 @@ void scores_by_dim(const float* q, int64_t q_stride, int64_t g, int64_t dk, int6
 // look-ahead past it.
 template <class V, KvType kT>
 void scores_by_row(const float* q, int64_t q_stride, int64_t g, int64_t dk,
-                   const KvElem<kT>* const* krows, int64_t n, typename V::Reg vscale, float* s,
+                   const KvElem<kT>* const* krows, int64_t n, float scale, float* s,
                    int64_t s_stride) {
   using Reg = typename V::Reg;
   using Elem = KvElem<kT>;
   constexpr int L = V::kLanes;
+  const Reg vscale = V::set1(scale);
   const int64_t k_full = dk / L * L;
   const int k_tail = static_cast<int>(dk - k_full);
   for (int64_t j0 = 0; j0 < n; j0 += L) {
@@ -370,20 +371,22 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     krows.resize(static_cast<size_t>(n_rows));
     vrows.resize(static_cast<size_t>(n_rows));
   }
-  // Row pointers once, block by block (no division per position).
+  // Row pointers once, block by block (no division per position); K rows only for keys in rows.
   for (int64_t b = first / bs, j = 0, i0 = first % bs; j < n; ++b, i0 = 0) {
     const auto* base = static_cast<const Elem*>(kv.blocks[b]);
-    for (int64_t i = i0; i < bs && j < n; ++i, ++j) {
-      krows[static_cast<size_t>(j)] = base + kv.k_offset + i * kv.k_stride;
-      vrows[static_cast<size_t>(j)] = base + kv.v_offset + i * kv.v_stride;
-    }
+    const int64_t m = std::min(bs - i0, n - j);  // positions of this block
+    for (int64_t i = 0; i < m; ++i)
+      vrows[static_cast<size_t>(j + i)] = base + kv.v_offset + (i0 + i) * kv.v_stride;
+    if (!kv.k_by_dim)
+      for (int64_t i = 0; i < m; ++i)
+        krows[static_cast<size_t>(j + i)] = base + kv.k_offset + (i0 + i) * kv.k_stride;
+    j += m;
   }
   for (int64_t j = n; j < n_rows; ++j) {  // read, unused
     krows[static_cast<size_t>(j)] = krows[0];
     vrows[static_cast<size_t>(j)] = vrows[0];
   }
 
-  const Reg vscale = V::set1(scale);
   if (kv.k_by_dim) {
     // The chunks of up to L positions of each block from first's to n_end's, then kChunksAhead
     // copies of the first (prefetched, unused).
@@ -400,7 +403,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     scores_by_dim<V, kT>(q, q_stride, g, dk, bs, chunks.data(), n_chunks, scale, scores.data(),
                          row);
   } else {
-    scores_by_row<V, kT>(q, q_stride, g, dk, krows.data(), n, vscale, scores.data(), row);
+    scores_by_row<V, kT>(q, q_stride, g, dk, krows.data(), n, scale, scores.data(), row);
   }
 
   // Softmax numerators; positions past n become 0.
