@@ -6,10 +6,11 @@
 // once, as a decode step does, so that the K/V rows of a long context come from memory, not from
 // the caches. The keys are laid out as the engine keeps them (by dimension,
 // KvCacheConfig::k_by_dim) or, with --k-layout rows, in rows as MLA keeps them; "rows,dims" times
-// both side by side. Usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4]
-// [--head-dim 64]
-//                        [--layers 22] [--kv-type f32,f16,bf16] [--k-layout dims|rows|rows,dims]
-//                        [--runs 7]
+// both side by side. --mla LORA,ROPE times multi-head latent attention instead (DeepSeek-V3:
+// --heads 128 --mla 512,64): one KV head whose keys are LORA + ROPE wide and whose values are
+// the keys' first LORA values, read from the same rows. Usage: attention_bench
+// [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim 64] [--mla LORA,ROPE]
+// [--layers 22] [--kv-type f32,f16,bf16] [--k-layout dims|rows|rows,dims] [--runs 7]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -48,9 +49,10 @@ double now_s() {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> contexts = {512, 4096};
-  int64_t heads = 32, kv_heads = 4, dim = 64, layers = 22;
+  int64_t heads = 32, kv_heads = 4, dim = 64, layers = 22, lora = 0;
   int runs = 7;
   std::vector<bool> by_dim = {true};
+  bool layout_given = false;
   std::vector<compute::KvType> types = {compute::KvType::kF32, compute::KvType::kF16,
                                         compute::KvType::kBF16};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -67,6 +69,16 @@ int main(int argc, char** argv) {
       layers = std::max<int64_t>(1, std::atoll(v.c_str()));
     } else if (k == "--head-dim") {
       dim = std::atoll(v.c_str());
+    } else if (k == "--mla") {
+      const auto parts = split(v);
+      lora = parts.size() == 2 ? std::atoll(parts[0].c_str()) : 0;
+      const int64_t rope = parts.size() == 2 ? std::atoll(parts[1].c_str()) : -1;
+      if (lora < 1 || rope < 0) {
+        std::fprintf(stderr, "attention_bench: --mla takes LORA,ROPE (e.g. 512,64)\n");
+        return 2;
+      }
+      dim = lora + rope;
+      kv_heads = 1;
     } else if (k == "--runs") {
       runs = std::max(1, std::atoi(v.c_str()));
     } else if (k == "--kv-type") {
@@ -81,6 +93,7 @@ int main(int argc, char** argv) {
       }
     } else if (k == "--k-layout") {
       by_dim.clear();
+      layout_given = true;
       for (const auto& t : split(v)) {
         if (t != "rows" && t != "dims") {
           std::fprintf(stderr, "attention_bench: --k-layout takes rows, dims or both\n");
@@ -93,6 +106,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (lora > 0) {  // MLA keeps its keys in rows (its values are read from them)
+    if (layout_given && std::find(by_dim.begin(), by_dim.end(), true) != by_dim.end()) {
+      std::fprintf(stderr, "attention_bench: --mla keeps keys in rows (--k-layout rows)\n");
+      return 2;
+    }
+    by_dim = {false};
+  }
   if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1) {
     std::fprintf(stderr, "attention_bench: --heads must be a multiple of --kv-heads\n");
     return 2;
@@ -104,14 +124,21 @@ int main(int argc, char** argv) {
       "attention_bench: simd %s, one thread: f32 FMA peak %.0f GFLOP/s, read bandwidth "
       "%.1f GB/s\n",
       compute::simd_level(), peak, bw);
-  std::printf(
-      "shape: %lld query heads, %lld KV heads, head dim %lld; one token, %lld layers per "
-      "pass (times per layer)\n",
-      static_cast<long long>(heads), static_cast<long long>(kv_heads), static_cast<long long>(dim),
-      static_cast<long long>(layers));
+  if (lora > 0)
+    std::printf(
+        "shape: MLA, %lld query heads, keys %lld wide, values their first %lld; one token, %lld "
+        "layers per pass (times per layer)\n",
+        static_cast<long long>(heads), static_cast<long long>(dim), static_cast<long long>(lora),
+        static_cast<long long>(layers));
+  else
+    std::printf(
+        "shape: %lld query heads, %lld KV heads, head dim %lld; one token, %lld layers per "
+        "pass (times per layer)\n",
+        static_cast<long long>(heads), static_cast<long long>(kv_heads),
+        static_cast<long long>(dim), static_cast<long long>(layers));
   std::printf("%-6s %-5s %8s %10s %10s %8s %10s %8s\n", "kv", "keys", "context", "us/layer",
               "GFLOP/s", "of_peak", "KV GB/s", "of_bw");
-  const int64_t g = heads / kv_heads, kw = kv_heads * dim;
+  const int64_t g = heads / kv_heads, kw = kv_heads * dim, dv = lora > 0 ? lora : dim;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (const int64_t n : contexts) {
@@ -120,14 +147,15 @@ int main(int argc, char** argv) {
         compute::KvCacheConfig c;
         c.n_layer = layers;
         c.k_width = kw;
-        c.v_width = kw;
+        c.v_width = lora > 0 ? 0 : kw;
         c.heads = kv_heads;
         c.block_size = 16;
         c.num_blocks = (n + 15) / 16;
         c.type = type;
         c.k_by_dim = dims;
         compute::KvCache kv(c);
-        std::vector<float> row(static_cast<size_t>(2 * kw));
+        const int64_t row_w = c.k_width + c.v_width;
+        std::vector<float> row(static_cast<size_t>(row_w));
         // Blocks in a shuffled order, as a pool that has served other sequences hands them out.
         std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
         for (size_t b = 0; b < ids.size(); ++b) ids[b] = static_cast<int32_t>(b);
@@ -135,12 +163,13 @@ int main(int argc, char** argv) {
         for (int64_t l = 0; l < layers; ++l)
           for (int64_t p = 0; p < n; ++p) {
             for (auto& x : row) x = nd(rng);
-            kv.store(l, ids[static_cast<size_t>(p / 16)], p % 16, 0, row.data(), 2 * kw);
+            kv.store(l, ids[static_cast<size_t>(p / 16)], p % 16, 0, row.data(), row_w);
           }
         std::vector<std::vector<const void*>> layer_blocks(static_cast<size_t>(layers));
         for (int64_t l = 0; l < layers; ++l)
           for (int32_t id : ids) layer_blocks[static_cast<size_t>(l)].push_back(kv.block(l, id));
-        std::vector<float> q(static_cast<size_t>(heads * dim)), out(q.size());
+        std::vector<float> q(static_cast<size_t>(heads * dim)),
+            out(static_cast<size_t>(heads * dv));
         for (auto& x : q) x = nd(rng);
         const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
         std::vector<double> t;
@@ -154,18 +183,18 @@ int main(int argc, char** argv) {
               v.block_size = 16;
               v.k_offset = kv.k_offset(h);
               v.k_stride = kv.k_stride();
-              v.v_offset = kv.v_offset(h);
-              v.v_stride = kv.v_stride();
+              v.v_offset = lora > 0 ? v.k_offset : kv.v_offset(h);  // MLA: values in the keys
+              v.v_stride = lora > 0 ? v.k_stride : kv.v_stride();
               v.k_by_dim = dims;
               compute::attend_heads(&q[static_cast<size_t>(h * g * dim)], dim, g, dim, v, n, scale,
-                                    dim, &out[static_cast<size_t>(h * g * dim)], dim);
+                                    dv, &out[static_cast<size_t>(h * g * dv)], dv);
             }
           if (r > 0) t.push_back(now_s() - t0);  // the first pass warms up
         }
         std::sort(t.begin(), t.end());
         const double s = t[t.size() / 2] / static_cast<double>(layers);
-        const double flop = 4.0 * static_cast<double>(heads * n * dim);  // q.k and p.v
-        const double bytes = static_cast<double>(n * 2 * kw * compute::kv_type_bytes(type));
+        const double flop = 2.0 * static_cast<double>(heads * n * (dim + dv));  // q.k and p.v
+        const double bytes = static_cast<double>(n * row_w * compute::kv_type_bytes(type));
         std::printf("%-6s %-5s %8lld %10.1f %10.1f %7.0f%% %10.1f %7.0f%%\n",
                     std::string(compute::kv_type_name(type)).c_str(), dims ? "dims" : "rows",
                     static_cast<long long>(n), s * 1e6, flop / s / 1e9,

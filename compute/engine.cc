@@ -46,6 +46,10 @@ struct Engine::Scratch {
   std::vector<float> xe, ge, ue, de;
   std::vector<float> shared_out;
   std::span<const SeqStep> seqs;
+  // MLA: each layer's k_b and v_b as one matrix per head (WeightView::slice), made once, and
+  // the per-head products of a step, run together (matmul_many).
+  std::vector<std::vector<WeightView>> k_b_heads, v_b_heads;  // [layer - range.begin][head]
+  std::vector<MatmulProduct> products;
 };
 
 namespace {
@@ -166,6 +170,17 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     for (int64_t il = range.begin; il < range.end; ++il)
       e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
     if (e->s_->any_local_rope) e->s_->rope_local = model::rope_frequencies_local(s);
+    if (s.is_mla()) {
+      for (int64_t il = range.begin; il < range.end; ++il) {
+        const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+        auto& kb = e->s_->k_b_heads.emplace_back();
+        auto& vb = e->s_->v_b_heads.emplace_back();
+        for (int64_t hh = 0; hh < s.n_head; ++hh) {
+          kb.push_back(L.wk_b.slice(hh));
+          vb.push_back(L.wv_b.slice(hh));
+        }
+      }
+    }
     return e;
   } catch (const std::exception& ex) {
     return Error{1, ex.what()};
@@ -414,19 +429,20 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
   const int64_t H = s.n_head, nope = s.qk_nope_dim, rope = s.qk_rope_dim, lora = s.kv_lora_rank;
   const int64_t dqk = nope + rope, kw = lora + rope, dv = s.v_head_dim;
   grow(S.q, T * H * dqk);
-  if (L.wq_a.present()) {
+  grow(S.kva, T * kw);
+  if (L.wq_a.present()) {  // q's and the KV latent's down-projections of h in one run
     grow(S.qa, T * s.q_lora_rank);
-    matmul(L.wq_a, S.h.data(), T, S.qa.data(), pool_.get());
+    const MatmulTarget down[] = {{L.wq_a, S.qa.data(), s.q_lora_rank}, {L.wkv_a, S.kva.data(), kw}};
+    matmul_shared(down, S.h.data(), s.n_embd, T, pool_.get());
     const float* qn = f32(L.q_a_norm);
     for (int64_t t = 0; t < T; ++t)
       detail::rms_norm(&S.qa[t * s.q_lora_rank], qn, &S.qa[t * s.q_lora_rank], s.q_lora_rank,
                        s.rms_eps);
     matmul(L.wq_b, S.qa.data(), T, S.q.data(), pool_.get());
   } else {
-    matmul(L.wq, S.h.data(), T, S.q.data(), pool_.get());
+    const MatmulTarget proj[] = {{L.wq, S.q.data(), H * dqk}, {L.wkv_a, S.kva.data(), kw}};
+    matmul_shared(proj, S.h.data(), s.n_embd, T, pool_.get());
   }
-  grow(S.kva, T * kw);
-  matmul(L.wkv_a, S.h.data(), T, S.kva.data(), pool_.get());
   const float* kvn = f32(L.kv_a_norm);
   const int64_t bs = kv_->block_size();
   const bool neox = s.rope_style == model::RopeStyle::kNeox;
@@ -442,20 +458,25 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     kv_->store(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
   }
-  // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]].
+  // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]], every
+  // head's product in one run.
+  const int64_t l = il - range_.begin;
   grow(S.qabs, T * H * kw);
-  for (int64_t hh = 0; hh < H; ++hh) {
-    matmul(L.wk_b.slice(hh), &S.q[hh * dqk], H * dqk, T, &S.qabs[hh * kw], H * kw, pool_.get());
-    for (int64_t t = 0; t < T; ++t)
+  S.products.clear();
+  for (int64_t hh = 0; hh < H; ++hh)
+    S.products.push_back({&S.k_b_heads[static_cast<size_t>(l)][static_cast<size_t>(hh)],
+                          &S.q[hh * dqk], H * dqk, T, &S.qabs[hh * kw], H * kw});
+  matmul_many(S.products, pool_.get());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t hh = 0; hh < H; ++hh)
       std::memcpy(&S.qabs[(t * H + hh) * kw + lora], &S.q[(t * H + hh) * dqk + nope],
                   static_cast<size_t>(rope) * 4);
-  }
   grow(S.lat, T * H * lora);
   const float scale =
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dqk))));
   // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows, and
   // every head shares them (one KV "head").
-  const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part, l = il - range_.begin;
+  const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const void*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {
@@ -469,8 +490,11 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     }
   });
   grow(S.attn, T * H * dv);
+  S.products.clear();
   for (int64_t hh = 0; hh < H; ++hh)
-    matmul(L.wv_b.slice(hh), &S.lat[hh * lora], H * lora, T, &S.attn[hh * dv], H * dv, pool_.get());
+    S.products.push_back({&S.v_b_heads[static_cast<size_t>(l)][static_cast<size_t>(hh)],
+                          &S.lat[hh * lora], H * lora, T, &S.attn[hh * dv], H * dv});
+  matmul_many(S.products, pool_.get());
 }
 
 void Engine::ffn(int64_t il) {

@@ -407,19 +407,24 @@ namespace {
 // matmul_many_with for products of one type and layout.
 void many_of_one_type(const KernelSet& ks, std::span<const MatmulProduct> ps, ThreadPool* pool) {
   const int n_threads = pool != nullptr ? pool->size() : 1;
-  // One run for all where each would split rows anyway.
+  // One run for all where their row tiles together give each thread two or more. A product
+  // of few rows joins the others (MLA's per-head matrices: 128 rows each, 2 x 128 of them in
+  // a DeepSeek-V3 layer, were one pool run each).
   bool together = n_threads > 1 && ps.size() > 1;
-  int64_t macs = 0;
+  int64_t macs = 0, units = 0;
   for (const MatmulProduct& p : ps) {
     if (!together) break;
     const model::WeightView& w = *p.w;
     const TypeKernels* k = ks.find(w.type, w.layout);
     together = k != nullptr && w.type == ps[0].w->type && w.layout == ps[0].w->layout &&
-               w.cols() > 0 && p.n_tok > 0 && w.rows() >= 2 * k->row_tile * n_threads &&
-               p.x_stride >= w.cols() && p.y_stride >= w.rows();
+               w.cols() > 0 && w.rows() > 0 && p.n_tok > 0 && p.x_stride >= w.cols() &&
+               p.y_stride >= w.rows();
+    if (!together) break;
     macs += w.rows() * w.cols() * p.n_tok;
+    const int64_t tile = std::max(1, k->row_tile);
+    units += (w.rows() + tile - 1) / tile;
   }
-  if (!together || macs < kMinParallelMacs) {
+  if (!together || macs < kMinParallelMacs || units < 2 * n_threads) {
     for (const MatmulProduct& p : ps)
       matmul_with(ks, *p.w, p.x, p.x_stride, p.n_tok, p.y, p.y_stride, pool);
     return;

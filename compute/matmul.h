@@ -62,9 +62,10 @@ struct MatmulProduct {
 
 /// Products with their own inputs (the experts of an MoE layer, each on its own tokens): every
 /// output exactly as matmul() computes it, in one hand-off to the pool for all matrices of one
-/// type and layout, so that the threads share out the rows of all of them at once (a product
-/// too small to split its rows, or alone of its type, as matmul()). A product whose input is the one before it (x, stride, token count and
-/// width: gate and up of one expert) shares its prepared activations.
+/// type and layout, so that the threads share out the rows of all of them at once (products
+/// whose row tiles together are too few to share out, or one alone of its type, as matmul()).
+/// A product whose input is the one before it (x, stride, token count and width: gate and up
+/// of one expert) shares its prepared activations.
 void matmul_many(std::span<const MatmulProduct> products, ThreadPool* pool);
 
 /// Dequantizes row r of w into out[w.cols()] (embedding lookup). Any layout.

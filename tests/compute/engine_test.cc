@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "compute/thread_pool.h"
+#include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/test_support.h"
 
@@ -111,6 +112,32 @@ INSTANTIATE_TEST_SUITE_P(
       return ::troupe::testing::model_param_name(std::get<0>(info.param)) +
              (kv == KvType::kF32 ? "" : "_kv_" + std::string(kv_type_name(kv)));
     });
+
+// Multi-head latent attention with many heads and no query compression (DeepSeek-V2-Lite's
+// form: q from h directly, beside the KV latent's projection), at sizes where every head's
+// absorbed products run together on two threads even for one token: the same bits as one
+// thread, chunked or not, and beside another sequence.
+TEST(Engine, MlaWithManyHeadsAndNoQueryCompressionIsBatchInvariant) {
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "deepseek2";
+  o.dtype = model::GgmlType::kQ8_0;
+  o.n_embd = 128;
+  o.n_layer = 2;
+  o.n_head = 16;
+  o.q_lora_rank = 0;
+  o.kv_lora_rank = 64;
+  o.qk_rope_dim = 16;
+  o.qk_nope_dim = 32;
+  o.v_head_dim = 32;
+  const std::string path = dir.file("mla.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  auto m = load_model_for_test(path);
+  ASSERT_TRUE(m);
+  ASSERT_TRUE(m->spec.is_mla());
+  ASSERT_FALSE(m->spec.layers[0].wq_a.present());
+  expect_batch_invariant(m);
+}
 
 TEST(Engine, RejectsBadSteps) {
   TROUPE_SHARED_OR_SKIP(shared);

@@ -333,6 +333,51 @@ TEST(Matmul, ManyProductsMatchSeparateProducts) {
   }
 }
 
+// Many products of few rows each, every one on its own input row (MLA's per-head matrices at
+// one token, its inputs interleaved in one row of all heads): one run shares out their row tiles
+// although none has enough to split, and each output is bit-identical to its own matmul.
+TEST(Matmul, ManySmallProductsShareOneRun) {
+  ThreadPool pool2(2), pool4(4);
+  ThreadPool* pools[] = {&pool2, &pool4};
+  for (const auto* ks : kernel_sets()) {
+    for (GgmlType t : kTypes) {
+      SCOPED_TRACE(std::string(ks->name) + " " + model::type_name(t));
+      const int64_t cols = test_cols(t), heads = 12;
+      std::vector<Weights> ws;
+      for (int64_t h = 0; h < heads; ++h)
+        ws.push_back(make_weights(t, h % 3 == 2 ? 20 : 16, cols, 60 + static_cast<uint32_t>(h)));
+      for (const int64_t n_tok : {1, 3}) {
+        const int64_t x_stride = heads * cols;  // token row: every head's input in turn
+        const auto x = random_x(n_tok, x_stride, 61);
+        for (ThreadPool* pool : pools) {
+          const int64_t y_stride = heads * 20 + 1;
+          std::vector<float> y(static_cast<size_t>(n_tok * y_stride), -7.f);
+          std::vector<MatmulProduct> products;
+          for (int64_t h = 0; h < heads; ++h)
+            products.push_back({&ws[static_cast<size_t>(h)].view, x.data() + h * cols, x_stride,
+                                n_tok, y.data() + h * 20, y_stride});
+          detail::matmul_many_with(*ks, products, pool);
+          for (int64_t h = 0; h < heads; ++h) {
+            const WeightView& w = ws[static_cast<size_t>(h)].view;
+            std::vector<float> xh(static_cast<size_t>(n_tok * cols));
+            for (int64_t tk = 0; tk < n_tok; ++tk)
+              std::copy_n(x.begin() + tk * x_stride + h * cols, cols, xh.begin() + tk * cols);
+            const auto want = run(*ks, w, xh, n_tok, nullptr);
+            for (int64_t tk = 0; tk < n_tok; ++tk) {
+              ASSERT_EQ(std::memcmp(y.data() + tk * y_stride + h * 20, want.data() + tk * w.rows(),
+                                    static_cast<size_t>(w.rows()) * sizeof(float)),
+                        0)
+                  << "head " << h << " n_tok=" << n_tok << " threads=" << pool->size();
+              for (int64_t k = w.rows(); k < 20; ++k)
+                ASSERT_EQ(y[static_cast<size_t>(tk * y_stride + h * 20 + k)], -7.f);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, StridedInputAndOutput) {
   for (const auto* ks : kernel_sets()) {
     for (GgmlType t : {GgmlType::kF32, GgmlType::kQ4_0}) {
