@@ -71,11 +71,14 @@ void post_norm(const WeightView& w, float* y, int64_t n, int64_t e, float eps) {
 }
 
 // Query heads per piece of attention work: the g heads of a KV head share each K/V row read,
-// so the largest divisor of g up to 8 -- but smaller while the step's T tokens x h heads would
-// give the threads fewer than two pieces each (a decode step on a many-core CPU). A head's
-// result does not depend on its piece (Attention tests), so this changes speed only.
-int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads) {
-  for (int64_t p = std::min<int64_t>(g, 8); p > 1; --p)
+// so the largest divisor of g up to `most` -- but smaller while the step's T tokens x h heads
+// would give the threads fewer than two pieces each (a decode step on a many-core CPU). A
+// head's result does not depend on its piece (Attention tests), so this changes speed only.
+// GQA groups have 8 heads or fewer; MLA's 16 to 128 heads share one latent KV, and 32 per piece
+// read it a quarter as often as 8 (128 heads at 4096 positions: 1.7x faster, docs/benchmarks.md
+// "Engine, session 37"); more gained nothing.
+int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads, int64_t most = 8) {
+  for (int64_t p = std::min<int64_t>(g, most); p > 1; --p)
     if (g % p == 0 && T * (h / p) >= 2 * static_cast<int64_t>(n_threads)) return p;
   return 1;
 }
@@ -476,7 +479,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dqk))));
   // MLA: keys are [latent, rope key] rows; values are the latent part of the same rows, and
   // every head shares them (one KV "head").
-  const int64_t part = head_part(H, T, H, pool_->size()), parts = H / part;
+  const int64_t part = head_part(H, T, H, pool_->size(), 32), parts = H / part;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const void*> blocks;
     for (int64_t tp = b; tp < e; ++tp) {

@@ -61,12 +61,12 @@ typename V::Reg load_kv_n(const KvElem<kT>* p, int k) {
   }
 }
 
-// How far ahead of the rows it reads attention prefetches them: keys in rows, the K rows of the
-// position block kScoreAhead blocks on; the V row kValueAhead positions on (keys by dimension:
-// kChunksAhead below). A decode step reads every layer's
-// K and V from memory once, and the hardware prefetchers follow a KV head's rows only as far as
-// a block's run of them goes (docs/benchmarks.md "Engine, session 35").
-constexpr int64_t kScoreAhead = 4;
+// How far ahead of the rows it reads attention prefetches them: the V row kValueAhead positions
+// on (keys by dimension: kChunksAhead below). A decode step reads every layer's K and V from
+// memory once, and the hardware prefetchers follow a KV head's rows only as far as a block's
+// run of them goes (docs/benchmarks.md "Engine, session 35"). Keys in rows (MLA's: 2.3 KB
+// each, a block's rows contiguous) are not prefetched: their scores ran no faster with the next
+// rows prefetched into L1 or L2 ("Engine, session 37").
 constexpr int64_t kValueAhead = 64;
 
 // The weighted values of HB heads over R registers of value columns from column `col` (the last
@@ -150,31 +150,41 @@ void values_of_heads(const KvElem<kT>* const* rows, int64_t n, const float* e, i
   }
 }
 
-// Query registers held per pass of the score loop: with the L accumulators, 24 of AVX-512's 32
-// registers, 12 of AVX2's 16.
+// Query heads per pass of the row score loop (each at L / kScoreHeads positions), and the query
+// registers held per head: with the L accumulators, 24 of AVX-512's 32 registers, 12 of AVX2's
+// 16. Four heads at 4 positions (AVX-512) ran no faster than two at 8 (docs/benchmarks.md
+// "Engine, session 37").
 template <class V>
-constexpr int kScoreRegs = V::kLanes >= 16 ? 8 : 4;
+constexpr int kScoreHeads = 2;
+template <class V>
+constexpr int kScoreRegs = V::kLanes >= 16 ? 4 : 2;
 
-// acc[i] += q[c, c + QR L) . k_i[c, c + QR L) for the L positions i, chunk by chunk in order
-// (each position's sum in the order of the plain loop over chunks), position by position so
-// that one row pointer is live at a time.
+// kScoreHeads heads' scores at P = L / kScoreHeads positions (keys in rows): acc[h P + i] +=
+// q_h[c, c + QR L) . k_i[...] for the positions i, chunk by chunk in order (each sum in the
+// order of the plain loop over chunks); each K load feeds every head of the pass.
 template <class V, KvType kT, int QR>
-[[gnu::always_inline]] inline void score_chunks(const float* qh, const KvElem<kT>* const* kr,
+[[gnu::always_inline]] inline void score_chunks(const float* const* qh, const KvElem<kT>* const* kr,
                                                 int64_t c, typename V::Reg (&acc)[V::kLanes]) {
-  typename V::Reg qv[QR];
-  unroll<QR>([&](auto r)
-                 __attribute__((always_inline)) { qv[r] = V::load(qh + c + r * V::kLanes); });
-  unroll<V::kLanes>([&](auto i) __attribute__((always_inline)) {
+  constexpr int L = V::kLanes, HP = kScoreHeads<V>, P = L / HP;
+  typename V::Reg a[HP][QR];
+  unroll<HP>([&](auto h) __attribute__((always_inline)) {
+    unroll<QR>([&](auto r)
+                   __attribute__((always_inline)) { a[h][r] = V::load(qh[h] + c + r * L); });
+  });
+  unroll<P>([&](auto i) __attribute__((always_inline)) {
     const KvElem<kT>* k = kr[i] + c;
     unroll<QR>([&](auto r) __attribute__((always_inline)) {
-      acc[i] = V::fmadd(qv[r], load_kv<V, kT>(k + r * V::kLanes), acc[i]);
+      const typename V::Reg kv = load_kv<V, kT>(k + r * L);
+      unroll<HP>([&](auto h) __attribute__((always_inline)) {
+        acc[h * P + i] = V::fmadd(a[h][r], kv, acc[h * P + i]);
+      });
     });
   });
 }
 
 // score_chunks for 1 .. kScoreRegs registers.
 template <class V, KvType kT, int QR = kScoreRegs<V>>
-[[gnu::always_inline]] inline void score_regs(int regs, const float* qh,
+[[gnu::always_inline]] inline void score_regs(int regs, const float* const* qh,
                                               const KvElem<kT>* const* kr, int64_t c,
                                               typename V::Reg (&acc)[V::kLanes]) {
   if constexpr (QR > 1) {
@@ -300,29 +310,29 @@ void scores_by_dim(const float* q, int64_t q_stride, int64_t g, int64_t dk, int6
   }
 }
 
-// Scores from keys in rows, L positions at a time: one register per position, summed across
-// lanes at the end; krows[j] is position j's key, for j in [0, n) and the prefetches'
-// look-ahead past it.
+// Scores from keys in rows (MLA's, up to 576 values wide), kScoreHeads heads at L / kScoreHeads
+// positions at a time: one register per head and position, summed across lanes at the end
+// (each score's sum the one of a pass of one head at L positions: the same bits). The pass's K
+// rows stay in L1 for every pair of heads (16 rows of 576 f32 did not: 2.3 KB each); each K
+// load feeds two FMAs. krows[j] is position j's key for j in [0, n), and a readable row past
+// it.
 template <class V, KvType kT>
 void scores_by_row(const float* q, int64_t q_stride, int64_t g, int64_t dk,
                    const KvElem<kT>* const* krows, int64_t n, float scale, float* s,
                    int64_t s_stride) {
   using Reg = typename V::Reg;
   using Elem = KvElem<kT>;
-  constexpr int L = V::kLanes;
+  constexpr int L = V::kLanes, HP = kScoreHeads<V>, P = L / HP;
   const Reg vscale = V::set1(scale);
   const int64_t k_full = dk / L * L;
   const int k_tail = static_cast<int>(dk - k_full);
-  for (int64_t j0 = 0; j0 < n; j0 += L) {
-    const Elem* kr[L];
-    for (int i = 0; i < L; ++i) {
-      kr[i] = krows[j0 + i];
-      const auto* ahead = reinterpret_cast<const char*>(krows[j0 + kScoreAhead * L + i]);
-      for (int64_t o = 0; o < dk * static_cast<int64_t>(sizeof(Elem)); o += 64)
-        __builtin_prefetch(ahead + o);
-    }
-    for (int64_t h = 0; h < g; ++h) {
-      const float* qh = q + h * q_stride;
+  for (int64_t j0 = 0; j0 < n; j0 += P) {
+    const Elem* kr[P];
+    for (int i = 0; i < P; ++i) kr[i] = krows[j0 + i];
+    for (int64_t h = 0; h < g; h += HP) {
+      // Heads past g repeat the last (computed, not stored).
+      const float* qh[HP];
+      for (int i = 0; i < HP; ++i) qh[i] = q + std::min<int64_t>(h + i, g - 1) * q_stride;
       Reg acc[L];
       unroll<L>([&](auto i) __attribute__((always_inline)) { acc[i] = V::zero(); });
       for (int64_t c = 0; c < k_full;) {
@@ -331,12 +341,19 @@ void scores_by_row(const float* q, int64_t q_stride, int64_t g, int64_t dk,
         c += regs * L;
       }
       if (k_tail > 0) {
-        const Reg qv = V::load_n(qh + k_full, k_tail);
-        unroll<L>([&](auto i) __attribute__((always_inline)) {
-          acc[i] = V::fmadd(qv, load_kv_n<V, kT>(kr[i] + k_full, k_tail), acc[i]);
+        Reg a[HP];
+        for (int i = 0; i < HP; ++i) a[i] = V::load_n(qh[i] + k_full, k_tail);
+        unroll<P>([&](auto i) __attribute__((always_inline)) {
+          const Reg kv = load_kv_n<V, kT>(kr[i] + k_full, k_tail);
+          unroll<HP>([&](auto hh) __attribute__((always_inline)) {
+            acc[hh * P + i] = V::fmadd(a[hh], kv, acc[hh * P + i]);
+          });
         });
       }
-      V::store(s + h * s_stride + j0, V::mul(V::lane_sums(acc), vscale));
+      alignas(64) float sums[L];
+      V::store(sums, V::mul(V::lane_sums(acc), vscale));
+      for (int i = 0; i < HP && h + i < g; ++i)
+        std::memcpy(s + (h + i) * s_stride + j0, sums + i * P, P * sizeof(float));
     }
   }
 }
@@ -366,7 +383,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     scores.resize(static_cast<size_t>(g * (row + 1)));
   float* inv = &scores[static_cast<size_t>(g * row)];
   // Row pointers for [0, n) and the prefetches' look-ahead past it.
-  const int64_t n_rows = (n + L - 1) / L * L + std::max<int64_t>(kValueAhead, kScoreAhead * L);
+  const int64_t n_rows = (n + L - 1) / L * L + kValueAhead;
   if (static_cast<int64_t>(vrows.size()) < n_rows) {
     krows.resize(static_cast<size_t>(n_rows));
     vrows.resize(static_cast<size_t>(n_rows));

@@ -75,9 +75,9 @@ struct Shape {
 TEST(Attention, MatchesReferenceAndEachHeadIsIndependentOfItsGroup) {
   std::mt19937 rng(5);
   // Widths that are and are not multiples of 8 and 16; one position; several blocks; long.
-  const Shape shapes[] = {{8, 64, 64, 1, 16},   {8, 64, 64, 37, 16}, {4, 128, 128, 300, 16},
-                          {2, 40, 24, 17, 4},   {1, 7, 5, 3, 2},     {3, 72, 64, 1000, 32},
-                          {8, 576, 512, 20, 16}};
+  const Shape shapes[] = {{8, 64, 64, 1, 16},    {8, 64, 64, 37, 16},   {4, 128, 128, 300, 16},
+                          {2, 40, 24, 17, 4},    {1, 7, 5, 3, 2},       {3, 72, 64, 1000, 32},
+                          {8, 576, 512, 20, 16}, {33, 576, 512, 40, 16}};  // MLA-wide
   for (const Shape& sh : shapes) {
     for (const float spread : {0.3f, 3.0f}) {  // flat and peaked softmax
       SCOPED_TRACE(::testing::Message() << "g=" << sh.g << " dk=" << sh.dk << " dv=" << sh.dv
