@@ -74,9 +74,9 @@ void post_norm(const WeightView& w, float* y, int64_t n, int64_t e, float eps) {
 // so the largest divisor of g up to `most` -- but smaller while the step's T tokens x h heads
 // would give the threads fewer than two pieces each (a decode step on a many-core CPU). A
 // head's result does not depend on its piece (Attention tests), so this changes speed only.
-// GQA groups have 8 heads or fewer; MLA's 16 to 128 heads share one latent KV, and 32 per piece
-// read it a quarter as often as 8 (128 heads at 4096 positions: 1.7x faster, docs/benchmarks.md
-// "Engine, session 37"); more gained nothing.
+// GQA pieces hold up to 8 (the by-dimension score kernel's widest pass); MLA's 16 to 128 heads
+// share one latent KV, and 32 per piece read it a quarter as often as 8 (128 heads at 4096
+// positions: 1.7x faster, docs/benchmarks.md "Engine, session 37"); more gained nothing.
 int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads, int64_t most = 8) {
   for (int64_t p = std::min<int64_t>(g, most); p > 1; --p)
     if (g % p == 0 && T * (h / p) >= 2 * static_cast<int64_t>(n_threads)) return p;

@@ -150,22 +150,18 @@ void values_of_heads(const KvElem<kT>* const* rows, int64_t n, const float* e, i
   }
 }
 
-// Query heads per pass of the row score loop (each at L / kScoreHeads positions), and the query
-// registers held per head: with the L accumulators, 24 of AVX-512's 32 registers, 12 of AVX2's
-// 16. Four heads at 4 positions (AVX-512) ran no faster than two at 8 (docs/benchmarks.md
-// "Engine, session 37").
-template <class V>
-constexpr int kScoreHeads = 2;
-template <class V>
-constexpr int kScoreRegs = V::kLanes >= 16 ? 4 : 2;
+// Query registers held per head in a pass of the row score loop, for HP heads per pass (each
+// at L / HP positions): with the L accumulators, 24 of AVX-512's 32 registers, 12 of AVX2's 16.
+template <class V, int HP>
+constexpr int kScoreRegs = (V::kLanes >= 16 ? 8 : 4) / HP;
 
-// kScoreHeads heads' scores at P = L / kScoreHeads positions (keys in rows): acc[h P + i] +=
-// q_h[c, c + QR L) . k_i[...] for the positions i, chunk by chunk in order (each sum in the
-// order of the plain loop over chunks); each K load feeds every head of the pass.
-template <class V, KvType kT, int QR>
+// HP heads' scores at P = L / HP positions (keys in rows): acc[h P + i] += q_h[c, c + QR L) .
+// k_i[...] for the positions i, chunk by chunk in order (each sum in the order of the plain loop
+// over chunks); each K load feeds every head of the pass.
+template <class V, KvType kT, int HP, int QR>
 [[gnu::always_inline]] inline void score_chunks(const float* const* qh, const KvElem<kT>* const* kr,
                                                 int64_t c, typename V::Reg (&acc)[V::kLanes]) {
-  constexpr int L = V::kLanes, HP = kScoreHeads<V>, P = L / HP;
+  constexpr int L = V::kLanes, P = L / HP;
   typename V::Reg a[HP][QR];
   unroll<HP>([&](auto h) __attribute__((always_inline)) {
     unroll<QR>([&](auto r)
@@ -183,14 +179,14 @@ template <class V, KvType kT, int QR>
 }
 
 // score_chunks for 1 .. kScoreRegs registers.
-template <class V, KvType kT, int QR = kScoreRegs<V>>
+template <class V, KvType kT, int HP, int QR = kScoreRegs<V, HP>>
 [[gnu::always_inline]] inline void score_regs(int regs, const float* const* qh,
                                               const KvElem<kT>* const* kr, int64_t c,
                                               typename V::Reg (&acc)[V::kLanes]) {
   if constexpr (QR > 1) {
-    if (regs < QR) return score_regs<V, kT, QR - 1>(regs, qh, kr, c, acc);
+    if (regs < QR) return score_regs<V, kT, HP, QR - 1>(regs, qh, kr, c, acc);
   }
-  score_chunks<V, kT, QR>(qh, kr, c, acc);
+  score_chunks<V, kT, HP, QR>(qh, kr, c, acc);
 }
 
 // Keys by dimension (KvView::k_by_dim): a chunk of up to kLanes positions of one block, its
@@ -310,51 +306,65 @@ void scores_by_dim(const float* q, int64_t q_stride, int64_t g, int64_t dk, int6
   }
 }
 
-// Scores from keys in rows (MLA's, up to 576 values wide), kScoreHeads heads at L / kScoreHeads
-// positions at a time: one register per head and position, summed across lanes at the end
-// (each score's sum the one of a pass of one head at L positions: the same bits). The pass's K
-// rows stay in L1 for every pair of heads (16 rows of 576 f32 did not: 2.3 KB each); each K
-// load feeds two FMAs. krows[j] is position j's key for j in [0, n), and a readable row past
-// it.
+// The scores of HP heads (q rows qh) at positions [j0, j0 + L / HP) from keys in rows: one
+// register per head and position, summed across lanes at the end by lane_sums, whose tree is
+// the same for every register (so a score's bits do not depend on the heads and positions it
+// was computed with), times scale, stored at s + h * s_stride + j0.
+template <class V, KvType kT, int HP>
+[[gnu::always_inline]] inline void score_pass(const float* const* qh, int64_t dk,
+                                              const KvElem<kT>* const* kr, typename V::Reg vscale,
+                                              float* s, int64_t s_stride, int64_t j0) {
+  using Reg = typename V::Reg;
+  constexpr int L = V::kLanes, P = L / HP;
+  const int64_t k_full = dk / L * L;
+  const int k_tail = static_cast<int>(dk - k_full);
+  Reg acc[L];
+  unroll<L>([&](auto i) __attribute__((always_inline)) { acc[i] = V::zero(); });
+  for (int64_t c = 0; c < k_full;) {
+    const int64_t regs = std::min<int64_t>(kScoreRegs<V, HP>, (k_full - c) / L);
+    score_regs<V, kT, HP>(static_cast<int>(regs), qh, kr, c, acc);
+    c += regs * L;
+  }
+  if (k_tail > 0) {
+    Reg a[HP];
+    for (int h = 0; h < HP; ++h) a[h] = V::load_n(qh[h] + k_full, k_tail);
+    unroll<P>([&](auto i) __attribute__((always_inline)) {
+      const Reg kv = load_kv_n<V, kT>(kr[i] + k_full, k_tail);
+      unroll<HP>([&](auto h) __attribute__((always_inline)) {
+        acc[h * P + i] = V::fmadd(a[h], kv, acc[h * P + i]);
+      });
+    });
+  }
+  alignas(64) float sums[L];
+  V::store(sums, V::mul(V::lane_sums(acc), vscale));
+  for (int h = 0; h < HP; ++h) std::memcpy(s + h * s_stride + j0, sums + h * P, P * sizeof(float));
+}
+
+// Scores from keys in rows (MLA's, up to 576 values wide): two heads at L / 2 positions per pass,
+// so that the pass's K rows stay in L1 across the heads (16 rows of 576 f32, 2.3 KB each, did
+// not) and each K load feeds two FMAs; an odd last head alone at L positions per pass. Four
+// heads at 4 positions (AVX-512) ran no faster than two at 8 (docs/benchmarks.md "Engine,
+// session 37"). krows[j] is position j's key for j in [0, n), and a readable row past it up to
+// a multiple of L.
 template <class V, KvType kT>
 void scores_by_row(const float* q, int64_t q_stride, int64_t g, int64_t dk,
                    const KvElem<kT>* const* krows, int64_t n, float scale, float* s,
                    int64_t s_stride) {
-  using Reg = typename V::Reg;
-  using Elem = KvElem<kT>;
-  constexpr int L = V::kLanes, HP = kScoreHeads<V>, P = L / HP;
-  const Reg vscale = V::set1(scale);
-  const int64_t k_full = dk / L * L;
-  const int k_tail = static_cast<int>(dk - k_full);
-  for (int64_t j0 = 0; j0 < n; j0 += P) {
-    const Elem* kr[P];
-    for (int i = 0; i < P; ++i) kr[i] = krows[j0 + i];
-    for (int64_t h = 0; h < g; h += HP) {
-      // Heads past g repeat the last (computed, not stored).
-      const float* qh[HP];
-      for (int i = 0; i < HP; ++i) qh[i] = q + std::min<int64_t>(h + i, g - 1) * q_stride;
-      Reg acc[L];
-      unroll<L>([&](auto i) __attribute__((always_inline)) { acc[i] = V::zero(); });
-      for (int64_t c = 0; c < k_full;) {
-        const int64_t regs = std::min<int64_t>(kScoreRegs<V>, (k_full - c) / L);
-        score_regs<V, kT>(static_cast<int>(regs), qh, kr, c, acc);
-        c += regs * L;
+  constexpr int L = V::kLanes;
+  const typename V::Reg vscale = V::set1(scale);
+  const int64_t pairs = g / 2 * 2;
+  if (pairs > 0) {
+    for (int64_t j0 = 0; j0 < n; j0 += L / 2) {
+      for (int64_t h = 0; h < pairs; h += 2) {
+        const float* qh[2] = {q + h * q_stride, q + (h + 1) * q_stride};
+        score_pass<V, kT, 2>(qh, dk, krows + j0, vscale, s + h * s_stride, s_stride, j0);
       }
-      if (k_tail > 0) {
-        Reg a[HP];
-        for (int i = 0; i < HP; ++i) a[i] = V::load_n(qh[i] + k_full, k_tail);
-        unroll<P>([&](auto i) __attribute__((always_inline)) {
-          const Reg kv = load_kv_n<V, kT>(kr[i] + k_full, k_tail);
-          unroll<HP>([&](auto hh) __attribute__((always_inline)) {
-            acc[hh * P + i] = V::fmadd(a[hh], kv, acc[hh * P + i]);
-          });
-        });
-      }
-      alignas(64) float sums[L];
-      V::store(sums, V::mul(V::lane_sums(acc), vscale));
-      for (int i = 0; i < HP && h + i < g; ++i)
-        std::memcpy(s + (h + i) * s_stride + j0, sums + i * P, P * sizeof(float));
     }
+  }
+  if (g > pairs) {
+    const float* qh[1] = {q + pairs * q_stride};
+    for (int64_t j0 = 0; j0 < n; j0 += L)
+      score_pass<V, kT, 1>(qh, dk, krows + j0, vscale, s + pairs * s_stride, s_stride, j0);
   }
 }
 

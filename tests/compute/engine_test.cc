@@ -115,8 +115,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Multi-head latent attention with many heads and no query compression (DeepSeek-V2-Lite's
 // form: q from h directly, beside the KV latent's projection), at sizes where every head's
-// absorbed products run together on two threads even for one token: the same bits as one
-// thread, chunked or not, and beside another sequence.
+// absorbed products run together on two threads even for one token (16 x 128 x 32 multiply-adds
+// each way, twice matmul.cc's kMinParallelMacs): the same bits as one thread, chunked or not,
+// and beside another sequence.
 TEST(Engine, MlaWithManyHeadsAndNoQueryCompressionIsBatchInvariant) {
   testing::TempDir dir;
   model::SynthOptions o;
@@ -126,7 +127,7 @@ TEST(Engine, MlaWithManyHeadsAndNoQueryCompressionIsBatchInvariant) {
   o.n_layer = 2;
   o.n_head = 16;
   o.q_lora_rank = 0;
-  o.kv_lora_rank = 64;
+  o.kv_lora_rank = 128;
   o.qk_rope_dim = 16;
   o.qk_nope_dim = 32;
   o.v_head_dim = 32;
