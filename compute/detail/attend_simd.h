@@ -410,7 +410,7 @@ void attend_rows(const float* q, int64_t q_stride, int64_t g, int64_t dk, const 
     j += m;
   }
   for (int64_t j = n; j < n_rows; ++j) {  // read, unused
-    krows[static_cast<size_t>(j)] = krows[0];
+    if (!kv.k_by_dim) krows[static_cast<size_t>(j)] = krows[0];
     vrows[static_cast<size_t>(j)] = vrows[0];
   }
 

@@ -282,7 +282,8 @@ TEST(Matmul, ManyProductsMatchSeparateProducts) {
       // Inputs: x0 one token, x1 five tokens at stride cols + 4, x2 three tokens, x3 enough
       // tokens for the activations to be prepared on the pool.
       const int64_t n3 = (1 << 16) / cols + 1;
-      const auto x0 = random_x(1, cols, 45), x2 = random_x(3, cols, 47), x3 = random_x(n3, cols, 48);
+      const auto x0 = random_x(1, cols, 45), x2 = random_x(3, cols, 47),
+                 x3 = random_x(n3, cols, 48);
       std::vector<float> x1(static_cast<size_t>(5 * (cols + 4)), NAN);
       {
         const auto dense = random_x(5, cols, 46);
@@ -307,7 +308,8 @@ TEST(Matmul, ManyProductsMatchSeparateProducts) {
           for (const Spec& sp : specs) {
             const int64_t stride = sp.w->view.rows() + 3;
             ys.emplace_back(static_cast<size_t>(sp.n_tok * stride), -7.f);
-            products.push_back({&sp.w->view, sp.x, sp.x_stride, sp.n_tok, ys.back().data(), stride});
+            products.push_back(
+                {&sp.w->view, sp.x, sp.x_stride, sp.n_tok, ys.back().data(), stride});
           }
           detail::matmul_many_with(*ks, products, pool);
           for (size_t i = 0; i < specs.size(); ++i) {
