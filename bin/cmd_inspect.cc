@@ -85,11 +85,14 @@ void print_spec(const model::ModelSpec& s) {
   if (s.n_expert > 0)
     std::printf(
         "  experts %lld (used %lld, ff %lld), shared %lld (ff %lld), leading dense %lld, "
-        "gating %s, norm_topk %d, scale %g, groups %lld/%lld\n",
+        "gating %s, norm_topk %d, scale %g, groups %lld/%lld%s\n",
         (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
         (long long)s.n_expert_shared, (long long)shared_ff, (long long)s.n_leading_dense,
         s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
-        s.routed_scale, (long long)s.n_group_used, (long long)s.n_group);
+        s.routed_scale, (long long)s.n_group_used, (long long)s.n_group,
+        s.n_group > 1 ? (s.group_score == model::GroupScore::kMax ? " (by best score)"
+                                                                  : " (by two best scores)")
+                      : "");
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,

@@ -18,8 +18,8 @@ const float* f32_or_null(const model::WeightView& w) {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Group-limited routing: a group's score is the sum of its two best selection scores; experts
-// outside the best n_group_used groups cannot be chosen.
+// Group-limited routing: a group's score is the sum of its two best selection scores (or its
+// best one: GroupScore::kMax); experts outside the best n_group_used groups cannot be chosen.
 void limit_groups(const model::ModelSpec& s, std::vector<float>& selp) {
   const int64_t NE = s.n_expert, per = NE / s.n_group;
   std::vector<std::pair<float, int64_t>> gs;
@@ -34,7 +34,7 @@ void limit_groups(const model::ModelSpec& s, std::vector<float>& selp) {
         b2 = v;
       }
     }
-    gs.emplace_back(b1 + b2, g);
+    gs.emplace_back(s.group_score == model::GroupScore::kMax ? b1 : b1 + b2, g);
   }
   std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
   std::vector<bool> keep(static_cast<size_t>(s.n_group), false);

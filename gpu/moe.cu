@@ -31,7 +31,7 @@ long long ll(int64_t v) { return static_cast<long long>(v); }
 
 struct RouteParams {
   int n_expert, k, n_group, n_group_used;
-  int softmax, norm_topk, group_limited;
+  int softmax, norm_topk, group_limited, group_max;
   float routed_scale;
 };
 
@@ -130,7 +130,7 @@ __global__ void route_kernel(RouteParams p, const float* __restrict__ logits,
           b2 = v;
         }
       }
-      gscore[g] = __fadd_rn(b1, b2);
+      gscore[g] = p.group_max ? b1 : __fadd_rn(b1, b2);
       gkeep[g] = 0;
     }
     __syncwarp();
@@ -324,6 +324,7 @@ MoeRouting MoeRouting::from_spec(const model::ModelSpec& s) {
   r.routed_scale = s.routed_scale;
   r.n_group = s.n_group;
   r.n_group_used = s.n_group_used;
+  r.group_score = s.group_score;
   return r;
 }
 
@@ -370,6 +371,7 @@ void launch_moe_route(const MoeRouting& r, const float* logits, const float* bia
   p.softmax = r.gating == model::Gating::kSoftmax;
   p.norm_topk = r.norm_topk;
   p.group_limited = r.n_group > 1 && r.n_group_used < r.n_group;
+  p.group_max = r.group_score == model::GroupScore::kMax;
   p.routed_scale = r.routed_scale;
   route_kernel<<<static_cast<unsigned>(n_tok), 32, route_smem_bytes(p), stream>>>(p, logits, bias,
                                                                                   ids, weights);

@@ -30,6 +30,7 @@ struct MoeRouting {
   float routed_scale = 1.f;  // DeepSeek-V3 routed_scaling_factor, applied after normalizing
   int64_t n_group = 1;       // 1 ... kMaxGroups; group-limited routing when n_group > 1 and
   int64_t n_group_used = 1;  // n_group_used < n_group (n_expert must then be a multiple of n_group)
+  model::GroupScore group_score = model::GroupScore::kTopTwoSum;  // a group's score
 
   // Bounds of the routing kernel's shared memory (one warp per token, ~37 KiB at most).
   static constexpr int64_t kMaxExperts = 4096;
@@ -45,7 +46,8 @@ void validate_moe_routing(const MoeRouting& r);
 /// the scores for selection only, DeepSeek-V3 e_score_correction_bias). Writes ids: int32
 /// [n_tok, k] and weights: f32 [n_tok, k], slot j = the j-th best expert.
 /// Same math as engine.cc: softmax (max-subtracted expf, sum in double, times 1/sum) or sigmoid;
-/// selection score = prob + bias; group score = sum of a group's two best selection scores,
+/// selection score = prob + bias; group score = sum of a group's two best selection scores (or
+/// its best one: GroupScore::kMax),
 /// groups outside the best n_group_used get -inf; the k best by (score desc, expert id asc) —
 /// std::stable_sort's order, so equal scores pick the lower id like the CPU; weights = unbiased
 /// probs, divided by their double sum cast to float when norm_topk, then times routed_scale.

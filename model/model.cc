@@ -157,6 +157,11 @@ class GgufSpecBuilder {
     s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
     s.n_group_used = g_.get_int_or(p + "expert_group_used_count", s.n_group);
+    // A softmax-gated deepseek2 file is DeepSeek-V2 (V2, V2.5, Coder-V2; V3 gates by sigmoid),
+    // whose group_limited_greedy ranks groups by their best score. llama.cpp's graph sums the
+    // two best for every model; troupe follows the model's own definition.
+    if (s.arch == Arch::kDeepseek2 && s.gating == Gating::kSoftmax)
+      s.group_score = GroupScore::kMax;
     switch (s.arch) {
       case Arch::kLlama:
         s.norm_topk = true;
@@ -501,7 +506,7 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
                          src.c_str(), static_cast<long long>(s.n_group),
                          static_cast<long long>(s.n_group_used),
                          static_cast<long long>(s.n_expert));
-    if (s.n_group > 1 && s.n_expert / s.n_group < 2)
+    if (s.n_group > 1 && s.group_score == GroupScore::kTopTwoSum && s.n_expert / s.n_group < 2)
       TROUPE_INPUT_ERROR("%s: group-limited routing needs at least 2 experts per group",
                          src.c_str());
   }

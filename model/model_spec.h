@@ -120,6 +120,11 @@ enum class RopeStyle : uint8_t {
 /// kSigmoid (each alone), kSoftmaxTopk (top-k of the logits, then a softmax over those k: gpt-oss).
 enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxTopk = 2 };
 
+/// A group's score in group-limited routing: the sum of its two best selection scores
+/// (DeepSeek-V3's noaux_tc, GLM-4.5, Ling-2.0; llama.cpp's graph for every model) or its best
+/// one (DeepSeek-V2's group_limited_greedy: V2, V2.5, Coder-V2).
+enum class GroupScore : uint8_t { kTopTwoSum = 0, kMax = 1 };
+
 /// The FFN's gated activation: kSilu: silu(gate) * up; kSwigluOai (gpt-oss): with
 /// g = min(gate, limit), u = clamp(up, -limit, limit): g * sigmoid(alpha * g) * (u + 1);
 /// kGeluTanh (Gemma): gelu(gate) * up, GELU's tanh form
@@ -230,6 +235,7 @@ struct ModelSpec {
   float routed_scale = 1.f;  // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
   int64_t n_group = 1;       // expert groups for group-limited routing
   int64_t n_group_used = 1;
+  GroupScore group_score = GroupScore::kTopTwoSum;
   FfnAct ffn_act = FfnAct::kSilu;
   float act_alpha = 1.702f;  // kSwigluOai
   float act_limit = 7.0f;    // kSwigluOai

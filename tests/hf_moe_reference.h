@@ -423,12 +423,17 @@ struct Layout {
 inline constexpr Layout kHfLayout{"model.embed_tokens.weight", kSelfAttnNames};  // GLM, MiniMax
 inline constexpr Layout kBailingLayout{"model.word_embeddings.weight", kBailingAttnNames};
 
-/// Logits [tokens x vocab] of the decoder the models share: the embedding; per layer
-/// x += attention(input_layernorm x), x += ffn(post_attention_layernorm x); lm_head (or the
+/// The attention block of layer prefix p over its normed inputs hs (one per position).
+using Attn = std::function<std::vector<Vec>(const std::string& p, const std::vector<Vec>& hs)>;
+
+/// Logits [tokens x vocab] of the decoder the models share: the embedding `embed_name`; per
+/// layer x += attn(input_layernorm x), x += ffn(post_attention_layernorm x); lm_head (or the
 /// embedding when tied) of norm x. Layers >= num_hidden_layers (MTP) are ignored.
-inline std::vector<double> forward(const Tensors& st, const Config& c, const Layout& layout,
-                                   const std::vector<int32_t>& tokens, const Ffn& ffn) {
-  const Tensor& embed = tensor(st, layout.embed, {c.vocab, c.E});
+inline std::vector<double> forward_with(const Tensors& st, const Config& c,
+                                        const std::string& embed_name,
+                                        const std::vector<int32_t>& tokens, const Attn& attn,
+                                        const Ffn& ffn) {
+  const Tensor& embed = tensor(st, embed_name, {c.vocab, c.E});
   std::vector<Vec> x;
   for (int32_t t : tokens) {
     if (t < 0 || t >= c.vocab) fail("token " + std::to_string(t) + " outside the vocabulary");
@@ -440,7 +445,7 @@ inline std::vector<double> forward(const Tensors& st, const Config& c, const Lay
     const Vec post_norm = vec(st, p + "post_attention_layernorm.weight", c.E);
     std::vector<Vec> hs;
     for (const Vec& xi : x) hs.push_back(rms_norm(xi, in_norm, c.eps));
-    const std::vector<Vec> o = attention(st, c, p, layout.attn, hs);
+    const std::vector<Vec> o = attn(p, hs);
     for (size_t i = 0; i < x.size(); ++i) {
       add_scaled(x[i], 1.0, o[i]);
       add_scaled(x[i], 1.0, ffn(l, p, rms_norm(x[i], post_norm, c.eps)));
@@ -455,6 +460,17 @@ inline std::vector<double> forward(const Tensors& st, const Config& c, const Lay
     logits.insert(logits.end(), y.begin(), y.end());
   }
   return logits;
+}
+
+/// forward_with the GQA attention of `layout`.
+inline std::vector<double> forward(const Tensors& st, const Config& c, const Layout& layout,
+                                   const std::vector<int32_t>& tokens, const Ffn& ffn) {
+  return forward_with(
+      st, c, layout.embed, tokens,
+      [&](const std::string& p, const std::vector<Vec>& hs) {
+        return attention(st, c, p, layout.attn, hs);
+      },
+      ffn);
 }
 
 inline std::unique_ptr<Tensors> open_checkpoint(const std::string& dir) {

@@ -262,9 +262,25 @@ class HparamsReader {
         glm ? "noaux_tc" : cfg_.get_string_or("topk_method", v3 ? "noaux_tc" : "greedy");
     if (topk_method == "greedy") {
       s.n_group = s.n_group_used = 1;  // no group limit, whatever n_group says
-    } else {
+    } else if (topk_method == "noaux_tc" || topk_method == "group_limited_greedy") {
       s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
       s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
+      // DeepSeek-V2's groups are ranked by their best score, V3's by their two best summed.
+      if (topk_method == "group_limited_greedy") s.group_score = GroupScore::kMax;
+    } else {
+      TROUPE_INPUT_ERROR(
+          "%s: topk_method '%s' is not supported (greedy, group_limited_greedy, noaux_tc)",
+          cfg_.path().c_str(), topk_method.c_str());
+    }
+    // DeepSeek-V2's gate (the modeling_deepseek.py its checkpoints ship) either renormalizes the
+    // chosen weights (top_k > 1 and norm_topk_prob) or multiplies them by routed_scaling_factor,
+    // never both; V3's does both.
+    if (h_.family == HfFamily::kDeepseekV2) {
+      if (s.norm_topk && s.n_expert_used > 1) {
+        s.routed_scale = 1.f;
+      } else {
+        s.norm_topk = false;
+      }
     }
   }
 

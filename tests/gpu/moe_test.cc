@@ -75,7 +75,7 @@ float ref_route_token(const MoeRouting& s, const float* lg, const float* bias, i
           b2 = v;
         }
       }
-      gs.emplace_back(b1 + b2, g);
+      gs.emplace_back(s.group_score == model::GroupScore::kMax ? b1 : b1 + b2, g);
     }
     std::stable_sort(gs.begin(), gs.end(), [](auto& a, auto& b) { return a.first > b.first; });
     margin = std::min(margin, gs[static_cast<size_t>(s.n_group_used - 1)].first -
@@ -336,6 +336,20 @@ TEST_F(MoeGpu, DeepSeekV3GroupLimitedSigmoidMatchesCpu) {
   // The same without the bias and without normalization (the bias only moves the selection).
   r.norm_topk = false;
   check_routing(r, tie_free_logits(r, nullptr, n_tok, 5, -3.f, 3.f), nullptr, n_tok, stream());
+}
+
+TEST_F(MoeGpu, DeepSeekV2GroupLimitedSoftmaxMatchesCpu) {
+  TROUPE_REQUIRE_GPU();
+  MoeRouting r;  // DeepSeek-V2: 160 experts, 8 groups of 20 ranked by their best, 3 kept, 6 used
+  r.n_expert = 160;
+  r.k = 6;
+  r.gating = model::Gating::kSoftmax;
+  r.routed_scale = 16.f;
+  r.n_group = 8;
+  r.n_group_used = 3;
+  r.group_score = model::GroupScore::kMax;
+  const int64_t n_tok = 150;
+  check_routing(r, tie_free_logits(r, nullptr, n_tok, 7, -3.f, 3.f), nullptr, n_tok, stream());
 }
 
 TEST_F(MoeGpu, TiesPickTheLowerExpertIdLikeTheCpu) {

@@ -1,0 +1,208 @@
+// A test reference for DeepSeek-V2 and DeepSeek-V3 Hugging Face checkpoints
+// (DeepseekV2ForCausalLM: V2, V2-Lite, V2.5, Coder-V2; DeepseekV3ForCausalLM: V3, R1, Kimi K2):
+// a deliberately naive float64 forward pass that reads the checkpoint by its Hugging Face tensor
+// names, written from the semantics of the modeling_deepseek.py these checkpoints ship and of
+// transformers' DeepseekV3, independently of troupe's engine and model loader (it uses only the
+// safetensors container parser). Multi-head latent attention is computed as written there: each
+// head's keys and values expanded from the latent by kv_b_proj, nothing absorbed. The layer loop,
+// the SwiGLU experts and DeepSeek-V3's routing are tests/hf_moe_reference.h's (GLM-4.5 routes as
+// V3 does). Plain loops, no caching: for small test models.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/hf_moe_reference.h"
+
+namespace troupe::testing {
+namespace deepseek_ref {
+
+using namespace moe_ref;  // NOLINT(google-build-using-namespace): the shared pieces
+
+/// The MLA and routing fields of config.json, beside moe_ref::Config's.
+struct Mla {
+  int64_t q_lora = 0;  // q_lora_rank; 0 (null): q = q_proj x
+  int64_t kv_lora = 0, nope = 0, rope = 0, v = 0;
+  bool interleave = true;  // rope_interleave: rope rows stored as interleaved pairs
+  bool v3 = true;          // DeepseekV3ForCausalLM (else V2's gate)
+  bool softmax = false;    // scoring_func
+  std::string topk_method;
+};
+
+inline Mla read_config(const std::string& dir, Config* cfg) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  Mla m;
+  const std::string arch = j.j.at("architectures").at(0).get<std::string>();
+  if (arch != "DeepseekV3ForCausalLM" && arch != "DeepseekV2ForCausalLM")
+    fail("architectures[0] is " + arch);
+  m.v3 = arch == "DeepseekV3ForCausalLM";
+  m.q_lora = j.get("q_lora_rank", int64_t{0});
+  m.kv_lora = j.req("kv_lora_rank");
+  m.nope = j.req("qk_nope_head_dim");
+  m.rope = j.req("qk_rope_head_dim");
+  m.v = j.req("v_head_dim");
+  m.interleave = j.get("rope_interleave", true);
+  if (m.rope % 2 != 0) fail("qk_rope_head_dim must be even");
+  if (j.get("attention_bias", false)) fail("attention_bias is not supported");
+  if (j.get("moe_layer_freq", int64_t{1}) != 1) fail("moe_layer_freq must be 1");
+  c.eps = j.get("rms_norm_eps", 1e-6);
+  c.first_dense = std::min(j.get("first_k_dense_replace", int64_t{0}), c.L);
+  c.I = c.first_dense > 0 ? j.req("intermediate_size") : 0;
+  if (c.first_dense < c.L) {
+    c.F = j.req("moe_intermediate_size");
+    c.N = j.req("n_routed_experts");
+    c.K = j.req("num_experts_per_tok");
+  }
+  c.shared = j.get("n_shared_experts", int64_t{0});
+  c.routed_scale = j.get("routed_scaling_factor", 1.0);
+  c.norm_topk = j.get("norm_topk_prob", m.v3);
+  m.softmax = j.get("scoring_func", std::string(m.v3 ? "sigmoid" : "softmax")) == "softmax";
+  m.topk_method = j.get("topk_method", std::string(m.v3 ? "noaux_tc" : "greedy"));
+  if (m.topk_method != "greedy" && m.topk_method != "group_limited_greedy" &&
+      m.topk_method != "noaux_tc")
+    fail("topk_method " + m.topk_method);
+  c.n_group = m.topk_method == "greedy" ? 1 : j.get("n_group", int64_t{1});
+  c.topk_group = m.topk_method == "greedy" ? 1 : j.get("topk_group", c.n_group);
+  check_groups(c, "n_routed_experts");
+  *cfg = c;
+  return m;
+}
+
+/// Rotary on the `r` values at off of v for position pos: pairs (off + 2i, off + 2i + 1) when
+/// `interleave` (what de-interleaving and then rotate_half amounts to on the stored order), else
+/// (off + i, off + i + r/2); angle pos * theta^(-2i/r).
+inline void rope(Vec& v, int64_t off, int64_t r, int64_t pos, double theta, bool interleave) {
+  if (!interleave) {
+    rope_neox(v, off, pos, r, theta);
+    return;
+  }
+  for (int64_t i = 0; i < r / 2; ++i) {
+    const double angle = static_cast<double>(pos) *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
+    const double cs = std::cos(angle), sn = std::sin(angle);
+    const double a = v[off + 2 * i], b = v[off + 2 * i + 1];
+    v[off + 2 * i] = a * cs - b * sn;
+    v[off + 2 * i + 1] = b * cs + a * sn;
+  }
+}
+
+/// Multi-head latent attention of layer prefix p ("model.layers.N."), causal, positions 0..n-1:
+/// q = q_proj h, or q_b_proj(q_a_layernorm(q_a_proj h)), per head [nope | rope];
+/// kv_a_proj_with_mqa h = [latent | k_rope]; per head [k_nope | v] = kv_b_proj(kv_a_layernorm
+/// latent); k_rope, one per position, shared by every head; rotary on the rope parts only;
+/// softmax((q_nope k_nope + q_rope k_rope) / sqrt(nope + rope)) v; o_proj.
+inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla& m,
+                                  const std::string& p, const std::vector<Vec>& hs) {
+  const std::string a = p + "self_attn.";
+  const int64_t H = c.H, qk = m.nope + m.rope, kvw = m.nope + m.v;
+  const size_t n = hs.size();
+  std::vector<Vec> q(n), kv(n), kr(n), out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto pos = static_cast<int64_t>(i);
+    if (m.q_lora > 0) {
+      const Vec qa = matvec(tensor(st, a + "q_a_proj.weight", {m.q_lora, c.E}), hs[i]);
+      const Vec qn = rms_norm(qa, vec(st, a + "q_a_layernorm.weight", m.q_lora), c.eps);
+      q[i] = matvec(tensor(st, a + "q_b_proj.weight", {H * qk, m.q_lora}), qn);
+    } else {
+      q[i] = matvec(tensor(st, a + "q_proj.weight", {H * qk, c.E}), hs[i]);
+    }
+    const Vec ckv =
+        matvec(tensor(st, a + "kv_a_proj_with_mqa.weight", {m.kv_lora + m.rope, c.E}), hs[i]);
+    const Vec latent(ckv.begin(), ckv.begin() + m.kv_lora);
+    kr[i].assign(ckv.begin() + m.kv_lora, ckv.end());
+    const Vec ln = rms_norm(latent, vec(st, a + "kv_a_layernorm.weight", m.kv_lora), c.eps);
+    kv[i] = matvec(tensor(st, a + "kv_b_proj.weight", {H * kvw, m.kv_lora}), ln);
+    for (int64_t h = 0; h < H; ++h)
+      rope(q[i], h * qk + m.nope, m.rope, pos, c.rope_theta, m.interleave);
+    rope(kr[i], 0, m.rope, pos, c.rope_theta, m.interleave);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  const Tensor& wo = tensor(st, a + "o_proj.weight", {c.E, H * m.v});
+  for (size_t i = 0; i < n; ++i) {
+    Vec heads(static_cast<size_t>(H * m.v), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      Vec score(i + 1);
+      for (size_t s = 0; s <= i; ++s) {
+        double d = 0;
+        for (int64_t e = 0; e < m.nope; ++e) d += q[i][h * qk + e] * kv[s][h * kvw + e];
+        for (int64_t e = 0; e < m.rope; ++e) d += q[i][h * qk + m.nope + e] * kr[s][e];
+        score[s] = d * scale;
+      }
+      softmax(score);
+      for (size_t s = 0; s <= i; ++s)
+        for (int64_t e = 0; e < m.v; ++e)
+          heads[h * m.v + e] += score[s] * kv[s][h * kvw + m.nope + e];
+    }
+    out[i] = matvec(wo, heads);
+  }
+  return out;
+}
+
+/// DeepSeek-V2's gate (modeling_deepseek.py's MoEGate): softmax scores; topk_method greedy, or
+/// group_limited_greedy: of the n_group contiguous groups only the topk_group with the largest
+/// best score take part; the K best scores among them; then either divided by their sum (K > 1
+/// and norm_topk_prob) or times routed_scaling_factor.
+inline Picked v2_route(const Tensors& st, const Config& c, const Mla& m, const std::string& p,
+                       const Vec& h) {
+  Scores s;
+  s.score = matvec(tensor(st, p + "mlp.gate.weight", {c.N, c.E}), h);
+  if (m.softmax) {
+    softmax(s.score);
+  } else {
+    for (double& x : s.score) x = sigmoid(x);
+  }
+  s.choice = s.score;
+  if (c.n_group > 1) {
+    const int64_t size = c.N / c.n_group;
+    std::vector<std::pair<double, int64_t>> groups;  // (-best score, group): best first
+    for (int64_t g = 0; g < c.n_group; ++g)
+      groups.emplace_back(
+          -*std::max_element(s.score.begin() + g * size, s.score.begin() + (g + 1) * size), g);
+    std::ranges::sort(groups);
+    for (int64_t r = c.topk_group; r < c.n_group; ++r)
+      for (int64_t e = groups[r].second * size; e < (groups[r].second + 1) * size; ++e)
+        s.choice[e] = 0.0;  // masked_fill(0.0): below every kept softmax score
+  }
+  const bool normalize = c.K > 1 && c.norm_topk;
+  Picked picked = top_k(s, c.K, normalize);
+  if (!normalize)
+    for (auto& [e, w] : picked) w *= c.routed_scale;
+  return picked;
+}
+
+/// DeepSeek-V3's gate: as GLM-4.5's (moe_ref::glm_route): sigmoid scores, selection by score +
+/// e_score_correction_bias, groups ranked by their two best, weights normalized when
+/// norm_topk_prob, times routed_scaling_factor.
+inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, const std::string& p,
+               const Vec& h) {
+  if (m.v3 || m.topk_method == "noaux_tc") return glm_ffn(st, c, l, p, h);
+  if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
+  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, v2_route(st, c, m, p, h), h);
+  if (c.shared > 0)
+    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
+  return out;
+}
+
+}  // namespace deepseek_ref
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face DeepseekV2ForCausalLM or
+/// DeepseekV3ForCausalLM directory `dir`, in double; row i = logits after tokens[0..i] (causal,
+/// positions 0..n-1). Throws std::runtime_error naming the tensor or key on a missing tensor, a
+/// shape that config.json does not imply, or an unsupported config (rope_scaling, attention_bias,
+/// moe_layer_freq other than 1, an unknown topk_method).
+inline std::vector<double> deepseek_reference_logits(const std::string& dir,
+                                                     const std::vector<int32_t>& tokens) {
+  using namespace deepseek_ref;
+  Config c;
+  const Mla m = read_config(dir, &c);
+  const auto st = open_checkpoint(dir);
+  return forward_with(
+      *st, c, "model.embed_tokens.weight", tokens,
+      [&](const std::string& p, const std::vector<Vec>& hs) { return attention(*st, c, m, p, hs); },
+      [&](int64_t l, const std::string& p, const Vec& h) { return ffn(*st, c, m, l, p, h); });
+}
+
+}  // namespace troupe::testing
