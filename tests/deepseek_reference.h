@@ -9,8 +9,10 @@
 // V3 does). Plain loops, no caching: for small test models.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <string>
 #include <vector>
 
@@ -29,12 +31,36 @@ struct Mla {
   bool v3 = true;          // DeepseekV3ForCausalLM (else V2's gate)
   bool softmax = false;    // scoring_func
   std::string topk_method;
+  // rope_scaling {"type" (or "rope_type"): "yarn", ...}, as modeling_deepseek.py's
+  // DeepseekV2YarnRotaryEmbedding: each pair's frequency blended between itself and itself /
+  // factor by a linear ramp over the pairs, cos and sin times
+  // mscale(factor, mscale) / mscale(factor, mscale_all_dim), and the softmax scale times
+  // mscale(factor, mscale_all_dim)^2, where mscale(f, m) = 0.1 m ln f + 1 (1 for f <= 1).
+  bool yarn = false;
+  double factor = 1, orig_ctx = 0, beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
 };
 
+inline double yarn_mscale(double factor, double m) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+
 inline Mla read_config(const std::string& dir, Config* cfg) {
-  const ConfigJson j(dir);
-  Config c = read_common(j);
+  ConfigJson j(dir);
   Mla m;
+  if (j.has("rope_scaling")) {
+    const nlohmann::json rs = j.j["rope_scaling"];
+    const std::string type = rs.value("type", rs.value("rope_type", std::string()));
+    if (type != "yarn") fail("rope_scaling type " + type + " is not supported (yarn)");
+    m.yarn = true;
+    m.factor = rs.at("factor").get<double>();
+    m.orig_ctx = rs.at("original_max_position_embeddings").get<double>();
+    m.beta_fast = rs.value("beta_fast", 32.0);
+    m.beta_slow = rs.value("beta_slow", 1.0);
+    m.mscale = rs.value("mscale", 1.0);
+    m.mscale_all_dim = rs.value("mscale_all_dim", 0.0);
+    j.j.erase("rope_scaling");  // read_common refuses every other scaling
+  }
+  Config c = read_common(j);
   const std::string arch = j.j.at("architectures").at(0).get<std::string>();
   if (arch != "DeepseekV3ForCausalLM" && arch != "DeepseekV2ForCausalLM")
     fail("architectures[0] is " + arch);
@@ -71,21 +97,46 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   return m;
 }
 
-/// Rotary on the `r` values at off of v for position pos: pairs (off + 2i, off + 2i + 1) when
-/// `interleave` (what de-interleaving and then rotate_half amounts to on the stored order), else
-/// (off + i, off + i + r/2); angle pos * theta^(-2i/r).
-inline void rope(Vec& v, int64_t off, int64_t r, int64_t pos, double theta, bool interleave) {
-  if (!interleave) {
-    rope_neox(v, off, pos, r, theta);
-    return;
+/// The frequency of each rotary pair i < r/2: theta^(-2i/r), or YaRN's blend of it and it /
+/// factor (the correction range of yarn_find_correction_range, clamped to the pairs, and the
+/// linear ramp of yarn_linear_ramp_mask, as in modeling_deepseek.py).
+inline Vec rope_freqs(const Mla& m, int64_t r, double theta) {
+  Vec f(static_cast<size_t>(r / 2));
+  const auto dim = static_cast<double>(r);
+  auto corr_dim = [&](double rotations) {
+    return dim * std::log(m.orig_ctx / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
+  };
+  double lo = 0, hi = 0;
+  if (m.yarn) {
+    lo = std::max(0.0, std::floor(corr_dim(m.beta_fast)));
+    hi = std::min(dim - 1, std::ceil(corr_dim(m.beta_slow)));
+    if (lo == hi) hi += 0.001;
   }
   for (int64_t i = 0; i < r / 2; ++i) {
-    const double angle = static_cast<double>(pos) *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
-    const double cs = std::cos(angle), sn = std::sin(angle);
-    const double a = v[off + 2 * i], b = v[off + 2 * i + 1];
-    v[off + 2 * i] = a * cs - b * sn;
-    v[off + 2 * i + 1] = b * cs + a * sn;
+    const double extra = std::pow(theta, -2.0 * static_cast<double>(i) / dim);
+    if (!m.yarn) {
+      f[i] = extra;
+      continue;
+    }
+    const double ramp = std::clamp((static_cast<double>(i) - lo) / (hi - lo), 0.0, 1.0);
+    f[i] = extra / m.factor * ramp + extra * (1 - ramp);  // inv_freq_mask = 1 - ramp
+  }
+  return f;
+}
+
+/// Rotary on the `r` values at off of v for position pos with pair frequencies `freq` and cos
+/// and sin times `mult`: pairs (off + 2i, off + 2i + 1) when `interleave` (what de-interleaving
+/// and then rotate_half amounts to on the stored order), else (off + i, off + i + r/2).
+inline void rope(Vec& v, int64_t off, int64_t r, int64_t pos, const Vec& freq, double mult,
+                 bool interleave) {
+  for (int64_t i = 0; i < r / 2; ++i) {
+    const double angle = static_cast<double>(pos) * freq[i];
+    const double cs = std::cos(angle) * mult, sn = std::sin(angle) * mult;
+    const int64_t ia = interleave ? off + 2 * i : off + i;
+    const int64_t ib = interleave ? ia + 1 : ia + r / 2;
+    const double a = v[ia], b = v[ib];
+    v[ia] = a * cs - b * sn;
+    v[ib] = b * cs + a * sn;
   }
 }
 
@@ -100,6 +151,9 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
   const int64_t H = c.H, qk = m.nope + m.rope, kvw = m.nope + m.v;
   const size_t n = hs.size();
   std::vector<Vec> q(n), kv(n), kr(n), out(n);
+  const Vec freq = rope_freqs(m, m.rope, c.rope_theta);
+  const double mult =
+      m.yarn ? yarn_mscale(m.factor, m.mscale) / yarn_mscale(m.factor, m.mscale_all_dim) : 1.0;
   for (size_t i = 0; i < n; ++i) {
     const auto pos = static_cast<int64_t>(i);
     if (m.q_lora > 0) {
@@ -116,10 +170,14 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
     const Vec ln = rms_norm(latent, vec(st, a + "kv_a_layernorm.weight", m.kv_lora), c.eps);
     kv[i] = matvec(tensor(st, a + "kv_b_proj.weight", {H * kvw, m.kv_lora}), ln);
     for (int64_t h = 0; h < H; ++h)
-      rope(q[i], h * qk + m.nope, m.rope, pos, c.rope_theta, m.interleave);
-    rope(kr[i], 0, m.rope, pos, c.rope_theta, m.interleave);
+      rope(q[i], h * qk + m.nope, m.rope, pos, freq, mult, m.interleave);
+    rope(kr[i], 0, m.rope, pos, freq, mult, m.interleave);
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  if (m.yarn && m.mscale_all_dim != 0) {
+    const double ms = yarn_mscale(m.factor, m.mscale_all_dim);
+    scale *= ms * ms;
+  }
   const Tensor& wo = tensor(st, a + "o_proj.weight", {c.E, H * m.v});
   for (size_t i = 0; i < n; ++i) {
     Vec heads(static_cast<size_t>(H * m.v), 0.0);
@@ -191,7 +249,8 @@ inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, cons
 /// Logits [tokens.size() x vocab_size] of the Hugging Face DeepseekV2ForCausalLM or
 /// DeepseekV3ForCausalLM directory `dir`, in double; row i = logits after tokens[0..i] (causal,
 /// positions 0..n-1). Throws std::runtime_error naming the tensor or key on a missing tensor, a
-/// shape that config.json does not imply, or an unsupported config (rope_scaling, attention_bias,
+/// shape that config.json does not imply, or an unsupported config (rope_scaling other than
+/// yarn, attention_bias,
 /// moe_layer_freq other than 1, an unknown topk_method).
 inline std::vector<double> deepseek_reference_logits(const std::string& dir,
                                                      const std::vector<int32_t>& tokens) {

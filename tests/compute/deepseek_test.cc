@@ -59,6 +59,8 @@ struct DsForm {
   int64_t shared = 1;
   bool bias = true;  // mlp.gate.e_score_correction_bias
   bool interleave = true;
+  double rope_theta = 10000;
+  nlohmann::json rope_scaling = nullptr;  // none
 };
 
 constexpr int64_t kVocab = 96, kE = 64, kLayers = 3, kHeads = 4, kNope = 16, kRope = 8, kV = 12,
@@ -126,8 +128,8 @@ void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
                       {"num_key_value_heads", kHeads},
                       {"max_position_embeddings", 256},
                       {"rms_norm_eps", 1e-6},
-                      {"rope_theta", 10000.0},
-                      {"rope_scaling", nullptr},
+                      {"rope_theta", f.rope_theta},
+                      {"rope_scaling", f.rope_scaling},
                       {"tie_word_embeddings", false},
                       {"hidden_act", "silu"},
                       {"q_lora_rank", f.q_lora > 0 ? nlohmann::json(f.q_lora) : nlohmann::json()},
@@ -169,6 +171,28 @@ void check_form(const DsForm& f, uint64_t seed) {
 TEST(Deepseek, V3FormMatchesTheReference) { check_form({}, 1); }
 
 TEST(Deepseek, V3FormWithRotaryHalvesMatchesTheReference) { check_form({.interleave = false}, 2); }
+
+// YaRN as DeepSeek states it (modeling_deepseek.py's DeepseekV2YarnRotaryEmbedding). A small
+// rope_theta and original context put the correction range inside the 4 rotary pairs, so the
+// ramp blends some pairs' frequencies and keeps or divides the others; positions run past the
+// original context. mscale != mscale_all_dim multiplies cos and sin, mscale_all_dim the softmax
+// scale (its square).
+TEST(Deepseek, V3FormWithYarnMatchesTheReference) {
+  const nlohmann::json yarn = {{"type", "yarn"},
+                               {"factor", 4.0},
+                               {"beta_fast", 32},
+                               {"beta_slow", 1},
+                               {"mscale", 1.0},
+                               {"mscale_all_dim", 0.707},
+                               {"original_max_position_embeddings", 16}};
+  check_form({.rope_theta = 100, .rope_scaling = yarn}, 7);
+  // DeepSeek-V3's own values: mscale and mscale_all_dim both 1 (cos and sin unscaled).
+  nlohmann::json v3 = yarn;
+  v3["mscale_all_dim"] = 1.0;
+  v3["rope_type"] = "yarn";
+  v3.erase("type");
+  check_form({.rope_theta = 100, .rope_scaling = v3}, 8);
+}
 
 // DeepSeek-V2-Lite (and Moonlight): q not compressed, softmax scores, plain top-k, weights neither
 // normalized nor scaled, two shared experts, no selection bias.
