@@ -90,9 +90,10 @@ void print_spec(const model::ModelSpec& s) {
         (long long)s.n_expert_shared, (long long)shared_ff, (long long)s.n_leading_dense,
         s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
         s.routed_scale, (long long)s.n_group_used, (long long)s.n_group,
-        s.n_group > 1 ? (s.group_score == model::GroupScore::kMax ? " (by best score)"
-                                                                  : " (by two best scores)")
-                      : "");
+        s.n_group_used < s.n_group
+            ? (s.group_score == model::GroupScore::kMax ? " (ranked by best score)"
+                                                        : " (ranked by two best scores)")
+            : "");
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,

@@ -1,6 +1,7 @@
 // Mixture-of-experts on the GPU: routing (Mixtral softmax top-k, Qwen3 normalized top-k,
-// DeepSeek-V3 sigmoid + bias + group-limited top-k), a deterministic permutation of (token, slot)
-// pairs by expert, the experts' SwiGLU FFN as one cuBLASLt GEMM per non-empty expert, and the
+// DeepSeek-V3 sigmoid + bias + group-limited top-k, DeepSeek-V2 softmax + group-limited top-k
+// with groups ranked by their best), a deterministic permutation of (token, slot) pairs by
+// expert, the experts' SwiGLU FFN as one cuBLASLt GEMM per non-empty expert, and the
 // fixed-order combine. Each step matches compute/engine.cc Engine::moe() (see each launcher).
 // Users: the stage actor's GPU forward pass and the expert-shard actor.
 // Thread safety: launchers are stateless; a MoeForward belongs to one actor (one stream).
@@ -47,12 +48,12 @@ void validate_moe_routing(const MoeRouting& r);
 /// [n_tok, k] and weights: f32 [n_tok, k], slot j = the j-th best expert.
 /// Same math as engine.cc: softmax (max-subtracted expf, sum in double, times 1/sum) or sigmoid;
 /// selection score = prob + bias; group score = sum of a group's two best selection scores (or
-/// its best one: GroupScore::kMax),
-/// groups outside the best n_group_used get -inf; the k best by (score desc, expert id asc) —
-/// std::stable_sort's order, so equal scores pick the lower id like the CPU; weights = unbiased
-/// probs, divided by their double sum cast to float when norm_topk, then times routed_scale.
-/// Ids equal the CPU's wherever no two scores are within a few ulp (expf may differ from glibc's
-/// by 1-2 ulp); weights agree to ~1e-6 relative. A NaN logit gives an unspecified choice.
+/// its best one: GroupScore::kMax), groups outside the best n_group_used get -inf; the k best by
+/// (score desc, expert id asc) — std::stable_sort's order, so equal scores pick the lower id like
+/// the CPU; weights = unbiased probs, divided by their double sum cast to float when norm_topk,
+/// then times routed_scale. Ids equal the CPU's wherever no two scores are within a few ulp (expf
+/// may differ from glibc's by 1-2 ulp); weights agree to ~1e-6 relative. A NaN logit gives an
+/// unspecified choice.
 void launch_moe_route(const MoeRouting& r, const float* logits, const float* bias, int64_t n_tok,
                       int32_t* ids, float* weights, cudaStream_t stream);
 

@@ -160,8 +160,8 @@ class GgufSpecBuilder {
     // A softmax-gated deepseek2 file is DeepSeek-V2 (V2, V2.5, Coder-V2; V3 gates by sigmoid),
     // whose group_limited_greedy ranks groups by their best score. llama.cpp's graph sums the
     // two best for every model; troupe follows the model's own definition.
-    if (s.arch == Arch::kDeepseek2 && s.gating == Gating::kSoftmax)
-      s.group_score = GroupScore::kMax;
+    const bool deepseek_v2 = s.arch == Arch::kDeepseek2 && s.gating == Gating::kSoftmax;
+    if (deepseek_v2) s.group_score = GroupScore::kMax;
     switch (s.arch) {
       case Arch::kLlama:
         s.norm_topk = true;
@@ -186,6 +186,7 @@ class GgufSpecBuilder {
       case Arch::kGlm4Moe:
       case Arch::kBailingMoe2:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
+        if (deepseek_v2) apply_v2_gate_weights(s);
         break;
       case Arch::kGptOss:  // llama.cpp's graph: softmax over the top-k logits, clamped SwiGLU
         s.gating = Gating::kSoftmaxTopk;
@@ -482,6 +483,14 @@ void expect_opt(const std::string& src, const WeightView& w, int64_t cols, int64
 
 }  // namespace
 
+void apply_v2_gate_weights(ModelSpec& s) {
+  if (s.norm_topk && s.n_expert_used > 1) {
+    s.routed_scale = 1.f;
+  } else {
+    s.norm_topk = false;
+  }
+}
+
 void validate_spec(const ModelSpec& s, const std::string& src) {
   const int64_t E = s.n_embd;
   if (s.n_vocab <= 0) TROUPE_INPUT_ERROR("%s: empty vocabulary", src.c_str());
@@ -509,6 +518,11 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
     if (s.n_group > 1 && s.group_score == GroupScore::kTopTwoSum && s.n_expert / s.n_group < 2)
       TROUPE_INPUT_ERROR("%s: group-limited routing needs at least 2 experts per group",
                          src.c_str());
+    if (s.n_group_used < s.n_group && s.n_expert_used > s.n_group_used * (s.n_expert / s.n_group))
+      TROUPE_INPUT_ERROR("%s: %lld experts per token, but the %lld kept groups hold only %lld",
+                         src.c_str(), static_cast<long long>(s.n_expert_used),
+                         static_cast<long long>(s.n_group_used),
+                         static_cast<long long>(s.n_group_used * (s.n_expert / s.n_group)));
   }
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),

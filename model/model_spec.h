@@ -235,7 +235,7 @@ struct ModelSpec {
   float routed_scale = 1.f;  // multiply routed weights (DeepSeek-V3 routed_scaling_factor)
   int64_t n_group = 1;       // expert groups for group-limited routing
   int64_t n_group_used = 1;
-  GroupScore group_score = GroupScore::kTopTwoSum;
+  GroupScore group_score = GroupScore::kTopTwoSum;  // how groups are ranked
   FfnAct ffn_act = FfnAct::kSilu;
   float act_alpha = 1.702f;  // kSwigluOai
   float act_limit = 7.0f;    // kSwigluOai
@@ -259,6 +259,11 @@ struct ModelSpec {
   }
   int64_t kv_v_width() const { return is_mla() ? 0 : n_head_kv * head_dim_v; }
 };
+
+/// DeepSeek-V2's gate (the modeling_deepseek.py its checkpoints ship) either renormalizes the
+/// chosen weights (top_k > 1 and norm_topk_prob) or multiplies them by routed_scaling_factor,
+/// never both (V3's does both): sets spec's norm_topk and routed_scale so.
+void apply_v2_gate_weights(ModelSpec& spec);
 
 /// Checks that every weight the architecture needs is present with the right shape; throws
 /// InputError naming the tensor, the expected and the actual shape.

@@ -87,9 +87,10 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   c.norm_topk = j.get("norm_topk_prob", m.v3);
   m.softmax = j.get("scoring_func", std::string(m.v3 ? "sigmoid" : "softmax")) == "softmax";
   m.topk_method = j.get("topk_method", std::string(m.v3 ? "noaux_tc" : "greedy"));
-  if (m.topk_method != "greedy" && m.topk_method != "group_limited_greedy" &&
-      m.topk_method != "noaux_tc")
-    fail("topk_method " + m.topk_method);
+  // V3's gate knows only noaux_tc (and raises on any other), V2's only the two greedy ones.
+  if (m.v3 ? m.topk_method != "noaux_tc"
+           : m.topk_method != "greedy" && m.topk_method != "group_limited_greedy")
+    fail("topk_method " + m.topk_method + " for " + arch);
   c.n_group = m.topk_method == "greedy" ? 1 : j.get("n_group", int64_t{1});
   c.topk_group = m.topk_method == "greedy" ? 1 : j.get("topk_group", c.n_group);
   check_groups(c, "n_routed_experts");
@@ -236,7 +237,7 @@ inline Picked v2_route(const Tensors& st, const Config& c, const Mla& m, const s
 /// norm_topk_prob, times routed_scaling_factor.
 inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, const std::string& p,
                const Vec& h) {
-  if (m.v3 || m.topk_method == "noaux_tc") return glm_ffn(st, c, l, p, h);
+  if (m.v3) return glm_ffn(st, c, l, p, h);
   if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
   Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, v2_route(st, c, m, p, h), h);
   if (c.shared > 0)

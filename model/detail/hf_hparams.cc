@@ -234,8 +234,10 @@ class HparamsReader {
   }
 
   /// DeepSeek-V3's routing, which GLM-4.5 shares: routed and shared experts, leading dense
-  /// layers, sigmoid scores (softmax for DeepSeek-V2) with a selection bias, group-limited
-  /// top-k, optional renormalization, a routed scale.
+  /// layers, sigmoid scores with a selection bias, group-limited top-k (groups ranked by their
+  /// two best), optional renormalization, a routed scale. DeepSeek-V2's differs: softmax scores,
+  /// topk_method greedy or group_limited_greedy (groups ranked by their best), and weights
+  /// renormalized or scaled, never both.
   void read_sigmoid_routing(bool glm) {
     ModelSpec& s = h_.spec;
     const bool v3 = glm || h_.family == HfFamily::kDeepseekV3;
@@ -260,28 +262,25 @@ class HparamsReader {
     }
     const std::string topk_method =
         glm ? "noaux_tc" : cfg_.get_string_or("topk_method", v3 ? "noaux_tc" : "greedy");
+    // Each family's own gate knows only its methods (V3's raises on any other).
+    const bool known = v3 ? topk_method == "noaux_tc"
+                          : topk_method == "greedy" || topk_method == "group_limited_greedy";
+    if (!known)
+      TROUPE_INPUT_ERROR("%s: topk_method '%s' is not supported for %s (%s)", cfg_.path().c_str(),
+                         topk_method.c_str(), v3 ? "DeepSeek-V3" : "DeepSeek-V2",
+                         v3 ? "noaux_tc" : "greedy, group_limited_greedy");
     if (topk_method == "greedy") {
       s.n_group = s.n_group_used = 1;  // no group limit, whatever n_group says
-    } else if (topk_method == "noaux_tc" || topk_method == "group_limited_greedy") {
+    } else {
       s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
       s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
       // DeepSeek-V2's groups are ranked by their best score, V3's by their two best summed.
       if (topk_method == "group_limited_greedy") s.group_score = GroupScore::kMax;
-    } else {
-      TROUPE_INPUT_ERROR(
-          "%s: topk_method '%s' is not supported (greedy, group_limited_greedy, noaux_tc)",
-          cfg_.path().c_str(), topk_method.c_str());
     }
     // DeepSeek-V2's gate (the modeling_deepseek.py its checkpoints ship) either renormalizes the
     // chosen weights (top_k > 1 and norm_topk_prob) or multiplies them by routed_scaling_factor,
     // never both; V3's does both.
-    if (h_.family == HfFamily::kDeepseekV2) {
-      if (s.norm_topk && s.n_expert_used > 1) {
-        s.routed_scale = 1.f;
-      } else {
-        s.norm_topk = false;
-      }
-    }
+    if (h_.family == HfFamily::kDeepseekV2) apply_v2_gate_weights(s);
   }
 
   /// MiniMax-M2: every layer routes over experts of intermediate_size with sigmoid scores,

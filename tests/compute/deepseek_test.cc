@@ -9,15 +9,18 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/gguf_writer.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/deepseek_reference.h"
+#include "tests/edited_model.h"
 #include "tests/safetensors_writer.h"
 #include "tests/test_support.h"
 
@@ -54,6 +57,7 @@ struct DsForm {
   bool softmax = false;
   const char* topk_method = "noaux_tc";
   int64_t n_group = 4, topk_group = 2;
+  int64_t used = 3;  // num_experts_per_tok
   bool norm_topk = true;
   double routed_scale = 2.5;
   int64_t shared = 1;
@@ -64,11 +68,10 @@ struct DsForm {
 };
 
 constexpr int64_t kVocab = 96, kE = 64, kLayers = 3, kHeads = 4, kNope = 16, kRope = 8, kV = 12,
-                  kKvLora = 28, kI = 80, kF = 24, kExperts = 16, kUsed = 3;
+                  kKvLora = 28, kI = 80, kF = 24, kExperts = 16;
 
-/// Writes config.json and model.safetensors of a random-weight checkpoint of form f (F32; the
-/// first layer dense) into dir.
-void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
+/// Random F32 weights of form f (the first layer dense) under DeepSeek's tensor names.
+std::vector<StTensor> checkpoint_tensors(const DsForm& f, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<StTensor> t;
   auto put = [&](const std::string& name, std::vector<int64_t> shape, float lo, float hi) {
@@ -81,7 +84,7 @@ void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
     std::memcpy(bytes.data(), v.data(), bytes.size());
     t.push_back({name, "F32", std::move(shape), std::move(bytes)});
   };
-  // A Linear [out, in] of weights within +-1/sqrt(in) (scaled so activations keep their size).
+  // A Linear [out, in] of weights within +-gain/sqrt(in) (activations keep their size).
   auto linear = [&](const std::string& name, int64_t out, int64_t in, float gain = 1.7f) {
     const float a = gain / std::sqrt(static_cast<float>(in));
     put(name, {out, in}, -a, a);
@@ -119,127 +122,172 @@ void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
   }
   norm("model.norm.weight", kE);
   linear("lm_head.weight", kVocab, kE);
-
-  nlohmann::json c = {{"architectures", {f.arch}},
-                      {"vocab_size", kVocab},
-                      {"hidden_size", kE},
-                      {"num_hidden_layers", kLayers},
-                      {"num_attention_heads", kHeads},
-                      {"num_key_value_heads", kHeads},
-                      {"max_position_embeddings", 256},
-                      {"rms_norm_eps", 1e-6},
-                      {"rope_theta", f.rope_theta},
-                      {"rope_scaling", f.rope_scaling},
-                      {"tie_word_embeddings", false},
-                      {"hidden_act", "silu"},
-                      {"q_lora_rank", f.q_lora > 0 ? nlohmann::json(f.q_lora) : nlohmann::json()},
-                      {"kv_lora_rank", kKvLora},
-                      {"qk_nope_head_dim", kNope},
-                      {"qk_rope_head_dim", kRope},
-                      {"v_head_dim", kV},
-                      {"rope_interleave", f.interleave},
-                      {"attention_bias", false},
-                      {"intermediate_size", kI},
-                      {"moe_intermediate_size", kF},
-                      {"first_k_dense_replace", 1},
-                      {"moe_layer_freq", 1},
-                      {"n_routed_experts", kExperts},
-                      {"num_experts_per_tok", kUsed},
-                      {"n_shared_experts", f.shared},
-                      {"n_group", f.n_group},
-                      {"topk_group", f.topk_group},
-                      {"topk_method", f.topk_method},
-                      {"scoring_func", f.softmax ? "softmax" : "sigmoid"},
-                      {"norm_topk_prob", f.norm_topk},
-                      {"routed_scaling_factor", f.routed_scale}};
-  dir.write("config.json", c.dump(2));
-  dir.write("model.safetensors", testing::safetensors_image(t));
+  return t;
 }
 
-// The engine's logits of the checkpoint (each chunking expect_engine_near_reference tries) against
-// the reference's.
-void check_form(const DsForm& f, uint64_t seed) {
+/// config.json of form f.
+nlohmann::json checkpoint_config(const DsForm& f) {
+  return {{"architectures", {f.arch}},
+          {"vocab_size", kVocab},
+          {"hidden_size", kE},
+          {"num_hidden_layers", kLayers},
+          {"num_attention_heads", kHeads},
+          {"num_key_value_heads", kHeads},
+          {"max_position_embeddings", 256},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", f.rope_theta},
+          {"rope_scaling", f.rope_scaling},
+          {"tie_word_embeddings", false},
+          {"hidden_act", "silu"},
+          {"q_lora_rank", f.q_lora > 0 ? nlohmann::json(f.q_lora) : nlohmann::json()},
+          {"kv_lora_rank", kKvLora},
+          {"qk_nope_head_dim", kNope},
+          {"qk_rope_head_dim", kRope},
+          {"v_head_dim", kV},
+          {"rope_interleave", f.interleave},
+          {"attention_bias", false},
+          {"intermediate_size", kI},
+          {"moe_intermediate_size", kF},
+          {"first_k_dense_replace", 1},
+          {"moe_layer_freq", 1},
+          {"n_routed_experts", kExperts},
+          {"num_experts_per_tok", f.used},
+          {"n_shared_experts", f.shared},
+          {"n_group", f.n_group},
+          {"topk_group", f.topk_group},
+          {"topk_method", f.topk_method},
+          {"scoring_func", f.softmax ? "softmax" : "sigmoid"},
+          {"norm_topk_prob", f.norm_topk},
+          {"routed_scaling_factor", f.routed_scale}};
+}
+
+void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
+  dir.write("config.json", checkpoint_config(f).dump(2));
+  dir.write("model.safetensors", testing::safetensors_image(checkpoint_tensors(f, seed)));
+}
+
+using ModelPtr = std::shared_ptr<const model::Model>;
+
+// The engine's logits of a checkpoint of form f (each chunking expect_engine_near_reference
+// tries) against the reference's; returns the model (null when it did not load).
+ModelPtr check_form(const DsForm& f, uint64_t seed, const std::vector<int32_t>& prompt) {
   TempDir dir;
   write_checkpoint(dir, f, seed);
   auto m = model::load_model(dir.path());
-  ASSERT_TRUE(m.has_value()) << m.error().message;
-  ASSERT_TRUE((*m)->spec.is_mla());
-  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(kVocab), 29);
+  EXPECT_TRUE(m.has_value()) << m.error().message;
+  if (!m) return nullptr;
+  EXPECT_TRUE((*m)->spec.is_mla());
   expect_engine_near_reference(*m, prompt, testing::deepseek_reference_logits(dir.path(), prompt));
+  return *m;
+}
+ModelPtr check_form(const DsForm& f, uint64_t seed) {
+  return check_form(f, seed, prompt_of(24, static_cast<int32_t>(kVocab), 29));
 }
 
-TEST(Deepseek, V3FormMatchesTheReference) { check_form({}, 1); }
+// The same weights routed with the other group ranking give other logits: the ranking mattered.
+void expect_ranking_matters(const ModelPtr& m, const std::vector<int32_t>& prompt) {
+  auto other = std::make_shared<model::Model>(*m);  // the same views
+  other->spec.group_score = m->spec.group_score == model::GroupScore::kMax
+                                ? model::GroupScore::kTopTwoSum
+                                : model::GroupScore::kMax;
+  EXPECT_FALSE(bit_equal(prompt_logits(m, prompt), prompt_logits(other, prompt)));
+}
+
+TEST(Deepseek, V3FormMatchesTheReference) {
+  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(kVocab), 29);
+  const ModelPtr m = check_form({.topk_group = 1}, 1, prompt);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->spec.group_score, model::GroupScore::kTopTwoSum);
+  EXPECT_FLOAT_EQ(m->spec.routed_scale, 2.5f);
+  EXPECT_TRUE(m->spec.norm_topk);
+  expect_ranking_matters(m, prompt);
+}
 
 TEST(Deepseek, V3FormWithRotaryHalvesMatchesTheReference) { check_form({.interleave = false}, 2); }
 
-// YaRN as DeepSeek states it (modeling_deepseek.py's DeepseekV2YarnRotaryEmbedding). A small
-// rope_theta and original context put the correction range inside the 4 rotary pairs, so the
-// ramp blends some pairs' frequencies and keeps or divides the others; positions run past the
-// original context. mscale != mscale_all_dim multiplies cos and sin, mscale_all_dim the softmax
-// scale (its square).
+// YaRN as DeepSeek states it (modeling_deepseek.py's DeepseekV2YarnRotaryEmbedding).
+// mscale != mscale_all_dim multiplies cos and sin, mscale_all_dim the softmax scale (squared).
 TEST(Deepseek, V3FormWithYarnMatchesTheReference) {
+  // rope_theta 100, an original context of 16 and beta_slow 0.05 spread the correction range
+  // over all 4 rotary pairs: the ramp is 0, 1/7, 2/7, 3/7, so pairs 1-3 are blends.
   const nlohmann::json yarn = {{"type", "yarn"},
                                {"factor", 4.0},
                                {"beta_fast", 32},
-                               {"beta_slow", 1},
+                               {"beta_slow", 0.05},
                                {"mscale", 1.0},
                                {"mscale_all_dim", 0.707},
                                {"original_max_position_embeddings", 16}};
   check_form({.rope_theta = 100, .rope_scaling = yarn}, 7);
-  // DeepSeek-V3's own values: mscale and mscale_all_dim both 1 (cos and sin unscaled).
+  // DeepSeek-V3's own values: mscale and mscale_all_dim both 1 (cos and sin unscaled); beta_slow
+  // 1 makes the ramp 0, 1, 1, 1 (pair 0 kept, the others divided by the factor).
   nlohmann::json v3 = yarn;
   v3["mscale_all_dim"] = 1.0;
+  v3["beta_slow"] = 1;
   v3["rope_type"] = "yarn";
   v3.erase("type");
   check_form({.rope_theta = 100, .rope_scaling = v3}, 8);
 }
 
-// DeepSeek-V2-Lite (and Moonlight): q not compressed, softmax scores, plain top-k, weights neither
-// normalized nor scaled, two shared experts, no selection bias.
+// DeepSeek-V2-Lite: q not compressed, softmax scores, plain top-k, weights neither normalized nor
+// scaled, two shared experts, no selection bias.
 TEST(Deepseek, V2LiteFormMatchesTheReference) {
-  check_form({.arch = "DeepseekV2ForCausalLM",
-              .q_lora = 0,
-              .softmax = true,
-              .topk_method = "greedy",
-              .n_group = 1,
-              .topk_group = 1,
-              .norm_topk = false,
-              .routed_scale = 1.0,
-              .shared = 2,
-              .bias = false},
-             3);
+  const ModelPtr m = check_form({.arch = "DeepseekV2ForCausalLM",
+                                 .q_lora = 0,
+                                 .softmax = true,
+                                 .topk_method = "greedy",
+                                 .norm_topk = false,
+                                 .routed_scale = 1.0,
+                                 .shared = 2,
+                                 .bias = false},
+                                3);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->spec.n_group, 1);  // greedy: no group limit, whatever n_group says
 }
 
 // DeepSeek-V2 and V2.5: groups ranked by their best softmax score (not V3's two best summed), the
 // weights scaled by routed_scaling_factor and not normalized.
 TEST(Deepseek, V2FormWithGroupLimitedGreedyMatchesTheReference) {
-  check_form({.arch = "DeepseekV2ForCausalLM",
-              .softmax = true,
-              .topk_method = "group_limited_greedy",
-              .topk_group = 1,  // all picks from one group: the ranking rule decides which
-              .norm_topk = false,
-              .routed_scale = 16.0,
-              .bias = false},
-             4);
+  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(kVocab), 29);
+  const ModelPtr m = check_form({.arch = "DeepseekV2ForCausalLM",
+                                 .softmax = true,
+                                 .topk_method = "group_limited_greedy",
+                                 .topk_group = 1,  // all picks from one group: the rank decides
+                                 .norm_topk = false,
+                                 .routed_scale = 16.0,
+                                 .bias = false},
+                                4, prompt);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->spec.group_score, model::GroupScore::kMax);
+  EXPECT_FLOAT_EQ(m->spec.routed_scale, 16.f);
+  expect_ranking_matters(m, prompt);
 }
 
-// V2's gate renormalizes or scales, never both: with norm_topk_prob its routed_scaling_factor is
-// not applied.
-TEST(Deepseek, V2FormWithNormalizedWeightsIgnoresTheScale) {
-  check_form({.arch = "DeepseekV2ForCausalLM",
-              .q_lora = 0,
-              .softmax = true,
-              .topk_method = "greedy",
-              .norm_topk = true,
-              .routed_scale = 16.0,
-              .bias = false},
-             5);
+// V2's gate renormalizes or scales, never both: with norm_topk_prob (and more than one expert) its
+// routed_scaling_factor is not applied; with one expert per token it is, and nothing is
+// renormalized.
+TEST(Deepseek, V2FormRenormalizesOrScalesNeverBoth) {
+  const DsForm v2{.arch = "DeepseekV2ForCausalLM",
+                  .q_lora = 0,
+                  .softmax = true,
+                  .topk_method = "greedy",
+                  .norm_topk = true,
+                  .routed_scale = 16.0,
+                  .bias = false};
+  const ModelPtr normalized = check_form(v2, 5);
+  ASSERT_TRUE(normalized);
+  EXPECT_TRUE(normalized->spec.norm_topk);
+  EXPECT_FLOAT_EQ(normalized->spec.routed_scale, 1.f);
+  DsForm one = v2;
+  one.used = 1;
+  const ModelPtr scaled = check_form(one, 5);
+  ASSERT_TRUE(scaled);
+  EXPECT_FALSE(scaled->spec.norm_topk);
+  EXPECT_FLOAT_EQ(scaled->spec.routed_scale, 16.f);
 }
 
 // A GGUF file has no topk_method: a softmax-gated deepseek2 file is DeepSeek-V2 (V3 gates by
-// sigmoid), so its groups are ranked by their best score. A softmax model must then route as a
-// top-two-sum ranking would not: the same weights under both rules give different logits.
-TEST(Deepseek, SoftmaxGatedGgufRanksGroupsByTheirBestScore) {
+// sigmoid), so its groups are ranked by their best score and its gate renormalizes or scales.
+TEST(Deepseek, SoftmaxGatedGgufIsDeepseekV2) {
   TempDir dir;
   model::SynthOptions o;
   o.arch = "deepseek2";
@@ -250,6 +298,8 @@ TEST(Deepseek, SoftmaxGatedGgufRanksGroupsByTheirBestScore) {
   o.n_group = 4;
   o.n_group_used = 1;
   o.gating = "softmax";
+  o.expert_weights_norm = true;
+  o.expert_weights_scale = 16.0;
   ASSERT_TRUE(model::synth_model(o, dir.file("v2.gguf")).has_value());
   o.gating = "sigmoid";
   ASSERT_TRUE(model::synth_model(o, dir.file("v3.gguf")).has_value());
@@ -257,20 +307,32 @@ TEST(Deepseek, SoftmaxGatedGgufRanksGroupsByTheirBestScore) {
   auto v3 = model::load_model(dir.file("v3.gguf"));
   ASSERT_TRUE(v2.has_value() && v3.has_value());
   EXPECT_EQ((*v2)->spec.group_score, model::GroupScore::kMax);
+  EXPECT_FLOAT_EQ((*v2)->spec.routed_scale, 1.f);
   EXPECT_EQ((*v3)->spec.group_score, model::GroupScore::kTopTwoSum);
-  auto as_v3 = std::make_shared<model::Model>(**v2);  // the same views, V3's ranking
-  as_v3->spec.group_score = model::GroupScore::kTopTwoSum;
-  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>((*v2)->spec.n_vocab), 29);
-  EXPECT_FALSE(bit_equal(prompt_logits(*v2, prompt), prompt_logits(as_v3, prompt)));
+  EXPECT_FLOAT_EQ((*v3)->spec.routed_scale, 16.f);
+  expect_ranking_matters(*v2, prompt_of(24, static_cast<int32_t>((*v2)->spec.n_vocab), 29));
+  // More experts per token than the kept groups hold is refused (V2 would weight some by 0).
+  const std::string bad = testing::edited_gguf(
+      dir, "bad.gguf", dir.file("v2.gguf"),
+      [](model::GgufWriter& w) { w.set_u32("deepseek2.expert_group_count", 8); });
+  EXPECT_NE(load_error(bad).find("3 experts per token, but the 1 kept groups hold only 2"),
+            std::string::npos)
+      << load_error(bad);
 }
 
-TEST(Deepseek, UnknownTopkMethodIsRefusedByName) {
-  TempDir dir;
-  write_checkpoint(dir, {.topk_method = "sinkhorn"}, 6);
-  auto m = model::load_model(dir.path());
-  ASSERT_FALSE(m.has_value());
-  EXPECT_NE(m.error().message.find("topk_method 'sinkhorn' is not supported"), std::string::npos)
-      << m.error().message;
+// Each family's gate knows its own methods only: others are refused by name.
+TEST(Deepseek, TopkMethodsOutsideTheFamilyAreRefusedByName) {
+  const std::pair<DsForm, const char*> cases[] = {
+      {{.topk_method = "sinkhorn"}, "topk_method 'sinkhorn' is not supported for DeepSeek-V3"},
+      {{.topk_method = "group_limited_greedy"},
+       "topk_method 'group_limited_greedy' is not supported for DeepSeek-V3 (noaux_tc)"},
+      {{.arch = "DeepseekV2ForCausalLM", .softmax = true, .topk_method = "noaux_tc"},
+       "topk_method 'noaux_tc' is not supported for DeepSeek-V2 (greedy, group_limited_greedy)"}};
+  for (const auto& [form, want] : cases) {
+    TempDir dir;
+    write_checkpoint(dir, form, 6);
+    EXPECT_NE(load_error(dir.path()).find(want), std::string::npos) << load_error(dir.path());
+  }
 }
 
 }  // namespace

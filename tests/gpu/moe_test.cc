@@ -1,7 +1,8 @@
 // MoE on the GPU against a CPU reference that follows compute/engine.cc Engine::moe(): routing
-// (Mixtral, Qwen3 normalized, DeepSeek-V3 sigmoid + bias + group-limited; ids identical, ties to
-// the lower id), the stable permutation by expert, the grouped SwiGLU experts, the fixed-order
-// combine (bitwise without a shared gate), the whole layer, and its batch invariance.
+// (Mixtral, Qwen3 normalized, DeepSeek-V3 sigmoid + bias + group-limited, DeepSeek-V2 softmax
+// with groups ranked by their best; ids identical, ties to the lower id), the stable permutation
+// by expert, the grouped SwiGLU experts, the fixed-order combine (bitwise without a shared gate),
+// the whole layer, and its batch invariance.
 // Tolerances: routing weights rtol 1e-5 (expf differs from glibc's by 1-2 ulp). Expert outputs:
 // the SwiGLU product is rounded to bf16 before the down GEMM, and a 1-ulp f32 difference in gate
 // or up can flip that rounding; each flip moves an output by <= |w_down| * ulp_bf16(act), so atol
