@@ -29,7 +29,6 @@ struct Mla {
   int64_t kv_lora = 0, nope = 0, rope = 0, v = 0;
   bool interleave = true;  // rope_interleave: rope rows stored as interleaved pairs
   bool v3 = true;          // DeepseekV3ForCausalLM (else V2's gate)
-  bool softmax = false;    // scoring_func
   std::string topk_method;
   // rope_scaling {"type" (or "rope_type"): "yarn", ...}, as modeling_deepseek.py's
   // DeepseekV2YarnRotaryEmbedding: each pair's frequency blended between itself and itself /
@@ -85,7 +84,8 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   c.shared = j.get("n_shared_experts", int64_t{0});
   c.routed_scale = j.get("routed_scaling_factor", 1.0);
   c.norm_topk = j.get("norm_topk_prob", m.v3);
-  m.softmax = j.get("scoring_func", std::string(m.v3 ? "sigmoid" : "softmax")) == "softmax";
+  const std::string scoring = m.v3 ? "sigmoid" : "softmax";  // each family's only scoring
+  if (j.get("scoring_func", scoring) != scoring) fail("scoring_func must be " + scoring);
   m.topk_method = j.get("topk_method", std::string(m.v3 ? "noaux_tc" : "greedy"));
   // V3's gate knows only noaux_tc (and raises on any other), V2's only the two greedy ones.
   if (m.v3 ? m.topk_method != "noaux_tc"
@@ -201,48 +201,27 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
 }
 
 /// DeepSeek-V2's gate (modeling_deepseek.py's MoEGate): softmax scores; topk_method greedy, or
-/// group_limited_greedy: of the n_group contiguous groups only the topk_group with the largest
-/// best score take part; the K best scores among them; then either divided by their sum (K > 1
-/// and norm_topk_prob) or times routed_scaling_factor.
-inline Picked v2_route(const Tensors& st, const Config& c, const Mla& m, const std::string& p,
-                       const Vec& h) {
+/// group_limited_greedy: only the topk_group groups with the largest best score take part; the K
+/// best scores among them; then either divided by their sum (K > 1 and norm_topk_prob) or times
+/// routed_scaling_factor. (V2 masks the other groups' scores to 0, moe_ref to -inf: the same picks,
+/// softmax scores being positive and K never above the kept experts.)
+inline Picked v2_route(const Tensors& st, const Config& c, const std::string& p, const Vec& h) {
   Scores s;
   s.score = matvec(tensor(st, p + "mlp.gate.weight", {c.N, c.E}), h);
-  if (m.softmax) {
-    softmax(s.score);
-  } else {
-    for (double& x : s.score) x = sigmoid(x);
-  }
+  softmax(s.score);
   s.choice = s.score;
-  if (c.n_group > 1) {
-    const int64_t size = c.N / c.n_group;
-    std::vector<std::pair<double, int64_t>> groups;  // (-best score, group): best first
-    for (int64_t g = 0; g < c.n_group; ++g)
-      groups.emplace_back(
-          -*std::max_element(s.score.begin() + g * size, s.score.begin() + (g + 1) * size), g);
-    std::ranges::sort(groups);
-    for (int64_t r = c.topk_group; r < c.n_group; ++r)
-      for (int64_t e = groups[r].second * size; e < (groups[r].second + 1) * size; ++e)
-        s.choice[e] = 0.0;  // masked_fill(0.0): below every kept softmax score
-  }
   const bool normalize = c.K > 1 && c.norm_topk;
-  Picked picked = top_k(s, c.K, normalize);
-  if (!normalize)
-    for (auto& [e, w] : picked) w *= c.routed_scale;
-  return picked;
+  Config unscaled = c;
+  if (normalize) unscaled.routed_scale = 1;
+  return group_limited_top_k(s, unscaled, normalize, /*by_best=*/true);
 }
 
-/// DeepSeek-V3's gate: as GLM-4.5's (moe_ref::glm_route): sigmoid scores, selection by score +
-/// e_score_correction_bias, groups ranked by their two best, weights normalized when
-/// norm_topk_prob, times routed_scaling_factor.
+/// The feed-forward of layer l: DeepSeek-V3's gate is GLM-4.5's (moe_ref::glm_route: sigmoid
+/// scores, selection by score + e_score_correction_bias, groups ranked by their two best, weights
+/// normalized when norm_topk_prob, times routed_scaling_factor); V2's is v2_route.
 inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, const std::string& p,
                const Vec& h) {
-  if (m.v3) return glm_ffn(st, c, l, p, h);
-  if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
-  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, v2_route(st, c, m, p, h), h);
-  if (c.shared > 0)
-    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
-  return out;
+  return dense_or_moe_ffn(st, c, l, p, h, m.v3 ? Router(glm_route) : Router(v2_route));
 }
 
 }  // namespace deepseek_ref

@@ -483,15 +483,16 @@ inline std::unique_ptr<Tensors> open_checkpoint(const std::string& dir) {
 // Group-limited routing and the dense-or-MoE feed-forward (GLM, Bailing)
 
 /// The experts picked from s: of the n_group contiguous groups of experts, only the topk_group
-/// whose two best choices sum highest take part; of those, the K with the largest choice, each
-/// weighted by its score (normalized over the K when `normalize`) times routed_scaling_factor.
-inline Picked group_limited_top_k(Scores s, const Config& c, bool normalize) {
+/// whose two best choices sum highest (or, `by_best`, whose best choice is highest: DeepSeek-V2)
+/// take part; of those, the K with the largest choice, each weighted by its score (normalized
+/// over the K when `normalize`) times routed_scaling_factor.
+inline Picked group_limited_top_k(Scores s, const Config& c, bool normalize, bool by_best = false) {
   const int64_t size = c.N / c.n_group;
   std::vector<std::pair<double, int64_t>> groups;  // (-group score, group): sorts best first
   for (int64_t g = 0; g < c.n_group; ++g) {
     Vec m(s.choice.begin() + g * size, s.choice.begin() + (g + 1) * size);
     std::ranges::sort(m, std::greater<>());
-    groups.emplace_back(-(m[0] + (size > 1 ? m[1] : 0.0)), g);
+    groups.emplace_back(-(m[0] + (size > 1 && !by_best ? m[1] : 0.0)), g);
   }
   std::ranges::sort(groups);
   for (int64_t r = c.topk_group; r < c.n_group; ++r)
@@ -503,13 +504,14 @@ inline Picked group_limited_top_k(Scores s, const Config& c, bool normalize) {
 }
 
 /// The routed experts of MoE layer prefix p for h, with their weights.
-using Router = Picked (*)(const Tensors& st, const Config& c, const std::string& p, const Vec& h);
+using Router =
+    std::function<Picked(const Tensors& st, const Config& c, const std::string& p, const Vec& h)>;
 
 /// The feed-forward of layer l (prefix p): a dense MLP "mlp." of width I below
 /// first_k_dense_replace, else the experts "mlp.experts.{e}." (width F) that `route` picks plus,
 /// when there are shared experts, "mlp.shared_experts." of width F * shared.
 inline Vec dense_or_moe_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
-                            const Vec& h, Router route) {
+                            const Vec& h, const Router& route) {
   if (l < c.first_dense) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
   Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, route(st, c, p, h), h);
   if (c.shared > 0)
