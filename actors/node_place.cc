@@ -269,7 +269,8 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   // tensors an earlier (tiled) copy already holds.
   const bool gpu_in_plan = std::any_of(st.plan.stages.begin(), st.plan.stages.end(),
                                        [](const StagePlan& s) { return !s.on_cpu(); });
-  const bool tile_weights = cpu_here && !gpu_in_plan && compute::weight_tiles_supported();
+  const model::TileTypes tile_types =
+      cpu_here && !gpu_in_plan ? compute::tiled_weight_types() : model::TileTypes{};
   const auto requested = model::parse_weight_storage(st.plan.weights);  // the parser checked it
   model::WeightStorage storage = requested ? *requested : model::WeightStorage::kMap;
   if (storage == model::WeightStorage::kAuto && !cpu_here) storage = model::WeightStorage::kMap;
@@ -284,7 +285,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
   auto slot = std::make_shared<std::shared_ptr<const model::Model>>();
   st.placed_model = slot;
   std::thread([link, peers, node, version, ranges, held, threads, started, storage, slot,
-               tile_weights, mmproj, vision_slot] {
+               tile_types, mmproj, vision_slot] {
     std::string error;
     for (const auto& w : peers) {
       for (int i = 0; w.wait_for_it && i < 500 && link->peer_of(w.name) == 0; ++i)
@@ -299,7 +300,7 @@ void start_placement(NodeSelf* self, PlacementMsg p) {
     uint64_t bytes = 0;
     if (error.empty()) {
       std::string why;
-      auto placed = model::place_weights(held, storage, ranges, threads, &why, tile_weights);
+      auto placed = model::place_weights(held, storage, ranges, threads, &why, tile_types);
       if (!placed) {
         error = placed.error().message;
       } else if (*placed != held) {

@@ -251,8 +251,8 @@ int main(int argc, char** argv) {
       static_cast<long long>(ctx + n_decode / 2));
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
-  // "memory" is the copy as troupe makes it for CPU engines (int8, F16 and BF16 matrices in tiles
-  // where compute::weight_tiles_supported()); "rows" the same copy without tiles.
+  // "memory" is the copy as troupe makes it for CPU engines (the matrices of
+  // compute::tiled_weight_types() in tiles); "rows" the same copy without tiles.
   if (weights == "map" || weights == "both") variants.push_back({"map", *m});
   for (const bool tiles : {false, true}) {
     const bool want = tiles ? (weights == "memory" || weights == "both" || weights == "tiles")
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     const double t0 = now_s();
     auto copy =
         model::copy_weights_to_memory(*m, {}, static_cast<int>(std::thread::hardware_concurrency()),
-                                      tiles && compute::weight_tiles_supported());
+                                      tiles ? compute::tiled_weight_types() : model::TileTypes{});
     if (!copy) {
       std::fprintf(stderr, "engine_bench: %s\n", copy.error().message.c_str());
       return 1;

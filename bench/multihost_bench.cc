@@ -566,7 +566,7 @@ int main(int argc, char** argv) {
   {
     std::string why;
     auto placed = model::place_weights(b.model, *model::parse_weight_storage(b.o.weights), {}, 2,
-                                       &why, compute::weight_tiles_supported());
+                                       &why, compute::tiled_weight_types());
     if (!placed) fail(placed.error().message);
     const bool copied = *placed != b.model;
     b.model = *placed;

@@ -30,7 +30,7 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
   auto m = load_model_or_throw(path);
   std::string why;
   auto placed = model::place_weights(m, *storage, {}, compute::available_cpus(), &why,
-                                     cpu_only && compute::weight_tiles_supported());
+                                     cpu_only ? compute::tiled_weight_types() : model::TileTypes{});
   if (!placed) throw CliError(placed.error().message);
   if (!why.empty())
     std::fprintf(stderr, "troupe: %s: reading the weights through the file mapping: %s\n",

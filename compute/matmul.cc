@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -547,6 +548,22 @@ bool weight_tiles_supported() {
          ks.q5_1_t16.rows != nullptr && ks.q4_k_t16.rows != nullptr &&
          ks.q5_k_t16.rows != nullptr && ks.q6_k_t16.rows != nullptr && ks.f16_t16.rows != nullptr &&
          ks.bf16_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
+}
+
+model::TileTypes tiled_weight_types() {
+  const detail::KernelSet& ks = detail::active_kernels();
+  model::TileTypes types;
+  if (std::string_view(ks.name) == "scalar") return types;  // its tile kernels are the slow ones
+  using model::GgmlType;
+  const std::pair<GgmlType, const detail::TypeKernels*> own[] = {
+      {GgmlType::kQ8_0, &ks.q8_0_t16}, {GgmlType::kQ4_0, &ks.q4_0_t16},
+      {GgmlType::kQ4_1, &ks.q4_1_t16}, {GgmlType::kQ5_0, &ks.q5_0_t16},
+      {GgmlType::kQ5_1, &ks.q5_1_t16}, {GgmlType::kQ4_K, &ks.q4_k_t16},
+      {GgmlType::kQ5_K, &ks.q5_k_t16}, {GgmlType::kQ6_K, &ks.q6_k_t16},
+      {GgmlType::kF16, &ks.f16_t16},   {GgmlType::kBF16, &ks.bf16_t16}};
+  for (const auto& [t, k] : own)
+    if (k->rows != nullptr) types.add(t);
+  return types;
 }
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,

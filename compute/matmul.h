@@ -19,6 +19,7 @@
 #include <span>
 
 #include "model/model_spec.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::compute {
 
@@ -78,6 +79,13 @@ void get_row(const model::WeightView& w, int64_t r, float* out);
 /// path; F16 and BF16 (whose kernels sum in each SIMD level's own order) give the AVX-512 row
 /// kernels' bits at the AVX-512 levels and the scalar kernel's elsewhere.
 bool weight_tiles_supported();
+
+/// The weight types this process's kernels read fast in 16-row tiles, which a weight copy for
+/// the CPU engine should tile (model::copy_weights_to_memory): every tileable type where
+/// weight_tiles_supported(); with AVX2 only, the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0), whose tile kernels give the bits of every other path's tiles (the other types keep
+/// their rows and AVX2's row kernels); none on the scalar path.
+model::TileTypes tiled_weight_types();
 
 /// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").
 const char* simd_level();

@@ -339,6 +339,17 @@ void quantize_actk(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// Activations of the tile kernels (ActTile32, matmul_kernels.h; matmul_tiles_avx2.cc).
+template <GgmlType kType>
+void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTile32*>(out);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int32_t half_sums[2];
+    const float d = quantize_block(x + 32 * b, 4, a[b].q, half_sums);
+    finish_act_tile32(a[b], tile_init(kType), half_sums[0] + half_sums[1], d);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // The 32-value block types, a group of 2 blocks per step (see above). Output (r, t):
 // acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order
@@ -551,6 +562,14 @@ KernelSet make_set(bool vnni) {
   s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>(vnni);
   s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>(vnni);
   s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();
+  avx2_tile_rows(vnni, &s);  // matmul_tiles_avx2.cc
+  for (TypeKernels* k : {&s.q8_0_t16, &s.q4_0_t16, &s.q4_1_t16, &s.q5_0_t16, &s.q5_1_t16})
+    k->act_row_bytes = act_tile32_bytes;
+  s.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
+  s.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
+  s.q4_1_t16.quantize = quantize_act_tile32<GgmlType::kQ4_1>;
+  s.q5_0_t16.quantize = quantize_act_tile32<GgmlType::kQ5_0>;
+  s.q5_1_t16.quantize = quantize_act_tile32<GgmlType::kQ5_1>;
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
     k->act_row_bytes = actk_bytes;

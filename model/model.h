@@ -10,6 +10,7 @@
 
 #include "base/result.h"
 #include "model/model_spec.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::model {
 
@@ -80,24 +81,26 @@ Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t by
 
 /// Puts the weight views of `model` inside `ranges` (all present views when empty) where
 /// `requested` says, with the memory available now (choose_weight_storage): a copy
-/// (copy_weights_to_memory, tiling as `tile_weights` says), or `model` itself when nothing is to be
-/// copied (kMap, or kAuto without room: then the reason is in *why). Errors name the model's path.
+/// (copy_weights_to_memory, tiling the types in `tile_types`), or `model` itself when nothing is to
+/// be copied (kMap, or kAuto without room: then the reason is in *why). Errors name the model's
+/// path.
 Result<std::shared_ptr<const Model>> place_weights(
     std::shared_ptr<const Model> model, WeightStorage requested,
     const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why,
-    bool tile_weights = false);
+    TileTypes tile_types = {});
 
 /// Returns a Model equal to `model` except that every weight view lying inside one of `ranges`
 /// (all present views when `ranges` is empty) points into one private buffer of anonymous
 /// memory with transparent huge pages, filled by `threads` threads. Views outside the ranges
-/// keep pointing into the file mapping. With `tile_weights`, the copied matrices that can be
-/// (weight_tiles.h: tileable: int8-kernel types, F16, BF16) are put in 16-row tiles
+/// keep pointing into the file mapping. The copied matrices of the types in `tile_types` that can
+/// be (weight_tiles.h: tileable: int8-kernel types, F16, BF16) are put in 16-row tiles
 /// (WeightLayout::kTiles16), the order the CPU's kernels read fastest: only for a model the
-/// CPU engine computes with (compute::weight_tiles_supported() says whether this CPU's kernels read
-/// tiles; the GPU engine's upload does not). Errors: the memory cannot be allocated.
+/// CPU engine computes with (compute::tiled_weight_types() says which types this CPU's kernels
+/// read fast in tiles; the GPU engine's upload reads rows). Errors: the memory cannot be
+/// allocated.
 Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
-    int threads, bool tile_weights = false);
+    int threads, TileTypes tile_types = {});
 
 /// Implemented by the Hugging Face reader (model/hf_model.cc).
 Result<std::shared_ptr<const Model>> load_hf_model(const std::string& dir);

@@ -131,6 +131,15 @@ int64_t quad_chunk(int64_t row_bytes, int64_t i, int64_t c) {
 uint32_t q5_tile_qh(uint32_t h) { return permute_bytes(kQ5Qh.tile, h); }
 uint32_t q5_untile_qh(uint32_t t) { return permute_bytes(kQ5Qh.untile, t); }
 
+TileTypes TileTypes::all() {
+  TileTypes s;
+  for (GgmlType t :
+       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16})
+    s.add(t);
+  return s;
+}
+
 bool tileable(const WeightView& w) {
   const bool int8 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 ||
                     w.type == GgmlType::kQ5_0 || w.type == GgmlType::kQ5_1 ||

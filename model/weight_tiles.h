@@ -38,6 +38,25 @@ namespace troupe::model {
 inline constexpr int64_t kTileRows = 16;
 inline constexpr int64_t kFloatTileCols = 16;  // F16 and BF16: columns per chunk of a quad
 
+/// A set of weight types (ggml's, whose numbers are below 64): the ones a weight copy puts in
+/// tiles (copy_weights_to_memory), where the CPU kernels read that type's tiles fast.
+class TileTypes {
+ public:
+  constexpr TileTypes() = default;
+  /// Every type that can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16.
+  static TileTypes all();
+  void add(GgmlType t) {
+    if (static_cast<uint32_t>(t) < 64) bits_ |= uint64_t{1} << static_cast<uint32_t>(t);
+  }
+  bool has(GgmlType t) const {
+    return static_cast<uint32_t>(t) < 64 && (bits_ >> static_cast<uint32_t>(t) & 1) != 0;
+  }
+  bool empty() const { return bits_ == 0; }
+
+ private:
+  uint64_t bits_ = 0;
+};
+
 /// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16 or BF16 with
 /// columns a multiple of kFloatTileCols; rows a multiple of kTileRows, present, in rows.
 bool tileable(const WeightView& w);

@@ -235,13 +235,13 @@ Result<WeightStorage> choose_weight_storage(WeightStorage requested, uint64_t by
 Result<std::shared_ptr<const Model>> place_weights(
     std::shared_ptr<const Model> model, WeightStorage requested,
     const std::vector<std::span<const uint8_t>>& ranges, int threads, std::string* why,
-    bool tile_weights) {
+    TileTypes tile_types) {
   if (requested == WeightStorage::kMap) return model;
   auto where = choose_weight_storage(requested, weight_copy_bytes(*model, ranges),
                                      available_memory_bytes(), why);
   if (!where) return make_error(0, model->path + ": " + where.error().message);
   if (*where == WeightStorage::kMap) return model;
-  return copy_weights_to_memory(std::move(model), ranges, threads, tile_weights);
+  return copy_weights_to_memory(std::move(model), ranges, threads, tile_types);
 }
 
 namespace {
@@ -283,10 +283,12 @@ uint64_t weight_copy_bytes(const Model& model,
 
 namespace {
 
-// Tiles (weight_tiles.h) every tileable view lying in [base, base + bytes), in place, and marks
+// Tiles (weight_tiles.h) every tileable view of a type in `types` lying in [base, base + bytes),
+// in place, and marks
 // it and every view of the same bytes (a tied head) kTiles16. A view overlapping another view
 // that is not the same matrix stays in rows.
-void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads) {
+void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads,
+                       TileTypes types) {
   std::vector<WeightView*> in_copy;
   for_each_weight(spec, [&](WeightView& w) {
     if (w.present() && w.data >= base && w.data + w.nbytes() <= base + bytes) in_copy.push_back(&w);
@@ -316,7 +318,8 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
     const bool overlaps_earlier = end_so_far != nullptr && end_so_far > w->data;
     const bool overlaps_next =
         g + 1 < groups.size() && w->data + w->nbytes() > in_copy[groups[g + 1].first]->data;
-    if (tileable(*w) && !overlaps_earlier && !overlaps_next) todo.push_back(g);
+    if (tileable(*w) && types.has(w->type) && !overlaps_earlier && !overlaps_next)
+      todo.push_back(g);
     // (A group's views are one matrix: the same start and size.)
     const uint8_t* end = w->data + w->nbytes();
     if (end_so_far == nullptr || end > end_so_far) end_so_far = end;
@@ -341,7 +344,7 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
 
 Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     std::shared_ptr<const Model> model, const std::vector<std::span<const uint8_t>>& ranges,
-    int threads, bool tile_weights) {
+    int threads, TileTypes tile_types) {
   std::vector<Interval> merged = copy_intervals(*model, ranges);
   // Each interval starts 64-byte aligned in the copy, like the tensors of a GGUF file.
   uint64_t total = 0;
@@ -439,7 +442,7 @@ Result<std::shared_ptr<const Model>> copy_weights_to_memory(
     --it;
     if (w.data + w.nbytes() <= it->end) w.data = base + it->offset + (w.data - it->begin);
   });
-  if (tile_weights) tile_copied_views(copy->spec, base, bytes, threads);
+  if (!tile_types.empty()) tile_copied_views(copy->spec, base, bytes, threads, tile_types);
   ::mprotect(base, bytes, PROT_READ);  // weights are read-only, as in the mapping
   copy->storage.push_back(std::move(mem));
   return std::shared_ptr<const Model>(std::move(copy));

@@ -59,27 +59,6 @@ inline __m512i high_nibbles(__m512i z) {
   }
 }
 
-// Software prefetches into L1 and L2 that the compiler keeps: g++ 12 dropped every
-// _mm_prefetch of the Q4_K tile kernel once an address depended on the pass (TilePass), and
-// batch-1 decode lost a quarter of its speed.
-inline void prefetch_l1(const void* p) {
-  __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-}
-inline void prefetch_l2(const void* p) {
-  __asm__ volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-}
-
-// A stream read record by record: when the record [p, p + len) ends in another 4 KiB page than
-// it starts, one prefetch into L2 of that page's start kPageAhead bytes on (page_ahead.h).
-// Batch-1 Q4_0 decode ~30 % faster than with no software prefetch, and the best read loop
-// found on this host (docs/benchmarks.md "Engine, session 30").
-inline void prefetch_page_ahead(const uint8_t* p, int64_t len) {
-  constexpr auto kPage = static_cast<uintptr_t>(kPageBytes);
-  const auto a = reinterpret_cast<uintptr_t>(p), e = a + static_cast<uintptr_t>(len);
-  if (a / kPage != e / kPage)
-    prefetch_l2(reinterpret_cast<const uint8_t*>((e & ~(kPage - 1)) + kPageAhead));
-}
-
 // The 16 rows of a tile read from ggml's row layout (a mapped file) by the tile kernels'
 // kRowsIn instantiations. load16 reads 16 bytes of each row and transposes them into 4 vectors
 // of dwords; loading 4 rows per 128-bit lane and transposing dwords within lanes puts row 4g + L

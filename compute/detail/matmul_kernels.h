@@ -245,6 +245,10 @@ const KernelSet& avx2_kernels(bool use_vnni = false);
 /// The K-quant and IQ4_XS row kernels of the AVX2 set (matmul_kquant_avx2.cc): sets rows and
 /// row_tile of s->iq4_xs, q2_k ... q6_k; the caller sets their activation format.
 void avx2_kquant_rows(KernelSet* s);
+/// The AVX2 tile kernels of the 32-value block types (matmul_tiles_avx2.cc; vnni: their dots by
+/// AVX-VNNI, the same bits): sets rows and row_tile of s->q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16
+/// and q5_1_t16; the caller sets their activation format (ActTile32).
+void avx2_tile_rows(bool vnni, KernelSet* s);
 /// Bytes per 256 values of the int8 K-quant activations, AVX2 and AVX-512 alike: 256 int8, 16
 /// floats d*sum(x) over each group of 16, the float scale d, padding (each level's quantize_actk).
 inline constexpr int64_t kActKBytes = 384;

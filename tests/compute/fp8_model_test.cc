@@ -65,7 +65,7 @@ TEST(Fp8Model, WeightsCopiedToMemoryGiveTheSameLogits) {
   const Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
   auto mapped = model::load_model(copy.fp8_path());
   ASSERT_TRUE(mapped.has_value()) << mapped.error().message;
-  auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, /*tile_weights=*/true);
+  auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, model::TileTypes::all());
   ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
   const model::WeightView &a = (*mapped)->spec.layers[2].experts[5].up,
                           &b = (*in_memory)->spec.layers[2].experts[5].up;

@@ -475,7 +475,7 @@ TEST(WeightTiles, ACopyTilesNoViewInsideAnother) {
   L.wv.ne[0] = 64;
   L.wv.data = buf->data() + 2048;
   spec.layers.push_back(L);
-  auto copy = model::copy_weights_to_memory(m, {}, 2, true);
+  auto copy = model::copy_weights_to_memory(m, {}, 2, model::TileTypes::all());
   ASSERT_TRUE(copy.has_value()) << copy.error().message;
   model::for_each_weight((*copy)->spec, [&](const WeightView& w) {
     EXPECT_EQ(w.layout, WeightLayout::kRows) << w.name << " lies inside another view";
@@ -520,7 +520,7 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   auto loaded = model::load_model(path);
   ASSERT_TRUE(loaded.has_value()) << loaded.error().message;
   auto mapped = *loaded;
-  auto tiled = model::copy_weights_to_memory(mapped, {}, 2, true);
+  auto tiled = model::copy_weights_to_memory(mapped, {}, 2, model::TileTypes::all());
   ASSERT_TRUE(tiled.has_value()) << tiled.error().message;
   int n_tiled = 0, n_rows_int8 = 0;
   model::for_each_weight((*tiled)->spec, [&](const WeightView& w) {
@@ -536,7 +536,7 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
   EXPECT_GT(n_tiled, 0);
   EXPECT_GT(n_rows_int8, 0) << "the 300-row head (and the embedding it shares) stays in rows";
   // Without tiles asked, nothing is tiled.
-  auto plain = model::copy_weights_to_memory(mapped, {}, 2, false);
+  auto plain = model::copy_weights_to_memory(mapped, {}, 2, model::TileTypes{});
   ASSERT_TRUE(plain.has_value());
   model::for_each_weight((*plain)->spec, [&](const WeightView& w) {
     EXPECT_EQ(w.layout, WeightLayout::kRows) << w.name;
