@@ -350,6 +350,26 @@ void quantize_act_tile32(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// Activations of the Q4_K and Q5_K tile kernels (ActTileK) and of the Q6_K ones (ActTileQ6K).
+void quantize_act_tilek(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileK*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    int32_t g16[16];
+    a[s].d = quantize_block(x + s * kQK_K, 32, a[s].q, g16);
+    for (int j = 0; j < 8; ++j)
+      a[s].xsum[kTileKSumSlot[j]] = static_cast<int16_t>(g16[2 * j] + g16[2 * j + 1]);
+  }
+}
+
+void quantize_act_tileq6k(const float* x, int64_t cols, uint8_t* out) {
+  auto* a = reinterpret_cast<ActTileQ6K*>(out);
+  for (int64_t s = 0; s < cols / kQK_K; ++s) {
+    int32_t g16[16];
+    a[s].d = quantize_block(x + s * kQK_K, 32, a[s].q, g16);
+    for (int g = 0; g < 16; ++g) a[s].start[g] = tile_start(-32 * g16[g]);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // The 32-value block types, a group of 2 blocks per step (see above). Output (r, t):
 // acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order
@@ -570,6 +590,13 @@ KernelSet make_set(bool vnni) {
   s.q4_1_t16.quantize = quantize_act_tile32<GgmlType::kQ4_1>;
   s.q5_0_t16.quantize = quantize_act_tile32<GgmlType::kQ5_0>;
   s.q5_1_t16.quantize = quantize_act_tile32<GgmlType::kQ5_1>;
+  avx2_tile_rows_k(vnni, &s);  // matmul_tiles_k_avx2.cc
+  for (TypeKernels* k : {&s.q4_k_t16, &s.q5_k_t16}) {
+    k->act_row_bytes = act_records256_bytes<ActTileK>;
+    k->quantize = quantize_act_tilek;
+  }
+  s.q6_k_t16.act_row_bytes = act_records256_bytes<ActTileQ6K>;
+  s.q6_k_t16.quantize = quantize_act_tileq6k;
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
   for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
     k->act_row_bytes = actk_bytes;

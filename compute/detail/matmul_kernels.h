@@ -249,6 +249,8 @@ void avx2_kquant_rows(KernelSet* s);
 /// AVX-VNNI, the same bits): sets rows and row_tile of s->q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16
 /// and q5_1_t16; the caller sets their activation format (ActTile32).
 void avx2_tile_rows(bool vnni, KernelSet* s);
+/// The same for Q4_K, Q5_K (ActTileK activations) and Q6_K (ActTileQ6K), matmul_tiles_k_avx2.cc.
+void avx2_tile_rows_k(bool vnni, KernelSet* s);
 /// Bytes per 256 values of the int8 K-quant activations, AVX2 and AVX-512 alike: 256 int8, 16
 /// floats d*sum(x) over each group of 16, the float scale d, padding (each level's quantize_actk).
 inline constexpr int64_t kActKBytes = 384;

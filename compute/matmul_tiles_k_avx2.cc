@@ -1,0 +1,446 @@
+// AVX2 kernels for Q4_K, Q5_K and Q6_K matrices in 16-row tiles (model/weight_tiles.h), for CPUs
+// without AVX-512, as matmul_tiles_avx2.cc does for the 32-value block types: a 64-byte chunk's
+// two 32-byte halves are rows 0-7 and 8-15, lane i of a 256-bit register is row i of the half,
+// and one vpmaddubsw (or, with AVX-VNNI, vpdpbusd) multiplies 4 columns of 8 rows by 4 broadcast
+// activation values. The AVX2 row kernels (matmul_kquant_avx2.cc) unpack each row's scales and
+// sum each row's lanes; on one core their batch-1 Q4_K read ~18 GB/s from cache
+// (docs/benchmarks.md "Engine, session 34").
+//
+// Each output is the scalar recurrence of ActTileK (Q4_K, Q5_K) or ActTileQ6K (Q6_K)
+// (matmul_kernels.h): the same bits as the scalar and AVX-512 tile kernels. The integer dots are
+// exact: vpmaddubsw's int16 pair sums are widened by vpmaddwd before a sum could reach 2^15 (16
+// products of 4-bit weights, 8 of 5-bit ones, 4 of 6-bit ones, each product at most 127 times
+// the weight). Compiled with the AVX2 flags of *_avx2.cc.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "compute/detail/matmul_kernels.h"
+#include "compute/detail/matmul_tiles.h"
+#include "compute/detail/page_ahead.h"
+#include "compute/detail/unroll.h"
+#include "model/weight_tiles.h"
+
+namespace troupe::compute::detail {
+namespace {
+
+using model::kQK_K;
+
+inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
+  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+  return acc;
+}
+
+// 4 bytes at p in every dword.
+inline __m256i bcast4(const void* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// 16 f16 of 8 rows at p as floats.
+inline __m256 f16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The int32 lanes start + sum over k of the 4-byte dots of unsigned w[k] (at most `kMax`) and
+// signed x[k] (broadcast from x + 4k), exactly: int16 pair sums widened every kSpan products.
+template <int kN, int kMax, bool kVnni>
+inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
+  if constexpr (kVnni) {
+    __m256i s0 = start, s1 = _mm256_setzero_si256();
+    unroll<kN / 2>([&](int k) __attribute__((always_inline)) {
+      s0 = dpbusd(s0, w[2 * k], bcast4(x + 8 * k));
+      s1 = dpbusd(s1, w[2 * k + 1], bcast4(x + 8 * k + 4));
+    });
+    return _mm256_add_epi32(s0, s1);
+  } else {
+    // Products per lane that an int16 sum holds: 2 per vpmaddubsw.
+    constexpr int kPer = 32767 / (kMax * 127) / 2 * 2;
+    static_assert(kPer >= 2);
+    constexpr int kSpan = kPer / 2 < kN ? kPer / 2 : kN;  // vpmaddubsw results per int16 sum
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = start;
+    unroll<kN / kSpan>([&](int g) __attribute__((always_inline)) {
+      __m256i s = _mm256_maddubs_epi16(w[kSpan * g], bcast4(x + 4 * kSpan * g));
+      unroll<kSpan - 1>([&](int k) __attribute__((always_inline)) {
+        s = _mm256_add_epi16(
+            s, _mm256_maddubs_epi16(w[kSpan * g + k + 1], bcast4(x + 4 * (kSpan * g + k + 1))));
+      });
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
+    });
+    return acc;
+  }
+}
+
+// --- Q4_K and Q5_K ---------------------------------------------------------------------------
+// A record: d x16 and dmin x16 (64 bytes), 3 chunks of packed scales and mins, Q5_K's 8 chunks of
+// qh, 32 chunks of qs.
+template <bool kQ5, bool kVnni>
+struct Avx2TileKernelK {
+  static constexpr bool kRowsIn = false;
+  static constexpr int64_t kRec =
+      model::kTileRows * (kQ5 ? sizeof(model::BlockQ5_K) : sizeof(model::BlockQ4_K));
+  static constexpr int64_t kScales = 64, kQh = 256, kQs = kQ5 ? 256 + 8 * 64 : 256;
+  static constexpr int kMaxTok = 3;  // sums, accumulators and operands in 16 registers
+  static constexpr int64_t kTokBlock = 64;
+
+  // Super-block s's half rh (rows 8 rh..) for tokens x[0..NT): acc += (u - msum dmin) d_x.
+  template <int NT>
+  [[gnu::always_inline]] static void super_block(const uint8_t* rec, int rh,
+                                                 const ActTileK* const* x, __m256* acc) {
+    const __m256i m3f = _mm256_set1_epi8(0x3F), m0f = _mm256_set1_epi8(0x0F),
+                  m30 = _mm256_set1_epi8(0x30), pair = _mm256_set1_epi32(0x00FF00FF);
+    const __m256i s0 = load32(rec + kScales + 32 * rh), s1 = load32(rec + kScales + 64 + 32 * rh),
+                  s2 = load32(rec + kScales + 128 + 32 * rh);
+    // q4k_scales_mins lane-wise: bytes j of sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi
+    // mn[j]/mn[4 + j].
+    const __m256i sc_lo = _mm256_and_si256(s0, m3f);
+    const __m256i sc_hi =
+        _mm256_or_si256(_mm256_and_si256(s2, m0f), _mm256_and_si256(_mm256_srli_epi32(s0, 2), m30));
+    const __m256 d = f16x8(rec + 16 * rh), dmin = f16x8(rec + 32 + 16 * rh);
+    __m256 u[NT];  // from +0, as the AVX-512 kernel (matmul_tiles_k_avx512.cc): the same bits
+    unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_setzero_ps(); });
+    const __m256 magic = _mm256_set1_ps(kTileMagic);
+    unroll<8>([&](auto sb_) __attribute__((always_inline)) {
+      constexpr int sb = decltype(sb_)::value;
+      const __m256i scv = _mm256_and_si256(_mm256_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)),
+                                           _mm256_set1_epi32(0xFF));
+      const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(scv), d);  // exact
+      __m256i w[8];  // sub-block sb: low (even sb) or high nibbles of qs chunks 8 (sb / 2) ..
+      unroll<8>([&](int k) __attribute__((always_inline)) {
+        const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
+        w[k] =
+            sb % 2 == 0 ? _mm256_and_si256(z, m0f) : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
+        if constexpr (kQ5) {  // bit sb of each qh byte, moved to bit 4
+          const __m256i qh = load32(rec + kQh + 64 * k + 32 * rh);
+          __m256i hb;
+          if constexpr (sb <= 4) {
+            hb = _mm256_slli_epi32(qh, 4 - sb);
+          } else {
+            hb = _mm256_srli_epi32(qh, sb - 4);
+          }
+          w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+        }
+      });
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
+        const __m256i t = dot_chunks < 8, kQ5 ? 31 : 15,
+                      kVnni > (_mm256_set1_epi32(tile_start(0)), w, x[n]->q + 32 * sb);
+        // (M + dot) - M is the dot exactly; one multiply rounds dot x dsc once.
+        u[n] =
+            _mm256_add_ps(u[n], _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t), magic), dsc));
+      });
+    });
+    // msum: the mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7), xsum's order.
+    const __m256i mn_lo = _mm256_and_si256(s1, m3f);
+    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m0f),
+                                          _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
+    const __m256i m02 = _mm256_and_si256(mn_lo, pair),
+                  m13 = _mm256_and_si256(_mm256_srli_epi32(mn_lo, 8), pair),
+                  m46 = _mm256_and_si256(mn_hi, pair),
+                  m57 = _mm256_and_si256(_mm256_srli_epi32(mn_hi, 8), pair);
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
+      const int16_t* xs = x[n]->xsum;
+      __m256i ms = _mm256_madd_epi16(m02, bcast4(xs));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m13, bcast4(xs + 2)));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m46, bcast4(xs + 4)));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m57, bcast4(xs + 6)));
+      const __m256 v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), dmin, u[n]);
+      acc[n] = _mm256_fmadd_ps(v, _mm256_set1_ps(x[n]->d), acc[n]);
+    });
+  }
+
+  // super_block for one token and both halves at once: each chunk's halves are unpacked and
+  // multiplied by one broadcast, the scales read again per sub-block (L1) rather than held, so
+  // that the sums, operands and accumulators stay in registers.
+  [[gnu::always_inline]] static void super_block_one(const uint8_t* rec, const ActTileK* x,
+                                                     __m256 (&acc)[2]) {
+    const __m256i m3f = _mm256_set1_epi8(0x3F), m0f = _mm256_set1_epi8(0x0F),
+                  m30 = _mm256_set1_epi8(0x30);
+    const __m256 magic = _mm256_set1_ps(kTileMagic);
+    __m256 u[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // from +0, as super_block
+    unroll<8>([&](auto sb_) __attribute__((always_inline)) {
+      constexpr int sb = decltype(sb_)::value;
+      __m256i t[2];
+      if constexpr (kVnni) {
+        t[0] = t[1] = _mm256_set1_epi32(tile_start(0));
+      } else {
+        t[0] = t[1] = _mm256_setzero_si256();
+      }
+      __m256i s16[2][2] = {};  // Q5_K without VNNI: two int16 sums of 4 chunks each
+      unroll<8>([&](int k) __attribute__((always_inline)) {
+        const __m256i x4 = bcast4(x->q + 32 * sb + 4 * k);
+        unroll<2>([&](int rh) __attribute__((always_inline)) {
+          const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
+          __m256i w = sb % 2 == 0 ? _mm256_and_si256(z, m0f)
+                                  : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
+          if constexpr (kQ5) {
+            const __m256i qh = load32(rec + kQh + 64 * k + 32 * rh);
+            __m256i hb;
+            if constexpr (sb <= 4) {
+              hb = _mm256_slli_epi32(qh, 4 - sb);
+            } else {
+              hb = _mm256_srli_epi32(qh, sb - 4);
+            }
+            w = _mm256_or_si256(w, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+          }
+          if constexpr (kVnni) {
+            t[rh] = dpbusd(t[rh], w, x4);
+          } else {
+            s16[rh][kQ5 ? k / 4 : 0] =
+                _mm256_add_epi16(s16[rh][kQ5 ? k / 4 : 0], _mm256_maddubs_epi16(w, x4));
+          }
+        });
+      });
+      unroll<2>([&](int rh) __attribute__((always_inline)) {
+        if constexpr (!kVnni) {
+          const __m256i ones = _mm256_set1_epi16(1);
+          t[rh] = _mm256_add_epi32(_mm256_set1_epi32(tile_start(0)),
+                                   _mm256_madd_epi16(s16[rh][0], ones));
+          if constexpr (kQ5) t[rh] = _mm256_add_epi32(t[rh], _mm256_madd_epi16(s16[rh][1], ones));
+        }
+        // The sub-block's scale, from the packed bytes (q4k_scales_mins, lane-wise).
+        const __m256i sc =
+            sb < 4
+                ? _mm256_and_si256(load32(rec + kScales + 32 * rh), m3f)
+                : _mm256_or_si256(
+                      _mm256_and_si256(load32(rec + kScales + 128 + 32 * rh), m0f),
+                      _mm256_and_si256(_mm256_srli_epi32(load32(rec + kScales + 32 * rh), 2), m30));
+        const __m256i scv =
+            _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (sb % 4)), _mm256_set1_epi32(0xFF));
+        const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(scv), f16x8(rec + 16 * rh));
+        u[rh] = _mm256_add_ps(u[rh],
+                              _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t[rh]), magic), dsc));
+      });
+    });
+    unroll<2>([&](int rh) __attribute__((always_inline)) {
+      const __m256i pair = _mm256_set1_epi32(0x00FF00FF);
+      const __m256i s1 = load32(rec + kScales + 64 + 32 * rh),
+                    s2 = load32(rec + kScales + 128 + 32 * rh);
+      const __m256i mn_lo = _mm256_and_si256(s1, m3f);
+      const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m0f),
+                                            _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
+      const int16_t* xs = x->xsum;
+      __m256i ms = _mm256_madd_epi16(_mm256_and_si256(mn_lo, pair), bcast4(xs));
+      ms = _mm256_add_epi32(
+          ms,
+          _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi32(mn_lo, 8), pair), bcast4(xs + 2)));
+      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_and_si256(mn_hi, pair), bcast4(xs + 4)));
+      ms = _mm256_add_epi32(
+          ms,
+          _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi32(mn_hi, 8), pair), bcast4(xs + 6)));
+      const __m256 v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), f16x8(rec + 32 + 16 * rh), u[rh]);
+      acc[rh] = _mm256_fmadd_ps(v, _mm256_set1_ps(x->d), acc[rh]);
+    });
+  }
+
+  // Halves [h0, h0 + NH) of the tile at w for tokens a[0..NT), every super-block in order.
+  template <int NT, int NH>
+  static void pass(const MatmulJob& j, const uint8_t* w, const ActTileK* const* a, int h0,
+                   bool alone, float (&out)[NT][16]) {
+    __m256 acc[NH][NT];
+    unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
+    });
+    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
+      const uint8_t* rec = w + s * kRec;
+      if (alone) {
+        prefetch_page_ahead(rec, kRec);
+        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kRec + o);
+      }
+      const ActTileK* x[NT];
+      unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
+      if constexpr (NT == 1 && NH == 2) {
+        __m256 both[2] = {acc[0][0], acc[1][0]};
+        super_block_one(rec, x[0], both);
+        acc[0][0] = both[0];
+        acc[1][0] = both[1];
+      } else {
+        unroll<NH>([&](int hh) __attribute__((always_inline)) {
+          super_block<NT>(rec, h0 + hh, x, acc[hh]);
+        });
+      }
+    }
+    unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
+        _mm256_storeu_ps(out[n] + 8 * (h0 + hh), acc[hh][n]);
+      });
+    });
+  }
+
+  // One token alone reads each record once for both halves (the weights stream without a
+  // pause); more tokens take a half at a time, the record still in L1 or L2 for the second.
+  template <int NT>
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass_) {
+    const uint8_t* w = j.w + row * j.w_row_bytes;
+    const ActTileK* a[NT];
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
+      a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
+    });
+    alignas(32) float out[NT][16];
+    if constexpr (NT == 1) {
+      pass<NT, 2>(j, w, a, 0, pass_.alone(NT), out);
+    } else {
+      pass<NT, 1>(j, w, a, 0, false, out);
+      pass<NT, 1>(j, w, a, 1, false, out);
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+  }
+};
+
+// --- Q6_K ------------------------------------------------------------------------------------
+// A record is 52 chunks (ql 0-31, qh 32-47, scales 48-51); the tile's d values follow its last
+// record, 32 bytes per super-block.
+template <bool kVnni>
+struct Avx2TileKernelQ6K {
+  static constexpr bool kRowsIn = false;
+  static constexpr int64_t kRec = 64 * 52;
+  static constexpr int kMaxTok = 4;
+  static constexpr int64_t kTokBlock = 64;
+
+  // The 4 weight dwords (16 values per lane, unsigned 0-63) of group G, half rh.
+  template <int G>
+  [[gnu::always_inline]] static void unpack(const uint8_t* rec, int rh, __m256i* w) {
+    constexpr int h = G / 8, J = G / 2 % 4, half = G % 2;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    unroll<4>([&](int k) __attribute__((always_inline)) {
+      const int l4 = 4 * half + k;
+      const __m256i ql = load32(rec + 64 * (16 * h + 8 * (J & 1) + l4) + 32 * rh);
+      const __m256i qh = load32(rec + 64 * (32 + 8 * h + l4) + 32 * rh);
+      if constexpr (J < 2) {
+        // qh bits 2J..2J+1 to bits 4-5 by a lookup on its low nibble, over ql's low nibble.
+        const __m256i table = J == 0 ? _mm256_set1_epi32(0x30201000)
+                                     : _mm256_setr_epi32(0, 0x10101010, 0x20202020, 0x30303030, 0,
+                                                         0x10101010, 0x20202020, 0x30303030);
+        const __m256i hb = _mm256_shuffle_epi8(table, _mm256_and_si256(qh, m0f));
+        w[k] = _mm256_or_si256(_mm256_and_si256(ql, m0f), hb);
+      } else {
+        const __m256i hi = J == 2 ? qh : _mm256_srli_epi32(qh, 2);
+        w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m0f),
+                               _mm256_and_si256(hi, m30));
+      }
+    });
+  }
+
+  // Group G's scale for the half's 8 rows: ds = d * sc_G (exact) and -M * ds (exact).
+  template <int G>
+  [[gnu::always_inline]] static void group_scale(const uint8_t* rec, int rh, __m256 d24, __m256* ds,
+                                                 __m256* nmds) {
+    const __m256i sc4 = load32(rec + 64 * (48 + G / 4) + 32 * rh);
+    // Byte G % 4 of each dword to its top, the rest zero: sc_G * 2^24, exact as a float.
+    constexpr unsigned b = G % 4;
+    const __m256i top = _mm256_setr_epi32(static_cast<int>(0x00808080u | (0u + b) << 24),
+                                          static_cast<int>(0x00808080u | (4u + b) << 24),
+                                          static_cast<int>(0x00808080u | (8u + b) << 24),
+                                          static_cast<int>(0x00808080u | (12u + b) << 24),
+                                          static_cast<int>(0x00808080u | (0u + b) << 24),
+                                          static_cast<int>(0x00808080u | (4u + b) << 24),
+                                          static_cast<int>(0x00808080u | (8u + b) << 24),
+                                          static_cast<int>(0x00808080u | (12u + b) << 24));
+    *ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(sc4, top)), d24);
+    *nmds = _mm256_mul_ps(*ds, _mm256_set1_ps(-kTileMagic));
+  }
+
+  template <int NT, int... G>
+  [[gnu::always_inline]] static void groups(std::integer_sequence<int, G...>, const uint8_t* rec,
+                                            int rh, __m256 d24, const ActTileQ6K* const* x,
+                                            __m256* u) {
+    auto group = [&](auto g) __attribute__((always_inline)) {
+      constexpr int kG = decltype(g)::value;
+      __m256i w[4];
+      unpack<kG>(rec, rh, w);
+      __m256 ds, nmds;
+      group_scale<kG>(rec, rh, d24, &ds, &nmds);
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
+        const __m256i t =
+            dot_chunks<4, 63, kVnni>(_mm256_set1_epi32(x[n]->start[kG]), w, x[n]->q + 16 * kG);
+        u[n] = _mm256_add_ps(u[n], _mm256_fmadd_ps(_mm256_castsi256_ps(t), ds, nmds));
+      });
+    };
+    (group(std::integral_constant<int, G>{}), ...);
+  }
+
+  template <int NT, int NH>
+  static void pass(const MatmulJob& j, const uint8_t* w, const ActTileQ6K* const* a, int h0,
+                   bool alone, float (&out)[NT][16]) {
+    const int64_t nsb = j.cols / kQK_K;
+    __m256 acc[NH][NT];
+    unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
+    });
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* rec = w + s * kRec;
+      if (alone) {
+        prefetch_page_ahead(rec, kRec);
+        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kRec + o);
+      }
+      const ActTileQ6K* x[NT];
+      unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
+      unroll<NH>([&](int hh) __attribute__((always_inline)) {
+        const int rh = h0 + hh;
+        const __m256 d24 =
+            _mm256_mul_ps(f16x8(w + nsb * kRec + 32 * s + 16 * rh), _mm256_set1_ps(0x1p-24f));
+        __m256 u[NT];  // from -0: u = v_0 + ... exactly as ActTileQ6K's sum
+        unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_set1_ps(-0.f); });
+        groups<NT>(std::make_integer_sequence<int, 16>(), rec, rh, d24, x, u);
+        unroll<NT>([&](int n) __attribute__((always_inline)) {
+          acc[hh][n] = _mm256_fmadd_ps(u[n], _mm256_set1_ps(x[n]->d), acc[hh][n]);
+        });
+      });
+    }
+    unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
+        _mm256_storeu_ps(out[n] + 8 * (h0 + hh), acc[hh][n]);
+      });
+    });
+  }
+
+  template <int NT>
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass_) {
+    const uint8_t* w = j.w + row * j.w_row_bytes;
+    const ActTileQ6K* a[NT];
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
+      a[n] = reinterpret_cast<const ActTileQ6K*>(j.act + (tok + n) * j.act_stride);
+    });
+    alignas(32) float out[NT][16];
+    if constexpr (NT == 1) {
+      pass<NT, 2>(j, w, a, 0, pass_.alone(NT), out);
+    } else {
+      pass<NT, 1>(j, w, a, 0, false, out);
+      pass<NT, 1>(j, w, a, 1, false, out);
+    }
+    for (int n = 0; n < NT; ++n)
+      for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+  }
+};
+
+template <class K>
+void set_rows(TypeKernels* k) {
+  k->rows = tile16_rows<K>;
+  k->row_tile = static_cast<int>(model::kTileRows);
+}
+
+template <bool kVnni>
+void set_all(KernelSet* s) {
+  set_rows<Avx2TileKernelK<false, kVnni>>(&s->q4_k_t16);
+  set_rows<Avx2TileKernelK<true, kVnni>>(&s->q5_k_t16);
+  set_rows<Avx2TileKernelQ6K<kVnni>>(&s->q6_k_t16);
+}
+
+}  // namespace
+
+void avx2_tile_rows_k(bool vnni, KernelSet* s) {
+  if (vnni) {
+    set_all<true>(s);
+  } else {
+    set_all<false>(s);
+  }
+}
+
+}  // namespace troupe::compute::detail
