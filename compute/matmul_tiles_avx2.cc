@@ -3,8 +3,9 @@
 // each of 16 rows: its two 32-byte halves are rows 0-7 and 8-15, so one 256-bit load gives 4
 // columns of 8 output rows, lane i being row i of the half, and one vpmaddubsw multiplies them
 // all by the same 4 activation values (broadcast). The row kernels (matmul_avx2.cc) instead
-// spend their scaling and a horizontal sum on each row: on one core, batch-1 Q4_0 read ~13 GB/s
-// from DRAM and ~20 GB/s from cache with them (docs/benchmarks.md "Engine, session 39").
+// spend their scaling and a horizontal sum on each row: on one core, batch-1 Q4_0 read 13-17 GB/s
+// from DRAM and 20-25 GB/s from cache with them, 35-39 and 48-50 with these (docs/benchmarks.md
+// "Engine, session 39").
 //
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), the same bits as the scalar
 // and AVX-512 tile kernels. The integer dot of a block is exact:
@@ -12,8 +13,9 @@
 //     without saturating while the sum stays below 2^15, so the int16 sums are widened by
 //     vpmaddwd before they could exceed it: 16 products of 4-bit weights (16 x 15 x 127), 8 of
 //     5-bit ones (8 x 31 x 127);
-//   - Q8_0's tiles store q + 128 (0..255), whose products could overflow a pair, so its bytes
-//     are split into nibbles, u = 16 uh + ul, and the two dots joined exactly in int32;
+//   - Q8_0's tiles store q + 128 (0..255), whose pairs could overflow, so the kernel takes
+//     q = u - 128 back and multiplies |q| (at most 128) by the activations given q's sign, each
+//     pair sum (at most 2 x 128 x 127) widened at once; its dot then starts from M alone;
 //   - with AVX-VNNI (vpdpbusd, the avx2-vnni set) the products go straight into int32 lanes.
 // The dot starts from ActTile32::start (the bits of M plus the weights' folded offset), so its
 // int32 lanes are the floats M + dot, and (M + dot) - M is float(dot) exactly.
@@ -22,9 +24,9 @@
 
 #include <cstdint>
 
+#include "compute/detail/avx2_tiles.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
-#include "compute/detail/page_ahead.h"
 #include "compute/detail/unroll.h"
 #include "model/weight_tiles.h"
 
@@ -32,20 +34,6 @@ namespace troupe::compute::detail {
 namespace {
 
 using model::GgmlType;
-
-// acc + the exact 4-byte dot products of unsigned a and signed b in each int32 lane, by AVX-VNNI's
-// VEX-encoded vpdpbusd, as asm so that the file keeps its AVX2 flags (as matmul_avx2.cc).
-inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
-  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-
-// 4 activation bytes at p in every dword.
-inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return _mm256_set1_epi32(v);
-}
 
 template <GgmlType kType, bool kVnni>
 struct Avx2TileKernel {
@@ -57,11 +45,15 @@ struct Avx2TileKernel {
   static constexpr int64_t kRec = model::kTileRows * sizeof(Block32<kType>);
   static constexpr int64_t kQh = 2 * model::kTileRows * kFields;  // Q5: the qh chunk
   static constexpr int64_t kQs = kQh + (kFive ? 64 : 0);          // the value chunks
-  // Without VNNI, Q5 and Q8 keep two int16 sums per token (4-bit types one): fewer tokens per
-  // pass so that the sums and accumulators stay in the 16 registers.
+  // Without VNNI, Q5 keeps two int16 sums per token (the others one): fewer tokens per pass so
+  // that the sums and accumulators stay in the 16 registers.
   static constexpr bool kTwoSums = !kVnni && kFive;
   static constexpr int kMaxTok = kTwoSums ? 3 : 4;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
+  static constexpr int64_t kRecCols = 32;
+  // One token alone prefetches a page ahead only: the next record into L1 as well made batch-1
+  // Q4_0 slower (52 against 68-72 GB/s with two threads; Q8_0 the same).
+  static constexpr bool kNextRecord = false;
 
   // The value bytes of half h (rows 8h..8h+7) of chunk c.
   static __m256i chunk(const uint8_t* rec, int64_t c, int h) {
@@ -158,67 +150,32 @@ struct Avx2TileKernel {
 
   // Halves [h0, h0 + NH) of the tile at w for tokens a[0..NT): every record in order, each
   // output's recurrence acc = fma(float(dot) * d_x, d_w, acc) (+ fma(dsum, m_w, acc)).
+  // Record b (block column b) for halves [h0, h0 + NH): each output's recurrence
+  // acc = fma(float(dot) * d_x, d_w, acc) (+ fma(dsum, m_w, acc)).
   template <int NT, int NH>
-  static void pass(const MatmulJob& j, const uint8_t* w, const ActTile32* const* a, int h0,
-                   bool alone, float (&out)[NT][16]) {
-    __m256 acc[NH][NT];
-    unroll<NH>([&](int hh) __attribute__((always_inline)) {
-      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
-    });
+  [[gnu::always_inline]] static void record(const MatmulJob&, const uint8_t*, const uint8_t* rec,
+                                            int64_t, const ActTile32* const* ab, int h0,
+                                            __m256 (&acc)[NH][NT]) {
     const __m256 magic = _mm256_set1_ps(kTileMagic);
-    const int64_t nb = j.cols / 32;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* rec = w + b * kRec;
-      if (alone) prefetch_page_ahead(rec, kRec);
-      const ActTile32* ab[NT];
-      unroll<NT>([&](int n) __attribute__((always_inline)) { ab[n] = a[n] + b; });
-      unroll<NH>([&](int hh) __attribute__((always_inline)) {
-        const int h = h0 + hh;
-        __m256i x[NT];
-        dots<NT>(rec, h, ab, x);
-        const __m256 dw =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-        __m256 dm = _mm256_setzero_ps();
-        if constexpr (kMin)
-          dm =
-              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-        unroll<NT>([&](int n) __attribute__((always_inline)) {
-          const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(x[n]), magic),
-                                         _mm256_set1_ps(ab[n]->d));
-          acc[hh][n] = _mm256_fmadd_ps(t, dw, acc[hh][n]);
-          if constexpr (kMin)
-            acc[hh][n] = _mm256_fmadd_ps(_mm256_set1_ps(ab[n]->dsum), dm, acc[hh][n]);
-        });
-      });
-    }
     unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      const int h = h0 + hh;
+      __m256i x[NT];
+      dots<NT>(rec, h, ab, x);
+      const __m256 dw = f16x8(rec + 16 * h);
+      const __m256 dm = kMin ? f16x8(rec + 32 + 16 * h) : _mm256_setzero_ps();
       unroll<NT>([&](int n) __attribute__((always_inline)) {
-        _mm256_storeu_ps(out[n] + 8 * (h0 + hh), acc[hh][n]);
+        const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(x[n]), magic),
+                                       _mm256_set1_ps(ab[n]->d));
+        acc[hh][n] = _mm256_fmadd_ps(t, dw, acc[hh][n]);
+        if constexpr (kMin)
+          acc[hh][n] = _mm256_fmadd_ps(_mm256_set1_ps(ab[n]->dsum), dm, acc[hh][n]);
       });
     });
   }
 
-  // Rows [row, row + n_rows) x tokens [tok, tok + NT). One token alone (batch-1 decode) reads
-  // each record once for both halves, so the weights stream without a pause; several tokens
-  // take one half at a time (the tile, 18-50 KB, is still in L1 or L2 for the second), so that
-  // their sums fit the registers.
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass_) {
-    const uint8_t* w = j.w + row * j.w_row_bytes;
-    const ActTile32* a[NT];
-    unroll<NT>([&](int n) __attribute__((always_inline)) {
-      a[n] = reinterpret_cast<const ActTile32*>(j.act + (tok + n) * j.act_stride);
-    });
-    const bool alone = pass_.alone(NT);
-    alignas(32) float out[NT][16];
-    if constexpr (NT == 1) {
-      pass<NT, 2>(j, w, a, 0, alone, out);
-    } else {
-      pass<NT, 1>(j, w, a, 0, alone, out);
-      pass<NT, 1>(j, w, a, 1, false, out);
-    }
-    for (int n = 0; n < NT; ++n)
-      for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
+    avx2_tile<Avx2TileKernel, ActTile32, NT>(j, row, tok, n_rows, pass);
   }
 };
 

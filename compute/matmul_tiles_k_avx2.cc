@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <utility>
 
+#include "compute/detail/avx2_tiles.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
-#include "compute/detail/page_ahead.h"
 #include "compute/detail/unroll.h"
 #include "model/weight_tiles.h"
 
@@ -26,27 +26,6 @@ namespace troupe::compute::detail {
 namespace {
 
 using model::kQK_K;
-
-inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
-  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-
-// 4 bytes at p in every dword.
-inline __m256i bcast4(const void* p) {
-  int32_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return _mm256_set1_epi32(v);
-}
-
-inline __m256i load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-// 16 f16 of 8 rows at p as floats.
-inline __m256 f16x8(const uint8_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 
 // The int32 lanes start + sum over k of the 4-byte dots of unsigned w[k] (at most `kMax`) and
 // signed x[k] (broadcast from x + 4k), exactly: int16 pair sums widened every kSpan products.
@@ -89,6 +68,11 @@ struct Avx2TileKernelK {
   static constexpr int64_t kScales = 64, kQh = 256, kQs = kQ5 ? 256 + 8 * 64 : 256;
   static constexpr int kMaxTok = 3;  // sums, accumulators and operands in 16 registers
   static constexpr int64_t kTokBlock = 64;
+  static constexpr int64_t kRecCols = kQK_K;
+  // One token alone prefetches the next record into L1, as the AVX-512 kernels: without it,
+  // batch-1 Q4_K read 13 GB/s with one thread where the kernel read 23-30 from cache, with it
+  // 22-25 (docs/benchmarks.md "Engine, session 39").
+  static constexpr bool kNextRecord = true;
 
   // Super-block s's half rh (rows 8 rh..) for tokens x[0..NT): acc += (u - msum dmin) d_x.
   template <int NT>
@@ -239,58 +223,25 @@ struct Avx2TileKernelK {
     });
   }
 
-  // Halves [h0, h0 + NH) of the tile at w for tokens a[0..NT), every super-block in order.
+  // Super-block s for halves [h0, h0 + NH).
   template <int NT, int NH>
-  static void pass(const MatmulJob& j, const uint8_t* w, const ActTileK* const* a, int h0,
-                   bool alone, float (&out)[NT][16]) {
-    __m256 acc[NH][NT];
-    unroll<NH>([&](int hh) __attribute__((always_inline)) {
-      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
-    });
-    for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
-      const uint8_t* rec = w + s * kRec;
-      if (alone) {
-        prefetch_page_ahead(rec, kRec);
-        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kRec + o);
-      }
-      const ActTileK* x[NT];
-      unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
-      if constexpr (NT == 1 && NH == 2) {
-        __m256 both[2] = {acc[0][0], acc[1][0]};
-        super_block_one(rec, x[0], both);
-        acc[0][0] = both[0];
-        acc[1][0] = both[1];
-      } else {
-        unroll<NH>([&](int hh) __attribute__((always_inline)) {
-          super_block<NT>(rec, h0 + hh, x, acc[hh]);
-        });
-      }
+  [[gnu::always_inline]] static void record(const MatmulJob&, const uint8_t*, const uint8_t* rec,
+                                            int64_t, const ActTileK* const* x, int h0,
+                                            __m256 (&acc)[NH][NT]) {
+    if constexpr (NT == 1 && NH == 2) {
+      __m256 both[2] = {acc[0][0], acc[1][0]};
+      super_block_one(rec, x[0], both);
+      acc[0][0] = both[0];
+      acc[1][0] = both[1];
+    } else {
+      unroll<NH>([&](int hh)
+                     __attribute__((always_inline)) { super_block<NT>(rec, h0 + hh, x, acc[hh]); });
     }
-    unroll<NH>([&](int hh) __attribute__((always_inline)) {
-      unroll<NT>([&](int n) __attribute__((always_inline)) {
-        _mm256_storeu_ps(out[n] + 8 * (h0 + hh), acc[hh][n]);
-      });
-    });
   }
 
-  // One token alone reads each record once for both halves (the weights stream without a
-  // pause); more tokens take a half at a time, the record still in L1 or L2 for the second.
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass_) {
-    const uint8_t* w = j.w + row * j.w_row_bytes;
-    const ActTileK* a[NT];
-    unroll<NT>([&](int n) __attribute__((always_inline)) {
-      a[n] = reinterpret_cast<const ActTileK*>(j.act + (tok + n) * j.act_stride);
-    });
-    alignas(32) float out[NT][16];
-    if constexpr (NT == 1) {
-      pass<NT, 2>(j, w, a, 0, pass_.alone(NT), out);
-    } else {
-      pass<NT, 1>(j, w, a, 0, false, out);
-      pass<NT, 1>(j, w, a, 1, false, out);
-    }
-    for (int n = 0; n < NT; ++n)
-      for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
+    avx2_tile<Avx2TileKernelK, ActTileK, NT>(j, row, tok, n_rows, pass);
   }
 };
 
@@ -303,6 +254,8 @@ struct Avx2TileKernelQ6K {
   static constexpr int64_t kRec = 64 * 52;
   static constexpr int kMaxTok = 4;
   static constexpr int64_t kTokBlock = 64;
+  static constexpr int64_t kRecCols = kQK_K;
+  static constexpr bool kNextRecord = true;  // as Q4_K's
 
   // The 4 weight dwords (16 values per lane, unsigned 0-63) of group G, half rh.
   template <int G>
@@ -366,57 +319,28 @@ struct Avx2TileKernelQ6K {
     (group(std::integral_constant<int, G>{}), ...);
   }
 
+  // Super-block s for halves [h0, h0 + NH); its d values follow the tile's last record.
   template <int NT, int NH>
-  static void pass(const MatmulJob& j, const uint8_t* w, const ActTileQ6K* const* a, int h0,
-                   bool alone, float (&out)[NT][16]) {
-    const int64_t nsb = j.cols / kQK_K;
-    __m256 acc[NH][NT];
+  [[gnu::always_inline]] static void record(const MatmulJob& j, const uint8_t* tile,
+                                            const uint8_t* rec, int64_t s,
+                                            const ActTileQ6K* const* x, int h0,
+                                            __m256 (&acc)[NH][NT]) {
+    const uint8_t* d = tile + j.cols / kQK_K * kRec + 32 * s;
     unroll<NH>([&](int hh) __attribute__((always_inline)) {
-      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
-    });
-    for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* rec = w + s * kRec;
-      if (alone) {
-        prefetch_page_ahead(rec, kRec);
-        for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kRec + o);
-      }
-      const ActTileQ6K* x[NT];
-      unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
-      unroll<NH>([&](int hh) __attribute__((always_inline)) {
-        const int rh = h0 + hh;
-        const __m256 d24 =
-            _mm256_mul_ps(f16x8(w + nsb * kRec + 32 * s + 16 * rh), _mm256_set1_ps(0x1p-24f));
-        __m256 u[NT];  // from -0: u = v_0 + ... exactly as ActTileQ6K's sum
-        unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_set1_ps(-0.f); });
-        groups<NT>(std::make_integer_sequence<int, 16>(), rec, rh, d24, x, u);
-        unroll<NT>([&](int n) __attribute__((always_inline)) {
-          acc[hh][n] = _mm256_fmadd_ps(u[n], _mm256_set1_ps(x[n]->d), acc[hh][n]);
-        });
-      });
-    }
-    unroll<NH>([&](int hh) __attribute__((always_inline)) {
+      const int rh = h0 + hh;
+      const __m256 d24 = _mm256_mul_ps(f16x8(d + 16 * rh), _mm256_set1_ps(0x1p-24f));
+      __m256 u[NT];  // from -0: u = v_0 + ... exactly as ActTileQ6K's sum
+      unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_set1_ps(-0.f); });
+      groups<NT>(std::make_integer_sequence<int, 16>(), rec, rh, d24, x, u);
       unroll<NT>([&](int n) __attribute__((always_inline)) {
-        _mm256_storeu_ps(out[n] + 8 * (h0 + hh), acc[hh][n]);
+        acc[hh][n] = _mm256_fmadd_ps(u[n], _mm256_set1_ps(x[n]->d), acc[hh][n]);
       });
     });
   }
 
   template <int NT>
-  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass_) {
-    const uint8_t* w = j.w + row * j.w_row_bytes;
-    const ActTileQ6K* a[NT];
-    unroll<NT>([&](int n) __attribute__((always_inline)) {
-      a[n] = reinterpret_cast<const ActTileQ6K*>(j.act + (tok + n) * j.act_stride);
-    });
-    alignas(32) float out[NT][16];
-    if constexpr (NT == 1) {
-      pass<NT, 2>(j, w, a, 0, pass_.alone(NT), out);
-    } else {
-      pass<NT, 1>(j, w, a, 0, false, out);
-      pass<NT, 1>(j, w, a, 1, false, out);
-    }
-    for (int n = 0; n < NT; ++n)
-      for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+  static void tile(const MatmulJob& j, int64_t row, int64_t tok, int64_t n_rows, TilePass pass) {
+    avx2_tile<Avx2TileKernelQ6K, ActTileQ6K, NT>(j, row, tok, n_rows, pass);
   }
 };
 
