@@ -18,8 +18,8 @@ std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path)
 /// (a private copy in huge-page memory) or "auto" (the copy where it fits with room to spare,
 /// model::choose_weight_storage; else the mapping, with a note on stderr). A CliError names a
 /// bad value, or a "memory" copy that does not fit. A copy for engines that all run on the CPU
-/// (`cpu_only`) puts int8, F16 and BF16 matrices in the tiles its kernels read fastest
-/// (compute::weight_tiles_supported).
+/// (`cpu_only`) puts the matrices its kernels read fastest in tiles in those tiles
+/// (compute::tiled_weight_types).
 std::shared_ptr<const model::Model> load_model_or_throw(const std::string& path,
                                                         const std::string& weights,
                                                         bool cpu_only = true);

@@ -82,9 +82,10 @@ bool weight_tiles_supported();
 
 /// The weight types this process's kernels read fast in 16-row tiles, which a weight copy for
 /// the CPU engine should tile (model::copy_weights_to_memory): every tileable type where
-/// weight_tiles_supported(); with AVX2 only, the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0), whose tile kernels give the bits of every other path's tiles (the other types keep
-/// their rows and AVX2's row kernels); none on the scalar path.
+/// weight_tiles_supported() (AVX-512 VNNI); F16 and BF16 on AVX-512 without VNNI (their tile
+/// kernels need none; the int8 types keep their rows there); with AVX2 only, the int8 types (Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), whose tile kernels give the bits of every other
+/// path's tiles (F16 and BF16 keep their rows and AVX2's row kernels); none on the scalar path.
 model::TileTypes tiled_weight_types();
 
 /// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").

@@ -4,7 +4,7 @@
 // columns of 8 output rows, lane i being row i of the half, and one vpmaddubsw multiplies them
 // all by the same 4 activation values (broadcast). The row kernels (matmul_avx2.cc) instead
 // spend their scaling and a horizontal sum on each row: on one core, batch-1 Q4_0 read 13-17 GB/s
-// from DRAM and 20-25 GB/s from cache with them, 35-39 and 48-50 with these (docs/benchmarks.md
+// from DRAM and 26-30 GB/s from cache with them, 35-39 and 50-63 with these (docs/benchmarks.md
 // "Engine, session 39").
 //
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), the same bits as the scalar
@@ -148,8 +148,6 @@ struct Avx2TileKernel {
     }
   }
 
-  // Halves [h0, h0 + NH) of the tile at w for tokens a[0..NT): every record in order, each
-  // output's recurrence acc = fma(float(dot) * d_x, d_w, acc) (+ fma(dsum, m_w, acc)).
   // Record b (block column b) for halves [h0, h0 + NH): each output's recurrence
   // acc = fma(float(dot) * d_x, d_w, acc) (+ fma(dsum, m_w, acc)).
   template <int NT, int NH>

@@ -115,7 +115,8 @@ struct Avx2TileKernelK {
       unroll<NT>([&](int n) __attribute__((always_inline)) {
         const __m256i t = dot_chunks < 8, kQ5 ? 31 : 15,
                       kVnni > (_mm256_set1_epi32(tile_start(0)), w, x[n]->q + 32 * sb);
-        // (M + dot) - M is the dot exactly; one multiply rounds dot x dsc once.
+        // (M + dot) - M is the dot exactly; one multiply rounds dot x dsc once (never fused
+        // with the add: the kernel files build with -ffp-contract=off, compute/CMakeLists.txt).
         u[n] =
             _mm256_add_ps(u[n], _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t), magic), dsc));
       });

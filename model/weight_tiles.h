@@ -2,7 +2,8 @@
 // (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8 types: one
 // 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16 output rows at
 // once and a block's scaling is done once for 16 rows (compute/matmul_tiles*_avx512.cc;
-// docs/benchmarks.md "Engine, session 12").
+// docs/benchmarks.md "Engine, session 12"); with AVX2, one 32-byte half gives 4 columns of 8 rows
+// (compute/matmul_tiles*_avx2.cc, "Engine, session 39").
 //
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per

@@ -13,6 +13,10 @@ namespace troupe::compute::detail {
 inline constexpr int64_t kPageBytes = 4096;
 inline constexpr int64_t kPageAhead = 2 * kPageBytes;
 
+// In an unnamed namespace, as simd_hsum.h: files built for AVX2 and for AVX-512 include these, and
+// each keeps its own copy.
+namespace {  // NOLINT(google-build-namespaces)
+
 // Software prefetches into L1 and L2 that the compiler keeps: g++ 12 dropped every
 // _mm_prefetch of the Q4_K tile kernel once an address depended on the pass (TilePass), and
 // batch-1 decode lost a quarter of its speed.
@@ -33,5 +37,7 @@ inline void prefetch_page_ahead(const uint8_t* p, int64_t len) {
   if (a / kPage != e / kPage)
     prefetch_l2(reinterpret_cast<const uint8_t*>((e & ~(kPage - 1)) + kPageAhead));
 }
+
+}  // namespace
 
 }  // namespace troupe::compute::detail

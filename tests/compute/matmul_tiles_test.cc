@@ -422,6 +422,32 @@ TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
   }
 }
 
+// Which types a weight copy tiles, per SIMD level (tests/CMakeLists.txt runs this under each):
+// the types whose tiles that level's kernels read fast, and only those, so that no copy falls
+// to the scalar tile kernel.
+TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
+  const model::TileTypes types = tiled_weight_types();
+  const std::string_view level = simd_level();
+  std::vector<GgmlType> want;
+  if (level == "avx512") {
+    want.assign(std::begin(kFloatTypes), std::end(kFloatTypes));  // no VNNI needed
+    if (weight_tiles_supported())
+      want.insert(want.end(), std::begin(kInt8Types), std::end(kInt8Types));
+  } else if (level == "avx2") {
+    want.assign(std::begin(kInt8Types), std::end(kInt8Types));
+  }
+  std::vector<GgmlType> all(std::begin(kInt8Types), std::end(kInt8Types));
+  all.insert(all.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  for (GgmlType t : all) {
+    const bool wanted = std::find(want.begin(), want.end(), t) != want.end();
+    EXPECT_EQ(types.has(t), wanted) << level << " " << model::type_name(t);
+    EXPECT_TRUE(model::TileTypes::all().has(t)) << model::type_name(t);
+  }
+  EXPECT_FALSE(types.has(GgmlType::kF32));
+  EXPECT_FALSE(types.has(GgmlType::kIQ4_NL));
+  EXPECT_FALSE(types.has(GgmlType::kF8_E4M3));  // a troupe-only type, numbered past 64
+}
+
 TEST(TiledMatmul, GetRowReadsTiles) {
   std::vector<GgmlType> types(std::begin(kInt8Types), std::end(kInt8Types));
   types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
