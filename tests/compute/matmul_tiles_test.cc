@@ -422,6 +422,50 @@ TEST(TiledMatmul, KQuantScalesOverTheWholeF16RangeGiveTheScalarBits) {
   }
 }
 
+// Every weight at its largest magnitude and every activation at +-127, so that each block's
+// integer dot reaches the bound the SIMD kernels' int16 sums are sized for (16 x 15 x 127 for
+// 4-bit weights, 2 x 128 x 127 for Q8_0's pairs, ...): a sum widened too late saturates, and
+// its output differs from the scalar kernel's exact one. Random weights never get near it.
+TEST(TiledMatmul, ExtremeValuesGiveTheScalarBits) {
+  const auto sets = kernel_sets();
+  const detail::KernelSet& scalar = *sets.back();
+  for (GgmlType t : kInt8Types) {
+    Pair p = make_pair(t, 32, cols_of(t, 3), 9);
+    const bool kquant = t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K;
+    const int64_t block = model::row_bytes(t, kquant ? model::kQK_K : 32);
+    const uint16_t scale = model::fp32_to_fp16(1.f / 1024);
+    // Q8_0's largest products are -128 x -127; the others' weights are largest with all bits
+    // set (Q6_K's group scales then read -1: 0x7F makes them 127).
+    std::memset(p.rows_bytes.data(), t == GgmlType::kQ8_0 ? 0x80 : 0xFF, p.rows_bytes.size());
+    for (size_t b = 0; b < p.rows_bytes.size(); b += static_cast<size_t>(block)) {
+      uint8_t* blk = p.rows_bytes.data() + b;
+      if (t == GgmlType::kQ6_K) {
+        auto* q6 = reinterpret_cast<model::BlockQ6_K*>(blk);
+        std::memset(q6->scales, 0x7F, sizeof q6->scales);
+        q6->d = scale;
+        continue;
+      }
+      std::memcpy(blk, &scale, 2);  // d (all but Q6_K lead with it)
+      if (detail::blocks32_min(t) || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K)
+        std::memcpy(blk + 2, &scale, 2);  // m, dmin
+    }
+    p.tile_bytes = p.rows_bytes;
+    model::tile_in_place(t, p.tile_bytes.data(), 32, p.rows.cols(), 1);
+    p.rows.data = p.rows_bytes.data();
+    p.tiles.data = p.tile_bytes.data();
+    for (const float sign : {1.f, -1.f}) {
+      for (int64_t n_tok : {1, 2, 5}) {
+        const std::vector<float> x(static_cast<size_t>(n_tok * p.rows.cols()), sign);
+        const auto want = run(scalar, p.tiles, x, n_tok, nullptr);
+        for (float v : want) ASSERT_TRUE(std::isfinite(v)) << model::type_name(t);
+        for (const auto* ks : sets)
+          EXPECT_TRUE(same_bits(run(*ks, p.tiles, x, n_tok, nullptr), want))
+              << ks->name << " " << model::type_name(t) << " n_tok=" << n_tok << " sign " << sign;
+      }
+    }
+  }
+}
+
 // Which types a weight copy tiles, per SIMD level (tests/CMakeLists.txt runs this under each):
 // the types whose tiles that level's kernels read fast, and only those, so that no copy falls
 // to the scalar tile kernel.
