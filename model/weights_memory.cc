@@ -284,9 +284,8 @@ uint64_t weight_copy_bytes(const Model& model,
 namespace {
 
 // Tiles (weight_tiles.h) every tileable view of a type in `types` lying in [base, base + bytes),
-// in place, and marks
-// it and every view of the same bytes (a tied head) kTiles16. A view overlapping another view
-// that is not the same matrix stays in rows.
+// in place, and marks it and every view of the same bytes (a tied head) kTiles16. A view
+// overlapping another view that is not the same matrix stays in rows.
 void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads,
                        TileTypes types) {
   std::vector<WeightView*> in_copy;
