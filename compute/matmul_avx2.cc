@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compute/detail/avx2_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/simd_hsum.h"
@@ -397,18 +398,10 @@ inline __m256 pair_lanes(uint16_t f0, uint16_t f1) {
                                             _mm_set1_epi16(static_cast<int16_t>(f1))));
 }
 
-// acc + the exact 4-byte dot products of unsigned a and signed b in each int32 lane, by AVX-VNNI's
-// VEX-encoded vpdpbusd (Intel's client cores since Alder Lake and its E-core Xeons have it
-// without AVX-512): one instruction for dot_u8s8's two and its add. Only where the CPU reports
-// AVX-VNNI (the avx2-vnni set, compute/matmul.cc); written as asm so that the file keeps its
-// AVX2 flags.
-inline __m256i dot_u8s8_vnni(__m256i acc, __m256i a, __m256i b) {
-  __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-  return acc;
-}
-
-// kVnni: the integer dots by dot_u8s8_vnni. Every pair sum of vpmaddubsw fits int16 here (see
-// lane_dots), so both give the same integers and the same outputs.
+// kVnni: the integer dots by AVX-VNNI's vpdpbusd (dpbusd, detail/avx2_common.h; Intel's client
+// cores since Alder Lake and its E-core Xeons have it without AVX-512; the avx2-vnni set). Every
+// pair sum of vpmaddubsw fits int16 here (see lane_dots), so both give the same integers and the
+// same outputs.
 template <GgmlType kType, bool kVnni = false>
 struct Blocks32Kernel {
   using Block = Block32<kType>;
@@ -476,9 +469,9 @@ struct Blocks32Kernel {
       if constexpr (!blocks32_signed(kType) && !blocks32_min(kType))
         start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64));
       if constexpr (blocks32_signed(kType))
-        return dot_u8s8_vnni(dot_u8s8_vnni(start, g.a, _mm256_sign_epi8(xa, g.sign_a)), g.b,
-                             _mm256_sign_epi8(xb, g.sign_b));
-      return dot_u8s8_vnni(dot_u8s8_vnni(start, g.a, xa), g.b, xb);
+        return dpbusd(dpbusd(start, g.a, _mm256_sign_epi8(xa, g.sign_a)), g.b,
+                      _mm256_sign_epi8(xb, g.sign_b));
+      return dpbusd(dpbusd(start, g.a, xa), g.b, xb);
     } else if constexpr (!blocks32_signed(kType)) {
       // Pair sums stay below 2 * 2 * 31 * 127 < 2^15: add them as int16.
       const __m256i pairs =

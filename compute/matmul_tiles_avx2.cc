@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "compute/detail/avx2_tiles.h"
+#include "compute/detail/avx2_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/unroll.h"

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "compute/detail/avx2_tiles.h"
+#include "compute/detail/avx2_common.h"
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/unroll.h"
@@ -74,81 +74,109 @@ struct Avx2TileKernelK {
   // 22-25 (docs/benchmarks.md "Engine, session 39").
   static constexpr bool kNextRecord = true;
 
-  // Super-block s's half rh (rows 8 rh..) for tokens x[0..NT): acc += (u - msum dmin) d_x.
+  // Sub-block sb's weights in qs chunk 8 (sb / 2) + k of half rh (rows 8 rh..): the low (even
+  // sb) or high nibbles, and Q5_K's fifth bits (bit sb of each qh byte, moved to bit 4).
+  template <int sb>
+  [[gnu::always_inline]] static __m256i weights(const uint8_t* rec, int k, int rh) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
+    __m256i w =
+        sb % 2 == 0 ? _mm256_and_si256(z, m0f) : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
+    if constexpr (kQ5) {
+      const __m256i qh = load32(rec + kQh + 64 * k + 32 * rh);
+      __m256i hb;
+      if constexpr (sb <= 4) {
+        hb = _mm256_slli_epi32(qh, 4 - sb);
+      } else {
+        hb = _mm256_srli_epi32(qh, sb - 4);
+      }
+      w = _mm256_or_si256(w, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+    }
+    return w;
+  }
+
+  // Sub-block sb's d * sc (exact) for half rh, its 6-bit scale unpacked from the 3 packed chunks
+  // as q4k_scales_mins does, lane-wise.
+  template <int sb>
+  [[gnu::always_inline]] static __m256 sub_scale(const uint8_t* rec, int rh) {
+    const __m256i s0 = load32(rec + kScales + 32 * rh);
+    const __m256i sc =
+        sb < 4
+            ? _mm256_and_si256(s0, _mm256_set1_epi8(0x3F))
+            : _mm256_or_si256(
+                  _mm256_and_si256(load32(rec + kScales + 128 + 32 * rh), _mm256_set1_epi8(0x0F)),
+                  _mm256_and_si256(_mm256_srli_epi32(s0, 2), _mm256_set1_epi8(0x30)));
+    const __m256i scv =
+        _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (sb % 4)), _mm256_set1_epi32(0xFF));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(scv), f16x8(rec + 16 * rh));
+  }
+
+  // u + dot x dsc, from the int32 lanes M + dot: (M + dot) - M is the dot exactly, and one
+  // multiply rounds dot x dsc once (never fused with the add: the kernel files build with
+  // -ffp-contract=off, compute/CMakeLists.txt). u starts from +0, as in the AVX-512 kernel
+  // (matmul_tiles_k_avx512.cc): the same bits as ActTileK's -0.
+  [[gnu::always_inline]] static __m256 add_scaled(__m256 u, __m256i t, __m256 dsc) {
+    return _mm256_add_ps(
+        u, _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(kTileMagic)), dsc));
+  }
+
+  // Half rh's mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7): xsum's order.
+  struct Mins {
+    __m256i m02, m13, m46, m57;
+  };
+  [[gnu::always_inline]] static Mins mins(const uint8_t* rec, int rh) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi32(0x00FF00FF);
+    const __m256i s1 = load32(rec + kScales + 64 + 32 * rh),
+                  s2 = load32(rec + kScales + 128 + 32 * rh);
+    const __m256i lo = _mm256_and_si256(s1, _mm256_set1_epi8(0x3F));
+    const __m256i hi =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m0f),
+                        _mm256_and_si256(_mm256_srli_epi32(s1, 2), _mm256_set1_epi8(0x30)));
+    return {_mm256_and_si256(lo, pair), _mm256_and_si256(_mm256_srli_epi32(lo, 8), pair),
+            _mm256_and_si256(hi, pair), _mm256_and_si256(_mm256_srli_epi32(hi, 8), pair)};
+  }
+
+  // acc + (u - msum dmin) d_x for one token of half rh.
+  [[gnu::always_inline]] static __m256 finish(const uint8_t* rec, int rh, const Mins& m,
+                                              const ActTileK* x, __m256 u, __m256 acc) {
+    const int16_t* xs = x->xsum;
+    __m256i ms = _mm256_madd_epi16(m.m02, bcast4(xs));
+    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m.m13, bcast4(xs + 2)));
+    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m.m46, bcast4(xs + 4)));
+    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m.m57, bcast4(xs + 6)));
+    const __m256 v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), f16x8(rec + 32 + 16 * rh), u);
+    return _mm256_fmadd_ps(v, _mm256_set1_ps(x->d), acc);
+  }
+
+  // Super-block s's half rh for tokens x[0..NT): each sub-block's 8 chunks unpacked once for
+  // all tokens.
   template <int NT>
   [[gnu::always_inline]] static void super_block(const uint8_t* rec, int rh,
                                                  const ActTileK* const* x, __m256* acc) {
-    const __m256i m3f = _mm256_set1_epi8(0x3F), m0f = _mm256_set1_epi8(0x0F),
-                  m30 = _mm256_set1_epi8(0x30), pair = _mm256_set1_epi32(0x00FF00FF);
-    const __m256i s0 = load32(rec + kScales + 32 * rh), s1 = load32(rec + kScales + 64 + 32 * rh),
-                  s2 = load32(rec + kScales + 128 + 32 * rh);
-    // q4k_scales_mins lane-wise: bytes j of sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi
-    // mn[j]/mn[4 + j].
-    const __m256i sc_lo = _mm256_and_si256(s0, m3f);
-    const __m256i sc_hi =
-        _mm256_or_si256(_mm256_and_si256(s2, m0f), _mm256_and_si256(_mm256_srli_epi32(s0, 2), m30));
-    const __m256 d = f16x8(rec + 16 * rh), dmin = f16x8(rec + 32 + 16 * rh);
-    __m256 u[NT];  // from +0, as the AVX-512 kernel (matmul_tiles_k_avx512.cc): the same bits
+    __m256 u[NT];
     unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_setzero_ps(); });
-    const __m256 magic = _mm256_set1_ps(kTileMagic);
     unroll<8>([&](auto sb_) __attribute__((always_inline)) {
       constexpr int sb = decltype(sb_)::value;
-      const __m256i scv = _mm256_and_si256(_mm256_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)),
-                                           _mm256_set1_epi32(0xFF));
-      const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(scv), d);  // exact
-      __m256i w[8];  // sub-block sb: low (even sb) or high nibbles of qs chunks 8 (sb / 2) ..
-      unroll<8>([&](int k) __attribute__((always_inline)) {
-        const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
-        w[k] =
-            sb % 2 == 0 ? _mm256_and_si256(z, m0f) : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
-        if constexpr (kQ5) {  // bit sb of each qh byte, moved to bit 4
-          const __m256i qh = load32(rec + kQh + 64 * k + 32 * rh);
-          __m256i hb;
-          if constexpr (sb <= 4) {
-            hb = _mm256_slli_epi32(qh, 4 - sb);
-          } else {
-            hb = _mm256_srli_epi32(qh, sb - 4);
-          }
-          w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-        }
-      });
+      const __m256 dsc = sub_scale<sb>(rec, rh);
+      __m256i w[8];
+      unroll<8>([&](int k) __attribute__((always_inline)) { w[k] = weights<sb>(rec, k, rh); });
       unroll<NT>([&](int n) __attribute__((always_inline)) {
         const __m256i t = dot_chunks < 8, kQ5 ? 31 : 15,
                       kVnni > (_mm256_set1_epi32(tile_start(0)), w, x[n]->q + 32 * sb);
-        // (M + dot) - M is the dot exactly; one multiply rounds dot x dsc once (never fused
-        // with the add: the kernel files build with -ffp-contract=off, compute/CMakeLists.txt).
-        u[n] =
-            _mm256_add_ps(u[n], _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t), magic), dsc));
+        u[n] = add_scaled(u[n], t, dsc);
       });
     });
-    // msum: the mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7), xsum's order.
-    const __m256i mn_lo = _mm256_and_si256(s1, m3f);
-    const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m0f),
-                                          _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
-    const __m256i m02 = _mm256_and_si256(mn_lo, pair),
-                  m13 = _mm256_and_si256(_mm256_srli_epi32(mn_lo, 8), pair),
-                  m46 = _mm256_and_si256(mn_hi, pair),
-                  m57 = _mm256_and_si256(_mm256_srli_epi32(mn_hi, 8), pair);
+    const Mins m = mins(rec, rh);
     unroll<NT>([&](int n) __attribute__((always_inline)) {
-      const int16_t* xs = x[n]->xsum;
-      __m256i ms = _mm256_madd_epi16(m02, bcast4(xs));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m13, bcast4(xs + 2)));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m46, bcast4(xs + 4)));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m57, bcast4(xs + 6)));
-      const __m256 v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), dmin, u[n]);
-      acc[n] = _mm256_fmadd_ps(v, _mm256_set1_ps(x[n]->d), acc[n]);
+      acc[n] = finish(rec, rh, m, x[n], u[n], acc[n]);
     });
   }
 
   // super_block for one token and both halves at once: each chunk's halves are unpacked and
-  // multiplied by one broadcast, the scales read again per sub-block (L1) rather than held, so
-  // that the sums, operands and accumulators stay in registers.
+  // multiplied by one broadcast, so that the sums, operands and accumulators stay in registers.
   [[gnu::always_inline]] static void super_block_one(const uint8_t* rec, const ActTileK* x,
                                                      __m256 (&acc)[2]) {
-    const __m256i m3f = _mm256_set1_epi8(0x3F), m0f = _mm256_set1_epi8(0x0F),
-                  m30 = _mm256_set1_epi8(0x30);
-    const __m256 magic = _mm256_set1_ps(kTileMagic);
-    __m256 u[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // from +0, as super_block
+    __m256 u[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     unroll<8>([&](auto sb_) __attribute__((always_inline)) {
       constexpr int sb = decltype(sb_)::value;
       __m256i t[2];
@@ -161,19 +189,7 @@ struct Avx2TileKernelK {
       unroll<8>([&](int k) __attribute__((always_inline)) {
         const __m256i x4 = bcast4(x->q + 32 * sb + 4 * k);
         unroll<2>([&](int rh) __attribute__((always_inline)) {
-          const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
-          __m256i w = sb % 2 == 0 ? _mm256_and_si256(z, m0f)
-                                  : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
-          if constexpr (kQ5) {
-            const __m256i qh = load32(rec + kQh + 64 * k + 32 * rh);
-            __m256i hb;
-            if constexpr (sb <= 4) {
-              hb = _mm256_slli_epi32(qh, 4 - sb);
-            } else {
-              hb = _mm256_srli_epi32(qh, sb - 4);
-            }
-            w = _mm256_or_si256(w, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-          }
+          const __m256i w = weights<sb>(rec, k, rh);
           if constexpr (kVnni) {
             t[rh] = dpbusd(t[rh], w, x4);
           } else {
@@ -189,38 +205,11 @@ struct Avx2TileKernelK {
                                    _mm256_madd_epi16(s16[rh][0], ones));
           if constexpr (kQ5) t[rh] = _mm256_add_epi32(t[rh], _mm256_madd_epi16(s16[rh][1], ones));
         }
-        // The sub-block's scale, from the packed bytes (q4k_scales_mins, lane-wise).
-        const __m256i sc =
-            sb < 4
-                ? _mm256_and_si256(load32(rec + kScales + 32 * rh), m3f)
-                : _mm256_or_si256(
-                      _mm256_and_si256(load32(rec + kScales + 128 + 32 * rh), m0f),
-                      _mm256_and_si256(_mm256_srli_epi32(load32(rec + kScales + 32 * rh), 2), m30));
-        const __m256i scv =
-            _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (sb % 4)), _mm256_set1_epi32(0xFF));
-        const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(scv), f16x8(rec + 16 * rh));
-        u[rh] = _mm256_add_ps(u[rh],
-                              _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t[rh]), magic), dsc));
+        u[rh] = add_scaled(u[rh], t[rh], sub_scale<sb>(rec, rh));
       });
     });
     unroll<2>([&](int rh) __attribute__((always_inline)) {
-      const __m256i pair = _mm256_set1_epi32(0x00FF00FF);
-      const __m256i s1 = load32(rec + kScales + 64 + 32 * rh),
-                    s2 = load32(rec + kScales + 128 + 32 * rh);
-      const __m256i mn_lo = _mm256_and_si256(s1, m3f);
-      const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(s2, 4), m0f),
-                                            _mm256_and_si256(_mm256_srli_epi32(s1, 2), m30));
-      const int16_t* xs = x->xsum;
-      __m256i ms = _mm256_madd_epi16(_mm256_and_si256(mn_lo, pair), bcast4(xs));
-      ms = _mm256_add_epi32(
-          ms,
-          _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi32(mn_lo, 8), pair), bcast4(xs + 2)));
-      ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_and_si256(mn_hi, pair), bcast4(xs + 4)));
-      ms = _mm256_add_epi32(
-          ms,
-          _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi32(mn_hi, 8), pair), bcast4(xs + 6)));
-      const __m256 v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), f16x8(rec + 32 + 16 * rh), u[rh]);
-      acc[rh] = _mm256_fmadd_ps(v, _mm256_set1_ps(x->d), acc[rh]);
+      acc[rh] = finish(rec, rh, mins(rec, rh), x, u[rh], acc[rh]);
     });
   }
 

@@ -1,5 +1,5 @@
-// Shared by the AVX2 tile kernel files (matmul_tiles_avx2.cc, matmul_tiles_k_avx2.cc): small
-// loads and AVX-VNNI's dot product, and the entry every kernel's tile() goes through. In an
+// Shared by the AVX2 kernel files (matmul_avx2.cc, matmul_tiles_avx2.cc, matmul_tiles_k_avx2.cc):
+// small loads and AVX-VNNI's dot product, and the record loop and entry of the tile kernels. In an
 // unnamed namespace, as simd_hsum.h: each including file keeps its own copy built with its AVX2
 // flags.
 #pragma once
