@@ -550,8 +550,10 @@ bool weight_tiles_supported() {
          ks.bf16_t16.rows != nullptr && std::string_view(ks.name) != "scalar";
 }
 
-model::TileTypes tiled_weight_types() {
-  const detail::KernelSet& ks = detail::active_kernels();
+model::TileTypes tiled_weight_types() { return detail::tiled_types(detail::active_kernels()); }
+
+namespace detail {
+model::TileTypes tiled_types(const KernelSet& ks) {
   model::TileTypes types;
   if (std::string_view(ks.name) == "scalar") return types;  // its tile kernels are the slow ones
   using model::GgmlType;
@@ -565,6 +567,7 @@ model::TileTypes tiled_weight_types() {
     if (k->rows != nullptr) types.add(t);
   return types;
 }
+}  // namespace detail
 
 void matmul(const model::WeightView& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
             int64_t y_stride, ThreadPool* pool) {

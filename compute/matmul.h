@@ -86,6 +86,8 @@ bool weight_tiles_supported();
 /// kernels need none; the int8 types keep their rows there); with AVX2 only, the int8 types (Q4_0,
 /// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), whose tile kernels give the bits of every other
 /// path's tiles (F16 and BF16 keep their rows and AVX2's row kernels); none on the scalar path.
+/// For every type listed, the same level's kernels read the type's rows (a mapped file) with the
+/// same arithmetic: a copy gives the bits of the mapped model.
 model::TileTypes tiled_weight_types();
 
 /// Which SIMD path the kernels dispatch to in this process ("avx512", "avx2", "scalar").

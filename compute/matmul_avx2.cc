@@ -1,7 +1,10 @@
-// AVX2 matmul kernels (with FMA and F16C); the K-quants' are in matmul_kquant_avx2.cc. Float
-// weights use f32 activations with one 8-lane FMA accumulator per output; quantized weights use
-// int8 activations and exact integer dot products (vpmaddubsw + vpmaddwd), scaled into an 8-lane
-// f32 accumulator per output. Compiled with -mavx2 -mfma -mf16c (compute/CMakeLists.txt).
+// The AVX2 kernel set (with FMA and F16C): its float and IQ4_NL row kernels and the activation
+// quantizers of every int8 kernel. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, in tiles
+// or in ggml's rows, are read by the tile kernels (matmul_tiles_avx2.cc, matmul_tiles_k_avx2.cc);
+// Q2_K, Q3_K and IQ4_XS by matmul_kquant_avx2.cc. Float weights use f32 activations with one
+// 8-lane FMA accumulator per output; IQ4_NL uses int8 activations and exact integer dot products
+// (vpmaddubsw + vpmaddwd), scaled into an 8-lane f32 accumulator per output. Compiled with -mavx2
+// -mfma -mf16c (compute/CMakeLists.txt).
 #include <immintrin.h>
 
 #include <cfloat>
@@ -9,6 +12,7 @@
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "compute/detail/avx2_common.h"
@@ -270,22 +274,18 @@ float quantize_block(const float* x, int n_vec, int8_t* q, int32_t* gsum16) {
   return m / 127.f;
 }
 
-// The 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) work on groups of 2 blocks
-// (64 values) laid out so that one int32 lane always belongs to one block: part A holds values
-// 0-15 of each block (lanes 4i..4i+3 for block i), part B values 16-31 in the same lanes; two
-// lane dots then share one conversion and scaling, and the low/high nibbles are exactly parts
-// A and B.
-// Activations per group (128 bytes): A (32 int8), B (32 int8), 8 lanes of `extra`, 8 floats:
-// the block's scale by lane. `extra` is, for Q4_0 and Q5_0, the int32 kInit * the sum of the
-// lane's 8 values (the weights' offset folded into the integer dot); for Q4_1 and Q5_1
-// (kSums), the float scale * that sum, which the block offset multiplies. A missing second
-// block of an odd last group is x = 0, scale 0.
-constexpr int64_t kGroupBytes = 128;
+// IQ4_NL (32-value blocks of indices into model::kIQ4Values; the other 32-value block types are
+// read by the tile kernels, matmul_tiles_avx2.cc) works on groups of 2 blocks (64 values) laid
+// out so that one int32 lane always belongs to one block: part A holds values 0-15 of each block
+// (lanes 4i..4i+3 for block i), part B values 16-31 in the same lanes; two lane dots then share
+// one conversion and scaling, and the low/high nibbles are exactly parts A and B.
+// Activations per group (96 bytes): A (32 int8), B (32 int8), 8 floats: the block's scale by
+// lane. A missing second block of an odd last group is x = 0, scale 0.
+constexpr int64_t kGroupBytes = 96;
 
-int64_t act32_bytes(int64_t cols) { return (cols / 32 + 1) / 2 * kGroupBytes; }
+int64_t act_iq4nl_bytes(int64_t cols) { return (cols / 32 + 1) / 2 * kGroupBytes; }
 
-template <int kInit, bool kSums = false>
-void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
+void quantize_act_iq4nl(const float* x, int64_t cols, uint8_t* out) {
   const int64_t nb = cols / 32;
   for (int64_t g = 0; g < (nb + 1) / 2; ++g) {
     uint8_t* a = out + g * kGroupBytes;
@@ -299,30 +299,11 @@ void quantize_act32(const float* x, int64_t cols, uint8_t* out) {
     // Part A = values 0-15 of both blocks, part B = values 16-31.
     const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(q[0]));
     const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(q[1]));
-    const __m256i xa = _mm256_permute2x128_si256(b0, b1, 0x20);
-    const __m256i xb = _mm256_permute2x128_si256(b0, b1, 0x31);
-    const __m256i ones8 = _mm256_set1_epi8(1);
-    const __m256i sums = _mm256_madd_epi16(
-        _mm256_add_epi16(_mm256_maddubs_epi16(ones8, xa), _mm256_maddubs_epi16(ones8, xb)),
-        _mm256_set1_epi16(1));
-    const __m256 scale = _mm256_load_ps(dl);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a), xa);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 32), xb);
-    if constexpr (kSums) {
-      _mm256_storeu_ps(reinterpret_cast<float*>(a + 64),
-                       _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale));
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 64),
-                          _mm256_mullo_epi32(sums, _mm256_set1_epi32(kInit)));
-    }
-    _mm256_storeu_ps(reinterpret_cast<float*>(a + 96), scale);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a), _mm256_permute2x128_si256(b0, b1, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + 32),
+                        _mm256_permute2x128_si256(b0, b1, 0x31));
+    _mm256_storeu_ps(reinterpret_cast<float*>(a + 64), _mm256_load_ps(dl));
   }
-}
-
-// The activations each 32-value block type reads.
-template <GgmlType kType>
-void quantize_act_blocks32(const float* x, int64_t cols, uint8_t* out) {
-  quantize_act32<blocks32_init(kType), blocks32_min(kType)>(x, cols, out);
 }
 
 // Activations for K-quants, per 256 values (kActKBytes, compute/detail/matmul_kernels.h).
@@ -372,117 +353,56 @@ void quantize_act_tileq6k(const float* x, int64_t cols, uint8_t* out) {
 }
 
 // ------------------------------------------------------------------------------------------
-// The 32-value block types, a group of 2 blocks per step (see above). Output (r, t):
-// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order
-// (Q4_1, Q5_1: then acc = fma(x_scale_sum_lanes, w_offset_lanes, acc)), then hsum8.
+// IQ4_NL, a group of 2 blocks per step (see above). Output (r, t):
+// acc = fma(float(exact lane dots) * x_scale_lanes, w_scale_lanes, acc) per group in order, then
+// hsum8. The weights are signed: their magnitudes multiply the activations with the weights'
+// signs (pair sums stay below 2^15). kVnni: the integer dots by AVX-VNNI's vpdpbusd (dpbusd,
+// detail/avx2_common.h; the avx2-vnni set): the same integers, the same outputs.
 
+// Two blocks' 16-byte halves as one vector (block 0 low, block 1 high).
 inline __m256i load2x16(const uint8_t* p, int64_t stride) {
   return _mm256_inserti128_si256(
       _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
 }
 
-// Bytes of 0x10 where bit k of `bits` is set (byte k, k < 32): Q5_0's and Q5_1's fifth bits.
-inline __m256i bit4_bytes(uint32_t bits) {
-  const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
-                                       2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201);
-  const __m256i v = _mm256_and_si256(
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(bits)), idx), sel);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
-}
-
-// Two blocks' f16 fields (scales or offsets) as lanes [f0 x4, f1 x4].
-inline __m256 pair_lanes(uint16_t f0, uint16_t f1) {
-  return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<int16_t>(f0)),
-                                            _mm_set1_epi16(static_cast<int16_t>(f1))));
-}
-
-// kVnni: the integer dots by AVX-VNNI's vpdpbusd (dpbusd, detail/avx2_common.h; Intel's client
-// cores since Alder Lake and its E-core Xeons have it without AVX-512; the avx2-vnni set). Every
-// pair sum of vpmaddubsw fits int16 here (see lane_dots), so both give the same integers and the
-// same outputs.
-template <GgmlType kType, bool kVnni = false>
-struct Blocks32Kernel {
-  using Block = Block32<kType>;
+template <bool kVnni>
+struct IQ4NLKernel {
+  using Block = model::BlockIQ4_NL;
   static constexpr int kRows = 2;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 64;
 
-  // One row's group, prepared once and used by every token of the tile. Unsigned types: q
-  // (Q4_0, Q5_0: the activations' init supplies their zero). Signed types: magnitudes and the
-  // signed values (to flip the activations' signs: pair sums stay below 2^15).
+  // One row's group, prepared once and used by every token of the tile.
   struct WGroup {
-    __m256i a, b;            // unsigned operands for parts A and B
-    __m256i sign_a, sign_b;  // signed types: the signed values
-    __m256 dw;               // block scales by lane
-    __m256 dm;               // Q4_1, Q5_1: block offsets by lane
+    __m256i a, b;            // magnitudes for parts A and B
+    __m256i sign_a, sign_b;  // the signed values
+    __m256 dw;               // block scales by lane: [d0 x4, d1 x4]
   };
 
   static WGroup prepare(const Block* blk) {
     WGroup g;
-    g.dw = pair_lanes(blk[0].d, blk[1].d);
-    if constexpr (blocks32_min(kType)) {
-      g.dm = pair_lanes(blk[0].m, blk[1].m);
-    } else {
-      g.dm = _mm256_setzero_ps();
-    }
-    const auto* p = reinterpret_cast<const uint8_t*>(blk);
-    if constexpr (kType == GgmlType::kQ8_0) {
-      g.sign_a = load2x16(p + offsetof(BlockQ8_0, qs), sizeof(Block));
-      g.sign_b = load2x16(p + offsetof(BlockQ8_0, qs) + 16, sizeof(Block));
-      g.a = _mm256_abs_epi8(g.sign_a);
-      g.b = _mm256_abs_epi8(g.sign_b);
-      return g;
-    }
-    const __m256i z = load2x16(p + offsetof(Block, qs), sizeof(Block));
+    g.dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_set1_epi16(static_cast<int16_t>(blk[0].d)),
+                                              _mm_set1_epi16(static_cast<int16_t>(blk[1].d))));
+    const __m256i z =
+        load2x16(reinterpret_cast<const uint8_t*>(blk) + offsetof(Block, qs), sizeof(Block));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(z, m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-    if constexpr (kType == GgmlType::kIQ4_NL) {  // Q4_0's layout, values looked up
-      const __m256i table = _mm256_broadcastsi128_si256(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
-      g.sign_a = _mm256_shuffle_epi8(table, lo);
-      g.sign_b = _mm256_shuffle_epi8(table, hi);
-      g.a = _mm256_abs_epi8(g.sign_a);
-      g.b = _mm256_abs_epi8(g.sign_b);
-    } else {
-      g.a = lo;
-      g.b = hi;
-      g.sign_a = g.sign_b = _mm256_setzero_si256();
-      if constexpr (blocks32_five(kType)) {  // bit j of qh: value j's bit 4
-        uint32_t h0, h1;
-        std::memcpy(&h0, blk[0].qh, 4);
-        std::memcpy(&h1, blk[1].qh, 4);
-        g.a = _mm256_or_si256(g.a, bit4_bytes((h0 & 0xFFFF) | h1 << 16));
-        g.b = _mm256_or_si256(g.b, bit4_bytes(h0 >> 16 | (h1 & 0xFFFF0000u)));
-      }
-    }
+    const __m256i table = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIQ4Values)));
+    g.sign_a = _mm256_shuffle_epi8(table, _mm256_and_si256(z, m4));
+    g.sign_b = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(z, 4), m4));
+    g.a = _mm256_abs_epi8(g.sign_a);
+    g.b = _mm256_abs_epi8(g.sign_b);
     return g;
   }
 
   static __m256i lane_dots(const WGroup& g, const uint8_t* act) {
-    const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act));
-    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 32));
-    if constexpr (kVnni) {
-      __m256i start = _mm256_setzero_si256();
-      if constexpr (!blocks32_signed(kType) && !blocks32_min(kType))
-        start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64));
-      if constexpr (blocks32_signed(kType))
-        return dpbusd(dpbusd(start, g.a, _mm256_sign_epi8(xa, g.sign_a)), g.b,
-                      _mm256_sign_epi8(xb, g.sign_b));
-      return dpbusd(dpbusd(start, g.a, xa), g.b, xb);
-    } else if constexpr (!blocks32_signed(kType)) {
-      // Pair sums stay below 2 * 2 * 31 * 127 < 2^15: add them as int16.
-      const __m256i pairs =
-          _mm256_add_epi16(_mm256_maddubs_epi16(g.a, xa), _mm256_maddubs_epi16(g.b, xb));
-      const __m256i dots = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-      if constexpr (blocks32_min(kType)) return dots;
-      return _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 64)), dots);
-    } else {
-      return _mm256_add_epi32(dot_u8s8(g.a, _mm256_sign_epi8(xa, g.sign_a)),
-                              dot_u8s8(g.b, _mm256_sign_epi8(xb, g.sign_b)));
-    }
+    const __m256i xa =
+        _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act)), g.sign_a);
+    const __m256i xb =
+        _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act + 32)), g.sign_b);
+    if constexpr (kVnni) return dpbusd(dpbusd(_mm256_setzero_si256(), g.a, xa), g.b, xb);
+    return _mm256_add_epi32(dot_u8s8(g.a, xa), dot_u8s8(g.b, xb));
   }
 
   // wb[i]: the group's first block in row i; xg[n]: the group's activations of token n.
@@ -491,14 +411,10 @@ struct Blocks32Kernel {
     WGroup wg[R];
     for (int i = 0; i < R; ++i) wg[i] = prepare(wb[i]);
     for (int n = 0; n < NT; ++n) {
-      const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float*>(xg[n] + 96));
+      const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float*>(xg[n] + 64));
       for (int i = 0; i < R; ++i) {
         const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(lane_dots(wg[i], xg[n])), dx);
         acc[i][n] = _mm256_fmadd_ps(f, wg[i].dw, acc[i][n]);
-        if constexpr (blocks32_min(kType)) {
-          const __m256 sx = _mm256_loadu_ps(reinterpret_cast<const float*>(xg[n] + 64));
-          acc[i][n] = _mm256_fmadd_ps(sx, wg[i].dm, acc[i][n]);
-        }
       }
     }
   }
@@ -553,12 +469,6 @@ TypeKernels make_kernels(int64_t (*bytes)(int64_t) = nullptr,
   return k;
 }
 
-template <GgmlType kType>
-TypeKernels blocks32_kernels(bool vnni) {
-  return vnni ? make_kernels<Blocks32Kernel<kType, true>>(act32_bytes, quantize_act_blocks32<kType>)
-              : make_kernels<Blocks32Kernel<kType>>(act32_bytes, quantize_act_blocks32<kType>);
-}
-
 KernelSet make_set(bool vnni) {
   KernelSet s{};
   s.name = vnni ? "avx2-vnni" : "avx2";
@@ -568,30 +478,38 @@ KernelSet make_set(bool vnni) {
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = make_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
-  s.q8_0 = blocks32_kernels<GgmlType::kQ8_0>(vnni);
-  s.q4_0 = blocks32_kernels<GgmlType::kQ4_0>(vnni);
-  s.q4_1 = blocks32_kernels<GgmlType::kQ4_1>(vnni);
-  s.q5_0 = blocks32_kernels<GgmlType::kQ5_0>(vnni);
-  s.q5_1 = blocks32_kernels<GgmlType::kQ5_1>(vnni);
-  s.iq4_nl = blocks32_kernels<GgmlType::kIQ4_NL>(vnni);
+  s.iq4_nl = vnni ? make_kernels<IQ4NLKernel<true>>(act_iq4nl_bytes, quantize_act_iq4nl)
+                  : make_kernels<IQ4NLKernel<false>>(act_iq4nl_bytes, quantize_act_iq4nl);
   s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();
-  avx2_tile_rows(vnni, &s);  // matmul_tiles_avx2.cc
-  for (TypeKernels* k : {&s.q8_0_t16, &s.q4_0_t16, &s.q4_1_t16, &s.q5_0_t16, &s.q5_1_t16})
+  // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1: the tile kernels, reading tiles or ggml's rows with the
+  // same arithmetic (matmul_tiles_avx2.cc), so a matrix gives the same bits mapped or copied.
+  avx2_tile_rows(vnni, &s);
+  const std::pair<TypeKernels*, void (*)(const float*, int64_t, uint8_t*)> tile32[] = {
+      {&s.q8_0_t16, quantize_act_tile32<GgmlType::kQ8_0>},
+      {&s.q8_0, quantize_act_tile32<GgmlType::kQ8_0>},
+      {&s.q4_0_t16, quantize_act_tile32<GgmlType::kQ4_0>},
+      {&s.q4_0, quantize_act_tile32<GgmlType::kQ4_0>},
+      {&s.q4_1_t16, quantize_act_tile32<GgmlType::kQ4_1>},
+      {&s.q4_1, quantize_act_tile32<GgmlType::kQ4_1>},
+      {&s.q5_0_t16, quantize_act_tile32<GgmlType::kQ5_0>},
+      {&s.q5_0, quantize_act_tile32<GgmlType::kQ5_0>},
+      {&s.q5_1_t16, quantize_act_tile32<GgmlType::kQ5_1>},
+      {&s.q5_1, quantize_act_tile32<GgmlType::kQ5_1>}};
+  for (const auto& [k, quantize] : tile32) {
     k->act_row_bytes = act_tile32_bytes;
-  s.q8_0_t16.quantize = quantize_act_tile32<GgmlType::kQ8_0>;
-  s.q4_0_t16.quantize = quantize_act_tile32<GgmlType::kQ4_0>;
-  s.q4_1_t16.quantize = quantize_act_tile32<GgmlType::kQ4_1>;
-  s.q5_0_t16.quantize = quantize_act_tile32<GgmlType::kQ5_0>;
-  s.q5_1_t16.quantize = quantize_act_tile32<GgmlType::kQ5_1>;
-  avx2_tile_rows_k(vnni, &s);  // matmul_tiles_k_avx2.cc
-  for (TypeKernels* k : {&s.q4_k_t16, &s.q5_k_t16}) {
+    k->quantize = quantize;
+  }
+  avx2_tile_rows_k(vnni, &s);  // matmul_tiles_k_avx2.cc: Q4_K, Q5_K, Q6_K, tiles and rows
+  for (TypeKernels* k : {&s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k}) {
     k->act_row_bytes = act_records256_bytes<ActTileK>;
     k->quantize = quantize_act_tilek;
   }
-  s.q6_k_t16.act_row_bytes = act_records256_bytes<ActTileQ6K>;
-  s.q6_k_t16.quantize = quantize_act_tileq6k;
+  for (TypeKernels* k : {&s.q6_k_t16, &s.q6_k}) {
+    k->act_row_bytes = act_records256_bytes<ActTileQ6K>;
+    k->quantize = quantize_act_tileq6k;
+  }
   avx2_kquant_rows(&s);  // matmul_kquant_avx2.cc
-  for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k, &s.q4_k, &s.q5_k, &s.q6_k}) {
+  for (TypeKernels* k : {&s.iq4_xs, &s.q2_k, &s.q3_k}) {
     k->act_row_bytes = actk_bytes;
     k->quantize = quantize_actk;
   }

@@ -1,5 +1,6 @@
-// AVX2 matmul kernels for the K-quants (Q2_K-Q6_K) and IQ4_XS: their row kernels, which
-// matmul_avx2.cc's kernel set takes with its int8 super-block activations (quantize_actk).
+// AVX2 matmul kernels for Q2_K, Q3_K and IQ4_XS: their row kernels, which matmul_avx2.cc's
+// kernel set takes with its int8 super-block activations (quantize_actk). Q4_K, Q5_K and Q6_K
+// rows are read by their tile kernels (matmul_tiles_k_avx2.cc).
 // Compiled with -mavx2 -mfma -mf16c (compute/CMakeLists.txt).
 #include <immintrin.h>
 
@@ -14,9 +15,6 @@
 namespace troupe::compute::detail {
 namespace {
 
-using model::BlockQ4_K;
-using model::BlockQ5_K;
-using model::BlockQ6_K;
 using model::kQK_K;
 
 // ------------------------------------------------------------------------------------------
@@ -52,79 +50,6 @@ inline void times16(__m128i v, float f, __m256* lo, __m256* hi) {
     *hi = _mm256_mul_ps(fv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)));
   }
 }
-
-// Q4_K and Q5_K (Block): the same scales and mins; Q5_K adds a fifth bit per value from qh.
-template <class Block>
-struct Q45KDecode {
-  struct Row {
-    const Block* b;
-    float d;
-    int16_t sc[8];
-    __m256 corr_lo, corr_hi;  // group g of 16: -dmin*m[g/2]
-  };
-  static Row prepare(const uint8_t* row, int64_t s) {
-    Row r;
-    r.b = reinterpret_cast<const Block*>(row) + s;
-    const Q4kScaleBytes sm = q4k_scale_bytes(r.b->scales);
-    const __m128i sc8 = _mm_cvtsi64_si128(static_cast<int64_t>(sm.sc));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.sc), _mm_cvtepu8_epi16(sc8));
-    const __m128i mn8 = _mm_cvtsi64_si128(static_cast<int64_t>(sm.mn));
-    r.d = _cvtsh_ss(r.b->d);
-    // -dmin * m[j], one rounding each, for the two groups of 16 of sub-block j.
-    const __m256 c = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(r.b->dmin)),
-                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn8)));
-    r.corr_lo = _mm256_permutevar8x32_ps(c, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-    r.corr_hi = _mm256_permutevar8x32_ps(c, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
-    return r;
-  }
-  // Step q: values 32q..32q+31 (sub-block q: low nibbles of qs[32(q/2)..] for even q, high
-  // for odd; Q5_K: bit q of qh[0..31] on top).
-  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qs + 32 * (q / 2)));
-    w = _mm256_and_si256(q & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
-    if constexpr (std::is_same_v<Block, BlockQ5_K>) {
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh));
-      const __m256i hb =
-          _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(q)), _mm256_set1_epi8(1));
-      w = _mm256_or_si256(w, _mm256_slli_epi16(hb, 4));
-    }
-    sc = _mm256_set1_epi16(r.sc[q]);
-  }
-};
-
-struct Q6KDecode {
-  struct Row {
-    const BlockQ6_K* b;
-    float d;
-    __m256 corr_lo, corr_hi;  // -32*d*sc[g]
-    __m256i sc16;             // sc[g] as int16, g = 0..15
-  };
-  static Row prepare(const uint8_t* row, int64_t s) {
-    Row r;
-    r.b = reinterpret_cast<const BlockQ6_K*>(row) + s;
-    r.d = _cvtsh_ss(r.b->d);
-    // -32 * d * sc[g] (the -32 * d exact), one rounding each.
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.b->scales));
-    times16<true>(sc, -32.f * r.d, &r.corr_lo, &r.corr_hi);
-    r.sc16 = _mm256_cvtepi8_epi16(sc);
-    return r;
-  }
-  // Step q: values 32q..32q+31. Half h = q/4 (128 values); within it, part p = q%4 takes the
-  // low nibbles of ql[64h + 32(p%2)..] for p < 2, the high ones for p >= 2, and bits 2p, 2p+1
-  // of qh[32h..]. Scales: group 2q for int16 words 0-7, 2q+1 for 8-15.
-  static void step(const Row& r, int q, __m256i& w, __m256i& sc) {
-    const int h = q / 4, p = q % 4;
-    const __m256i ql =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->ql + 64 * h + 32 * (p % 2)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b->qh + 32 * h));
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(p < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
-    const __m256i hb =
-        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
-    w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-    sc = step_scales(r.sc16, q);
-  }
-};
 
 // Q2_K and Q3_K (kQ3): value e = 128n + 32j + l of a super-block is 2 bits of qs[32n + l] at
 // bit 2j (Q3_K: and bit 4n + j of hmask[l] as its bit 2, giving u in [0, 7]); a scale per group
@@ -297,9 +222,6 @@ void avx2_kquant_rows(KernelSet* s) {
   set_rows<KQuantKernel<IQ4XSDecode>>(&s->iq4_xs);
   set_rows<KQuantKernel<LowBitDecode<false>>>(&s->q2_k);
   set_rows<KQuantKernel<LowBitDecode<true>>>(&s->q3_k);
-  set_rows<KQuantKernel<Q45KDecode<BlockQ4_K>>>(&s->q4_k);
-  set_rows<KQuantKernel<Q45KDecode<BlockQ5_K>>>(&s->q5_k);
-  set_rows<KQuantKernel<Q6KDecode>>(&s->q6_k);
 }
 
 }  // namespace troupe::compute::detail

@@ -2,10 +2,12 @@
 // (model/weight_tiles.h), for CPUs without AVX-512. A 64-byte chunk of a record holds 4 bytes of
 // each of 16 rows: its two 32-byte halves are rows 0-7 and 8-15, so one 256-bit load gives 4
 // columns of 8 output rows, lane i being row i of the half, and one vpmaddubsw multiplies them
-// all by the same 4 activation values (broadcast). The row kernels (matmul_avx2.cc) instead
-// spend their scaling and a horizontal sum on each row: on one core, batch-1 Q4_0 read 13-17 GB/s
-// from DRAM and 26-30 GB/s from cache with them, 35-39 and 50-63 with these (docs/benchmarks.md
-// "Engine, session 39").
+// all by the same 4 activation values (broadcast). The row kernels these replaced spent their
+// scaling and a horizontal sum on each row: on one core, batch-1 Q4_0 read 13-17 GB/s from DRAM
+// and 26-30 GB/s from cache with them, 35-39 and 50-63 with these (docs/benchmarks.md "Engine,
+// session 39"). The same kernels read matrices in ggml's rows (kRowsIn: a mapped file), each
+// record assembled in the tile's layout first, so that a matrix gives the same bits mapped or
+// copied ("Engine, session 40").
 //
 // Each output is ActTile32's scalar recurrence (matmul_kernels.h), the same bits as the scalar
 // and AVX-512 tile kernels. The integer dot of a block is exact:
@@ -35,14 +37,21 @@ namespace {
 
 using model::GgmlType;
 
-template <GgmlType kType, bool kVnni>
+// kRowsIn: the same kernel reading ggml's rows (a mapped file), each record assembled in the
+// tile's layout first (Avx2Rows, detail/avx2_common.h): the same bits as the tiled matrix.
+template <GgmlType kType, bool kVnni, bool kRowsIn_>
 struct Avx2TileKernel {
-  static constexpr bool kRowsIn = false;  // tiles only: ggml's rows go to the row kernels
+  static constexpr bool kRowsIn = kRowsIn_;
   static constexpr bool kQ8 = kType == GgmlType::kQ8_0;
   static constexpr bool kFive = blocks32_five(kType);
   static constexpr bool kMin = blocks32_min(kType);
-  static constexpr int64_t kFields = kMin ? 2 : 1;  // leading f16 fields: d (and m)
-  static constexpr int64_t kRec = model::kTileRows * sizeof(Block32<kType>);
+  static constexpr int kFields = kMin ? 2 : 1;  // leading f16 fields: d (and m)
+  // The block as Avx2Rows reads it: fields, then dwords (Q5's qh word, then qs).
+  static constexpr int64_t kBlock = sizeof(Block32<kType>);
+  static constexpr bool kTrailing = false, kQ5Qh = kFive, kFlip = kQ8;
+  static constexpr int64_t kChunks = (kBlock - 2 * kFields) / 4;
+  static constexpr int64_t kRec = model::kTileRows * kBlock;
+  using Tiled = Avx2TileKernel<kType, kVnni, false>;
   static constexpr int64_t kQh = 2 * model::kTileRows * kFields;  // Q5: the qh chunk
   static constexpr int64_t kQs = kQh + (kFive ? 64 : 0);          // the value chunks
   // Without VNNI, Q5 keeps two int16 sums per token (the others one): fewer tokens per pass so
@@ -177,21 +186,24 @@ struct Avx2TileKernel {
   }
 };
 
+// A type's kernels reading tiles and reading rows (the same arithmetic), without or with VNNI.
 template <GgmlType kType>
-void set_rows(bool vnni, TypeKernels* k) {
-  k->rows =
-      vnni ? tile16_rows<Avx2TileKernel<kType, true>> : tile16_rows<Avx2TileKernel<kType, false>>;
-  k->row_tile = static_cast<int>(model::kTileRows);
+void set_pair(bool vnni, TypeKernels* tiles, TypeKernels* rows) {
+  tiles->rows = vnni ? tile16_rows<Avx2TileKernel<kType, true, false>>
+                     : tile16_rows<Avx2TileKernel<kType, false, false>>;
+  rows->rows = vnni ? tile16_rows<Avx2TileKernel<kType, true, true>>
+                    : tile16_rows<Avx2TileKernel<kType, false, true>>;
+  for (TypeKernels* k : {tiles, rows}) k->row_tile = static_cast<int>(model::kTileRows);
 }
 
 }  // namespace
 
 void avx2_tile_rows(bool vnni, KernelSet* s) {
-  set_rows<GgmlType::kQ8_0>(vnni, &s->q8_0_t16);
-  set_rows<GgmlType::kQ4_0>(vnni, &s->q4_0_t16);
-  set_rows<GgmlType::kQ4_1>(vnni, &s->q4_1_t16);
-  set_rows<GgmlType::kQ5_0>(vnni, &s->q5_0_t16);
-  set_rows<GgmlType::kQ5_1>(vnni, &s->q5_1_t16);
+  set_pair<GgmlType::kQ8_0>(vnni, &s->q8_0_t16, &s->q8_0);
+  set_pair<GgmlType::kQ4_0>(vnni, &s->q4_0_t16, &s->q4_0);
+  set_pair<GgmlType::kQ4_1>(vnni, &s->q4_1_t16, &s->q4_1);
+  set_pair<GgmlType::kQ5_0>(vnni, &s->q5_0_t16, &s->q5_0);
+  set_pair<GgmlType::kQ5_1>(vnni, &s->q5_1_t16, &s->q5_1);
 }
 
 }  // namespace troupe::compute::detail

@@ -2,9 +2,9 @@
 // without AVX-512, as matmul_tiles_avx2.cc does for the 32-value block types: a 64-byte chunk's
 // two 32-byte halves are rows 0-7 and 8-15, lane i of a 256-bit register is row i of the half,
 // and one vpmaddubsw (or, with AVX-VNNI, vpdpbusd) multiplies 4 columns of 8 rows by 4 broadcast
-// activation values. The AVX2 row kernels (matmul_kquant_avx2.cc) unpack each row's scales and
-// sum each row's lanes; on one core their batch-1 Q4_K read ~18 GB/s from cache
-// (docs/benchmarks.md "Engine, session 34").
+// activation values. The row kernels these replaced unpacked each row's scales and summed each
+// row's lanes; on one core their batch-1 Q4_K read ~18 GB/s from cache (docs/benchmarks.md
+// "Engine, session 34"). The same kernels read ggml's rows (kRowsIn), as matmul_tiles_avx2.cc's.
 //
 // Each output is the scalar recurrence of ActTileK (Q4_K, Q5_K) or ActTileQ6K (Q6_K)
 // (matmul_kernels.h): the same bits as the scalar and AVX-512 tile kernels. The integer dots are
@@ -60,11 +60,18 @@ inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
 // --- Q4_K and Q5_K ---------------------------------------------------------------------------
 // A record: d x16 and dmin x16 (64 bytes), 3 chunks of packed scales and mins, Q5_K's 8 chunks of
 // qh, 32 chunks of qs.
-template <bool kQ5, bool kVnni>
+// kRowsIn (both kernels): reading ggml's rows, each record assembled in the tile's layout first
+// (Avx2Rows, detail/avx2_common.h): the same bits as the tiled matrix.
+template <bool kQ5, bool kVnni, bool kRowsIn_>
 struct Avx2TileKernelK {
-  static constexpr bool kRowsIn = false;
-  static constexpr int64_t kRec =
-      model::kTileRows * (kQ5 ? sizeof(model::BlockQ5_K) : sizeof(model::BlockQ4_K));
+  static constexpr bool kRowsIn = kRowsIn_;
+  // The block as Avx2Rows reads it: d and dmin, then dwords (scales, Q5_K's qh, qs).
+  static constexpr int64_t kBlock = kQ5 ? sizeof(model::BlockQ5_K) : sizeof(model::BlockQ4_K);
+  static constexpr int kFields = 2;
+  static constexpr bool kTrailing = false, kQ5Qh = false, kFlip = false;
+  static constexpr int64_t kChunks = (kBlock - 4) / 4;
+  static constexpr int64_t kRec = model::kTileRows * kBlock;
+  using Tiled = Avx2TileKernelK<kQ5, kVnni, false>;
   static constexpr int64_t kScales = 64, kQh = 256, kQs = kQ5 ? 256 + 8 * 64 : 256;
   static constexpr int kMaxTok = 3;  // sums, accumulators and operands in 16 registers
   static constexpr int64_t kTokBlock = 64;
@@ -238,10 +245,16 @@ struct Avx2TileKernelK {
 // --- Q6_K ------------------------------------------------------------------------------------
 // A record is 52 chunks (ql 0-31, qh 32-47, scales 48-51); the tile's d values follow its last
 // record, 32 bytes per super-block.
-template <bool kVnni>
+template <bool kVnni, bool kRowsIn_>
 struct Avx2TileKernelQ6K {
-  static constexpr bool kRowsIn = false;
-  static constexpr int64_t kRec = 64 * 52;
+  static constexpr bool kRowsIn = kRowsIn_;
+  // The block as Avx2Rows reads it: 52 dwords (ql, qh, scales), then d.
+  static constexpr int64_t kBlock = sizeof(model::BlockQ6_K);
+  static constexpr int kFields = 1;
+  static constexpr bool kTrailing = true, kQ5Qh = false, kFlip = false;
+  static constexpr int64_t kChunks = 52;
+  static constexpr int64_t kRec = 64 * kChunks;
+  using Tiled = Avx2TileKernelQ6K<kVnni, false>;
   static constexpr int kMaxTok = 4;
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
@@ -309,13 +322,14 @@ struct Avx2TileKernelQ6K {
     (group(std::integral_constant<int, G>{}), ...);
   }
 
-  // Super-block s for halves [h0, h0 + NH); its d values follow the tile's last record.
+  // Super-block s for halves [h0, h0 + NH); its d values follow the tile's last record (an
+  // assembled record's, the record: Avx2Rows).
   template <int NT, int NH>
   [[gnu::always_inline]] static void record(const MatmulJob& j, const uint8_t* tile,
                                             const uint8_t* rec, int64_t s,
                                             const ActTileQ6K* const* x, int h0,
                                             __m256 (&acc)[NH][NT]) {
-    const uint8_t* d = tile + j.cols / kQK_K * kRec + 32 * s;
+    const uint8_t* d = kRowsIn ? rec + kRec : tile + j.cols / kQK_K * kRec + 32 * s;
     unroll<NH>([&](int hh) __attribute__((always_inline)) {
       const int rh = h0 + hh;
       const __m256 d24 = _mm256_mul_ps(f16x8(d + 16 * rh), _mm256_set1_ps(0x1p-24f));
@@ -334,17 +348,35 @@ struct Avx2TileKernelQ6K {
   }
 };
 
-template <class K>
-void set_rows(TypeKernels* k) {
-  k->rows = tile16_rows<K>;
-  k->row_tile = static_cast<int>(model::kTileRows);
+// A kernel template's instantiations reading tiles and reading rows.
+template <template <bool> class K>
+void set_pair(TypeKernels* tiles, TypeKernels* rows) {
+  tiles->rows = tile16_rows<K<false>>;
+  rows->rows = tile16_rows<K<true>>;
+  for (TypeKernels* k : {tiles, rows}) k->row_tile = static_cast<int>(model::kTileRows);
 }
 
 template <bool kVnni>
+struct Q4K {
+  template <bool kRowsIn>
+  using K = Avx2TileKernelK<false, kVnni, kRowsIn>;
+};
+template <bool kVnni>
+struct Q5K {
+  template <bool kRowsIn>
+  using K = Avx2TileKernelK<true, kVnni, kRowsIn>;
+};
+template <bool kVnni>
+struct Q6K {
+  template <bool kRowsIn>
+  using K = Avx2TileKernelQ6K<kVnni, kRowsIn>;
+};
+
+template <bool kVnni>
 void set_all(KernelSet* s) {
-  set_rows<Avx2TileKernelK<false, kVnni>>(&s->q4_k_t16);
-  set_rows<Avx2TileKernelK<true, kVnni>>(&s->q5_k_t16);
-  set_rows<Avx2TileKernelQ6K<kVnni>>(&s->q6_k_t16);
+  set_pair<Q4K<kVnni>::template K>(&s->q4_k_t16, &s->q4_k);
+  set_pair<Q5K<kVnni>::template K>(&s->q5_k_t16, &s->q5_k);
+  set_pair<Q6K<kVnni>::template K>(&s->q6_k_t16, &s->q6_k);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
@@ -40,24 +42,147 @@ inline __m256 f16x8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+/// A tile's rows read from ggml's row layout (a mapped file) by a kernel's kRowsIn instantiation:
+/// each record is assembled half by half (rows 8h..8h+7) in the tile's layout
+/// (model/weight_tiles.h) in a buffer on the stack, and the kernel reads it there as it reads a
+/// tiled record: the same arithmetic, so the same bits, wherever the weights live. K describes
+/// its block as model/weight_tiles.cc's layouts do: kBlock (bytes), kFields (f16 fields: d, and
+/// m or dmin), kTrailing (the fields end the block; a tile keeps them after its last record, the
+/// buffer at kRec), kChunks (the block's other bytes as dwords), kQ5Qh (chunk 0 is a Q5_0/Q5_1
+/// qh word, whose bits a tile reorders as model::q5_tile_qh), kFlip (Q8_0: a tile stores q + 128).
+/// Rows at and past n (a last tile of fewer rows) are read as row 0; their outputs are not
+/// stored.
+template <class K>
+class Avx2Rows {
+ public:
+  Avx2Rows(const uint8_t* base, int64_t row_bytes, int64_t n) : base_(base), bytes_(row_bytes) {
+    for (int i = 0; i < 16; ++i) row_[i] = base + (i < n ? i : 0) * row_bytes;
+  }
+
+  /// Record s's halves [h0, h0 + nh) into rec (K::kRec bytes, 32-byte aligned) and, where the
+  /// fields trail (K::kTrailing), their 32 bytes into fields.
+  [[gnu::always_inline]] void record(int64_t s, int h0, int nh, uint8_t* rec,
+                                     uint8_t* fields) const {
+    constexpr int64_t kFieldsAt = K::kTrailing ? 4 * K::kChunks : 0;  // in a block
+    constexpr int64_t kChunksAt = K::kTrailing ? 0 : 2 * K::kFields;
+    constexpr int64_t kRecChunks = K::kTrailing ? 0 : 32 * K::kFields;  // in a record
+    static_assert(K::kChunks >= 4 && kChunksAt + 4 * K::kChunks <= K::kBlock);
+    if constexpr (!K::kTrailing) fields = rec;
+    const int64_t at = s * K::kBlock;
+    for (int h = h0; h < h0 + nh; ++h) {
+      const uint8_t* const* r = row_ + 8 * h;
+      unroll<K::kFields>([&](int f) __attribute__((always_inline)) {
+        const int64_t o = at + kFieldsAt + 2 * f;
+        _mm_storeu_si128(
+            reinterpret_cast<__m128i*>(fields + 32 * f + 16 * h),
+            _mm_setr_epi16(f16(r[0] + o), f16(r[1] + o), f16(r[2] + o), f16(r[3] + o),
+                           f16(r[4] + o), f16(r[5] + o), f16(r[6] + o), f16(r[7] + o)));
+      });
+      // Chunks 4g..4g+3 from one 16-byte read of each row; a last partial group reads the last
+      // 4 chunks (rewriting some with the same bytes), never past the block.
+      for (int64_t c = 0; c < K::kChunks; c += 4) {
+        const int64_t c0 = c + 4 <= K::kChunks ? c : K::kChunks - 4;
+        __m256i v[4];
+        load16(r, at + kChunksAt + 4 * c0, v);
+        if constexpr (K::kQ5Qh)
+          if (c0 == 0) v[0] = q5_tile_order(v[0]);
+        unroll<4>([&](int i) __attribute__((always_inline)) {
+          if constexpr (K::kFlip) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8(-128));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kRecChunks + 64 * (c0 + i) + 32 * h),
+                             v[i]);
+        });
+      }
+    }
+  }
+
+  /// The whole tile of nb records, as model/weight_tiles.h lays it out, into t (32-byte
+  /// aligned; trailing fields after the last record).
+  void tile(int64_t nb, uint8_t* t) const {
+    for (int64_t s = 0; s < nb; ++s) record(s, 0, 2, t + s * K::kRec, t + nb * K::kRec + 32 * s);
+  }
+
+  /// Prefetches into L1 record s of the 8 nh rows that follow halves [h0, h0 + nh), which the
+  /// next pass reads (the next half or the next tile), once per cache line of a row.
+  [[gnu::always_inline]] void prefetch_next(int64_t s, int h0, int nh) const {
+    const int64_t at = s * K::kBlock;
+    if (K::kBlock < 64 && at % 64 >= K::kBlock)
+      return;  // this line was fetched with a block before
+    const uint8_t* next = base_ + 8 * (h0 + nh) * bytes_ + at;
+    for (int i = 0; i < 8 * nh; ++i)
+      for (int64_t o = 0; o < K::kBlock; o += 64) prefetch_l1(next + i * bytes_ + o);
+  }
+
+ private:
+  static int16_t f16(const uint8_t* p) {
+    int16_t v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+
+  // The 16 bytes at `at` of each of the 8 rows r[0..8) as 4 vectors: v[c] lane i is dword c of
+  // row i (a 4 x 4 dword transpose in each 128-bit lane, rows 0-3 low and 4-7 high).
+  static void load16(const uint8_t* const* r, int64_t at, __m256i* v) {
+    __m256i z[4];  // z[g]: row g (low lane), row 4 + g (high lane)
+    for (int g = 0; g < 4; ++g)
+      z[g] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r[4 + g] + at),
+                                 reinterpret_cast<const __m128i*>(r[g] + at));
+    const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
+    v[0] = _mm256_unpacklo_epi64(t0, t2);
+    v[1] = _mm256_unpackhi_epi64(t0, t2);
+    v[2] = _mm256_unpacklo_epi64(t1, t3);
+    v[3] = _mm256_unpackhi_epi64(t1, t3);
+  }
+
+  // x with its bits exchanged where m is set and d places up.
+  static __m256i delta_swap(__m256i x, int d, uint32_t m) {
+    const __m256i t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(x, d), x),
+                                       _mm256_set1_epi32(static_cast<int32_t>(m)));
+    return _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, d)));
+  }
+  // model::q5_tile_qh in every dword: bit v = 16a + 4c + k goes to bit 8k + 4a + c, a rotation
+  // of the bit index's five bits, made of four exchanges of two of them.
+  static __m256i q5_tile_order(__m256i x) {
+    x = delta_swap(x, 14, 0x0000CCCCu);    // index bits 1 and 4
+    x = delta_swap(x, 7, 0x00AA00AAu);     // 0 and 3
+    x = delta_swap(x, 2, 0x0C0C0C0Cu);     // 1 and 2
+    return delta_swap(x, 1, 0x22222222u);  // 0 and 1
+  }
+
+  const uint8_t* base_;
+  int64_t bytes_;
+  const uint8_t* row_[16];
+};
+
+/// What a kernel reading tiles has in Avx2Rows' place.
+struct Avx2NoRows {
+  Avx2NoRows(const uint8_t*, int64_t, int64_t) {}
+};
+
 /// The record loop of the AVX2 tile kernels: halves [h0, h0 + NH) (rows 8 h..) of the tile at w
-/// for the tokens' activation records a[0..NT), every record in order, into out. K provides
-/// kRec (bytes of a record), kRecCols (columns it holds), kNextRecord (one token alone prefetches
-/// the next record into L1, as well as a page ahead) and
+/// (or, kRowsIn, of the rows src reads) for the tokens' activation records a[0..NT), every
+/// record in order, into out. K provides kRowsIn, kRec (bytes of a record), kRecCols (columns it
+/// holds), kNextRecord (one token alone prefetches the next record into L1, as well as a page
+/// ahead) and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
 /// (x[n]: token n's activation record for record s).
-template <class K, class Act, int NT, int NH>
-[[gnu::always_inline]] inline void avx2_pass(const MatmulJob& j, const uint8_t* w,
+template <class K, class Act, int NT, int NH, class Src>
+[[gnu::always_inline]] inline void avx2_pass(const MatmulJob& j, const uint8_t* w, const Src& src,
                                              const Act* const* a, int h0, bool alone,
                                              float (&out)[NT][16]) {
   __m256 acc[NH][NT];
   unroll<NH>([&](int hh) __attribute__((always_inline)) {
     unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
   });
+  [[maybe_unused]] alignas(32) uint8_t buf[K::kRowsIn ? K::kRec + 32 : 32];
   for (int64_t s = 0; s < j.cols / K::kRecCols; ++s) {
     const uint8_t* rec = w + s * K::kRec;
-    if (alone) {
+    if constexpr (K::kRowsIn) {
+      src.prefetch_next(s, h0, NH);
+      src.record(s, h0, NH, buf, buf + K::kRec);
+      rec = buf;
+    } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (K::kNextRecord)
         for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + K::kRec + o);
@@ -73,26 +198,58 @@ template <class K, class Act, int NT, int NH>
   });
 }
 
-/// A kernel K's tile(): one token alone reads each record once for both halves, so the weights
-/// stream without a pause; more tokens take a half at a time (the tile, 18-50 KB, is still in
-/// L1 or L2 for the second), so that their sums fit the 16 registers.
+/// A kernel K's tile() on the tile at w (or, kRowsIn, the 16 rows from w): one token alone reads
+/// each record once for both halves, so the weights stream without a pause; more tokens take a
+/// half at a time (the tile, 18-50 KB, is still in L1 or L2 for the second), so that their sums
+/// fit the 16 registers.
 template <class K, class Act, int NT>
-[[gnu::always_inline]] inline void avx2_tile(const MatmulJob& j, int64_t row, int64_t tok,
-                                             int64_t n_rows, TilePass pass) {
-  const uint8_t* w = j.w + row * j.w_row_bytes;
+[[gnu::always_inline]] inline void avx2_tile_at(const MatmulJob& j, const uint8_t* w, int64_t row,
+                                                int64_t tok, int64_t n_rows, TilePass pass) {
   const Act* a[NT];
   unroll<NT>([&](int n) __attribute__((always_inline)) {
     a[n] = reinterpret_cast<const Act*>(j.act + (tok + n) * j.act_stride);
   });
+  const std::conditional_t<K::kRowsIn, Avx2Rows<K>, Avx2NoRows> src(w, j.w_row_bytes, n_rows);
   alignas(32) float out[NT][16];
   if constexpr (NT == 1) {
-    avx2_pass<K, Act, NT, 2>(j, w, a, 0, pass.alone(NT), out);
+    avx2_pass<K, Act, NT, 2>(j, w, src, a, 0, pass.alone(NT), out);
   } else {
-    avx2_pass<K, Act, NT, 1>(j, w, a, 0, false, out);
-    avx2_pass<K, Act, NT, 1>(j, w, a, 1, false, out);
+    avx2_pass<K, Act, NT, 1>(j, w, src, a, 0, false, out);
+    avx2_pass<K, Act, NT, 1>(j, w, src, a, 1, false, out);
   }
   for (int n = 0; n < NT; ++n)
     for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
+}
+
+/// This thread's buffer of at least `bytes` for a tile assembled from rows (avx2_tile), 32-byte
+/// aligned: one for every kernel and pass (an NT-token pass and the tail pass after it share it).
+inline uint8_t* tile_buffer(int64_t bytes) {
+  struct alignas(32) Bytes32 {
+    uint8_t b[32];
+  };
+  thread_local std::vector<Bytes32> buf;
+  return reinterpret_cast<uint8_t*>(scratch(buf, (bytes + 31) / 32));
+}
+
+/// A kernel K's tile(). Reading rows (kRowsIn) for more tokens than one pass takes, the first
+/// pass assembles the whole tile in this thread's buffer and every pass reads it there through
+/// the kernel that reads tiles, K::Tiled (tile16_rows runs a tile's passes one after another on
+/// one thread): assembling each record again in every pass made 16-token products 15-25 %
+/// slower than the row kernels they replaced (docs/benchmarks.md "Engine, session 40").
+template <class K, class Act, int NT>
+[[gnu::always_inline]] inline void avx2_tile(const MatmulJob& j, int64_t row, int64_t tok,
+                                             int64_t n_rows, TilePass pass) {
+  const uint8_t* w = j.w + row * j.w_row_bytes;
+  if constexpr (K::kRowsIn) {
+    if (pass.count > 1) {
+      const int64_t nb = j.cols / K::kRecCols;
+      uint8_t* t = tile_buffer(nb * (K::kRec + 32));
+      if (pass.index == 0) Avx2Rows<K>(w, j.w_row_bytes, n_rows).tile(nb, t);
+      avx2_tile_at<typename K::Tiled, Act, NT>(j, t, row, tok, n_rows, pass);
+      return;
+    }
+  }
+  avx2_tile_at<K, Act, NT>(j, w, row, tok, n_rows, pass);
 }
 #endif
 

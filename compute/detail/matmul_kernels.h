@@ -20,6 +20,7 @@
 #include "compute/matmul.h"
 #include "model/ggml_types.h"
 #include "model/model_spec.h"
+#include "model/weight_tiles.h"
 
 namespace troupe::compute {
 class ThreadPool;
@@ -242,20 +243,27 @@ const KernelSet& scalar_kernels();
 // Requires AVX2, FMA and F16C, and AVX-VNNI where asked (the 32-value block types' dots by
 // vpdpbusd; the same bits).
 const KernelSet& avx2_kernels(bool use_vnni = false);
-/// The K-quant and IQ4_XS row kernels of the AVX2 set (matmul_kquant_avx2.cc): sets rows and
-/// row_tile of s->iq4_xs, q2_k ... q6_k; the caller sets their activation format.
+/// The Q2_K, Q3_K and IQ4_XS row kernels of the AVX2 set (matmul_kquant_avx2.cc): sets rows and
+/// row_tile of s->iq4_xs, q2_k and q3_k; the caller sets their activation format.
 void avx2_kquant_rows(KernelSet* s);
 /// The AVX2 tile kernels of the 32-value block types (matmul_tiles_avx2.cc; vnni: their dots by
 /// AVX-VNNI, the same bits): sets rows and row_tile of s->q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16
-/// and q5_1_t16; the caller sets their activation format (ActTile32).
+/// and q5_1_t16 (reading tiles) and of s->q8_0 ... q5_1 (the same kernels reading ggml's rows);
+/// the caller sets their activation format (ActTile32).
 void avx2_tile_rows(bool vnni, KernelSet* s);
-/// The same for Q4_K, Q5_K (ActTileK activations) and Q6_K (ActTileQ6K), matmul_tiles_k_avx2.cc.
+/// The same for Q4_K, Q5_K (ActTileK activations) and Q6_K (ActTileQ6K), tiles and rows,
+/// matmul_tiles_k_avx2.cc.
 void avx2_tile_rows_k(bool vnni, KernelSet* s);
 /// Bytes per 256 values of the int8 K-quant activations, AVX2 and AVX-512 alike: 256 int8, 16
 /// floats d*sum(x) over each group of 16, the float scale d, padding (each level's quantize_actk).
 inline constexpr int64_t kActKBytes = 384;
 // Requires AVX-512 F/BW/VL/DQ, and VNNI and GFNI where asked (GFNI only with VNNI).
 const KernelSet& avx512_kernels(bool use_vnni, bool use_gfni = false);
+
+/// The weight types whose tiles ks reads with kernels of its own (compute::tiled_weight_types for
+/// the active set): the types a weight copy tiles. Its row kernels of these types give the bits
+/// of its tile kernels (tests/compute/matmul_tiles_test.cc).
+model::TileTypes tiled_types(const KernelSet& ks);
 
 /// Every kernel set this CPU can run, best first (the first is what matmul() uses unless
 /// TROUPE_SIMD says otherwise).

@@ -1,10 +1,10 @@
 // Q4_0, Q8_0, Q4_K, Q5_K and Q6_K in 16-row tiles (model/weight_tiles.h,
 // WeightLayout::kTiles16): tiling is lossless (every row comes back), every SIMD path gives the
-// scalar tile kernel's bits, which agree with the scalar row kernels to rounding; where tiles are
-// supported (AVX-512 VNNI) rows give the very bits of tiles; batch invariance holds (tokens,
-// threads, shared inputs), embedding rows read through tiles, and a weight copy made with tiles
-// gives an engine the mapped model's logits (bit for bit where tiles are supported) and batch
-// invariance.
+// scalar tile kernel's bits, which agree with the scalar row kernels to rounding; every kernel set
+// reads the rows of the types it tiles (AVX-512 VNNI, AVX2) with its tiles' arithmetic, so rows
+// give the very bits of tiles; batch invariance holds (tokens, threads, shared inputs), embedding
+// rows read through tiles, and a weight copy made with tiles gives an engine the mapped model's
+// logits (bit for bit where the SIMD level tiles the type) and batch invariance.
 #include <unistd.h>
 
 #include <algorithm>
@@ -200,35 +200,40 @@ TEST(TiledMatmul, EveryPathGivesTheScalarBitsAndRowsToRounding) {
   }
 }
 
-// Where this CPU's kernels read tiles (AVX-512 VNNI), they read rows with the same arithmetic:
-// a matrix gives the same bits mapped from its file (rows) and copied into tiles, also for a
-// row count that is not whole tiles (a masked last tile) and any first row.
-TEST(TiledMatmul, RowsGiveTheBitsOfTilesWhereTilesAreSupported) {
-  if (!weight_tiles_supported())
-    GTEST_SKIP() << "this CPU has no AVX-512 VNNI: its row kernels round differently (checked "
-                    "to rounding by EveryPathGivesTheScalarBitsAndRowsToRounding)";
+// Every kernel set reads ggml's rows of each type it tiles (detail::tiled_types: AVX-512 VNNI
+// every int8 type, AVX2 the same eight) with the arithmetic of its tiles: a matrix gives the same
+// bits mapped from its file (rows) and copied into tiles, also for a row count that is not whole
+// tiles (a masked or partial last tile) and any first row, with one thread or two.
+TEST(TiledMatmul, RowsGiveTheBitsOfTilesOfEveryTiledType) {
   ThreadPool pool2(2);
-  for (GgmlType t : kInt8Types) {
-    const Pair p = make_pair(t, 64, cols_of(t, 13), 15);
-    for (int64_t n_tok : {1, 2, 8, 19}) {
-      const auto x = random_x(n_tok, p.rows.cols(), 17);
-      const int64_t rows = 64;
-      std::vector<float> ya(static_cast<size_t>(n_tok * rows)), yb(ya.size());
-      matmul(p.rows, x.data(), n_tok, ya.data(), &pool2);
-      matmul(p.tiles, x.data(), n_tok, yb.data(), nullptr);
-      ASSERT_TRUE(same_bits(ya, yb)) << model::type_name(t) << " n_tok=" << n_tok;
-      // Rows [3, 40): 37 rows from an odd first row, in rows only.
-      WeightView part = p.rows;
-      part.data = p.rows.row(3);
-      part.ne[1] = 37;
-      std::vector<float> yp(static_cast<size_t>(n_tok * 37));
-      matmul(part, x.data(), n_tok, yp.data(), &pool2);
-      for (int64_t tk = 0; tk < n_tok; ++tk)
-        ASSERT_EQ(std::memcmp(yp.data() + tk * 37, yb.data() + tk * rows + 3, 37 * sizeof(float)),
-                  0)
-            << model::type_name(t) << " n_tok=" << n_tok << " token " << tk;
+  int checked = 0;
+  for (const auto* ks : kernel_sets()) {
+    const model::TileTypes tiled = detail::tiled_types(*ks);
+    for (GgmlType t : kInt8Types) {
+      if (!tiled.has(t)) continue;
+      ++checked;
+      const Pair p = make_pair(t, 64, cols_of(t, 13), 15);
+      for (int64_t n_tok : {1, 2, 4, 5, 8, 19}) {
+        SCOPED_TRACE(std::string(ks->name) + " " + model::type_name(t) +
+                     " n_tok=" + std::to_string(n_tok));
+        const auto x = random_x(n_tok, p.rows.cols(), 17);
+        const int64_t rows = 64;
+        const auto tiles = run(*ks, p.tiles, x, n_tok, nullptr);
+        ASSERT_TRUE(same_bits(run(*ks, p.rows, x, n_tok, &pool2), tiles));
+        ASSERT_TRUE(same_bits(run(*ks, p.rows, x, n_tok, nullptr), tiles));
+        // Rows [3, 40): 37 rows from an odd first row, in rows only.
+        WeightView part = p.rows;
+        part.data = p.rows.row(3);
+        part.ne[1] = 37;
+        const auto yp = run(*ks, part, x, n_tok, &pool2);
+        for (int64_t tk = 0; tk < n_tok; ++tk)
+          ASSERT_EQ(
+              std::memcmp(yp.data() + tk * 37, tiles.data() + tk * rows + 3, 37 * sizeof(float)), 0)
+              << "token " << tk;
+      }
     }
   }
+  if (checked == 0) GTEST_SKIP() << "no kernel set of this CPU tiles an int8 type (scalar only)";
 }
 
 // y[t][o] depends on neither n_tok, the thread count, the token's neighbours nor the targets
@@ -642,19 +647,22 @@ TEST_P(TiledModel, SameLogitsAsMappedAndBatchInvariant) {
       for (size_t k = 0; k < ya.size(); ++k) ASSERT_NEAR(ya[k], yb[k], 1e-6f * amax) << a.name;
     }
   }
-  // Where tiles are supported the row kernels share their arithmetic: the same logits, bit for
-  // bit. Elsewhere (only this test makes tiles there) the last-bit differences can move a
-  // hidden value across an int8 activation step, which moves the next products by ~1/127 of
-  // their scale (the llama case, rows on AVX-512 VNNI before session 12: mean 1.2e-3, max 9e-3
-  // of the largest logit): so the whole model agrees to int8 steps.
+  // Where this SIMD level's weight copies tile the type (tiled_weight_types: AVX-512 VNNI every
+  // type, AVX2 the int8 ones, AVX-512 without VNNI F16 and BF16), its row kernels share their
+  // tiles' arithmetic: the same logits, bit for bit. Elsewhere (only this test makes tiles there)
+  // the last-bit differences can move a hidden value across an int8 activation step, which moves
+  // the next products by ~1/127 of their scale (the llama case, rows on AVX-512 VNNI before
+  // session 12: mean 1.2e-3, max 9e-3 of the largest logit): so the whole model agrees to int8
+  // steps.
   double amax = 0, err = 0, sum = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     amax = std::max(amax, static_cast<double>(std::fabs(want[i])));
     err = std::max(err, static_cast<double>(std::fabs(alone[i] - want[i])));
     sum += std::fabs(alone[i] - want[i]);
   }
-  if (weight_tiles_supported()) {
-    EXPECT_TRUE(same_bits(alone, want)) << "tiled against mapped logits: max diff " << err;
+  if (tiled_weight_types().has(dtype)) {
+    EXPECT_TRUE(same_bits(alone, want))
+        << simd_level() << ": tiled against mapped logits: max diff " << err;
   } else {
     EXPECT_LE(err, 3e-2 * amax) << "tiled against mapped logits";
     EXPECT_LE(sum / static_cast<double>(want.size()), 4e-3 * amax) << "tiled against mapped logits";
