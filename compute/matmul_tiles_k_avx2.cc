@@ -76,9 +76,10 @@ struct Avx2TileKernelK {
   static constexpr int kMaxTok = 3;  // sums, accumulators and operands in 16 registers
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
-  // One token alone prefetches the next record into L1, as the AVX-512 kernels: without it,
-  // batch-1 Q4_K read 13 GB/s with one thread where the kernel read 23-30 from cache, with it
-  // 22-25 (docs/benchmarks.md "Engine, session 39").
+  // One token alone prefetches the record after next into L1: with none, batch-1 Q4_K read 13 GB/s
+  // with one thread where the kernel read 23-30 GB/s from cache; with the next record, 22-25
+  // (docs/benchmarks.md "Engine, session 39"); with the one after it, 25-34, and Q4_K_M decode
+  // ran 3-20 % faster ("Engine, session 40").
   static constexpr bool kNextRecord = true;
 
   // Sub-block sb's weights in qs chunk 8 (sb / 2) + k of half rh (rows 8 rh..): the low (even

@@ -162,7 +162,7 @@ struct Avx2NoRows {
 /// The record loop of the AVX2 tile kernels: halves [h0, h0 + NH) (rows 8 h..) of the tile at w
 /// (or, kRowsIn, of the rows src reads) for the tokens' activation records a[0..NT), every
 /// record in order, into out. K provides kRowsIn, kRec (bytes of a record), kRecCols (columns it
-/// holds), kNextRecord (one token alone prefetches the next record into L1, as well as a page
+/// holds), kNextRecord (one token alone prefetches the record after next into L1, as well as a page
 /// ahead) and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
@@ -185,7 +185,7 @@ template <class K, class Act, int NT, int NH, class Src>
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (K::kNextRecord)
-        for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + K::kRec + o);
+        for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + 2 * K::kRec + o);
     }
     const Act* x[NT];
     unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
