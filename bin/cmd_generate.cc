@@ -257,12 +257,14 @@ int cmd_generate(const Args& args) {
 }
 
 int cmd_eval(const Args& args) {
-  ArgParser ap(args, {"model", "tokens", "logits-out", "threads", "kv-type"}, {});
+  ArgParser ap(args, {"model", "tokens", "logits-out", "threads", "kv-type", "weights"}, {});
   const std::string path = ap.required("model");
   const std::vector<int32_t> toks = parse_id_list(ap.required("tokens"), "--tokens");
   const std::string out_path = ap.required("logits-out");
   const int threads = compute::resolve_threads(threads_option(ap), 1);
-  auto model = load_model_or_throw(path);
+  // The file mapping unless asked (no copy's start-up for a check); --weights memory|auto as
+  // generate's, to check that a copy gives the mapped model's logits.
+  auto model = load_model_or_throw(path, ap.str("weights", "map"));
   for (int32_t id : toks)
     if (id >= model->spec.n_vocab)
       throw CliError("token " + std::to_string(id) + " is outside the vocabulary (size " +

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "compute/matmul.h"
 #include "model/gguf_writer.h"
 #include "tests/edited_model.h"
 #include "tests/fp8_model.h"
@@ -376,6 +378,40 @@ TEST(Cli, EvalWritesReferenceLogits) {
     }
     EXPECT_LE(d, 1e-4 * mx) << "position " << p;
   }
+}
+
+// --weights: eval reads the file mapping unless asked for a copy in memory, which tiles the
+// matrices this CPU's kernels read fastest in tiles. Where this SIMD level tiles Q4_K and Q6_K
+// (compute::tiled_weight_types: AVX-512 VNNI, AVX2), its kernels read the mapped rows with the
+// tiles' arithmetic: the copy's logits are the mapped model's, bit for bit. A bad value is a
+// one-line error.
+TEST(Cli, EvalCopiedWeightsGiveTheMappedLogits) {
+  const fs::path m = temp_dir() / "q4_k_m.gguf";
+  CliRun s = troupe({"synth", "--arch", "llama", "--out", m.string(), "--n-embd", "256",
+                     "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "512",
+                     "--dtype", "q4_k_m", "--seed", "7"});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  const std::string toks = "1,40,41,42,100,7,9,200,33,65,66,67";
+  std::vector<float> logits[2];
+  const char* storage[2] = {"map", "memory"};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path out = temp_dir() / (std::string("w-") + storage[i] + ".f32");
+    CliRun r = troupe({"eval", "--model", m.string(), "--tokens", toks, "--logits-out",
+                       out.string(), "--weights", storage[i], "--threads", "2"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    logits[i] = testing::read_f32_file(out.string());
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  ASSERT_FALSE(logits[0].empty());
+  // Elsewhere (the portable path, AVX-512 without VNNI) the copy keeps these in rows: the same
+  // kernels, so the same bits as well.
+  const model::TileTypes tiled = compute::tiled_weight_types();
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
+      << compute::simd_level() << (tiled.has(model::GgmlType::kQ4_K) ? ", tiled" : ", rows")
+      << ": the copied weights changed the logits";
+  expect_one_line_error(troupe({"eval", "--model", m.string(), "--tokens", "1,2", "--logits-out",
+                                (temp_dir() / "x.f32").string(), "--weights", "disk"}),
+                        "--weights");
 }
 
 // --kv-type: generate and eval take f32, f16 or bf16; a half-precision cache changes the logits
