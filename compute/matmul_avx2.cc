@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "compute/detail/avx2_common.h"
@@ -484,21 +483,19 @@ KernelSet make_set(bool vnni) {
   // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1: the tile kernels, reading tiles or ggml's rows with the
   // same arithmetic (matmul_tiles_avx2.cc), so a matrix gives the same bits mapped or copied.
   avx2_tile_rows(vnni, &s);
-  const std::pair<TypeKernels*, void (*)(const float*, int64_t, uint8_t*)> tile32[] = {
-      {&s.q8_0_t16, quantize_act_tile32<GgmlType::kQ8_0>},
-      {&s.q8_0, quantize_act_tile32<GgmlType::kQ8_0>},
-      {&s.q4_0_t16, quantize_act_tile32<GgmlType::kQ4_0>},
-      {&s.q4_0, quantize_act_tile32<GgmlType::kQ4_0>},
-      {&s.q4_1_t16, quantize_act_tile32<GgmlType::kQ4_1>},
-      {&s.q4_1, quantize_act_tile32<GgmlType::kQ4_1>},
-      {&s.q5_0_t16, quantize_act_tile32<GgmlType::kQ5_0>},
-      {&s.q5_0, quantize_act_tile32<GgmlType::kQ5_0>},
-      {&s.q5_1_t16, quantize_act_tile32<GgmlType::kQ5_1>},
-      {&s.q5_1, quantize_act_tile32<GgmlType::kQ5_1>}};
-  for (const auto& [k, quantize] : tile32) {
-    k->act_row_bytes = act_tile32_bytes;
-    k->quantize = quantize;
-  }
+  struct Tile32 {
+    TypeKernels *tiles, *rows;
+    void (*quantize)(const float*, int64_t, uint8_t*);
+  };
+  for (const Tile32& t : {Tile32{&s.q8_0_t16, &s.q8_0, quantize_act_tile32<GgmlType::kQ8_0>},
+                          Tile32{&s.q4_0_t16, &s.q4_0, quantize_act_tile32<GgmlType::kQ4_0>},
+                          Tile32{&s.q4_1_t16, &s.q4_1, quantize_act_tile32<GgmlType::kQ4_1>},
+                          Tile32{&s.q5_0_t16, &s.q5_0, quantize_act_tile32<GgmlType::kQ5_0>},
+                          Tile32{&s.q5_1_t16, &s.q5_1, quantize_act_tile32<GgmlType::kQ5_1>}})
+    for (TypeKernels* k : {t.tiles, t.rows}) {
+      k->act_row_bytes = act_tile32_bytes;
+      k->quantize = t.quantize;
+    }
   avx2_tile_rows_k(vnni, &s);  // matmul_tiles_k_avx2.cc: Q4_K, Q5_K, Q6_K, tiles and rows
   for (TypeKernels* k : {&s.q4_k_t16, &s.q4_k, &s.q5_k_t16, &s.q5_k}) {
     k->act_row_bytes = act_records256_bytes<ActTileK>;

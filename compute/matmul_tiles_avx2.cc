@@ -186,13 +186,14 @@ struct Avx2TileKernel {
   }
 };
 
-// A type's kernels reading tiles and reading rows (the same arithmetic), without or with VNNI.
+// A type's kernel reading rows and its twin reading tiles (the same arithmetic), without or with
+// VNNI.
 template <GgmlType kType>
 void set_pair(bool vnni, TypeKernels* tiles, TypeKernels* rows) {
-  tiles->rows = vnni ? tile16_rows<Avx2TileKernel<kType, true, false>>
-                     : tile16_rows<Avx2TileKernel<kType, false, false>>;
-  rows->rows = vnni ? tile16_rows<Avx2TileKernel<kType, true, true>>
-                    : tile16_rows<Avx2TileKernel<kType, false, true>>;
+  using Plain = Avx2TileKernel<kType, false, true>;
+  using Vnni = Avx2TileKernel<kType, true, true>;
+  tiles->rows = vnni ? tile16_rows<typename Vnni::Tiled> : tile16_rows<typename Plain::Tiled>;
+  rows->rows = vnni ? tile16_rows<Vnni> : tile16_rows<Plain>;
   for (TypeKernels* k : {tiles, rows}) k->row_tile = static_cast<int>(model::kTileRows);
 }
 

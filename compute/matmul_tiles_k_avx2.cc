@@ -349,35 +349,19 @@ struct Avx2TileKernelQ6K {
   }
 };
 
-// A kernel template's instantiations reading tiles and reading rows.
-template <template <bool> class K>
+// A kernel reading rows (K) and its twin reading tiles (K::Tiled).
+template <class K>
 void set_pair(TypeKernels* tiles, TypeKernels* rows) {
-  tiles->rows = tile16_rows<K<false>>;
-  rows->rows = tile16_rows<K<true>>;
+  tiles->rows = tile16_rows<typename K::Tiled>;
+  rows->rows = tile16_rows<K>;
   for (TypeKernels* k : {tiles, rows}) k->row_tile = static_cast<int>(model::kTileRows);
 }
 
 template <bool kVnni>
-struct Q4K {
-  template <bool kRowsIn>
-  using K = Avx2TileKernelK<false, kVnni, kRowsIn>;
-};
-template <bool kVnni>
-struct Q5K {
-  template <bool kRowsIn>
-  using K = Avx2TileKernelK<true, kVnni, kRowsIn>;
-};
-template <bool kVnni>
-struct Q6K {
-  template <bool kRowsIn>
-  using K = Avx2TileKernelQ6K<kVnni, kRowsIn>;
-};
-
-template <bool kVnni>
 void set_all(KernelSet* s) {
-  set_pair<Q4K<kVnni>::template K>(&s->q4_k_t16, &s->q4_k);
-  set_pair<Q5K<kVnni>::template K>(&s->q5_k_t16, &s->q5_k);
-  set_pair<Q6K<kVnni>::template K>(&s->q6_k_t16, &s->q6_k);
+  set_pair<Avx2TileKernelK<false, kVnni, true>>(&s->q4_k_t16, &s->q4_k);
+  set_pair<Avx2TileKernelK<true, kVnni, true>>(&s->q5_k_t16, &s->q5_k);
+  set_pair<Avx2TileKernelQ6K<kVnni, true>>(&s->q6_k_t16, &s->q6_k);
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ inline __m256 f16x8(const uint8_t* p) {
 template <class K>
 class Avx2Rows {
  public:
-  Avx2Rows(const uint8_t* base, int64_t row_bytes, int64_t n) : base_(base), bytes_(row_bytes) {
+  Avx2Rows(const uint8_t* base, int64_t row_bytes, int64_t n) : bytes_(row_bytes) {
     for (int i = 0; i < 16; ++i) row_[i] = base + (i < n ? i : 0) * row_bytes;
   }
 
@@ -107,7 +107,7 @@ class Avx2Rows {
     const int64_t at = s * K::kBlock;
     if (K::kBlock < 64 && at % 64 >= K::kBlock)
       return;  // this line was fetched with a block before
-    const uint8_t* next = base_ + 8 * (h0 + nh) * bytes_ + at;
+    const uint8_t* next = row_[0] + 8 * (h0 + nh) * bytes_ + at;  // row_[0]: the tile's first
     for (int i = 0; i < 8 * nh; ++i)
       for (int64_t o = 0; o < K::kBlock; o += 64) prefetch_l1(next + i * bytes_ + o);
   }
@@ -149,9 +149,8 @@ class Avx2Rows {
     return delta_swap(x, 1, 0x22222222u);  // 0 and 1
   }
 
-  const uint8_t* base_;
   int64_t bytes_;
-  const uint8_t* row_[16];
+  const uint8_t* row_[16];  // rows at and past n: row 0
 };
 
 /// What a kernel reading tiles has in Avx2Rows' place.
