@@ -57,6 +57,14 @@ inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
   }
 }
 
+// Makes the compiler finish v here: a group's sums are added into v where the source adds them,
+// and nothing of a later group's is loaded before. g++ 12 otherwise made every integer sum of a
+// Q6_K record first and added them all at the end: 16-32 sums and the broadcasts spilled to the
+// stack (340 of the one-token kernel's 1530 instructions a record; 17 of 1510 with this). Emits
+// no instruction. Tried on Q4_K and Q5_K's sub-blocks too: mixed (one token 10-20 % faster
+// without VNNI, 8-16 % slower with it; 16 tokens ~10 % slower without VNNI), so not used there.
+[[gnu::always_inline]] inline void settle(__m256& v) { __asm__ volatile("" : "+x"(v)::"memory"); }
+
 // --- Q4_K and Q5_K ---------------------------------------------------------------------------
 // A record: d x16 and dmin x16 (64 bytes), 3 chunks of packed scales and mins, Q5_K's 8 chunks of
 // qh, 32 chunks of qs.
@@ -261,28 +269,30 @@ struct Avx2TileKernelQ6K {
   static constexpr int64_t kRecCols = kQK_K;
   static constexpr bool kNextRecord = true;  // as Q4_K's
 
-  // The 4 weight dwords (16 values per lane, unsigned 0-63) of group G, half rh.
+  // Dword k of group G's weights (values 4k..4k+3 of the group per lane, unsigned 0-63), half
+  // rh: ql's nibble, and qh's bits 2J..2J+1 moved to bits 4-5 by a shift. (A lookup on qh's low
+  // nibble instead, for J < 2, needs two tables in registers; with them the one-token kernel
+  // spilled.)
   template <int G>
-  [[gnu::always_inline]] static void unpack(const uint8_t* rec, int rh, __m256i* w) {
+  [[gnu::always_inline]] static __m256i weight(const uint8_t* rec, int k, int rh) {
     constexpr int h = G / 8, J = G / 2 % 4, half = G % 2;
     const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    unroll<4>([&](int k) __attribute__((always_inline)) {
-      const int l4 = 4 * half + k;
-      const __m256i ql = load32(rec + 64 * (16 * h + 8 * (J & 1) + l4) + 32 * rh);
-      const __m256i qh = load32(rec + 64 * (32 + 8 * h + l4) + 32 * rh);
-      if constexpr (J < 2) {
-        // qh bits 2J..2J+1 to bits 4-5 by a lookup on its low nibble, over ql's low nibble.
-        const __m256i table = J == 0 ? _mm256_set1_epi32(0x30201000)
-                                     : _mm256_setr_epi32(0, 0x10101010, 0x20202020, 0x30303030, 0,
-                                                         0x10101010, 0x20202020, 0x30303030);
-        const __m256i hb = _mm256_shuffle_epi8(table, _mm256_and_si256(qh, m0f));
-        w[k] = _mm256_or_si256(_mm256_and_si256(ql, m0f), hb);
-      } else {
-        const __m256i hi = J == 2 ? qh : _mm256_srli_epi32(qh, 2);
-        w[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m0f),
-                               _mm256_and_si256(hi, m30));
-      }
-    });
+    const int l4 = 4 * half + k;
+    const __m256i ql = load32(rec + 64 * (16 * h + 8 * (J & 1) + l4) + 32 * rh);
+    const __m256i qh = load32(rec + 64 * (32 + 8 * h + l4) + 32 * rh);
+    const __m256i lo =
+        J < 2 ? _mm256_and_si256(ql, m0f) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m0f);
+    __m256i hb;
+    if constexpr (J == 0) {
+      hb = _mm256_slli_epi16(qh, 4);
+    } else if constexpr (J == 1) {
+      hb = _mm256_slli_epi16(qh, 2);
+    } else if constexpr (J == 2) {
+      hb = qh;
+    } else {
+      hb = _mm256_srli_epi16(qh, 2);
+    }
+    return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
   }
 
   // Group G's scale for the half's 8 rows: ds = d * sc_G (exact) and -M * ds (exact).
@@ -311,16 +321,66 @@ struct Avx2TileKernelQ6K {
     auto group = [&](auto g) __attribute__((always_inline)) {
       constexpr int kG = decltype(g)::value;
       __m256i w[4];
-      unpack<kG>(rec, rh, w);
+      unroll<4>([&](int k) __attribute__((always_inline)) { w[k] = weight<kG>(rec, k, rh); });
       __m256 ds, nmds;
       group_scale<kG>(rec, rh, d24, &ds, &nmds);
       unroll<NT>([&](int n) __attribute__((always_inline)) {
         const __m256i t =
             dot_chunks<4, 63, kVnni>(_mm256_set1_epi32(x[n]->start[kG]), w, x[n]->q + 16 * kG);
         u[n] = _mm256_add_ps(u[n], _mm256_fmadd_ps(_mm256_castsi256_ps(t), ds, nmds));
+        settle(u[n]);
       });
     };
     (group(std::integral_constant<int, G>{}), ...);
+  }
+
+  // One token, both halves of a record: the sums of groups<1>, each group's activation dwords
+  // broadcast once for the two halves, and written so that the loop keeps few constants in
+  // registers (m0f, m30, M and, without VNNI, ones): the qh bits moved by shifts instead of a
+  // lookup, each group's scale taken from its byte by two shifts instead of a shuffle (the exact
+  // sc, times d exactly), and t * ds as (t - M) * ds (t - M exact, one rounding: the bits of
+  // fma(M + t, ds, -M * ds)), each group settled (settle) before the next.
+  [[gnu::always_inline]] static void record_one(const uint8_t* rec, const uint8_t* d,
+                                                const ActTileQ6K* x, __m256 (&acc)[2]) {
+    const __m256 magic = _mm256_set1_ps(kTileMagic);
+    __m256 u[2] = {_mm256_set1_ps(-0.f), _mm256_set1_ps(-0.f)};
+    unroll<16>([&](auto g_) __attribute__((always_inline)) {
+      constexpr int G = decltype(g_)::value;
+      const int8_t* xq = x->q + 16 * G;
+      __m256i t[2];
+      t[0] = t[1] = _mm256_set1_epi32(x->start[G]);
+      if constexpr (kVnni) {
+        unroll<4>([&](int k) __attribute__((always_inline)) {
+          const __m256i x4 = bcast4(xq + 4 * k);
+          t[0] = dpbusd(t[0], weight<G>(rec, k, 0), x4);
+          t[1] = dpbusd(t[1], weight<G>(rec, k, 1), x4);
+        });
+      } else {
+        const __m256i ones = _mm256_set1_epi16(1);
+        unroll<2>([&](int p) __attribute__((always_inline)) {
+          const __m256i xa = bcast4(xq + 8 * p), xb = bcast4(xq + 8 * p + 4);
+          unroll<2>([&](int rh) __attribute__((always_inline)) {
+            const __m256i s =
+                _mm256_add_epi16(_mm256_maddubs_epi16(weight<G>(rec, 2 * p, rh), xa),
+                                 _mm256_maddubs_epi16(weight<G>(rec, 2 * p + 1, rh), xb));
+            t[rh] = _mm256_add_epi32(t[rh], _mm256_madd_epi16(s, ones));
+          });
+        });
+      }
+      unroll<2>([&](int rh) __attribute__((always_inline)) {
+        const __m256i sc4 = load32(rec + 64 * (48 + G / 4) + 32 * rh);
+        const __m256i sc =
+            _mm256_srai_epi32(G % 4 == 3 ? sc4 : _mm256_slli_epi32(sc4, 24 - 8 * (G % 4)), 24);
+        const __m256 ds = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), f16x8(d + 16 * rh));
+        u[rh] = _mm256_add_ps(u[rh],
+                              _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t[rh]), magic), ds));
+      });
+      settle(u[0]);
+      settle(u[1]);
+    });
+    unroll<2>([&](int rh) __attribute__((always_inline)) {
+      acc[rh] = _mm256_fmadd_ps(u[rh], _mm256_set1_ps(x->d), acc[rh]);
+    });
   }
 
   // Super-block s for halves [h0, h0 + NH); its d values follow the tile's last record (an
@@ -331,6 +391,13 @@ struct Avx2TileKernelQ6K {
                                             const ActTileQ6K* const* x, int h0,
                                             __m256 (&acc)[NH][NT]) {
     const uint8_t* d = kRowsIn ? rec + kRec : tile + j.cols / kQK_K * kRec + 32 * s;
+    if constexpr (NT == 1 && NH == 2) {
+      __m256 both[2] = {acc[0][0], acc[1][0]};
+      record_one(rec, d, x[0], both);
+      acc[0][0] = both[0];
+      acc[1][0] = both[1];
+      return;
+    }
     unroll<NH>([&](int hh) __attribute__((always_inline)) {
       const int rh = h0 + hh;
       const __m256 d24 = _mm256_mul_ps(f16x8(d + 16 * rh), _mm256_set1_ps(0x1p-24f));
