@@ -195,8 +195,11 @@ struct Avx2TileKernelK {
     __m256 u[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     unroll<8>([&](auto sb_) __attribute__((always_inline)) {
       constexpr int sb = decltype(sb_)::value;
+      // Q4_K with VNNI, odd sub-blocks: the high nibbles left in place (16 q, one AND instead of a
+      // shift and an AND), the int32 dot divided by 16 once (exact) before M is added.
+      constexpr bool kHigh16 = kVnni && !kQ5 && sb % 2 == 1;
       __m256i t[2];
-      if constexpr (kVnni) {
+      if constexpr (kVnni && !kHigh16) {
         t[0] = t[1] = _mm256_set1_epi32(tile_start(0));
       } else {
         t[0] = t[1] = _mm256_setzero_si256();
@@ -205,7 +208,10 @@ struct Avx2TileKernelK {
       unroll<8>([&](int k) __attribute__((always_inline)) {
         const __m256i x4 = bcast4(x->q + 32 * sb + 4 * k);
         unroll<2>([&](int rh) __attribute__((always_inline)) {
-          const __m256i w = weights<sb>(rec, k, rh);
+          const __m256i w =
+              kHigh16 ? _mm256_andnot_si256(_mm256_set1_epi8(0x0F),
+                                            load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh))
+                      : weights<sb>(rec, k, rh);
           if constexpr (kVnni) {
             t[rh] = dpbusd(t[rh], w, x4);
           } else {
@@ -215,7 +221,9 @@ struct Avx2TileKernelK {
         });
       });
       unroll<2>([&](int rh) __attribute__((always_inline)) {
-        if constexpr (!kVnni) {
+        if constexpr (kHigh16) {
+          t[rh] = _mm256_add_epi32(_mm256_srai_epi32(t[rh], 4), _mm256_set1_epi32(tile_start(0)));
+        } else if constexpr (!kVnni) {
           const __m256i ones = _mm256_set1_epi16(1);
           t[rh] = _mm256_add_epi32(_mm256_set1_epi32(tile_start(0)),
                                    _mm256_madd_epi16(s16[rh][0], ones));
