@@ -61,8 +61,9 @@ inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
 // and nothing of a later group's is loaded before. g++ 12 otherwise made every integer sum of a
 // Q6_K record first and added them all at the end: 16-32 sums and the broadcasts spilled to the
 // stack (340 stack loads and stores in the one-token kernel's 1530 instructions; with this, 17
-// in 1510, all at its entry and exit). Emits no instruction. Tried on Q4_K and Q5_K's sub-blocks too: mixed (one token 10-20 % faster
-// without VNNI, 8-16 % slower with it; 16 tokens ~10 % slower without VNNI), so not used there.
+// in 1510, all at its entry and exit). Emits no instruction. Tried on Q4_K and Q5_K's sub-blocks
+// too: mixed (one token 10-20 % faster without VNNI, 8-16 % slower with it; 16 tokens ~10 % slower
+// without VNNI), so not used there.
 [[gnu::always_inline]] inline void settle(__m256& v) { __asm__ volatile("" : "+x"(v)::"memory"); }
 
 // --- Q4_K and Q5_K ---------------------------------------------------------------------------
