@@ -93,10 +93,15 @@ struct Avx2TileKernelK {
 
   // Sub-block sb's weights in qs chunk 8 (sb / 2) + k of half rh (rows 8 rh..): the low (even
   // sb) or high nibbles, and Q5_K's fifth bits (bit sb of each qh byte, moved to bit 4).
-  template <int sb>
+  // kHigh16 (Q4_K, odd sb): the high nibbles left in place, 16 q.
+  template <int sb, bool kHigh16 = false>
   [[gnu::always_inline]] static __m256i weights(const uint8_t* rec, int k, int rh) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     const __m256i z = load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh);
+    if constexpr (kHigh16) {
+      static_assert(!kQ5 && sb % 2 == 1);
+      return _mm256_andnot_si256(m0f, z);
+    }
     __m256i w =
         sb % 2 == 0 ? _mm256_and_si256(z, m0f) : _mm256_and_si256(_mm256_srli_epi16(z, 4), m0f);
     if constexpr (kQ5) {
@@ -209,10 +214,7 @@ struct Avx2TileKernelK {
       unroll<8>([&](int k) __attribute__((always_inline)) {
         const __m256i x4 = bcast4(x->q + 32 * sb + 4 * k);
         unroll<2>([&](int rh) __attribute__((always_inline)) {
-          const __m256i w =
-              kHigh16 ? _mm256_andnot_si256(_mm256_set1_epi8(0x0F),
-                                            load32(rec + kQs + 64 * (8 * (sb / 2) + k) + 32 * rh))
-                      : weights<sb>(rec, k, rh);
+          const __m256i w = weights<sb, kHigh16>(rec, k, rh);
           if constexpr (kVnni) {
             t[rh] = dpbusd(t[rh], w, x4);
           } else {
@@ -304,35 +306,26 @@ struct Avx2TileKernelQ6K {
     return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
   }
 
-  // Group G's scale for the half's 8 rows: ds = d * sc_G (exact) and -M * ds (exact).
+  // Group G's scale for the half's 8 rows, d * sc_G (exact): the signed byte G % 4 of each row's
+  // scale dword taken by two shifts (no table in a register), times the half's d.
   template <int G>
-  [[gnu::always_inline]] static void group_scale(const uint8_t* rec, int rh, __m256 d24, __m256* ds,
-                                                 __m256* nmds) {
+  [[gnu::always_inline]] static __m256 group_scale(const uint8_t* rec, int rh, __m256 d) {
     const __m256i sc4 = load32(rec + 64 * (48 + G / 4) + 32 * rh);
-    // Byte G % 4 of each dword to its top, the rest zero: sc_G * 2^24, exact as a float.
-    constexpr unsigned b = G % 4;
-    const __m256i top = _mm256_setr_epi32(static_cast<int>(0x00808080u | (0u + b) << 24),
-                                          static_cast<int>(0x00808080u | (4u + b) << 24),
-                                          static_cast<int>(0x00808080u | (8u + b) << 24),
-                                          static_cast<int>(0x00808080u | (12u + b) << 24),
-                                          static_cast<int>(0x00808080u | (0u + b) << 24),
-                                          static_cast<int>(0x00808080u | (4u + b) << 24),
-                                          static_cast<int>(0x00808080u | (8u + b) << 24),
-                                          static_cast<int>(0x00808080u | (12u + b) << 24));
-    *ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(sc4, top)), d24);
-    *nmds = _mm256_mul_ps(*ds, _mm256_set1_ps(-kTileMagic));
+    const __m256i sc =
+        _mm256_srai_epi32(G % 4 == 3 ? sc4 : _mm256_slli_epi32(sc4, 24 - 8 * (G % 4)), 24);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(sc), d);
   }
 
   template <int NT, int... G>
   [[gnu::always_inline]] static void groups(std::integer_sequence<int, G...>, const uint8_t* rec,
-                                            int rh, __m256 d24, const ActTileQ6K* const* x,
+                                            int rh, __m256 d, const ActTileQ6K* const* x,
                                             __m256* u) {
     auto group = [&](auto g) __attribute__((always_inline)) {
       constexpr int kG = decltype(g)::value;
       __m256i w[4];
       unroll<4>([&](int k) __attribute__((always_inline)) { w[k] = weight<kG>(rec, k, rh); });
-      __m256 ds, nmds;
-      group_scale<kG>(rec, rh, d24, &ds, &nmds);
+      const __m256 ds = group_scale<kG>(rec, rh, d);
+      const __m256 nmds = _mm256_mul_ps(ds, _mm256_set1_ps(-kTileMagic));  // exact
       unroll<NT>([&](int n) __attribute__((always_inline)) {
         const __m256i t =
             dot_chunks<4, 63, kVnni>(_mm256_set1_epi32(x[n]->start[kG]), w, x[n]->q + 16 * kG);
@@ -346,9 +339,9 @@ struct Avx2TileKernelQ6K {
   // One token, both halves of a record: the sums of groups<1>, each group's activation dwords
   // broadcast once for the two halves, and written so that the loop keeps few constants in
   // registers (m0f, m30, M and, without VNNI, ones): the qh bits moved by shifts instead of a
-  // lookup, each group's scale taken from its byte by two shifts instead of a shuffle (the exact
-  // sc, times d exactly), and t * ds as (t - M) * ds (t - M exact, one rounding: the bits of
-  // fma(M + t, ds, -M * ds)), each group settled (settle) before the next.
+  // lookup, each group's scale by two shifts (group_scale), and t * ds as (t - M) * ds (t - M
+  // exact, one rounding: the bits of fma(M + t, ds, -M * ds)), each group settled (settle)
+  // before the next.
   [[gnu::always_inline]] static void record_one(const uint8_t* rec, const uint8_t* d,
                                                 const ActTileQ6K* x, __m256 (&acc)[2]) {
     const __m256 magic = _mm256_set1_ps(kTileMagic);
@@ -377,10 +370,7 @@ struct Avx2TileKernelQ6K {
         });
       }
       unroll<2>([&](int rh) __attribute__((always_inline)) {
-        const __m256i sc4 = load32(rec + 64 * (48 + G / 4) + 32 * rh);
-        const __m256i sc =
-            _mm256_srai_epi32(G % 4 == 3 ? sc4 : _mm256_slli_epi32(sc4, 24 - 8 * (G % 4)), 24);
-        const __m256 ds = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), f16x8(d + 16 * rh));
+        const __m256 ds = group_scale<G>(rec, rh, f16x8(d + 16 * rh));
         u[rh] = _mm256_add_ps(u[rh],
                               _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t[rh]), magic), ds));
       });
@@ -409,10 +399,10 @@ struct Avx2TileKernelQ6K {
     }
     unroll<NH>([&](int hh) __attribute__((always_inline)) {
       const int rh = h0 + hh;
-      const __m256 d24 = _mm256_mul_ps(f16x8(d + 16 * rh), _mm256_set1_ps(0x1p-24f));
+      const __m256 dh = f16x8(d + 16 * rh);
       __m256 u[NT];  // from -0: u = v_0 + ... exactly as ActTileQ6K's sum
       unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_set1_ps(-0.f); });
-      groups<NT>(std::make_integer_sequence<int, 16>(), rec, rh, d24, x, u);
+      groups<NT>(std::make_integer_sequence<int, 16>(), rec, rh, dh, x, u);
       unroll<NT>([&](int n) __attribute__((always_inline)) {
         acc[hh][n] = _mm256_fmadd_ps(u[n], _mm256_set1_ps(x[n]->d), acc[hh][n]);
       });
