@@ -76,7 +76,13 @@ void ThreadPool::worker(int idx) {
     Backoff backoff;
     while (g == seen && backoff.wait()) g = generation_.load(std::memory_order_acquire);
     while (g == seen) {
-      generation_.wait(seen, std::memory_order_acquire);
+      // Counted before the last look at generation_, both sequentially consistent, as run()'s
+      // increment and its look at sleepers_: either that look sees this sleeper, or this one
+      // sees the new generation.
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (generation_.load(std::memory_order_seq_cst) == seen)
+        generation_.wait(seen, std::memory_order_acquire);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
       g = generation_.load(std::memory_order_acquire);
     }
     seen = g;
@@ -101,8 +107,13 @@ void ThreadPool::run(FnRef<void(int, int)> fn) {
   }
   job_ = &fn;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();  // a no-op unless some worker sleeps
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  // Only a sleeping worker needs the wake. libstdc++'s notify_all makes a futex call whenever
+  // any thread of the process sleeps on an 8-byte atomic of the same hash bucket (all
+  // 64-byte-aligned ones share one), such as another pool's idle worker: with the bandwidth
+  // probe's pool asleep, engine_bench made one system call per parallel section
+  // (docs/benchmarks.md "Engine, session 42").
+  if (sleepers_.load(std::memory_order_seq_cst) != 0) generation_.notify_all();
   std::exception_ptr mine;
   try {
     fn(0, n_threads_);

@@ -90,6 +90,7 @@ class ThreadPool {
   const FnRef<void(int, int)>* job_ = nullptr;
   alignas(64) std::atomic<uint64_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
+  std::atomic<int> sleepers_{0};  // workers in (or about to enter) generation_.wait
   std::atomic<bool> stop_{false};
   // One slot per worker: each written only by its worker, read by the caller after pending_.
   std::unique_ptr<std::exception_ptr[]> errors_;
