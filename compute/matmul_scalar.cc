@@ -245,21 +245,19 @@ void kquant_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
       for (int64_t s = 0; s < nsb; ++s) {
         const float d = fp16_to_fp32(blk[s].d), dmin = fp16_to_fp32(blk[s].dmin);
         int32_t tot = 0, msum = 0;
-        float u = -0.f;  // -0 + v_0 is v_0, whatever its sign
         for (int sb = 0; sb < 8; ++sb) {
           int32_t dot = 0, xsum = 0;
           for (int k = 0; k < 32; ++k) dot += wq[s * kQK_K + 32 * sb + k] * a[s].q[32 * sb + k];
           if constexpr (kTiled) {
             xsum = a[s].xsum[kTileKSumSlot[sb]];
-            const float dsc = d * static_cast<float>(sc[16 * s + sb]);
-            u += std::fma(kTileMagic + static_cast<float>(dot), dsc, -kTileMagic * dsc);
           } else {
             for (int k = 0; k < 32; ++k) xsum += a[s].q[32 * sb + k];
-            tot += sc[16 * s + sb] * dot;
           }
+          tot += sc[16 * s + sb] * dot;
           msum += sc[16 * s + 8 + sb] * xsum;
         }
         if constexpr (kTiled) {
+          const float u = d * static_cast<float>(tot);
           acc = std::fma(std::fma(-static_cast<float>(msum), dmin, u), a[s].d, acc);
         } else {
           acc += a[s].d * (d * static_cast<float>(tot) - dmin * static_cast<float>(msum));

@@ -117,10 +117,10 @@ struct Avx2TileKernelK {
     return w;
   }
 
-  // Sub-block sb's d * sc (exact) for half rh, its 6-bit scale unpacked from the 3 packed chunks
-  // as q4k_scales_mins does, lane-wise.
+  // Sub-block sb's 6-bit scale for half rh's 8 rows (int32 lanes), unpacked from the 3 packed
+  // chunks as q4k_scales_mins does, lane-wise.
   template <int sb>
-  [[gnu::always_inline]] static __m256 sub_scale(const uint8_t* rec, int rh) {
+  [[gnu::always_inline]] static __m256i sub_scale(const uint8_t* rec, int rh) {
     const __m256i s0 = load32(rec + kScales + 32 * rh);
     const __m256i sc =
         sb < 4
@@ -128,18 +128,20 @@ struct Avx2TileKernelK {
             : _mm256_or_si256(
                   _mm256_and_si256(load32(rec + kScales + 128 + 32 * rh), _mm256_set1_epi8(0x0F)),
                   _mm256_and_si256(_mm256_srli_epi32(s0, 2), _mm256_set1_epi8(0x30)));
-    const __m256i scv =
-        _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (sb % 4)), _mm256_set1_epi32(0xFF));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(scv), f16x8(rec + 16 * rh));
+    return _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (sb % 4)), _mm256_set1_epi32(0xFF));
   }
 
-  // u + dot x dsc, from the int32 lanes M + dot: (M + dot) - M is the dot exactly, and one
-  // multiply rounds dot x dsc once (never fused with the add: the kernel files build with
-  // -ffp-contract=off, compute/CMakeLists.txt). u starts from +0, as in the AVX-512 kernel
-  // (matmul_tiles_k_avx512.cc): the same bits as ActTileK's -0.
-  [[gnu::always_inline]] static __m256 add_scaled(__m256 u, __m256i t, __m256 dsc) {
-    return _mm256_add_ps(
-        u, _mm256_mul_ps(_mm256_sub_ps(_mm256_castsi256_ps(t), _mm256_set1_ps(kTileMagic)), dsc));
+  // The multiplier of a sub-block's dots: its scale in both int16 halves of a lane (vpmaddwd's
+  // pair) without VNNI, as an int32 (vpmulld) with it.
+  [[gnu::always_inline]] static __m256i multiplier(__m256i sc) {
+    if constexpr (kVnni) return sc;
+    return _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+  }
+
+  // sc * (int16 pair sums s16), widened: one vpmaddwd by the scale where the sums were widened
+  // by one vpmaddwd by 1 (exact: |s16| < 2^15, sc < 64).
+  [[gnu::always_inline]] static __m256i scaled16(__m256i s16, __m256i mul) {
+    return _mm256_madd_epi16(s16, mul);
   }
 
   // Half rh's mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7): xsum's order.
@@ -158,9 +160,10 @@ struct Avx2TileKernelK {
             _mm256_and_si256(hi, pair), _mm256_and_si256(_mm256_srli_epi32(hi, 8), pair)};
   }
 
-  // acc + (u - msum dmin) d_x for one token of half rh.
+  // acc + (d tot - msum dmin) d_x for one token of half rh.
   [[gnu::always_inline]] static __m256 finish(const uint8_t* rec, int rh, const Mins& m,
-                                              const ActTileK* x, __m256 u, __m256 acc) {
+                                              const ActTileK* x, __m256i tot, __m256 acc) {
+    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(tot), f16x8(rec + 16 * rh));
     const int16_t* xs = x->xsum;
     __m256i ms = _mm256_madd_epi16(m.m02, bcast4(xs));
     ms = _mm256_add_epi32(ms, _mm256_madd_epi16(m.m13, bcast4(xs + 2)));
@@ -170,27 +173,47 @@ struct Avx2TileKernelK {
     return _mm256_fmadd_ps(v, _mm256_set1_ps(x->d), acc);
   }
 
+  // sc * dot(w, x) over a sub-block's 8 chunks, exact. Without VNNI: int16 pair sums of
+  // vpmaddubsw (8 per sum for 4-bit weights, 4 for 5-bit: below 2^15), each widened by one
+  // vpmaddwd by the scale; with VNNI: vpdpbusd's int32 dot times the scale.
+  [[gnu::always_inline]] static __m256i scaled_dot(const __m256i* w, const int8_t* x, __m256i mul) {
+    if constexpr (kVnni) {
+      return _mm256_mullo_epi32(dot_chunks < 8, kQ5 ? 31 : 15,
+                                true > (_mm256_setzero_si256(), w, x), mul);
+    } else {
+      constexpr int kSpan = kQ5 ? 4 : 8;
+      __m256i r = _mm256_setzero_si256();
+      unroll<8 / kSpan>([&](int g) __attribute__((always_inline)) {
+        __m256i s16 = _mm256_maddubs_epi16(w[kSpan * g], bcast4(x + 4 * kSpan * g));
+        unroll<kSpan - 1>([&](int k) __attribute__((always_inline)) {
+          s16 = _mm256_add_epi16(
+              s16, _mm256_maddubs_epi16(w[kSpan * g + k + 1], bcast4(x + 4 * (kSpan * g + k + 1))));
+        });
+        r = _mm256_add_epi32(r, scaled16(s16, mul));
+      });
+      return r;
+    }
+  }
+
   // Super-block s's half rh for tokens x[0..NT): each sub-block's 8 chunks unpacked once for
   // all tokens.
   template <int NT>
   [[gnu::always_inline]] static void super_block(const uint8_t* rec, int rh,
                                                  const ActTileK* const* x, __m256* acc) {
-    __m256 u[NT];
-    unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm256_setzero_ps(); });
+    __m256i tot[NT];
+    unroll<NT>([&](int n) __attribute__((always_inline)) { tot[n] = _mm256_setzero_si256(); });
     unroll<8>([&](auto sb_) __attribute__((always_inline)) {
       constexpr int sb = decltype(sb_)::value;
-      const __m256 dsc = sub_scale<sb>(rec, rh);
+      const __m256i mul = multiplier(sub_scale<sb>(rec, rh));
       __m256i w[8];
       unroll<8>([&](int k) __attribute__((always_inline)) { w[k] = weights<sb>(rec, k, rh); });
       unroll<NT>([&](int n) __attribute__((always_inline)) {
-        const __m256i t = dot_chunks < 8, kQ5 ? 31 : 15,
-                      kVnni > (_mm256_set1_epi32(tile_start(0)), w, x[n]->q + 32 * sb);
-        u[n] = add_scaled(u[n], t, dsc);
+        tot[n] = _mm256_add_epi32(tot[n], scaled_dot(w, x[n]->q + 32 * sb, mul));
       });
     });
     const Mins m = mins(rec, rh);
     unroll<NT>([&](int n) __attribute__((always_inline)) {
-      acc[n] = finish(rec, rh, m, x[n], u[n], acc[n]);
+      acc[n] = finish(rec, rh, m, x[n], tot[n], acc[n]);
     });
   }
 
@@ -198,19 +221,17 @@ struct Avx2TileKernelK {
   // multiplied by one broadcast, so that the sums, operands and accumulators stay in registers.
   [[gnu::always_inline]] static void super_block_one(const uint8_t* rec, const ActTileK* x,
                                                      __m256 (&acc)[2]) {
-    __m256 u[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    // Q4_K with VNNI, odd sub-blocks: the high nibbles left in place (16 q, one AND instead of a
+    // shift and an AND); their scaled dots, all multiples of 16, summed apart (tot16, below
+    // 2^31) and divided by 16 once per super-block (exact).
+    constexpr bool kHigh = kVnni && !kQ5;
+    __m256i tot[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i tot16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     unroll<8>([&](auto sb_) __attribute__((always_inline)) {
       constexpr int sb = decltype(sb_)::value;
-      // Q4_K with VNNI, odd sub-blocks: the high nibbles left in place (16 q, one AND instead of a
-      // shift and an AND), the int32 dot divided by 16 once (exact) before M is added.
-      constexpr bool kHigh16 = kVnni && !kQ5 && sb % 2 == 1;
-      __m256i t[2];
-      if constexpr (kVnni && !kHigh16) {
-        t[0] = t[1] = _mm256_set1_epi32(tile_start(0));
-      } else {
-        t[0] = t[1] = _mm256_setzero_si256();
-      }
-      __m256i s16[2][2] = {};  // Q5_K without VNNI: two int16 sums of 4 chunks each
+      constexpr bool kHigh16 = kHigh && sb % 2 == 1;
+      __m256i t[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      __m256i s16[2][2] = {};  // without VNNI: int16 sums of 8 chunks (Q5_K: 4)
       unroll<8>([&](int k) __attribute__((always_inline)) {
         const __m256i x4 = bcast4(x->q + 32 * sb + 4 * k);
         unroll<2>([&](int rh) __attribute__((always_inline)) {
@@ -224,19 +245,20 @@ struct Avx2TileKernelK {
         });
       });
       unroll<2>([&](int rh) __attribute__((always_inline)) {
+        const __m256i mul = multiplier(sub_scale<sb>(rec, rh));
         if constexpr (kHigh16) {
-          t[rh] = _mm256_add_epi32(_mm256_srai_epi32(t[rh], 4), _mm256_set1_epi32(tile_start(0)));
-        } else if constexpr (!kVnni) {
-          const __m256i ones = _mm256_set1_epi16(1);
-          t[rh] = _mm256_add_epi32(_mm256_set1_epi32(tile_start(0)),
-                                   _mm256_madd_epi16(s16[rh][0], ones));
-          if constexpr (kQ5) t[rh] = _mm256_add_epi32(t[rh], _mm256_madd_epi16(s16[rh][1], ones));
+          tot16[rh] = _mm256_add_epi32(tot16[rh], _mm256_mullo_epi32(t[rh], mul));
+        } else if constexpr (kVnni) {
+          tot[rh] = _mm256_add_epi32(tot[rh], _mm256_mullo_epi32(t[rh], mul));
+        } else {
+          tot[rh] = _mm256_add_epi32(tot[rh], scaled16(s16[rh][0], mul));
+          if constexpr (kQ5) tot[rh] = _mm256_add_epi32(tot[rh], scaled16(s16[rh][1], mul));
         }
-        u[rh] = add_scaled(u[rh], t[rh], sub_scale<sb>(rec, rh));
       });
     });
     unroll<2>([&](int rh) __attribute__((always_inline)) {
-      acc[rh] = finish(rec, rh, mins(rec, rh), x, u[rh], acc[rh]);
+      if constexpr (kHigh) tot[rh] = _mm256_add_epi32(tot[rh], _mm256_srai_epi32(tot16[rh], 4));
+      acc[rh] = finish(rec, rh, mins(rec, rh), x, tot[rh], acc[rh]);
     });
   }
 

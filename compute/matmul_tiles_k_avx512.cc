@@ -1,9 +1,9 @@
 // AVX-512 VNNI kernels for Q4_K and Q5_K matrices in 16-row tiles (model/weight_tiles.h), and the
 // same arithmetic reading them in ggml's rows (16 rows per super-block, TileRows), so that a
 // matrix gives the same bits mapped or tiled. Lane i is output row i. Per super-block and token:
-// 64 vpdpbusd give the 8 sub-blocks' dots, each started from M's bits so that its lanes are the
-// floats M + dot, one FMA per sub-block scales it by d * sc and one add sums them; 4 vpdpwssd of
-// the mins against the sub-blocks' activation sums give msum, and two FMAs finish for 16 rows:
+// 64 vpdpbusd give the 8 sub-blocks' dots, one vpmulld per sub-block scales each by its 6-bit
+// scale and one add sums them (exact integers); 4 vpdpwssd of the mins against the sub-blocks'
+// activation sums give msum, and a conversion, a multiply and two FMAs finish for 16 rows:
 // ActTileK's recurrence (matmul_kernels.h), identical to the scalar tile kernel's. Q5_K is Q4_K
 // with a fifth bit per value, which one rotate and one ternary-logic op per dword put on top of
 // the nibble. Compiled with the flags of *_avx512.cc; runs only with VNNI.
@@ -147,11 +147,9 @@ struct TileKernelK {
                                             src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
-      // The sub-blocks' products summed in order, as ActTileK's (which starts from -0). Here
-      // from +0: a product (x - M) dsc of a zero dot is -0 where dsc < 0 (the scalar FMA gives
-      // +0), and +0 plus either zero is +0, so every sum has the scalar one's bits.
-      __m512 u[NT];
-      unroll<NT>([&](int n) __attribute__((always_inline)) { u[n] = _mm512_setzero_ps(); });
+      // tot = sum_j sc_j * dot_j, exact (|tot| < 2^26).
+      __m512i tot[NT];
+      unroll<NT>([&](int n) __attribute__((always_inline)) { tot[n] = _mm512_setzero_si512(); });
       __m512i qh[8];  // Q5_K: bit sb of each byte is the top bit of a value of sub-block sb
       if constexpr (kQ5) {
         src.dwords4(s, kQh, qh);
@@ -171,7 +169,6 @@ struct TileKernelK {
           const int sb = 2 * p + h;
           const __m512i scv =
               _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc_lo : sc_hi, 8 * (sb % 4)), mlo);
-          const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(scv), d);  // exact
           __m512i w[8];
           for (int k = 0; k < 8; ++k) {
             w[k] = h == 0 ? _mm512_and_si512(z[k], m0f) : high_nibbles<kGfni>(z[k]);
@@ -182,22 +179,12 @@ struct TileKernelK {
           }
           unroll<NT>([&](int n) __attribute__((always_inline)) {
             const int8_t* x = a[n][s].q + 32 * sb;
-            // The lanes of d0 + d1 are the floats M + dot (d0 starts from M's bits), so less M
-            // they are the dot exactly, and one multiply rounds dot x dsc once (as an FMA with
-            // -M dsc would, a multiply per sub-block more).
-            __m512i d0 = _mm512_set1_epi32(tile_start(0)), d1 = _mm512_setzero_si512();
+            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
             for (int k = 0; k < 8; k += 2) {
               d0 = dot_u8s8_bcast(d0, w[k], x + 4 * k);
               d1 = dot_u8s8_bcast(d1, w[k + 1], x + 4 * k + 4);
             }
-            // Rounded here, by an explicit rounding mode: g++ fused a plain multiply with the
-            // add below into one FMA, a rounding fewer than the scalar recurrence's (the kernel
-            // files now build with -ffp-contract=off as well, compute/CMakeLists.txt).
-            const __m512 v =
-                _mm512_mul_round_ps(_mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(d0, d1)),
-                                                  _mm512_set1_ps(kTileMagic)),
-                                    dsc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            u[n] = _mm512_add_ps(u[n], v);
+            tot[n] = _mm512_add_epi32(tot[n], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), scv));
           });
         }
       }
@@ -212,7 +199,11 @@ struct TileKernelK {
         ms = dot16_bcast(ms, m13, xs + 2);
         ms = dot16_bcast(ms, m46, xs + 4);
         ms = dot16_bcast(ms, m57, xs + 6);
-        const __m512 w = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), dmin, u[n]);
+        // Rounded here, by an explicit rounding mode, so that no compiler fuses it with the
+        // FMA below (a rounding fewer than the scalar recurrence's).
+        const __m512 u = _mm512_mul_round_ps(_mm512_cvtepi32_ps(tot[n]), d,
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 w = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), dmin, u);
         acc[n] = _mm512_fmadd_ps(w, _mm512_set1_ps(a[n][s].d), acc[n]);
       });
     }

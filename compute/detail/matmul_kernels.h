@@ -150,12 +150,13 @@ inline int64_t act_tile32_bytes(int64_t cols) {
 /// Activations of the Q4_K and Q5_K tile kernels: one record per 256-value super-block (the int8
 /// values and scale of quantize_int8 over 256, as for the Q4_K row kernels) and its 8 sub-blocks'
 /// sums in the order 0, 2, 1, 3, 4, 6, 5, 7 (int16 pairs for vpdpwssd against the mins). Each
-/// output is, per super-block s in order, with the exact integers dot_j = dot_j(q, x) and msum =
-/// sum_j m_j * sum_j(x) and the exact floats dsc_j = d * sc_j: v_j = fma(M + dot_j, dsc_j,
-/// -M * dsc_j) (dot_j * dsc_j rounded once), u = -0 + v_0 + ... + v_7 added in order,
-/// acc = fma(fma(-float(msum), dmin, u), d_x, acc) from acc = 0. The SIMD kernels start each
-/// sub-block's dot from the bits of M (kTileMagic), so its int32 lanes are the floats M + dot_j:
-/// no integer multiply and no convert per sub-block and token.
+/// output is, per super-block s in order, with the exact integers tot = sum_j sc_j * dot_j(q, x)
+/// (|tot| < 2^26) and msum = sum_j m_j * sum_j(x): u = d * float(tot) (float(tot) rounded to
+/// nearest where |tot| > 2^24, as vcvtdq2ps does), acc = fma(fma(-float(msum), dmin, u), d_x, acc)
+/// from acc = 0. The sub-blocks' scales multiply their integer dots (without VNNI, vpmaddwd by the
+/// scale instead of by 1; with it, vpmulld), so a super-block and token costs one conversion and
+/// three floating-point operations, not two per sub-block (docs/benchmarks.md "Engine,
+/// session 42").
 struct ActTileK {
   int8_t q[256];
   int16_t xsum[8];
