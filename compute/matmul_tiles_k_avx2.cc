@@ -29,8 +29,11 @@ using model::kQK_K;
 
 // The int32 lanes start + sum over k of the 4-byte dots of unsigned w[k] (at most `kMax`) and
 // signed x[k] (broadcast from x + 4k), exactly: int16 pair sums widened every kSpan products.
+// Without VNNI, `widen` (int16 pairs, |.| small enough for the product: by default 1) multiplies
+// each int16 sum as vpmaddwd widens it: Q4_K and Q5_K pass their sub-block's scale.
 template <int kN, int kMax, bool kVnni>
-inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
+inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x,
+                          __m256i widen = _mm256_set1_epi16(1)) {
   if constexpr (kVnni) {
     __m256i s0 = start, s1 = _mm256_setzero_si256();
     unroll<kN / 2>([&](int k) __attribute__((always_inline)) {
@@ -43,7 +46,6 @@ inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
     constexpr int kPer = 32767 / (kMax * 127) / 2 * 2;
     static_assert(kPer >= 2);
     constexpr int kSpan = kPer / 2 < kN ? kPer / 2 : kN;  // vpmaddubsw results per int16 sum
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc = start;
     unroll<kN / kSpan>([&](int g) __attribute__((always_inline)) {
       __m256i s = _mm256_maddubs_epi16(w[kSpan * g], bcast4(x + 4 * kSpan * g));
@@ -51,7 +53,7 @@ inline __m256i dot_chunks(__m256i start, const __m256i* w, const int8_t* x) {
         s = _mm256_add_epi16(
             s, _mm256_maddubs_epi16(w[kSpan * g + k + 1], bcast4(x + 4 * (kSpan * g + k + 1))));
       });
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, widen));
     });
     return acc;
   }
@@ -82,7 +84,8 @@ struct Avx2TileKernelK {
   static constexpr int64_t kRec = model::kTileRows * kBlock;
   using Tiled = Avx2TileKernelK<kQ5, kVnni, false>;
   static constexpr int64_t kScales = 64, kQh = 256, kQs = kQ5 ? 256 + 8 * 64 : 256;
-  static constexpr int kMaxTok = 3;  // sums, accumulators and operands in 16 registers
+  static constexpr int kMaxQ = kQ5 ? 31 : 15;  // the largest weight value
+  static constexpr int kMaxTok = 3;            // sums, accumulators and operands in 16 registers
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   // One token alone prefetches the record after next into L1: with none, batch-1 Q4_K read 13 GB/s
@@ -132,16 +135,10 @@ struct Avx2TileKernelK {
   }
 
   // The multiplier of a sub-block's dots: its scale in both int16 halves of a lane (vpmaddwd's
-  // pair) without VNNI, as an int32 (vpmulld) with it.
+  // pair; sc < 64, so each widened sum stays exact) without VNNI, as an int32 (vpmulld) with it.
   [[gnu::always_inline]] static __m256i multiplier(__m256i sc) {
     if constexpr (kVnni) return sc;
     return _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
-  }
-
-  // sc * (int16 pair sums s16), widened: one vpmaddwd by the scale where the sums were widened
-  // by one vpmaddwd by 1 (exact: |s16| < 2^15, sc < 64).
-  [[gnu::always_inline]] static __m256i scaled16(__m256i s16, __m256i mul) {
-    return _mm256_madd_epi16(s16, mul);
   }
 
   // Half rh's mins as int16 pairs (mn0, mn2), (mn1, mn3), (mn4, mn6), (mn5, mn7): xsum's order.
@@ -173,26 +170,12 @@ struct Avx2TileKernelK {
     return _mm256_fmadd_ps(v, _mm256_set1_ps(x->d), acc);
   }
 
-  // sc * dot(w, x) over a sub-block's 8 chunks, exact. Without VNNI: int16 pair sums of
-  // vpmaddubsw (8 per sum for 4-bit weights, 4 for 5-bit: below 2^15), each widened by one
-  // vpmaddwd by the scale; with VNNI: vpdpbusd's int32 dot times the scale.
+  // sc * dot(w, x) over a sub-block's 8 chunks, exact: without VNNI the int16 sums widened by
+  // vpmaddwd by the scale (dot_chunks), with VNNI vpdpbusd's int32 dot times the scale.
   [[gnu::always_inline]] static __m256i scaled_dot(const __m256i* w, const int8_t* x, __m256i mul) {
-    if constexpr (kVnni) {
-      return _mm256_mullo_epi32(dot_chunks < 8, kQ5 ? 31 : 15,
-                                true > (_mm256_setzero_si256(), w, x), mul);
-    } else {
-      constexpr int kSpan = kQ5 ? 4 : 8;
-      __m256i r = _mm256_setzero_si256();
-      unroll<8 / kSpan>([&](int g) __attribute__((always_inline)) {
-        __m256i s16 = _mm256_maddubs_epi16(w[kSpan * g], bcast4(x + 4 * kSpan * g));
-        unroll<kSpan - 1>([&](int k) __attribute__((always_inline)) {
-          s16 = _mm256_add_epi16(
-              s16, _mm256_maddubs_epi16(w[kSpan * g + k + 1], bcast4(x + 4 * (kSpan * g + k + 1))));
-        });
-        r = _mm256_add_epi32(r, scaled16(s16, mul));
-      });
-      return r;
-    }
+    const __m256i zero = _mm256_setzero_si256();
+    if constexpr (kVnni) return _mm256_mullo_epi32(dot_chunks<8, kMaxQ, true>(zero, w, x), mul);
+    return dot_chunks<8, kMaxQ, false>(zero, w, x, mul);
   }
 
   // Super-block s's half rh for tokens x[0..NT): each sub-block's 8 chunks unpacked once for
@@ -251,8 +234,9 @@ struct Avx2TileKernelK {
         } else if constexpr (kVnni) {
           tot[rh] = _mm256_add_epi32(tot[rh], _mm256_mullo_epi32(t[rh], mul));
         } else {
-          tot[rh] = _mm256_add_epi32(tot[rh], scaled16(s16[rh][0], mul));
-          if constexpr (kQ5) tot[rh] = _mm256_add_epi32(tot[rh], scaled16(s16[rh][1], mul));
+          tot[rh] = _mm256_add_epi32(tot[rh], _mm256_madd_epi16(s16[rh][0], mul));
+          if constexpr (kQ5)
+            tot[rh] = _mm256_add_epi32(tot[rh], _mm256_madd_epi16(s16[rh][1], mul));
         }
       });
     });
