@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/huge_pages.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
 #include "compute/matmul.h"
@@ -85,7 +86,10 @@ double fma_peak(ThreadPool& pool, const std::string& level) {
 // --- weights ---
 
 struct Matrix {
-  std::vector<uint8_t*> copies;  // each one rows x cols in `type`
+  // Each one rows x cols in `type`, in memory advised to use huge pages (base/huge_pages.h), as
+  // the engine's weights copy: 4 KiB pages change how a stream's prefetches behave.
+  std::vector<uint8_t*> copies;
+  std::vector<std::shared_ptr<uint8_t>> owners;
   troupe::model::WeightView view;
   int64_t bytes = 0;
   // f8_e4m3: one per 128 x 128 block; i4_packed: one per 32 columns, bf16 (all copies)
@@ -103,8 +107,17 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
   m.bytes = m.view.row_bytes() * rows;
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  auto* first =
-      static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>((m.bytes + 63) / 64 * 64)));
+  auto new_copy = [&m] {
+    std::shared_ptr<uint8_t> mem = troupe::map_huge_pages(static_cast<uint64_t>(m.bytes));
+    if (mem == nullptr) {
+      std::fprintf(stderr, "matmul_bench: cannot map %lld bytes\n",
+                   static_cast<long long>(m.bytes));
+      std::exit(1);
+    }
+    m.owners.push_back(mem);
+    return mem.get();
+  };
+  uint8_t* first = new_copy();
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = first + r * m.view.row_bytes();
@@ -171,8 +184,7 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
   }
   m.copies.push_back(first);
   while (static_cast<int64_t>(m.copies.size()) * m.bytes < min_total_bytes) {
-    auto* c = static_cast<uint8_t*>(
-        std::aligned_alloc(64, static_cast<size_t>((m.bytes + 63) / 64 * 64)));
+    uint8_t* c = new_copy();
     std::memcpy(c, first, static_cast<size_t>(m.bytes));
     m.copies.push_back(c);
   }
@@ -180,8 +192,8 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
 }
 
 void free_matrix(Matrix& m) {
-  for (uint8_t* c : m.copies) std::free(c);
   m.copies.clear();
+  m.owners.clear();
 }
 
 // Median seconds of one matmul, timing passes over all copies (cold weights).

@@ -61,15 +61,22 @@ struct TileKernel {
   // Accumulators per pass over a tile. 16 spilled registers (16 activation pointers as well as
   // 16 accumulators): 10-15 % slower at 16 and 512 tokens (docs, "Engine, session 13").
   static constexpr int kMaxTok = 8;
-  // Records prefetched ahead into L1 and into L2 (prefetches past the tensor's end are
-  // harmless). Against 12 ahead into L1 only, batch-1 Q4_0 decode ran 8-15 % faster in the
-  // engine (docs/benchmarks.md "Engine, session 12"). One token alone prefetches only once per
-  // page, two pages ahead (prefetch_page_ahead): per record, batch-1 decode ran 10-25 %
-  // slower than with none ("Engine, session 29"), and with none ~30 % slower than once per
-  // page ("Engine, session 30"); 2 to 8 tokens ran 5-50 % slower with none.
-  static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16;
+  // Records prefetched ahead (prefetches past the tensor's end are harmless). A tile's only
+  // pass (TilePass::single) of up to kStreamTok tokens streams its weights from DRAM with one
+  // prefetch per page, two pages ahead (prefetch_page_ahead), and with 2 tokens or more with
+  // every line kAheadStream records (~4.5 KiB) ahead into L1 as well. One token alone does
+  // without the second: per record, batch-1 decode ran 10-25 % slower than with none
+  // (docs/benchmarks.md "Engine, session 29"), and with none ~30 % slower than once per page
+  // ("Engine, session 30"). 2 to 6 tokens took 1.3-2x as long with the form they had until
+  // session 43, the lines 16 records ahead into L2 and no page prefetch ("Engine, session 43"),
+  // which a pass of 7 or 8 tokens keeps: with the new form Q8_0 8-token decode ran ~10 % slower
+  // (its weights and 8 tokens' activations crowd L1). A tile's later passes read it from L2 and
+  // fetch shares of the next tile into L2 (TilePass::l2_target), and with up to kL1Tok tokens
+  // the records kAheadL1 ahead into L1.
+  static constexpr int kStreamTok = 6;
+  static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16, kAheadStream = (4608 + kRec - 1) / kRec;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
-  // Passes of up to this many tokens prefetch records into L1; longer ones leave it to the
+  // Later passes of up to this many tokens prefetch records into L1; longer ones leave it to the
   // hardware (their 5 prefetches per record took load slots from the broadcasts: 16-token
   // products ~4 % faster without, docs/benchmarks.md "Engine, session 27").
   static constexpr int kL1Tok = 2;
@@ -239,7 +246,7 @@ struct TileKernel {
                                                                              n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
     [[maybe_unused]] int64_t l2_due = pass.index;
-    const bool alone = pass.alone(NT);  // one prefetch per page (kAheadL1)
+    const bool stream = pass.single() && NT <= kStreamTok;
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {
@@ -249,8 +256,10 @@ struct TileKernel {
         r = gather<kHi16>(src, w, b);
       } else {
         const uint8_t* rec = w + b * kRec;
-        if (alone) {
+        if (stream) {
           prefetch_page_ahead(rec, kRec);
+          if constexpr (NT > 1)
+            for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadStream * kRec + o);
         } else {
           if (NT <= kL1Tok)
             for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadL1 * kRec + o);

@@ -60,6 +60,10 @@ struct TileKernelK {
   // (docs/benchmarks.md "Engine, session 29").
   static constexpr int kMaxTok = kQ5 ? 8 : 4;
   static constexpr int64_t kTokBlock = 64;
+  // A tile's only pass with up to this many tokens prefetches as a stream from DRAM (tile()),
+  // kAheadStream records ahead.
+  static constexpr int kStreamTok = 6;
+  static constexpr int64_t kAheadStream = 3;
 
   // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its
   // order, rows >= n read as row 0 and never stored).
@@ -89,9 +93,10 @@ struct TileKernelK {
         *dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
       }
     }
-    // Part `part` (0-3) of the next super-block's prefetch; l2: the record TilePass::l2_target
-    // chose for this super-block, or null (tiles only; none for one token alone).
-    void prefetch(int64_t s, int part, const uint8_t* l2) const {
+    // Part `part` (0-3) of the prefetch of the super-block `ahead` on; l2: the record
+    // TilePass::l2_target chose for this super-block, or null (tiles only; none for a pass that
+    // streams, tile()).
+    void prefetch(int64_t s, int part, const uint8_t* l2, int64_t ahead) const {
       if constexpr (kRowsIn) {
         // The next tile's rows at this super-block, 3 lines each, one per part (a block that
         // straddles a fourth line has it fetched as the next block's first: prefetching it here
@@ -100,9 +105,9 @@ struct TileKernelK {
           for (int i = 0; i < 16; ++i)
             prefetch_l1(base + (16 + i) * row_bytes + s * kBlock + 64 * part);
       } else {
-        // A quarter of the record one ahead into L1, and of l2's record into L2.
+        // A quarter of the record `ahead` on into L1, and of l2's record into L2.
         const int64_t off = kPartLines * 64 * part;
-        for (int o = 0; o < kPartLines; ++o) prefetch_l1(base + (s + 1) * kRec + off + 64 * o);
+        for (int o = 0; o < kPartLines; ++o) prefetch_l1(base + (s + ahead) * kRec + off + 64 * o);
         if (l2 != nullptr)
           for (int o = 0; o < kPartLines; ++o) prefetch_l2(l2 + off + 64 * o);
       }
@@ -123,14 +128,19 @@ struct TileKernelK {
                   m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
                   mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
-    // One token alone: the next record into L1 as for more tokens, but instead of the record
-    // two ahead into L2, one prefetch per page two pages ahead (prefetch_page_ahead), as the
-    // 32-value kernels: Q4_K batch-1 products 9-16 % faster streaming and 22-40 % hot
-    // (docs/benchmarks.md "Engine, session 33"). With no L1 prefetch either, they streamed a
-    // third slower.
+    // A tile's only pass streams its weights from DRAM. One token alone: the next record into
+    // L1, as for more tokens, but instead of the record two ahead into L2, one prefetch per page
+    // two pages ahead (prefetch_page_ahead), as the 32-value kernels: Q4_K batch-1 products
+    // 9-16 % faster streaming and 22-40 % hot (docs/benchmarks.md "Engine, session 33"). With no
+    // L1 prefetch either, they streamed a third slower. 2 to kStreamTok tokens: the page
+    // prefetch too, and the record kAheadStream on into L1 instead of the next; with the next
+    // into L1 and the one after into L2 (their form until session 43), Q4_K_M and Q5_K_M decode
+    // of 4 sequences ran 6-18 % slower ("Engine, session 43").
     const bool alone = !kRowsIn && pass.alone(NT);
+    const bool stream = !kRowsIn && pass.single() && NT > 1 && NT <= kStreamTok;
+    const int64_t l1_ahead = stream ? kAheadStream : 1;
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
-      if (alone) prefetch_page_ahead(src.base + s * kRec, kRec);
+      if (alone || stream) prefetch_page_ahead(src.base + s * kRec, kRec);
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
       // sc_lo/sc_hi are sc[j]/sc[4 + j], of mn_lo/mn_hi mn[j]/mn[4 + j].
       __m512i head[4];  // d and dmin, then the packed scales
@@ -142,9 +152,10 @@ struct TileKernelK {
       const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m0f),
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
       const uint8_t* l2 =
-          kRowsIn || alone ? nullptr
-                           : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
-                                            src.base + model::kTileRows * j.w_row_bytes + s * kRec);
+          kRowsIn || alone || stream
+              ? nullptr
+              : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
+                               src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
       // tot = sum_j sc_j * dot_j, exact (|tot| < 2^26).
@@ -156,7 +167,7 @@ struct TileKernelK {
         src.dwords4(s, kQh + 4, qh + 4);
       }
       for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
-        src.prefetch(s, p, l2);
+        src.prefetch(s, p, l2, l1_ahead);
         __m512i z[8];  // the values of both halves
         src.dwords4(s, kQs + 8 * p, z);
         src.dwords4(s, kQs + 8 * p + 4, z + 4);

@@ -67,6 +67,9 @@ struct TilePass {
   /// the kernels prefetch once per page, two pages ahead (prefetch_page_ahead).
   bool alone(int nt) const { return nt == 1 && count == 1; }
 
+  /// Whether this is the tile's only pass, the one that streams its weights from DRAM.
+  bool single() const { return count == 1; }
+
   /// Where a kernel at record b of a tile prefetches into L2: `ahead` (further on in this tile)
   /// when this is the tile's only pass; otherwise `next` (record b of the next tile) on this
   /// pass's share of the records (every count-th, from index), so that DRAM streams through all
