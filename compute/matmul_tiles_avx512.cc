@@ -62,18 +62,17 @@ struct TileKernel {
   // 16 accumulators): 10-15 % slower at 16 and 512 tokens (docs, "Engine, session 13").
   static constexpr int kMaxTok = 8;
   // Records prefetched ahead (prefetches past the tensor's end are harmless). A tile's only
-  // pass (TilePass::single) of up to kStreamTok tokens streams its weights from DRAM with one
-  // prefetch per page, two pages ahead (prefetch_page_ahead), and with 2 tokens or more with
+  // pass of up to 6 tokens (TilePass::alone, TilePass::streams) reads its weights from DRAM with
+  // one prefetch per page, two pages ahead (prefetch_page_ahead), and with 2 tokens or more with
   // every line kAheadStream records (~4.5 KiB) ahead into L1 as well. One token alone does
   // without the second: per record, batch-1 decode ran 10-25 % slower than with none
   // (docs/benchmarks.md "Engine, session 29"), and with none ~30 % slower than once per page
-  // ("Engine, session 30"). 2 to 6 tokens took 1.3-2x as long with the form they had until
+  // ("Engine, session 30"). 2 to 6 tokens took 1.1-1.5x as long with the form they had until
   // session 43, the lines 16 records ahead into L2 and no page prefetch ("Engine, session 43"),
   // which a pass of 7 or 8 tokens keeps: with the new form Q8_0 8-token decode ran ~10 % slower
   // (its weights and 8 tokens' activations crowd L1). A tile's later passes read it from L2 and
   // fetch shares of the next tile into L2 (TilePass::l2_target), and with up to kL1Tok tokens
   // the records kAheadL1 ahead into L1.
-  static constexpr int kStreamTok = 6;
   static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16, kAheadStream = (4608 + kRec - 1) / kRec;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
   // Later passes of up to this many tokens prefetch records into L1; longer ones leave it to the
@@ -246,7 +245,7 @@ struct TileKernel {
                                                                              n_rows);
     constexpr bool kHi16 = kHigh16<NT>;
     [[maybe_unused]] int64_t l2_due = pass.index;
-    const bool stream = pass.single() && NT <= kStreamTok;
+    const bool stream = pass.alone(NT) || pass.streams(NT);
     for (int64_t b = 0; b < nb; ++b) {
       Rec r;
       if constexpr (kRowsIn) {

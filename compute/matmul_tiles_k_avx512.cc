@@ -60,9 +60,7 @@ struct TileKernelK {
   // (docs/benchmarks.md "Engine, session 29").
   static constexpr int kMaxTok = kQ5 ? 8 : 4;
   static constexpr int64_t kTokBlock = 64;
-  // A tile's only pass with up to this many tokens prefetches as a stream from DRAM (tile()),
-  // kAheadStream records ahead.
-  static constexpr int kStreamTok = 6;
+  // Records a pass that streams (TilePass::streams) prefetches ahead into L1 (tile()).
   static constexpr int64_t kAheadStream = 3;
 
   // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its
@@ -132,12 +130,12 @@ struct TileKernelK {
     // L1, as for more tokens, but instead of the record two ahead into L2, one prefetch per page
     // two pages ahead (prefetch_page_ahead), as the 32-value kernels: Q4_K batch-1 products
     // 9-16 % faster streaming and 22-40 % hot (docs/benchmarks.md "Engine, session 33"). With no
-    // L1 prefetch either, they streamed a third slower. 2 to kStreamTok tokens: the page
+    // L1 prefetch either, they streamed a third slower. 2 to 6 tokens (TilePass::streams): the page
     // prefetch too, and the record kAheadStream on into L1 instead of the next; with the next
     // into L1 and the one after into L2 (their form until session 43), Q4_K_M and Q5_K_M decode
     // of 4 sequences ran 6-18 % slower ("Engine, session 43").
     const bool alone = !kRowsIn && pass.alone(NT);
-    const bool stream = !kRowsIn && pass.single() && NT > 1 && NT <= kStreamTok;
+    const bool stream = !kRowsIn && pass.streams(NT);
     const int64_t l1_ahead = stream ? kAheadStream : 1;
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       if (alone || stream) prefetch_page_ahead(src.base + s * kRec, kRec);

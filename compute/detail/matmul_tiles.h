@@ -67,8 +67,13 @@ struct TilePass {
   /// the kernels prefetch once per page, two pages ahead (prefetch_page_ahead).
   bool alone(int nt) const { return nt == 1 && count == 1; }
 
-  /// Whether this is the tile's only pass, the one that streams its weights from DRAM.
-  bool single() const { return count == 1; }
+  /// Whether an nt-token pass is the tile's only pass with 2 to kStreamTok tokens: it reads the
+  /// weights from DRAM with too little work per byte to hide the wait, and the kernels prefetch
+  /// as for a stream (once per page, as alone, and every line some KiB ahead into L1). Passes of
+  /// 7 or 8 tokens keep the L2 prefetches of one tile's record further on (docs/benchmarks.md
+  /// "Engine, session 43").
+  static constexpr int kStreamTok = 6;
+  bool streams(int nt) const { return nt > 1 && nt <= kStreamTok && count == 1; }
 
   /// Where a kernel at record b of a tile prefetches into L2: `ahead` (further on in this tile)
   /// when this is the tile's only pass; otherwise `next` (record b of the next tile) on this
