@@ -162,22 +162,14 @@ struct Avx2NoRows {
 /// (or, kRowsIn, of the rows src reads) for the tokens' activation records a[0..NT), every
 /// record in order, into out. K provides kRowsIn, kRec (bytes of a record), kRecCols (columns it
 /// holds), kNextRecord (one token alone prefetches the record after next into L1, as well as a page
-/// ahead) and record (below).
-/// alone: one token over the tile's only pass (TilePass::alone). stream: the first half's pass of
-/// 2-6 tokens over the tile's only pass (TilePass::streams), which reads the weights from DRAM: one
-/// prefetch per page, as alone, and every line kAhead bytes on into L1; with no software prefetch
-/// (the form until session 43), 2- and 4-token products took 1.2-1.6x as long, and 6-token ones
-/// the same (docs/benchmarks.md "Engine, session 43"). The second half reads the tile from L1/L2.
-/// K's record:
+/// ahead) and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
 /// (x[n]: token n's activation record for record s).
 template <class K, class Act, int NT, int NH, class Src>
 [[gnu::always_inline]] inline void avx2_pass(const MatmulJob& j, const uint8_t* w, const Src& src,
-                                             const Act* const* a, int h0, bool alone, bool stream,
+                                             const Act* const* a, int h0, bool alone,
                                              float (&out)[NT][16]) {
-  // stream: the records kAhead on (at least 6.75 KiB) into L1.
-  constexpr int64_t kAhead = (6912 + K::kRec - 1) / K::kRec * K::kRec;
   __m256 acc[NH][NT];
   unroll<NH>([&](int hh) __attribute__((always_inline)) {
     unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
@@ -193,9 +185,6 @@ template <class K, class Act, int NT, int NH, class Src>
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (K::kNextRecord)
         for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + 2 * K::kRec + o);
-    } else if (stream) {
-      prefetch_page_ahead(rec, K::kRec);
-      for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + kAhead + o);
     }
     const Act* x[NT];
     unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
@@ -222,10 +211,10 @@ template <class K, class Act, int NT>
   const std::conditional_t<K::kRowsIn, Avx2Rows<K>, Avx2NoRows> src(w, j.w_row_bytes, n_rows);
   alignas(32) float out[NT][16];
   if constexpr (NT == 1) {
-    avx2_pass<K, Act, NT, 2>(j, w, src, a, 0, pass.alone(NT), false, out);
+    avx2_pass<K, Act, NT, 2>(j, w, src, a, 0, pass.alone(NT), out);
   } else {
-    avx2_pass<K, Act, NT, 1>(j, w, src, a, 0, false, pass.streams(NT), out);
-    avx2_pass<K, Act, NT, 1>(j, w, src, a, 1, false, false, out);
+    avx2_pass<K, Act, NT, 1>(j, w, src, a, 0, false, out);
+    avx2_pass<K, Act, NT, 1>(j, w, src, a, 1, false, out);
   }
   for (int n = 0; n < NT; ++n)
     for (int64_t i = 0; i < n_rows; ++i) j.y[(tok + n) * j.y_stride + row + i] = out[n][i];
