@@ -133,7 +133,7 @@ struct TileKernelK {
     // L1 prefetch either, they streamed a third slower. 2 to 6 tokens (TilePass::streams): the page
     // prefetch too, and the record kAheadStream on into L1 instead of the next; with the next
     // into L1 and the one after into L2 (their form until session 43), Q4_K_M and Q5_K_M decode
-    // of 4 sequences ran 6-18 % slower ("Engine, session 43").
+    // of 4 sequences ran 6-19 % slower ("Engine, session 43").
     const bool alone = !kRowsIn && pass.alone(NT);
     const bool stream = !kRowsIn && pass.streams(NT);
     const int64_t l1_ahead = stream ? kAheadStream : 1;

@@ -69,9 +69,9 @@ struct TilePass {
 
   /// Whether an nt-token pass is the tile's only pass with 2 to kStreamTok tokens: it reads the
   /// weights from DRAM with too little work per byte to hide the wait, and the kernels prefetch
-  /// as for a stream (once per page, as alone, and every line some KiB ahead into L1). Passes of
-  /// 7 or 8 tokens keep the L2 prefetches of one tile's record further on (docs/benchmarks.md
-  /// "Engine, session 43").
+  /// as for a stream (once per page, as alone, and every line some KiB ahead into L1). A tile's
+  /// only pass of 7 or 8 tokens keeps the lines further on in the tile into L2 (l2_target), which
+  /// ran Q8_0's 8-token products faster (docs/benchmarks.md "Engine, session 43").
   static constexpr int kStreamTok = 6;
   bool streams(int nt) const { return nt > 1 && nt <= kStreamTok && count == 1; }
 
