@@ -165,8 +165,14 @@ struct Avx2NoRows {
 /// ahead) and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
-/// (x[n]: token n's activation record for record s).
-template <class K, class Act, int NT, int NH, class Src>
+/// (x[n]: token n's activation record for record s). kStream: the first half of a tile's only
+/// pass of 2 or more tokens, which reads the weights from DRAM: one prefetch per page, as one
+/// token alone, and every line of the record 6.75 KiB on into L1 (with no software prefetch, the
+/// form until session 43, 2-token products took 1.3-1.8x as long on an AMD EPYC, docs/benchmarks.md
+/// "Engine, session 43"). A template parameter, and the pass found from j.n_tok rather than
+/// TilePass, so that the 1-token code g++ makes stays as it was: a first form that read TilePass
+/// halved batch-1 Q4_0's streaming speed through a rescheduled 1-token loop.
+template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
 [[gnu::always_inline]] inline void avx2_pass(const MatmulJob& j, const uint8_t* w, const Src& src,
                                              const Act* const* a, int h0, bool alone,
                                              float (&out)[NT][16]) {
@@ -181,6 +187,10 @@ template <class K, class Act, int NT, int NH, class Src>
       src.prefetch_next(s, h0, NH);
       src.record(s, h0, NH, buf, buf + K::kRec);
       rec = buf;
+    } else if constexpr (kStream) {
+      prefetch_page_ahead(rec, K::kRec);
+      constexpr int64_t kAhead = (6912 + K::kRec - 1) / K::kRec * K::kRec;
+      for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + kAhead + o);
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (K::kNextRecord)
@@ -213,7 +223,10 @@ template <class K, class Act, int NT>
   if constexpr (NT == 1) {
     avx2_pass<K, Act, NT, 2>(j, w, src, a, 0, pass.alone(NT), out);
   } else {
-    avx2_pass<K, Act, NT, 1>(j, w, src, a, 0, false, out);
+    if (j.n_tok <= K::kMaxTok)  // the tile's only pass (kStream above)
+      avx2_pass<K, Act, NT, 1, true>(j, w, src, a, 0, false, out);
+    else
+      avx2_pass<K, Act, NT, 1>(j, w, src, a, 0, false, out);
     avx2_pass<K, Act, NT, 1>(j, w, src, a, 1, false, out);
   }
   for (int n = 0; n < NT; ++n)
