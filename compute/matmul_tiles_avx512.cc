@@ -73,7 +73,8 @@ struct TileKernel {
   // (its weights and 8 tokens' activations crowd L1). A tile's later passes read it from L2 and
   // fetch shares of the next tile into L2 (TilePass::l2_target), and with up to kL1Tok tokens
   // the records kAheadL1 ahead into L1.
-  static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16, kAheadStream = (4608 + kRec - 1) / kRec;
+  static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16,
+                           kAheadStream = (kStreamAhead + kRec - 1) / kRec;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
   // Later passes of up to this many tokens prefetch records into L1; longer ones leave it to the
   // hardware (their 5 prefetches per record took load slots from the broadcasts: 16-token

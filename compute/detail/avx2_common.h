@@ -189,7 +189,7 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
       rec = buf;
     } else if constexpr (kStream) {
       prefetch_page_ahead(rec, K::kRec);
-      constexpr int64_t kAhead = (6912 + K::kRec - 1) / K::kRec * K::kRec;
+      constexpr int64_t kAhead = (kStreamAheadFar + K::kRec - 1) / K::kRec * K::kRec;
       for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + kAhead + o);
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);

@@ -12,6 +12,7 @@
 #include "compute/detail/matmul_kernels.h"
 #include "compute/detail/matmul_tiles.h"
 #include "compute/detail/simd_hsum.h"
+#include "compute/detail/unroll.h"
 #include "model/ggml_types.h"
 
 namespace troupe::compute::detail::avx512 {
@@ -185,55 +186,82 @@ struct FloatKernel {
     }
   };
 
+  // The loops over rows and tokens are unroll<>s (compute/detail/unroll.h): written as for
+  // loops over acc[R][NT], g++ 12 kept the accumulators of 3 or more tokens on the stack, each
+  // FMA reading and writing one there. In registers, F16 tile products of 4-6 tokens ran 3-10 %
+  // faster (docs/benchmarks.md "Engine, session 44").
   template <int R, int NT>
   static void tile(const MatmulJob& j, int64_t r, int64_t t) {
     Rows<R> rw(j, r);
     const float* x[NT];
-    for (int n = 0; n < NT; ++n)
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
       x[n] = reinterpret_cast<const float*>(j.act + (t + n) * j.act_stride);
+    });
     __m512 acc[R][NT];
-    for (int i = 0; i < R; ++i)
-      for (int n = 0; n < NT; ++n) acc[i][n] = _mm512_setzero_ps();
+    unroll<R>([&](int i) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) { acc[i][n] = _mm512_setzero_ps(); });
+    });
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
+    // A quad's only pass (all tokens in one): its weights come from DRAM (kTiled, below).
+    [[maybe_unused]] const bool stream = j.n_tok <= kToks;
+    // Multiply-add 16 columns of the R rows (wv) into the NT tokens' sums.
+    const auto madd = [&](const __m512* wv, auto&& xload) __attribute__((always_inline)) {
+      unroll<NT>([&](int n) __attribute__((always_inline)) {
+        const __m512 xv = xload(x[n]);
+        unroll<R>([&](int i) __attribute__((always_inline)) {
+          acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
+        });
+      });
+    };
     int64_t k = 0;
     for (; k + 16 <= j.cols; k += 16) {
       rw.at(k);
       __m512 wv[R];
       if constexpr (kTiled) {
         // One stream: a lone token fetches a page two ahead as it enters a page, like the int8
-        // tile kernels (batch-1 decode 1.4x the per-line fetch below); more tokens fetch both
-        // lines of a quad's chunk two quads ahead.
+        // tile kernels (batch-1 decode 1.4x the per-line fetch below). 2 to kToks tokens, a
+        // quad's only pass, do that too and fetch both lines of the chunk kStreamAheadFar bytes
+        // on into L1: products 1.2-1.4x as fast as with the chunk two quads ahead into L1
+        // (docs/benchmarks.md "Engine, session 44"), the form later passes over a quad keep.
         const uint8_t* chunk = rw.w[0] + k / 16 * kQuadChunk;
         if constexpr (NT == 1 && R == kRows) {
           prefetch_page_ahead(chunk, kQuadChunk);
         } else if constexpr (R == kRows) {
-          prefetch(chunk, pf, 64);  // [chunk, chunk + 128) + pf: 2 lines
+          if (stream) {
+            prefetch_page_ahead(chunk, kQuadChunk);
+            prefetch_l1(chunk + kStreamAheadFar);
+            prefetch_l1(chunk + kStreamAheadFar + 64);
+          } else {
+            prefetch(chunk, pf, 64);  // [chunk, chunk + 128) + pf: 2 lines
+          }
         }
       }
-      for (int i = 0; i < R; ++i) {
+      // (prefetch_l1, which g++ keeps: in the unroll<> it dropped _mm_prefetch.)
+      unroll<R>([&](int i) __attribute__((always_inline)) {
         if (!kTiled && (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0)))
-          prefetch(rw.w[i] + offset(k), pf, 0);
+          prefetch_l1(rw.w[i] + offset(k) + pf);
         wv[i] = rw.load(i, k);
-      }
-      for (int n = 0; n < NT; ++n) {
-        const __m512 xv = _mm512_loadu_ps(x[n] + k);
-        for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
-      }
+      });
+      madd(
+          wv, [k](const float* xn)
+                  __attribute__((always_inline)) { return _mm512_loadu_ps(xn + k); });
     }
     if constexpr (!kI4 && !kMx && !kTiled) {
       if (k < j.cols) {
         rw.at(k);
         const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);
         __m512 wv[R];
-        for (int i = 0; i < R; ++i) wv[i] = rw.load_tail(i, k, m);
-        for (int n = 0; n < NT; ++n) {
-          const __m512 xv = _mm512_maskz_loadu_ps(m, x[n] + k);
-          for (int i = 0; i < R; ++i) acc[i][n] = _mm512_fmadd_ps(wv[i], xv, acc[i][n]);
-        }
+        unroll<R>([&](int i) __attribute__((always_inline)) { wv[i] = rw.load_tail(i, k, m); });
+        madd(
+            wv, [ k, m ](const float* xn)
+                    __attribute__((always_inline)) { return _mm512_maskz_loadu_ps(m, xn + k); });
       }
     }
-    for (int n = 0; n < NT; ++n)
-      for (int i = 0; i < R; ++i) j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
+    unroll<NT>([&](int n) __attribute__((always_inline)) {
+      unroll<R>([&](int i) __attribute__((always_inline)) {
+        j.y[(t + n) * j.y_stride + r + i] = hsum16(acc[i][n]);
+      });
+    });
   }
 };
 

@@ -12,6 +12,13 @@ namespace troupe::compute::detail {
 
 inline constexpr int64_t kPageBytes = 4096;
 inline constexpr int64_t kPageAhead = 2 * kPageBytes;
+// A tile's only pass of 2-6 tokens streams too, with too little arithmetic per byte to hide the
+// wait: besides the page prefetch, each line some KiB on into L1. The best distance measured
+// differs by kernel family: kStreamAhead for the AVX-512 int8 tiles (rounded up to whole
+// records), kStreamAheadFar for the AVX2 int8 tiles and the AVX-512 F16/BF16 quads
+// (docs/benchmarks.md "Engine, session 43" and "session 44").
+inline constexpr int64_t kStreamAhead = 4608;
+inline constexpr int64_t kStreamAheadFar = 6912;
 
 // In an unnamed namespace, as simd_hsum.h: files built for AVX2 and for AVX-512 include these, and
 // each keeps its own copy.
