@@ -186,10 +186,11 @@ struct FloatKernel {
     }
   };
 
-  // The loops over rows and tokens are unroll<>s (compute/detail/unroll.h): written as for
-  // loops over acc[R][NT], g++ 12 kept the accumulators of 3 or more tokens on the stack, each
-  // FMA reading and writing one there. In registers, F16 tile products of 4-6 tokens ran 3-10 %
-  // faster (docs/benchmarks.md "Engine, session 44").
+  // The loops over acc[R][NT] are unroll<>s (compute/detail/unroll.h): written as for loops,
+  // g++ 12 kept the row kernels' accumulators of 3 or more tokens on the stack, each FMA reading
+  // one there and a store after it (the tiled ones it kept in registers). The loads stay a for
+  // loop: in an unroll<> g++ dropped their _mm_prefetch (docs/benchmarks.md "Engine, session
+  // 44").
   template <int R, int NT>
   static void tile(const MatmulJob& j, int64_t r, int64_t t) {
     Rows<R> rw(j, r);
@@ -236,12 +237,11 @@ struct FloatKernel {
           }
         }
       }
-      // (prefetch_l1, which g++ keeps: in the unroll<> it dropped _mm_prefetch.)
-      unroll<R>([&](int i) __attribute__((always_inline)) {
+      for (int i = 0; i < R; ++i) {
         if (!kTiled && (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0)))
-          prefetch_l1(rw.w[i] + offset(k) + pf);
+          prefetch(rw.w[i] + offset(k), pf, 0);
         wv[i] = rw.load(i, k);
-      });
+      }
       madd(
           wv, [k](const float* xn)
                   __attribute__((always_inline)) { return _mm512_loadu_ps(xn + k); });
