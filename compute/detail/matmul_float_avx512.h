@@ -222,8 +222,9 @@ struct FloatKernel {
         // One stream: a lone token fetches a page two ahead as it enters a page, like the int8
         // tile kernels (batch-1 decode 1.4x the per-line fetch below). 2 to kToks tokens, a
         // quad's only pass, do that too and fetch both lines of the chunk kStreamAheadFar bytes
-        // on into L1: products 1.2-1.4x as fast as with the chunk two quads ahead into L1
-        // (docs/benchmarks.md "Engine, session 44"), the form later passes over a quad keep.
+        // on into L1: products of 2-6 tokens 1.2-1.5x as fast with two threads as with the chunk
+        // two quads ahead into L1 (docs/benchmarks.md "Engine, session 44"), the form later
+        // passes over a quad keep.
         const uint8_t* chunk = rw.w[0] + k / 16 * kQuadChunk;
         if constexpr (NT == 1 && R == kRows) {
           prefetch_page_ahead(chunk, kQuadChunk);
