@@ -58,6 +58,9 @@ struct Avx2TileKernel {
   // that the sums and accumulators stay in the 16 registers.
   static constexpr bool kTwoSums = !kVnni && kFive;
   static constexpr int kMaxTok = kTwoSums ? 3 : 4;
+  // A streaming pass of this many tokens also prefetches into L2 (avx2_pass): Q8_0, the least
+  // work per byte, was no faster with 2 (docs/benchmarks.md "Engine, session 45").
+  static constexpr int kL2StreamTok = kQ8 ? 3 : 2;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
   static constexpr int64_t kRecCols = 32;
   // One token alone prefetches a page ahead only: the next record into L1 as well made batch-1

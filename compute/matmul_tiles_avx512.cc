@@ -74,7 +74,14 @@ struct TileKernel {
   // fetch shares of the next tile into L2 (TilePass::l2_target), and with up to kL1Tok tokens
   // the records kAheadL1 ahead into L1.
   static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16,
-                           kAheadStream = (kStreamAhead + kRec - 1) / kRec;
+                           kAheadStream = (kStreamAhead + kRec - 1) / kRec,
+                           kAheadStreamL2 = (kStreamAheadL2 + kRec - 1) / kRec;
+  // Streaming passes of this many tokens or more also fetch each line kAheadStreamL2 records
+  // (~12 KiB) on into L2 (page_ahead.h): on a Zen 4 host Q4_0 and Q8_0 products of 4-6 tokens
+  // 1.0-1.6x faster (median 1.16x), Q4_0's of 3 tokens 1.05-1.5x; Q8_0 with 2 or 3 tokens (the
+  // least work per byte) ran slower, the others with 2 no faster (docs/benchmarks.md "Engine,
+  // session 45").
+  static constexpr int kL2StreamTok = kNibbles ? 3 : 4;
   static constexpr int64_t kTokBlock = 64;  // tokens whose activations stay in L2
   // Later passes of up to this many tokens prefetch records into L1; longer ones leave it to the
   // hardware (their 5 prefetches per record took load slots from the broadcasts: 16-token
@@ -258,6 +265,8 @@ struct TileKernel {
         const uint8_t* rec = w + b * kRec;
         if (stream) {
           prefetch_page_ahead(rec, kRec);
+          if constexpr (NT >= kL2StreamTok)
+            for (int64_t o = 0; o < kRec; o += 64) prefetch_l2(rec + kAheadStreamL2 * kRec + o);
           if constexpr (NT > 1)
             for (int64_t o = 0; o < kRec; o += 64) prefetch_l1(rec + kAheadStream * kRec + o);
         } else {

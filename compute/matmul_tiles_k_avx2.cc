@@ -86,6 +86,7 @@ struct Avx2TileKernelK {
   static constexpr int64_t kScales = 64, kQh = 256, kQs = kQ5 ? 256 + 8 * 64 : 256;
   static constexpr int kMaxQ = kQ5 ? 31 : 15;  // the largest weight value
   static constexpr int kMaxTok = 3;            // sums, accumulators and operands in 16 registers
+  static constexpr int kL2StreamTok = 2;       // avx2_pass: streaming passes prefetch into L2
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   // One token alone prefetches the record after next into L1: with none, batch-1 Q4_K read 13 GB/s
@@ -282,6 +283,7 @@ struct Avx2TileKernelQ6K {
   static constexpr int64_t kRec = 64 * kChunks;
   using Tiled = Avx2TileKernelQ6K<kVnni, false>;
   static constexpr int kMaxTok = 4;
+  static constexpr int kL2StreamTok = 2;  // as Q4_K's
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   static constexpr bool kNextRecord = true;  // as Q4_K's

@@ -62,6 +62,11 @@ struct TileKernelK {
   static constexpr int64_t kTokBlock = 64;
   // Records a pass that streams (TilePass::streams) prefetches ahead into L1 (tile()).
   static constexpr int64_t kAheadStream = 3;
+  // ... and with 3 tokens or more, into L2 this many records on (~12 KiB, page_ahead.h): on a
+  // Zen 4 host Q4_K and Q5_K products of 3-4 tokens 0.9-1.6x as fast (median 1.16x); with 2 no
+  // faster (docs/benchmarks.md "Engine, session 45").
+  static constexpr int64_t kAheadStreamL2 = (kStreamAheadL2 + kRec - 1) / kRec;
+  static constexpr int kL2StreamTok = 3;
 
   // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its
   // order, rows >= n read as row 0 and never stored).
@@ -151,7 +156,7 @@ struct TileKernelK {
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
       const uint8_t* l2 =
           kRowsIn || alone || stream
-              ? nullptr
+              ? (stream && NT >= kL2StreamTok ? src.base + (s + kAheadStreamL2) * kRec : nullptr)
               : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
                                src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;

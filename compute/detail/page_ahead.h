@@ -19,6 +19,13 @@ inline constexpr int64_t kPageAhead = 2 * kPageBytes;
 // (docs/benchmarks.md "Engine, session 43" and "session 44").
 inline constexpr int64_t kStreamAhead = 4608;
 inline constexpr int64_t kStreamAheadFar = 6912;
+// Streaming passes with more work per byte (each int8 and K-quant kernel's kL2StreamTok tokens or
+// more, 2-4 by type and set; the F16/BF16 quads from 2) also fetch every line kStreamAheadL2 on
+// into L2 first, so that their L1 prefetches find it there. On an AMD Zen 4 host, where L1
+// prefetches from DRAM held such passes to a third to a half of the bandwidth, they ran
+// 1.0-2.3x faster with it (docs/benchmarks.md "Engine, session 45"); Q8_0's 2-3 tokens, the
+// least work per byte, ran slower.
+inline constexpr int64_t kStreamAheadL2 = 3 * kPageBytes;
 
 // In an unnamed namespace, as simd_hsum.h: files built for AVX2 and for AVX-512 include these, and
 // each keeps its own copy.
