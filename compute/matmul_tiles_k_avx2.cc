@@ -87,6 +87,7 @@ struct Avx2TileKernelK {
   static constexpr int kMaxQ = kQ5 ? 31 : 15;  // the largest weight value
   static constexpr int kMaxTok = 3;            // sums, accumulators and operands in 16 registers
   static constexpr int kL2StreamTok = 2;       // avx2_pass: streaming passes prefetch into L2
+  static constexpr bool kAloneL2 = kQ5;        // and one token alone (avx2_pass)
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   // One token alone prefetches the record after next into L1: with none, batch-1 Q4_K read 13 GB/s
@@ -284,6 +285,7 @@ struct Avx2TileKernelQ6K {
   using Tiled = Avx2TileKernelQ6K<kVnni, false>;
   static constexpr int kMaxTok = 4;
   static constexpr int kL2StreamTok = 2;  // as Q4_K's
+  static constexpr bool kAloneL2 = true;  // as Q5_K's
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   static constexpr bool kNextRecord = true;  // as Q4_K's

@@ -162,7 +162,10 @@ struct Avx2NoRows {
 /// (or, kRowsIn, of the rows src reads) for the tokens' activation records a[0..NT), every
 /// record in order, into out. K provides kRowsIn, kRec (bytes of a record), kRecCols (columns it
 /// holds), kNextRecord (one token alone prefetches the record after next into L1, as well as a page
-/// ahead) and
+/// ahead; the K-quants), kAloneL2 (with kNextRecord: and every line ~12 KiB on into L2 first; Q5_K
+/// and Q6_K, whose one-token kernels do the most work per byte: on a Zen 4 host their batch-1
+/// products ran 1.3-1.6x and 1.8-2.8x faster with it, Q4_K's up to 1.3x slower, docs/benchmarks.md
+/// "Engine, session 45") and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
 /// (x[n]: token n's activation record for record s). kStream: the first half of a tile's only
@@ -183,6 +186,8 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
     unroll<NT>([&](int n) __attribute__((always_inline)) { acc[hh][n] = _mm256_setzero_ps(); });
   });
   [[maybe_unused]] alignas(32) uint8_t buf[K::kRowsIn ? K::kRec + 32 : 32];
+  // ~12 KiB on, in whole records (page_ahead.h).
+  constexpr int64_t kAheadL2 = (kStreamAheadL2 + K::kRec - 1) / K::kRec * K::kRec;
   for (int64_t s = 0; s < j.cols / K::kRecCols; ++s) {
     const uint8_t* rec = w + s * K::kRec;
     if constexpr (K::kRowsIn) {
@@ -191,16 +196,17 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
       rec = buf;
     } else if constexpr (kStream) {
       prefetch_page_ahead(rec, K::kRec);
-      if constexpr (NT >= K::kL2StreamTok) {
-        constexpr int64_t kAheadL2 = (kStreamAheadL2 + K::kRec - 1) / K::kRec * K::kRec;
+      if constexpr (NT >= K::kL2StreamTok)
         for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + kAheadL2 + o);
-      }
       constexpr int64_t kAhead = (kStreamAheadFar + K::kRec - 1) / K::kRec * K::kRec;
       for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + kAhead + o);
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);
-      if constexpr (K::kNextRecord)
+      if constexpr (K::kNextRecord) {
+        if constexpr (K::kAloneL2)
+          for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + kAheadL2 + o);
         for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + 2 * K::kRec + o);
+      }
     }
     const Act* x[NT];
     unroll<NT>([&](int n) __attribute__((always_inline)) { x[n] = a[n] + s; });
