@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <span>
@@ -24,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/detail/cpu_info.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
 #include "compute/engine.h"
@@ -202,16 +202,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::string cpu = "unknown";
-  {
-    std::ifstream f("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(f, line))
-      if (line.rfind("model name", 0) == 0) {
-        cpu = line.substr(line.find(':') + 2);
-        break;
-      }
-  }
+  const std::string cpu = bench::cpu_description();
 #ifdef NDEBUG
   const char* build = "release";
 #else
@@ -302,8 +293,16 @@ int main(int argc, char** argv) {
       compute::EngineOptions o;
       o.n_threads = nt;
       o.kv_type = kv_type;
+      // Whole blocks per sequence: a sequence of ctx + n_decode tokens holds that many rounded
+      // up to the block size (with 16 sequences of 18 tokens, --prefill 4 --decode 2, a pool of
+      // 16 x 18 + 64 tokens was 10 blocks short).
+      const auto in_blocks = [&](int64_t n) {
+        return (n + o.kv_block_size - 1) / o.kv_block_size * o.kv_block_size;
+      };
       o.max_tokens_in_cache =
-          std::max<int64_t>(n_prefill, std::max<int64_t>(batch, 1) * (ctx + n_decode)) + 64;
+          std::max<int64_t>(in_blocks(n_prefill),
+                            std::max<int64_t>(batch, 1) * in_blocks(ctx + n_decode)) +
+          64;
       auto eng = compute::Engine::create(model, o);
       if (!eng) {
         std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());

@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "base/huge_pages.h"
+#include "bench/detail/cpu_info.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
 #include "compute/matmul.h"
@@ -60,15 +60,6 @@ std::vector<std::string> split_commas(const std::string& list) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
 }
 
 // --- the machine's limits ---
@@ -263,7 +254,8 @@ int main(int argc, char** argv) {
   const bool release = false;
 #endif
   std::printf("matmul_bench\n  cpu: %s, %u hardware threads\n  simd: %s\n  build: %s\n",
-              cpu_model().c_str(), std::thread::hardware_concurrency(), level.c_str(), build);
+              troupe::bench::cpu_description().c_str(), std::thread::hardware_concurrency(),
+              level.c_str(), build);
   if (!release) std::printf("  WARNING: not a Release build; these numbers mean nothing\n");
 
   ThreadPool pool1(1), pool2(2);
