@@ -173,7 +173,7 @@ struct Avx2NoRows {
 /// token alone, and every line of the record 6.75 KiB on into L1 (with no software prefetch, the
 /// form until session 43, 2-token products took 1.3-1.8x as long on an AMD EPYC, docs/benchmarks.md
 /// "Engine, session 43"); with K::kL2StreamTok tokens or more, every line ~12 KiB on into L2
-/// first (page_ahead.h; on a Zen 4 host Q4_0 and Q4_K products of 2-3 tokens 1.1-1.8x faster,
+/// first (page_ahead.h; on a Zen 4 host Q4_0 and Q4_K products of 2-3 tokens 1.0-1.8x faster,
 /// "Engine, session 45"). A template parameter, and the pass found from j.n_tok rather than
 /// TilePass, so that the 1-token code g++ makes stays as it was: a first form that read TilePass
 /// halved batch-1 Q4_0's streaming speed through a rescheduled 1-token loop.
