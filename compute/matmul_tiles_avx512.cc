@@ -74,8 +74,8 @@ struct TileKernel {
   // fetch shares of the next tile into L2 (TilePass::l2_target), and with up to kL1Tok tokens
   // the records kAheadL1 ahead into L1.
   static constexpr int64_t kAheadL1 = 4, kAheadL2 = 16,
-                           kAheadStream = (kStreamAhead + kRec - 1) / kRec,
-                           kAheadStreamL2 = (kStreamAheadL2 + kRec - 1) / kRec;
+                           kAheadStream = records_for(kStreamAhead, kRec),
+                           kAheadStreamL2 = records_for(kStreamAheadL2, kRec);
   // Streaming passes of this many tokens or more also fetch each line kAheadStreamL2 records
   // (~12 KiB) on into L2 (page_ahead.h): on a Zen 4 host Q4_0 and Q8_0 products of 4-6 tokens
   // 1.0-1.6x faster (median 1.16x), Q4_0's of 3 tokens 1.05-1.5x; Q8_0 with 2 or 3 tokens (the

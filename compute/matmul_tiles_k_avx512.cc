@@ -65,7 +65,7 @@ struct TileKernelK {
   // ... and with 3 tokens or more, into L2 this many records on (~12 KiB, page_ahead.h): on a
   // Zen 4 host Q4_K and Q5_K products of 3-4 tokens 0.9-1.6x as fast (median 1.16x); with 2 no
   // faster (docs/benchmarks.md "Engine, session 45").
-  static constexpr int64_t kAheadStreamL2 = (kStreamAheadL2 + kRec - 1) / kRec;
+  static constexpr int64_t kAheadStreamL2 = records_for(kStreamAheadL2, kRec);
   static constexpr int kL2StreamTok = 3;
 
   // Where a tile's super-blocks come from: records (tiles) or 16 rows (TileRows: lanes in its

@@ -187,7 +187,7 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
   });
   [[maybe_unused]] alignas(32) uint8_t buf[K::kRowsIn ? K::kRec + 32 : 32];
   // ~12 KiB on, in whole records (page_ahead.h).
-  constexpr int64_t kAheadL2 = (kStreamAheadL2 + K::kRec - 1) / K::kRec * K::kRec;
+  constexpr int64_t kAheadL2 = records_for(kStreamAheadL2, K::kRec) * K::kRec;
   for (int64_t s = 0; s < j.cols / K::kRecCols; ++s) {
     const uint8_t* rec = w + s * K::kRec;
     if constexpr (K::kRowsIn) {
@@ -198,7 +198,7 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (NT >= K::kL2StreamTok)
         for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + kAheadL2 + o);
-      constexpr int64_t kAhead = (kStreamAheadFar + K::kRec - 1) / K::kRec * K::kRec;
+      constexpr int64_t kAhead = records_for(kStreamAheadFar, K::kRec) * K::kRec;
       for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + kAhead + o);
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);

@@ -27,6 +27,10 @@ inline constexpr int64_t kStreamAheadFar = 6912;
 // least work per byte, ran slower.
 inline constexpr int64_t kStreamAheadL2 = 3 * kPageBytes;
 
+/// Records of `rec` bytes that cover a distance of `bytes`: a prefetch distance rounded up to
+/// whole records.
+constexpr int64_t records_for(int64_t bytes, int64_t rec) { return (bytes + rec - 1) / rec; }
+
 // In an unnamed namespace, as simd_hsum.h: files built for AVX2 and for AVX-512 include these, and
 // each keeps its own copy.
 namespace {  // NOLINT(google-build-namespaces)
