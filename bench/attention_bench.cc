@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/detail/args.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
 #include "compute/kv_cache.h"
@@ -31,15 +32,7 @@ namespace {
 
 using namespace troupe;
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t p = 0; p <= s.size();) {
-    const size_t q = std::min(s.find(',', p), s.size());
-    out.push_back(s.substr(p, q - p));
-    p = q + 1;
-  }
-  return out;
-}
+using bench::split_commas;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -55,35 +48,44 @@ int main(int argc, char** argv) {
   bool layout_given = false;
   std::vector<compute::KvType> types = {compute::KvType::kF32, compute::KvType::kF16,
                                         compute::KvType::kBF16};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  const char* tool = "attention_bench";
+  const char* usage =
+      "usage: attention_bench [--context 512,4096] [--heads 32] [--kv-heads 4] [--head-dim 64] "
+      "[--mla LORA,ROPE] [--layers 22] [--kv-type f32,f16,bf16] [--k-layout dims|rows|rows,dims] "
+      "[--runs 7]";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("%s\n", usage);
+      return 0;
+    }
+    bench::known_option(tool, k,
+                        {"--context", "--heads", "--kv-heads", "--layers", "--head-dim", "--mla",
+                         "--runs", "--kv-type", "--k-layout"},
+                        usage);
+    const std::string v = bench::value_arg(tool, argc, argv, i);
     if (k == "--context") {
-      contexts.clear();
-      for (const auto& c : split(v))
-        contexts.push_back(std::max<int64_t>(1, std::atoll(c.c_str())));
+      contexts = bench::int_list_arg(tool, k, v, 1, int64_t{1} << 22);
     } else if (k == "--heads") {
-      heads = std::atoll(v.c_str());
+      heads = bench::int_arg(tool, k, v, 1, 1024);
     } else if (k == "--kv-heads") {
-      kv_heads = std::atoll(v.c_str());
+      kv_heads = bench::int_arg(tool, k, v, 1, 1024);
     } else if (k == "--layers") {
-      layers = std::max<int64_t>(1, std::atoll(v.c_str()));
+      layers = bench::int_arg(tool, k, v, 1, 1024);
     } else if (k == "--head-dim") {
-      dim = std::atoll(v.c_str());
+      dim = bench::int_arg(tool, k, v, 1, 4096);
     } else if (k == "--mla") {
-      const auto parts = split(v);
-      lora = parts.size() == 2 ? std::atoll(parts[0].c_str()) : 0;
-      const int64_t rope = parts.size() == 2 ? std::atoll(parts[1].c_str()) : -1;
-      if (lora < 1 || rope < 0) {
-        std::fprintf(stderr, "attention_bench: --mla takes LORA,ROPE (e.g. 512,64)\n");
-        return 2;
-      }
-      dim = lora + rope;
+      const std::vector<int64_t> parts = bench::int_list_arg(tool, k, v, 0, 4096);
+      if (parts.size() != 2 || parts[0] < 1)
+        bench::usage_error(tool, "--mla takes LORA,ROPE (e.g. 512,64), got '" + v + "'");
+      lora = parts[0];
+      dim = lora + parts[1];
       kv_heads = 1;
     } else if (k == "--runs") {
-      runs = std::max(1, std::atoi(v.c_str()));
+      runs = static_cast<int>(bench::int_arg(tool, k, v, 1, 1000));
     } else if (k == "--kv-type") {
       types.clear();
-      for (const auto& t : split(v)) {
+      for (const auto& t : split_commas(v)) {
         const auto kt = compute::parse_kv_type(t);
         if (!kt) {
           std::fprintf(stderr, "attention_bench: --kv-type takes f32, f16 or bf16\n");
@@ -94,16 +96,13 @@ int main(int argc, char** argv) {
     } else if (k == "--k-layout") {
       by_dim.clear();
       layout_given = true;
-      for (const auto& t : split(v)) {
+      for (const auto& t : split_commas(v)) {
         if (t != "rows" && t != "dims") {
           std::fprintf(stderr, "attention_bench: --k-layout takes rows, dims or both\n");
           return 2;
         }
         by_dim.push_back(t == "dims");
       }
-    } else {
-      std::fprintf(stderr, "attention_bench: unknown option %s\n", k.c_str());
-      return 2;
     }
   }
   if (lora > 0) {  // MLA keeps its keys in rows (its values are read from them)

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/detail/args.h"
 #include "bench/detail/cpu_info.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
@@ -152,12 +153,15 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] "
-                 "[--batch 16] [--runs 5] [--context 16] [--kv-type f32|f16|bf16] "
-                 "[--weights map|memory|rows|tiles|both]\n");
-    return 2;
+  const char* usage =
+      "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] "
+      "[--runs 5] [--context 16] [--kv-type f32|f16|bf16] [--weights map|memory|rows|tiles|both] "
+      "[--as i4_packed]";
+  if (argc < 2 || argv[1][0] == '-') {  // --help, or options without a model
+    const bool help =
+        argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+    std::fprintf(help ? stdout : stderr, "%s\n", usage);
+    return help ? 0 : 2;
   }
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
@@ -166,26 +170,28 @@ int main(int argc, char** argv) {
   std::string weights = "both";
   std::string as;
   compute::KvType kv_type = compute::KvType::kF32;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
+  const char* tool = "engine_bench";
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    bench::known_option(tool, k,
+                        {"--threads", "--prefill", "--decode", "--batch", "--runs", "--context",
+                         "--weights", "--kv-type", "--as"},
+                        usage);
+    const std::string v = bench::value_arg(tool, argc, argv, i);
     if (k == "--threads") {
       threads.clear();
-      for (size_t p = 0; p < v.size();) {
-        threads.push_back(std::atoi(v.c_str() + p));
-        p = v.find(',', p);
-        if (p == std::string::npos) break;
-        ++p;
-      }
+      for (const int64_t n : bench::int_list_arg(tool, k, v, 1, 1024))
+        threads.push_back(static_cast<int>(n));
     } else if (k == "--prefill") {
-      n_prefill = std::atoll(v.c_str());
+      n_prefill = bench::int_arg(tool, k, v, 1, int64_t{1} << 20);
     } else if (k == "--decode") {
-      n_decode = std::atoll(v.c_str());
+      n_decode = bench::int_arg(tool, k, v, 1, int64_t{1} << 20);
     } else if (k == "--batch") {
-      batch = std::atoll(v.c_str());
+      batch = bench::int_arg(tool, k, v, 0, 4096);
     } else if (k == "--runs") {
-      runs = std::atoi(v.c_str());
+      runs = static_cast<int>(bench::int_arg(tool, k, v, 1, 1000));
     } else if (k == "--context") {
-      ctx = std::max<int64_t>(1, std::atoll(v.c_str()));
+      ctx = bench::int_arg(tool, k, v, 1, int64_t{1} << 20);
     } else if (k == "--weights") {
       weights = v;
     } else if (k == "--kv-type") {
@@ -197,9 +203,6 @@ int main(int argc, char** argv) {
       kv_type = *t;
     } else if (k == "--as") {
       as = v;
-    } else {
-      std::fprintf(stderr, "engine_bench: unknown option %s\n", k.c_str());
-      return 2;
     }
   }
   const std::string cpu = bench::cpu_description();

@@ -6,11 +6,13 @@
 // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16 also run in 16-row tiles
 // (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU engine's weights copy uses where
 // weight_tiles_supported(); quantized types also report GOP/s against the measured int8 dot-product
-// peak. Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [type ...]
-//        (types: f32 f16 f16/t16 bf16 bf16/t16 q8_0 q4_0 q8_0/t16
-//        q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 q2_K q3_K iq4_xs q4_K
-//        q4_K/t16
-//        q5_K q5_K/t16 q6_K q6_K/t16; default all; n_tok values up to 512, 1 always timed)
+// peak. Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [--cold-mib 320]
+//        [type ...]
+//        (types: f32 f16 f16/t16 bf16 bf16/t16 f8_e4m3 i4_packed q8_0 q4_0 q8_0/t16 q4_0/t16
+//        q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 fp4_packed q2_K q3_K iq4_xs
+//        q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16; default all, an unknown name is refused;
+//        n_tok values up to 512, 1 always timed; --cold-mib: what the copies cycled through for
+//        cold weights add up to, at least the last-level cache -- 1 makes a quick smoke run)
 //        TROUPE_SIMD=scalar|avx2|avx2-vnni|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the
 //        kernel path (see compute/matmul.cc).
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "base/huge_pages.h"
+#include "bench/detail/args.h"
 #include "bench/detail/cpu_info.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
@@ -44,17 +47,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The comma-separated items of an option's value.
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> items;
-  for (size_t pos = 0; pos <= list.size();) {
-    const size_t end = std::min(list.find(',', pos), list.size());
-    items.push_back(list.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return items;
 }
 
 double median(std::vector<double> v) {
@@ -77,10 +69,13 @@ double fma_peak(ThreadPool& pool, const std::string& level) {
 // --- weights ---
 
 struct Matrix {
-  // Each one rows x cols in `type`, in memory advised to use huge pages (base/huge_pages.h), as
-  // the engine's weights copy: 4 KiB pages change how a stream's prefetches behave.
+  // Each one rows x cols in `type`, all in one mapping advised to use huge pages
+  // (base/huge_pages.h), as the engine's weights copy: 4 KiB pages change how a stream's
+  // prefetches behave. A copy of 2 MiB or more starts on a huge-page boundary of the mapping;
+  // smaller ones on a 4 KiB page (a huge page each would map 2 MiB per copy: a 64x256 Q4_0
+  // matrix needs ~36000 copies to outgrow the caches).
   std::vector<uint8_t*> copies;
-  std::vector<std::shared_ptr<uint8_t>> owners;
+  std::shared_ptr<uint8_t> owner;
   troupe::model::WeightView view;
   int64_t bytes = 0;
   // f8_e4m3: one per 128 x 128 block; i4_packed: one per 32 columns, bf16 (all copies)
@@ -98,17 +93,18 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
   m.bytes = m.view.row_bytes() * rows;
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  auto new_copy = [&m] {
-    std::shared_ptr<uint8_t> mem = troupe::map_huge_pages(static_cast<uint64_t>(m.bytes));
-    if (mem == nullptr) {
-      std::fprintf(stderr, "matmul_bench: cannot map %lld bytes\n",
-                   static_cast<long long>(m.bytes));
-      std::exit(1);
-    }
-    m.owners.push_back(mem);
-    return mem.get();
-  };
-  uint8_t* first = new_copy();
+  const uint64_t bytes = static_cast<uint64_t>(m.bytes);
+  const uint64_t align = bytes >= troupe::kHugePageBytes ? troupe::kHugePageBytes : 4096;
+  const uint64_t stride = (bytes + align - 1) / align * align;
+  const uint64_t n_copies =
+      std::max<uint64_t>(1, (static_cast<uint64_t>(min_total_bytes) + bytes - 1) / bytes);
+  m.owner = troupe::map_huge_pages(n_copies * stride);
+  if (m.owner == nullptr) {
+    std::fprintf(stderr, "matmul_bench: cannot map %llu copies of %llu bytes\n",
+                 static_cast<unsigned long long>(n_copies), static_cast<unsigned long long>(bytes));
+    std::exit(1);
+  }
+  uint8_t* first = m.owner.get();
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = first + r * m.view.row_bytes();
@@ -174,9 +170,9 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     m.view.layout = troupe::model::WeightLayout::kTiles16;
   }
   m.copies.push_back(first);
-  while (static_cast<int64_t>(m.copies.size()) * m.bytes < min_total_bytes) {
-    uint8_t* c = new_copy();
-    std::memcpy(c, first, static_cast<size_t>(m.bytes));
+  for (uint64_t i = 1; i < n_copies; ++i) {
+    uint8_t* c = first + i * stride;
+    std::memcpy(c, first, bytes);
     m.copies.push_back(c);
   }
   return m;
@@ -184,7 +180,7 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
 
 void free_matrix(Matrix& m) {
   m.copies.clear();
-  m.owners.clear();
+  m.owner.reset();
 }
 
 // Median seconds of one matmul, timing passes over all copies (cold weights).
@@ -203,45 +199,76 @@ double time_matmul(Matrix& m, const std::vector<float>& x, int64_t n_tok, std::v
   return median(per_call);
 }
 
+// The weight types and layouts measured, in this order.
+struct Kind {
+  GgmlType type;
+  bool tiled;
+};
+constexpr Kind kKinds[] = {
+    {GgmlType::kF32, false},       {GgmlType::kF16, false},        {GgmlType::kF16, true},
+    {GgmlType::kBF16, false},      {GgmlType::kBF16, true},        {GgmlType::kF8_E4M3, false},
+    {GgmlType::kI4_PACKED, false}, {GgmlType::kQ8_0, false},       {GgmlType::kQ4_0, false},
+    {GgmlType::kQ8_0, true},       {GgmlType::kQ4_0, true},        {GgmlType::kQ4_1, false},
+    {GgmlType::kQ4_1, true},       {GgmlType::kQ5_0, false},       {GgmlType::kQ5_0, true},
+    {GgmlType::kQ5_1, false},      {GgmlType::kQ5_1, true},        {GgmlType::kIQ4_NL, false},
+    {GgmlType::kMXFP4, false},     {GgmlType::kFP4_PACKED, false}, {GgmlType::kQ2_K, false},
+    {GgmlType::kQ3_K, false},      {GgmlType::kIQ4_XS, false},     {GgmlType::kQ4_K, false},
+    {GgmlType::kQ4_K, true},       {GgmlType::kQ5_K, false},       {GgmlType::kQ5_K, true},
+    {GgmlType::kQ6_K, false},      {GgmlType::kQ6_K, true}};
+
+std::string kind_name(const Kind& k) {
+  return troupe::model::type_name(k.type) + (k.tiled ? "/t16" : "");
+}
+
+constexpr const char* kUsage =
+    "usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [--cold-mib 320] "
+    "[type ...]";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> want;
   std::vector<int64_t> tokens = {1, 16, 512};
   std::vector<std::array<int64_t, 2>> shapes = {{2048, 5632}, {5632, 2048}};  // rows x cols
+  int64_t cold_mib = 320;
+  const char* tool = "matmul_bench";
+  namespace tb = troupe::bench;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--tokens" && i + 1 < argc) {
+    if (a == "--help" || a == "-h") {
+      std::printf("%s\n", kUsage);
+      return 0;
+    } else if (a == "--tokens") {
       // n_tok values to time (1 is always timed first: the x_vs_n1 base).
       tokens = {1};
-      const std::string list = argv[++i];
-      for (const std::string& item : split_commas(list)) {
-        const long long v = std::atoll(item.c_str());
-        if (v < 1 || v > 512) {
-          std::fprintf(stderr, "matmul_bench: --tokens wants values in 1..512, got '%s'\n",
-                       list.c_str());
-          return 2;
-        }
+      for (const int64_t v : tb::int_list_arg(tool, a, tb::value_arg(tool, argc, argv, i), 1, 512))
         if (v > 1) tokens.push_back(v);
-      }
-    } else if (a == "--shapes" && i + 1 < argc) {
+    } else if (a == "--shapes") {
       // rows x cols pairs, e.g. 2560x2048,2048x2048 (the engine's fused q/k/v and its o).
       shapes.clear();
-      const std::string list = argv[++i];
-      for (const std::string& item : split_commas(list)) {
+      const std::string list = tb::value_arg(tool, argc, argv, i);
+      for (const std::string& item : tb::split_commas(list)) {
         long long r = 0, c = 0;
         char tail = 0;
         if (std::sscanf(item.c_str(), "%lldx%lld%c", &r, &c, &tail) != 2 || r < 1 || c < 256 ||
-            c % 256 != 0 || r > (1 << 20) || c > (1 << 20)) {
-          std::fprintf(stderr,
-                       "matmul_bench: --shapes wants ROWSxCOLS pairs (cols a multiple of 256), "
-                       "got '%s'\n",
-                       list.c_str());
-          return 2;
-        }
+            c % 256 != 0 || r > (1 << 20) || c > (1 << 20))
+          tb::usage_error(
+              tool, "--shapes wants ROWSxCOLS pairs (cols a multiple of 256), got '" + list + "'");
         shapes.push_back({r, c});
       }
+    } else if (a == "--cold-mib") {
+      // How much the copies of a matrix that the batch-1 passes cycle through add up to: more
+      // than the last-level cache, so that the weights come from DRAM.
+      cold_mib = tb::int_arg(tool, a, tb::value_arg(tool, argc, argv, i), 1, 65536);
+    } else if (a.rfind("-", 0) == 0) {
+      tb::usage_error(tool, "unknown option '" + a + "'; " + kUsage);
     } else {
+      if (std::none_of(std::begin(kKinds), std::end(kKinds),
+                       [&](const Kind& k) { return kind_name(k) == a; })) {
+        std::string names;
+        for (const Kind& k : kKinds) names += " " + kind_name(k);
+        tb::usage_error(tool, "unknown type '" + a + "' (types:" + names + ")");
+      }
       want.push_back(a);
     }
   }
@@ -285,34 +312,19 @@ int main(int argc, char** argv) {
       "  int8 dot peak (measured, best pass): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n\n",
       i8peak[0], i8peak[1]);
 
-  struct Kind {
-    GgmlType type;
-    bool tiled;
-  };
-  const Kind kinds[] = {
-      {GgmlType::kF32, false},       {GgmlType::kF16, false},        {GgmlType::kF16, true},
-      {GgmlType::kBF16, false},      {GgmlType::kBF16, true},        {GgmlType::kF8_E4M3, false},
-      {GgmlType::kI4_PACKED, false}, {GgmlType::kQ8_0, false},       {GgmlType::kQ4_0, false},
-      {GgmlType::kQ8_0, true},       {GgmlType::kQ4_0, true},        {GgmlType::kQ4_1, false},
-      {GgmlType::kQ4_1, true},       {GgmlType::kQ5_0, false},       {GgmlType::kQ5_0, true},
-      {GgmlType::kQ5_1, false},      {GgmlType::kQ5_1, true},        {GgmlType::kIQ4_NL, false},
-      {GgmlType::kMXFP4, false},     {GgmlType::kFP4_PACKED, false}, {GgmlType::kQ2_K, false},
-      {GgmlType::kQ3_K, false},      {GgmlType::kIQ4_XS, false},     {GgmlType::kQ4_K, false},
-      {GgmlType::kQ4_K, true},       {GgmlType::kQ5_K, false},       {GgmlType::kQ5_K, true},
-      {GgmlType::kQ6_K, false},      {GgmlType::kQ6_K, true}};
   std::printf("%-8s %-10s %5s %3s %9s %8s %8s %9s %9s %8s %7s %7s %9s\n", "type", "rows x cols",
               "n_tok", "thr", "ms", "GB/s", "of_bw", "hot_GB/s", "GFLOP/s", "of_peak", "of_i8",
               "hot_i8", "x_vs_n1");
-  for (const Kind& kind : kinds) {
+  for (const Kind& kind : kKinds) {
     const GgmlType t = kind.type;
-    const std::string name = troupe::model::type_name(t) + (kind.tiled ? "/t16" : "");
+    const std::string name = kind_name(kind);
     const bool int8 = t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 &&
                       t != GgmlType::kF8_E4M3 && t != GgmlType::kI4_PACKED &&
                       t != GgmlType::kFP4_PACKED && t != GgmlType::kMXFP4;
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
-      Matrix m = make_matrix(t, kind.tiled, rows, cols, int64_t{320} << 20);
+      Matrix m = make_matrix(t, kind.tiled, rows, cols, cold_mib << 20);
       std::mt19937 rng(7);
       std::uniform_real_distribution<float> uni(-1.f, 1.f);
       std::vector<float> x(static_cast<size_t>(512 * cols)), y(static_cast<size_t>(512 * rows));

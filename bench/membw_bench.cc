@@ -6,14 +6,24 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
+#include "bench/detail/args.h"
 #include "bench/detail/membw.h"
 #include "compute/thread_pool.h"
 
 int main(int argc, char** argv) {
-  const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int passes = std::max(5, argc > 2 ? std::atoi(argv[2]) : 9);
+  const char* tool = "membw_bench";
+  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::printf("usage: membw_bench [buffer_MiB (1024)] [passes (9, at least 5)]\n");
+    return 0;
+  }
+  if (argc > 3) troupe::bench::usage_error(tool, "takes at most two values: buffer_MiB passes");
+  const int64_t mib =
+      argc > 1 ? troupe::bench::int_arg(tool, "buffer_MiB", argv[1], 1, 1 << 20) : 1024;
+  const int passes =
+      static_cast<int>(argc > 2 ? troupe::bench::int_arg(tool, "passes", argv[2], 5, 1000) : 9);
 #ifdef NDEBUG
   const char* build = "release (NDEBUG)";
 #else

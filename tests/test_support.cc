@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 namespace troupe::testing {
 
@@ -27,6 +28,30 @@ std::string shared_dir() {
 }
 
 std::string binary_dir() { return TROUPE_BINARY_DIR; }
+
+namespace {
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+ProcessRun run_process(const std::string& program, const std::vector<std::string>& args,
+                       const std::string& scratch_dir) {
+  std::string cmd = shell_quote(program);
+  for (const auto& a : args) cmd += " " + shell_quote(a);
+  const std::string o = scratch_dir + "/out.txt", e = scratch_dir + "/err.txt";
+  cmd += " >" + shell_quote(o) + " 2>" + shell_quote(e) + " </dev/null";
+  ProcessRun r;
+  const int st = std::system(cmd.c_str());
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  r.out = read_text_file(o);
+  r.err = read_text_file(e);
+  return r;
+}
 
 bool shared_required() {
   const char* e = std::getenv("TROUPE_REQUIRE_SHARED");

@@ -25,6 +25,17 @@ bool file_exists(const std::string& path);
 /// ("models/synth/mixtral-moe/model.gguf" -> "mixtral_moe").
 std::string model_param_name(const std::string& path);
 
+/// What a finished process left: its exit code (128 where it did not exit), stdout and stderr.
+struct ProcessRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+/// Runs `program` with `args` (each passed as it is, no shell parsing) and stdin from /dev/null,
+/// and waits for it; its stdout and stderr go through files in `scratch_dir`.
+ProcessRun run_process(const std::string& program, const std::vector<std::string>& args,
+                       const std::string& scratch_dir);
+
 /// A fresh folder under the system temp directory, removed with everything in it.
 class TempDir {
  public:

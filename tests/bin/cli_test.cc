@@ -9,7 +9,6 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "compute/matmul.h"
 #include "model/gguf_writer.h"
@@ -24,16 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using CliRun = testing::ProcessRun;
 
 // A fresh folder per test process, removed at exit: a folder named after the process id alone
 // could be a finished process's (ids come round), whose daemon logs a test would then read.
@@ -43,16 +33,7 @@ fs::path temp_dir() {
 }
 
 CliRun troupe(const std::vector<std::string>& args) {
-  std::string cmd = quote(testing::binary_dir() + "/bin/troupe");
-  for (const auto& a : args) cmd += " " + quote(a);
-  const fs::path o = temp_dir() / "out.txt", e = temp_dir() / "err.txt";
-  cmd += " >" + quote(o.string()) + " 2>" + quote(e.string()) + " </dev/null";
-  CliRun r;
-  const int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  r.out = testing::read_text_file(o.string());
-  r.err = testing::read_text_file(e.string());
-  return r;
+  return testing::run_process(testing::binary_dir() + "/bin/troupe", args, temp_dir().string());
 }
 
 int count_lines(const std::string& s) {

@@ -1,0 +1,192 @@
+// The benchmark tools (bench/) run end to end on tiny inputs: every row they promise comes out
+// with finite figures, and a bad option gets one line on stderr and exit code 2. No
+// figure is judged here (the machines are noisy; docs/benchmarks.md holds the measurements): a
+// tool that fails, hangs or leaves rows out is what these catch. engine_bench had failed at
+// --prefill 4 --decode 2 --batch 16 (its KV pool was sized short), and matmul_bench had mapped a
+// huge page per copy of a small matrix until it ran out of memory.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/test_support.h"
+
+namespace troupe {
+namespace {
+
+testing::ProcessRun bench(const std::string& tool, const std::vector<std::string>& args) {
+  static const testing::TempDir scratch;
+  return testing::run_process(testing::binary_dir() + "/bench/" + tool, args, scratch.path());
+}
+
+std::vector<std::vector<std::string>> rows_of(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> row;
+    for (std::string w; words >> w;) row.push_back(w);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// `s` as a number that is finite and >= 0 (a timing or a rate, printed with few decimals: a tiny
+// matrix's time may print as 0.000), or -1.
+double number(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  return end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0 ? v : -1;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_usage_error(const testing::ProcessRun& r, const std::string& what) {
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
+}
+
+// engine_bench's table: (threads, weights, phase) -> tokens/s, for the rows whose figure is a
+// number > 0.
+std::map<std::string, double> engine_rows(const std::string& out) {
+  std::map<std::string, double> rows;
+  for (const auto& r : rows_of(out)) {
+    if (r.size() < 5 || (r[2].rfind("decode@", 0) != 0 && r[2] != "prefill")) continue;
+    if (const double tps = number(r[3]); tps > 0) rows[r[0] + " " + r[1] + " " + r[2]] = tps;
+  }
+  return rows;
+}
+
+TEST(BenchTools, EngineBenchTimesEveryPhase) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string model = shared + "/models/stories260K/stories260K.gguf";
+  const auto r = bench("engine_bench", {model, "--threads", "1,2", "--prefill", "4", "--decode",
+                                        "2", "--batch", "16", "--runs", "1", "--weights", "both"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  const auto rows = engine_rows(r.out);
+  for (const char* threads : {"1", "2"})
+    for (const char* weights : {"map", "memory"})
+      for (const char* phase : {"prefill", "decode@1", "decode@16"})
+        EXPECT_EQ(rows.count(std::string(threads) + " " + weights + " " + phase), 1u)
+            << threads << " threads, " << weights << ", " << phase << " missing:\n"
+            << r.out;
+  EXPECT_NE(r.out.find("weights read per decode token"), std::string::npos) << r.out;
+}
+
+// A Mixture-of-Experts model, KV stored as f16, and the packed-int4 requantization.
+TEST(BenchTools, EngineBenchRunsMoeHalfKvAndInt4) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto moe =
+      bench("engine_bench", {shared + "/models/synth/mixtral-moe/model.gguf", "--threads", "2",
+                             "--prefill", "8", "--decode", "3", "--batch", "5", "--runs", "2",
+                             "--weights", "memory", "--kv-type", "f16", "--context", "20"});
+  ASSERT_EQ(moe.rc, 0) << moe.err << moe.out;
+  auto rows = engine_rows(moe.out);
+  for (const char* phase : {"prefill", "decode@1", "decode@5"})
+    EXPECT_EQ(rows.count(std::string("2 memory ") + phase), 1u) << phase << ":\n" << moe.out;
+  EXPECT_NE(moe.out.find("KV cache f16"), std::string::npos) << moe.out;
+
+  const auto int4 = bench("engine_bench", {shared + "/models/stories260K/stories260K.gguf",
+                                           "--threads", "1", "--prefill", "4", "--decode", "2",
+                                           "--batch", "2", "--runs", "1", "--as", "i4_packed"});
+  ASSERT_EQ(int4.rc, 0) << int4.err << int4.out;
+  EXPECT_NE(int4.out.find("to i4_packed"), std::string::npos) << int4.out;
+  rows = engine_rows(int4.out);
+  for (const char* phase : {"prefill", "decode@1", "decode@2"})
+    EXPECT_EQ(rows.count(std::string("1 map ") + phase), 1u) << phase << ":\n" << int4.out;
+}
+
+TEST(BenchTools, MatmulBenchTimesEveryType) {
+  // Every type and layout it knows, on a small matrix and 1 MiB of copies: fast, but every
+  // kernel's path through the bench.
+  const auto r =
+      bench("matmul_bench", {"--tokens", "2,16", "--shapes", "32x256", "--cold-mib", "1"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  const std::set<std::string> types = {
+      "f32",      "f16",      "f16/t16",  "bf16",       "bf16/t16", "f8_e4m3", "i4_packed", "q8_0",
+      "q4_0",     "q8_0/t16", "q4_0/t16", "q4_1",       "q4_1/t16", "q5_0",    "q5_0/t16",  "q5_1",
+      "q5_1/t16", "iq4_nl",   "mxfp4",    "fp4_packed", "q2_K",     "q3_K",    "iq4_xs",    "q4_K",
+      "q4_K/t16", "q5_K",     "q5_K/t16", "q6_K",       "q6_K/t16"};
+  std::map<std::string, int> timed;  // type -> rows whose time and rate are numbers
+  for (const auto& row : rows_of(r.out)) {
+    if (row.size() < 7 || types.count(row[0]) == 0 || row[1] != "32x256") continue;
+    if (number(row[4]) >= 0 && number(row[5]) >= 0) ++timed[row[0]];
+  }
+  for (const std::string& t : types)  // n_tok 1, 2, 16 with 1 and 2 threads
+    EXPECT_EQ(timed[t], 6) << t << ":\n" << r.out;
+  EXPECT_NE(r.out.find("memory read bandwidth:"), std::string::npos) << r.out;
+}
+
+TEST(BenchTools, AttentionMembwSamplerAndKvBlocksRun) {
+  const auto att = bench("attention_bench", {"--context", "16,40", "--layers", "2", "--runs", "1",
+                                             "--k-layout", "rows,dims"});
+  ASSERT_EQ(att.rc, 0) << att.err << att.out;
+  int att_rows = 0;
+  for (const auto& row : rows_of(att.out))
+    if (row.size() >= 5 && (row[0] == "f32" || row[0] == "f16" || row[0] == "bf16") &&
+        number(row[3]) >= 0)
+      ++att_rows;
+  EXPECT_EQ(att_rows, 3 * 2 * 2) << att.out;  // kv types x key layouts x contexts
+
+  const auto mla = bench("attention_bench", {"--context", "16", "--layers", "1", "--runs", "1",
+                                             "--heads", "8", "--mla", "64,16", "--kv-type", "f16"});
+  ASSERT_EQ(mla.rc, 0) << mla.err << mla.out;
+  EXPECT_NE(mla.out.find("shape: MLA"), std::string::npos) << mla.out;
+
+  const auto bw = bench("membw_bench", {"16", "5"});
+  ASSERT_EQ(bw.rc, 0) << bw.err << bw.out;
+  int bw_lines = 0;
+  for (const auto& row : rows_of(bw.out)) {  // "read bandwidth, N thread(s): median X GB/s ..."
+    const auto median = std::find(row.begin(), row.end(), "median");
+    if (!row.empty() && row[0] == "read" && median != row.end() && median + 1 != row.end() &&
+        number(*(median + 1)) > 0)
+      ++bw_lines;
+  }
+  EXPECT_EQ(bw_lines, 2) << bw.out;
+
+  const auto sampler = bench("sampler_bench", {});
+  ASSERT_EQ(sampler.rc, 0) << sampler.err << sampler.out;
+  EXPECT_NE(sampler.out.find("min-p 0.05:"), std::string::npos) << sampler.out;
+
+  const auto kv = bench("kv_block_manager_bench", {});
+  ASSERT_EQ(kv.rc, 0) << kv.err << kv.out;
+  EXPECT_NE(kv.out.find("prefix hit rate"), std::string::npos) << kv.out;
+}
+
+TEST(BenchTools, BadOptionsGiveOneLineErrors) {
+  expect_usage_error(bench("engine_bench", {"m.gguf", "--prefill", "abc"}),
+                     "--prefill takes an integer in 1..");
+  expect_usage_error(bench("engine_bench", {"m.gguf", "--threads", "1,,2"}),
+                     "--threads takes integers");
+  expect_usage_error(bench("engine_bench", {"m.gguf", "--decode"}), "--decode needs a value");
+  expect_usage_error(bench("engine_bench", {"m.gguf", "--frobnicate", "1"}),
+                     "unknown option '--frobnicate'");
+  expect_usage_error(bench("engine_bench", {"--runs", "3"}), "usage: engine_bench MODEL");
+  const auto missing = bench("engine_bench", {"/nonexistent/m.gguf", "--runs", "1"});
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/m.gguf"), std::string::npos) << missing.err;
+  expect_usage_error(bench("matmul_bench", {"--tokens", "0"}), "--tokens takes integers in 1..512");
+  expect_usage_error(bench("matmul_bench", {"q9_9"}), "unknown type 'q9_9'");
+  expect_usage_error(bench("matmul_bench", {"--shapes", "64x100"}), "--shapes wants ROWSxCOLS");
+  expect_usage_error(bench("matmul_bench", {"--cold-mib", "-1"}), "--cold-mib takes an integer");
+  expect_usage_error(bench("attention_bench", {"--mla", "512"}), "--mla takes LORA,ROPE");
+  expect_usage_error(bench("attention_bench", {"--layers", "2x"}), "--layers takes an integer");
+  expect_usage_error(bench("membw_bench", {"lots"}), "buffer_MiB takes an integer");
+  for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench"}) {
+    const auto help = bench(tool, {"--help"});
+    EXPECT_EQ(help.rc, 0) << tool;
+    EXPECT_EQ(help.out.rfind(std::string("usage: ") + tool, 0), 0u) << tool << ": " << help.out;
+  }
+}
+
+}  // namespace
+}  // namespace troupe
