@@ -96,9 +96,8 @@ struct TileKernelK {
         *dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
       }
     }
-    // Part `part` (0-3) of the prefetch of the super-block `ahead` on; l2: the record
-    // TilePass::l2_target chose for this super-block, or null (tiles only; none for a pass that
-    // streams, tile()).
+    // Part `part` (0-3) of the prefetch of the super-block `ahead` on into L1 (none where ahead
+    // is 0); l2: the record to fetch into L2 (tile()), or null. Tiles only.
     void prefetch(int64_t s, int part, const uint8_t* l2, int64_t ahead) const {
       if constexpr (kRowsIn) {
         // The next tile's rows at this super-block, 3 lines each, one per part (a block that
@@ -110,7 +109,9 @@ struct TileKernelK {
       } else {
         // A quarter of the record `ahead` on into L1, and of l2's record into L2.
         const int64_t off = kPartLines * 64 * part;
-        for (int o = 0; o < kPartLines; ++o) prefetch_l1(base + (s + ahead) * kRec + off + 64 * o);
+        if (ahead > 0)
+          for (int o = 0; o < kPartLines; ++o)
+            prefetch_l1(base + (s + ahead) * kRec + off + 64 * o);
         if (l2 != nullptr)
           for (int o = 0; o < kPartLines; ++o) prefetch_l2(l2 + off + 64 * o);
       }
@@ -131,17 +132,19 @@ struct TileKernelK {
                   m10 = _mm512_set1_epi8(0x10), m30 = _mm512_set1_epi8(0x30),
                   mlo = _mm512_set1_epi32(0xFF), pair = _mm512_set1_epi32(0x00FF00FF);
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
-    // A tile's only pass streams its weights from DRAM. One token alone: the next record into
-    // L1, as for more tokens, but instead of the record two ahead into L2, one prefetch per page
-    // two pages ahead (prefetch_page_ahead), as the 32-value kernels: Q4_K batch-1 products
-    // 9-16 % faster streaming and 22-40 % hot (docs/benchmarks.md "Engine, session 33"). With no
-    // L1 prefetch either, they streamed a third slower. 2 to 6 tokens (TilePass::streams): the page
-    // prefetch too, and the record kAheadStream on into L1 instead of the next; with the next
-    // into L1 and the one after into L2 (their form until session 43), Q4_K_M and Q5_K_M decode
-    // of 4 sequences ran 6-19 % slower ("Engine, session 43").
+    // A tile's only pass streams its weights from DRAM. One token alone: instead of the record
+    // two ahead into L2, one prefetch per page two pages ahead (prefetch_page_ahead), as the
+    // 32-value kernels: Q4_K batch-1 products 9-16 % faster streaming and 22-40 % hot
+    // (docs/benchmarks.md "Engine, session 33"); and the next record into L2. Until session 46
+    // the next record went into L1 (with no prefetch of it at all, a third slower on a Zen 5);
+    // on a Zen 4 host, into L2 ran Q4_K batch-1 products 1.27-1.31x and Q5_K 1.06-1.38x as fast
+    // ("Engine, session 46"). 2 to 6 tokens (TilePass::streams): the page prefetch too, and the
+    // record kAheadStream on into L1 instead of the next; with the next into L1 and the one after
+    // into L2 (their form until session 43), Q4_K_M and Q5_K_M decode of 4 sequences ran 6-19 %
+    // slower ("Engine, session 43").
     const bool alone = !kRowsIn && pass.alone(NT);
     const bool stream = !kRowsIn && pass.streams(NT);
-    const int64_t l1_ahead = stream ? kAheadStream : 1;
+    const int64_t l1_ahead = alone ? 0 : stream ? kAheadStream : 1;
     for (int64_t s = 0; s < j.cols / kQK_K; ++s) {
       if (alone || stream) prefetch_page_ahead(src.base + s * kRec, kRec);
       // The 6-bit scales and mins of the 16 rows (q4k_scales_mins, lane-wise): bytes j of
@@ -155,10 +158,11 @@ struct TileKernelK {
       const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 4), m0f),
                                             _mm512_and_si512(_mm512_srli_epi32(s1, 2), m30));
       const uint8_t* l2 =
-          kRowsIn || alone || stream
-              ? (stream && NT >= kL2StreamTok ? src.base + (s + kAheadStreamL2) * kRec : nullptr)
-              : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
-                               src.base + model::kTileRows * j.w_row_bytes + s * kRec);
+          kRowsIn  ? nullptr
+          : alone  ? src.base + (s + 1) * kRec
+          : stream ? (NT >= kL2StreamTok ? src.base + (s + kAheadStreamL2) * kRec : nullptr)
+                   : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec,
+                                    src.base + model::kTileRows * j.w_row_bytes + s * kRec);
       __m512 d, dmin;
       src.scales(s, head[0], &d, &dmin);
       // tot = sum_j sc_j * dot_j, exact (|tot| < 2^26).

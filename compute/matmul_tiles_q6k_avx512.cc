@@ -47,6 +47,8 @@ struct TileKernelQ6K {
   static constexpr int64_t kBlock = sizeof(BlockQ6_K);  // 210
   static constexpr int kChunks = 52;                    // ql 0-31, qh 32-47, scales 48-51
   static constexpr int64_t kRec = 64 * kChunks;         // a tile's record: 3328 bytes
+  // One token alone fetches the lines this many records (~24 KiB) on into L2 (tile()).
+  static constexpr int64_t kAloneAheadL2 = records_for(2 * kStreamAheadL2, kRec);
   static constexpr int kMaxTok = 8;
   static constexpr int64_t kTokBlock = 64;
 
@@ -57,7 +59,8 @@ struct TileKernelQ6K {
     const uint8_t* base;
     int64_t row_bytes, nsb;
     [[maybe_unused]] std::conditional_t<kRowsIn, TileRows, NoRows> rows;
-    uint8_t* buf;  // kRec bytes, 64-aligned (rows only)
+    uint8_t* buf;             // kRec bytes, 64-aligned (rows only)
+    bool next_to_l2 = false;  // the record one ahead into L2 instead of L1 (one token alone)
 
     // The 52 chunks of super-block s.
     const uint8_t* record(int64_t s) const {
@@ -97,9 +100,15 @@ struct TileKernelQ6K {
             prefetch_l2(base + (16 + i) * row_bytes + s * kBlock + 64 * (part - 4));
         }
       } else if (part < 13) {
-        // 4 of the 52 lines of the record one ahead into L1, and of l2's record into L2.
+        // 4 of the 52 lines of the record one ahead into L1 (or L2), and of l2's record into L2.
         const int64_t off = 4 * 64 * part;
-        for (int o = 0; o < 4; ++o) prefetch_l1(base + (s + 1) * kRec + off + 64 * o);
+        for (int o = 0; o < 4; ++o) {
+          const uint8_t* line = base + (s + 1) * kRec + off + 64 * o;
+          if (next_to_l2)
+            prefetch_l2(line);
+          else
+            prefetch_l1(line);
+        }
         if (l2 != nullptr)
           for (int o = 0; o < 4; ++o) prefetch_l2(l2 + off + 64 * o);
       }
@@ -172,18 +181,21 @@ struct TileKernelQ6K {
     alignas(64) uint8_t buf[kRowsIn ? kRec : 64];
     const int64_t nsb = j.cols / kQK_K;
     const uint8_t* w = j.w + row * j.w_row_bytes;
-    const Source src{w, j.w_row_bytes, nsb, {w, j.w_row_bytes, n_rows}, buf};
+    // One token alone: one prefetch per page two pages ahead, as the 32-value kernels
+    // (prefetch_page_ahead), the next record into L2 and the lines kAloneAheadL2 records on into
+    // L2. Until session 46 it had the prefetches of more tokens (the next record into L1, the one
+    // after into L2) with the page prefetch: Q6_K batch-1 products 6-8 % faster than without the
+    // page prefetch on a Zen 5; without the L2 prefetches, as Q4_K then, 2-15 % slower
+    // (docs/benchmarks.md "Engine, session 33"). On a Zen 4 host the new form ran them 1.11-1.21x
+    // as fast ("Engine, session 46").
+    const bool alone = !kRowsIn && pass.alone(NT);
+    const Source src{w, j.w_row_bytes, nsb, {w, j.w_row_bytes, n_rows}, buf, alone};
     const ActTileQ6K* a[NT];
     for (int n = 0; n < NT; ++n)
       a[n] = reinterpret_cast<const ActTileQ6K*>(j.act + (tok + n) * j.act_stride);
     __m512 acc[NT];
     for (int n = 0; n < NT; ++n) acc[n] = _mm512_setzero_ps();
     const uint8_t* next_tile = src.base + model::kTileRows * j.w_row_bytes;
-    // One token alone: the prefetches of more tokens (the next record into L1, the one after
-    // into L2) and one per page two pages ahead, as the 32-value kernels (prefetch_page_ahead):
-    // Q6_K batch-1 products 6-8 % faster. Without the L2 prefetches, as Q4_K, 2-15 % slower
-    // (docs/benchmarks.md "Engine, session 33").
-    const bool alone = !kRowsIn && pass.alone(NT);
     if (!kRowsIn && ((pass.count > 1 && pass.index == 0) || alone))  // the next tile's d values
       for (int64_t o = 0; o < 32 * nsb; o += 64) prefetch_l2(next_tile + nsb * kRec + o);
     [[maybe_unused]] int64_t l2_due = pass.index;  // TilePass::l2_target
@@ -191,7 +203,8 @@ struct TileKernelQ6K {
       if (alone) prefetch_page_ahead(src.base + s * kRec, kRec);
       const uint8_t* l2 =
           kRowsIn ? nullptr
-                  : pass.l2_target(s, &l2_due, src.base + (s + 2) * kRec, next_tile + s * kRec);
+                  : pass.l2_target(s, &l2_due, src.base + (s + (alone ? kAloneAheadL2 : 2)) * kRec,
+                                   next_tile + s * kRec);
       const uint8_t* rec = src.record(s);
       const __m512 d24 = _mm512_mul_ps(src.d(s), _mm512_set1_ps(0x1p-24f));
       const ActTileQ6K* x[NT];
