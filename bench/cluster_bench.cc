@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
+#include "bench/detail/args.h"
 #include "compute/matmul.h"
 
 using namespace troupe;
@@ -71,36 +73,40 @@ RunStats run(const actors::Plan& plan, std::shared_ptr<const model::Model> m,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: cluster_bench MODEL [--stages N] [--shards M] [--threads T] "
-                 "[--gen G] [--prompt P] [--concurrency 1,4,16,64]\n");
-    return 2;
+  const char* tool = "cluster_bench";
+  const char* usage =
+      "usage: cluster_bench MODEL [--stages N] [--shards M] [--threads T] [--gen G] [--prompt P] "
+      "[--concurrency 1,4,16,64]";
+  if (argc < 2 || argv[1][0] == '-') {  // --help, or options without a model
+    const bool help =
+        argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+    std::fprintf(help ? stdout : stderr, "%s\n", usage);
+    return help ? 0 : 2;
   }
   const std::string path = argv[1];
   int64_t stages = 1, shards = 0, gen = 32, prompt = 32;
   int threads = 2;
   std::vector<int> conc = {1, 4, 16, 64};
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--stages")
-      stages = std::atoll(v.c_str());
-    else if (k == "--shards")
-      shards = std::atoll(v.c_str());
-    else if (k == "--threads")
-      threads = std::atoi(v.c_str());
-    else if (k == "--gen")
-      gen = std::atoll(v.c_str());
-    else if (k == "--prompt")
-      prompt = std::atoll(v.c_str());
-    else if (k == "--concurrency") {
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    bench::known_option(tool, k,
+                        {"--stages", "--shards", "--threads", "--gen", "--prompt", "--concurrency"},
+                        usage);
+    const std::string v = bench::value_arg(tool, argc, argv, i);
+    if (k == "--stages") {
+      stages = bench::int_arg(tool, k, v, 1, 64);
+    } else if (k == "--shards") {
+      shards = bench::int_arg(tool, k, v, 0, 64);
+    } else if (k == "--threads") {
+      threads = static_cast<int>(bench::int_arg(tool, k, v, 1, 1024));
+    } else if (k == "--gen") {
+      gen = bench::int_arg(tool, k, v, 1, 1 << 20);
+    } else if (k == "--prompt") {
+      prompt = bench::int_arg(tool, k, v, 1, 1 << 20);
+    } else {  // --concurrency
       conc.clear();
-      for (size_t p = 0;;) {
-        conc.push_back(std::atoi(v.c_str() + p));
-        p = v.find(',', p);
-        if (p == std::string::npos) break;
-        ++p;
-      }
+      for (const int64_t c : bench::int_list_arg(tool, k, v, 1, 4096))
+        conc.push_back(static_cast<int>(c));
     }
   }
 #ifdef NDEBUG

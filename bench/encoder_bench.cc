@@ -32,6 +32,7 @@
 #include "actors/cluster_client.h"
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
+#include "bench/detail/args.h"
 #include "bench/detail/pictures.h"
 #include "model/synth.h"
 
@@ -129,6 +130,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string usage =
+      "usage: encoder_bench [--model GGUF --mmproj GGUF] [--images N] [--threads T] "
+      "[--runs N] [--layouts head,remote,spread]";
   std::string model_path, mmproj_path, layouts = "head,remote,spread";
   int images = 4, threads = 2, runs = 3;
   for (int i = 1; i < argc; ++i) {
@@ -139,16 +143,18 @@ int main(int argc, char** argv) {
     } else if (a == "--mmproj" && more) {
       mmproj_path = argv[++i];
     } else if (a == "--images" && more) {
-      images = std::max(1, std::atoi(argv[++i]));
+      images = static_cast<int>(bench::int_arg("encoder_bench", a, argv[++i], 1, 4096));
     } else if (a == "--threads" && more) {
-      threads = std::max(1, std::atoi(argv[++i]));
+      threads = static_cast<int>(bench::int_arg("encoder_bench", a, argv[++i], 1, 1024));
     } else if (a == "--runs" && more) {
-      runs = std::max(1, std::atoi(argv[++i]));
+      runs = static_cast<int>(bench::int_arg("encoder_bench", a, argv[++i], 1, 1000));
     } else if (a == "--layouts" && more) {
       layouts = argv[++i];
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s\n", usage.c_str());
+      return 0;
     } else {
-      die("usage: encoder_bench [--model GGUF --mmproj GGUF] [--images N] [--threads T] "
-          "[--runs N] [--layouts head,remote,spread]");
+      bench::usage_error("encoder_bench", "unknown option or missing value '" + a + "'; " + usage);
     }
   }
   if (model_path.empty() != mmproj_path.empty()) die("give both --model and --mmproj, or neither");

@@ -19,6 +19,7 @@
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
+#include "bench/detail/args.h"
 #include "bench/detail/pictures.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -70,6 +71,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string usage =
+      "usage: image_chat_bench [--model GGUF --mmproj GGUF] [--layers N] [--threads N] "
+      "[--runs N]";
   std::string model_path, mmproj_path;
   int layers = 4, threads = 2, runs = 3;
   for (int i = 1; i < argc; ++i) {
@@ -80,14 +84,17 @@ int main(int argc, char** argv) {
     } else if (a == "--mmproj" && more) {
       mmproj_path = argv[++i];
     } else if (a == "--layers" && more) {
-      layers = std::max(1, std::atoi(argv[++i]));
+      layers = static_cast<int>(bench::int_arg("image_chat_bench", a, argv[++i], 1, 1024));
     } else if (a == "--threads" && more) {
-      threads = std::max(1, std::atoi(argv[++i]));
+      threads = static_cast<int>(bench::int_arg("image_chat_bench", a, argv[++i], 1, 1024));
     } else if (a == "--runs" && more) {
-      runs = std::max(1, std::atoi(argv[++i]));
+      runs = static_cast<int>(bench::int_arg("image_chat_bench", a, argv[++i], 1, 1000));
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s\n", usage.c_str());
+      return 0;
     } else {
-      die("usage: image_chat_bench [--model GGUF --mmproj GGUF] [--layers N] [--threads N] "
-          "[--runs N]");
+      bench::usage_error("image_chat_bench",
+                         "unknown option or missing value '" + a + "'; " + usage);
     }
   }
   const auto dir = std::filesystem::temp_directory_path() / "troupe_image_chat_bench";

@@ -35,6 +35,7 @@
 #include "actors/cluster_client.h"
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
+#include "bench/detail/args.h"
 #include "compute/matmul.h"
 #include "model/model.h"
 
@@ -451,19 +452,22 @@ void print_throughput(const Bench& b,
 
 Options parse_args(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
-    std::fprintf(stderr,
+    const bool help =
+        argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
+    std::fprintf(help ? stdout : stderr,
                  "usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] "
                  "[--prompt 64] [--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] "
                  "[--no-reference] [--weights auto|memory|map] [--pull on|off]\n");
-    std::exit(2);
+    std::exit(help ? 0 : 2);
   }
   Options o;
   o.model = fs::absolute(argv[1]).string();
   o.troupe = (fs::canonical("/proc/self/exe").parent_path().parent_path() / "bin/troupe").string();
-  auto list = [](const std::string& v) {
+  const char* tool = "multihost_bench";
+  auto list = [&](const std::string& k, const std::string& v, int64_t hi) {
     std::vector<int> out;
-    std::stringstream ss(v);
-    for (std::string x; std::getline(ss, x, ',');) out.push_back(std::atoi(x.c_str()));
+    for (const int64_t n : bench::int_list_arg(tool, k, v, 1, hi))
+      out.push_back(static_cast<int>(n));
     return out;
   };
   for (int i = 2; i < argc; ++i) {
@@ -472,18 +476,17 @@ Options parse_args(int argc, char** argv) {
       o.reference = false;
       continue;
     }
-    if (i + 1 >= argc) fail("missing value for " + k);
-    const std::string v = argv[++i];
+    const std::string v = bench::value_arg(tool, argc, argv, i);
     if (k == "--runs")
-      o.runs = std::max(1, std::atoi(v.c_str()));
+      o.runs = static_cast<int>(bench::int_arg(tool, k, v, 1, 1000));
     else if (k == "--daemons")
-      o.daemons = list(v);
+      o.daemons = list(k, v, kMaxChildren);
     else if (k == "--concurrency")
-      o.concurrency = list(v);
+      o.concurrency = list(k, v, 4096);
     else if (k == "--prompt")
-      o.prompt = std::atoll(v.c_str());
+      o.prompt = bench::int_arg(tool, k, v, 1, 1 << 20);
     else if (k == "--gen")
-      o.gen = std::atoll(v.c_str());
+      o.gen = bench::int_arg(tool, k, v, 1, 1 << 20);
     else if (k == "--troupe")
       o.troupe = v;
     else if (k == "--tls")
@@ -491,11 +494,11 @@ Options parse_args(int argc, char** argv) {
     else if (k == "--weights")
       o.weights = v;
     else if (k == "--timeout-s")
-      o.timeout_s = std::atoi(v.c_str());
+      o.timeout_s = static_cast<int>(bench::int_arg(tool, k, v, 1, 86400));
     else if (k == "--pull" && (v == "on" || v == "off"))
       o.pull = v == "on";
     else
-      fail("unknown option " + k + " " + v);
+      bench::usage_error(tool, "unknown option '" + k + "' or value '" + v + "'");
   }
   for (int n : o.daemons)
     if (n < 1 || n > kMaxChildren) fail("--daemons: each count must be in [1, 16]");

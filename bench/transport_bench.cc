@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
+#include "bench/detail/args.h"
 #include "bench/detail/transport_bench_procs.h"
 #include "transport/transport.h"
 
@@ -35,6 +36,8 @@ namespace {
 
 namespace tp = troupe::transport;
 using namespace troupe::bench;
+
+constexpr const char* kTool = "transport_bench";
 
 // Message types of the bench protocol (client -> server unless noted).
 constexpr uint64_t kPing = 0x7462'0001;     // echoed back as is
@@ -526,8 +529,8 @@ void print_header(const Flags& f, bool perftest) {
                 f.perftest ? "ucx_perftest not found: install ucx-utils" : "--no-perftest");
 }
 
-int usage() {
-  std::fprintf(stderr,
+int usage(FILE* out = stderr) {
+  std::fprintf(out,
                "usage: transport_bench [--reps N (5)] [--round-trips N (2000)] [--bw-scale X (1)]\n"
                "         [--configs tcp,shm,shm+peer,pull (tcp,shm)] [--spin-us N (200)]\n"
                "         [--bw-spin-us N (0)] [--lat-sizes 8,64,1K,4K,64K] [--bw-sizes 8,...,64M] "
@@ -547,16 +550,18 @@ int main(int argc, char** argv) {
     if (a == "--serve" && has_value) {
       const LinkConfig* c = find_config(argv[++i]);
       int spin = 0;
-      if (i + 2 < argc && std::string(argv[i + 1]) == "--spin-us") spin = std::atoi(argv[i + 2]);
+      if (i + 2 < argc && std::string(argv[i + 1]) == "--spin-us")
+        spin = static_cast<int>(int_arg(kTool, "--spin-us", argv[i + 2], 0, 1000000));
       return c ? serve(*c, spin) : 2;
     } else if (a == "--reps" && has_value) {
-      f.reps = std::max(1, std::atoi(argv[++i]));
+      f.reps = static_cast<int>(int_arg(kTool, a, argv[++i], 1, 1000));
     } else if (a == "--round-trips" && has_value) {
-      f.lat_round_trips = std::max(10, std::atoi(argv[++i]));
+      f.lat_round_trips = static_cast<int>(int_arg(kTool, a, argv[++i], 10, 100000000));
     } else if (a == "--bw-scale" && has_value) {
-      f.bw_scale = std::max(0.01, std::atof(argv[++i]));
+      f.bw_scale = double_arg(kTool, a, argv[++i], 0.01, 1000);
     } else if (a == "--window-mib" && has_value) {
-      f.window_bytes = static_cast<uint64_t>(std::max(0.001, std::atof(argv[++i])) * (1 << 20));
+      f.window_bytes =
+          static_cast<uint64_t>(double_arg(kTool, a, argv[++i], 0.001, 65536) * (1 << 20));
     } else if ((a == "--lat-sizes" || a == "--bw-sizes") && has_value) {
       auto& list = a == "--lat-sizes" ? f.lat_sizes : f.bw_sizes;
       list = parse_sizes(argv[++i]);
@@ -564,13 +569,15 @@ int main(int argc, char** argv) {
     } else if (a == "--configs" && has_value) {
       f.configs = split(argv[++i]);
     } else if (a == "--spin-us" && has_value) {
-      f.spin_us = std::max(0, std::atoi(argv[++i]));
+      f.spin_us = static_cast<int>(int_arg(kTool, a, argv[++i], 0, 1000000));
     } else if (a == "--bw-spin-us" && has_value) {
-      f.bw_spin_us = std::max(0, std::atoi(argv[++i]));
+      f.bw_spin_us = static_cast<int>(int_arg(kTool, a, argv[++i], 0, 1000000));
     } else if (a == "--perftest" && has_value) {
       f.perftest_path = argv[++i];
     } else if (a == "--only" && has_value) {
       const std::string what = argv[++i];
+      if (what != "lat" && what != "bw")
+        usage_error(kTool, "--only takes lat or bw, got '" + what + "'");
       f.latency = what == "lat";
       f.bandwidth = what == "bw";
     } else if (a == "--no-perftest") {
@@ -579,7 +586,11 @@ int main(int argc, char** argv) {
       f.reps = 3;
       f.lat_round_trips = 500;
       f.bw_scale = 0.25;
+    } else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
     } else {
+      std::fprintf(stderr, "transport_bench: unknown option or missing value '%s'\n", a.c_str());
       return usage();
     }
   }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/detail/args.h"
 #include "bench/detail/peaks.h"
 #include "compute/matmul.h"
 #include "compute/thread_pool.h"
@@ -147,23 +148,22 @@ int main(int argc, char** argv) {
     if (a == "--mmproj" && i + 1 < argc) {
       mmproj = argv[++i];
     } else if (a == "--runs" && i + 1 < argc) {
-      runs = std::max(1, std::atoi(argv[++i]));
+      runs = static_cast<int>(bench::int_arg("vision_bench", a, argv[++i], 1, 1000));
     } else if (a == "--hf") {
       hf = true;
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       threads.clear();
-      for (std::string t = argv[++i]; !t.empty();) {
-        const size_t c = t.find(',');
-        threads.push_back(std::max(1, std::atoi(t.substr(0, c).c_str())));
-        t = c == std::string::npos ? "" : t.substr(c + 1);
-      }
+      for (const int64_t t : bench::int_list_arg("vision_bench", a, argv[++i], 1, 1024))
+        threads.push_back(static_cast<int>(t));
     } else {
-      std::fprintf(stderr,
-                   "usage: vision_bench [--mmproj FILE] [--runs N] [--threads 1,2] "
-                   "[--only llava|gemma3] [--hf]\n");
-      return 2;
+      const bool help = a == "--help" || a == "-h";
+      std::fprintf(help ? stdout : stderr,
+                   "%susage: vision_bench [--mmproj FILE] [--runs N] [--threads 1,2] "
+                   "[--only llava|gemma3] [--hf]\n",
+                   help ? "" : ("vision_bench: unknown option '" + a + "'; ").c_str());
+      return help ? 0 : 2;
     }
   }
   if (!mmproj.empty()) {

@@ -66,6 +66,17 @@ inline std::vector<int64_t> int_list_arg(const char* tool, const std::string& op
   return values;
 }
 
+/// `text` as a whole decimal number in [lo, hi] ("0.25", "1e-3"), or a usage_error naming `option`.
+inline double double_arg(const char* tool, const std::string& option, const std::string& text,
+                         double lo, double hi) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(v >= lo && v <= hi))
+    usage_error(tool, option + " takes a number in " + std::to_string(lo) + ".." +
+                          std::to_string(hi) + ", got '" + text + "'");
+  return v;
+}
+
 /// A usage_error unless `option` is one of `known` ("unknown option '--x'; USAGE").
 inline void known_option(const char* tool, const std::string& option,
                          std::initializer_list<const char*> known, const char* usage) {

@@ -181,7 +181,26 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
   expect_usage_error(bench("attention_bench", {"--mla", "512"}), "--mla takes LORA,ROPE");
   expect_usage_error(bench("attention_bench", {"--layers", "2x"}), "--layers takes an integer");
   expect_usage_error(bench("membw_bench", {"lots"}), "buffer_MiB takes an integer");
-  for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench"}) {
+  expect_usage_error(bench("cluster_bench", {"m.gguf", "--concurrency", "1,four"}),
+                     "--concurrency takes integers");
+  expect_usage_error(bench("cluster_bench", {"m.gguf", "--stages", "0"}),
+                     "--stages takes an integer in 1..");
+  expect_usage_error(bench("encoder_bench", {"--images", "many"}), "--images takes an integer");
+  expect_usage_error(bench("encoder_bench", {"--pictures", "3"}), "unknown option");
+  expect_usage_error(bench("image_chat_bench", {"--layers", "-2"}), "--layers takes an integer");
+  expect_usage_error(bench("vision_bench", {"--threads", "1,x"}), "--threads takes integers");
+  expect_usage_error(bench("vision_bench", {"--frobnicate"}), "unknown option '--frobnicate'");
+  expect_usage_error(bench("multihost_bench", {"m.gguf", "--gen", "lots"}),
+                     "--gen takes an integer");
+  expect_usage_error(bench("multihost_bench", {"m.gguf", "--daemons", "2,99"}),
+                     "--daemons takes integers in 1..16");
+  expect_usage_error(bench("multihost_bench", {"m.gguf", "--runs"}), "--runs needs a value");
+  expect_usage_error(bench("transport_bench", {"--reps", "3x"}), "--reps takes an integer");
+  expect_usage_error(bench("transport_bench", {"--bw-scale", "big"}), "--bw-scale takes a number");
+  expect_usage_error(bench("transport_bench", {"--only", "latency"}), "--only takes lat or bw");
+  for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench",
+                           "cluster_bench", "encoder_bench", "image_chat_bench", "vision_bench",
+                           "multihost_bench", "transport_bench"}) {
     const auto help = bench(tool, {"--help"});
     EXPECT_EQ(help.rc, 0) << tool;
     EXPECT_EQ(help.out.rfind(std::string("usage: ") + tool, 0), 0u) << tool << ": " << help.out;
