@@ -1,9 +1,10 @@
 // The benchmark tools (bench/) run end to end on tiny inputs: every row they promise comes out
-// with finite figures, and a bad option gets one line on stderr and exit code 2. No
-// figure is judged here (the machines are noisy; docs/benchmarks.md holds the measurements): a
-// tool that fails, hangs or leaves rows out is what these catch. engine_bench had failed at
-// --prefill 4 --decode 2 --batch 16 (its KV pool was sized short), and matmul_bench had mapped a
-// huge page per copy of a small matrix until it ran out of memory.
+// with finite figures, and a bad option gets one line on stderr and exit code 2. All twelve but
+// gpu_bench (a CUDA build's device check) run here. No figure is judged (the machines are noisy;
+// docs/benchmarks.md holds the measurements): a tool that fails, hangs or leaves rows out is what
+// these catch. engine_bench had failed at --prefill 4 --decode 2 --batch 16 (its KV pool was
+// sized short), and matmul_bench had mapped a huge page per copy of a small matrix until it ran
+// out of memory.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -160,6 +161,73 @@ TEST(BenchTools, AttentionMembwSamplerAndKvBlocksRun) {
   const auto kv = bench("kv_block_manager_bench", {});
   ASSERT_EQ(kv.rc, 0) << kv.err << kv.out;
   EXPECT_NE(kv.out.find("prefix hit rate"), std::string::npos) << kv.out;
+}
+
+// The lines of `text` that start with `prefix`.
+int lines_starting(const std::string& text, const std::string& prefix) {
+  int n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0;
+  return n;
+}
+
+// The actor system in one process, daemons as processes, and the image encoders' placements.
+TEST(BenchTools, ClusterBenchesRun) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string stories = shared + "/models/stories260K/stories260K.gguf";
+  const auto cluster = bench("cluster_bench", {stories, "--gen", "4", "--prompt", "4",
+                                               "--concurrency", "1,4", "--stages", "2"});
+  ASSERT_EQ(cluster.rc, 0) << cluster.err << cluster.out;
+  int cluster_rows = 0;
+  for (const auto& row : rows_of(cluster.out))  // concurrency, tokens/s, wall s, ...
+    if (row.size() >= 4 && (row[0] == "1" || row[0] == "4") && number(row[1]) > 0) ++cluster_rows;
+  EXPECT_EQ(cluster_rows, 2) << cluster.out;
+  EXPECT_NE(cluster.out.find("prefix cache on"), std::string::npos) << cluster.out;
+
+  const auto multi =
+      bench("multihost_bench", {stories, "--runs", "1", "--daemons", "2", "--concurrency", "1,4",
+                                "--prompt", "8", "--gen", "8", "--timeout-s", "120"});
+  ASSERT_EQ(multi.rc, 0) << multi.err << multi.out;
+  EXPECT_EQ(lines_starting(multi.out, "| 2 daemons | 1 |"), 1) << multi.out;
+  EXPECT_EQ(lines_starting(multi.out, "| 2 daemons | 4 |"), 1) << multi.out;
+
+  const std::string llava = shared + "/models/synth/llava-tiny/";
+  const auto enc = bench("encoder_bench", {"--model", llava + "model.gguf", "--mmproj",
+                                           llava + "mmproj.gguf", "--runs", "1", "--images", "2"});
+  ASSERT_EQ(enc.rc, 0) << enc.err << enc.out;
+  int layouts = 0;
+  for (const auto& row : rows_of(enc.out))  // layout, burst s, images/s, encoders' own s
+    if (row.size() == 4 && (row[0] == "head" || row[0] == "remote" || row[0] == "spread") &&
+        number(row[2]) > 0)
+      ++layouts;
+  EXPECT_EQ(layouts, 3) << enc.out;
+
+  const auto chat = bench("image_chat_bench", {"--model", llava + "model.gguf", "--mmproj",
+                                               llava + "mmproj.gguf", "--runs", "1"});
+  ASSERT_EQ(chat.rc, 0) << chat.err << chat.out;
+  EXPECT_EQ(lines_starting(chat.out, "  turn 1 (new picture)"), 1) << chat.out;
+  EXPECT_EQ(lines_starting(chat.out, "  turn 2 / turn 1:"), 1) << chat.out;
+
+  const auto vision = bench("vision_bench", {"--mmproj", llava + "mmproj.gguf", "--runs", "1"});
+  ASSERT_EQ(vision.rc, 0) << vision.err << vision.out;
+  EXPECT_EQ(lines_starting(vision.out, "  1 thread :"), 1) << vision.out;
+  EXPECT_EQ(lines_starting(vision.out, "  2 threads:"), 1) << vision.out;
+}
+
+// UCX over TCP and shared memory between two processes, latency and bandwidth tables.
+TEST(BenchTools, TransportBenchRuns) {
+  const auto r = bench("transport_bench",
+                       {"--reps", "1", "--round-trips", "10", "--bw-scale", "0.01", "--lat-sizes",
+                        "8,4K", "--bw-sizes", "4K,64K", "--configs", "tcp,shm", "--no-perftest"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  for (const char* section :
+       {"[tcp] latency", "[tcp] bandwidth", "[shm] latency", "[shm] bandwidth"})
+    EXPECT_EQ(lines_starting(r.out, section), 1) << section << ":\n" << r.out;
+  int rows = 0;
+  for (const auto& row : rows_of(r.out))  // "| 8 B | 31.1 | ..."
+    if (row.size() > 4 && row[0] == "|" && (row[2] == "B" || row[2] == "KiB") && number(row[4]) > 0)
+      ++rows;
+  EXPECT_EQ(rows, 8) << r.out;  // 2 sizes x (latency, bandwidth) x 2 configs
 }
 
 TEST(BenchTools, BadOptionsGiveOneLineErrors) {
