@@ -87,13 +87,13 @@ struct Avx2TileKernelK {
   static constexpr int kMaxQ = kQ5 ? 31 : 15;  // the largest weight value
   static constexpr int kMaxTok = 3;            // sums, accumulators and operands in 16 registers
   static constexpr int kL2StreamTok = 2;       // avx2_pass: streaming passes prefetch into L2
-  static constexpr bool kAloneL2 = kQ5;        // and one token alone (avx2_pass)
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
-  // One token alone prefetches the record after next into L1: with none, batch-1 Q4_K read 13 GB/s
-  // with one thread where the kernel read 23-30 GB/s from cache; with the next record, 22-25
-  // (docs/benchmarks.md "Engine, session 39"); with the one after it, 25-34, and Q4_K_M decode
-  // ran 3-20 % faster ("Engine, session 40").
+  // One token alone prefetches the record after next (into L2 since session 46) and the lines
+  // ~12 KiB on (avx2_pass): with none, batch-1 Q4_K read 13 GB/s with one thread where the kernel
+  // read 23-30 GB/s from cache; with the next record into L1, 22-25 (docs/benchmarks.md "Engine,
+  // session 39"); with the one after it, 25-34, and Q4_K_M decode ran 3-20 % faster ("Engine,
+  // session 40"); on a Zen 4 host, the form of session 46 1.26x faster than that ("session 46").
   static constexpr bool kNextRecord = true;
 
   // Sub-block sb's weights in qs chunk 8 (sb / 2) + k of half rh (rows 8 rh..): the low (even
@@ -285,7 +285,6 @@ struct Avx2TileKernelQ6K {
   using Tiled = Avx2TileKernelQ6K<kVnni, false>;
   static constexpr int kMaxTok = 4;
   static constexpr int kL2StreamTok = 2;  // as Q4_K's
-  static constexpr bool kAloneL2 = true;  // as Q5_K's
   static constexpr int64_t kTokBlock = 64;
   static constexpr int64_t kRecCols = kQK_K;
   static constexpr bool kNextRecord = true;  // as Q4_K's

@@ -161,11 +161,12 @@ struct Avx2NoRows {
 /// The record loop of the AVX2 tile kernels: halves [h0, h0 + NH) (rows 8 h..) of the tile at w
 /// (or, kRowsIn, of the rows src reads) for the tokens' activation records a[0..NT), every
 /// record in order, into out. K provides kRowsIn, kRec (bytes of a record), kRecCols (columns it
-/// holds), kNextRecord (one token alone prefetches the record after next into L1, as well as a page
-/// ahead; the K-quants), kAloneL2 (with kNextRecord: and every line ~12 KiB on into L2 first; Q5_K
-/// and Q6_K, whose one-token kernels do the most work per byte: on a Zen 4 host their batch-1
-/// products ran 1.3-1.6x and 1.8-2.8x faster with it, Q4_K's up to 1.3x slower, docs/benchmarks.md
-/// "Engine, session 45") and
+/// holds), kNextRecord (one token alone prefetches the record after next and every line ~12 KiB
+/// on into L2, as well as a page ahead; the K-quants. Until session 45 the record after next went
+/// into L1 and nothing further; session 45 added the lines 12 KiB on for Q5_K and Q6_K (on a Zen 4
+/// host their batch-1 products 1.3-1.6x and 1.8-2.8x faster; Q4_K's up to 1.3x slower with the
+/// L1 prefetch kept), session 46 moved the record after next into L2 and gave Q4_K both (Q4_K
+/// 1.26x, Q5_K 1.16x, Q6_K 1.21x with one thread, docs/benchmarks.md "Engine, session 46")) and
 ///   template <int NT, int NH> static void record(const MatmulJob&, const uint8_t* tile,
 ///       const uint8_t* rec, int64_t s, const Act* const* x, int h0, __m256 (&acc)[NH][NT]);
 /// (x[n]: token n's activation record for record s). kStream: the first half of a tile's only
@@ -203,9 +204,8 @@ template <class K, class Act, int NT, int NH, bool kStream = false, class Src>
     } else if (alone) {
       prefetch_page_ahead(rec, K::kRec);
       if constexpr (K::kNextRecord) {
-        if constexpr (K::kAloneL2)
-          for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + kAheadL2 + o);
-        for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l1(rec + 2 * K::kRec + o);
+        for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + kAheadL2 + o);
+        for (int64_t o = 0; o < K::kRec; o += 64) prefetch_l2(rec + 2 * K::kRec + o);
       }
     }
     const Act* x[NT];
