@@ -115,8 +115,11 @@ struct FloatKernel {
   struct Rows {
     const uint8_t* w[R];
     const float* sc[R] = {};  // each row's scales as floats (MatmulJob::scale_row)
-    // F8: 256 * the scale of the block being read; I4 and FP4: its table of values.
+    // F8: 256 * the scale of the block being read; I4, FP4 and MXFP4: its table of values.
     __m512 f[R];
+    // MXFP4: the block's 16 value bytes widened to dwords, once for both of its halves (the low
+    // nibbles index the first half's values, the high ones the second's).
+    [[maybe_unused]] __m512i mq[kMx ? R : 1];
     int64_t k_next = 0, cols_per_scale = 0;
 
     Rows(const MatmulJob& j, int64_t r) {
@@ -139,9 +142,12 @@ struct FloatKernel {
         if (k % 32 == 0) {
           alignas(64) static constexpr float kDoubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                                              0, -1, -2, -3, -4, -6, -8, -12};
-          for (int i = 0; i < R; ++i)
+          for (int i = 0; i < R; ++i) {
             f[i] = _mm512_mul_ps(_mm512_load_ps(kDoubled),
                                  _mm512_set1_ps(model::mxfp4_scale(w[i][offset(k)])));
+            mq[i] = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i] + offset(k) + 1)));
+          }
         }
       } else if constexpr (kScaled) {
         if (k == k_next) {
@@ -163,10 +169,7 @@ struct FloatKernel {
     }
     __m512 load(int i, int64_t k) const {
       if constexpr (kMx) {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i] + offset(k) + 1));
-        __m512i q = _mm512_cvtepu8_epi32(qs);
-        if (k / 16 % 2 != 0) q = _mm512_srli_epi32(q, 4);
-        return _mm512_permutexvar_ps(q, f[i]);
+        return _mm512_permutexvar_ps(k / 16 % 2 != 0 ? _mm512_srli_epi32(mq[i], 4) : mq[i], f[i]);
       } else if constexpr (kI4) {
         const __m512i q =
             _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i] + k / 2)));
