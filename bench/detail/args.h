@@ -1,5 +1,5 @@
 // Option values of the bench tools. A value an option does not take ends the tool with one line on
-// stderr ("engine_bench: --prefill takes an integer in 1..65536, got 'abc'") and exit code 2, the
+// stderr ("engine_bench: --prefill takes an integer in 1..1048576, got 'abc'") and exit code 2, the
 // same as a bad command line of `troupe`: a typo must not turn into a silent 0 (std::atoll) and a
 // benchmark of something else.
 #pragma once
@@ -71,9 +71,11 @@ inline double double_arg(const char* tool, const std::string& option, const std:
                          double lo, double hi) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(v >= lo && v <= hi))
-    usage_error(tool, option + " takes a number in " + std::to_string(lo) + ".." +
-                          std::to_string(hi) + ", got '" + text + "'");
+  if (text.empty() || *end != '\0' || !(v >= lo && v <= hi)) {
+    char range[64];
+    std::snprintf(range, sizeof range, "%g..%g", lo, hi);
+    usage_error(tool, option + " takes a number in " + range + ", got '" + text + "'");
+  }
   return v;
 }
 
