@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -77,12 +76,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: cluster_bench MODEL [--stages N] [--shards M] [--threads T] [--gen G] [--prompt P] "
       "[--concurrency 1,4,16,64]";
-  if (argc < 2 || argv[1][0] == '-') {  // --help, or options without a model
-    const bool help =
-        argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
-    std::fprintf(help ? stdout : stderr, "%s\n", usage);
-    return help ? 0 : 2;
-  }
+  bench::model_arg_or_usage(argc, argv, usage);
   const std::string path = argv[1];
   int64_t stages = 1, shards = 0, gen = 32, prompt = 32;
   int threads = 2;

@@ -157,12 +157,7 @@ int main(int argc, char** argv) {
       "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] "
       "[--runs 5] [--context 16] [--kv-type f32|f16|bf16] [--weights map|memory|rows|tiles|both] "
       "[--as i4_packed]";
-  if (argc < 2 || argv[1][0] == '-') {  // --help, or options without a model
-    const bool help =
-        argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
-    std::fprintf(help ? stdout : stderr, "%s\n", usage);
-    return help ? 0 : 2;
-  }
+  bench::model_arg_or_usage(argc, argv, usage);
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
   int64_t n_prefill = 512, n_decode = 32, batch = 16, ctx = 16;

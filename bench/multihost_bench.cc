@@ -451,15 +451,11 @@ void print_throughput(const Bench& b,
 }
 
 Options parse_args(int argc, char** argv) {
-  if (argc < 2 || argv[1][0] == '-') {
-    const bool help =
-        argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
-    std::fprintf(help ? stdout : stderr,
-                 "usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] "
-                 "[--prompt 64] [--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] "
-                 "[--no-reference] [--weights auto|memory|map] [--pull on|off]\n");
-    std::exit(help ? 0 : 2);
-  }
+  bench::model_arg_or_usage(
+      argc, argv,
+      "usage: multihost_bench MODEL [--runs 3] [--daemons 2,3] [--concurrency 1,16] [--prompt 64] "
+      "[--gen 64] [--troupe PATH] [--tls TLS] [--timeout-s 300] [--no-reference] "
+      "[--weights auto|memory|map] [--pull on|off]");
   Options o;
   o.model = fs::absolute(argv[1]).string();
   o.troupe = (fs::canonical("/proc/self/exe").parent_path().parent_path() / "bin/troupe").string();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -85,6 +86,17 @@ inline void known_option(const char* tool, const std::string& option,
   for (const char* k : known)
     if (option == k) return;
   usage_error(tool, "unknown option '" + option + "'; " + usage);
+}
+
+/// For a tool whose first argument is a model file: returns where there is one; else (no argument,
+/// or an option first) prints `usage` and exits, on stdout with code 0 for --help or -h, else on
+/// stderr with code 2.
+inline void model_arg_or_usage(int argc, char** argv, const char* usage) {
+  if (argc >= 2 && argv[1][0] != '-') return;
+  const bool help =
+      argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+  std::fprintf(help ? stdout : stderr, "%s\n", usage);
+  std::exit(help ? 0 : 2);
 }
 
 /// The value after option argv[i] (advancing i to it), or a usage_error when there is none.
