@@ -29,6 +29,12 @@ std::string shared_dir() {
 
 std::string binary_dir() { return TROUPE_BINARY_DIR; }
 
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
 namespace {
 
 std::string shell_quote(const std::string& s) {

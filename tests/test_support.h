@@ -25,6 +25,9 @@ bool file_exists(const std::string& path);
 /// ("models/synth/mixtral-moe/model.gguf" -> "mixtral_moe").
 std::string model_param_name(const std::string& path);
 
+/// The number of newline characters in `s` (the lines of a process's output).
+int count_lines(const std::string& s);
+
 /// What a finished process left: its exit code (128 where it did not exit), stdout and stderr.
 struct ProcessRun {
   int rc = -1;

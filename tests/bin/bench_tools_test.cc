@@ -44,15 +44,9 @@ double number(const std::string& s) {
   return end != s.c_str() && *end == '\0' && std::isfinite(v) && v >= 0 ? v : -1;
 }
 
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 void expect_usage_error(const testing::ProcessRun& r, const std::string& what) {
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
 }
 
@@ -231,41 +225,45 @@ TEST(BenchTools, TransportBenchRuns) {
 }
 
 TEST(BenchTools, BadOptionsGiveOneLineErrors) {
-  expect_usage_error(bench("engine_bench", {"m.gguf", "--prefill", "abc"}),
-                     "--prefill takes an integer in 1..");
-  expect_usage_error(bench("engine_bench", {"m.gguf", "--threads", "1,,2"}),
-                     "--threads takes integers");
-  expect_usage_error(bench("engine_bench", {"m.gguf", "--decode"}), "--decode needs a value");
-  expect_usage_error(bench("engine_bench", {"m.gguf", "--frobnicate", "1"}),
-                     "unknown option '--frobnicate'");
-  expect_usage_error(bench("engine_bench", {"--runs", "3"}), "usage: engine_bench MODEL");
+  struct BadCall {
+    const char* tool;
+    std::vector<std::string> args;
+    const char* what;  // in the one line on stderr
+  };
+  const BadCall calls[] = {
+      {"engine_bench", {"m.gguf", "--prefill", "abc"}, "--prefill takes an integer in 1.."},
+      {"engine_bench", {"m.gguf", "--threads", "1,,2"}, "--threads takes integers"},
+      {"engine_bench", {"m.gguf", "--decode"}, "--decode needs a value"},
+      {"engine_bench", {"m.gguf", "--frobnicate", "1"}, "unknown option '--frobnicate'"},
+      {"engine_bench", {"--runs", "3"}, "usage: engine_bench MODEL"},
+      {"matmul_bench", {"--tokens", "0"}, "--tokens takes integers in 1..512"},
+      {"matmul_bench", {"q9_9"}, "unknown type 'q9_9'"},
+      {"matmul_bench", {"--shapes", "64x100"}, "--shapes wants ROWSxCOLS"},
+      {"matmul_bench", {"--cold-mib", "-1"}, "--cold-mib takes an integer"},
+      {"attention_bench", {"--mla", "512"}, "--mla takes LORA,ROPE"},
+      {"attention_bench", {"--layers", "2x"}, "--layers takes an integer"},
+      {"membw_bench", {"lots"}, "buffer_MiB takes an integer"},
+      {"cluster_bench", {"m.gguf", "--concurrency", "1,four"}, "--concurrency takes integers"},
+      {"cluster_bench", {"m.gguf", "--stages", "0"}, "--stages takes an integer in 1.."},
+      {"encoder_bench", {"--images", "many"}, "--images takes an integer"},
+      {"encoder_bench", {"--pictures", "3"}, "unknown option"},
+      {"image_chat_bench", {"--layers", "-2"}, "--layers takes an integer"},
+      {"vision_bench", {"--threads", "1,x"}, "--threads takes integers"},
+      {"vision_bench", {"--frobnicate"}, "unknown option '--frobnicate'"},
+      {"multihost_bench", {"m.gguf", "--gen", "lots"}, "--gen takes an integer"},
+      {"multihost_bench", {"m.gguf", "--daemons", "2,99"}, "--daemons takes integers in 1..16"},
+      {"multihost_bench", {"m.gguf", "--runs"}, "--runs needs a value"},
+      {"transport_bench", {"--reps", "3x"}, "--reps takes an integer"},
+      {"transport_bench", {"--bw-scale", "big"}, "--bw-scale takes a number"},
+      {"transport_bench", {"--only", "latency"}, "--only takes lat or bw"},
+  };
+  for (const BadCall& c : calls) {
+    SCOPED_TRACE(c.tool);
+    expect_usage_error(bench(c.tool, c.args), c.what);
+  }
   const auto missing = bench("engine_bench", {"/nonexistent/m.gguf", "--runs", "1"});
   EXPECT_EQ(missing.rc, 1);
   EXPECT_NE(missing.err.find("/nonexistent/m.gguf"), std::string::npos) << missing.err;
-  expect_usage_error(bench("matmul_bench", {"--tokens", "0"}), "--tokens takes integers in 1..512");
-  expect_usage_error(bench("matmul_bench", {"q9_9"}), "unknown type 'q9_9'");
-  expect_usage_error(bench("matmul_bench", {"--shapes", "64x100"}), "--shapes wants ROWSxCOLS");
-  expect_usage_error(bench("matmul_bench", {"--cold-mib", "-1"}), "--cold-mib takes an integer");
-  expect_usage_error(bench("attention_bench", {"--mla", "512"}), "--mla takes LORA,ROPE");
-  expect_usage_error(bench("attention_bench", {"--layers", "2x"}), "--layers takes an integer");
-  expect_usage_error(bench("membw_bench", {"lots"}), "buffer_MiB takes an integer");
-  expect_usage_error(bench("cluster_bench", {"m.gguf", "--concurrency", "1,four"}),
-                     "--concurrency takes integers");
-  expect_usage_error(bench("cluster_bench", {"m.gguf", "--stages", "0"}),
-                     "--stages takes an integer in 1..");
-  expect_usage_error(bench("encoder_bench", {"--images", "many"}), "--images takes an integer");
-  expect_usage_error(bench("encoder_bench", {"--pictures", "3"}), "unknown option");
-  expect_usage_error(bench("image_chat_bench", {"--layers", "-2"}), "--layers takes an integer");
-  expect_usage_error(bench("vision_bench", {"--threads", "1,x"}), "--threads takes integers");
-  expect_usage_error(bench("vision_bench", {"--frobnicate"}), "unknown option '--frobnicate'");
-  expect_usage_error(bench("multihost_bench", {"m.gguf", "--gen", "lots"}),
-                     "--gen takes an integer");
-  expect_usage_error(bench("multihost_bench", {"m.gguf", "--daemons", "2,99"}),
-                     "--daemons takes integers in 1..16");
-  expect_usage_error(bench("multihost_bench", {"m.gguf", "--runs"}), "--runs needs a value");
-  expect_usage_error(bench("transport_bench", {"--reps", "3x"}), "--reps takes an integer");
-  expect_usage_error(bench("transport_bench", {"--bw-scale", "big"}), "--bw-scale takes a number");
-  expect_usage_error(bench("transport_bench", {"--only", "latency"}), "--only takes lat or bw");
   for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench",
                            "cluster_bench", "encoder_bench", "image_chat_bench", "vision_bench",
                            "multihost_bench", "transport_bench"}) {

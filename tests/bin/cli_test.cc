@@ -36,16 +36,10 @@ CliRun troupe(const std::vector<std::string>& args) {
   return testing::run_process(testing::binary_dir() + "/bin/troupe", args, temp_dir().string());
 }
 
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 // A failure prints exactly one line that contains `what`, and exits non-zero.
 void expect_one_line_error(const CliRun& r, const std::string& what) {
   EXPECT_NE(r.rc, 0);
-  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(testing::count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
 }
 
