@@ -37,6 +37,8 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     if (t == GgmlType::kQ6_K) k = &q6_k_t16;
     if (t == GgmlType::kF16) k = &f16_t16;
     if (t == GgmlType::kBF16) k = &bf16_t16;
+    if (t == GgmlType::kI4_PACKED) k = &i4_t16;
+    if (t == GgmlType::kFP4_PACKED) k = &fp4_t16;
     if (k == nullptr) return nullptr;
     // A level without SIMD tile kernels reads tiles with the scalar ones (the same bits).
     return k->rows ? k : scalar_kernels().find(t, layout);
@@ -538,6 +540,13 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
   }
   thread_local std::vector<uint8_t> row;
   model::untile_row(w, 0, r, detail::scratch(row, w.row_bytes()));
+  if (w.scaled()) {  // I4_PACKED, FP4_PACKED
+    thread_local std::vector<float> sc;
+    float* s = detail::scratch(sc, w.scale_stride);
+    model::scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, s);
+    model::dequantize_scaled_row(w.type, row.data(), s, w.scale_block[1], w.cols(), out);
+    return;
+  }
   model::dequantize_row(w.type, row.data(), out, w.cols());
 }
 
@@ -558,11 +567,12 @@ model::TileTypes tiled_types(const KernelSet& ks) {
   if (std::string_view(ks.name) == "scalar") return types;  // its tile kernels are the slow ones
   using model::GgmlType;
   const std::pair<GgmlType, const detail::TypeKernels*> own[] = {
-      {GgmlType::kQ8_0, &ks.q8_0_t16}, {GgmlType::kQ4_0, &ks.q4_0_t16},
-      {GgmlType::kQ4_1, &ks.q4_1_t16}, {GgmlType::kQ5_0, &ks.q5_0_t16},
-      {GgmlType::kQ5_1, &ks.q5_1_t16}, {GgmlType::kQ4_K, &ks.q4_k_t16},
-      {GgmlType::kQ5_K, &ks.q5_k_t16}, {GgmlType::kQ6_K, &ks.q6_k_t16},
-      {GgmlType::kF16, &ks.f16_t16},   {GgmlType::kBF16, &ks.bf16_t16}};
+      {GgmlType::kQ8_0, &ks.q8_0_t16},    {GgmlType::kQ4_0, &ks.q4_0_t16},
+      {GgmlType::kQ4_1, &ks.q4_1_t16},    {GgmlType::kQ5_0, &ks.q5_0_t16},
+      {GgmlType::kQ5_1, &ks.q5_1_t16},    {GgmlType::kQ4_K, &ks.q4_k_t16},
+      {GgmlType::kQ5_K, &ks.q5_k_t16},    {GgmlType::kQ6_K, &ks.q6_k_t16},
+      {GgmlType::kF16, &ks.f16_t16},      {GgmlType::kBF16, &ks.bf16_t16},
+      {GgmlType::kI4_PACKED, &ks.i4_t16}, {GgmlType::kFP4_PACKED, &ks.fp4_t16}};
   for (const auto& [t, k] : own)
     if (k->rows != nullptr) types.add(t);
   return types;

@@ -397,6 +397,8 @@ KernelSet make_set() {
   s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = float_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
+  s.i4_t16 = float_kernels<FloatKernel<GgmlType::kI4_PACKED, true>>();
+  s.fp4_t16 = float_kernels<FloatKernel<GgmlType::kFP4_PACKED, true>>();
   if constexpr (kVnni) {
     // Q8_0 and Q4_0, in rows or in tiles, run the tile kernels' arithmetic (reading 16 rows
     // at a time from rows): a matrix gives the same bits mapped from its file and copied into

@@ -26,8 +26,9 @@ using model::kQK_K;
 
 const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r);
 
-// Float weights: convert one row (exactly) and dot it with every token. kTiled: F16 or BF16 in
-// 16-row tiles (model/weight_tiles.h), each row taken out of its tile first.
+// Float weights: convert one row (exactly) and dot it with every token. kTiled: F16, BF16,
+// I4_PACKED or FP4_PACKED in 16-row tiles (model/weight_tiles.h), each row taken out of its
+// tile first.
 template <model::GgmlType kType, bool kTiled = false>
 void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<float> buf;
@@ -432,6 +433,8 @@ const KernelSet& scalar_kernels() {
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
     k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
     k.fp4.rows = float_rows<GgmlType::kFP4_PACKED>;
+    k.i4_t16.rows = float_rows<GgmlType::kI4_PACKED, true>;
+    k.fp4_t16.rows = float_rows<GgmlType::kFP4_PACKED, true>;
     // MXFP4's values times its power-of-two scales are exact floats: a float kernel.
     k.mxfp4.rows = float_rows<GgmlType::kMXFP4>;
     for (TypeKernels* t : {&k.q8_0, &k.q4_0, &k.q4_1, &k.q5_0, &k.q5_1, &k.iq4_nl}) {

@@ -1,5 +1,5 @@
-// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 matrices (see
-// weight_tiles.h for the layout).
+// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, I4_PACKED and
+// FP4_PACKED matrices (see weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
 #include <cstring>
@@ -116,6 +116,21 @@ uint32_t permute_bytes(const uint32_t (&table)[4][256], uint32_t x) {
 }
 
 bool float_tiled(GgmlType t) { return t == GgmlType::kF16 || t == GgmlType::kBF16; }
+bool nibble_tiled(GgmlType t) { return t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED; }
+
+// I4_PACKED and FP4_PACKED: a row's 64-byte groups in place, column 16s + d of a group moved
+// from nibble 16s + d of the group (its byte 8s + d / 2) to nibble s of dword d; or back.
+void nibble_group(const uint8_t* in, uint8_t* out, bool to_tiles) {
+  uint8_t from[128];
+  for (int n = 0; n < 128; ++n) from[n] = in[n / 2] >> (4 * (n % 2)) & 0xF;
+  std::memset(out, 0, 64);
+  for (int s = 0; s < 8; ++s)
+    for (int d = 0; d < 16; ++d) {
+      const int rows_n = 16 * s + d, tiles_n = 8 * d + s;  // the nibble's index in each order
+      const int src = to_tiles ? rows_n : tiles_n, dst = to_tiles ? tiles_n : rows_n;
+      out[dst / 2] = static_cast<uint8_t>(out[dst / 2] | from[src] << (4 * (dst % 2)));
+    }
+}
 
 // F16 and BF16: row i (0-15) of a tile is row i % 4 of quad i / 4, whose 4 rows take 4 *
 // row_bytes bytes from the tile's start plus 4 * row_bytes * (i / 4); in a quad, chunk c
@@ -133,9 +148,9 @@ uint32_t q5_untile_qh(uint32_t t) { return permute_bytes(kQ5Qh.untile, t); }
 
 TileTypes TileTypes::all() {
   TileTypes s;
-  for (GgmlType t :
-       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
-        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16})
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                     GgmlType::kF16, GgmlType::kBF16, GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED})
     s.add(t);
   return s;
 }
@@ -146,11 +161,22 @@ bool tileable(const WeightView& w) {
                     w.type == GgmlType::kQ8_0 || w.type == GgmlType::kQ4_K ||
                     w.type == GgmlType::kQ5_K || w.type == GgmlType::kQ6_K;
   const bool floats = float_tiled(w.type) && w.cols() % kFloatTileCols == 0;
-  return w.present() && w.layout == WeightLayout::kRows && (int8 || floats) && w.rows() > 0 &&
-         w.rows() % kTileRows == 0 && w.cols() > 0;
+  const bool nibbles = nibble_tiled(w.type) && w.cols() % kNibbleTileCols == 0;
+  return w.present() && w.layout == WeightLayout::kRows && (int8 || floats || nibbles) &&
+         w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat) {
+  if (nibble_tiled(type)) {
+    TROUPE_CHECK(rows % kTileRows == 0 && cols % kNibbleTileCols == 0, "weight tiles: %lld x %lld",
+                 static_cast<long long>(rows), static_cast<long long>(cols));
+    uint8_t copy[64];
+    for (int64_t g = 0; g < n_mat * rows * cols / kNibbleTileCols; ++g) {
+      std::memcpy(copy, data + 64 * g, 64);
+      nibble_group(copy, data + 64 * g, true);
+    }
+    return;
+  }
   if (float_tiled(type)) {
     TROUPE_CHECK(rows % kTileRows == 0 && cols % kFloatTileCols == 0, "weight tiles: %lld x %lld",
                  static_cast<long long>(rows), static_cast<long long>(cols));
@@ -180,6 +206,11 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
 }
 
 void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out) {
+  if (nibble_tiled(type)) {
+    for (int64_t g = 0; g < row_bytes / 64; ++g)
+      nibble_group(tile + i * row_bytes + 64 * g, out + 64 * g, false);
+    return;
+  }
   if (float_tiled(type)) {
     for (int64_t c = 0; c < row_bytes / kChunkBytes; ++c)
       std::memcpy(out + c * kChunkBytes, tile + quad_chunk(row_bytes, i, c), kChunkBytes);

@@ -27,6 +27,14 @@
 // its rows 16 columns (32 bytes) at a time: columns 16c..16c+15 of its rows 0-3 are the 128
 // bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
 // the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
+// I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) keep
+// their rows in place: a tile is its 16 rows as they were, each row's 64-byte groups (columns
+// 128g..128g+127) with the nibbles reordered so that column 128g + 16s + d (s < 8, d < 16) is
+// nibble s of the group's dword d (bits 4s..4s+3). One 64-byte load then gives the 16 values of
+// columns 128g + 16s.. in the low 4 bits of its 16 dword lanes after a shift by 4s, one shift and
+// one table lookup per 16 values instead of two 512-bit shuffles, a shift and an OR
+// (compute/detail/matmul_float_avx512.h; docs/benchmarks.md "Engine, session 47"). Columns a
+// multiple of 128.
 // A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
@@ -37,29 +45,39 @@
 namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
-inline constexpr int64_t kFloatTileCols = 16;  // F16 and BF16: columns per chunk of a quad
+inline constexpr int64_t kFloatTileCols = 16;    // F16 and BF16: columns per chunk of a quad
+inline constexpr int64_t kNibbleTileCols = 128;  // I4_PACKED, FP4_PACKED: columns per group
 
-/// A set of weight types (ggml's, whose numbers are below 64): the ones a weight copy puts in
-/// tiles (copy_weights_to_memory), where the CPU kernels read that type's tiles fast.
+/// A set of weight types (ggml's, whose numbers are below 64, and troupe's own from 1000 on):
+/// the ones a weight copy puts in tiles (copy_weights_to_memory), where the CPU kernels read
+/// that type's tiles fast.
 class TileTypes {
  public:
   constexpr TileTypes() = default;
-  /// Every type that can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16.
+  /// Every type that can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16,
+  /// I4_PACKED, FP4_PACKED.
   static TileTypes all();
   void add(GgmlType t) {
-    if (static_cast<uint32_t>(t) < 64) bits_ |= uint64_t{1} << static_cast<uint32_t>(t);
+    if (const int b = bit(t); b >= 0) bits_[b / 64] |= uint64_t{1} << (b % 64);
   }
   bool has(GgmlType t) const {
-    return static_cast<uint32_t>(t) < 64 && (bits_ >> static_cast<uint32_t>(t) & 1) != 0;
+    const int b = bit(t);
+    return b >= 0 && (bits_[b / 64] >> (b % 64) & 1) != 0;
   }
-  bool empty() const { return bits_ == 0; }
+  bool empty() const { return bits_[0] == 0 && bits_[1] == 0; }
 
  private:
-  uint64_t bits_ = 0;
+  // ggml's types at 0..63, troupe's (1000 on) at 64..127; -1 for any other number.
+  static int bit(GgmlType t) {
+    const auto v = static_cast<uint32_t>(t);
+    return v < 64 ? static_cast<int>(v) : v >= 1000 && v < 1064 ? static_cast<int>(v - 936) : -1;
+  }
+  uint64_t bits_[2] = {0, 0};
 };
 
 /// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16 or BF16 with
-/// columns a multiple of kFloatTileCols; rows a multiple of kTileRows, present, in rows.
+/// columns a multiple of kFloatTileCols, or I4_PACKED or FP4_PACKED with columns a multiple of
+/// kNibbleTileCols; rows a multiple of kTileRows, present, in rows.
 bool tileable(const WeightView& w);
 
 /// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.

@@ -1,4 +1,5 @@
-// The AVX-512 kernels of float-widened weights (F32, F16, BF16, F8_E4M3, I4_PACKED): FloatLoad
+// The AVX-512 kernels of float-widened weights (F32, F16, BF16, F8_E4M3, I4_PACKED, FP4_PACKED,
+// MXFP4): FloatLoad
 // widens 16 stored values, FloatKernel multiplies R rows by NT tokens. Included by
 // compute/matmul_avx512.cc only (its compile flags enable AVX-512).
 #pragma once
@@ -89,9 +90,15 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // j in byte j's low nibble and j + 16 in its high one) likewise, its table kMXFP4Values(q) *
 // mxfp4_scale(e) (model::dequantize_row's values) rebuilt at every block; its rows are whole
 // blocks.
-// kTiled (F16 and BF16 only): the matrix is in 16-row tiles, a float tile being 4 quads of 4
-// rows interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
+// kTiled, F16 and BF16: the matrix is in 16-row tiles, a float tile being 4 quads of 4 rows
+// interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
 // order, so the same bits as reading rows. Its columns are a multiple of 16: no tail.
+// kTiled, I4_PACKED and FP4_PACKED: rows in place, each 64 bytes (128 columns) with column 16s +
+// d at nibble s of dword d (model/weight_tiles.h): the 16 columns from 16s on take their table
+// indices from the 64 bytes shifted right by 4s (vpermps reads the low 4 bits). One 512-bit
+// shuffle and one shift per 16 values instead of two shuffles, a shift and an OR: products of
+// one token 1.6x as fast from cache on a Zen 4 (docs/benchmarks.md "Engine, session 47"). The
+// same values in the same lanes and order: the bits of rows.
 template <GgmlType kType, bool kTiled = false>
 struct FloatKernel {
   using L = FloatLoad<kType>;
@@ -100,12 +107,14 @@ struct FloatKernel {
   static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
   static constexpr bool kScaled = kF8 || kI4;             // a separate scale grid
   static constexpr bool kMx = kType == GgmlType::kMXFP4;  // a scale byte in every block
+  static constexpr bool kQuads = kTiled && !kI4;          // F16 and BF16 tiles
+  static constexpr bool kNibbleTiles = kTiled && kI4;     // I4_PACKED and FP4_PACKED tiles
   // Bytes from the row start to column k (MXFP4: to its block).
   static constexpr int64_t offset(int64_t k) {
     return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
   static constexpr int kRows = 4;  // a quad of a tiled matrix
-  static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16);
+  static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16 || kI4);
   static constexpr int64_t kQuadChunk = 4 * 32;  // tiled: bytes of 16 columns of a quad
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
@@ -125,9 +134,9 @@ struct FloatKernel {
     Rows(const MatmulJob& j, int64_t r) {
       for (int i = 0; i < R; ++i) {
         const int64_t row = r + i;
-        // Tiled: row's 32 bytes of the quad's first chunk; its chunk c is kQuadChunk * c on.
+        // Quads: row's 32 bytes of the quad's first chunk; its chunk c is kQuadChunk * c on.
         w[i] =
-            kTiled ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * 32 : j.w + row * j.w_row_bytes;
+            kQuads ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * 32 : j.w + row * j.w_row_bytes;
       }
       if constexpr (kScaled) {
         thread_local std::vector<float> tmp;
@@ -167,6 +176,12 @@ struct FloatKernel {
         }
       }
     }
+    // Nibble tiles: the 16 values of row i at columns k0 + 16 s of the 64-byte group from k0.
+    template <int S>
+    __m512 nibbles(int i, int64_t k0) const {
+      const __m512i g = _mm512_loadu_si512(w[i] + k0 / 2);
+      return _mm512_permutexvar_ps(S == 0 ? g : _mm512_srli_epi32(g, 4 * S), f[i]);
+    }
     __m512 load(int i, int64_t k) const {
       if constexpr (kMx) {
         return _mm512_permutexvar_ps(k / 16 % 2 != 0 ? _mm512_srli_epi32(mq[i], 4) : mq[i], f[i]);
@@ -176,7 +191,7 @@ struct FloatKernel {
         return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
       } else if constexpr (kF8) {
         return _mm512_mul_ps(L::load(w[i], k), f[i]);
-      } else if constexpr (kTiled) {
+      } else if constexpr (kQuads) {
         return L::load(w[i] + k / 16 * kQuadChunk, 0);
       } else {
         return L::load(w[i], k);
@@ -206,7 +221,7 @@ struct FloatKernel {
       unroll<NT>([&](int n) __attribute__((always_inline)) { acc[i][n] = _mm512_setzero_ps(); });
     });
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
-    // A quad's only pass (all tokens in one): its weights come from DRAM (kTiled, below).
+    // A quad's only pass (all tokens in one): its weights come from DRAM (kQuads, below).
     [[maybe_unused]] const bool stream = j.n_tok <= kToks;
     // Multiply-add 16 columns of the R rows (wv) into the NT tokens' sums.
     const auto madd = [&](const __m512* wv, auto&& xload) __attribute__((always_inline)) {
@@ -218,10 +233,30 @@ struct FloatKernel {
       });
     };
     int64_t k = 0;
-    for (; k + 16 <= j.cols; k += 16) {
+    if constexpr (kNibbleTiles) {
+      // 128 columns at a time (a 64-byte group of each row), unrolled, so that each 16 columns'
+      // shift is an immediate on the group loaded again from L1: kept in a register per row, the
+      // groups made passes of 6 tokens spill (4 more registers beside 24 sums and 4 value
+      // vectors), and products of 16 tokens ran 0.9x as fast as reading rows.
+      for (; k < j.cols; k += model::kNibbleTileCols) {
+        for (int i = 0; i < R; ++i) prefetch(rw.w[i] + k / 2, pf, 0);
+        unroll<8>([&](auto s) __attribute__((always_inline)) {
+          const int64_t ks = k + 16 * s;
+          rw.at(ks);
+          __m512 wv[R];
+          unroll<R>([&](int i) __attribute__((always_inline)) {
+            wv[i] = rw.template nibbles<decltype(s)::value>(i, k);
+          });
+          madd(
+              wv, [ks](const float* xn)
+                      __attribute__((always_inline)) { return _mm512_loadu_ps(xn + ks); });
+        });
+      }
+    }
+    for (; !kNibbleTiles && k + 16 <= j.cols; k += 16) {
       rw.at(k);
       __m512 wv[R];
-      if constexpr (kTiled) {
+      if constexpr (kQuads) {
         // One stream: a lone token fetches a page two ahead as it enters a page, like the int8
         // tile kernels (batch-1 decode 1.4x the per-line fetch below). 2 to kToks tokens, a
         // quad's only pass, do that too and fetch both lines of the chunk kStreamAheadFar bytes
@@ -245,7 +280,7 @@ struct FloatKernel {
         }
       }
       for (int i = 0; i < R; ++i) {
-        if (!kTiled && (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0)))
+        if (!kQuads && (kType == GgmlType::kF32 || (kMx ? k % 128 == 0 : (offset(k) & 63) == 0)))
           prefetch(rw.w[i] + offset(k), pf, 0);
         wv[i] = rw.load(i, k);
       }
@@ -253,7 +288,7 @@ struct FloatKernel {
           wv, [k](const float* xn)
                   __attribute__((always_inline)) { return _mm512_loadu_ps(xn + k); });
     }
-    if constexpr (!kI4 && !kMx && !kTiled) {
+    if constexpr (!kI4 && !kMx && !kQuads) {
       if (k < j.cols) {
         rw.at(k);
         const auto m = static_cast<__mmask16>((1u << (j.cols - k)) - 1);

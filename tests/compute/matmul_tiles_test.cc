@@ -44,15 +44,24 @@ constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::k
 // F16 and BF16 tile too (4-row quads, 16 columns at a time; model/weight_tiles.h).
 constexpr GgmlType kFloatTypes[] = {GgmlType::kF16, GgmlType::kBF16};
 
-// Columns of n blocks of type t (F16, BF16: of n chunks of 16 columns).
+// And the packed 4-bit types (rows in place, nibbles reordered in each 64 bytes).
+constexpr GgmlType kNibbleTypes[] = {GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED};
+
+bool nibble_type(GgmlType t) { return t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED; }
+
+// Columns of n blocks of type t (F16, BF16: of n chunks of 16 columns; I4_PACKED, FP4_PACKED:
+// of n groups of 128).
 int64_t cols_of(GgmlType t, int64_t n) {
   if (t == GgmlType::kF16 || t == GgmlType::kBF16) return n * model::kFloatTileCols;
+  if (nibble_type(t)) return n * model::kNibbleTileCols;
   return n * model::type_traits(static_cast<uint32_t>(t))->block_elems;
 }
 
-// A matrix (or stack) owning its bytes, in rows, and the same bytes tiled.
+// A matrix (or stack) owning its bytes, in rows, and the same bytes tiled; the packed 4-bit types'
+// scales (both views share them).
 struct Pair {
   std::vector<uint8_t> rows_bytes, tile_bytes;
+  std::vector<float> scales;
   WeightView rows, tiles;
 };
 
@@ -78,6 +87,10 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
       }
       continue;
     }
+    if (nibble_type(t)) {  // any byte is two valid 4-bit values
+      for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
+      continue;
+    }
     if (t == GgmlType::kQ6_K) {  // likewise, with int8 group scales of both signs
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       std::uniform_real_distribution<float> sd(1e-4f, 2e-3f);
@@ -96,6 +109,18 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
   p.rows.ne[1] = rows;
   p.rows.ne[2] = n_mat;
   p.rows.data = p.rows_bytes.data();
+  if (nibble_type(t)) {
+    // F32 scales of both signs over a wide range, one per 32 columns (I4_PACKED) or 64 (FP4).
+    const int64_t group = t == GgmlType::kI4_PACKED ? 32 : 64;
+    std::uniform_real_distribution<float> e(-12.f, 4.f);
+    p.scales.resize(static_cast<size_t>(rows * n_mat * cols / group));
+    for (float& v : p.scales) v = std::exp2(e(rng)) * (rng() % 2 ? 1.f : -1.f) * (1.f + uni(rng));
+    p.rows.scales = p.scales.data();
+    p.rows.scale_type = GgmlType::kF32;
+    p.rows.scale_block[0] = 1;
+    p.rows.scale_block[1] = group;
+    p.rows.scale_stride = cols / group;
+  }
   p.tiles = p.rows;
   p.tiles.data = p.tile_bytes.data();
   p.tiles.layout = WeightLayout::kTiles16;
@@ -109,6 +134,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(WeightTiles, EveryRowComesBack) {
   std::vector<GgmlType> types(std::begin(kInt8Types), std::end(kInt8Types));
   types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  types.insert(types.end(), std::begin(kNibbleTypes), std::end(kNibbleTypes));
   for (GgmlType t : types) {
     const Pair p = make_pair(t, 48, cols_of(t, 5), 3, 2);
     EXPECT_NE(p.rows_bytes, p.tile_bytes) << "tiling moved nothing";
@@ -140,10 +166,48 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
     v.ne[0] = 72;  // not a multiple of 16
     EXPECT_FALSE(model::tileable(v)) << model::type_name(t);
   }
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF8_E4M3, GgmlType::kI4_PACKED}) {
+  // The packed 4-bit types with whole groups of 128 columns.
+  for (GgmlType t : kNibbleTypes) {
     v = p.rows;
     v.type = t;
+    EXPECT_FALSE(model::tileable(v)) << model::type_name(t) << ": 64 columns";
+    v.ne[0] = 384;
+    EXPECT_TRUE(model::tileable(v)) << model::type_name(t);
+  }
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF8_E4M3, GgmlType::kMXFP4}) {
+    v = p.rows;
+    v.type = t;
+    v.ne[0] = 256;
     EXPECT_FALSE(model::tileable(v)) << model::type_name(t);
+  }
+}
+
+// The packed 4-bit tiles hold each row's values in another order within each 64 bytes, and the
+// kernels read them into the same lanes in the same order: a kernel set with kernels of its own
+// for them (the AVX-512 ones) gives its row kernels' bits for every token count, thread count
+// and scale group; the others read them through the scalar kernel and give its bits.
+TEST(TiledMatmul, NibbleTilesGiveTheBitsOfRows) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  const auto sets = kernel_sets();
+  const detail::KernelSet& scalar = *sets.back();
+  for (GgmlType t : kNibbleTypes) {
+    const Pair p = make_pair(t, 48, cols_of(t, 7), 41, 2);
+    for (const auto* ks : sets) {
+      const bool own =
+          ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
+      for (int64_t m = 0; m < 2; ++m) {
+        const WeightView rows = p.rows.slice(m), tiles = p.tiles.slice(m);
+        for (int64_t n_tok : {1, 2, 5, 6, 7, 16, 49}) {
+          const auto x = random_x(n_tok, rows.cols(), 43 + static_cast<uint32_t>(n_tok));
+          const auto want = run(own ? *ks : scalar, rows, x, n_tok, nullptr);
+          for (ThreadPool* pool : pools)
+            ASSERT_TRUE(same_bits(run(*ks, tiles, x, n_tok, pool), want))
+                << ks->name << " " << model::type_name(t) << " matrix " << m << " n_tok=" << n_tok
+                << " threads=" << (pool ? pool->size() : 1);
+        }
+      }
+    }
   }
 }
 
@@ -480,6 +544,7 @@ TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
   std::vector<GgmlType> want;
   if (level == "avx512") {
     want.assign(std::begin(kFloatTypes), std::end(kFloatTypes));  // no VNNI needed
+    want.insert(want.end(), std::begin(kNibbleTypes), std::end(kNibbleTypes));
     if (weight_tiles_supported())
       want.insert(want.end(), std::begin(kInt8Types), std::end(kInt8Types));
   } else if (level == "avx2") {
@@ -487,6 +552,7 @@ TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
   }
   std::vector<GgmlType> all(std::begin(kInt8Types), std::end(kInt8Types));
   all.insert(all.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  all.insert(all.end(), std::begin(kNibbleTypes), std::end(kNibbleTypes));
   for (GgmlType t : all) {
     const bool wanted = std::find(want.begin(), want.end(), t) != want.end();
     EXPECT_EQ(types.has(t), wanted) << level << " " << model::type_name(t);
@@ -500,6 +566,7 @@ TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
 TEST(TiledMatmul, GetRowReadsTiles) {
   std::vector<GgmlType> types(std::begin(kInt8Types), std::end(kInt8Types));
   types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  types.insert(types.end(), std::begin(kNibbleTypes), std::end(kNibbleTypes));
   for (GgmlType t : types) {
     const Pair p = make_pair(t, 32, cols_of(t, 3), 9);
     std::vector<float> a(static_cast<size_t>(p.rows.cols())), b(a.size());
