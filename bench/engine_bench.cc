@@ -5,11 +5,13 @@
 //                     [--kv-type f32|f16|bf16]   (what the KV cache stores)
 //                     [--weights map|memory|rows|tiles|both]   (both: map and memory side by
 //                     side in one run; memory: a copy as troupe makes one for the CPU engine,
-//                     int8 matrices in 16-row tiles where the kernels read them; rows: that copy
-//                     without tiles; tiles: rows and memory side by side)
+//                     matrices in 16-row tiles where the kernels read them (int8 types; F16,
+//                     BF16, packed int4 and FP4 with AVX-512; model/weight_tiles.h); rows: that
+//                     copy without tiles; tiles: rows and memory side by side)
 //                     [--as i4_packed]   (every float matrix but the embedding and routers, in
 //                     memory as packed int4 with a bf16 scale per 32 columns, as a
-//                     compressed-tensors W4A16 checkpoint loads; then measured as "map")
+//                     compressed-tensors W4A16 checkpoint loads; then measured as "map" unless
+//                     --weights asks for copies)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -163,6 +165,7 @@ int main(int argc, char** argv) {
   int64_t n_prefill = 512, n_decode = 32, batch = 16, ctx = 16;
   int runs = 5;
   std::string weights = "both";
+  bool weights_given = false;
   std::string as;
   compute::KvType kv_type = compute::KvType::kF32;
   const char* tool = "engine_bench";
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
       ctx = bench::int_arg(tool, k, v, 1, int64_t{1} << 20);
     } else if (k == "--weights") {
       weights = v;
+      weights_given = true;
     } else if (k == "--kv-type") {
       const auto t = compute::parse_kv_type(v);
       if (!t) {
@@ -219,7 +223,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     *m = as_int4(*m);
-    weights = "map";  // already in memory
+    if (!weights_given) weights = "map";  // already in memory (a copy only if asked for)
   }
   const auto& s = (*m)->spec;
   const PerToken per_token = weights_per_token(s);
@@ -256,7 +260,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("weights copied to huge-page memory%s in %.2f s\n",
-                tiles && compute::weight_tiles_supported() ? " (int8, F16, BF16 in tiles)" : "",
+                tiles && !compute::tiled_weight_types().empty()
+                    ? " (in tiles where the kernels read them fast)"
+                    : "",
                 now_s() - t0);
     variants.push_back({tiles ? "memory" : "rows", *copy});
   }

@@ -141,6 +141,10 @@ int64_t quad_chunk(int64_t row_bytes, int64_t i, int64_t c) {
          kChunkBytes * (i % kQuadRows);
 }
 
+// I4_PACKED and FP4_PACKED: where group g (columns 128g..128g+127) of row i (0-3) of a quad
+// sits in the quad.
+int64_t nibble_quad_group(int64_t i, int64_t g) { return kQuadRows * 64 * g + 64 * i; }
+
 }  // namespace
 
 uint32_t q5_tile_qh(uint32_t h) { return permute_bytes(kQ5Qh.tile, h); }
@@ -170,10 +174,14 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
   if (nibble_tiled(type)) {
     TROUPE_CHECK(rows % kTileRows == 0 && cols % kNibbleTileCols == 0, "weight tiles: %lld x %lld",
                  static_cast<long long>(rows), static_cast<long long>(cols));
-    uint8_t copy[64];
-    for (int64_t g = 0; g < n_mat * rows * cols / kNibbleTileCols; ++g) {
-      std::memcpy(copy, data + 64 * g, 64);
-      nibble_group(copy, data + 64 * g, true);
+    const int64_t row_bytes = cols / 2, groups = cols / kNibbleTileCols;
+    std::vector<uint8_t> copy(static_cast<size_t>(kQuadRows * row_bytes));
+    for (int64_t q = 0; q < n_mat * rows / kQuadRows; ++q) {
+      uint8_t* quad = data + q * kQuadRows * row_bytes;
+      std::memcpy(copy.data(), quad, copy.size());
+      for (int64_t i = 0; i < kQuadRows; ++i)
+        for (int64_t g = 0; g < groups; ++g)
+          nibble_group(copy.data() + i * row_bytes + 64 * g, quad + nibble_quad_group(i, g), true);
     }
     return;
   }
@@ -207,8 +215,9 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
 
 void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i, uint8_t* out) {
   if (nibble_tiled(type)) {
+    const uint8_t* quad = tile + i / kQuadRows * kQuadRows * row_bytes;
     for (int64_t g = 0; g < row_bytes / 64; ++g)
-      nibble_group(tile + i * row_bytes + 64 * g, out + 64 * g, false);
+      nibble_group(quad + nibble_quad_group(i % kQuadRows, g), out + 64 * g, false);
     return;
   }
   if (float_tiled(type)) {

@@ -27,14 +27,14 @@
 // its rows 16 columns (32 bytes) at a time: columns 16c..16c+15 of its rows 0-3 are the 128
 // bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
 // the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
-// I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) keep
-// their rows in place: a tile is its 16 rows as they were, each row's 64-byte groups (columns
-// 128g..128g+127) with the nibbles reordered so that column 128g + 16s + d (s < 8, d < 16) is
-// nibble s of the group's dword d (bits 4s..4s+3). One 64-byte load then gives the 16 values of
-// columns 128g + 16s.. in the low 4 bits of its 16 dword lanes after a shift by 4s, one shift and
-// one table lookup per 16 values instead of two 512-bit shuffles, a shift and an OR
-// (compute/detail/matmul_float_avx512.h; docs/benchmarks.md "Engine, session 47"). Columns a
-// multiple of 128.
+// I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in
+// quads as F16 and BF16, 128 columns at a time: a row's 64-byte group g (columns
+// 128g..128g+127) at 256g + 64 (i % 4) in its quad, and in each group the nibbles reordered so
+// that column 128g + 16s + d (s < 8, d < 16) is nibble s of the group's dword d (bits
+// 4s..4s+3). One 64-byte load then gives the 16 values of columns 128g + 16s.. in the low 4 bits
+// of its 16 dword lanes after a shift by 4s: one shift and one table lookup per 16 values instead
+// of two 512-bit shuffles, a shift and an OR (compute/detail/matmul_float_avx512.h;
+// docs/benchmarks.md "Engine, session 47"). Columns a multiple of 128.
 // A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 

@@ -93,11 +93,11 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // kTiled, F16 and BF16: the matrix is in 16-row tiles, a float tile being 4 quads of 4 rows
 // interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
 // order, so the same bits as reading rows. Its columns are a multiple of 16: no tail.
-// kTiled, I4_PACKED and FP4_PACKED: rows in place, each 64 bytes (128 columns) with column 16s +
-// d at nibble s of dword d (model/weight_tiles.h): the 16 columns from 16s on take their table
-// indices from the 64 bytes shifted right by 4s (vpermps reads the low 4 bits). One 512-bit
-// shuffle and one shift per 16 values instead of two shuffles, a shift and an OR: products of
-// one token 1.6x as fast from cache on a Zen 4 (docs/benchmarks.md "Engine, session 47"). The
+// kTiled, I4_PACKED and FP4_PACKED: quads too, a row's 64 bytes of 128 columns at a time, with
+// column 16s + d at nibble s of dword d (model/weight_tiles.h): the 16 columns from 16s on take
+// their table indices from the 64 bytes shifted right by 4s (vpermps reads the low 4 bits). One
+// 512-bit shuffle and one shift per 16 values instead of two shuffles, a shift and an OR: products
+// of one token 1.6x as fast from cache on a Zen 4 (docs/benchmarks.md "Engine, session 47"). The
 // same values in the same lanes and order: the bits of rows.
 template <GgmlType kType, bool kTiled = false>
 struct FloatKernel {
@@ -114,8 +114,11 @@ struct FloatKernel {
     return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
   static constexpr int kRows = 4;  // a quad of a tiled matrix
+  // Tiled: bytes of a quad's chunk (16 columns of F16/BF16, 128 of the 4-bit types) and of one
+  // row's part of it.
+  static constexpr int64_t kQuadChunk = kNibbleTiles ? 4 * 64 : 4 * 32;
+  static constexpr int64_t kQuadCols = kNibbleTiles ? model::kNibbleTileCols : 16;
   static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16 || kI4);
-  static constexpr int64_t kQuadChunk = 4 * 32;  // tiled: bytes of 16 columns of a quad
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
 
@@ -134,9 +137,9 @@ struct FloatKernel {
     Rows(const MatmulJob& j, int64_t r) {
       for (int i = 0; i < R; ++i) {
         const int64_t row = r + i;
-        // Quads: row's 32 bytes of the quad's first chunk; its chunk c is kQuadChunk * c on.
-        w[i] =
-            kQuads ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * 32 : j.w + row * j.w_row_bytes;
+        // Tiled: row's part of the quad's first chunk; its chunk c is kQuadChunk * c on.
+        w[i] = kTiled ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * (kQuadChunk / 4)
+                      : j.w + row * j.w_row_bytes;
       }
       if constexpr (kScaled) {
         thread_local std::vector<float> tmp;
@@ -179,7 +182,7 @@ struct FloatKernel {
     // Nibble tiles: the 16 values of row i at columns k0 + 16 s of the 64-byte group from k0.
     template <int S>
     __m512 nibbles(int i, int64_t k0) const {
-      const __m512i g = _mm512_loadu_si512(w[i] + k0 / 2);
+      const __m512i g = _mm512_loadu_si512(w[i] + k0 / kQuadCols * kQuadChunk);
       return _mm512_permutexvar_ps(S == 0 ? g : _mm512_srli_epi32(g, 4 * S), f[i]);
     }
     __m512 load(int i, int64_t k) const {
@@ -221,7 +224,7 @@ struct FloatKernel {
       unroll<NT>([&](int n) __attribute__((always_inline)) { acc[i][n] = _mm512_setzero_ps(); });
     });
     const int64_t pf = 2 * R * j.w_row_bytes;  // the same place two tiles ahead
-    // A quad's only pass (all tokens in one): its weights come from DRAM (kQuads, below).
+    // A quad's only pass (all tokens in one): its weights come from DRAM (below).
     [[maybe_unused]] const bool stream = j.n_tok <= kToks;
     // Multiply-add 16 columns of the R rows (wv) into the NT tokens' sums.
     const auto madd = [&](const __m512* wv, auto&& xload) __attribute__((always_inline)) {
@@ -238,8 +241,25 @@ struct FloatKernel {
       // shift is an immediate on the group loaded again from L1: kept in a register per row, the
       // groups made passes of 6 tokens spill (4 more registers beside 24 sums and 4 value
       // vectors), and products of 16 tokens ran 0.9x as fast as reading rows.
-      for (; k < j.cols; k += model::kNibbleTileCols) {
-        for (int i = 0; i < R; ++i) prefetch(rw.w[i] + k / 2, pf, 0);
+      for (; k < j.cols; k += kQuadCols) {
+        // Prefetches as the F16/BF16 quads' below, per chunk of 4 lines instead of 2, but for a
+        // lone token: each line kStreamAheadL2 on into L2, not one per page two pages on. On a
+        // Zen 4 host, 1.5x as fast with 5632 columns (one thread; the cache-resident rate) and
+        // as fast with 2048 (docs/benchmarks.md "Engine, session 47").
+        const uint8_t* chunk = rw.w[0] + k / kQuadCols * kQuadChunk;
+        if constexpr (NT == 1 && R == kRows) {
+          for (int64_t o = 0; o < kQuadChunk; o += 64) prefetch_l2(chunk + kStreamAheadL2 + o);
+        } else if constexpr (R == kRows) {
+          if (stream) {
+            prefetch_page_ahead(chunk, kQuadChunk);
+            for (int64_t o = 0; o < kQuadChunk; o += 64) {
+              prefetch_l2(chunk + kStreamAheadL2 + o);
+              prefetch_l1(chunk + kStreamAheadFar + o);
+            }
+          } else {
+            prefetch(chunk, pf, kQuadChunk - 64);
+          }
+        }
         unroll<8>([&](auto s) __attribute__((always_inline)) {
           const int64_t ks = k + 16 * s;
           rw.at(ks);
