@@ -1,9 +1,9 @@
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 matrices in 16-row tiles
-// (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8 types: one
-// 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16 output rows at
-// once and a block's scaling is done once for 16 rows (compute/matmul_tiles*_avx512.cc;
-// docs/benchmarks.md "Engine, session 12"); with AVX2, one 32-byte half gives 4 columns of 8 rows
-// (compute/matmul_tiles*_avx2.cc, "Engine, session 39").
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, I4_PACKED and FP4_PACKED matrices
+// in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8
+// types: one 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16
+// output rows at once and a block's scaling is done once for 16 rows
+// (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md "Engine, session 12"); with AVX2, one
+// 32-byte half gives 4 columns of 8 rows (compute/matmul_tiles*_avx2.cc, "Engine, session 39").
 //
 // A matrix of R rows (R a multiple of 16) and nb blocks per row becomes R/16 tiles, tile t
 // holding rows 16t..16t+15 in the same bytes those rows took. A tile is nb records, one per

@@ -1,10 +1,11 @@
-// Q4_0, Q8_0, Q4_K, Q5_K and Q6_K in 16-row tiles (model/weight_tiles.h,
-// WeightLayout::kTiles16): tiling is lossless (every row comes back), every SIMD path gives the
-// scalar tile kernel's bits, which agree with the scalar row kernels to rounding; every kernel set
-// reads the rows of the types it tiles (AVX-512 VNNI, AVX2) with its tiles' arithmetic, so rows
-// give the very bits of tiles; batch invariance holds (tokens, threads, shared inputs), embedding
-// rows read through tiles, and a weight copy made with tiles gives an engine the mapped model's
-// logits (bit for bit where the SIMD level tiles the type) and batch invariance.
+// The int8 types (Q4_0 ... Q6_K) in 16-row tiles (model/weight_tiles.h, WeightLayout::kTiles16):
+// tiling is lossless (every row comes back), every SIMD path gives the scalar tile kernel's bits,
+// which agree with the scalar row kernels to rounding; F16, BF16 and the packed 4-bit types'
+// tiles give the bits of their rows; every kernel set reads the rows of the types it tiles
+// (AVX-512 VNNI, AVX2) with its tiles' arithmetic, so rows give the very bits of tiles; batch
+// invariance holds (tokens, threads, shared inputs), embedding rows read through tiles, and a
+// weight copy made with tiles gives an engine the mapped model's logits (bit for bit where the
+// SIMD level tiles the type) and batch invariance.
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,7 +45,8 @@ constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::k
 // F16 and BF16 tile too (4-row quads, 16 columns at a time; model/weight_tiles.h).
 constexpr GgmlType kFloatTypes[] = {GgmlType::kF16, GgmlType::kBF16};
 
-// And the packed 4-bit types (rows in place, nibbles reordered in each 64 bytes).
+// And the packed 4-bit types (4-row quads, 128 columns at a time, nibbles reordered in each
+// row's 64 bytes).
 constexpr GgmlType kNibbleTypes[] = {GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED};
 
 bool nibble_type(GgmlType t) { return t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED; }
@@ -182,10 +184,11 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
   }
 }
 
-// The packed 4-bit tiles hold each row's values in another order within each 64 bytes, and the
-// kernels read them into the same lanes in the same order: a kernel set with kernels of its own
-// for them (the AVX-512 ones) gives its row kernels' bits for every token count, thread count
-// and scale group; the others read them through the scalar kernel and give its bits.
+// The packed 4-bit tiles hold the rows' values in another order (quads, and in each row's 64
+// bytes of 128 columns), and the kernels read them into the same lanes in the same order: a kernel
+// set with kernels of its own for them (the AVX-512 ones) gives its row kernels' bits for every
+// token count, thread count and scale group; the others read them through the scalar kernel and
+// give its bits.
 TEST(TiledMatmul, NibbleTilesGiveTheBitsOfRows) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
