@@ -184,64 +184,43 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
   }
 }
 
-// The packed 4-bit tiles hold the rows' values in another order (quads, and in each row's 64
-// bytes of 128 columns), and the kernels read them into the same lanes in the same order: a kernel
-// set with kernels of its own for them (the AVX-512 ones) gives its row kernels' bits for every
-// token count, thread count and scale group; the others read them through the scalar kernel and
-// give its bits.
-TEST(TiledMatmul, NibbleTilesGiveTheBitsOfRows) {
+// Tiles of type t (F16, BF16, I4_PACKED, FP4_PACKED: the rows' values in another order, summed
+// in the same order) give their rows' bits on every kernel set: a set with tile kernels of its own
+// (the AVX-512 ones) its row kernels' bits for every token count and thread count, so it is
+// batch-invariant as they are; the others read tiles through the scalar kernel and give its bits.
+// `rows` x `chunks` (cols_of) in a stack of 2, seeded with `seed`.
+void expect_tiles_give_the_bits_of_rows(GgmlType t, int64_t rows, int64_t chunks, uint32_t seed) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
   const auto sets = kernel_sets();
   const detail::KernelSet& scalar = *sets.back();
-  for (GgmlType t : kNibbleTypes) {
-    const Pair p = make_pair(t, 48, cols_of(t, 7), 41, 2);
-    for (const auto* ks : sets) {
-      const bool own =
-          ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
-      for (int64_t m = 0; m < 2; ++m) {
-        const WeightView rows = p.rows.slice(m), tiles = p.tiles.slice(m);
-        for (int64_t n_tok : {1, 2, 5, 6, 7, 16, 49}) {
-          const auto x = random_x(n_tok, rows.cols(), 43 + static_cast<uint32_t>(n_tok));
-          const auto want = run(own ? *ks : scalar, rows, x, n_tok, nullptr);
-          for (ThreadPool* pool : pools)
-            ASSERT_TRUE(same_bits(run(*ks, tiles, x, n_tok, pool), want))
-                << ks->name << " " << model::type_name(t) << " matrix " << m << " n_tok=" << n_tok
-                << " threads=" << (pool ? pool->size() : 1);
-        }
+  const Pair p = make_pair(t, rows, cols_of(t, chunks), seed, 2);
+  for (const auto* ks : sets) {
+    const bool own = ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
+    for (int64_t m = 0; m < 2; ++m) {
+      const WeightView r = p.rows.slice(m), tiles = p.tiles.slice(m);
+      for (int64_t n_tok : {1, 2, 5, 6, 7, 16, 49}) {
+        const auto x = random_x(n_tok, r.cols(), seed + 2 + static_cast<uint32_t>(n_tok));
+        const auto want = run(own ? *ks : scalar, r, x, n_tok, nullptr);
+        for (ThreadPool* pool : pools)
+          ASSERT_TRUE(same_bits(run(*ks, tiles, x, n_tok, pool), want))
+              << ks->name << " " << model::type_name(t) << " matrix " << m << " n_tok=" << n_tok
+              << " threads=" << (pool ? pool->size() : 1);
       }
     }
   }
 }
 
-// F16 and BF16 tiles hold the rows' values in another order and the kernels sum them in the
-// same order: a kernel set with float tile kernels (the AVX-512 ones) gives its row kernels'
-// bits for every token count and thread count, and so is batch-invariant as they are; the others
-// read tiles through the scalar kernel and give its bits. Columns of 37 chunks: rows of 1184
-// bytes, so that quads cross pages at varying places (the batch-1 kernel prefetches per page).
+// Columns of 37 chunks: rows of 1184 bytes, so that quads cross pages at varying places (the
+// batch-1 kernel prefetches per page).
 TEST(TiledMatmul, FloatTilesGiveTheBitsOfRows) {
-  ThreadPool pool2(2), pool3(3);
-  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
-  const auto sets = kernel_sets();
-  const detail::KernelSet& scalar = *sets.back();
-  for (GgmlType t : kFloatTypes) {
-    const Pair p = make_pair(t, 64, cols_of(t, 37), 31, 2);
-    for (const auto* ks : sets) {
-      const bool own =
-          ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
-      for (int64_t m = 0; m < 2; ++m) {
-        const WeightView rows = p.rows.slice(m), tiles = p.tiles.slice(m);
-        for (int64_t n_tok : {1, 2, 5, 6, 7, 16, 49}) {
-          const auto x = random_x(n_tok, rows.cols(), 33 + static_cast<uint32_t>(n_tok));
-          const auto want = run(own ? *ks : scalar, rows, x, n_tok, nullptr);
-          for (ThreadPool* pool : pools)
-            ASSERT_TRUE(same_bits(run(*ks, tiles, x, n_tok, pool), want))
-                << ks->name << " " << model::type_name(t) << " matrix " << m << " n_tok=" << n_tok
-                << " threads=" << (pool ? pool->size() : 1);
-        }
-      }
-    }
-  }
+  for (GgmlType t : kFloatTypes) expect_tiles_give_the_bits_of_rows(t, 64, 37, 31);
+}
+
+// The packed 4-bit types: quads 128 columns at a time, the nibbles of each row's 64 bytes
+// reordered; scales per 32 or 64 columns (make_pair).
+TEST(TiledMatmul, NibbleTilesGiveTheBitsOfRows) {
+  for (GgmlType t : kNibbleTypes) expect_tiles_give_the_bits_of_rows(t, 48, 7, 41);
 }
 
 // Every path (those without SIMD tile kernels read tiles through the scalar ones) gives the
