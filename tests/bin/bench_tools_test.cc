@@ -107,10 +107,12 @@ TEST(BenchTools, MatmulBenchTimesEveryType) {
       bench("matmul_bench", {"--tokens", "2,16", "--shapes", "32x256", "--cold-mib", "1"});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   const std::set<std::string> types = {
-      "f32",      "f16",      "f16/t16",  "bf16",       "bf16/t16", "f8_e4m3", "i4_packed", "q8_0",
-      "q4_0",     "q8_0/t16", "q4_0/t16", "q4_1",       "q4_1/t16", "q5_0",    "q5_0/t16",  "q5_1",
-      "q5_1/t16", "iq4_nl",   "mxfp4",    "fp4_packed", "q2_K",     "q3_K",    "iq4_xs",    "q4_K",
-      "q4_K/t16", "q5_K",     "q5_K/t16", "q6_K",       "q6_K/t16"};
+      "f32",       "f16",           "f16/t16",    "bf16",           "bf16/t16", "f8_e4m3",
+      "i4_packed", "i4_packed/t16", "q8_0",       "q4_0",           "q8_0/t16", "q4_0/t16",
+      "q4_1",      "q4_1/t16",      "q5_0",       "q5_0/t16",       "q5_1",     "q5_1/t16",
+      "iq4_nl",    "mxfp4",         "fp4_packed", "fp4_packed/t16", "q2_K",     "q3_K",
+      "iq4_xs",    "q4_K",          "q4_K/t16",   "q5_K",           "q5_K/t16", "q6_K",
+      "q6_K/t16"};
   std::map<std::string, int> timed;  // type -> rows whose time and rate are numbers
   for (const auto& row : rows_of(r.out)) {
     if (row.size() < 7 || types.count(row[0]) == 0 || row[1] != "32x256") continue;
