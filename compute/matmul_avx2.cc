@@ -138,7 +138,11 @@ __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
 // scale; MXFP4 twice its E2M1 value times half its scale, as model::dequantize_row), lane for
 // lane as an F32 matrix holding those values: the same bits. I4 and FP4 rows are whole
 // multiples of 16 (matmul.cc checks) and MXFP4 rows of 32, so they never take the tail.
-template <GgmlType kType>
+// kTiled (I4_PACKED only): the matrix in the AVX-512 kernels' tiles (model/weight_tiles.h: quads,
+// 128 columns at a time, value 16s + d of a row's 64 bytes at nibble s of dword d), read here as
+// two 32-byte halves: the 8 values at k are the half k / 8 % 2 shifted right by 4 (k % 128 / 16)
+// and masked, in the lanes and order of rows (their bits).
+template <GgmlType kType, bool kTiled = false>
 struct FloatKernel {
   using L = FloatLoad<kType>;
   static constexpr bool kF8 = kType == GgmlType::kF8_E4M3;
@@ -155,12 +159,29 @@ struct FloatKernel {
   static constexpr int kRows = 3;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 48;
+  static_assert(!kTiled || kType == GgmlType::kI4_PACKED);
+  static constexpr int64_t kQuadChunk = 4 * 64;  // tiled: a quad's bytes of 128 columns
+
+  // Tiled: the 8 values of row w (its part of the quad's first chunk) at column k, shifted right
+  // by `shift` (4 (k % 128 / 16)).
+  static __m256 tiled_load(const uint8_t* w, int64_t k, __m128i shift) {
+    const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        w + k / model::kNibbleTileCols * kQuadChunk + k / 8 % 2 * 32));
+    const __m256i u =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(g, shift), _mm256_set1_epi32(0xF)),
+                        _mm256_set1_epi32(0x4B000000));
+    return _mm256_sub_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(8388616.f));
+  }
 
   template <int R, int NT>
   static void tile(const MatmulJob& j, int64_t r, int64_t t) {
     const uint8_t* w[R];
     const float* x[NT];
-    for (int i = 0; i < R; ++i) w[i] = j.w + (r + i) * j.w_row_bytes;
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = r + i;
+      w[i] = kTiled ? j.w + row / 4 * 4 * j.w_row_bytes + row % 4 * (kQuadChunk / 4)
+                    : j.w + row * j.w_row_bytes;
+    }
     for (int n = 0; n < NT; ++n)
       x[n] = reinterpret_cast<const float*>(j.act + (t + n) * j.act_stride);
     __m256 acc[R][NT];
@@ -193,14 +214,23 @@ struct FloatKernel {
         }
       }
     };
-    const int64_t pf = R * j.w_row_bytes;  // the same place in the next tile's rows
+    // The same place in the next tile's rows (tiled: two quads on).
+    const int64_t pf = (kTiled ? 8 : R) * j.w_row_bytes;
     int64_t k = 0;
     for (; k + 8 <= j.cols; k += 8) {
       next_scales(k);
       __m256 wv[R];
+      [[maybe_unused]] __m128i shift;
+      if constexpr (kTiled) shift = _mm_cvtsi32_si128(static_cast<int>(k % 128 / 16 * 4));
       for (int i = 0; i < R; ++i) {
-        if (kMx ? k % 128 == 0 : (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
-        wv[i] = scaled(L::load(w[i], k), i);
+        if constexpr (kTiled) {
+          const uint8_t* g = w[i] + k / model::kNibbleTileCols * kQuadChunk;
+          if (k % 128 == 0) prefetch(g, pf, 0);
+          wv[i] = scaled(tiled_load(w[i], k, shift), i);
+        } else {
+          if (kMx ? k % 128 == 0 : (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
+          wv[i] = scaled(L::load(w[i], k), i);
+        }
       }
       for (int n = 0; n < NT; ++n) {
         const __m256 xv = _mm256_loadu_ps(x[n] + k);
@@ -477,6 +507,7 @@ KernelSet make_set(bool vnni) {
   s.f8 = make_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = make_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
+  s.i4_t16 = make_kernels<FloatKernel<GgmlType::kI4_PACKED, true>>();
   s.iq4_nl = vnni ? make_kernels<IQ4NLKernel<true>>(act_iq4nl_bytes, quantize_act_iq4nl)
                   : make_kernels<IQ4NLKernel<false>>(act_iq4nl_bytes, quantize_act_iq4nl);
   s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();
