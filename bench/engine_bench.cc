@@ -5,8 +5,8 @@
 //                     [--kv-type f32|f16|bf16]   (what the KV cache stores)
 //                     [--weights map|memory|rows|tiles|both]   (both: map and memory side by
 //                     side in one run; memory: a copy as troupe makes one for the CPU engine,
-//                     matrices in 16-row tiles where the kernels read them (int8 types; F16,
-//                     BF16, packed int4 and FP4 with AVX-512; model/weight_tiles.h); rows: that
+//                     matrices in 16-row tiles where the kernels read them (int8 types and
+//                     packed int4; F16, BF16, FP4 with AVX-512; model/weight_tiles.h); rows: that
 //                     copy without tiles; tiles: rows and memory side by side)
 //                     [--as i4_packed]   (every float matrix but the embedding and routers, in
 //                     memory as packed int4 with a bf16 scale per 32 columns, as a

@@ -123,7 +123,7 @@ TEST(Int4Model, WeightsCopiedToMemoryGiveTheSameLogits) {
   const Int4Copy copy(shared + "/models/hf/deepseek2");
   auto mapped = model::load_model(copy.int4_path());
   ASSERT_TRUE(mapped.has_value()) << mapped.error().message;
-  // Tiled as a node tiles them: on an AVX-512 CPU, the packed matrices of whole 128-column
+  // Tiled as a node tiles them: with AVX-512 or AVX2, the packed matrices of whole 128-column
   // groups (the experts' gate and up, 32 x 128) in the layout its kernels read fastest.
   const model::TileTypes tiles = tiled_weight_types();
   auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, tiles);

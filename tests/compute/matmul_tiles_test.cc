@@ -186,9 +186,9 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
 
 // Tiles of type t (F16, BF16, I4_PACKED, FP4_PACKED: the rows' values in another order, summed
 // in the same order) give their rows' bits on every kernel set: a set with tile kernels of its own
-// (the AVX-512 ones) its row kernels' bits for every token count and thread count, so it is
-// batch-invariant as they are; the others read tiles through the scalar kernel and give its bits.
-// `rows` x `chunks` (cols_of) in a stack of 2, seeded with `seed`.
+// (AVX-512; AVX2 for I4_PACKED) its row kernels' bits for every token count and thread count, so it
+// is batch-invariant as they are; the others read tiles through the scalar kernel and give its
+// bits. `rows` x `chunks` (cols_of) in a stack of 2, seeded with `seed`.
 void expect_tiles_give_the_bits_of_rows(GgmlType t, int64_t rows, int64_t chunks, uint32_t seed) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
