@@ -1,7 +1,6 @@
 // The AVX-512 kernels of float-widened weights (F32, F16, BF16, F8_E4M3, I4_PACKED, FP4_PACKED,
-// MXFP4): FloatLoad
-// widens 16 stored values, FloatKernel multiplies R rows by NT tokens. Included by
-// compute/matmul_avx512.cc only (its compile flags enable AVX-512).
+// MXFP4): FloatLoad widens 16 stored values, FloatKernel multiplies R rows by NT tokens. Included
+// by compute/matmul_avx512.cc only (its compile flags enable AVX-512).
 #pragma once
 
 #include <immintrin.h>
