@@ -540,14 +540,7 @@ void get_row(const model::WeightView& w, int64_t r, float* out) {
   }
   thread_local std::vector<uint8_t> row;
   model::untile_row(w, 0, r, detail::scratch(row, w.row_bytes()));
-  if (w.scaled()) {  // I4_PACKED, FP4_PACKED
-    thread_local std::vector<float> sc;
-    float* s = detail::scratch(sc, w.scale_stride);
-    model::scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, s);
-    model::dequantize_scaled_row(w.type, row.data(), s, w.scale_block[1], w.cols(), out);
-    return;
-  }
-  model::dequantize_row(w.type, row.data(), out, w.cols());
+  model::dequantize_view_row(w, r, row.data(), out);
 }
 
 bool weight_tiles_supported() {

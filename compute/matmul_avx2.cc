@@ -162,11 +162,9 @@ struct FloatKernel {
   static_assert(!kTiled || kType == GgmlType::kI4_PACKED);
   static constexpr int64_t kQuadChunk = 4 * 64;  // tiled: a quad's bytes of 128 columns
 
-  // Tiled: the 8 values of row w (its part of the quad's first chunk) at column k, shifted right
-  // by `shift` (4 (k % 128 / 16)).
-  static __m256 tiled_load(const uint8_t* w, int64_t k, __m128i shift) {
-    const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-        w + k / model::kNibbleTileCols * kQuadChunk + k / 8 % 2 * 32));
+  // Tiled: the 8 values of the 32-byte half at p, shifted right by `shift` (4 (k % 128 / 16)).
+  static __m256 tiled_load(const uint8_t* p, __m128i shift) {
+    const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i u =
         _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(g, shift), _mm256_set1_epi32(0xF)),
                         _mm256_set1_epi32(0x4B000000));
@@ -226,7 +224,7 @@ struct FloatKernel {
         if constexpr (kTiled) {
           const uint8_t* g = w[i] + k / model::kNibbleTileCols * kQuadChunk;
           if (k % 128 == 0) prefetch(g, pf, 0);
-          wv[i] = scaled(tiled_load(w[i], k, shift), i);
+          wv[i] = scaled(tiled_load(g + k / 8 % 2 * 32, shift), i);
         } else {
           if (kMx ? k % 128 == 0 : (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
           wv[i] = scaled(L::load(w[i], k), i);

@@ -601,8 +601,12 @@ ModelSpec spec_from_gguf(const GgufFile& g) {
 }
 
 void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
+  dequantize_view_row(w, r, w.row(r), out);
+}
+
+void dequantize_view_row(const WeightView& w, int64_t r, const uint8_t* row, float* out) {
   if (!w.scaled()) {
-    dequantize_row(w.type, w.row(r), out, w.cols());
+    dequantize_row(w.type, row, out, w.cols());
     return;
   }
   TROUPE_CHECK(w.scales != nullptr && w.scale_block[0] > 0 && w.scale_block[1] > 0,
@@ -610,7 +614,7 @@ void dequantize_view_row(const WeightView& w, int64_t r, float* out) {
   thread_local std::vector<float> sc;
   sc.resize(static_cast<size_t>(w.scale_stride));
   scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, sc.data());
-  dequantize_scaled_row(w.type, w.row(r), sc.data(), w.scale_block[1], w.cols(), out);
+  dequantize_scaled_row(w.type, row, sc.data(), w.scale_block[1], w.cols(), out);
 }
 
 }  // namespace troupe::model

@@ -38,9 +38,12 @@ ModelSpec spec_from_gguf(const GgufFile& gguf);
 /// A GGUF tensor as a weight view: ne[0], ne[1], and ne[2] * ne[3] stacked matrices.
 WeightView view_of(const TensorInfo& t);
 
-/// Row r (of a 2-D view in rows) as floats: dequantize_row, and for kF8_E4M3 each value times
-/// its block's scale (one float multiply: the nearest float to the exact product).
+/// Row r (of a 2-D view in rows) as floats: dequantize_row, and for the scaled types (kF8_E4M3,
+/// kI4_PACKED, kFP4_PACKED) each value times its block's scale (one float multiply: the nearest
+/// float to the exact product).
 void dequantize_view_row(const WeightView& w, int64_t r, float* out);
+/// The same with row r's bytes (in rows' order) at `row`: a row taken out of its tile.
+void dequantize_view_row(const WeightView& w, int64_t r, const uint8_t* row, float* out);
 
 /// Calls fn on every weight view of the spec (layers, experts, shared experts, embedding, output
 /// norm and head), present or not. A tied head is visited as its own view.
