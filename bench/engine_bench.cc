@@ -8,9 +8,10 @@
 //                     matrices in 16-row tiles where the kernels read them (int8 types and
 //                     packed int4; F16, BF16, FP4 with AVX-512; model/weight_tiles.h); rows: that
 //                     copy without tiles; tiles: rows and memory side by side)
-//                     [--as i4_packed]   (every float matrix but the embedding and routers, in
-//                     memory as packed int4 with a bf16 scale per 32 columns, as a
-//                     compressed-tensors W4A16 checkpoint loads; then measured as "map" unless
+//                     [--as i4_packed|f8_e4m3]   (every float matrix but the embedding and
+//                     routers, in memory as packed int4 with a bf16 scale per 32 columns, as a
+//                     compressed-tensors W4A16 checkpoint loads, or as FP8 E4M3 with an f32
+//                     scale per 128 x 128 block, as DeepSeek-V3's; then measured as "map" unless
 //                     --weights asks for copies)
 #include <algorithm>
 #include <chrono>
@@ -93,11 +94,24 @@ bool int8_kernels(const model::ModelSpec& s) {
 }
 
 // `m` with every f32/f16/bf16 matrix except the embedding and the routers (and those whose rows
-// are not whole groups of 32) requantized to packed int4: per 32 columns a bf16 scale amax / 7.5
-// and q = round(x / scale) clamped to [-8, 7], as compressed-tensors' symmetric int4 observer.
-std::shared_ptr<const model::Model> as_int4(const std::shared_ptr<const model::Model>& m) {
+// are not whole groups of 32) requantized, as `as` says:
+//   - i4_packed: per 32 columns a bf16 scale amax / 7.5 and q = round(x / scale) clamped to
+//     [-8, 7], as compressed-tensors' symmetric int4 observer;
+//   - f8_e4m3: per block of 128 x 128 an f32 scale amax / 448 and q the nearest E4M3 value of
+//     x / scale, as DeepSeek-V3's FP8 checkpoints (weight_scale_inv).
+std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const model::Model>& m,
+                                                const std::string& as) {
+  const bool f8 = as == "f8_e4m3";
   auto out = std::make_shared<model::Model>(*m);
   out->storage.push_back(m);
+  // E4M3's non-negative values in order (codes 0..0x7e; 0x7f is NaN).
+  const float* e4m3 = model::fp8_e4m3_values();
+  const auto nearest_e4m3 = [e4m3](float v) {
+    const float a = std::min(std::fabs(v), 448.f);
+    const auto c = static_cast<int>(std::lower_bound(e4m3, e4m3 + 0x7f, a) - e4m3);
+    const int q = c > 0 && (c == 0x7f || a - e4m3[c - 1] <= e4m3[c] - a) ? c - 1 : c;
+    return static_cast<uint8_t>(q | (v < 0 ? 0x80 : 0));
+  };
   int converted = 0;
   model::for_each_weight(out->spec, [&](model::WeightView& w) {
     const bool is_float = w.type == model::GgmlType::kF32 || w.type == model::GgmlType::kF16 ||
@@ -106,42 +120,69 @@ std::shared_ptr<const model::Model> as_int4(const std::shared_ptr<const model::M
     if (!w.present() || !is_float || w.cols() % 32 != 0 || w.rows() < 2 ||
         w.name == "token_embd.weight" || w.name.find("ffn_gate_inp") != std::string::npos)
       return;
-    const int64_t rows = w.rows() * w.ne[2], cols = w.cols(), groups = cols / 32;
-    auto packed = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(rows * cols / 2)]);
-    auto scales = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(rows * groups)]);
-    std::vector<float> row(static_cast<size_t>(cols));
-    model::WeightView flat = w;
-    flat.ne[1] = rows;
-    flat.ne[2] = 1;
-    for (int64_t r = 0; r < rows; ++r) {
-      model::dequantize_view_row(flat, r, row.data());
-      for (int64_t g = 0; g < groups; ++g) {
-        float amax = 0;
-        for (int64_t c = 32 * g; c < 32 * g + 32; ++c) amax = std::max(amax, std::fabs(row[c]));
-        const uint16_t sb = model::fp32_to_bf16(amax > 0 ? amax / 7.5f : 1.f);
-        scales[static_cast<size_t>(r * groups + g)] = sb;
-        const float sc = model::bf16_to_fp32(sb);
-        for (int64_t c = 32 * g; c < 32 * g + 32; c += 2) {
-          int q[2];
-          for (int h = 0; h < 2; ++h)
-            q[h] = static_cast<int>(std::clamp(std::nearbyint(row[c + h] / sc), -8.f, 7.f)) + 8;
-          packed[static_cast<size_t>((r * cols + c) / 2)] = static_cast<uint8_t>(q[0] | q[1] << 4);
+    const int64_t rows = w.rows(), cols = w.cols(), n_mat = w.ne[2];
+    // The scale grid: one block of br x bc per scale, per stacked matrix.
+    const int64_t br = f8 ? 128 : 1, bc = f8 ? 128 : 32;
+    const int64_t grid_rows = (rows + br - 1) / br, grid_cols = (cols + bc - 1) / bc;
+    const size_t n_scales = static_cast<size_t>(n_mat * grid_rows * grid_cols);
+    auto packed = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(
+        n_mat * rows *
+        model::row_bytes(f8 ? model::GgmlType::kF8_E4M3 : model::GgmlType::kI4_PACKED, cols))]);
+    auto f32_scales = std::shared_ptr<float[]>(new float[f8 ? n_scales : 0]);
+    auto bf16_scales = std::shared_ptr<uint16_t[]>(new uint16_t[f8 ? 0 : n_scales]);
+    std::vector<float> block(static_cast<size_t>(br * cols));  // a block row of one matrix
+    for (int64_t mat = 0; mat < n_mat; ++mat) {
+      const model::WeightView one = n_mat > 1 ? w.slice(mat) : w;
+      for (int64_t gr = 0; gr < grid_rows; ++gr) {
+        const int64_t r0 = gr * br, nr = std::min(br, rows - r0);
+        for (int64_t i = 0; i < nr; ++i)
+          model::dequantize_view_row(one, r0 + i, block.data() + i * cols);
+        for (int64_t gc = 0; gc < grid_cols; ++gc) {
+          const int64_t c0 = gc * bc, nc = std::min(bc, cols - c0);
+          float amax = 0;
+          for (int64_t i = 0; i < nr; ++i)
+            for (int64_t c = c0; c < c0 + nc; ++c)
+              amax = std::max(amax, std::fabs(block[static_cast<size_t>(i * cols + c)]));
+          const size_t si = static_cast<size_t>((mat * grid_rows + gr) * grid_cols + gc);
+          float sc;
+          if (f8) {
+            sc = f32_scales[si] = amax > 0 ? amax / 448.f : 1.f;
+          } else {
+            bf16_scales[si] = model::fp32_to_bf16(amax > 0 ? amax / 7.5f : 1.f);
+            sc = model::bf16_to_fp32(bf16_scales[si]);
+          }
+          for (int64_t i = 0; i < nr; ++i) {
+            const int64_t r = mat * rows + r0 + i;
+            const float* x = block.data() + i * cols;
+            for (int64_t c = c0; c < c0 + nc; ++c) {
+              const float v = x[c] / sc;
+              if (f8) {
+                packed[static_cast<size_t>(r * cols + c)] = nearest_e4m3(v);
+              } else {
+                const int q = static_cast<int>(std::clamp(std::nearbyint(v), -8.f, 7.f)) + 8;
+                uint8_t& b = packed[static_cast<size_t>((r * cols + c) / 2)];
+                b = static_cast<uint8_t>(c % 2 == 0 ? q : (b & 15) | q << 4);
+              }
+            }
+          }
         }
       }
     }
-    w.type = model::GgmlType::kI4_PACKED;
+    w.type = f8 ? model::GgmlType::kF8_E4M3 : model::GgmlType::kI4_PACKED;
     w.layout = model::WeightLayout::kRows;
     w.data = packed.get();
-    w.scales = scales.get();
-    w.scale_type = model::GgmlType::kBF16;
-    w.scale_block[0] = 1;
-    w.scale_block[1] = 32;
-    w.scale_stride = groups;
+    w.scales = f8 ? static_cast<const void*>(f32_scales.get()) : bf16_scales.get();
+    w.scale_type = f8 ? model::GgmlType::kF32 : model::GgmlType::kBF16;
+    w.scale_block[0] = br;
+    w.scale_block[1] = bc;
+    w.scale_stride = grid_cols;
     out->storage.push_back(packed);
-    out->storage.push_back(scales);
+    out->storage.push_back(f32_scales);
+    out->storage.push_back(bf16_scales);
     ++converted;
   });
-  std::printf("requantized %d matrices to i4_packed (bf16 scale per 32 columns)\n", converted);
+  std::printf("requantized %d matrices to %s (%s)\n", converted, as.c_str(),
+              f8 ? "f32 scale per 128 x 128 block" : "bf16 scale per 32 columns");
   return out;
 }
 
@@ -158,7 +199,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] "
       "[--runs 5] [--context 16] [--kv-type f32|f16|bf16] [--weights map|memory|rows|tiles|both] "
-      "[--as i4_packed]";
+      "[--as i4_packed|f8_e4m3]";
   bench::model_arg_or_usage(argc, argv, usage);
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
@@ -218,11 +259,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!as.empty()) {
-    if (as != "i4_packed") {
-      std::fprintf(stderr, "engine_bench: --as takes i4_packed\n");
+    if (as != "i4_packed" && as != "f8_e4m3") {
+      std::fprintf(stderr, "engine_bench: --as takes i4_packed or f8_e4m3\n");
       return 2;
     }
-    *m = as_int4(*m);
+    *m = requantized(*m, as);
     if (!weights_given) weights = "map";  // already in memory (a copy only if asked for)
   }
   const auto& s = (*m)->spec;

@@ -3,15 +3,16 @@
 // reported as weight GB/s against the measured memory bandwidth (weights are streamed from
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, I4_PACKED and FP4_PACKED also run in
-// 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU engine's weights
-// copy uses where the SIMD level reads it fast (compute::tiled_weight_types); quantized types also
-// report GOP/s against the measured int8 dot-product peak.
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED
+// also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU
+// engine's weights copy uses where the SIMD level reads it fast (compute::tiled_weight_types);
+// quantized types also report GOP/s against the measured int8 dot-product peak.
 // Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [--cold-mib 320]
 //        [type ...]
-//        (types: f32 f16 f16/t16 bf16 bf16/t16 f8_e4m3 i4_packed i4_packed/t16 q8_0 q4_0
-//        q8_0/t16 q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4 fp4_packed
-//        fp4_packed/t16 q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16; default all,
+//        (types: f32 f16 f16/t16 bf16 bf16/t16 f8_e4m3 f8_e4m3/t16 i4_packed i4_packed/t16
+//        q8_0 q4_0 q8_0/t16 q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4
+//        fp4_packed fp4_packed/t16 q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16;
+//        default all,
 //        an unknown name is refused;
 //        n_tok values up to 512, 1 always timed; --cold-mib: what the copies cycled through for
 //        cold weights add up to, at least the last-level cache -- 1 makes a quick smoke run)
@@ -207,17 +208,17 @@ struct Kind {
   bool tiled;
 };
 constexpr Kind kKinds[] = {
-    {GgmlType::kF32, false},       {GgmlType::kF16, false},      {GgmlType::kF16, true},
-    {GgmlType::kBF16, false},      {GgmlType::kBF16, true},      {GgmlType::kF8_E4M3, false},
-    {GgmlType::kI4_PACKED, false}, {GgmlType::kI4_PACKED, true}, {GgmlType::kQ8_0, false},
-    {GgmlType::kQ4_0, false},      {GgmlType::kQ8_0, true},      {GgmlType::kQ4_0, true},
-    {GgmlType::kQ4_1, false},      {GgmlType::kQ4_1, true},      {GgmlType::kQ5_0, false},
-    {GgmlType::kQ5_0, true},       {GgmlType::kQ5_1, false},     {GgmlType::kQ5_1, true},
-    {GgmlType::kIQ4_NL, false},    {GgmlType::kMXFP4, false},    {GgmlType::kFP4_PACKED, false},
-    {GgmlType::kFP4_PACKED, true}, {GgmlType::kQ2_K, false},     {GgmlType::kQ3_K, false},
-    {GgmlType::kIQ4_XS, false},    {GgmlType::kQ4_K, false},     {GgmlType::kQ4_K, true},
-    {GgmlType::kQ5_K, false},      {GgmlType::kQ5_K, true},      {GgmlType::kQ6_K, false},
-    {GgmlType::kQ6_K, true}};
+    {GgmlType::kF32, false},        {GgmlType::kF16, false},       {GgmlType::kF16, true},
+    {GgmlType::kBF16, false},       {GgmlType::kBF16, true},       {GgmlType::kF8_E4M3, false},
+    {GgmlType::kF8_E4M3, true},     {GgmlType::kI4_PACKED, false}, {GgmlType::kI4_PACKED, true},
+    {GgmlType::kQ8_0, false},       {GgmlType::kQ4_0, false},      {GgmlType::kQ8_0, true},
+    {GgmlType::kQ4_0, true},        {GgmlType::kQ4_1, false},      {GgmlType::kQ4_1, true},
+    {GgmlType::kQ5_0, false},       {GgmlType::kQ5_0, true},       {GgmlType::kQ5_1, false},
+    {GgmlType::kQ5_1, true},        {GgmlType::kIQ4_NL, false},    {GgmlType::kMXFP4, false},
+    {GgmlType::kFP4_PACKED, false}, {GgmlType::kFP4_PACKED, true}, {GgmlType::kQ2_K, false},
+    {GgmlType::kQ3_K, false},       {GgmlType::kIQ4_XS, false},    {GgmlType::kQ4_K, false},
+    {GgmlType::kQ4_K, true},        {GgmlType::kQ5_K, false},      {GgmlType::kQ5_K, true},
+    {GgmlType::kQ6_K, false},       {GgmlType::kQ6_K, true}};
 
 std::string kind_name(const Kind& k) {
   return troupe::model::type_name(k.type) + (k.tiled ? "/t16" : "");

@@ -37,6 +37,7 @@ const TypeKernels* KernelSet::find(model::GgmlType t, model::WeightLayout layout
     if (t == GgmlType::kQ6_K) k = &q6_k_t16;
     if (t == GgmlType::kF16) k = &f16_t16;
     if (t == GgmlType::kBF16) k = &bf16_t16;
+    if (t == GgmlType::kF8_E4M3) k = &f8_t16;
     if (t == GgmlType::kI4_PACKED) k = &i4_t16;
     if (t == GgmlType::kFP4_PACKED) k = &fp4_t16;
     if (k == nullptr) return nullptr;
@@ -560,12 +561,13 @@ model::TileTypes tiled_types(const KernelSet& ks) {
   if (std::string_view(ks.name) == "scalar") return types;  // its tile kernels are the slow ones
   using model::GgmlType;
   const std::pair<GgmlType, const detail::TypeKernels*> own[] = {
-      {GgmlType::kQ8_0, &ks.q8_0_t16},    {GgmlType::kQ4_0, &ks.q4_0_t16},
-      {GgmlType::kQ4_1, &ks.q4_1_t16},    {GgmlType::kQ5_0, &ks.q5_0_t16},
-      {GgmlType::kQ5_1, &ks.q5_1_t16},    {GgmlType::kQ4_K, &ks.q4_k_t16},
-      {GgmlType::kQ5_K, &ks.q5_k_t16},    {GgmlType::kQ6_K, &ks.q6_k_t16},
-      {GgmlType::kF16, &ks.f16_t16},      {GgmlType::kBF16, &ks.bf16_t16},
-      {GgmlType::kI4_PACKED, &ks.i4_t16}, {GgmlType::kFP4_PACKED, &ks.fp4_t16}};
+      {GgmlType::kQ8_0, &ks.q8_0_t16},     {GgmlType::kQ4_0, &ks.q4_0_t16},
+      {GgmlType::kQ4_1, &ks.q4_1_t16},     {GgmlType::kQ5_0, &ks.q5_0_t16},
+      {GgmlType::kQ5_1, &ks.q5_1_t16},     {GgmlType::kQ4_K, &ks.q4_k_t16},
+      {GgmlType::kQ5_K, &ks.q5_k_t16},     {GgmlType::kQ6_K, &ks.q6_k_t16},
+      {GgmlType::kF16, &ks.f16_t16},       {GgmlType::kBF16, &ks.bf16_t16},
+      {GgmlType::kF8_E4M3, &ks.f8_t16},    {GgmlType::kI4_PACKED, &ks.i4_t16},
+      {GgmlType::kFP4_PACKED, &ks.fp4_t16}};
   for (const auto& [t, k] : own)
     if (k->rows != nullptr) types.add(t);
   return types;

@@ -395,6 +395,7 @@ KernelSet make_set() {
   s.f16_t16 = float_kernels<FloatKernel<GgmlType::kF16, true>>();
   s.bf16_t16 = float_kernels<FloatKernel<GgmlType::kBF16, true>>();
   s.f8 = float_kernels<FloatKernel<GgmlType::kF8_E4M3>>();
+  s.f8_t16 = float_kernels<FloatKernel<GgmlType::kF8_E4M3, true>>();
   s.i4 = float_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = float_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
   s.i4_t16 = float_kernels<FloatKernel<GgmlType::kI4_PACKED, true>>();

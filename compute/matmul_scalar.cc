@@ -27,8 +27,8 @@ using model::kQK_K;
 const uint8_t* untiled_row(model::GgmlType type, const MatmulJob& j, int64_t r);
 
 // Float weights: convert one row (exactly) and dot it with every token. kTiled: F16, BF16,
-// I4_PACKED or FP4_PACKED in 16-row tiles (model/weight_tiles.h), each row taken out of its
-// tile first.
+// F8_E4M3, I4_PACKED or FP4_PACKED in 16-row tiles (model/weight_tiles.h), each row taken out of
+// its tile first.
 template <model::GgmlType kType, bool kTiled = false>
 void float_rows(const MatmulJob& j, int64_t r0, int64_t r1) {
   thread_local std::vector<float> buf;
@@ -431,6 +431,7 @@ const KernelSet& scalar_kernels() {
     k.f16_t16.rows = float_rows<GgmlType::kF16, true>;
     k.bf16_t16.rows = float_rows<GgmlType::kBF16, true>;
     k.f8.rows = float_rows<GgmlType::kF8_E4M3>;
+    k.f8_t16.rows = float_rows<GgmlType::kF8_E4M3, true>;
     k.i4.rows = float_rows<GgmlType::kI4_PACKED>;
     k.fp4.rows = float_rows<GgmlType::kFP4_PACKED>;
     k.i4_t16.rows = float_rows<GgmlType::kI4_PACKED, true>;

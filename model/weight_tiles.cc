@@ -1,7 +1,8 @@
-// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, I4_PACKED and
-// FP4_PACKED matrices (see weight_tiles.h for the layout).
+// 16-row tiles of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED
+// and FP4_PACKED matrices (see weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -115,7 +116,9 @@ uint32_t permute_bytes(const uint32_t (&table)[4][256], uint32_t x) {
          table[3][x >> 24];
 }
 
-bool float_tiled(GgmlType t) { return t == GgmlType::kF16 || t == GgmlType::kBF16; }
+bool float_tiled(GgmlType t) {
+  return t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kF8_E4M3;
+}
 bool nibble_tiled(GgmlType t) { return t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED; }
 
 // An 8 x 8 matrix of nibbles, row i in r[i] (element j at bits 4j), transposed in place: the
@@ -149,13 +152,14 @@ void nibble_group(const uint8_t* in, uint8_t* out, bool to_tiles) {
   std::memcpy(out, b, sizeof b);
 }
 
-// F16 and BF16: row i (0-15) of a tile is row i % 4 of quad i / 4, whose 4 rows take 4 *
+// F16, BF16 and F8_E4M3: row i (0-15) of a tile is row i % 4 of quad i / 4, whose 4 rows take 4 *
 // row_bytes bytes from the tile's start plus 4 * row_bytes * (i / 4); in a quad, chunk c
-// (columns 16c..16c+15, 32 bytes per row) of row i % 4 is at 128c + 32 (i % 4).
-constexpr int64_t kQuadRows = 4, kChunkBytes = 32;
-int64_t quad_chunk(int64_t row_bytes, int64_t i, int64_t c) {
-  return i / kQuadRows * kQuadRows * row_bytes + kQuadRows * kChunkBytes * c +
-         kChunkBytes * (i % kQuadRows);
+// (columns 16c..16c+15, `chunk` = 16 values' bytes per row: 32, or 16 for F8) of row i % 4 is
+// at 4 chunk c + chunk (i % 4).
+constexpr int64_t kQuadRows = 4;
+int64_t float_chunk_bytes(GgmlType t) { return t == GgmlType::kF8_E4M3 ? 16 : 32; }
+int64_t quad_chunk(int64_t row_bytes, int64_t chunk, int64_t i, int64_t c) {
+  return i / kQuadRows * kQuadRows * row_bytes + kQuadRows * chunk * c + chunk * (i % kQuadRows);
 }
 
 // I4_PACKED and FP4_PACKED: where group g (columns 128g..128g+127) of row i (0-3) of a quad
@@ -169,9 +173,10 @@ uint32_t q5_untile_qh(uint32_t t) { return permute_bytes(kQ5Qh.untile, t); }
 
 TileTypes TileTypes::all() {
   TileTypes s;
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                     GgmlType::kF16, GgmlType::kBF16, GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED})
+  for (GgmlType t :
+       {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kBF16,
+        GgmlType::kF8_E4M3, GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED})
     s.add(t);
   return s;
 }
@@ -185,6 +190,28 @@ bool tileable(const WeightView& w) {
   const bool nibbles = nibble_tiled(w.type) && w.cols() % kNibbleTileCols == 0;
   return w.present() && w.layout == WeightLayout::kRows && (int8 || floats || nibbles) &&
          w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
+}
+
+bool f8_tiles_exact(const WeightView& w) {
+  if (w.type != GgmlType::kF8_E4M3 || !w.present() || w.scales == nullptr) return false;
+  // A NaN code (0x7f or 0xff) is the one byte whose low 7 bits, plus 1, reach bit 7; 8 at a time.
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL, kOnes = 0x0101010101010101ULL,
+                     kHigh = 0x8080808080808080ULL;
+  const uint64_t n = w.nbytes();
+  uint64_t i = 0, seen = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, w.data + i, 8);
+    seen |= ((v & kLow7) + kOnes) & kHigh;
+  }
+  for (; i < n; ++i) seen |= (w.data[i] & 0x7fu) == 0x7fu;
+  if (seen != 0) return false;
+  const int64_t n_scales = w.ne[2] * w.scale_grid_rows() * w.scale_stride;
+  std::vector<float> sc(static_cast<size_t>(n_scales));
+  scales_to_f32(w.scales, w.scale_type, n_scales, sc.data());
+  for (const float v : sc)
+    if (std::isfinite(v) && std::fabs(v) >= kF8TileScaleLimit) return false;
+  return true;
 }
 
 void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int64_t n_mat) {
@@ -205,15 +232,16 @@ void tile_in_place(GgmlType type, uint8_t* data, int64_t rows, int64_t cols, int
   if (float_tiled(type)) {
     TROUPE_CHECK(rows % kTileRows == 0 && cols % kFloatTileCols == 0, "weight tiles: %lld x %lld",
                  static_cast<long long>(rows), static_cast<long long>(cols));
-    const int64_t row_bytes = 2 * cols, tile_bytes = kTileRows * row_bytes;
+    const int64_t chunk = float_chunk_bytes(type), row_bytes = cols / kFloatTileCols * chunk,
+                  tile_bytes = kTileRows * row_bytes;
     std::vector<uint8_t> copy(static_cast<size_t>(tile_bytes));
     for (int64_t t = 0; t < n_mat * rows / kTileRows; ++t) {
       uint8_t* tile = data + t * tile_bytes;
       std::memcpy(copy.data(), tile, copy.size());
       for (int64_t i = 0; i < kTileRows; ++i)
         for (int64_t c = 0; c < cols / kFloatTileCols; ++c)
-          std::memcpy(tile + quad_chunk(row_bytes, i, c),
-                      copy.data() + i * row_bytes + c * kChunkBytes, kChunkBytes);
+          std::memcpy(tile + quad_chunk(row_bytes, chunk, i, c),
+                      copy.data() + i * row_bytes + c * chunk, static_cast<size_t>(chunk));
     }
     return;
   }
@@ -238,8 +266,10 @@ void untile_row(GgmlType type, const uint8_t* tile, int64_t row_bytes, int64_t i
     return;
   }
   if (float_tiled(type)) {
-    for (int64_t c = 0; c < row_bytes / kChunkBytes; ++c)
-      std::memcpy(out + c * kChunkBytes, tile + quad_chunk(row_bytes, i, c), kChunkBytes);
+    const int64_t chunk = float_chunk_bytes(type);
+    for (int64_t c = 0; c < row_bytes / chunk; ++c)
+      std::memcpy(out + c * chunk, tile + quad_chunk(row_bytes, chunk, i, c),
+                  static_cast<size_t>(chunk));
     return;
   }
   const BlockShape s = shape_of(type);

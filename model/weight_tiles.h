@@ -1,4 +1,5 @@
-// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, I4_PACKED and FP4_PACKED matrices
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED
+// matrices
 // in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8
 // types: one 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16
 // output rows at once and a block's scaling is done once for 16 rows
@@ -27,6 +28,11 @@
 // its rows 16 columns (32 bytes) at a time: columns 16c..16c+15 of its rows 0-3 are the 128
 // bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
 // the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
+// F8_E4M3 is in quads too, 16 columns (16 bytes per row, one cache line per quad) at a time, and
+// only where no value is the NaN code and no scale reaches 256 in magnitude (f8_tiles_exact; a
+// weight copy checks): its tile kernel then widens each byte straight to the f32 bits of
+// value * 2^-120 (a shift and a mask, no NaN test) and multiplies by 2^120 * scale, the product
+// the rows' kernel forms (docs/benchmarks.md "Engine, session 48").
 // I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in
 // quads as F16 and BF16, 128 columns at a time: a row's 64-byte group g (columns
 // 128g..128g+127) at 256g + 64 (i % 4) in its quad, and in each group the nibbles reordered so
@@ -45,7 +51,7 @@
 namespace troupe::model {
 
 inline constexpr int64_t kTileRows = 16;
-inline constexpr int64_t kFloatTileCols = 16;    // F16 and BF16: columns per chunk of a quad
+inline constexpr int64_t kFloatTileCols = 16;    // F16, BF16, F8: columns per chunk of a quad
 inline constexpr int64_t kNibbleTileCols = 128;  // I4_PACKED, FP4_PACKED: columns per group
 
 /// A set of weight types (ggml's, whose numbers are below 64, and troupe's own from 1000 on):
@@ -55,7 +61,7 @@ class TileTypes {
  public:
   constexpr TileTypes() = default;
   /// Every type that can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16,
-  /// I4_PACKED, FP4_PACKED.
+  /// F8_E4M3, I4_PACKED, FP4_PACKED.
   static TileTypes all();
   void add(GgmlType t) {
     if (const int b = bit(t); b >= 0) bits_[b / 64] |= uint64_t{1} << (b % 64);
@@ -75,10 +81,19 @@ class TileTypes {
   uint64_t bits_[2] = {0, 0};
 };
 
-/// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16 or BF16 with
-/// columns a multiple of kFloatTileCols, or I4_PACKED or FP4_PACKED with columns a multiple of
-/// kNibbleTileCols; rows a multiple of kTileRows, present, in rows.
+/// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16, BF16 or
+/// F8_E4M3 with columns a multiple of kFloatTileCols, or I4_PACKED or FP4_PACKED with columns a
+/// multiple of kNibbleTileCols; rows a multiple of kTileRows, present, in rows. (An F8_E4M3 view
+/// must also pass f8_tiles_exact, which reads its data.)
 bool tileable(const WeightView& w);
+
+/// Scales of an F8_E4M3 matrix in tiles are below this in magnitude (or not finite): 2^120
+/// times one stays finite.
+inline constexpr float kF8TileScaleLimit = 256.f;
+
+/// Whether the tile kernels read F8_E4M3 view w exactly: no value is the NaN code (0x7f, 0xff)
+/// and every scale is below kF8TileScaleLimit in magnitude or not finite.
+bool f8_tiles_exact(const WeightView& w);
 
 /// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.
 uint32_t q5_tile_qh(uint32_t h);

@@ -78,6 +78,15 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
     return widen(_mm_maskz_loadu_epi8(m, row + k));
   }
+  // Tiles (no NaN code; model::f8_tiles_exact): the 16 bytes at p as the f32 bits of 2^-120
+  // times their values, exact for every other code: the sign in bit 31, the exponent and
+  // mantissa fields in bits 20-26 (an exponent below 16 is 2^-120 times E4M3's; its subnormals
+  // become f32 subnormals). Three instructions instead of six, the NaN code's carry not among them.
+  static __m512 load_finite(const uint8_t* p) {
+    const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20),
+                                                _mm512_set1_epi32(static_cast<int>(0x87F00000))));
+  }
 };
 
 // F8_E4M3, I4_PACKED and FP4_PACKED: the values q * scale, each the nearest float to the exact
@@ -89,9 +98,14 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // j in byte j's low nibble and j + 16 in its high one) likewise, its table kMXFP4Values(q) *
 // mxfp4_scale(e) (model::dequantize_row's values) rebuilt at every block; its rows are whole
 // blocks.
-// kTiled, F16 and BF16: the matrix is in 16-row tiles, a float tile being 4 quads of 4 rows
-// interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
-// order, so the same bits as reading rows. Its columns are a multiple of 16: no tail.
+// kTiled, F16, BF16 and F8_E4M3: the matrix is in 16-row tiles, a float tile being 4 quads of 4
+// rows interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
+// order, so the same bits as reading rows. Its columns are a multiple of 16: no tail. F8 tiles
+// hold no NaN code and no scale of 256 or more (model::f8_tiles_exact): each value is loaded as
+// fp8 * 2^-120 (FloatLoad::load_finite) and multiplied by 2^120 * scale, a finite float, where rows
+// multiply fp8 / 256 by 256 * scale: both products are exactly fp8 * scale before their one
+// rounding, so the same bits. On a Zen 4 host, 3.3 cycles per 16 values from L1 against 4.3
+// (docs/benchmarks.md "Engine, session 48").
 // kTiled, I4_PACKED and FP4_PACKED: quads too, a row's 64 bytes of 128 columns at a time, with
 // column 16s + d at nibble s of dword d (model/weight_tiles.h): the 16 columns from 16s on take
 // their table indices from the 64 bytes shifted right by 4s (vpermps reads the low 4 bits). One
@@ -106,7 +120,7 @@ struct FloatKernel {
   static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
   static constexpr bool kScaled = kF8 || kI4;             // a separate scale grid
   static constexpr bool kMx = kType == GgmlType::kMXFP4;  // a scale byte in every block
-  static constexpr bool kQuads = kTiled && !kI4;          // F16 and BF16 tiles
+  static constexpr bool kQuads = kTiled && !kI4;          // F16, BF16 and F8 tiles
   static constexpr bool kNibbleTiles = kTiled && kI4;     // I4_PACKED and FP4_PACKED tiles
   // Bytes from the row start to column k (MXFP4: to its block).
   static constexpr int64_t offset(int64_t k) {
@@ -115,9 +129,9 @@ struct FloatKernel {
   static constexpr int kRows = 4;  // a quad of a tiled matrix
   // Tiled: bytes of a quad's chunk (16 columns of F16/BF16, 128 of the 4-bit types) and of one
   // row's part of it.
-  static constexpr int64_t kQuadChunk = kNibbleTiles ? 4 * 64 : 4 * 32;
+  static constexpr int64_t kQuadChunk = kNibbleTiles ? 4 * 64 : kF8 ? 4 * 16 : 4 * 32;
   static constexpr int64_t kQuadCols = kNibbleTiles ? model::kNibbleTileCols : 16;
-  static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16 || kI4);
+  static_assert(!kTiled || kType == GgmlType::kF16 || kType == GgmlType::kBF16 || kF8 || kI4);
   static constexpr int kToks = 6;
   static constexpr int64_t kTokBlock = 48;
 
@@ -126,7 +140,8 @@ struct FloatKernel {
   struct Rows {
     const uint8_t* w[R];
     const float* sc[R] = {};  // each row's scales as floats (MatmulJob::scale_row)
-    // F8: 256 * the scale of the block being read; I4, FP4 and MXFP4: its table of values.
+    // F8: 256 * the scale of the block being read (tiles: 2^120 * it); I4, FP4 and MXFP4: its
+    // table of values.
     __m512 f[R];
     // MXFP4: the block's 16 value bytes widened to dwords, once for both of its halves (the low
     // nibbles index the first half's values, the high ones the second's).
@@ -165,7 +180,7 @@ struct FloatKernel {
           const int64_t b = k / cols_per_scale;
           for (int i = 0; i < R; ++i) {
             if constexpr (kF8) {
-              f[i] = _mm512_set1_ps(256.f * sc[i][b]);
+              f[i] = _mm512_set1_ps((kTiled ? 0x1p120f : 256.f) * sc[i][b]);
             } else {
               const __m512 steps =
                   kType == GgmlType::kFP4_PACKED
@@ -192,7 +207,8 @@ struct FloatKernel {
             _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i] + k / 2)));
         return _mm512_permutexvar_ps(_mm512_or_si512(q, _mm512_slli_epi64(q, 28)), f[i]);
       } else if constexpr (kF8) {
-        return _mm512_mul_ps(L::load(w[i], k), f[i]);
+        return _mm512_mul_ps(kQuads ? L::load_finite(w[i] + k / 16 * kQuadChunk) : L::load(w[i], k),
+                             f[i]);
       } else if constexpr (kQuads) {
         return L::load(w[i] + k / 16 * kQuadChunk, 0);
       } else {
@@ -276,25 +292,30 @@ struct FloatKernel {
       rw.at(k);
       __m512 wv[R];
       if constexpr (kQuads) {
-        // One stream: a lone token fetches a page two ahead as it enters a page, like the int8
-        // tile kernels (batch-1 decode 1.4x the per-line fetch below). 2 to kToks tokens, a
+        // One stream: a lone F16/BF16 token fetches a page two ahead as it enters a page, like the
+        // int8 tile kernels (batch-1 decode 1.4x the per-line fetch below). 2 to kToks tokens, a
         // quad's only pass, do that too and fetch both lines of the chunk kStreamAheadFar bytes
         // on into L1: products of 2-6 tokens 1.2-1.5x as fast with two threads as with the chunk
         // two quads ahead into L1 (docs/benchmarks.md "Engine, session 44"), the form later
         // passes over a quad keep. They fetch both lines kStreamAheadL2 on into L2 first: on a
         // Zen 4 host 1.3-2.3x faster with one thread, 1.1-1.7x with two ("Engine, session 45").
         const uint8_t* chunk = rw.w[0] + k / 16 * kQuadChunk;
-        if constexpr (NT == 1 && R == kRows) {
+        if constexpr (NT == 1 && R == kRows && kF8) {
+          // F8, a lone token: the line kStreamAheadL2 on into L2, as the nibble tiles above. On a
+          // Zen 4 host, engine decode 1.15-1.2x as fast as with the page fetch ("Engine, session
+          // 48").
+          prefetch_l2(chunk + kStreamAheadL2);
+        } else if constexpr (NT == 1 && R == kRows) {
           prefetch_page_ahead(chunk, kQuadChunk);
         } else if constexpr (R == kRows) {
           if (stream) {
             prefetch_page_ahead(chunk, kQuadChunk);
-            prefetch_l2(chunk + kStreamAheadL2);
-            prefetch_l2(chunk + kStreamAheadL2 + 64);
-            prefetch_l1(chunk + kStreamAheadFar);
-            prefetch_l1(chunk + kStreamAheadFar + 64);
+            for (int64_t o = 0; o < kQuadChunk; o += 64) {
+              prefetch_l2(chunk + kStreamAheadL2 + o);
+              prefetch_l1(chunk + kStreamAheadFar + o);
+            }
           } else {
-            prefetch(chunk, pf, 64);  // [chunk, chunk + 128) + pf: 2 lines
+            prefetch(chunk, pf, kQuadChunk - 64);  // [chunk, chunk + kQuadChunk) + pf
           }
         }
       }

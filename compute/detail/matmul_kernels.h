@@ -89,14 +89,14 @@ struct TypeKernels {
 /// All kernels of one SIMD level; a null `rows` means the type is not supported there.
 /// The *_t16 kernels read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
 /// get r0 and r1 at multiples of row_tile: 16 (whole tiles) for the int8 types, 4 (whole
-/// quads) for F16, BF16, I4_PACKED and FP4_PACKED (AVX2's I4_PACKED: 3, each row found in its
-/// quad).
+/// quads) for F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED (AVX2's I4_PACKED: 3, each row found
+/// in its quad).
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, f8, i4, fp4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
       q6_k, iq4_nl, iq4_xs, mxfp4;
   TypeKernels q8_0_t16, q4_0_t16, q4_1_t16, q5_0_t16, q5_1_t16, q4_k_t16, q5_k_t16, q6_k_t16,
-      f16_t16, bf16_t16, i4_t16, fp4_t16;
+      f16_t16, bf16_t16, f8_t16, i4_t16, fp4_t16;
   const TypeKernels* find(model::GgmlType t,
                           model::WeightLayout layout = model::WeightLayout::kRows) const;
 };

@@ -77,7 +77,7 @@ TEST(BenchTools, EngineBenchTimesEveryPhase) {
   EXPECT_NE(r.out.find("weights read per decode token"), std::string::npos) << r.out;
 }
 
-// A Mixture-of-Experts model, KV stored as f16, and the packed-int4 requantization.
+// A Mixture-of-Experts model, KV stored as f16, and the packed-int4 and FP8 requantizations.
 TEST(BenchTools, EngineBenchRunsMoeHalfKvAndInt4) {
   TROUPE_SHARED_OR_SKIP(shared);
   const auto moe =
@@ -90,14 +90,19 @@ TEST(BenchTools, EngineBenchRunsMoeHalfKvAndInt4) {
     EXPECT_EQ(rows.count(std::string("2 memory ") + phase), 1u) << phase << ":\n" << moe.out;
   EXPECT_NE(moe.out.find("KV cache f16"), std::string::npos) << moe.out;
 
-  const auto int4 = bench("engine_bench", {shared + "/models/stories260K/stories260K.gguf",
-                                           "--threads", "1", "--prefill", "4", "--decode", "2",
-                                           "--batch", "2", "--runs", "1", "--as", "i4_packed"});
-  ASSERT_EQ(int4.rc, 0) << int4.err << int4.out;
-  EXPECT_NE(int4.out.find("to i4_packed"), std::string::npos) << int4.out;
-  rows = engine_rows(int4.out);
-  for (const char* phase : {"prefill", "decode@1", "decode@2"})
-    EXPECT_EQ(rows.count(std::string("1 map ") + phase), 1u) << phase << ":\n" << int4.out;
+  // Requantized as a W4A16 or an FP8 checkpoint loads; measured as loaded (map) and as a copy.
+  for (const std::string as : {"i4_packed", "f8_e4m3"}) {
+    const auto q =
+        bench("engine_bench",
+              {shared + "/models/stories260K/stories260K.gguf", "--threads", "1", "--prefill", "4",
+               "--decode", "2", "--batch", "2", "--runs", "1", "--as", as, "--weights", "both"});
+    ASSERT_EQ(q.rc, 0) << q.err << q.out;
+    EXPECT_NE(q.out.find("to " + as), std::string::npos) << q.out;
+    rows = engine_rows(q.out);
+    for (const char* w : {"map", "memory"})
+      for (const char* phase : {"prefill", "decode@1", "decode@2"})
+        EXPECT_EQ(rows.count(std::string("1 ") + w + " " + phase), 1u) << phase << ":\n" << q.out;
+  }
 }
 
 TEST(BenchTools, MatmulBenchTimesEveryType) {
@@ -107,12 +112,12 @@ TEST(BenchTools, MatmulBenchTimesEveryType) {
       bench("matmul_bench", {"--tokens", "2,16", "--shapes", "32x256", "--cold-mib", "1"});
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   const std::set<std::string> types = {
-      "f32",       "f16",           "f16/t16",    "bf16",           "bf16/t16", "f8_e4m3",
-      "i4_packed", "i4_packed/t16", "q8_0",       "q4_0",           "q8_0/t16", "q4_0/t16",
-      "q4_1",      "q4_1/t16",      "q5_0",       "q5_0/t16",       "q5_1",     "q5_1/t16",
-      "iq4_nl",    "mxfp4",         "fp4_packed", "fp4_packed/t16", "q2_K",     "q3_K",
-      "iq4_xs",    "q4_K",          "q4_K/t16",   "q5_K",           "q5_K/t16", "q6_K",
-      "q6_K/t16"};
+      "f32",         "f16",       "f16/t16",       "bf16",       "bf16/t16",       "f8_e4m3",
+      "f8_e4m3/t16", "i4_packed", "i4_packed/t16", "q8_0",       "q4_0",           "q8_0/t16",
+      "q4_0/t16",    "q4_1",      "q4_1/t16",      "q5_0",       "q5_0/t16",       "q5_1",
+      "q5_1/t16",    "iq4_nl",    "mxfp4",         "fp4_packed", "fp4_packed/t16", "q2_K",
+      "q3_K",        "iq4_xs",    "q4_K",          "q4_K/t16",   "q5_K",           "q5_K/t16",
+      "q6_K",        "q6_K/t16"};
   std::map<std::string, int> timed;  // type -> rows whose time and rate are numbers
   for (const auto& row : rows_of(r.out)) {
     if (row.size() < 7 || types.count(row[0]) == 0 || row[1] != "32x256") continue;

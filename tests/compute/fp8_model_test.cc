@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "compute/engine.h"
+#include "compute/matmul.h"
 #include "model/model.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/test_support.h"
@@ -59,19 +60,22 @@ void check_model(const std::string& shared, const std::string& name, int64_t br,
 }
 
 // A node's weights in memory (the default where they fit): FP8 views copied (the scale grids
-// stay where they were), same logits.
+// stay where they were) and tiled where the kernels read F8 tiles, same logits bit for bit.
 TEST(Fp8Model, WeightsCopiedToMemoryGiveTheSameLogits) {
   TROUPE_SHARED_OR_SKIP(shared);
   const Fp8Copy copy(shared + "/models/hf/deepseek2", 128, 128);
   auto mapped = model::load_model(copy.fp8_path());
   ASSERT_TRUE(mapped.has_value()) << mapped.error().message;
-  auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, model::TileTypes::all());
+  // As a node copies them: the types this CPU's kernels read fast in tiles.
+  auto in_memory = model::copy_weights_to_memory(*mapped, {}, 2, compute::tiled_weight_types());
   ASSERT_TRUE(in_memory.has_value()) << in_memory.error().message;
   const model::WeightView &a = (*mapped)->spec.layers[2].experts[5].up,
                           &b = (*in_memory)->spec.layers[2].experts[5].up;
   EXPECT_NE(a.data, b.data);  // copied
   EXPECT_EQ(a.scales, b.scales);
-  EXPECT_EQ(b.layout, model::WeightLayout::kRows);  // not an int8 tile type
+  // In tiles where this CPU's kernels read F8 tiles (AVX-512), else in rows.
+  EXPECT_EQ(b.layout == model::WeightLayout::kTiles16,
+            compute::tiled_weight_types().has(GgmlType::kF8_E4M3));
   const auto p = prompt(static_cast<int32_t>((*mapped)->spec.n_vocab));
   EXPECT_EQ(prompt_logits(*in_memory, p), prompt_logits(*mapped, p));
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -42,8 +43,8 @@ constexpr GgmlType kInt8Types[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::k
                                    GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K,
                                    GgmlType::kQ5_K, GgmlType::kQ6_K};
 
-// F16 and BF16 tile too (4-row quads, 16 columns at a time; model/weight_tiles.h).
-constexpr GgmlType kFloatTypes[] = {GgmlType::kF16, GgmlType::kBF16};
+// F16, BF16 and F8_E4M3 tile too (4-row quads, 16 columns at a time; model/weight_tiles.h).
+constexpr GgmlType kFloatTypes[] = {GgmlType::kF16, GgmlType::kBF16, GgmlType::kF8_E4M3};
 
 // And the packed 4-bit types (4-row quads, 128 columns at a time, nibbles reordered in each
 // row's 64 bytes).
@@ -51,15 +52,16 @@ constexpr GgmlType kNibbleTypes[] = {GgmlType::kI4_PACKED, GgmlType::kFP4_PACKED
 
 bool nibble_type(GgmlType t) { return t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED; }
 
-// Columns of n blocks of type t (F16, BF16: of n chunks of 16 columns; I4_PACKED, FP4_PACKED:
-// of n groups of 128).
+// Columns of n blocks of type t (F16, BF16, F8_E4M3: of n chunks of 16 columns; I4_PACKED,
+// FP4_PACKED: of n groups of 128).
 int64_t cols_of(GgmlType t, int64_t n) {
-  if (t == GgmlType::kF16 || t == GgmlType::kBF16) return n * model::kFloatTileCols;
+  if (t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kF8_E4M3)
+    return n * model::kFloatTileCols;
   if (nibble_type(t)) return n * model::kNibbleTileCols;
   return n * model::type_traits(static_cast<uint32_t>(t))->block_elems;
 }
 
-// A matrix (or stack) owning its bytes, in rows, and the same bytes tiled; the packed 4-bit types'
+// A matrix (or stack) owning its bytes, in rows, and the same bytes tiled; the scaled types'
 // scales (both views share them).
 struct Pair {
   std::vector<uint8_t> rows_bytes, tile_bytes;
@@ -93,6 +95,14 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       continue;
     }
+    if (t == GgmlType::kF8_E4M3) {  // every code but NaN's (tiles hold none), subnormals too
+      for (int64_t i = 0; i < rb; ++i) {
+        do {
+          dst[i] = static_cast<uint8_t>(rng());
+        } while ((dst[i] & 0x7f) == 0x7f);
+      }
+      continue;
+    }
     if (t == GgmlType::kQ6_K) {  // likewise, with int8 group scales of both signs
       for (int64_t i = 0; i < rb; ++i) dst[i] = static_cast<uint8_t>(rng());
       std::uniform_real_distribution<float> sd(1e-4f, 2e-3f);
@@ -122,6 +132,21 @@ Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_
     p.rows.scale_block[0] = 1;
     p.rows.scale_block[1] = group;
     p.rows.scale_stride = cols / group;
+  }
+  if (t == GgmlType::kF8_E4M3) {
+    // F32 scales per 8 rows x 32 columns (the last block of a row 16 columns wide when cols is
+    // an odd number of 16s), of both signs from f32 subnormals to just under the tiles' limit.
+    const int64_t grid_cols = (cols + 31) / 32;
+    std::uniform_real_distribution<float> e(-30.f, 7.f);
+    p.scales.resize(static_cast<size_t>(rows / 8 * n_mat * grid_cols));
+    for (float& v : p.scales) v = std::exp2(e(rng)) * (rng() % 2 ? 1.f : -1.f) * (1.f + uni(rng));
+    p.scales[0] = 255.99f;
+    p.scales[1] = -1e-40f;
+    p.rows.scales = p.scales.data();
+    p.rows.scale_type = GgmlType::kF32;
+    p.rows.scale_block[0] = 8;
+    p.rows.scale_block[1] = 32;
+    p.rows.scale_stride = grid_cols;
   }
   p.tiles = p.rows;
   p.tiles.data = p.tile_bytes.data();
@@ -160,7 +185,7 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
   v = p.rows;
   v.data = nullptr;
   EXPECT_FALSE(model::tileable(v));
-  // Float types: F16 and BF16 with whole chunks of 16 columns; not F32, F8 or packed int4.
+  // Float types: F16, BF16 and F8_E4M3 with whole chunks of 16 columns; not F32 or MXFP4.
   for (GgmlType t : kFloatTypes) {
     v = p.rows;
     v.type = t;
@@ -176,7 +201,7 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
     v.ne[0] = 384;
     EXPECT_TRUE(model::tileable(v)) << model::type_name(t);
   }
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF8_E4M3, GgmlType::kMXFP4}) {
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kMXFP4}) {
     v = p.rows;
     v.type = t;
     v.ne[0] = 256;
@@ -184,8 +209,9 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
   }
 }
 
-// Tiles of type t (F16, BF16, I4_PACKED, FP4_PACKED: the rows' values in another order, summed
-// in the same order) give their rows' bits on every kernel set: a set with tile kernels of its own
+// Tiles of type t (F16, BF16, F8_E4M3, I4_PACKED, FP4_PACKED: the rows' values in another order,
+// summed in the same order; F8's each widened another way, to the same float) give their rows'
+// bits on every kernel set: a set with tile kernels of its own
 // (AVX-512; AVX2 for I4_PACKED) its row kernels' bits for every token count and thread count, so it
 // is batch-invariant as they are; the others read tiles through the scalar kernel and give its
 // bits. `rows` x `chunks` (cols_of) in a stack of 2, seeded with `seed`.
@@ -211,8 +237,9 @@ void expect_tiles_give_the_bits_of_rows(GgmlType t, int64_t rows, int64_t chunks
   }
 }
 
-// Columns of 37 chunks: rows of 1184 bytes, so that quads cross pages at varying places (the
-// batch-1 kernel prefetches per page).
+// Columns of 37 chunks: rows of 1184 bytes (F8: 592), so that quads cross pages at varying places
+// (the batch-1 kernel prefetches per page). F8's scales reach from f32 subnormals to just under
+// 256, and its codes include E4M3's subnormals (make_pair).
 TEST(TiledMatmul, FloatTilesGiveTheBitsOfRows) {
   for (GgmlType t : kFloatTypes) expect_tiles_give_the_bits_of_rows(t, 64, 37, 31);
 }
@@ -543,7 +570,6 @@ TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
   }
   EXPECT_FALSE(types.has(GgmlType::kF32));
   EXPECT_FALSE(types.has(GgmlType::kIQ4_NL));
-  EXPECT_FALSE(types.has(GgmlType::kF8_E4M3));  // a troupe-only type, numbered past 64
 }
 
 TEST(TiledMatmul, GetRowReadsTiles) {
@@ -608,6 +634,69 @@ TEST(WeightTiles, ACopyTilesNoViewInsideAnother) {
   const auto& big = (*copy)->spec.token_embd;
   EXPECT_EQ(std::memcmp(big.data, before.data(), before.size()), 0) << "the copy changed";
   EXPECT_EQ(*buf, before) << "the source changed";
+}
+
+// F8_E4M3 tiles are read without a NaN test and with 2^120 * scale (matmul_float_avx512.h): a copy
+// tiles an F8 matrix only where no code is NaN's and no scale reaches 256 (model::f8_tiles_exact),
+// and every matrix reads back the same values either way.
+TEST(WeightTiles, F8CopiesTileOnlyMatricesTheTileKernelsReadExactly) {
+  auto m = std::make_shared<model::Model>();
+  m->path = "test";
+  constexpr int64_t kRows = 16, kCols = 64;
+  auto codes = std::make_shared<std::vector<uint8_t>>(4 * kRows * kCols);
+  auto scales = std::make_shared<std::vector<float>>(8);  // 2 per matrix
+  std::mt19937 rng(5);
+  for (auto& b : *codes) {
+    do {
+      b = static_cast<uint8_t>(rng());
+    } while ((b & 0x7f) == 0x7f);
+  }
+  for (size_t i = 0; i < scales->size(); ++i) (*scales)[i] = 0.01f * static_cast<float>(i + 1);
+  (*codes)[1 * kRows * kCols + 5 * kCols + 17] = 0xff;            // wk: a NaN code in row 5
+  (*scales)[2 * 2 + 1] = -256.f;                                  // wv: too large a scale
+  (*scales)[3 * 2 + 0] = std::numeric_limits<float>::infinity();  // wo: not finite, allowed
+  m->storage.push_back(codes);
+  m->storage.push_back(scales);
+  model::LayerSpec L;
+  WeightView* views[] = {&L.wq, &L.wk, &L.wv, &L.wo};
+  const char* names[] = {"clean", "nan code", "scale 256", "infinite scale"};
+  for (int i = 0; i < 4; ++i) {
+    WeightView& v = *views[i];
+    v.name = names[i];
+    v.type = GgmlType::kF8_E4M3;
+    v.ne[0] = kCols;
+    v.ne[1] = kRows;
+    v.data = codes->data() + i * kRows * kCols;
+    v.scales = scales->data() + 2 * i;
+    v.scale_block[0] = kRows;
+    v.scale_block[1] = 32;
+    v.scale_stride = 2;
+  }
+  EXPECT_TRUE(model::f8_tiles_exact(L.wq));
+  EXPECT_FALSE(model::f8_tiles_exact(L.wk));
+  EXPECT_FALSE(model::f8_tiles_exact(L.wv));
+  EXPECT_TRUE(model::f8_tiles_exact(L.wo));
+  WeightView almost = L.wv;
+  (*scales)[2 * 2 + 1] = -255.99f;
+  EXPECT_TRUE(model::f8_tiles_exact(almost)) << "a scale just under 256";
+  (*scales)[2 * 2 + 1] = -256.f;
+  m->spec.layers.push_back(L);
+  auto copy = model::copy_weights_to_memory(m, {}, 2, model::TileTypes::all());
+  ASSERT_TRUE(copy.has_value()) << copy.error().message;
+  const model::LayerSpec& C = (*copy)->spec.layers[0];
+  const WeightView* copied[] = {&C.wq, &C.wk, &C.wv, &C.wo};
+  const bool want_tiles[] = {true, false, false, true};
+  std::vector<float> a(kCols), b(kCols);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(copied[i]->data, views[i]->data) << names[i] << ": copied";
+    EXPECT_EQ(copied[i]->layout == WeightLayout::kTiles16, want_tiles[i]) << names[i];
+    for (int64_t r = 0; r < kRows; ++r) {
+      get_row(*views[i], r, a.data());
+      get_row(*copied[i], r, b.data());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << names[i] << " row " << r;
+    }
+  }
 }
 
 struct ModelCase {
