@@ -104,14 +104,6 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
   const bool f8 = as == "f8_e4m3";
   auto out = std::make_shared<model::Model>(*m);
   out->storage.push_back(m);
-  // E4M3's non-negative values in order (codes 0..0x7e; 0x7f is NaN).
-  const float* e4m3 = model::fp8_e4m3_values();
-  const auto nearest_e4m3 = [e4m3](float v) {
-    const float a = std::min(std::fabs(v), 448.f);
-    const auto c = static_cast<int>(std::lower_bound(e4m3, e4m3 + 0x7f, a) - e4m3);
-    const int q = c > 0 && (c == 0x7f || a - e4m3[c - 1] <= e4m3[c] - a) ? c - 1 : c;
-    return static_cast<uint8_t>(q | (v < 0 ? 0x80 : 0));
-  };
   int converted = 0;
   model::for_each_weight(out->spec, [&](model::WeightView& w) {
     const bool is_float = w.type == model::GgmlType::kF32 || w.type == model::GgmlType::kF16 ||
@@ -157,7 +149,7 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
             for (int64_t c = c0; c < c0 + nc; ++c) {
               const float v = x[c] / sc;
               if (f8) {
-                packed[static_cast<size_t>(r * cols + c)] = nearest_e4m3(v);
+                packed[static_cast<size_t>(r * cols + c)] = model::fp32_to_fp8_e4m3(v);
               } else {
                 const int q = static_cast<int>(std::clamp(std::nearbyint(v), -8.f, 7.f)) + 8;
                 uint8_t& b = packed[static_cast<size_t>((r * cols + c) / 2)];

@@ -111,9 +111,8 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* dst = first + r * m.view.row_bytes();
-    if (t == GgmlType::kF8_E4M3) {  // random codes but the two NaNs
-      for (int64_t i = 0; i < cols; ++i)
-        dst[i] = static_cast<uint8_t>(rng() % 0x7f | (rng() & 0x80));
+    if (t == GgmlType::kF8_E4M3) {  // as a checkpoint's: values up to its block's largest, rounded
+      for (int64_t i = 0; i < cols; ++i) dst[i] = troupe::model::fp32_to_fp8_e4m3(448.f * uni(rng));
     } else if (t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED) {  // random nibbles
       for (int64_t i = 0; i < m.view.row_bytes(); ++i) dst[i] = static_cast<uint8_t>(rng());
     } else if (troupe::model::type_traits(static_cast<uint32_t>(t))->block_elems ==

@@ -165,6 +165,19 @@ const float* fp8_e4m3_values() {
   return kValues.data();
 }
 
+uint8_t fp32_to_fp8_e4m3(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const float* e4m3 = fp8_e4m3_values();  // codes 0..0x7e: the non-negative values, increasing
+  const float a = std::min(std::fabs(v), 448.f);
+  const auto hi = static_cast<int>(std::lower_bound(e4m3, e4m3 + 0x7e, a) - e4m3);  // e4m3[hi] >= a
+  int code = hi;
+  if (hi > 0 && e4m3[hi] != a) {
+    const float below = a - e4m3[hi - 1], above = e4m3[hi] - a;  // exact near a tie
+    code = below < above ? hi - 1 : above < below ? hi : (hi % 2 == 0 ? hi : hi - 1);
+  }
+  return static_cast<uint8_t>(code | (std::signbit(v) ? 0x80 : 0));
+}
+
 void dequantize_scaled_row(GgmlType t, const uint8_t* q, const float* scales,
                            int64_t cols_per_scale, int64_t n, float* out) {
   TROUPE_CHECK(t == GgmlType::kF8_E4M3 || t == GgmlType::kI4_PACKED || t == GgmlType::kFP4_PACKED,

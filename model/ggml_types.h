@@ -95,6 +95,8 @@ void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out);
 float fp8_e4m3_to_fp32(uint8_t b);
 /// fp8_e4m3_to_fp32 of every code, indexed by the code (a table built once).
 const float* fp8_e4m3_values();
+/// The E4M3 code nearest to v (ties to the even code), saturating at +-448; NaN for NaN.
+uint8_t fp32_to_fp8_e4m3(float v);
 
 // --- block layouts (as ggml stores them) ---
 constexpr int kQK4_0 = 32;

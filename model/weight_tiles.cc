@@ -2,6 +2,7 @@
 // and FP4_PACKED matrices (see weight_tiles.h for the layout).
 #include "model/weight_tiles.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -192,20 +193,30 @@ bool tileable(const WeightView& w) {
          w.rows() > 0 && w.rows() % kTileRows == 0 && w.cols() > 0;
 }
 
-bool f8_tiles_exact(const WeightView& w) {
+bool f8_tiles_suit(const WeightView& w) {
   if (w.type != GgmlType::kF8_E4M3 || !w.present() || w.scales == nullptr) return false;
-  // A NaN code (0x7f or 0xff) is the one byte whose low 7 bits, plus 1, reach bit 7; 8 at a time.
+  // 8 codes at a time, each byte's 7 magnitude bits m (no carry crosses a byte below): m + 1
+  // reaches bit 7 for the NaN code alone; the exponent bits (m & 0x78) + 0x78 reach it unless
+  // they are 0, and the mantissa bits (m & 0x07) + 0x7f unless they are 0: a subnormal code.
   constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL, kOnes = 0x0101010101010101ULL,
-                     kHigh = 0x8080808080808080ULL;
+                     kHigh = 0x8080808080808080ULL, kExp = 0x7878787878787878ULL,
+                     kMan = 0x0707070707070707ULL;
   const uint64_t n = w.nbytes();
-  uint64_t i = 0, seen = 0;
+  uint64_t i = 0, nan = 0, subnormals = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t v;
     std::memcpy(&v, w.data + i, 8);
-    seen |= ((v & kLow7) + kOnes) & kHigh;
+    const uint64_t m = v & kLow7;
+    nan |= (m + kOnes) & kHigh;
+    subnormals +=
+        static_cast<uint64_t>(std::popcount(~((m & kExp) + kExp) & ((m & kMan) + kLow7) & kHigh));
   }
-  for (; i < n; ++i) seen |= (w.data[i] & 0x7fu) == 0x7fu;
-  if (seen != 0) return false;
+  for (; i < n; ++i) {
+    const unsigned m = w.data[i] & 0x7fu;
+    nan |= m == 0x7fu;
+    subnormals += m != 0 && m < 8;
+  }
+  if (nan != 0 || subnormals * kF8TileSubnormalShare > n) return false;
   const int64_t n_scales = w.ne[2] * w.scale_grid_rows() * w.scale_stride;
   std::vector<float> sc(static_cast<size_t>(n_scales));
   scales_to_f32(w.scales, w.scale_type, n_scales, sc.data());

@@ -29,19 +29,18 @@
 // bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
 // the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
 // F8_E4M3 is in quads too, 16 columns (16 bytes per row, one cache line per quad) at a time, and
-// only where no value is the NaN code and no scale reaches 256 in magnitude (f8_tiles_exact; a
-// weight copy checks): its tile kernel then widens each byte straight to the f32 bits of
-// value * 2^-120 (a shift and a mask, no NaN test) and multiplies by 2^120 * scale, the product
-// the rows' kernel forms (docs/benchmarks.md "Engine, session 48").
-// I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in
-// quads as F16 and BF16, 128 columns at a time: a row's 64-byte group g (columns
-// 128g..128g+127) at 256g + 64 (i % 4) in its quad, and in each group the nibbles reordered so
-// that column 128g + 16s + d (s < 8, d < 16) is nibble s of the group's dword d (bits
-// 4s..4s+3). One 64-byte load then gives the 16 values of columns 128g + 16s.. in the low 4 bits
-// of its 16 dword lanes after a shift by 4s: one shift and one table lookup per 16 values instead
-// of two 512-bit shuffles, a shift and an OR (compute/detail/matmul_float_avx512.h;
-// docs/benchmarks.md "Engine, session 47"). Columns a multiple of 128.
-// A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
+// only where no value is the NaN code, no scale reaches 256 in magnitude and subnormal codes are
+// rare (f8_tiles_suit; a weight copy checks): its tile kernel then widens each byte straight to the
+// f32 bits of value * 2^-120 (a shift and a mask, no NaN test) and multiplies by 2^120 * scale, the
+// product the rows' kernel forms (docs/benchmarks.md "Engine, session 48"). I4_PACKED and
+// FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in quads as F16 and
+// BF16, 128 columns at a time: a row's 64-byte group g (columns 128g..128g+127) at 256g + 64 (i %
+// 4) in its quad, and in each group the nibbles reordered so that column 128g + 16s + d (s < 8, d <
+// 16) is nibble s of the group's dword d (bits 4s..4s+3). One 64-byte load then gives the 16 values
+// of columns 128g + 16s.. in the low 4 bits of its 16 dword lanes after a shift by 4s: one shift
+// and one table lookup per 16 values instead of two 512-bit shuffles, a shift and an OR
+// (compute/detail/matmul_float_avx512.h; docs/benchmarks.md "Engine, session 47"). Columns a
+// multiple of 128. A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
 #include <cstdint>
@@ -84,16 +83,22 @@ class TileTypes {
 /// Whether w can be tiled: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K, or F16, BF16 or
 /// F8_E4M3 with columns a multiple of kFloatTileCols, or I4_PACKED or FP4_PACKED with columns a
 /// multiple of kNibbleTileCols; rows a multiple of kTileRows, present, in rows. (An F8_E4M3 view
-/// must also pass f8_tiles_exact, which reads its data.)
+/// must also pass f8_tiles_suit, which reads its data.)
 bool tileable(const WeightView& w);
 
 /// Scales of an F8_E4M3 matrix in tiles are below this in magnitude (or not finite): 2^120
 /// times one stays finite.
 inline constexpr float kF8TileScaleLimit = 256.f;
+/// At most one value in this many of an F8_E4M3 matrix in tiles is a subnormal code.
+inline constexpr uint64_t kF8TileSubnormalShare = 4096;
 
-/// Whether the tile kernels read F8_E4M3 view w exactly: no value is the NaN code (0x7f, 0xff)
-/// and every scale is below kF8TileScaleLimit in magnitude or not finite.
-bool f8_tiles_exact(const WeightView& w);
+/// Whether the values and scales of F8_E4M3 view w suit the tile kernels, which read no NaN
+/// code and multiply by 2^120 * scale, and widen a subnormal code to an f32 subnormal, which
+/// some CPUs multiply slowly (a Zen 4 host: 1.1-1.4x as slow where 6 % of the codes are
+/// subnormal): no value is the NaN code (0x7f, 0xff), every scale is below kF8TileScaleLimit in
+/// magnitude or not finite, and at most one value in kF8TileSubnormalShare is a subnormal code
+/// (a real checkpoint's block scales make them rare). Reads all of w's values.
+bool f8_tiles_suit(const WeightView& w);
 
 /// A Q5_0/Q5_1 qh word (bit v: value v's fifth bit) in a tile's bit order (see above), and back.
 uint32_t q5_tile_qh(uint32_t h);

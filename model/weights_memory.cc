@@ -286,7 +286,7 @@ namespace {
 // Tiles (weight_tiles.h) every tileable view of a type in `types` lying in [base, base + bytes),
 // in place, and marks it and every view of the same bytes (a tied head) kTiles16. A view
 // overlapping another view that is not the same matrix stays in rows, and so does an F8_E4M3
-// view that f8_tiles_exact refuses.
+// view that f8_tiles_suit refuses.
 void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threads,
                        TileTypes types) {
   std::vector<WeightView*> in_copy;
@@ -325,12 +325,13 @@ void tile_copied_views(ModelSpec& spec, uint8_t* base, uint64_t bytes, int threa
     if (end_so_far == nullptr || end > end_so_far) end_so_far = end;
   }
   std::atomic<size_t> next{0};
-  // An F8_E4M3 matrix with a NaN code or a huge scale stays in rows (f8_tiles_exact).
+  // An F8_E4M3 matrix with a NaN code, a huge scale or many subnormal codes stays in rows
+  // (f8_tiles_suit).
   std::vector<char> tiled(todo.size(), 0);
   auto work = [&] {
     for (size_t k = next++; k < todo.size(); k = next++) {
       const WeightView* w = in_copy[groups[todo[k]].first];
-      if (w->type == GgmlType::kF8_E4M3 && !f8_tiles_exact(*w)) continue;
+      if (w->type == GgmlType::kF8_E4M3 && !f8_tiles_suit(*w)) continue;
       tile_in_place(w->type, const_cast<uint8_t*>(w->data), w->rows(), w->cols(), w->ne[2]);
       tiled[k] = 1;
     }

@@ -78,7 +78,7 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
   static __m512 load_tail(const uint8_t* row, int64_t k, __mmask16 m) {
     return widen(_mm_maskz_loadu_epi8(m, row + k));
   }
-  // Tiles (no NaN code; model::f8_tiles_exact): the 16 bytes at p as the f32 bits of 2^-120
+  // Tiles (no NaN code; model::f8_tiles_suit): the 16 bytes at p as the f32 bits of 2^-120
   // times their values, exact for every other code: the sign in bit 31, the exponent and
   // mantissa fields in bits 20-26 (an exponent below 16 is 2^-120 times E4M3's; its subnormals
   // become f32 subnormals). Three instructions instead of six, the NaN code's carry not among them.
@@ -101,10 +101,11 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
 // kTiled, F16, BF16 and F8_E4M3: the matrix is in 16-row tiles, a float tile being 4 quads of 4
 // rows interleaved 16 columns at a time (model/weight_tiles.h); the same arithmetic in the same
 // order, so the same bits as reading rows. Its columns are a multiple of 16: no tail. F8 tiles
-// hold no NaN code and no scale of 256 or more (model::f8_tiles_exact): each value is loaded as
-// fp8 * 2^-120 (FloatLoad::load_finite) and multiplied by 2^120 * scale, a finite float, where rows
-// multiply fp8 / 256 by 256 * scale: both products are exactly fp8 * scale before their one
-// rounding, so the same bits. On a Zen 4 host, 3.3 cycles per 16 values from L1 against 4.3
+// hold no NaN code, no scale of 256 or more and few subnormal codes (model::f8_tiles_suit): each
+// value is loaded as fp8 * 2^-120 (FloatLoad::load_finite) and multiplied by 2^120 * scale, a
+// finite float, where rows multiply fp8 / 256 by 256 * scale: both products are exactly
+// fp8 * scale before their one rounding, so the same bits. On a Zen 4 host, 3.1 cycles per 16
+// values from L1 against 4.3; with 6 % of the codes subnormal (f32 subnormals here) 3.4-3.6
 // (docs/benchmarks.md "Engine, session 48").
 // kTiled, I4_PACKED and FP4_PACKED: quads too, a row's 64 bytes of 128 columns at a time, with
 // column 16s + d at nibble s of dword d (model/weight_tiles.h): the 16 columns from 16s on take

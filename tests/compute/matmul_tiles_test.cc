@@ -636,58 +636,68 @@ TEST(WeightTiles, ACopyTilesNoViewInsideAnother) {
   EXPECT_EQ(*buf, before) << "the source changed";
 }
 
-// F8_E4M3 tiles are read without a NaN test and with 2^120 * scale (matmul_float_avx512.h): a copy
-// tiles an F8 matrix only where no code is NaN's and no scale reaches 256 (model::f8_tiles_exact),
-// and every matrix reads back the same values either way.
-TEST(WeightTiles, F8CopiesTileOnlyMatricesTheTileKernelsReadExactly) {
+// F8_E4M3 tiles are read without a NaN test, with 2^120 * scale, and their subnormal codes as f32
+// subnormals (matmul_float_avx512.h): a copy tiles an F8 matrix only where no code is NaN's, no
+// scale reaches 256 and at most one code in 4096 is subnormal (model::f8_tiles_suit), and every
+// matrix reads back the same values either way.
+TEST(WeightTiles, F8CopiesTileOnlyMatricesTheTileKernelsSuit) {
   auto m = std::make_shared<model::Model>();
   m->path = "test";
-  constexpr int64_t kRows = 16, kCols = 64;
-  auto codes = std::make_shared<std::vector<uint8_t>>(4 * kRows * kCols);
-  auto scales = std::make_shared<std::vector<float>>(8);  // 2 per matrix
+  constexpr int64_t kRows = 16, kCols = 256, kN = kRows * kCols;  // 4096 values each
+  constexpr int kViews = 5;
+  auto codes = std::make_shared<std::vector<uint8_t>>(kViews * kN);
+  auto scales = std::make_shared<std::vector<float>>(2 * kViews);  // 1 x 2 blocks per matrix
+  // Codes as a checkpoint's: values up to the block's largest, rounded (no subnormal code: the
+  // smallest normal is 2^-6 of 448, and none of these values is that small but 0).
   std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-448.f, 448.f);
   for (auto& b : *codes) {
-    do {
-      b = static_cast<uint8_t>(rng());
-    } while ((b & 0x7f) == 0x7f);
+    float v = uni(rng);
+    if (std::fabs(v) < 1.f) v = 0;
+    b = model::fp32_to_fp8_e4m3(v);
   }
   for (size_t i = 0; i < scales->size(); ++i) (*scales)[i] = 0.01f * static_cast<float>(i + 1);
-  (*codes)[1 * kRows * kCols + 5 * kCols + 17] = 0xff;            // wk: a NaN code in row 5
-  (*scales)[2 * 2 + 1] = -256.f;                                  // wv: too large a scale
-  (*scales)[3 * 2 + 0] = std::numeric_limits<float>::infinity();  // wo: not finite, allowed
+  uint8_t* at[kViews];
+  for (int i = 0; i < kViews; ++i) at[i] = codes->data() + i * kN;
+  at[0][100] = 0x05;              // one subnormal code in 4096: allowed
+  at[1][5 * kCols + 17] = 0xff;   // a NaN code in row 5
+  (*scales)[2 * 2 + 1] = -256.f;  // too large a scale
+  (*scales)[3 * 2 + 0] = std::numeric_limits<float>::infinity();  // not finite, allowed
+  at[4][7] = 0x81;  // two subnormal codes in 4096: too many
+  at[4][4000] = 0x07;
   m->storage.push_back(codes);
   m->storage.push_back(scales);
   model::LayerSpec L;
-  WeightView* views[] = {&L.wq, &L.wk, &L.wv, &L.wo};
-  const char* names[] = {"clean", "nan code", "scale 256", "infinite scale"};
-  for (int i = 0; i < 4; ++i) {
+  WeightView* views[kViews] = {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate};
+  const char* names[kViews] = {"clean", "nan code", "scale 256", "infinite scale", "subnormals"};
+  for (int i = 0; i < kViews; ++i) {
     WeightView& v = *views[i];
     v.name = names[i];
     v.type = GgmlType::kF8_E4M3;
     v.ne[0] = kCols;
     v.ne[1] = kRows;
-    v.data = codes->data() + i * kRows * kCols;
+    v.data = at[i];
     v.scales = scales->data() + 2 * i;
     v.scale_block[0] = kRows;
-    v.scale_block[1] = 32;
+    v.scale_block[1] = 128;
     v.scale_stride = 2;
   }
-  EXPECT_TRUE(model::f8_tiles_exact(L.wq));
-  EXPECT_FALSE(model::f8_tiles_exact(L.wk));
-  EXPECT_FALSE(model::f8_tiles_exact(L.wv));
-  EXPECT_TRUE(model::f8_tiles_exact(L.wo));
-  WeightView almost = L.wv;
+  const bool want_tiles[kViews] = {true, false, false, true, false};
+  for (int i = 0; i < kViews; ++i)
+    EXPECT_EQ(model::f8_tiles_suit(*views[i]), want_tiles[i]) << names[i];
   (*scales)[2 * 2 + 1] = -255.99f;
-  EXPECT_TRUE(model::f8_tiles_exact(almost)) << "a scale just under 256";
+  EXPECT_TRUE(model::f8_tiles_suit(L.wv)) << "a scale just under 256";
   (*scales)[2 * 2 + 1] = -256.f;
+  at[4][4000] = 0x08;  // the smallest normal
+  EXPECT_TRUE(model::f8_tiles_suit(L.ffn_gate)) << "one subnormal code";
+  at[4][4000] = 0x07;
   m->spec.layers.push_back(L);
   auto copy = model::copy_weights_to_memory(m, {}, 2, model::TileTypes::all());
   ASSERT_TRUE(copy.has_value()) << copy.error().message;
   const model::LayerSpec& C = (*copy)->spec.layers[0];
-  const WeightView* copied[] = {&C.wq, &C.wk, &C.wv, &C.wo};
-  const bool want_tiles[] = {true, false, false, true};
+  const WeightView* copied[kViews] = {&C.wq, &C.wk, &C.wv, &C.wo, &C.ffn_gate};
   std::vector<float> a(kCols), b(kCols);
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kViews; ++i) {
     EXPECT_NE(copied[i]->data, views[i]->data) << names[i] << ": copied";
     EXPECT_EQ(copied[i]->layout == WeightLayout::kTiles16, want_tiles[i]) << names[i];
     for (int64_t r = 0; r < kRows; ++r) {

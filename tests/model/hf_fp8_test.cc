@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,31 @@ TEST(Fp8, EveryCodeDecodesAsTheFormatDefines) {
   EXPECT_EQ(fp8_e4m3_to_fp32(0x08), std::ldexp(1.f, -6));  // smallest normal
   EXPECT_EQ(fp8_e4m3_to_fp32(0x01), std::ldexp(1.f, -9));  // smallest subnormal
   EXPECT_EQ(fp8_e4m3_to_fp32(0xc0), -2.f);
+}
+
+// model::fp32_to_fp8_e4m3 (the benches' requantization) against the tests' own encoder.
+TEST(Fp8, EncoderAgreesWithTheTestEncoder) {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) != 0x7f) {
+      EXPECT_EQ(fp32_to_fp8_e4m3(fp8_e4m3_to_fp32(static_cast<uint8_t>(b))), b) << b;
+    }
+  }
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> e(-14.f, 10.f);
+  for (int i = 0; i < 200000; ++i) {
+    const float v = std::exp2(e(rng)) * (rng() % 2 ? 1.f : -1.f);
+    ASSERT_EQ(fp32_to_fp8_e4m3(v), testing::e4m3_nearest(v)) << v;
+  }
+  // Every midpoint of two neighbouring codes goes to the even one.
+  for (int b = 0; b < 0x7e; ++b) {
+    const float mid = (fp8_e4m3_to_fp32(static_cast<uint8_t>(b)) +
+                       fp8_e4m3_to_fp32(static_cast<uint8_t>(b + 1))) /
+                      2;
+    EXPECT_EQ(fp32_to_fp8_e4m3(mid), b % 2 == 0 ? b : b + 1) << b;
+  }
+  EXPECT_EQ(fp32_to_fp8_e4m3(1e9f), 0x7e);  // saturates
+  EXPECT_EQ(fp32_to_fp8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(fp32_to_fp8_e4m3(std::nanf("")) & 0x7f, 0x7f);
 }
 
 TEST(Fp8, TestEncoderRoundsToNearestEven) {
