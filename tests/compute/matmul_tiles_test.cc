@@ -691,6 +691,20 @@ TEST(WeightTiles, F8CopiesTileOnlyMatricesTheTileKernelsSuit) {
   at[4][4000] = 0x08;  // the smallest normal
   EXPECT_TRUE(model::f8_tiles_suit(L.ffn_gate)) << "one subnormal code";
   at[4][4000] = 0x07;
+  // A view whose bytes are not whole 8-byte words (read 8 at a time, then one at a time).
+  std::vector<uint8_t> odd(12, 0x40);
+  const float odd_scale = 1.f;
+  WeightView v12 = L.wq;
+  v12.ne[0] = 12;
+  v12.ne[1] = 1;
+  v12.data = odd.data();
+  v12.scales = &odd_scale;
+  EXPECT_TRUE(model::f8_tiles_suit(v12));
+  odd[10] = 0x7f;
+  EXPECT_FALSE(model::f8_tiles_suit(v12)) << "a NaN code in the last word's tail";
+  odd[10] = 0x40;
+  odd[11] = 0x83;
+  EXPECT_FALSE(model::f8_tiles_suit(v12)) << "a subnormal code in the last word's tail";
   m->spec.layers.push_back(L);
   auto copy = model::copy_weights_to_memory(m, {}, 2, model::TileTypes::all());
   ASSERT_TRUE(copy.has_value()) << copy.error().message;
