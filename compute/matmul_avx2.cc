@@ -138,10 +138,13 @@ __m256 load_tail(const uint8_t* row, int64_t k, int64_t n) {
 // scale; MXFP4 twice its E2M1 value times half its scale, as model::dequantize_row), lane for
 // lane as an F32 matrix holding those values: the same bits. I4 and FP4 rows are whole
 // multiples of 16 (matmul.cc checks) and MXFP4 rows of 32, so they never take the tail.
-// kTiled (I4_PACKED only): the matrix in the AVX-512 kernels' tiles (model/weight_tiles.h: quads,
+// kTiled, I4_PACKED: the matrix in the AVX-512 kernels' tiles (model/weight_tiles.h: quads,
 // 128 columns at a time, value 16s + d of a row's 64 bytes at nibble s of dword d), read here as
 // two 32-byte halves: the 8 values at k are the half k / 8 % 2 shifted right by 4 (k % 128 / 16)
-// and masked, in the lanes and order of rows (their bits).
+// and masked, in the lanes and order of rows (their bits). kTiled, F8_E4M3: the AVX-512 kernels'
+// quads too (16 columns, 16 bytes per row, at a time), which hold no NaN code, no scale of 256 or
+// more and few subnormal codes (model::f8_tiles_suit): as there, each byte widens straight to the
+// f32 bits of fp8 * 2^-120, multiplied by 2^120 * scale, the product the rows form (their bits).
 template <GgmlType kType, bool kTiled = false>
 struct FloatKernel {
   using L = FloatLoad<kType>;
@@ -150,8 +153,11 @@ struct FloatKernel {
   static constexpr bool kI4 = kType == GgmlType::kI4_PACKED || kType == GgmlType::kFP4_PACKED;
   static constexpr bool kScaled = kF8 || kI4;             // a separate scale grid
   static constexpr bool kMx = kType == GgmlType::kMXFP4;  // a scale byte in every block
-  // What a load is short of the value, per unit of scale: F8 loads fp8 / 256, FP4 twice E2M1.
-  static constexpr float kScaleFactor = kF8 ? 256.f : kType == GgmlType::kFP4_PACKED ? 0.5f : 1.f;
+  // What a load is short of the value, per unit of scale: F8 loads fp8 / 256 (tiles: fp8 *
+  // 2^-120), FP4 twice E2M1.
+  static constexpr float kScaleFactor = kF8 ? (kTiled ? 0x1p120f : 256.f)
+                                        : kType == GgmlType::kFP4_PACKED ? 0.5f
+                                                                         : 1.f;
   // Bytes from the row start to column k (MXFP4: to its block).
   static constexpr int64_t offset(int64_t k) {
     return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
@@ -159,8 +165,17 @@ struct FloatKernel {
   static constexpr int kRows = 3;
   static constexpr int kToks = 4;
   static constexpr int64_t kTokBlock = 48;
-  static_assert(!kTiled || kType == GgmlType::kI4_PACKED);
-  static constexpr int64_t kQuadChunk = 4 * 64;  // tiled: a quad's bytes of 128 columns
+  static_assert(!kTiled || kType == GgmlType::kI4_PACKED || kF8);
+  // Tiled: a quad's bytes of 128 columns (I4_PACKED) or of 16 (F8).
+  static constexpr int64_t kQuadChunk = kF8 ? 4 * 16 : 4 * 64;
+
+  // Tiled F8: the 8 values at p as fp8 * 2^-120 (the sign to bit 31, the exponent and mantissa
+  // fields to bits 20-26).
+  static __m256 f8_tiled_load(const uint8_t* p) {
+    const __m256i d = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d, 20),
+                                                _mm256_set1_epi32(static_cast<int>(0x87F00000))));
+  }
 
   // Tiled: the 8 values of the 32-byte half at p, shifted right by `shift` (4 (k % 128 / 16)).
   static __m256 tiled_load(const uint8_t* p, __m128i shift) {
@@ -219,9 +234,13 @@ struct FloatKernel {
       next_scales(k);
       __m256 wv[R];
       [[maybe_unused]] __m128i shift;
-      if constexpr (kTiled) shift = _mm_cvtsi32_si128(static_cast<int>(k % 128 / 16 * 4));
+      if constexpr (kTiled && !kF8) shift = _mm_cvtsi32_si128(static_cast<int>(k % 128 / 16 * 4));
       for (int i = 0; i < R; ++i) {
-        if constexpr (kTiled) {
+        if constexpr (kTiled && kF8) {
+          const uint8_t* c = w[i] + k / 16 * kQuadChunk;
+          if (k % 16 == 0) prefetch(c, pf, 0);
+          wv[i] = scaled(f8_tiled_load(c + k % 16), i);
+        } else if constexpr (kTiled) {
           const uint8_t* g = w[i] + k / model::kNibbleTileCols * kQuadChunk;
           if (k % 128 == 0) prefetch(g, pf, 0);
           wv[i] = scaled(tiled_load(g + k / 8 % 2 * 32, shift), i);
@@ -235,7 +254,7 @@ struct FloatKernel {
         for (int i = 0; i < R; ++i) acc[i][n] = _mm256_fmadd_ps(wv[i], xv, acc[i][n]);
       }
     }
-    if constexpr (!kI4 && !kMx) {
+    if constexpr (!kI4 && !kMx && !kTiled) {  // (tiled F8: columns a multiple of 16)
       if (k < j.cols) {
         next_scales(k);
         const int64_t rem = j.cols - k;
@@ -506,6 +525,7 @@ KernelSet make_set(bool vnni) {
   s.i4 = make_kernels<FloatKernel<GgmlType::kI4_PACKED>>();
   s.fp4 = make_kernels<FloatKernel<GgmlType::kFP4_PACKED>>();
   s.i4_t16 = make_kernels<FloatKernel<GgmlType::kI4_PACKED, true>>();
+  s.f8_t16 = make_kernels<FloatKernel<GgmlType::kF8_E4M3, true>>();
   s.iq4_nl = vnni ? make_kernels<IQ4NLKernel<true>>(act_iq4nl_bytes, quantize_act_iq4nl)
                   : make_kernels<IQ4NLKernel<false>>(act_iq4nl_bytes, quantize_act_iq4nl);
   s.mxfp4 = make_kernels<FloatKernel<GgmlType::kMXFP4>>();

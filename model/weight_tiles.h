@@ -1,7 +1,7 @@
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED
-// matrices
-// in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU kernels read fastest. Int8
-// types: one 64-byte load gives 4 columns of 16 rows, so one dot-product instruction serves 16
+// matrices in 16-row tiles (WeightLayout::kTiles16), the in-memory order the CPU kernels read
+// fastest. Int8 types: one 64-byte load gives 4 columns of 16 rows, so one dot-product instruction
+// serves 16
 // output rows at once and a block's scaling is done once for 16 rows
 // (compute/matmul_tiles*_avx512.cc; docs/benchmarks.md "Engine, session 12"); with AVX2, one
 // 32-byte half gives 4 columns of 8 rows (compute/matmul_tiles*_avx2.cc, "Engine, session 39").
@@ -28,19 +28,20 @@
 // its rows 16 columns (32 bytes) at a time: columns 16c..16c+15 of its rows 0-3 are the 128
 // bytes at 128c. Batch-1 decode then reads one stream instead of 4 rows in 4 places (60 % of
 // the read bandwidth; docs/benchmarks.md "Engine, session 31"). Columns a multiple of 16.
-// F8_E4M3 is in quads too, 16 columns (16 bytes per row, one cache line per quad) at a time, and
-// only where no value is the NaN code, no scale reaches 256 in magnitude and subnormal codes are
-// rare (f8_tiles_suit; a weight copy checks): its tile kernel then widens each byte straight to the
-// f32 bits of value * 2^-120 (a shift and a mask, no NaN test) and multiplies by 2^120 * scale, the
-// product the rows' kernel forms (docs/benchmarks.md "Engine, session 48"). I4_PACKED and
-// FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in quads as F16 and
-// BF16, 128 columns at a time: a row's 64-byte group g (columns 128g..128g+127) at 256g + 64 (i %
-// 4) in its quad, and in each group the nibbles reordered so that column 128g + 16s + d (s < 8, d <
-// 16) is nibble s of the group's dword d (bits 4s..4s+3). One 64-byte load then gives the 16 values
-// of columns 128g + 16s.. in the low 4 bits of its 16 dword lanes after a shift by 4s: one shift
-// and one table lookup per 16 values instead of two 512-bit shuffles, a shift and an OR
-// (compute/detail/matmul_float_avx512.h; docs/benchmarks.md "Engine, session 47"). Columns a
-// multiple of 128. A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
+// F8_E4M3 is in quads too, 16 columns (16 bytes per row, one cache line per quad) at a time,
+// and only where no value is the NaN code, no scale reaches 256 in magnitude and subnormal codes
+// are rare (f8_tiles_suit; a weight copy checks): its tile kernel then widens each byte straight
+// to the f32 bits of value * 2^-120 (a shift and a mask, no NaN test) and multiplies by
+// 2^120 * scale, the product the rows' kernel forms (docs/benchmarks.md "Engine, session 48").
+// I4_PACKED and FP4_PACKED (two 4-bit values per byte, value 2b in byte b's low nibble) are in
+// quads as F16 and BF16, 128 columns at a time: a row's 64-byte group g (columns
+// 128g..128g+127) at 256g + 64 (i % 4) in its quad, and in each group the nibbles reordered so
+// that column 128g + 16s + d (s < 8, d < 16) is nibble s of the group's dword d (bits
+// 4s..4s+3). One 64-byte load then gives the 16 values of columns 128g + 16s.. in the low 4 bits
+// of its 16 dword lanes after a shift by 4s: one shift and one table lookup per 16 values
+// instead of two 512-bit shuffles, a shift and an OR (compute/detail/matmul_float_avx512.h;
+// docs/benchmarks.md "Engine, session 47"). Columns a multiple of 128.
+// A stack of matrices (ne[2] > 1) is tiled matrix by matrix.
 #pragma once
 
 #include <cstdint>

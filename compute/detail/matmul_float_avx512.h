@@ -79,9 +79,10 @@ struct FloatLoad<GgmlType::kF8_E4M3> {
     return widen(_mm_maskz_loadu_epi8(m, row + k));
   }
   // Tiles (no NaN code; model::f8_tiles_suit): the 16 bytes at p as the f32 bits of 2^-120
-  // times their values, exact for every other code: the sign in bit 31, the exponent and
-  // mantissa fields in bits 20-26 (an exponent below 16 is 2^-120 times E4M3's; its subnormals
-  // become f32 subnormals). Three instructions instead of six, the NaN code's carry not among them.
+  // times their values, exact for every other code: the sign in bit 31, E4M3's exponent and
+  // mantissa fields in bits 20-26 (the low bits of f32's fields, whose bias is 120 more than
+  // E4M3's; E4M3's subnormals become f32 subnormals). Three instructions instead of six, the NaN
+  // code's carry not among them.
   static __m512 load_finite(const uint8_t* p) {
     const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20),

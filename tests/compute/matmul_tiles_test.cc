@@ -559,6 +559,7 @@ TEST(TiledMatmul, WeightCopiesTileWhatTheKernelsReadFast) {
   } else if (level == "avx2") {
     want.assign(std::begin(kInt8Types), std::end(kInt8Types));
     want.push_back(GgmlType::kI4_PACKED);  // the AVX-512 layout, read in halves
+    want.push_back(GgmlType::kF8_E4M3);    // and in 8-column halves of its quads' chunks
   }
   std::vector<GgmlType> all(std::begin(kInt8Types), std::end(kInt8Types));
   all.insert(all.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
