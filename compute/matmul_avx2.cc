@@ -162,8 +162,11 @@ struct FloatKernel {
   static constexpr int64_t offset(int64_t k) {
     return kMx ? k / 32 * 17 : kI4 ? k / 2 : kType == GgmlType::kF32 ? 4 * k : kF8 ? k : 2 * k;
   }
-  static constexpr int kRows = 3;
-  static constexpr int kToks = 4;
+  // Tiled F8: whole quads (4 rows), 2 tokens a pass (8 sums, 4 weight vectors and x in the 16
+  // registers). With 3 rows and 4 tokens, a pass read two quads' lines in part, and products of
+  // 4-16 tokens ran 0.87-0.97x as fast as rows (docs/benchmarks.md "Engine, session 48").
+  static constexpr int kRows = kTiled && kF8 ? 4 : 3;
+  static constexpr int kToks = kTiled && kF8 ? 2 : 4;
   static constexpr int64_t kTokBlock = 48;
   static_assert(!kTiled || kType == GgmlType::kI4_PACKED || kF8);
   // Tiled: a quad's bytes of 128 columns (I4_PACKED) or of 16 (F8).
