@@ -90,7 +90,7 @@ struct TypeKernels {
 /// The *_t16 kernels read matrices in 16-row tiles (model/weight_tiles.h); their `rows`
 /// get r0 and r1 at multiples of row_tile: 16 (whole tiles) for the int8 types, 4 (whole
 /// quads) for F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED (AVX2's I4_PACKED: 3, each row found
-/// in its quad).
+/// in its quad; AVX2's F8_E4M3: 4).
 struct KernelSet {
   const char* name;  // "scalar", "avx2", "avx512", "avx512-vnni", "avx512-vnni-gfni"
   TypeKernels f32, f16, bf16, f8, i4, fp4, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,
