@@ -234,6 +234,10 @@ int main(int argc, char** argv) {
       }
       kv_type = *t;
     } else if (k == "--as") {
+      if (v != "i4_packed" && v != "f8_e4m3") {
+        std::fprintf(stderr, "engine_bench: --as takes i4_packed or f8_e4m3\n");
+        return 2;
+      }
       as = v;
     }
   }
@@ -251,10 +255,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!as.empty()) {
-    if (as != "i4_packed" && as != "f8_e4m3") {
-      std::fprintf(stderr, "engine_bench: --as takes i4_packed or f8_e4m3\n");
-      return 2;
-    }
     *m = requantized(*m, as);
     if (!weights_given) weights = "map";  // already in memory (a copy only if asked for)
   }

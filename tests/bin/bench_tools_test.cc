@@ -243,6 +243,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
       {"engine_bench", {"m.gguf", "--decode"}, "--decode needs a value"},
       {"engine_bench", {"m.gguf", "--frobnicate", "1"}, "unknown option '--frobnicate'"},
       {"engine_bench", {"--runs", "3"}, "usage: engine_bench MODEL"},
+      {"engine_bench", {"m.gguf", "--as", "q4_0"}, "--as takes i4_packed or f8_e4m3"},
       {"matmul_bench", {"--tokens", "0"}, "--tokens takes integers in 1..512"},
       {"matmul_bench", {"q9_9"}, "unknown type 'q9_9'"},
       {"matmul_bench", {"--shapes", "64x100"}, "--shapes wants ROWSxCOLS"},
