@@ -12,8 +12,7 @@
 //        (types: f32 f16 f16/t16 bf16 bf16/t16 f8_e4m3 f8_e4m3/t16 i4_packed i4_packed/t16
 //        q8_0 q4_0 q8_0/t16 q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4
 //        fp4_packed fp4_packed/t16 q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16;
-//        default all,
-//        an unknown name is refused;
+//        default all, an unknown name is refused;
 //        n_tok values up to 512, 1 always timed; --cold-mib: what the copies cycled through for
 //        cold weights add up to, at least the last-level cache -- 1 makes a quick smoke run)
 //        TROUPE_SIMD=scalar|avx2|avx2-vnni|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the

@@ -180,8 +180,9 @@ struct FloatKernel {
                                                 _mm256_set1_epi32(static_cast<int>(0x87F00000))));
   }
 
-  // Tiled: the 8 values of the 32-byte half at p, shifted right by `shift` (4 (k % 128 / 16)).
-  static __m256 tiled_load(const uint8_t* p, __m128i shift) {
+  // Tiled I4_PACKED: the 8 values of the 32-byte half at p, shifted right by `shift`
+  // (4 (k % 128 / 16)).
+  static __m256 i4_tiled_load(const uint8_t* p, __m128i shift) {
     const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i u =
         _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(g, shift), _mm256_set1_epi32(0xF)),
@@ -241,12 +242,12 @@ struct FloatKernel {
       for (int i = 0; i < R; ++i) {
         if constexpr (kTiled && kF8) {
           const uint8_t* c = w[i] + k / 16 * kQuadChunk;
-          if (k % 16 == 0) prefetch(c, pf, 0);
+          if (k % 16 == 0 && (r + i) % 4 == 0) prefetch(c, pf, 0);  // once per quad's line
           wv[i] = scaled(f8_tiled_load(c + k % 16), i);
         } else if constexpr (kTiled) {
           const uint8_t* g = w[i] + k / model::kNibbleTileCols * kQuadChunk;
           if (k % 128 == 0) prefetch(g, pf, 0);
-          wv[i] = scaled(tiled_load(g + k / 8 % 2 * 32, shift), i);
+          wv[i] = scaled(i4_tiled_load(g + k / 8 % 2 * 32, shift), i);
         } else {
           if (kMx ? k % 128 == 0 : (offset(k) & 63) == 0) prefetch(w[i] + offset(k), pf, 0);
           wv[i] = scaled(L::load(w[i], k), i);
