@@ -118,8 +118,9 @@ void print_weights(const model::ModelSpec& s) {
       name += strfmt(" (scale per %lld x %lld)", (long long)w.scale_block[0],
                      (long long)w.scale_block[1]);
     if (w.type == model::GgmlType::kI4_PACKED || w.type == model::GgmlType::kFP4_PACKED)
-      name += strfmt(" (%s scale per %lld columns)", model::type_name(w.scale_type).c_str(),
-                     (long long)w.scale_block[1]);
+      name += strfmt(" (%s scale per %lld columns%s)", model::type_name(w.scale_type).c_str(),
+                     (long long)w.scale_block[1],
+                     w.scale_mul != 1.0f || w.scale_div != 1.0f ? ", and one per matrix" : "");
     auto& e = by_type[name];
     e.first++;
     e.second += w.nbytes();

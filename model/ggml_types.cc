@@ -66,7 +66,7 @@ std::optional<TypeTraits> type_traits(uint32_t id) {
     case static_cast<uint32_t>(GgmlType::kI4_PACKED):
       return TypeTraits{"i4_packed", 8, 4, true};
     case static_cast<uint32_t>(GgmlType::kFP4_PACKED):
-      return TypeTraits{"fp4_packed", 32, 16, true};
+      return TypeTraits{"fp4_packed", 16, 8, true};
     case static_cast<uint32_t>(GgmlType::kE8M0):
       return TypeTraits{"e8m0", 1, 1, false};
     default:
@@ -205,14 +205,29 @@ float e8m0_to_fp32(uint8_t e) {
   return f;
 }
 
-void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out) {
+void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out, float mul, float div) {
   const auto* p = static_cast<const uint8_t*>(scales);
+  if (mul != 1.0f || div != 1.0f) {
+    TROUPE_CHECK(mul == 1.0f || div == 1.0f, "a global scale both multiplies and divides");
+    scales_to_f32(scales, type, n, out);
+    if (div != 1.0f) {
+      for (int64_t i = 0; i < n; ++i) out[i] /= div;
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] *= mul;
+    }
+    return;
+  }
   if (type == GgmlType::kF32) {
     std::memcpy(out, p, static_cast<size_t>(n) * 4);
     return;
   }
   if (type == GgmlType::kE8M0) {
     for (int64_t i = 0; i < n; ++i) out[i] = e8m0_to_fp32(p[i]);
+    return;
+  }
+  if (type == GgmlType::kF8_E4M3) {
+    const float* v = fp8_e4m3_values();
+    for (int64_t i = 0; i < n; ++i) out[i] = v[p[i]];
     return;
   }
   uint16_t h;

@@ -82,15 +82,18 @@ inline float bf16_to_fp32(uint16_t b) {
   return f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even; NaN stays NaN
-/// Bytes of one scale of a WeightView (stored as F32, BF16, F16 or E8M0).
+/// Bytes of one scale of a WeightView (stored as F32, BF16, F16, E8M0 or F8_E4M3).
 inline int64_t scale_bytes(GgmlType type) {
-  return type == GgmlType::kF32 ? 4 : type == GgmlType::kE8M0 ? 1 : 2;
+  return type == GgmlType::kF32 ? 4 : type == GgmlType::kE8M0 || type == GgmlType::kF8_E4M3 ? 1 : 2;
 }
 /// An E8M0 scale: 2^(e - 127), exact (subnormal for e = 0); NaN for 255.
 float e8m0_to_fp32(uint8_t e);
-/// Scales [0, n) stored as `type` (F32, BF16, F16 or E8M0) into out as floats (the kernels
-/// convert a row's scales once per tile with this).
-void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out);
+/// Scales [0, n) stored as `type` (F32, BF16, F16, E8M0 or F8_E4M3) into out as floats (the
+/// kernels convert a row's scales once per tile with this). With `mul` or `div` (a tensor's
+/// global scale, WeightView::scale_mul / scale_div; at most one of them other than 1), each is
+/// float(stored) * mul / div: the exact product or quotient rounded once.
+void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out, float mul = 1.0f,
+                   float div = 1.0f);
 /// FP8 E4M3 (OCP "e4m3fn": bias 7, subnormals, no infinities; 0x7F and 0xFF are NaN), exactly.
 float fp8_e4m3_to_fp32(uint8_t b);
 /// fp8_e4m3_to_fp32 of every code, indexed by the code (a table built once).

@@ -6,7 +6,7 @@
 // float-quantized one) and compressed-tensors int4 ones (detail/hf_compressed.h) stay views of
 // their stored values with their scales; the few the loader rearranges or keeps in f32
 // (kv_b_proj, norms, routers) become f32. gpt-oss's MXFP4 experts stay views too
-// (detail/hf_mxfp4.h).
+// (detail/hf_mxfp4.h), and NVFP4 weights (ModelOpt's and compressed-tensors', detail/hf_nvfp4.h).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +20,7 @@
 #include "model/detail/hf_fp8.h"
 #include "model/detail/hf_hparams.h"
 #include "model/detail/hf_mxfp4.h"
+#include "model/detail/hf_nvfp4.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -81,6 +82,8 @@ class HfSpecBuilder {
     fp8_ = detail::read_fp8_format(cfg_);
     compressed_ = detail::read_compressed_format(cfg_);
     if (compressed_.fp8.on) fp8_ = compressed_.fp8;
+    nvfp4_ = detail::read_modelopt_format(cfg_, dir_of_config());
+    if (compressed_.nvfp4) nvfp4_ = detail::Nvfp4Kind::kCompressed;
     detail::HfHparams h = detail::read_hf_hparams(cfg_);
     s_ = std::move(h.spec);
     fam_ = h.family;
@@ -357,21 +360,34 @@ class HfSpecBuilder {
   const SafetensorsTensor& find(const std::string& hf_name, const std::vector<int64_t>& shape) {
     const SafetensorsTensor* t = st_.find(hf_name);
     if (!t) TROUPE_INPUT_ERROR("%s: missing tensor '%s'", dir_of_config().c_str(), hf_name.c_str());
+    // The dtype first: a packed tensor's shape is not the matrix's.
+    if (!t->supported)
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' has dtype %s; troupe reads F32, F16, BF16, F8_E4M3 "
+          "(block-scaled fp8), packed int4 (compressed-tensors) and U8 NVFP4 (declared by "
+          "ModelOpt or compressed-tensors)",
+          t->file->c_str(), hf_name.c_str(), t->dtype.c_str());
     if (t->shape != shape)
       TROUPE_INPUT_ERROR("%s: tensor '%s' has shape %s, expected %s from config.json",
                          t->file->c_str(), hf_name.c_str(), t->shape_string().c_str(),
                          shape_str(shape).c_str());
-    if (!t->supported)
-      TROUPE_INPUT_ERROR(
-          "%s: tensor '%s' has dtype %s; troupe reads F32, F16, BF16, F8_E4M3 "
-          "(block-scaled fp8) and packed int4 (compressed-tensors)",
-          t->file->c_str(), hf_name.c_str(), t->dtype.c_str());
     return *t;
+  }
+
+  /// Whether `hf_name` is stored as NVFP4 (ModelOpt's U8 weight, or compressed-tensors' U8
+  /// packed one).
+  bool is_nvfp4(const std::string& hf_name) const {
+    if (nvfp4_ == detail::Nvfp4Kind::kModelOpt) {
+      const SafetensorsTensor* t = st_.find(hf_name);
+      return t != nullptr && t->dtype == "U8";
+    }
+    return st_.find(hf_name) == nullptr && detail::is_packed_nvfp4(st_, hf_name, compressed_);
   }
 
   /// A view straight into the mapping (a copy only when the data is misaligned for its type).
   WeightView take(const std::string& hf_name, const std::string& gguf_name,
                   const std::vector<int64_t>& shape) {
+    if (is_nvfp4(hf_name)) return detail::nvfp4_view(st_, hf_name, shape, nvfp4_, gguf_name);
     if (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name))
       return detail::packed_int4_view(st_, hf_name, shape, compressed_, cfg_.path(), gguf_name);
     const SafetensorsTensor& t = find(hf_name, shape);
@@ -406,7 +422,7 @@ class HfSpecBuilder {
   /// these in F32 and the engine reads them as floats).
   WeightView take_f32(const std::string& hf_name, const std::string& gguf_name,
                       const std::vector<int64_t>& shape) {
-    if (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name))
+    if (is_nvfp4(hf_name) || (st_.find(hf_name) == nullptr && detail::is_packed(st_, hf_name)))
       return with_shape(to_f32(take(hf_name, gguf_name, shape)), shape);
     const SafetensorsTensor& t = find(hf_name, shape);
     if (t.type == GgmlType::kF32) return take(hf_name, gguf_name, shape);
@@ -484,6 +500,7 @@ class HfSpecBuilder {
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)
+  detail::Nvfp4Kind nvfp4_ = detail::Nvfp4Kind::kNone;  // ModelOpt's or compressed-tensors
   ModelSpec s_;
   std::vector<bool> is_moe_;
 };

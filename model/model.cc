@@ -613,7 +613,7 @@ void dequantize_view_row(const WeightView& w, int64_t r, const uint8_t* row, flo
                "%s: %s view without its scales", w.name.c_str(), type_name(w.type).c_str());
   thread_local std::vector<float> sc;
   sc.resize(static_cast<size_t>(w.scale_stride));
-  scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, sc.data());
+  scales_to_f32(w.row_scales(r), w.scale_type, w.scale_stride, sc.data(), w.scale_mul, w.scale_div);
   dequantize_scaled_row(w.type, row, sc.data(), w.scale_block[1], w.cols(), out);
 }
 

@@ -31,13 +31,17 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
   /// kF8_E4M3, kI4_PACKED and kFP4_PACKED only: value (r, c) of matrix i is q * scale, the scale
   /// being element r / scale_block[0] * scale_stride + c / scale_block[1] of `scales` (stored as
-  /// scale_type: F32, BF16, F16 or E8M0; model::scales_to_f32): one scale per block of
+  /// scale_type: F32, BF16, F16, E8M0 or F8_E4M3; model::scales_to_f32): one scale per block of
   /// scale_block[0] rows x scale_block[1] columns, row-major, one such grid per stacked matrix
   /// (slice() moves to matrix i's).
   const void* scales = nullptr;
   GgmlType scale_type = GgmlType::kF32;
   int64_t scale_block[2] = {0, 0};
   int64_t scale_stride = 0;
+  /// A global scale of the whole tensor (NVFP4): each stored scale s stands for the float
+  /// nearest s * scale_mul / scale_div (one of the two is 1: ModelOpt's weight_scale_2
+  /// multiplies, compressed-tensors' weight_global_scale divides).
+  float scale_mul = 1.0f, scale_div = 1.0f;
 
   /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED, kFP4_PACKED).
   bool scaled() const {

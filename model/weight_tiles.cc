@@ -219,7 +219,7 @@ bool f8_tiles_suit(const WeightView& w) {
   if (nan != 0 || subnormals * kF8TileSubnormalShare > n) return false;
   const int64_t n_scales = w.ne[2] * w.scale_grid_rows() * w.scale_stride;
   std::vector<float> sc(static_cast<size_t>(n_scales));
-  scales_to_f32(w.scales, w.scale_type, n_scales, sc.data());
+  scales_to_f32(w.scales, w.scale_type, n_scales, sc.data(), w.scale_mul, w.scale_div);
   for (const float v : sc)
     if (std::isfinite(v) && std::fabs(v) >= kF8TileScaleLimit) return false;
   return true;

@@ -44,16 +44,18 @@ struct MatmulJob {
   model::GgmlType w_scale_type = model::GgmlType::kF32;
   int64_t w_scale_stride = 0;
   int64_t w_scale_rows = 0, w_scale_cols = 0;
+  float w_scale_mul = 1.0f, w_scale_div = 1.0f;  // the tensor's global scale (NVFP4)
   /// Row r's scales as floats: [i] is the scale of columns i * w_scale_cols on. Aligned F32
-  /// scales are read in place; others are converted into `tmp` (w_scale_stride floats), so that
-  /// the kernels' loops read plain floats (no conversion call there, which would make the
-  /// compiler spill their vector registers).
+  /// scales without a global one are read in place; others are converted into `tmp`
+  /// (w_scale_stride floats), so that the kernels' loops read plain floats (no conversion call
+  /// there, which would make the compiler spill their vector registers).
   const float* scale_row(int64_t r, float* tmp) const {
     const uint8_t* p =
         w_scales + r / w_scale_rows * w_scale_stride * model::scale_bytes(w_scale_type);
-    if (w_scale_type == model::GgmlType::kF32 && reinterpret_cast<uintptr_t>(p) % 4 == 0)
+    if (w_scale_type == model::GgmlType::kF32 && reinterpret_cast<uintptr_t>(p) % 4 == 0 &&
+        w_scale_mul == 1.0f && w_scale_div == 1.0f)
       return reinterpret_cast<const float*>(p);
-    model::scales_to_f32(p, w_scale_type, w_scale_stride, tmp);
+    model::scales_to_f32(p, w_scale_type, w_scale_stride, tmp, w_scale_mul, w_scale_div);
     return tmp;
   }
 };
@@ -66,6 +68,8 @@ inline void set_job_weight(MatmulJob& j, const model::WeightView& w) {
   j.w_scale_stride = w.scale_stride;
   j.w_scale_rows = w.scale_block[0];
   j.w_scale_cols = w.scale_block[1];
+  j.w_scale_mul = w.scale_mul;
+  j.w_scale_div = w.scale_div;
 }
 /// Columns per scale a scaled view (F8, I4, FP4) must have for the SIMD kernels (whose 8 or 16
 /// lanes then never straddle two blocks): a multiple of this. I4 and FP4 rows must be such a

@@ -124,6 +124,26 @@ Fp8Format read_fp8_scheme(const json& w, const char* path, const std::string& wh
   return f;
 }
 
+// An NVFP4 group (detail/hf_nvfp4.h): 4-bit float weights, a scale per 16 columns under a
+// global one ("tensor_group"). Its activations' FP4 scheme, if any, is not applied: they stay f32,
+// as FP8 checkpoints' dynamic ones do. Throws naming `where`.
+void read_nvfp4_scheme(const json& g, const char* path, const std::string& where) {
+  const json& w = g["weights"];
+  check_common_weight_fields(w, path, where, "nvfp4");
+  const std::string strategy = string_or(w, "strategy", "", path, where + ".weights");
+  if (strategy != "tensor_group")
+    TROUPE_INPUT_ERROR(
+        "%s: %s.weights.strategy is %s; NVFP4 weights are \"tensor_group\" (a scale per 16 "
+        "columns and one per tensor)",
+        path, where.c_str(), field(w, "strategy").c_str());
+  auto gs = w.find("group_size");
+  if (gs == w.end() || !gs->is_number_integer() || *gs != 16)
+    TROUPE_INPUT_ERROR("%s: %s.weights.group_size is %s; NVFP4 scales groups of 16 columns", path,
+                       where.c_str(), field(w, "group_size").c_str());
+  if (!absent(g, "output_activations"))
+    TROUPE_INPUT_ERROR("%s: %s quantizes output activations; troupe does not", path, where.c_str());
+}
+
 bool same_scales(const Fp8Format& a, const Fp8Format& b) {
   return a.scales == b.scales && a.block_rows == b.block_rows && a.block_cols == b.block_cols;
 }
@@ -139,10 +159,11 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
   const char* path = cfg.path().c_str();
   // "mixed-precision" marks a checkpoint whose groups name their own formats (checked below).
   const std::string format = string_or(*q, "format", "", path, "quantization_config");
-  if (format != "pack-quantized" && format != "float-quantized" && format != "mixed-precision")
+  if (format != "pack-quantized" && format != "float-quantized" &&
+      format != "nvfp4-pack-quantized" && format != "mixed-precision")
     TROUPE_INPUT_ERROR(
         "%s: compressed-tensors format %s is not supported (troupe reads \"pack-quantized\" "
-        "int4 and \"float-quantized\" fp8)",
+        "int4, \"float-quantized\" fp8 and \"nvfp4-pack-quantized\")",
         path, field(*q, "format").c_str());
   if (!absent(*q, "quantization_status") && (*q)["quantization_status"] != "compressed")
     TROUPE_INPUT_ERROR("%s: quantization_status %s: the weights are not stored compressed", path,
@@ -185,6 +206,14 @@ CompressedFormat read_compressed_format(const HfConfig& cfg) {
             path, static_cast<long long>(f.group), static_cast<long long>(group));
       f.int4 = true;
       f.group = group;
+    } else if (type == "float" && w.contains("num_bits") && w["num_bits"] == 4) {
+      if (gformat != "nvfp4-pack-quantized")
+        TROUPE_INPUT_ERROR(
+            "%s: %s.format \"%s\" is not supported for 4-bit float weights (only "
+            "\"nvfp4-pack-quantized\")",
+            path, where.c_str(), gformat.c_str());
+      read_nvfp4_scheme(g, path, where);
+      f.nvfp4 = true;
     } else if (type == "float") {
       if (gformat != "float-quantized")
         TROUPE_INPUT_ERROR(
@@ -227,6 +256,12 @@ bool is_packed(const SafetensorsSet& st, const std::string& weight_name) {
   return st.find(weight_name + "_packed") != nullptr;
 }
 
+bool is_packed_nvfp4(const SafetensorsSet& st, const std::string& weight_name,
+                     const CompressedFormat& f) {
+  const SafetensorsTensor* p = st.find(weight_name + "_packed");
+  return f.nvfp4 && p != nullptr && p->dtype == "U8";
+}
+
 WeightView packed_int4_view(const SafetensorsSet& st, const std::string& weight_name,
                             const std::vector<int64_t>& shape, const CompressedFormat& f,
                             const std::string& config_path, const std::string& view_name) {
@@ -234,6 +269,11 @@ WeightView packed_int4_view(const SafetensorsSet& st, const std::string& weight_
   const SafetensorsTensor* p = st.find(pname);
   TROUPE_CHECK(p != nullptr, "no %s", pname.c_str());
   const char* file = p->file->c_str();
+  if (!f.int4 && f.nvfp4)
+    TROUPE_INPUT_ERROR(
+        "%s: tensor '%s' is %s; %s declares NVFP4 (\"nvfp4-pack-quantized\"), whose packed "
+        "weights are U8",
+        file, pname.c_str(), p->dtype.c_str(), config_path.c_str());
   if (!f.int4)
     TROUPE_INPUT_ERROR(
         "%s: tensor '%s' is packed but %s has no compressed-tensors \"pack-quantized\" "

@@ -12,7 +12,8 @@
 //                    F16; the weight is q * scale;
 //   X.weight_shape   (optional) [rows, cols].
 // They become GgmlType::kI4_PACKED views straight into the mapping, scales in their stored type.
-// Used by model/hf_model.cc only.
+// NVFP4 groups ("nvfp4-pack-quantized": 4-bit float weights, strategy "tensor_group", groups of
+// 16) are read by detail/hf_nvfp4.h. Used by model/hf_model.cc only.
 #pragma once
 
 #include <cstdint>
@@ -29,13 +30,15 @@ struct CompressedFormat {
   bool on = false;    // quantization_config says compressed-tensors
   bool int4 = false;  // a "pack-quantized" int4 group:
   int64_t group = 0;  //   columns per scale; 0 for one scale per row (strategy "channel")
+  bool nvfp4 = false;  // an "nvfp4-pack-quantized" group (detail/hf_nvfp4.h)
   Fp8Format fp8;      // a "float-quantized" FP8 group (fp8.on): scales "W_scale" per channel,
                       //   tensor or block
 };
 
 /// quantization_config of config.json: absent, or another quant_method, gives `on` false.
 /// "compressed-tensors" groups must each be the pack-quantized, symmetric int4 scheme above
-/// (weights only), or symmetric FP8 E4M3 weights ("float-quantized", scales per channel, tensor
+/// (weights only), NVFP4 weights (any activation scheme: activations stay f32), or symmetric
+/// FP8 E4M3 weights ("float-quantized", scales per channel, tensor
 /// or block; dynamic input activations are allowed and computed in f32, as DeepSeek's FP8) --
 /// one int4 and one FP8 scheme at most ("mixed-precision" checkpoints hold both), no KV-cache
 /// quantization, no sparsity, no activation reordering: anything else throws InputError naming
@@ -44,6 +47,9 @@ CompressedFormat read_compressed_format(const HfConfig& cfg);
 
 /// Whether "X.weight" (weight_name) is stored packed: "X.weight_packed" exists.
 bool is_packed(const SafetensorsSet& st, const std::string& weight_name);
+/// Whether it is packed NVFP4: "X.weight_packed" is U8 and the config declares NVFP4.
+bool is_packed_nvfp4(const SafetensorsSet& st, const std::string& weight_name,
+                     const CompressedFormat& f);
 
 /// The packed weight "X.weight" (weight_name) of torch shape `shape` ([rows, cols]) as an
 /// I4_PACKED view named `view_name`, checked: the file declares the format, the packed words,

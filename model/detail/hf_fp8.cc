@@ -41,13 +41,14 @@ Fp8Format read_fp8_format(const HfConfig& cfg) {
   auto method = q->find("quant_method");
   if (method == q->end() || !method->is_string())
     TROUPE_INPUT_ERROR("%s: quantization_config.quant_method is missing or not a string", path);
-  // detail/hf_compressed.h, detail/hf_mxfp4.h
-  if (*method == "compressed-tensors" || *method == "mxfp4") return f;
+  // detail/hf_compressed.h, detail/hf_mxfp4.h, detail/hf_nvfp4.h
+  if (*method == "compressed-tensors" || *method == "mxfp4" || *method == "modelopt") return f;
   if (*method != "fp8")
     TROUPE_INPUT_ERROR(
         "%s: quantization_config.quant_method '%s' is not supported (troupe reads "
         "unquantized F32/F16/BF16 checkpoints, block-scaled \"fp8\" ones, "
-        "\"compressed-tensors\" int4 and fp8 ones and gpt-oss's \"mxfp4\" experts)",
+        "\"compressed-tensors\" int4, fp8 and nvfp4 ones, ModelOpt's NVFP4 ones and gpt-oss's "
+        "\"mxfp4\" experts)",
         path, method->get<std::string>().c_str());
   // "float8_e4m3fn" is PyTorch's name for the same format (MiniMax-M2's config uses it).
   auto fmt = q->find("fmt");

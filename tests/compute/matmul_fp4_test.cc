@@ -129,6 +129,78 @@ TEST(MatmulFp4, GgufMxfp4EqualsTheExactF32TwinOnEveryPath) {
   }
 }
 
+// E4M3 from its bits (OCP "e4m3fn"): sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent
+// 0 is subnormal; S.1111.111 is NaN (not used here).
+double e4m3(int code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (code & 0x80) != 0 ? -mag : mag;
+}
+
+// NVFP4: an E4M3 scale per 16 columns and one global scale, which multiplies (ModelOpt's
+// weight_scale_2) or divides (compressed-tensors' weight_global_scale). The twin holds, from the
+// definitions and in double precision (exact here, then rounded once to float), each group's
+// scale float(e4m3 * g) or float(e4m3 / g), and each value float(E2M1 * that scale).
+TEST(MatmulFp4, Nvfp4EqualsTheExactF32TwinOnEveryPath) {
+  ThreadPool pool(2);
+  for (const bool divide : {false, true}) {
+    const int64_t rows = 37, cols = 272;  // 17 groups: not a whole number of 32 or 128 columns
+    const float global = divide ? 448.f * 6.f / 3.3f : 3.3f / (448.f * 6.f);
+    std::mt19937 rng(21);
+    std::vector<int> q(static_cast<size_t>(rows * cols));
+    for (auto& v : q) v = static_cast<int>(rng() % 16);
+    std::string codes, scales;
+    for (size_t i = 0; i < q.size(); i += 2)
+      codes.push_back(static_cast<char>(q[i] | q[i + 1] << 4));
+    for (int64_t b = 0; b < rows * cols / 16; ++b) {
+      // Positive, as a quantizer's amax-based scales are (a zero value then reads as +0).
+      int c = static_cast<int>(rng() % 128);
+      if (c == 0x7f) c = 0x08;                        // NaN's code: the smallest normal instead
+      if (b % 11 == 5) c = b % 2 != 0 ? 0x01 : 0x7e;  // the smallest subnormal and 448
+      scales.push_back(static_cast<char>(c));
+    }
+    std::vector<float> exact(q.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const auto i = static_cast<size_t>(r * cols + c);
+        const double s =
+            e4m3(static_cast<uint8_t>(scales[static_cast<size_t>(r * cols / 16 + c / 16)]));
+        const auto g = static_cast<float>(divide ? s / global : s * global);
+        // -0 (code 8) reads as +0; a zero scale gives the negative codes -0.
+        exact[i] = static_cast<float>((q[i] == 8 ? 0.0 : e2m1(q[i])) * static_cast<double>(g));
+      }
+    WeightView w;
+    w.name = "test.nvfp4";
+    w.type = GgmlType::kFP4_PACKED;
+    w.ne[0] = cols;
+    w.ne[1] = rows;
+    w.data = reinterpret_cast<const uint8_t*>(codes.data());
+    w.scales = scales.data();
+    w.scale_type = GgmlType::kF8_E4M3;
+    w.scale_block[0] = 1;
+    w.scale_block[1] = 16;
+    w.scale_stride = cols / 16;
+    (divide ? w.scale_div : w.scale_mul) = global;
+    const WeightView f32 = f32_view(exact, rows, cols);
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      get_row(w, r, row.data());
+      ASSERT_EQ(std::memcmp(row.data(), exact.data() + r * cols, row.size() * sizeof(float)), 0)
+          << "row " << r << (divide ? " (divides)" : " (multiplies)");
+    }
+    for (const auto* ks : kernel_sets()) {
+      for (int64_t n_tok : {1, 3, 16, 48}) {
+        SCOPED_TRACE(std::string(ks->name) + (divide ? " divides" : " multiplies") + " n_tok " +
+                     std::to_string(n_tok));
+        const auto x = random_x(n_tok, cols, 23);
+        const auto want = run(*ks, f32, x, n_tok, nullptr);
+        expect_bits(run(*ks, w, x, n_tok, nullptr), want, "1 thread");
+        expect_bits(run(*ks, w, x, n_tok, &pool), want, "2 threads");
+      }
+    }
+  }
+}
+
 TEST(MatmulFp4, GetRowIsTheExactValue) {
   const Fp4Matrix m = make_fp4(20, 96, 9);
   std::vector<float> row(96);

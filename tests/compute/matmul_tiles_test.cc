@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -66,8 +67,28 @@ int64_t cols_of(GgmlType t, int64_t n) {
 struct Pair {
   std::vector<uint8_t> rows_bytes, tile_bytes;
   std::vector<float> scales;
+  std::vector<uint8_t> scale_codes;  // NVFP4's E4M3 scales (nvfp4_scales)
   WeightView rows, tiles;
 };
+
+// An FP4 pair's scales as NVFP4's: an E4M3 code per 16 columns (every finite code, subnormals
+// included) under a global scale that multiplies (ModelOpt) or divides (compressed-tensors).
+void nvfp4_scales(Pair& p, bool divide, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t n = p.rows.ne[1] * p.rows.ne[2] * p.rows.cols() / 16;
+  p.scale_codes.resize(static_cast<size_t>(n));
+  for (auto& c : p.scale_codes) {
+    c = static_cast<uint8_t>(rng() % 256);
+    if ((c & 0x7f) == 0x7f) c = 0x3f;  // not NaN
+  }
+  for (WeightView* v : {&p.rows, &p.tiles}) {
+    v->scales = p.scale_codes.data();
+    v->scale_type = GgmlType::kF8_E4M3;
+    v->scale_block[1] = 16;
+    v->scale_stride = v->cols() / 16;
+    (divide ? v->scale_div : v->scale_mul) = divide ? 2688.f / 3.7f : 3.7f / 2688.f;
+  }
+}
 
 Pair make_pair(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, int64_t n_mat = 1) {
   std::mt19937 rng(seed);
@@ -215,12 +236,14 @@ TEST(WeightTiles, OnlyWholeTilesOfTileTypes) {
 // (AVX-512; AVX2 for I4_PACKED) its row kernels' bits for every token count and thread count, so it
 // is batch-invariant as they are; the others read tiles through the scalar kernel and give its
 // bits. `rows` x `chunks` (cols_of) in a stack of 2, seeded with `seed`.
-void expect_tiles_give_the_bits_of_rows(GgmlType t, int64_t rows, int64_t chunks, uint32_t seed) {
+void expect_tiles_give_the_bits_of_rows(GgmlType t, int64_t rows, int64_t chunks, uint32_t seed,
+                                        const std::function<void(Pair&)>& edit = {}) {
   ThreadPool pool2(2), pool3(3);
   ThreadPool* pools[] = {nullptr, &pool2, &pool3};
   const auto sets = kernel_sets();
   const detail::KernelSet& scalar = *sets.back();
-  const Pair p = make_pair(t, rows, cols_of(t, chunks), seed, 2);
+  Pair p = make_pair(t, rows, cols_of(t, chunks), seed, 2);
+  if (edit) edit(p);
   for (const auto* ks : sets) {
     const bool own = ks->find(t, WeightLayout::kTiles16) != scalar.find(t, WeightLayout::kTiles16);
     for (int64_t m = 0; m < 2; ++m) {
@@ -248,6 +271,16 @@ TEST(TiledMatmul, FloatTilesGiveTheBitsOfRows) {
 // reordered; scales per 32 or 64 columns (make_pair).
 TEST(TiledMatmul, NibbleTilesGiveTheBitsOfRows) {
   for (GgmlType t : kNibbleTypes) expect_tiles_give_the_bits_of_rows(t, 48, 7, 41);
+}
+
+// NVFP4 (FP4 with an E4M3 scale per 16 columns and a global scale): the table is rebuilt every
+// 16 columns, and the global scale applied, alike in tiles and rows.
+TEST(TiledMatmul, Nvfp4TilesGiveTheBitsOfRows) {
+  for (const bool divide : {false, true}) {
+    SCOPED_TRACE(divide ? "global scale divides" : "global scale multiplies");
+    expect_tiles_give_the_bits_of_rows(GgmlType::kFP4_PACKED, 48, 3, 43,
+                                       [&](Pair& p) { nvfp4_scales(p, divide, 44); });
+  }
 }
 
 // Every path (those without SIMD tile kernels read tiles through the scalar ones) gives the

@@ -295,8 +295,12 @@ TEST(HfFp8, CompressedTensorsFp8Refusals) {
                g["weights"]["block_structure"] = {128, 100};
              }),
              "weights.block_structure is [128,100]; troupe needs [rows, columns]");
+  EXPECT_HAS(with([](json& g) { g["weights"]["num_bits"] = 6; }),
+             "weights.num_bits is 6; troupe reads 8-bit (E4M3) float-quantized weights");
+  // 4-bit float weights are NVFP4's, which has its own format name.
   EXPECT_HAS(with([](json& g) { g["weights"]["num_bits"] = 4; }),
-             "weights.num_bits is 4; troupe reads 8-bit (E4M3) float-quantized weights");
+             "group_0.format \"float-quantized\" is not supported for 4-bit float weights (only "
+             "\"nvfp4-pack-quantized\")");
   EXPECT_HAS(with([](json& g) { g["weights"]["symmetric"] = false; }),
              "asymmetric fp8 (with zero points) is not supported");
   EXPECT_HAS(with([](json& g) { g["format"] = "naive-quantized"; }),

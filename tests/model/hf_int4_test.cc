@@ -174,6 +174,11 @@ TEST_F(BadInt4, QuantizationConfigFields) {
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["num_bits"] = 8; }),
              "config_groups.group_0.weights.num_bits is 8; troupe reads 4-bit");
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["type"] = "float"; }),
+             "group_0.format \"pack-quantized\" is not supported for 4-bit float weights");
+  EXPECT_HAS(with_quant([&](json& q) {
+               weights(q)["type"] = "float";
+               weights(q)["num_bits"] = 8;
+             }),
              "group_0.format \"pack-quantized\" is not supported for float weights");
   EXPECT_HAS(with_quant([&](json& q) { weights(q)["type"] = "uint"; }),
              "weights.type is \"uint\"; troupe reads \"int\" (4-bit) and \"float\" (8-bit)");

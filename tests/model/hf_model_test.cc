@@ -485,9 +485,10 @@ TEST(HfModel, UnsupportedDtypeNamesTensor) {
   TempDir dir;
   std::filesystem::copy_file(src + "/config.json", dir.path() + "/config.json");
   dir.write("model.safetensors", bytes);
-  EXPECT_HAS(load_error(dir.path()),
-             "model.safetensors: tensor 'model.norm.weight' has dtype I16; troupe reads F32, "
-             "F16, BF16, F8_E4M3 (block-scaled fp8) and packed int4");
+  EXPECT_HAS(
+      load_error(dir.path()),
+      "model.safetensors: tensor 'model.norm.weight' has dtype I16; troupe reads F32, "
+      "F16, BF16, F8_E4M3 (block-scaled fp8), packed int4 (compressed-tensors) and U8 NVFP4");
 }
 
 TEST(HfModel, ViewsLiveAsLongAsTheModel) {
