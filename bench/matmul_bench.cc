@@ -3,18 +3,20 @@
 // reported as weight GB/s against the measured memory bandwidth (weights are streamed from
 // DRAM: the bench cycles through copies larger than the last-level cache); larger batches as
 // GFLOP/s against a measured FMA peak. Every figure is the median of >= 5 timed passes.
-// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED and FP4_PACKED
-// also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the layout the CPU
-// engine's weights copy uses where the SIMD level reads it fast (compute::tiled_weight_types);
+// FP4_PACKED runs with gpt-oss's scales (an E8M0 byte per 32 columns) and as NVFP4 ("nvfp4": an
+// E4M3 byte per 16 columns under a global scale; GB/s counts the FP4 bytes only, the scales add an
+// eighth). Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F8_E4M3, I4_PACKED and
+// FP4_PACKED also run in 16-row tiles (model/weight_tiles.h), named q8_0/t16 etc., the layout the
+// CPU engine's weights copy uses where the SIMD level reads it fast (compute::tiled_weight_types);
 // quantized types also report GOP/s against the measured int8 dot-product peak.
 // Usage: matmul_bench [--tokens 1,16,512] [--shapes 2048x5632,5632x2048] [--cold-mib 320]
 //        [type ...]
 //        (types: f32 f16 f16/t16 bf16 bf16/t16 f8_e4m3 f8_e4m3/t16 i4_packed i4_packed/t16
 //        q8_0 q4_0 q8_0/t16 q4_0/t16 q4_1 q4_1/t16 q5_0 q5_0/t16 q5_1 q5_1/t16 iq4_nl mxfp4
-//        fp4_packed fp4_packed/t16 q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16 q6_K q6_K/t16;
-//        default all, an unknown name is refused;
-//        n_tok values up to 512, 1 always timed; --cold-mib: what the copies cycled through for
-//        cold weights add up to, at least the last-level cache -- 1 makes a quick smoke run)
+//        fp4_packed fp4_packed/t16 nvfp4 nvfp4/t16 q2_K q3_K iq4_xs q4_K q4_K/t16 q5_K q5_K/t16
+//        q6_K q6_K/t16; default all, an unknown name is refused; n_tok values up to 512, 1 always
+//        timed; --cold-mib: what the copies cycled through for cold weights add up to, at least the
+//        last-level cache -- 1 makes a quick smoke run)
 //        TROUPE_SIMD=scalar|avx2|avx2-vnni|avx512|avx512-novnni|avx512-vnni (no GFNI) pins the
 //        kernel path (see compute/matmul.cc).
 #include <algorithm>
@@ -86,7 +88,8 @@ struct Matrix {
   std::shared_ptr<std::vector<uint8_t>> scales_u8;
 };
 
-Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes) {
+Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t min_total_bytes,
+                   bool nvfp4 = false) {
   Matrix m;
   m.view.name = "bench";
   m.view.type = t;
@@ -157,7 +160,7 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     m.view.scale_block[1] = 32;
     m.view.scale_stride = cols / 32;
   }
-  if (t == GgmlType::kFP4_PACKED) {  // gpt-oss's Hugging Face experts: an E8M0 byte per 32
+  if (t == GgmlType::kFP4_PACKED && !nvfp4) {  // gpt-oss's experts: an E8M0 byte per 32
     m.scales_u8 =
         std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols / 32), uint8_t{120});
     m.view.scales = m.scales_u8->data();
@@ -165,6 +168,17 @@ Matrix make_matrix(GgmlType t, bool tiled, int64_t rows, int64_t cols, int64_t m
     m.view.scale_block[0] = 1;
     m.view.scale_block[1] = 32;
     m.view.scale_stride = cols / 32;
+  }
+  if (nvfp4) {  // NVFP4 (ModelOpt): an E4M3 byte per 16 columns, times a global scale
+    std::uniform_int_distribution<int> code(0x30, 0x58);  // 0.5 .. 16: normal E4M3 scales
+    m.scales_u8 = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols / 16));
+    for (auto& c : *m.scales_u8) c = static_cast<uint8_t>(code(rng));
+    m.view.scales = m.scales_u8->data();
+    m.view.scale_type = GgmlType::kF8_E4M3;
+    m.view.scale_block[0] = 1;
+    m.view.scale_block[1] = 16;
+    m.view.scale_stride = cols / 16;
+    m.view.scale_mul = 1.0f / 2688;
   }
   if (tiled) {
     troupe::model::tile_in_place(t, first, rows, cols, 1);
@@ -204,22 +218,46 @@ double time_matmul(Matrix& m, const std::vector<float>& x, int64_t n_tok, std::v
 struct Kind {
   GgmlType type;
   bool tiled;
+  bool nvfp4 = false;  // FP4_PACKED with NVFP4's scales instead of MXFP4's
 };
-constexpr Kind kKinds[] = {
-    {GgmlType::kF32, false},        {GgmlType::kF16, false},       {GgmlType::kF16, true},
-    {GgmlType::kBF16, false},       {GgmlType::kBF16, true},       {GgmlType::kF8_E4M3, false},
-    {GgmlType::kF8_E4M3, true},     {GgmlType::kI4_PACKED, false}, {GgmlType::kI4_PACKED, true},
-    {GgmlType::kQ8_0, false},       {GgmlType::kQ4_0, false},      {GgmlType::kQ8_0, true},
-    {GgmlType::kQ4_0, true},        {GgmlType::kQ4_1, false},      {GgmlType::kQ4_1, true},
-    {GgmlType::kQ5_0, false},       {GgmlType::kQ5_0, true},       {GgmlType::kQ5_1, false},
-    {GgmlType::kQ5_1, true},        {GgmlType::kIQ4_NL, false},    {GgmlType::kMXFP4, false},
-    {GgmlType::kFP4_PACKED, false}, {GgmlType::kFP4_PACKED, true}, {GgmlType::kQ2_K, false},
-    {GgmlType::kQ3_K, false},       {GgmlType::kIQ4_XS, false},    {GgmlType::kQ4_K, false},
-    {GgmlType::kQ4_K, true},        {GgmlType::kQ5_K, false},      {GgmlType::kQ5_K, true},
-    {GgmlType::kQ6_K, false},       {GgmlType::kQ6_K, true}};
+constexpr Kind kKinds[] = {{GgmlType::kF32, false},
+                           {GgmlType::kF16, false},
+                           {GgmlType::kF16, true},
+                           {GgmlType::kBF16, false},
+                           {GgmlType::kBF16, true},
+                           {GgmlType::kF8_E4M3, false},
+                           {GgmlType::kF8_E4M3, true},
+                           {GgmlType::kI4_PACKED, false},
+                           {GgmlType::kI4_PACKED, true},
+                           {GgmlType::kQ8_0, false},
+                           {GgmlType::kQ4_0, false},
+                           {GgmlType::kQ8_0, true},
+                           {GgmlType::kQ4_0, true},
+                           {GgmlType::kQ4_1, false},
+                           {GgmlType::kQ4_1, true},
+                           {GgmlType::kQ5_0, false},
+                           {GgmlType::kQ5_0, true},
+                           {GgmlType::kQ5_1, false},
+                           {GgmlType::kQ5_1, true},
+                           {GgmlType::kIQ4_NL, false},
+                           {GgmlType::kMXFP4, false},
+                           {GgmlType::kFP4_PACKED, false},
+                           {GgmlType::kFP4_PACKED, true},
+                           {GgmlType::kFP4_PACKED, false, true},
+                           {GgmlType::kFP4_PACKED, true, true},
+                           {GgmlType::kQ2_K, false},
+                           {GgmlType::kQ3_K, false},
+                           {GgmlType::kIQ4_XS, false},
+                           {GgmlType::kQ4_K, false},
+                           {GgmlType::kQ4_K, true},
+                           {GgmlType::kQ5_K, false},
+                           {GgmlType::kQ5_K, true},
+                           {GgmlType::kQ6_K, false},
+                           {GgmlType::kQ6_K, true}};
 
 std::string kind_name(const Kind& k) {
-  return troupe::model::type_name(k.type) + (k.tiled ? "/t16" : "");
+  return (k.nvfp4 ? std::string("nvfp4") : troupe::model::type_name(k.type)) +
+         (k.tiled ? "/t16" : "");
 }
 
 constexpr const char* kUsage =
@@ -326,7 +364,7 @@ int main(int argc, char** argv) {
     if (!want.empty() && std::find(want.begin(), want.end(), name) == want.end()) continue;
     for (const auto& shape : shapes) {
       const int64_t rows = shape[0], cols = shape[1];
-      Matrix m = make_matrix(t, kind.tiled, rows, cols, cold_mib << 20);
+      Matrix m = make_matrix(t, kind.tiled, rows, cols, cold_mib << 20, kind.nvfp4);
       std::mt19937 rng(7);
       std::uniform_real_distribution<float> uni(-1.f, 1.f);
       std::vector<float> x(static_cast<size_t>(512 * cols)), y(static_cast<size_t>(512 * rows));

@@ -201,6 +201,33 @@ TEST(MatmulFp4, Nvfp4EqualsTheExactF32TwinOnEveryPath) {
   }
 }
 
+// Every E4M3 scale code under global scales in and out of the one-pass conversion's range (it
+// needs mul * 2^120 and div * 2^-120 exact): each the float nearest e4m3 * mul or e4m3 / div,
+// NaN's codes NaN.
+TEST(MatmulFp4, E4m3ScalesTimesAGlobalScaleRoundOnce) {
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[static_cast<size_t>(c)] = static_cast<uint8_t>(c);
+  std::vector<float> out(256);
+  for (const bool divide : {false, true}) {
+    for (const float g : {1.0f, 3.3f / 2688, 1e-40f, 100.f, 1000.f, 2688 / 3.3f, 1e-3f, 0.0f}) {
+      if (divide && g == 0.0f) continue;
+      model::scales_to_f32(codes.data(), GgmlType::kF8_E4M3, 256, out.data(), divide ? 1.0f : g,
+                           divide ? g : 1.0f);
+      for (int c = 0; c < 256; ++c) {
+        if ((c & 0x7f) == 0x7f) {
+          EXPECT_TRUE(std::isnan(out[static_cast<size_t>(c)])) << c;
+          continue;
+        }
+        const double s = e4m3(c);
+        const auto want = static_cast<float>(divide ? s / g : s * g);
+        EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(c)], &want, 4), 0)
+            << "code " << c << (divide ? " / " : " * ") << g << ": " << out[static_cast<size_t>(c)]
+            << " want " << want;
+      }
+    }
+  }
+}
+
 TEST(MatmulFp4, GetRowIsTheExactValue) {
   const Fp4Matrix m = make_fp4(20, 96, 9);
   std::vector<float> row(96);
