@@ -8,7 +8,7 @@
 //                     matrices in 16-row tiles where the kernels read them (int8 types and
 //                     packed int4; F16, BF16, FP4 with AVX-512; model/weight_tiles.h); rows: that
 //                     copy without tiles; tiles: rows and memory side by side)
-//                     [--as i4_packed|f8_e4m3]   (every float matrix but the embedding and
+//                     [--as i4_packed|f8_e4m3|nvfp4]   (every float matrix but the embedding and
 //                     routers, in memory as packed int4 with a bf16 scale per 32 columns, as a
 //                     compressed-tensors W4A16 checkpoint loads, or as FP8 E4M3 with an f32
 //                     scale per 128 x 128 block, as DeepSeek-V3's; then measured as "map" unless
@@ -90,7 +90,18 @@ PerToken weights_per_token(const model::ModelSpec& s) {
 bool int8_kernels(const model::ModelSpec& s) {
   const model::GgmlType t = s.layers.empty() ? s.output.type : s.layers[0].wo.type;
   return t != model::GgmlType::kF32 && t != model::GgmlType::kF16 && t != model::GgmlType::kBF16 &&
-         t != model::GgmlType::kF8_E4M3 && t != model::GgmlType::kI4_PACKED;
+         t != model::GgmlType::kF8_E4M3 && t != model::GgmlType::kI4_PACKED &&
+         t != model::GgmlType::kFP4_PACKED;
+}
+
+// The E2M1 code nearest to v (ties to the smaller magnitude), saturating at +-6.
+uint8_t nearest_e2m1(float v) {
+  int best = 0;
+  for (int c = 1; c < 8; ++c)
+    if (std::fabs(model::kE2M1Values[c] - std::fabs(v)) <
+        std::fabs(model::kE2M1Values[best] - std::fabs(v)))
+      best = c;
+  return static_cast<uint8_t>(best != 0 && v < 0 ? best + 8 : best);
 }
 
 // `m` with every f32/f16/bf16 matrix except the embedding and the routers (and those whose rows
@@ -98,10 +109,13 @@ bool int8_kernels(const model::ModelSpec& s) {
 //   - i4_packed: per 32 columns a bf16 scale amax / 7.5 and q = round(x / scale) clamped to
 //     [-8, 7], as compressed-tensors' symmetric int4 observer;
 //   - f8_e4m3: per block of 128 x 128 an f32 scale amax / 448 and q the nearest E4M3 value of
-//     x / scale, as DeepSeek-V3's FP8 checkpoints (weight_scale_inv).
+//     x / scale, as DeepSeek-V3's FP8 checkpoints (weight_scale_inv);
+//   - nvfp4: per matrix (stack) a global scale g = amax / (6 * 448), per 16 columns the E4M3
+//     scale nearest amax_16 / 6 / g, and q the nearest E2M1 value of x / (scale * g), as
+//     ModelOpt's NVFP4 checkpoints (weight_scale, weight_scale_2).
 std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const model::Model>& m,
                                                 const std::string& as) {
-  const bool f8 = as == "f8_e4m3";
+  const bool f8 = as == "f8_e4m3", nv = as == "nvfp4";
   auto out = std::make_shared<model::Model>(*m);
   out->storage.push_back(m);
   int converted = 0;
@@ -114,15 +128,26 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
       return;
     const int64_t rows = w.rows(), cols = w.cols(), n_mat = w.ne[2];
     // The scale grid: one block of br x bc per scale, per stacked matrix.
-    const int64_t br = f8 ? 128 : 1, bc = f8 ? 128 : 32;
+    const int64_t br = f8 ? 128 : 1, bc = f8 ? 128 : nv ? 16 : 32;
     const int64_t grid_rows = (rows + br - 1) / br, grid_cols = (cols + bc - 1) / bc;
     const size_t n_scales = static_cast<size_t>(n_mat * grid_rows * grid_cols);
     auto packed = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(
         n_mat * rows *
         model::row_bytes(f8 ? model::GgmlType::kF8_E4M3 : model::GgmlType::kI4_PACKED, cols))]);
     auto f32_scales = std::shared_ptr<float[]>(new float[f8 ? n_scales : 0]);
-    auto bf16_scales = std::shared_ptr<uint16_t[]>(new uint16_t[f8 ? 0 : n_scales]);
+    auto bf16_scales = std::shared_ptr<uint16_t[]>(new uint16_t[f8 || nv ? 0 : n_scales]);
+    auto fp8_scales = std::shared_ptr<uint8_t[]>(new uint8_t[nv ? n_scales : 0]);
     std::vector<float> block(static_cast<size_t>(br * cols));  // a block row of one matrix
+    float global = 1.f;  // nvfp4: amax / (6 * 448) of the whole matrix (stack)
+    if (nv) {
+      float amax = 0;
+      for (int64_t mat = 0; mat < n_mat; ++mat)
+        for (int64_t r = 0; r < rows; ++r) {
+          model::dequantize_view_row(n_mat > 1 ? w.slice(mat) : w, r, block.data());
+          for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(block[c]));
+        }
+      if (amax > 0) global = amax / (6.f * 448.f);
+    }
     for (int64_t mat = 0; mat < n_mat; ++mat) {
       const model::WeightView one = n_mat > 1 ? w.slice(mat) : w;
       for (int64_t gr = 0; gr < grid_rows; ++gr) {
@@ -139,6 +164,9 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
           float sc;
           if (f8) {
             sc = f32_scales[si] = amax > 0 ? amax / 448.f : 1.f;
+          } else if (nv) {
+            fp8_scales[si] = model::fp32_to_fp8_e4m3(amax / 6.f / global);
+            sc = model::fp8_e4m3_to_fp32(fp8_scales[si]) * global;
           } else {
             bf16_scales[si] = model::fp32_to_bf16(amax > 0 ? amax / 7.5f : 1.f);
             sc = model::bf16_to_fp32(bf16_scales[si]);
@@ -147,8 +175,12 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
             const int64_t r = mat * rows + r0 + i;
             const float* x = block.data() + i * cols;
             for (int64_t c = c0; c < c0 + nc; ++c) {
-              const float v = x[c] / sc;
-              if (f8) {
+              const float v = sc != 0 ? x[c] / sc : 0.f;
+              if (nv) {
+                const uint8_t q = nearest_e2m1(v);
+                uint8_t& b = packed[static_cast<size_t>((r * cols + c) / 2)];
+                b = static_cast<uint8_t>(c % 2 == 0 ? q : (b & 15) | q << 4);
+              } else if (f8) {
                 packed[static_cast<size_t>(r * cols + c)] = model::fp32_to_fp8_e4m3(v);
               } else {
                 const int q = static_cast<int>(std::clamp(std::nearbyint(v), -8.f, 7.f)) + 8;
@@ -160,21 +192,31 @@ std::shared_ptr<const model::Model> requantized(const std::shared_ptr<const mode
         }
       }
     }
-    w.type = f8 ? model::GgmlType::kF8_E4M3 : model::GgmlType::kI4_PACKED;
+    w.type = f8   ? model::GgmlType::kF8_E4M3
+             : nv ? model::GgmlType::kFP4_PACKED
+                  : model::GgmlType::kI4_PACKED;
     w.layout = model::WeightLayout::kRows;
     w.data = packed.get();
-    w.scales = f8 ? static_cast<const void*>(f32_scales.get()) : bf16_scales.get();
-    w.scale_type = f8 ? model::GgmlType::kF32 : model::GgmlType::kBF16;
+    w.scales = f8   ? static_cast<const void*>(f32_scales.get())
+               : nv ? static_cast<const void*>(fp8_scales.get())
+                    : bf16_scales.get();
+    w.scale_type = f8   ? model::GgmlType::kF32
+                   : nv ? model::GgmlType::kF8_E4M3
+                        : model::GgmlType::kBF16;
+    w.scale_mul = nv ? global : 1.f;
     w.scale_block[0] = br;
     w.scale_block[1] = bc;
     w.scale_stride = grid_cols;
     out->storage.push_back(packed);
     out->storage.push_back(f32_scales);
     out->storage.push_back(bf16_scales);
+    out->storage.push_back(fp8_scales);
     ++converted;
   });
   std::printf("requantized %d matrices to %s (%s)\n", converted, as.c_str(),
-              f8 ? "f32 scale per 128 x 128 block" : "bf16 scale per 32 columns");
+              f8   ? "f32 scale per 128 x 128 block"
+              : nv ? "e4m3 scale per 16 columns, f32 per matrix"
+                   : "bf16 scale per 32 columns");
   return out;
 }
 
@@ -191,7 +233,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: engine_bench MODEL [--threads 1,2] [--prefill 512] [--decode 32] [--batch 16] "
       "[--runs 5] [--context 16] [--kv-type f32|f16|bf16] [--weights map|memory|rows|tiles|both] "
-      "[--as i4_packed|f8_e4m3]";
+      "[--as i4_packed|f8_e4m3|nvfp4]";
   bench::model_arg_or_usage(argc, argv, usage);
   std::string path = argv[1];
   std::vector<int> threads = {1, 2};
@@ -234,8 +276,8 @@ int main(int argc, char** argv) {
       }
       kv_type = *t;
     } else if (k == "--as") {
-      if (v != "i4_packed" && v != "f8_e4m3") {
-        std::fprintf(stderr, "engine_bench: --as takes i4_packed or f8_e4m3\n");
+      if (v != "i4_packed" && v != "f8_e4m3" && v != "nvfp4") {
+        std::fprintf(stderr, "engine_bench: --as takes i4_packed, f8_e4m3 or nvfp4\n");
         return 2;
       }
       as = v;

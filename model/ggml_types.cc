@@ -206,30 +206,50 @@ float e8m0_to_fp32(uint8_t e) {
   return f;
 }
 
+namespace detail {
+
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define TROUPE_SCALE_CLONES [[gnu::target_clones("avx512f", "avx2", "default")]]
+#else
+#define TROUPE_SCALE_CLONES
+#endif
+
+// E4M3 scale codes as floats times k (or over k, `divide`), k being a global scale times 2^120
+// (over: times 2^-120). One branch-free pass, compiled for AVX-512, AVX2 and x86-64 and chosen by
+// the loader from the CPU (GCC/Clang function multi-versioning): the kernels convert a row's
+// scales at every tile, and a table lookup with a second pass, or this loop at x86-64's width,
+// took a third of a one-token NVFP4 product's time. The code's bits moved into a float's (sign
+// to bit 31, exponent and mantissa to bits 26..20) are exactly fp8 * 2^-120 (an E4M3 subnormal
+// an f32 subnormal); times or over k (exact: a power of two times the global scale, in range
+// where the caller uses this) that rounds fp8 * mul / div once. NaN's codes (S.1111.111) become
+// NaN by OR-ing a quiet NaN's bits in.
+TROUPE_SCALE_CLONES
+void e4m3_scales_scaled(const uint8_t* p, int64_t n, float* out, float k, bool divide) {
+  const auto widen = [](uint32_t c) {
+    return std::bit_cast<float>((c & 0x80u) << 24 | (c & 0x7fu) << 20);
+  };
+  const auto nan_bits = [](uint32_t c) { return (0u - (((c & 0x7fu) + 1) >> 7)) & 0x7fc00000u; };
+  if (divide) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(widen(p[i]) / k) | nan_bits(p[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(widen(p[i]) * k) | nan_bits(p[i]));
+  }
+}
+
+}  // namespace detail
+
 void scales_to_f32(const void* scales, GgmlType type, int64_t n, float* out, float mul, float div) {
   const auto* p = static_cast<const uint8_t*>(scales);
   TROUPE_CHECK(mul == 1.0f || div == 1.0f, "a global scale both multiplies and divides");
   if (type == GgmlType::kF8_E4M3 && std::fabs(mul) < 0x1p7f && std::fabs(div) >= 0x1p-6f &&
       std::isfinite(div)) {
-    // NVFP4's scales, a row at a time in the kernels: one pass the compiler vectorizes (a table
-    // lookup and a second pass took a third of a one-token product's time). The code's bits
-    // moved into a float's (sign to bit 31, exponent and mantissa to bits 26..20) are exactly
-    // fp8 * 2^-120 (an E4M3 subnormal an f32 subnormal); times mul * 2^120, or divided by
-    // div * 2^-120 (both exact: powers of two, in range here), that rounds fp8 * mul / div once.
-    // NaN's codes (S.1111.111) become NaN by OR-ing a quiet NaN's bits in (branch-free, so that
-    // the loop vectorizes).
-    const auto widen = [](uint32_t c) {
-      return std::bit_cast<float>((c & 0x80u) << 24 | (c & 0x7fu) << 20);
-    };
-    const auto nan_bits = [](uint32_t c) { return (0u - (((c & 0x7fu) + 1) >> 7)) & 0x7fc00000u; };
+    // NVFP4's scales, a row at a time in the kernels (detail::e4m3_scales_scaled).
     if (div != 1.0f) {
-      const float k = div * 0x1p-120f;
-      for (int64_t i = 0; i < n; ++i)
-        out[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(widen(p[i]) / k) | nan_bits(p[i]));
+      detail::e4m3_scales_scaled(p, n, out, div * 0x1p-120f, true);
     } else {
-      const float k = mul * 0x1p120f;
-      for (int64_t i = 0; i < n; ++i)
-        out[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(widen(p[i]) * k) | nan_bits(p[i]));
+      detail::e4m3_scales_scaled(p, n, out, mul * 0x1p120f, false);
     }
     return;
   }

@@ -90,8 +90,9 @@ TEST(BenchTools, EngineBenchRunsMoeHalfKvAndInt4) {
     EXPECT_EQ(rows.count(std::string("2 memory ") + phase), 1u) << phase << ":\n" << moe.out;
   EXPECT_NE(moe.out.find("KV cache f16"), std::string::npos) << moe.out;
 
-  // Requantized as a W4A16 or an FP8 checkpoint loads; measured as loaded (map) and as a copy.
-  for (const std::string as : {"i4_packed", "f8_e4m3"}) {
+  // Requantized as a W4A16, an FP8 or an NVFP4 checkpoint loads; measured as loaded (map) and
+  // as a copy.
+  for (const std::string as : {"i4_packed", "f8_e4m3", "nvfp4"}) {
     const auto q =
         bench("engine_bench",
               {shared + "/models/stories260K/stories260K.gguf", "--threads", "1", "--prefill", "4",
@@ -115,9 +116,9 @@ TEST(BenchTools, MatmulBenchTimesEveryType) {
       "f32",         "f16",       "f16/t16",       "bf16",       "bf16/t16",       "f8_e4m3",
       "f8_e4m3/t16", "i4_packed", "i4_packed/t16", "q8_0",       "q4_0",           "q8_0/t16",
       "q4_0/t16",    "q4_1",      "q4_1/t16",      "q5_0",       "q5_0/t16",       "q5_1",
-      "q5_1/t16",    "iq4_nl",    "mxfp4",         "fp4_packed", "fp4_packed/t16", "q2_K",
-      "q3_K",        "iq4_xs",    "q4_K",          "q4_K/t16",   "q5_K",           "q5_K/t16",
-      "q6_K",        "q6_K/t16"};
+      "q5_1/t16",    "iq4_nl",    "mxfp4",         "fp4_packed", "fp4_packed/t16", "nvfp4",
+      "nvfp4/t16",   "q2_K",      "q3_K",          "iq4_xs",     "q4_K",           "q4_K/t16",
+      "q5_K",        "q5_K/t16",  "q6_K",          "q6_K/t16"};
   std::map<std::string, int> timed;  // type -> rows whose time and rate are numbers
   for (const auto& row : rows_of(r.out)) {
     if (row.size() < 7 || types.count(row[0]) == 0 || row[1] != "32x256") continue;
@@ -243,7 +244,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
       {"engine_bench", {"m.gguf", "--decode"}, "--decode needs a value"},
       {"engine_bench", {"m.gguf", "--frobnicate", "1"}, "unknown option '--frobnicate'"},
       {"engine_bench", {"--runs", "3"}, "usage: engine_bench MODEL"},
-      {"engine_bench", {"m.gguf", "--as", "q4_0"}, "--as takes i4_packed or f8_e4m3"},
+      {"engine_bench", {"m.gguf", "--as", "q4_0"}, "--as takes i4_packed, f8_e4m3 or nvfp4"},
       {"matmul_bench", {"--tokens", "0"}, "--tokens takes integers in 1..512"},
       {"matmul_bench", {"q9_9"}, "unknown type 'q9_9'"},
       {"matmul_bench", {"--shapes", "64x100"}, "--shapes wants ROWSxCOLS"},
