@@ -67,6 +67,26 @@ inline void expect_same_rows(const model::WeightView& x, const model::WeightView
   }
 }
 
+/// Writes a quantized copy of the Hugging Face model in src_dir and its f32 twin: each folder's
+/// config.json and model.safetensors, and links to src_dir's tokenizer files in both.
+inline void write_copy_and_twin(const TempDir& copy, const TempDir& twin,
+                                const std::string& src_dir, const nlohmann::json& copy_cfg,
+                                const nlohmann::json& twin_cfg,
+                                const std::vector<StTensor>& copy_tensors,
+                                const std::vector<StTensor>& twin_tensors) {
+  copy.write("config.json", copy_cfg.dump(2));
+  twin.write("config.json", twin_cfg.dump(2));
+  copy.write("model.safetensors", safetensors_image(copy_tensors));
+  twin.write("model.safetensors", safetensors_image(twin_tensors));
+  for (const auto& e : std::filesystem::directory_iterator(src_dir)) {
+    const std::string f = e.path().filename().string();
+    if (f.starts_with("tokenizer") || f == "special_tokens_map.json") {
+      copy.link(f, e.path().string());
+      twin.link(f, e.path().string());
+    }
+  }
+}
+
 /// A shared Hugging Face model (F32 weights) as an FP8 checkpoint with blocks of br x bc, and its
 /// exact f32 twin. Every 2-D "*.weight" tensor for which `quantize(name)` holds becomes F8_E4M3
 /// with a "_scale_inv" grid (scale = block amax / 448, as DeepSeek's quantizer; 1 for an
@@ -141,7 +161,7 @@ class Fp8Copy {
     }
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
-    twin_.write("config.json", cfg.dump(2));
+    const nlohmann::json twin_cfg = cfg;
     if (compressed.empty()) {
       cfg["quantization_config"] = {{"quant_method", "fp8"},
                                     {"fmt", "e4m3"},
@@ -166,16 +186,7 @@ class Fp8Copy {
                {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}},
               {"output_activations", nullptr}}}}}};
     }
-    fp8_.write("config.json", cfg.dump(2));
-    fp8_.write("model.safetensors", safetensors_image(fp8));
-    twin_.write("model.safetensors", safetensors_image(twin));
-    for (const auto& e : std::filesystem::directory_iterator(src_dir)) {
-      const std::string f = e.path().filename().string();
-      if (f.starts_with("tokenizer") || f == "special_tokens_map.json") {
-        fp8_.link(f, e.path().string());
-        twin_.link(f, e.path().string());
-      }
-    }
+    write_copy_and_twin(fp8_, twin_, src_dir, cfg, twin_cfg, fp8, twin);
   }
   const std::string& fp8_path() const { return fp8_.path(); }
   const std::string& twin_path() const { return twin_.path(); }

@@ -154,7 +154,7 @@ class Int4Copy {
     }
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
-    twin_.write("config.json", cfg.dump(2));
+    const nlohmann::json twin_cfg = cfg;
     nlohmann::json weights = {{"num_bits", 4},       {"type", "int"},
                               {"symmetric", true},   {"dynamic", false},
                               {"actorder", nullptr}, {"block_structure", nullptr},
@@ -184,16 +184,7 @@ class Int4Copy {
       q["config_groups"]["group_0"]["format"] = "pack-quantized";
       for (const auto& [k, g] : o.extra_groups.items()) q["config_groups"][k] = g;
     }
-    packed_.write("config.json", cfg.dump(2));
-    packed_.write("model.safetensors", safetensors_image(packed));
-    twin_.write("model.safetensors", safetensors_image(twin));
-    for (const auto& e : std::filesystem::directory_iterator(src_dir)) {
-      const std::string f = e.path().filename().string();
-      if (f.starts_with("tokenizer") || f == "special_tokens_map.json") {
-        packed_.link(f, e.path().string());
-        twin_.link(f, e.path().string());
-      }
-    }
+    write_copy_and_twin(packed_, twin_, src_dir, cfg, twin_cfg, packed, twin);
   }
   const std::string& int4_path() const { return packed_.path(); }
   const std::string& twin_path() const { return twin_.path(); }

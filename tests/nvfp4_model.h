@@ -115,7 +115,7 @@ class Nvfp4Copy {
     }
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
-    twin_.write("config.json", cfg.dump(2));
+    const nlohmann::json twin_cfg = cfg;
     if (o.modelopt) {
       const nlohmann::json q = {{"quant_algo", "NVFP4"},
                                 {"kv_cache_quant_algo", nullptr},
@@ -150,16 +150,7 @@ class Nvfp4Copy {
                                         {"input_activations", a},
                                         {"output_activations", nullptr}}}}}};
     }
-    packed_.write("config.json", cfg.dump(2));
-    packed_.write("model.safetensors", safetensors_image(packed));
-    twin_.write("model.safetensors", safetensors_image(twin));
-    for (const auto& e : std::filesystem::directory_iterator(src_dir)) {
-      const std::string f = e.path().filename().string();
-      if (f.starts_with("tokenizer") || f == "special_tokens_map.json") {
-        packed_.link(f, e.path().string());
-        twin_.link(f, e.path().string());
-      }
-    }
+    write_copy_and_twin(packed_, twin_, src_dir, cfg, twin_cfg, packed, twin);
   }
   const std::string& nvfp4_path() const { return packed_.path(); }
   const std::string& twin_path() const { return twin_.path(); }
