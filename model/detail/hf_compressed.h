@@ -37,9 +37,9 @@ struct CompressedFormat {
 
 /// quantization_config of config.json: absent, or another quant_method, gives `on` false.
 /// "compressed-tensors" groups must each be the pack-quantized, symmetric int4 scheme above
-/// (weights only), NVFP4 weights (any activation scheme: activations stay f32), or symmetric
-/// FP8 E4M3 weights ("float-quantized", scales per channel, tensor
-/// or block; dynamic input activations are allowed and computed in f32, as DeepSeek's FP8) --
+/// (weights only), NVFP4 weights (any activation scheme: activations stay f32), or symmetric FP8
+/// E4M3 weights ("float-quantized", scales per channel, tensor or block; dynamic input
+/// activations are allowed and computed in f32, as DeepSeek's FP8) --
 /// one int4 and one FP8 scheme at most ("mixed-precision" checkpoints hold both), no KV-cache
 /// quantization, no sparsity, no activation reordering: anything else throws InputError naming
 /// the file and the field.

@@ -2,11 +2,11 @@
 // an FP8 E4M3 scale per 16 columns and one f32 global scale per tensor, in the two forms they
 // ship in:
 //  - ModelOpt (NVIDIA's own "-FP4" / "-NVFP4" releases): config.json's quantization_config
-//    {"quant_method": "modelopt", "quant_algo": "NVFP4", ...}, or without one,
-//    hf_quant_config.json's
-//    {"quantization": {"quant_algo": "NVFP4", "group_size": 16, ...}}. A quantized linear layer X
-//    has X.weight (U8 [rows, cols / 2]), X.weight_scale (F8_E4M3 [rows, cols / 16]) and
-//    X.weight_scale_2 (F32, one value): a weight is E2M1(q) * (scale * weight_scale_2).
+//    {"quant_method": "modelopt", "quant_algo": "NVFP4", ...}, or without one, the file
+//    hf_quant_config.json: {"quantization": {"quant_algo": "NVFP4", "group_size": 16, ...}}.
+//    A quantized linear layer X has X.weight (U8 [rows, cols / 2]), X.weight_scale (F8_E4M3
+//    [rows, cols / 16]) and X.weight_scale_2 (F32, one value): a weight is
+//    E2M1(q) * (scale * weight_scale_2).
 //  - compressed-tensors "nvfp4-pack-quantized" (llm-compressor): X.weight_packed (U8),
 //    X.weight_scale (F8_E4M3) and X.weight_global_scale (F32, one value): a weight is
 //    E2M1(q) * (scale / weight_global_scale). Its config is read by detail/hf_compressed.h.
