@@ -43,6 +43,27 @@ struct WeightView {
   /// multiplies, compressed-tensors' weight_global_scale divides).
   float scale_mul = 1.0f, scale_div = 1.0f;
 
+  /// A scaled view of n_mat stacked rows x cols matrices of `type` at `data`, each row with a
+  /// scale (stored as scale_type) per `group` columns at `scales` (the Hugging Face readers' int4,
+  /// MXFP4 and NVFP4 weights).
+  static WeightView grouped(std::string name, GgmlType type, int64_t rows, int64_t cols,
+                            int64_t n_mat, const uint8_t* data, const void* scales,
+                            GgmlType scale_type, int64_t group) {
+    WeightView v;
+    v.name = std::move(name);
+    v.type = type;
+    v.ne[0] = cols;
+    v.ne[1] = rows;
+    v.ne[2] = n_mat;
+    v.data = data;
+    v.scales = scales;
+    v.scale_type = scale_type;
+    v.scale_block[0] = 1;
+    v.scale_block[1] = group;
+    v.scale_stride = cols / group;
+    return v;
+  }
+
   /// Whether values carry a separate scale grid (kF8_E4M3, kI4_PACKED, kFP4_PACKED).
   bool scaled() const {
     return type == GgmlType::kF8_E4M3 || type == GgmlType::kI4_PACKED ||

@@ -337,18 +337,8 @@ WeightView packed_int4_view(const SafetensorsSet& st, const std::string& weight_
   if (!s->supported || s->type == GgmlType::kF8_E4M3)
     TROUPE_INPUT_ERROR("%s: scales '%s' have dtype %s; troupe reads F32, BF16 or F16 scales",
                        s->file->c_str(), sname.c_str(), s->dtype.c_str());
-  WeightView v;
-  v.name = view_name;
-  v.type = GgmlType::kI4_PACKED;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.data = p->data;
-  v.scales = s->data;
-  v.scale_type = s->type;
-  v.scale_block[0] = 1;
-  v.scale_block[1] = group;
-  v.scale_stride = cols / group;
-  return v;
+  return WeightView::grouped(view_name, GgmlType::kI4_PACKED, rows, cols, 1, p->data, s->data,
+                             s->type, group);
 }
 
 }  // namespace troupe::model::detail

@@ -27,12 +27,12 @@
 namespace troupe::model::detail {
 
 struct CompressedFormat {
-  bool on = false;    // quantization_config says compressed-tensors
-  bool int4 = false;  // a "pack-quantized" int4 group:
-  int64_t group = 0;  //   columns per scale; 0 for one scale per row (strategy "channel")
+  bool on = false;     // quantization_config says compressed-tensors
+  bool int4 = false;   // a "pack-quantized" int4 group:
+  int64_t group = 0;   //   columns per scale; 0 for one scale per row (strategy "channel")
   bool nvfp4 = false;  // an "nvfp4-pack-quantized" group (detail/hf_nvfp4.h)
-  Fp8Format fp8;      // a "float-quantized" FP8 group (fp8.on): scales "W_scale" per channel,
-                      //   tensor or block
+  Fp8Format fp8;       // a "float-quantized" FP8 group (fp8.on): scales "W_scale" per channel,
+                       //   tensor or block
 };
 
 /// quantization_config of config.json: absent, or another quant_method, gives `on` false.

@@ -37,19 +37,8 @@ WeightView mxfp4_stack_view(const SafetensorsSet& st, const std::string& base, i
   };
   const SafetensorsTensor* blocks = tensor(base + "_blocks", {n_expert, rows, nb, 16});
   const SafetensorsTensor* scales = tensor(base + "_scales", {n_expert, rows, nb});
-  WeightView v;
-  v.name = view_name;
-  v.type = GgmlType::kFP4_PACKED;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.ne[2] = n_expert;
-  v.data = blocks->data;
-  v.scales = scales->data;
-  v.scale_type = GgmlType::kE8M0;
-  v.scale_block[0] = 1;
-  v.scale_block[1] = 32;
-  v.scale_stride = nb;
-  return v;
+  return WeightView::grouped(view_name, GgmlType::kFP4_PACKED, rows, cols, n_expert, blocks->data,
+                             scales->data, GgmlType::kE8M0, 32);
 }
 
 }  // namespace troupe::model::detail

@@ -122,17 +122,8 @@ WeightView nvfp4_view(const SafetensorsSet& st, const std::string& weight_name,
     TROUPE_INPUT_ERROR("%s: global scale '%s' is %g; it must be finite%s", g.file->c_str(),
                        g.name.c_str(), static_cast<double>(global),
                        modelopt ? "" : " and nonzero (the group scales are divided by it)");
-  WeightView v;
-  v.name = view_name;
-  v.type = GgmlType::kFP4_PACKED;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.data = d->data;
-  v.scales = s.data;
-  v.scale_type = GgmlType::kF8_E4M3;
-  v.scale_block[0] = 1;
-  v.scale_block[1] = kGroup;
-  v.scale_stride = cols / kGroup;
+  WeightView v = WeightView::grouped(view_name, GgmlType::kFP4_PACKED, rows, cols, 1, d->data,
+                                     s.data, GgmlType::kF8_E4M3, kGroup);
   (modelopt ? v.scale_mul : v.scale_div) = global;
   return v;
 }

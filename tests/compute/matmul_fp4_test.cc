@@ -17,6 +17,7 @@
 #include "compute/thread_pool.h"
 #include "model/model.h"
 #include "tests/compute/matmul_test_util.h"
+#include "tests/fp8_model.h"
 
 namespace troupe::compute {
 namespace {
@@ -129,14 +130,6 @@ TEST(MatmulFp4, GgufMxfp4EqualsTheExactF32TwinOnEveryPath) {
   }
 }
 
-// E4M3 from its bits (OCP "e4m3fn"): sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent
-// 0 is subnormal; S.1111.111 is NaN (not used here).
-double e4m3(int code) {
-  const int e = (code >> 3) & 15, m = code & 7;
-  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) != 0 ? -mag : mag;
-}
-
 // NVFP4: an E4M3 scale per 16 columns and one global scale, which multiplies (ModelOpt's
 // weight_scale_2) or divides (compressed-tensors' weight_global_scale). The twin holds, from the
 // definitions and in double precision (exact here, then rounded once to float), each group's
@@ -163,8 +156,8 @@ TEST(MatmulFp4, Nvfp4EqualsTheExactF32TwinOnEveryPath) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
         const auto i = static_cast<size_t>(r * cols + c);
-        const double s =
-            e4m3(static_cast<uint8_t>(scales[static_cast<size_t>(r * cols / 16 + c / 16)]));
+        const double s = testing::e4m3_value(
+            static_cast<uint8_t>(scales[static_cast<size_t>(r * cols / 16 + c / 16)]));
         const auto g = static_cast<float>(divide ? s / global : s * global);
         // -0 (code 8) reads as +0; a zero scale gives the negative codes -0.
         exact[i] = static_cast<float>((q[i] == 8 ? 0.0 : e2m1(q[i])) * static_cast<double>(g));
@@ -218,7 +211,7 @@ TEST(MatmulFp4, E4m3ScalesTimesAGlobalScaleRoundOnce) {
           EXPECT_TRUE(std::isnan(out[static_cast<size_t>(c)])) << c;
           continue;
         }
-        const double s = e4m3(c);
+        const double s = testing::e4m3_value(static_cast<uint8_t>(c));
         const auto want = static_cast<float>(divide ? s / g : s * g);
         EXPECT_EQ(std::memcmp(&out[static_cast<size_t>(c)], &want, 4), 0)
             << "code " << c << (divide ? " / " : " * ") << g << ": " << out[static_cast<size_t>(c)]
