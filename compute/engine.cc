@@ -394,10 +394,24 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
     const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
     const float* cs = &rc[t * (s.n_rot / 2)];
     const float* sn = &rs[t * (s.n_rot / 2)];
-    for (int64_t hh = 0; hh < H; ++hh)
-      detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
-    for (int64_t hh = 0; hh < HK; ++hh)
-      detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
+    if (!L.nope) {
+      for (int64_t hh = 0; hh < H; ++hh)
+        detail::rope_cs(&S.q[t * qw + hh * dk], s.n_rot, cs, sn, neox);
+      for (int64_t hh = 0; hh < HK; ++hh)
+        detail::rope_cs(&S.k[t * kw + hh * dk], s.n_rot, cs, sn, neox);
+    } else if (s.attn_temp_scale != 0.0f) {  // Llama 4's NoPE layers, far into the context
+      const double steps =
+          std::floor(static_cast<double>(pos + 1) / static_cast<double>(s.attn_temp_floor));
+      const auto m = static_cast<float>(std::log(steps + 1.0) * s.attn_temp_scale + 1.0);
+      if (m != 1.0f)
+        for (int64_t i = 0; i < qw; ++i) S.q[t * qw + i] *= m;
+    }
+    if (L.qk_l2_norm) {
+      for (int64_t hh = 0; hh < H; ++hh)
+        detail::rms_norm_plain(&S.q[t * qw + hh * dk], &S.q[t * qw + hh * dk], dk, s.rms_eps);
+      for (int64_t hh = 0; hh < HK; ++hh)
+        detail::rms_norm_plain(&S.k[t * kw + hh * dk], &S.k[t * kw + hh * dk], dk, s.rms_eps);
+    }
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
     kv_->store(il - range_.begin, blk, pos % bs, 0, &S.k[t * kw], kw);
@@ -417,6 +431,7 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t n_keys = keys_seen(q, pos);
       KvView kv = kv_view(*kv_, l, q, n_keys, kvh, false, blocks);
       if (L.window > 0) kv.first = std::max<int64_t>(0, pos + 1 - L.window);
+      if (L.chunk > 0) kv.first = pos / L.chunk * L.chunk;
       if (sinks != nullptr) kv.sinks = sinks + h0;
       attend_heads(&S.q[t * qw + h0 * dk], dk, part, dk, kv, n_keys, scale, dv,
                    &S.attn[t * H * dv + h0 * dv], dv);
@@ -535,9 +550,15 @@ void Engine::moe(int64_t il) {
     const auto& r = rows[static_cast<size_t>(e)];
     if (r.empty()) continue;
     const int64_t n = static_cast<int64_t>(r.size());
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(&S.xe[(at + i) * E], &S.h[(r[static_cast<size_t>(i)] / K) * E],
-                  static_cast<size_t>(E) * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = r[static_cast<size_t>(i)];
+      float* xe = &S.xe[(at + i) * E];
+      std::memcpy(xe, &S.h[(slot / K) * E], static_cast<size_t>(E) * 4);
+      if (s.moe_weight_input) {  // Llama 4: the router's weight scales the expert's input
+        const float w = S.sel_w[static_cast<size_t>(slot)];
+        for (int64_t d = 0; d < E; ++d) xe[d] *= w;
+      }
+    }
     tasks.push_back(ExpertTask{static_cast<int32_t>(e), n, &S.xe[at * E], &S.de[at * E]});
     at += n;
   }
@@ -555,6 +576,10 @@ void Engine::moe(int64_t il) {
     const auto& r = rows[static_cast<size_t>(e)];
     for (size_t i = 0; i < r.size(); ++i, ++at) {
       const int64_t slot = r[i];
+      if (s.moe_weight_input) {
+        std::memcpy(&S.slot_out[slot * E], &S.de[at * E], static_cast<size_t>(E) * 4);
+        continue;
+      }
       const float w = S.sel_w[static_cast<size_t>(slot)];
       for (int64_t d = 0; d < E; ++d) S.slot_out[slot * E + d] = S.de[at * E + d] * w;
     }

@@ -161,6 +161,14 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
         "GpuEngine: scaled embeddings, post-attention and post-FFN norms, per-layer rope bases, "
         "the GELU FFN and logit soft-capping (Gemma 3) are not supported yet; the CPU engine "
         "runs them");
+  // And Llama 4's.
+  bool llama4_parts = s.moe_weight_input || s.attn_temp_scale != 0.0f;
+  for (const model::LayerSpec& L : s.layers)
+    llama4_parts = llama4_parts || L.nope || L.chunk > 0 || L.qk_l2_norm;
+  if (llama4_parts)
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: layers without rotary, chunked attention, weightless q/k norms and experts "
+        "weighted at their input (Llama 4) are not supported yet; the CPU engine runs them");
   if (H > 65535)
     TROUPE_INPUT_ERROR("GpuEngine: %lld heads are more than the GPU kernels take (65535)", ll(H));
   if (n_rot < 0 || n_rot % 2 != 0)

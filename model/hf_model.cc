@@ -93,6 +93,9 @@ class HfSpecBuilder {
     router_bias_ = h.router_bias;
     output_bias_ = h.output_bias;
     window_ = std::move(h.window);
+    nope_ = std::move(h.nope);
+    chunk_ = std::move(h.chunk);
+    qk_l2_norm_ = h.qk_l2_norm;
     tied_ = h.tied;
   }
 
@@ -149,11 +152,16 @@ class HfSpecBuilder {
     if (!window_.empty()) L.window = window_[static_cast<size_t>(il)];
     // Gemma 3's window layers rotate with their own base (gpt-oss's with the model's).
     L.local_rope = fam_ == Family::kGemma3 && L.window > 0;
+    if (!nope_.empty()) {  // Llama 4
+      L.nope = nope_[static_cast<size_t>(il)];
+      L.chunk = chunk_[static_cast<size_t>(il)];
+      L.qk_l2_norm = qk_l2_norm_ && !L.nope;
+    }
     L.is_moe = is_moe_[static_cast<size_t>(il)];
     if (L.is_moe) {
       build_moe(h, g, L);
     } else {
-      const std::string m = h + "mlp.";
+      const std::string m = h + (fam_ == Family::kLlama4 ? "feed_forward." : "mlp.");
       if (s.n_ff <= 0)
         TROUPE_INPUT_ERROR("%s: layer %lld is dense but intermediate_size is missing",
                            cfg_.path().c_str(), static_cast<long long>(il));
@@ -240,6 +248,7 @@ class HfSpecBuilder {
 
   void build_moe(const std::string& h, const std::string& g, LayerSpec& L) {
     if (fam_ == Family::kGptOss) return build_gpt_oss_moe(h + "mlp.", g, L);
+    if (fam_ == Family::kLlama4) return build_llama4_moe(h + "feed_forward.", g, L);
     const ModelSpec& s = s_;
     const int64_t E = s.n_embd, F = s.n_ff_exp;
     // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
@@ -326,6 +335,31 @@ class HfSpecBuilder {
     }
   }
 
+  /// Llama 4: a router; experts stacked per layer as x @ W matrices (gate_up_proj [N, E, 2F]:
+  /// gate's F outputs, then up's), transposed into memory; one shared expert.
+  void build_llama4_moe(const std::string& m, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t E = s.n_embd, F = s.n_ff_exp, N = s.n_expert;
+    L.router = take_f32(m + "router.weight", g + "ffn_gate_inp.weight", {N, E});
+    const std::string x = m + "experts.";
+    const WeightView gate_up =
+        transposed_stack(x + "gate_up_proj", g + "ffn_gate_up_exps.weight", N, E, 2 * F);
+    const WeightView down = transposed_stack(x + "down_proj", g + "ffn_down_exps.weight", N, F, E);
+    L.experts.resize(static_cast<size_t>(N));
+    for (int64_t e = 0; e < N; ++e) {
+      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
+      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
+      const WeightView both = gate_up.slice(e);
+      X.gate = both.row_range(0, F, g + "ffn_gate_exps.weight" + idx);
+      X.up = both.row_range(F, F, g + "ffn_up_exps.weight" + idx);
+      X.down = down.slice(e);
+    }
+    const std::string sh = m + "shared_expert.";
+    L.shared.gate = take(sh + "gate_proj.weight", g + "ffn_gate_shexp.weight", {F, E});
+    L.shared.up = take(sh + "up_proj.weight", g + "ffn_up_shexp.weight", {F, E});
+    L.shared.down = take(sh + "down_proj.weight", g + "ffn_down_shexp.weight", {E, F});
+  }
+
   /// The stacked [n, in, out] matrices `hf_name` (x @ W per matrix) as n row-major [out, in]
   /// matrices in model-owned memory, in their stored float type.
   WeightView transposed_stack(const std::string& hf_name, const std::string& gguf_name, int64_t n,
@@ -333,8 +367,8 @@ class HfSpecBuilder {
     const SafetensorsTensor& t = find(hf_name, {n, in, out});
     if (t.type == GgmlType::kF8_E4M3)
       TROUPE_INPUT_ERROR(
-          "%s: tensor '%s' is F8_E4M3; troupe reads gpt-oss's experts as MXFP4 or "
-          "F32, F16 or BF16",
+          "%s: tensor '%s' is F8_E4M3; troupe reads stacked experts (gpt-oss's, Llama 4's) as "
+          "F32, F16 or BF16 (gpt-oss's also as MXFP4)",
           t.file->c_str(), hf_name.c_str());
     const auto es = static_cast<size_t>(row_bytes(t.type, 1));
     uint8_t* dst = alloc(static_cast<uint64_t>(n * in * out) * es);
@@ -497,6 +531,9 @@ class HfSpecBuilder {
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
   std::vector<int64_t> window_;  // per layer (gpt-oss, Gemma 3)
+  std::vector<bool> nope_;       // per layer (Llama 4)
+  std::vector<int64_t> chunk_;   // per layer (Llama 4)
+  bool qk_l2_norm_ = false;      // Llama 4
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

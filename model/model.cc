@@ -35,6 +35,8 @@ const char* arch_name(Arch a) {
       return "gpt-oss";
     case Arch::kGemma3:
       return "gemma3";
+    case Arch::kLlama4:
+      return "llama4";
   }
   return "?";
 }
@@ -92,6 +94,8 @@ class GgufSpecBuilder {
       s.arch = Arch::kGptOss;
     } else if (arch == "gemma3") {
       s.arch = Arch::kGemma3;
+    } else if (arch == "llama4") {
+      s.arch = Arch::kLlama4;
     } else if (arch == "clip") {
       TROUPE_INPUT_ERROR(
           "%s: this is a vision encoder (mmproj), not a language model: pass it "
@@ -100,7 +104,8 @@ class GgufSpecBuilder {
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3)",
+          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, "
+          "llama4)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -136,8 +141,10 @@ class GgufSpecBuilder {
     s.head_dim_v = g_.get_int_or(p + "attention.value_length", s.n_embd / s.n_head);
     s.n_rot = g_.get_int_or(p + "rope.dimension_count", s.head_dim_k);
     // llama.cpp stores Llama's q/k rows permuted for its normal rope; Qwen's as HF has them.
-    s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 ? RopeStyle::kNormal
-                                                                        : RopeStyle::kNeox;
+    // Llama 4's are as HF has them, which rotates adjacent pairs too.
+    s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 || s.arch == Arch::kLlama4
+                       ? RopeStyle::kNormal
+                       : RopeStyle::kNeox;
     if (g_.find(p + "rope.dimension_sections"))
       TROUPE_INPUT_ERROR(
           "%s: multimodal rope (rope.dimension_sections, as GLM-4.5V) is not supported",
@@ -187,6 +194,9 @@ class GgufSpecBuilder {
       case Arch::kBailingMoe2:
         s.norm_topk = g_.get_bool_or(p + "expert_weights_norm", false);
         if (deepseek_v2) apply_v2_gate_weights(s);
+        break;
+      case Arch::kLlama4:
+        read_llama4(s, p);
         break;
       case Arch::kGptOss:  // llama.cpp's graph: softmax over the top-k logits, clamped SwiGLU
         s.gating = Gating::kSoftmaxTopk;
@@ -305,6 +315,34 @@ class GgufSpecBuilder {
                         std::sqrt(static_cast<double>(s.n_embd / s.n_head));
   }
 
+  /// Llama 4 as llama.cpp runs it: a sigmoid router (top-k, not renormalized) whose weight
+  /// scales the expert's input; MoE layers every interleave_moe_layer_step-th, the others dense;
+  /// three chunked-attention rope layers to every global NoPE one, with the chunk, and the NoPE
+  /// layers' query temperature, fixed at llama.cpp's values (Scout's and Maverick's: 8192
+  /// positions; a scale of 0.1 every 8192). The q/k norms are as llama.cpp decides them: off for
+  /// 128 experts (Maverick's use_qk_norm is false), on otherwise. A file whose
+  /// attention.sliding_window is 0 (MobileLLM-R1, dense) is refused: llama.cpp runs its last
+  /// layer without rotary, which its checkpoints do not.
+  void read_llama4(ModelSpec& s, const std::string& p) {
+    s.gating = Gating::kSigmoid;
+    s.norm_topk = false;
+    s.moe_weight_input = true;
+    s.attn_temp_scale = 0.1f;
+    s.attn_temp_floor = 8192;
+    moe_step_ = g_.get_int(p + "interleave_moe_layer_step");
+    if (moe_step_ <= 0 || moe_step_ > s.n_layer)
+      TROUPE_INPUT_ERROR("%s: %sinterleave_moe_layer_step %lld must be in 1..%lld",
+                         g_.path().c_str(), p.c_str(), ll(moe_step_), ll(s.n_layer));
+    if (s.n_expert <= 0)
+      TROUPE_INPUT_ERROR("%s: a llama4 model without experts (MobileLLM) is not supported",
+                         g_.path().c_str());
+    if (g_.find(p + "attention.sliding_window") && g_.get_int(p + "attention.sliding_window") == 0)
+      TROUPE_INPUT_ERROR(
+          "%s: llama4 without chunked attention (%sattention.sliding_window 0: MobileLLM) is "
+          "not supported",
+          g_.path().c_str(), p.c_str());
+  }
+
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
@@ -347,6 +385,12 @@ class GgufSpecBuilder {
     L.sinks = oss ? req(b + "attn_sinks.weight") : opt(b + "attn_sinks.weight");
     // gpt-oss: a sliding window on every other layer, from the first (llama.cpp's pattern 2).
     if (s.arch == Arch::kGptOss && il % 2 == 0) L.window = window_;
+    if (s.arch == Arch::kLlama4) {
+      // llama.cpp's pattern 4: layers 3, 7, ... are global and NoPE.
+      L.nope = (il + 1) % 4 == 0;
+      L.chunk = L.nope ? 0 : 8192;
+      L.qk_l2_norm = !L.nope && s.n_expert != 128;
+    }
     if (s.arch == Arch::kGemma3) {
       L.attn_post_norm = req(b + "post_attention_norm.weight");
       L.ffn_post_norm = req(b + "post_ffw_norm.weight");
@@ -360,7 +404,8 @@ class GgufSpecBuilder {
     // post_attention_layernorm.
     const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss;
     L.ffn_norm = req(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"));
-    const bool moe = s.n_expert > 0 && il >= s.n_leading_dense;
+    const bool moe = s.n_expert > 0 && il >= s.n_leading_dense &&
+                     (s.arch != Arch::kLlama4 || (il + 1) % moe_step_ == 0);
     L.is_moe = moe;
     if (!moe) {
       L.ffn_gate = req(b + "ffn_gate.weight");
@@ -409,7 +454,7 @@ class GgufSpecBuilder {
         E.down = req(b + "ffn_down" + es);
       }
     }
-    if (has(b + "ffn_gate_shexp.weight")) {
+    if (s.arch == Arch::kLlama4 || has(b + "ffn_gate_shexp.weight")) {  // Llama 4 needs it
       L.shared.gate = req(b + "ffn_gate_shexp.weight");
       L.shared.up = req(b + "ffn_up_shexp.weight");
       L.shared.down = req(b + "ffn_down_shexp.weight");
@@ -453,7 +498,8 @@ class GgufSpecBuilder {
   static long long ll(int64_t v) { return static_cast<long long>(v); }
 
   const GgufFile& g_;
-  int64_t window_ = 0;  // gpt-oss's and Gemma 3's sliding window
+  int64_t window_ = 0;    // gpt-oss's and Gemma 3's sliding window
+  int64_t moe_step_ = 1;  // Llama 4: every moe_step_-th layer has experts
 };
 
 [[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,
@@ -524,6 +570,10 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
                          static_cast<long long>(s.n_group_used),
                          static_cast<long long>(s.n_group_used * (s.n_expert / s.n_group)));
   }
+  if (s.attn_temp_scale != 0.0f && (!std::isfinite(s.attn_temp_scale) || s.attn_temp_floor <= 0))
+    TROUPE_INPUT_ERROR("%s: attention temperature scale %g needs a positive floor (got %lld)",
+                       src.c_str(), static_cast<double>(s.attn_temp_scale),
+                       static_cast<long long>(s.attn_temp_floor));
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
                        static_cast<long long>(s.n_layer));
@@ -553,6 +603,7 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect_opt(src, L.attn_post_norm, E, 1);
       expect_opt(src, L.ffn_post_norm, E, 1);
       if (L.window < 0) TROUPE_INPUT_ERROR("%s: negative sliding window", src.c_str());
+      if (L.chunk < 0) TROUPE_INPUT_ERROR("%s: negative attention chunk", src.c_str());
       expect_opt(src, L.bq, s.n_head * s.head_dim_k, 1);
       expect_opt(src, L.bk, s.n_head_kv * s.head_dim_k, 1);
       expect_opt(src, L.bv, s.n_head_kv * s.head_dim_v, 1);

@@ -133,6 +133,11 @@ enum class Arch : uint8_t {
   /// FFN too, embeddings scaled by sqrt(n_embd), a GELU-gated FFN, five sliding-window layers
   /// (their own unscaled rope base) to every global one
   kGemma3 = 10,
+  /// Meta's Llama 4 (Scout, Maverick): three chunked-attention rope layers to every global
+  /// NoPE one (whose queries are scaled up far into the context), weightless q/k norms, a
+  /// sigmoid top-1 router whose weight scales the expert's input, a shared expert, dense and MoE
+  /// layers interleaved
+  kLlama4 = 11,
 };
 const char* arch_name(Arch a);
 
@@ -198,6 +203,12 @@ struct LayerSpec {
   bool local_rope = false;  // rotate with ModelSpec::rope_theta_local, unscaled (Gemma 3)
   WeightView sinks;         // optional f32 [n_head]: each head's sink logit, an extra softmax term
   int64_t window = 0;       // > 0: each query attends to its last `window` positions only
+  // Llama 4: a layer without rotary (NoPE; its queries take ModelSpec's temperature), a layer
+  // whose queries see only their own chunk of `chunk` positions (chunked attention), and q and
+  // k heads RMS-normed without weights after rotary.
+  bool nope = false;
+  int64_t chunk = 0;
+  bool qk_l2_norm = false;
   // Multi-head latent attention (DeepSeek2).
   WeightView wq_a, q_a_norm, wq_b;  // wq_a [q_lora, n_embd]; wq_b [n_head*(nope+rope), q_lora]
   WeightView wkv_a;                 // [kv_lora + rope, n_embd]
@@ -264,6 +275,12 @@ struct ModelSpec {
   FfnAct ffn_act = FfnAct::kSilu;
   float act_alpha = 1.702f;  // kSwigluOai
   float act_limit = 7.0f;    // kSwigluOai
+  /// The router's weight multiplies the expert's input instead of its output (Llama 4).
+  bool moe_weight_input = false;
+  /// > 0: NoPE layers' queries at position p are multiplied by
+  /// log(floor((p + 1) / attn_temp_floor) + 1) * attn_temp_scale + 1 (Llama 4).
+  float attn_temp_scale = 0.0f;
+  int64_t attn_temp_floor = 0;
 
   // Multi-head latent attention.
   int64_t q_lora_rank = 0;

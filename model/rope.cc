@@ -115,7 +115,7 @@ std::vector<float> llama3_freq_factors(int64_t n_rot, double theta, double facto
     double div = 1.0;
     if (wavelen > long_wavelen) {
       div = factor;
-    } else if (wavelen >= short_wavelen) {
+    } else if (wavelen >= short_wavelen && high_freq_factor > low_freq_factor) {
       const double smooth =
           (orig_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
       div = 1.0 / ((1.0 - smooth) / factor + smooth);

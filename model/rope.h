@@ -34,7 +34,8 @@ double yarn_mscale(double factor, double m = 1.0);
 
 /// Hugging Face's "llama3" rope scaling as per-pair divisors of the base frequencies:
 /// wavelengths shorter than orig_ctx / high_freq_factor keep theirs (1), longer than
-/// orig_ctx / low_freq_factor are divided by `factor`, and the band between is interpolated.
+/// orig_ctx / low_freq_factor are divided by `factor`, and the band between is interpolated (none
+/// when the two factors are equal, as Llama 4's).
 std::vector<float> llama3_freq_factors(int64_t n_rot, double theta, double factor,
                                        double low_freq_factor, double high_freq_factor,
                                        double orig_ctx);

@@ -16,6 +16,7 @@
 #include "model/detail/synth_random.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "model/rope.h"
 
 namespace troupe::model {
 
@@ -70,6 +71,7 @@ struct PlannedTensor {
   Init init;
   float std_dev;
   const std::vector<bool>* quiet_rows = nullptr;  // rows drawn with kQuietScale * std_dev
+  std::vector<float> values = {};  // not empty: the tensor's exact contents (f32, one row)
 };
 
 // Output rows of control and unused tokens are drawn this much smaller, so that random-weight
@@ -105,6 +107,12 @@ class Planner {
   }
   void f32(std::string name, std::vector<int64_t> shape, float sd) {
     tensors_.push_back({std::move(name), std::move(shape), GgmlType::kF32, Init::kNormal, sd});
+  }
+  // An f32 vector of given values.
+  void values(std::string name, std::vector<float> v) {
+    const auto n = static_cast<int64_t>(v.size());
+    tensors_.push_back({std::move(name), {n}, GgmlType::kF32, Init::kNormal, 0.f});
+    tensors_.back().values = std::move(v);
   }
   PlannedTensor& last() { return tensors_.back(); }
   std::vector<PlannedTensor> take() { return std::move(tensors_); }
@@ -193,6 +201,12 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     p.matrix("output.weight", {e, n_vocab});
     p.last().quiet_rows = quiet_rows;
   }
+  const bool llama4 = c.arch == SynthArch::kLlama4;
+  // Llama 4 Scout's llama3 rope scaling, as llama.cpp's converter stores it: one divisor per
+  // rotary pair.
+  if (llama4)
+    p.values("rope_freqs.weight",
+             llama3_freq_factors(c.rope_dim, c.rope_theta, 16.0, 1.0, 1.0, 8192));
   for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
@@ -245,7 +259,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     if (gemma) p.norm(b + "post_attention_norm.weight", e);  // of the attention's output
     p.norm(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), e);
     if (il >= c.n_layer) plan_nextn(p, b, e);
-    const bool dense = c.n_expert == 0 || il < c.n_dense_lead;
+    const bool dense =
+        c.n_expert == 0 || il < c.n_dense_lead || (llama4 && (il + 1) % c.moe_step != 0);
     if (dense) {
       plan_dense_ffn(p, b, e, c.n_ff);
       if (gemma) p.norm(b + "post_ffw_norm.weight", e);
@@ -266,6 +281,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     if (c.arch == SynthArch::kQwen2Moe) {
       p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
       plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
+    } else if (llama4) {  // one shared expert as wide as a routed one
+      plan_dense_ffn(p, b, e, c.n_ff_exp, "_shexp");
     } else if ((c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                 c.arch == SynthArch::kBailingMoe2) &&
                c.n_expert_shared > 0) {
@@ -343,6 +360,10 @@ void fill_row(const PlannedTensor& t, uint64_t tensor_seed, int64_t row, float* 
   const bool quiet = t.quiet_rows && static_cast<size_t>(row) < t.quiet_rows->size() &&
                      (*t.quiet_rows)[static_cast<size_t>(row)];
   const float sd = quiet ? t.std_dev * kQuietScale : t.std_dev;
+  if (!t.values.empty()) {
+    std::copy(t.values.begin(), t.values.end(), out);
+    return;
+  }
   switch (t.init) {
     case Init::kNorm:
       for (int64_t j = 0; j < n; ++j) out[j] = 1.f + sd * normalish(splitmix64(s));

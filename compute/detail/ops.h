@@ -30,6 +30,13 @@ inline void rms_norm(const float* x, const float* w, float* out, int64_t n, floa
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
 }
 
+/// rms_norm without weights (Llama 4's q/k norms).
+inline void rms_norm_plain(const float* x, float* out, int64_t n, float eps) {
+  const double sum = dot_in<double>(x, x, n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+}
+
 /// Fixed-order f32 dot product (dot_in's order).
 inline float dot(const float* a, const float* b, int64_t n) { return dot_in<float>(a, b, n); }
 

@@ -118,9 +118,10 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
     if (factor != 1.0) sc.type = RopeScalingType::kLinear;
   } else if (type == "llama3") {
     const double low = num("low_freq_factor", 1.0), high = num("high_freq_factor", 4.0);
-    if (!(high > low) || !(low > 0) || !(factor > 0) || !(orig > 0))
+    // Equal factors (Llama 4's 1 and 1) leave no band between kept and divided frequencies.
+    if (!(high >= low) || !(low > 0) || !(factor > 0) || !(orig > 0))
       TROUPE_INPUT_ERROR(
-          "%s: llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor "
+          "%s: llama3 rope scaling needs factor > 0, 0 < low_freq_factor <= high_freq_factor "
           "and original_max_position_embeddings > 0 (got %g, %g, %g, %g)",
           path, factor, low, high, orig);
     s.rope_freq_factors =

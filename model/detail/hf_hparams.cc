@@ -65,6 +65,7 @@ class HparamsReader {
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
         {"GptOssForCausalLM", HfFamily::kGptOss},
         {"Gemma3ForCausalLM", HfFamily::kGemma3},
+        {"Llama4ForCausalLM", HfFamily::kLlama4},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -87,6 +88,7 @@ class HparamsReader {
     const bool minimax = h_.family == HfFamily::kMinimaxM2;
     const bool oss = h_.family == HfFamily::kGptOss;
     const bool gemma = h_.family == HfFamily::kGemma3;
+    const bool llama4 = h_.family == HfFamily::kLlama4;
     s.name = cfg_.get_string_or("_name_or_path", cfg_.get_string_or("model_type", arch));
 
     // Gemma names its activation hidden_activation (GELU's tanh form); the others SiLU.
@@ -113,11 +115,17 @@ class HparamsReader {
           cfg_.path().c_str(), static_cast<long long>(s.n_head),
           static_cast<long long>(s.n_head_kv));
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
-    s.rms_eps =
-        static_cast<float>(cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss ? 1e-5 : 1e-6));
-    s.rope_theta = static_cast<float>(read_rope(mixtral || gemma ? 1e6 : oss ? 150000.0 : 10000.0));
+    s.rms_eps = static_cast<float>(
+        cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 ? 1e-5 : 1e-6));
+    s.rope_theta = static_cast<float>(read_rope(mixtral || gemma ? 1e6
+                                                : oss            ? 150000.0
+                                                : llama4         ? 500000.0
+                                                                 : 10000.0));
     // MiniMax-M2 and gpt-oss have no dense FFN: intermediate_size is each expert's width.
-    s.n_ff = minimax || oss ? 0 : cfg_.get_int_or("intermediate_size", 0);
+    // Llama 4's dense layers are intermediate_size_mlp wide (intermediate_size: an expert's).
+    s.n_ff = minimax || oss ? 0
+             : llama4       ? cfg_.get_int_or("intermediate_size_mlp", 0)
+                            : cfg_.get_int_or("intermediate_size", 0);
     if (cfg_.get_bool_or("mlp_bias", false))
       TROUPE_INPUT_ERROR("%s: mlp_bias is not supported", cfg_.path().c_str());
   }
@@ -142,8 +150,9 @@ class HparamsReader {
                            partial);
       s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
     }
-    // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead.
-    s.rope_style = RopeStyle::kNeox;
+    // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead. Llama 4
+    // rotates adjacent pairs (complex products), as GGUF's unpermuted rows.
+    s.rope_style = f == HfFamily::kLlama4 ? RopeStyle::kNormal : RopeStyle::kNeox;
     // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist);
     // GLM has them when attention_bias says so (o_proj never has one).
     if (f == HfFamily::kQwen2 || f == HfFamily::kQwen2Moe) {
@@ -226,6 +235,9 @@ class HparamsReader {
         break;
       case HfFamily::kGemma3:
         read_gemma3();
+        break;
+      case HfFamily::kLlama4:
+        read_llama4();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -418,6 +430,71 @@ class HparamsReader {
     }
   }
 
+  /// Llama 4: a sigmoid top-k router whose weight scales the expert's input, one shared expert
+  /// as wide as a routed one, MoE layers moe_layers (or every interleave_moe_layer_step-th);
+  /// no_rope_layers (or every fourth) rotate, attend within chunks of attention_chunk_size
+  /// (layer_types, when given, says which chunk) and, when use_qk_norm, norm q and k without
+  /// weights; the others' queries take the attention temperature.
+  void read_llama4() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    const auto L = static_cast<size_t>(s.n_layer);
+    s.arch = Arch::kLlama4;
+    s.n_expert = cfg_.get_dim("num_local_experts");
+    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 1);
+    s.n_ff_exp = s.n_ff_shexp = cfg_.get_dim("intermediate_size");
+    s.n_expert_shared = 1;
+    s.gating = Gating::kSigmoid;
+    s.norm_topk = false;
+    s.moe_weight_input = true;
+    if (cfg_.get_bool_or("attn_temperature_tuning", true)) {
+      s.attn_temp_scale = static_cast<float>(cfg_.get_float_or("attn_scale", 0.1));
+      s.attn_temp_floor = cfg_.get_int_or("floor_scale", 8192);
+      if (s.attn_temp_floor <= 0 || !std::isfinite(s.attn_temp_scale))
+        TROUPE_INPUT_ERROR("%s: floor_scale %lld must be positive and attn_scale finite", path,
+                           static_cast<long long>(s.attn_temp_floor));
+    }
+    h_.qk_l2_norm = cfg_.get_bool_or("use_qk_norm", true);
+    const int64_t chunk = cfg_.get_int_or("attention_chunk_size", 8192);
+    if (chunk <= 0)
+      TROUPE_INPUT_ERROR("%s: attention_chunk_size must be positive, got %lld", path,
+                         static_cast<long long>(chunk));
+    const int64_t interval = cfg_.get_int_or("no_rope_layer_interval", 4);
+    if (interval <= 0) TROUPE_INPUT_ERROR("%s: no_rope_layer_interval must be positive", path);
+    h_.nope.assign(L, false);
+    h_.chunk.assign(L, 0);
+    const json* rope_layers = cfg_.find("no_rope_layers");
+    if (rope_layers != nullptr && (!rope_layers->is_array() || rope_layers->size() != L))
+      TROUPE_INPUT_ERROR("%s: 'no_rope_layers' must be a list of %lld entries", path,
+                         static_cast<long long>(s.n_layer));
+    const json* types = cfg_.find("layer_types");
+    if (types != nullptr && (!types->is_array() || types->size() != L))
+      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
+                         static_cast<long long>(s.n_layer));
+    for (size_t il = 0; il < L; ++il) {
+      bool rope = (il + 1) % static_cast<size_t>(interval) != 0;
+      if (rope_layers != nullptr) {  // 1: this layer rotates
+        const json& v = (*rope_layers)[il];
+        if (!v.is_number_integer() || (v.get<int64_t>() != 0 && v.get<int64_t>() != 1))
+          TROUPE_INPUT_ERROR("%s: no_rope_layers[%zu] must be 0 or 1, got %s", path, il,
+                             v.dump().c_str());
+        rope = v.get<int64_t>() == 1;
+      }
+      bool chunked = rope;
+      if (types != nullptr) {
+        const json& t = (*types)[il];
+        if (t != "chunked_attention" && t != "full_attention")
+          TROUPE_INPUT_ERROR(
+              "%s: layer_types[%zu] is %s; troupe reads \"chunked_attention\" and "
+              "\"full_attention\" for Llama 4",
+              path, il, t.dump().c_str());
+        chunked = t == "chunked_attention";
+      }
+      h_.nope[il] = !rope;
+      h_.chunk[il] = chunked ? chunk : 0;
+    }
+  }
+
   /// Per layer: whether layer_types (when present) says "sliding_attention" ("full_attention"
   /// the other choice), else `pattern_default`'s answer.
   template <class Fn>
@@ -445,7 +522,8 @@ class HparamsReader {
   }
 
   /// Which layers are MoE: Qwen decoder_sparse_step / mlp_only_layers; DeepSeek
-  /// first_k_dense_replace / moe_layer_freq; GLM first_k_dense_replace; Mixtral all.
+  /// first_k_dense_replace / moe_layer_freq; GLM first_k_dense_replace; Llama 4 moe_layers /
+  /// interleave_moe_layer_step; Mixtral all.
   void mark_moe_layers() {
     ModelSpec& s = h_.spec;
     std::vector<bool>& is_moe = h_.is_moe;
@@ -464,6 +542,8 @@ class HparamsReader {
         is_moe[static_cast<size_t>(il)] =
             (il + 1) % step == 0 &&
             std::find(mlp_only.begin(), mlp_only.end(), il) == mlp_only.end();
+    } else if (f == HfFamily::kLlama4) {
+      mark_llama4_moe_layers();
     } else if (s.n_expert > 0 &&
                (mla() || f == HfFamily::kGlm4Moe || f == HfFamily::kBailingMoeV2)) {
       const int64_t freq = mla() ? std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1)) : 1;
@@ -476,6 +556,27 @@ class HparamsReader {
       while (s.n_expert > 0 && s.n_leading_dense < s.n_layer &&
              !is_moe[static_cast<size_t>(s.n_leading_dense)])
         ++s.n_leading_dense;
+    }
+  }
+
+  void mark_llama4_moe_layers() {
+    const char* path = cfg_.path().c_str();
+    const int64_t n = h_.spec.n_layer;
+    const int64_t step = cfg_.get_int_or("interleave_moe_layer_step", 1);
+    if (step <= 0 || step > n)
+      TROUPE_INPUT_ERROR("%s: interleave_moe_layer_step %lld must be in 1..%lld", path,
+                         static_cast<long long>(step), static_cast<long long>(n));
+    std::vector<bool>& is_moe = h_.is_moe;
+    for (int64_t il = 0; il < n; ++il) is_moe[static_cast<size_t>(il)] = (il + 1) % step == 0;
+    const json* m = cfg_.find("moe_layers");
+    if (m == nullptr || m->is_null()) return;
+    if (!m->is_array()) TROUPE_INPUT_ERROR("%s: 'moe_layers' must be a list", path);
+    is_moe.assign(static_cast<size_t>(n), false);
+    for (const json& x : *m) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= n)
+        TROUPE_INPUT_ERROR("%s: moe_layers entry %s is not a layer index below %lld", path,
+                           x.dump().c_str(), static_cast<long long>(n));
+      is_moe[static_cast<size_t>(x.get<int64_t>())] = true;
     }
   }
 
@@ -578,6 +679,30 @@ json llava_text_config(const json& config, const std::string& path) {
   return text;
 }
 
+// Llama4TextConfig's defaults (transformers) under the given keys: text_config's for the
+// multimodal class.
+json llama4_text_config(const json& config, bool conditional, bool* multimodal) {
+  json text = {{"vocab_size", 202048},        {"hidden_size", 5120},
+               {"intermediate_size", 8192},   {"intermediate_size_mlp", 16384},
+               {"num_hidden_layers", 48},     {"num_attention_heads", 40},
+               {"num_key_value_heads", 8},    {"head_dim", 128},
+               {"hidden_act", "silu"},        {"max_position_embeddings", 131072},
+               {"rms_norm_eps", 1e-5},        {"rope_theta", 500000.0},
+               {"num_experts_per_tok", 1},    {"num_local_experts", 16},
+               {"tie_word_embeddings", false}};
+  if (!conditional) {
+    text.update(config);
+    return text;
+  }
+  *multimodal = true;
+  auto tc = config.find("text_config");
+  if (tc != config.end() && tc->is_object()) text.update(*tc);
+  text["architectures"] = json::array({"Llama4ForCausalLM"});
+  if (auto q = config.find("quantization_config"); q != config.end())
+    text["quantization_config"] = *q;
+  return text;
+}
+
 }  // namespace
 
 nlohmann::json text_decoder_config(nlohmann::json config, const std::string& path,
@@ -592,6 +717,8 @@ nlohmann::json text_decoder_config(nlohmann::json config, const std::string& pat
     *multimodal = true;
     return llava_text_config(config, path);
   }
+  if (arch == "Llama4ForConditionalGeneration" || arch == "Llama4ForCausalLM")
+    return llama4_text_config(config, arch == "Llama4ForConditionalGeneration", multimodal);
   if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
   // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.
   json text = {{"vocab_size", 262208},

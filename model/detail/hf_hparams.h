@@ -27,6 +27,7 @@ enum class HfFamily : uint8_t {
   kBailingMoeV2,  ///< BailingMoeV2ForCausalLM (Ling-mini-2.0, Ling-flash-2.0, Ling-1T)
   kGptOss,        ///< GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b)
   kGemma3,        ///< Gemma3ForCausalLM (Gemma 3's text decoders: 270M, 1B)
+  kLlama4,        ///< Llama4ForCausalLM (the text decoder of Llama 4 Scout and Maverick)
 };
 
 struct HfHparams {
@@ -38,6 +39,9 @@ struct HfHparams {
   bool router_bias = false;     ///< every router has a selection bias (required)
   bool output_bias = false;     ///< o_proj carries a bias (gpt-oss)
   std::vector<int64_t> window;  ///< per layer: sliding window (0: the whole context)
+  std::vector<bool> nope;       ///< per layer: no rotary (Llama 4)
+  std::vector<int64_t> chunk;   ///< per layer: attention chunk (0: none; Llama 4)
+  bool qk_l2_norm = false;      ///< weightless q/k norms on the rotary layers (Llama 4)
   bool tied = false;            ///< tie_word_embeddings, with the family's default
 };
 
@@ -49,8 +53,9 @@ HfHparams read_hf_hparams(const HfConfig& cfg);
 /// the multimodal Gemma3ForConditionalGeneration (then *multimodal is set and the result names
 /// Gemma3ForCausalLM; quantization_config carries over); for LlavaForConditionalGeneration, its
 /// text_config over the defaults of its model_type (llama, mistral; qwen2 as given), also
-/// *multimodal; any other config as it is. A LLaVA text model_type troupe cannot run is an
-/// InputError naming `path`.
+/// *multimodal; for Llama4ForConditionalGeneration, its text_config over Llama4TextConfig's
+/// defaults, also *multimodal; any other config as it is. A LLaVA text model_type troupe cannot run
+/// is an InputError naming `path`.
 nlohmann::json text_decoder_config(nlohmann::json config, const std::string& path,
                                    bool* multimodal);
 

@@ -29,9 +29,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "bailingmoe2") return SynthArch::kBailingMoe2;
   if (a == "gpt-oss") return SynthArch::kGptOss;
   if (a == "gemma3") return SynthArch::kGemma3;
+  if (a == "llama4") return SynthArch::kLlama4;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3)",
+      "glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4)",
       a.c_str());
 }
 
@@ -43,14 +44,16 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256, kB = 512, kO = 1024, kGe = 2048;
+                     kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4},
       {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
-      {"--n-expert-used", o.n_expert_used.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4},
+      {"--n-expert-used", o.n_expert_used.has_value(),
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4},
+      {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
@@ -75,7 +78,8 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
 // Sizes every architecture has, and per-head widths of standard attention.
 void resolve_common(const SynthOptions& o, SynthConfig& c) {
   const bool ds = c.arch == SynthArch::kDeepseek2;
-  const bool llama = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral;
+  const bool llama =
+      c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral || c.arch == SynthArch::kLlama4;
   const bool gemma = c.arch == SynthArch::kGemma3;
   c.n_embd = o.n_embd.value_or(128);
   // Gemma 3: seven layers by default, so that both kinds are there (layer 5 is global).
@@ -85,7 +89,9 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
   const bool minimax = c.arch == SynthArch::kMinimaxM2;
   c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral || minimax ? 32 : 256);
-  c.rope_theta = o.rope_theta.value_or(llama || ds ? 1e4f : 1e6f);
+  c.rope_theta = o.rope_theta.value_or(c.arch == SynthArch::kLlama4 ? 5e5f
+                                       : llama || ds                ? 1e4f
+                                                                    : 1e6f);
   c.rms_eps = o.rms_eps.value_or(llama || c.arch == SynthArch::kGlm4Moe ? 1e-5f : 1e-6f);
   check_positive("--n-embd", c.n_embd);
   check_positive("--n-layer", c.n_layer);
@@ -128,8 +134,9 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
     return;
   const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                   c.arch == SynthArch::kBailingMoe2;
+  const bool llama4 = c.arch == SynthArch::kLlama4;  // Scout and Maverick route to one expert
   c.n_expert = o.n_expert.value_or(ds ? 16 : 8);
-  c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : 2);
+  c.n_expert_used = o.n_expert_used.value_or(ds ? 4 : llama4 ? 1 : 2);
   check_positive("--n-expert", c.n_expert);
   check_positive("--n-expert-used", c.n_expert_used);
   if (c.n_expert > 4096) TROUPE_INPUT_ERROR("--n-expert must be at most 4096");
@@ -141,6 +148,12 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
                    ? c.n_ff
                    : o.n_ff_exp.value_or(32);
   check_positive("--n-ff-exp", c.n_ff_exp);
+  if (llama4) {
+    // Maverick's interleaving by default, so that both kinds of layer are there.
+    c.moe_step = o.moe_layer_step.value_or(2);
+    if (c.moe_step <= 0 || c.moe_step > c.n_layer)
+      TROUPE_INPUT_ERROR("--moe-layer-step must be between 1 and --n-layer");
+  }
   if (c.arch == SynthArch::kQwen2Moe) {
     c.n_ff_shexp = o.n_ff_shexp.value_or(64);
     check_positive("--n-ff-shexp", c.n_ff_shexp);
@@ -328,6 +341,14 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       head_dims();
       u32("attention.sliding_window", c.n_swa);
       experts();
+      break;
+    case SynthArch::kLlama4:  // llama.cpp's converter: Llama's keys, then these
+      u32("rope.dimension_count", c.rope_dim);
+      u32("attention.key_length", c.head_dim);
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("interleave_moe_layer_step", c.moe_step);
+      u32("expert_feed_forward_length", c.n_ff_exp);
       break;
     case SynthArch::kGemma3:  // llama.cpp's converter writes no rope.dimension_count
       head_dims();

@@ -21,7 +21,9 @@ namespace troupe::model::detail {
 // (biases everywhere, attention sinks, a sliding window on even layers, biased experts with the
 // clamped SwiGLU, softmax over the top-k logits). kGemma3: Gemma 3's text decoder (per-head q/k
 // norms, norms after attention and after the FFN, GELU FFN, tied embeddings, five sliding-window
-// layers to each global one).
+// layers to each global one). kLlama4: Llama 4 (three chunked rope layers to each global NoPE
+// one, a sigmoid top-1 router weighting the expert's input, a shared expert, MoE layers every
+// --moe-layer-step-th, the others dense; rope_freqs from Scout's llama3 scaling).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -34,7 +36,8 @@ enum class SynthArch {
   kMinimaxM2,
   kBailingMoe2,
   kGptOss,
-  kGemma3
+  kGemma3,
+  kLlama4
 };
 
 struct SynthConfig {
@@ -46,6 +49,7 @@ struct SynthConfig {
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
   int64_t n_nextn = 0;  // glm4moe: multi-token-prediction layers after the decoder's
   int64_t n_swa = 0;    // gpt-oss, gemma3: the sliding window
+  int64_t moe_step = 1;  // llama4: every moe_step-th layer has experts
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

@@ -494,8 +494,8 @@ TEST(RopeScalingHf, BadInputs) {
   const std::pair<json, const char*> cases[] = {
       {{{"rope_type", "dynamic"}, {"factor", 2.0}},
        "rope scaling 'dynamic' is not supported (default, linear, llama3, yarn)"},
-      {{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}},
-       "llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor"},
+      {{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 5.0}},
+       "llama3 rope scaling needs factor > 0, 0 < low_freq_factor <= high_freq_factor"},
       {{{"rope_type", "yarn"}, {"factor", "forty"}},
        "rope scaling 'factor' must be a number, got \"forty\""},
       {{{"rope_type", "yarn"}, {"factor", -2.0}}, "rope scaling factor -2 must be finite and > 0"},
