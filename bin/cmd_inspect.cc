@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "bin/args.h"
 #include "bin/commands.h"
@@ -94,6 +96,31 @@ void print_spec(const model::ModelSpec& s) {
             ? (s.group_score == model::GroupScore::kMax ? " (ranked by best score)"
                                                         : " (ranked by two best scores)")
             : "");
+  // Layer kinds beyond the plain causal one (gpt-oss, Gemma 3, Llama 4).
+  int64_t windowed = 0, chunked = 0, chunk = 0, nope = 0, l2 = 0, moe = 0;
+  for (const auto& L : s.layers) {
+    windowed += L.window > 0;
+    chunked += L.chunk > 0;
+    chunk = std::max(chunk, L.chunk);
+    nope += L.nope;
+    l2 += L.qk_l2_norm;
+    moe += L.is_moe;
+  }
+  std::vector<std::string> kinds;
+  if (windowed > 0) kinds.push_back(strfmt("%lld windowed", (long long)windowed));
+  if (chunked > 0)
+    kinds.push_back(strfmt("%lld in chunks of %lld", (long long)chunked, (long long)chunk));
+  if (nope > 0) kinds.push_back(strfmt("%lld without rope", (long long)nope));
+  if (l2 > 0) kinds.push_back(strfmt("%lld norm q/k without weights", (long long)l2));
+  if (s.attn_temp_scale != 0.0f)
+    kinds.push_back(strfmt("queries without rope x (1 + %g ln(1 + floor((pos + 1) / %lld)))",
+                           (double)s.attn_temp_scale, (long long)s.attn_temp_floor));
+  for (size_t i = 0; i < kinds.size(); ++i)
+    std::printf("%s%s", i == 0 ? "  attention layers: " : "; ", kinds[i].c_str());
+  if (!kinds.empty()) std::printf("\n");
+  if (s.n_expert > 0 && (moe < s.n_layer - s.n_leading_dense || s.moe_weight_input))
+    std::printf("  %lld of %lld layers MoE%s\n", (long long)moe, (long long)s.n_layer,
+                s.moe_weight_input ? "; the router's weight scales the expert's input" : "");
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,

@@ -327,6 +327,8 @@ class GgufSpecBuilder {
     s.gating = Gating::kSigmoid;
     s.norm_topk = false;
     s.moe_weight_input = true;
+    s.n_expert_shared = 1;  // one, as wide as a routed expert (llama.cpp's tensor shapes)
+    s.n_ff_shexp = s.n_ff_exp;
     s.attn_temp_scale = 0.1f;
     s.attn_temp_floor = 8192;
     moe_step_ = g_.get_int(p + "interleave_moe_layer_step");

@@ -1,7 +1,7 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, gpt-oss, Gemma 3), synthesized, as GGUF and in Hugging Face form (gpt-oss's with
-// MXFP4 experts), through the actor system with stages and expert shards spread out: every token
-// and logit bit-identical to the single-process run.
+// bailingmoe2, gpt-oss, Gemma 3, Llama 4), synthesized, as GGUF and in Hugging Face form (gpt-oss's
+// with MXFP4 experts), through the actor system with stages and expert shards spread out: every
+// token and logit bit-identical to the single-process run.
 #include <string>
 #include <vector>
 
@@ -14,6 +14,7 @@
 #include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
 #include "tests/hf_twin_model.h"
+#include "tests/llama4_hf_twin.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
@@ -92,6 +93,16 @@ TEST(Gemma3Cluster, GgufAndHuggingFaceFormAcrossStages) {
   expect_plans_match_one_process(gguf, /*dense=*/true);
   testing::write_gemma3_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path(), /*dense=*/true);
+}
+
+// Llama 4: experts weighted at their input on the shards; the twin's chunks of 8 positions and
+// early temperature cross the requests' prompts and replies.
+TEST(Llama4Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "llama4", 28);
+  expect_plans_match_one_process(gguf);
+  testing::write_llama4_hf_twin(gguf, hf, {.chunk = 8, .floor_scale = 4, .attn_scale = 0.5});
+  expect_plans_match_one_process(hf.path());
 }
 
 }  // namespace

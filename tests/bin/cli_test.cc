@@ -483,6 +483,34 @@ TEST(Cli, InspectShowsRopeScaling) {
       << r.out;
 }
 
+// Llama 4 from the command line: synthesized, described (its layer kinds and routing), run.
+TEST(Cli, Llama4SynthesizesInspectsAndGenerates) {
+  const std::string path = (temp_dir() / "llama4.gguf").string();
+  CliRun s = troupe({"synth", "--arch", "llama4", "--n-layer", "8", "--out", path});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  CliRun r = troupe({"inspect", path});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture: llama4 (mixture of experts)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention layers: 6 in chunks of 8192; 2 without rope; 6 norm q/k "
+                       "without weights; queries without rope x (1 + 0.1 ln(1 + floor((pos + 1) "
+                       "/ 8192)))"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("4 of 8 layers MoE; the router's weight scales the expert's input"),
+            std::string::npos)
+      << r.out;
+  CliRun g =
+      troupe({"generate", "--model", path, "--prompt", "Once upon", "--max-tokens", "6", "--json"});
+  ASSERT_EQ(g.rc, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out)["tokens"].size(), 6u) << g.out;
+  expect_one_line_error(
+      troupe({"synth", "--arch", "llama4", "--moe-layer-step", "9", "--out", path + ".bad"}),
+      "--moe-layer-step must be between 1 and --n-layer");
+  expect_one_line_error(
+      troupe({"synth", "--arch", "gemma3", "--moe-layer-step", "2", "--out", path + ".bad"}),
+      "--moe-layer-step does not apply to --arch gemma3");
+}
+
 TEST(Cli, Fp8CheckpointInspectsAndGeneratesLikeItsExactTwin) {
   TROUPE_SHARED_OR_SKIP(shared);
   const testing::Fp8Copy copy(shared + "/models/hf/stories260K", 128, 128);

@@ -128,6 +128,29 @@ TEST(Llama4, ChunksAndTemperatureEachActWhereTheyShould) {
   for (size_t r = 3; r < 12; ++r) EXPECT_FALSE(same_rows(w, r, r + 1)) << "row " << r;
 }
 
+// A GGUF of 128 experts is Maverick's shape, whose q and k llama.cpp does not norm (its
+// checkpoint's use_qk_norm is false): the same logits as the twin that says so.
+TEST(Llama4, GgufOf128ExpertsNormsNoQk) {
+  TempDir dir, hf;
+  model::SynthOptions o;
+  o.arch = "llama4";
+  o.seed = 21;
+  o.n_ctx = 256;
+  o.n_embd = 64;
+  o.n_expert = 128;
+  const std::string gguf = dir.file("maverick.gguf");
+  ASSERT_TRUE(model::synth_model(o, gguf).has_value());
+  auto m = load(gguf);
+  ASSERT_TRUE(m);
+  for (const model::LayerSpec& L : m->spec.layers) EXPECT_FALSE(L.qk_l2_norm);
+  write_llama4_hf_twin(gguf, hf, {.qk_norm = false});
+  const std::vector<int32_t> prompt = prompt_of(15, static_cast<int32_t>(m->spec.n_vocab), 7);
+  const std::vector<float> from_gguf = prompt_logits(m, prompt);
+  expect_near_reference(from_gguf, testing::llama4_reference_logits(hf.path(), prompt),
+                        m->spec.n_vocab);
+  EXPECT_TRUE(bit_equal(prompt_logits(hf.path(), prompt), from_gguf));
+}
+
 // Maverick's form: no q/k norms (use_qk_norm false), MoE in every layer here, as a flat
 // Llama4ForCausalLM checkpoint.
 TEST(Llama4, WithoutQkNormAsCausalLmMatchesTheReference) {
