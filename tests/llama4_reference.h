@@ -135,7 +135,11 @@ inline Llama4 read_config(const std::string& dir, Config* cfg) {
   }
   m.chunk = j.get("attention_chunk_size", int64_t{8192});
   if (m.chunk <= 0) fail("attention_chunk_size must be positive");
-  m.temperature = j.get("attn_temperature_tuning", true);
+  // Python truthiness, as transformers tests it: Meta's configs give a number (4).
+  m.temperature =
+      !j.has("attn_temperature_tuning") || (j.j["attn_temperature_tuning"].is_number()
+                                                ? j.j["attn_temperature_tuning"].get<double>() != 0
+                                                : j.j["attn_temperature_tuning"].get<bool>());
   m.floor_scale = j.get("floor_scale", 8192.0);
   if (m.floor_scale <= 0) fail("floor_scale must be positive");
   m.attn_scale = j.get("attn_scale", 0.1);

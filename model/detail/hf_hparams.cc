@@ -447,7 +447,13 @@ class HparamsReader {
     s.gating = Gating::kSigmoid;
     s.norm_topk = false;
     s.moe_weight_input = true;
-    if (cfg_.get_bool_or("attn_temperature_tuning", true)) {
+    // Meta's released configs give attn_temperature_tuning as a number (4): transformers takes
+    // its truth.
+    const json* tuning = cfg_.find("attn_temperature_tuning");
+    const bool tune = tuning != nullptr && tuning->is_number()
+                          ? tuning->get<double>() != 0
+                          : cfg_.get_bool_or("attn_temperature_tuning", true);
+    if (tune) {
       s.attn_temp_scale = static_cast<float>(cfg_.get_float_or("attn_scale", 0.1));
       s.attn_temp_floor = cfg_.get_int_or("floor_scale", 8192);
       if (s.attn_temp_floor <= 0 || !std::isfinite(s.attn_temp_scale))

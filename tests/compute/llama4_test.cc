@@ -126,6 +126,17 @@ TEST(Llama4, ChunksAndTemperatureEachActWhereTheyShould) {
   const std::vector<float> w = prompt_logits(warm.path(), prompt);
   EXPECT_TRUE(same_rows(w, 0, 3));
   for (size_t r = 3; r < 12; ++r) EXPECT_FALSE(same_rows(w, r, r + 1)) << "row " << r;
+  // Meta's configs say attn_temperature_tuning 4, which transformers takes as true; 0 is false.
+  std::ifstream in(warm.file("config.json"));
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["text_config"]["attn_temperature_tuning"] = 4;
+  warm.write("config.json", cfg.dump());
+  EXPECT_TRUE(bit_equal(prompt_logits(warm.path(), prompt), w));
+  expect_near_reference(w, testing::llama4_reference_logits(warm.path(), prompt),
+                        static_cast<int64_t>(V));
+  cfg["text_config"]["attn_temperature_tuning"] = 0;
+  warm.write("config.json", cfg.dump());
+  EXPECT_TRUE(bit_equal(prompt_logits(warm.path(), prompt), a));
 }
 
 // A GGUF of 128 experts is Maverick's shape, whose q and k llama.cpp does not norm (its
