@@ -685,17 +685,11 @@ json llava_text_config(const json& config, const std::string& path) {
   return text;
 }
 
-// Llama4TextConfig's defaults (transformers) under the given keys: text_config's for the
-// multimodal class.
-json llama4_text_config(const json& config, bool conditional, bool* multimodal) {
-  json text = {{"vocab_size", 202048},        {"hidden_size", 5120},
-               {"intermediate_size", 8192},   {"intermediate_size_mlp", 16384},
-               {"num_hidden_layers", 48},     {"num_attention_heads", 40},
-               {"num_key_value_heads", 8},    {"head_dim", 128},
-               {"hidden_act", "silu"},        {"max_position_embeddings", 131072},
-               {"rms_norm_eps", 1e-5},        {"rope_theta", 500000.0},
-               {"num_experts_per_tok", 1},    {"num_local_experts", 16},
-               {"tie_word_embeddings", false}};
+// A text decoder's config over its config class's defaults (`text`): the config itself for the
+// causal class, else (the multimodal class) its text_config, renamed `causal` and keeping the
+// checkpoint's quantization_config.
+json over_defaults(json text, const json& config, bool conditional, const char* causal,
+                   bool* multimodal) {
   if (!conditional) {
     text.update(config);
     return text;
@@ -703,7 +697,7 @@ json llama4_text_config(const json& config, bool conditional, bool* multimodal) 
   *multimodal = true;
   auto tc = config.find("text_config");
   if (tc != config.end() && tc->is_object()) text.update(*tc);
-  text["architectures"] = json::array({"Llama4ForCausalLM"});
+  text["architectures"] = json::array({causal});
   if (auto q = config.find("quantization_config"); q != config.end())
     text["quantization_config"] = *q;
   return text;
@@ -723,36 +717,37 @@ nlohmann::json text_decoder_config(nlohmann::json config, const std::string& pat
     *multimodal = true;
     return llava_text_config(config, path);
   }
-  if (arch == "Llama4ForConditionalGeneration" || arch == "Llama4ForCausalLM")
-    return llama4_text_config(config, arch == "Llama4ForConditionalGeneration", multimodal);
+  if (arch == "Llama4ForConditionalGeneration" || arch == "Llama4ForCausalLM") {
+    // Llama4TextConfig's defaults (transformers).
+    const json text = {{"vocab_size", 202048},        {"hidden_size", 5120},
+                       {"intermediate_size", 8192},   {"intermediate_size_mlp", 16384},
+                       {"num_hidden_layers", 48},     {"num_attention_heads", 40},
+                       {"num_key_value_heads", 8},    {"head_dim", 128},
+                       {"hidden_act", "silu"},        {"max_position_embeddings", 131072},
+                       {"rms_norm_eps", 1e-5},        {"rope_theta", 500000.0},
+                       {"num_experts_per_tok", 1},    {"num_local_experts", 16},
+                       {"tie_word_embeddings", false}};
+    return over_defaults(text, config, arch != "Llama4ForCausalLM", "Llama4ForCausalLM",
+                         multimodal);
+  }
   if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
   // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.
-  json text = {{"vocab_size", 262208},
-               {"hidden_size", 2304},
-               {"intermediate_size", 9216},
-               {"num_hidden_layers", 26},
-               {"num_attention_heads", 8},
-               {"num_key_value_heads", 4},
-               {"head_dim", 256},
-               {"hidden_activation", "gelu_pytorch_tanh"},
-               {"max_position_embeddings", 131072},
-               {"rms_norm_eps", 1e-6},
-               {"rope_theta", 1000000.0},
-               {"rope_local_base_freq", 10000.0},
-               {"query_pre_attn_scalar", 256},
-               {"sliding_window", 4096},
-               {"tie_word_embeddings", true}};
-  if (arch == "Gemma3ForCausalLM") {
-    text.update(config);
-    return text;
-  }
-  *multimodal = true;
-  auto tc = config.find("text_config");
-  if (tc != config.end() && tc->is_object()) text.update(*tc);
-  text["architectures"] = json::array({"Gemma3ForCausalLM"});
-  if (auto q = config.find("quantization_config"); q != config.end())
-    text["quantization_config"] = *q;
-  return text;
+  const json text = {{"vocab_size", 262208},
+                     {"hidden_size", 2304},
+                     {"intermediate_size", 9216},
+                     {"num_hidden_layers", 26},
+                     {"num_attention_heads", 8},
+                     {"num_key_value_heads", 4},
+                     {"head_dim", 256},
+                     {"hidden_activation", "gelu_pytorch_tanh"},
+                     {"max_position_embeddings", 131072},
+                     {"rms_norm_eps", 1e-6},
+                     {"rope_theta", 1000000.0},
+                     {"rope_local_base_freq", 10000.0},
+                     {"query_pre_attn_scalar", 256},
+                     {"sliding_window", 4096},
+                     {"tie_word_embeddings", true}};
+  return over_defaults(text, config, arch != "Gemma3ForCausalLM", "Gemma3ForCausalLM", multimodal);
 }
 
 }  // namespace troupe::model::detail
