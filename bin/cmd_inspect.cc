@@ -121,6 +121,11 @@ void print_spec(const model::ModelSpec& s) {
   if (s.n_expert > 0 && (moe < s.n_layer - s.n_leading_dense || s.moe_weight_input))
     std::printf("  %lld of %lld layers MoE%s\n", (long long)moe, (long long)s.n_layer,
                 s.moe_weight_input ? "; the router's weight scales the expert's input" : "");
+  if (s.has_indexer())
+    std::printf(
+        "  sparse attention (DeepSeek-V3.2's indexer): %lld heads of %lld, %lld positions "
+        "per query\n",
+        (long long)s.idx_n_head, (long long)s.idx_head_dim, (long long)s.idx_top_k);
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,

@@ -37,7 +37,12 @@ struct Engine::Scratch {
   std::vector<float> q, k, v;             // attention projections
   std::vector<float> attn;                // [T, n_head * head_dim_v]
   std::vector<float> qa, kva, qabs, lat;  // MLA
-  std::vector<float> gate, up;            // FFN
+  // DeepSeek-V3.2's indexer: queries [T, heads, width], keys [T, width], head weights [T, heads];
+  // the positions each token attends to (sel_at[t] .. sel_at[t + 1] of sel; none: all).
+  std::vector<float> iq, ik, iw;
+  std::vector<int64_t> sel_at;
+  std::vector<int32_t> sel;
+  std::vector<float> gate, up;  // FFN
   // MoE
   std::vector<float> router;    // [T, n_expert]
   std::vector<int32_t> sel_id;  // [T, k]
@@ -137,7 +142,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
            need_f32(L.q_a_norm) && need_f32(L.kv_a_norm) && need_f32(L.router_bias) &&
            need_f32(L.bo) && need_f32(L.sinks) && need_f32(L.router_logit_bias) &&
            need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b) &&
-           need_f32(L.attn_post_norm) && need_f32(L.ffn_post_norm);
+           need_f32(L.attn_post_norm) && need_f32(L.ffn_post_norm) && need_f32(L.idx_k_norm) &&
+           need_f32(L.idx_k_norm_b);
       for (const model::ExpertFfn& X : L.experts)
         ok = ok && need_f32(X.gate_b) && need_f32(X.up_b) && need_f32(X.down_b);
     }
@@ -476,6 +482,7 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     kv_->store(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
   }
+  if (s.has_indexer()) indexer(il, seqs);
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]], every
   // head's product in one run.
   const int64_t l = il - range_.begin;
@@ -502,6 +509,25 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
       const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
       const int64_t n_keys = keys_seen(q, pos);
+      const auto t0 = static_cast<size_t>(t);
+      const int64_t n_sel = s.has_indexer() ? S.sel_at[t0 + 1] - S.sel_at[t0] : 0;
+      if (n_sel > 0) {  // DSA: only the positions the indexer chose, gathered as one f32 block
+        thread_local std::vector<float> rows;
+        if (static_cast<int64_t>(rows.size()) < n_sel * kw)
+          rows.resize(static_cast<size_t>(n_sel * kw));
+        for (int64_t i = 0; i < n_sel; ++i) {
+          const int32_t j = S.sel[static_cast<size_t>(S.sel_at[t0] + i)];
+          kv_->load(l, q.blocks[static_cast<size_t>(j / bs)], j % bs, 0, kw, &rows[i * kw]);
+        }
+        const void* block = rows.data();
+        KvView kv;
+        kv.blocks = &block;
+        kv.block_size = n_sel;
+        kv.k_stride = kv.v_stride = kw;
+        attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, n_sel, scale, lora,
+                     &S.lat[(t * H + h0) * lora], lora);
+        continue;
+      }
       const KvView kv = kv_view(*kv_, l, q, n_keys, 0, true, blocks);
       attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, n_keys, scale, lora,
                    &S.lat[(t * H + h0) * lora], lora);
@@ -513,6 +539,80 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     S.products.push_back({&S.v_b_heads[static_cast<size_t>(l)][static_cast<size_t>(hh)],
                           &S.lat[hh * lora], H * lora, T, &S.attn[hh * dv], H * dv});
   matmul_many(S.products, pool_.get());
+}
+
+// DeepSeek-V3.2's lightning indexer, as llama.cpp's deepseek32 graph computes it (no FP8
+// rounding of its queries and keys, whose Hadamard rotation then changes no score and is left
+// out): each token's key, LayerNormed and rotated NeoX-style on its first n_rot values, stored
+// in the V part of its KV row; for each token that sees more than idx_top_k positions, the
+// idx_top_k with the largest sum over heads of relu(q_h . k) * w_h (ties: the earlier), in
+// position order. A token's choice depends on its own sequence only.
+void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
+  const ModelSpec& s = spec();
+  const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  const int64_t T = S.T, Hi = s.idx_n_head, Di = s.idx_head_dim, R = s.qk_rope_dim;
+  const int64_t top = s.idx_top_k, kw = s.kv_k_width(), bs = kv_->block_size();
+  const int64_t l = il - range_.begin;
+  grow(S.iq, T * Hi * Di);
+  grow(S.ik, T * Di);
+  grow(S.iw, T * Hi);
+  matmul(L.idx_wq_b, S.qa.data(), T, S.iq.data(), pool_.get());
+  const MatmulTarget from_h[] = {{L.idx_wk, S.ik.data(), Di}, {L.idx_proj, S.iw.data(), Hi}};
+  matmul_shared(from_h, S.h.data(), s.n_embd, T, pool_.get());
+  const float* nw = f32(L.idx_k_norm);
+  const float* nb = f32(L.idx_k_norm_b);
+  // Both positive factors of the reference's weights (they change no choice).
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(Hi)) / std::sqrt(static_cast<float>(Di));
+  S.sel_at.assign(static_cast<size_t>(T + 1), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = S.tok_pos[static_cast<size_t>(t)];
+    const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
+    float* k = &S.ik[t * Di];
+    detail::layer_norm(k, nw, nb, k, Di, 1e-6f);
+    const float* cs = &S.rope_cos[t * (R / 2)];
+    const float* sn = &S.rope_sin[t * (R / 2)];
+    detail::rope_cs(k, R, cs, sn, /*neox=*/true);
+    for (int64_t hh = 0; hh < Hi; ++hh) {
+      detail::rope_cs(&S.iq[(t * Hi + hh) * Di], R, cs, sn, /*neox=*/true);
+      S.iw[t * Hi + hh] *= wscale;
+    }
+    kv_->store(l, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, kw, k, Di);
+    const int64_t n_keys = keys_seen(q, pos);
+    S.sel_at[static_cast<size_t>(t + 1)] =
+        S.sel_at[static_cast<size_t>(t)] + (n_keys > top ? top : 0);
+  }
+  S.sel.resize(static_cast<size_t>(S.sel_at[static_cast<size_t>(T)]));
+  pool_->parallel_for(T, 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> key, score;
+    thread_local std::vector<int32_t> order;
+    key.resize(static_cast<size_t>(Di));
+    for (int64_t t = b; t < e; ++t) {
+      const auto t0 = static_cast<size_t>(t);
+      if (S.sel_at[t0 + 1] == S.sel_at[t0]) continue;
+      const int64_t pos = S.tok_pos[t0];
+      const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[t0])];
+      const int64_t n = keys_seen(q, pos);
+      score.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        kv_->load(l, q.blocks[static_cast<size_t>(j / bs)], j % bs, kw, Di, key.data());
+        float sc = 0;
+        for (int64_t hh = 0; hh < Hi; ++hh)
+          sc += std::max(0.0f, detail::dot(&S.iq[(t * Hi + hh) * Di], key.data(), Di)) *
+                S.iw[t * Hi + hh];
+        score[static_cast<size_t>(j)] = sc;
+      }
+      order.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+      std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int32_t x, int32_t y) {
+        const float a = score[static_cast<size_t>(x)], c = score[static_cast<size_t>(y)];
+        return a > c || (a == c && x < y);
+      });
+      std::sort(order.begin(), order.begin() + top);
+      std::copy(order.begin(), order.begin() + top,
+                S.sel.begin() + static_cast<std::ptrdiff_t>(S.sel_at[t0]));
+    }
+  });
 }
 
 void Engine::ffn(int64_t il) {

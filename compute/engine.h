@@ -135,6 +135,7 @@ class Engine {
                std::vector<float>* hidden_out);
   void attention(int64_t il, std::span<const SeqStep> seqs);
   void attention_mla(int64_t il, std::span<const SeqStep> seqs);
+  void indexer(int64_t il, std::span<const SeqStep> seqs);
   void ffn(int64_t il);
   void moe(int64_t il);
 

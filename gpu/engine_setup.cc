@@ -161,6 +161,10 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
         "GpuEngine: scaled embeddings, post-attention and post-FFN norms, per-layer rope bases, "
         "the GELU FFN and logit soft-capping (Gemma 3) are not supported yet; the CPU engine "
         "runs them");
+  if (s.has_indexer())
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
+        "the CPU engine runs it");
   // And Llama 4's.
   bool llama4_parts = s.moe_weight_input || s.attn_temp_scale != 0.0f;
   for (const model::LayerSpec& L : s.layers)

@@ -218,6 +218,14 @@ class HfSpecBuilder {
         take_f32(a + "kv_a_layernorm.weight", g + "attn_kv_a_norm.weight", {s.kv_lora_rank});
     L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.v_head_dim});
     split_kv_b(a + "kv_b_proj.weight", g, L);
+    if (!s.has_indexer()) return;
+    const std::string x = a + "indexer.", gx = g + "indexer.";
+    const int64_t Hi = s.idx_n_head, Di = s.idx_head_dim;
+    L.idx_wq_b = take(x + "wq_b.weight", gx + "attn_q_b.weight", {Hi * Di, s.q_lora_rank});
+    L.idx_wk = take(x + "wk.weight", gx + "attn_k.weight", {Di, E});
+    L.idx_k_norm = take_f32(x + "k_norm.weight", gx + "k_norm.weight", {Di});
+    L.idx_k_norm_b = take_f32(x + "k_norm.bias", gx + "k_norm.bias", {Di});
+    L.idx_proj = take(x + "weights_proj.weight", gx + "proj.weight", {Hi, E});
   }
 
   // kv_b_proj [n_head * (nope + v), kv_lora] → wk_b: per head the nope rows transposed

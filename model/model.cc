@@ -78,7 +78,7 @@ class GgufSpecBuilder {
       s.arch = Arch::kQwen2Moe;
     } else if (arch == "qwen3moe") {
       s.arch = Arch::kQwen3Moe;
-    } else if (arch == "deepseek2") {
+    } else if (arch == "deepseek2" || arch == "deepseek32") {  // V3.2: with its indexer
       s.arch = Arch::kDeepseek2;
     } else if (arch == "qwen2") {
       s.arch = Arch::kQwen2;
@@ -104,8 +104,8 @@ class GgufSpecBuilder {
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, "
-          "llama4)",
+          "qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, "
+          "gemma3, llama4)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -218,6 +218,14 @@ class GgufSpecBuilder {
       s.head_dim_k = k_mla;
       s.head_dim_v = s.v_head_dim;
       s.n_head_kv = 1;
+      if (arch == "deepseek32") {  // DeepSeek-V3.2's lightning indexer
+        s.idx_n_head = g_.get_int(p + "attention.indexer.head_count");
+        s.idx_head_dim = g_.get_int(p + "attention.indexer.key_length");
+        s.idx_top_k = g_.get_int(p + "attention.indexer.top_k");
+        if (s.idx_top_k <= 0)
+          TROUPE_INPUT_ERROR("%s: %sattention.indexer.top_k must be positive, got %lld",
+                             g_.path().c_str(), p.c_str(), ll(s.idx_top_k));
+      }
     }
 
     s.token_embd = req("token_embd.weight");
@@ -365,6 +373,13 @@ class GgufSpecBuilder {
             g_.path().c_str(), b.c_str());
       L.wk_b = req(b + "attn_k_b.weight");
       L.wv_b = req(b + "attn_v_b.weight");
+      if (s.has_indexer()) {
+        L.idx_wq_b = req(b + "indexer.attn_q_b.weight");
+        L.idx_wk = req(b + "indexer.attn_k.weight");
+        L.idx_k_norm = req(b + "indexer.k_norm.weight");
+        L.idx_k_norm_b = req(b + "indexer.k_norm.bias");
+        L.idx_proj = req(b + "indexer.proj.weight");
+      }
     } else {
       if (!has(b + "attn_q.weight") && has(b + "attn_qkv.weight")) {
         split_qkv(s, b, L);  // one fused matrix (Ling-2.0's)
@@ -576,6 +591,14 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
     TROUPE_INPUT_ERROR("%s: attention temperature scale %g needs a positive floor (got %lld)",
                        src.c_str(), static_cast<double>(s.attn_temp_scale),
                        static_cast<long long>(s.attn_temp_floor));
+  if (s.has_indexer() &&
+      (!s.is_mla() || s.q_lora_rank <= 0 || s.idx_n_head <= 0 || s.idx_head_dim < s.n_rot ||
+       s.idx_head_dim > 65536 || s.idx_n_head > 65536))
+    TROUPE_INPUT_ERROR(
+        "%s: the sparse-attention indexer needs MLA with a compressed q, heads and a head width "
+        "of at least the rotary %lld (got %lld heads of %lld, q_lora %lld)",
+        src.c_str(), static_cast<long long>(s.n_rot), static_cast<long long>(s.idx_n_head),
+        static_cast<long long>(s.idx_head_dim), static_cast<long long>(s.q_lora_rank));
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
                        static_cast<long long>(s.n_layer));
@@ -595,6 +618,13 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect(src, L.wk_b, s.qk_nope_dim, s.kv_lora_rank, s.n_head);
       expect(src, L.wv_b, s.kv_lora_rank, s.v_head_dim, s.n_head);
       expect(src, L.wo, s.n_head * s.v_head_dim, E);
+      if (s.has_indexer()) {
+        expect(src, L.idx_wq_b, s.q_lora_rank, s.idx_n_head * s.idx_head_dim);
+        expect(src, L.idx_wk, E, s.idx_head_dim);
+        expect(src, L.idx_k_norm, s.idx_head_dim, 1);
+        expect(src, L.idx_k_norm_b, s.idx_head_dim, 1);
+        expect(src, L.idx_proj, E, s.idx_n_head);
+      }
     } else {
       expect(src, L.wq, E, s.n_head * s.head_dim_k);
       expect(src, L.wk, E, s.n_head_kv * s.head_dim_k);

@@ -215,6 +215,12 @@ struct LayerSpec {
   WeightView kv_a_norm;             // [kv_lora]
   WeightView wk_b;                  // [n_head] x [kv_lora rows, nope cols]
   WeightView wv_b;                  // [n_head] x [v_dim rows, kv_lora cols]
+  // DeepSeek-V3.2's sparse attention (DSA): the lightning indexer, which picks the positions a
+  // query attends to once it sees more than ModelSpec::idx_top_k.
+  WeightView idx_wq_b;                  // [idx_n_head * idx_head_dim rows, q_lora cols]
+  WeightView idx_wk;                    // [idx_head_dim rows, n_embd cols]
+  WeightView idx_k_norm, idx_k_norm_b;  // f32 [idx_head_dim]: the keys' LayerNorm
+  WeightView idx_proj;                  // [idx_n_head rows, n_embd cols]: per-head weights
   WeightView ffn_norm;
   // Dense FFN (SwiGLU).
   WeightView ffn_gate, ffn_up, ffn_down;
@@ -288,6 +294,9 @@ struct ModelSpec {
   int64_t qk_nope_dim = 0;
   int64_t qk_rope_dim = 0;
   int64_t v_head_dim = 0;
+  // DeepSeek-V3.2's indexer (0: none): its heads, their width (the first n_rot rotated, NeoX
+  // style), how many positions a query keeps.
+  int64_t idx_n_head = 0, idx_head_dim = 0, idx_top_k = 0;
 
   WeightView token_embd;  // [n_vocab rows, n_embd cols]
   WeightView output_norm;
@@ -299,7 +308,9 @@ struct ModelSpec {
   int64_t kv_k_width() const {
     return is_mla() ? kv_lora_rank + qk_rope_dim : n_head_kv * head_dim_k;
   }
-  int64_t kv_v_width() const { return is_mla() ? 0 : n_head_kv * head_dim_v; }
+  /// (MLA: the indexer's key, when there is one.)
+  int64_t kv_v_width() const { return is_mla() ? idx_head_dim : n_head_kv * head_dim_v; }
+  bool has_indexer() const { return idx_top_k > 0; }
 };
 
 /// DeepSeek-V2's gate (the modeling_deepseek.py its checkpoints ship) either renormalizes the

@@ -224,6 +224,13 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.matrix(b + "attn_k_b.weight", {c.nope_dim, c.kv_lora, c.n_head});
       p.matrix(b + "attn_v_b.weight", {c.kv_lora, c.v_dim, c.n_head});
       p.matrix(b + "attn_output.weight", {c.n_head * c.v_dim, e});
+      if (c.index_top_k > 0) {  // DeepSeek-V3.2's lightning indexer
+        p.matrix(b + "indexer.attn_q_b.weight", {c.q_lora, c.index_heads * c.index_dim});
+        p.matrix(b + "indexer.attn_k.weight", {e, c.index_dim});
+        p.norm(b + "indexer.k_norm.weight", c.index_dim);
+        p.f32(b + "indexer.k_norm.bias", {c.index_dim}, 0.05f);
+        p.f32(b + "indexer.proj.weight", {e, c.index_heads}, router_sd);
+      }
     } else {
       const int64_t q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
       if (c.arch == SynthArch::kBailingMoe2) {  // one fused matrix: q, k, v rows

@@ -1,17 +1,22 @@
-// A test reference for DeepSeek-V2 and DeepSeek-V3 Hugging Face checkpoints
-// (DeepseekV2ForCausalLM: V2, V2-Lite, V2.5, Coder-V2; DeepseekV3ForCausalLM: V3, R1, Kimi K2):
+// A test reference for DeepSeek-V2, V3 and V3.2 Hugging Face checkpoints
+// (DeepseekV2ForCausalLM: V2, V2-Lite, V2.5, Coder-V2; DeepseekV3ForCausalLM: V3, R1, Kimi K2;
+// DeepseekV32ForCausalLM: V3.2-Exp, V3.2):
 // a deliberately naive float64 forward pass that reads the checkpoint by its Hugging Face tensor
 // names, written from the semantics of the modeling_deepseek.py these checkpoints ship and of
 // transformers' DeepseekV3, independently of troupe's engine and model loader (it uses only the
 // safetensors container parser). Multi-head latent attention is computed as written there: each
 // head's keys and values expanded from the latent by kv_b_proj, nothing absorbed. The layer loop,
 // the SwiGLU experts and DeepSeek-V3's routing are tests/hf_moe_reference.h's (GLM-4.5 routes as
-// V3 does). Plain loops, no caching: for small test models.
+// V3 does). V3.2's sparse attention (DSA) is a selection on that same dense path: its lightning
+// indexer scores each earlier position and a query past index_topk keys attends only to the
+// index_topk best, the rest masked, so that sparse kernels are held to plain masked attention.
+// Plain loops, no caching: for small test models.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -28,7 +33,7 @@ struct Mla {
   int64_t q_lora = 0;  // q_lora_rank; 0 (null): q = q_proj x
   int64_t kv_lora = 0, nope = 0, rope = 0, v = 0;
   bool interleave = true;  // rope_interleave: rope rows stored as interleaved pairs
-  bool v3 = true;          // DeepseekV3ForCausalLM (else V2's gate)
+  bool v3 = true;          // DeepseekV3ForCausalLM or DeepseekV32ForCausalLM (else V2's gate)
   std::string topk_method;
   // rope_scaling {"type" (or "rope_type"): "yarn", ...}, as modeling_deepseek.py's
   // DeepseekV2YarnRotaryEmbedding: each pair's frequency blended between itself and itself /
@@ -37,10 +42,36 @@ struct Mla {
   // mscale(factor, mscale_all_dim)^2, where mscale(f, m) = 0.1 m ln f + 1 (1 for f <= 1).
   bool yarn = false;
   double factor = 1, orig_ctx = 0, beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
+  // DeepseekV32ForCausalLM's sparse attention (DSA), read by read_dsa.
+  bool dsa = false;
+  int64_t index_heads = 0;  // index_n_heads (Hi)
+  int64_t index_dim = 0;    // index_head_dim (Di)
+  int64_t index_topk = 0;   // index_topk: keys a query keeps once it has more
 };
 
 inline double yarn_mscale(double factor, double m) {
   return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+
+/// The lightning indexer's sizes of a DeepseekV32ForCausalLM config.json into m (whose q_lora
+/// and rope are read): its queries come from the compressed q, so q_lora_rank must be set, and
+/// each head's first qk_rope_head_dim values are rotated, so index_head_dim must hold them.
+inline void read_dsa(const ConfigJson& j, Mla* m) {
+  auto need = [&](const char* key) {
+    if (!j.has(key)) fail(std::string("DeepseekV32ForCausalLM config.json lacks ") + key);
+    return j.j[key].get<int64_t>();
+  };
+  if (m->q_lora <= 0) fail("DeepseekV32ForCausalLM needs q_lora_rank > 0 (the indexer's queries)");
+  m->dsa = true;
+  m->index_heads = need("index_n_heads");
+  m->index_dim = need("index_head_dim");
+  m->index_topk = need("index_topk");
+  if (m->index_heads < 1) fail("index_n_heads must be at least 1");
+  if (m->index_dim < 1 || m->index_dim < m->rope)
+    fail("index_head_dim " + std::to_string(m->index_dim) +
+         " must be at least 1 and at least qk_rope_head_dim " + std::to_string(m->rope));
+  if (m->index_topk < 1)
+    fail("index_topk must be at least 1, got " + std::to_string(m->index_topk));
 }
 
 inline Mla read_config(const std::string& dir, Config* cfg) {
@@ -61,9 +92,10 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   }
   Config c = read_common(j);
   const std::string arch = j.j.at("architectures").at(0).get<std::string>();
-  if (arch != "DeepseekV3ForCausalLM" && arch != "DeepseekV2ForCausalLM")
+  if (arch != "DeepseekV3ForCausalLM" && arch != "DeepseekV2ForCausalLM" &&
+      arch != "DeepseekV32ForCausalLM")
     fail("architectures[0] is " + arch);
-  m.v3 = arch == "DeepseekV3ForCausalLM";
+  m.v3 = arch != "DeepseekV2ForCausalLM";  // V3.2 routes as V3
   m.q_lora = j.get("q_lora_rank", int64_t{0});
   m.kv_lora = j.req("kv_lora_rank");
   m.nope = j.req("qk_nope_head_dim");
@@ -71,6 +103,7 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   m.v = j.req("v_head_dim");
   m.interleave = j.get("rope_interleave", true);
   if (m.rope % 2 != 0) fail("qk_rope_head_dim must be even");
+  if (arch == "DeepseekV32ForCausalLM") read_dsa(j, &m);
   if (j.get("attention_bias", false)) fail("attention_bias is not supported");
   if (j.get("moe_layer_freq", int64_t{1}) != 1) fail("moe_layer_freq must be 1");
   c.eps = j.get("rms_norm_eps", 1e-6);
@@ -141,17 +174,87 @@ inline void rope(Vec& v, int64_t off, int64_t r, int64_t pos, const Vec& freq, d
   }
 }
 
+/// (v - mean) / sqrt(var + eps) * w + b, var the population variance: torch's LayerNorm.
+inline Vec layer_norm(const Vec& v, const Vec& w, const Vec& b, double eps) {
+  const auto n = static_cast<double>(v.size());
+  double mean = 0, var = 0;
+  for (double x : v) mean += x;
+  mean /= n;
+  for (double x : v) var += (x - mean) * (x - mean);
+  var /= n;
+  const double inv = 1.0 / std::sqrt(var + eps);
+  Vec out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = (v[i] - mean) * inv * w[i] + b[i];
+  return out;
+}
+
+/// The keys each query attends to: [query i][key s <= i], true when kept; empty: all (dense).
+using Selection = std::vector<std::vector<bool>>;
+
+/// DeepSeek-V3.2's lightning indexer of attention prefix a ("model.layers.N.self_attn."), over
+/// the attn-normed inputs hs and qr, the MLA query's q_a_layernorm outputs (one per position),
+/// with MLA's pair frequencies freq. Per position p: iq = indexer.wq_b qr, Hi heads of Di;
+/// ik = LayerNorm(indexer.wk h) by k_norm's weight and bias, eps 1e-6; on the first
+/// qk_rope_head_dim values of each, rotary with pairs (i, i + R/2) whatever rope_interleave says
+/// (the indexer's layout is not interleaved) and without YaRN's cos/sin mscale; w =
+/// indexer.weights_proj h * Hi^-0.5 * Di^-0.5. score(p, s) = sum_h max(0, iq_h . ik_s) w_h.
+/// Query p keeps every s <= p while p + 1 <= index_topk, else the index_topk of largest score
+/// (ties: the lower position first).
+inline Selection dsa_select(const Tensors& st, const Config& c, const Mla& m, const std::string& a,
+                            const std::vector<Vec>& hs, const std::vector<Vec>& qr,
+                            const Vec& freq) {
+  const std::string x = a + "indexer.";
+  const int64_t Hi = m.index_heads, Di = m.index_dim;
+  const Tensor& wq = tensor(st, x + "wq_b.weight", {Hi * Di, m.q_lora});
+  const Tensor& wk = tensor(st, x + "wk.weight", {Di, c.E});
+  const Tensor& ww = tensor(st, x + "weights_proj.weight", {Hi, c.E});
+  const Vec norm_w = vec(st, x + "k_norm.weight", Di), norm_b = vec(st, x + "k_norm.bias", Di);
+  const double w_scale =
+      std::pow(static_cast<double>(Hi), -0.5) * std::pow(static_cast<double>(Di), -0.5);
+  const size_t n = hs.size();
+  std::vector<Vec> iq(n), ik(n), w(n);
+  for (size_t s = 0; s < n; ++s) {
+    const auto pos = static_cast<int64_t>(s);
+    iq[s] = matvec(wq, qr[s]);
+    for (int64_t h = 0; h < Hi; ++h)
+      rope(iq[s], h * Di, m.rope, pos, freq, 1.0, /*interleave=*/false);
+    ik[s] = layer_norm(matvec(wk, hs[s]), norm_w, norm_b, 1e-6);
+    rope(ik[s], 0, m.rope, pos, freq, 1.0, /*interleave=*/false);
+    w[s] = matvec(ww, hs[s]);
+    for (double& e : w[s]) e *= w_scale;
+  }
+  Selection keep(n);
+  for (size_t i = 0; i < n; ++i) {
+    keep[i].assign(i + 1, true);
+    if (static_cast<int64_t>(i) + 1 <= m.index_topk) continue;
+    Vec score(i + 1, 0.0);
+    for (size_t s = 0; s <= i; ++s)
+      for (int64_t h = 0; h < Hi; ++h) {
+        double d = 0;
+        for (int64_t e = 0; e < Di; ++e) d += iq[i][h * Di + e] * ik[s][e];
+        score[s] += std::max(0.0, d) * w[i][h];
+      }
+    std::vector<size_t> order(i + 1);
+    for (size_t s = 0; s <= i; ++s) order[s] = s;
+    std::ranges::stable_sort(order, [&](size_t l, size_t r) { return score[l] > score[r]; });
+    keep[i].assign(i + 1, false);
+    for (int64_t r = 0; r < m.index_topk; ++r) keep[i][order[r]] = true;
+  }
+  return keep;
+}
+
 /// Multi-head latent attention of layer prefix p ("model.layers.N."), causal, positions 0..n-1:
 /// q = q_proj h, or q_b_proj(q_a_layernorm(q_a_proj h)), per head [nope | rope];
 /// kv_a_proj_with_mqa h = [latent | k_rope]; per head [k_nope | v] = kv_b_proj(kv_a_layernorm
 /// latent); k_rope, one per position, shared by every head; rotary on the rope parts only;
-/// softmax((q_nope k_nope + q_rope k_rope) / sqrt(nope + rope)) v; o_proj.
+/// softmax((q_nope k_nope + q_rope k_rope) / sqrt(nope + rope)) v; o_proj. With DSA, each
+/// query's softmax runs over dsa_select's keys only, the same for every head.
 inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla& m,
                                   const std::string& p, const std::vector<Vec>& hs) {
   const std::string a = p + "self_attn.";
   const int64_t H = c.H, qk = m.nope + m.rope, kvw = m.nope + m.v;
   const size_t n = hs.size();
-  std::vector<Vec> q(n), kv(n), kr(n), out(n);
+  std::vector<Vec> q(n), qr(n), kv(n), kr(n), out(n);  // qr: q_a_layernorm outputs
   const Vec freq = rope_freqs(m, m.rope, c.rope_theta);
   const double mult =
       m.yarn ? yarn_mscale(m.factor, m.mscale) / yarn_mscale(m.factor, m.mscale_all_dim) : 1.0;
@@ -159,8 +262,8 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
     const auto pos = static_cast<int64_t>(i);
     if (m.q_lora > 0) {
       const Vec qa = matvec(tensor(st, a + "q_a_proj.weight", {m.q_lora, c.E}), hs[i]);
-      const Vec qn = rms_norm(qa, vec(st, a + "q_a_layernorm.weight", m.q_lora), c.eps);
-      q[i] = matvec(tensor(st, a + "q_b_proj.weight", {H * qk, m.q_lora}), qn);
+      qr[i] = rms_norm(qa, vec(st, a + "q_a_layernorm.weight", m.q_lora), c.eps);
+      q[i] = matvec(tensor(st, a + "q_b_proj.weight", {H * qk, m.q_lora}), qr[i]);
     } else {
       q[i] = matvec(tensor(st, a + "q_proj.weight", {H * qk, c.E}), hs[i]);
     }
@@ -179,6 +282,7 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
     const double ms = yarn_mscale(m.factor, m.mscale_all_dim);
     scale *= ms * ms;
   }
+  const Selection keep = m.dsa ? dsa_select(st, c, m, a, hs, qr, freq) : Selection();
   const Tensor& wo = tensor(st, a + "o_proj.weight", {c.E, H * m.v});
   for (size_t i = 0; i < n; ++i) {
     Vec heads(static_cast<size_t>(H * m.v), 0.0);
@@ -188,7 +292,8 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
         double d = 0;
         for (int64_t e = 0; e < m.nope; ++e) d += q[i][h * qk + e] * kv[s][h * kvw + e];
         for (int64_t e = 0; e < m.rope; ++e) d += q[i][h * qk + m.nope + e] * kr[s][e];
-        score[s] = d * scale;
+        score[s] =
+            keep.empty() || keep[i][s] ? d * scale : -std::numeric_limits<double>::infinity();
       }
       softmax(score);
       for (size_t s = 0; s <= i; ++s)
@@ -226,12 +331,13 @@ inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, cons
 
 }  // namespace deepseek_ref
 
-/// Logits [tokens.size() x vocab_size] of the Hugging Face DeepseekV2ForCausalLM or
-/// DeepseekV3ForCausalLM directory `dir`, in double; row i = logits after tokens[0..i] (causal,
-/// positions 0..n-1). Throws std::runtime_error naming the tensor or key on a missing tensor, a
-/// shape that config.json does not imply, or an unsupported config (rope_scaling other than
-/// yarn, attention_bias,
-/// moe_layer_freq other than 1, an unknown topk_method).
+/// Logits [tokens.size() x vocab_size] of the Hugging Face DeepseekV2ForCausalLM,
+/// DeepseekV3ForCausalLM or DeepseekV32ForCausalLM directory `dir`, in double; row i = logits
+/// after tokens[0..i] (causal, positions 0..n-1). Throws std::runtime_error naming the tensor or
+/// key on a missing tensor (V3.2: the indexer's too), a shape that config.json does not imply, or
+/// an unsupported config (rope_scaling other than yarn, attention_bias, moe_layer_freq other than
+/// 1, an unknown topk_method; for V3.2 no q_lora_rank, a missing index_n_heads, index_head_dim
+/// or index_topk, index_topk < 1).
 inline std::vector<double> deepseek_reference_logits(const std::string& dir,
                                                      const std::vector<int32_t>& tokens) {
   using namespace deepseek_ref;

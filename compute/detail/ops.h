@@ -37,6 +37,20 @@ inline void rms_norm_plain(const float* x, float* out, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
 }
 
+/// LayerNorm with weight and bias (DeepSeek-V3.2's indexer keys): mean and variance in double,
+/// in a fixed order.
+inline void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n,
+                       float eps) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(n);
+  double var = 0;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const auto m = static_cast<float>(mean);
+  const float inv = 1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - m) * inv * w[i] + b[i];
+}
+
 /// Fixed-order f32 dot product (dot_in's order).
 inline float dot(const float* a, const float* b, int64_t n) { return dot_in<float>(a, b, n); }
 

@@ -25,7 +25,7 @@ class HparamsReader {
     const std::string arch = read_family();
     read_common(arch);
     if (mla()) {
-      read_mla();
+      read_mla(arch == "DeepseekV32ForCausalLM");
     } else {
       read_attention(arch);
       read_moe_counts();
@@ -60,6 +60,7 @@ class HparamsReader {
         {"Qwen3MoeForCausalLM", HfFamily::kQwen3Moe},
         {"DeepseekV2ForCausalLM", HfFamily::kDeepseekV2},
         {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
+        {"DeepseekV32ForCausalLM", HfFamily::kDeepseekV3},  // V3 with the sparse attention
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
@@ -604,7 +605,7 @@ class HparamsReader {
     return theta;
   }
 
-  void read_mla() {
+  void read_mla(bool sparse) {
     ModelSpec& s = h_.spec;
     s.arch = Arch::kDeepseek2;
     s.q_lora_rank = cfg_.get_int_or("q_lora_rank", 0);
@@ -623,6 +624,11 @@ class HparamsReader {
         cfg_.get_bool_or("rope_interleave", true) ? RopeStyle::kNormal : RopeStyle::kNeox;
     if (cfg_.get_bool_or("attention_bias", false))
       TROUPE_INPUT_ERROR("%s: attention_bias is not supported for DeepSeek", cfg_.path().c_str());
+    if (sparse) {  // DeepSeek-V3.2's lightning indexer
+      s.idx_n_head = cfg_.get_dim("index_n_heads");
+      s.idx_head_dim = cfg_.get_dim("index_head_dim");
+      s.idx_top_k = cfg_.get_dim("index_topk");
+    }
     read_sigmoid_routing(/*glm=*/false);
   }
 

@@ -21,7 +21,7 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "mixtral") return SynthArch::kMixtral;
   if (a == "qwen3moe") return SynthArch::kQwen3Moe;
   if (a == "qwen2moe") return SynthArch::kQwen2Moe;
-  if (a == "deepseek2") return SynthArch::kDeepseek2;
+  if (a == "deepseek2" || a == "deepseek32") return SynthArch::kDeepseek2;
   if (a == "qwen2") return SynthArch::kQwen2;
   if (a == "qwen3") return SynthArch::kQwen3;
   if (a == "glm4moe") return SynthArch::kGlm4Moe;
@@ -32,7 +32,7 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "llama4") return SynthArch::kLlama4;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4)",
+      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4)",
       a.c_str());
 }
 
@@ -54,6 +54,7 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
        kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4},
       {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4},
       {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
+      {"--index-top-k", o.index_top_k.has_value(), kDs},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
@@ -209,6 +210,15 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
   check_positive("--v-head-dim", c.v_dim);
   if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
   c.head_dim = c.nope_dim + c.rope_dim;
+  if (o.arch == "deepseek32") {  // V3.2's indexer: 4 heads of 2 x the rotary width
+    if (c.q_lora == 0) TROUPE_INPUT_ERROR("--arch deepseek32 needs --q-lora-rank above 0");
+    c.index_top_k = o.index_top_k.value_or(2048);
+    check_positive("--index-top-k", c.index_top_k);
+    c.index_heads = 4;
+    c.index_dim = 2 * c.rope_dim;
+  } else if (o.index_top_k) {
+    TROUPE_INPUT_ERROR("--index-top-k applies to --arch deepseek32 only");
+  }
   resolve_sigmoid_routing(o, c);
 }
 
@@ -219,6 +229,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   c.arch = parse_arch(o.arch);
   check_applicable(o, c.arch);
   c.gguf_arch = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral ? "llama" : o.arch;
+  if (o.arch == "deepseek32") c.gguf_arch = "deepseek32";
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
@@ -385,6 +396,11 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       shared_and_weights(c.sigmoid ? 2 : 1);
       groups();
       u32("rope.dimension_count", c.rope_dim);
+      if (c.index_top_k > 0) {
+        u32("attention.indexer.head_count", c.index_heads);
+        u32("attention.indexer.key_length", c.index_dim);
+        u32("attention.indexer.top_k", c.index_top_k);
+      }
       break;
   }
 }

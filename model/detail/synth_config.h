@@ -47,9 +47,10 @@ struct SynthConfig {
   int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   int64_t n_expert_shared = 0, n_dense_lead = 0, n_group = 1, n_group_used = 1;
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
-  int64_t n_nextn = 0;  // glm4moe: multi-token-prediction layers after the decoder's
-  int64_t n_swa = 0;    // gpt-oss, gemma3: the sliding window
+  int64_t n_nextn = 0;   // glm4moe: multi-token-prediction layers after the decoder's
+  int64_t n_swa = 0;     // gpt-oss, gemma3: the sliding window
   int64_t moe_step = 1;  // llama4: every moe_step-th layer has experts
+  int64_t index_top_k = 0, index_heads = 0, index_dim = 0;  // deepseek32: the indexer
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

@@ -1,7 +1,7 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, gpt-oss, Gemma 3, Llama 4), synthesized, as GGUF and in Hugging Face form (gpt-oss's
-// with MXFP4 experts), through the actor system with stages and expert shards spread out: every
-// token and logit bit-identical to the single-process run.
+// bailingmoe2, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
+// form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert shards
+// spread out: every token and logit bit-identical to the single-process run.
 #include <string>
 #include <vector>
 
@@ -10,6 +10,7 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "tests/cluster_test_util.h"
 #include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
@@ -93,6 +94,20 @@ TEST(Gemma3Cluster, GgufAndHuggingFaceFormAcrossStages) {
   expect_plans_match_one_process(gguf, /*dense=*/true);
   testing::write_gemma3_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path(), /*dense=*/true);
+}
+
+// DeepSeek-V3.2: the indexer's keys ride in each stage's KV rows; 8 positions per query, so the
+// requests' prompts and replies attend sparsely.
+TEST(Deepseek32Cluster, GgufAcrossStagesAndExpertShards) {
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "deepseek32";
+  o.seed = 29;
+  o.n_ctx = 256;
+  o.index_top_k = 8;
+  const std::string path = dir.file("d32.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  expect_plans_match_one_process(path);
 }
 
 // Llama 4: experts weighted at their input on the shards; the twin's chunks of 8 positions and

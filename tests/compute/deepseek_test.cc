@@ -6,6 +6,7 @@
 // DeepSeek-V2's (groups ranked by their best score), and V3's with other head sizes.
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -65,6 +66,9 @@ struct DsForm {
   bool interleave = true;
   double rope_theta = 10000;
   nlohmann::json rope_scaling = nullptr;  // none
+  // DeepSeek-V3.2's indexer (with arch DeepseekV32ForCausalLM): positions a query keeps (0: no
+  // indexer), its heads and their width.
+  int64_t index_topk = 0, index_heads = 3, index_dim = 12;
 };
 
 constexpr int64_t kVocab = 96, kE = 64, kLayers = 3, kHeads = 4, kNope = 16, kRope = 8, kV = 12,
@@ -110,6 +114,14 @@ std::vector<StTensor> checkpoint_tensors(const DsForm& f, uint64_t seed) {
     norm(a + "kv_a_layernorm.weight", kKvLora);
     linear(a + "kv_b_proj.weight", kHeads * (kNope + kV), kKvLora);
     linear(a + "o_proj.weight", kE, kHeads * kV);
+    if (f.index_topk > 0) {
+      const std::string x = a + "indexer.";
+      linear(x + "wq_b.weight", f.index_heads * f.index_dim, f.q_lora);
+      linear(x + "wk.weight", f.index_dim, kE);
+      norm(x + "k_norm.weight", f.index_dim);
+      put(x + "k_norm.bias", {f.index_dim}, -0.1f, 0.1f);
+      linear(x + "weights_proj.weight", f.index_heads, kE);
+    }
     norm(p + "post_attention_layernorm.weight", kE);
     if (l == 0) {
       mlp(p + "mlp.", kI);
@@ -127,38 +139,44 @@ std::vector<StTensor> checkpoint_tensors(const DsForm& f, uint64_t seed) {
 
 /// config.json of form f.
 nlohmann::json checkpoint_config(const DsForm& f) {
-  return {{"architectures", {f.arch}},
-          {"vocab_size", kVocab},
-          {"hidden_size", kE},
-          {"num_hidden_layers", kLayers},
-          {"num_attention_heads", kHeads},
-          {"num_key_value_heads", kHeads},
-          {"max_position_embeddings", 256},
-          {"rms_norm_eps", 1e-6},
-          {"rope_theta", f.rope_theta},
-          {"rope_scaling", f.rope_scaling},
-          {"tie_word_embeddings", false},
-          {"hidden_act", "silu"},
-          {"q_lora_rank", f.q_lora > 0 ? nlohmann::json(f.q_lora) : nlohmann::json()},
-          {"kv_lora_rank", kKvLora},
-          {"qk_nope_head_dim", kNope},
-          {"qk_rope_head_dim", kRope},
-          {"v_head_dim", kV},
-          {"rope_interleave", f.interleave},
-          {"attention_bias", false},
-          {"intermediate_size", kI},
-          {"moe_intermediate_size", kF},
-          {"first_k_dense_replace", 1},
-          {"moe_layer_freq", 1},
-          {"n_routed_experts", kExperts},
-          {"num_experts_per_tok", f.used},
-          {"n_shared_experts", f.shared},
-          {"n_group", f.n_group},
-          {"topk_group", f.topk_group},
-          {"topk_method", f.topk_method},
-          {"scoring_func", f.softmax ? "softmax" : "sigmoid"},
-          {"norm_topk_prob", f.norm_topk},
-          {"routed_scaling_factor", f.routed_scale}};
+  nlohmann::json c = {{"architectures", {f.arch}},
+                      {"vocab_size", kVocab},
+                      {"hidden_size", kE},
+                      {"num_hidden_layers", kLayers},
+                      {"num_attention_heads", kHeads},
+                      {"num_key_value_heads", kHeads},
+                      {"max_position_embeddings", 256},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", f.rope_theta},
+                      {"rope_scaling", f.rope_scaling},
+                      {"tie_word_embeddings", false},
+                      {"hidden_act", "silu"},
+                      {"q_lora_rank", f.q_lora > 0 ? nlohmann::json(f.q_lora) : nlohmann::json()},
+                      {"kv_lora_rank", kKvLora},
+                      {"qk_nope_head_dim", kNope},
+                      {"qk_rope_head_dim", kRope},
+                      {"v_head_dim", kV},
+                      {"rope_interleave", f.interleave},
+                      {"attention_bias", false},
+                      {"intermediate_size", kI},
+                      {"moe_intermediate_size", kF},
+                      {"first_k_dense_replace", 1},
+                      {"moe_layer_freq", 1},
+                      {"n_routed_experts", kExperts},
+                      {"num_experts_per_tok", f.used},
+                      {"n_shared_experts", f.shared},
+                      {"n_group", f.n_group},
+                      {"topk_group", f.topk_group},
+                      {"topk_method", f.topk_method},
+                      {"scoring_func", f.softmax ? "softmax" : "sigmoid"},
+                      {"norm_topk_prob", f.norm_topk},
+                      {"routed_scaling_factor", f.routed_scale}};
+  if (f.index_topk > 0) {
+    c["index_topk"] = f.index_topk;
+    c["index_n_heads"] = f.index_heads;
+    c["index_head_dim"] = f.index_dim;
+  }
+  return c;
 }
 
 void write_checkpoint(const TempDir& dir, const DsForm& f, uint64_t seed) {
@@ -226,6 +244,224 @@ TEST(Deepseek, V3FormWithYarnMatchesTheReference) {
   v3["rope_type"] = "yarn";
   v3.erase("type");
   check_form({.rope_theta = 100, .rope_scaling = v3}, 8);
+}
+
+// DeepSeek-V3.2's sparse attention: once a query sees more than index_topk positions, it attends
+// to the ones its lightning indexer scores highest (here 6 of up to 24), in every chunking.
+TEST(Deepseek, V32SparseAttentionMatchesTheReference) {
+  const DsForm dsa{.arch = "DeepseekV32ForCausalLM", .index_topk = 6};
+  const ModelPtr m = check_form(dsa, 9);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->spec.has_indexer());
+  EXPECT_EQ(m->spec.idx_n_head, 3);
+  EXPECT_EQ(m->spec.idx_head_dim, 12);
+  EXPECT_EQ(m->spec.kv_v_width(), 12);  // the indexer's key beside the latent
+  expect_batch_invariant(m);
+  // Positions up to 6 attend densely: as the V3 form of the same weights; later ones do not.
+  TempDir dir;
+  write_checkpoint(dir, dsa, 9);
+  auto c = nlohmann::json::parse(testing::read_text_file(dir.file("config.json")));
+  c["index_topk"] = 64;
+  dir.write("config.json", c.dump());
+  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(kVocab), 29);
+  const std::vector<float> sparse = prompt_logits(m, prompt),
+                           dense = prompt_logits(dir.path(), prompt);
+  const auto V = static_cast<size_t>(kVocab);
+  EXPECT_TRUE(std::equal(sparse.begin(), sparse.begin() + 6 * V, dense.begin()));
+  for (size_t r = 6; r < 24; ++r)
+    EXPECT_FALSE(
+        std::equal(sparse.begin() + r * V, sparse.begin() + (r + 1) * V, dense.begin() + r * V))
+        << "row " << r;
+}
+
+// YaRN's frequencies reach the indexer's rotation too.
+TEST(Deepseek, V32SparseAttentionWithYarnMatchesTheReference) {
+  const nlohmann::json yarn = {{"type", "yarn"},
+                               {"factor", 4.0},
+                               {"beta_fast", 32},
+                               {"beta_slow", 0.05},
+                               {"mscale", 1.0},
+                               {"mscale_all_dim", 0.707},
+                               {"original_max_position_embeddings", 16}};
+  check_form({.arch = "DeepseekV32ForCausalLM",
+              .rope_theta = 100,
+              .rope_scaling = yarn,
+              .index_topk = 5,
+              .index_dim = 8},
+             10);
+}
+
+// The GGUF form llama.cpp's converter gives a V3.2 checkpoint ("deepseek32": kv_b_proj split
+// into attn_k_b and attn_v_b, experts stacked, the indexer under blk.N.indexer.*), written here
+// from the checkpoint's tensors: it loads to the same arithmetic, the same logits bit for bit.
+std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t seed) {
+  std::map<std::string, const StTensor*> by;
+  const std::vector<StTensor> t = checkpoint_tensors(f, seed);
+  for (const StTensor& x : t) by[x.name] = &x;
+  auto floats = [&](const std::string& n) {
+    const StTensor& x = *by.at(n);
+    std::vector<float> v(x.bytes.size() / 4);
+    std::memcpy(v.data(), x.bytes.data(), x.bytes.size());
+    return v;
+  };
+  model::GgufWriter w;
+  const std::string k = "deepseek32.";
+  w.set_string("general.architecture", "deepseek32");
+  auto u32 = [&](const std::string& key, int64_t v) {
+    w.set_u32(k + key, static_cast<uint32_t>(v));
+  };
+  u32("embedding_length", kE);
+  u32("block_count", kLayers);
+  u32("feed_forward_length", kI);
+  u32("attention.head_count", kHeads);
+  u32("attention.head_count_kv", 1);
+  w.set_f32(k + "rope.freq_base", static_cast<float>(f.rope_theta));
+  w.set_f32(k + "attention.layer_norm_rms_epsilon", 1e-6f);
+  u32("attention.q_lora_rank", f.q_lora);
+  u32("attention.kv_lora_rank", kKvLora);
+  u32("attention.key_length", kKvLora + kRope);
+  u32("attention.value_length", kKvLora);
+  u32("attention.key_length_mla", kNope + kRope);
+  u32("attention.value_length_mla", kV);
+  u32("rope.dimension_count", kRope);
+  u32("expert_count", kExperts);
+  u32("expert_used_count", f.used);
+  u32("expert_feed_forward_length", kF);
+  u32("expert_shared_count", f.shared);
+  u32("leading_dense_block_count", 1);
+  w.set_f32(k + "expert_weights_scale", static_cast<float>(f.routed_scale));
+  w.set_bool(k + "expert_weights_norm", f.norm_topk);
+  u32("expert_gating_func", 2);
+  u32("expert_group_count", f.n_group);
+  u32("expert_group_used_count", f.topk_group);
+  u32("attention.indexer.head_count", f.index_heads);
+  u32("attention.indexer.key_length", f.index_dim);
+  u32("attention.indexer.top_k", f.index_topk);
+  std::vector<std::vector<float>> keep;  // the tensors' floats, alive until write()
+  auto add = [&](const std::string& name, std::vector<int64_t> ne, std::vector<float> v) {
+    keep.push_back(std::move(v));
+    EXPECT_TRUE(w.add_tensor_f32(name, model::GgmlType::kF32, ne, keep.back()).has_value());
+  };
+  auto same = [&](const std::string& g, const std::string& hf) {
+    std::vector<int64_t> ne(by.at(hf)->shape.rbegin(), by.at(hf)->shape.rend());
+    add(g, ne, floats(hf));
+  };
+  keep.reserve(256);
+  same("token_embd.weight", "model.embed_tokens.weight");
+  same("output_norm.weight", "model.norm.weight");
+  same("output.weight", "lm_head.weight");
+  for (int64_t l = 0; l < kLayers; ++l) {
+    const std::string h = "model.layers." + std::to_string(l) + ".", a = h + "self_attn.";
+    const std::string b = "blk." + std::to_string(l) + ".";
+    same(b + "attn_norm.weight", h + "input_layernorm.weight");
+    same(b + "attn_q_a.weight", a + "q_a_proj.weight");
+    same(b + "attn_q_a_norm.weight", a + "q_a_layernorm.weight");
+    same(b + "attn_q_b.weight", a + "q_b_proj.weight");
+    same(b + "attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight");
+    same(b + "attn_kv_a_norm.weight", a + "kv_a_layernorm.weight");
+    // kv_b_proj [heads * (nope + v), kv_lora]: per head its nope rows transposed (k_b: rows
+    // kv_lora, columns nope), and its v rows as they are (v_b: rows v, columns kv_lora).
+    const std::vector<float> kvb = floats(a + "kv_b_proj.weight");
+    std::vector<float> kb(static_cast<size_t>(kHeads * kKvLora * kNope)),
+        vb(static_cast<size_t>(kHeads * kV * kKvLora));
+    for (int64_t hh = 0; hh < kHeads; ++hh)
+      for (int64_t r = 0; r < kKvLora; ++r) {
+        for (int64_t d = 0; d < kNope; ++d)
+          kb[static_cast<size_t>((hh * kKvLora + r) * kNope + d)] =
+              kvb[static_cast<size_t>((hh * (kNope + kV) + d) * kKvLora + r)];
+        for (int64_t v = 0; v < kV; ++v)
+          vb[static_cast<size_t>((hh * kV + v) * kKvLora + r)] =
+              kvb[static_cast<size_t>((hh * (kNope + kV) + kNope + v) * kKvLora + r)];
+      }
+    add(b + "attn_k_b.weight", {kNope, kKvLora, kHeads}, kb);
+    add(b + "attn_v_b.weight", {kKvLora, kV, kHeads}, vb);
+    same(b + "attn_output.weight", a + "o_proj.weight");
+    same(b + "indexer.attn_q_b.weight", a + "indexer.wq_b.weight");
+    same(b + "indexer.attn_k.weight", a + "indexer.wk.weight");
+    same(b + "indexer.k_norm.weight", a + "indexer.k_norm.weight");
+    same(b + "indexer.k_norm.bias", a + "indexer.k_norm.bias");
+    same(b + "indexer.proj.weight", a + "indexer.weights_proj.weight");
+    same(b + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    if (l == 0) {
+      for (const char* m : {"gate", "up", "down"})
+        same(b + "ffn_" + m + ".weight", h + "mlp." + m + "_proj.weight");
+      continue;
+    }
+    same(b + "ffn_gate_inp.weight", h + "mlp.gate.weight");
+    same(b + "exp_probs_b.bias", h + "mlp.gate.e_score_correction_bias");
+    for (const char* m : {"gate", "up", "down"}) {
+      std::vector<float> stack;
+      for (int64_t e = 0; e < kExperts; ++e) {
+        const std::vector<float> x =
+            floats(h + "mlp.experts." + std::to_string(e) + "." + m + "_proj.weight");
+        stack.insert(stack.end(), x.begin(), x.end());
+      }
+      const bool down = std::string(m) == "down";
+      add(b + "ffn_" + m + "_exps.weight", {down ? kF : kE, down ? kE : kF, kExperts}, stack);
+      same(b + "ffn_" + m + "_shexp.weight", h + "mlp.shared_experts." + m + "_proj.weight");
+    }
+  }
+  const std::string path = dir.file("deepseek32.gguf");
+  EXPECT_TRUE(w.write(path).has_value());
+  return path;
+}
+
+TEST(Deepseek, V32GgufGivesTheCheckpointsLogits) {
+  const DsForm dsa{.arch = "DeepseekV32ForCausalLM", .index_topk = 6};
+  TempDir hf, gg;
+  write_checkpoint(hf, dsa, 13);
+  const std::string gguf = write_deepseek32_gguf(gg, dsa, 13);
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  EXPECT_EQ((*m)->spec.idx_top_k, 6);
+  const std::vector<int32_t> prompt = prompt_of(20, static_cast<int32_t>(kVocab), 17);
+  EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), prompt_logits(hf.path(), prompt)));
+  const std::string bad = testing::edited_gguf(gg, "bad.gguf", gguf, [](model::GgufWriter& w) {
+    w.set_u32("deepseek32.attention.indexer.top_k", 0);
+  });
+  EXPECT_NE(load_error(bad).find("attention.indexer.top_k must be positive"), std::string::npos)
+      << load_error(bad);
+}
+
+// troupe synth --arch deepseek32: the same arithmetic from a synthesized file; chunked prefill,
+// token by token and batching keep each token's choice.
+TEST(Deepseek, SynthesizedV32IsBatchInvariantAndSparse) {
+  TempDir dir;
+  model::SynthOptions o;
+  o.arch = "deepseek32";
+  o.seed = 14;
+  o.n_ctx = 256;
+  o.index_top_k = 8;
+  ASSERT_TRUE(model::synth_model(o, dir.file("d32.gguf")).has_value());
+  auto m = model::load_model(dir.file("d32.gguf"));
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  EXPECT_EQ((*m)->spec.idx_top_k, 8);
+  expect_batch_invariant(*m);
+  auto dense = std::make_shared<model::Model>(**m);  // the same views, every position kept
+  dense->spec.idx_top_k = 64;
+  const auto V = static_cast<size_t>((*m)->spec.n_vocab);
+  const std::vector<int32_t> prompt = prompt_of(20, static_cast<int32_t>(V), 13);
+  const std::vector<float> a = prompt_logits(*m, prompt), b = prompt_logits(dense, prompt);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 8 * V, b.begin()));
+  EXPECT_FALSE(std::equal(a.begin() + 8 * V, a.end(), b.begin() + 8 * V));
+  o.q_lora_rank = 0;
+  EXPECT_NE(model::synth_model(o, dir.file("bad.gguf")).error().message.find("--q-lora-rank"),
+            std::string::npos);
+}
+
+TEST(Deepseek, V32WithoutItsIndexerIsRefusedByName) {
+  TempDir dir;
+  write_checkpoint(dir, {.arch = "DeepseekV32ForCausalLM", .index_topk = 6}, 11);
+  auto c = nlohmann::json::parse(testing::read_text_file(dir.file("config.json")));
+  c.erase("index_topk");
+  dir.write("config.json", c.dump());
+  EXPECT_NE(load_error(dir.path()).find("index_topk"), std::string::npos) << load_error(dir.path());
+  TempDir no_q;
+  write_checkpoint(no_q, {.arch = "DeepseekV32ForCausalLM", .q_lora = 0, .index_topk = 6}, 11);
+  EXPECT_NE(
+      load_error(no_q.path()).find("the sparse-attention indexer needs MLA with a compressed q"),
+      std::string::npos)
+      << load_error(no_q.path());
 }
 
 // DeepSeek-V2-Lite: q not compressed, softmax scores, plain top-k, weights neither normalized nor
