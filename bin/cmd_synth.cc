@@ -23,7 +23,8 @@ constexpr const char* kUsage =
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"
     "  [--n-dense-lead N] [--n-expert-shared N] [--n-group N] [--n-group-used N]\n"
-    "  [--sliding-window N] [--moe-layer-step N] [--index-top-k N]\n"
+    "  [--sliding-window N] [--moe-layer-step N] [--index-top-k N] [--index-heads N]\n"
+    "  [--index-dim N]\n"
     "  [--gating softmax|sigmoid] [--expert-weights-norm 0|1] [--expert-weights-scale X]\n"
     "  [--rope-theta X] [--rms-eps X] [--n-vocab N] [--n-ctx N] [--name NAME]\n"
     "  [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|\n"
@@ -37,8 +38,9 @@ constexpr const char* kUsage =
     "--n-ff wide; gemma3 has 7 layers (the sixth global, the others --sliding-window 8) and ties\n"
     "its head to the embedding; llama4 routes each token to one of 8 experts plus a shared one,\n"
     "in every --moe-layer-step-th layer (2), its fourth layers global without rotary;\n"
-    "deepseek32 is deepseek2 with DeepSeek-V3.2's lightning indexer (4 heads, --index-top-k\n"
-    "positions per query, 2048). Same options and seed, same bytes.\n"
+    "deepseek32 is deepseek2 with DeepSeek-V3.2's lightning indexer (--index-heads 4 of\n"
+    "--index-dim 2 x --qk-rope-dim, --index-top-k 2048 positions per query). Same options and\n"
+    "seed, same bytes.\n"
     "A vision encoder (llama.cpp mmproj GGUF) for --mmproj:\n"
     "  troupe synth --arch clip --out FILE [--projector mlp|gemma3] [--image-size N]\n"
     "    [--patch-size N] [--n-embd N] [--n-ff N] [--n-layer N] [--n-head N] [--feature-layer N]\n"
@@ -103,6 +105,8 @@ constexpr IntOption kIntOptions[] = {
     {"sliding-window", &model::SynthOptions::sliding_window, 1},
     {"moe-layer-step", &model::SynthOptions::moe_layer_step, 1},
     {"index-top-k", &model::SynthOptions::index_top_k, 1},
+    {"index-heads", &model::SynthOptions::index_heads, 1},
+    {"index-dim", &model::SynthOptions::index_dim, 1},
     {"q-lora-rank", &model::SynthOptions::q_lora_rank, 0},
     {"kv-lora-rank", &model::SynthOptions::kv_lora_rank, 1},
     {"qk-rope-dim", &model::SynthOptions::qk_rope_dim, 1},

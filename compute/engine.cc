@@ -39,7 +39,7 @@ struct Engine::Scratch {
   std::vector<float> qa, kva, qabs, lat;  // MLA
   // DeepSeek-V3.2's indexer: queries [T, heads, width], keys [T, width], head weights [T, heads];
   // the positions each token attends to (sel_at[t] .. sel_at[t + 1] of sel; none: all).
-  std::vector<float> iq, ik, iw;
+  std::vector<float> iq, ik, iw, ikeys, iscore;  // ... and a sequence's keys, its scores
   std::vector<int64_t> sel_at;
   std::vector<int32_t> sel;
   std::vector<float> gate, up;  // FFN
@@ -583,36 +583,66 @@ void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
         S.sel_at[static_cast<size_t>(t)] + (n_keys > top ? top : 0);
   }
   S.sel.resize(static_cast<size_t>(S.sel_at[static_cast<size_t>(T)]));
-  pool_->parallel_for(T, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> key, score;
-    thread_local std::vector<int32_t> order;
-    key.resize(static_cast<size_t>(Di));
-    for (int64_t t = b; t < e; ++t) {
-      const auto t0 = static_cast<size_t>(t);
-      if (S.sel_at[t0 + 1] == S.sel_at[t0]) continue;
-      const int64_t pos = S.tok_pos[t0];
-      const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[t0])];
-      const int64_t n = keys_seen(q, pos);
-      score.resize(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        kv_->load(l, q.blocks[static_cast<size_t>(j / bs)], j % bs, kw, Di, key.data());
-        float sc = 0;
-        for (int64_t hh = 0; hh < Hi; ++hh)
-          sc += std::max(0.0f, detail::dot(&S.iq[(t * Hi + hh) * Di], key.data(), Di)) *
-                S.iw[t * Hi + hh];
-        score[static_cast<size_t>(j)] = sc;
-      }
-      order.resize(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
-      std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int32_t x, int32_t y) {
-        const float a = score[static_cast<size_t>(x)], c = score[static_cast<size_t>(y)];
-        return a > c || (a == c && x < y);
+  // Per sequence of the step: its keys as one f32 matrix [n, Di] (n: the most any of its tokens
+  // sees), then the head scores of its choosing tokens, a few at a time, as one product each
+  // (batch-invariant: each score depends on its query and key rows only).
+  constexpr int64_t kGroup = 8;  // choosing tokens per product
+  for (int64_t t0 = 0; t0 < T;) {
+    const int32_t si = S.tok_seq[static_cast<size_t>(t0)];
+    int64_t t1 = t0;
+    while (t1 < T && S.tok_seq[static_cast<size_t>(t1)] == si) ++t1;
+    int64_t tc = t0;  // the first token of the sequence that chooses (the later ones do too)
+    while (tc < t1 && S.sel_at[static_cast<size_t>(tc + 1)] == S.sel_at[static_cast<size_t>(tc)])
+      ++tc;
+    const SeqStep& q = seqs[static_cast<size_t>(si)];
+    const int64_t n = keys_seen(q, S.tok_pos[static_cast<size_t>(t1 - 1)]);
+    if (tc < t1) {
+      grow(S.ikeys, n * Di);
+      pool_->parallel_for(n, 64, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j)
+          kv_->load(l, q.blocks[static_cast<size_t>(j / bs)], j % bs, kw, Di, &S.ikeys[j * Di]);
       });
-      std::sort(order.begin(), order.begin() + top);
-      std::copy(order.begin(), order.begin() + top,
-                S.sel.begin() + static_cast<std::ptrdiff_t>(S.sel_at[t0]));
+      WeightView keys;
+      keys.name = L.idx_wk.name + " (cached keys)";
+      keys.ne[0] = Di;
+      keys.ne[1] = n;
+      keys.data = reinterpret_cast<const uint8_t*>(S.ikeys.data());
+      for (int64_t g0 = tc; g0 < t1; g0 += kGroup) {
+        const int64_t g = std::min(kGroup, t1 - g0);
+        grow(S.iscore, g * Hi * n);
+        matmul(keys, &S.iq[g0 * Hi * Di], g * Hi, S.iscore.data(), pool_.get());
+        pool_->parallel_for(g, 1, [&](int64_t b, int64_t e) {
+          thread_local std::vector<float> score;
+          thread_local std::vector<int32_t> order;
+          for (int64_t u = b; u < e; ++u) {
+            const int64_t t = g0 + u;
+            const int64_t nt = keys_seen(q, S.tok_pos[static_cast<size_t>(t)]);
+            score.assign(static_cast<size_t>(nt), 0.0f);
+            for (int64_t hh = 0; hh < Hi; ++hh) {  // heads in order, for every position
+              const float* d = &S.iscore[(u * Hi + hh) * n];
+              const float w = S.iw[t * Hi + hh];
+              for (int64_t j = 0; j < nt; ++j)
+                score[static_cast<size_t>(j)] += std::max(0.0f, d[j]) * w;
+            }
+            order.resize(static_cast<size_t>(nt));
+            for (int64_t j = 0; j < nt; ++j)
+              order[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+            std::partial_sort(order.begin(), order.begin() + top, order.end(),
+                              [&](int32_t x, int32_t y) {
+                                const float a = score[static_cast<size_t>(x)];
+                                const float c = score[static_cast<size_t>(y)];
+                                return a > c || (a == c && x < y);
+                              });
+            std::sort(order.begin(), order.begin() + top);
+            std::copy(
+                order.begin(), order.begin() + top,
+                S.sel.begin() + static_cast<std::ptrdiff_t>(S.sel_at[static_cast<size_t>(t)]));
+          }
+        });
+      }
     }
-  });
+    t0 = t1;
+  }
 }
 
 void Engine::ffn(int64_t il) {

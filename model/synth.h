@@ -27,7 +27,8 @@ struct SynthOptions {
   std::optional<int64_t> n_group, n_group_used;          // deepseek2, bailingmoe2
   std::optional<int64_t> sliding_window;                 // gpt-oss (every other layer's)
   std::optional<int64_t> moe_layer_step;                 // llama4: interleave_moe_layer_step
-  std::optional<int64_t> index_top_k;  // deepseek32: positions a query keeps (2048)
+  std::optional<int64_t> index_top_k;             // deepseek32: positions a query keeps (2048)
+  std::optional<int64_t> index_heads, index_dim;  // deepseek32: the indexer's (4, 2 x rope)
   std::optional<int64_t> q_lora_rank, kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
   std::optional<std::string> gating;          // deepseek2: "softmax" | "sigmoid"
   std::optional<bool> expert_weights_norm;    // deepseek2, glm4moe

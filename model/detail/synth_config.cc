@@ -55,6 +55,8 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4},
       {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
       {"--index-top-k", o.index_top_k.has_value(), kDs},
+      {"--index-heads", o.index_heads.has_value(), kDs},
+      {"--index-dim", o.index_dim.has_value(), kDs},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
@@ -214,10 +216,13 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
     if (c.q_lora == 0) TROUPE_INPUT_ERROR("--arch deepseek32 needs --q-lora-rank above 0");
     c.index_top_k = o.index_top_k.value_or(2048);
     check_positive("--index-top-k", c.index_top_k);
-    c.index_heads = 4;
-    c.index_dim = 2 * c.rope_dim;
-  } else if (o.index_top_k) {
-    TROUPE_INPUT_ERROR("--index-top-k applies to --arch deepseek32 only");
+    c.index_heads = o.index_heads.value_or(4);
+    c.index_dim = o.index_dim.value_or(2 * c.rope_dim);
+    check_positive("--index-heads", c.index_heads);
+    if (c.index_dim < c.rope_dim || c.index_dim > (int64_t{1} << 16))
+      TROUPE_INPUT_ERROR("--index-dim must be between --qk-rope-dim and 65536");
+  } else if (o.index_top_k || o.index_heads || o.index_dim) {
+    TROUPE_INPUT_ERROR("--index-top-k, --index-heads and --index-dim apply to --arch deepseek32");
   }
   resolve_sigmoid_routing(o, c);
 }
