@@ -511,18 +511,18 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
       const int64_t n_keys = keys_seen(q, pos);
       const auto t0 = static_cast<size_t>(t);
       const int64_t n_sel = s.has_indexer() ? S.sel_at[t0 + 1] - S.sel_at[t0] : 0;
-      if (n_sel > 0) {  // DSA: only the positions the indexer chose, gathered as one f32 block
-        thread_local std::vector<float> rows;
-        if (static_cast<int64_t>(rows.size()) < n_sel * kw)
-          rows.resize(static_cast<size_t>(n_sel * kw));
+      if (n_sel > 0) {  // DSA: only the positions the indexer chose, each its own block of one row
+        blocks.resize(static_cast<size_t>(n_sel));
+        const int64_t row_bytes = kw * kv_type_bytes(kv_->config().type);
         for (int64_t i = 0; i < n_sel; ++i) {
           const int32_t j = S.sel[static_cast<size_t>(S.sel_at[t0] + i)];
-          kv_->load(l, q.blocks[static_cast<size_t>(j / bs)], j % bs, 0, kw, &rows[i * kw]);
+          blocks[static_cast<size_t>(i)] =
+              kv_->block(l, q.blocks[static_cast<size_t>(j / bs)]) + (j % bs) * row_bytes;
         }
-        const void* block = rows.data();
         KvView kv;
-        kv.blocks = &block;
-        kv.block_size = n_sel;
+        kv.blocks = blocks.data();
+        kv.type = kv_->config().type;
+        kv.block_size = 1;
         kv.k_stride = kv.v_stride = kw;
         attend_heads(&S.qabs[(t * H + h0) * kw], kw, part, kw, kv, n_sel, scale, lora,
                      &S.lat[(t * H + h0) * lora], lora);
