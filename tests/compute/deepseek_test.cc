@@ -223,18 +223,23 @@ TEST(Deepseek, V3FormMatchesTheReference) {
 
 TEST(Deepseek, V3FormWithRotaryHalvesMatchesTheReference) { check_form({.interleave = false}, 2); }
 
+// DeepSeek's YaRN with rope_theta 100: an original context of 16 and beta_slow 0.05 spread the
+// correction range over all 4 rotary pairs (the ramp is 0, 1/7, 2/7, 3/7: pairs 1-3 blends), and
+// mscale != mscale_all_dim.
+nlohmann::json yarn_spread() {
+  return {{"type", "yarn"},
+          {"factor", 4.0},
+          {"beta_fast", 32},
+          {"beta_slow", 0.05},
+          {"mscale", 1.0},
+          {"mscale_all_dim", 0.707},
+          {"original_max_position_embeddings", 16}};
+}
+
 // YaRN as DeepSeek states it (modeling_deepseek.py's DeepseekV2YarnRotaryEmbedding).
 // mscale != mscale_all_dim multiplies cos and sin, mscale_all_dim the softmax scale (squared).
 TEST(Deepseek, V3FormWithYarnMatchesTheReference) {
-  // rope_theta 100, an original context of 16 and beta_slow 0.05 spread the correction range
-  // over all 4 rotary pairs: the ramp is 0, 1/7, 2/7, 3/7, so pairs 1-3 are blends.
-  const nlohmann::json yarn = {{"type", "yarn"},
-                               {"factor", 4.0},
-                               {"beta_fast", 32},
-                               {"beta_slow", 0.05},
-                               {"mscale", 1.0},
-                               {"mscale_all_dim", 0.707},
-                               {"original_max_position_embeddings", 16}};
+  const nlohmann::json yarn = yarn_spread();
   check_form({.rope_theta = 100, .rope_scaling = yarn}, 7);
   // DeepSeek-V3's own values: mscale and mscale_all_dim both 1 (cos and sin unscaled); beta_slow
   // 1 makes the ramp 0, 1, 1, 1 (pair 0 kept, the others divided by the factor).
@@ -276,13 +281,7 @@ TEST(Deepseek, V32SparseAttentionMatchesTheReference) {
 
 // YaRN's frequencies reach the indexer's rotation too.
 TEST(Deepseek, V32SparseAttentionWithYarnMatchesTheReference) {
-  const nlohmann::json yarn = {{"type", "yarn"},
-                               {"factor", 4.0},
-                               {"beta_fast", 32},
-                               {"beta_slow", 0.05},
-                               {"mscale", 1.0},
-                               {"mscale_all_dim", 0.707},
-                               {"original_max_position_embeddings", 16}};
+  const nlohmann::json yarn = yarn_spread();
   check_form({.arch = "DeepseekV32ForCausalLM",
               .rope_theta = 100,
               .rope_scaling = yarn,
