@@ -434,7 +434,7 @@ class HparamsReader {
   /// Llama 4: a sigmoid top-k router whose weight scales the expert's input, one shared expert
   /// as wide as a routed one, MoE layers moe_layers (or every interleave_moe_layer_step-th);
   /// no_rope_layers (or every fourth) rotate, attend within chunks of attention_chunk_size
-  /// (layer_types, when given, says which chunk) and, when use_qk_norm, norm q and k without
+  /// (layer_types, when given, says which layers do) and, when use_qk_norm, norm q and k without
   /// weights; the others' queries take the attention temperature.
   void read_llama4() {
     ModelSpec& s = h_.spec;
@@ -557,8 +557,10 @@ class HparamsReader {
       for (int64_t il = 0; il < s.n_layer; ++il)
         is_moe[static_cast<size_t>(il)] = il >= s.n_leading_dense && il % freq == 0;
     }
-    // Leading dense layers (0 when dense, as GGUF) where the config does not name them.
-    if (!mla() && f != HfFamily::kGlm4Moe && f != HfFamily::kBailingMoeV2) {
+    // Leading dense layers (0 when dense, as GGUF) where the config does not name them; Llama
+    // 4's dense layers are interleaved, none leading (as its GGUF).
+    if (!mla() && f != HfFamily::kGlm4Moe && f != HfFamily::kBailingMoeV2 &&
+        f != HfFamily::kLlama4) {
       s.n_leading_dense = 0;
       while (s.n_expert > 0 && s.n_leading_dense < s.n_layer &&
              !is_moe[static_cast<size_t>(s.n_leading_dense)])

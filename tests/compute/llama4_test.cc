@@ -5,6 +5,7 @@
 // bad files refused by name. No ../shared golden case exists for this architecture.
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -84,8 +85,17 @@ TEST(Llama4, EngineMatchesTheFloat64ReferenceFromGgufAndHf) {
   const std::vector<int32_t> prompt = prompt_of(33, vocab, 37);
   const std::vector<float> from_gguf = prompt_logits(m, prompt);
   expect_near_reference(from_gguf, testing::llama4_reference_logits(hf.path(), prompt), vocab);
-  // The Hugging Face directory loads to the same arithmetic: the same bits.
-  EXPECT_TRUE(bit_equal(prompt_logits(hf.path(), prompt), from_gguf));
+  // The Hugging Face directory loads to the same layers and arithmetic: the same bits.
+  auto h = load(hf.path());
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->spec.n_leading_dense, m->spec.n_leading_dense);
+  for (size_t il = 0; il < m->spec.layers.size(); ++il) {
+    const model::LayerSpec &a = m->spec.layers[il], &b = h->spec.layers[il];
+    EXPECT_EQ(std::tuple(a.is_moe, a.nope, a.chunk, a.qk_l2_norm),
+              std::tuple(b.is_moe, b.nope, b.chunk, b.qk_l2_norm))
+        << "layer " << il;
+  }
+  EXPECT_TRUE(bit_equal(prompt_logits(h, prompt), from_gguf));
 }
 
 // Chunks of 8 positions and a temperature that starts at position 3 and grows, so that a
