@@ -27,30 +27,11 @@ namespace {
 
 const float* f32(const WeightView& w) { return reinterpret_cast<const float*>(w.data); }
 
-/// y = (x - mean) / sqrt(var + eps) * w + b over n values (sums in double, as ggml's norm);
-/// w and b may be absent.
-void layer_norm(const float* x, const WeightView& w, const WeightView& b, float* y, int64_t n,
-                float eps) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
-  const float mean = static_cast<float>(sum / static_cast<double>(n));
-  double sum2 = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] - mean;
-    y[i] = v;
-    sum2 += static_cast<double>(v) * v;
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(sum2 / static_cast<double>(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] *= scale;
-  if (w.present())
-    for (int64_t i = 0; i < n; ++i) y[i] *= f32(w)[i];
-  if (b.present())
-    for (int64_t i = 0; i < n; ++i) y[i] += f32(b)[i];
-}
-
 void layer_norm_rows(const float* x, const WeightView& w, const WeightView& b, float* y,
                      int64_t rows, int64_t n, float eps) {
-  for (int64_t r = 0; r < rows; ++r) layer_norm(x + r * n, w, b, y + r * n, n, eps);
+  const float* wf = w.present() ? f32(w) : nullptr;
+  const float* bf = b.present() ? f32(b) : nullptr;
+  for (int64_t r = 0; r < rows; ++r) detail::layer_norm(x + r * n, wf, bf, y + r * n, n, eps);
 }
 
 /// y[r * stride + i] += b[i] for n rows (nothing without a bias).

@@ -37,18 +37,25 @@ inline void rms_norm_plain(const float* x, float* out, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
 }
 
-/// LayerNorm with weight and bias (DeepSeek-V3.2's indexer keys): mean and variance in double,
-/// in a fixed order.
-inline void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t n,
+/// LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b over n values (sums in double, as ggml's
+/// norm); w and b may be null; y may be x. The vision encoders' and DeepSeek-V3.2's indexer keys'.
+inline void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n,
                        float eps) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += x[i];
-  const double mean = sum / static_cast<double>(n);
-  double var = 0;
-  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
-  const auto m = static_cast<float>(mean);
-  const float inv = 1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - m) * inv * w[i] + b[i];
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  double sum2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] - mean;
+    y[i] = v;
+    sum2 += static_cast<double>(v) * v;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(sum2 / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] *= scale;
+  if (w != nullptr)
+    for (int64_t i = 0; i < n; ++i) y[i] *= w[i];
+  if (b != nullptr)
+    for (int64_t i = 0; i < n; ++i) y[i] += b[i];
 }
 
 /// Fixed-order f32 dot product (dot_in's order).
