@@ -127,6 +127,11 @@ Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
   if (cfg.device == "cpu") {
     auto eng = compute::Engine::create(cfg.model, eo);
     if (!eng) return eng.error();
+    if ((*eng)->needs_state())
+      return Error{1, "stage: " + cfg.model->path +
+                          ": its linear-attention layers (Qwen3-Next's Gated DeltaNet) keep a "
+                          "recurrent state per sequence, which the cluster does not carry yet; "
+                          "`troupe generate` and `troupe eval` run it in one process"};
     return std::unique_ptr<StageCompute>(std::make_unique<CpuCompute>(std::move(*eng)));
   }
 #ifdef TROUPE_HAVE_CUDA

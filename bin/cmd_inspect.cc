@@ -112,6 +112,19 @@ void print_spec(const model::ModelSpec& s) {
     kinds.push_back(strfmt("%lld in chunks of %lld", (long long)chunked, (long long)chunk));
   if (nope > 0) kinds.push_back(strfmt("%lld without rope", (long long)nope));
   if (l2 > 0) kinds.push_back(strfmt("%lld norm q/k without weights", (long long)l2));
+  int64_t gated = 0, linear = 0;
+  for (const auto& L : s.layers) {
+    gated += L.attn_gate;
+    linear += L.recurrent;
+  }
+  if (linear > 0)
+    kinds.push_back(
+        strfmt("%lld Gated DeltaNet (linear; %lld key heads of %lld, %lld value heads "
+               "of %lld, conv %lld; a state of %s per sequence)",
+               (long long)linear, (long long)s.ssm_k_heads, (long long)s.ssm_k_dim,
+               (long long)s.ssm_v_heads, (long long)s.ssm_v_dim, (long long)s.ssm_conv_kernel,
+               human_bytes(static_cast<double>(s.ssm_state_floats() * linear * 4)).c_str()));
+  if (gated > 0) kinds.push_back(strfmt("%lld with a sigmoid output gate", (long long)gated));
   if (s.attn_temp_scale != 0.0f)
     kinds.push_back(strfmt("queries without rope x (1 + %g ln(1 + floor((pos + 1) / %lld)))",
                            (double)s.attn_temp_scale, (long long)s.attn_temp_floor));
@@ -130,9 +143,11 @@ void print_spec(const model::ModelSpec& s) {
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,
                 (long long)s.qk_rope_dim, (long long)s.v_head_dim);
+  // The linear-attention layers keep no KV (their state is per sequence, above).
   std::printf(
       "  KV cache per token: %s (f32)\n",
-      human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * s.n_layer * 4)).c_str());
+      human_bytes(static_cast<double>((s.kv_k_width() + s.kv_v_width()) * (s.n_layer - linear) * 4))
+          .c_str());
 }
 
 /// The weights troupe computes with, by type (a tied head counted once): a Hugging Face model's

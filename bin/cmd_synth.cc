@@ -18,13 +18,15 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2|deepseek32|\n"
-    "                           glm4moe|minimax-m2|bailingmoe2|gpt-oss|gemma3|llama4 --out FILE\n"
+    "                           glm4moe|minimax-m2|bailingmoe2|gpt-oss|gemma3|llama4|qwen3next\n"
+    "                           --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"
     "  [--n-dense-lead N] [--n-expert-shared N] [--n-group N] [--n-group-used N]\n"
     "  [--sliding-window N] [--moe-layer-step N] [--index-top-k N] [--index-heads N]\n"
-    "  [--index-dim N]\n"
+    "  [--index-dim N] [--linear-k-heads N] [--linear-v-heads N] [--linear-head-dim N]\n"
+    "  [--full-attn-interval N]\n"
     "  [--gating softmax|sigmoid] [--expert-weights-norm 0|1] [--expert-weights-scale X]\n"
     "  [--rope-theta X] [--rms-eps X] [--n-vocab N] [--n-ctx N] [--name NAME]\n"
     "  [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|q5_k_m|\n"
@@ -39,8 +41,11 @@ constexpr const char* kUsage =
     "its head to the embedding; llama4 routes each token to one of 8 experts plus a shared one,\n"
     "in every --moe-layer-step-th layer (2), its fourth layers global without rotary;\n"
     "deepseek32 is deepseek2 with DeepSeek-V3.2's lightning indexer (--index-heads 4 of\n"
-    "--index-dim 2 x --qk-rope-dim, --index-top-k 2048 positions per query). Same options and\n"
-    "seed, same bytes.\n"
+    "--index-dim 2 x --qk-rope-dim, --index-top-k 2048 positions per query); qwen3next has\n"
+    "Gated DeltaNet linear attention (--linear-k-heads 2, --linear-v-heads 4 of\n"
+    "--linear-head-dim 32) in three layers of every --full-attn-interval 4, gated full\n"
+    "attention in the fourth, 8 experts plus a gated shared one of --n-ff-shexp 64. Same options\n"
+    "and seed, same bytes.\n"
     "A vision encoder (llama.cpp mmproj GGUF) for --mmproj:\n"
     "  troupe synth --arch clip --out FILE [--projector mlp|gemma3] [--image-size N]\n"
     "    [--patch-size N] [--n-embd N] [--n-ff N] [--n-layer N] [--n-head N] [--feature-layer N]\n"
@@ -107,6 +112,10 @@ constexpr IntOption kIntOptions[] = {
     {"index-top-k", &model::SynthOptions::index_top_k, 1},
     {"index-heads", &model::SynthOptions::index_heads, 1},
     {"index-dim", &model::SynthOptions::index_dim, 1},
+    {"linear-k-heads", &model::SynthOptions::linear_k_heads, 1},
+    {"linear-v-heads", &model::SynthOptions::linear_v_heads, 1},
+    {"linear-head-dim", &model::SynthOptions::linear_head_dim, 1},
+    {"full-attn-interval", &model::SynthOptions::full_attn_interval, 1},
     {"q-lora-rank", &model::SynthOptions::q_lora_rank, 0},
     {"kv-lora-rank", &model::SynthOptions::kv_lora_rank, 1},
     {"qk-rope-dim", &model::SynthOptions::qk_rope_dim, 1},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "base/check.h"
 #include "compute/detail/ops.h"
@@ -42,6 +43,10 @@ struct Engine::Scratch {
   std::vector<float> iq, ik, iw, ikeys, iscore;  // ... and a sequence's keys, its scores
   std::vector<int64_t> sel_at;
   std::vector<int32_t> sel;
+  std::vector<float> attn_gate;  // Qwen3-Next: [T, n_head * head_dim] (q's second half)
+  // Gated DeltaNet: the projections' q, k, v before and after the convolution [T, conv_dim],
+  // z [T, nv * dv], b and a [T, 2 nv]; with ssm_in, its output before being split.
+  std::vector<float> lin_x, lin_y, lin_z, lin_ba, lin_in;
   std::vector<float> gate, up;  // FFN
   // MoE
   std::vector<float> router;    // [T, n_expert]
@@ -130,6 +135,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
       return Error{1, strfmt("engine: thread count %d must be in 1..1024", opts.n_threads)};
     if (opts.kv_block_size < 1 || opts.kv_block_size > 4096)
       return Error{1, "engine: KV block size must be in 1..4096"};
+    if (opts.max_recurrent_seqs < 1 || opts.max_recurrent_seqs > 65536)
+      return Error{1, "engine: max_recurrent_seqs must be in 1..65536"};
     // Norm and bias weights are read as f32 directly; anything else is a bad file.
     const ModelSpec& s = model->spec;
     auto need_f32 = [&](const WeightView& w) -> bool {
@@ -143,7 +150,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
            need_f32(L.bo) && need_f32(L.sinks) && need_f32(L.router_logit_bias) &&
            need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b) &&
            need_f32(L.attn_post_norm) && need_f32(L.ffn_post_norm) && need_f32(L.idx_k_norm) &&
-           need_f32(L.idx_k_norm_b);
+           need_f32(L.idx_k_norm_b) && need_f32(L.ssm_conv) && need_f32(L.ssm_dt) &&
+           need_f32(L.ssm_a) && need_f32(L.ssm_norm);
       for (const model::ExpertFfn& X : L.experts)
         ok = ok && need_f32(X.gate_b) && need_f32(X.up_b) && need_f32(X.down_b);
     }
@@ -161,8 +169,12 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->range_ = range;
     e->local_experts_ = std::make_unique<ExpertCompute>(e->model_, e->pool_.get());
     e->experts_ = opts.expert_runner ? opts.expert_runner : e->local_experts_.get();
+    // KV rows for the attention layers only (a linear-attention layer keeps a recurrent state).
+    int64_t n_kv_layers = 0;
+    for (int64_t il = range.begin; il < range.end; ++il)
+      e->kv_layer_.push_back(s.layers[static_cast<size_t>(il)].recurrent ? -1 : n_kv_layers++);
     KvCacheConfig kc;
-    kc.n_layer = range.end - range.begin;
+    kc.n_layer = std::max<int64_t>(1, n_kv_layers);
     kc.k_width = s.kv_k_width();
     kc.v_width = s.kv_v_width();
     kc.heads = s.is_mla() ? 1 : s.n_head_kv;
@@ -175,6 +187,12 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->kv_ = std::make_unique<KvCache>(kc);
     e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
     e->s_ = std::make_unique<Scratch>();
+    for (int64_t il = range.begin; il < range.end; ++il) {
+      const bool rec = s.layers[static_cast<size_t>(il)].recurrent;
+      e->state_offset_.push_back(rec ? e->state_floats_ : -1);
+      if (rec) e->state_floats_ += s.ssm_state_floats();
+    }
+    if (e->state_floats_ > 0) e->states_.resize(static_cast<size_t>(opts.max_recurrent_seqs));
     e->s_->rope = model::rope_frequencies(s);
     for (int64_t il = range.begin; il < range.end; ++il)
       e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
@@ -239,12 +257,76 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
         return Error{1, strfmt("step: sequence %zu: block id %d out of range", i,
                                q.blocks[static_cast<size_t>(b)])};
   }
+  if (needs_state()) {
+    Status st = check_states(seqs);
+    if (!st) return st;
+  }
   try {
     forward(seqs, out, hidden_in, hidden_out);
+    for (const SeqStep& q : seqs)
+      if (needs_state())
+        states_[static_cast<size_t>(q.state)].pos = q.pos0 + static_cast<int64_t>(q.tokens.size());
     return Ok{};
   } catch (const std::exception& ex) {
+    // A state the step may have half updated must start again from position 0.
+    for (const SeqStep& q : seqs)
+      if (needs_state()) states_[static_cast<size_t>(q.state)].pos = -1;
     return Error{2, ex.what()};
   }
+}
+
+Status Engine::check_states(std::span<const SeqStep> seqs) const {
+  std::vector<int32_t> seen;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& q = seqs[i];
+    if (q.state < 0 || q.state >= static_cast<int32_t>(states_.size()) ||
+        !states_[static_cast<size_t>(q.state)].held)
+      return Error{1, strfmt("step: sequence %zu has recurrent state %d, which is not held: this "
+                             "model's linear-attention layers need one per sequence "
+                             "(Engine::acquire_state)",
+                             i, q.state)};
+    if (std::find(seen.begin(), seen.end(), q.state) != seen.end())
+      return Error{1, strfmt("step: sequence %zu shares recurrent state %d with an earlier one", i,
+                             q.state)};
+    seen.push_back(q.state);
+    const int64_t held = states_[static_cast<size_t>(q.state)].pos;
+    if (q.pos0 != 0 && q.pos0 != held)
+      return Error{1, strfmt("step: sequence %zu starts at position %lld, but its recurrent "
+                             "state holds %lld positions (a recurrent layer cannot skip or "
+                             "revisit positions: start again at 0)",
+                             i, static_cast<long long>(q.pos0), static_cast<long long>(held))};
+    if (q.non_causal)
+      return Error{1, strfmt("step: sequence %zu is non-causal, which recurrent layers cannot "
+                             "compute",
+                             i)};
+  }
+  return Ok{};
+}
+
+Result<int32_t> Engine::acquire_state() {
+  if (!needs_state()) return Error{1, "engine: this model keeps no recurrent state"};
+  for (size_t i = 0; i < states_.size(); ++i) {
+    RecurrentState& r = states_[i];
+    if (r.held) continue;
+    r.held = true;
+    r.pos = 0;
+    r.data.assign(static_cast<size_t>(state_floats_), 0.0f);
+    return static_cast<int32_t>(i);
+  }
+  return Error{1, strfmt("engine: all %zu recurrent states are held (EngineOptions::"
+                         "max_recurrent_seqs)",
+                         states_.size())};
+}
+
+void Engine::release_state(int32_t state) {
+  if (state < 0 || state >= static_cast<int32_t>(states_.size())) return;
+  states_[static_cast<size_t>(state)].held = false;
+  states_[static_cast<size_t>(state)].pos = -1;
+}
+
+int64_t Engine::state_positions(int32_t state) const {
+  if (state < 0 || state >= static_cast<int32_t>(states_.size())) return -1;
+  return states_[static_cast<size_t>(state)].pos;
 }
 
 void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in,
@@ -300,11 +382,19 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
   }
 
+  // A sequence at position 0 starts from an empty recurrent state.
+  for (const SeqStep& q : seqs)
+    if (needs_state() && q.pos0 == 0) {
+      std::vector<float>& d = states_[static_cast<size_t>(q.state)].data;
+      std::fill(d.begin(), d.end(), 0.0f);
+    }
   for (int64_t il = range_.begin; il < range_.end; ++il) {
     const LayerSpec& L = s.layers[static_cast<size_t>(il)];
     const float* an = f32(L.attn_norm);
     for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], an, &S.h[t * E], E, s.rms_eps);
-    if (s.is_mla()) {
+    if (L.recurrent) {
+      linear_attention(il, seqs);
+    } else if (s.is_mla()) {
       attention_mla(il, seqs);
     } else {
       attention(il, seqs);
@@ -375,10 +465,20 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
   grow(S.k, T * kw);
   grow(S.v, T * vw);
   grow(S.attn, T * H * dv);
-  const MatmulTarget qkv[] = {{L.wq, S.q.data(), L.wq.rows()},
+  // Qwen3-Next: each head's q rows are followed by as many gate rows; the two are split apart.
+  if (L.attn_gate) grow(S.lin_in, T * 2 * qw);
+  const MatmulTarget qkv[] = {{L.wq, L.attn_gate ? S.lin_in.data() : S.q.data(), L.wq.rows()},
                               {L.wk, S.k.data(), L.wk.rows()},
                               {L.wv, S.v.data(), L.wv.rows()}};
   matmul_shared(qkv, S.h.data(), L.wq.cols(), T, pool_.get());
+  if (L.attn_gate) {
+    grow(S.attn_gate, T * qw);
+    for (int64_t th = 0; th < T * H; ++th) {
+      const float* src = &S.lin_in[th * 2 * dk];
+      std::memcpy(&S.q[th * dk], src, static_cast<size_t>(dk) * sizeof(float));
+      std::memcpy(&S.attn_gate[th * dk], src + dk, static_cast<size_t>(dk) * sizeof(float));
+    }
+  }
   add_rows(L.bq, S.q.data(), T);
   add_rows(L.bk, S.k.data(), T);
   add_rows(L.bv, S.v.data(), T);
@@ -420,13 +520,13 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
     }
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     const int32_t blk = q.blocks[static_cast<size_t>(pos / bs)];
-    kv_->store(il - range_.begin, blk, pos % bs, 0, &S.k[t * kw], kw);
-    kv_->store(il - range_.begin, blk, pos % bs, kv_->config().k_width, &S.v[t * vw], vw);
+    kv_->store(kv_layer(il), blk, pos % bs, 0, &S.k[t * kw], kw);
+    kv_->store(kv_layer(il), blk, pos % bs, kv_->config().k_width, &S.v[t * vw], vw);
   }
   const float scale =
       static_cast<float>(s.kq_scale_mult * (1.0f / std::sqrt(static_cast<float>(dk))));
   const int64_t group = H / HK, part = head_part(group, T, H, pool_->size()), parts = H / part;
-  const int64_t l = il - range_.begin;
+  const int64_t l = kv_layer(il);
   const float* sinks = L.sinks.present() ? f32(L.sinks) : nullptr;
   pool_->parallel_for(T * parts, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<const void*> blocks;
@@ -443,6 +543,8 @@ void Engine::attention(int64_t il, std::span<const SeqStep> seqs) {
                    &S.attn[t * H * dv + h0 * dv], dv);
     }
   });
+  if (L.attn_gate)  // head_dim_k == head_dim_v (validate_spec)
+    for (int64_t i = 0; i < T * qw; ++i) S.attn[i] *= detail::sigmoid(S.attn_gate[i]);
 }
 
 void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
@@ -480,12 +582,12 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     for (int64_t hh = 0; hh < H; ++hh)
       detail::rope_cs(&S.q[(t * H + hh) * dqk + nope], rope, cs, sn, neox);
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
-    kv_->store(il - range_.begin, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
+    kv_->store(kv_layer(il), q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
   }
   if (s.has_indexer()) indexer(il, seqs);
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]], every
   // head's product in one run.
-  const int64_t l = il - range_.begin;
+  const int64_t l = kv_layer(il);
   grow(S.qabs, T * H * kw);
   S.products.clear();
   for (int64_t hh = 0; hh < H; ++hh)
@@ -553,7 +655,7 @@ void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
   Scratch& S = *s_;
   const int64_t T = S.T, Hi = s.idx_n_head, Di = s.idx_head_dim, R = s.qk_rope_dim;
   const int64_t top = s.idx_top_k, kw = s.kv_k_width(), bs = kv_->block_size();
-  const int64_t l = il - range_.begin;
+  const int64_t l = kv_layer(il);
   grow(S.iq, T * Hi * Di);
   grow(S.ik, T * Di);
   grow(S.iw, T * Hi);
@@ -643,6 +745,142 @@ void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
     }
     t0 = t1;
   }
+}
+
+// Qwen3-Next's Gated DeltaNet, as llama.cpp's qwen3next graph computes it, one token after
+// another per sequence (never the chunked form: every token's arithmetic is the same whether
+// its sequence was prefilled at once, in chunks or token by token, alone or in a batch):
+//   q, k, v = silu(causal depthwise conv(x W_qkv)), z = x W_z, b and a = x W_ba;
+//   per value head h (key head h / r): q, k L2-normalized, q / sqrt(dk);
+//   beta = sigmoid(b_h), decay = exp(A_h * softplus(a_h + dt_h)) with A_h = -exp(A_log_h);
+//   S = decay * S;  S += k (beta (v - S^T k))^T;  o = S^T q  (S: dk x dv, per sequence);
+//   out = rmsnorm(o) * w * silu(z_h), then W_out (the layer's wo, in forward()).
+// The sequence's state (the convolution's last kernel - 1 inputs, then S per head) lives in its
+// recurrent state slot.
+void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
+  const ModelSpec& s = spec();
+  const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+  Scratch& S = *s_;
+  const int64_t T = S.T, E = s.n_embd, nk = s.ssm_k_heads, nv = s.ssm_v_heads;
+  const int64_t dk = s.ssm_k_dim, dv = s.ssm_v_dim, r = nv / nk, K = s.ssm_conv_kernel;
+  const int64_t kw = nk * dk, vw = nv * dv, C = s.ssm_conv_dim();
+  grow(S.lin_x, T * C);
+  grow(S.lin_y, T * C);
+  grow(S.lin_z, T * vw);
+  grow(S.lin_ba, T * 2 * nv);
+  grow(S.attn, T * vw);
+  if (L.ssm_in.present()) {  // per key head: q, k, its r heads' v, their z
+    grow(S.lin_in, T * (C + vw));
+    const MatmulTarget pr[] = {{L.ssm_in, S.lin_in.data(), C + vw},
+                               {L.ssm_ba, S.lin_ba.data(), 2 * nv}};
+    matmul_shared(pr, S.h.data(), E, T, pool_.get());
+    const int64_t gw = 2 * dk + 2 * r * dv;
+    const auto f = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < nk; ++g) {
+        const float* in = &S.lin_in[t * (C + vw) + g * gw];
+        float* x = &S.lin_x[t * C];
+        std::memcpy(x + g * dk, in, f(dk));
+        std::memcpy(x + kw + g * dk, in + dk, f(dk));
+        std::memcpy(x + 2 * kw + g * r * dv, in + 2 * dk, f(r * dv));
+        std::memcpy(&S.lin_z[t * vw + g * r * dv], in + 2 * dk + r * dv, f(r * dv));
+      }
+  } else {
+    const MatmulTarget pr[] = {{L.ssm_qkv, S.lin_x.data(), C},
+                               {L.ssm_z, S.lin_z.data(), vw},
+                               {L.ssm_ba, S.lin_ba.data(), 2 * nv}};
+    matmul_shared(pr, S.h.data(), E, T, pool_.get());
+  }
+  const int64_t off = state_offset_[static_cast<size_t>(il - range_.begin)];
+  std::vector<int64_t> first(seqs.size() + 1, 0);  // each sequence's first token in the step
+  for (size_t i = 0; i < seqs.size(); ++i)
+    first[i + 1] = first[i] + static_cast<int64_t>(seqs[i].tokens.size());
+  auto state_of = [&](size_t i) {
+    return states_[static_cast<size_t>(seqs[i].state)].data.data() + off;
+  };
+  // The convolution, per sequence and block of channels; then the blocks' conv state moves on
+  // to the last K - 1 inputs.
+  const float* cw = f32(L.ssm_conv);
+  constexpr int64_t kChannels = 64;
+  const int64_t blocks = (C + kChannels - 1) / kChannels;
+  pool_->parallel_for(static_cast<int64_t>(seqs.size()) * blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const auto i = static_cast<size_t>(item / blocks);
+      const int64_t c0 = item % blocks * kChannels, c1 = std::min(C, c0 + kChannels);
+      const int64_t t0 = first[i], n = first[i + 1] - t0;
+      float* hist = state_of(i);                // [K - 1, C], oldest first
+      auto input = [&](int64_t j, int64_t c) {  // token j of the step; j < 0: the history
+        return j >= 0 ? S.lin_x[(t0 + j) * C + c] : hist[(K - 1 + j) * C + c];
+      };
+      for (int64_t c = c0; c < c1; ++c) {
+        const float* w = cw + c * K;
+        for (int64_t j = 0; j < n; ++j) {
+          float acc = 0.0f;
+          for (int64_t m = 0; m < K; ++m) acc += w[m] * input(j - (K - 1) + m, c);
+          S.lin_y[(t0 + j) * C + c] = detail::silu(acc);
+        }
+        // Row m of the new history is input n - (K - 1) + m: read before it is overwritten,
+        // since n > 0 puts every history row read (n + m) after the rows written so far.
+        for (int64_t m = 0; m < K - 1; ++m) hist[m * C + c] = input(n - (K - 1) + m, c);
+      }
+    }
+  });
+  // The recurrence, per sequence and value head, token by token.
+  const float* a_rate = f32(L.ssm_a);
+  const float* dt = f32(L.ssm_dt);
+  const float* nw = f32(L.ssm_norm);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  pool_->parallel_for(static_cast<int64_t>(seqs.size()) * nv, 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> qn, kn, kv;
+    qn.resize(static_cast<size_t>(dk));
+    kn.resize(static_cast<size_t>(dk));
+    kv.resize(static_cast<size_t>(dv));
+    for (int64_t item = b; item < e; ++item) {
+      const auto i = static_cast<size_t>(item / nv);
+      const int64_t h = item % nv, g = h / r;
+      float* st = state_of(i) + (K - 1) * C + h * dk * dv;  // [dk, dv]
+      for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+        const float* y = &S.lin_y[t * C];
+        // L2 norms as ggml_l2_norm: x / max(|x|, eps), the sum of squares in double.
+        auto l2 = [&](const float* x, float* out, float mul) {
+          const double ss = detail::dot_in<double>(x, x, dk);
+          const float inv = mul / std::max(std::sqrt(static_cast<float>(ss)), s.rms_eps);
+          for (int64_t d = 0; d < dk; ++d) out[d] = x[d] * inv;
+        };
+        l2(y + g * dk, qn.data(), q_scale);
+        l2(y + kw + g * dk, kn.data(), 1.0f);
+        const float* v = y + 2 * kw + h * dv;
+        const float bb = S.lin_ba[t * 2 * nv + g * 2 * r + h % r];
+        const float aa = S.lin_ba[t * 2 * nv + g * 2 * r + r + h % r] + dt[h];
+        const float softplus = aa > 20.0f ? aa : std::log1p(std::exp(aa));
+        const float decay = std::exp(a_rate[h] * softplus);
+        const float beta = detail::sigmoid(bb);
+        std::fill(kv.begin(), kv.end(), 0.0f);
+        for (int64_t a = 0; a < dk; ++a) {
+          float* row = st + a * dv;
+          for (int64_t d = 0; d < dv; ++d) {
+            row[d] *= decay;
+            kv[static_cast<size_t>(d)] += row[d] * kn[static_cast<size_t>(a)];
+          }
+        }
+        for (int64_t d = 0; d < dv; ++d)
+          kv[static_cast<size_t>(d)] = (v[d] - kv[static_cast<size_t>(d)]) * beta;  // delta
+        float* o = &S.attn[t * vw + h * dv];
+        std::fill(o, o + dv, 0.0f);
+        for (int64_t a = 0; a < dk; ++a) {
+          float* row = st + a * dv;
+          const float ka = kn[static_cast<size_t>(a)], qa = qn[static_cast<size_t>(a)];
+          for (int64_t d = 0; d < dv; ++d) {
+            row[d] += ka * kv[static_cast<size_t>(d)];
+            o[d] += row[d] * qa;
+          }
+        }
+        detail::rms_norm(o, nw, o, dv, s.rms_eps);
+        const float* z = &S.lin_z[t * vw + h * dv];
+        for (int64_t d = 0; d < dv; ++d) o[d] *= detail::silu(z[d]);
+      }
+    }
+  });
 }
 
 void Engine::ffn(int64_t il) {
@@ -761,7 +999,17 @@ void ExpertCompute::run_with(int64_t layer, std::span<const ExpertTask> tasks,
   gated_ffns(s, ffns, gate_, up_, pool_);
 }
 
-Sequence::~Sequence() { engine_.blocks().release(blocks_); }
+Sequence::Sequence(Engine& engine) : engine_(engine) {
+  if (!engine_.needs_state()) return;
+  auto st = engine_.acquire_state();
+  if (!st) throw std::runtime_error(st.error().message);
+  state_ = *st;
+}
+
+Sequence::~Sequence() {
+  engine_.blocks().release(blocks_);
+  engine_.release_state(state_);
+}
 
 bool Sequence::reserve(int64_t n) {
   const int64_t bs = engine_.kv_cache().block_size();
@@ -775,6 +1023,7 @@ SeqStep Sequence::next(std::span<const int32_t> tokens, SeqStep::Logits logits) 
   st.tokens = tokens;
   st.blocks = blocks_;
   st.logits = logits;
+  st.state = state_;
   return st;
 }
 

@@ -71,6 +71,10 @@ struct EngineOptions {
   int64_t kv_num_blocks = 0;              // 0: enough for max_tokens_in_cache
   int64_t max_tokens_in_cache = 4096;
   KvType kv_type = KvType::kF32;  // what the KV cache stores (kv_type.h)
+  /// Models with recurrent layers (Qwen3-Next's linear attention): how many sequences can hold
+  /// a recurrent state at once (Engine::acquire_state). Each slot's memory is allocated when it
+  /// is first acquired.
+  int64_t max_recurrent_seqs = 16;
 };
 
 /// One sequence's part of a step.
@@ -91,6 +95,10 @@ struct SeqStep {
   /// (Gemma 3's image positions, prefilled as one step of their own, as llama.cpp does). The
   /// result then depends on where the step begins and ends; causal steps never do.
   bool non_causal = false;
+  /// The sequence's recurrent state (Engine::acquire_state) on an engine whose layers keep one
+  /// (Engine::needs_state); -1 otherwise. A step at pos0 0 starts the state afresh; any other
+  /// must begin where this state's last step ended.
+  int32_t state = -1;
 };
 
 struct StepResult {
@@ -128,6 +136,16 @@ class Engine {
   /// The engine's compute threads (ThreadPool::stats: where a step's time went).
   const ThreadPool& pool() const;
 
+  /// Whether this engine's layers keep a fixed-size state per sequence beside its KV (Gated
+  /// DeltaNet's): then every SeqStep names one (SeqStep::state).
+  bool needs_state() const { return state_floats_ > 0; }
+  /// A free recurrent state; Error when all EngineOptions::max_recurrent_seqs are held.
+  Result<int32_t> acquire_state();
+  /// Returns a state from acquire_state (-1: nothing).
+  void release_state(int32_t state);
+  /// How many positions the state holds (-1 after a failed step: it must start again at 0).
+  int64_t state_positions(int32_t state) const;
+
  private:
   Engine() = default;
   struct Scratch;
@@ -136,6 +154,10 @@ class Engine {
   void attention(int64_t il, std::span<const SeqStep> seqs);
   void attention_mla(int64_t il, std::span<const SeqStep> seqs);
   void indexer(int64_t il, std::span<const SeqStep> seqs);
+  void linear_attention(int64_t il, std::span<const SeqStep> seqs);
+  Status check_states(std::span<const SeqStep> seqs) const;
+  /// Layer il's layer in the KV pool.
+  int64_t kv_layer(int64_t il) const { return kv_layer_[static_cast<size_t>(il - range_.begin)]; }
   void ffn(int64_t il);
   void moe(int64_t il);
 
@@ -147,13 +169,26 @@ class Engine {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scratch> s_;
+  // Recurrent states: per slot, whether it is held, how many positions it has absorbed, and its
+  // floats (state_floats_: for each recurrent layer of the range, at state_offset_[layer]).
+  struct RecurrentState {
+    bool held = false;
+    int64_t pos = -1;
+    std::vector<float> data;
+  };
+  std::vector<RecurrentState> states_;
+  std::vector<int64_t> state_offset_;  // [layer - range.begin]; -1: not recurrent
+  std::vector<int64_t> kv_layer_;      // [layer - range.begin]: its layer in the KV pool; -1: none
+  int64_t state_floats_ = 0;
 };
 
 /// A single sequence on an engine: owns its blocks, grows them as tokens are added.
 /// Convenience for the CLI, tests and benchmarks; the scheduler manages blocks itself.
 class Sequence {
  public:
-  explicit Sequence(Engine& engine) : engine_(engine) {}
+  /// Takes a recurrent state when the engine needs one; throws std::runtime_error when none is
+  /// free.
+  explicit Sequence(Engine& engine);
   ~Sequence();
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -165,11 +200,14 @@ class Sequence {
   SeqStep next(std::span<const int32_t> tokens, SeqStep::Logits logits) const;
   void advance(int64_t n) { length_ += n; }
   const std::vector<int32_t>& blocks() const { return blocks_; }
+  /// The recurrent state it holds on an engine that needs one (else -1).
+  int32_t state() const { return state_; }
 
  private:
   Engine& engine_;
   std::vector<int32_t> blocks_;
   int64_t length_ = 0;
+  int32_t state_ = -1;
 };
 
 }  // namespace troupe::compute

@@ -165,6 +165,10 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
     TROUPE_INPUT_ERROR(
         "GpuEngine: DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
         "the CPU engine runs it");
+  if (s.has_recurrent())
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: Gated DeltaNet linear attention and gated attention (Qwen3-Next) are not "
+        "supported yet; the CPU engine runs them");
   // And Llama 4's.
   bool llama4_parts = s.moe_weight_input || s.attn_temp_scale != 0.0f;
   for (const model::LayerSpec& L : s.layers)

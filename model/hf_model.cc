@@ -8,6 +8,7 @@
 // (kv_b_proj, norms, routers) become f32. gpt-oss's MXFP4 experts stay views too
 // (detail/hf_mxfp4.h), and NVFP4 weights (ModelOpt's and compressed-tensors', detail/hf_nvfp4.h).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -96,6 +97,7 @@ class HfSpecBuilder {
     nope_ = std::move(h.nope);
     chunk_ = std::move(h.chunk);
     qk_l2_norm_ = h.qk_l2_norm;
+    recurrent_ = std::move(h.recurrent);
     tied_ = h.tied;
   }
 
@@ -118,10 +120,12 @@ class HfSpecBuilder {
       L.ffn_post_norm =
           take_norm(h + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", {E});
     } else {
-      L.ffn_norm = take_f32(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
+      L.ffn_norm = take_norm(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
     }
     const std::string a = h + "self_attn.";
-    if (is_mla()) {
+    if (!recurrent_.empty() && recurrent_[static_cast<size_t>(il)]) {
+      build_linear_attention(h + "linear_attn.", g, L);
+    } else if (is_mla()) {
       build_mla(a, g, L);
     } else if (fam_ == Family::kBailingMoeV2) {
       build_fused_attention(h + "attention.", g, L);
@@ -129,7 +133,9 @@ class HfSpecBuilder {
       const int64_t q = s.n_head * s.head_dim_k;
       const int64_t k = s.n_head_kv * s.head_dim_k;
       const int64_t v = s.n_head_kv * s.head_dim_v;
-      L.wq = take(a + "q_proj.weight", g + "attn_q.weight", {q, E});
+      // Qwen3-Next: each head's q rows, then its output gate's.
+      L.attn_gate = fam_ == Family::kQwen3Next;
+      L.wq = take(a + "q_proj.weight", g + "attn_q.weight", {L.attn_gate ? 2 * q : q, E});
       L.wk = take(a + "k_proj.weight", g + "attn_k.weight", {k, E});
       L.wv = take(a + "v_proj.weight", g + "attn_v.weight", {v, E});
       L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.head_dim_v});
@@ -169,6 +175,28 @@ class HfSpecBuilder {
       L.ffn_up = take(m + "up_proj.weight", g + "ffn_up.weight", {s.n_ff, E});
       L.ffn_down = take(m + "down_proj.weight", g + "ffn_down.weight", {E, s.n_ff});
     }
+  }
+
+  /// Qwen3-Next's Gated DeltaNet, as llama.cpp's converter would store it except for the input
+  /// projection, read in place in its own layout (in_proj_qkvz: per key head q, k, v, z; the
+  /// engine takes it as ssm_in); A_log becomes the decay rate -exp(A_log) in f32.
+  void build_linear_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t E = s.n_embd, nv = s.ssm_v_heads, vw = nv * s.ssm_v_dim;
+    const int64_t C = s.ssm_conv_dim(), K = s.ssm_conv_kernel;
+    L.recurrent = true;
+    L.ssm_in = take(a + "in_proj_qkvz.weight", g + "ssm_in.weight", {C + vw, E});
+    L.ssm_ba = take(a + "in_proj_ba.weight", g + "ssm_ba.weight", {2 * nv, E});
+    L.ssm_conv =
+        with_shape(take_f32(a + "conv1d.weight", g + "ssm_conv1d.weight", {C, 1, K}), {C, K});
+    L.ssm_dt = take_f32(a + "dt_bias", g + "ssm_dt.bias", {nv});
+    const WeightView a_log = take_f32(a + "A_log", g + "ssm_a", {nv});
+    auto* rate = reinterpret_cast<float*>(alloc(static_cast<uint64_t>(nv) * sizeof(float)));
+    for (int64_t h = 0; h < nv; ++h)
+      rate[h] = -std::exp(reinterpret_cast<const float*>(a_log.data)[h]);
+    L.ssm_a = make_view(g + "ssm_a", GgmlType::kF32, {nv}, reinterpret_cast<const uint8_t*>(rate));
+    L.ssm_norm = take_f32(a + "norm.weight", g + "ssm_norm.weight", {s.ssm_v_dim});
+    L.wo = take(a + "out_proj.weight", g + "ssm_out.weight", {E, vw});
   }
 
   /// Ling-2.0's attention: query_key_value [(H + 2 Hkv) * D, E] holds q, k and v rows in that
@@ -292,7 +320,7 @@ class HfSpecBuilder {
       L.shared.gate = take(x + "gate_proj.weight", g + "ffn_gate_shexp.weight", {S, E});
       L.shared.up = take(x + "up_proj.weight", g + "ffn_up_shexp.weight", {S, E});
       L.shared.down = take(x + "down_proj.weight", g + "ffn_down_shexp.weight", {E, S});
-      if (s.arch == Arch::kQwen2Moe)
+      if (s.arch == Arch::kQwen2Moe || s.arch == Arch::kQwen3Next)
         L.shared_gate =
             take_f32(m + "shared_expert_gate.weight", g + "ffn_gate_inp_shexp.weight", {1, E});
     }
@@ -481,12 +509,12 @@ class HfSpecBuilder {
                      reinterpret_cast<const uint8_t*>(out));
   }
 
-  /// An RMSNorm weight as f32: as stored, or for Gemma 1 + the stored value (its norms multiply
-  /// by 1 + w; llama.cpp's converter adds the 1 likewise).
+  /// An RMSNorm weight as f32: as stored, or for Gemma and Qwen3-Next 1 + the stored value
+  /// (their norms multiply by 1 + w; llama.cpp's converter adds the 1 likewise).
   WeightView take_norm(const std::string& hf_name, const std::string& gguf_name,
                        const std::vector<int64_t>& shape) {
     WeightView v = take_f32(hf_name, gguf_name, shape);
-    if (fam_ != Family::kGemma3) return v;
+    if (fam_ != Family::kGemma3 && fam_ != Family::kQwen3Next) return v;
     const auto n = static_cast<size_t>(v.ne[0] * v.ne[1] * v.ne[2]);
     auto* out = reinterpret_cast<float*>(alloc(n * sizeof(float)));
     const auto* in = reinterpret_cast<const float*>(v.data);
@@ -542,6 +570,7 @@ class HfSpecBuilder {
   std::vector<bool> nope_;       // per layer (Llama 4)
   std::vector<int64_t> chunk_;   // per layer (Llama 4)
   bool qk_l2_norm_ = false;      // Llama 4
+  std::vector<bool> recurrent_;  // per layer (Qwen3-Next)
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

@@ -1,6 +1,7 @@
 // GGUF → ModelSpec mapping and spec validation.
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -37,6 +38,8 @@ const char* arch_name(Arch a) {
       return "gemma3";
     case Arch::kLlama4:
       return "llama4";
+    case Arch::kQwen3Next:
+      return "qwen3next";
   }
   return "?";
 }
@@ -96,6 +99,8 @@ class GgufSpecBuilder {
       s.arch = Arch::kGemma3;
     } else if (arch == "llama4") {
       s.arch = Arch::kLlama4;
+    } else if (arch == "qwen3next") {
+      s.arch = Arch::kQwen3Next;
     } else if (arch == "clip") {
       TROUPE_INPUT_ERROR(
           "%s: this is a vision encoder (mmproj), not a language model: pass it "
@@ -105,7 +110,7 @@ class GgufSpecBuilder {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
           "qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, "
-          "gemma3, llama4)",
+          "gemma3, llama4, qwen3next)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -197,6 +202,9 @@ class GgufSpecBuilder {
         break;
       case Arch::kLlama4:
         read_llama4(s, p);
+        break;
+      case Arch::kQwen3Next:
+        read_qwen3next(s, p);
         break;
       case Arch::kGptOss:  // llama.cpp's graph: softmax over the top-k logits, clamped SwiGLU
         s.gating = Gating::kSoftmaxTopk;
@@ -353,10 +361,63 @@ class GgufSpecBuilder {
           g_.path().c_str(), p.c_str());
   }
 
+  /// Qwen3-Next as llama.cpp runs it: the Gated DeltaNet's sizes from the ssm.* keys (key
+  /// heads: group_count, of state_size; value heads: time_step_rank, of inner_size / heads),
+  /// every full_attention_interval-th layer (default 4) full attention, experts in every layer
+  /// with a softmax router whose top-k weights are renormalized, and a gated shared expert.
+  void read_qwen3next(ModelSpec& s, const std::string& p) {
+    s.norm_topk = true;
+    s.n_expert_shared = 1;
+    s.ssm_conv_kernel = g_.get_int(p + "ssm.conv_kernel");
+    s.ssm_k_dim = g_.get_int(p + "ssm.state_size");
+    s.ssm_k_heads = g_.get_int(p + "ssm.group_count");
+    s.ssm_v_heads = g_.get_int(p + "ssm.time_step_rank");
+    const int64_t inner = g_.get_int(p + "ssm.inner_size");
+    if (s.ssm_conv_kernel < 1 || s.ssm_conv_kernel > 64 || s.ssm_k_dim <= 0 || s.ssm_k_heads <= 0 ||
+        s.ssm_v_heads <= 0 || s.ssm_k_dim > 65536 || s.ssm_v_heads > 65536 || inner <= 0 ||
+        inner % s.ssm_v_heads != 0 || s.ssm_v_heads % s.ssm_k_heads != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: bad linear-attention sizes (%sssm.conv_kernel %lld, state_size %lld, group_count "
+          "%lld, time_step_rank %lld, inner_size %lld): value heads must be a multiple of the "
+          "key heads and divide inner_size",
+          g_.path().c_str(), p.c_str(), ll(s.ssm_conv_kernel), ll(s.ssm_k_dim), ll(s.ssm_k_heads),
+          ll(s.ssm_v_heads), ll(inner));
+    s.ssm_v_dim = inner / s.ssm_v_heads;
+    full_every_ = g_.get_int_or(p + "full_attention_interval", 4);
+    if (full_every_ <= 0 || full_every_ > s.n_layer)
+      TROUPE_INPUT_ERROR("%s: %sfull_attention_interval %lld must be in 1..%lld", g_.path().c_str(),
+                         p.c_str(), ll(full_every_), ll(s.n_layer));
+    if (s.n_expert <= 0)
+      TROUPE_INPUT_ERROR("%s: a qwen3next model without experts is not supported",
+                         g_.path().c_str());
+  }
+
+  // A Gated DeltaNet layer (Qwen3-Next), from either of llama.cpp's layouts of its input
+  // projection: ssm_in (per key head q, k, v, z, as Hugging Face's in_proj_qkvz) or attn_qkv
+  // and attn_gate (all q, k, v; then z).
+  void build_linear_attention(const std::string& b, LayerSpec& L) const {
+    L.recurrent = true;
+    if (has(b + "ssm_in.weight")) {
+      L.ssm_in = req(b + "ssm_in.weight");
+    } else {
+      L.ssm_qkv = req(b + "attn_qkv.weight");
+      L.ssm_z = req(b + "attn_gate.weight");
+    }
+    L.ssm_ba = req(b + "ssm_ba.weight");
+    L.ssm_conv = req(b + "ssm_conv1d.weight");
+    L.ssm_dt = req(b + "ssm_dt.bias");
+    L.ssm_a = req(b + "ssm_a");
+    L.ssm_norm = req(b + "ssm_norm.weight");
+    L.wo = req(b + "ssm_out.weight");
+  }
+
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
-    if (s.arch == Arch::kDeepseek2) {
+    const bool qwen3next = s.arch == Arch::kQwen3Next;
+    if (qwen3next && (il + 1) % full_every_ != 0) {
+      build_linear_attention(b, L);
+    } else if (s.arch == Arch::kDeepseek2) {
       if (s.q_lora_rank > 0) {
         L.wq_a = req(b + "attn_q_a.weight");
         L.q_a_norm = req(b + "attn_q_a_norm.weight");
@@ -381,6 +442,7 @@ class GgufSpecBuilder {
         L.idx_proj = req(b + "indexer.proj.weight");
       }
     } else {
+      L.attn_gate = qwen3next;
       if (!has(b + "attn_q.weight") && has(b + "attn_qkv.weight")) {
         split_qkv(s, b, L);  // one fused matrix (Ling-2.0's)
       } else {
@@ -391,11 +453,11 @@ class GgufSpecBuilder {
         L.bk = opt(b + "attn_k.bias");
         L.bv = opt(b + "attn_v.bias");
       }
-      const bool need_qk_norm = s.arch == Arch::kMinimaxM2 || s.arch == Arch::kGemma3;
+      const bool need_qk_norm = s.arch == Arch::kMinimaxM2 || s.arch == Arch::kGemma3 || qwen3next;
       L.q_norm = need_qk_norm ? req(b + "attn_q_norm.weight") : opt(b + "attn_q_norm.weight");
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
-    L.wo = req(b + "attn_output.weight");
+    if (!L.recurrent) L.wo = req(b + "attn_output.weight");
     // gpt-oss's sinks and biases are part of its arithmetic (llama.cpp requires them).
     const bool oss = s.arch == Arch::kGptOss;
     L.bo = oss ? req(b + "attn_output.bias") : opt(b + "attn_output.bias");
@@ -419,7 +481,7 @@ class GgufSpecBuilder {
     }
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
     // post_attention_layernorm.
-    const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss;
+    const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss || qwen3next;
     L.ffn_norm = req(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"));
     const bool moe = s.n_expert > 0 && il >= s.n_leading_dense &&
                      (s.arch != Arch::kLlama4 || (il + 1) % moe_step_ == 0);
@@ -471,18 +533,20 @@ class GgufSpecBuilder {
         E.down = req(b + "ffn_down" + es);
       }
     }
-    if (s.arch == Arch::kLlama4 || has(b + "ffn_gate_shexp.weight")) {  // Llama 4 needs it
-      L.shared.gate = req(b + "ffn_gate_shexp.weight");
+    if (s.arch == Arch::kLlama4 || qwen3next || has(b + "ffn_gate_shexp.weight")) {
+      L.shared.gate = req(b + "ffn_gate_shexp.weight");  // Llama 4 and Qwen3-Next need it
       L.shared.up = req(b + "ffn_up_shexp.weight");
       L.shared.down = req(b + "ffn_down_shexp.weight");
-      L.shared_gate = opt(b + "ffn_gate_inp_shexp.weight");
+      L.shared_gate =
+          qwen3next ? req(b + "ffn_gate_inp_shexp.weight") : opt(b + "ffn_gate_inp_shexp.weight");
     }
   }
 
   // attn_qkv [n_embd, q + k + v rows] → views of its q, k and v rows (and of attn_qkv.bias).
+  // With attn_gate, q's rows are twice as many (each head's query, then its gate).
   void split_qkv(const ModelSpec& s, const std::string& b, LayerSpec& L) const {
-    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
-                  v = s.n_head_kv * s.head_dim_v;
+    const int64_t q = (L.attn_gate ? 2 : 1) * s.n_head * s.head_dim_k,
+                  k = s.n_head_kv * s.head_dim_k, v = s.n_head_kv * s.head_dim_v;
     const WeightView w = req(b + "attn_qkv.weight");
     if (w.ne[1] != q + k + v || w.ne[2] != 1)
       TROUPE_INPUT_ERROR(
@@ -515,8 +579,9 @@ class GgufSpecBuilder {
   static long long ll(int64_t v) { return static_cast<long long>(v); }
 
   const GgufFile& g_;
-  int64_t window_ = 0;    // gpt-oss's and Gemma 3's sliding window
-  int64_t moe_step_ = 1;  // Llama 4: every moe_step_-th layer has experts
+  int64_t window_ = 0;      // gpt-oss's and Gemma 3's sliding window
+  int64_t moe_step_ = 1;    // Llama 4: every moe_step_-th layer has experts
+  int64_t full_every_ = 1;  // Qwen3-Next: every full_every_-th layer has full attention
 };
 
 [[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,
@@ -602,9 +667,34 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
                        static_cast<long long>(s.n_layer));
+  const bool any_recurrent =
+      std::any_of(s.layers.begin(), s.layers.end(), [](const LayerSpec& L) { return L.recurrent; });
+  if (any_recurrent &&
+      (!s.has_recurrent() || s.ssm_k_heads <= 0 || s.ssm_k_dim <= 0 || s.ssm_v_dim <= 0 ||
+       s.ssm_conv_kernel <= 0 || s.ssm_v_heads % s.ssm_k_heads != 0))
+    TROUPE_INPUT_ERROR(
+        "%s: bad linear-attention sizes (%lld key heads of %lld, %lld value heads of %lld, "
+        "kernel %lld)",
+        src.c_str(), static_cast<long long>(s.ssm_k_heads), static_cast<long long>(s.ssm_k_dim),
+        static_cast<long long>(s.ssm_v_heads), static_cast<long long>(s.ssm_v_dim),
+        static_cast<long long>(s.ssm_conv_kernel));
   for (const LayerSpec& L : s.layers) {
     expect(src, L.attn_norm, E, 1);
-    if (s.is_mla()) {
+    if (L.recurrent) {
+      const int64_t nv = s.ssm_v_heads, vw = nv * s.ssm_v_dim, conv = s.ssm_conv_dim();
+      if (L.ssm_in.present()) {
+        expect(src, L.ssm_in, E, conv + vw);
+      } else {
+        expect(src, L.ssm_qkv, E, conv);
+        expect(src, L.ssm_z, E, vw);
+      }
+      expect(src, L.ssm_ba, E, 2 * nv);
+      expect(src, L.ssm_conv, s.ssm_conv_kernel, conv);
+      expect(src, L.ssm_dt, nv, 1);
+      expect(src, L.ssm_a, nv, 1);
+      expect(src, L.ssm_norm, s.ssm_v_dim, 1);
+      expect(src, L.wo, vw, E);
+    } else if (s.is_mla()) {
       const int64_t qk = s.qk_nope_dim + s.qk_rope_dim;
       if (L.wq_a.present()) {
         expect(src, L.wq_a, E, s.q_lora_rank);
@@ -626,7 +716,11 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
         expect(src, L.idx_proj, E, s.idx_n_head);
       }
     } else {
-      expect(src, L.wq, E, s.n_head * s.head_dim_k);
+      if (L.attn_gate && s.head_dim_k != s.head_dim_v)
+        TROUPE_INPUT_ERROR("%s: gated attention needs equal key and value widths (%lld, %lld)",
+                           src.c_str(), static_cast<long long>(s.head_dim_k),
+                           static_cast<long long>(s.head_dim_v));
+      expect(src, L.wq, E, (L.attn_gate ? 2 : 1) * s.n_head * s.head_dim_k);
       expect(src, L.wk, E, s.n_head_kv * s.head_dim_k);
       expect(src, L.wv, E, s.n_head_kv * s.head_dim_v);
       expect(src, L.wo, s.n_head * s.head_dim_v, E);

@@ -138,6 +138,11 @@ enum class Arch : uint8_t {
   /// sigmoid top-1 router whose weight scales the expert's input, a shared expert, dense and MoE
   /// layers interleaved
   kLlama4 = 11,
+  /// Qwen3-Next (and Qwen3-Coder-Next): three Gated DeltaNet linear-attention layers (a
+  /// recurrent state per sequence instead of KV) to every full-attention one, whose output is
+  /// gated by a sigmoid of a second half of its q projection; per-head q/k RMSNorm, NeoX rope on
+  /// a quarter of each head; softmax top-k experts plus a sigmoid-gated shared expert
+  kQwen3Next = 12,
 };
 const char* arch_name(Arch a);
 
@@ -221,6 +226,22 @@ struct LayerSpec {
   WeightView idx_wk;                    // [idx_head_dim rows, n_embd cols]
   WeightView idx_k_norm, idx_k_norm_b;  // f32 [idx_head_dim]: the keys' LayerNorm
   WeightView idx_proj;                  // [idx_n_head rows, n_embd cols]: per-head weights
+  // Qwen3-Next's full attention: wq's rows hold, per head, the query and then as many gate rows;
+  // the attention's output is multiplied by sigmoid(gate) before wo (head_dim_k == head_dim_v).
+  bool attn_gate = false;
+  // Gated DeltaNet linear attention (Qwen3-Next): no KV; each sequence carries a state of
+  // ModelSpec::ssm_state_floats() per such layer (the engine's recurrent state slots). wo is the
+  // layer's out_proj [n_embd rows, nv * dv cols]. With nk key heads of dk, nv value heads of dv
+  // (r = nv / nk per key head) and conv_dim = 2 nk dk + nv dv:
+  bool recurrent = false;
+  WeightView ssm_in;    // [2 nk dk + 2 nv dv rows]: per key head its q, k, v (r heads), z (r heads)
+  WeightView ssm_qkv;   // or: [conv_dim rows]: every head's q, then k, then v
+  WeightView ssm_z;     //     with [nv dv rows]: the output gate z
+  WeightView ssm_ba;    // [2 nv rows]: per key head, its r value heads' b, then their a
+  WeightView ssm_conv;  // f32 [conv_dim rows, kernel cols]: the causal depthwise convolution
+  WeightView ssm_dt;    // f32 [nv]: added to a before softplus
+  WeightView ssm_a;     // f32 [nv]: -exp(A_log), the decay rate
+  WeightView ssm_norm;  // f32 [dv]: the gated RMSNorm of each head's output
   WeightView ffn_norm;
   // Dense FFN (SwiGLU).
   WeightView ffn_gate, ffn_up, ffn_down;
@@ -297,6 +318,8 @@ struct ModelSpec {
   // DeepSeek-V3.2's indexer (0: none): its heads, their width (the first n_rot rotated, NeoX
   // style), how many positions a query keeps.
   int64_t idx_n_head = 0, idx_head_dim = 0, idx_top_k = 0;
+  // Gated DeltaNet (0: none): key heads and width, value heads and width, convolution kernel.
+  int64_t ssm_k_heads = 0, ssm_k_dim = 0, ssm_v_heads = 0, ssm_v_dim = 0, ssm_conv_kernel = 0;
 
   WeightView token_embd;  // [n_vocab rows, n_embd cols]
   WeightView output_norm;
@@ -311,6 +334,14 @@ struct ModelSpec {
   /// (MLA: the indexer's key, when there is one.)
   int64_t kv_v_width() const { return is_mla() ? idx_head_dim : n_head_kv * head_dim_v; }
   bool has_indexer() const { return idx_top_k > 0; }
+  bool has_recurrent() const { return ssm_v_heads > 0; }
+  /// Channels of the linear attention's convolution: every q, k and v value.
+  int64_t ssm_conv_dim() const { return 2 * ssm_k_heads * ssm_k_dim + ssm_v_heads * ssm_v_dim; }
+  /// Floats of one sequence's state in one linear-attention layer: the convolution's last
+  /// kernel - 1 inputs, then each value head's dk x dv matrix.
+  int64_t ssm_state_floats() const {
+    return (ssm_conv_kernel - 1) * ssm_conv_dim() + ssm_v_heads * ssm_k_dim * ssm_v_dim;
+  }
 };
 
 /// DeepSeek-V2's gate (the modeling_deepseek.py its checkpoints ship) either renormalizes the

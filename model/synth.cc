@@ -179,6 +179,25 @@ void plan_dense_ffn(Planner& p, const std::string& b, int64_t e, int64_t f,
   p.matrix(b + "ffn_down" + suffix + ".weight", {f, e});
 }
 
+// A Gated DeltaNet layer (Qwen3-Next) as llama.cpp's converter writes it: q, k and v of every
+// head in one matrix, the output gate z in another, b and a interleaved per key head, the
+// convolution f32, the decay rates as -exp(A_log), the gated norm's weight as stored.
+void plan_linear_attention(Planner& p, const std::string& b, const Config& c) {
+  const int64_t e = c.n_embd, kw = c.lin_k_heads * c.lin_dim, vw = c.lin_v_heads * c.lin_dim;
+  p.matrix(b + "attn_qkv.weight", {e, 2 * kw + vw});
+  p.matrix(b + "attn_gate.weight", {e, vw});
+  p.matrix(b + "ssm_ba.weight", {e, 2 * c.lin_v_heads});
+  p.f32(b + "ssm_conv1d.weight", {4, 2 * kw + vw}, 0.5f);
+  p.f32(b + "ssm_dt.bias", {c.lin_v_heads}, 0.5f);
+  // A_log of 0.1 ... 1.6 (transformers draws it from log U(1, 16)): slow and fast decay.
+  std::vector<float> a(static_cast<size_t>(c.lin_v_heads));
+  for (size_t h = 0; h < a.size(); ++h)
+    a[h] = -std::exp(0.1f + 1.5f * static_cast<float>(h) / static_cast<float>(a.size()));
+  p.values(b + "ssm_a", std::move(a));
+  p.norm(b + "ssm_norm.weight", c.lin_dim);
+  p.matrix(b + "ssm_out.weight", {vw, e});
+}
+
 // The extra tensors of a multi-token-prediction layer (GLM's "nextn" block, llama.cpp names):
 // troupe never runs them, but real files carry them.
 void plan_nextn(Planner& p, const std::string& b, int64_t e) {
@@ -210,7 +229,10 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
-    if (c.arch == SynthArch::kDeepseek2) {
+    const bool qwen3next = c.arch == SynthArch::kQwen3Next;
+    if (qwen3next && (il + 1) % c.full_every != 0) {
+      plan_linear_attention(p, b, c);
+    } else if (c.arch == SynthArch::kDeepseek2) {
       const int64_t qk = c.nope_dim + c.rope_dim;
       if (c.q_lora > 0) {
         p.matrix(b + "attn_q_a.weight", {e, c.q_lora});
@@ -236,7 +258,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       if (c.arch == SynthArch::kBailingMoe2) {  // one fused matrix: q, k, v rows
         p.matrix(b + "attn_qkv.weight", {e, q + 2 * kv});
       } else {
-        p.matrix(b + "attn_q.weight", {e, q});
+        // Qwen3-Next: each head's query rows, then its output gate's.
+        p.matrix(b + "attn_q.weight", {e, qwen3next ? 2 * q : q});
         p.matrix(b + "attn_k.weight", {e, kv});
         p.matrix(b + "attn_v.weight", {e, kv});
       }
@@ -252,7 +275,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
         p.f32(b + "attn_sinks.weight", {c.n_head}, 1.0f);
       }
       if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2 || gemma) {
+          c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2 || gemma ||
+          qwen3next) {
         p.norm(b + "attn_q_norm.weight", c.head_dim);
         p.norm(b + "attn_k_norm.weight", c.head_dim);
       } else if (c.arch == SynthArch::kMinimaxM2) {  // over all heads at once
@@ -262,7 +286,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     }
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
     // post_attention_layernorm.
-    const bool post = c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kGptOss;
+    const bool post = c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kGptOss || qwen3next;
     if (gemma) p.norm(b + "post_attention_norm.weight", e);  // of the attention's output
     p.norm(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), e);
     if (il >= c.n_layer) plan_nextn(p, b, e);
@@ -285,7 +309,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.f32(b + "ffn_up_exps.bias", {c.n_ff_exp, c.n_expert}, 0.1f);
       p.f32(b + "ffn_down_exps.bias", {e, c.n_expert}, 0.1f);
     }
-    if (c.arch == SynthArch::kQwen2Moe) {
+    if (c.arch == SynthArch::kQwen2Moe || qwen3next) {
       p.f32(b + "ffn_gate_inp_shexp.weight", {e}, router_sd);
       plan_dense_ffn(p, b, e, c.n_ff_shexp, "_shexp");
     } else if (llama4) {  // one shared expert as wide as a routed one

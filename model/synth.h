@@ -19,6 +19,7 @@ struct SynthOptions {
   std::string arch = "llama";  // llama | mixtral | qwen2 | qwen3 | qwen2moe | qwen3moe | deepseek2
                                // | glm4moe | minimax-m2 | bailingmoe2 | gpt-oss | gemma3
                                // | llama4 | deepseek32 (deepseek2 with V3.2's indexer)
+                               // | qwen3next
   std::string name;            // general.name; default "synth-<arch>"
   std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
   std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width
@@ -29,6 +30,9 @@ struct SynthOptions {
   std::optional<int64_t> moe_layer_step;                 // llama4: interleave_moe_layer_step
   std::optional<int64_t> index_top_k;             // deepseek32: positions a query keeps (2048)
   std::optional<int64_t> index_heads, index_dim;  // deepseek32: the indexer's (4, 2 x rope)
+  // qwen3next: the linear attention's key heads, value heads and head width (2, 4, 32), and
+  // every how many layers one has full attention (4).
+  std::optional<int64_t> linear_k_heads, linear_v_heads, linear_head_dim, full_attn_interval;
   std::optional<int64_t> q_lora_rank, kv_lora_rank, qk_rope_dim, qk_nope_dim, v_head_dim;
   std::optional<std::string> gating;          // deepseek2: "softmax" | "sigmoid"
   std::optional<bool> expert_weights_norm;    // deepseek2, glm4moe

@@ -67,6 +67,7 @@ class HparamsReader {
         {"GptOssForCausalLM", HfFamily::kGptOss},
         {"Gemma3ForCausalLM", HfFamily::kGemma3},
         {"Llama4ForCausalLM", HfFamily::kLlama4},
+        {"Qwen3NextForCausalLM", HfFamily::kQwen3Next},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
@@ -135,17 +136,21 @@ class HparamsReader {
   void read_attention(const std::string& arch) {
     ModelSpec& s = h_.spec;
     const HfFamily f = h_.family;
-    const int64_t head_dim = cfg_.has("head_dim")     ? cfg_.get_dim("head_dim")
-                             : f == HfFamily::kGemma3 ? 256  // Gemma3TextConfig's default
-                                                      : s.n_embd / s.n_head;
+    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim")
+                             : f == HfFamily::kGemma3 || f == HfFamily::kQwen3Next
+                                 ? 256  // their configs' default
+                                 : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
     if (f == HfFamily::kMinimaxM2 || (f == HfFamily::kBailingMoeV2 && cfg_.has("rotary_dim"))) {
       s.n_rot = cfg_.has("rotary_dim") ? cfg_.get_dim("rotary_dim") : head_dim;
     } else {
-      // GLM-4.5 rotates half of each head (its config class's default).
+      // GLM-4.5 rotates half of each head, Qwen3-Next a quarter (their config classes'
+      // defaults).
       const double partial =
-          cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe ? 0.5 : 1.0);
+          cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe     ? 0.5
+                                                     : f == HfFamily::kQwen3Next ? 0.25
+                                                                                 : 1.0);
       if (!(partial > 0 && partial <= 1))
         TROUPE_INPUT_ERROR("%s: partial_rotary_factor %g must be in (0, 1]", cfg_.path().c_str(),
                            partial);
@@ -173,6 +178,7 @@ class HparamsReader {
                          cfg_.path().c_str(), arch.c_str());
     }
     h_.qk_norm = f == HfFamily::kQwen3 || f == HfFamily::kQwen3Moe || f == HfFamily::kGemma3 ||
+                 f == HfFamily::kQwen3Next ||
                  (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
                  ((f == HfFamily::kMinimaxM2 || f == HfFamily::kBailingMoeV2) &&
                   cfg_.get_bool_or("use_qk_norm", true));
@@ -239,6 +245,9 @@ class HparamsReader {
         break;
       case HfFamily::kLlama4:
         read_llama4();
+        break;
+      case HfFamily::kQwen3Next:
+        read_qwen3next();
         break;
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
@@ -502,6 +511,60 @@ class HparamsReader {
     }
   }
 
+  /// Qwen3-Next: softmax top-k experts (renormalized when norm_topk_prob) beside a shared
+  /// expert with a sigmoid gate; Gated DeltaNet sizes (linear_num_key_heads of
+  /// linear_key_head_dim, linear_num_value_heads of linear_value_head_dim, a convolution of
+  /// linear_conv_kernel_dim); layer_types "linear_attention" / "full_attention", by default full
+  /// attention every full_attention_interval-th layer.
+  void read_qwen3next() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    const auto L = static_cast<size_t>(s.n_layer);
+    s.arch = Arch::kQwen3Next;
+    s.n_expert = cfg_.get_int_or("num_experts", 0);
+    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
+    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
+    s.norm_topk = cfg_.get_bool_or("norm_topk_prob", true);
+    s.n_ff_shexp = cfg_.get_int_or("shared_expert_intermediate_size", 0);
+    s.n_expert_shared = s.n_ff_shexp > 0 ? 1 : 0;
+    s.ssm_k_heads = cfg_.get_int_or("linear_num_key_heads", 16);
+    s.ssm_v_heads = cfg_.get_int_or("linear_num_value_heads", 32);
+    s.ssm_k_dim = cfg_.get_int_or("linear_key_head_dim", 128);
+    s.ssm_v_dim = cfg_.get_int_or("linear_value_head_dim", 128);
+    s.ssm_conv_kernel = cfg_.get_int_or("linear_conv_kernel_dim", 4);
+    constexpr int64_t kMax = 65536;
+    if (s.ssm_k_heads <= 0 || s.ssm_v_heads <= 0 || s.ssm_k_dim <= 0 || s.ssm_v_dim <= 0 ||
+        s.ssm_k_heads > kMax || s.ssm_v_heads > kMax || s.ssm_k_dim > kMax || s.ssm_v_dim > kMax ||
+        s.ssm_conv_kernel < 1 || s.ssm_conv_kernel > 64 || s.ssm_v_heads % s.ssm_k_heads != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: bad linear attention (linear_num_key_heads %lld of linear_key_head_dim %lld, "
+          "linear_num_value_heads %lld of linear_value_head_dim %lld, linear_conv_kernel_dim "
+          "%lld): value heads must be a multiple of key heads, the kernel 1..64",
+          path, static_cast<long long>(s.ssm_k_heads), static_cast<long long>(s.ssm_k_dim),
+          static_cast<long long>(s.ssm_v_heads), static_cast<long long>(s.ssm_v_dim),
+          static_cast<long long>(s.ssm_conv_kernel));
+    const int64_t every = cfg_.get_int_or("full_attention_interval", 4);
+    if (every <= 0) TROUPE_INPUT_ERROR("%s: full_attention_interval must be positive", path);
+    const json* types = cfg_.find("layer_types");
+    if (types != nullptr && (!types->is_array() || types->size() != L))
+      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
+                         static_cast<long long>(s.n_layer));
+    h_.recurrent.assign(L, false);
+    for (size_t il = 0; il < L; ++il) {
+      bool linear = (il + 1) % static_cast<size_t>(every) != 0;
+      if (types != nullptr) {
+        const json& t = (*types)[il];
+        if (t != "linear_attention" && t != "full_attention")
+          TROUPE_INPUT_ERROR(
+              "%s: layer_types[%zu] is %s; troupe reads \"linear_attention\" and "
+              "\"full_attention\" for Qwen3-Next",
+              path, il, t.dump().c_str());
+        linear = t == "linear_attention";
+      }
+      h_.recurrent[il] = linear;
+    }
+  }
+
   /// Per layer: whether layer_types (when present) says "sliding_attention" ("full_attention"
   /// the other choice), else `pattern_default`'s answer.
   template <class Fn>
@@ -536,7 +599,8 @@ class HparamsReader {
     std::vector<bool>& is_moe = h_.is_moe;
     is_moe.assign(static_cast<size_t>(s.n_layer), s.n_expert > 0);
     const HfFamily f = h_.family;
-    if (s.n_expert > 0 && (f == HfFamily::kQwen2Moe || f == HfFamily::kQwen3Moe)) {
+    if (s.n_expert > 0 &&
+        (f == HfFamily::kQwen2Moe || f == HfFamily::kQwen3Moe || f == HfFamily::kQwen3Next)) {
       const int64_t step = std::max<int64_t>(1, cfg_.get_int_or("decoder_sparse_step", 1));
       std::vector<int64_t> mlp_only;
       if (const json* m = cfg_.find("mlp_only_layers")) {

@@ -28,6 +28,7 @@ enum class HfFamily : uint8_t {
   kGptOss,        ///< GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b)
   kGemma3,        ///< Gemma3ForCausalLM (Gemma 3's text decoders: 270M, 1B)
   kLlama4,        ///< Llama4ForCausalLM (the text decoder of Llama 4 Scout and Maverick)
+  kQwen3Next,     ///< Qwen3NextForCausalLM (Qwen3-Next-80B-A3B, Qwen3-Coder-Next)
 };
 
 struct HfHparams {
@@ -42,6 +43,7 @@ struct HfHparams {
   std::vector<bool> nope;       ///< per layer: no rotary (Llama 4)
   std::vector<int64_t> chunk;   ///< per layer: attention chunk (0: none; Llama 4)
   bool qk_l2_norm = false;      ///< weightless q/k norms on the rotary layers (Llama 4)
+  std::vector<bool> recurrent;  ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
   bool tied = false;            ///< tie_word_embeddings, with the family's default
 };
 

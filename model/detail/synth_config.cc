@@ -30,9 +30,10 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "gpt-oss") return SynthArch::kGptOss;
   if (a == "gemma3") return SynthArch::kGemma3;
   if (a == "llama4") return SynthArch::kLlama4;
+  if (a == "qwen3next") return SynthArch::kQwen3Next;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4)",
+      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next)",
       a.c_str());
 }
 
@@ -44,21 +45,25 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096;
+                     kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096, kQn = 8192;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kQn},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kQn},
+      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn},
       {"--n-expert-used", o.n_expert_used.has_value(),
-       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4},
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4 | kQn},
+      {"--linear-k-heads", o.linear_k_heads.has_value(), kQn},
+      {"--linear-v-heads", o.linear_v_heads.has_value(), kQn},
+      {"--linear-head-dim", o.linear_head_dim.has_value(), kQn},
+      {"--full-attn-interval", o.full_attn_interval.has_value(), kQn},
       {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
       {"--index-top-k", o.index_top_k.has_value(), kDs},
       {"--index-heads", o.index_heads.has_value(), kDs},
       {"--index-dim", o.index_dim.has_value(), kDs},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
-      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2},
+      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2 | kQn},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
       {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
       {"--n-group", o.n_group.has_value(), kDs | kB},
@@ -109,8 +114,10 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
                        static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
+  const bool qwen3next = c.arch == SynthArch::kQwen3Next;
   if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss || gemma) {
+      c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss || gemma ||
+      qwen3next) {
     // Qwen3, GLM and MiniMax heads are often wider than n_embd/n_head (30B-A3B: 2048/32 heads
     // of 128; GLM-4.5-Air: 4096/96 of 128; MiniMax-M2: 3072/48 of 128): twice by default, any
     // with --head-dim.
@@ -127,7 +134,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   // GLM and MiniMax-M2 rotate half of each head (partial_rotary_factor 0.5, rotary_dim 64 of
   // 128).
   const bool half = c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kBailingMoe2;
-  c.rope_dim = half ? c.head_dim / 2 / 2 * 2 : c.head_dim;
+  // Qwen3-Next a quarter (partial_rotary_factor 0.25, 64 of 256).
+  c.rope_dim = half ? c.head_dim / 2 / 2 * 2 : qwen3next ? c.head_dim / 4 / 2 * 2 : c.head_dim;
   if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for %s", o.arch.c_str());
 }
 
@@ -157,10 +165,28 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
     if (c.moe_step <= 0 || c.moe_step > c.n_layer)
       TROUPE_INPUT_ERROR("--moe-layer-step must be between 1 and --n-layer");
   }
-  if (c.arch == SynthArch::kQwen2Moe) {
+  if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen3Next) {
     c.n_ff_shexp = o.n_ff_shexp.value_or(64);
     check_positive("--n-ff-shexp", c.n_ff_shexp);
   }
+}
+
+// Qwen3-Next's Gated DeltaNet: 2 key heads and 4 value heads of 32 by default (the 80B's 16 and
+// 32 of 128, scaled down), full attention every fourth layer.
+void resolve_linear_attention(const SynthOptions& o, SynthConfig& c) {
+  c.lin_k_heads = o.linear_k_heads.value_or(2);
+  c.lin_v_heads = o.linear_v_heads.value_or(2 * c.lin_k_heads);
+  c.lin_dim = o.linear_head_dim.value_or(32);
+  c.full_every = o.full_attn_interval.value_or(4);
+  check_positive("--linear-k-heads", c.lin_k_heads);
+  check_positive("--linear-v-heads", c.lin_v_heads);
+  check_positive("--linear-head-dim", c.lin_dim);
+  if (c.lin_v_heads % c.lin_k_heads != 0)
+    TROUPE_INPUT_ERROR("--linear-v-heads %lld is not a multiple of --linear-k-heads %lld",
+                       static_cast<long long>(c.lin_v_heads),
+                       static_cast<long long>(c.lin_k_heads));
+  if (c.full_every <= 0 || c.full_every > c.n_layer)
+    TROUPE_INPUT_ERROR("--full-attn-interval must be between 1 and --n-layer");
 }
 
 // DeepSeek-V3's routing (GLM-4.5's too): shared experts, leading dense layers, group-limited
@@ -238,6 +264,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
+  if (c.arch == SynthArch::kQwen3Next) resolve_linear_attention(o, c);
   if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
     resolve_sigmoid_routing(o, c);
   if (c.arch == SynthArch::kGptOss || c.arch == SynthArch::kGemma3) {
@@ -365,6 +392,18 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       u32("expert_used_count", c.n_expert_used);
       u32("interleave_moe_layer_step", c.moe_step);
       u32("expert_feed_forward_length", c.n_ff_exp);
+      break;
+    case SynthArch::kQwen3Next:
+      u32("rope.dimension_count", c.rope_dim);
+      head_dims();
+      experts();
+      u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      u32("ssm.conv_kernel", 4);
+      u32("ssm.state_size", c.lin_dim);
+      u32("ssm.group_count", c.lin_k_heads);
+      u32("ssm.time_step_rank", c.lin_v_heads);
+      u32("ssm.inner_size", c.lin_v_heads * c.lin_dim);
+      u32("full_attention_interval", c.full_every);
       break;
     case SynthArch::kGemma3:  // llama.cpp's converter writes no rope.dimension_count
       head_dims();

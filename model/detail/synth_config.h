@@ -23,7 +23,9 @@ namespace troupe::model::detail {
 // norms, norms after attention and after the FFN, GELU FFN, tied embeddings, five sliding-window
 // layers to each global one). kLlama4: Llama 4 (three chunked rope layers to each global NoPE
 // one, a sigmoid top-1 router weighting the expert's input, a shared expert, MoE layers every
-// --moe-layer-step-th, the others dense; rope_freqs from Scout's llama3 scaling).
+// --moe-layer-step-th, the others dense; rope_freqs from Scout's llama3 scaling). kQwen3Next:
+// Qwen3-Next (three Gated DeltaNet layers to each gated full-attention one, q/k norms, NeoX rope
+// on a quarter of each head, softmax top-k experts in every layer plus a gated shared expert).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -37,7 +39,8 @@ enum class SynthArch {
   kBailingMoe2,
   kGptOss,
   kGemma3,
-  kLlama4
+  kLlama4,
+  kQwen3Next
 };
 
 struct SynthConfig {
@@ -51,6 +54,8 @@ struct SynthConfig {
   int64_t n_swa = 0;     // gpt-oss, gemma3: the sliding window
   int64_t moe_step = 1;  // llama4: every moe_step-th layer has experts
   int64_t index_top_k = 0, index_heads = 0, index_dim = 0;  // deepseek32: the indexer
+  // qwen3next: Gated DeltaNet key heads, value heads, their width; the full-attention interval
+  int64_t lin_k_heads = 0, lin_v_heads = 0, lin_dim = 0, full_every = 0;
   bool sigmoid = false, w_norm = false;
   float w_scale = 1.f;
   float rope_theta, rms_eps;

@@ -1,7 +1,8 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
 // bailingmoe2, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
 // form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert shards
-// spread out: every token and logit bit-identical to the single-process run.
+// spread out: every token and logit bit-identical to the single-process run. Qwen3-Next, whose
+// per-sequence recurrent state the cluster does not carry yet, is refused by name.
 #include <string>
 #include <vector>
 
@@ -118,6 +119,23 @@ TEST(Llama4Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(gguf);
   testing::write_llama4_hf_twin(gguf, hf, {.chunk = 8, .floor_scale = 4, .attn_scale = 0.5});
   expect_plans_match_one_process(hf.path());
+}
+
+// Qwen3-Next's linear-attention layers keep a state per sequence, which the cluster does not
+// carry yet: a plan with stages is refused by name, not run wrong.
+TEST(Qwen3NextCluster, RefusedByNameUntilTheClusterCarriesRecurrentState) {
+  testing::TempDir dir;
+  const std::string path = testing::synth_arch(dir, "qwen3next", 30);
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  Plan plan = even_plan(path, 2, 0);
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  auto lc = LocalCluster::start(plan, *m);
+  ASSERT_FALSE(lc);
+  EXPECT_NE(lc.error().message.find("keep a recurrent state per sequence, which the cluster does "
+                                    "not carry yet"),
+            std::string::npos)
+      << lc.error().message;
 }
 
 }  // namespace

@@ -511,6 +511,36 @@ TEST(Cli, Llama4SynthesizesInspectsAndGenerates) {
       "--moe-layer-step does not apply to --arch gemma3");
 }
 
+TEST(Cli, Qwen3NextSynthesizesInspectsGeneratesAndEvaluates) {
+  const std::string path = (temp_dir() / "qwen3next.gguf").string();
+  CliRun s = troupe({"synth", "--arch", "qwen3next", "--n-layer", "8", "--out", path});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  CliRun r = troupe({"inspect", path});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture: qwen3next (mixture of experts)"), std::string::npos) << r.out;
+  // Per sequence: 6 layers x (3 x 256 convolution inputs + 4 heads x 32 x 32) floats.
+  EXPECT_NE(r.out.find("attention layers: 6 Gated DeltaNet (linear; 2 key heads of 32, 4 value "
+                       "heads of 32, conv 4; a state of 114.00 KiB per sequence); 2 with a "
+                       "sigmoid output gate"),
+            std::string::npos)
+      << r.out;
+  CliRun g =
+      troupe({"generate", "--model", path, "--prompt", "Once upon", "--max-tokens", "6", "--json"});
+  ASSERT_EQ(g.rc, 0) << g.err;
+  const nlohmann::json j = nlohmann::json::parse(g.out);
+  EXPECT_EQ(j["tokens"].size(), 6u) << g.out;
+  const std::string logits = (temp_dir() / "qwen3next.logits").string();
+  CliRun e = troupe({"eval", "--model", path, "--tokens", "1,2,3,4,5", "--logits-out", logits});
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_EQ(std::filesystem::file_size(logits), 5u * 4u * 512u);
+  expect_one_line_error(
+      troupe({"synth", "--arch", "qwen3next", "--linear-v-heads", "3", "--out", path + ".bad"}),
+      "--linear-v-heads 3 is not a multiple of --linear-k-heads 2");
+  expect_one_line_error(
+      troupe({"synth", "--arch", "llama", "--linear-k-heads", "2", "--out", path + ".bad"}),
+      "--linear-k-heads does not apply to --arch llama");
+}
+
 TEST(Cli, Fp8CheckpointInspectsAndGeneratesLikeItsExactTwin) {
   TROUPE_SHARED_OR_SKIP(shared);
   const testing::Fp8Copy copy(shared + "/models/hf/stories260K", 128, 128);

@@ -1,0 +1,295 @@
+// Qwen3-Next (qwen3next GGUF as llama.cpp runs it; Qwen3NextForCausalLM) through the engine:
+// three Gated DeltaNet linear-attention layers to each gated full-attention one, a recurrent
+// state per sequence. A synthesized GGUF, the same GGUF with llama.cpp's older ssm_in layout,
+// and the Hugging Face twin against the independent float64 forward pass of
+// tests/qwen3next_reference.h; batch and chunk invariance through the recurrent state; the
+// state's rules (one per sequence, no skipping positions) and bad files refused by name. No
+// ../shared golden case exists for this architecture.
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/edited_model.h"
+#include "tests/qwen3next_hf_twin.h"
+#include "tests/qwen3next_reference.h"
+#include "tests/test_support.h"
+
+namespace troupe::compute {
+namespace {
+
+using testing::TempDir;
+
+// troupe synth --arch qwen3next's defaults: 4 layers (0-2 linear attention, 3 full), 2 key heads
+// and 4 value heads of 32, 8 experts (2 used) in every layer plus a gated shared one.
+std::string synth_qwen3next(const TempDir& dir, uint64_t seed = 5,
+                            model::GgmlType dtype = model::GgmlType::kF32) {
+  model::SynthOptions o;
+  o.arch = "qwen3next";
+  o.seed = seed;
+  o.n_ctx = 256;
+  o.dtype = dtype;
+  const std::string path = dir.file("qwen3next.gguf");
+  const Status st = model::synth_model(o, path);
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  return path;
+}
+
+std::shared_ptr<const model::Model> load(const std::string& path) {
+  auto m = model::load_model(path);
+  EXPECT_TRUE(m.has_value()) << m.error().message;
+  return m.has_value() ? *m : nullptr;
+}
+
+// The GGUF with llama.cpp's older layout of the linear layers' input projection: one ssm_in
+// matrix whose rows hold, per key head, its q, k, v and z (Hugging Face's in_proj_qkvz), made
+// from the synthesized attn_qkv (all q, all k, all v) and attn_gate (z).
+std::string legacy_ssm_in(const TempDir& dir, const std::string& src) {
+  auto f = model::GgufFile::open(src);
+  EXPECT_TRUE(f.has_value());
+  if (!f) return {};
+  const model::GgufFile& g = **f;
+  const int64_t nk = g.get_int("qwen3next.ssm.group_count");
+  const int64_t nv = g.get_int("qwen3next.ssm.time_step_rank");
+  const int64_t dk = g.get_int("qwen3next.ssm.state_size");
+  const int64_t dv = g.get_int("qwen3next.ssm.inner_size") / nv, r = nv / nk;
+  model::GgufWriter w;
+  for (const auto& [key, value] : g.metadata()) w.copy_value(key, value);
+  std::deque<std::vector<float>> made;  // the writer reads them when it writes
+  for (const model::TensorInfo& t : g.tensors()) {
+    const std::string& n = t.name;
+    if (n.ends_with("attn_gate.weight")) continue;
+    const std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
+    if (!n.ends_with("attn_qkv.weight")) {
+      EXPECT_TRUE(w.add_tensor(n, t.type, shape,
+                               std::span<const uint8_t>(t.data, static_cast<size_t>(t.nbytes)))
+                      .has_value());
+      continue;
+    }
+    EXPECT_EQ(t.type, model::GgmlType::kF32);
+    const std::string at = n.substr(0, n.size() - std::strlen("attn_qkv.weight"));
+    const model::TensorInfo* z = g.find_tensor(at + "attn_gate.weight");
+    EXPECT_NE(z, nullptr);
+    if (!z) return {};
+    const int64_t E = t.ne[0], kw = nk * dk;
+    const auto* qkv = reinterpret_cast<const float*>(t.data);
+    const auto* zz = reinterpret_cast<const float*>(z->data);
+    std::vector<float>& out = made.emplace_back();
+    auto rows = [&](const float* m, int64_t r0, int64_t n_rows) {
+      out.insert(out.end(), m + r0 * E, m + (r0 + n_rows) * E);
+    };
+    for (int64_t k = 0; k < nk; ++k) {
+      rows(qkv, k * dk, dk);
+      rows(qkv, kw + k * dk, dk);
+      rows(qkv, 2 * kw + k * r * dv, r * dv);
+      rows(zz, k * r * dv, r * dv);
+    }
+    const int64_t ne[2] = {E, static_cast<int64_t>(out.size()) / E};
+    EXPECT_TRUE(w.add_tensor_f32(at + "ssm_in.weight", model::GgmlType::kF32, ne, out).has_value());
+  }
+  const std::string path = dir.file("legacy.gguf");
+  EXPECT_TRUE(w.write(path).has_value());
+  return path;
+}
+
+TEST(Qwen3Next, GgufMapsAsLlamaCpp) {
+  TempDir dir;
+  auto m = load(synth_qwen3next(dir));
+  ASSERT_TRUE(m);
+  const model::ModelSpec& s = m->spec;
+  EXPECT_EQ(s.arch, model::Arch::kQwen3Next);
+  EXPECT_STREQ(model::arch_name(s.arch), "qwen3next");
+  EXPECT_EQ(s.rope_style, model::RopeStyle::kNeox);
+  EXPECT_EQ(s.n_rot, s.head_dim_k / 4);
+  EXPECT_EQ(s.gating, model::Gating::kSoftmax);
+  EXPECT_TRUE(s.norm_topk);
+  EXPECT_EQ(s.ssm_k_heads, 2);
+  EXPECT_EQ(s.ssm_v_heads, 4);
+  EXPECT_EQ(s.ssm_k_dim, 32);
+  EXPECT_EQ(s.ssm_v_dim, 32);
+  EXPECT_EQ(s.ssm_conv_kernel, 4);
+  EXPECT_EQ(s.ssm_state_floats(), 3 * (2 * 2 * 32 + 4 * 32) + 4 * 32 * 32);
+  ASSERT_EQ(s.layers.size(), 4u);
+  for (size_t il = 0; il < 4; ++il) {
+    SCOPED_TRACE("layer " + std::to_string(il));
+    const model::LayerSpec& L = s.layers[il];
+    const bool full = il == 3;
+    EXPECT_EQ(L.recurrent, !full);
+    EXPECT_EQ(L.attn_gate, full);
+    EXPECT_EQ(L.q_norm.present(), full);
+    EXPECT_EQ(L.ssm_qkv.present(), !full);
+    EXPECT_FALSE(L.ssm_in.present());
+    EXPECT_EQ(L.ffn_norm.name, "blk." + std::to_string(il) + ".post_attention_norm.weight");
+    EXPECT_TRUE(L.is_moe);
+    EXPECT_TRUE(L.shared_gate.present());
+  }
+  // The KV pool holds the one attention layer only; each sequence has its state.
+  EngineOptions o;
+  o.max_tokens_in_cache = 64;
+  auto eng = Engine::create(m, o);
+  ASSERT_TRUE(eng.has_value()) << eng.error().message;
+  EXPECT_EQ((*eng)->kv_cache().config().n_layer, 1);
+  EXPECT_TRUE((*eng)->needs_state());
+}
+
+// No golden case exists for Qwen3-Next: the engine's logits are held to an independent float64
+// forward pass of the Hugging Face form, written from transformers' semantics, for the GGUF in
+// both of llama.cpp's layouts and for the twin itself.
+TEST(Qwen3Next, EngineMatchesTheFloat64ReferenceFromGgufAndHf) {
+  TempDir dir, hf;
+  const std::string gguf = synth_qwen3next(dir);
+  ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(gguf, hf));
+  auto m = load(gguf);
+  ASSERT_TRUE(m);
+  const auto vocab = static_cast<int32_t>(m->spec.n_vocab);
+  const std::vector<int32_t> prompt = prompt_of(33, vocab, 37);
+  const std::vector<double> ref = testing::qwen3next_reference_logits(hf.path(), prompt);
+  const std::vector<float> from_gguf = prompt_logits(m, prompt);
+  expect_near_reference(from_gguf, ref, vocab);
+  expect_engine_near_reference(m, prompt, ref);
+  // llama.cpp's older ssm_in layout: the same rows, so the same bits.
+  auto legacy = load(legacy_ssm_in(dir, gguf));
+  ASSERT_TRUE(legacy);
+  EXPECT_TRUE(legacy->spec.layers[0].ssm_in.present());
+  const std::vector<float> from_legacy = prompt_logits(legacy, prompt);
+  expect_near_reference(from_legacy, ref, vocab);
+  EXPECT_TRUE(bit_equal(from_legacy, from_gguf));
+  // The Hugging Face directory: the same layer kinds; its decay rates are -exp(A_log) again, so
+  // near, not equal.
+  auto h = load(hf.path());
+  ASSERT_TRUE(h);
+  for (size_t il = 0; il < m->spec.layers.size(); ++il) {
+    const model::LayerSpec &a = m->spec.layers[il], &b = h->spec.layers[il];
+    EXPECT_EQ(std::tuple(a.is_moe, a.recurrent, a.attn_gate),
+              std::tuple(b.is_moe, b.recurrent, b.attn_gate))
+        << "layer " << il;
+  }
+  EXPECT_EQ(h->spec.n_rot, m->spec.n_rot);
+  expect_near_reference(prompt_logits(h, prompt), ref, vocab);
+}
+
+// The recurrent state makes each token's arithmetic the same however its sequence arrives:
+// in one chunk, in several, token by token, with 2 threads, beside another sequence.
+TEST(Qwen3Next, RecurrentStateIsBatchAndChunkInvariant) {
+  TempDir dir;
+  auto m = load(synth_qwen3next(dir, 9));
+  ASSERT_TRUE(m);
+  expect_batch_invariant(m);
+}
+
+// The linear layers matter beyond the current token: the state carries earlier positions, so
+// changing the first token changes every later row, and the full-attention layer alone would
+// not explain it (a model whose linear layers forget at once would).
+TEST(Qwen3Next, StateCarriesEarlierPositions) {
+  TempDir dir;
+  auto m = load(synth_qwen3next(dir, 11));
+  ASSERT_TRUE(m);
+  const auto vocab = static_cast<int32_t>(m->spec.n_vocab);
+  std::vector<int32_t> a = prompt_of(10, vocab, 3), b = a;
+  b[0] = a[0] + 1;
+  const std::vector<float> la = prompt_logits(m, a), lb = prompt_logits(m, b);
+  const auto V = static_cast<size_t>(vocab);
+  for (size_t row = 0; row < 10; ++row)
+    EXPECT_NE(std::memcmp(&la[row * V], &lb[row * V], V * 4), 0) << "row " << row;
+}
+
+// One state per sequence, held while the sequence lives; a step must continue where the state
+// ended (or start again at 0); a failed step leaves the state to start again.
+TEST(Qwen3Next, StatesFollowTheirSequences) {
+  TempDir dir;
+  auto m = load(synth_qwen3next(dir, 3));
+  ASSERT_TRUE(m);
+  EngineOptions o;
+  o.max_tokens_in_cache = 64;
+  o.max_recurrent_seqs = 2;
+  auto made = Engine::create(m, o);
+  ASSERT_TRUE(made.has_value());
+  Engine& eng = **made;
+  const std::vector<int32_t> toks = prompt_of(6, static_cast<int32_t>(m->spec.n_vocab), 5);
+  StepResult r;
+  {
+    Sequence s1(eng), s2(eng);
+    EXPECT_NE(s1.state(), s2.state());
+    EXPECT_THROW(Sequence s3(eng), std::runtime_error);
+    ASSERT_TRUE(s1.reserve(6));
+    SeqStep st = s1.next({toks.data(), 3}, SeqStep::Logits::kLast);
+    ASSERT_TRUE(eng.step({&st, 1}, &r).has_value());
+    s1.advance(3);
+    EXPECT_EQ(eng.state_positions(s1.state()), 3);
+    // Skipping a position is refused, by name.
+    SeqStep skip = s1.next({toks.data() + 4, 1}, SeqStep::Logits::kLast);
+    skip.pos0 = 4;
+    Status bad = eng.step({&skip, 1}, &r);
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_NE(bad.error().message.find("starts at position 4, but its recurrent state holds 3"),
+              std::string::npos)
+        << bad.error().message;
+    // No state, or two sequences on one state.
+    SeqStep none = s1.next({toks.data() + 3, 1}, SeqStep::Logits::kLast);
+    none.state = -1;
+    bad = eng.step({&none, 1}, &r);
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_NE(bad.error().message.find("recurrent state -1, which is not held"), std::string::npos)
+        << bad.error().message;
+    ASSERT_TRUE(s2.reserve(6));
+    SeqStep one = s1.next({toks.data() + 3, 1}, SeqStep::Logits::kLast);
+    SeqStep other = s2.next({toks.data(), 1}, SeqStep::Logits::kLast);
+    other.state = one.state;
+    const SeqStep pair[] = {one, other};
+    bad = eng.step(pair, &r);
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_NE(bad.error().message.find("shares recurrent state"), std::string::npos)
+        << bad.error().message;
+    // The refused steps changed nothing: continuing gives what one chunk of 4 gives.
+    ASSERT_TRUE(eng.step({&one, 1}, &r).has_value());
+    s1.advance(1);
+    const std::vector<float> cont(r.logits.begin(), r.logits.end());
+    auto other_engine = Engine::create(m, o);  // the same options, states of its own
+    ASSERT_TRUE(other_engine.has_value());
+    const std::vector<float> whole =
+        run_chunks(**other_engine, {toks.begin(), toks.begin() + 4}, {4});
+    const auto V = static_cast<std::ptrdiff_t>(m->spec.n_vocab);
+    ASSERT_EQ(whole.size(), static_cast<size_t>(4 * V));
+    EXPECT_TRUE(bit_equal(cont, {whole.begin() + 3 * V, whole.end()}));
+  }
+  // Both states are free again; a step at position 0 starts afresh, whatever the state held.
+  Sequence s(eng);
+  ASSERT_TRUE(s.reserve(4));
+  SeqStep st = s.next({toks.data(), 4}, SeqStep::Logits::kLast);
+  ASSERT_TRUE(eng.step({&st, 1}, &r).has_value());
+  const std::vector<float> first(r.logits.begin(), r.logits.end());
+  ASSERT_TRUE(eng.step({&st, 1}, &r).has_value());  // again from 0: the same bits
+  EXPECT_TRUE(bit_equal(first, {r.logits.begin(), r.logits.end()}));
+}
+
+TEST(Qwen3Next, BadFilesAreRefusedByName) {
+  TempDir dir, hf;
+  const std::string gguf = synth_qwen3next(dir, 7);
+  auto expect_error = [](const std::string& path, const std::string& what) {
+    const std::string e = load_error(path);
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  };
+  expect_error(
+      testing::edited_gguf(dir, "no_a.gguf", gguf, [](model::GgufWriter&) {}, {}, {"blk.1.ssm_a"}),
+      "missing tensor 'blk.1.ssm_a'");
+  expect_error(testing::edited_gguf(
+                   dir, "heads.gguf", gguf,
+                   [](model::GgufWriter& w) { w.set_u32("qwen3next.ssm.time_step_rank", 3); }),
+               "value heads must be a multiple of the key heads");
+  expect_error(testing::edited_gguf(
+                   dir, "interval.gguf", gguf,
+                   [](model::GgufWriter& w) { w.set_u32("qwen3next.full_attention_interval", 0); }),
+               "full_attention_interval 0 must be in 1..4");
+  ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(gguf, hf, {.drop_a_log = true}));
+  expect_error(hf.path(), "missing tensor 'model.layers.0.linear_attn.A_log'");
+}
+
+}  // namespace
+}  // namespace troupe::compute
