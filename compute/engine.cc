@@ -751,7 +751,7 @@ void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
 // another per sequence (never the chunked form: every token's arithmetic is the same whether
 // its sequence was prefilled at once, in chunks or token by token, alone or in a batch):
 //   q, k, v = silu(causal depthwise conv(x W_qkv)), z = x W_z, b and a = x W_ba;
-//   per value head h (key head h / r): q, k L2-normalized, q / sqrt(dk);
+//   per value head h (key head h / r; Qwen3.5's GGUF: h % nk): q, k L2-normalized, q / sqrt(dk);
 //   beta = sigmoid(b_h), decay = exp(A_h * softplus(a_h + dt_h)) with A_h = -exp(A_log_h);
 //   S = decay * S;  S += k (beta (v - S^T k))^T;  o = S^T q  (S: dk x dv, per sequence);
 //   out = rmsnorm(o) * w * silu(z_h), then W_out (the layer's wo, in forward()).
@@ -769,11 +769,17 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
   grow(S.lin_z, T * vw);
   grow(S.lin_ba, T * 2 * nv);
   grow(S.attn, T * vw);
+  // b and a: per key head its r value heads' b, then their a (ssm_ba); or (Qwen3.5) every
+  // head's b, then every head's a.
+  const bool ba_apart = L.ssm_beta.present();
+  const model::WeightView& w_b = ba_apart ? L.ssm_beta : L.ssm_ba;
+  const MatmulTarget b_and_a[] = {{w_b, S.lin_ba.data(), 2 * nv},
+                                  {L.ssm_alpha, S.lin_ba.data() + nv, 2 * nv}};
+  const auto n_ba = static_cast<size_t>(ba_apart ? 2 : 1);
   if (L.ssm_in.present()) {  // per key head: q, k, its r heads' v, their z
     grow(S.lin_in, T * (C + vw));
-    const MatmulTarget pr[] = {{L.ssm_in, S.lin_in.data(), C + vw},
-                               {L.ssm_ba, S.lin_ba.data(), 2 * nv}};
-    matmul_shared(pr, S.h.data(), E, T, pool_.get());
+    const MatmulTarget pr[] = {{L.ssm_in, S.lin_in.data(), C + vw}, b_and_a[0], b_and_a[1]};
+    matmul_shared(std::span(pr, 1 + n_ba), S.h.data(), E, T, pool_.get());
     const int64_t gw = 2 * dk + 2 * r * dv;
     const auto f = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
     for (int64_t t = 0; t < T; ++t)
@@ -786,10 +792,9 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
         std::memcpy(&S.lin_z[t * vw + g * r * dv], in + 2 * dk + r * dv, f(r * dv));
       }
   } else {
-    const MatmulTarget pr[] = {{L.ssm_qkv, S.lin_x.data(), C},
-                               {L.ssm_z, S.lin_z.data(), vw},
-                               {L.ssm_ba, S.lin_ba.data(), 2 * nv}};
-    matmul_shared(pr, S.h.data(), E, T, pool_.get());
+    const MatmulTarget pr[] = {
+        {L.ssm_qkv, S.lin_x.data(), C}, {L.ssm_z, S.lin_z.data(), vw}, b_and_a[0], b_and_a[1]};
+    matmul_shared(std::span(pr, 2 + n_ba), S.h.data(), E, T, pool_.get());
   }
   const int64_t off = state_offset_[static_cast<size_t>(il - range_.begin)];
   std::vector<int64_t> first(seqs.size() + 1, 0);  // each sequence's first token in the step
@@ -837,7 +842,10 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
     kv.resize(static_cast<size_t>(dv));
     for (int64_t item = b; item < e; ++item) {
       const auto i = static_cast<size_t>(item / nv);
-      const int64_t h = item % nv, g = h / r;
+      // The key head value head h reads: its group's (h / r), or in tiled order h % nk.
+      const int64_t h = item % nv, g = s.ssm_tiled ? h % nk : h / r;
+      const int64_t b_at = ba_apart ? h : h / r * 2 * r + h % r;  // b's place in lin_ba's row
+      const int64_t a_at = ba_apart ? nv + h : b_at + r;
       float* st = state_of(i) + (K - 1) * C + h * dk * dv;  // [dk, dv]
       for (int64_t t = first[i]; t < first[i + 1]; ++t) {
         const float* y = &S.lin_y[t * C];
@@ -850,8 +858,8 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
         l2(y + g * dk, qn.data(), q_scale);
         l2(y + kw + g * dk, kn.data(), 1.0f);
         const float* v = y + 2 * kw + h * dv;
-        const float bb = S.lin_ba[t * 2 * nv + g * 2 * r + h % r];
-        const float aa = S.lin_ba[t * 2 * nv + g * 2 * r + r + h % r] + dt[h];
+        const float bb = S.lin_ba[t * 2 * nv + b_at];
+        const float aa = S.lin_ba[t * 2 * nv + a_at] + dt[h];
         const float softplus = aa > 20.0f ? aa : std::log1p(std::exp(aa));
         const float decay = std::exp(a_rate[h] * softplus);
         const float beta = detail::sigmoid(bb);

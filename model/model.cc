@@ -40,6 +40,10 @@ const char* arch_name(Arch a) {
       return "llama4";
     case Arch::kQwen3Next:
       return "qwen3next";
+    case Arch::kQwen35:
+      return "qwen35";
+    case Arch::kQwen35Moe:
+      return "qwen35moe";
   }
   return "?";
 }
@@ -101,6 +105,10 @@ class GgufSpecBuilder {
       s.arch = Arch::kLlama4;
     } else if (arch == "qwen3next") {
       s.arch = Arch::kQwen3Next;
+    } else if (arch == "qwen35") {
+      s.arch = Arch::kQwen35;
+    } else if (arch == "qwen35moe") {
+      s.arch = Arch::kQwen35Moe;
     } else if (arch == "clip") {
       TROUPE_INPUT_ERROR(
           "%s: this is a vision encoder (mmproj), not a language model: pass it "
@@ -110,7 +118,7 @@ class GgufSpecBuilder {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
           "qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, "
-          "gemma3, llama4, qwen3next)",
+          "gemma3, llama4, qwen3next, qwen35, qwen35moe)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -150,10 +158,14 @@ class GgufSpecBuilder {
     s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 || s.arch == Arch::kLlama4
                        ? RopeStyle::kNormal
                        : RopeStyle::kNeox;
-    if (g_.find(p + "rope.dimension_sections"))
+    const bool qwen35 = s.arch == Arch::kQwen35 || s.arch == Arch::kQwen35Moe;
+    if (qwen35) {
+      check_text_mrope(s, p);
+    } else if (g_.find(p + "rope.dimension_sections")) {
       TROUPE_INPUT_ERROR(
           "%s: multimodal rope (rope.dimension_sections, as GLM-4.5V) is not supported",
           g_.path().c_str());
+    }
     read_rope_scaling(s, p);
     s.n_expert = g_.get_int_or(p + "expert_count", 0);
     s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
@@ -204,6 +216,8 @@ class GgufSpecBuilder {
         read_llama4(s, p);
         break;
       case Arch::kQwen3Next:
+      case Arch::kQwen35:
+      case Arch::kQwen35Moe:
         read_qwen3next(s, p);
         break;
       case Arch::kGptOss:  // llama.cpp's graph: softmax over the top-k logits, clamped SwiGLU
@@ -387,9 +401,37 @@ class GgufSpecBuilder {
     if (full_every_ <= 0 || full_every_ > s.n_layer)
       TROUPE_INPUT_ERROR("%s: %sfull_attention_interval %lld must be in 1..%lld", g_.path().c_str(),
                          p.c_str(), ll(full_every_), ll(s.n_layer));
-    if (s.n_expert <= 0)
-      TROUPE_INPUT_ERROR("%s: a qwen3next model without experts is not supported",
-                         g_.path().c_str());
+    // Qwen3.5's converter tiles the value heads (llama.cpp's graph then repeats key heads
+    // whole instead of each in place).
+    s.ssm_tiled = s.arch != Arch::kQwen3Next;
+    if (s.arch == Arch::kQwen35 && s.n_expert != 0)
+      TROUPE_INPUT_ERROR("%s: a dense qwen35 model with %lld experts", g_.path().c_str(),
+                         ll(s.n_expert));
+    if (s.arch != Arch::kQwen35 && s.n_expert <= 0)
+      TROUPE_INPUT_ERROR("%s: a %s model without experts is not supported", g_.path().c_str(),
+                         arch_name(s.arch));
+  }
+
+  /// Qwen3.5's rope is multimodal (rope.dimension_sections: interleaved sections of the rotated
+  /// pairs for time, height and width). A text position has all three equal, and then the
+  /// rotation is NeoX rope on the n_rot rotated values: troupe runs text only, so it needs the
+  /// sections to cover exactly the n_rot / 2 pairs, the fourth empty.
+  void check_text_mrope(const ModelSpec& s, const std::string& p) const {
+    const GgufValue* v = g_.find(p + "rope.dimension_sections");
+    if (v == nullptr) return;
+    int64_t sum = 0;
+    bool ok = v->type == GgufType::kArray && v->elem_type != GgufType::kString && v->count >= 3 &&
+              v->count <= 4;
+    for (uint64_t i = 0; ok && i < v->count; ++i) {
+      const int64_t n = v->array_i64(i);
+      ok = n >= 0 && (i < 3 || n == 0);
+      sum += n;
+    }
+    if (!ok || sum != s.n_rot / 2)
+      TROUPE_INPUT_ERROR(
+          "%s: %srope.dimension_sections must be 3 or 4 counts of rotated pairs (the fourth 0) "
+          "summing to rope.dimension_count / 2 = %lld",
+          g_.path().c_str(), p.c_str(), ll(s.n_rot / 2));
   }
 
   // A Gated DeltaNet layer (Qwen3-Next), from either of llama.cpp's layouts of its input
@@ -403,7 +445,12 @@ class GgufSpecBuilder {
       L.ssm_qkv = req(b + "attn_qkv.weight");
       L.ssm_z = req(b + "attn_gate.weight");
     }
-    L.ssm_ba = req(b + "ssm_ba.weight");
+    if (has(b + "ssm_beta.weight")) {  // Qwen3.5: b and a apart, per value head
+      L.ssm_beta = req(b + "ssm_beta.weight");
+      L.ssm_alpha = req(b + "ssm_alpha.weight");
+    } else {
+      L.ssm_ba = req(b + "ssm_ba.weight");
+    }
     L.ssm_conv = req(b + "ssm_conv1d.weight");
     L.ssm_dt = req(b + "ssm_dt.bias");
     L.ssm_a = req(b + "ssm_a");
@@ -414,7 +461,8 @@ class GgufSpecBuilder {
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
-    const bool qwen3next = s.arch == Arch::kQwen3Next;
+    const bool qwen3next =
+        s.arch == Arch::kQwen3Next || s.arch == Arch::kQwen35 || s.arch == Arch::kQwen35Moe;
     if (qwen3next && (il + 1) % full_every_ != 0) {
       build_linear_attention(b, L);
     } else if (s.arch == Arch::kDeepseek2) {
@@ -688,7 +736,12 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
         expect(src, L.ssm_qkv, E, conv);
         expect(src, L.ssm_z, E, vw);
       }
-      expect(src, L.ssm_ba, E, 2 * nv);
+      if (L.ssm_beta.present()) {
+        expect(src, L.ssm_beta, E, nv);
+        expect(src, L.ssm_alpha, E, nv);
+      } else {
+        expect(src, L.ssm_ba, E, 2 * nv);
+      }
       expect(src, L.ssm_conv, s.ssm_conv_kernel, conv);
       expect(src, L.ssm_dt, nv, 1);
       expect(src, L.ssm_a, nv, 1);

@@ -143,6 +143,11 @@ enum class Arch : uint8_t {
   /// gated by a sigmoid of a second half of its q projection; per-head q/k RMSNorm, NeoX rope on
   /// a quarter of each head; softmax top-k experts plus a sigmoid-gated shared expert
   kQwen3Next = 12,
+  /// Qwen3.5 (dense) and Qwen3.5-MoE text decoders: Qwen3-Next's layers, with b and a as two
+  /// projections and, in llama.cpp's GGUF, the value heads in tiled order (ModelSpec::ssm_tiled);
+  /// text positions only (their multimodal rope then equals NeoX rope on the rotated quarter)
+  kQwen35 = 13,
+  kQwen35Moe = 14,
 };
 const char* arch_name(Arch a);
 
@@ -238,10 +243,12 @@ struct LayerSpec {
   WeightView ssm_qkv;   // or: [conv_dim rows]: every head's q, then k, then v
   WeightView ssm_z;     //     with [nv dv rows]: the output gate z
   WeightView ssm_ba;    // [2 nv rows]: per key head, its r value heads' b, then their a
-  WeightView ssm_conv;  // f32 [conv_dim rows, kernel cols]: the causal depthwise convolution
-  WeightView ssm_dt;    // f32 [nv]: added to a before softplus
-  WeightView ssm_a;     // f32 [nv]: -exp(A_log), the decay rate
-  WeightView ssm_norm;  // f32 [dv]: the gated RMSNorm of each head's output
+  WeightView ssm_beta;  // or (Qwen3.5): [nv rows] b, per value head
+  WeightView ssm_alpha;  //     with [nv rows] a
+  WeightView ssm_conv;   // f32 [conv_dim rows, kernel cols]: the causal depthwise convolution
+  WeightView ssm_dt;     // f32 [nv]: added to a before softplus
+  WeightView ssm_a;      // f32 [nv]: -exp(A_log), the decay rate
+  WeightView ssm_norm;   // f32 [dv]: the gated RMSNorm of each head's output
   WeightView ffn_norm;
   // Dense FFN (SwiGLU).
   WeightView ffn_gate, ffn_up, ffn_down;
@@ -320,6 +327,9 @@ struct ModelSpec {
   int64_t idx_n_head = 0, idx_head_dim = 0, idx_top_k = 0;
   // Gated DeltaNet (0: none): key heads and width, value heads and width, convolution kernel.
   int64_t ssm_k_heads = 0, ssm_k_dim = 0, ssm_v_heads = 0, ssm_v_dim = 0, ssm_conv_kernel = 0;
+  /// Value head h reads key head h % ssm_k_heads (llama.cpp's Qwen3.5 files, whose converter
+  /// tiles the value heads) instead of h / (ssm_v_heads / ssm_k_heads) (the checkpoints' order).
+  bool ssm_tiled = false;
 
   WeightView token_embd;  // [n_vocab rows, n_embd cols]
   WeightView output_norm;

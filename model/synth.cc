@@ -182,11 +182,18 @@ void plan_dense_ffn(Planner& p, const std::string& b, int64_t e, int64_t f,
 // A Gated DeltaNet layer (Qwen3-Next) as llama.cpp's converter writes it: q, k and v of every
 // head in one matrix, the output gate z in another, b and a interleaved per key head, the
 // convolution f32, the decay rates as -exp(A_log), the gated norm's weight as stored.
+// Qwen3.5's: b and a as two matrices (and every value head in tiled order, which random
+// weights do not show).
 void plan_linear_attention(Planner& p, const std::string& b, const Config& c) {
   const int64_t e = c.n_embd, kw = c.lin_k_heads * c.lin_dim, vw = c.lin_v_heads * c.lin_dim;
   p.matrix(b + "attn_qkv.weight", {e, 2 * kw + vw});
   p.matrix(b + "attn_gate.weight", {e, vw});
-  p.matrix(b + "ssm_ba.weight", {e, 2 * c.lin_v_heads});
+  if (c.arch == SynthArch::kQwen3Next) {
+    p.matrix(b + "ssm_ba.weight", {e, 2 * c.lin_v_heads});
+  } else {
+    p.matrix(b + "ssm_beta.weight", {e, c.lin_v_heads});
+    p.matrix(b + "ssm_alpha.weight", {e, c.lin_v_heads});
+  }
   p.f32(b + "ssm_conv1d.weight", {4, 2 * kw + vw}, 0.5f);
   p.f32(b + "ssm_dt.bias", {c.lin_v_heads}, 0.5f);
   // A_log of 0.1 ... 1.6 (transformers draws it from log U(1, 16)): slow and fast decay.
@@ -229,7 +236,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
-    const bool qwen3next = c.arch == SynthArch::kQwen3Next;
+    const bool qwen3next = c.arch == SynthArch::kQwen3Next || c.arch == SynthArch::kQwen35Moe ||
+                           c.arch == SynthArch::kQwen35;
     if (qwen3next && (il + 1) % c.full_every != 0) {
       plan_linear_attention(p, b, c);
     } else if (c.arch == SynthArch::kDeepseek2) {

@@ -19,7 +19,7 @@ struct SynthOptions {
   std::string arch = "llama";  // llama | mixtral | qwen2 | qwen3 | qwen2moe | qwen3moe | deepseek2
                                // | glm4moe | minimax-m2 | bailingmoe2 | gpt-oss | gemma3
                                // | llama4 | deepseek32 (deepseek2 with V3.2's indexer)
-                               // | qwen3next
+                               // | qwen3next | qwen35moe | qwen35
   std::string name;            // general.name; default "synth-<arch>"
   std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
   std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width

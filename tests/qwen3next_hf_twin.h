@@ -47,37 +47,39 @@ inline nlohmann::json config(const model::GgufFile& g, const Dims& d) {
   std::vector<std::string> layer_types;
   for (int64_t l = 0; l < n_layer; ++l)
     layer_types.emplace_back((l + 1) % interval == 0 ? "full_attention" : "linear_attention");
-  return {{"architectures", {"Qwen3NextForCausalLM"}},
-          {"model_type", "qwen3_next"},
-          {"vocab_size", g.get_int_or(a + "vocab_size", g.find_tensor("token_embd.weight")->ne[1])},
-          {"hidden_size", d.E},
-          {"intermediate_size", g.get_int_or(a + "feed_forward_length", 0)},
-          {"num_hidden_layers", n_layer},
-          {"num_attention_heads", g.get_int(a + "attention.head_count")},
-          {"num_key_value_heads", g.get_int(a + "attention.head_count_kv")},
-          {"head_dim", head_dim},
-          {"max_position_embeddings", g.get_int(a + "context_length")},
-          {"rope_theta", g.get_float(a + "rope.freq_base")},
-          {"partial_rotary_factor", static_cast<double>(g.get_int(a + "rope.dimension_count")) /
-                                        static_cast<double>(head_dim)},
-          {"rms_norm_eps", g.get_float(a + "attention.layer_norm_rms_epsilon")},
-          {"full_attention_interval", interval},
-          {"layer_types", layer_types},
-          {"linear_num_key_heads", d.nk},
-          {"linear_num_value_heads", d.nv},
-          {"linear_key_head_dim", d.dk},
-          {"linear_value_head_dim", d.dv},
-          {"linear_conv_kernel_dim", g.get_int(a + "ssm.conv_kernel")},
-          {"num_experts", g.get_int(a + "expert_count")},
-          {"num_experts_per_tok", g.get_int(a + "expert_used_count")},
-          {"moe_intermediate_size", g.get_int(a + "expert_feed_forward_length")},
-          {"shared_expert_intermediate_size", g.get_int(a + "expert_shared_feed_forward_length")},
-          {"norm_topk_prob", true},
-          {"decoder_sparse_step", 1},
-          {"mlp_only_layers", nlohmann::json::array()},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"tie_word_embeddings", false}};
+  return {
+      {"architectures", {"Qwen3NextForCausalLM"}},
+      {"model_type", "qwen3_next"},
+      {"vocab_size", g.get_int_or(a + "vocab_size", g.find_tensor("token_embd.weight")->ne[1])},
+      {"hidden_size", d.E},
+      {"intermediate_size", g.get_int_or(a + "feed_forward_length", 0)},
+      {"num_hidden_layers", n_layer},
+      {"num_attention_heads", g.get_int(a + "attention.head_count")},
+      {"num_key_value_heads", g.get_int(a + "attention.head_count_kv")},
+      {"head_dim", head_dim},
+      {"max_position_embeddings", g.get_int(a + "context_length")},
+      {"rope_theta", g.get_float(a + "rope.freq_base")},
+      {"partial_rotary_factor",
+       static_cast<double>(g.get_int(a + "rope.dimension_count")) / static_cast<double>(head_dim)},
+      {"rms_norm_eps", g.get_float(a + "attention.layer_norm_rms_epsilon")},
+      {"full_attention_interval", interval},
+      {"layer_types", layer_types},
+      {"linear_num_key_heads", d.nk},
+      {"linear_num_value_heads", d.nv},
+      {"linear_key_head_dim", d.dk},
+      {"linear_value_head_dim", d.dv},
+      {"linear_conv_kernel_dim", g.get_int(a + "ssm.conv_kernel")},
+      // A file without experts (Qwen3.5's dense form) gives dense MLPs of intermediate_size.
+      {"num_experts", g.get_int_or(a + "expert_count", 0)},
+      {"num_experts_per_tok", g.get_int_or(a + "expert_used_count", 0)},
+      {"moe_intermediate_size", g.get_int_or(a + "expert_feed_forward_length", 0)},
+      {"shared_expert_intermediate_size", g.get_int_or(a + "expert_shared_feed_forward_length", 0)},
+      {"norm_topk_prob", true},
+      {"decoder_sparse_step", 1},
+      {"mlp_only_layers", nlohmann::json::array()},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"tie_word_embeddings", false}};
 }
 
 /// The values of the f32 GGUF tensor t.
@@ -165,7 +167,10 @@ inline std::pair<std::string, Undo> layer_name(const std::string& rest) {
       {"ffn_gate_inp.weight", "mlp.gate.weight"},
       {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
       {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
-      {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"}};
+      {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},  // a dense layer's MLP
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
   static const std::pair<const char*, const char*> kCentered[] = {
       {"attn_norm.weight", "input_layernorm.weight"},
       {"post_attention_norm.weight", "post_attention_layernorm.weight"},  // the pre-FFN norm
@@ -227,9 +232,9 @@ inline void convert(const model::GgufFile& g, const model::TensorInfo& t, const 
 
 /// The Hugging Face form of the f32 qwen3next GGUF at `gguf_path` (config.json +
 /// model.safetensors) in `out`: Qwen3NextForCausalLM with explicit layer_types, MoE in every
-/// layer, untied lm_head. Fails the test (gtest ASSERT) on a GGUF of another architecture or
-/// type, inconsistent linear-attention sizes, a layer lacking the tensors of its kind, a
-/// non-negative ssm_a, or a tensor it has no name for.
+/// layer (dense MLPs in a file without experts), untied lm_head. Fails the test (gtest ASSERT) on a
+/// GGUF of another architecture or type, inconsistent linear-attention sizes, a layer lacking the
+/// tensors of its kind, a non-negative ssm_a, or a tensor it has no name for.
 inline void write_qwen3next_hf_twin(const std::string& gguf_path, const TempDir& out,
                                     const Qwen3NextHfOptions& o = {}) {
   ASSERT_FALSE(o.tie) << "tied embeddings are not written yet";
@@ -263,7 +268,9 @@ inline void write_qwen3next_hf_twin(const std::string& gguf_path, const TempDir&
     const bool full = (l + 1) % interval == 0;
     ASSERT_NE(g.find_tensor(at + (full ? "attn_q.weight" : "ssm_a")), nullptr)
         << at << " is a " << (full ? "full" : "linear") << " attention layer";
-    ASSERT_NE(g.find_tensor(at + "ffn_gate_inp.weight"), nullptr) << at << " has no router";
+    if (g.get_int_or(a + "expert_count", 0) > 0) {
+      ASSERT_NE(g.find_tensor(at + "ffn_gate_inp.weight"), nullptr) << at << " has no router";
+    }
   }
   if (o.drop_a_log) {
     ASSERT_NE(g.find_tensor("blk.0.ssm_a"), nullptr) << "layer 0 has no ssm_a";

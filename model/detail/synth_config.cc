@@ -3,6 +3,7 @@
 #include "model/detail/synth_config.h"
 
 #include <cmath>
+#include <vector>
 
 #include "base/check.h"
 #include "model/gguf_writer.h"
@@ -31,9 +32,12 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "gemma3") return SynthArch::kGemma3;
   if (a == "llama4") return SynthArch::kLlama4;
   if (a == "qwen3next") return SynthArch::kQwen3Next;
+  if (a == "qwen35moe") return SynthArch::kQwen35Moe;
+  if (a == "qwen35") return SynthArch::kQwen35;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next)",
+      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
+      "qwen35moe, qwen35)",
       a.c_str());
 }
 
@@ -45,25 +49,27 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
     uint16_t archs;  // bit per SynthArch
   };
   constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
-                     kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096, kQn = 8192;
+                     kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096, kQn = 8192,
+                     kQ5m = 16384, kQ5 = 32768, kHybrid = kQn | kQ5m | kQ5;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kQn},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kQn},
-      {"--n-expert", o.n_expert.has_value(), kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid},
+      {"--n-expert", o.n_expert.has_value(),
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m},
       {"--n-expert-used", o.n_expert_used.has_value(),
-       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4 | kQn},
-      {"--linear-k-heads", o.linear_k_heads.has_value(), kQn},
-      {"--linear-v-heads", o.linear_v_heads.has_value(), kQn},
-      {"--linear-head-dim", o.linear_head_dim.has_value(), kQn},
-      {"--full-attn-interval", o.full_attn_interval.has_value(), kQn},
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m},
+      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4 | kQn | kQ5m},
+      {"--linear-k-heads", o.linear_k_heads.has_value(), kHybrid},
+      {"--linear-v-heads", o.linear_v_heads.has_value(), kHybrid},
+      {"--linear-head-dim", o.linear_head_dim.has_value(), kHybrid},
+      {"--full-attn-interval", o.full_attn_interval.has_value(), kHybrid},
       {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
       {"--index-top-k", o.index_top_k.has_value(), kDs},
       {"--index-heads", o.index_heads.has_value(), kDs},
       {"--index-dim", o.index_dim.has_value(), kDs},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
-      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2 | kQn},
+      {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2 | kQn | kQ5m},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
       {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
       {"--n-group", o.n_group.has_value(), kDs | kB},
@@ -114,7 +120,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
                        static_cast<long long>(c.n_head), static_cast<long long>(c.n_head_kv));
   if (o.n_ctx <= 0 || o.n_ctx > (int64_t{1} << 24)) TROUPE_INPUT_ERROR("bad context length");
   if (ds) return;  // MLA widths come from resolve_mla
-  const bool qwen3next = c.arch == SynthArch::kQwen3Next;
+  const bool qwen3next = c.arch == SynthArch::kQwen3Next || c.arch == SynthArch::kQwen35Moe ||
+                         c.arch == SynthArch::kQwen35;
   if (c.arch == SynthArch::kQwen3Moe || c.arch == SynthArch::kQwen3 ||
       c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kGptOss || gemma ||
       qwen3next) {
@@ -141,7 +148,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGemma3)
+      c.arch == SynthArch::kGemma3 || c.arch == SynthArch::kQwen35)
     return;
   const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                   c.arch == SynthArch::kBailingMoe2;
@@ -165,7 +172,8 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
     if (c.moe_step <= 0 || c.moe_step > c.n_layer)
       TROUPE_INPUT_ERROR("--moe-layer-step must be between 1 and --n-layer");
   }
-  if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen3Next) {
+  if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen3Next ||
+      c.arch == SynthArch::kQwen35Moe) {
     c.n_ff_shexp = o.n_ff_shexp.value_or(64);
     check_positive("--n-ff-shexp", c.n_ff_shexp);
   }
@@ -264,7 +272,9 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
-  if (c.arch == SynthArch::kQwen3Next) resolve_linear_attention(o, c);
+  if (c.arch == SynthArch::kQwen3Next || c.arch == SynthArch::kQwen35Moe ||
+      c.arch == SynthArch::kQwen35)
+    resolve_linear_attention(o, c);
   if (c.arch == SynthArch::kGlm4Moe || c.arch == SynthArch::kBailingMoe2)
     resolve_sigmoid_routing(o, c);
   if (c.arch == SynthArch::kGptOss || c.arch == SynthArch::kGemma3) {
@@ -394,10 +404,19 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       u32("expert_feed_forward_length", c.n_ff_exp);
       break;
     case SynthArch::kQwen3Next:
+    case SynthArch::kQwen35Moe:
+    case SynthArch::kQwen35:
       u32("rope.dimension_count", c.rope_dim);
       head_dims();
-      experts();
-      u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      if (c.arch != SynthArch::kQwen35) {
+        experts();
+        u32("expert_shared_feed_forward_length", c.n_ff_shexp);
+      }
+      if (c.arch != SynthArch::kQwen3Next) {  // Qwen3.5's multimodal rope: text, t = h = w
+        const auto pairs = static_cast<int32_t>(c.rope_dim / 2);
+        w.set_array_i32(k + "rope.dimension_sections",
+                        std::vector<int32_t>{(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0});
+      }
       u32("ssm.conv_kernel", 4);
       u32("ssm.state_size", c.lin_dim);
       u32("ssm.group_count", c.lin_k_heads);

@@ -26,6 +26,9 @@ namespace troupe::model::detail {
 // --moe-layer-step-th, the others dense; rope_freqs from Scout's llama3 scaling). kQwen3Next:
 // Qwen3-Next (three Gated DeltaNet layers to each gated full-attention one, q/k norms, NeoX rope
 // on a quarter of each head, softmax top-k experts in every layer plus a gated shared expert).
+// kQwen35Moe and kQwen35: Qwen3.5's MoE and dense text decoders as llama.cpp's converter writes
+// them (Qwen3-Next's layers with b and a apart, value heads in tiled order, the multimodal rope's
+// sections; qwen35 with a dense FFN).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -40,7 +43,9 @@ enum class SynthArch {
   kGptOss,
   kGemma3,
   kLlama4,
-  kQwen3Next
+  kQwen3Next,
+  kQwen35Moe,
+  kQwen35
 };
 
 struct SynthConfig {

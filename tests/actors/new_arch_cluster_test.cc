@@ -129,7 +129,9 @@ TEST(Qwen3NextCluster, RefusedByNameUntilTheClusterCarriesRecurrentState) {
   auto m = model::load_model(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
   Plan plan = even_plan(path, 2, 0);
-  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  plan.scheduler.max_model_len = 256;
+  auto resolved = resolve_plan(plan, (*m)->spec);
+  ASSERT_TRUE(resolved.has_value()) << resolved.error().message;
   auto lc = LocalCluster::start(plan, *m);
   ASSERT_FALSE(lc);
   EXPECT_NE(lc.error().message.find("keep a recurrent state per sequence, which the cluster does "

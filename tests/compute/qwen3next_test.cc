@@ -99,6 +99,112 @@ std::string legacy_ssm_in(const TempDir& dir, const std::string& src) {
   return path;
 }
 
+// A synthesized Qwen3.5 GGUF ("qwen35moe", or "qwen35" dense).
+std::string synth_qwen35(const TempDir& dir, const std::string& arch, uint64_t seed) {
+  model::SynthOptions o;
+  o.arch = arch;
+  o.seed = seed;
+  o.n_ctx = 256;
+  const std::string path = dir.file(arch + ".gguf");
+  const Status st = model::synth_model(o, path);
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  return path;
+}
+
+// The Qwen3-Next form of a Qwen3.5 GGUF, written from the definition of llama.cpp's converter
+// (its _reorder_v_heads): Qwen3.5's value heads are stored tiled -- tiled head j * nk + g is the
+// checkpoint's head g * r + j -- in attn_qkv's v rows, attn_gate's rows, the convolution's v
+// channels, ssm_beta, ssm_alpha, ssm_dt, ssm_a and ssm_out's columns. Here they go back to the
+// checkpoint's grouped order, b and a are interleaved per key head into ssm_ba, and the keys
+// become qwen3next's. What remains is Qwen3-Next's arithmetic, which tests/qwen3next_hf_twin.h
+// and the float64 reference read.
+std::string untiled_as_qwen3next(const TempDir& dir, const std::string& src) {
+  auto f = model::GgufFile::open(src);
+  EXPECT_TRUE(f.has_value());
+  if (!f) return {};
+  const model::GgufFile& g = **f;
+  const std::string from = g.get_string("general.architecture") + ".";
+  const int64_t nk = g.get_int(from + "ssm.group_count"),
+                nv = g.get_int(from + "ssm.time_step_rank");
+  const int64_t dk = g.get_int(from + "ssm.state_size"),
+                dv = g.get_int(from + "ssm.inner_size") / nv;
+  const int64_t r = nv / nk, kw = nk * dk;
+  auto tiled = [&](int64_t grouped) { return grouped % r * nk + grouped / r; };
+  model::GgufWriter w;
+  for (const auto& [key, value] : g.metadata()) {
+    if (key == from + "rope.dimension_sections") continue;
+    w.copy_value(key.rfind(from, 0) == 0 ? "qwen3next." + key.substr(from.size()) : key, value);
+  }
+  w.set_string("general.architecture", "qwen3next");
+  std::deque<std::vector<float>> made;
+  auto floats = [](const model::TensorInfo& t) {
+    EXPECT_EQ(t.type, model::GgmlType::kF32) << t.name;
+    const auto* p = reinterpret_cast<const float*>(t.data);
+    return std::vector<float>(p, p + t.num_elements());
+  };
+  // Rows [off, off + nv * per) of a [rows, width] matrix, in blocks of `per` rows per head.
+  auto untile_rows = [&](std::vector<float> v, int64_t width, int64_t off, int64_t per) {
+    const std::vector<float> in = v;
+    for (int64_t h = 0; h < nv; ++h)
+      std::copy_n(in.begin() + (off + tiled(h) * per) * width, per * width,
+                  v.begin() + (off + h * per) * width);
+    return v;
+  };
+  for (const model::TensorInfo& t : g.tensors()) {
+    const std::string& n = t.name;
+    std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+    const std::string at = n.substr(0, n.find('.', 4) + 1), rest = n.substr(at.size());
+    std::vector<float> v;
+    if (rest == "attn_qkv.weight") {
+      v = untile_rows(floats(t), t.ne[0], 2 * kw, dv);
+    } else if (rest == "attn_gate.weight") {
+      v = untile_rows(floats(t), t.ne[0], 0, dv);
+    } else if (rest == "ssm_conv1d.weight") {  // rows: channels, each its kernel
+      v = untile_rows(floats(t), t.ne[0], 2 * kw, dv);
+    } else if (rest == "ssm_dt.bias" || rest == "ssm_a") {
+      v = untile_rows(floats(t), 1, 0, 1);
+    } else if (rest == "ssm_out.weight") {  // columns: value heads
+      const std::vector<float> in = floats(t);
+      v = in;
+      const int64_t cols = t.ne[0];
+      for (int64_t row = 0; row < t.ne[1]; ++row)
+        for (int64_t h = 0; h < nv; ++h)
+          std::copy_n(in.begin() + row * cols + tiled(h) * dv, dv, v.begin() + row * cols + h * dv);
+    } else if (rest == "ssm_alpha.weight") {
+      continue;  // joins ssm_beta in ssm_ba
+    } else if (rest == "ssm_beta.weight") {
+      const model::TensorInfo* alpha = g.find_tensor(at + "ssm_alpha.weight");
+      EXPECT_NE(alpha, nullptr);
+      if (!alpha) return {};
+      const std::vector<float> b = floats(t), a = floats(*alpha);
+      const int64_t E = t.ne[0];
+      for (int64_t k = 0; k < nk; ++k) {  // per key head: its r heads' b, then their a
+        for (int64_t j = 0; j < r; ++j)
+          v.insert(v.end(), b.begin() + tiled(k * r + j) * E,
+                   b.begin() + (tiled(k * r + j) + 1) * E);
+        for (int64_t j = 0; j < r; ++j)
+          v.insert(v.end(), a.begin() + tiled(k * r + j) * E,
+                   a.begin() + (tiled(k * r + j) + 1) * E);
+      }
+      ne = {E, 2 * nv};
+      const std::vector<float>& kept = made.emplace_back(std::move(v));
+      EXPECT_TRUE(
+          w.add_tensor_f32(at + "ssm_ba.weight", model::GgmlType::kF32, ne, kept).has_value());
+      continue;
+    } else {
+      EXPECT_TRUE(w.add_tensor(n, t.type, ne,
+                               std::span<const uint8_t>(t.data, static_cast<size_t>(t.nbytes)))
+                      .has_value());
+      continue;
+    }
+    const std::vector<float>& kept = made.emplace_back(std::move(v));
+    EXPECT_TRUE(w.add_tensor_f32(n, model::GgmlType::kF32, ne, kept).has_value());
+  }
+  const std::string path = dir.file("untiled.gguf");
+  EXPECT_TRUE(w.write(path).has_value());
+  return path;
+}
+
 TEST(Qwen3Next, GgufMapsAsLlamaCpp) {
   TempDir dir;
   auto m = load(synth_qwen3next(dir));
@@ -269,6 +375,34 @@ TEST(Qwen3Next, StatesFollowTheirSequences) {
   EXPECT_TRUE(bit_equal(first, {r.logits.begin(), r.logits.end()}));
 }
 
+// Qwen3.5 as llama.cpp converts it: value heads tiled, b and a apart, its multimodal rope's
+// sections (text positions: NeoX rope on the rotated quarter). The MoE and the dense form, each
+// against the float64 reference of the same weights in Qwen3-Next's order.
+TEST(Qwen3Next, Qwen35TiledHeadsMatchTheReference) {
+  for (const std::string arch : {"qwen35moe", "qwen35"}) {
+    SCOPED_TRACE(arch);
+    TempDir dir, hf;
+    const std::string gguf = synth_qwen35(dir, arch, 15);
+    auto m = load(gguf);
+    ASSERT_TRUE(m);
+    const model::ModelSpec& s = m->spec;
+    EXPECT_STREQ(model::arch_name(s.arch), arch.c_str());
+    EXPECT_TRUE(s.ssm_tiled);
+    EXPECT_EQ(s.ssm_v_heads / s.ssm_k_heads, 2);  // so that tiled and grouped orders differ
+    EXPECT_TRUE(s.layers[0].ssm_beta.present());
+    EXPECT_FALSE(s.layers[0].ssm_ba.present());
+    EXPECT_EQ(s.layers[0].is_moe, arch == "qwen35moe");
+    const std::string untiled = untiled_as_qwen3next(dir, gguf);
+    ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(untiled, hf));
+    const auto vocab = static_cast<int32_t>(s.n_vocab);
+    const std::vector<int32_t> prompt = prompt_of(21, vocab, 13);
+    const std::vector<double> ref = testing::qwen3next_reference_logits(hf.path(), prompt);
+    expect_near_reference(prompt_logits(m, prompt), ref, vocab);
+    expect_near_reference(prompt_logits(hf.path(), prompt), ref, vocab);
+    expect_batch_invariant(m);
+  }
+}
+
 TEST(Qwen3Next, BadFilesAreRefusedByName) {
   TempDir dir, hf;
   const std::string gguf = synth_qwen3next(dir, 7);
@@ -287,6 +421,14 @@ TEST(Qwen3Next, BadFilesAreRefusedByName) {
                    dir, "interval.gguf", gguf,
                    [](model::GgufWriter& w) { w.set_u32("qwen3next.full_attention_interval", 0); }),
                "full_attention_interval 0 must be in 1..4");
+  const std::string q35 = synth_qwen35(dir, "qwen35moe", 8);
+  expect_error(
+      testing::edited_gguf(
+          dir, "sections.gguf", q35,
+          [](model::GgufWriter& w) {
+            w.set_array_i32("qwen35moe.rope.dimension_sections", std::vector<int32_t>{2, 2, 1, 0});
+          }),
+      "rope.dimension_sections must be 3 or 4 counts of rotated pairs");
   ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(gguf, hf, {.drop_a_log = true}));
   expect_error(hf.path(), "missing tensor 'model.layers.0.linear_attn.A_log'");
 }
