@@ -73,8 +73,10 @@ PerToken weights_per_token(const model::ModelSpec& s) {
   t.bytes += static_cast<double>(s.token_embd.row_bytes());
   for (const auto& L : s.layers) {
     for (const model::WeightView* w :
-         {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wk_b, &L.wv_b, &L.ffn_gate,
-          &L.ffn_up, &L.ffn_down, &L.router, &L.shared.gate, &L.shared.up, &L.shared.down})
+         {&L.wq,     &L.wk,          &L.wv,        &L.wo,          &L.wq_a,   &L.wq_b,
+          &L.wkv_a,  &L.wk_b,        &L.wv_b,      &L.ffn_gate,    &L.ffn_up, &L.ffn_down,
+          &L.router, &L.shared.gate, &L.shared.up, &L.shared.down, &L.ssm_in, &L.ssm_qkv,
+          &L.ssm_z,  &L.ssm_ba,      &L.ssm_beta,  &L.ssm_alpha})
       if (w->present()) add(*w, 1);
     if (L.is_moe && !L.experts.empty()) {
       const auto& e = L.experts[0];
@@ -309,14 +311,23 @@ int main(int argc, char** argv) {
               wbytes / 1e6);
   // What attention reads per decoding token: K and V of every position it attends to, at the
   // middle of the decode (a sliding window aside).
+  // Linear-attention layers (Qwen3-Next's) keep no KV: each sequence's state is read and
+  // written once per token instead.
+  const auto linear = static_cast<double>(
+      std::count_if(s.layers.begin(), s.layers.end(), [](const auto& L) { return L.recurrent; }));
+  const double kv_layers = static_cast<double>(s.n_layer) - linear;
   const double kv_row = static_cast<double>(s.kv_k_width() + s.kv_v_width()) *
                         static_cast<double>(compute::kv_type_bytes(kv_type));
   std::printf(
       "KV cache %s: %.1f KB per position, %.1f MB read per decode token at %lld positions\n",
-      std::string(compute::kv_type_name(kv_type)).c_str(),
-      kv_row * static_cast<double>(s.n_layer) / 1e3,
-      kv_row * static_cast<double>(s.n_layer) * static_cast<double>(ctx + n_decode / 2) / 1e6,
+      std::string(compute::kv_type_name(kv_type)).c_str(), kv_row * kv_layers / 1e3,
+      kv_row * kv_layers * static_cast<double>(ctx + n_decode / 2) / 1e6,
       static_cast<long long>(ctx + n_decode / 2));
+  if (linear > 0)
+    std::printf(
+        "recurrent state: %.1f MB per sequence (%.0f linear-attention layers), read and "
+        "written once per decode token\n",
+        static_cast<double>(s.ssm_state_floats()) * 4 * linear / 1e6, linear);
   // The weight storages to compare: the file mapping and/or a copy in huge-page memory.
   std::vector<std::pair<std::string, std::shared_ptr<const model::Model>>> variants;
   // "memory" is the copy as troupe makes it for CPU engines (the matrices of

@@ -803,30 +803,39 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
   auto state_of = [&](size_t i) {
     return states_[static_cast<size_t>(seqs[i].state)].data.data() + off;
   };
-  // The convolution, per sequence and block of channels; then the blocks' conv state moves on
-  // to the last K - 1 inputs.
+  // The convolution, per sequence and block of channels, token after token (each token's row
+  // read and written where it lies); then the blocks' conv state moves on to the last K - 1
+  // inputs.
   const float* cw = f32(L.ssm_conv);
   constexpr int64_t kChannels = 64;
+  static constexpr float kOnes[kChannels] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   const int64_t blocks = (C + kChannels - 1) / kChannels;
   pool_->parallel_for(static_cast<int64_t>(seqs.size()) * blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t item = b; item < e; ++item) {
       const auto i = static_cast<size_t>(item / blocks);
       const int64_t c0 = item % blocks * kChannels, c1 = std::min(C, c0 + kChannels);
       const int64_t t0 = first[i], n = first[i + 1] - t0;
-      float* hist = state_of(i);                // [K - 1, C], oldest first
-      auto input = [&](int64_t j, int64_t c) {  // token j of the step; j < 0: the history
-        return j >= 0 ? S.lin_x[(t0 + j) * C + c] : hist[(K - 1 + j) * C + c];
+      float* hist = state_of(i);     // [K - 1, C], oldest first
+      auto input = [&](int64_t j) {  // token j's row of the step; j < 0: of the history
+        return j >= 0 ? &S.lin_x[(t0 + j) * C] : &hist[(K - 1 + j) * C];
       };
-      for (int64_t c = c0; c < c1; ++c) {
-        const float* w = cw + c * K;
-        for (int64_t j = 0; j < n; ++j) {
-          float acc = 0.0f;
-          for (int64_t m = 0; m < K; ++m) acc += w[m] * input(j - (K - 1) + m, c);
-          S.lin_y[(t0 + j) * C + c] = detail::silu(acc);
+      for (int64_t j = 0; j < n; ++j) {
+        float* y = &S.lin_y[(t0 + j) * C];
+        std::fill(y + c0, y + c1, 0.0f);
+        for (int64_t m = 0; m < K; ++m) {
+          const float* x = input(j - (K - 1) + m);
+          for (int64_t c = c0; c < c1; ++c) y[c] += cw[c * K + m] * x[c];
         }
-        // Row m of the new history is input n - (K - 1) + m: read before it is overwritten,
-        // since n > 0 puts every history row read (n + m) after the rows written so far.
-        for (int64_t m = 0; m < K - 1; ++m) hist[m * C + c] = input(n - (K - 1) + m, c);
+        silu_mul(y + c0, kOnes, c1 - c0);
+      }
+      // Row m of the new history is input n - (K - 1) + m: read before it is overwritten, since
+      // n > 0 puts every history row read (n + m) after the rows written so far.
+      for (int64_t m = 0; m < K - 1; ++m) {
+        const float* x = input(n - (K - 1) + m);
+        std::copy(x + c0, x + c1, hist + m * C + c0);
       }
     }
   });
@@ -836,10 +845,9 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
   const float* nw = f32(L.ssm_norm);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   pool_->parallel_for(static_cast<int64_t>(seqs.size()) * nv, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> qn, kn, kv;
+    thread_local std::vector<float> qn, kn;
     qn.resize(static_cast<size_t>(dk));
     kn.resize(static_cast<size_t>(dk));
-    kv.resize(static_cast<size_t>(dv));
     for (int64_t item = b; item < e; ++item) {
       const auto i = static_cast<size_t>(item / nv);
       // The key head value head h reads: its group's (h / r), or in tiled order h % nk.
@@ -863,29 +871,12 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
         const float softplus = aa > 20.0f ? aa : std::log1p(std::exp(aa));
         const float decay = std::exp(a_rate[h] * softplus);
         const float beta = detail::sigmoid(bb);
-        std::fill(kv.begin(), kv.end(), 0.0f);
-        for (int64_t a = 0; a < dk; ++a) {
-          float* row = st + a * dv;
-          for (int64_t d = 0; d < dv; ++d) {
-            row[d] *= decay;
-            kv[static_cast<size_t>(d)] += row[d] * kn[static_cast<size_t>(a)];
-          }
-        }
-        for (int64_t d = 0; d < dv; ++d)
-          kv[static_cast<size_t>(d)] = (v[d] - kv[static_cast<size_t>(d)]) * beta;  // delta
         float* o = &S.attn[t * vw + h * dv];
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t a = 0; a < dk; ++a) {
-          float* row = st + a * dv;
-          const float ka = kn[static_cast<size_t>(a)], qa = qn[static_cast<size_t>(a)];
-          for (int64_t d = 0; d < dv; ++d) {
-            row[d] += ka * kv[static_cast<size_t>(d)];
-            o[d] += row[d] * qa;
-          }
-        }
+        delta_rule_step(st, dk, dv, kn.data(), qn.data(), v, decay, beta, o);
         detail::rms_norm(o, nw, o, dv, s.rms_eps);
-        const float* z = &S.lin_z[t * vw + h * dv];
-        for (int64_t d = 0; d < dv; ++d) o[d] *= detail::silu(z[d]);
+        float* z = &S.lin_z[t * vw + h * dv];  // read once: it becomes silu(z) o, then o
+        silu_mul(z, o, dv);
+        std::copy(z, z + dv, o);
       }
     }
   });

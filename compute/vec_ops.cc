@@ -9,6 +9,7 @@
 
 #include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
+#include "compute/detail/delta_rule_simd.h"
 #include "compute/matmul.h"
 #include "model/ggml_types.h"
 
@@ -142,6 +143,13 @@ detail::RoundF16Fn round_to_f16_fn() {
 void round_to_f16(const float* x, uint16_t* out, int64_t n) { round_to_f16_fn()(x, out, n); }
 
 void silu_mul(float* g, const float* u, int64_t n) { silu_mul_fn()(g, u, n); }
+
+void delta_rule_step(float* S, int64_t dk, int64_t dv, const float* k, const float* q,
+                     const float* v, float decay, float beta, float* o) {
+  static const detail::DeltaRuleFn f = for_level<detail::DeltaRuleFn>(
+      detail::delta_rule_avx512, detail::delta_rule_avx2, detail::delta_rule_simd<Portable>);
+  f(S, dk, dv, k, q, v, decay, beta, o);
+}
 
 void softmax_rows(float* p, int64_t rows, int64_t n, float scale) {
   softmax_fn()(p, rows, n, scale);

@@ -49,7 +49,18 @@ void softmax_rows(float* p, int64_t rows, int64_t n, float scale);
 /// Each element's result depends on its two inputs only.
 void silu_mul(float* g, const float* u, int64_t n);
 
+/// One token of the gated delta rule (Gated DeltaNet) for one value head: the state S [dk rows,
+/// dv columns] decays, is corrected toward v along k, and is read by q:
+///   S = decay S;  delta = beta (v - S^T k);  S += k delta^T;  o = S^T q  (o: dv floats).
+/// Each column of S and o depends on its own column and the inputs only, in a fixed order.
+void delta_rule_step(float* S, int64_t dk, int64_t dv, const float* k, const float* q,
+                     const float* v, float decay, float beta, float* o);
+
 namespace detail {
+using DeltaRuleFn = void (*)(float*, int64_t, int64_t, const float*, const float*, const float*,
+                             float, float, float*);
+DeltaRuleFn delta_rule_avx2();
+DeltaRuleFn delta_rule_avx512();
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const KvView&, int64_t, float,
                           int64_t, float*, int64_t);
 AttendFn attend_avx2();

@@ -6,6 +6,7 @@
 
 #include "compute/detail/act_simd.h"
 #include "compute/detail/attend_simd.h"
+#include "compute/detail/delta_rule_simd.h"
 #include "compute/detail/simd_hsum.h"
 #include "compute/vec_ops.h"
 #include "model/ggml_types.h"
@@ -107,6 +108,7 @@ void round_to_f16_simd(const float* x, uint16_t* out, int64_t n) {
 AttendFn attend_avx512() { return attend_simd<Avx512>; }
 SoftmaxFn softmax_avx512() { return softmax_rows_simd<Avx512>; }
 SiluMulFn silu_mul_avx512() { return silu_mul_simd<Avx512>; }
+DeltaRuleFn delta_rule_avx512() { return delta_rule_simd<Avx512>; }
 RoundF16Fn round_to_f16_avx512() { return round_to_f16_simd; }
 
 }  // namespace troupe::compute::detail
