@@ -393,6 +393,7 @@ int main(int argc, char** argv) {
           std::max<int64_t>(in_blocks(n_prefill),
                             std::max<int64_t>(batch, 1) * in_blocks(ctx + n_decode)) +
           64;
+      o.max_recurrent_seqs = std::max<int64_t>(o.max_recurrent_seqs, batch);  // Qwen3-Next's
       auto eng = compute::Engine::create(model, o);
       if (!eng) {
         std::fprintf(stderr, "engine_bench: %s\n", eng.error().message.c_str());

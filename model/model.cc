@@ -377,7 +377,8 @@ class GgufSpecBuilder {
 
   /// Qwen3-Next as llama.cpp runs it: the Gated DeltaNet's sizes from the ssm.* keys (key
   /// heads: group_count, of state_size; value heads: time_step_rank, of inner_size / heads),
-  /// every full_attention_interval-th layer (default 4) full attention, experts in every layer
+  /// the layers attention.recurrent_layers names linear (else every full_attention_interval-th,
+  /// default 4, full attention), experts in every layer
   /// with a softmax router whose top-k weights are renormalized, and a gated shared expert.
   void read_qwen3next(ModelSpec& s, const std::string& p) {
     s.norm_topk = true;
@@ -397,10 +398,25 @@ class GgufSpecBuilder {
           g_.path().c_str(), p.c_str(), ll(s.ssm_conv_kernel), ll(s.ssm_k_dim), ll(s.ssm_k_heads),
           ll(s.ssm_v_heads), ll(inner));
     s.ssm_v_dim = inner / s.ssm_v_heads;
-    full_every_ = g_.get_int_or(p + "full_attention_interval", 4);
-    if (full_every_ <= 0 || full_every_ > s.n_layer)
-      TROUPE_INPUT_ERROR("%s: %sfull_attention_interval %lld must be in 1..%lld", g_.path().c_str(),
-                         p.c_str(), ll(full_every_), ll(s.n_layer));
+    // Which layers are linear: attention.recurrent_layers (one flag per layer; multi-token
+    // prediction layers after the decoder's may follow), else all but every
+    // full_attention_interval-th.
+    recurrent_.assign(static_cast<size_t>(s.n_layer), false);
+    if (const GgufValue* v = g_.find(p + "attention.recurrent_layers")) {
+      if (v->type != GgufType::kArray || v->elem_type == GgufType::kString ||
+          v->count < static_cast<uint64_t>(s.n_layer))
+        TROUPE_INPUT_ERROR("%s: %sattention.recurrent_layers must hold a flag per layer (%lld)",
+                           g_.path().c_str(), p.c_str(), ll(s.n_layer));
+      for (int64_t il = 0; il < s.n_layer; ++il)
+        recurrent_[static_cast<size_t>(il)] = v->array_i64(static_cast<uint64_t>(il)) != 0;
+    } else {
+      const int64_t every = g_.get_int_or(p + "full_attention_interval", 4);
+      if (every <= 0 || every > s.n_layer)
+        TROUPE_INPUT_ERROR("%s: %sfull_attention_interval %lld must be in 1..%lld",
+                           g_.path().c_str(), p.c_str(), ll(every), ll(s.n_layer));
+      for (int64_t il = 0; il < s.n_layer; ++il)
+        recurrent_[static_cast<size_t>(il)] = (il + 1) % every != 0;
+    }
     // Qwen3.5's converter tiles the value heads (llama.cpp's graph then repeats key heads
     // whole instead of each in place).
     s.ssm_tiled = s.arch != Arch::kQwen3Next;
@@ -461,9 +477,10 @@ class GgufSpecBuilder {
   void build_layer(const ModelSpec& s, int64_t il, LayerSpec& L) const {
     const std::string b = "blk." + std::to_string(il) + ".";
     L.attn_norm = req(b + "attn_norm.weight");
-    const bool qwen3next =
+    // Qwen3-Next and Qwen3.5: linear layers, gated full ones, a gated shared expert.
+    const bool hybrid =
         s.arch == Arch::kQwen3Next || s.arch == Arch::kQwen35 || s.arch == Arch::kQwen35Moe;
-    if (qwen3next && (il + 1) % full_every_ != 0) {
+    if (hybrid && recurrent_[static_cast<size_t>(il)]) {
       build_linear_attention(b, L);
     } else if (s.arch == Arch::kDeepseek2) {
       if (s.q_lora_rank > 0) {
@@ -490,7 +507,7 @@ class GgufSpecBuilder {
         L.idx_proj = req(b + "indexer.proj.weight");
       }
     } else {
-      L.attn_gate = qwen3next;
+      L.attn_gate = hybrid;
       if (!has(b + "attn_q.weight") && has(b + "attn_qkv.weight")) {
         split_qkv(s, b, L);  // one fused matrix (Ling-2.0's)
       } else {
@@ -501,7 +518,7 @@ class GgufSpecBuilder {
         L.bk = opt(b + "attn_k.bias");
         L.bv = opt(b + "attn_v.bias");
       }
-      const bool need_qk_norm = s.arch == Arch::kMinimaxM2 || s.arch == Arch::kGemma3 || qwen3next;
+      const bool need_qk_norm = s.arch == Arch::kMinimaxM2 || s.arch == Arch::kGemma3 || hybrid;
       L.q_norm = need_qk_norm ? req(b + "attn_q_norm.weight") : opt(b + "attn_q_norm.weight");
       L.k_norm = need_qk_norm ? req(b + "attn_k_norm.weight") : opt(b + "attn_k_norm.weight");
     }
@@ -529,7 +546,7 @@ class GgufSpecBuilder {
     }
     // GLM's and gpt-oss's converters name the norm before the FFN after HF's
     // post_attention_layernorm.
-    const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss || qwen3next;
+    const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss || hybrid;
     L.ffn_norm = req(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"));
     const bool moe = s.n_expert > 0 && il >= s.n_leading_dense &&
                      (s.arch != Arch::kLlama4 || (il + 1) % moe_step_ == 0);
@@ -581,12 +598,12 @@ class GgufSpecBuilder {
         E.down = req(b + "ffn_down" + es);
       }
     }
-    if (s.arch == Arch::kLlama4 || qwen3next || has(b + "ffn_gate_shexp.weight")) {
+    if (s.arch == Arch::kLlama4 || hybrid || has(b + "ffn_gate_shexp.weight")) {
       L.shared.gate = req(b + "ffn_gate_shexp.weight");  // Llama 4 and Qwen3-Next need it
       L.shared.up = req(b + "ffn_up_shexp.weight");
       L.shared.down = req(b + "ffn_down_shexp.weight");
       L.shared_gate =
-          qwen3next ? req(b + "ffn_gate_inp_shexp.weight") : opt(b + "ffn_gate_inp_shexp.weight");
+          hybrid ? req(b + "ffn_gate_inp_shexp.weight") : opt(b + "ffn_gate_inp_shexp.weight");
     }
   }
 
@@ -627,9 +644,9 @@ class GgufSpecBuilder {
   static long long ll(int64_t v) { return static_cast<long long>(v); }
 
   const GgufFile& g_;
-  int64_t window_ = 0;      // gpt-oss's and Gemma 3's sliding window
-  int64_t moe_step_ = 1;    // Llama 4: every moe_step_-th layer has experts
-  int64_t full_every_ = 1;  // Qwen3-Next: every full_every_-th layer has full attention
+  int64_t window_ = 0;           // gpt-oss's and Gemma 3's sliding window
+  int64_t moe_step_ = 1;         // Llama 4: every moe_step_-th layer has experts
+  std::vector<bool> recurrent_;  // Qwen3-Next, Qwen3.5: per layer, linear attention
 };
 
 [[noreturn]] void bad_shape(const std::string& src, const WeightView& w, int64_t c, int64_t r,

@@ -519,7 +519,6 @@ class HparamsReader {
   void read_qwen3next() {
     ModelSpec& s = h_.spec;
     const char* path = cfg_.path().c_str();
-    const auto L = static_cast<size_t>(s.n_layer);
     s.arch = Arch::kQwen3Next;
     s.n_expert = cfg_.get_int_or("num_experts", 0);
     s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
@@ -545,30 +544,15 @@ class HparamsReader {
           static_cast<long long>(s.ssm_conv_kernel));
     const int64_t every = cfg_.get_int_or("full_attention_interval", 4);
     if (every <= 0) TROUPE_INPUT_ERROR("%s: full_attention_interval must be positive", path);
-    const json* types = cfg_.find("layer_types");
-    if (types != nullptr && (!types->is_array() || types->size() != L))
-      TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
-                         static_cast<long long>(s.n_layer));
-    h_.recurrent.assign(L, false);
-    for (size_t il = 0; il < L; ++il) {
-      bool linear = (il + 1) % static_cast<size_t>(every) != 0;
-      if (types != nullptr) {
-        const json& t = (*types)[il];
-        if (t != "linear_attention" && t != "full_attention")
-          TROUPE_INPUT_ERROR(
-              "%s: layer_types[%zu] is %s; troupe reads \"linear_attention\" and "
-              "\"full_attention\" for Qwen3-Next",
-              path, il, t.dump().c_str());
-        linear = t == "linear_attention";
-      }
-      h_.recurrent[il] = linear;
-    }
+    h_.recurrent = read_layer_types(
+        s.n_layer, [&](int64_t il) { return (il + 1) % every != 0; }, "linear_attention");
   }
 
-  /// Per layer: whether layer_types (when present) says "sliding_attention" ("full_attention"
-  /// the other choice), else `pattern_default`'s answer.
+  /// Per layer: whether layer_types (when present) says `kind` ("full_attention" the other
+  /// choice), else `pattern_default`'s answer.
   template <class Fn>
-  std::vector<bool> read_layer_types(int64_t n_layer, const Fn& pattern_default) {
+  std::vector<bool> read_layer_types(int64_t n_layer, const Fn& pattern_default,
+                                     const char* kind = "sliding_attention") {
     const char* path = cfg_.path().c_str();
     const json* types = cfg_.find("layer_types");
     if (types != nullptr && (!types->is_array() || types->size() != static_cast<size_t>(n_layer)))
@@ -576,17 +560,17 @@ class HparamsReader {
                          static_cast<long long>(n_layer));
     std::vector<bool> out(static_cast<size_t>(n_layer));
     for (int64_t il = 0; il < n_layer; ++il) {
-      bool sliding = pattern_default(il);
+      bool of_kind = pattern_default(il);
       if (types != nullptr) {
         const json& t = (*types)[static_cast<size_t>(il)];
-        if (t != "sliding_attention" && t != "full_attention")
+        if (t != kind && t != "full_attention")
           TROUPE_INPUT_ERROR(
-              "%s: layer_types[%lld] is %s; troupe reads \"sliding_attention\" and "
+              "%s: layer_types[%lld] is %s; troupe reads \"%s\" and "
               "\"full_attention\"",
-              path, static_cast<long long>(il), t.dump().c_str());
-        sliding = t == "sliding_attention";
+              path, static_cast<long long>(il), t.dump().c_str(), kind);
+        of_kind = t == kind;
       }
-      out[static_cast<size_t>(il)] = sliding;
+      out[static_cast<size_t>(il)] = of_kind;
     }
     return out;
   }

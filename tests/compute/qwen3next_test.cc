@@ -7,10 +7,12 @@
 // ../shared golden case exists for this architecture.
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -18,6 +20,7 @@
 #include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/edited_model.h"
+#include "tests/hf_twin_model.h"
 #include "tests/qwen3next_hf_twin.h"
 #include "tests/qwen3next_reference.h"
 #include "tests/test_support.h"
@@ -29,17 +32,8 @@ using testing::TempDir;
 
 // troupe synth --arch qwen3next's defaults: 4 layers (0-2 linear attention, 3 full), 2 key heads
 // and 4 value heads of 32, 8 experts (2 used) in every layer plus a gated shared one.
-std::string synth_qwen3next(const TempDir& dir, uint64_t seed = 5,
-                            model::GgmlType dtype = model::GgmlType::kF32) {
-  model::SynthOptions o;
-  o.arch = "qwen3next";
-  o.seed = seed;
-  o.n_ctx = 256;
-  o.dtype = dtype;
-  const std::string path = dir.file("qwen3next.gguf");
-  const Status st = model::synth_model(o, path);
-  EXPECT_TRUE(st.has_value()) << st.error().message;
-  return path;
+std::string synth_qwen3next(const TempDir& dir, uint64_t seed = 5) {
+  return testing::synth_arch(dir, "qwen3next", seed);
 }
 
 std::shared_ptr<const model::Model> load(const std::string& path) {
@@ -96,18 +90,6 @@ std::string legacy_ssm_in(const TempDir& dir, const std::string& src) {
   }
   const std::string path = dir.file("legacy.gguf");
   EXPECT_TRUE(w.write(path).has_value());
-  return path;
-}
-
-// A synthesized Qwen3.5 GGUF ("qwen35moe", or "qwen35" dense).
-std::string synth_qwen35(const TempDir& dir, const std::string& arch, uint64_t seed) {
-  model::SynthOptions o;
-  o.arch = arch;
-  o.seed = seed;
-  o.n_ctx = 256;
-  const std::string path = dir.file(arch + ".gguf");
-  const Status st = model::synth_model(o, path);
-  EXPECT_TRUE(st.has_value()) << st.error().message;
   return path;
 }
 
@@ -382,7 +364,7 @@ TEST(Qwen3Next, Qwen35TiledHeadsMatchTheReference) {
   for (const std::string arch : {"qwen35moe", "qwen35"}) {
     SCOPED_TRACE(arch);
     TempDir dir, hf;
-    const std::string gguf = synth_qwen35(dir, arch, 15);
+    const std::string gguf = testing::synth_arch(dir, arch, 15);
     auto m = load(gguf);
     ASSERT_TRUE(m);
     const model::ModelSpec& s = m->spec;
@@ -421,7 +403,20 @@ TEST(Qwen3Next, BadFilesAreRefusedByName) {
                    dir, "interval.gguf", gguf,
                    [](model::GgufWriter& w) { w.set_u32("qwen3next.full_attention_interval", 0); }),
                "full_attention_interval 0 must be in 1..4");
-  const std::string q35 = synth_qwen35(dir, "qwen35moe", 8);
+  // attention.recurrent_layers, when there, says which layers are linear: the file's own
+  // layout loads (the interval then does not matter); a full layer named linear lacks its
+  // tensors; a short list is refused.
+  auto with_layers = [&](const char* name, std::vector<int32_t> flags) {
+    return testing::edited_gguf(dir, name, gguf, [&](model::GgufWriter& w) {
+      w.set_array_i32("qwen3next.attention.recurrent_layers", flags);
+      w.set_u32("qwen3next.full_attention_interval", 2);
+    });
+  };
+  expect_error(with_layers("layers_ok.gguf", {1, 1, 1, 0}), "loaded");
+  expect_error(with_layers("layers_bad.gguf", {1, 1, 1, 1}), "missing tensor 'blk.3.attn_qkv");
+  expect_error(with_layers("layers_short.gguf", {1, 1, 1}),
+               "attention.recurrent_layers must hold a flag per layer (4)");
+  const std::string q35 = testing::synth_arch(dir, "qwen35moe", 8);
   expect_error(
       testing::edited_gguf(
           dir, "sections.gguf", q35,
@@ -431,6 +426,16 @@ TEST(Qwen3Next, BadFilesAreRefusedByName) {
       "rope.dimension_sections must be 3 or 4 counts of rotated pairs");
   ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(gguf, hf, {.drop_a_log = true}));
   expect_error(hf.path(), "missing tensor 'model.layers.0.linear_attn.A_log'");
+  // A layer_types entry of another family's kind.
+  TempDir hf2;
+  ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(gguf, hf2));
+  std::ifstream in(hf2.file("config.json"));
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["layer_types"][0] = "sliding_attention";
+  hf2.write("config.json", cfg.dump());
+  expect_error(hf2.path(),
+               "layer_types[0] is \"sliding_attention\"; troupe reads "
+               "\"linear_attention\" and \"full_attention\"");
 }
 
 }  // namespace
