@@ -120,9 +120,10 @@ void print_spec(const model::ModelSpec& s) {
   if (linear > 0)
     kinds.push_back(
         strfmt("%lld Gated DeltaNet (linear; %lld key heads of %lld, %lld value heads "
-               "of %lld, conv %lld; a state of %s per sequence)",
+               "of %lld%s, conv %lld; a state of %s per sequence)",
                (long long)linear, (long long)s.ssm_k_heads, (long long)s.ssm_k_dim,
-               (long long)s.ssm_v_heads, (long long)s.ssm_v_dim, (long long)s.ssm_conv_kernel,
+               (long long)s.ssm_v_heads, (long long)s.ssm_v_dim,
+               s.ssm_tiled ? " in tiled order" : "", (long long)s.ssm_conv_kernel,
                human_bytes(static_cast<double>(s.ssm_state_floats() * linear * 4)).c_str()));
   if (gated > 0) kinds.push_back(strfmt("%lld with a sigmoid output gate", (long long)gated));
   if (s.attn_temp_scale != 0.0f)

@@ -845,17 +845,20 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
   const float* nw = f32(L.ssm_norm);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   pool_->parallel_for(static_cast<int64_t>(seqs.size()) * nv, 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> qn, kn;
-    qn.resize(static_cast<size_t>(dk));
-    kn.resize(static_cast<size_t>(dk));
+    thread_local std::vector<float> qn, kn, decay, beta;  // per token of the sequence
     for (int64_t item = b; item < e; ++item) {
       const auto i = static_cast<size_t>(item / nv);
       // The key head value head h reads: its group's (h / r), or in tiled order h % nk.
       const int64_t h = item % nv, g = s.ssm_tiled ? h % nk : h / r;
       const int64_t b_at = ba_apart ? h : h / r * 2 * r + h % r;  // b's place in lin_ba's row
       const int64_t a_at = ba_apart ? nv + h : b_at + r;
-      float* st = state_of(i) + (K - 1) * C + h * dk * dv;  // [dk, dv]
-      for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+      const int64_t t0 = first[i], n = first[i + 1] - t0;
+      qn.resize(static_cast<size_t>(n * dk));
+      kn.resize(static_cast<size_t>(n * dk));
+      decay.resize(static_cast<size_t>(n));
+      beta.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t t = t0 + j;
         const float* y = &S.lin_y[t * C];
         // L2 norms as ggml_l2_norm: x / max(|x|, eps), the sum of squares in double.
         auto l2 = [&](const float* x, float* out, float mul) {
@@ -863,18 +866,21 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
           const float inv = mul / std::max(std::sqrt(static_cast<float>(ss)), s.rms_eps);
           for (int64_t d = 0; d < dk; ++d) out[d] = x[d] * inv;
         };
-        l2(y + g * dk, qn.data(), q_scale);
-        l2(y + kw + g * dk, kn.data(), 1.0f);
-        const float* v = y + 2 * kw + h * dv;
-        const float bb = S.lin_ba[t * 2 * nv + b_at];
+        l2(y + g * dk, &qn[static_cast<size_t>(j * dk)], q_scale);
+        l2(y + kw + g * dk, &kn[static_cast<size_t>(j * dk)], 1.0f);
         const float aa = S.lin_ba[t * 2 * nv + a_at] + dt[h];
         const float softplus = aa > 20.0f ? aa : std::log1p(std::exp(aa));
-        const float decay = std::exp(a_rate[h] * softplus);
-        const float beta = detail::sigmoid(bb);
-        float* o = &S.attn[t * vw + h * dv];
-        delta_rule_step(st, dk, dv, kn.data(), qn.data(), v, decay, beta, o);
+        decay[static_cast<size_t>(j)] = std::exp(a_rate[h] * softplus);
+        beta[static_cast<size_t>(j)] = detail::sigmoid(S.lin_ba[t * 2 * nv + b_at]);
+      }
+      float* st = state_of(i) + (K - 1) * C + h * dk * dv;  // [dk, dv]
+      float* o0 = &S.attn[t0 * vw + h * dv];
+      delta_rule_steps(st, dk, dv, n, kn.data(), qn.data(), &S.lin_y[t0 * C + 2 * kw + h * dv], C,
+                       decay.data(), beta.data(), o0, vw);
+      for (int64_t j = 0; j < n; ++j) {
+        float* o = o0 + j * vw;
         detail::rms_norm(o, nw, o, dv, s.rms_eps);
-        float* z = &S.lin_z[t * vw + h * dv];  // read once: it becomes silu(z) o, then o
+        float* z = &S.lin_z[(t0 + j) * vw + h * dv];  // read once: it becomes silu(z) o, then o
         silu_mul(z, o, dv);
         std::copy(z, z + dv, o);
       }

@@ -144,11 +144,12 @@ void round_to_f16(const float* x, uint16_t* out, int64_t n) { round_to_f16_fn()(
 
 void silu_mul(float* g, const float* u, int64_t n) { silu_mul_fn()(g, u, n); }
 
-void delta_rule_step(float* S, int64_t dk, int64_t dv, const float* k, const float* q,
-                     const float* v, float decay, float beta, float* o) {
+void delta_rule_steps(float* S, int64_t dk, int64_t dv, int64_t n, const float* k, const float* q,
+                      const float* v, int64_t v_stride, const float* decay, const float* beta,
+                      float* o, int64_t o_stride) {
   static const detail::DeltaRuleFn f = for_level<detail::DeltaRuleFn>(
       detail::delta_rule_avx512, detail::delta_rule_avx2, detail::delta_rule_simd<Portable>);
-  f(S, dk, dv, k, q, v, decay, beta, o);
+  f(S, dk, dv, n, k, q, v, v_stride, decay, beta, o, o_stride);
 }
 
 void softmax_rows(float* p, int64_t rows, int64_t n, float scale) {

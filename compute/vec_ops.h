@@ -49,16 +49,19 @@ void softmax_rows(float* p, int64_t rows, int64_t n, float scale);
 /// Each element's result depends on its two inputs only.
 void silu_mul(float* g, const float* u, int64_t n);
 
-/// One token of the gated delta rule (Gated DeltaNet) for one value head: the state S [dk rows,
-/// dv columns] decays, is corrected toward v along k, and is read by q:
-///   S = decay S;  delta = beta (v - S^T k);  S += k delta^T;  o = S^T q  (o: dv floats).
-/// Each column of S and o depends on its own column and the inputs only, in a fixed order.
-void delta_rule_step(float* S, int64_t dk, int64_t dv, const float* k, const float* q,
-                     const float* v, float decay, float beta, float* o);
+/// n tokens of the gated delta rule (Gated DeltaNet) for one value head, in order: for token t
+/// the state S [dk rows, dv columns] decays, is corrected toward v_t along k_t, and is read by q_t:
+///   S = decay_t S;  delta = beta_t (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T q_t.
+/// k, q: [n, dk]; v: n rows of dv, v_stride apart; o: n rows of dv, o_stride apart. Each column of
+/// S and o depends on its own column and the inputs only, in a fixed order, and a run of n tokens
+/// gives the bits n runs of one give.
+void delta_rule_steps(float* S, int64_t dk, int64_t dv, int64_t n, const float* k, const float* q,
+                      const float* v, int64_t v_stride, const float* decay, const float* beta,
+                      float* o, int64_t o_stride);
 
 namespace detail {
-using DeltaRuleFn = void (*)(float*, int64_t, int64_t, const float*, const float*, const float*,
-                             float, float, float*);
+using DeltaRuleFn = void (*)(float*, int64_t, int64_t, int64_t, const float*, const float*,
+                             const float*, int64_t, const float*, const float*, float*, int64_t);
 DeltaRuleFn delta_rule_avx2();
 DeltaRuleFn delta_rule_avx512();
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const KvView&, int64_t, float,

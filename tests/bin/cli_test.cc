@@ -533,6 +533,15 @@ TEST(Cli, Qwen3NextSynthesizesInspectsGeneratesAndEvaluates) {
   CliRun e = troupe({"eval", "--model", path, "--tokens", "1,2,3,4,5", "--logits-out", logits});
   ASSERT_EQ(e.rc, 0) << e.err;
   EXPECT_EQ(std::filesystem::file_size(logits), 5u * 4u * 512u);
+  // Qwen3.5 as llama.cpp converts it: its value heads tiled.
+  const std::string q35 = (temp_dir() / "qwen35moe.gguf").string();
+  ASSERT_EQ(troupe({"synth", "--arch", "qwen35moe", "--out", q35}).rc, 0);
+  CliRun r35 = troupe({"inspect", q35});
+  ASSERT_EQ(r35.rc, 0) << r35.err;
+  EXPECT_NE(r35.out.find("architecture: qwen35moe (mixture of experts)"), std::string::npos)
+      << r35.out;
+  EXPECT_NE(r35.out.find("4 value heads of 32 in tiled order, conv 4"), std::string::npos)
+      << r35.out;
   expect_one_line_error(
       troupe({"synth", "--arch", "qwen3next", "--linear-v-heads", "3", "--out", path + ".bad"}),
       "--linear-v-heads 3 is not a multiple of --linear-k-heads 2");
