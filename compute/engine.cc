@@ -28,6 +28,7 @@ struct Engine::Scratch {
   int64_t T = 0;
   std::vector<int64_t> tok_pos;           // [T]
   std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
+  std::vector<int64_t> seq_first;         // [seqs + 1]: each sequence's first token, then T
   std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
   model::RopeFrequencies rope;            // the model's, scaling applied (set once)
   // Layers with local_rope (Gemma 3's sliding ones): their own base, unscaled.
@@ -169,10 +170,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->range_ = range;
     e->local_experts_ = std::make_unique<ExpertCompute>(e->model_, e->pool_.get());
     e->experts_ = opts.expert_runner ? opts.expert_runner : e->local_experts_.get();
-    // KV rows for the attention layers only (a linear-attention layer keeps a recurrent state).
+    // KV rows for the attention layers only; a linear-attention layer keeps a recurrent state
+    // per sequence instead (its floats at state_offset_ in each state).
     int64_t n_kv_layers = 0;
-    for (int64_t il = range.begin; il < range.end; ++il)
-      e->kv_layer_.push_back(s.layers[static_cast<size_t>(il)].recurrent ? -1 : n_kv_layers++);
+    for (int64_t il = range.begin; il < range.end; ++il) {
+      const bool rec = s.layers[static_cast<size_t>(il)].recurrent;
+      e->kv_layer_.push_back(rec ? -1 : n_kv_layers++);
+      e->state_offset_.push_back(rec ? e->state_floats_ : -1);
+      if (rec) e->state_floats_ += s.ssm_state_floats();
+    }
     KvCacheConfig kc;
     kc.n_layer = std::max<int64_t>(1, n_kv_layers);
     kc.k_width = s.kv_k_width();
@@ -187,11 +193,6 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->kv_ = std::make_unique<KvCache>(kc);
     e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
     e->s_ = std::make_unique<Scratch>();
-    for (int64_t il = range.begin; il < range.end; ++il) {
-      const bool rec = s.layers[static_cast<size_t>(il)].recurrent;
-      e->state_offset_.push_back(rec ? e->state_floats_ : -1);
-      if (rec) e->state_floats_ += s.ssm_state_floats();
-    }
     if (e->state_floats_ > 0) e->states_.resize(static_cast<size_t>(opts.max_recurrent_seqs));
     e->s_->rope = model::rope_frequencies(s);
     for (int64_t il = range.begin; il < range.end; ++il)
@@ -263,14 +264,14 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
   }
   try {
     forward(seqs, out, hidden_in, hidden_out);
-    for (const SeqStep& q : seqs)
-      if (needs_state())
+    if (needs_state())
+      for (const SeqStep& q : seqs)
         states_[static_cast<size_t>(q.state)].pos = q.pos0 + static_cast<int64_t>(q.tokens.size());
     return Ok{};
   } catch (const std::exception& ex) {
     // A state the step may have half updated must start again from position 0.
-    for (const SeqStep& q : seqs)
-      if (needs_state()) states_[static_cast<size_t>(q.state)].pos = -1;
+    if (needs_state())
+      for (const SeqStep& q : seqs) states_[static_cast<size_t>(q.state)].pos = -1;
     return Error{2, ex.what()};
   }
 }
@@ -309,8 +310,8 @@ Result<int32_t> Engine::acquire_state() {
     RecurrentState& r = states_[i];
     if (r.held) continue;
     r.held = true;
-    r.pos = 0;
-    r.data.assign(static_cast<size_t>(state_floats_), 0.0f);
+    r.pos = 0;  // so its first step starts at 0, which zeroes the floats (forward)
+    r.data.resize(static_cast<size_t>(state_floats_));
     return static_cast<int32_t>(i);
   }
   return Error{1, strfmt("engine: all %zu recurrent states are held (EngineOptions::"
@@ -340,13 +341,17 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   S.seqs = seqs;
   S.tok_pos.resize(static_cast<size_t>(T));
   S.tok_seq.resize(static_cast<size_t>(T));
+  S.seq_first.resize(seqs.size() + 1);
   {
     int64_t t = 0;
-    for (size_t i = 0; i < seqs.size(); ++i)
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      S.seq_first[i] = t;
       for (size_t j = 0; j < seqs[i].tokens.size(); ++j, ++t) {
         S.tok_pos[static_cast<size_t>(t)] = seqs[i].pos0 + static_cast<int64_t>(j);
         S.tok_seq[static_cast<size_t>(t)] = static_cast<int32_t>(i);
       }
+    }
+    S.seq_first[seqs.size()] = t;
   }
   grow(S.x, T * E);
   grow(S.h, T * E);
@@ -797,9 +802,7 @@ void Engine::linear_attention(int64_t il, std::span<const SeqStep> seqs) {
     matmul_shared(std::span(pr, 2 + n_ba), S.h.data(), E, T, pool_.get());
   }
   const int64_t off = state_offset_[static_cast<size_t>(il - range_.begin)];
-  std::vector<int64_t> first(seqs.size() + 1, 0);  // each sequence's first token in the step
-  for (size_t i = 0; i < seqs.size(); ++i)
-    first[i + 1] = first[i] + static_cast<int64_t>(seqs[i].tokens.size());
+  const std::vector<int64_t>& first = S.seq_first;
   auto state_of = [&](size_t i) {
     return states_[static_cast<size_t>(seqs[i].state)].data.data() + off;
   };
