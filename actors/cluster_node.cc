@@ -85,6 +85,7 @@ void route_step(NodeSelf* self, const MessagePtr& m) {
   lim.block_size = st.plan.kv_block_size;
   lim.max_positions = st.plan.scheduler.max_model_len;
   lim.num_kv_blocks = st.kv_blocks;
+  lim.num_state_slots = state_slots_for(spec, st.plan.scheduler);
   // StepBatch.epoch is the scheduler's epoch (it drops stale outcomes itself), not the cluster's.
   lim.expected_epoch = 0;
   auto d = decode_step(m->data(), lim);

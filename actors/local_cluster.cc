@@ -152,6 +152,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   cc.scheduler_cfg.kv_block_size = plan.kv_block_size;
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
   cc.scheduler_cfg.n_embd = spec.n_embd;
+  cc.scheduler_cfg.state_slots = state_slots_for(spec, plan.scheduler);
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
   // by message, before any request exists.
   cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, StageInputActor{});
@@ -176,6 +177,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.kv_blocks = kv_blocks;
     c.kv_block_size = plan.kv_block_size;
     c.kv_type = plan.kv_type;
+    c.state_slots = cc.scheduler_cfg.state_slots;
     c.model = model;
     c.expert_timeout = std::chrono::milliseconds(opts.expert_timeout_ms);
     c.scheduler = cc.scheduler;
@@ -345,21 +347,25 @@ std::string LocalCluster::stats_json() {
       .receive([&](const std::string& s) { ctrl = s; }, [&](const caf::error&) {});
   std::string stages;
   for (size_t i = 0; i < h.stages.size() && i < im.layers.size(); ++i) {
-    uint64_t pool_bytes = 0;
+    uint64_t pool_bytes = 0, state_bytes = 0;
     self->request(h.stages[i], kControlTimeout, stats_atom::value)
-        .receive([&](const std::string& s) { pool_bytes = json_uint(s, "kv_bytes"); },
-                 [&](const caf::error&) {});
+        .receive(
+            [&](const std::string& s) {
+              pool_bytes = json_uint(s, "kv_bytes");
+              state_bytes = json_uint(s, "state_bytes");
+            },
+            [&](const caf::error&) {});
     const uint64_t block_bytes =
         kv.num_blocks > 0 ? pool_bytes / static_cast<uint64_t>(kv.num_blocks) : 0;
     stages += strfmt(
         "%s{\"stage\":%zu,\"layers\":[%lld,%lld],\"blocks_total\":%lld,\"blocks_used\":%lld,"
         "\"blocks_cached\":%lld,\"blocks_free\":%lld,\"block_bytes\":%llu,\"bytes_used\":%llu,"
-        "\"fragmentation_perc\":%.4f}",
+        "\"fragmentation_perc\":%.4f,\"state_bytes\":%llu}",
         i ? "," : "", i, (long long)im.layers[i].first, (long long)im.layers[i].second,
         (long long)kv.num_blocks, (long long)kv.num_used, (long long)kv.num_cached,
         (long long)kv.num_free, (unsigned long long)block_bytes,
         (unsigned long long)(block_bytes * static_cast<uint64_t>(kv.num_used)),
-        kv.fragmentation_perc);
+        kv.fragmentation_perc, (unsigned long long)state_bytes);
   }
   const std::string encoder =
       im.encoder_counters

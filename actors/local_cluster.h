@@ -101,6 +101,8 @@ class LocalCluster {
   ///     fragmentation_perc: of the token slots of used blocks, the share holding no computed
   ///                         token yet (partly filled tail blocks, slots reserved for a step in
   ///                         flight), in [0, 1]
+  ///     state_bytes: the stage's recurrent states allocated so far (models with linear
+  ///                  attention: one per state slot a step has used; 0 for other models)
   std::string stats_json();
 
  private:

@@ -311,6 +311,9 @@ void resolve(Plan& p, const model::ModelSpec& spec) {
   p.stages.resize(static_cast<size_t>(p.num_stages));
   p.expert_shards.resize(static_cast<size_t>(p.num_expert_shards));
   check_scheduler(p, spec);
+  // Linear-attention layers keep a state per sequence that a cached KV prefix does not hold: a
+  // hit would skip positions they must see, so their models run without the prefix cache.
+  if (spec.has_recurrent_layers()) p.scheduler.prefix_cache = false;
   resolve_layers(p, spec.n_layer);
   resolve_experts(p, spec);
   resolve_kv(p);

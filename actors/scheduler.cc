@@ -38,11 +38,22 @@ struct Seq {
   int64_t num_computed = 0;  // tokens whose KV is in the cache
   int64_t num_generated = 0;
   compute::SamplerState rng;
-  bool admitted = false;  // holds KV blocks
+  bool admitted = false;  // holds KV blocks (and a recurrent state slot, when the model has them)
+  int32_t state = -1;     // its recurrent state slot while admitted; -1: none
   bool in_flight = false;
   bool cancelled = false;
   int64_t in_flight_tokens = 0;
+  int failures = 0;  // its steps that failed in a row (a step that succeeds resets it)
+  std::chrono::steady_clock::time_point failing_since;  // the first of those failures
 };
+
+// A sequence whose steps have failed for this long, with no step succeeding in between, ends
+// with the last failure's message: a step that fails for a reason no retry changes (a stage
+// that refuses it) must not loop forever. Faults that retries outlast fail for less: lost
+// messages cost a step deadline each, and while a lost node's actors are re-placed the
+// scheduler sends nothing (its steps fail fast, many times, until the node is declared gone).
+constexpr auto kStepFailureWindow = std::chrono::seconds(60);
+constexpr int kMinStepFailures = 8;  // and at least this many in a row
 
 struct SchedulerState {
   SchedulerConfig cfg;
@@ -51,6 +62,8 @@ struct SchedulerState {
   std::unique_ptr<compute::KvPools> kv;
   compute::KvBlockManagerConfig kv_cfg;
   int64_t kv_pools = 1;
+  int64_t state_slots = 0;           // SchedulerActorConfig::state_slots
+  std::vector<int32_t> free_states;  // recurrent state slots no admitted sequence holds
   StageInputActor first_stage;
   std::map<int64_t, Seq> seqs;
   std::deque<int64_t> waiting;   // FCFS; preempted sequences go back to the front
@@ -75,6 +88,26 @@ struct SchedulerState {
 
 using Self = SchedulerActor::stateful_base<SchedulerState>;
 
+// Gives s a recurrent state slot when the model keeps states; false when none is free.
+bool take_state(SchedulerState& st, Seq& s) {
+  if (st.state_slots == 0) return true;
+  if (st.free_states.empty()) return false;
+  s.state = st.free_states.back();
+  st.free_states.pop_back();
+  return true;
+}
+
+void drop_state(SchedulerState& st, Seq& s) {
+  if (s.state >= 0) st.free_states.push_back(s.state);
+  s.state = -1;
+}
+
+// Every slot free, lowest first out.
+void free_all_states(SchedulerState& st) {
+  st.free_states.clear();
+  for (int64_t i = st.state_slots; i-- > 0;) st.free_states.push_back(static_cast<int32_t>(i));
+}
+
 void emit(Self* self, Seq& s, int64_t id, int32_t token, bool finished, std::string reason,
           std::string error = {}, std::vector<float> logits = {}) {
   auto ev = std::make_shared<TokenEvent>();
@@ -93,6 +126,7 @@ void release(Self* self, int64_t id) {
   auto it = st.seqs.find(id);
   if (it == st.seqs.end()) return;
   if (it->second.admitted) st.kv->free_sequence(id);
+  drop_state(st, it->second);
   st.running.erase(std::remove(st.running.begin(), st.running.end(), id), st.running.end());
   st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), id), st.waiting.end());
   st.seqs.erase(it);
@@ -115,6 +149,7 @@ bool preempt_one(Self* self, int64_t keep) {
     Seq& s = st.seqs.at(id);
     if (id == keep || s.in_flight || st.kv->pool_of(id) != pool) continue;
     st.kv->free_sequence(id);
+    drop_state(st, s);
     s.admitted = false;
     s.num_computed = 0;
     st.running.erase(std::next(it).base());
@@ -200,6 +235,7 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
   SeqWork w;
   w.seq_id = id;
   w.pos0 = s.num_computed;
+  w.state = s.state;
   w.tokens.assign(s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n);
   attach_images(s, s.num_computed, n, st.n_embd, w);
   auto bt = st.kv->block_table(id);
@@ -259,7 +295,7 @@ void schedule(Self* self) {
         st.kv->free_sequence(id);
         break;
       }
-      if (!st.kv->reserve(id, s.num_computed + n)) {
+      if (!st.kv->reserve(id, s.num_computed + n) || !take_state(st, s)) {
         st.kv->free_sequence(id);  // not enough free blocks now: keep its place in the queue
         break;
       }
@@ -285,16 +321,35 @@ void schedule(Self* self) {
   }
 }
 
+// Counts a failed step of s; whether s has failed for too long to try again.
+bool gave_up(Seq& s) {
+  const auto now = std::chrono::steady_clock::now();
+  if (s.failures++ == 0) s.failing_since = now;
+  return s.failures >= kMinStepFailures && now - s.failing_since >= kStepFailureWindow;
+}
+
 // A failed or timed-out step: its sequences run the same positions again (KV writes are
-// idempotent).
-void retry_sequences(Self* self, const std::vector<int64_t>& ids) {
+// idempotent). A recurrent state is not: a stage before the failure may have advanced it, and a
+// step cannot undo that (the retry would repeat positions), so those sequences are computed
+// again from position 0, whose step starts their states afresh. They keep their KV blocks and
+// state slot: the failed step may still be on its way through later stages, and what it writes
+// there is what the recomputation writes (a freed block or slot could already be another
+// sequence's).
+void retry_sequences(Self* self, const std::vector<int64_t>& ids, const std::string& why) {
   auto& st = self->state;
   for (int64_t id : ids) {
     auto it = st.seqs.find(id);
     if (it == st.seqs.end()) continue;
     it->second.in_flight = false;
     ++st.recomputes;
-    if (it->second.cancelled) finish(self, id, "cancelled");
+    if (it->second.cancelled)
+      finish(self, id, "cancelled");
+    else if (gave_up(it->second))
+      finish(self, id, "error",
+             strfmt("its steps failed %d times in a row over %lld s; the last: %s",
+                    it->second.failures, (long long)kStepFailureWindow.count(), why.c_str()));
+    else if (st.state_slots > 0)
+      it->second.num_computed = 0;
   }
 }
 
@@ -313,7 +368,8 @@ void on_deadline(Self* self, uint64_t step_id, uint64_t epoch) {
   std::fprintf(stderr, "troupe: scheduler: step %llu timed out after %lld ms; running it again\n",
                static_cast<unsigned long long>(step_id),
                static_cast<long long>(st.step_timeout_ms));
-  retry_sequences(self, ids);
+  retry_sequences(self, ids,
+                  strfmt("the step timed out after %lld ms", (long long)st.step_timeout_ms));
   schedule(self);
 }
 
@@ -325,6 +381,11 @@ void reset_pipeline(Self* self) {
   st.steps_in_flight.clear();
   st.step_sent.clear();
   st.kv = std::make_unique<compute::KvPools>(st.kv_cfg, st.kv_pools);
+  free_all_states(st);
+  for (auto& [id, s] : st.seqs) {
+    (void)id;
+    s.state = -1;
+  }
 }
 
 void on_done(Self* self, const StepOutcomePtr& out) {
@@ -342,7 +403,7 @@ void on_done(Self* self, const StepOutcomePtr& out) {
   }
   --st.in_flight;
   if (!out->error.empty()) {
-    retry_sequences(self, ids);
+    retry_sequences(self, ids, out->error);
     schedule(self);
     return;
   }
@@ -352,8 +413,11 @@ void on_done(Self* self, const StepOutcomePtr& out) {
     Seq& s = it->second;
     if (!s.in_flight) continue;
     s.in_flight = false;
+    s.failures = 0;
     s.num_computed += s.in_flight_tokens;
-    st.kv->commit(r.seq_id, cache_view(s), s.num_computed);
+    // Positions a recurrent model's sequence computes again after a failure were committed.
+    if (s.num_computed >= st.kv->computed_length(r.seq_id))
+      st.kv->commit(r.seq_id, cache_view(s), s.num_computed);
     if (s.cancelled) {
       finish(self, r.seq_id, "cancelled");
       continue;
@@ -483,8 +547,10 @@ SchedulerActor::behavior_type scheduler_behavior(
   st.first_stage = std::move(first_stage);
   st.kv_cfg.num_blocks = cfg.kv_blocks;
   st.kv_cfg.block_size = cfg.kv_block_size;
-  st.kv_cfg.enable_prefix_cache = cfg.limits.prefix_cache;
+  st.state_slots = cfg.state_slots;
+  st.kv_cfg.enable_prefix_cache = cfg.limits.prefix_cache && st.state_slots == 0;
   st.kv_pools = cfg.kv_pools;
+  free_all_states(st);
   st.kv = std::make_unique<compute::KvPools>(st.kv_cfg, st.kv_pools);
   self->set_down_handler([=](caf::down_msg& dm) { on_requester_down(self, dm); });
   return {

@@ -90,6 +90,7 @@ class StageCompute {
   virtual Status step(std::span<const compute::SeqStep> steps, compute::StepResult* out,
                       const float* hidden_in, std::vector<float>* hidden_out) = 0;
   virtual uint64_t kv_bytes() const = 0;
+  virtual uint64_t state_bytes() const { return 0; }  // recurrent states allocated so far
 };
 
 class CpuCompute : public StageCompute {
@@ -100,6 +101,7 @@ class CpuCompute : public StageCompute {
     return e_->step(steps, out, hidden_in, hidden_out);
   }
   uint64_t kv_bytes() const override { return e_->kv_cache().bytes(); }
+  uint64_t state_bytes() const override { return e_->state_bytes(); }
 
  private:
   std::unique_ptr<compute::Engine> e_;
@@ -127,11 +129,10 @@ Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
   if (cfg.device == "cpu") {
     auto eng = compute::Engine::create(cfg.model, eo);
     if (!eng) return eng.error();
-    if ((*eng)->needs_state())
+    if ((*eng)->needs_state() && cfg.state_slots <= 0)
       return Error{1, "stage: " + cfg.model->path +
-                          ": its linear-attention layers (Qwen3-Next's Gated DeltaNet) keep a "
-                          "recurrent state per sequence, which the cluster does not carry yet; "
-                          "`troupe generate` and `troupe eval` run it in one process"};
+                          ": its linear-attention layers keep a recurrent state per sequence, "
+                          "but the stage was given no state slots (StageConfig::state_slots)"};
     return std::unique_ptr<StageCompute>(std::make_unique<CpuCompute>(std::move(*eng)));
   }
 #ifdef TROUPE_HAVE_CUDA
@@ -197,6 +198,8 @@ void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double comp
                                                             : compute::SeqStep::Logits::kNone;
     if (w.image_rows && st.cfg.range.embed) steps[i].embd = *w.image_rows;
     steps[i].non_causal = w.non_causal;
+    steps[i].state = w.state;
+    steps[i].state_owner = w.seq_id;
   }
   compute::StepResult res;
   if (!last) {
@@ -250,6 +253,7 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
   eo.kv_block_size = st.cfg.kv_block_size;
   eo.kv_num_blocks = st.cfg.kv_blocks;
   eo.kv_type = st.cfg.kv_type;
+  if (st.cfg.state_slots > 0) eo.max_recurrent_seqs = st.cfg.state_slots;
   if (!placement.shards.empty()) {
     st.experts = std::make_unique<ShardedExperts>(st.cfg.model->spec.n_embd, st.cfg.expert_timeout);
     st.experts->placement = std::move(placement);
@@ -278,10 +282,12 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
       [=](stats_atom) -> caf::result<std::string> {
         if (!self->state.engine)
           return caf::make_error(caf::sec::runtime_error, self->state.create_error);
-        return strfmt("{\"stage\":%d,\"layers\":[%lld,%lld],\"kv_bytes\":%llu}",
-                      self->state.cfg.index, (long long)self->state.cfg.range.begin,
-                      (long long)self->state.cfg.range.end,
-                      (unsigned long long)self->state.engine->kv_bytes());
+        return strfmt(
+            "{\"stage\":%d,\"layers\":[%lld,%lld],\"kv_bytes\":%llu,\"state_bytes\":%llu}",
+            self->state.cfg.index, (long long)self->state.cfg.range.begin,
+            (long long)self->state.cfg.range.end,
+            (unsigned long long)self->state.engine->kv_bytes(),
+            (unsigned long long)self->state.engine->state_bytes());
       },
   };
 }

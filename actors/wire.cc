@@ -145,6 +145,7 @@ Status write_seq(schemas::SequenceStep::Builder dst, const SeqWork& w, uint32_t 
   auto ids = dst.initTokenIds(static_cast<unsigned>(w.tokens.size()));
   for (size_t i = 0; i < w.tokens.size(); ++i) ids.set(unsigned(i), w.tokens[i]);
   dst.setNonCausal(w.non_causal);
+  dst.setStateSlot(w.state);
   if (stage == 0)
     if (auto st = write_splices(dst, w, idx); !st) return st;
   auto table = dst.initBlockTables(1)[0];
@@ -318,6 +319,13 @@ Status read_seq(schemas::SequenceStep::Reader src, uint32_t stage, const StepLim
   }
   w.tokens = to_vector(tokens);
   w.non_causal = src.getNonCausal();
+  w.state = src.getStateSlot();
+  if (w.state < -1 || w.state >= lim.num_state_slots)
+    return fail(WireErrc::kInvalid,
+                strfmt("%s.stateSlot: %d is outside [-1, %lld) (-1: none; this model has %lld "
+                       "recurrent state slots)",
+                       where.c_str(), w.state, static_cast<long long>(lim.num_state_slots),
+                       static_cast<long long>(lim.num_state_slots)));
   if (auto st = read_splices(src, stage, lim, where, w); !st) return st;
   if (auto st = read_blocks(src.getBlockTables(), stage, w.pos0 + count, lim, where, w.blocks); !st)
     return st;

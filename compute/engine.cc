@@ -193,7 +193,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->kv_ = std::make_unique<KvCache>(kc);
     e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
     e->s_ = std::make_unique<Scratch>();
-    if (e->state_floats_ > 0) e->states_.resize(static_cast<size_t>(opts.max_recurrent_seqs));
+    if (e->state_floats_ > 0) e->max_states_ = std::max<int64_t>(0, opts.max_recurrent_seqs);
     e->s_->rope = model::rope_frequencies(s);
     for (int64_t il = range.begin; il < range.end; ++il)
       e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
@@ -261,6 +261,10 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
   if (needs_state()) {
     Status st = check_states(seqs);
     if (!st) return st;
+    // Slots the caller assigns come into being with their first step (always at position 0).
+    for (const SeqStep& q : seqs)
+      if (q.state >= static_cast<int32_t>(states_.size()))
+        states_.resize(static_cast<size_t>(q.state) + 1);
   }
   try {
     forward(seqs, out, hidden_in, hidden_out);
@@ -280,17 +284,23 @@ Status Engine::check_states(std::span<const SeqStep> seqs) const {
   std::vector<int32_t> seen;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
-    if (q.state < 0 || q.state >= static_cast<int32_t>(states_.size()) ||
-        !states_[static_cast<size_t>(q.state)].held)
-      return Error{1, strfmt("step: sequence %zu has recurrent state %d, which is not held: this "
-                             "model's linear-attention layers need one per sequence "
+    if (q.state < 0 || q.state >= max_states_)
+      return Error{1, strfmt("step: sequence %zu names recurrent state %d, outside [0, %lld): this "
+                             "model's linear-attention layers need a state slot per sequence "
                              "(Engine::acquire_state)",
-                             i, q.state)};
+                             i, q.state, static_cast<long long>(max_states_))};
     if (std::find(seen.begin(), seen.end(), q.state) != seen.end())
       return Error{1, strfmt("step: sequence %zu shares recurrent state %d with an earlier one", i,
                              q.state)};
     seen.push_back(q.state);
-    const int64_t held = states_[static_cast<size_t>(q.state)].pos;
+    const bool used = q.state < static_cast<int32_t>(states_.size());
+    const int64_t held = used ? states_[static_cast<size_t>(q.state)].pos : -1;
+    const int64_t owner = used ? states_[static_cast<size_t>(q.state)].owner : -1;
+    if (q.pos0 != 0 && q.state_owner >= 0 && q.state_owner != owner)
+      return Error{1, strfmt("step: sequence %zu (owner %lld) continues recurrent state %d, which "
+                             "holds the positions of owner %lld",
+                             i, static_cast<long long>(q.state_owner), q.state,
+                             static_cast<long long>(owner))};
     if (q.pos0 != 0 && q.pos0 != held)
       return Error{1, strfmt("step: sequence %zu starts at position %lld, but its recurrent "
                              "state holds %lld positions (a recurrent layer cannot skip or "
@@ -306,23 +316,28 @@ Status Engine::check_states(std::span<const SeqStep> seqs) const {
 
 Result<int32_t> Engine::acquire_state() {
   if (!needs_state()) return Error{1, "engine: this model keeps no recurrent state"};
-  for (size_t i = 0; i < states_.size(); ++i) {
-    RecurrentState& r = states_[i];
+  for (int64_t i = 0; i < max_states_; ++i) {
+    if (i == static_cast<int64_t>(states_.size())) states_.emplace_back();
+    RecurrentState& r = states_[static_cast<size_t>(i)];
     if (r.held) continue;
-    r.held = true;
-    r.pos = 0;  // so its first step starts at 0, which zeroes the floats (forward)
-    r.data.resize(static_cast<size_t>(state_floats_));
+    r.held = true;  // its first step starts at 0, which sizes and zeroes the floats (forward)
     return static_cast<int32_t>(i);
   }
-  return Error{1, strfmt("engine: all %zu recurrent states are held (EngineOptions::"
+  return Error{1, strfmt("engine: all %lld recurrent states are held (EngineOptions::"
                          "max_recurrent_seqs)",
-                         states_.size())};
+                         static_cast<long long>(max_states_))};
 }
 
 void Engine::release_state(int32_t state) {
   if (state < 0 || state >= static_cast<int32_t>(states_.size())) return;
   states_[static_cast<size_t>(state)].held = false;
   states_[static_cast<size_t>(state)].pos = -1;
+}
+
+uint64_t Engine::state_bytes() const {
+  uint64_t n = 0;
+  for (const RecurrentState& r : states_) n += r.data.capacity() * sizeof(float);
+  return n;
 }
 
 int64_t Engine::state_positions(int32_t state) const {
@@ -387,11 +402,12 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
   }
 
-  // A sequence at position 0 starts from an empty recurrent state.
+  // A sequence at position 0 starts from an empty recurrent state, now its owner's.
   for (const SeqStep& q : seqs)
     if (needs_state() && q.pos0 == 0) {
-      std::vector<float>& d = states_[static_cast<size_t>(q.state)].data;
-      std::fill(d.begin(), d.end(), 0.0f);
+      RecurrentState& r = states_[static_cast<size_t>(q.state)];
+      r.data.assign(static_cast<size_t>(state_floats_), 0.0f);
+      r.owner = q.state_owner;
     }
   for (int64_t il = range_.begin; il < range_.end; ++il) {
     const LayerSpec& L = s.layers[static_cast<size_t>(il)];

@@ -71,9 +71,10 @@ struct EngineOptions {
   int64_t kv_num_blocks = 0;              // 0: enough for max_tokens_in_cache
   int64_t max_tokens_in_cache = 4096;
   KvType kv_type = KvType::kF32;  // what the KV cache stores (kv_type.h)
-  /// Models with recurrent layers (Qwen3-Next's linear attention): how many sequences can hold
-  /// a recurrent state at once (Engine::acquire_state). Each slot's memory is allocated when it
-  /// is first acquired.
+  /// Models with recurrent layers (Qwen3-Next's linear attention): how many recurrent state slots
+  /// there are (SeqStep::state in [0, max_recurrent_seqs)). Engine::acquire_state hands them out
+  /// (Sequence uses it), or the caller assigns them itself as it does KV blocks (the cluster's
+  /// scheduler). A slot's memory is allocated by its first step.
   int64_t max_recurrent_seqs = 16;
 };
 
@@ -95,10 +96,14 @@ struct SeqStep {
   /// (Gemma 3's image positions, prefilled as one step of their own, as llama.cpp does). The
   /// result then depends on where the step begins and ends; causal steps never do.
   bool non_causal = false;
-  /// The sequence's recurrent state (Engine::acquire_state) on an engine whose layers keep one
+  /// The sequence's recurrent state slot on an engine whose layers keep one
   /// (Engine::needs_state); -1 otherwise. A step at pos0 0 starts the state afresh; any other
   /// must begin where this state's last step ended.
   int32_t state = -1;
+  /// Whose state it is (the cluster's sequence id): a step at pos0 0 records it, and a later step
+  /// that names another owner is refused (a late step of the slot's previous sequence must not
+  /// advance its new one). -1: not checked.
+  int64_t state_owner = -1;
 };
 
 struct StepResult {
@@ -139,12 +144,15 @@ class Engine {
   /// Whether this engine's layers keep a fixed-size state per sequence beside its KV (Gated
   /// DeltaNet's): then every SeqStep names one (SeqStep::state).
   bool needs_state() const { return state_floats_ > 0; }
-  /// A free recurrent state; Error when all EngineOptions::max_recurrent_seqs are held.
+  /// A free recurrent state slot; Error when all EngineOptions::max_recurrent_seqs are held.
   Result<int32_t> acquire_state();
-  /// Returns a state from acquire_state (-1: nothing).
+  /// Returns a slot from acquire_state (-1: nothing).
   void release_state(int32_t state);
-  /// How many positions the state holds (-1 after a failed step: it must start again at 0).
+  /// How many positions the slot's state holds (-1 after a failed step: it must start again at
+  /// 0; -1 too for a slot no step has used).
   int64_t state_positions(int32_t state) const;
+  /// Bytes of the recurrent states allocated so far (0 on a model without them).
+  uint64_t state_bytes() const;
 
  private:
   Engine() = default;
@@ -169,14 +177,18 @@ class Engine {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scratch> s_;
-  // Recurrent states: per slot, whether it is held, how many positions it has absorbed, and its
-  // floats (state_floats_: for each recurrent layer of the range, at state_offset_[layer]).
+  // Recurrent states: per slot, whether acquire_state handed it out, how many positions it has
+  // absorbed, whose they are (SeqStep::state_owner), and its floats (state_floats_: for each
+  // recurrent layer of the range, at state_offset_[layer]). Slots are added as steps and
+  // acquire_state first name them, up to max_states_.
   struct RecurrentState {
     bool held = false;
     int64_t pos = -1;
+    int64_t owner = -1;
     std::vector<float> data;
   };
   std::vector<RecurrentState> states_;
+  int64_t max_states_ = 0;
   std::vector<int64_t> state_offset_;  // [layer - range.begin]; -1: not recurrent
   std::vector<int64_t> kv_layer_;      // [layer - range.begin]: its layer in the KV pool; -1: none
   int64_t state_floats_ = 0;

@@ -91,6 +91,11 @@ int64_t KvPools::pool_of(int64_t seq_id) const {
   return it == seq_pool_.end() ? -1 : it->second;
 }
 
+int64_t KvPools::computed_length(int64_t seq_id) const {
+  const int64_t p = pool_of(seq_id);
+  return p < 0 ? -1 : pools_[static_cast<size_t>(p)].computed_length(seq_id);
+}
+
 bool KvPools::can_fit(int64_t num_tokens) const { return pools_[0].can_fit(num_tokens); }
 
 KvStats KvPools::stats() const {

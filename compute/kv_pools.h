@@ -41,6 +41,8 @@ class KvPools {
   std::span<const int32_t> block_table(int64_t seq_id);
   /// The pool seq_id lives in, or -1.
   int64_t pool_of(int64_t seq_id) const;
+  /// KvBlockManager::computed_length in seq_id's pool; -1 if seq_id is not live.
+  int64_t computed_length(int64_t seq_id) const;
   /// Whether a sequence of num_tokens positions could ever fit in one (otherwise empty) pool.
   bool can_fit(int64_t num_tokens) const;
   /// The pools' stats summed (usage and fragmentation over all of them).

@@ -732,9 +732,7 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
                        static_cast<long long>(s.n_layer));
-  const bool any_recurrent =
-      std::any_of(s.layers.begin(), s.layers.end(), [](const LayerSpec& L) { return L.recurrent; });
-  if (any_recurrent &&
+  if (s.has_recurrent_layers() &&
       (!s.has_recurrent() || s.ssm_k_heads <= 0 || s.ssm_k_dim <= 0 || s.ssm_v_dim <= 0 ||
        s.ssm_conv_kernel <= 0 || s.ssm_v_heads % s.ssm_k_heads != 0))
     TROUPE_INPUT_ERROR(

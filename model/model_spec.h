@@ -344,7 +344,14 @@ struct ModelSpec {
   /// (MLA: the indexer's key, when there is one.)
   int64_t kv_v_width() const { return is_mla() ? idx_head_dim : n_head_kv * head_dim_v; }
   bool has_indexer() const { return idx_top_k > 0; }
+  /// Linear-attention sizes are set (Qwen3-Next's family, whatever its layers are).
   bool has_recurrent() const { return ssm_v_heads > 0; }
+  /// Some layer is linear attention: the model keeps a recurrent state per sequence.
+  bool has_recurrent_layers() const {
+    for (const LayerSpec& L : layers)
+      if (L.recurrent) return true;
+    return false;
+  }
   /// Channels of the linear attention's convolution: every q, k and v value.
   int64_t ssm_conv_dim() const { return 2 * ssm_k_heads * ssm_k_dim + ssm_v_heads * ssm_v_dim; }
   /// Floats of one sequence's state in one linear-attention layer: the convolution's last

@@ -115,6 +115,10 @@ struct SequenceStep {
   nonCausal @13 :Bool;
   # true: every new position attends to all of this step's positions, not only to earlier ones
   # (a Gemma 3 image, prefilled as one step of its own)
+  stateSlot @14 :Int32 = -1;
+  # the sequence's recurrent state slot at every stage, in [0, slots) (models with linear-attention
+  # layers, whose state per sequence lives in the stages); -1 = none. Scheduler-assigned, like
+  # the block tables. A step at pos0 0 starts the state afresh; any other continues it.
 }
 
 struct BatchDescriptor {

@@ -23,6 +23,8 @@ struct StageConfig {
   int64_t kv_blocks = 0;
   int64_t kv_block_size = 16;
   compute::KvType kv_type = compute::KvType::kF32;  // a CPU stage's KV values (Plan::kv_type)
+  // Recurrent state slots the scheduler assigns (state_slots_for: 0 on a model without them).
+  int64_t state_slots = 0;
   std::shared_ptr<const model::Model> model;
   std::string device = "cpu";                       // "cpu" or "cuda:N[,M...]" (StagePlan::device)
   std::string parallel = "tensor";                  // with several GPUs (StagePlan::parallel)
@@ -53,7 +55,18 @@ struct SchedulerActorConfig {
   // sequences run again (a lost message, a dead node); 0 = no deadline. The late outcome, if it
   // ever comes, is dropped.
   int64_t step_timeout_ms = 0;
+  // Recurrent state slots, one per admitted sequence (state_slots_for); 0: the model keeps none.
+  // With them the prefix cache is off (a hit would skip positions a recurrent layer must see),
+  // and a failed step's sequences are recomputed from position 0 (a stage before the failure
+  // may have advanced their state, which a step cannot undo).
+  int64_t state_slots = 0;
 };
+
+/// Recurrent state slots a plan's scheduler hands out for `spec`: one per sequence it may run
+/// at once when the model has linear-attention layers, else 0.
+inline int64_t state_slots_for(const model::ModelSpec& spec, const SchedulerConfig& sc) {
+  return spec.has_recurrent_layers() ? sc.max_sequences : 0;
+}
 
 /// The actors a controller supervises, as they are now (replacements included).
 struct ActorHandles {

@@ -35,6 +35,9 @@ struct SeqWork {
   /// stage that embeds; null when the step has no image positions.
   std::shared_ptr<const std::vector<float>> image_rows;
   bool non_causal = false;  // the tokens see all of the step's positions (a Gemma 3 image)
+  // The sequence's recurrent state slot, the same at every stage (models with linear-attention
+  // layers; compute::SeqStep::state); -1: the model keeps none.
+  int32_t state = -1;
 };
 
 /// A step descriptor, shared read-only by every stage it passes through.

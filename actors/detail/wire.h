@@ -155,6 +155,7 @@ struct StepLimits {
   int64_t block_size = 0;       // KV tokens per block (required, >= 1)
   int64_t max_positions = 0;    // context length: pos0 + count <= max_positions (required)
   int64_t num_kv_blocks = 0;    // block ids in [0, num_kv_blocks); 0: only ids >= 0 are checked
+  int64_t num_state_slots = 0;  // recurrent state slots in [0, num_state_slots); 0: none (-1 only)
   uint64_t expected_epoch = 0;  // receiver's epoch; 0 skips the stale/future check (not the != 0)
   size_t max_seqs = 1024;       // sequences per step
   size_t max_step_tokens = 65536;  // new tokens per step, summed over sequences

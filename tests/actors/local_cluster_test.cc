@@ -304,7 +304,7 @@ TEST(LocalCluster, BadRequestsGetErrorsAndOthersComplete) {
   plan.scheduler.max_model_len = 64;
   ASSERT_TRUE(resolve_plan(plan, m->spec).has_value());
   auto lc = LocalCluster::start(plan, m);
-  ASSERT_TRUE(lc);
+  ASSERT_TRUE(lc) << lc.error().message;
   GenerateRequest ok = greedy_request({1, 403, 407}, 4);
   GenerateRequest bad_token = greedy_request({1, 99999}, 4);
   GenerateRequest too_long = greedy_request(std::vector<int32_t>(80, 5), 4);

@@ -1,22 +1,26 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
 // bailingmoe2, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
 // form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert shards
-// spread out: every token and logit bit-identical to the single-process run. Qwen3-Next, whose
-// per-sequence recurrent state the cluster does not carry yet, is refused by name.
+// spread out: every token and logit bit-identical to the single-process run. Qwen3-Next and
+// Qwen3.5 keep a recurrent state per sequence in every stage: the same, also against the plain
+// engine, and through crashed actors, whose steps' sequences are recomputed.
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "tests/actors/solo_reference.h"
 #include "tests/cluster_test_util.h"
 #include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
 #include "tests/hf_twin_model.h"
 #include "tests/llama4_hf_twin.h"
+#include "tests/qwen3next_hf_twin.h"
 #include "tests/test_support.h"
 
 namespace troupe::actors {
@@ -121,23 +125,126 @@ TEST(Llama4Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(hf.path());
 }
 
-// Qwen3-Next's linear-attention layers keep a state per sequence, which the cluster does not
-// carry yet: a plan with stages is refused by name, not run wrong.
-TEST(Qwen3NextCluster, RefusedByNameUntilTheClusterCarriesRecurrentState) {
-  testing::TempDir dir;
-  const std::string path = testing::synth_arch(dir, "qwen3next", 30);
+// The greedy requests of `reqs` against the plain engine (solo_reference.h), not only against
+// the one-stage actor system: a recurrent state carried wrong in both would agree with itself.
+void expect_greedy_match_engine(const std::string& path, const std::vector<GenerateRequest>& reqs,
+                                const std::vector<GenerateResult>& got) {
   auto m = model::load_model(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
-  Plan plan = even_plan(path, 2, 0);
+  ASSERT_EQ(got.size(), reqs.size());
+  int greedy = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i].sampling.temperature != 0.0f) continue;
+    ++greedy;
+    expect_identical(got[i], solo(*m, reqs[i].prompt_tokens, reqs[i].max_tokens),
+                     "request " + std::to_string(i));
+  }
+  EXPECT_GE(greedy, 2);
+}
+
+// Qwen3-Next: the linear-attention layers' state per sequence lives in each stage (layers 0-1
+// and 2-3: both stages hold some; with four, every stage), in the slot the scheduler assigns.
+TEST(Qwen3NextCluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "qwen3next", 30);
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 4, 10, 900);
+  expect_greedy_match_engine(gguf, reqs, testing::local_results(gguf, reqs));
+  expect_plans_match_one_process(gguf);
+  testing::write_qwen3next_hf_twin(gguf, hf);
+  expect_plans_match_one_process(hf.path());
+}
+
+// Qwen3.5 (value heads in tiled order, b and a apart), the MoE form.
+TEST(Qwen3NextCluster, Qwen35AcrossStagesAndExpertShards) {
+  testing::TempDir dir;
+  const std::string gguf = testing::synth_arch(dir, "qwen35moe", 31);
+  expect_plans_match_one_process(gguf);
+}
+
+// Prompts that share a prefix of whole KV blocks, one after the other: with the prefix cache the
+// second would start at position 32 with a fresh state (its linear layers would never see the
+// prefix). The scheduler of a recurrent model keeps the cache off even when the plan asks for
+// it; both requests equal the plain engine.
+TEST(Qwen3NextCluster, SharedPromptsRunWithoutThePrefixCache) {
+  testing::TempDir dir;
+  const std::string gguf = testing::synth_arch(dir, "qwen3next", 33);
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  Plan plan = even_plan(gguf, 2, 0);
   plan.scheduler.max_model_len = 256;
-  auto resolved = resolve_plan(plan, (*m)->spec);
-  ASSERT_TRUE(resolved.has_value()) << resolved.error().message;
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  plan.scheduler.prefix_cache = true;  // as if resolve_plan had left it on
   auto lc = LocalCluster::start(plan, *m);
-  ASSERT_FALSE(lc);
-  EXPECT_NE(lc.error().message.find("keep a recurrent state per sequence, which the cluster does "
-                                    "not carry yet"),
-            std::string::npos)
-      << lc.error().message;
+  ASSERT_TRUE(lc) << lc.error().message;
+  auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 5, 6, 902);
+  GenerateRequest first = reqs[4], second = reqs[4];  // 41 prompt tokens
+  first.sampling = second.sampling = {};
+  first.sampling.ignore_eos = second.sampling.ignore_eos = true;
+  second.prompt_tokens.resize(36);
+  second.prompt_tokens.push_back(5);
+  const std::vector<GenerateRequest> both = {first, second};
+  std::vector<GenerateResult> got;
+  for (const GenerateRequest& r : both) got.push_back((*lc)->generate(r));
+  expect_greedy_match_engine(gguf, both, got);
+  const auto st = nlohmann::json::parse((*lc)->stats_json());
+  EXPECT_EQ(st["scheduler"]["prefix_hit_tokens"], 0) << st.dump();
+}
+
+// Crashed expert shard, then (in a second run) a crashed stage, mid-generation. The shard's
+// crash fails a decode step after stage 0 advanced its states (the step's rows go unanswered at a
+// later layer), so the scheduler computes those sequences again from position 0, in chunks of 16
+// positions; the stage's restart recomputes every sequence. Every token and logit equals the
+// plain engine's, and the stages' states stay within their slots.
+TEST(Qwen3NextCluster, CrashedShardAndStageRecomputeWithIdenticalOutput) {
+  testing::TempDir dir;
+  const std::string gguf = testing::synth_arch(dir, "qwen3next", 32);
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 6, 24, 901);
+  for (auto& r : reqs) r.sampling.temperature = 0.0f;  // all greedy: each against the engine
+  Plan plan = even_plan(gguf, 3, 2);
+  plan.scheduler.max_sequences = 4;  // fewer slots than requests: slots are handed on
+  plan.scheduler.max_tokens_per_step = 16;
+  plan.scheduler.max_model_len = 256;
+  ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  EXPECT_FALSE(plan.scheduler.prefix_cache) << "a recurrent model runs without the prefix cache";
+  ClusterOptions opts;
+  opts.expert_timeout_ms = 2000;
+  auto lc = LocalCluster::start(plan, *m, opts);
+  ASSERT_TRUE(lc) << lc.error().message;
+  for (const std::string actor : {"expert/1", "stage/2"}) {
+    SCOPED_TRACE(actor);
+    const auto before = nlohmann::json::parse((*lc)->stats_json());
+    size_t streamed = 0;
+    const auto got = (*lc)->generate_many(reqs, 0, [&](size_t i, const std::string&, int32_t t) {
+      if (t >= 0 && i == 0 && ++streamed == 8) {
+        EXPECT_TRUE((*lc)->inject_fault(actor).has_value());
+      }
+    });
+    expect_greedy_match_engine(gguf, reqs, got);
+    const auto st = nlohmann::json::parse((*lc)->stats_json());
+    EXPECT_GT(st["scheduler"]["recomputes"].get<int64_t>(),
+              before["scheduler"]["recomputes"].get<int64_t>())
+        << st.dump();
+    EXPECT_EQ(st["scheduler"]["running"], 0) << st.dump();
+  }
+  const auto st = nlohmann::json::parse((*lc)->stats_json());
+  EXPECT_EQ(st["controller"]["expert_restarts"][1], 1) << st.dump();
+  EXPECT_EQ(st["controller"]["stage_restarts"][2], 1) << st.dump();
+  // The stages' states, allocated by the steps that first used their slots: at most one per slot
+  // (4 slots for 6 requests), each of whole linear layers.
+  const uint64_t layer_slot = static_cast<uint64_t>((*m)->spec.ssm_state_floats()) * 4;
+  uint64_t total = 0;
+  ASSERT_EQ(st["kv_stages"].size(), 3u) << st.dump();
+  for (const auto& s : st["kv_stages"]) {
+    const auto b = s["state_bytes"].get<uint64_t>();
+    EXPECT_EQ(b % layer_slot, 0u) << st.dump();
+    total += b;
+  }
+  EXPECT_GT(total, 0u) << st.dump();
+  EXPECT_LE(total, 4 * 3 * layer_slot) << st.dump();  // 3 linear layers
 }
 
 }  // namespace

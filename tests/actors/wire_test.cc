@@ -45,6 +45,7 @@ StepLimits step_limits() {
   l.block_size = kBlockSize;
   l.max_positions = 256;
   l.num_kv_blocks = 64;
+  l.num_state_slots = 8;
   l.expected_epoch = kEpoch;
   return l;
 }
@@ -95,12 +96,14 @@ StepBatch make_batch(int32_t last_n = 5) {
   decode.sample = true;
   decode.sampling = penalized_params(last_n);
   decode.rng = compute::Sampler::seeded_state(99);
+  decode.state = 7;  // recurrent state slots: the prefill has none (-1)
   std::vector<int32_t> hist;
   for (int32_t i = 0; i < 21; ++i) hist.push_back((i * 7) % kVocab);
   decode.history = std::make_shared<const std::vector<int32_t>>(hist);
   b.seqs.push_back(decode);
   SeqWork eval = decode;
   eval.seq_id = 9;
+  eval.state = 0;
   eval.want_logits = true;
   eval.blocks = blocks_for(21, 30);
   b.seqs.push_back(eval);
@@ -169,6 +172,7 @@ TEST(WireStep, RoundTripKeepsEveryField) {
     const SeqWork& y = g.seqs[i];
     EXPECT_EQ(y.seq_id, x.seq_id);
     EXPECT_EQ(y.pos0, x.pos0);
+    EXPECT_EQ(y.state, x.state);
     EXPECT_EQ(y.tokens, x.tokens);
     EXPECT_EQ(y.blocks, x.blocks);
     EXPECT_EQ(y.sample, x.sample);
@@ -389,6 +393,23 @@ TEST(WireStep, RejectsPositionsBeyondContext) {
       encode_valid_step(), [](auto root) { root.getSequences()[1].setPos0(256); });
   expect_error(decode_step(frame, step_limits()), wire(WireErrc::kInvalid),
                "pos0 256 + count 1 exceed the context of 256");
+}
+
+// A recurrent state slot outside the receiver's slots, or any slot for a model without them.
+TEST(WireStep, RejectsStateSlotOutOfRange) {
+  Bytes frame = mutate<schemas::BatchDescriptor>(
+      encode_valid_step(), [](auto root) { root.getSequences()[1].setStateSlot(8); });
+  expect_error(decode_step(frame, step_limits()), wire(WireErrc::kInvalid),
+               "BatchDescriptor.sequences[1].stateSlot: 8 is outside [-1, 8)");
+  frame = mutate<schemas::BatchDescriptor>(
+      encode_valid_step(), [](auto root) { root.getSequences()[0].setStateSlot(-2); });
+  expect_error(decode_step(frame, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[0].stateSlot: -2 is outside [-1, 8)");
+  StepLimits none = step_limits();
+  none.num_state_slots = 0;
+  expect_error(decode_step(encode_valid_step(), none), wire(WireErrc::kInvalid),
+               "sequences[1].stateSlot: 7 is outside [-1, 0) (-1: none; this model has 0 "
+               "recurrent state slots)");
 }
 
 TEST(WireStep, RejectsBlockTableTooShort) {

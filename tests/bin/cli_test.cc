@@ -529,6 +529,11 @@ TEST(Cli, Qwen3NextSynthesizesInspectsGeneratesAndEvaluates) {
   ASSERT_EQ(g.rc, 0) << g.err;
   const nlohmann::json j = nlohmann::json::parse(g.out);
   EXPECT_EQ(j["tokens"].size(), 6u) << g.out;
+  // Through the actor system with two stages, each keeping its layers' states: the same tokens.
+  CliRun g2 = troupe({"generate", "--model", path, "--prompt", "Once upon", "--max-tokens", "6",
+                      "--json", "--stages", "2"});
+  ASSERT_EQ(g2.rc, 0) << g2.err;
+  EXPECT_EQ(nlohmann::json::parse(g2.out)["tokens"], j["tokens"]) << g2.out;
   const std::string logits = (temp_dir() / "qwen3next.logits").string();
   CliRun e = troupe({"eval", "--model", path, "--tokens", "1,2,3,4,5", "--logits-out", logits});
   ASSERT_EQ(e.rc, 0) << e.err;

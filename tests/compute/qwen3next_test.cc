@@ -324,7 +324,8 @@ TEST(Qwen3Next, StatesFollowTheirSequences) {
     none.state = -1;
     bad = eng.step({&none, 1}, &r);
     ASSERT_FALSE(bad.has_value());
-    EXPECT_NE(bad.error().message.find("recurrent state -1, which is not held"), std::string::npos)
+    EXPECT_NE(bad.error().message.find("names recurrent state -1, outside [0, 2)"),
+              std::string::npos)
         << bad.error().message;
     ASSERT_TRUE(s2.reserve(6));
     SeqStep one = s1.next({toks.data() + 3, 1}, SeqStep::Logits::kLast);
@@ -355,6 +356,66 @@ TEST(Qwen3Next, StatesFollowTheirSequences) {
   const std::vector<float> first(r.logits.begin(), r.logits.end());
   ASSERT_TRUE(eng.step({&st, 1}, &r).has_value());  // again from 0: the same bits
   EXPECT_TRUE(bit_equal(first, {r.logits.begin(), r.logits.end()}));
+}
+
+// Slots assigned by the caller (the cluster's scheduler, as it assigns KV blocks): any slot in
+// range, its memory allocated by its first step; a step that continues another owner's state is
+// refused by name (a late step of the slot's previous sequence), and position 0 takes it over.
+TEST(Qwen3Next, CallerAssignedSlotsKeepTheirOwners) {
+  TempDir dir;
+  auto m = load(synth_qwen3next(dir, 4));
+  ASSERT_TRUE(m);
+  EngineOptions o;
+  o.max_tokens_in_cache = 64;
+  o.max_recurrent_seqs = 4;
+  auto made = Engine::create(m, o);
+  ASSERT_TRUE(made.has_value());
+  Engine& eng = **made;
+  EXPECT_EQ(eng.state_bytes(), 0u);
+  const std::vector<int32_t> toks = prompt_of(7, static_cast<int32_t>(m->spec.n_vocab), 3);
+  const std::vector<int32_t> blocks = {0, 1, 2, 3};  // 64 positions at 16 a block
+  StepResult r;
+  std::vector<float> got;
+  auto step = [&](int32_t slot, int64_t owner, int64_t pos0, int64_t n) {
+    SeqStep st;
+    st.pos0 = pos0;
+    st.tokens = {toks.data() + pos0, static_cast<size_t>(n)};
+    st.blocks = blocks;
+    st.logits = SeqStep::Logits::kAll;
+    st.state = slot;
+    st.state_owner = owner;
+    Status s = eng.step({&st, 1}, &r);
+    if (s) got.insert(got.end(), r.logits.begin(), r.logits.end());
+    return s;
+  };
+  ASSERT_TRUE(step(3, 70, 0, 4).has_value());
+  EXPECT_EQ(eng.state_positions(3), 4);
+  // One slot's memory: three linear layers' conv history and heads' states.
+  EXPECT_EQ(eng.state_bytes(), static_cast<uint64_t>(3 * m->spec.ssm_state_floats() * 4));
+  Status bad = step(3, 71, 4, 1);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("(owner 71) continues recurrent state 3, which holds the "
+                                     "positions of owner 70"),
+            std::string::npos)
+      << bad.error().message;
+  bad = step(4, 70, 0, 1);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("names recurrent state 4, outside [0, 4)"), std::string::npos)
+      << bad.error().message;
+  ASSERT_TRUE(step(3, 70, 4, 3).has_value());
+  // What the engine's own slots give for the same tokens in the same chunks.
+  auto twin = Engine::create(m, o);
+  ASSERT_TRUE(twin.has_value());
+  EXPECT_TRUE(bit_equal(got, run_chunks(**twin, toks, {4, 3})));
+  // Position 0 starts the slot afresh for a new owner, whose steps then continue it.
+  got.clear();
+  ASSERT_TRUE(step(3, 71, 0, 4).has_value());
+  ASSERT_TRUE(step(3, 71, 4, 3).has_value());
+  EXPECT_TRUE(bit_equal(got, run_chunks(**twin, toks, {4, 3})));
+  bad = step(3, 70, 4, 1);  // the slot's former owner, late
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("holds the positions of owner 71"), std::string::npos)
+      << bad.error().message;
 }
 
 // Qwen3.5 as llama.cpp converts it: value heads tiled, b and a apart, its multimodal rope's
