@@ -98,6 +98,7 @@ class HfSpecBuilder {
     chunk_ = std::move(h.chunk);
     qk_l2_norm_ = h.qk_l2_norm;
     recurrent_ = std::move(h.recurrent);
+    qwen35_ = h.qwen35;
     tied_ = h.tied;
   }
 
@@ -179,14 +180,23 @@ class HfSpecBuilder {
 
   /// Qwen3-Next's Gated DeltaNet, as llama.cpp's converter would store it except for the input
   /// projection, read in place in its own layout (in_proj_qkvz: per key head q, k, v, z; the
-  /// engine takes it as ssm_in); A_log becomes the decay rate -exp(A_log) in f32.
+  /// engine takes it as ssm_in); A_log becomes the decay rate -exp(A_log) in f32. Qwen3.5 keeps
+  /// q, k and v (all q heads, all k heads, all v heads), z, b and a in four projections, each
+  /// read in place; its value heads stay grouped by key head (llama.cpp's converter tiles them).
   void build_linear_attention(const std::string& a, const std::string& g, LayerSpec& L) {
     const ModelSpec& s = s_;
     const int64_t E = s.n_embd, nv = s.ssm_v_heads, vw = nv * s.ssm_v_dim;
     const int64_t C = s.ssm_conv_dim(), K = s.ssm_conv_kernel;
     L.recurrent = true;
-    L.ssm_in = take(a + "in_proj_qkvz.weight", g + "ssm_in.weight", {C + vw, E});
-    L.ssm_ba = take(a + "in_proj_ba.weight", g + "ssm_ba.weight", {2 * nv, E});
+    if (qwen35_) {
+      L.ssm_qkv = take(a + "in_proj_qkv.weight", g + "attn_qkv.weight", {C, E});
+      L.ssm_z = take(a + "in_proj_z.weight", g + "attn_gate.weight", {vw, E});
+      L.ssm_beta = take(a + "in_proj_b.weight", g + "ssm_beta.weight", {nv, E});
+      L.ssm_alpha = take(a + "in_proj_a.weight", g + "ssm_alpha.weight", {nv, E});
+    } else {
+      L.ssm_in = take(a + "in_proj_qkvz.weight", g + "ssm_in.weight", {C + vw, E});
+      L.ssm_ba = take(a + "in_proj_ba.weight", g + "ssm_ba.weight", {2 * nv, E});
+    }
     L.ssm_conv =
         with_shape(take_f32(a + "conv1d.weight", g + "ssm_conv1d.weight", {C, 1, K}), {C, K});
     L.ssm_dt = take_f32(a + "dt_bias", g + "ssm_dt.bias", {nv});
@@ -286,7 +296,7 @@ class HfSpecBuilder {
     if (fam_ == Family::kGptOss) return build_gpt_oss_moe(h + "mlp.", g, L);
     if (fam_ == Family::kLlama4) return build_llama4_moe(h + "feed_forward.", g, L);
     const ModelSpec& s = s_;
-    const int64_t E = s.n_embd, F = s.n_ff_exp;
+    const int64_t E = s.n_embd;
     // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
     const bool mixtral = fam_ == Family::kMixtral || fam_ == Family::kMinimaxM2;
     const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -300,16 +310,11 @@ class HfSpecBuilder {
     if (router_bias_ || (is_mla() && st_.find(bias)))
       L.router_bias = take_f32(bias, g + "exp_probs_b.bias", {s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
-    for (int64_t e = 0; e < s.n_expert; ++e) {
-      const std::string x = m + "experts." + std::to_string(e) + ".";
-      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
-      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
-      X.gate = take(x + (mixtral ? "w1" : "gate_proj") + ".weight",
-                    g + "ffn_gate_exps.weight" + idx, {F, E});
-      X.up = take(x + (mixtral ? "w3" : "up_proj") + ".weight", g + "ffn_up_exps.weight" + idx,
-                  {F, E});
-      X.down = take(x + (mixtral ? "w2" : "down_proj") + ".weight",
-                    g + "ffn_down_exps.weight" + idx, {E, F});
+    if (qwen35_ &&
+        (st_.find(m + "experts.gate_up_proj") || st_.find(m + "experts.gate_up_proj.weight"))) {
+      build_stacked_experts(m + "experts.", g, L);
+    } else {
+      build_expert_list(m, g, mixtral, L);
     }
     if (s.n_ff_shexp > 0) {
       const std::string x =
@@ -320,9 +325,53 @@ class HfSpecBuilder {
       L.shared.gate = take(x + "gate_proj.weight", g + "ffn_gate_shexp.weight", {S, E});
       L.shared.up = take(x + "up_proj.weight", g + "ffn_up_shexp.weight", {S, E});
       L.shared.down = take(x + "down_proj.weight", g + "ffn_down_shexp.weight", {E, S});
-      if (s.arch == Arch::kQwen2Moe || s.arch == Arch::kQwen3Next)
+      if (s.arch == Arch::kQwen2Moe || s.arch == Arch::kQwen3Next || s.arch == Arch::kQwen35Moe)
         L.shared_gate =
             take_f32(m + "shared_expert_gate.weight", g + "ffn_gate_inp_shexp.weight", {1, E});
+    }
+  }
+
+  /// Experts one by one: m + "experts.{e}.{gate,up,down}_proj.weight" (Mixtral's w1, w3, w2).
+  void build_expert_list(const std::string& m, const std::string& g, bool mixtral, LayerSpec& L) {
+    const int64_t E = s_.n_embd, F = s_.n_ff_exp;
+    for (int64_t e = 0; e < s_.n_expert; ++e) {
+      const std::string x = m + "experts." + std::to_string(e) + ".";
+      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
+      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
+      X.gate = take(x + (mixtral ? "w1" : "gate_proj") + ".weight",
+                    g + "ffn_gate_exps.weight" + idx, {F, E});
+      X.up = take(x + (mixtral ? "w3" : "up_proj") + ".weight", g + "ffn_up_exps.weight" + idx,
+                  {F, E});
+      X.down = take(x + (mixtral ? "w2" : "down_proj") + ".weight",
+                    g + "ffn_down_exps.weight" + idx, {E, F});
+    }
+  }
+
+  /// Qwen3.5's stacked experts (transformers' fused form): x + "gate_up_proj" [N, 2F, E], each
+  /// expert's gate rows then its up rows, and x + "down_proj" [N, E, F], read in place (each
+  /// expert's slice is its [out, in] matrix); with or without a ".weight" suffix.
+  void build_stacked_experts(const std::string& x, const std::string& g, LayerSpec& L) {
+    const int64_t E = s_.n_embd, F = s_.n_ff_exp, N = s_.n_expert;
+    auto named = [&](const std::string& base) { return st_.find(base) ? base : base + ".weight"; };
+    const WeightView gate_up =
+        take(named(x + "gate_up_proj"), g + "ffn_gate_up_exps.weight", {N, 2 * F, E});
+    const WeightView down = take(named(x + "down_proj"), g + "ffn_down_exps.weight", {N, E, F});
+    split_stacked_experts(gate_up, down, g, L);
+  }
+
+  /// Expert e's gate and up: rows [0, F) and [F, 2F) of gate_up's e-th matrix; its down: down's
+  /// e-th. Views, nothing copied.
+  void split_stacked_experts(const WeightView& gate_up, const WeightView& down,
+                             const std::string& g, LayerSpec& L) {
+    const int64_t F = s_.n_ff_exp;
+    L.experts.resize(static_cast<size_t>(s_.n_expert));
+    for (int64_t e = 0; e < s_.n_expert; ++e) {
+      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
+      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
+      const WeightView both = gate_up.slice(e);
+      X.gate = both.row_range(0, F, g + "ffn_gate_exps.weight" + idx);
+      X.up = both.row_range(F, F, g + "ffn_up_exps.weight" + idx);
+      X.down = down.slice(e);
     }
   }
 
@@ -381,15 +430,7 @@ class HfSpecBuilder {
     const WeightView gate_up =
         transposed_stack(x + "gate_up_proj", g + "ffn_gate_up_exps.weight", N, E, 2 * F);
     const WeightView down = transposed_stack(x + "down_proj", g + "ffn_down_exps.weight", N, F, E);
-    L.experts.resize(static_cast<size_t>(N));
-    for (int64_t e = 0; e < N; ++e) {
-      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
-      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
-      const WeightView both = gate_up.slice(e);
-      X.gate = both.row_range(0, F, g + "ffn_gate_exps.weight" + idx);
-      X.up = both.row_range(F, F, g + "ffn_up_exps.weight" + idx);
-      X.down = down.slice(e);
-    }
+    split_stacked_experts(gate_up, down, g, L);
     const std::string sh = m + "shared_expert.";
     L.shared.gate = take(sh + "gate_proj.weight", g + "ffn_gate_shexp.weight", {F, E});
     L.shared.up = take(sh + "up_proj.weight", g + "ffn_up_shexp.weight", {F, E});
@@ -571,6 +612,7 @@ class HfSpecBuilder {
   std::vector<int64_t> chunk_;   // per layer (Llama 4)
   bool qk_l2_norm_ = false;      // Llama 4
   std::vector<bool> recurrent_;  // per layer (Qwen3-Next)
+  bool qwen35_ = false;          // Qwen3.5's names for the linear layers' projections
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

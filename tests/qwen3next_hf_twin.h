@@ -3,8 +3,9 @@
 // undoing what llama.cpp's converter does to the checkpoint: it renames the tensors, adds 1 to the
 // zero-centered RMSNorm weights (not to the DeltaNet's gated norm), stores -exp(A_log) as ssm_a,
 // splits in_proj_qkvz (grouped per key head) into a flat attn_qkv and attn_gate, squeezes
-// conv1d's middle dimension and stacks the routed experts. F32 safetensors. Header-only; for test
-// binaries that link troupe_model.
+// conv1d's middle dimension and stacks the routed experts. F32 safetensors. Also Qwen3.5's
+// Hugging Face form of the same weights (write_qwen35_hf_twin). Header-only; for test binaries
+// that link troupe_model.
 #pragma once
 
 #include <algorithm>
@@ -235,8 +236,11 @@ inline void convert(const model::GgufFile& g, const model::TensorInfo& t, const 
 /// layer (dense MLPs in a file without experts), untied lm_head. Fails the test (gtest ASSERT) on a
 /// GGUF of another architecture or type, inconsistent linear-attention sizes, a layer lacking the
 /// tensors of its kind, a non-negative ssm_a, or a tensor it has no name for.
-inline void write_qwen3next_hf_twin(const std::string& gguf_path, const TempDir& out,
-                                    const Qwen3NextHfOptions& o = {}) {
+namespace qwen3next_twin {
+
+/// The twin's tensors and config.json (write_qwen3next_hf_twin), and the sizes they have.
+inline void build(const std::string& gguf_path, const Qwen3NextHfOptions& o,
+                  std::vector<StTensor>* tensors, nlohmann::json* config, Dims* dims) {
   ASSERT_FALSE(o.tie) << "tied embeddings are not written yet";
   auto f = model::GgufFile::open(gguf_path);
   ASSERT_TRUE(f.has_value()) << f.error().message;
@@ -275,13 +279,158 @@ inline void write_qwen3next_hf_twin(const std::string& gguf_path, const TempDir&
   if (o.drop_a_log) {
     ASSERT_NE(g.find_tensor("blk.0.ssm_a"), nullptr) << "layer 0 has no ssm_a";
   }
-  std::vector<StTensor> tensors;
   for (const model::TensorInfo& t : g.tensors()) {
     ASSERT_EQ(t.type, model::GgmlType::kF32) << t.name;
-    ASSERT_NO_FATAL_FAILURE(qwen3next_twin::convert(g, t, d, o, &tensors));
+    ASSERT_NO_FATAL_FAILURE(convert(g, t, d, o, tensors));
   }
-  out.write("config.json", qwen3next_twin::config(g, d).dump(2));
+  *config = qwen3next_twin::config(g, d);
+  *dims = d;
+}
+
+/// Rows [first, first + count) of a [rows, width] f32 tensor's bytes.
+inline std::string row_bytes(const StTensor& t, int64_t first, int64_t count) {
+  const auto w = static_cast<size_t>(t.shape.back()) * sizeof(float);
+  return t.bytes.substr(static_cast<size_t>(first) * w, static_cast<size_t>(count) * w);
+}
+
+}  // namespace qwen3next_twin
+
+inline void write_qwen3next_hf_twin(const std::string& gguf_path, const TempDir& out,
+                                    const Qwen3NextHfOptions& o = {}) {
+  std::vector<StTensor> tensors;
+  nlohmann::json config;
+  qwen3next_twin::Dims d;
+  ASSERT_NO_FATAL_FAILURE(qwen3next_twin::build(gguf_path, o, &tensors, &config, &d));
+  out.write("config.json", config.dump(2));
   out.write("model.safetensors", safetensors_image(tensors));
+}
+
+/// How a Qwen3.5 twin is written.
+struct Qwen35HfOptions {
+  bool multimodal = true;       // Qwen3_5(Moe)ForConditionalGeneration (as released), else the
+                                // text-only Qwen3_5(Moe)ForCausalLM
+  bool stacked_experts = true;  // transformers' fused experts.gate_up_proj / down_proj, else
+                                // experts.{e}.{gate,up,down}_proj.weight
+};
+
+/// The Qwen3.5 form of a GGUF in Qwen3-Next's order (value heads grouped by key head, as the
+/// checkpoint keeps them: what llama.cpp's converter tiles for qwen35moe / qwen35, undone):
+/// Qwen3_5MoeForConditionalGeneration (Qwen3_5ForConditionalGeneration without experts), its
+/// decoder under model.language_model. with its keys in text_config and its rope in
+/// rope_parameters (mrope_section over the rotated pairs), in_proj_qkv / in_proj_z / in_proj_b /
+/// in_proj_a apart, experts stacked; plus an MTP and a vision tensor, which a text decoder's
+/// reader skips.
+inline void write_qwen35_hf_twin(const std::string& gguf_path, const TempDir& out,
+                                 const Qwen35HfOptions& o = {}) {
+  std::vector<StTensor> in;
+  nlohmann::json text;
+  qwen3next_twin::Dims d;
+  ASSERT_NO_FATAL_FAILURE(qwen3next_twin::build(gguf_path, {}, &in, &text, &d));
+  const bool moe = text["num_experts"].get<int64_t>() > 0;
+  const int64_t r = d.nv / d.nk, kw = d.nk * d.dk;
+  const std::string lm = o.multimodal ? "model.language_model." : "model.";
+  std::vector<StTensor> outs;
+  std::vector<std::vector<std::string>> gate_up, down;  // per layer, per expert: its bytes
+  for (StTensor& t : in) {
+    std::string name = t.name;
+    if (name.rfind("model.", 0) == 0) name = lm + name.substr(6);
+    const auto ends = [&](const char* s) { return name.ends_with(s); };
+    if (ends("linear_attn.in_proj_qkvz.weight")) {  // per key head q, k, its r v, its r z
+      const std::string at = name.substr(0, name.size() - std::strlen("in_proj_qkvz.weight"));
+      const int64_t per = 2 * d.dk + 2 * r * d.dv;
+      std::string q, k, v, z;
+      for (int64_t g = 0; g < d.nk; ++g) {
+        q += qwen3next_twin::row_bytes(t, g * per, d.dk);
+        k += qwen3next_twin::row_bytes(t, g * per + d.dk, d.dk);
+        v += qwen3next_twin::row_bytes(t, g * per + 2 * d.dk, r * d.dv);
+        z += qwen3next_twin::row_bytes(t, g * per + 2 * d.dk + r * d.dv, r * d.dv);
+      }
+      outs.push_back({at + "in_proj_qkv.weight", "F32", {2 * kw + d.nv * d.dv, d.E}, q + k + v});
+      outs.push_back({at + "in_proj_z.weight", "F32", {d.nv * d.dv, d.E}, z});
+    } else if (ends("linear_attn.in_proj_ba.weight")) {  // per key head its r b, then its r a
+      const std::string at = name.substr(0, name.size() - std::strlen("in_proj_ba.weight"));
+      std::string b, a;
+      for (int64_t g = 0; g < d.nk; ++g) {
+        b += qwen3next_twin::row_bytes(t, g * 2 * r, r);
+        a += qwen3next_twin::row_bytes(t, g * 2 * r + r, r);
+      }
+      outs.push_back({at + "in_proj_b.weight", "F32", {d.nv, d.E}, b});
+      outs.push_back({at + "in_proj_a.weight", "F32", {d.nv, d.E}, a});
+    } else if (o.stacked_experts && name.find(".mlp.experts.") != std::string::npos) {
+      // lm + "layers.L.mlp.experts.E.{gate,up,down}_proj.weight", in expert order per layer
+      const size_t l0 = lm.size() + std::strlen("layers.");
+      const auto layer = static_cast<size_t>(std::stoll(name.substr(l0)));
+      const size_t e0 = name.find(".mlp.experts.") + std::strlen(".mlp.experts.");
+      const auto e = static_cast<size_t>(std::stoll(name.substr(e0)));
+      if (gate_up.size() <= layer) {
+        gate_up.resize(layer + 1);
+        down.resize(layer + 1);
+      }
+      if (gate_up[layer].size() <= e) {
+        gate_up[layer].resize(e + 1);
+        down[layer].resize(e + 1);
+      }
+      if (ends("down_proj.weight"))
+        down[layer][e] = t.bytes;
+      else  // gate (written first) then up
+        gate_up[layer][e] += t.bytes;
+    } else {
+      t.name = name;
+      outs.push_back(std::move(t));
+    }
+  }
+  const int64_t F = text["moe_intermediate_size"].get<int64_t>();
+  const int64_t N = text["num_experts"].get<int64_t>();
+  for (size_t layer = 0; layer < gate_up.size(); ++layer) {
+    if (gate_up[layer].empty()) continue;
+    ASSERT_EQ(static_cast<int64_t>(gate_up[layer].size()), N) << "layer " << layer;
+    const std::string x = lm + "layers." + std::to_string(layer) + ".mlp.experts.";
+    std::string gu, dn;
+    for (size_t e = 0; e < gate_up[layer].size(); ++e) {
+      gu += gate_up[layer][e];
+      dn += down[layer][e];
+    }
+    outs.push_back({x + "gate_up_proj", "F32", {N, 2 * F, d.E}, gu});
+    outs.push_back({x + "down_proj", "F32", {N, d.E, F}, dn});
+  }
+  // Read by neither the decoder nor this twin's reader: the MTP block and the vision tower.
+  outs.push_back({"mtp.fc.weight",
+                  "F32",
+                  {d.E, 2 * d.E},
+                  std::string(static_cast<size_t>(2 * d.E * d.E) * sizeof(float), '\0')});
+  if (o.multimodal)
+    outs.push_back({"model.visual.patch_embed.proj.weight",
+                    "F32",
+                    {4, 3},
+                    std::string(12 * sizeof(float), '\0')});
+  // Rope: rope_parameters (transformers' newer form), with the multimodal sections.
+  const int64_t head_dim = text["head_dim"].get<int64_t>();
+  const double partial = text["partial_rotary_factor"].get<double>();
+  const int64_t pairs = static_cast<int64_t>(static_cast<double>(head_dim) * partial) / 2;
+  text["rope_parameters"] = {{"rope_type", "default"},
+                             {"rope_theta", text["rope_theta"]},
+                             {"partial_rotary_factor", partial},
+                             {"mrope_interleaved", true},
+                             {"mrope_section", {pairs - 2 * (pairs / 3), pairs / 3, pairs / 3}}};
+  text.erase("rope_theta");
+  text.erase("partial_rotary_factor");
+  text["model_type"] = moe ? "qwen3_5_moe_text" : "qwen3_5_text";
+  const std::string causal = moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM";
+  nlohmann::json config;
+  if (o.multimodal) {
+    text.erase("architectures");
+    config = {{"architectures",
+               {moe ? "Qwen3_5MoeForConditionalGeneration" : "Qwen3_5ForConditionalGeneration"}},
+              {"model_type", moe ? "qwen3_5_moe" : "qwen3_5"},
+              {"text_config", text},
+              {"vision_config", {{"depth", 1}, {"hidden_size", 4}, {"patch_size", 16}}},
+              {"tie_word_embeddings", false}};
+  } else {
+    text["architectures"] = {causal};
+    config = text;
+  }
+  out.write("config.json", config.dump(2));
+  out.write("model.safetensors", safetensors_image(outs));
 }
 
 }  // namespace troupe::testing

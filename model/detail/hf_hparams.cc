@@ -68,10 +68,13 @@ class HparamsReader {
         {"Gemma3ForCausalLM", HfFamily::kGemma3},
         {"Llama4ForCausalLM", HfFamily::kLlama4},
         {"Qwen3NextForCausalLM", HfFamily::kQwen3Next},
+        {"Qwen3_5MoeForCausalLM", HfFamily::kQwen3Next},
+        {"Qwen3_5ForCausalLM", HfFamily::kQwen3Next},
     };
     for (const auto& [name, family] : kFamilies) {
       if (arch == name) {
         h_.family = family;
+        h_.qwen35 = arch.rfind("Qwen3_5", 0) == 0;
         return arch;
       }
     }
@@ -146,11 +149,15 @@ class HparamsReader {
       s.n_rot = cfg_.has("rotary_dim") ? cfg_.get_dim("rotary_dim") : head_dim;
     } else {
       // GLM-4.5 rotates half of each head, Qwen3-Next a quarter (their config classes'
-      // defaults).
+      // defaults); Qwen3.5 says so in rope_parameters.
+      const auto in_params = rope_params_.find("partial_rotary_factor");
       const double partial =
-          cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe     ? 0.5
-                                                     : f == HfFamily::kQwen3Next ? 0.25
-                                                                                 : 1.0);
+          cfg_.has("partial_rotary_factor") || in_params == rope_params_.end() ||
+                  !in_params->is_number()
+              ? cfg_.get_float_or("partial_rotary_factor", f == HfFamily::kGlm4Moe     ? 0.5
+                                                           : f == HfFamily::kQwen3Next ? 0.25
+                                                                                       : 1.0)
+              : in_params->get<double>();
       if (!(partial > 0 && partial <= 1))
         TROUPE_INPUT_ERROR("%s: partial_rotary_factor %g must be in (0, 1]", cfg_.path().c_str(),
                            partial);
@@ -519,8 +526,9 @@ class HparamsReader {
   void read_qwen3next() {
     ModelSpec& s = h_.spec;
     const char* path = cfg_.path().c_str();
-    s.arch = Arch::kQwen3Next;
     s.n_expert = cfg_.get_int_or("num_experts", 0);
+    s.arch = !h_.qwen35 ? Arch::kQwen3Next : s.n_expert > 0 ? Arch::kQwen35Moe : Arch::kQwen35;
+    if (h_.qwen35) check_mrope_sections();
     s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
     s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
     s.norm_topk = cfg_.get_bool_or("norm_topk_prob", true);
@@ -546,6 +554,27 @@ class HparamsReader {
     if (every <= 0) TROUPE_INPUT_ERROR("%s: full_attention_interval must be positive", path);
     h_.recurrent = read_layer_types(
         s.n_layer, [&](int64_t il) { return (il + 1) % every != 0; }, "linear_attention");
+  }
+
+  /// Qwen3.5's multimodal rope (interleaved sections of the rotated pairs for time, height and
+  /// width): a text position's three coordinates are equal, so it is NeoX rope on the rotated
+  /// part, if the sections cover exactly its n_rot / 2 pairs.
+  void check_mrope_sections() {
+    const ModelSpec& s = h_.spec;
+    const auto it = rope_params_.find("mrope_section");
+    if (it == rope_params_.end()) return;  // the config class's default [11, 11, 10]
+    int64_t pairs = 0;
+    bool ok = it->is_array() && it->size() <= 4;
+    for (const json& x : ok ? *it : json::array()) {
+      ok = ok && x.is_number_integer() && x.get<int64_t>() >= 0;
+      if (ok) pairs += x.get<int64_t>();
+    }
+    if (!ok || pairs != s.n_rot / 2)
+      TROUPE_INPUT_ERROR(
+          "%s: rope_parameters.mrope_section %s must be up to 4 counts summing to the %lld rotated "
+          "pairs of a head (head_dim %lld x partial_rotary_factor)",
+          cfg_.path().c_str(), it->dump().c_str(), static_cast<long long>(s.n_rot / 2),
+          static_cast<long long>(s.head_dim_k));
   }
 
   /// Per layer: whether layer_types (when present) says `kind` ("full_attention" the other
@@ -785,6 +814,13 @@ nlohmann::json text_decoder_config(nlohmann::json config, const std::string& pat
                        {"tie_word_embeddings", false}};
     return over_defaults(text, config, arch != "Llama4ForCausalLM", "Llama4ForCausalLM",
                          multimodal);
+  }
+  if (arch == "Qwen3_5MoeForConditionalGeneration" || arch == "Qwen3_5ForConditionalGeneration") {
+    // The decoder's keys are all in text_config (its config class's defaults are read as
+    // Qwen3-Next's); the vision tower's in vision_config.
+    const bool moe = arch == "Qwen3_5MoeForConditionalGeneration";
+    return over_defaults(json::object(), config, true,
+                         moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM", multimodal);
   }
   if (arch != "Gemma3ForCausalLM" && arch != "Gemma3ForConditionalGeneration") return config;
   // Gemma3TextConfig's defaults (transformers), for the keys its released files leave out.

@@ -28,7 +28,9 @@ enum class HfFamily : uint8_t {
   kGptOss,        ///< GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b)
   kGemma3,        ///< Gemma3ForCausalLM (Gemma 3's text decoders: 270M, 1B)
   kLlama4,        ///< Llama4ForCausalLM (the text decoder of Llama 4 Scout and Maverick)
-  kQwen3Next,     ///< Qwen3NextForCausalLM (Qwen3-Next-80B-A3B, Qwen3-Coder-Next)
+  kQwen3Next,     ///< Qwen3NextForCausalLM (Qwen3-Next-80B-A3B, Qwen3-Coder-Next), and
+                  ///< Qwen3.5's text decoders (Qwen3_5MoeForCausalLM, Qwen3_5ForCausalLM:
+                  ///< HfHparams::qwen35)
 };
 
 struct HfHparams {
@@ -44,7 +46,10 @@ struct HfHparams {
   std::vector<int64_t> chunk;   ///< per layer: attention chunk (0: none; Llama 4)
   bool qk_l2_norm = false;      ///< weightless q/k norms on the rotary layers (Llama 4)
   std::vector<bool> recurrent;  ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
-  bool tied = false;            ///< tie_word_embeddings, with the family's default
+  /// Qwen3.5's layout of the same layers: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a apart
+  /// (value heads grouped by key head, as Qwen3-Next's), experts stacked or one by one.
+  bool qwen35 = false;
+  bool tied = false;  ///< tie_word_embeddings, with the family's default
 };
 
 /// Reads and checks every hyperparameter; throws InputError naming the file and the key.
@@ -56,8 +61,10 @@ HfHparams read_hf_hparams(const HfConfig& cfg);
 /// Gemma3ForCausalLM; quantization_config carries over); for LlavaForConditionalGeneration, its
 /// text_config over the defaults of its model_type (llama, mistral; qwen2 as given), also
 /// *multimodal; for Llama4ForConditionalGeneration, its text_config over Llama4TextConfig's
-/// defaults, also *multimodal; any other config as it is. A LLaVA text model_type troupe cannot run
-/// is an InputError naming `path`.
+/// defaults, also *multimodal; for Qwen3_5MoeForConditionalGeneration and
+/// Qwen3_5ForConditionalGeneration, their text_config (as Qwen3_5MoeForCausalLM,
+/// Qwen3_5ForCausalLM), also *multimodal; any other config as it is. A LLaVA text model_type troupe
+/// cannot run is an InputError naming `path`.
 nlohmann::json text_decoder_config(nlohmann::json config, const std::string& path,
                                    bool* multimodal);
 

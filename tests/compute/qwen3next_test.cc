@@ -446,6 +446,62 @@ TEST(Qwen3Next, Qwen35TiledHeadsMatchTheReference) {
   }
 }
 
+// Qwen3.5 as released, in Hugging Face form (Qwen3_5MoeForConditionalGeneration and the
+// dense Qwen3_5ForConditionalGeneration; the text-only causal classes, experts one by one): its
+// decoder under model.language_model., in_proj_qkv / z / b / a apart with value heads grouped by
+// key head, experts stacked, rope in rope_parameters; MTP and vision tensors skipped. The same
+// weights as the Qwen3-Next twin give its logits bit for bit (each projection row is the same
+// dot product), near the float64 reference.
+TEST(Qwen3Next, Qwen35HuggingFaceFormMatchesQwen3NextBitForBit) {
+  struct Case {
+    const char* arch;
+    testing::Qwen35HfOptions o;
+  };
+  for (const Case& c :
+       {Case{"qwen35moe", {}}, Case{"qwen35moe", {false, false}}, Case{"qwen35", {}}}) {
+    SCOPED_TRACE(std::string(c.arch) + (c.o.multimodal ? " multimodal" : " causal") +
+                 (c.o.stacked_experts ? ", stacked experts" : ", experts one by one"));
+    TempDir dir, next, hf;
+    // Half of each head rotated (not the config class's default quarter), so that the
+    // partial_rotary_factor in rope_parameters must be read.
+    const std::string untiled = testing::edited_gguf(
+        dir, "half_rope.gguf", untiled_as_qwen3next(dir, testing::synth_arch(dir, c.arch, 16)),
+        [&](model::GgufWriter& w) {
+          auto f = model::GgufFile::open(dir.file("untiled.gguf"));
+          ASSERT_TRUE(f.has_value());
+          w.set_u32("qwen3next.rope.dimension_count",
+                    static_cast<uint32_t>((*f)->get_int("qwen3next.attention.key_length") / 2));
+        });
+    ASSERT_NO_FATAL_FAILURE(testing::write_qwen3next_hf_twin(untiled, next));
+    ASSERT_NO_FATAL_FAILURE(testing::write_qwen35_hf_twin(untiled, hf, c.o));
+    auto m = load(hf.path());
+    ASSERT_TRUE(m);
+    const model::ModelSpec& s = m->spec;
+    EXPECT_STREQ(model::arch_name(s.arch), c.arch);
+    EXPECT_FALSE(s.ssm_tiled);
+    EXPECT_EQ(2 * s.n_rot, s.head_dim_k);
+    EXPECT_TRUE(s.layers[0].ssm_qkv.present() && s.layers[0].ssm_beta.present());
+    EXPECT_EQ(s.layers[0].is_moe, std::string(c.arch) == "qwen35moe");
+    const auto vocab = static_cast<int32_t>(s.n_vocab);
+    const std::vector<int32_t> prompt = prompt_of(21, vocab, 13);
+    const std::vector<float> got = prompt_logits(m, prompt);
+    EXPECT_TRUE(bit_equal(got, prompt_logits(next.path(), prompt)));
+    expect_near_reference(got, testing::qwen3next_reference_logits(next.path(), prompt), vocab);
+  }
+  // Sections of the multimodal rope that do not cover the rotated pairs are refused by name.
+  TempDir dir, hf;
+  const std::string untiled = untiled_as_qwen3next(dir, testing::synth_arch(dir, "qwen35moe", 17));
+  ASSERT_NO_FATAL_FAILURE(testing::write_qwen35_hf_twin(untiled, hf));
+  std::ifstream in(hf.file("config.json"));
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["text_config"]["rope_parameters"]["mrope_section"] = {1, 1, 1};
+  hf.write("config.json", cfg.dump());
+  const std::string e = load_error(hf.path());
+  EXPECT_NE(e.find("rope_parameters.mrope_section [1,1,1] must be up to 4 counts summing to the"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Qwen3Next, BadFilesAreRefusedByName) {
   TempDir dir, hf;
   const std::string gguf = synth_qwen3next(dir, 7);
