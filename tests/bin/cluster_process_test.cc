@@ -24,6 +24,7 @@
 #include "actors/plan.h"
 #include "model/model.h"
 #include "tests/cluster_test_util.h"
+#include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -201,8 +202,9 @@ TEST(ClusterProcesses, MoeOnThreeLoopbackDaemonsIsBitIdentical) {
   run_loopback("models/synth/mixtral-moe/model.gguf", {"n1", "n2"}, {"n2", "n0", "n1"});
 }
 
-// The synthetic Mixtral on three loopback daemons: stages on n0 and n2, expert shards on n1 and
-// n2 (so losing n2 loses a stage and a shard), with the requests and their single-process results.
+// A MoE model (the synthetic Mixtral unless given) on three loopback daemons: stages on n0 and
+// n2, expert shards on n1 and n2 (so losing n2 loses a stage and a shard), with the requests and
+// their single-process results.
 struct MoeOnThree {
   std::string path;
   std::vector<actors::GenerateRequest> reqs;
@@ -210,8 +212,9 @@ struct MoeOnThree {
   std::vector<Node> nodes;
   std::string conf;
   std::vector<std::unique_ptr<Daemon>> ds;
-  MoeOnThree(const std::string& shared, const std::string& name) {
-    path = shared + "/models/synth/mixtral-moe/model.gguf";
+  MoeOnThree(const std::string& shared, const std::string& name,
+             const std::string& model_path = {}) {
+    path = model_path.empty() ? shared + "/models/synth/mixtral-moe/model.gguf" : model_path;
     auto m = model::load_model(path);
     if (!m) return;
     reqs = requests((*m)->spec.n_vocab);
@@ -226,13 +229,11 @@ struct MoeOnThree {
 // A daemon hosting a stage and an expert shard is killed (SIGKILL: no goodbye) while requests
 // stream: the head declares it dead when its lease (2 s) runs out, re-places its actors on the two
 // survivors, recomputes the requests, and every token and logit equals the single-process run.
-TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
-  TROUPE_SHARED_OR_SKIP(shared);
-  MoeOnThree c(shared, "killed");
+void kill_mid_stream(MoeOnThree& c) {
   ASSERT_FALSE(c.want.empty());
   auto& [path, reqs, want, nodes, conf, ds] = c;
   auto client = actors::ClusterClient::connect("127.0.0.1", nodes[0].port, "proc-token");
-  ASSERT_TRUE(client) << client.error().message;
+  ASSERT_TRUE(client) << client.error().message << "\n" << ds[0]->output();
   bool killed = false;
   auto got = generate_with_fault(
       **client, reqs, [&] { c.ds[2]->kill_now(); }, 120s, &killed);  // (clang 14: no bindings)
@@ -249,6 +250,21 @@ TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
     std::printf("daemon %zu exited %.2f s after SIGTERM\n", i,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+}
+
+TEST(ClusterProcesses, KilledDaemonsActorsAreReplacedWithIdenticalOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  MoeOnThree c(shared, "killed");
+  kill_mid_stream(c);
+}
+
+// The same with Qwen3-Next: the killed daemon's stage held its linear layers' recurrent states.
+// The survivor that takes the stage starts with none; every sequence is recomputed from its token
+// log (position 0 starts each state afresh), and the output stays bit-identical.
+TEST(ClusterProcesses, KilledDaemonsQwen3NextStatesAreRecomputedWithIdenticalOutput) {
+  testing::TempDir dir;
+  MoeOnThree c("", "killed-qwen3next", testing::synth_arch(dir, "qwen3next", 35));
+  kill_mid_stream(c);
 }
 
 // One daemon killed and, in the same lease, another frozen (SIGSTOP: a stalled host, a long
