@@ -89,7 +89,10 @@ struct Daemon {
 std::unique_ptr<Daemon> spawn(const std::vector<std::string>& prefix,
                               const std::vector<std::string>& args, const std::string& name) {
   auto d = std::make_unique<Daemon>();
-  d->log = (temp_dir() / (name + ".log")).string();
+  // A log of its own: an earlier test's daemon of the same name left its log in this process's
+  // folder, which wait_log could read before the new child truncates it.
+  static int spawned = 0;
+  d->log = (temp_dir() / (name + "." + std::to_string(++spawned) + ".log")).string();
   std::vector<std::string> argv = prefix;
   argv.push_back(testing::binary_dir() + "/bin/troupe");
   argv.insert(argv.end(), args.begin(), args.end());
