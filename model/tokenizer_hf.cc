@@ -96,6 +96,9 @@ std::optional<std::string> pre_from_splits(const std::vector<std::string>& re) {
   const std::string kQwen2 =
       "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
       "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const std::string kQwen35 =
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+      "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
   const std::string kGpt2 =
       "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
   // tiktoken's o200k (gpt-oss's o200k_harmony, GPT-4o), as its tokenizer.json writes it.
@@ -107,6 +110,7 @@ std::optional<std::string> pre_from_splits(const std::vector<std::string>& re) {
   if (re.size() == 1 && re[0] == kLlama3) return "llama-bpe";
   if (re.size() == 1 && re[0] == kO200k) return "gpt-4o";
   if (re.size() == 1 && re[0] == kQwen2) return "qwen2";
+  if (re.size() == 1 && re[0] == kQwen35) return "qwen35";
   if (re.size() == 1 && (re[0] == kGpt2 || re[0] + "|\\s+" == kGpt2)) return "gpt-2";
   if (re.size() == 6 && re[0] == "[\r\n]" && re[1].rfind("\\s?[A-Za-z\xc2\xb5", 0) == 0 &&
       re[3] == "\\s+$" && re[5] == "\\p{N}+") {

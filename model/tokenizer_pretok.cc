@@ -160,6 +160,33 @@ size_t match_llama3(const Span& s, size_t p, size_t max_digits) {
   return match_numbers_punct_space(s, p, max_digits);
 }
 
+// Qwen3.5:
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|
+// ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*| \s*[\r\n]+|\s+(?!\S)|\s+ Qwen2's with marks joining the letters of
+// a word and leaving the punctuation runs. (A mark at p is the optional prefix as well as the run's
+// first character: the same match either way.)
+size_t match_qwen35(const Span& s, size_t p) {
+  if (size_t n = match_contraction(s, p, true)) return n;
+  auto word = [&](size_t i) {
+    const uint16_t f = s.flags(i);
+    return (f & (kCpLetter | kCpMark)) != 0 && (f & kCpWhitespace) == 0;
+  };
+  if (word(p)) return s.run(p, word);
+  if (!s.newline(p) && !s.number(p) && word(p + 1)) return 1 + s.run(p + 1, word);
+  if (s.number(p)) return 1;
+  const size_t q = s.at(p) == ' ' ? p + 1 : p;
+  auto other = [&](size_t i) {
+    const uint16_t f = s.flags(i);
+    return f != 0 && (f & (kCpWhitespace | kCpLetter | kCpMark | kCpNumber)) == 0;
+  };
+  if (other(q)) {
+    size_t j = q + s.run(q, other);
+    j += s.run(j, [&](size_t i) { return s.newline(i); });
+    return j - p;
+  }
+  return match_whitespace(s, p, true);
+}
+
 // DeepSeek-V3's third regex:
 // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
 //  ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -289,6 +316,7 @@ void split_trailing_whitespace(const std::vector<uint32_t>& cps, std::vector<siz
 size_t m_gpt2(const Span& s, size_t p) { return match_gpt2(s, p); }
 size_t m_llama3(const Span& s, size_t p) { return match_llama3(s, p, 3); }
 size_t m_qwen2(const Span& s, size_t p) { return match_llama3(s, p, 1); }
+size_t m_qwen35(const Span& s, size_t p) { return match_qwen35(s, p); }
 size_t m_deepseek_v3(const Span& s, size_t p) { return match_deepseek_v3(s, p); }
 size_t m_kimi_k2(const Span& s, size_t p) { return match_cased_words(s, p, true); }
 size_t m_gpt4o(const Span& s, size_t p) { return match_cased_words(s, p, false); }
@@ -373,6 +401,7 @@ std::optional<PreTokenizerInfo> pre_tokenizer_info(std::string_view name) {
       {"hunyuan", {P::kQwen2, false, false, false}},
       {"megrez", {P::kQwen2, true, false, false}},
       {"stablelm2", {P::kQwen2, true, false, false}},
+      {"qwen35", {P::kQwen35, false, false, false}},
       {"deepseek-llm", {P::kDeepseekLlm, false, false, false}},
       {"deepseek-v3", {P::kDeepseekV3, false, false, false}},
       {"hunyuan-dense", {P::kDeepseekV3, false, false, false}},
@@ -400,6 +429,9 @@ void pre_split(PreTokenizer pre, const std::vector<uint32_t>& cps, std::vector<s
       break;
     case PreTokenizer::kQwen2:
       split_stage(cps, m_qwen2, &pieces);
+      break;
+    case PreTokenizer::kQwen35:
+      split_stage(cps, m_qwen35, &pieces);
       break;
     case PreTokenizer::kDeepseekLlm:
       split_stage(cps, m_newline, &pieces);

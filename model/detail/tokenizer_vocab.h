@@ -42,7 +42,8 @@ enum class PreTokenizer : uint8_t {
   kDeepseekLlm,
   kDeepseekV3,
   kKimiK2,
-  kGpt4o,  ///< tiktoken's o200k (gpt-oss, GPT-4o; llama.cpp's "gpt-4o")
+  kGpt4o,   ///< tiktoken's o200k (gpt-oss, GPT-4o; llama.cpp's "gpt-4o")
+  kQwen35,  ///< Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with their letters
 };
 
 /// Raw vocabulary as read from a file, before validation. Optional fields take llama.cpp's

@@ -143,6 +143,24 @@ const SplitCase kCases[] = {
      {"ZAa", "B", "\u06631", ".T", "\n", "\u0301", "S", "!"}},
     {P::kKimiK2, "\u0e01\u0e31\u0e01 A\u0308b", {"\u0e01\u0e31\u0e01", " A\u0308b"}},
     {P::kKimiK2, "x\u2160\u2161\u2162\u2163", {"x", "\u2160\u2161\u2162", "\u2163"}},
+    // Qwen3.5's: combining marks stay in their words (decomposed Latin, Thai, Devanagari) and
+    // leave the punctuation runs. Each expected split is what Python's `regex` module gives for
+    // the pattern of Qwen3.5's tokenizer.json.
+    {P::kQwen35, "e\u0301t\u00e9 na\u0308ive", {"e\u0301t\u00e9", " na\u0308ive"}},
+    {P::kQwen35,
+     "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35\u0e04\u0e23\u0e31\u0e1a \u0e1c\u0e21",
+     {"\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35\u0e04\u0e23\u0e31\u0e1a", " \u0e1c\u0e21"}},
+    {P::kQwen35,
+     "\u0915\u093f\u0924\u093e\u092c, \u0939\u093f\u0902\u0926\u0940",
+     {"\u0915\u093f\u0924\u093e\u092c", ",", " \u0939\u093f\u0902\u0926\u0940"}},
+    {P::kQwen35, "x!\u0301?", {"x", "!\u0301", "?"}},
+    {P::kQwen35, "a!!\u0301b", {"a", "!!", "\u0301b"}},
+    {P::kQwen35, "a ?!\u0301\u0301", {"a", " ?!", "\u0301\u0301"}},
+    {P::kQwen35, "12\u0661 ab", {"1", "2", "\u0661", " ab"}},
+    {P::kQwen35, "I'M ok\n\n  x", {"I", "'M", " ok", "\n\n", " ", " x"}},
+    {P::kQwen35, "a  \u0301\u0301 b.\u0301\n", {"a", " ", " \u0301\u0301", " b", ".\u0301", "\n"}},
+    // Qwen2's splits the same word at its mark (which becomes the next piece's prefix).
+    {P::kQwen2, "e\u0301t\u00e9", {"e", "\u0301t\u00e9"}},
 };
 
 std::vector<std::string> split_words(PreTokenizer pre, const std::string& text) {
@@ -174,6 +192,9 @@ TEST(TokenizerPreSplit, NamesSelectRegexSetsAndFlags) {
   EXPECT_TRUE(pre_tokenizer_info("llama-bpe")->ignore_merges);
   EXPECT_TRUE(pre_tokenizer_info("llama-bpe")->add_bos);
   EXPECT_EQ(pre_tokenizer_info("qwen2")->pre, P::kQwen2);
+  ASSERT_TRUE(pre_tokenizer_info("qwen35"));
+  EXPECT_EQ(pre_tokenizer_info("qwen35")->pre, P::kQwen35);
+  EXPECT_FALSE(pre_tokenizer_info("qwen35")->clean_spaces);
   EXPECT_FALSE(pre_tokenizer_info("qwen2")->clean_spaces);
   EXPECT_EQ(pre_tokenizer_info("deepseek-v3")->pre, P::kDeepseekV3);
   ASSERT_TRUE(pre_tokenizer_info("gpt-4o"));

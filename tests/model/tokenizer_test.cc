@@ -569,6 +569,34 @@ TEST(TokenizerHf, SplitRegexSelectsO200kPreTokenizer) {
   EXPECT_EQ((*tok)->encode("getUser", true), (Ids{6, 7}));
 }
 
+// Qwen3.5's tokenizer.json names its own regex: "e" with a combining acute (U+0301, bytes CC 81:
+// "\u00cc\u0123" byte-encoded) and "t" are one word, whose merges join e and the mark; Qwen2's
+// regex would start a new word at the mark.
+TEST(TokenizerHf, SplitRegexSelectsQwen35PreTokenizer) {
+  TempDir d;
+  const std::string vocab =
+      R"("vocab": {"e": 0, "\u00cc\u0123": 1, "e\u00cc\u0123": 2, "t": 3, "\u00cc": 4,
+      "\u0123": 5},)";
+  auto write = [&](const std::string& regex) {
+    d.write("tokenizer.json", R"({"model": {"type": "BPE", )" + vocab +
+                                  R"( "merges": ["\u00cc \u0123", "e \u00cc\u0123"]},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern":
+        {"Regex": ")" + regex + R"("}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})");
+  };
+  d.write("tokenizer_config.json", R"({"add_bos_token": false})");
+  write(
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)");
+  auto tok = Tokenizer::from_hf_dir(d.path());
+  ASSERT_TRUE(tok.has_value()) << tok.error().message;
+  EXPECT_EQ((*tok)->encode("e\u0301t", true), (Ids{2, 3}));
+  write(
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)");
+  auto qwen2 = Tokenizer::from_hf_dir(d.path());
+  ASSERT_TRUE(qwen2.has_value()) << qwen2.error().message;
+  EXPECT_EQ((*qwen2)->encode("e\u0301t", true), (Ids{0, 1, 3}));
+}
+
 TEST(TokenizerErrors, TokenizerJsonUnknownSplitRegex) {
   TempDir d;
   d.write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
