@@ -155,8 +155,9 @@ int main(int argc, char** argv) {
                 100.0 * (1.0 - s.step_compute / s.step_wall));
   }
   if (spec.has_recurrent_layers()) {  // resolve_plan turns the cache off for these models
-    std::printf("prefix cache: off for this model (its linear-attention layers keep a state per "
-                "sequence, which cached KV blocks do not hold)\n");
+    std::printf(
+        "prefix cache: off for this model (its linear-attention layers keep a state per "
+        "sequence, which cached KV blocks do not hold)\n");
     return 0;
   }
   // Shared system prompt: a 256-token prefix common to 16 requests, each adding 16 of its own.

@@ -261,10 +261,16 @@ Status Engine::step(std::span<const SeqStep> seqs, StepResult* out, const float*
   if (needs_state()) {
     Status st = check_states(seqs);
     if (!st) return st;
-    // Slots the caller assigns come into being with their first step (always at position 0).
-    for (const SeqStep& q : seqs)
+    // A step at position 0 starts its state afresh, now its owner's (a slot the caller assigns
+    // comes into being with that first step).
+    for (const SeqStep& q : seqs) {
+      if (q.pos0 != 0) continue;
       if (q.state >= static_cast<int32_t>(states_.size()))
         states_.resize(static_cast<size_t>(q.state) + 1);
+      RecurrentState& r = states_[static_cast<size_t>(q.state)];
+      r.data.assign(static_cast<size_t>(state_floats_), 0.0f);
+      r.owner = q.state_owner;
+    }
   }
   try {
     forward(seqs, out, hidden_in, hidden_out);
@@ -320,7 +326,7 @@ Result<int32_t> Engine::acquire_state() {
     if (i == static_cast<int64_t>(states_.size())) states_.emplace_back();
     RecurrentState& r = states_[static_cast<size_t>(i)];
     if (r.held) continue;
-    r.held = true;  // its first step starts at 0, which sizes and zeroes the floats (forward)
+    r.held = true;  // its first step starts at 0, which sizes and zeroes the floats (step)
     return static_cast<int32_t>(i);
   }
   return Error{1, strfmt("engine: all %lld recurrent states are held (EngineOptions::"
@@ -402,13 +408,6 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
   }
 
-  // A sequence at position 0 starts from an empty recurrent state, now its owner's.
-  for (const SeqStep& q : seqs)
-    if (needs_state() && q.pos0 == 0) {
-      RecurrentState& r = states_[static_cast<size_t>(q.state)];
-      r.data.assign(static_cast<size_t>(state_floats_), 0.0f);
-      r.owner = q.state_owner;
-    }
   for (int64_t il = range_.begin; il < range_.end; ++il) {
     const LayerSpec& L = s.layers[static_cast<size_t>(il)];
     const float* an = f32(L.attn_norm);
