@@ -153,6 +153,8 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
   cc.scheduler_cfg.n_vocab = spec.n_vocab;
   cc.scheduler_cfg.n_embd = spec.n_embd;
   cc.scheduler_cfg.state_slots = state_slots_for(spec, plan.scheduler);
+  cc.scheduler_cfg.step_timeout_ms = opts.step_timeout_ms;
+  cc.scheduler_cfg.step_failure_window_ms = opts.step_failure_window_ms;
   // The stages need the scheduler's handle, the scheduler the first stage's: it learns that one
   // by message, before any request exists.
   cc.scheduler = spawn_scheduler(*im.sys, cc.scheduler_cfg, StageInputActor{});

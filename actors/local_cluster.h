@@ -53,6 +53,9 @@ struct ClusterOptions {
   /// Multi-host clusters: a pipeline step not back after this long is run again (a lost
   /// message); 0 = never (in one process nothing is lost).
   int64_t step_timeout_ms = 0;
+  /// A request whose steps keep failing (every retry too, with none succeeding) ends with an
+  /// error naming the last failure once they have failed for this long (and at least 8 times).
+  int64_t step_failure_window_ms = 60000;
   /// The scheduler's KV pools (compute/kv_pools.h); 0: the plan's (Plan::kv_pools: one per GPU
   /// of a data-parallel stage). Tests set it to run pooled KV on CPU stages.
   int64_t kv_pools = 0;

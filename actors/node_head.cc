@@ -404,6 +404,7 @@ void head_init(NodeSelf* self) {
   sc.n_vocab = st.model->spec.n_vocab;
   sc.n_embd = st.model->spec.n_embd;
   sc.step_timeout_ms = st.opts.cluster.step_timeout_ms;
+  sc.step_failure_window_ms = st.opts.cluster.step_failure_window_ms;
   sc.state_slots = state_slots_for(st.model->spec, st.plan.scheduler);
   auto& sys = self->system();
   st.scheduler = spawn_scheduler(sys, sc, StageInputActor{});

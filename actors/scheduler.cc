@@ -47,13 +47,14 @@ struct Seq {
   std::chrono::steady_clock::time_point failing_since;  // the first of those failures
 };
 
-// A sequence whose steps have failed for this long, with no step succeeding in between, ends
-// with the last failure's message: a step that fails for a reason no retry changes (a stage
-// that refuses it) must not loop forever. Faults that retries outlast fail for less: lost
-// messages cost a step deadline each, and while a lost node's actors are re-placed the
-// scheduler sends nothing (its steps fail fast, many times, until the node is declared gone).
-constexpr auto kStepFailureWindow = std::chrono::seconds(60);
-constexpr int kMinStepFailures = 8;  // and at least this many in a row
+// A sequence whose steps have failed for SchedulerActorConfig::step_failure_window_ms, with no
+// step succeeding in between, ends with the last failure's message: a step that fails for a
+// reason no retry changes (a stage that refuses it, a link that loses every step) must not loop
+// forever. It must also have failed at least this many times in a row: while a lost node's
+// actors are re-placed the scheduler's steps fail fast, many times, until the node is declared
+// gone, and the count keeps a short window from ending them (a window keeps a fast count from
+// doing so).
+constexpr int kMinStepFailures = 8;
 
 struct SchedulerState {
   SchedulerConfig cfg;
@@ -83,6 +84,7 @@ struct SchedulerState {
   // statistics
   uint64_t steps = 0, preemptions = 0, recomputes = 0, tokens_generated = 0, step_timeouts = 0;
   int64_t step_timeout_ms = 0;
+  int64_t step_failure_window_ms = 60000;
   static inline const char* name = "scheduler";
 };
 
@@ -322,10 +324,11 @@ void schedule(Self* self) {
 }
 
 // Counts a failed step of s; whether s has failed for too long to try again.
-bool gave_up(Seq& s) {
+bool gave_up(const SchedulerState& st, Seq& s) {
   const auto now = std::chrono::steady_clock::now();
   if (s.failures++ == 0) s.failing_since = now;
-  return s.failures >= kMinStepFailures && now - s.failing_since >= kStepFailureWindow;
+  return s.failures >= kMinStepFailures &&
+         now - s.failing_since >= std::chrono::milliseconds(st.step_failure_window_ms);
 }
 
 // A failed or timed-out step: its sequences run the same positions again (KV writes are
@@ -344,10 +347,11 @@ void retry_sequences(Self* self, const std::vector<int64_t>& ids, const std::str
     ++st.recomputes;
     if (it->second.cancelled)
       finish(self, id, "cancelled");
-    else if (gave_up(it->second))
+    else if (gave_up(st, it->second))
       finish(self, id, "error",
-             strfmt("its steps failed %d times in a row over %lld s; the last: %s",
-                    it->second.failures, (long long)kStepFailureWindow.count(), why.c_str()));
+             strfmt("its steps failed %d times in a row over %g s; the last: %s",
+                    it->second.failures, static_cast<double>(st.step_failure_window_ms) / 1000.0,
+                    why.c_str()));
     else if (st.state_slots > 0)
       it->second.num_computed = 0;
   }
@@ -544,6 +548,7 @@ SchedulerActor::behavior_type scheduler_behavior(
   st.n_embd = cfg.n_embd;
   st.epoch = cfg.epoch0;
   st.step_timeout_ms = cfg.step_timeout_ms;
+  st.step_failure_window_ms = cfg.step_failure_window_ms;
   st.first_stage = std::move(first_stage);
   st.kv_cfg.num_blocks = cfg.kv_blocks;
   st.kv_cfg.block_size = cfg.kv_block_size;

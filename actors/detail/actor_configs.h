@@ -55,6 +55,9 @@ struct SchedulerActorConfig {
   // sequences run again (a lost message, a dead node); 0 = no deadline. The late outcome, if it
   // ever comes, is dropped.
   int64_t step_timeout_ms = 0;
+  // A sequence whose steps keep failing ends with the last failure's message once they have
+  // failed for this long in a row (and at least 8 times).
+  int64_t step_failure_window_ms = 60000;
   // Recurrent state slots, one per admitted sequence (state_slots_for); 0: the model keeps none.
   // With them the prefix cache is off (a hit would skip positions a recurrent layer must see),
   // and a failed step's sequences are recomputed from position 0 (a stage before the failure

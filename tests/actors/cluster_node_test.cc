@@ -374,6 +374,47 @@ TEST(ClusterNode, LostDuplicatedAndCorruptedMessagesChangeNoResult) {
   run_lossy(shared + "/models/synth/mixtral-moe/model.gguf");
 }
 
+// A link that loses every step the head sends, its nodes alive (heartbeats pass): every step
+// fails by its deadline and no retry can succeed. Each request ends with an error once its steps
+// have failed for the scheduler's window, naming the last failure, instead of being retried
+// forever. When the link heals, the cluster serves the same requests bit-identically.
+TEST(ClusterNode, StepsThatAlwaysFailEndTheirRequestsAfterTheWindow) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto [path, reqs, want] = workload(shared, "models/synth/mixtral-moe/model.gguf");
+  ASSERT_FALSE(want.empty());
+  std::vector<uint16_t> ports;
+  Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
+  Nodes n;
+  n.tweak = [](NodeOptions& o) {
+    o.cluster.step_timeout_ms = 200;
+    o.cluster.step_failure_window_ms = 2000;
+  };
+  n.start(plan, 3);
+  auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+  ASSERT_TRUE(client) << client.error().message;
+  transport::FaultRule lose;  // every step the head sends to the first stage
+  lose.action = transport::FaultAction::kDrop;
+  lose.type = detail::type_id(detail::ControlMsg::kBatchDescriptor);
+  n.nodes[0]->set_faults({lose});
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = (*client)->generate_many(reqs);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const auto& g : got) {
+    EXPECT_EQ(g.finish_reason, "error");
+    EXPECT_TRUE(g.tokens.empty());
+    const std::string tail = " times in a row over 2 s; the last: the step timed out after 200 ms";
+    const auto at = g.error.find(tail);
+    ASSERT_NE(at, std::string::npos) << g.error;
+    const auto from = g.error.rfind("its steps failed ", at);
+    ASSERT_NE(from, std::string::npos) << g.error;
+    EXPECT_GE(std::stoi(g.error.substr(from + 17, at - from - 17)), 8) << g.error;
+  }
+  EXPECT_GE(took, 2s);  // the window, not the count, ended them (8 deadlines take 1.6 s)
+  n.nodes[0]->set_faults({});
+  expect_same((*client)->generate_many(reqs), want);
+}
+
 // Qwen3-Next across nodes: each sequence's recurrent state slot travels in the steps
 // (SequenceStep.stateSlot), its states live in the stages of nodes b and c. Lost and delayed
 // steps and lost expert rows fail steps after a stage advanced a state; those sequences are
