@@ -316,7 +316,7 @@ void replace_actors(NodeSelf* self, const std::string& what) {
   for (const auto& [n, mem] : st.members)
     if (mem.state == MemberState::kAlive) alive[mem.node_id] = {mem.resources.free_memory_bytes};
   const PlacementMsg& old = *st.placement;
-  auto next = replan(old, alive, actor_bytes_of(self, old));
+  auto next = replan(old, alive, actor_memory_of(self, old));
   if (place_encoders_only(self, what, old, alive, next)) return;
   if (!next) return wait_for_capacity(self, what, next.error().message);
   if (st.awaiting_capacity)

@@ -72,12 +72,17 @@ std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
 
 uint64_t mmproj_bytes(const Plan& plan) { return model::vision_weight_bytes(plan.mmproj); }
 
-std::function<uint64_t(ActorRole, uint32_t)> actor_bytes_of(NodeSelf* self,
-                                                            const PlacementMsg& pl) {
-  return [self, &pl](ActorRole role, uint32_t index) -> uint64_t {
+std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
+                                                               const PlacementMsg& pl) {
+  return [self, &pl](ActorRole role, uint32_t index) -> ActorMemory {
     auto& st = self->state;
-    return role == ActorRole::kEncoder ? mmproj_bytes(st.plan)
-                                       : actor_weight_bytes(st.model->spec, pl, role, index);
+    if (role == ActorRole::kEncoder) return {mmproj_bytes(st.plan)};
+    const model::ModelSpec& spec = st.model->spec;
+    ActorMemory m;
+    if (role == ActorRole::kStage)
+      m = stage_pools_memory(spec, st.plan, pl, index, state_slots_for(spec, st.plan.scheduler));
+    m.weights = actor_weight_bytes(spec, pl, role, index);
+    return m;
   };
 }
 
@@ -141,7 +146,7 @@ bool place_encoders_only(NodeSelf* self, const std::string& what, const Placemen
         kept.encoders.push_back(
             {static_cast<uint32_t>(kept.encoders.size()), e.node_id, e.threads});
     if (kept.encoders.size() == old.encoders.size()) return false;
-    auto without = replan(kept, alive, actor_bytes_of(self, old));
+    auto without = replan(kept, alive, actor_memory_of(self, old));
     if (!without) return false;
     std::fprintf(stderr, "troupe: head: %s; its image encoders are dropped: %s\n", what.c_str(),
                  next.error().message.c_str());

@@ -5,16 +5,49 @@
 #include <string>
 
 #include "base/check.h"
+#include "compute/engine.h"
 
 namespace troupe::actors::detail {
+namespace {
+
+std::string mb(uint64_t bytes) { return strfmt("%.1f MB", static_cast<double>(bytes) / 1e6); }
+
+// "600.0 MB of weights", or with a stage's other parts "680.0 MB: 500.0 MB of weights, 160.0 MB
+// of KV pool, 20.0 MB of recurrent states".
+std::string describe(const ActorMemory& m) {
+  if (m.kv == 0 && m.states == 0) return mb(m.weights) + " of weights";
+  std::string s = mb(m.total()) + ": " + mb(m.weights) + " of weights";
+  if (m.kv > 0) s += ", " + mb(m.kv) + " of KV pool";
+  if (m.states > 0) s += ", " + mb(m.states) + " of recurrent states";
+  return s;
+}
+
+}  // namespace
+
+ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
+                               const PlacementMsg& pl, uint32_t index, int64_t state_slots) {
+  ActorMemory m;
+  if (index < plan.stages.size() && !plan.stages[index].on_cpu()) return m;
+  for (const auto& s : pl.stages) {
+    if (s.stage != index) continue;
+    const compute::LayerRange range{s.layer_begin, s.layer_end};
+    for (const auto& k : pl.kv_pools)
+      if (k.stage == index && k.num_blocks > 0)
+        m.kv += compute::kv_pool_bytes(
+            compute::kv_cache_config(spec, range, k.block_size, k.num_blocks, plan.kv_type));
+    m.states = static_cast<uint64_t>(std::max<int64_t>(0, state_slots)) *
+               compute::recurrent_state_bytes(spec, range);
+  }
+  return m;
+}
 
 Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Survivor>& alive,
-                            const std::function<uint64_t(ActorRole, uint32_t)>& actor_bytes) {
+                            const std::function<ActorMemory(ActorRole, uint32_t)>& actor_memory) {
   if (alive.empty()) return make_error(0, "no node is left to take the pipeline's actors");
   PlacementMsg pl = old;
   pl.version = old.version + 1;
   std::map<uint32_t, uint64_t> load;      // node -> actors hosted
-  std::map<uint32_t, uint64_t> moved_in;  // node -> bytes of weights moved onto it
+  std::map<uint32_t, uint64_t> moved_in;  // node -> bytes moved onto it
   for (const auto& [id, s] : alive) load[id] = 0;
   for (const auto& s : pl.stages)
     if (load.count(s.node_id)) ++load[s.node_id];
@@ -25,7 +58,8 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
   auto move = [&](uint32_t& node_id, ActorRole role, uint32_t index,
                   const std::string& what) -> Status {
     if (alive.count(node_id)) return Ok{};
-    const uint64_t need = actor_bytes ? actor_bytes(role, index) : 0;
+    const ActorMemory mem = actor_memory ? actor_memory(role, index) : ActorMemory{};
+    const uint64_t need = mem.total();
     uint32_t best = 0;
     uint64_t best_load = std::numeric_limits<uint64_t>::max();
     uint64_t most_free = 0;
@@ -40,9 +74,9 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
       }
     }
     if (best_load == std::numeric_limits<uint64_t>::max())
-      return make_error(0, strfmt("no surviving node has room for %s of node %u (needs %.1f MB of "
-                                  "weights; the most free memory left is %.1f MB)",
-                                  what.c_str(), node_id, static_cast<double>(need) / 1e6,
+      return make_error(0, strfmt("no surviving node has room for %s of node %u (needs %s; the "
+                                  "most free memory left is %.1f MB)",
+                                  what.c_str(), node_id, describe(mem).c_str(),
                                   static_cast<double>(most_free) / 1e6));
     node_id = best;
     ++load[best];

@@ -179,19 +179,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
       e->state_offset_.push_back(rec ? e->state_floats_ : -1);
       if (rec) e->state_floats_ += s.ssm_state_floats();
     }
-    KvCacheConfig kc;
-    kc.n_layer = std::max<int64_t>(1, n_kv_layers);
-    kc.k_width = s.kv_k_width();
-    kc.v_width = s.kv_v_width();
-    kc.heads = s.is_mla() ? 1 : s.n_head_kv;
-    kc.block_size = opts.kv_block_size;
-    kc.type = opts.kv_type;
-    kc.k_by_dim = !s.is_mla();  // MLA's values are read from its keys' rows
-    kc.num_blocks = opts.kv_num_blocks > 0
-                        ? opts.kv_num_blocks
-                        : (opts.max_tokens_in_cache + kc.block_size - 1) / kc.block_size;
-    e->kv_ = std::make_unique<KvCache>(kc);
-    e->alloc_ = std::make_unique<BlockAllocator>(kc.num_blocks);
+    const int64_t num_blocks =
+        opts.kv_num_blocks > 0
+            ? opts.kv_num_blocks
+            : (opts.max_tokens_in_cache + opts.kv_block_size - 1) / opts.kv_block_size;
+    e->kv_ = std::make_unique<KvCache>(
+        kv_cache_config(s, range, opts.kv_block_size, num_blocks, opts.kv_type));
+    e->alloc_ = std::make_unique<BlockAllocator>(num_blocks);
     e->s_ = std::make_unique<Scratch>();
     if (e->state_floats_ > 0) e->max_states_ = std::max<int64_t>(0, opts.max_recurrent_seqs);
     e->s_->rope = model::rope_frequencies(s);
@@ -338,6 +332,33 @@ void Engine::release_state(int32_t state) {
   if (state < 0 || state >= static_cast<int32_t>(states_.size())) return;
   states_[static_cast<size_t>(state)].held = false;
   states_[static_cast<size_t>(state)].pos = -1;
+}
+
+KvCacheConfig kv_cache_config(const model::ModelSpec& s, const LayerRange& range,
+                              int64_t block_size, int64_t num_blocks, KvType type) {
+  const int64_t end = range.end < 0 ? s.n_layer : range.end;
+  int64_t n_kv_layers = 0;
+  for (int64_t il = std::max<int64_t>(0, range.begin); il < std::min(end, s.n_layer); ++il)
+    if (!s.layers[static_cast<size_t>(il)].recurrent) ++n_kv_layers;
+  KvCacheConfig kc;
+  kc.n_layer = std::max<int64_t>(1, n_kv_layers);
+  kc.k_width = s.kv_k_width();
+  kc.v_width = s.kv_v_width();
+  kc.heads = s.is_mla() ? 1 : s.n_head_kv;
+  kc.block_size = block_size;
+  kc.num_blocks = num_blocks;
+  kc.type = type;
+  kc.k_by_dim = !s.is_mla();  // MLA's values are read from its keys' rows
+  return kc;
+}
+
+uint64_t recurrent_state_bytes(const model::ModelSpec& s, const LayerRange& range) {
+  const int64_t end = range.end < 0 ? s.n_layer : range.end;
+  uint64_t floats = 0;
+  for (int64_t il = std::max<int64_t>(0, range.begin); il < std::min(end, s.n_layer); ++il)
+    if (s.layers[static_cast<size_t>(il)].recurrent)
+      floats += static_cast<uint64_t>(s.ssm_state_floats());
+  return floats * sizeof(float);
 }
 
 uint64_t Engine::state_bytes() const {

@@ -194,6 +194,15 @@ class Engine {
   int64_t state_floats_ = 0;
 };
 
+/// The KV pool an engine over `range` of s reserves (EngineOptions' block size, block count and
+/// type): a row per position for each attention layer of the range (at least one layer; a
+/// linear-attention layer keeps no rows). kv_pool_bytes of it is what the engine reserves.
+KvCacheConfig kv_cache_config(const model::ModelSpec& s, const LayerRange& range,
+                              int64_t block_size, int64_t num_blocks, KvType type);
+/// Bytes of one sequence's recurrent state over `range` of s (Gated DeltaNet's layers); 0 when
+/// the range has no linear-attention layer.
+uint64_t recurrent_state_bytes(const model::ModelSpec& s, const LayerRange& range);
+
 /// A single sequence on an engine: owns its blocks, grows them as tokens are added.
 /// Convenience for the CLI, tests and benchmarks; the scheduler manages blocks itself.
 class Sequence {

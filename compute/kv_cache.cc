@@ -14,6 +14,12 @@
 
 namespace troupe::compute {
 
+uint64_t kv_pool_bytes(const KvCacheConfig& cfg) {
+  return static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
+         static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(cfg.k_width + cfg.v_width) *
+         static_cast<uint64_t>(kv_type_bytes(cfg.type));
+}
+
 KvCache::KvCache(const KvCacheConfig& cfg)
     : cfg_(cfg), row_(cfg.k_width + cfg.v_width), elem_bytes_(kv_type_bytes(cfg.type)) {
   if (cfg.n_layer <= 0 || row_ <= 0 || cfg.k_width <= 0 || cfg.v_width < 0 || cfg.block_size <= 0 ||
@@ -27,9 +33,7 @@ KvCache::KvCache(const KvCacheConfig& cfg)
         static_cast<long long>(cfg.block_size), static_cast<long long>(cfg.num_blocks));
   kd_ = cfg.k_width / cfg.heads;
   vd_ = cfg.v_width / cfg.heads;
-  const uint64_t n = static_cast<uint64_t>(cfg.n_layer) * static_cast<uint64_t>(cfg.num_blocks) *
-                     static_cast<uint64_t>(cfg.block_size) * static_cast<uint64_t>(row_);
-  bytes_ = n * static_cast<uint64_t>(elem_bytes_);
+  bytes_ = kv_pool_bytes(cfg);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   const uint64_t available = model::available_memory_bytes();  // 0: unknown
   if (available > 0 && bytes_ > available)

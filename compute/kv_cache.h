@@ -30,6 +30,9 @@ struct KvCacheConfig {
   bool k_by_dim = false;       // each head's K in a block dimension by dimension (see KvCache)
 };
 
+/// Bytes of the pool a KvCache of cfg reserves.
+uint64_t kv_pool_bytes(const KvCacheConfig& cfg);
+
 /// A block of a layer holds its block_size slots' K and V head by head: for each KV head h its
 /// K rows (k_width / heads values per slot, slot after slot), then for each head its V rows.
 /// So attention, which reads one KV head's rows position after position, reads each block's

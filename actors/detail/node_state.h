@@ -272,9 +272,11 @@ std::string mmproj_to_load(NodeSelf* self, const PlacementMsg& pl);
 /// Bytes of an encoder instance's weights (the mmproj file, or a Hugging Face directory's vision
 /// tower), for memory accounting; 0 if unknown.
 uint64_t mmproj_bytes(const Plan& plan);
-/// The weight bytes of actor (role, index) of placement pl (replan's actor_bytes): the tensors of
-/// a stage or shard (actor_weight_bytes), the mmproj of an image encoder. Keeps a reference to pl.
-std::function<uint64_t(ActorRole, uint32_t)> actor_bytes_of(NodeSelf* self, const PlacementMsg& pl);
+/// The memory actor (role, index) of placement pl takes (replan's actor_memory): the weights of
+/// a stage or shard (actor_weight_bytes) and a stage's KV pool and recurrent states
+/// (stage_pools_memory), the mmproj of an image encoder. Keeps a reference to pl.
+std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
+                                                               const PlacementMsg& pl);
 /// Starts the encoder instances of placement pl placed on node `me` (loaded by the placement
 /// thread into placed_vision) and, on the head, the proxies of the others; tells the head's front.
 /// Returns an error text, "" when all started.

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/detail/actor_configs.h"
+#include "actors/detail/replan.h"
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "model/model.h"
@@ -249,6 +251,65 @@ TEST(Qwen3NextCluster, CrashedShardStageAndSchedulerChangeNoResult) {
   }
   EXPECT_GT(total, 0u) << st.dump();
   EXPECT_LE(total, 4 * 3 * layer_slot) << st.dump();  // 3 linear layers
+}
+
+// What a re-placement counts for a moved stage beside its weights (detail::stage_pools_memory:
+// its KV pool and its recurrent states) is what the running stage takes: the pool its engine
+// reserved for the attention layers of its range, in the plan's KV type, and one state per slot
+// once every slot has been used (8 requests through 4 slots).
+TEST(Qwen3NextCluster, ReplacementCountsWhatAStageReserves) {
+  testing::TempDir dir;
+  const std::string gguf = testing::synth_arch(dir, "qwen3next", 33);
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::ModelSpec& spec = (*m)->spec;
+  Plan plan = even_plan(gguf, 3, 0);
+  plan.scheduler.max_sequences = 4;
+  plan.scheduler.max_model_len = 128;
+  plan.kv_type = compute::KvType::kF16;
+  ASSERT_TRUE(resolve_plan(plan, spec).has_value());
+  auto lc = LocalCluster::start(plan, *m);
+  ASSERT_TRUE(lc) << lc.error().message;
+  const auto reqs = testing::cluster_requests(spec.n_vocab, 8, 6, 902);
+  for (const auto& r : (*lc)->generate_many(reqs)) EXPECT_TRUE(r.ok()) << r.error;
+  // The placement a head would send for this plan (its pools: the smallest stage's blocks).
+  detail::PlacementMsg pl;
+  int64_t blocks = plan.stages[0].kv_blocks;
+  for (const auto& s : plan.stages) blocks = std::min(blocks, s.kv_blocks);
+  for (uint32_t i = 0; i < plan.stages.size(); ++i) {
+    detail::StagePlacementInfo sp;
+    sp.stage = i;
+    sp.layer_begin = static_cast<uint32_t>(plan.stages[i].layer_begin);
+    sp.layer_end = static_cast<uint32_t>(plan.stages[i].layer_end);
+    pl.stages.push_back(sp);
+    pl.kv_pools.push_back(
+        {i, 0, static_cast<uint32_t>(blocks), static_cast<uint32_t>(plan.kv_block_size)});
+  }
+  const auto st = nlohmann::json::parse((*lc)->stats_json());
+  ASSERT_EQ(st["kv_stages"].size(), 3u) << st.dump();
+  uint64_t states = 0;
+  for (uint32_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("stage " + std::to_string(i));
+    const detail::ActorMemory want = detail::stage_pools_memory(
+        spec, plan, pl, i, state_slots_for(spec, plan.scheduler));
+    const auto& s = st["kv_stages"][i];
+    EXPECT_EQ(s["block_bytes"].get<uint64_t>() * s["blocks_total"].get<uint64_t>(), want.kv)
+        << st.dump();
+    EXPECT_EQ(s["state_bytes"].get<uint64_t>(), want.states) << st.dump();
+    EXPECT_GT(want.kv, 0u);
+    EXPECT_EQ(want.weights, 0u);
+    states += want.states;
+  }
+  // Over the stages: 4 slots of every linear-attention layer of the model.
+  int64_t linear = 0;
+  for (const auto& L : spec.layers) linear += L.recurrent ? 1 : 0;
+  EXPECT_GT(linear, 0);
+  EXPECT_EQ(states, static_cast<uint64_t>(4 * linear * spec.ssm_state_floats()) * 4);
+  // A GPU stage keeps both on its device.
+  Plan gpu = plan;
+  gpu.stages[1].device = "cuda:0";
+  const detail::ActorMemory none = detail::stage_pools_memory(spec, gpu, pl, 1, 4);
+  EXPECT_EQ(none.total(), 0u);
 }
 
 }  // namespace

@@ -58,8 +58,8 @@ TEST(Replan, NothingMovesWhenTheGoneNodeHostedNothing) {
 
 TEST(Replan, RoomIsCheckedAgainstReportedFreeMemory) {
   const PlacementMsg old = three_nodes();
-  auto bytes = [](ActorRole role, uint32_t) -> uint64_t {
-    return role == ActorRole::kStage ? 600'000'000 : 100'000'000;
+  auto bytes = [](ActorRole role, uint32_t) -> ActorMemory {
+    return {role == ActorRole::kStage ? 600'000'000u : 100'000'000u};
   };
   // Node 1 (least loaded) has no room for a 600 MB stage; node 2 has.
   auto r = replan(old, {{1, {500'000'000}}, {2, {2'000'000'000}}}, bytes);
@@ -72,6 +72,30 @@ TEST(Replan, RoomIsCheckedAgainstReportedFreeMemory) {
   EXPECT_NE(bad.error().message.find("stage 2 of node 3"), std::string::npos)
       << bad.error().message;
   EXPECT_NE(bad.error().message.find("600.0 MB"), std::string::npos) << bad.error().message;
+}
+
+TEST(Replan, AStagesKvPoolAndRecurrentStatesNeedRoomToo) {
+  const PlacementMsg old = three_nodes();
+  // A stage's 300 MB of weights fit on node 1 (the least loaded, 500 MB free); with its 150 MB
+  // KV pool and 100 MB of recurrent states it does not, and goes to node 2.
+  auto memory = [](ActorRole role, uint32_t) -> ActorMemory {
+    if (role == ActorRole::kStage) return {300'000'000u, 150'000'000u, 100'000'000u};
+    return {100'000'000u};
+  };
+  auto r = replan(old, {{1, {500'000'000}}, {2, {2'000'000'000}}}, memory);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->stages[2].node_id, 2u);
+  EXPECT_EQ(r->kv_pools[2].node_id, 2u);
+  EXPECT_EQ(r->shards[1].node_id, 1u);
+  // No survivor has the stage's 550 MB: the error names each part.
+  auto bad = replan(old, {{1, {500'000'000}}, {2, {540'000'000}}}, memory);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("no surviving node has room for stage 2 of node 3 (needs "
+                                     "550.0 MB: 300.0 MB of weights, 150.0 MB of KV pool, 100.0 "
+                                     "MB of recurrent states; the most free memory left is 540.0 "
+                                     "MB)"),
+            std::string::npos)
+      << bad.error().message;
 }
 
 // three_nodes() with image encoders on node 3 (gone below), node 2 and node 3.
@@ -116,9 +140,9 @@ TEST(Replan, EncodersOnSurvivorsStayAndCountAsLoad) {
 TEST(Replan, EncoderRoomIsAskedForWithItsRoleAndIndex) {
   const PlacementMsg old = with_encoders();
   std::vector<std::pair<ActorRole, uint32_t>> asked;
-  auto bytes = [&](ActorRole role, uint32_t index) -> uint64_t {
+  auto bytes = [&](ActorRole role, uint32_t index) -> ActorMemory {
     asked.push_back({role, index});
-    return role == ActorRole::kEncoder ? 300'000'000 : 100'000'000;
+    return {role == ActorRole::kEncoder ? 300'000'000u : 100'000'000u};
   };
   // Node 1 (the least loaded) can take stage 2 and shard 1 (200 MB) but no 300 MB encoder.
   auto r = replan(old, {{1, {450'000'000}}, {2, {2'000'000'000}}}, bytes);
@@ -136,8 +160,8 @@ TEST(Replan, EncoderRoomIsAskedForWithItsRoleAndIndex) {
 
 TEST(Replan, NoRoomForAnEncoderIsAnErrorNamingIt) {
   const PlacementMsg old = with_encoders();
-  auto bytes = [](ActorRole role, uint32_t) -> uint64_t {
-    return role == ActorRole::kEncoder ? 700'000'000 : 100'000'000;
+  auto bytes = [](ActorRole role, uint32_t) -> ActorMemory {
+    return {role == ActorRole::kEncoder ? 700'000'000u : 100'000'000u};
   };
   auto bad = replan(old, {{1, {500'000'000}}, {2, {600'000'000}}}, bytes);
   ASSERT_FALSE(bad.has_value());
