@@ -107,8 +107,14 @@ std::optional<std::string> pre_from_splits(const std::vector<std::string>& re) {
       "\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}"
       "\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}"
       "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  // Mistral's Tekken (Mistral Nemo, Small 3, Ministral, Devstral, Magistral).
+  const std::string kTekken =
+      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}"
+      "\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}"
+      "\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
   if (re.size() == 1 && re[0] == kLlama3) return "llama-bpe";
   if (re.size() == 1 && re[0] == kO200k) return "gpt-4o";
+  if (re.size() == 1 && re[0] == kTekken) return "tekken";
   if (re.size() == 1 && re[0] == kQwen2) return "qwen2";
   if (re.size() == 1 && re[0] == kQwen35) return "qwen35";
   if (re.size() == 1 && (re[0] == kGpt2 || re[0] + "|\\s+" == kGpt2)) return "gpt-2";

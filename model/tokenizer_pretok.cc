@@ -223,8 +223,14 @@ size_t match_deepseek_v3(const Span& s, size_t p) {
 // User, Name) and Han runs apart from other letters. (llama.cpp's kimi-k2 splitter takes any
 // run of non-Han letters as one word; this follows the model's own tokenizer.)
 // tiktoken's o200k (gpt-oss, GPT-4o), `kimi` false, is the same without the Han rules and with
-// [\r\n/]* after a punctuation run.
-size_t match_cased_words(const Span& s, size_t p, bool kimi) {
+// [\r\n/]* after a punctuation run. Mistral's Tekken, `tekken` (and `kimi` false), is o200k
+// without the contractions (C) and with one digit a number (\p{N}):
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+
+//   |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*
+//   |\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// (llama.cpp's tekken approximates the case classes by [^a-z] and [^A-Z] among letters, which
+// splits words of non-ASCII capitals differently; this follows the model's own tokenizer.)
+size_t match_cased_words(const Span& s, size_t p, bool kimi, bool tekken = false) {
   const uint16_t han_bit = kimi ? kCpHan : 0;
   auto han = [&](size_t i) { return (s.flags(i) & han_bit) != 0; };
   if (han(p)) return s.run(p, han);
@@ -242,7 +248,7 @@ size_t match_cased_words(const Span& s, size_t p, bool kimi) {
   // U*L+C? (greedy U*, giving back characters until L+ can start) or U+L*C?: the end of the
   // match at q, or 0.
   auto contraction = [&](size_t end) {
-    return end < s.end ? end + match_contraction(s, end, true) : end;
+    return end < s.end && !tekken ? end + match_contraction(s, end, true) : end;
   };
   auto lower_word = [&](size_t q) -> size_t {
     for (size_t k = s.run(q, in_u) + 1; k-- > 0;) {
@@ -264,7 +270,7 @@ size_t match_cased_words(const Span& s, size_t p, bool kimi) {
     if (size_t e = upper_word(p + 1)) return e - p;
   }
   if (size_t e = upper_word(p)) return e - p;
-  return match_numbers_punct_space(s, p, 3, !kimi);
+  return match_numbers_punct_space(s, p, tekken ? 1 : 3, !kimi);
 }
 
 /// One regex of a set: returns the length of the match starting at p, or 0.
@@ -320,6 +326,7 @@ size_t m_qwen35(const Span& s, size_t p) { return match_qwen35(s, p); }
 size_t m_deepseek_v3(const Span& s, size_t p) { return match_deepseek_v3(s, p); }
 size_t m_kimi_k2(const Span& s, size_t p) { return match_cased_words(s, p, true); }
 size_t m_gpt4o(const Span& s, size_t p) { return match_cased_words(s, p, false); }
+size_t m_tekken(const Span& s, size_t p) { return match_cased_words(s, p, false, true); }
 size_t m_newline(const Span& s, size_t p) { return s.newline(p) ? 1 : 0; }
 size_t m_number_run(const Span& s, size_t p) {
   return s.run(p, [&](size_t i) { return s.number(i); });
@@ -410,6 +417,7 @@ std::optional<PreTokenizerInfo> pre_tokenizer_info(std::string_view name) {
       {"kimi-k2", {P::kKimiK2, false, true, false}},
       {"gpt-4o", {P::kGpt4o, false, false, false}},
       {"llama4", {P::kGpt4o, false, false, false}},
+      {"tekken", {P::kTekken, false, true, true}},
   };
   for (const Entry& e : kEntries) {
     if (e.name == name) return e.info;
@@ -451,6 +459,9 @@ void pre_split(PreTokenizer pre, const std::vector<uint32_t>& cps, std::vector<s
       break;
     case PreTokenizer::kGpt4o:
       split_stage(cps, m_gpt4o, &pieces);
+      break;
+    case PreTokenizer::kTekken:
+      split_stage(cps, m_tekken, &pieces);
       break;
     case PreTokenizer::kDefault:
       split_stage(cps, m_default_punct, &pieces);

@@ -1,6 +1,7 @@
 // Test references for three Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
 // GLM-4.5-Air, GLM-4.6), MiniMaxM2ForCausalLM (MiniMax-M2) and BailingMoeV2ForCausalLM
-// (inclusionAI's Ling-2.0: Ling-mini-2.0, Ling-flash-2.0, Ling-1T). Each is a deliberately naive
+// (inclusionAI's Ling-2.0: Ling-mini-2.0, Ling-flash-2.0, Ling-1T), and the dense
+// MistralForCausalLM with its sliding window. Each is a deliberately naive
 // float64 forward pass that reads the checkpoint by its Hugging Face tensor names, written from the
 // semantics of transformers' modeling_glm4_moe.py, MiniMax's modeling_minimax_m2.py and
 // inclusionAI's modeling_bailing_moe_v2.py, independently of troupe's engine and model loader (it
@@ -64,6 +65,8 @@ struct Config {
   bool norm_topk = true;
   // MiniMax-M2 and Bailing only.
   bool routing_bias = true;  // use_routing_bias (MiniMax), moe_router_enable_expert_bias (Bailing)
+  // Mistral only: sliding_window; position i attends to s with i - W < s <= i (0: to all s <= i).
+  int64_t W = 0;
 };
 
 /// config.json of `dir` with typed look-ups; null counts as absent.
@@ -112,6 +115,21 @@ inline void check_groups(const Config& c, const std::string& experts_key) {
   if (c.n_group <= 0 || c.N % c.n_group != 0) fail(experts_key + " % n_group != 0");
   if (c.topk_group <= 0 || c.topk_group > c.n_group) fail("bad topk_group");
   if (c.K <= 0 || c.K > c.topk_group * (c.N / c.n_group)) fail("bad num_experts_per_tok");
+}
+
+/// MistralForCausalLM (Mistral 7B, Nemo, Small 3): Llama's dense decoder, whole-head NeoX rotary,
+/// SwiGLU MLPs of intermediate_size, and sliding_window when set (transformers' MistralConfig
+/// defaults it to 4096; this reference reads only what the file says).
+inline Config read_mistral_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  c.R = c.D;
+  c.eps = j.get("rms_norm_eps", 1e-6);
+  c.I = j.req("intermediate_size");
+  c.W = j.get("sliding_window", int64_t{0});
+  if (c.W < 0) fail("bad sliding_window");
+  if (j.get("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be silu");
+  return c;
 }
 
 inline Config read_glm4moe_config(const std::string& dir) {
@@ -392,17 +410,18 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const std:
     Vec heads(static_cast<size_t>(c.H * c.D), 0.0);
     for (int64_t j = 0; j < c.H; ++j) {
       const int64_t qo = j * c.D, ko = j / (c.H / c.Hkv) * c.D;
-      Vec score(i + 1);
-      for (size_t s = 0; s <= i; ++s) {
+      const size_t s0 = c.W > 0 && i + 1 > static_cast<size_t>(c.W) ? i + 1 - c.W : 0;
+      Vec score(i + 1 - s0);
+      for (size_t s = s0; s <= i; ++s) {
         double d = 0;
         for (int64_t e = 0; e < c.D; ++e) d += q[i][qo + e] * k[s][ko + e];
-        score[s] = d / std::sqrt(static_cast<double>(c.D));
+        score[s - s0] = d / std::sqrt(static_cast<double>(c.D));
       }
       const double mx = *std::ranges::max_element(score);
       double sum = 0;
       for (double& x : score) sum += (x = std::exp(x - mx));
-      for (size_t s = 0; s <= i; ++s)
-        for (int64_t e = 0; e < c.D; ++e) heads[qo + e] += score[s] / sum * v[s][ko + e];
+      for (size_t s = s0; s <= i; ++s)
+        for (int64_t e = 0; e < c.D; ++e) heads[qo + e] += score[s - s0] / sum * v[s][ko + e];
     }
     out[i] = matvec(wo, heads);
   }
@@ -579,6 +598,20 @@ inline std::vector<double> glm4moe_reference_logits(const std::string& dir,
   const auto st = open_checkpoint(dir);
   return forward(*st, c, kHfLayout, tokens, [&](int64_t l, const std::string& p, const Vec& h) {
     return glm_ffn(*st, c, l, p, h);
+  });
+}
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face MistralForCausalLM directory `dir`, in
+/// double; row i = logits after tokens[0..i] (causal, positions 0..n-1, each attending to the
+/// last sliding_window positions when the config sets it). Throws std::runtime_error naming the
+/// tensor or key on a missing tensor, a shape that config.json does not imply, or a bad config.
+inline std::vector<double> mistral_reference_logits(const std::string& dir,
+                                                    const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_mistral_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, kHfLayout, tokens, [&](int64_t, const std::string& p, const Vec& h) {
+    return swiglu(*st, p + "mlp.", kProjNames, c.E, c.I, h);
   });
 }
 

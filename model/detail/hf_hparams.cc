@@ -53,6 +53,7 @@ class HparamsReader {
     const std::string arch = (*archs)[0].get<std::string>();
     static const std::pair<const char*, HfFamily> kFamilies[] = {
         {"LlamaForCausalLM", HfFamily::kLlama},
+        {"MistralForCausalLM", HfFamily::kLlama},  // Llama's, with an optional sliding window
         {"MixtralForCausalLM", HfFamily::kMixtral},
         {"Qwen2ForCausalLM", HfFamily::kQwen2},
         {"Qwen3ForCausalLM", HfFamily::kQwen3},
@@ -197,6 +198,19 @@ class HparamsReader {
     }
   }
 
+  /// Mistral's and Mixtral's `sliding_window` (Mistral-7B-v0.1's 4096; null or absent in the
+  /// later releases): every layer attends to the last that many positions, its own included,
+  /// as transformers' mask does. LlamaForCausalLM has no such key. (llama.cpp's converter drops
+  /// it: a GGUF of these attends to the whole context.)
+  void read_mistral_window() {
+    if (!cfg_.has("sliding_window")) return;
+    const int64_t window = cfg_.get_int("sliding_window");
+    if (window <= 0)
+      TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", cfg_.path().c_str(),
+                         static_cast<long long>(window));
+    h_.window.assign(static_cast<size_t>(h_.spec.n_layer), window);
+  }
+
   /// Expert counts and routing of the non-MLA families.
   void read_moe_counts() {
     ModelSpec& s = h_.spec;
@@ -205,6 +219,7 @@ class HparamsReader {
         s.arch = Arch::kLlama;
         s.n_ff_exp = s.n_ff;  // as the GGUF reader: llama-arch experts have the FFN width
         s.norm_topk = true;
+        read_mistral_window();
         break;
       case HfFamily::kMixtral:
         s.arch = Arch::kLlama;
@@ -212,6 +227,7 @@ class HparamsReader {
         s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
         s.n_ff_exp = s.n_ff;
         s.norm_topk = true;  // MixtralSparseMoeBlock always renormalizes the top-k
+        read_mistral_window();
         break;
       case HfFamily::kQwen2:
       case HfFamily::kQwen3:
@@ -754,6 +770,7 @@ json llava_text_config(const json& config, const std::string& path) {
             {"max_position_embeddings", 131072},
             {"rms_norm_eps", 1e-6},
             {"rope_theta", 10000.0},
+            {"sliding_window", 4096},  // null in a text_config turns it off
             {"tie_word_embeddings", false}};
   } else if (type == "qwen2") {  // every key given: Qwen2Config's defaults are a 7B's
     text = {{"architectures", {"Qwen2ForCausalLM"}}};
@@ -798,7 +815,9 @@ nlohmann::json text_decoder_config(nlohmann::json config, const std::string& pat
   if (archs == config.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string())
     return config;
   const std::string arch = (*archs)[0].get<std::string>();
-  if (arch == "LlavaForConditionalGeneration") {
+  // Mistral3ForConditionalGeneration (Mistral Small 3.1 and 3.2): a Pixtral tower and a Mistral
+  // decoder, laid out as LLaVA's.
+  if (arch == "LlavaForConditionalGeneration" || arch == "Mistral3ForConditionalGeneration") {
     *multimodal = true;
     return llava_text_config(config, path);
   }

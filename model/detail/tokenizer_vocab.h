@@ -44,6 +44,8 @@ enum class PreTokenizer : uint8_t {
   kKimiK2,
   kGpt4o,   ///< tiktoken's o200k (gpt-oss, GPT-4o; llama.cpp's "gpt-4o")
   kQwen35,  ///< Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with their letters
+  kTekken,  ///< Mistral's Tekken (Mistral Nemo, Small 3, Ministral): o200k's without
+            ///< contractions, one digit a number
 };
 
 /// Raw vocabulary as read from a file, before validation. Optional fields take llama.cpp's

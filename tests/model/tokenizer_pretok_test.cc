@@ -161,6 +161,27 @@ const SplitCase kCases[] = {
     {P::kQwen35, "a  \u0301\u0301 b.\u0301\n", {"a", " ", " \u0301\u0301", " b", ".\u0301", "\n"}},
     // Qwen2's splits the same word at its mark (which becomes the next piece's prefix).
     {P::kQwen2, "e\u0301t\u00e9", {"e", "\u0301t\u00e9"}},
+    // Tekken (Mistral): each expectation is what Python's regex module gives for the pattern of
+    // the models' tokenizer.json. o200k's cases with contractions and numbers split apart;
+    // capitals beyond ASCII (llama.cpp's [^a-z] approximation would split "\u00c9COLE" as
+    // "\u00c9", "COLE"), titlecase (\u01c5) and modifier letters (\u02b0).
+    {P::kTekken, "Hello world", {"Hello", " world"}},
+    {P::kTekken, "getUserName HTTPServer", {"get", "User", "Name", " HTTPServer"}},
+    {P::kTekken, "12345 don't I'M", {"1", "2", "3", "4", "5", " don", "'t", " I", "'M"}},
+    {P::kTekken,
+     "\u00c9COLE \u00e9cole \u00c9cOLE",
+     {"\u00c9COLE", " \u00e9cole", " \u00c9c", "OLE"}},
+    {P::kTekken,
+     "\u01c5ungla \u01c4UNGLA x\u02b0y",
+     {"\u01c5ungla", " \u01c4UNGLA", " x\u02b0y"}},
+    {P::kTekken, "e\u0301 \u00e7a\u0301b", {"e\u0301", " \u00e7a\u0301b"}},
+    {P::kTekken, "a/b\n/c", {"a", "/b", "\n", "/c"}},
+    {P::kTekken, "!!\n/x", {"!!\n/", "x"}},
+    {P::kTekken, "  \n\n  x ", {"  \n\n", " ", " x", " "}},
+    {P::kTekken, "$100 + <tag> ^_^", {"$", "1", "0", "0", " +", " <", "tag", ">", " ^_^"}},
+    {P::kTekken, "\u4f60\u597d\u4e16\u754cabc", {"\u4f60\u597d\u4e16\u754cabc"}},
+    {P::kTekken, "\u0661\u0662 3\u00bd", {"\u0661", "\u0662", " ", "3", "\u00bd"}},
+    {P::kTekken, "x\u2019s we'll", {"x", "\u2019s", " we", "'ll"}},
 };
 
 std::vector<std::string> split_words(PreTokenizer pre, const std::string& text) {
@@ -197,6 +218,11 @@ TEST(TokenizerPreSplit, NamesSelectRegexSetsAndFlags) {
   EXPECT_FALSE(pre_tokenizer_info("qwen35")->clean_spaces);
   EXPECT_FALSE(pre_tokenizer_info("qwen2")->clean_spaces);
   EXPECT_EQ(pre_tokenizer_info("deepseek-v3")->pre, P::kDeepseekV3);
+  ASSERT_TRUE(pre_tokenizer_info("tekken"));  // as llama.cpp sets it
+  EXPECT_EQ(pre_tokenizer_info("tekken")->pre, P::kTekken);
+  EXPECT_FALSE(pre_tokenizer_info("tekken")->clean_spaces);
+  EXPECT_TRUE(pre_tokenizer_info("tekken")->ignore_merges);
+  EXPECT_TRUE(pre_tokenizer_info("tekken")->add_bos);
   ASSERT_TRUE(pre_tokenizer_info("gpt-4o"));
   EXPECT_EQ(pre_tokenizer_info("gpt-4o")->pre, P::kGpt4o);
   EXPECT_FALSE(pre_tokenizer_info("gpt-4o")->clean_spaces);

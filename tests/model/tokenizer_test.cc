@@ -597,6 +597,32 @@ TEST(TokenizerHf, SplitRegexSelectsQwen35PreTokenizer) {
   EXPECT_EQ((*qwen2)->encode("e\u0301t", true), (Ids{0, 1, 3}));
 }
 
+// Mistral's Tekken tokenizer.json: numbers split digit by digit, and a word that is itself a
+// token is taken whole (tiktoken's rule, llama.cpp's ignore_merges for tekken), where o200k's
+// regex keeps "12" together and merges "ab" only by a merge rule (there is none).
+TEST(TokenizerHf, SplitRegexSelectsTekkenPreTokenizer) {
+  TempDir d;
+  auto write = [&](const std::string& regex) {
+    d.write("tokenizer.json",
+            R"({"model": {"type": "BPE", "vocab": {"1": 0, "2": 1, "12": 2, "a": 3, "b": 4,
+      "ab": 5}, "merges": ["1 2"]},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern":
+        {"Regex": ")" + regex + R"("}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})");
+  };
+  d.write("tokenizer_config.json", R"({"add_bos_token": false})");
+  write(
+      R"([^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)");
+  auto tok = Tokenizer::from_hf_dir(d.path());
+  ASSERT_TRUE(tok.has_value()) << tok.error().message;
+  EXPECT_EQ((*tok)->encode("12ab", true), (Ids{0, 1, 5}));
+  write(
+      R"([^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)");
+  auto o200k = Tokenizer::from_hf_dir(d.path());
+  ASSERT_TRUE(o200k.has_value()) << o200k.error().message;
+  EXPECT_EQ((*o200k)->encode("12ab", true), (Ids{2, 3, 4}));
+}
+
 TEST(TokenizerErrors, TokenizerJsonUnknownSplitRegex) {
   TempDir d;
   d.write("tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
