@@ -29,7 +29,8 @@ using namespace detail;
 namespace detail {
 
 // This node's resources as the head should see them: the host's, with free memory capped by
-// the node's memory_limit_mb less the weights of the actors placed on it now.
+// the node's memory_limit_mb less what the actors placed on it now take (weights, and the
+// stages' KV pools and recurrent states: actor_memory_of).
 ResourcesInfo node_resources(NodeSelf* self) {
   auto& st = self->state;
   ResourcesInfo r = local_resources();
@@ -37,15 +38,13 @@ ResourcesInfo node_resources(NodeSelf* self) {
   uint64_t used = 0;
   if (st.placement) {
     const uint32_t me = st.link->node_id();
-    const auto& spec = st.model->spec;
+    const auto memory = actor_memory_of(self, *st.placement);
     for (const auto& s : st.placement->stages)
-      if (s.node_id == me)
-        used += actor_weight_bytes(spec, *st.placement, ActorRole::kStage, s.stage);
+      if (s.node_id == me) used += memory(ActorRole::kStage, s.stage).total();
     for (const auto& s : st.placement->shards)
-      if (s.node_id == me)
-        used += actor_weight_bytes(spec, *st.placement, ActorRole::kExpertShard, s.shard);
+      if (s.node_id == me) used += memory(ActorRole::kExpertShard, s.shard).total();
     for (const auto& e : st.placement->encoders)
-      if (e.node_id == me) used += mmproj_bytes(st.plan);
+      if (e.node_id == me) used += memory(ActorRole::kEncoder, e.index).total();
   }
   const uint64_t limit = static_cast<uint64_t>(st.me.memory_limit_mb) << 20;
   r.free_memory_bytes = std::min(r.free_memory_bytes, limit > used ? limit - used : 0);

@@ -86,9 +86,9 @@ struct NodePlan {
   std::string name;  // unique in the cluster, e.g. "node-b"
   std::string host;  // address its transport listens on (and peers connect to)
   int64_t port = 0;  // 1..65535
-  // The most memory the actors placed on this node may take for their weights, in MiB (for a
-  // host shared with other work); 0 = no limit beyond the memory it has. Re-placement moves an
-  // actor onto this node only if its weights fit under it.
+  // The most memory the actors placed on this node may take, in MiB (for a host shared with
+  // other work): their weights, and the stages' KV pools and recurrent states; 0 = no limit
+  // beyond the memory it has. Re-placement moves an actor onto this node only if it fits under it.
   int64_t memory_limit_mb = 0;
   int line = 0;
 };
