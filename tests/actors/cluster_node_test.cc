@@ -23,6 +23,7 @@
 
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
+#include "compute/engine.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "tests/actors/cluster_nodes.h"
@@ -413,6 +414,53 @@ TEST(ClusterNode, StepsThatAlwaysFailEndTheirRequestsAfterTheWindow) {
   EXPECT_GE(took, 2s);  // the window, not the count, ended them (8 deadlines take 1.6 s)
   n.nodes[0]->set_faults({});
   expect_same((*client)->generate_many(reqs), want);
+}
+
+// A node's memory_limit_mb bounds what its actors take, so the free memory it reports is the
+// limit less its actors' weights, KV pools and recurrent states (the room re-placement sees).
+// Two clusters that differ only in their KV pools (64 and 192 blocks a stage) see node b, which
+// hosts stage 0, report free memory that differs by exactly stage 0's 128 more blocks.
+TEST(ClusterNode, AMemoryLimitCountsTheKvPoolOfEachStage) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  constexpr uint64_t kLimit = uint64_t{2048} << 20;
+  Plan resolved;
+  auto reported_by_b = [&](int64_t blocks) -> uint64_t {
+    std::vector<uint16_t> ports;
+    Plan plan = parse(cluster_toml(path, {{"b", "c"}, {"c", "a"}}, &ports));
+    plan.cluster.nodes[1].memory_limit_mb = 2048;
+    for (auto& s : plan.stages) s.kv_blocks = blocks;
+    resolved = plan;
+    EXPECT_TRUE(resolve_plan(resolved, (*m)->spec).has_value());
+    Nodes n;
+    n.start(plan, 3);
+    auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
+    EXPECT_TRUE(client) << client.error().message;
+    if (!client) return 0;
+    // Before its placement b reports its whole limit; a heartbeat after it, the limit less its
+    // actors' memory.
+    uint64_t free = kLimit;
+    for (int i = 0; i < 100 && free >= kLimit; ++i) {
+      if (i > 0) std::this_thread::sleep_for(50ms);
+      auto st = (*client)->status_json();
+      if (!st) continue;
+      const auto j = nlohmann::json::parse(*st);
+      for (const auto& mem : j["members"])
+        if (mem["name"] == "b") free = mem["free_memory_bytes"].get<uint64_t>();
+    }
+    EXPECT_LT(free, kLimit) << "node b never reported its placed actors";
+    return free;
+  };
+  const uint64_t small = reported_by_b(64);
+  const uint64_t large = reported_by_b(192);
+  const StagePlan& s0 = resolved.stages[0];
+  const uint64_t block = compute::kv_pool_bytes(compute::kv_cache_config(
+      (*m)->spec, {s0.layer_begin, s0.layer_end}, resolved.kv_block_size, 1, resolved.kv_type));
+  EXPECT_GT(block, 0u);
+  EXPECT_EQ(small - large, 128 * block) << "free " << small << " with 64 blocks, " << large
+                                        << " with 192; a block of stage 0 takes " << block;
 }
 
 // Qwen3-Next across nodes: each sequence's recurrent state slot travels in the steps
