@@ -73,7 +73,7 @@ std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
 uint64_t mmproj_bytes(const Plan& plan) { return model::vision_weight_bytes(plan.mmproj); }
 
 std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
-                                                               const PlacementMsg& pl) {
+                                                                const PlacementMsg& pl) {
   return [self, &pl](ActorRole role, uint32_t index) -> ActorMemory {
     auto& st = self->state;
     if (role == ActorRole::kEncoder) return {mmproj_bytes(st.plan)};

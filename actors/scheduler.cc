@@ -348,10 +348,10 @@ void retry_sequences(Self* self, const std::vector<int64_t>& ids, const std::str
     if (it->second.cancelled)
       finish(self, id, "cancelled");
     else if (gave_up(st, it->second))
-      finish(self, id, "error",
-             strfmt("its steps failed %d times in a row over %g s; the last: %s",
-                    it->second.failures, static_cast<double>(st.step_failure_window_ms) / 1000.0,
-                    why.c_str()));
+      finish(
+          self, id, "error",
+          strfmt("its steps failed %d times in a row over %g s; the last: %s", it->second.failures,
+                 static_cast<double>(st.step_failure_window_ms) / 1000.0, why.c_str()));
     else if (st.state_slots > 0)
       it->second.num_computed = 0;
   }

@@ -290,8 +290,8 @@ TEST(Qwen3NextCluster, ReplacementCountsWhatAStageReserves) {
   uint64_t states = 0;
   for (uint32_t i = 0; i < 3; ++i) {
     SCOPED_TRACE("stage " + std::to_string(i));
-    const detail::ActorMemory want = detail::stage_pools_memory(
-        spec, plan, pl, i, state_slots_for(spec, plan.scheduler));
+    const detail::ActorMemory want =
+        detail::stage_pools_memory(spec, plan, pl, i, state_slots_for(spec, plan.scheduler));
     const auto& s = st["kv_stages"][i];
     EXPECT_EQ(s["block_bytes"].get<uint64_t>() * s["blocks_total"].get<uint64_t>(), want.kv)
         << st.dump();

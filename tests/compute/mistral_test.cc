@@ -43,8 +43,8 @@ std::string rewrite(const std::string& src, const TempDir& dir,
   for (const auto& [name, t] : (*st)->tensors()) {
     std::string to = name;
     if (mistral3) to = "language_model." + name;  // model.* -> language_model.model.*
-    out.push_back({to, t->dtype, t->shape,
-                   std::string(reinterpret_cast<const char*>(t->data), t->nbytes)});
+    out.push_back(
+        {to, t->dtype, t->shape, std::string(reinterpret_cast<const char*>(t->data), t->nbytes)});
   }
   dir.write("model.safetensors", testing::safetensors_image(out));
   return dir.path();
@@ -101,18 +101,20 @@ TEST(Mistral, HuggingFaceFormsMatchTheFloat64ReferenceWithAndWithoutTheirWindow)
   expect_engine_near_reference(*m, prompt, ref);  // KV blocks of 4 and 16 under the window
   expect_batch_invariant(*m);
   for (size_t i = 0; i < prompt.size(); ++i) {
-    const bool same = std::equal(got.begin() + i * V, got.begin() + (i + 1) * V,
-                                 full.begin() + i * V);
+    const bool same =
+        std::equal(got.begin() + i * V, got.begin() + (i + 1) * V, full.begin() + i * V);
     EXPECT_EQ(same, i < 8) << "position " << i;
   }
 
   // Mistral Small 3.1's class: the same decoder under language_model.model.*.
   TempDir small31;
-  rewrite(src, small31, [](json& c) { as_mistral3(c, 8); }, true);
+  rewrite(
+      src, small31, [](json& c) { as_mistral3(c, 8); }, true);
   EXPECT_TRUE(bit_equal(prompt_logits(small31.path(), prompt), got));
   // Its text_config without the key takes MistralConfig's default window, 4096.
   TempDir defaulted;
-  rewrite(src, defaulted, [](json& c) { as_mistral3(c, -1); }, true);
+  rewrite(
+      src, defaulted, [](json& c) { as_mistral3(c, -1); }, true);
   auto d = model::load_model(defaulted.path());
   ASSERT_TRUE(d.has_value()) << d.error().message;
   for (const model::LayerSpec& L : (*d)->spec.layers) EXPECT_EQ(L.window, 4096);

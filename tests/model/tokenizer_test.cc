@@ -607,7 +607,8 @@ TEST(TokenizerHf, SplitRegexSelectsTekkenPreTokenizer) {
             R"({"model": {"type": "BPE", "vocab": {"1": 0, "2": 1, "12": 2, "a": 3, "b": 4,
       "ab": 5}, "merges": ["1 2"]},
       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern":
-        {"Regex": ")" + regex + R"("}, "behavior": "Isolated", "invert": false},
+        {"Regex": ")" +
+                regex + R"("}, "behavior": "Isolated", "invert": false},
         {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})");
   };
   d.write("tokenizer_config.json", R"({"add_bos_token": false})");
