@@ -50,10 +50,10 @@ struct Seq {
 // A sequence whose steps have failed for SchedulerActorConfig::step_failure_window_ms, with no
 // step succeeding in between, ends with the last failure's message: a step that fails for a
 // reason no retry changes (a stage that refuses it, a link that loses every step) must not loop
-// forever. It must also have failed at least this many times in a row: while a lost node's
-// actors are re-placed the scheduler's steps fail fast, many times, until the node is declared
-// gone, and the count keeps a short window from ending them (a window keeps a fast count from
-// doing so).
+// forever. It must also have failed at least this many times in a row, so that a short window
+// does not end a sequence after one or two slow failures; the window in turn keeps fast
+// failures (while a lost node's actors are re-placed, steps fail at once, many times) from
+// ending it by their count alone.
 constexpr int kMinStepFailures = 8;
 
 struct SchedulerState {

@@ -190,6 +190,7 @@ class HparamsReader {
                  (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
                  ((f == HfFamily::kMinimaxM2 || f == HfFamily::kBailingMoeV2) &&
                   cfg_.get_bool_or("use_qk_norm", true));
+    if (f == HfFamily::kLlama || f == HfFamily::kMixtral) read_mistral_window();
     if (f == HfFamily::kMinimaxM2) {
       const std::string type = cfg_.get_string_or("qk_norm_type", "per_layer");
       if (type != "per_layer")
@@ -219,7 +220,6 @@ class HparamsReader {
         s.arch = Arch::kLlama;
         s.n_ff_exp = s.n_ff;  // as the GGUF reader: llama-arch experts have the FFN width
         s.norm_topk = true;
-        read_mistral_window();
         break;
       case HfFamily::kMixtral:
         s.arch = Arch::kLlama;
@@ -227,7 +227,6 @@ class HparamsReader {
         s.n_expert_used = cfg_.get_dim("num_experts_per_tok");
         s.n_ff_exp = s.n_ff;
         s.norm_topk = true;  // MixtralSparseMoeBlock always renormalizes the top-k
-        read_mistral_window();
         break;
       case HfFamily::kQwen2:
       case HfFamily::kQwen3:

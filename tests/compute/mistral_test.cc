@@ -28,8 +28,8 @@ using testing::TempDir;
 // stories260K's Hugging Face directory rewritten into `dir`: config.json as `edit` leaves it and
 // the same tensors, under Mistral3ForConditionalGeneration's names ("language_model.model.*",
 // transformers before 4.52) when `mistral3`. The tokenizer files are copied.
-std::string rewrite(const std::string& src, const TempDir& dir,
-                    const std::function<void(json&)>& edit, bool mistral3 = false) {
+void rewrite(const std::string& src, const TempDir& dir, const std::function<void(json&)>& edit,
+             bool mistral3 = false) {
   std::ifstream in(src + "/config.json");
   json config = json::parse(in);
   edit(config);
@@ -47,7 +47,6 @@ std::string rewrite(const std::string& src, const TempDir& dir,
         {to, t->dtype, t->shape, std::string(reinterpret_cast<const char*>(t->data), t->nbytes)});
   }
   dir.write("model.safetensors", testing::safetensors_image(out));
-  return dir.path();
 }
 
 void as_mistral(json& c, int64_t window) {
