@@ -19,6 +19,7 @@
 #include <caf/send.hpp>
 
 #include "actors/detail/node_state.h"
+#include "actors/detail/replan.h"
 #include "actors/encoder.h"
 #include "transport/auth.h"
 
@@ -388,6 +389,24 @@ struct ClusterNode::Impl {
   }
 };
 
+std::map<std::string, uint64_t> placed_memory_bytes(const Plan& plan,
+                                                    const model::ModelSpec& spec) {
+  auto id = [&](const std::string& n) { return static_cast<uint32_t>(node_index(plan, n) + 1); };
+  const PlacementMsg pl = initial_placement(plan, id);
+  const auto memory = actor_memory_in(spec, plan, pl);
+  std::map<std::string, uint64_t> out;
+  for (const auto& n : plan.cluster.nodes) out[n.name] = 0;
+  auto bytes_on = [&](uint32_t node_id) -> uint64_t& {
+    return out[plan.cluster.nodes.at(node_id - 1).name];
+  };
+  for (const auto& s : pl.stages) bytes_on(s.node_id) += memory(ActorRole::kStage, s.stage).total();
+  for (const auto& s : pl.shards)
+    bytes_on(s.node_id) += memory(ActorRole::kExpertShard, s.shard).total();
+  for (const auto& e : pl.encoders)
+    bytes_on(e.node_id) += memory(ActorRole::kEncoder, e.index).total();
+  return out;
+}
+
 ClusterNode::ClusterNode() : impl_(std::make_unique<Impl>()) {}
 
 ClusterNode::~ClusterNode() {
@@ -419,6 +438,15 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   if (!model) return model.error();
   if (auto s = resolve_plan(plan, (*model)->spec); !s) return s.error();
   if (auto s = resolve_placement(plan); !s) return s.error();
+  {
+    // A node whose memory_limit_mb cannot hold what the plan puts on it: every node says so at
+    // start, before anything is loaded (as re-placement would refuse to move those actors there).
+    auto id = [&](const std::string& n) { return static_cast<uint32_t>(node_index(plan, n) + 1); };
+    const PlacementMsg first = initial_placement(plan, id);
+    if (auto s = check_memory_limits(plan, first, id, actor_memory_in((*model)->spec, plan, first));
+        !s)
+      return s.error();
+  }
   phases.back().duration_ms = ms_since(started) - phases.back().start_ms;
   phases.back().done = true;
 
@@ -567,7 +595,7 @@ void ClusterNode::leave(const std::string& reason) {
   }
   im.stop_joining->store(true);
   if (im.joiner.joinable()) im.joiner.join();
-  im.link->set_transport(nullptr);
+  if (im.link) im.link->set_transport(nullptr);  // null when start() failed before the link
   im.tx.reset();  // says bye on every link (after the leave notice, in order)
 }
 

@@ -146,42 +146,10 @@ std::string missing_nodes(NodeSelf* self) {
 
 PlacementMsg build_placement(NodeSelf* self) {
   auto& st = self->state;
-  const Plan& p = st.plan;
-  PlacementMsg pl;
+  PlacementMsg pl =
+      initial_placement(st.plan, [&](const std::string& n) { return st.members.at(n).node_id; });
   pl.header.cluster_epoch = st.link->epoch();
-  pl.version = 1;
-  pl.model_name = std::filesystem::path(p.model_path).filename().string();
   pl.model_hash = st.model_hash;
-  pl.microbatches = static_cast<uint32_t>(p.scheduler.microbatches);
-  int64_t kv_blocks = p.stages.empty() ? 0 : p.stages[0].kv_blocks;
-  for (const auto& s : p.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
-  const size_t n = p.stages.size();
-  for (size_t i = 0; i < n; ++i) {
-    const StagePlan& s = p.stages[i];
-    StagePlacementInfo sp;
-    sp.stage = static_cast<uint32_t>(i);
-    sp.node_id = st.members.at(s.node).node_id;
-    sp.layer_begin = static_cast<uint32_t>(s.layer_begin);
-    sp.layer_end = static_cast<uint32_t>(s.layer_end);
-    sp.has_embedding = i == 0;
-    sp.has_output_head = i + 1 == n;
-    sp.threads = static_cast<uint32_t>(s.threads);
-    pl.stages.push_back(sp);
-    pl.kv_pools.push_back({sp.stage, sp.node_id, static_cast<uint32_t>(kv_blocks),
-                           static_cast<uint32_t>(p.kv_block_size)});
-  }
-  for (size_t j = 0; j < p.expert_shards.size(); ++j) {
-    const ExpertShardPlan& s = p.expert_shards[j];
-    ShardPlacementInfo sp;
-    sp.shard = static_cast<uint32_t>(j);
-    sp.node_id = st.members.at(s.node).node_id;
-    sp.experts = s.experts;
-    sp.threads = static_cast<uint32_t>(s.threads);
-    pl.shards.push_back(std::move(sp));
-  }
-  for (size_t k = 0; k < p.encoders.size(); ++k)
-    pl.encoders.push_back({static_cast<uint32_t>(k), st.members.at(p.encoders[k].node).node_id,
-                           static_cast<uint32_t>(p.encoders[k].threads)});
   return pl;
 }
 

@@ -72,18 +72,22 @@ std::vector<ImageWorkerActor> instance_list(NodeSelf* self) {
 
 uint64_t mmproj_bytes(const Plan& plan) { return model::vision_weight_bytes(plan.mmproj); }
 
-std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
+std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_in(const model::ModelSpec& spec,
+                                                                const Plan& plan,
                                                                 const PlacementMsg& pl) {
-  return [self, &pl](ActorRole role, uint32_t index) -> ActorMemory {
-    auto& st = self->state;
-    if (role == ActorRole::kEncoder) return {mmproj_bytes(st.plan)};
-    const model::ModelSpec& spec = st.model->spec;
+  return [&spec, &plan, &pl](ActorRole role, uint32_t index) -> ActorMemory {
+    if (role == ActorRole::kEncoder) return {mmproj_bytes(plan)};
     ActorMemory m;
     if (role == ActorRole::kStage)
-      m = stage_pools_memory(spec, st.plan, pl, index, state_slots_for(spec, st.plan.scheduler));
+      m = stage_pools_memory(spec, plan, pl, index, state_slots_for(spec, plan.scheduler));
     m.weights = actor_weight_bytes(spec, pl, role, index);
     return m;
   };
+}
+
+std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
+                                                                const PlacementMsg& pl) {
+  return actor_memory_in(self->state.model->spec, self->state.plan, pl);
 }
 
 std::string mmproj_to_load(NodeSelf* self, const PlacementMsg& pl) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,7 +89,8 @@ struct NodePlan {
   int64_t port = 0;  // 1..65535
   // The most memory the actors placed on this node may take, in MiB (for a host shared with
   // other work): their weights, and the stages' KV pools and recurrent states; 0 = no limit
-  // beyond the memory it has. Re-placement moves an actor onto this node only if it fits under it.
+  // beyond the memory it has. A plan that places more on it is refused when the nodes start
+  // (placed_memory_bytes); re-placement moves an actor onto it only if it fits under it.
   int64_t memory_limit_mb = 0;
   int line = 0;
 };
@@ -187,6 +189,14 @@ Status resolve_plan(Plan& plan, const model::ModelSpec& spec);
 /// a plan with an mmproj and no [[encoder]] gets one, and [[encoder]] without an mmproj is an
 /// error.
 Status resolve_placement(Plan& plan);
+
+/// What the first placement of a resolved multi-host plan (resolve_plan, resolve_placement) puts
+/// on each of its nodes, in bytes, by node name: the weights of the stages, expert shards and
+/// image encoders placed there, and the CPU stages' KV pools and recurrent states. This is what
+/// a node's memory_limit_mb is checked against at start (ClusterNode::start refuses a plan that
+/// puts more on a node), and what re-placement counts.
+std::map<std::string, uint64_t> placed_memory_bytes(const Plan& plan,
+                                                    const model::ModelSpec& spec);
 
 /// Index of the node named `name` in plan.cluster.nodes, or -1.
 int node_index(const Plan& plan, const std::string& name);

@@ -1,6 +1,7 @@
 // Re-placement after node loss (see detail/replan.h).
 #include "actors/detail/replan.h"
 
+#include <filesystem>
 #include <limits>
 #include <string>
 
@@ -39,6 +40,77 @@ ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
                compute::recurrent_state_bytes(spec, range);
   }
   return m;
+}
+
+PlacementMsg initial_placement(const Plan& p,
+                               const std::function<uint32_t(const std::string&)>& node_id) {
+  PlacementMsg pl;
+  pl.version = 1;
+  pl.model_name = std::filesystem::path(p.model_path).filename().string();
+  pl.microbatches = static_cast<uint32_t>(p.scheduler.microbatches);
+  // Every stage gets a pool of the smallest stage's size: the scheduler admits by one count.
+  int64_t kv_blocks = p.stages.empty() ? 0 : p.stages[0].kv_blocks;
+  for (const auto& s : p.stages) kv_blocks = std::min(kv_blocks, s.kv_blocks);
+  const size_t n = p.stages.size();
+  for (size_t i = 0; i < n; ++i) {
+    const StagePlan& s = p.stages[i];
+    StagePlacementInfo sp;
+    sp.stage = static_cast<uint32_t>(i);
+    sp.node_id = node_id(s.node);
+    sp.layer_begin = static_cast<uint32_t>(s.layer_begin);
+    sp.layer_end = static_cast<uint32_t>(s.layer_end);
+    sp.has_embedding = i == 0;
+    sp.has_output_head = i + 1 == n;
+    sp.threads = static_cast<uint32_t>(s.threads);
+    pl.stages.push_back(sp);
+    pl.kv_pools.push_back({sp.stage, sp.node_id, static_cast<uint32_t>(kv_blocks),
+                           static_cast<uint32_t>(p.kv_block_size)});
+  }
+  for (size_t j = 0; j < p.expert_shards.size(); ++j) {
+    const ExpertShardPlan& s = p.expert_shards[j];
+    ShardPlacementInfo sp;
+    sp.shard = static_cast<uint32_t>(j);
+    sp.node_id = node_id(s.node);
+    sp.experts = s.experts;
+    sp.threads = static_cast<uint32_t>(s.threads);
+    pl.shards.push_back(std::move(sp));
+  }
+  for (size_t k = 0; k < p.encoders.size(); ++k)
+    pl.encoders.push_back({static_cast<uint32_t>(k), node_id(p.encoders[k].node),
+                           static_cast<uint32_t>(p.encoders[k].threads)});
+  return pl;
+}
+
+Status check_memory_limits(const Plan& plan, const PlacementMsg& pl,
+                           const std::function<uint32_t(const std::string&)>& node_id,
+                           const std::function<ActorMemory(ActorRole, uint32_t)>& actor_memory) {
+  for (const auto& n : plan.cluster.nodes) {
+    if (n.memory_limit_mb <= 0) continue;
+    const uint32_t id = node_id(n.name);
+    uint64_t total = 0;
+    std::string parts;
+    auto add = [&](ActorRole role, uint32_t index, const std::string& what) {
+      const ActorMemory m = actor_memory(role, index);
+      total += m.total();
+      parts += (parts.empty() ? "" : ", ") + what + " " + std::to_string(index) + " (" +
+               describe(m) + ")";
+    };
+    for (const auto& s : pl.stages)
+      if (s.node_id == id) add(ActorRole::kStage, s.stage, "stage");
+    for (const auto& s : pl.shards)
+      if (s.node_id == id) add(ActorRole::kExpertShard, s.shard, "expert shard");
+    for (const auto& e : pl.encoders)
+      if (e.node_id == id) add(ActorRole::kEncoder, e.index, "image encoder");
+    const uint64_t limit = static_cast<uint64_t>(n.memory_limit_mb) << 20;
+    if (total > limit)
+      return make_error(
+          static_cast<int>(PlanErrc::kInvalid),
+          strfmt("%s: node '%s': the plan places %s on it, over its memory_limit_mb "
+                 "= %lld (%s): %s",
+                 plan.source.c_str(), n.name.c_str(), mb(total).c_str(),
+                 static_cast<long long>(n.memory_limit_mb), mb(limit).c_str(), parts.c_str()));
+  }
+  return Ok{};
 }
 
 Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Survivor>& alive,

@@ -277,6 +277,10 @@ uint64_t mmproj_bytes(const Plan& plan);
 /// (stage_pools_memory), the mmproj of an image encoder. Keeps a reference to pl.
 std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_of(NodeSelf* self,
                                                                 const PlacementMsg& pl);
+/// The same for the model `spec` and plan `plan` (keeps references to all three).
+std::function<ActorMemory(ActorRole, uint32_t)> actor_memory_in(const model::ModelSpec& spec,
+                                                                const Plan& plan,
+                                                                const PlacementMsg& pl);
 /// Starts the encoder instances of placement pl placed on node `me` (loaded by the placement
 /// thread into placed_vision) and, on the head, the proxies of the others; tells the head's front.
 /// Returns an error text, "" when all started.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
 
 #include "actors/detail/control_wire.h"
 #include "actors/plan.h"
@@ -32,6 +33,19 @@ struct ActorMemory {
 /// keeps both on its device: nothing.
 ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
                                const PlacementMsg& pl, uint32_t index, int64_t state_slots);
+
+/// The first placement of a resolved multi-host plan (resolve_plan, resolve_placement): every
+/// stage (with its KV pool), expert shard and image encoder on the node the plan names, whose id
+/// `node_id(name)` gives. Version 1; the header's epoch and the model hash are the caller's.
+PlacementMsg initial_placement(const Plan& p,
+                               const std::function<uint32_t(const std::string&)>& node_id);
+
+/// Checks that what pl places on each node with a memory_limit_mb fits under it (the sum of
+/// `actor_memory` over its actors). The error (PlanErrc::kInvalid) names the plan, the node, the
+/// sum and the limit, and each actor with its parts.
+Status check_memory_limits(const Plan& plan, const PlacementMsg& pl,
+                           const std::function<uint32_t(const std::string&)>& node_id,
+                           const std::function<ActorMemory(ActorRole, uint32_t)>& actor_memory);
 
 /// The placement that follows `old` once only the nodes of `alive` remain (node id -> what it
 /// reported). Actors on alive nodes stay where they are (their weights are resident); each actor

@@ -16,6 +16,7 @@
 #include "actors/cluster_client.h"
 #include "actors/detail/control_wire.h"
 #include "model/synth.h"
+#include "model/vision.h"
 #include "tests/actors/cluster_nodes.h"
 #include "tests/actors/solo_reference.h"
 #include "tests/image_writers.h"
@@ -369,18 +370,35 @@ TEST(ClusterNode, AnEncoderThatStaysKeepsItsImagesThroughAReplacement) {
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 
-// The only image encoder's node (b) leaves and the survivor has no room for it (a may hold
-// 1 MiB of weights; its stages take more): the encoder is dropped, text requests go on at
-// once, and a request with an image fails at once saying why.
+// The only image encoder's node (b) leaves and the survivor has no room for it (a's limit holds
+// its stages, rounded up to a MiB, and the encoder's weights need more than that MiB): the
+// encoder is dropped, text requests go on at once, and a request with an image fails at once
+// saying why.
 TEST(ClusterNode, AnEncoderWithNoRoomIsDroppedAndTextKeepsBeingServed) {
   TROUPE_SHARED_OR_SKIP(shared);
   std::vector<uint16_t> ports;
   std::string t =
       llava_toml(shared, {{"a", "a"}, {}}, &ports, 2, "[[encoder]]\nnode = \"b\"\nthreads = 1\n");
+  // A KV pool that leaves a's last MiB with less room than the encoder's weights need.
+  const uint64_t encoder =
+      model::vision_weight_bytes(shared + "/models/synth/llava-tiny/mmproj.gguf");
+  ASSERT_GT(encoder, 0u);
+  const std::string pool = "kv_blocks = 64\n";
+  const size_t at = t.find(pool);
+  ASSERT_NE(at, std::string::npos);
+  uint64_t slack = 0;
+  for (int blocks = 64; blocks < 512; ++blocks) {
+    t.replace(at, t.find('\n', at) + 1 - at, "kv_blocks = " + std::to_string(blocks) + "\n");
+    const uint64_t need = placed_bytes(t, "a");
+    slack = (uint64_t{static_cast<uint64_t>(fitting_limit_mb(t, "a"))} << 20) - need;
+    if (slack < encoder) break;
+  }
+  ASSERT_LT(slack, encoder);
   const std::string a = "name = \"a\"\n";
-  t.insert(t.find(a) + a.size(), "memory_limit_mb = 1\n");
+  t.insert(t.find(a) + a.size(),
+           "memory_limit_mb = " + std::to_string(fitting_limit_mb(t, "a")) + "\n");
   Nodes n;
-  n.start(parse(t), 2);
+  ASSERT_NO_FATAL_FAILURE(n.start(parse(t), 2));
   auto client = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
   ASSERT_TRUE(client) << client.error().message;
   const std::string png = shared + "/golden/vlm/images/circles_64x64.png";

@@ -419,7 +419,8 @@ TEST(ClusterNode, StepsThatAlwaysFailEndTheirRequestsAfterTheWindow) {
 // A node's memory_limit_mb bounds what its actors take, so the free memory it reports is the
 // limit less its actors' weights, KV pools and recurrent states (the room re-placement sees).
 // Two clusters that differ only in their KV pools (64 and 192 blocks a stage) see node b, which
-// hosts stage 0, report free memory that differs by exactly stage 0's 128 more blocks.
+// hosts stage 0, report free memory that differs by exactly stage 0's 128 more blocks; each is
+// the limit less what placed_memory_bytes (the start-up check's count) gives for b.
 TEST(ClusterNode, AMemoryLimitCountsTheKvPoolOfEachStage) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::string path = shared + "/models/synth/mixtral-moe/model.gguf";
@@ -451,6 +452,10 @@ TEST(ClusterNode, AMemoryLimitCountsTheKvPoolOfEachStage) {
         if (mem["name"] == "b") free = mem["free_memory_bytes"].get<uint64_t>();
     }
     EXPECT_LT(free, kLimit) << "node b never reported its placed actors";
+    // What the start-up check counts for b (placed_memory_bytes) is what b's actors take.
+    Plan placed = resolved;
+    EXPECT_TRUE(resolve_placement(placed).has_value());
+    EXPECT_EQ(free, kLimit - placed_memory_bytes(placed, (*m)->spec).at("b"));
     return free;
   };
   const uint64_t small = reported_by_b(64);
@@ -590,8 +595,8 @@ TEST(ClusterNode, TwoNodesLostInOneLeaseAreReplacedWithIdenticalOutput) {
   for (size_t i = n.nodes.size(); i-- > 0;) n.nodes[i].reset();
 }
 
-// Node c hosts stage 1 and an expert shard; a and b may hold only 1 MiB of weights each, so when
-// c's links are cut and its lease runs out no survivor has room for its actors. The head holds the
+// Node c hosts stage 1 and an expert shard; a and b may hold only what they host already, so
+// when c's links are cut and its lease runs out no survivor has room for its actors. The head holds the
 // requests for up to replace_wait_ms (ARCHITECTURE.md §7, "queued until it returns").
 struct NoRoom {
   Workload w;
@@ -609,9 +614,15 @@ struct NoRoom {
       t.insert(i + at.size(), what);
     };
     put_after("lease_ms = 1000\n", "replace_wait_ms = " + std::to_string(replace_wait_ms) + "\n");
-    put_after("name = \"a\"\n", "memory_limit_mb = 1\n");
-    put_after("name = \"b\"\n", "memory_limit_mb = 1\n");
-    n.start(parse(t), 3);
+    // a and b can hold what the plan puts on them (rounded up to a MiB), not c's stage and shard:
+    // a stage's KV pool of 256 blocks alone takes over a MiB.
+    const std::string pool = "kv_blocks = 64\n";
+    ASSERT_NE(t.find(pool), std::string::npos);
+    t.replace(t.find(pool), pool.size(), "kv_blocks = 256\n");
+    const int64_t limit_a = fitting_limit_mb(t, "a"), limit_b = fitting_limit_mb(t, "b");
+    put_after("name = \"a\"\n", "memory_limit_mb = " + std::to_string(limit_a) + "\n");
+    put_after("name = \"b\"\n", "memory_limit_mb = " + std::to_string(limit_b) + "\n");
+    ASSERT_NO_FATAL_FAILURE(n.start(parse(t), 3));
     auto c = ClusterClient::connect("127.0.0.1", ports[0], "test-token");
     ASSERT_TRUE(c) << c.error().message;
     client = std::move(*c);

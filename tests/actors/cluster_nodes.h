@@ -12,6 +12,7 @@
 
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
+#include "model/model.h"
 #include "tests/cluster_test_util.h"
 
 namespace troupe::actors::testing_nodes {
@@ -47,6 +48,24 @@ inline Plan parse(const std::string& toml) {
   auto p = parse_plan_string(toml, "cluster-test.toml");
   EXPECT_TRUE(p) << (p ? "" : p.error().message);
   return p ? *p : Plan{};
+}
+
+// What the plan of `toml` places on node `name` (placed_memory_bytes: its actors' weights, KV
+// pools and recurrent states).
+inline uint64_t placed_bytes(const std::string& toml, const std::string& name) {
+  Plan plan = parse(toml);
+  auto m = model::load_model(plan.model_path);
+  EXPECT_TRUE(m) << (m ? "" : m.error().message);
+  if (!m) return 0;
+  EXPECT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+  EXPECT_TRUE(resolve_placement(plan).has_value());
+  return placed_memory_bytes(plan, (*m)->spec).at(name);
+}
+
+// The smallest memory_limit_mb that holds what the plan of `toml` places on node `name`: room
+// for nothing more than the rest of its last MiB.
+inline int64_t fitting_limit_mb(const std::string& toml, const std::string& name) {
+  return static_cast<int64_t>((placed_bytes(toml, name) + (1u << 20) - 1) >> 20);
 }
 
 struct Nodes {

@@ -158,6 +158,50 @@ TEST(Cli, ClusterCommandsGiveOneLineErrors) {
       "cannot reach the head at 127.0.0.1:9");
 }
 
+// A node daemon whose model file is missing or corrupt names it and exits 2. (Until session 54
+// it crashed instead: the half-started node's destructor used a link it did not have yet.)
+TEST(Cli, NodeWithABadModelFileSaysWhichAndExits) {
+  const fs::path corrupt = temp_dir() / "node-corrupt.gguf";
+  std::ofstream(corrupt, std::ios::binary) << "GGUF\x03";  // truncated header
+  for (const std::string& model : {std::string("/nonexistent/m.gguf"), corrupt.string()}) {
+    const fs::path conf = temp_dir() / "node-bad-model.toml";
+    std::ofstream(conf) << "[model]\npath = \"" << model
+                        << "\"\n[cluster]\ntoken = \"t\"\n[[node]]\nname = \"a\"\n"
+                           "address = \"127.0.0.1:1\"\n";
+    const auto r = troupe({"node", "--config", conf.string(), "--name", "a"});
+    EXPECT_EQ(r.rc, 2) << r.err;
+    expect_one_line_error(r,
+                          model + (model == corrupt.string() ? ": truncated" : ": no such file"));
+  }
+}
+
+// A plan that puts more on a node than its memory_limit_mb allows is refused when the node
+// starts, naming the node, the limit and each actor's parts, before anything is loaded.
+TEST(Cli, PlanOverANodesMemoryLimitIsRefusedAtStart) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const fs::path conf = temp_dir() / "over-limit.toml";
+  std::ofstream(conf) << "[model]\npath = \"" << shared
+                      << "/models/stories260K/stories260K.gguf\"\n"
+                         "[cluster]\ntoken = \"t\"\nhead = \"a\"\n"
+                         "[[node]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\nmemory_limit_mb = 1\n"
+                         "[[node]]\nname = \"b\"\naddress = \"127.0.0.1:2\"\n"
+                         "[stages]\nkv_blocks = 256\n"
+                         "[[stage]]\nlayers = [0, 3]\nnode = \"a\"\n"
+                         "[[stage]]\nlayers = [3, 5]\nnode = \"b\"\n";
+  for (const char* name : {"a", "b"}) {  // every node of the cluster refuses it alike
+    const auto r = troupe(
+        {std::string(name) == "a" ? "serve" : "node", "--config", conf.string(), "--name", name});
+    EXPECT_EQ(r.rc, 2) << r.err;
+    expect_one_line_error(r, conf.string() + ": node 'a': the plan places ");
+    EXPECT_NE(r.err.find("on it, over its memory_limit_mb = 1 (1.0 MB): stage 0 ("),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(" of weights, "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" of KV pool"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("stage 1"), std::string::npos) << r.err;  // b's stage is not a's
+  }
+}
+
 TEST(Cli, CorruptModelFileIsNamed) {
   const fs::path p = temp_dir() / "corrupt.gguf";
   {

@@ -242,7 +242,9 @@ void kill_mid_stream(MoeOnThree& c) {
       **client, reqs, [&] { c.ds[2]->kill_now(); }, 120s, &killed);  // (clang 14: no bindings)
   ASSERT_TRUE(killed);
   expect_same(got, want);
-  EXPECT_TRUE(wait_log(*ds[0], "re-placement 2 done", 1s)) << ds[0]->output();
+  // The requests can finish before the head logs the end of the re-placement (it logs once every
+  // node confirmed): under load that took over the 1 s this waited before (session 53 saw it once).
+  EXPECT_TRUE(wait_log(*ds[0], "re-placement 2 done", 20s)) << ds[0]->output();
   // Both survivors leave cleanly (exit 0). Before expert requests were guarded (guard_request),
   // the head took 10-20 s here: a stage of the old placement waited out its expert timeout for a
   // request dropped in a stopped shard's mailbox. Now well under a second; the time is printed.
