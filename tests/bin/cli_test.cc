@@ -188,9 +188,11 @@ TEST(Cli, PlanOverANodesMemoryLimitIsRefusedAtStart) {
                          "[stages]\nkv_blocks = 256\n"
                          "[[stage]]\nlayers = [0, 3]\nnode = \"a\"\n"
                          "[[stage]]\nlayers = [3, 5]\nnode = \"b\"\n";
-  for (const char* name : {"a", "b"}) {  // every node of the cluster refuses it alike
-    const auto r = troupe(
-        {std::string(name) == "a" ? "serve" : "node", "--config", conf.string(), "--name", name});
+  // Every node of the cluster refuses it alike. (Without the check a daemon would wait for its
+  // peers: --ready-timeout bounds that wait.)
+  for (const char* name : {"a", "b"}) {
+    const auto r = troupe({std::string(name) == "a" ? "serve" : "node", "--config", conf.string(),
+                           "--name", name, "--ready-timeout", "5"});
     EXPECT_EQ(r.rc, 2) << r.err;
     expect_one_line_error(r, conf.string() + ": node 'a': the plan places ");
     EXPECT_NE(r.err.find("on it, over its memory_limit_mb = 1 (1.0 MB): stage 0 ("),
