@@ -130,6 +130,8 @@ class HfSpecBuilder {
       build_mla(a, g, L);
     } else if (fam_ == Family::kBailingMoeV2) {
       build_fused_attention(h + "attention.", g, L);
+    } else if (fam_ == Family::kPhi3) {
+      build_phi3_attention(a, g, L);
     } else {
       const int64_t q = s.n_head * s.head_dim_k;
       const int64_t k = s.n_head_kv * s.head_dim_k;
@@ -172,8 +174,16 @@ class HfSpecBuilder {
       if (s.n_ff <= 0)
         TROUPE_INPUT_ERROR("%s: layer %lld is dense but intermediate_size is missing",
                            cfg_.path().c_str(), static_cast<long long>(il));
-      L.ffn_gate = take(m + "gate_proj.weight", g + "ffn_gate.weight", {s.n_ff, E});
-      L.ffn_up = take(m + "up_proj.weight", g + "ffn_up.weight", {s.n_ff, E});
+      if (fam_ == Family::kPhi3) {
+        // gate_up_proj [2 * I, E]: the gate's rows, then up's (views of its rows).
+        WeightView w = take(m + "gate_up_proj.weight", g + "ffn_up.weight", {2 * s.n_ff, E});
+        if (w.scaled() && s.n_ff % w.scale_block[0] != 0) w = to_f32(w);
+        L.ffn_gate = w.row_range(0, s.n_ff, g + "ffn_up.weight[gate]");
+        L.ffn_up = w.row_range(s.n_ff, s.n_ff, g + "ffn_up.weight[up]");
+      } else {
+        L.ffn_gate = take(m + "gate_proj.weight", g + "ffn_gate.weight", {s.n_ff, E});
+        L.ffn_up = take(m + "up_proj.weight", g + "ffn_up.weight", {s.n_ff, E});
+      }
       L.ffn_down = take(m + "down_proj.weight", g + "ffn_down.weight", {E, s.n_ff});
     }
   }
@@ -207,6 +217,20 @@ class HfSpecBuilder {
     L.ssm_a = make_view(g + "ssm_a", GgmlType::kF32, {nv}, reinterpret_cast<const uint8_t*>(rate));
     L.ssm_norm = take_f32(a + "norm.weight", g + "ssm_norm.weight", {s.ssm_v_dim});
     L.wo = take(a + "out_proj.weight", g + "ssm_out.weight", {E, vw});
+  }
+
+  /// Phi-3's attention: qkv_proj [(H + 2 Hkv) * D, E] holds q, k and v rows in that order (views
+  /// of its rows), o_proj the output projection; no biases, no q/k norms.
+  void build_phi3_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
+                  v = s.n_head_kv * s.head_dim_v;
+    WeightView w = take(a + "qkv_proj.weight", g + "attn_qkv.weight", {q + k + v, s.n_embd});
+    if (w.scaled() && (q % w.scale_block[0] != 0 || (q + k) % w.scale_block[0] != 0)) w = to_f32(w);
+    L.wq = w.row_range(0, q, g + "attn_qkv.weight[q]");
+    L.wk = w.row_range(q, k, g + "attn_qkv.weight[k]");
+    L.wv = w.row_range(q + k, v, g + "attn_qkv.weight[v]");
+    L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {s.n_embd, s.n_head * s.head_dim_v});
   }
 
   /// Ling-2.0's attention: query_key_value [(H + 2 Hkv) * D, E] holds q, k and v rows in that

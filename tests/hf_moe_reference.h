@@ -67,6 +67,9 @@ struct Config {
   bool routing_bias = true;  // use_routing_bias (MiniMax), moe_router_enable_expert_bias (Bailing)
   // Mistral only: sliding_window; position i attends to s with i - W < s <= i (0: to all s <= i).
   int64_t W = 0;
+  // Phi-3's LongRoPE: a divisor per rotary pair (empty: none) and the factor on cos and sin.
+  std::vector<double> ext;
+  double rope_mscale = 1;
 };
 
 /// config.json of `dir` with typed look-ups; null counts as absent.
@@ -89,8 +92,8 @@ struct ConfigJson {
 };
 
 /// The fields both models read the same way: sizes, heads, rope_theta, tying.
-inline Config read_common(const ConfigJson& j) {
-  if (j.has("rope_scaling")) fail("rope_scaling is not supported");
+inline Config read_common(const ConfigJson& j, bool rope_scaling_read_elsewhere = false) {
+  if (j.has("rope_scaling") && !rope_scaling_read_elsewhere) fail("rope_scaling is not supported");
   Config c;
   c.vocab = j.req("vocab_size");
   c.E = j.req("hidden_size");
@@ -129,6 +132,39 @@ inline Config read_mistral_config(const std::string& dir) {
   c.W = j.get("sliding_window", int64_t{0});
   if (c.W < 0) fail("bad sliding_window");
   if (j.get("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be silu");
+  return c;
+}
+
+/// Phi3ForCausalLM (Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini): Mistral's decoder with the q, k and
+/// v projections fused in self_attn.qkv_proj and gate and up in mlp.gate_up_proj, NeoX rotary on
+/// partial_rotary_factor of each head, and LongRoPE: rope_scaling {"type": "longrope",
+/// short_factor, long_factor} ("su" its older name), each pair's frequency divided by its short_factor (the sequences
+/// here are shorter than original_max_position_embeddings), cos and sin multiplied by
+/// attention_factor or else sqrt(1 + ln(s) / ln(original_max_position_embeddings)), s the ratio
+/// max_position_embeddings / original_max_position_embeddings (1 when s <= 1).
+inline Config read_phi3_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j, true);
+  c.R = static_cast<int64_t>(static_cast<double>(c.D) * j.get("partial_rotary_factor", 1.0));
+  c.eps = j.get("rms_norm_eps", 1e-5);
+  c.I = j.req("intermediate_size");
+  c.W = j.get("sliding_window", int64_t{0});
+  if (c.W < 0) fail("bad sliding_window");
+  if (j.get("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be silu");
+  check_rotary(c);
+  if (j.has("rope_scaling")) {
+    const nlohmann::json& r = j.j["rope_scaling"];
+    const std::string type = r.value("type", r.value("rope_type", std::string()));
+    if (type != "longrope" && type != "su") fail("rope_scaling other than longrope (or su)");
+    for (const auto& x : r.at("short_factor")) c.ext.push_back(x.get<double>());
+    if (static_cast<int64_t>(c.ext.size()) != c.R / 2) fail("short_factor: one per rotary pair");
+    const double orig = static_cast<double>(j.req("original_max_position_embeddings"));
+    const double ratio = static_cast<double>(j.req("max_position_embeddings")) / orig;
+    c.rope_mscale = r.contains("attention_factor") && !r["attention_factor"].is_null()
+                        ? r["attention_factor"].get<double>()
+                    : ratio <= 1 ? 1.0
+                                 : std::sqrt(1 + std::log(ratio) / std::log(orig));
+  }
   return c;
 }
 
@@ -326,7 +362,17 @@ inline Vec mix_experts(const Tensors& st, const Config& c, const std::string& ex
 
 /// NeoX rotary on the first R elements of the head at off (refmath::rope_neox).
 inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
-  rope_neox(v, off, pos, c.R, c.rope_theta);
+  if (c.ext.empty() && c.rope_mscale == 1) return rope_neox(v, off, pos, c.R, c.rope_theta);
+  for (int64_t i = 0; i < c.R / 2; ++i) {  // LongRoPE: divided frequencies, scaled cos and sin
+    const double inv_freq =
+        std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.R)) /
+        (c.ext.empty() ? 1.0 : c.ext[static_cast<size_t>(i)]);
+    const double angle = static_cast<double>(pos) * inv_freq;
+    const double cs = c.rope_mscale * std::cos(angle), sn = c.rope_mscale * std::sin(angle);
+    const double a = v[off + i], b = v[off + i + c.R / 2];
+    v[off + i] = a * cs - b * sn;
+    v[off + i + c.R / 2] = b * cs + a * sn;
+  }
 }
 
 /// Projection name+".weight" [rows, E] of h, plus its bias when attention_bias says so.
@@ -351,6 +397,15 @@ inline constexpr AttnNames kSelfAttnNames{
     .v = "self_attn.v_proj",
     .q_norm = "self_attn.q_norm",
     .k_norm = "self_attn.k_norm",
+    .o = "self_attn.o_proj",
+};
+inline constexpr AttnNames kPhi3AttnNames{
+    .qkv = "self_attn.qkv_proj",
+    .q = nullptr,
+    .k = nullptr,
+    .v = nullptr,
+    .q_norm = nullptr,
+    .k_norm = nullptr,
     .o = "self_attn.o_proj",
 };
 inline constexpr AttnNames kBailingAttnNames{
@@ -441,6 +496,7 @@ struct Layout {
 };
 inline constexpr Layout kHfLayout{"model.embed_tokens.weight", kSelfAttnNames};  // GLM, MiniMax
 inline constexpr Layout kBailingLayout{"model.word_embeddings.weight", kBailingAttnNames};
+inline constexpr Layout kPhi3Layout{"model.embed_tokens.weight", kPhi3AttnNames};
 
 /// The attention block of layer prefix p over its normed inputs hs (one per position).
 using Attn = std::function<std::vector<Vec>(const std::string& p, const std::vector<Vec>& hs)>;
@@ -612,6 +668,23 @@ inline std::vector<double> mistral_reference_logits(const std::string& dir,
   const auto st = open_checkpoint(dir);
   return forward(*st, c, kHfLayout, tokens, [&](int64_t, const std::string& p, const Vec& h) {
     return swiglu(*st, p + "mlp.", kProjNames, c.E, c.I, h);
+  });
+}
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face Phi3ForCausalLM directory `dir`, in
+/// double (read_phi3_config says what it reads); row i = logits after tokens[0..i] (causal,
+/// positions 0..n-1). The MLP: down_proj(silu(g) * u), g and u the first and second halves of
+/// gate_up_proj's output. Throws std::runtime_error as mistral_reference_logits.
+inline std::vector<double> phi3_reference_logits(const std::string& dir,
+                                                 const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_phi3_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, kPhi3Layout, tokens, [&](int64_t, const std::string& p, const Vec& h) {
+    const Vec gu = matvec(tensor(*st, p + "mlp.gate_up_proj.weight", {2 * c.I, c.E}), h);
+    Vec a(static_cast<size_t>(c.I));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = silu(gu[i]) * gu[i + a.size()];
+    return matvec(tensor(*st, p + "mlp.down_proj.weight", {c.E, c.I}), a);
   });
 }
 

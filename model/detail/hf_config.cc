@@ -1,6 +1,7 @@
 // config.json access and the rope-scaling section (model/detail/hf_config.h).
 #include "model/detail/hf_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -148,9 +149,44 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
       const double m = yarn_mscale(factor, mscale_all_dim);
       s.kq_scale_mult = m * m;
     }
+  } else if (type == "longrope" || type == "su") {
+    // LongRoPE (Phi-3's 128k models, Phi-3.5-mini, Phi-4-mini): a divisor per rotary pair, and
+    // cos and sin scaled by attention_factor, else by sqrt(1 + ln(ctx / orig) / ln(orig)).
+    // transformers rotates with short_factor until a sequence passes orig positions and with
+    // long_factor after; llama.cpp picks one set by its context size (its default of 4096:
+    // short). troupe rotates every position with short_factor: exact up to orig positions.
+    const auto factors = [&](const char* key) {
+      auto it = r.find(key);
+      if (it == r.end() || !it->is_array() ||
+          static_cast<int64_t>(it->size()) != s.n_rot / 2)
+        TROUPE_INPUT_ERROR("%s: longrope %s must be a list of %lld numbers (one per rotary pair)",
+                           path, key, static_cast<long long>(s.n_rot / 2));
+      std::vector<float> out;
+      for (const json& x : *it) {
+        if (!x.is_number() || !(x.get<double>() > 0) || !std::isfinite(x.get<double>()))
+          TROUPE_INPUT_ERROR("%s: longrope %s holds %s; each must be a finite number > 0", path,
+                             key, x.dump().c_str());
+        out.push_back(static_cast<float>(x.get<double>()));
+      }
+      return out;
+    };
+    s.rope_freq_factors = factors("short_factor");
+    factors("long_factor");  // checked, not used (above)
+    const bool has_orig = r.contains("original_max_position_embeddings");
+    if (!(orig >= 2) || !(ctx >= 1))
+      TROUPE_INPUT_ERROR("%s: longrope needs original_max_position_embeddings >= 2 (got %g)", path,
+                         orig);
+    const double ratio = has_orig ? ctx / orig : num("factor", 1.0);
+    double af = num("attention_factor", 0.0);
+    if (af == 0.0) af = ratio <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(ratio) / std::log(orig));
+    if (!(af > 0) || !std::isfinite(af))
+      TROUPE_INPUT_ERROR("%s: longrope attention_factor %g must be a finite number > 0", path, af);
+    sc.factor = 1.0;
+    sc.attn_factor = af;
   } else {
-    TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported (default, linear, llama3, yarn)",
-                       path, type.c_str());
+    TROUPE_INPUT_ERROR(
+        "%s: rope scaling '%s' is not supported (default, linear, llama3, yarn, longrope)", path,
+        type.c_str());
   }
 }
 

@@ -30,6 +30,12 @@ class HparamsReader {
       read_attention(arch);
       read_moe_counts();
     }
+    // Phi-3 keeps LongRoPE's original context beside max_position_embeddings, not in
+    // rope_scaling.
+    if (h_.family == HfFamily::kPhi3 && !rope_params_.contains("original_max_position_embeddings") &&
+        cfg_.has("original_max_position_embeddings"))
+      rope_params_["original_max_position_embeddings"] =
+          cfg_.get_int("original_max_position_embeddings");
     apply_hf_rope_scaling(rope_params_, cfg_.path(), mla(), h_.spec);
     ModelSpec& s = h_.spec;
     if (s.n_expert > 0 && (s.n_expert_used <= 0 || s.n_ff_exp <= 0))
@@ -54,6 +60,7 @@ class HparamsReader {
     static const std::pair<const char*, HfFamily> kFamilies[] = {
         {"LlamaForCausalLM", HfFamily::kLlama},
         {"MistralForCausalLM", HfFamily::kLlama},  // Llama's, with an optional sliding window
+        {"Phi3ForCausalLM", HfFamily::kPhi3},
         {"MixtralForCausalLM", HfFamily::kMixtral},
         {"Qwen2ForCausalLM", HfFamily::kQwen2},
         {"Qwen3ForCausalLM", HfFamily::kQwen3},
@@ -190,7 +197,8 @@ class HparamsReader {
                  (f == HfFamily::kGlm4Moe && cfg_.get_bool_or("use_qk_norm", false)) ||
                  ((f == HfFamily::kMinimaxM2 || f == HfFamily::kBailingMoeV2) &&
                   cfg_.get_bool_or("use_qk_norm", true));
-    if (f == HfFamily::kLlama || f == HfFamily::kMixtral) read_mistral_window();
+    if (f == HfFamily::kLlama || f == HfFamily::kMixtral || f == HfFamily::kPhi3)
+      read_mistral_window();
     if (f == HfFamily::kMinimaxM2) {
       const std::string type = cfg_.get_string_or("qk_norm_type", "per_layer");
       if (type != "per_layer")
@@ -217,6 +225,7 @@ class HparamsReader {
     ModelSpec& s = h_.spec;
     switch (h_.family) {
       case HfFamily::kLlama:
+      case HfFamily::kPhi3:
         s.arch = Arch::kLlama;
         s.n_ff_exp = s.n_ff;  // as the GGUF reader: llama-arch experts have the FFN width
         s.norm_topk = true;

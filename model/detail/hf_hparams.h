@@ -31,6 +31,8 @@ enum class HfFamily : uint8_t {
   kQwen3Next,     ///< Qwen3NextForCausalLM (Qwen3-Next-80B-A3B, Qwen3-Coder-Next), and
                   ///< Qwen3.5's text decoders (Qwen3_5MoeForCausalLM, Qwen3_5ForCausalLM:
                   ///< HfHparams::qwen35)
+  kPhi3,          ///< Phi3ForCausalLM (Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini): Llama's decoder
+                  ///< with fused qkv_proj and gate_up_proj, partial rotary, LongRoPE
 };
 
 struct HfHparams {
