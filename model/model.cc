@@ -81,6 +81,9 @@ class GgufSpecBuilder {
     const std::string arch = g_.get_string("general.architecture");
     if (arch == "llama") {
       s.arch = Arch::kLlama;
+    } else if (arch == "phi3") {  // Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini: read_phi3
+      s.arch = Arch::kLlama;
+      phi3_ = true;
     } else if (arch == "qwen2moe") {
       s.arch = Arch::kQwen2Moe;
     } else if (arch == "qwen3moe") {
@@ -116,7 +119,7 @@ class GgufSpecBuilder {
           g_.path().c_str());
     } else {
       TROUPE_INPUT_ERROR(
-          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, qwen2, qwen3, "
+          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, phi3, qwen2, qwen3, "
           "qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, "
           "gemma3, llama4, qwen3next, qwen35, qwen35moe)",
           g_.path().c_str(), arch.c_str());
@@ -155,9 +158,11 @@ class GgufSpecBuilder {
     s.n_rot = g_.get_int_or(p + "rope.dimension_count", s.head_dim_k);
     // llama.cpp stores Llama's q/k rows permuted for its normal rope; Qwen's as HF has them.
     // Llama 4's are as HF has them, which rotates adjacent pairs too.
-    s.rope_style = s.arch == Arch::kLlama || s.arch == Arch::kDeepseek2 || s.arch == Arch::kLlama4
-                       ? RopeStyle::kNormal
-                       : RopeStyle::kNeox;
+    // Phi-3's rows are as HF has them, like Qwen's.
+    s.rope_style =
+        (s.arch == Arch::kLlama && !phi3_) || s.arch == Arch::kDeepseek2 || s.arch == Arch::kLlama4
+            ? RopeStyle::kNormal
+            : RopeStyle::kNeox;
     const bool qwen35 = s.arch == Arch::kQwen35 || s.arch == Arch::kQwen35Moe;
     if (qwen35) {
       check_text_mrope(s, p);
@@ -167,6 +172,7 @@ class GgufSpecBuilder {
           g_.path().c_str());
     }
     read_rope_scaling(s, p);
+    if (phi3_) read_phi3(s, p);
     s.n_expert = g_.get_int_or(p + "expert_count", 0);
     s.n_expert_used = g_.get_int_or(p + "expert_used_count", 0);
     s.n_ff_exp = g_.get_int_or(p + "expert_feed_forward_length", s.n_ff);
@@ -323,6 +329,38 @@ class GgufSpecBuilder {
       s.rope_freq_factors.resize(static_cast<size_t>(t->ne[0]));
       std::memcpy(s.rope_freq_factors.data(), t->data, s.rope_freq_factors.size() * sizeof(float));
     }
+  }
+
+  /// Phi-3 as llama.cpp's converter stores it, run as transformers defines it: LongRoPE's
+  /// per-pair divisors in rope_factors_short.weight and rope_factors_long.weight (each rotary
+  /// pair's frequency divided by the short one: troupe does not switch to the long factors past
+  /// rope.scaling.original_context_length, as llama.cpp does for a context set above it), cos
+  /// and sin times rope.scaling.attn_factor (read_rope_scaling); attention.sliding_window, when
+  /// set, on every layer (transformers' mask); fused attn_qkv, and ffn_up holding the gate's rows
+  /// then up's (build_layer).
+  void read_phi3(ModelSpec& s, const std::string& p) {
+    const char* path = g_.path().c_str();
+    const TensorInfo* shrt = g_.find_tensor("rope_factors_short.weight");
+    const TensorInfo* lng = g_.find_tensor("rope_factors_long.weight");
+    for (const TensorInfo* t : {shrt, lng})
+      if (t && (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 ||
+                t->ne[1] * t->ne[2] * t->ne[3] != 1))
+        TROUPE_INPUT_ERROR("%s: tensor '%s' must be f32 [%lld] (one divisor per rotary pair)", path,
+                           t->name.c_str(), ll(s.n_rot / 2));
+    if ((shrt == nullptr) != (lng == nullptr))
+      TROUPE_INPUT_ERROR("%s: rope_factors_short.weight and rope_factors_long.weight come together",
+                         path);
+    if (shrt) {
+      if (!s.rope_freq_factors.empty())
+        TROUPE_INPUT_ERROR("%s: rope_freqs.weight beside LongRoPE's factors", path);
+      s.rope_freq_factors.resize(static_cast<size_t>(shrt->ne[0]));
+      std::memcpy(s.rope_freq_factors.data(), shrt->data,
+                  s.rope_freq_factors.size() * sizeof(float));
+    }
+    window_ = g_.get_int_or(p + "attention.sliding_window", 0);
+    if (window_ < 0)
+      TROUPE_INPUT_ERROR("%s: %sattention.sliding_window must not be negative, got %lld", path,
+                         p.c_str(), ll(window_));
   }
 
   /// Gemma 3 as llama.cpp runs it: embeddings times sqrt(n_embd), GELU FFN; with a sliding
@@ -529,6 +567,7 @@ class GgufSpecBuilder {
     L.sinks = oss ? req(b + "attn_sinks.weight") : opt(b + "attn_sinks.weight");
     // gpt-oss: a sliding window on every other layer, from the first (llama.cpp's pattern 2).
     if (s.arch == Arch::kGptOss && il % 2 == 0) L.window = window_;
+    if (phi3_) L.window = window_;
     if (s.arch == Arch::kLlama4) {
       // llama.cpp's pattern 4: layers 3, 7, ... are global and NoPE.
       L.nope = (il + 1) % 4 == 0;
@@ -551,6 +590,18 @@ class GgufSpecBuilder {
     const bool moe = s.n_expert > 0 && il >= s.n_leading_dense &&
                      (s.arch != Arch::kLlama4 || (il + 1) % moe_step_ == 0);
     L.is_moe = moe;
+    if (!moe && phi3_ && !has(b + "ffn_gate.weight")) {
+      // Phi-3's ffn_up [n_embd, 2 n_ff]: the gate's rows, then up's.
+      const WeightView w = req(b + "ffn_up.weight");
+      if (w.rows() != 2 * s.n_ff)
+        TROUPE_INPUT_ERROR("%s: tensor '%sffn_up.weight' has %lld rows, expected 2 x %lld (the "
+                           "gate's and up's)",
+                           g_.path().c_str(), b.c_str(), ll(w.rows()), ll(s.n_ff));
+      L.ffn_gate = w.row_range(0, s.n_ff, b + "ffn_up.weight[gate]");
+      L.ffn_up = w.row_range(s.n_ff, s.n_ff, b + "ffn_up.weight[up]");
+      L.ffn_down = req(b + "ffn_down.weight");
+      return;
+    }
     if (!moe) {
       L.ffn_gate = req(b + "ffn_gate.weight");
       L.ffn_up = req(b + "ffn_up.weight");
@@ -644,7 +695,8 @@ class GgufSpecBuilder {
   static long long ll(int64_t v) { return static_cast<long long>(v); }
 
   const GgufFile& g_;
-  int64_t window_ = 0;           // gpt-oss's and Gemma 3's sliding window
+  int64_t window_ = 0;           // gpt-oss's, Gemma 3's and Phi-3's sliding window
+  bool phi3_ = false;            // GGUF arch phi3 (Arch::kLlama with Phi-3's layout)
   int64_t moe_step_ = 1;         // Llama 4: every moe_step_-th layer has experts
   std::vector<bool> recurrent_;  // Qwen3-Next, Qwen3.5: per layer, linear attention
 };

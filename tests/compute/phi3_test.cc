@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "tests/compute/engine_test_util.h"
@@ -135,6 +137,119 @@ TEST(Phi3, HuggingFaceFormMatchesTheFloat64ReferencePlainAndWithPhi4MinisParts) 
   EXPECT_DOUBLE_EQ((*n)->spec.rope_scaling.attn_factor, 1.5);
   expect_near_reference(prompt_logits(*n, prompt),
                         testing::phi3_reference_logits(named.path(), prompt), vocab);
+}
+
+// The Phi-3 directory `hf` (as_phi3's) as llama.cpp's converter would write it: GGUF arch phi3,
+// the fused matrices under attn_qkv and ffn_up (gate rows first) with their rows as stored,
+// LongRoPE's factors as rope_factors_short/long.weight and its attention factor as
+// rope.scaling.attn_factor; the vocabulary copied from stories260K's GGUF. Returns the path.
+std::string phi3_gguf(const std::string& shared, const std::string& hf, const TempDir& dir) {
+  std::ifstream in(hf + "/config.json");
+  const json c = json::parse(in);
+  auto vocab = model::GgufFile::open(shared + "/models/stories260K/stories260K.gguf");
+  EXPECT_TRUE(vocab.has_value());
+  auto st = model::SafetensorsSet::open_dir(hf);
+  EXPECT_TRUE(st.has_value());
+  if (!vocab || !st) return "";
+  model::GgufWriter w;
+  for (const auto& [key, value] : (*vocab)->metadata())
+    if (key.starts_with("tokenizer.")) w.copy_value(key, value);
+  w.set_string("general.architecture", "phi3");
+  const auto u32 = [&](const std::string& key, int64_t v) {
+    w.set_u32("phi3." + key, static_cast<uint32_t>(v));
+  };
+  const int64_t D = c["head_dim"].get<int64_t>();
+  const int64_t rot =
+      static_cast<int64_t>(static_cast<double>(D) * c.value("partial_rotary_factor", 1.0));
+  u32("context_length", c["max_position_embeddings"].get<int64_t>());
+  u32("embedding_length", c["hidden_size"].get<int64_t>());
+  u32("feed_forward_length", c["intermediate_size"].get<int64_t>());
+  u32("block_count", c["num_hidden_layers"].get<int64_t>());
+  u32("attention.head_count", c["num_attention_heads"].get<int64_t>());
+  u32("attention.head_count_kv", c["num_key_value_heads"].get<int64_t>());
+  u32("rope.dimension_count", rot);
+  w.set_f32("phi3.attention.layer_norm_rms_epsilon", c["rms_norm_eps"].get<float>());
+  w.set_f32("phi3.rope.freq_base", c["rope_theta"].get<float>());
+  if (!c["sliding_window"].is_null()) u32("attention.sliding_window", c["sliding_window"]);
+  std::vector<float> shrt, lng;
+  if (!c["rope_scaling"].is_null()) {
+    const double orig = c["original_max_position_embeddings"].get<double>();
+    const double ratio = c["max_position_embeddings"].get<double>() / orig;
+    u32("rope.scaling.original_context_length", static_cast<int64_t>(orig));
+    w.set_f32("phi3.rope.scaling.attn_factor",
+              static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(orig))));
+    for (const auto& x : c["rope_scaling"]["short_factor"]) shrt.push_back(x.get<float>());
+    for (const auto& x : c["rope_scaling"]["long_factor"]) lng.push_back(x.get<float>());
+    const int64_t n[1] = {static_cast<int64_t>(shrt.size())};
+    EXPECT_TRUE(w.add_tensor_f32("rope_factors_long.weight", model::GgmlType::kF32, n, lng));
+    EXPECT_TRUE(w.add_tensor_f32("rope_factors_short.weight", model::GgmlType::kF32, n, shrt));
+  }
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  for (const auto& [name, t] : (*st)->tensors()) {
+    std::string to;
+    if (name == "model.embed_tokens.weight") to = "token_embd.weight";
+    if (name == "model.norm.weight") to = "output_norm.weight";
+    for (const auto& [hf_part, gguf_part] : names) {
+      const size_t at = name.find(hf_part);
+      if (name.starts_with("model.layers.") && at != std::string::npos)
+        to = "blk." + name.substr(13, at - 13) + gguf_part;
+    }
+    EXPECT_FALSE(to.empty()) << name;
+    EXPECT_EQ(t->dtype, "F32") << name;
+    std::vector<int64_t> ne(t->shape.rbegin(), t->shape.rend());  // ggml order: columns first
+    EXPECT_TRUE(
+        w.add_tensor(to, model::GgmlType::kF32, ne, std::span<const uint8_t>(t->data, t->nbytes))
+            .has_value())
+        << to;
+  }
+  const std::string path = dir.file("phi3.gguf");
+  auto written = w.write(path);
+  EXPECT_TRUE(written.has_value()) << written.error().message;
+  return path;
+}
+
+// The same models in llama.cpp's GGUF form: the Hugging Face form's logits, bit for bit, and with
+// Phi-4-mini's parts within the float64 reference's bound.
+TEST(Phi3, GgufFormGivesTheHuggingFaceFormsLogits) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string src = shared + "/models/hf/stories260K";
+  for (const bool parts : {false, true}) {
+    TempDir hf, gguf;
+    ASSERT_NO_FATAL_FAILURE(as_phi3(src, hf, [&](json& c) {
+      if (parts) phi4_mini_parts(c);
+    }));
+    const std::string path = phi3_gguf(shared, hf.path(), gguf);
+    ASSERT_FALSE(path.empty());
+    auto g = model::load_model(path);
+    ASSERT_TRUE(g.has_value()) << g.error().message;
+    auto h = model::load_model(hf.path());
+    ASSERT_TRUE(h.has_value()) << h.error().message;
+    const model::ModelSpec& s = (*g)->spec;
+    EXPECT_EQ(s.rope_style, model::RopeStyle::kNeox);
+    EXPECT_EQ(s.n_rot, parts ? 4 : 8);
+    EXPECT_EQ(s.rope_freq_factors, (*h)->spec.rope_freq_factors);
+    EXPECT_EQ(s.layers[0].window, parts ? 16 : 0);
+    const std::vector<int32_t> prompt = prompt_of(40, static_cast<int32_t>(s.n_vocab), 61);
+    const std::vector<float> got = prompt_logits(*g, prompt);
+    if (!parts) {
+      EXPECT_TRUE(bit_equal(got, prompt_logits(*h, prompt)));
+      continue;
+    }
+    // The file keeps the attention factor as an f32 (config.json's is computed in double): the
+    // logits then differ in their last bits, and stay within the reference's bound.
+    EXPECT_EQ(s.rope_scaling.attn_factor,
+              static_cast<double>(static_cast<float>((*h)->spec.rope_scaling.attn_factor)));
+    expect_near_reference(got, testing::phi3_reference_logits(hf.path(), prompt),
+                          static_cast<int32_t>(s.n_vocab));
+    expect_batch_invariant(*g);
+  }
 }
 
 TEST(Phi3, BadLongRopeFactorsAreRefusedByName) {
