@@ -594,9 +594,10 @@ class GgufSpecBuilder {
       // Phi-3's ffn_up [n_embd, 2 n_ff]: the gate's rows, then up's.
       const WeightView w = req(b + "ffn_up.weight");
       if (w.rows() != 2 * s.n_ff)
-        TROUPE_INPUT_ERROR("%s: tensor '%sffn_up.weight' has %lld rows, expected 2 x %lld (the "
-                           "gate's and up's)",
-                           g_.path().c_str(), b.c_str(), ll(w.rows()), ll(s.n_ff));
+        TROUPE_INPUT_ERROR(
+            "%s: tensor '%sffn_up.weight' has %lld rows, expected 2 x %lld (the "
+            "gate's and up's)",
+            g_.path().c_str(), b.c_str(), ll(w.rows()), ll(s.n_ff));
       L.ffn_gate = w.row_range(0, s.n_ff, b + "ffn_up.weight[gate]");
       L.ffn_up = w.row_range(s.n_ff, s.n_ff, b + "ffn_up.weight[up]");
       L.ffn_down = req(b + "ffn_down.weight");

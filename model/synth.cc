@@ -233,6 +233,16 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   if (llama4)
     p.values("rope_freqs.weight",
              llama3_freq_factors(c.rope_dim, c.rope_theta, 16.0, 1.0, 1.0, 8192));
+  const bool phi3 = c.arch == SynthArch::kPhi3;
+  if (phi3) {  // LongRoPE's divisors per rotary pair, short ones near 1, long ones larger
+    std::vector<float> shrt, lng;
+    for (int64_t i = 0; i < c.rope_dim / 2; ++i) {
+      shrt.push_back(1.f + 0.05f * static_cast<float>(i));
+      lng.push_back(1.f + 1.5f * static_cast<float>(i));
+    }
+    p.values("rope_factors_long.weight", lng);
+    p.values("rope_factors_short.weight", shrt);
+  }
   for (int64_t il = 0; il < c.n_layer + c.n_nextn; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     p.norm(b + "attn_norm.weight", e);
@@ -263,7 +273,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       }
     } else {
       const int64_t q = c.n_head * c.head_dim, kv = c.n_head_kv * c.head_dim;
-      if (c.arch == SynthArch::kBailingMoe2) {  // one fused matrix: q, k, v rows
+      if (c.arch == SynthArch::kBailingMoe2 || phi3) {  // one fused matrix: q, k, v rows
         p.matrix(b + "attn_qkv.weight", {e, q + 2 * kv});
       } else {
         // Qwen3-Next: each head's query rows, then its output gate's.
@@ -300,6 +310,11 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     if (il >= c.n_layer) plan_nextn(p, b, e);
     const bool dense =
         c.n_expert == 0 || il < c.n_dense_lead || (llama4 && (il + 1) % c.moe_step != 0);
+    if (dense && phi3) {  // ffn_up: the gate's rows, then up's
+      p.matrix(b + "ffn_up.weight", {e, 2 * c.n_ff});
+      p.matrix(b + "ffn_down.weight", {c.n_ff, e});
+      continue;
+    }
     if (dense) {
       plan_dense_ffn(p, b, e, c.n_ff);
       if (gemma) p.norm(b + "post_ffw_norm.weight", e);

@@ -138,10 +138,10 @@ inline Config read_mistral_config(const std::string& dir) {
 /// Phi3ForCausalLM (Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini): Mistral's decoder with the q, k and
 /// v projections fused in self_attn.qkv_proj and gate and up in mlp.gate_up_proj, NeoX rotary on
 /// partial_rotary_factor of each head, and LongRoPE: rope_scaling {"type": "longrope",
-/// short_factor, long_factor} ("su" its older name), each pair's frequency divided by its short_factor (the sequences
-/// here are shorter than original_max_position_embeddings), cos and sin multiplied by
-/// attention_factor or else sqrt(1 + ln(s) / ln(original_max_position_embeddings)), s the ratio
-/// max_position_embeddings / original_max_position_embeddings (1 when s <= 1).
+/// short_factor, long_factor} ("su" its older name), each pair's frequency divided by its
+/// short_factor (the sequences here are shorter than original_max_position_embeddings), cos and sin
+/// multiplied by attention_factor or else sqrt(1 + ln(s) / ln(original_max_position_embeddings)), s
+/// the ratio max_position_embeddings / original_max_position_embeddings (1 when s <= 1).
 inline Config read_phi3_config(const std::string& dir) {
   const ConfigJson j(dir);
   Config c = read_common(j, true);

@@ -157,8 +157,7 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
     // short). troupe rotates every position with short_factor: exact up to orig positions.
     const auto factors = [&](const char* key) {
       auto it = r.find(key);
-      if (it == r.end() || !it->is_array() ||
-          static_cast<int64_t>(it->size()) != s.n_rot / 2)
+      if (it == r.end() || !it->is_array() || static_cast<int64_t>(it->size()) != s.n_rot / 2)
         TROUPE_INPUT_ERROR("%s: longrope %s must be a list of %lld numbers (one per rotary pair)",
                            path, key, static_cast<long long>(s.n_rot / 2));
       std::vector<float> out;

@@ -32,7 +32,8 @@ class HparamsReader {
     }
     // Phi-3 keeps LongRoPE's original context beside max_position_embeddings, not in
     // rope_scaling.
-    if (h_.family == HfFamily::kPhi3 && !rope_params_.contains("original_max_position_embeddings") &&
+    if (h_.family == HfFamily::kPhi3 &&
+        !rope_params_.contains("original_max_position_embeddings") &&
         cfg_.has("original_max_position_embeddings"))
       rope_params_["original_max_position_embeddings"] =
           cfg_.get_int("original_max_position_embeddings");

@@ -34,10 +34,11 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "qwen3next") return SynthArch::kQwen3Next;
   if (a == "qwen35moe") return SynthArch::kQwen35Moe;
   if (a == "qwen35") return SynthArch::kQwen35;
+  if (a == "phi3") return SynthArch::kPhi3;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
       "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
-      "qwen35moe, qwen35)",
+      "qwen35moe, qwen35, phi3)",
       a.c_str());
 }
 
@@ -46,14 +47,14 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
   struct Use {
     const char* flag;
     bool set;
-    uint16_t archs;  // bit per SynthArch
+    uint32_t archs;  // bit per SynthArch
   };
-  constexpr uint16_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
+  constexpr uint32_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
                      kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096, kQn = 8192,
-                     kQ5m = 16384, kQ5 = 32768, kHybrid = kQn | kQ5m | kQ5;
+                     kQ5m = 16384, kQ5 = 32768, kP3 = 65536, kHybrid = kQn | kQ5m | kQ5;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid | kP3},
       {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid},
       {"--n-expert", o.n_expert.has_value(),
        kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m},
@@ -68,7 +69,7 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--index-top-k", o.index_top_k.has_value(), kDs},
       {"--index-heads", o.index_heads.has_value(), kDs},
       {"--index-dim", o.index_dim.has_value(), kDs},
-      {"--sliding-window", o.sliding_window.has_value(), kO | kGe},
+      {"--sliding-window", o.sliding_window.has_value(), kO | kGe | kP3},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2 | kQn | kQ5m},
       {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
       {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
@@ -83,7 +84,7 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--expert-weights-norm", o.expert_weights_norm.has_value(), kDs | kG | kB},
       {"--expert-weights-scale", o.expert_weights_scale.has_value(), kDs | kG | kB},
   };
-  const auto bit = static_cast<uint16_t>(1u << static_cast<unsigned>(arch));
+  const auto bit = static_cast<uint32_t>(1u << static_cast<unsigned>(arch));
   for (const Use& u : uses)
     if (u.set && (u.archs & bit) == 0)
       TROUPE_INPUT_ERROR("%s does not apply to --arch %s", u.flag, o.arch.c_str());
@@ -142,13 +143,17 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   // 128).
   const bool half = c.arch == SynthArch::kGlm4Moe || minimax || c.arch == SynthArch::kBailingMoe2;
   // Qwen3-Next a quarter (partial_rotary_factor 0.25, 64 of 256).
-  c.rope_dim = half ? c.head_dim / 2 / 2 * 2 : qwen3next ? c.head_dim / 4 / 2 * 2 : c.head_dim;
+  // Phi-4-mini three quarters (partial_rotary_factor 0.75, 96 of 128).
+  c.rope_dim = half                         ? c.head_dim / 2 / 2 * 2
+               : qwen3next                  ? c.head_dim / 4 / 2 * 2
+               : c.arch == SynthArch::kPhi3 ? c.head_dim * 3 / 4 / 2 * 2
+                                            : c.head_dim;
   if (c.rope_dim < 2) TROUPE_INPUT_ERROR("--head-dim must be at least 4 for %s", o.arch.c_str());
 }
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGemma3 || c.arch == SynthArch::kQwen35)
+      c.arch == SynthArch::kGemma3 || c.arch == SynthArch::kQwen35 || c.arch == SynthArch::kPhi3)
     return;
   const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                   c.arch == SynthArch::kBailingMoe2;
@@ -281,6 +286,10 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
     c.n_swa = o.sliding_window.value_or(8);
     check_positive("--sliding-window", c.n_swa);
   }
+  if (c.arch == SynthArch::kPhi3) {  // Phi-4-mini has no window; Phi-3-mini-4k's is 2047
+    c.n_swa = o.sliding_window.value_or(0);
+    if (c.n_swa < 0) TROUPE_INPUT_ERROR("--sliding-window must not be negative");
+  }
   return c;
 }
 
@@ -320,6 +329,14 @@ uint32_t synth_file_type(
     default:
       return 0;
   }
+}
+
+int64_t phi3_original_context(int64_t n_ctx) { return std::max<int64_t>(2, n_ctx / 4); }
+
+float phi3_attn_factor(int64_t n_ctx) {
+  const double orig = static_cast<double>(phi3_original_context(n_ctx));
+  const double ratio = static_cast<double>(n_ctx) / orig;
+  return ratio <= 1 ? 1.f : static_cast<float>(std::sqrt(1 + std::log(ratio) / std::log(orig)));
 }
 
 void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions& o,
@@ -423,6 +440,13 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       u32("ssm.time_step_rank", c.lin_v_heads);
       u32("ssm.inner_size", c.lin_v_heads * c.lin_dim);
       u32("full_attention_interval", c.full_every);
+      break;
+    case SynthArch::kPhi3:
+      u32("rope.dimension_count", c.rope_dim);
+      // LongRoPE over a quarter of the context (Phi-4-mini: 4096 of 131072), and its factor.
+      u32("rope.scaling.original_context_length", phi3_original_context(o.n_ctx));
+      w.set_f32(k + "rope.scaling.attn_factor", phi3_attn_factor(o.n_ctx));
+      if (c.n_swa > 0) u32("attention.sliding_window", c.n_swa);
       break;
     case SynthArch::kGemma3:  // llama.cpp's converter writes no rope.dimension_count
       head_dims();

@@ -28,7 +28,9 @@ namespace troupe::model::detail {
 // on a quarter of each head, softmax top-k experts in every layer plus a gated shared expert).
 // kQwen35Moe and kQwen35: Qwen3.5's MoE and dense text decoders as llama.cpp's converter writes
 // them (Qwen3-Next's layers with b and a apart, value heads in tiled order, the multimodal rope's
-// sections; qwen35 with a dense FFN).
+// sections; qwen35 with a dense FFN). kPhi3: Phi-4-mini's decoder (q, k and v in one matrix,
+// ffn_up holding the gate's rows then up's, NeoX rope on three quarters of each head, LongRoPE's
+// two factor tensors and attention factor, an optional sliding window).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -45,7 +47,8 @@ enum class SynthArch {
   kLlama4,
   kQwen3Next,
   kQwen35Moe,
-  kQwen35
+  kQwen35,
+  kPhi3
 };
 
 struct SynthConfig {
@@ -68,6 +71,11 @@ struct SynthConfig {
 
 /// The options with every default filled in; throws InputError naming the flag that is wrong.
 SynthConfig resolve_synth_config(const SynthOptions& o);
+
+/// Phi-3's LongRoPE in a synthesized file of context n_ctx: the original context (a quarter of
+/// it) and the attention factor sqrt(1 + ln(n_ctx / original) / ln(original)).
+int64_t phi3_original_context(int64_t n_ctx);
+float phi3_attn_factor(int64_t n_ctx);
 
 /// general.file_type (llama_ftype) of a file whose matrices are mostly `t`.
 uint32_t synth_file_type(GgmlType t);

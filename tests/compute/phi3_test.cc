@@ -17,6 +17,7 @@
 #include "model/gguf_writer.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/hf_moe_reference.h"
 #include "tests/safetensors_writer.h"
@@ -250,6 +251,37 @@ TEST(Phi3, GgufFormGivesTheHuggingFaceFormsLogits) {
                           static_cast<int32_t>(s.n_vocab));
     expect_batch_invariant(*g);
   }
+}
+
+// `troupe synth --arch phi3`: loaded with its LongRoPE (the short factors, the attention factor),
+// its window and its fused matrices, and batch- and chunk-invariant.
+TEST(Phi3, SynthesizedModelLoadsAsWrittenAndIsBatchInvariant) {
+  TempDir dir;
+  model::SynthOptions o;
+  o.arch = "phi3";
+  o.n_layer = 2;
+  o.n_ctx = 1024;
+  o.sliding_window = 8;
+  o.seed = 7;
+  ASSERT_TRUE(model::synth_model(o, dir.file("phi3.gguf")).has_value());
+  auto m = model::load_model(dir.file("phi3.gguf"));
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::ModelSpec& s = (*m)->spec;
+  EXPECT_EQ(s.arch, model::Arch::kLlama);
+  EXPECT_EQ(s.rope_style, model::RopeStyle::kNeox);
+  EXPECT_EQ(s.n_rot, 12);
+  ASSERT_EQ(s.rope_freq_factors.size(), 6u);
+  EXPECT_FLOAT_EQ(s.rope_freq_factors[1], 1.05f);  // the short factors
+  EXPECT_FLOAT_EQ(static_cast<float>(s.rope_scaling.attn_factor),
+                  static_cast<float>(std::sqrt(1 + std::log(4.0) / std::log(256.0))));
+  for (const model::LayerSpec& L : s.layers) {
+    EXPECT_EQ(L.window, 8);
+    EXPECT_EQ(L.wq.rows(), 128);
+    EXPECT_EQ(L.wk.rows(), 32);
+    EXPECT_EQ(L.ffn_gate.rows(), 256);
+    EXPECT_EQ(L.ffn_up.rows(), 256);
+  }
+  expect_batch_invariant(*m);
 }
 
 TEST(Phi3, BadLongRopeFactorsAreRefusedByName) {

@@ -384,6 +384,38 @@ TEST(Synth, MinimaxM2HasLlamaCppsLayout) {
   EXPECT_EQ(g.find_tensor("blk.0.attn_q.bias"), nullptr);
 }
 
+// Phi-4-mini's layout as llama.cpp's converter writes it: q, k and v in one matrix, ffn_up twice
+// the FFN's width (the gate's rows, then up's) and no ffn_gate, rope on three quarters of each
+// head, LongRoPE's two factor tensors (one divisor per rotary pair) and its attention factor,
+// the window only when asked for.
+TEST(Synth, Phi3HasLlamaCppsLayout) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "phi3";
+  o.n_layer = 2;
+  o.n_ctx = 1024;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("phi3.rope.dimension_count"), 12);  // of heads of 16
+  EXPECT_EQ(g.get_int("phi3.rope.scaling.original_context_length"), 256);
+  EXPECT_FLOAT_EQ(static_cast<float>(g.get_float_or("phi3.rope.scaling.attn_factor", 0)),
+                  static_cast<float>(std::sqrt(1 + std::log(4.0) / std::log(256.0))));
+  EXPECT_EQ(g.find("phi3.attention.sliding_window"), nullptr);
+  EXPECT_EQ(g.find_tensor("rope_factors_short.weight")->shape_string(), "[6]");
+  EXPECT_EQ(g.find_tensor("rope_factors_long.weight")->shape_string(), "[6]");
+  EXPECT_EQ(g.find_tensor("blk.0.attn_qkv.weight")->shape_string(), "[128, 192]");
+  EXPECT_EQ(g.find_tensor("blk.0.attn_q.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.ffn_up.weight")->shape_string(), "[128, 512]");
+  EXPECT_EQ(g.find_tensor("blk.1.ffn_gate.weight"), nullptr);
+  o.sliding_window = 32;
+  ASSERT_TRUE(synth_model(o, tmp.file("w.gguf")).has_value());
+  auto w = GgufFile::open(tmp.file("w.gguf"));
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ((*w)->get_int("phi3.attention.sliding_window"), 32);
+}
+
 TEST(Synth, BuiltinVocabGrowsToNVocab) {
   TempDir tmp;
   SynthOptions o;
@@ -412,7 +444,7 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   EXPECT_EQ(err(o),
             "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
             "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
-            "qwen35moe, qwen35)");
+            "qwen35moe, qwen35, phi3)");
   o = {};
   o.arch = "minimax-m2";
   o.n_ff_exp = 16;  // its experts are --n-ff wide
