@@ -493,7 +493,7 @@ TEST(RopeScalingHf, BadInputs) {
   TROUPE_SHARED_OR_SKIP(shared);
   const std::pair<json, const char*> cases[] = {
       {{{"rope_type", "dynamic"}, {"factor", 2.0}},
-       "rope scaling 'dynamic' is not supported (default, linear, llama3, yarn)"},
+       "rope scaling 'dynamic' is not supported (default, linear, llama3, yarn, longrope)"},
       {{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 5.0}},
        "llama3 rope scaling needs factor > 0, 0 < low_freq_factor <= high_freq_factor"},
       {{{"rope_type", "yarn"}, {"factor", "forty"}},
