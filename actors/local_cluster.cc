@@ -180,6 +180,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::start(const Plan& plan,
     c.kv_block_size = plan.kv_block_size;
     c.kv_type = plan.kv_type;
     c.state_slots = cc.scheduler_cfg.state_slots;
+    c.max_positions = plan.scheduler.max_model_len;
     c.model = model;
     c.expert_timeout = std::chrono::milliseconds(opts.expert_timeout_ms);
     c.scheduler = cc.scheduler;

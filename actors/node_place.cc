@@ -419,6 +419,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     c.kv_block_size = st.plan.kv_block_size;
     c.kv_type = st.plan.kv_type;
     c.state_slots = state_slots_for(spec, st.plan.scheduler);
+    c.max_positions = st.plan.scheduler.max_model_len;
     c.model = weights;
     c.expert_timeout = std::chrono::milliseconds(st.opts.cluster.expert_timeout_ms);
     c.scheduler = to_scheduler;

@@ -143,6 +143,7 @@ Result<std::unique_ptr<StageCompute>> make_compute(const StageConfig& cfg,
   go.range = eo.range;
   go.kv_block_size = eo.kv_block_size;
   go.kv_num_blocks = eo.kv_num_blocks;
+  go.max_positions = eo.max_positions;
   if (cfg.parallel == "data") {
     auto eng = gpu::GpuDpEngine::create(cfg.model, go, devices);
     if (!eng) return Error{eng.error().code, cfg.device + ": " + eng.error().message};
@@ -254,6 +255,7 @@ StageActor::behavior_type stage_behavior(StageActor::stateful_pointer<StageState
   eo.kv_num_blocks = st.cfg.kv_blocks;
   eo.kv_type = st.cfg.kv_type;
   if (st.cfg.state_slots > 0) eo.max_recurrent_seqs = st.cfg.state_slots;
+  eo.max_positions = st.cfg.max_positions;
   if (!placement.shards.empty()) {
     st.experts = std::make_unique<ShardedExperts>(st.cfg.model->spec.n_embd, st.cfg.expert_timeout);
     st.experts->placement = std::move(placement);

@@ -163,6 +163,7 @@ int cmd_generate(const Args& args) {
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(prompt.size()) + max_tokens + 1;
+  eo.max_positions = static_cast<int64_t>(prompt.size()) + max_tokens;  // LongRoPE's factors
   eo.kv_type = kv_type_option(ap);
   auto eng = compute::Engine::create(model, eo);
   if (!eng) throw CliError(eng.error().message);
@@ -272,6 +273,7 @@ int cmd_eval(const Args& args) {
   compute::EngineOptions eo;
   eo.n_threads = threads;
   eo.max_tokens_in_cache = static_cast<int64_t>(toks.size()) + 1;
+  eo.max_positions = static_cast<int64_t>(toks.size());
   eo.kv_type = kv_type_option(ap);
   auto eng = compute::Engine::create(model, eo);
   if (!eng) throw CliError(eng.error().message);

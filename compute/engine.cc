@@ -188,7 +188,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     e->alloc_ = std::make_unique<BlockAllocator>(num_blocks);
     e->s_ = std::make_unique<Scratch>();
     if (e->state_floats_ > 0) e->max_states_ = std::max<int64_t>(0, opts.max_recurrent_seqs);
-    e->s_->rope = model::rope_frequencies(s);
+    e->s_->rope = model::rope_frequencies(s, opts.max_positions);
     for (int64_t il = range.begin; il < range.end; ++il)
       e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
     if (e->s_->any_local_rope) e->s_->rope_local = model::rope_frequencies_local(s);

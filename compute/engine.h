@@ -76,6 +76,10 @@ struct EngineOptions {
   /// (Sequence uses it), or the caller assigns them itself as it does KV blocks (the cluster's
   /// scheduler). A slot's memory is allocated by its first step.
   int64_t max_recurrent_seqs = 16;
+  /// The longest sequence (prompt and generated tokens) this engine will run; 0: not said. A
+  /// LongRoPE model (Phi-3) rotates with its long factors when it is above the model's original
+  /// context (model::rope_frequencies), as llama.cpp does by its context size.
+  int64_t max_positions = 0;
 };
 
 /// One sequence's part of a step.

@@ -323,7 +323,7 @@ void GpuEngine::Impl::place_weights(Alloc& a, Uploader* up) {
     float* c = a.template allocate_n<float>(sz(num_slots * half), "rope cos");
     float* sn = a.template allocate_n<float>(sz(num_slots * half), "rope sin");
     if (up) {
-      const model::RopeFrequencies f = model::rope_frequencies(s);
+      const model::RopeFrequencies f = model::rope_frequencies(s, opts.max_positions);
       const RopeTable t = make_rope_table(num_slots, f.inv_freq, f.mscale);
       up->f32(t.cos.data(), num_slots * half, c);
       up->f32(t.sin.data(), num_slots * half, sn);

@@ -332,9 +332,8 @@ class GgufSpecBuilder {
   }
 
   /// Phi-3 as llama.cpp's converter stores it, run as transformers defines it: LongRoPE's
-  /// per-pair divisors in rope_factors_short.weight and rope_factors_long.weight (each rotary
-  /// pair's frequency divided by the short one: troupe does not switch to the long factors past
-  /// rope.scaling.original_context_length, as llama.cpp does for a context set above it), cos
+  /// per-pair divisors in rope_factors_short.weight and rope_factors_long.weight (the long ones
+  /// for a context above rope.scaling.original_context_length, as llama.cpp picks them), cos
   /// and sin times rope.scaling.attn_factor (read_rope_scaling); attention.sliding_window, when
   /// set, on every layer (transformers' mask); fused attn_qkv, and ffn_up holding the gate's rows
   /// then up's (build_layer).
@@ -353,9 +352,12 @@ class GgufSpecBuilder {
     if (shrt) {
       if (!s.rope_freq_factors.empty())
         TROUPE_INPUT_ERROR("%s: rope_freqs.weight beside LongRoPE's factors", path);
-      s.rope_freq_factors.resize(static_cast<size_t>(shrt->ne[0]));
-      std::memcpy(s.rope_freq_factors.data(), shrt->data,
-                  s.rope_freq_factors.size() * sizeof(float));
+      for (auto [t, out] :
+           {std::pair{shrt, &s.rope_freq_factors}, std::pair{lng, &s.rope_freq_factors_long}}) {
+        out->resize(static_cast<size_t>(t->ne[0]));
+        std::memcpy(out->data(), t->data, out->size() * sizeof(float));
+      }
+      s.rope_long_after = g_.get_int_or(p + "rope.scaling.original_context_length", s.n_ctx_train);
     }
     window_ = g_.get_int_or(p + "attention.sliding_window", 0);
     if (window_ < 0)

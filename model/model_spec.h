@@ -280,6 +280,12 @@ struct ModelSpec {
   /// Divisor of each rotary pair's frequency ([n_rot / 2]; empty: none): GGUF's
   /// rope_freqs.weight, or computed from Hugging Face's "llama3" rope scaling.
   std::vector<float> rope_freq_factors;
+  /// LongRoPE (Phi-3): the divisors for a context longer than rope_long_after positions
+  /// ([n_rot / 2]; empty: none). rope_frequencies() takes them instead of rope_freq_factors (the
+  /// short ones) when the engine's max_positions exceeds rope_long_after, as llama.cpp does by
+  /// its context size.
+  std::vector<float> rope_freq_factors_long;
+  int64_t rope_long_after = 0;
   /// Multiplies the attention logits' 1/sqrt(head_dim_k) (DeepSeek's YaRN: mscale squared;
   /// Gemma 3 27B: its query_pre_attn_scalar).
   double kq_scale_mult = 1.0;

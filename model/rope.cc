@@ -28,7 +28,13 @@ const char* rope_scaling_name(RopeScalingType t) {
   return "?";
 }
 
-RopeFrequencies rope_frequencies(const ModelSpec& s) {
+bool uses_long_rope_factors(const ModelSpec& s, int64_t max_positions) {
+  return !s.rope_freq_factors_long.empty() && max_positions > s.rope_long_after;
+}
+
+RopeFrequencies rope_frequencies(const ModelSpec& s, int64_t max_positions) {
+  const std::vector<float>& factors =
+      uses_long_rope_factors(s, max_positions) ? s.rope_freq_factors_long : s.rope_freq_factors;
   const int64_t half = s.n_rot / 2;
   const RopeScaling& sc = s.rope_scaling;
   const double theta = static_cast<double>(s.rope_theta);
@@ -56,8 +62,7 @@ RopeFrequencies rope_frequencies(const ModelSpec& s) {
   }
   for (int64_t i = 0; i < half; ++i) {
     double f = std::pow(theta, -2.0 * static_cast<double>(i) / n_rot);
-    if (!s.rope_freq_factors.empty())
-      f /= static_cast<double>(s.rope_freq_factors[static_cast<size_t>(i)]);
+    if (!factors.empty()) f /= static_cast<double>(factors[static_cast<size_t>(i)]);
     switch (sc.type) {
       case RopeScalingType::kNone:
         break;
@@ -128,15 +133,15 @@ std::vector<float> llama3_freq_factors(int64_t n_rot, double theta, double facto
 void validate_rope_scaling(const ModelSpec& s, const std::string& src) {
   const RopeScaling& sc = s.rope_scaling;
   const auto positive = [](double v) { return std::isfinite(v) && v > 0; };
-  if (!s.rope_freq_factors.empty()) {
-    if (static_cast<int64_t>(s.rope_freq_factors.size()) != s.n_rot / 2)
+  for (const std::vector<float>* factors : {&s.rope_freq_factors, &s.rope_freq_factors_long}) {
+    if (factors->empty()) continue;
+    if (static_cast<int64_t>(factors->size()) != s.n_rot / 2)
       TROUPE_INPUT_ERROR("%s: %zu rope frequency factors, expected one per rotary pair (%lld)",
-                         src.c_str(), s.rope_freq_factors.size(),
-                         static_cast<long long>(s.n_rot / 2));
-    for (size_t i = 0; i < s.rope_freq_factors.size(); ++i)
-      if (!positive(s.rope_freq_factors[i]))
+                         src.c_str(), factors->size(), static_cast<long long>(s.n_rot / 2));
+    for (size_t i = 0; i < factors->size(); ++i)
+      if (!positive((*factors)[i]))
         TROUPE_INPUT_ERROR("%s: rope frequency factor %zu is %g; it must be finite and > 0",
-                           src.c_str(), i, static_cast<double>(s.rope_freq_factors[i]));
+                           src.c_str(), i, static_cast<double>((*factors)[i]));
   }
   if (sc.type != RopeScalingType::kNone && !positive(sc.factor))
     TROUPE_INPUT_ERROR("%s: rope scaling factor %g must be finite and > 0", src.c_str(), sc.factor);

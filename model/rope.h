@@ -18,8 +18,12 @@ struct RopeFrequencies {
 };
 
 /// Pair i turns by pos * inv_freq[i]. Unscaled: theta^(-2i / n_rot), computed in double exactly
-/// as the engine always has (so unscaled models keep their bits).
-RopeFrequencies rope_frequencies(const ModelSpec& s);
+/// as the engine always has (so unscaled models keep their bits). `max_positions`: the longest
+/// sequence the caller runs (0: not said); above s.rope_long_after, LongRoPE's long factors
+/// divide the frequencies instead of the short ones.
+RopeFrequencies rope_frequencies(const ModelSpec& s, int64_t max_positions = 0);
+/// Whether rope_frequencies(s, max_positions) takes LongRoPE's long factors.
+bool uses_long_rope_factors(const ModelSpec& s, int64_t max_positions);
 /// The frequencies of layers with local_rope: base s.rope_theta_local, no scaling, no factors.
 RopeFrequencies rope_frequencies_local(const ModelSpec& s);
 

@@ -139,10 +139,12 @@ inline Config read_mistral_config(const std::string& dir) {
 /// v projections fused in self_attn.qkv_proj and gate and up in mlp.gate_up_proj, NeoX rotary on
 /// partial_rotary_factor of each head, and LongRoPE: rope_scaling {"type": "longrope",
 /// short_factor, long_factor} ("su" its older name), each pair's frequency divided by its
-/// short_factor (the sequences here are shorter than original_max_position_embeddings), cos and sin
-/// multiplied by attention_factor or else sqrt(1 + ln(s) / ln(original_max_position_embeddings)), s
-/// the ratio max_position_embeddings / original_max_position_embeddings (1 when s <= 1).
-inline Config read_phi3_config(const std::string& dir) {
+/// short_factor, or by its long_factor when the `n_tokens` of the one forward pass are more than
+/// original_max_position_embeddings (transformers' rule for a pass over a whole prompt), cos and
+/// sin multiplied by attention_factor or else sqrt(1 + ln(s) /
+/// ln(original_max_position_embeddings)), s the ratio max_position_embeddings /
+/// original_max_position_embeddings (1 when s <= 1).
+inline Config read_phi3_config(const std::string& dir, size_t n_tokens) {
   const ConfigJson j(dir);
   Config c = read_common(j, true);
   c.R = static_cast<int64_t>(static_cast<double>(c.D) * j.get("partial_rotary_factor", 1.0));
@@ -156,9 +158,11 @@ inline Config read_phi3_config(const std::string& dir) {
     const nlohmann::json& r = j.j["rope_scaling"];
     const std::string type = r.value("type", r.value("rope_type", std::string()));
     if (type != "longrope" && type != "su") fail("rope_scaling other than longrope (or su)");
-    for (const auto& x : r.at("short_factor")) c.ext.push_back(x.get<double>());
-    if (static_cast<int64_t>(c.ext.size()) != c.R / 2) fail("short_factor: one per rotary pair");
     const double orig = static_cast<double>(j.req("original_max_position_embeddings"));
+    const char* which = static_cast<double>(n_tokens) > orig ? "long_factor" : "short_factor";
+    for (const auto& x : r.at(which)) c.ext.push_back(x.get<double>());
+    if (static_cast<int64_t>(c.ext.size()) != c.R / 2)
+      fail(std::string(which) + ": one per rotary pair");
     const double ratio = static_cast<double>(j.req("max_position_embeddings")) / orig;
     c.rope_mscale = r.contains("attention_factor") && !r["attention_factor"].is_null()
                         ? r["attention_factor"].get<double>()
@@ -678,7 +682,7 @@ inline std::vector<double> mistral_reference_logits(const std::string& dir,
 inline std::vector<double> phi3_reference_logits(const std::string& dir,
                                                  const std::vector<int32_t>& tokens) {
   using namespace moe_ref;
-  const Config c = read_phi3_config(dir);
+  const Config c = read_phi3_config(dir, tokens.size());
   const auto st = open_checkpoint(dir);
   return forward(*st, c, kPhi3Layout, tokens, [&](int64_t, const std::string& p, const Vec& h) {
     const Vec gu = matvec(tensor(*st, p + "mlp.gate_up_proj.weight", {2 * c.I, c.E}), h);

@@ -25,6 +25,8 @@ struct StageConfig {
   compute::KvType kv_type = compute::KvType::kF32;  // a CPU stage's KV values (Plan::kv_type)
   // Recurrent state slots the scheduler assigns (state_slots_for: 0 on a model without them).
   int64_t state_slots = 0;
+  // The longest sequence the stage runs (scheduler.max_model_len): a LongRoPE model's factors.
+  int64_t max_positions = 0;
   std::shared_ptr<const model::Model> model;
   std::string device = "cpu";                       // "cpu" or "cuda:N[,M...]" (StagePlan::device)
   std::string parallel = "tensor";                  // with several GPUs (StagePlan::parallel)

@@ -152,9 +152,9 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
   } else if (type == "longrope" || type == "su") {
     // LongRoPE (Phi-3's 128k models, Phi-3.5-mini, Phi-4-mini): a divisor per rotary pair, and
     // cos and sin scaled by attention_factor, else by sqrt(1 + ln(ctx / orig) / ln(orig)).
-    // transformers rotates with short_factor until a sequence passes orig positions and with
-    // long_factor after; llama.cpp picks one set by its context size (its default of 4096:
-    // short). troupe rotates every position with short_factor: exact up to orig positions.
+    // transformers rotates with short_factor while a sequence is at most orig positions long and
+    // with long_factor after; llama.cpp picks one set by its context size. troupe picks as
+    // llama.cpp, by the longest sequence it is set to run (rope_frequencies' max_positions).
     const auto factors = [&](const char* key) {
       auto it = r.find(key);
       if (it == r.end() || !it->is_array() || static_cast<int64_t>(it->size()) != s.n_rot / 2)
@@ -170,7 +170,7 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
       return out;
     };
     s.rope_freq_factors = factors("short_factor");
-    factors("long_factor");  // checked, not used (above)
+    s.rope_freq_factors_long = factors("long_factor");
     const bool has_orig = r.contains("original_max_position_embeddings");
     if (!(orig >= 2) || !(ctx >= 1))
       TROUPE_INPUT_ERROR("%s: longrope needs original_max_position_embeddings >= 2 (got %g)", path,
@@ -182,6 +182,7 @@ void apply_hf_rope_scaling(const json& r, const std::string& path_str, bool mla,
       TROUPE_INPUT_ERROR("%s: longrope attention_factor %g must be a finite number > 0", path, af);
     sc.factor = 1.0;
     sc.attn_factor = af;
+    s.rope_long_after = static_cast<int64_t>(orig);
   } else {
     TROUPE_INPUT_ERROR(
         "%s: rope scaling '%s' is not supported (default, linear, llama3, yarn, longrope)", path,

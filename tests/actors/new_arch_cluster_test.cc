@@ -72,6 +72,40 @@ TEST(MinimaxM2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(hf.path());
 }
 
+// Phi-3 (Phi-4-mini's layout, synthesized with a 512-position context trained at 128): across
+// stages as in one process, and the stages rotate with LongRoPE's long factors because the plan's
+// max_model_len (256) is above 128 (a plan of 100 gives other logits: the short factors).
+TEST(Phi3Cluster, AcrossStagesWithTheFactorsOfThePlansContext) {
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "phi3";
+  o.n_ctx = 512;
+  o.sliding_window = 8;
+  o.seed = 25;
+  const std::string path = dir.file("phi3.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  expect_plans_match_one_process(path, true);
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  ASSERT_EQ((*m)->spec.rope_long_after, 128);
+  const auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 2, 10, 20);
+  auto run = [&](int64_t max_model_len) {
+    Plan plan = even_plan(path, 1, 0);
+    plan.scheduler.max_sequences = 8;
+    plan.scheduler.max_model_len = max_model_len;
+    EXPECT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+    auto lc = LocalCluster::start(plan, *m);
+    EXPECT_TRUE(lc) << lc.error().message;
+    return lc ? (*lc)->generate_many(reqs) : std::vector<GenerateResult>{};
+  };
+  const auto long_run = run(256), short_run = run(100);
+  ASSERT_EQ(long_run.size(), 2u);
+  ASSERT_EQ(short_run.size(), 2u);
+  ASSERT_TRUE(long_run[0].ok() && short_run[0].ok());
+  EXPECT_NE(long_run[0].logits, short_run[0].logits);
+  testing::expect_same(long_run, testing::local_results(path, reqs));  // its max_model_len: 256
+}
+
 TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;
   const std::string gguf = testing::synth_arch(dir, "bailingmoe2", 24);

@@ -236,6 +236,8 @@ TEST(Phi3, GgufFormGivesTheHuggingFaceFormsLogits) {
     EXPECT_EQ(s.rope_style, model::RopeStyle::kNeox);
     EXPECT_EQ(s.n_rot, parts ? 4 : 8);
     EXPECT_EQ(s.rope_freq_factors, (*h)->spec.rope_freq_factors);
+    EXPECT_EQ(s.rope_freq_factors_long, (*h)->spec.rope_freq_factors_long);
+    EXPECT_EQ(s.rope_long_after, (*h)->spec.rope_long_after);
     EXPECT_EQ(s.layers[0].window, parts ? 16 : 0);
     const std::vector<int32_t> prompt = prompt_of(40, static_cast<int32_t>(s.n_vocab), 61);
     const std::vector<float> got = prompt_logits(*g, prompt);
@@ -251,6 +253,49 @@ TEST(Phi3, GgufFormGivesTheHuggingFaceFormsLogits) {
                           static_cast<int32_t>(s.n_vocab));
     expect_batch_invariant(*g);
   }
+}
+
+// LongRoPE's long factors: an engine set for sequences longer than the original context rotates
+// every position with them (as llama.cpp set to such a context, and transformers over a prompt
+// that long in one pass); one set for shorter sequences, or not told, with the short ones.
+TEST(Phi3, LongFactorsAboveTheOriginalContext) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(as_phi3(shared + "/models/hf/stories260K", dir, [](json& c) {
+    phi4_mini_parts(c);
+    c["original_max_position_embeddings"] = 16;  // 512 / 16: attention factor 1.5
+  }));
+  auto m = model::load_model(dir.path());
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const model::ModelSpec& s = (*m)->spec;
+  EXPECT_EQ(s.rope_long_after, 16);
+  EXPECT_EQ(s.rope_freq_factors_long, (std::vector<float>{3.0f, 7.0f}));
+  EXPECT_DOUBLE_EQ(s.rope_scaling.attn_factor, 1.5);
+  const int32_t vocab = static_cast<int32_t>(s.n_vocab);
+  const std::vector<int32_t> prompt = prompt_of(40, vocab, 61);
+  const std::vector<int32_t> first16(prompt.begin(), prompt.begin() + 16);
+  const std::vector<double> ref_long = testing::phi3_reference_logits(dir.path(), prompt);
+  const std::vector<double> ref_short = testing::phi3_reference_logits(dir.path(), first16);
+  auto run = [&](int64_t max_positions, const std::vector<int32_t>& p,
+                 const std::vector<int64_t>& chunks) {
+    EngineOptions o;
+    o.max_tokens_in_cache = 64;
+    o.kv_block_size = 4;
+    o.max_positions = max_positions;
+    auto eng = Engine::create(*m, o);
+    EXPECT_TRUE(eng.has_value());
+    return eng ? run_chunks(**eng, p, chunks) : std::vector<float>{};
+  };
+  const std::vector<float> long40 = run(40, prompt, {40});
+  expect_near_reference(long40, ref_long, vocab);
+  EXPECT_TRUE(bit_equal(long40, run(512, prompt, {7, 33})));  // any context above 16, any chunks
+  EXPECT_TRUE(bit_equal(long40, run(17, prompt, {1})));
+  for (const int64_t short_context : {int64_t{0}, int64_t{16}})
+    expect_near_reference(run(short_context, first16, {16}), ref_short, vocab);
+  // The long factors differ from the short ones from the first rotated position on.
+  const std::vector<float> short16 = run(16, first16, {16});
+  EXPECT_TRUE(std::equal(short16.begin(), short16.begin() + vocab, long40.begin()));  // position 0
+  EXPECT_FALSE(std::equal(short16.begin() + vocab, short16.end(), long40.begin() + vocab));
 }
 
 // `troupe synth --arch phi3`: loaded with its LongRoPE (the short factors, the attention factor),
