@@ -35,7 +35,7 @@ struct GpuEngineOptions {
   int64_t max_step_tokens = 4096;  // bound on the tokens of one step (sizes the workspace)
   int64_t max_step_seqs = 256;
   int64_t max_positions = 0;  // as compute::EngineOptions::max_positions (LongRoPE's factors)
-  bool cuda_graphs = true;  // decode-only steps of a seen batch size replay a graph
+  bool cuda_graphs = true;    // decode-only steps of a seen batch size replay a graph
   /// Tensor parallelism: this engine is rank tp->rank() of a group of tp->size() (not owned; it
   /// must outlive the engine). The rank holds 1/size of every layer: the heads
   /// [r*H/size, (r+1)*H/size) (and their KV heads; MLA keeps the whole latent cache), 1/size of
