@@ -219,33 +219,36 @@ class HfSpecBuilder {
     L.wo = take(a + "out_proj.weight", g + "ssm_out.weight", {E, vw});
   }
 
-  /// Phi-3's attention: qkv_proj [(H + 2 Hkv) * D, E] holds q, k and v rows in that order (views
-  /// of its rows), o_proj the output projection; no biases, no q/k norms.
-  void build_phi3_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+  /// The fused matrix `hf_name` [(H + 2 Hkv) * D, E], q, k and v rows in that order, as views of
+  /// its rows in L.wq, L.wk and L.wv (blk.N.attn_qkv.weight in GGUF's names: `g` is blk.N.).
+  void split_fused_qkv(const std::string& hf_name, const std::string& g, LayerSpec& L) {
     const ModelSpec& s = s_;
     const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
                   v = s.n_head_kv * s.head_dim_v;
-    WeightView w = take(a + "qkv_proj.weight", g + "attn_qkv.weight", {q + k + v, s.n_embd});
-    if (w.scaled() && (q % w.scale_block[0] != 0 || (q + k) % w.scale_block[0] != 0)) w = to_f32(w);
-    L.wq = w.row_range(0, q, g + "attn_qkv.weight[q]");
-    L.wk = w.row_range(q, k, g + "attn_qkv.weight[k]");
-    L.wv = w.row_range(q + k, v, g + "attn_qkv.weight[v]");
-    L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {s.n_embd, s.n_head * s.head_dim_v});
-  }
-
-  /// Ling-2.0's attention: query_key_value [(H + 2 Hkv) * D, E] holds q, k and v rows in that
-  /// order (views of its rows; its bias, when use_qkv_bias, converted and split), dense is the
-  /// output projection, query/key_layernorm the per-head norms.
-  void build_fused_attention(const std::string& a, const std::string& g, LayerSpec& L) {
-    const ModelSpec& s = s_;
-    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
-                  v = s.n_head_kv * s.head_dim_v;
-    WeightView w = take(a + "query_key_value.weight", g + "attn_qkv.weight", {q + k + v, s.n_embd});
+    WeightView w = take(hf_name, g + "attn_qkv.weight", {q + k + v, s.n_embd});
     // Parts that would cut a block of scaled rows become exact f32 (as kv_b_proj).
     if (w.scaled() && (q % w.scale_block[0] != 0 || (q + k) % w.scale_block[0] != 0)) w = to_f32(w);
     L.wq = w.row_range(0, q, g + "attn_qkv.weight[q]");
     L.wk = w.row_range(q, k, g + "attn_qkv.weight[k]");
     L.wv = w.row_range(q + k, v, g + "attn_qkv.weight[v]");
+  }
+
+  /// Phi-3's attention: qkv_proj (split_fused_qkv), o_proj the output projection; no biases, no
+  /// q/k norms.
+  void build_phi3_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    split_fused_qkv(a + "qkv_proj.weight", g, L);
+    L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {s.n_embd, s.n_head * s.head_dim_v});
+  }
+
+  /// Ling-2.0's attention: query_key_value (split_fused_qkv; its bias, when use_qkv_bias,
+  /// converted and split), dense is the output projection, query/key_layernorm the per-head
+  /// norms.
+  void build_fused_attention(const std::string& a, const std::string& g, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t q = s.n_head * s.head_dim_k, k = s.n_head_kv * s.head_dim_k,
+                  v = s.n_head_kv * s.head_dim_v;
+    split_fused_qkv(a + "query_key_value.weight", g, L);
     L.wo = take(a + "dense.weight", g + "attn_output.weight", {s.n_embd, q});
     if (attention_bias_) {
       const WeightView b = take_f32(a + "query_key_value.bias", g + "attn_qkv.bias", {q + k + v});

@@ -62,7 +62,8 @@ void as_phi3(const std::string& src, const TempDir& dir, const std::function<voi
     }
     out[to] = f;
   };
-  for (const auto& [name, t] : (*st)->tensors()) {
+  for (const auto& [tensor_name, t] : (*st)->tensors()) {
+    const std::string& name = tensor_name;  // (clang 14: no bindings in lambdas)
     const auto at = [&](const std::string& part) { return name.find(part) != std::string::npos; };
     if (at("self_attn.q_proj.") || at("self_attn.k_proj.") || at("self_attn.v_proj.") ||
         at("mlp.gate_proj.") || at("mlp.up_proj."))
@@ -344,8 +345,9 @@ TEST(Phi3, BadLongRopeFactorsAreRefusedByName) {
        },
        "longrope short_factor holds -2.0; each must be a finite number > 0"},
   };
-  for (const auto& [edit, want] : cases) {
+  for (const auto& [change, want] : cases) {
     TempDir dir;
+    const std::function<void(json&)>& edit = change;  // (clang 14: no bindings in lambdas)
     ASSERT_NO_FATAL_FAILURE(as_phi3(src, dir, [&](json& c) {
       phi4_mini_parts(c);
       edit(c);
