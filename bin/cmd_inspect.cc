@@ -78,6 +78,13 @@ void print_spec(const model::ModelSpec& s) {
           ", per-pair divisors %g..%g",
           (double)*std::min_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()),
           (double)*std::max_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()));
+    if (!s.rope_freq_factors_long.empty())
+      std::printf(", LongRoPE: long divisors %g..%g for a context above %lld positions",
+                  (double)*std::min_element(s.rope_freq_factors_long.begin(),
+                                            s.rope_freq_factors_long.end()),
+                  (double)*std::max_element(s.rope_freq_factors_long.begin(),
+                                            s.rope_freq_factors_long.end()),
+                  (long long)s.rope_long_after);
     if (s.kq_scale_mult != 1.0) std::printf(", attention scale x %g", s.kq_scale_mult);
     std::printf("\n");
   }

@@ -529,6 +529,39 @@ TEST(Cli, InspectShowsRopeScaling) {
       << r.out;
 }
 
+// Phi-3 from the command line: synthesized (Phi-4-mini's layout), described with both sets of
+// LongRoPE factors, and run in one process and in two stages with the factors of the same
+// context (a plan's max_model_len of 2048 and a generation of 2048 positions: the long ones).
+TEST(Cli, Phi3SynthesizesInspectsAndGenerates) {
+  const std::string path = (temp_dir() / "phi3.gguf").string();
+  ASSERT_EQ(troupe({"synth", "--arch", "phi3", "--n-ctx", "4096", "--out", path}).rc, 0);
+  CliRun r = troupe({"inspect", path});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("rope neox n_rot 12"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cos/sin x 1.09545"), std::string::npos)
+      << r.out;  // sqrt(1 + ln 4 / ln 1024)
+  EXPECT_NE(r.out.find("per-pair divisors 1..1.25, LongRoPE: long divisors 1..8.5 for a context "
+                       "above 1024 positions"),
+            std::string::npos)
+      << r.out;
+  auto gen = [&](const std::string& max_tokens, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model",      path,       "--prompt-tokens",
+                                     "1,2,3",    "--max-tokens", max_tokens, "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return troupe(args);
+  };
+  const CliRun staged = gen("8", {"--stages", "2"});  // max_model_len 2048 > 1024: long
+  const CliRun alone = gen("2045", {});               // 3 + 2045 positions > 1024: long
+  ASSERT_EQ(staged.rc, 0) << staged.err;
+  ASSERT_EQ(alone.rc, 0) << alone.err;
+  std::vector<int> a = nlohmann::json::parse(staged.out).at("tokens");
+  std::vector<int> b = nlohmann::json::parse(alone.out).at("tokens");
+  ASSERT_FALSE(a.empty());
+  b.resize(std::min(a.size(), b.size()));  // the first tokens: both stop at an end token alike
+  a.resize(b.size());
+  EXPECT_EQ(a, b);
+}
+
 // Llama 4 from the command line: synthesized, described (its layer kinds and routing), run.
 TEST(Cli, Llama4SynthesizesInspectsAndGenerates) {
   const std::string path = (temp_dir() / "llama4.gguf").string();
