@@ -40,12 +40,9 @@ ResourcesInfo node_resources(NodeSelf* self) {
   if (st.placement) {
     const uint32_t me = st.link->node_id();
     const auto memory = actor_memory_of(self, *st.placement);
-    for (const auto& s : st.placement->stages)
-      if (s.node_id == me) used += memory(ActorRole::kStage, s.stage).total();
-    for (const auto& s : st.placement->shards)
-      if (s.node_id == me) used += memory(ActorRole::kExpertShard, s.shard).total();
-    for (const auto& e : st.placement->encoders)
-      if (e.node_id == me) used += memory(ActorRole::kEncoder, e.index).total();
+    for_each_placed_actor(*st.placement, [&](ActorRole role, uint32_t index, uint32_t node) {
+      if (node == me) used += memory(role, index).total();
+    });
   }
   const uint64_t limit = static_cast<uint64_t>(st.me.memory_limit_mb) << 20;
   r.free_memory_bytes = std::min(r.free_memory_bytes, limit > used ? limit - used : 0);
@@ -389,21 +386,29 @@ struct ClusterNode::Impl {
   }
 };
 
+namespace {
+
+// A resolved plan's nodes numbered by their place in it (1, 2, ...), before any joins: enough to
+// tell which actors share a node.
+uint32_t plan_node_id(const Plan& plan, const std::string& name) {
+  return static_cast<uint32_t>(node_index(plan, name) + 1);
+}
+
+PlacementMsg plan_placement(const Plan& plan) {
+  return initial_placement(plan, [&](const std::string& n) { return plan_node_id(plan, n); });
+}
+
+}  // namespace
+
 std::map<std::string, uint64_t> placed_memory_bytes(const Plan& plan,
                                                     const model::ModelSpec& spec) {
-  auto id = [&](const std::string& n) { return static_cast<uint32_t>(node_index(plan, n) + 1); };
-  const PlacementMsg pl = initial_placement(plan, id);
+  const PlacementMsg pl = plan_placement(plan);
   const auto memory = actor_memory_in(spec, plan, pl);
   std::map<std::string, uint64_t> out;
   for (const auto& n : plan.cluster.nodes) out[n.name] = 0;
-  auto bytes_on = [&](uint32_t node_id) -> uint64_t& {
-    return out[plan.cluster.nodes.at(node_id - 1).name];
-  };
-  for (const auto& s : pl.stages) bytes_on(s.node_id) += memory(ActorRole::kStage, s.stage).total();
-  for (const auto& s : pl.shards)
-    bytes_on(s.node_id) += memory(ActorRole::kExpertShard, s.shard).total();
-  for (const auto& e : pl.encoders)
-    bytes_on(e.node_id) += memory(ActorRole::kEncoder, e.index).total();
+  for_each_placed_actor(pl, [&](ActorRole role, uint32_t index, uint32_t node) {
+    out[plan.cluster.nodes.at(node - 1).name] += memory(role, index).total();
+  });
   return out;
 }
 
@@ -441,9 +446,10 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   {
     // A node whose memory_limit_mb cannot hold what the plan puts on it: every node says so at
     // start, before anything is loaded (as re-placement would refuse to move those actors there).
-    auto id = [&](const std::string& n) { return static_cast<uint32_t>(node_index(plan, n) + 1); };
-    const PlacementMsg first = initial_placement(plan, id);
-    if (auto s = check_memory_limits(plan, first, id, actor_memory_in((*model)->spec, plan, first));
+    const PlacementMsg first = plan_placement(plan);
+    if (auto s = check_memory_limits(
+            plan, first, [&](const std::string& n) { return plan_node_id(plan, n); },
+            actor_memory_in((*model)->spec, plan, first));
         !s)
       return s.error();
   }

@@ -195,8 +195,7 @@ Status resolve_placement(Plan& plan);
 /// image encoders placed there, and the CPU stages' KV pools and recurrent states. This is what
 /// a node's memory_limit_mb is checked against at start (ClusterNode::start refuses a plan that
 /// puts more on a node), and what re-placement counts.
-std::map<std::string, uint64_t> placed_memory_bytes(const Plan& plan,
-                                                    const model::ModelSpec& spec);
+std::map<std::string, uint64_t> placed_memory_bytes(const Plan& plan, const model::ModelSpec& spec);
 
 /// Index of the node named `name` in plan.cluster.nodes, or -1.
 int node_index(const Plan& plan, const std::string& name);

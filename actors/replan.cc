@@ -23,6 +23,14 @@ std::string describe(const ActorMemory& m) {
   return s;
 }
 
+// "stage 2", "expert shard 0", "image encoder 1".
+std::string what_actor(ActorRole role, uint32_t index) {
+  const char* kind = role == ActorRole::kStage         ? "stage"
+                     : role == ActorRole::kExpertShard ? "expert shard"
+                                                       : "image encoder";
+  return kind + (" " + std::to_string(index));
+}
+
 }  // namespace
 
 ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
@@ -40,6 +48,13 @@ ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
                compute::recurrent_state_bytes(spec, range);
   }
   return m;
+}
+
+void for_each_placed_actor(const PlacementMsg& pl,
+                           const std::function<void(ActorRole, uint32_t, uint32_t)>& f) {
+  for (const auto& s : pl.stages) f(ActorRole::kStage, s.stage, s.node_id);
+  for (const auto& s : pl.shards) f(ActorRole::kExpertShard, s.shard, s.node_id);
+  for (const auto& e : pl.encoders) f(ActorRole::kEncoder, e.index, e.node_id);
 }
 
 PlacementMsg initial_placement(const Plan& p,
@@ -89,18 +104,12 @@ Status check_memory_limits(const Plan& plan, const PlacementMsg& pl,
     const uint32_t id = node_id(n.name);
     uint64_t total = 0;
     std::string parts;
-    auto add = [&](ActorRole role, uint32_t index, const std::string& what) {
+    for_each_placed_actor(pl, [&](ActorRole role, uint32_t index, uint32_t node) {
+      if (node != id) return;
       const ActorMemory m = actor_memory(role, index);
       total += m.total();
-      parts += (parts.empty() ? "" : ", ") + what + " " + std::to_string(index) + " (" +
-               describe(m) + ")";
-    };
-    for (const auto& s : pl.stages)
-      if (s.node_id == id) add(ActorRole::kStage, s.stage, "stage");
-    for (const auto& s : pl.shards)
-      if (s.node_id == id) add(ActorRole::kExpertShard, s.shard, "expert shard");
-    for (const auto& e : pl.encoders)
-      if (e.node_id == id) add(ActorRole::kEncoder, e.index, "image encoder");
+      parts += (parts.empty() ? "" : ", ") + what_actor(role, index) + " (" + describe(m) + ")";
+    });
     const uint64_t limit = static_cast<uint64_t>(n.memory_limit_mb) << 20;
     if (total > limit)
       return make_error(
@@ -127,8 +136,7 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
     if (load.count(s.node_id)) ++load[s.node_id];
   for (const auto& e : pl.encoders)
     if (load.count(e.node_id)) ++load[e.node_id];
-  auto move = [&](uint32_t& node_id, ActorRole role, uint32_t index,
-                  const std::string& what) -> Status {
+  auto move = [&](uint32_t& node_id, ActorRole role, uint32_t index) -> Status {
     if (alive.count(node_id)) return Ok{};
     const ActorMemory mem = actor_memory ? actor_memory(role, index) : ActorMemory{};
     const uint64_t need = mem.total();
@@ -148,7 +156,7 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
     if (best_load == std::numeric_limits<uint64_t>::max())
       return make_error(0, strfmt("no surviving node has room for %s of node %u (needs %s; the "
                                   "most free memory left is %.1f MB)",
-                                  what.c_str(), node_id, describe(mem).c_str(),
+                                  what_actor(role, index).c_str(), node_id, describe(mem).c_str(),
                                   static_cast<double>(most_free) / 1e6));
     node_id = best;
     ++load[best];
@@ -156,19 +164,11 @@ Result<PlacementMsg> replan(const PlacementMsg& old, const std::map<uint32_t, Su
     return Ok{};
   };
   for (auto& s : pl.stages)
-    if (auto st = move(s.node_id, ActorRole::kStage, s.stage, "stage " + std::to_string(s.stage));
-        !st)
-      return st.error();
+    if (auto st = move(s.node_id, ActorRole::kStage, s.stage); !st) return st.error();
   for (auto& s : pl.shards)
-    if (auto st = move(s.node_id, ActorRole::kExpertShard, s.shard,
-                       "expert shard " + std::to_string(s.shard));
-        !st)
-      return st.error();
+    if (auto st = move(s.node_id, ActorRole::kExpertShard, s.shard); !st) return st.error();
   for (auto& e : pl.encoders)
-    if (auto st = move(e.node_id, ActorRole::kEncoder, e.index,
-                       "image encoder " + std::to_string(e.index));
-        !st)
-      return st.error();
+    if (auto st = move(e.node_id, ActorRole::kEncoder, e.index); !st) return st.error();
   for (auto& k : pl.kv_pools)
     for (const auto& s : pl.stages)
       if (s.stage == k.stage) k.node_id = s.node_id;

@@ -73,18 +73,15 @@ void print_spec(const model::ModelSpec& s) {
                   sc.beta_fast, sc.beta_slow, sc.attn_factor);
     else if (sc.attn_factor != 1.0)
       std::printf(", cos/sin x %g", sc.attn_factor);
+    const auto span = [](const std::vector<float>& v) {  // "lowest..highest"
+      const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+      return strfmt("%g..%g", (double)*lo, (double)*hi);
+    };
     if (!s.rope_freq_factors.empty())
-      std::printf(
-          ", per-pair divisors %g..%g",
-          (double)*std::min_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()),
-          (double)*std::max_element(s.rope_freq_factors.begin(), s.rope_freq_factors.end()));
+      std::printf(", per-pair divisors %s", span(s.rope_freq_factors).c_str());
     if (!s.rope_freq_factors_long.empty())
-      std::printf(", LongRoPE: long divisors %g..%g for a context above %lld positions",
-                  (double)*std::min_element(s.rope_freq_factors_long.begin(),
-                                            s.rope_freq_factors_long.end()),
-                  (double)*std::max_element(s.rope_freq_factors_long.begin(),
-                                            s.rope_freq_factors_long.end()),
-                  (long long)s.rope_long_after);
+      std::printf(", LongRoPE: long divisors %s for a context above %lld positions",
+                  span(s.rope_freq_factors_long).c_str(), (long long)s.rope_long_after);
     if (s.kq_scale_mult != 1.0) std::printf(", attention scale x %g", s.kq_scale_mult);
     std::printf("\n");
   }

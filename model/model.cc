@@ -317,18 +317,21 @@ class GgufSpecBuilder {
       TROUPE_INPUT_ERROR("%s: rope scaling '%s' is not supported (none, linear, yarn)", path,
                          type.c_str());
     }
-    if (const TensorInfo* t = g_.find_tensor("rope_freqs.weight")) {
-      if (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 ||
-          t->ne[1] * t->ne[2] * t->ne[3] != 1)
-        TROUPE_INPUT_ERROR(
-            "%s: tensor 'rope_freqs.weight' must be f32 [%lld] (one divisor per "
-            "rotary pair), got %s [%lld, %lld]",
-            path, static_cast<long long>(s.n_rot / 2), type_name(t->type).c_str(),
-            static_cast<long long>(t->ne[0]),
-            static_cast<long long>(t->ne[1] * t->ne[2] * t->ne[3]));
-      s.rope_freq_factors.resize(static_cast<size_t>(t->ne[0]));
-      std::memcpy(s.rope_freq_factors.data(), t->data, s.rope_freq_factors.size() * sizeof(float));
-    }
+    s.rope_freq_factors = pair_divisors("rope_freqs.weight", s);
+  }
+
+  /// The f32 tensor `name` of one divisor per rotary pair, copied; empty when the file lacks it.
+  std::vector<float> pair_divisors(const char* name, const ModelSpec& s) const {
+    const TensorInfo* t = g_.find_tensor(name);
+    if (!t) return {};
+    if (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 || t->ne[1] * t->ne[2] * t->ne[3] != 1)
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' must be f32 [%lld] (one divisor per rotary pair), got %s [%lld, %lld]",
+          g_.path().c_str(), name, ll(s.n_rot / 2), type_name(t->type).c_str(), ll(t->ne[0]),
+          ll(t->ne[1] * t->ne[2] * t->ne[3]));
+    std::vector<float> out(static_cast<size_t>(t->ne[0]));
+    std::memcpy(out.data(), t->data, out.size() * sizeof(float));
+    return out;
   }
 
   /// Phi-3 as llama.cpp's converter stores it, run as transformers defines it: LongRoPE's
@@ -339,24 +342,16 @@ class GgufSpecBuilder {
   /// then up's (build_layer).
   void read_phi3(ModelSpec& s, const std::string& p) {
     const char* path = g_.path().c_str();
-    const TensorInfo* shrt = g_.find_tensor("rope_factors_short.weight");
-    const TensorInfo* lng = g_.find_tensor("rope_factors_long.weight");
-    for (const TensorInfo* t : {shrt, lng})
-      if (t && (t->type != GgmlType::kF32 || t->ne[0] != s.n_rot / 2 ||
-                t->ne[1] * t->ne[2] * t->ne[3] != 1))
-        TROUPE_INPUT_ERROR("%s: tensor '%s' must be f32 [%lld] (one divisor per rotary pair)", path,
-                           t->name.c_str(), ll(s.n_rot / 2));
-    if ((shrt == nullptr) != (lng == nullptr))
+    std::vector<float> shrt = pair_divisors("rope_factors_short.weight", s);
+    std::vector<float> lng = pair_divisors("rope_factors_long.weight", s);
+    if (shrt.empty() != lng.empty())
       TROUPE_INPUT_ERROR("%s: rope_factors_short.weight and rope_factors_long.weight come together",
                          path);
-    if (shrt) {
+    if (!shrt.empty()) {
       if (!s.rope_freq_factors.empty())
         TROUPE_INPUT_ERROR("%s: rope_freqs.weight beside LongRoPE's factors", path);
-      for (auto [t, out] :
-           {std::pair{shrt, &s.rope_freq_factors}, std::pair{lng, &s.rope_freq_factors_long}}) {
-        out->resize(static_cast<size_t>(t->ne[0]));
-        std::memcpy(out->data(), t->data, out->size() * sizeof(float));
-      }
+      s.rope_freq_factors = std::move(shrt);
+      s.rope_freq_factors_long = std::move(lng);
       s.rope_long_after = g_.get_int_or(p + "rope.scaling.original_context_length", s.n_ctx_train);
     }
     window_ = g_.get_int_or(p + "attention.sliding_window", 0);

@@ -28,13 +28,9 @@ const char* rope_scaling_name(RopeScalingType t) {
   return "?";
 }
 
-bool uses_long_rope_factors(const ModelSpec& s, int64_t max_positions) {
-  return !s.rope_freq_factors_long.empty() && max_positions > s.rope_long_after;
-}
-
 RopeFrequencies rope_frequencies(const ModelSpec& s, int64_t max_positions) {
-  const std::vector<float>& factors =
-      uses_long_rope_factors(s, max_positions) ? s.rope_freq_factors_long : s.rope_freq_factors;
+  const bool long_rope = !s.rope_freq_factors_long.empty() && max_positions > s.rope_long_after;
+  const std::vector<float>& factors = long_rope ? s.rope_freq_factors_long : s.rope_freq_factors;
   const int64_t half = s.n_rot / 2;
   const RopeScaling& sc = s.rope_scaling;
   const double theta = static_cast<double>(s.rope_theta);

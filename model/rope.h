@@ -22,8 +22,6 @@ struct RopeFrequencies {
 /// sequence the caller runs (0: not said); above s.rope_long_after, LongRoPE's long factors
 /// divide the frequencies instead of the short ones.
 RopeFrequencies rope_frequencies(const ModelSpec& s, int64_t max_positions = 0);
-/// Whether rope_frequencies(s, max_positions) takes LongRoPE's long factors.
-bool uses_long_rope_factors(const ModelSpec& s, int64_t max_positions);
 /// The frequencies of layers with local_rope: base s.rope_theta_local, no scaling, no factors.
 RopeFrequencies rope_frequencies_local(const ModelSpec& s);
 

@@ -34,6 +34,11 @@ struct ActorMemory {
 ActorMemory stage_pools_memory(const model::ModelSpec& spec, const Plan& plan,
                                const PlacementMsg& pl, uint32_t index, int64_t state_slots);
 
+/// Calls f(role, index, node id) for every stage, expert shard and image encoder of pl, in that
+/// order.
+void for_each_placed_actor(const PlacementMsg& pl,
+                           const std::function<void(ActorRole, uint32_t, uint32_t)>& f);
+
 /// The first placement of a resolved multi-host plan (resolve_plan, resolve_placement): every
 /// stage (with its KV pool), expert shard and image encoder on the node the plan names, whose id
 /// `node_id(name)` gives. Version 1; the header's epoch and the model hash are the caller's.

@@ -596,8 +596,8 @@ TEST(ClusterNode, TwoNodesLostInOneLeaseAreReplacedWithIdenticalOutput) {
 }
 
 // Node c hosts stage 1 and an expert shard; a and b may hold only what they host already, so
-// when c's links are cut and its lease runs out no survivor has room for its actors. The head holds the
-// requests for up to replace_wait_ms (ARCHITECTURE.md §7, "queued until it returns").
+// when c's links are cut and its lease runs out no survivor has room for its actors. The head holds
+// the requests for up to replace_wait_ms (ARCHITECTURE.md §7, "queued until it returns").
 struct NoRoom {
   Workload w;
   std::vector<uint16_t> ports;
