@@ -331,11 +331,18 @@ class HfSpecBuilder {
     // DeepSeek's selection bias is optional (V2 has none); GLM's router always has one,
     // MiniMax-M2's when use_routing_bias (stored beside the router, not in it), Ling's when
     // moe_router_enable_expert_bias.
+    // ERNIE 4.5's, when it has one, sits in moe_statics as [1, N].
+    const bool ernie = fam_ == Family::kErnie45;
     const std::string bias = fam_ == Family::kMinimaxM2      ? m + "e_score_correction_bias"
                              : fam_ == Family::kBailingMoeV2 ? m + "gate.expert_bias"
-                                                             : m + "gate.e_score_correction_bias";
-    if (router_bias_ || (is_mla() && st_.find(bias)))
-      L.router_bias = take_f32(bias, g + "exp_probs_b.bias", {s.n_expert});
+                             : ernie ? m + "moe_statics.e_score_correction_bias"
+                                     : m + "gate.e_score_correction_bias";
+    const SafetensorsTensor* bias_t = st_.find(bias);
+    if (router_bias_ || ((is_mla() || ernie) && bias_t))
+      L.router_bias = take_f32(bias, g + "exp_probs_b.bias",
+                               ernie && bias_t->shape.size() == 2
+                                   ? std::vector<int64_t>{1, s.n_expert}
+                                   : std::vector<int64_t>{s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
     if (qwen35_ &&
         (st_.find(m + "experts.gate_up_proj") || st_.find(m + "experts.gate_up_proj.weight"))) {
@@ -345,7 +352,7 @@ class HfSpecBuilder {
     }
     if (s.n_ff_shexp > 0) {
       const std::string x =
-          m + (is_mla() || fam_ == Family::kGlm4Moe || fam_ == Family::kBailingMoeV2
+          m + (is_mla() || fam_ == Family::kGlm4Moe || fam_ == Family::kBailingMoeV2 || ernie
                    ? "shared_experts."
                    : "shared_expert.");
       const int64_t S = s.n_ff_shexp;

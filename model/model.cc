@@ -84,6 +84,9 @@ class GgufSpecBuilder {
     } else if (arch == "phi3") {  // Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini: read_phi3
       s.arch = Arch::kLlama;
       phi3_ = true;
+    } else if (arch == "ernie4_5" || arch == "ernie4_5-moe") {  // ERNIE 4.5: read_ernie45
+      s.arch = Arch::kLlama;
+      ernie_ = true;
     } else if (arch == "qwen2moe") {
       s.arch = Arch::kQwen2Moe;
     } else if (arch == "qwen3moe") {
@@ -119,9 +122,9 @@ class GgufSpecBuilder {
           g_.path().c_str());
     } else {
       TROUPE_INPUT_ERROR(
-          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, phi3, qwen2, qwen3, "
-          "qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, "
-          "gemma3, llama4, qwen3next, qwen35, qwen35moe)",
+          "%s: architecture '%s' is not supported (troupe runs llama, mixtral, phi3, ernie4_5, "
+          "ernie4_5-moe, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, "
+          "minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, qwen35, qwen35moe)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -236,6 +239,7 @@ class GgufSpecBuilder {
                              g_.path().c_str(), p.c_str(), static_cast<long long>(window_));
         break;
     }
+    if (ernie_) read_ernie45(s, p, arch == "ernie4_5-moe");
     if (s.arch == Arch::kDeepseek2) {
       s.q_lora_rank = g_.get_int_or(p + "attention.q_lora_rank", 0);
       s.kv_lora_rank = g_.get_int(p + "attention.kv_lora_rank");
@@ -378,6 +382,27 @@ class GgufSpecBuilder {
     if (s.n_layer == 62)
       s.kq_scale_mult = std::sqrt(static_cast<double>(s.head_dim_k)) /
                         std::sqrt(static_cast<double>(s.n_embd / s.n_head));
+  }
+
+  /// ERNIE 4.5 as llama.cpp converts it: Llama's graph (q/k rows as the checkpoint has them,
+  /// which rotate adjacent pairs), and for ernie4_5-moe experts from leading_dense_block_count
+  /// on, every interleave_moe_layer_step-th layer (required), routed by a softmax with the
+  /// selection bias exp_probs_b, the top-k renormalized (llama.cpp's graph, whatever
+  /// expert_gating_func says), beside ungated shared experts read at their tensors' width.
+  void read_ernie45(ModelSpec& s, const std::string& p, bool moe) {
+    if (!moe) {
+      if (s.n_expert != 0)
+        TROUPE_INPUT_ERROR("%s: a dense ernie4_5 model with %lld experts", g_.path().c_str(),
+                           ll(s.n_expert));
+      return;
+    }
+    if (s.n_expert <= 0)
+      TROUPE_INPUT_ERROR("%s: an ernie4_5-moe model without experts", g_.path().c_str());
+    s.gating = Gating::kSoftmax;
+    moe_step_ = g_.get_int(p + "interleave_moe_layer_step");
+    if (moe_step_ <= 0 || moe_step_ > s.n_layer)
+      TROUPE_INPUT_ERROR("%s: %sinterleave_moe_layer_step %lld must be in 1..%lld",
+                         g_.path().c_str(), p.c_str(), ll(moe_step_), ll(s.n_layer));
   }
 
   /// Llama 4 as llama.cpp runs it: a sigmoid router (top-k, not renormalized) whose weight
@@ -584,8 +609,7 @@ class GgufSpecBuilder {
     // post_attention_layernorm.
     const bool post = s.arch == Arch::kGlm4Moe || s.arch == Arch::kGptOss || hybrid;
     L.ffn_norm = req(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"));
-    const bool moe = s.n_expert > 0 && il >= s.n_leading_dense &&
-                     (s.arch != Arch::kLlama4 || (il + 1) % moe_step_ == 0);
+    const bool moe = s.n_expert > 0 && il >= s.n_leading_dense && (il + 1) % moe_step_ == 0;
     L.is_moe = moe;
     if (!moe && phi3_ && !has(b + "ffn_gate.weight")) {
       // Phi-3's ffn_up [n_embd, 2 n_ff]: the gate's rows, then up's.
@@ -695,7 +719,8 @@ class GgufSpecBuilder {
   const GgufFile& g_;
   int64_t window_ = 0;           // gpt-oss's, Gemma 3's and Phi-3's sliding window
   bool phi3_ = false;            // GGUF arch phi3 (Arch::kLlama with Phi-3's layout)
-  int64_t moe_step_ = 1;         // Llama 4: every moe_step_-th layer has experts
+  bool ernie_ = false;           // GGUF arch ernie4_5 or ernie4_5-moe (Arch::kLlama)
+  int64_t moe_step_ = 1;         // Llama 4, ERNIE 4.5: every moe_step_-th layer has experts
   std::vector<bool> recurrent_;  // Qwen3-Next, Qwen3.5: per layer, linear attention
 };
 

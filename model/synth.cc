@@ -223,7 +223,8 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
   p.embedding("token_embd.weight", {e, n_vocab});
   p.norm("output_norm.weight", e);
   const bool gemma = c.arch == SynthArch::kGemma3;
-  if (!gemma) {  // Gemma ties its head to the embedding
+  const bool ernie = c.arch == SynthArch::kErnie45 || c.arch == SynthArch::kErnie45Moe;
+  if (!gemma && !ernie) {  // Gemma and ERNIE (0.3B, 21B-A3B) tie their heads to the embedding
     p.matrix("output.weight", {e, n_vocab});
     p.last().quiet_rows = quiet_rows;
   }
@@ -308,8 +309,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     if (gemma) p.norm(b + "post_attention_norm.weight", e);  // of the attention's output
     p.norm(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), e);
     if (il >= c.n_layer) plan_nextn(p, b, e);
-    const bool dense =
-        c.n_expert == 0 || il < c.n_dense_lead || (llama4 && (il + 1) % c.moe_step != 0);
+    const bool dense = c.n_expert == 0 || il < c.n_dense_lead || (il + 1) % c.moe_step != 0;
     if (dense && phi3) {  // ffn_up: the gate's rows, then up's
       p.matrix(b + "ffn_up.weight", {e, 2 * c.n_ff});
       p.matrix(b + "ffn_down.weight", {c.n_ff, e});
@@ -323,7 +323,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     // Routers stay f32, as llama.cpp's quantizer leaves them.
     p.f32(b + "ffn_gate_inp.weight", {e, c.n_expert}, router_sd);
     if ((c.arch == SynthArch::kDeepseek2 && c.sigmoid) || c.arch == SynthArch::kGlm4Moe ||
-        c.arch == SynthArch::kMinimaxM2 || c.arch == SynthArch::kBailingMoe2)
+        c.arch == SynthArch::kMinimaxM2 || c.arch == SynthArch::kBailingMoe2 || ernie)
       p.f32(b + "exp_probs_b.bias", {c.n_expert}, 0.01f);
     plan_moe_experts(p, b, e, c.n_ff_exp, c.n_expert);
     if (c.arch == SynthArch::kGptOss) {  // biases on the router's logits and on every expert
@@ -338,7 +338,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
     } else if (llama4) {  // one shared expert as wide as a routed one
       plan_dense_ffn(p, b, e, c.n_ff_exp, "_shexp");
     } else if ((c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
-                c.arch == SynthArch::kBailingMoe2) &&
+                c.arch == SynthArch::kBailingMoe2 || ernie) &&
                c.n_expert_shared > 0) {
       plan_dense_ffn(p, b, e, c.n_ff_exp * c.n_expert_shared, "_shexp");
     }

@@ -1,10 +1,11 @@
-// Test references for three Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
-// GLM-4.5-Air, GLM-4.6), MiniMaxM2ForCausalLM (MiniMax-M2) and BailingMoeV2ForCausalLM
-// (inclusionAI's Ling-2.0: Ling-mini-2.0, Ling-flash-2.0, Ling-1T), and the dense
-// MistralForCausalLM with its sliding window. Each is a deliberately naive
+// Test references for four Hugging Face MoE checkpoint families: Glm4MoeForCausalLM (GLM-4.5,
+// GLM-4.5-Air, GLM-4.6), MiniMaxM2ForCausalLM (MiniMax-M2), BailingMoeV2ForCausalLM
+// (inclusionAI's Ling-2.0: Ling-mini-2.0, Ling-flash-2.0, Ling-1T) and Baidu's
+// Ernie4_5_MoeForCausalLM (with its dense Ernie4_5ForCausalLM), and the dense MistralForCausalLM
+// with its sliding window and Phi3ForCausalLM. Each is a deliberately naive
 // float64 forward pass that reads the checkpoint by its Hugging Face tensor names, written from the
-// semantics of transformers' modeling_glm4_moe.py, MiniMax's modeling_minimax_m2.py and
-// inclusionAI's modeling_bailing_moe_v2.py, independently of troupe's engine and model loader (it
+// semantics of transformers' modeling_glm4_moe.py, MiniMax's modeling_minimax_m2.py,
+// inclusionAI's modeling_bailing_moe_v2.py and transformers' modeling_ernie4_5_moe.py, independently of troupe's engine and model loader (it
 // uses only the safetensors container parser), so that tests can compare the engine's logits
 // against it. The generic pieces (RMSNorm, projections, SwiGLU, rotary, causal GQA attention,
 // sigmoid scoring, group-limited top-k routing, dense-or-MoE feed-forward, the layer loop) are
@@ -70,6 +71,11 @@ struct Config {
   // Phi-3's LongRoPE: a divisor per rotary pair (empty: none) and the factor on cos and sin.
   std::vector<double> ext;
   double rope_mscale = 1;
+  // ERNIE 4.5: interleaved rotary; MoE layers moe_start <= l <= moe_end, (l + 1) % moe_interval
+  // == 0; the picked probabilities divided by at least norm_min.
+  bool interleaved = false;
+  int64_t moe_start = 0, moe_end = -1, moe_interval = 1;
+  double norm_min = 1e-12;
 };
 
 /// config.json of `dir` with typed look-ups; null counts as absent.
@@ -169,6 +175,41 @@ inline Config read_phi3_config(const std::string& dir, size_t n_tokens) {
                     : ratio <= 1 ? 1.0
                                  : std::sqrt(1 + std::log(ratio) / std::log(orig));
   }
+  return c;
+}
+
+/// Ernie4_5ForCausalLM (ERNIE-4.5-0.3B) and Ernie4_5_MoeForCausalLM (ERNIE-4.5-21B-A3B,
+/// -300B-A47B): Llama's decoder rotating interleaved pairs over whole heads (head_dim: the dense
+/// config's default 128, the MoE config's hidden_size / heads), tied embeddings unless
+/// tie_word_embeddings says otherwise, rope_theta 500000 by default; the MoE model's layers from
+/// moe_layer_start_index to moe_layer_end_index (-1: the last), every moe_layer_interval-th,
+/// route to moe_k of moe_num_experts experts beside moe_num_shared_experts shared ones.
+inline Config read_ernie45_config(const std::string& dir) {
+  const ConfigJson j(dir);
+  Config c = read_common(j);
+  const bool moe = j.j.at("architectures").at(0) == "Ernie4_5_MoeForCausalLM";
+  if (!j.has("head_dim")) c.D = moe ? c.E / c.H : 128;
+  if (!j.has("rope_theta")) c.rope_theta = 500000;
+  c.tie = j.get("tie_word_embeddings", true);
+  c.R = c.D;
+  c.interleaved = true;
+  c.eps = j.get("rms_norm_eps", 1e-5);
+  c.I = j.req("intermediate_size");
+  if (j.get("use_bias", false)) fail("use_bias true is not supported");
+  if (j.get("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be silu");
+  if (!moe) return c;
+  if (j.get("moe_gate_act", std::string("softmax")) != "softmax")
+    fail("moe_gate_act must be softmax");
+  c.N = j.get("moe_num_experts", int64_t{64});
+  c.K = j.get("moe_k", int64_t{6});
+  c.F = j.get("moe_intermediate_size", int64_t{1536});
+  c.shared = j.get("moe_num_shared_experts", int64_t{2});
+  c.moe_start = j.get("moe_layer_start_index", int64_t{1});
+  c.moe_end = j.get("moe_layer_end_index", int64_t{-1});
+  if (c.moe_end == -1) c.moe_end = c.L - 1;
+  c.moe_interval = j.get("moe_layer_interval", int64_t{1});
+  c.norm_min = j.get("moe_norm_min", 1e-12);
+  if (c.K <= 0 || c.K > c.N || c.moe_interval <= 0 || c.shared < 0) fail("bad MoE settings");
   return c;
 }
 
@@ -366,6 +407,7 @@ inline Vec mix_experts(const Tensors& st, const Config& c, const std::string& ex
 
 /// NeoX rotary on the first R elements of the head at off (refmath::rope_neox).
 inline void rope(Vec& v, int64_t off, int64_t pos, const Config& c) {
+  if (c.interleaved) return rope_interleaved(v, off, pos, c.R, c.rope_theta);
   if (c.ext.empty() && c.rope_mscale == 1) return rope_neox(v, off, pos, c.R, c.rope_theta);
   for (int64_t i = 0; i < c.R / 2; ++i) {  // LongRoPE: divided frequencies, scaled cos and sin
     const double inv_freq =
@@ -644,6 +686,40 @@ inline Picked bailing_route(const Tensors& st, const Config& c, const std::strin
                              c.norm_topk && c.K > 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// ERNIE 4.5 MoE
+
+/// The routed experts of ERNIE layer prefix p for h and their weights: probabilities by a
+/// softmax of mlp.gate.weight h; the K largest of probability + mlp.moe_statics.
+/// e_score_correction_bias ([1, N], when present) picked; weighted by their probabilities over
+/// max(their sum, moe_norm_min).
+inline Picked ernie_route(const Tensors& st, const Config& c, const std::string& p, const Vec& h) {
+  Scores s;
+  s.score = matvec(tensor(st, p + "mlp.gate.weight", {c.N, c.E}), h);
+  softmax(s.score);
+  s.choice = s.score;
+  const std::string bias = p + "mlp.moe_statics.e_score_correction_bias";
+  if (st.find(bias) != nullptr) add_scaled(s.choice, 1.0, row(tensor(st, bias, {1, c.N}), 0));
+  Picked picked = top_k(s, c.K, false);
+  double sum = 0;
+  for (const auto& [e, w] : picked) sum += w;
+  for (auto& [e, w] : picked) w /= std::max(sum, c.norm_min);
+  return picked;
+}
+
+/// The feed-forward of ERNIE layer l (prefix p): the routed and shared experts where the MoE
+/// settings put them, else the dense MLP of intermediate_size.
+inline Vec ernie_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
+                     const Vec& h) {
+  const bool moe =
+      c.N > 0 && l >= c.moe_start && l <= c.moe_end && (l + 1) % c.moe_interval == 0;
+  if (!moe) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
+  Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, ernie_route(st, c, p, h), h);
+  if (c.shared > 0)
+    add_scaled(out, 1.0, swiglu(st, p + "mlp.shared_experts.", kProjNames, c.E, c.F * c.shared, h));
+  return out;
+}
+
 }  // namespace moe_ref
 
 /// Logits [tokens.size() x vocab_size], row i = logits after tokens[0..i] (causal, positions
@@ -689,6 +765,21 @@ inline std::vector<double> phi3_reference_logits(const std::string& dir,
     Vec a(static_cast<size_t>(c.I));
     for (size_t i = 0; i < a.size(); ++i) a[i] = silu(gu[i]) * gu[i + a.size()];
     return matvec(tensor(*st, p + "mlp.down_proj.weight", {c.E, c.I}), a);
+  });
+}
+
+/// Logits [tokens.size() x vocab_size] of the Hugging Face Ernie4_5ForCausalLM or
+/// Ernie4_5_MoeForCausalLM directory `dir`, in double (read_ernie45_config says what it reads);
+/// row i = logits after tokens[0..i] (causal, positions 0..n-1). Tensors outside the decoder
+/// layers (the 300B's MTP block) are ignored. Throws std::runtime_error as
+/// mistral_reference_logits.
+inline std::vector<double> ernie45_reference_logits(const std::string& dir,
+                                                    const std::vector<int32_t>& tokens) {
+  using namespace moe_ref;
+  const Config c = read_ernie45_config(dir);
+  const auto st = open_checkpoint(dir);
+  return forward(*st, c, kHfLayout, tokens, [&](int64_t l, const std::string& p, const Vec& h) {
+    return ernie_ffn(*st, c, l, p, h);
   });
 }
 

@@ -1,7 +1,8 @@
 // Test helpers for architectures ../shared has no files of: a synthesized GGUF in llama.cpp's
 // conventions (glm4moe: GLM-4.5's decoder plus its multi-token-prediction layer; minimax-m2;
-// bailingmoe2: Ling-2.0) and its Hugging Face form (Glm4MoeForCausalLM / MiniMaxM2ForCausalLM /
-// BailingMoeV2ForCausalLM, F32 safetensors, the MTP layer included as the released GLM
+// bailingmoe2: Ling-2.0; ernie4_5 and ernie4_5-moe: ERNIE 4.5) and its Hugging Face form
+// (Glm4MoeForCausalLM / MiniMaxM2ForCausalLM / BailingMoeV2ForCausalLM / Ernie4_5ForCausalLM /
+// Ernie4_5_MoeForCausalLM, F32 safetensors, the MTP layer included as the released GLM
 // checkpoints carry it), written by reversing the names llama.cpp's converter gives. Header-only;
 // for test binaries that link troupe_model.
 #pragma once
@@ -39,10 +40,10 @@ inline std::string synth_glm(const TempDir& dir, uint64_t seed = 7) {
   return synth_arch(dir, "glm4moe", seed);
 }
 
-enum class Twin { kGlm, kMinimax, kBailing };
+enum class Twin { kGlm, kMinimax, kBailing, kErnie };
 
-/// The Hugging Face name of a glm4moe, minimax-m2 or bailingmoe2 GGUF tensor (llama.cpp's
-/// converter's mapping, reversed); "" for a stacked expert tensor.
+/// The Hugging Face name of a glm4moe, minimax-m2, bailingmoe2 or ernie4_5(-moe) GGUF tensor
+/// (llama.cpp's converter's mapping, reversed); "" for a stacked expert tensor.
 inline std::string twin_hf_name(Twin arch, const std::string& g) {
   const bool minimax = arch == Twin::kMinimax, bailing = arch == Twin::kBailing;
   if (g == "token_embd.weight")
@@ -79,6 +80,8 @@ inline std::string twin_hf_name(Twin arch, const std::string& g) {
     if (rest == "attn_k_norm.weight") return at + "attention.key_layernorm.weight";
     if (rest == "exp_probs_b.bias") return at + "mlp.gate.expert_bias";
   }
+  if (arch == Twin::kErnie && rest == "exp_probs_b.bias")
+    return at + "mlp.moe_statics.e_score_correction_bias";
   if (rest == "attn_output.weight") return at + "self_attn.o_proj.weight";
   if (rest == "attn_q_norm.weight") return at + "self_attn.q_norm.weight";
   if (rest == "attn_k_norm.weight") return at + "self_attn.k_norm.weight";
@@ -98,8 +101,49 @@ struct HfOptions {
                             // says there is none; glm4moe: a broken checkpoint)
 };
 
+/// config.json of an ERNIE 4.5 twin: Ernie4_5_MoeForCausalLM's keys (Ernie4_5ForCausalLM's for
+/// a dense ernie4_5 file); the embedding is the head when the file has no output.weight.
+inline nlohmann::json ernie_twin_config(const model::GgufFile& g) {
+  const std::string arch = g.get_string("general.architecture"), a = arch + ".";
+  const int64_t heads = g.get_int(a + "attention.head_count");
+  nlohmann::json c = {
+      {"vocab_size", g.find_tensor("token_embd.weight")->ne[1]},
+      {"hidden_size", g.get_int(a + "embedding_length")},
+      {"intermediate_size", g.get_int(a + "feed_forward_length")},
+      {"num_hidden_layers", g.get_int(a + "block_count")},
+      {"num_attention_heads", heads},
+      {"num_key_value_heads", g.get_int(a + "attention.head_count_kv")},
+      {"head_dim", g.get_int_or(a + "attention.key_length",
+                                g.get_int(a + "embedding_length") / heads)},
+      {"rope_theta", g.get_float_or(a + "rope.freq_base", 10000.0)},  // llama.cpp's default
+      {"rms_norm_eps", g.get_float(a + "attention.layer_norm_rms_epsilon")},
+      {"max_position_embeddings", g.get_int(a + "context_length")},
+      {"hidden_act", "silu"},
+      {"use_bias", false},
+      {"tie_word_embeddings", g.find_tensor("output.weight") == nullptr}};
+  if (arch == "ernie4_5") {
+    c["architectures"] = {"Ernie4_5ForCausalLM"};
+    c["model_type"] = "ernie4_5";
+    return c;
+  }
+  c["architectures"] = {"Ernie4_5_MoeForCausalLM"};
+  c["model_type"] = "ernie4_5_moe";
+  c["moe_num_experts"] = g.get_int(a + "expert_count");
+  c["moe_k"] = g.get_int(a + "expert_used_count");
+  c["moe_intermediate_size"] = g.get_int(a + "expert_feed_forward_length");
+  c["moe_num_shared_experts"] = g.get_int_or(a + "expert_shared_count", 0);
+  c["moe_layer_start_index"] = g.get_int_or(a + "leading_dense_block_count", 0);
+  c["moe_layer_end_index"] = -1;
+  c["moe_layer_interval"] = g.get_int(a + "interleave_moe_layer_step");
+  c["moe_norm_min"] = 1e-12;
+  c["moe_gate_act"] = "softmax";
+  c["moe_use_aux_free"] = true;
+  return c;
+}
+
 /// config.json of the twin: the GGUF's hyperparameters under the transformers class's keys.
 inline nlohmann::json twin_config(const model::GgufFile& g, Twin arch, const HfOptions& opt) {
+  if (arch == Twin::kErnie) return ernie_twin_config(g);
   const bool minimax = arch == Twin::kMinimax;
   const std::string a = g.get_string("general.architecture") + ".";
   const int64_t n_nextn = g.get_int_or(a + "nextn_predict_layers", 0);
@@ -171,8 +215,8 @@ inline nlohmann::json twin_config(const model::GgufFile& g, Twin arch, const HfO
   return c;
 }
 
-/// The Hugging Face form of the f32 glm4moe or minimax-m2 GGUF at `gguf` (config.json +
-/// model.safetensors) in `dir`.
+/// The Hugging Face form of the f32 glm4moe, minimax-m2, bailingmoe2 or ernie4_5(-moe) GGUF at
+/// `gguf` (config.json + model.safetensors) in `dir`.
 inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfOptions& opt = {}) {
   auto f = model::GgufFile::open(gguf);
   ASSERT_TRUE(f.has_value()) << f.error().message;
@@ -180,7 +224,8 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
   const std::string gguf_arch = g.get_string("general.architecture");
   const Twin arch = gguf_arch == "minimax-m2"    ? Twin::kMinimax
                     : gguf_arch == "bailingmoe2" ? Twin::kBailing
-                                                 : Twin::kGlm;
+                    : gguf_arch.rfind("ernie4_5", 0) == 0 ? Twin::kErnie
+                                                          : Twin::kGlm;
   const bool minimax = arch == Twin::kMinimax;
   std::vector<StTensor> tensors;
   for (const model::TensorInfo& t : g.tensors()) {
@@ -194,6 +239,9 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
     std::vector<int64_t> shape(t.ne, t.ne + t.n_dims);
     std::reverse(shape.begin(), shape.end());  // ggml ne → PyTorch order
     const std::string name = twin_hf_name(arch, t.name);
+    // ERNIE's correction bias is stored as [1, n_expert] (one row per modality group).
+    if (arch == Twin::kErnie && t.name.find("exp_probs_b") != std::string::npos)
+      shape.insert(shape.begin(), 1);
     if (!name.empty()) {
       tensors.push_back({name, "F32", shape, bytes});
       continue;

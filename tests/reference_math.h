@@ -1,6 +1,6 @@
 // The plain float64 arithmetic the test references share (tests/hf_moe_reference.h,
 // tests/gpt_oss_reference.h): vectors of doubles, dot products, RMSNorm, activations, softmax and
-// NeoX rotary. Written for clarity, not speed; independent of troupe's engine.
+// NeoX and interleaved rotary. Written for clarity, not speed; independent of troupe's engine.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +52,19 @@ inline void rope_neox(Vec& v, int64_t off, int64_t pos, int64_t r, double theta)
     const double a = v[off + i], b = v[off + i + r / 2];
     v[off + i] = a * cs - b * sn;
     v[off + i + r / 2] = b * cs + a * sn;
+  }
+}
+
+/// The same rotation GPT-J (interleaved) style, as transformers' ERNIE 4.5 and Llama 4 rotate:
+/// pairs (2i, 2i + 1), angle = pos * theta^(-2i/r).
+inline void rope_interleaved(Vec& v, int64_t off, int64_t pos, int64_t r, double theta) {
+  for (int64_t i = 0; i < r / 2; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(r));
+    const double angle = static_cast<double>(pos) * inv_freq;
+    const double cs = std::cos(angle), sn = std::sin(angle);
+    const double a = v[off + 2 * i], b = v[off + 2 * i + 1];
+    v[off + 2 * i] = a * cs - b * sn;
+    v[off + 2 * i + 1] = b * cs + a * sn;
   }
 }
 

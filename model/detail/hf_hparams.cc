@@ -62,6 +62,8 @@ class HparamsReader {
         {"LlamaForCausalLM", HfFamily::kLlama},
         {"MistralForCausalLM", HfFamily::kLlama},  // Llama's, with an optional sliding window
         {"Phi3ForCausalLM", HfFamily::kPhi3},
+        {"Ernie4_5ForCausalLM", HfFamily::kErnie45},
+        {"Ernie4_5_MoeForCausalLM", HfFamily::kErnie45},
         {"MixtralForCausalLM", HfFamily::kMixtral},
         {"Qwen2ForCausalLM", HfFamily::kQwen2},
         {"Qwen3ForCausalLM", HfFamily::kQwen3},
@@ -84,6 +86,7 @@ class HparamsReader {
       if (arch == name) {
         h_.family = family;
         h_.qwen35 = arch.rfind("Qwen3_5", 0) == 0;
+        ernie_moe_ = arch == "Ernie4_5_MoeForCausalLM";
         return arch;
       }
     }
@@ -113,7 +116,8 @@ class HparamsReader {
     if (act != want)
       TROUPE_INPUT_ERROR("%s: %s '%s' is not supported for %s (only %s)", cfg_.path().c_str(),
                          act_key, act.c_str(), arch.c_str(), want.c_str());
-    h_.tied = cfg_.get_bool_or("tie_word_embeddings", gemma);
+    const bool ernie = h_.family == HfFamily::kErnie45;
+    h_.tied = cfg_.get_bool_or("tie_word_embeddings", gemma || ernie);
     s.n_vocab = cfg_.get_dim("vocab_size");
     s.n_embd = cfg_.get_dim("hidden_size");
     s.n_layer = cfg_.get_dim("num_hidden_layers");
@@ -132,9 +136,9 @@ class HparamsReader {
     s.rms_eps = static_cast<float>(
         cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 ? 1e-5 : 1e-6));
     s.rope_theta = static_cast<float>(read_rope(mixtral || gemma ? 1e6
-                                                : oss            ? 150000.0
-                                                : llama4         ? 500000.0
-                                                                 : 10000.0));
+                                                : oss             ? 150000.0
+                                                : llama4 || ernie ? 500000.0
+                                                                  : 10000.0));
     // MiniMax-M2 and gpt-oss have no dense FFN: intermediate_size is each expert's width.
     // Llama 4's dense layers are intermediate_size_mlp wide (intermediate_size: an expert's).
     s.n_ff = minimax || oss ? 0
@@ -148,10 +152,13 @@ class HparamsReader {
   void read_attention(const std::string& arch) {
     ModelSpec& s = h_.spec;
     const HfFamily f = h_.family;
-    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim")
-                             : f == HfFamily::kGemma3 || f == HfFamily::kQwen3Next
-                                 ? 256  // their configs' default
-                                 : s.n_embd / s.n_head;
+    // Ernie4_5Config's default is 128 (its 0.3B: 16 heads of 128 over 1024); the MoE config
+    // class has none (hidden_size / heads).
+    const int64_t head_dim =
+        cfg_.has("head_dim") ? cfg_.get_dim("head_dim")
+        : f == HfFamily::kGemma3 || f == HfFamily::kQwen3Next ? 256  // their configs' default
+        : arch == "Ernie4_5ForCausalLM"                         ? 128
+                                                                : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
     if (f == HfFamily::kMinimaxM2 || (f == HfFamily::kBailingMoeV2 && cfg_.has("rotary_dim"))) {
@@ -173,8 +180,10 @@ class HparamsReader {
       s.n_rot = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
     }
     // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead. Llama 4
-    // rotates adjacent pairs (complex products), as GGUF's unpermuted rows.
-    s.rope_style = f == HfFamily::kLlama4 ? RopeStyle::kNormal : RopeStyle::kNeox;
+    // rotates adjacent pairs (complex products), as GGUF's unpermuted rows; so does ERNIE 4.5
+    // (its rotate_half pairs x[2i] with x[2i+1]).
+    s.rope_style = f == HfFamily::kLlama4 || f == HfFamily::kErnie45 ? RopeStyle::kNormal
+                                                                     : RopeStyle::kNeox;
     // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist);
     // GLM has them when attention_bias says so (o_proj never has one).
     if (f == HfFamily::kQwen2 || f == HfFamily::kQwen2Moe) {
@@ -184,6 +193,12 @@ class HparamsReader {
     } else if (f == HfFamily::kGptOss) {
       // gpt-oss: q, k, v and o all carry biases when attention_bias (its default).
       h_.attention_bias = h_.output_bias = cfg_.get_bool_or("attention_bias", true);
+    } else if (f == HfFamily::kErnie45) {
+      // use_bias puts a bias on every projection, the MLPs' and the head's too; no released
+      // checkpoint sets it.
+      if (cfg_.get_bool_or("use_bias", false))
+        TROUPE_INPUT_ERROR("%s: use_bias true (biases on every projection) is not supported",
+                           cfg_.path().c_str());
     } else if (f == HfFamily::kBailingMoeV2) {
       h_.attention_bias = cfg_.get_bool_or("use_qkv_bias", false);
       if (cfg_.get_bool_or("use_bias", false))
@@ -274,6 +289,9 @@ class HparamsReader {
         break;
       case HfFamily::kGemma3:
         read_gemma3();
+        break;
+      case HfFamily::kErnie45:
+        read_ernie45();
         break;
       case HfFamily::kLlama4:
         read_llama4();
@@ -398,6 +416,38 @@ class HparamsReader {
     s.n_group = std::max<int64_t>(1, cfg_.get_int_or("n_group", 1));
     s.n_group_used = std::max<int64_t>(1, cfg_.get_int_or("topk_group", s.n_group));
     h_.router_bias = cfg_.get_bool_or("moe_router_enable_expert_bias", true);
+  }
+
+  /// ERNIE 4.5. Ernie4_5ForCausalLM is Llama's dense decoder. Ernie4_5_MoeForCausalLM routes by
+  /// a softmax over moe_num_experts (moe_gate_act), picks the moe_k best by probability plus
+  /// moe_statics.e_score_correction_bias and weights them by their probabilities renormalized;
+  /// moe_num_shared_experts shared experts are one MLP that many times moe_intermediate_size
+  /// wide, added ungated. Which layers: mark_moe_layers. Defaults: Ernie4_5_MoeConfig's (the
+  /// 21B-A3B's).
+  void read_ernie45() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    s.arch = Arch::kLlama;
+    s.n_ff_exp = s.n_ff;
+    s.norm_topk = true;
+    if (!ernie_moe_) return;
+    s.n_expert = cfg_.get_int_or("moe_num_experts", 64);
+    s.n_expert_used = cfg_.get_int_or("moe_k", 6);
+    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 1536);
+    s.n_expert_shared = cfg_.get_int_or("moe_num_shared_experts", 2);
+    s.gating = Gating::kSoftmax;  // the selection bias: read when the checkpoint has one
+    if (s.n_expert <= 0 || s.n_expert > 65536 || s.n_expert_used <= 0 ||
+        s.n_expert_used > s.n_expert)
+      TROUPE_INPUT_ERROR("%s: moe_k %lld must be in 1..moe_num_experts (%lld)", path,
+                         static_cast<long long>(s.n_expert_used),
+                         static_cast<long long>(s.n_expert));
+    if (s.n_expert_shared < 0 || s.n_expert_shared > 64)
+      TROUPE_INPUT_ERROR("%s: moe_num_shared_experts %lld must be in 0..64", path,
+                         static_cast<long long>(s.n_expert_shared));
+    s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
+    const std::string act = cfg_.get_string_or("moe_gate_act", "softmax");
+    if (act != "softmax")
+      TROUPE_INPUT_ERROR("%s: moe_gate_act '%s' is not supported (softmax)", path, act.c_str());
   }
 
   /// gpt-oss: every layer routes (softmax over the chosen experts' biased logits) to experts of
@@ -653,6 +703,8 @@ class HparamsReader {
             std::find(mlp_only.begin(), mlp_only.end(), il) == mlp_only.end();
     } else if (f == HfFamily::kLlama4) {
       mark_llama4_moe_layers();
+    } else if (f == HfFamily::kErnie45 && s.n_expert > 0) {
+      mark_ernie45_moe_layers();
     } else if (s.n_expert > 0 &&
                (mla() || f == HfFamily::kGlm4Moe || f == HfFamily::kBailingMoeV2)) {
       const int64_t freq = mla() ? std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1)) : 1;
@@ -668,6 +720,25 @@ class HparamsReader {
              !is_moe[static_cast<size_t>(s.n_leading_dense)])
         ++s.n_leading_dense;
     }
+  }
+
+  /// ERNIE 4.5 MoE: layer l has experts when moe_layer_start_index <= l <= moe_layer_end_index
+  /// (-1: the last layer) and (l + 1) % moe_layer_interval == 0.
+  void mark_ernie45_moe_layers() {
+    const char* path = cfg_.path().c_str();
+    const int64_t n = h_.spec.n_layer;
+    const int64_t start = cfg_.get_int_or("moe_layer_start_index", 1);
+    const json* e = cfg_.find("moe_layer_end_index");
+    const int64_t end =
+        e == nullptr || (e->is_number_integer() && e->get<int64_t>() == -1)  // the last layer
+            ? n - 1
+            : cfg_.get_int("moe_layer_end_index");
+    const int64_t step = cfg_.get_int_or("moe_layer_interval", 1);
+    if (step <= 0 || step > n)
+      TROUPE_INPUT_ERROR("%s: moe_layer_interval %lld must be in 1..%lld", path,
+                         static_cast<long long>(step), static_cast<long long>(n));
+    for (int64_t il = 0; il < n; ++il)
+      h_.is_moe[static_cast<size_t>(il)] = il >= start && il <= end && (il + 1) % step == 0;
   }
 
   void mark_llama4_moe_layers() {
@@ -739,6 +810,7 @@ class HparamsReader {
   const HfConfig& cfg_;
   HfHparams h_;
   json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
+  bool ernie_moe_ = false;             // Ernie4_5_MoeForCausalLM
 };
 
 }  // namespace

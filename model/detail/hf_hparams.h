@@ -33,6 +33,9 @@ enum class HfFamily : uint8_t {
                   ///< HfHparams::qwen35)
   kPhi3,          ///< Phi3ForCausalLM (Phi-3, Phi-3.5-mini, Phi-4, Phi-4-mini): Llama's decoder
                   ///< with fused qkv_proj and gate_up_proj, partial rotary, LongRoPE
+  kErnie45,       ///< Ernie4_5ForCausalLM (ERNIE-4.5-0.3B) and Ernie4_5_MoeForCausalLM
+                  ///< (ERNIE-4.5-21B-A3B, -300B-A47B): Llama's decoder with interleaved rotary;
+                  ///< softmax routing with a selection bias, shared experts
 };
 
 struct HfHparams {

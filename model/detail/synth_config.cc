@@ -35,10 +35,12 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "qwen35moe") return SynthArch::kQwen35Moe;
   if (a == "qwen35") return SynthArch::kQwen35;
   if (a == "phi3") return SynthArch::kPhi3;
+  if (a == "ernie4_5") return SynthArch::kErnie45;
+  if (a == "ernie4_5-moe") return SynthArch::kErnie45Moe;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
       "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
-      "qwen35moe, qwen35, phi3)",
+      "qwen35moe, qwen35, phi3, ernie4_5, ernie4_5-moe)",
       a.c_str());
 }
 
@@ -51,28 +53,32 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
   };
   constexpr uint32_t kL = 1, kX = 2, kQ3 = 4, kQ2 = 8, kDs = 16, kQ2d = 32, kQ3d = 64, kG = 128,
                      kM = 256, kB = 512, kO = 1024, kGe = 2048, kL4 = 4096, kQn = 8192,
-                     kQ5m = 16384, kQ5 = 32768, kP3 = 65536, kHybrid = kQn | kQ5m | kQ5;
+                     kQ5m = 16384, kQ5 = 32768, kP3 = 65536, kE = 131072, kEm = 262144,
+                     kHybrid = kQn | kQ5m | kQ5;
   const Use uses[] = {
       {"--n-head-kv", o.n_head_kv.has_value(),
-       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid | kP3},
-      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid},
+       kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid | kP3 | kE |
+           kEm},
+      {"--head-dim", o.head_dim.has_value(),
+       kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid | kE | kEm},
       {"--n-expert", o.n_expert.has_value(),
-       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m},
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m | kEm},
       {"--n-expert-used", o.n_expert_used.has_value(),
-       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m},
-      {"--n-ff-exp", o.n_ff_exp.has_value(), kQ3 | kQ2 | kDs | kG | kB | kO | kL4 | kQn | kQ5m},
+       kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m | kEm},
+      {"--n-ff-exp", o.n_ff_exp.has_value(),
+       kQ3 | kQ2 | kDs | kG | kB | kO | kL4 | kQn | kQ5m | kEm},
       {"--linear-k-heads", o.linear_k_heads.has_value(), kHybrid},
       {"--linear-v-heads", o.linear_v_heads.has_value(), kHybrid},
       {"--linear-head-dim", o.linear_head_dim.has_value(), kHybrid},
       {"--full-attn-interval", o.full_attn_interval.has_value(), kHybrid},
-      {"--moe-layer-step", o.moe_layer_step.has_value(), kL4},
+      {"--moe-layer-step", o.moe_layer_step.has_value(), kL4 | kEm},
       {"--index-top-k", o.index_top_k.has_value(), kDs},
       {"--index-heads", o.index_heads.has_value(), kDs},
       {"--index-dim", o.index_dim.has_value(), kDs},
       {"--sliding-window", o.sliding_window.has_value(), kO | kGe | kP3},
       {"--n-ff-shexp", o.n_ff_shexp.has_value(), kQ2 | kQn | kQ5m},
-      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB},
-      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB},
+      {"--n-expert-shared", o.n_expert_shared.has_value(), kDs | kG | kB | kEm},
+      {"--n-dense-lead", o.n_dense_lead.has_value(), kDs | kG | kB | kEm},
       {"--n-group", o.n_group.has_value(), kDs | kB},
       {"--n-group-used", o.n_group_used.has_value(), kDs | kB},
       {"--q-lora-rank", o.q_lora_rank.has_value(), kDs},
@@ -95,6 +101,7 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   const bool ds = c.arch == SynthArch::kDeepseek2;
   const bool llama =
       c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral || c.arch == SynthArch::kLlama4;
+  const bool ernie = c.arch == SynthArch::kErnie45 || c.arch == SynthArch::kErnie45Moe;
   const bool gemma = c.arch == SynthArch::kGemma3;
   c.n_embd = o.n_embd.value_or(128);
   // Gemma 3: seven layers by default, so that both kinds are there (layer 5 is global).
@@ -104,10 +111,10 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
   c.n_head_kv = ds ? 1 : o.n_head_kv.value_or(c.n_head % 4 == 0 ? c.n_head / 4 : c.n_head);
   const bool minimax = c.arch == SynthArch::kMinimaxM2;
   c.n_ff = o.n_ff.value_or(c.arch == SynthArch::kMixtral || minimax ? 32 : 256);
-  c.rope_theta = o.rope_theta.value_or(c.arch == SynthArch::kLlama4 ? 5e5f
-                                       : llama || ds                ? 1e4f
-                                                                    : 1e6f);
-  c.rms_eps = o.rms_eps.value_or(llama || c.arch == SynthArch::kGlm4Moe ? 1e-5f : 1e-6f);
+  c.rope_theta = o.rope_theta.value_or(c.arch == SynthArch::kLlama4 || ernie ? 5e5f
+                                       : llama || ds                         ? 1e4f
+                                                                             : 1e6f);
+  c.rms_eps = o.rms_eps.value_or(llama || ernie || c.arch == SynthArch::kGlm4Moe ? 1e-5f : 1e-6f);
   check_positive("--n-embd", c.n_embd);
   check_positive("--n-layer", c.n_layer);
   check_positive("--n-head", c.n_head);
@@ -130,6 +137,9 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
     // of 128; GLM-4.5-Air: 4096/96 of 128; MiniMax-M2: 3072/48 of 128): twice by default, any
     // with --head-dim.
     c.head_dim = o.head_dim.value_or(std::max<int64_t>(2, 2 * c.n_embd / c.n_head));
+  } else if (ernie) {  // ERNIE-4.5-0.3B's heads are twice n_embd / n_head, the MoE models' not
+    const int64_t per = std::max<int64_t>(2, c.n_embd / c.n_head);
+    c.head_dim = o.head_dim.value_or(c.arch == SynthArch::kErnie45 ? 2 * per : per);
   } else {
     if (c.n_embd % c.n_head != 0)
       TROUPE_INPUT_ERROR("--n-embd %lld is not a multiple of --n-head %lld",
@@ -153,7 +163,8 @@ void resolve_common(const SynthOptions& o, SynthConfig& c) {
 
 void resolve_moe(const SynthOptions& o, SynthConfig& c) {
   if (c.arch == SynthArch::kLlama || c.arch == SynthArch::kQwen2 || c.arch == SynthArch::kQwen3 ||
-      c.arch == SynthArch::kGemma3 || c.arch == SynthArch::kQwen35 || c.arch == SynthArch::kPhi3)
+      c.arch == SynthArch::kGemma3 || c.arch == SynthArch::kQwen35 || c.arch == SynthArch::kPhi3 ||
+      c.arch == SynthArch::kErnie45)
     return;
   const bool ds = c.arch == SynthArch::kDeepseek2 || c.arch == SynthArch::kGlm4Moe ||
                   c.arch == SynthArch::kBailingMoe2;
@@ -171,11 +182,20 @@ void resolve_moe(const SynthOptions& o, SynthConfig& c) {
                    ? c.n_ff
                    : o.n_ff_exp.value_or(32);
   check_positive("--n-ff-exp", c.n_ff_exp);
-  if (llama4) {
-    // Maverick's interleaving by default, so that both kinds of layer are there.
-    c.moe_step = o.moe_layer_step.value_or(2);
+  if (llama4 || c.arch == SynthArch::kErnie45Moe) {
+    // Maverick's interleaving by default, so that both kinds of layer are there; ERNIE's
+    // released models have experts in every layer after the first (21B-A3B) or third.
+    c.moe_step = o.moe_layer_step.value_or(llama4 ? 2 : 1);
     if (c.moe_step <= 0 || c.moe_step > c.n_layer)
       TROUPE_INPUT_ERROR("--moe-layer-step must be between 1 and --n-layer");
+  }
+  if (c.arch == SynthArch::kErnie45Moe) {  // 21B-A3B: two shared experts, the first layer dense
+    c.n_expert_shared = o.n_expert_shared.value_or(2);
+    c.n_dense_lead = o.n_dense_lead.value_or(1);
+    if (c.n_expert_shared < 0 || c.n_expert_shared > 64)
+      TROUPE_INPUT_ERROR("--n-expert-shared must be between 0 and 64");
+    if (c.n_dense_lead < 0 || c.n_dense_lead > c.n_layer)
+      TROUPE_INPUT_ERROR("--n-dense-lead must be between 0 and --n-layer");
   }
   if (c.arch == SynthArch::kQwen2Moe || c.arch == SynthArch::kQwen3Next ||
       c.arch == SynthArch::kQwen35Moe) {
@@ -447,6 +467,19 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
       u32("rope.scaling.original_context_length", phi3_original_context(o.n_ctx));
       w.set_f32(k + "rope.scaling.attn_factor", phi3_attn_factor(o.n_ctx));
       if (c.n_swa > 0) u32("attention.sliding_window", c.n_swa);
+      break;
+    case SynthArch::kErnie45:  // llama.cpp's converter: the keys of its config, then these
+    case SynthArch::kErnie45Moe:
+      head_dims();
+      if (c.arch == SynthArch::kErnie45) break;
+      u32("expert_count", c.n_expert);
+      u32("expert_used_count", c.n_expert_used);
+      u32("interleave_moe_layer_step", c.moe_step);
+      u32("leading_dense_block_count", c.n_dense_lead);
+      u32("expert_feed_forward_length", c.n_ff_exp);
+      u32("expert_shared_count", c.n_expert_shared);
+      if (c.n_expert_shared > 0)
+        u32("expert_shared_feed_forward_length", c.n_ff_exp * c.n_expert_shared);
       break;
     case SynthArch::kGemma3:  // llama.cpp's converter writes no rope.dimension_count
       head_dims();

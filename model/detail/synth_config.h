@@ -30,7 +30,10 @@ namespace troupe::model::detail {
 // them (Qwen3-Next's layers with b and a apart, value heads in tiled order, the multimodal rope's
 // sections; qwen35 with a dense FFN). kPhi3: Phi-4-mini's decoder (q, k and v in one matrix,
 // ffn_up holding the gate's rows then up's, NeoX rope on three quarters of each head, LongRoPE's
-// two factor tensors and attention factor, an optional sliding window).
+// two factor tensors and attention factor, an optional sliding window). kErnie45 and
+// kErnie45Moe: ERNIE 4.5's decoders (Llama's, with tied embeddings; the MoE model's experts from
+// --n-dense-lead on, every --moe-layer-step-th layer, routed by a softmax with a selection bias,
+// beside ungated shared experts).
 enum class SynthArch {
   kLlama,
   kMixtral,
@@ -48,7 +51,9 @@ enum class SynthArch {
   kQwen3Next,
   kQwen35Moe,
   kQwen35,
-  kPhi3
+  kPhi3,
+  kErnie45,
+  kErnie45Moe
 };
 
 struct SynthConfig {
@@ -60,7 +65,7 @@ struct SynthConfig {
   int64_t q_lora = 0, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0;
   int64_t n_nextn = 0;   // glm4moe: multi-token-prediction layers after the decoder's
   int64_t n_swa = 0;     // gpt-oss, gemma3: the sliding window
-  int64_t moe_step = 1;  // llama4: every moe_step-th layer has experts
+  int64_t moe_step = 1;  // llama4, ernie4_5-moe: every moe_step-th layer has experts
   int64_t index_top_k = 0, index_heads = 0, index_dim = 0;  // deepseek32: the indexer
   // qwen3next: Gated DeltaNet key heads, value heads, their width; the full-attention interval
   int64_t lin_k_heads = 0, lin_v_heads = 0, lin_dim = 0, full_every = 0;
