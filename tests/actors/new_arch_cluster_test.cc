@@ -1,5 +1,5 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
+// bailingmoe2, ERNIE 4.5, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
 // form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert shards
 // spread out: every token and logit bit-identical to the single-process run. Qwen3-Next and
 // Qwen3.5 keep a recurrent state per sequence in every stage: the same, also against the plain
@@ -106,6 +106,15 @@ TEST(Phi3Cluster, AcrossStagesWithTheFactorsOfThePlansContext) {
 TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;
   const std::string gguf = testing::synth_arch(dir, "bailingmoe2", 24);
+  expect_plans_match_one_process(gguf);
+  testing::write_hf_twin(gguf, hf);
+  expect_plans_match_one_process(hf.path());
+}
+
+// ERNIE 4.5: the softmax router's selection bias and the shared experts, in shards and stages.
+TEST(Ernie45Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir, hf;
+  const std::string gguf = testing::synth_arch(dir, "ernie4_5-moe", 25);
   expect_plans_match_one_process(gguf);
   testing::write_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path());

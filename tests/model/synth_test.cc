@@ -416,6 +416,43 @@ TEST(Synth, Phi3HasLlamaCppsLayout) {
   EXPECT_EQ((*w)->get_int("phi3.attention.sliding_window"), 32);
 }
 
+// ERNIE 4.5's MoE layout as llama.cpp's converter writes it: Llama's tensors with the head tied
+// to the embedding; from --n-dense-lead on, every --moe-layer-step-th layer has a router, its
+// selection bias (exp_probs_b), stacked experts and the shared experts as one MLP of their
+// summed width; the keys that say so.
+TEST(Synth, Ernie45MoeHasLlamaCppsLayout) {
+  TempDir tmp;
+  SynthOptions o;
+  o.arch = "ernie4_5-moe";
+  o.moe_layer_step = 2;
+  o.n_expert_shared = 3;
+  ASSERT_TRUE(synth_model(o, tmp.file("m.gguf")).has_value());
+  auto f = GgufFile::open(tmp.file("m.gguf"));
+  ASSERT_TRUE(f.has_value());
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("ernie4_5-moe.interleave_moe_layer_step"), 2);
+  EXPECT_EQ(g.get_int("ernie4_5-moe.leading_dense_block_count"), 1);
+  EXPECT_EQ(g.get_int("ernie4_5-moe.expert_shared_count"), 3);
+  EXPECT_EQ(g.get_int("ernie4_5-moe.expert_shared_feed_forward_length"), 96);
+  EXPECT_EQ(g.find_tensor("output.weight"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.0.ffn_gate.weight"), nullptr);  // leading dense
+  EXPECT_NE(g.find_tensor("blk.1.ffn_gate_exps.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.exp_probs_b.bias")->shape_string(), "[8]");
+  EXPECT_EQ(g.find_tensor("blk.1.ffn_up_shexp.weight")->shape_string(), "[128, 96]");
+  EXPECT_EQ(g.find_tensor("blk.1.ffn_gate_inp_shexp.weight"), nullptr);
+  EXPECT_NE(g.find_tensor("blk.2.ffn_gate.weight"), nullptr);  // between MoE layers
+  EXPECT_NE(g.find_tensor("blk.3.ffn_down_exps.weight"), nullptr);
+  EXPECT_EQ(g.find_tensor("blk.1.attn_q.weight")->shape_string(), "[128, 128]");
+  o.arch = "ernie4_5";  // 0.3B's heads: twice n_embd / n_head
+  o.moe_layer_step.reset();
+  o.n_expert_shared.reset();
+  ASSERT_TRUE(synth_model(o, tmp.file("d.gguf")).has_value());
+  auto d = GgufFile::open(tmp.file("d.gguf"));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ((*d)->get_int("ernie4_5.attention.key_length"), 32);
+  EXPECT_EQ((*d)->find_tensor("blk.0.attn_q.weight")->shape_string(), "[128, 256]");
+}
+
 TEST(Synth, BuiltinVocabGrowsToNVocab) {
   TempDir tmp;
   SynthOptions o;
@@ -444,7 +481,7 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   EXPECT_EQ(err(o),
             "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
             "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
-            "qwen35moe, qwen35, phi3)");
+            "qwen35moe, qwen35, phi3, ernie4_5, ernie4_5-moe)");
   o = {};
   o.arch = "minimax-m2";
   o.n_ff_exp = 16;  // its experts are --n-ff wide
