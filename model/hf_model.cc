@@ -339,10 +339,10 @@ class HfSpecBuilder {
                                      : m + "gate.e_score_correction_bias";
     const SafetensorsTensor* bias_t = st_.find(bias);
     if (router_bias_ || ((is_mla() || ernie) && bias_t))
-      L.router_bias = take_f32(bias, g + "exp_probs_b.bias",
-                               ernie && bias_t->shape.size() == 2
-                                   ? std::vector<int64_t>{1, s.n_expert}
-                                   : std::vector<int64_t>{s.n_expert});
+      L.router_bias =
+          take_f32(bias, g + "exp_probs_b.bias",
+                   ernie && bias_t->shape.size() == 2 ? std::vector<int64_t>{1, s.n_expert}
+                                                      : std::vector<int64_t>{s.n_expert});
     L.experts.resize(static_cast<size_t>(s.n_expert));
     if (qwen35_ &&
         (st_.find(m + "experts.gate_up_proj") || st_.find(m + "experts.gate_up_proj.weight"))) {

@@ -5,12 +5,13 @@
 // with its sliding window and Phi3ForCausalLM. Each is a deliberately naive
 // float64 forward pass that reads the checkpoint by its Hugging Face tensor names, written from the
 // semantics of transformers' modeling_glm4_moe.py, MiniMax's modeling_minimax_m2.py,
-// inclusionAI's modeling_bailing_moe_v2.py and transformers' modeling_ernie4_5_moe.py, independently of troupe's engine and model loader (it
-// uses only the safetensors container parser), so that tests can compare the engine's logits
-// against it. The generic pieces (RMSNorm, projections, SwiGLU, rotary, causal GQA attention,
-// sigmoid scoring, group-limited top-k routing, dense-or-MoE feed-forward, the layer loop) are
-// shared; only config reading, q/k-norm layout, fused or separate q/k/v, routing details and tensor
-// names differ. Plain loops, no caching: for small test models.
+// inclusionAI's modeling_bailing_moe_v2.py and transformers' modeling_ernie4_5_moe.py,
+// independently of troupe's engine and model loader (it uses only the safetensors container
+// parser), so that tests can compare the engine's logits against it. The generic pieces (RMSNorm,
+// projections, SwiGLU, rotary, causal GQA attention, sigmoid scoring, group-limited top-k routing,
+// dense-or-MoE feed-forward, the layer loop) are shared; only config reading, q/k-norm layout,
+// fused or separate q/k/v, routing details and tensor names differ. Plain loops, no caching: for
+// small test models.
 #pragma once
 
 #include <algorithm>
@@ -711,8 +712,7 @@ inline Picked ernie_route(const Tensors& st, const Config& c, const std::string&
 /// settings put them, else the dense MLP of intermediate_size.
 inline Vec ernie_ffn(const Tensors& st, const Config& c, int64_t l, const std::string& p,
                      const Vec& h) {
-  const bool moe =
-      c.N > 0 && l >= c.moe_start && l <= c.moe_end && (l + 1) % c.moe_interval == 0;
+  const bool moe = c.N > 0 && l >= c.moe_start && l <= c.moe_end && (l + 1) % c.moe_interval == 0;
   if (!moe) return swiglu(st, p + "mlp.", kProjNames, c.E, c.I, h);
   Vec out = mix_experts(st, c, p + "mlp.experts.", kProjNames, ernie_route(st, c, p, h), h);
   if (c.shared > 0)

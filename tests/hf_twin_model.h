@@ -113,8 +113,8 @@ inline nlohmann::json ernie_twin_config(const model::GgufFile& g) {
       {"num_hidden_layers", g.get_int(a + "block_count")},
       {"num_attention_heads", heads},
       {"num_key_value_heads", g.get_int(a + "attention.head_count_kv")},
-      {"head_dim", g.get_int_or(a + "attention.key_length",
-                                g.get_int(a + "embedding_length") / heads)},
+      {"head_dim",
+       g.get_int_or(a + "attention.key_length", g.get_int(a + "embedding_length") / heads)},
       {"rope_theta", g.get_float_or(a + "rope.freq_base", 10000.0)},  // llama.cpp's default
       {"rms_norm_eps", g.get_float(a + "attention.layer_norm_rms_epsilon")},
       {"max_position_embeddings", g.get_int(a + "context_length")},
@@ -222,8 +222,8 @@ inline void write_hf_twin(const std::string& gguf, const TempDir& dir, const HfO
   ASSERT_TRUE(f.has_value()) << f.error().message;
   const model::GgufFile& g = **f;
   const std::string gguf_arch = g.get_string("general.architecture");
-  const Twin arch = gguf_arch == "minimax-m2"    ? Twin::kMinimax
-                    : gguf_arch == "bailingmoe2" ? Twin::kBailing
+  const Twin arch = gguf_arch == "minimax-m2"             ? Twin::kMinimax
+                    : gguf_arch == "bailingmoe2"          ? Twin::kBailing
                     : gguf_arch.rfind("ernie4_5", 0) == 0 ? Twin::kErnie
                                                           : Twin::kGlm;
   const bool minimax = arch == Twin::kMinimax;

@@ -135,7 +135,7 @@ class HparamsReader {
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
     s.rms_eps = static_cast<float>(
         cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 ? 1e-5 : 1e-6));
-    s.rope_theta = static_cast<float>(read_rope(mixtral || gemma ? 1e6
+    s.rope_theta = static_cast<float>(read_rope(mixtral || gemma  ? 1e6
                                                 : oss             ? 150000.0
                                                 : llama4 || ernie ? 500000.0
                                                                   : 10000.0));
@@ -154,11 +154,11 @@ class HparamsReader {
     const HfFamily f = h_.family;
     // Ernie4_5Config's default is 128 (its 0.3B: 16 heads of 128 over 1024); the MoE config
     // class has none (hidden_size / heads).
-    const int64_t head_dim =
-        cfg_.has("head_dim") ? cfg_.get_dim("head_dim")
-        : f == HfFamily::kGemma3 || f == HfFamily::kQwen3Next ? 256  // their configs' default
-        : arch == "Ernie4_5ForCausalLM"                         ? 128
-                                                                : s.n_embd / s.n_head;
+    const int64_t head_dim = cfg_.has("head_dim") ? cfg_.get_dim("head_dim")
+                             : f == HfFamily::kGemma3 || f == HfFamily::kQwen3Next
+                                 ? 256  // their configs' default
+                             : arch == "Ernie4_5ForCausalLM" ? 128
+                                                             : s.n_embd / s.n_head;
     if (head_dim <= 0) TROUPE_INPUT_ERROR("%s: head size is 0", cfg_.path().c_str());
     s.head_dim_k = s.head_dim_v = head_dim;
     if (f == HfFamily::kMinimaxM2 || (f == HfFamily::kBailingMoeV2 && cfg_.has("rotary_dim"))) {
@@ -182,8 +182,8 @@ class HparamsReader {
     // HF applies rotate_half to q/k rows as stored; GGUF permutes Llama rows instead. Llama 4
     // rotates adjacent pairs (complex products), as GGUF's unpermuted rows; so does ERNIE 4.5
     // (its rotate_half pairs x[2i] with x[2i+1]).
-    s.rope_style = f == HfFamily::kLlama4 || f == HfFamily::kErnie45 ? RopeStyle::kNormal
-                                                                     : RopeStyle::kNeox;
+    s.rope_style =
+        f == HfFamily::kLlama4 || f == HfFamily::kErnie45 ? RopeStyle::kNormal : RopeStyle::kNeox;
     // Qwen2 and Qwen2-MoE always have q/k/v biases (their attention_bias key does not exist);
     // GLM has them when attention_bias says so (o_proj never has one).
     if (f == HfFamily::kQwen2 || f == HfFamily::kQwen2Moe) {

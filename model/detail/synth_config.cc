@@ -59,8 +59,7 @@ void check_applicable(const SynthOptions& o, SynthArch arch) {
       {"--n-head-kv", o.n_head_kv.has_value(),
        kL | kX | kQ3 | kQ2 | kQ2d | kQ3d | kG | kM | kB | kO | kGe | kL4 | kHybrid | kP3 | kE |
            kEm},
-      {"--head-dim", o.head_dim.has_value(),
-       kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid | kE | kEm},
+      {"--head-dim", o.head_dim.has_value(), kQ3 | kQ3d | kG | kM | kO | kGe | kHybrid | kE | kEm},
       {"--n-expert", o.n_expert.has_value(),
        kX | kQ3 | kQ2 | kDs | kG | kM | kB | kO | kL4 | kQn | kQ5m | kEm},
       {"--n-expert-used", o.n_expert_used.has_value(),

@@ -1,7 +1,7 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, ERNIE 4.5, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in Hugging Face
-// form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert shards
-// spread out: every token and logit bit-identical to the single-process run. Qwen3-Next and
+// bailingmoe2, ERNIE 4.5, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in
+// Hugging Face form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert
+// shards spread out: every token and logit bit-identical to the single-process run. Qwen3-Next and
 // Qwen3.5 keep a recurrent state per sequence in every stage: the same, also against the plain
 // engine, and through crashed actors, whose steps' sequences are recomputed.
 #include <string>

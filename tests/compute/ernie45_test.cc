@@ -144,8 +144,7 @@ TEST(Ernie45, InterleavedMoeLayersWithoutSharedExpertsOrBias) {
   auto p = model::load_model(plain.path());
   ASSERT_TRUE(p.has_value()) << p.error().message;
   EXPECT_FALSE((*p)->spec.layers[1].router_bias.present());
-  expect_engine_near_reference(*p, prompt,
-                               testing::ernie45_reference_logits(plain.path(), prompt));
+  expect_engine_near_reference(*p, prompt, testing::ernie45_reference_logits(plain.path(), prompt));
   EXPECT_FALSE(bit_equal(prompt_logits(*p, prompt), prompt_logits(*m, prompt)));
 }
 
@@ -222,11 +221,8 @@ TEST(Ernie45, UnsupportedOrBrokenSettingsAreRefusedByName) {
   TempDir dir;
   const std::string gguf = synth_ernie(dir, 29);
   const std::pair<const char*, nlohmann::json> cases[] = {
-      {"use_bias", true},
-      {"moe_gate_act", "sigmoid"},
-      {"moe_k", 9},
-      {"moe_layer_interval", 0},
-      {"moe_num_shared_experts", -1},
+      {"use_bias", true},        {"moe_gate_act", "sigmoid"},    {"moe_k", 9},
+      {"moe_layer_interval", 0}, {"moe_num_shared_experts", -1},
   };
   for (const auto& [key, value] : cases) {
     TempDir hf;
@@ -236,10 +232,9 @@ TEST(Ernie45, UnsupportedOrBrokenSettingsAreRefusedByName) {
     EXPECT_NE(err.find(key), std::string::npos) << key << ": " << err;
   }
   // GGUF: ernie4_5-moe needs its interleave step; a dense ernie4_5 file has no experts.
-  const std::string no_step =
-      testing::edited_gguf(dir, "no_step.gguf", gguf, [](model::GgufWriter& w) {
-        w.remove_key("ernie4_5-moe.interleave_moe_layer_step");
-      });
+  const std::string no_step = testing::edited_gguf(
+      dir, "no_step.gguf", gguf,
+      [](model::GgufWriter& w) { w.remove_key("ernie4_5-moe.interleave_moe_layer_step"); });
   EXPECT_NE(load_error(no_step).find("interleave_moe_layer_step"), std::string::npos)
       << load_error(no_step);
   const std::string as_dense =
@@ -247,8 +242,7 @@ TEST(Ernie45, UnsupportedOrBrokenSettingsAreRefusedByName) {
         w.set_string("general.architecture", "ernie4_5");
         auto f = model::GgufFile::open(gguf);
         for (const auto& [key, value] : (*f)->metadata())
-          if (key.starts_with("ernie4_5-moe."))
-            w.copy_value("ernie4_5." + key.substr(13), value);
+          if (key.starts_with("ernie4_5-moe.")) w.copy_value("ernie4_5." + key.substr(13), value);
       });
   EXPECT_NE(load_error(as_dense).find("a dense ernie4_5 model with 8 experts"), std::string::npos)
       << load_error(as_dense);
