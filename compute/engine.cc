@@ -686,7 +686,8 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
 
 // DeepSeek-V3.2's lightning indexer, as llama.cpp's deepseek32 graph computes it (no FP8
 // rounding of its queries and keys, whose Hadamard rotation then changes no score and is left
-// out): each token's key, LayerNormed and rotated NeoX-style on its first n_rot values, stored
+// out): each token's key, LayerNormed and rotated NeoX-style (GLM-5: in neighbouring pairs) on
+// its first n_rot values, stored
 // in the V part of its KV row; for each token that sees more than idx_top_k positions, the
 // idx_top_k with the largest sum over heads of relu(q_h . k) * w_h (ties: the earlier), in
 // position order. A token's choice depends on its own sequence only.
@@ -715,9 +716,9 @@ void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
     detail::layer_norm(k, nw, nb, k, Di, 1e-6f);
     const float* cs = &S.rope_cos[t * (R / 2)];
     const float* sn = &S.rope_sin[t * (R / 2)];
-    detail::rope_cs(k, R, cs, sn, /*neox=*/true);
+    detail::rope_cs(k, R, cs, sn, s.idx_rope_neox);
     for (int64_t hh = 0; hh < Hi; ++hh) {
-      detail::rope_cs(&S.iq[(t * Hi + hh) * Di], R, cs, sn, /*neox=*/true);
+      detail::rope_cs(&S.iq[(t * Hi + hh) * Di], R, cs, sn, s.idx_rope_neox);
       S.iw[t * Hi + hh] *= wscale;
     }
     kv_->store(l, q.blocks[static_cast<size_t>(pos / bs)], pos % bs, kw, k, Di);

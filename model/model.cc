@@ -91,8 +91,8 @@ class GgufSpecBuilder {
       s.arch = Arch::kQwen2Moe;
     } else if (arch == "qwen3moe") {
       s.arch = Arch::kQwen3Moe;
-    } else if (arch == "deepseek2" || arch == "deepseek32") {  // V3.2: with its indexer
-      s.arch = Arch::kDeepseek2;
+    } else if (arch == "deepseek2" || arch == "deepseek32" || arch == "glm-dsa") {
+      s.arch = Arch::kDeepseek2;  // V3.2 and GLM-5 (glm-dsa): with the lightning indexer
     } else if (arch == "qwen2") {
       s.arch = Arch::kQwen2;
     } else if (arch == "qwen3") {
@@ -123,8 +123,9 @@ class GgufSpecBuilder {
     } else {
       TROUPE_INPUT_ERROR(
           "%s: architecture '%s' is not supported (troupe runs llama, mixtral, phi3, ernie4_5, "
-          "ernie4_5-moe, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, deepseek32, glm4moe, "
-          "minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, qwen35, qwen35moe)",
+          "ernie4_5-moe, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, deepseek32, glm-dsa, "
+          "glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, qwen35, "
+          "qwen35moe)",
           g_.path().c_str(), arch.c_str());
     }
     const std::string p = arch + ".";
@@ -184,8 +185,8 @@ class GgufSpecBuilder {
     s.n_leading_dense = g_.get_int_or(p + "leading_dense_block_count", 0);
     s.routed_scale = static_cast<float>(g_.get_float_or(p + "expert_weights_scale", 1.0));
     // GLM and MiniMax-M2 route by sigmoid scores (llama.cpp's default for glm4moe).
-    const bool sigmoid_default =
-        s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2 || s.arch == Arch::kBailingMoe2;
+    const bool sigmoid_default = s.arch == Arch::kGlm4Moe || s.arch == Arch::kMinimaxM2 ||
+                                 s.arch == Arch::kBailingMoe2 || arch == "glm-dsa";
     const int64_t gating = g_.get_int_or(p + "expert_gating_func", sigmoid_default ? 2 : 1);
     s.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
     s.n_group = g_.get_int_or(p + "expert_group_count", 1);
@@ -250,13 +251,17 @@ class GgufSpecBuilder {
       s.head_dim_k = k_mla;
       s.head_dim_v = s.v_head_dim;
       s.n_head_kv = 1;
-      if (arch == "deepseek32") {  // DeepSeek-V3.2's lightning indexer
+      if (arch == "deepseek32" || arch == "glm-dsa") {  // the lightning indexer
         s.idx_n_head = g_.get_int(p + "attention.indexer.head_count");
         s.idx_head_dim = g_.get_int(p + "attention.indexer.key_length");
         s.idx_top_k = g_.get_int(p + "attention.indexer.top_k");
         if (s.idx_top_k <= 0)
           TROUPE_INPUT_ERROR("%s: %sattention.indexer.top_k must be positive, got %lld",
                              g_.path().c_str(), p.c_str(), ll(s.idx_top_k));
+      }
+      if (arch == "glm-dsa") {  // GLM-5 rotates its indexer in neighbouring pairs
+        s.idx_rope_neox = false;
+        check_glm_indexer_types(s, p);
       }
     }
 
@@ -382,6 +387,38 @@ class GgufSpecBuilder {
     if (s.n_layer == 62)
       s.kq_scale_mult = std::sqrt(static_cast<double>(s.head_dim_k)) /
                         std::sqrt(static_cast<double>(s.n_embd / s.n_head));
+  }
+
+  /// GLM-5's attention.indexer.types: per layer "full" (1) or "shared" (0: the layer reuses the
+  /// top-k of an earlier one, GLM-5.2's); absent, every layer runs its own indexer, as GLM-5 and
+  /// 5.1 (llama.cpp's rule: a file trained for under 1M positions). Shared layers are refused.
+  void check_glm_indexer_types(const ModelSpec& s, const std::string& p) const {
+    const char* path = g_.path().c_str();
+    const GgufValue* v = g_.find(p + "attention.indexer.types");
+    if (v == nullptr) {
+      if (s.n_ctx_train >= 1048576)
+        TROUPE_INPUT_ERROR(
+            "%s: a glm-dsa file for %lld positions (GLM-5.2's) without %sattention.indexer.types: "
+            "its layers may share their indexers' top-k, which troupe does not run yet",
+            path, ll(s.n_ctx_train), p.c_str());
+      return;
+    }
+    if (v->type != GgufType::kArray || v->count != static_cast<uint64_t>(s.n_layer))
+      TROUPE_INPUT_ERROR("%s: %sattention.indexer.types must hold an entry per layer (%lld)", path,
+                         p.c_str(), ll(s.n_layer));
+    for (uint64_t il = 0; il < v->count; ++il) {
+      const bool full = v->elem_type == GgufType::kString ? v->strings[il] == "full"
+                                                          : v->array_i64(il) != 0;
+      if (v->elem_type == GgufType::kString && !full && v->strings[il] != "shared")
+        TROUPE_INPUT_ERROR("%s: %sattention.indexer.types[%llu] is '%.*s' (full or shared)", path,
+                           p.c_str(), static_cast<unsigned long long>(il),
+                           static_cast<int>(v->strings[il].size()), v->strings[il].data());
+      if (!full)
+        TROUPE_INPUT_ERROR(
+            "%s: layer %llu's indexer is shared (it reuses an earlier layer's top-k, as "
+            "GLM-5.2's): troupe runs every layer's own indexer only, for now",
+            path, static_cast<unsigned long long>(il));
+    }
   }
 
   /// ERNIE 4.5 as llama.cpp converts it: Llama's graph (q/k rows as the checkpoint has them,

@@ -329,8 +329,9 @@ struct ModelSpec {
   int64_t qk_rope_dim = 0;
   int64_t v_head_dim = 0;
   // DeepSeek-V3.2's indexer (0: none): its heads, their width (the first n_rot rotated, NeoX
-  // style), how many positions a query keeps.
+  // style; GLM-5's in neighbouring pairs: idx_rope_neox false), how many positions a query keeps.
   int64_t idx_n_head = 0, idx_head_dim = 0, idx_top_k = 0;
+  bool idx_rope_neox = true;
   // Gated DeltaNet (0: none): key heads and width, value heads and width, convolution kernel.
   int64_t ssm_k_heads = 0, ssm_k_dim = 0, ssm_v_heads = 0, ssm_v_dim = 0, ssm_conv_kernel = 0;
   /// Value head h reads key head h % ssm_k_heads (llama.cpp's Qwen3.5 files, whose converter

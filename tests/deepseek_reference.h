@@ -1,6 +1,7 @@
 // A test reference for DeepSeek-V2, V3 and V3.2 Hugging Face checkpoints
 // (DeepseekV2ForCausalLM: V2, V2-Lite, V2.5, Coder-V2; DeepseekV3ForCausalLM: V3, R1, Kimi K2;
-// DeepseekV32ForCausalLM: V3.2-Exp, V3.2):
+// DeepseekV32ForCausalLM: V3.2-Exp, V3.2) and GLM-5's (GlmMoeDsaForCausalLM: V3.2's layers, its
+// indexer rotating neighbouring pairs, layers that may share an earlier indexer's choice):
 // a deliberately naive float64 forward pass that reads the checkpoint by its Hugging Face tensor
 // names, written from the semantics of the modeling_deepseek.py these checkpoints ship and of
 // transformers' DeepseekV3, independently of troupe's engine and model loader (it uses only the
@@ -47,7 +48,38 @@ struct Mla {
   int64_t index_heads = 0;  // index_n_heads (Hi)
   int64_t index_dim = 0;    // index_head_dim (Di)
   int64_t index_topk = 0;   // index_topk: keys a query keeps once it has more
+  // GLM-5 (GlmMoeDsaForCausalLM): the indexer rotates neighbouring pairs (transformers'
+  // GlmMoeDsaIndexer), and a "shared" layer (indexer_types) reuses the choice of the last layer
+  // before it that ran its indexer.
+  bool index_interleave = false;
+  std::vector<bool> index_shared;  // per layer; empty: none
 };
+
+/// GlmMoeDsaConfig's indexer_types: the list itself, else index_topk_pattern's F and S, else
+/// index_topk_freq and index_skip_topk_offset (full when max(l - offset + 1, 0) % freq == 0).
+inline std::vector<bool> read_indexer_shared(const ConfigJson& j, int64_t layers) {
+  std::vector<bool> shared(static_cast<size_t>(layers), false);
+  auto from = [&](const nlohmann::json& list) {
+    if (list.size() != shared.size()) fail("indexer_types: one entry per layer");
+    for (size_t l = 0; l < shared.size(); ++l) shared[l] = list[l] == "shared" || list[l] == "S";
+  };
+  if (j.has("indexer_types")) {
+    from(j.j["indexer_types"]);
+  } else if (j.has("index_topk_pattern")) {
+    const nlohmann::json& pat = j.j["index_topk_pattern"];
+    nlohmann::json list = nlohmann::json::array();
+    if (pat.is_string())
+      for (char ch : pat.get<std::string>()) list.push_back(std::string(1, ch));
+    from(pat.is_string() ? list : pat);
+  } else {
+    const int64_t freq = std::max<int64_t>(1, j.get("index_topk_freq", int64_t{1}));
+    const int64_t offset = j.get("index_skip_topk_offset", int64_t{2});
+    for (int64_t l = 0; l < layers; ++l)
+      shared[static_cast<size_t>(l)] = std::max<int64_t>(l - offset + 1, 0) % freq != 0;
+  }
+  if (!shared.empty() && shared[0]) fail("layer 0's indexer cannot be shared");
+  return shared;
+}
 
 inline double yarn_mscale(double factor, double m) {
   return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
@@ -92,8 +124,9 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   }
   Config c = read_common(j);
   const std::string arch = j.j.at("architectures").at(0).get<std::string>();
+  const bool glm = arch == "GlmMoeDsaForCausalLM";
   if (arch != "DeepseekV3ForCausalLM" && arch != "DeepseekV2ForCausalLM" &&
-      arch != "DeepseekV32ForCausalLM")
+      arch != "DeepseekV32ForCausalLM" && !glm)
     fail("architectures[0] is " + arch);
   m.v3 = arch != "DeepseekV2ForCausalLM";  // V3.2 routes as V3
   m.q_lora = j.get("q_lora_rank", int64_t{0});
@@ -103,18 +136,31 @@ inline Mla read_config(const std::string& dir, Config* cfg) {
   m.v = j.req("v_head_dim");
   m.interleave = j.get("rope_interleave", true);
   if (m.rope % 2 != 0) fail("qk_rope_head_dim must be even");
-  if (arch == "DeepseekV32ForCausalLM") read_dsa(j, &m);
+  if (arch == "DeepseekV32ForCausalLM" || glm) read_dsa(j, &m);
+  if (glm) {
+    m.index_interleave = true;
+    m.index_shared = read_indexer_shared(j, c.L);
+  }
   if (j.get("attention_bias", false)) fail("attention_bias is not supported");
   if (j.get("moe_layer_freq", int64_t{1}) != 1) fail("moe_layer_freq must be 1");
-  c.eps = j.get("rms_norm_eps", 1e-6);
-  c.first_dense = std::min(j.get("first_k_dense_replace", int64_t{0}), c.L);
+  c.eps = j.get("rms_norm_eps", glm ? 1e-5 : 1e-6);
+  c.first_dense = std::min(j.get("first_k_dense_replace", int64_t{glm ? 3 : 0}), c.L);
+  if (glm && j.has("mlp_layer_types")) {  // GLM-5's per-layer list: only a leading dense run here
+    const nlohmann::json& types = j.j["mlp_layer_types"];
+    if (types.size() != static_cast<size_t>(c.L)) fail("mlp_layer_types: one entry per layer");
+    c.first_dense = 0;
+    while (c.first_dense < c.L && types[static_cast<size_t>(c.first_dense)] == "dense")
+      ++c.first_dense;
+    for (int64_t l = c.first_dense; l < c.L; ++l)
+      if (types[static_cast<size_t>(l)] != "sparse") fail("mlp_layer_types: dense after sparse");
+  }
   c.I = c.first_dense > 0 ? j.req("intermediate_size") : 0;
   if (c.first_dense < c.L) {
     c.F = j.req("moe_intermediate_size");
     c.N = j.req("n_routed_experts");
     c.K = j.req("num_experts_per_tok");
   }
-  c.shared = j.get("n_shared_experts", int64_t{0});
+  c.shared = j.get("n_shared_experts", int64_t{glm ? 1 : 0});
   c.routed_scale = j.get("routed_scaling_factor", 1.0);
   c.norm_topk = j.get("norm_topk_prob", m.v3);
   const std::string scoring = m.v3 ? "sigmoid" : "softmax";  // each family's only scoring
@@ -196,7 +242,8 @@ using Selection = std::vector<std::vector<bool>>;
 /// with MLA's pair frequencies freq. Per position p: iq = indexer.wq_b qr, Hi heads of Di;
 /// ik = LayerNorm(indexer.wk h) by k_norm's weight and bias, eps 1e-6; on the first
 /// qk_rope_head_dim values of each, rotary with pairs (i, i + R/2) whatever rope_interleave says
-/// (the indexer's layout is not interleaved) and without YaRN's cos/sin mscale; w =
+/// (V3.2's indexer layout is not interleaved; GLM-5's is: pairs (2i, 2i + 1)) and without YaRN's
+/// cos/sin mscale; w =
 /// indexer.weights_proj h * Hi^-0.5 * Di^-0.5. score(p, s) = sum_h max(0, iq_h . ik_s) w_h.
 /// Query p keeps every s <= p while p + 1 <= index_topk, else the index_topk of largest score
 /// (ties: the lower position first).
@@ -217,9 +264,9 @@ inline Selection dsa_select(const Tensors& st, const Config& c, const Mla& m, co
     const auto pos = static_cast<int64_t>(s);
     iq[s] = matvec(wq, qr[s]);
     for (int64_t h = 0; h < Hi; ++h)
-      rope(iq[s], h * Di, m.rope, pos, freq, 1.0, /*interleave=*/false);
+      rope(iq[s], h * Di, m.rope, pos, freq, 1.0, m.index_interleave);
     ik[s] = layer_norm(matvec(wk, hs[s]), norm_w, norm_b, 1e-6);
-    rope(ik[s], 0, m.rope, pos, freq, 1.0, /*interleave=*/false);
+    rope(ik[s], 0, m.rope, pos, freq, 1.0, m.index_interleave);
     w[s] = matvec(ww, hs[s]);
     for (double& e : w[s]) e *= w_scale;
   }
@@ -248,9 +295,11 @@ inline Selection dsa_select(const Tensors& st, const Config& c, const Mla& m, co
 /// kv_a_proj_with_mqa h = [latent | k_rope]; per head [k_nope | v] = kv_b_proj(kv_a_layernorm
 /// latent); k_rope, one per position, shared by every head; rotary on the rope parts only;
 /// softmax((q_nope k_nope + q_rope k_rope) / sqrt(nope + rope)) v; o_proj. With DSA, each
-/// query's softmax runs over dsa_select's keys only, the same for every head.
+/// query's softmax runs over dsa_select's keys only, the same for every head; `last` holds the
+/// latest layer's choice, which a shared layer (GLM-5's indexer_types) reuses.
 inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla& m,
-                                  const std::string& p, const std::vector<Vec>& hs) {
+                                  const std::string& p, const std::vector<Vec>& hs,
+                                  Selection* last) {
   const std::string a = p + "self_attn.";
   const int64_t H = c.H, qk = m.nope + m.rope, kvw = m.nope + m.v;
   const size_t n = hs.size();
@@ -282,7 +331,10 @@ inline std::vector<Vec> attention(const Tensors& st, const Config& c, const Mla&
     const double ms = yarn_mscale(m.factor, m.mscale_all_dim);
     scale *= ms * ms;
   }
-  const Selection keep = m.dsa ? dsa_select(st, c, m, a, hs, qr, freq) : Selection();
+  const int64_t layer = std::stoll(p.substr(std::string("model.layers.").size()));
+  const bool shared = !m.index_shared.empty() && m.index_shared[static_cast<size_t>(layer)];
+  if (m.dsa && !shared) *last = dsa_select(st, c, m, a, hs, qr, freq);
+  const Selection keep = m.dsa ? *last : Selection();
   const Tensor& wo = tensor(st, a + "o_proj.weight", {c.E, H * m.v});
   for (size_t i = 0; i < n; ++i) {
     Vec heads(static_cast<size_t>(H * m.v), 0.0);
@@ -332,7 +384,8 @@ inline Vec ffn(const Tensors& st, const Config& c, const Mla& m, int64_t l, cons
 }  // namespace deepseek_ref
 
 /// Logits [tokens.size() x vocab_size] of the Hugging Face DeepseekV2ForCausalLM,
-/// DeepseekV3ForCausalLM or DeepseekV32ForCausalLM directory `dir`, in double; row i = logits
+/// DeepseekV3ForCausalLM, DeepseekV32ForCausalLM or GlmMoeDsaForCausalLM directory `dir`, in
+/// double; row i = logits
 /// after tokens[0..i] (causal, positions 0..n-1). Throws std::runtime_error naming the tensor or
 /// key on a missing tensor (V3.2: the indexer's too), a shape that config.json does not imply, or
 /// an unsupported config (rope_scaling other than yarn, attention_bias, moe_layer_freq other than
@@ -344,9 +397,12 @@ inline std::vector<double> deepseek_reference_logits(const std::string& dir,
   Config c;
   const Mla m = read_config(dir, &c);
   const auto st = open_checkpoint(dir);
+  Selection last;
   return forward_with(
       *st, c, "model.embed_tokens.weight", tokens,
-      [&](const std::string& p, const std::vector<Vec>& hs) { return attention(*st, c, m, p, hs); },
+      [&](const std::string& p, const std::vector<Vec>& hs) {
+        return attention(*st, c, m, p, hs, &last);
+      },
       [&](int64_t l, const std::string& p, const Vec& h) { return ffn(*st, c, m, l, p, h); });
 }
 

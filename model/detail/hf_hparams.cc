@@ -25,7 +25,7 @@ class HparamsReader {
     const std::string arch = read_family();
     read_common(arch);
     if (mla()) {
-      read_mla(arch == "DeepseekV32ForCausalLM");
+      read_mla(arch == "DeepseekV32ForCausalLM" || glm_dsa_);
     } else {
       read_attention(arch);
       read_moe_counts();
@@ -72,6 +72,7 @@ class HparamsReader {
         {"DeepseekV2ForCausalLM", HfFamily::kDeepseekV2},
         {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
         {"DeepseekV32ForCausalLM", HfFamily::kDeepseekV3},  // V3 with the sparse attention
+        {"GlmMoeDsaForCausalLM", HfFamily::kDeepseekV3},    // GLM-5: V3.2's layers (read_mla)
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
@@ -87,6 +88,7 @@ class HparamsReader {
         h_.family = family;
         h_.qwen35 = arch.rfind("Qwen3_5", 0) == 0;
         ernie_moe_ = arch == "Ernie4_5_MoeForCausalLM";
+        glm_dsa_ = arch == "GlmMoeDsaForCausalLM";
         return arch;
       }
     }
@@ -134,7 +136,7 @@ class HparamsReader {
           static_cast<long long>(s.n_head_kv));
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
     s.rms_eps = static_cast<float>(
-        cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 ? 1e-5 : 1e-6));
+        cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 || glm_dsa_ ? 1e-5 : 1e-6));
     s.rope_theta = static_cast<float>(read_rope(mixtral || gemma  ? 1e6
                                                 : oss             ? 150000.0
                                                 : llama4 || ernie ? 500000.0
@@ -316,9 +318,11 @@ class HparamsReader {
     s.n_expert = cfg_.get_int_or("n_routed_experts", 0);
     s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 0);
     s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 0);
-    s.n_expert_shared = cfg_.get_int_or("n_shared_experts", glm ? 1 : 0);
+    s.n_expert_shared = cfg_.get_int_or("n_shared_experts", glm || glm_dsa_ ? 1 : 0);
     s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
-    s.n_leading_dense = std::min(cfg_.get_int_or("first_k_dense_replace", glm ? 1 : 0), s.n_layer);
+    // GlmMoeDsaConfig's default: three dense layers (GLM-5's).
+    s.n_leading_dense = std::min(
+        cfg_.get_int_or("first_k_dense_replace", glm ? 1 : glm_dsa_ ? 3 : 0), s.n_layer);
     s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.0));
     s.norm_topk = cfg_.get_bool_or("norm_topk_prob", v3);
     // GLM's router has no such keys: always sigmoid scores and DeepSeek-V3's group limit.
@@ -710,6 +714,19 @@ class HparamsReader {
       const int64_t freq = mla() ? std::max<int64_t>(1, cfg_.get_int_or("moe_layer_freq", 1)) : 1;
       for (int64_t il = 0; il < s.n_layer; ++il)
         is_moe[static_cast<size_t>(il)] = il >= s.n_leading_dense && il % freq == 0;
+      if (const json* types = glm_dsa_ ? cfg_.find("mlp_layer_types") : nullptr) {
+        // GLM-5's per-layer list ("dense" or "sparse") says it outright.
+        if (!types->is_array() || types->size() != static_cast<size_t>(s.n_layer))
+          TROUPE_INPUT_ERROR("%s: 'mlp_layer_types' must be a list of %lld entries",
+                             cfg_.path().c_str(), static_cast<long long>(s.n_layer));
+        for (int64_t il = 0; il < s.n_layer; ++il) {
+          const json& t = (*types)[static_cast<size_t>(il)];
+          if (t != "dense" && t != "sparse")
+            TROUPE_INPUT_ERROR("%s: mlp_layer_types[%lld] is %s (\"dense\" or \"sparse\")",
+                               cfg_.path().c_str(), static_cast<long long>(il), t.dump().c_str());
+          is_moe[static_cast<size_t>(il)] = t == "sparse";
+        }
+      }
     }
     // Leading dense layers (0 when dense, as GGUF) where the config does not name them; Llama
     // 4's dense layers are interleaved, none leading (as its GGUF).
@@ -803,14 +820,65 @@ class HparamsReader {
       s.idx_n_head = cfg_.get_dim("index_n_heads");
       s.idx_head_dim = cfg_.get_dim("index_head_dim");
       s.idx_top_k = cfg_.get_dim("index_topk");
+      // GLM-5 rotates its indexer's queries and keys in neighbouring pairs (transformers'
+      // GlmMoeDsaIndexer, llama.cpp's glm-dsa graph), DeepSeek-V3.2 in halves.
+      if (glm_dsa_) {
+        s.idx_rope_neox = false;
+        read_glm_indexer_types();
+      }
     }
     read_sigmoid_routing(/*glm=*/false);
+  }
+
+  /// GLM-5's indexer_types: per layer "full" (it runs its indexer) or "shared" (it reuses the
+  /// top-k of the last full layer before it: GLM-5.2), else index_topk_pattern's F and S, else
+  /// index_topk_freq and index_skip_topk_offset (a layer is full when max(l - offset + 1, 0) is a
+  /// multiple of freq; the defaults make every layer full, as GLM-5 and 5.1).
+  void read_glm_indexer_types() {
+    const char* path = cfg_.path().c_str();
+    const int64_t n = h_.spec.n_layer;
+    std::vector<bool> shared(static_cast<size_t>(n), false);
+    auto entries = [&](const json& list, const char* key) {
+      if (!list.is_array() || list.size() != static_cast<size_t>(n))
+        TROUPE_INPUT_ERROR("%s: '%s' must be a list of %lld entries", path, key,
+                           static_cast<long long>(n));
+      for (size_t il = 0; il < list.size(); ++il) {
+        const json& t = list[il];
+        if (t != "full" && t != "shared" && t != "F" && t != "S")
+          TROUPE_INPUT_ERROR("%s: %s[%zu] is %s (\"full\" or \"shared\")", path, key, il,
+                             t.dump().c_str());
+        shared[il] = t == "shared" || t == "S";
+      }
+    };
+    if (const json* t = cfg_.find("indexer_types")) {
+      entries(*t, "indexer_types");
+    } else if (const json* pat = cfg_.find("index_topk_pattern")) {
+      json list = json::array();
+      if (pat->is_string())
+        for (char ch : pat->get<std::string>()) list.push_back(std::string(1, ch));
+      entries(pat->is_string() ? list : *pat, "index_topk_pattern");
+    } else {
+      const int64_t freq = std::max<int64_t>(1, cfg_.get_int_or("index_topk_freq", 1));
+      const int64_t offset = cfg_.get_int_or("index_skip_topk_offset", 2);
+      for (int64_t il = 0; il < n; ++il)
+        shared[static_cast<size_t>(il)] = std::max<int64_t>(il - offset + 1, 0) % freq != 0;
+    }
+    if (n > 0 && shared[0])
+      TROUPE_INPUT_ERROR("%s: layer 0's indexer is \"shared\", but no full layer precedes it",
+                         path);
+    for (int64_t il = 0; il < n; ++il)
+      if (shared[static_cast<size_t>(il)])
+        TROUPE_INPUT_ERROR(
+            "%s: layer %lld's indexer is \"shared\" (it reuses an earlier layer's top-k, as "
+            "GLM-5.2's): troupe runs every layer's own indexer only, for now",
+            path, static_cast<long long>(il));
   }
 
   const HfConfig& cfg_;
   HfHparams h_;
   json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
   bool ernie_moe_ = false;             // Ernie4_5_MoeForCausalLM
+  bool glm_dsa_ = false;               // GlmMoeDsaForCausalLM (GLM-5)
 };
 
 }  // namespace

@@ -293,7 +293,9 @@ TEST(Deepseek, V32SparseAttentionWithYarnMatchesTheReference) {
 // The GGUF form llama.cpp's converter gives a V3.2 checkpoint ("deepseek32": kv_b_proj split
 // into attn_k_b and attn_v_b, experts stacked, the indexer under blk.N.indexer.*), written here
 // from the checkpoint's tensors: it loads to the same arithmetic, the same logits bit for bit.
-std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t seed) {
+// GLM-5's (arch "glm-dsa") is laid out the same way.
+std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t seed,
+                                  const std::string& arch = "deepseek32") {
   std::map<std::string, const StTensor*> by;
   const std::vector<StTensor> t = checkpoint_tensors(f, seed);
   for (const StTensor& x : t) by[x.name] = &x;
@@ -304,12 +306,13 @@ std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t 
     return v;
   };
   model::GgufWriter w;
-  const std::string k = "deepseek32.";
-  w.set_string("general.architecture", "deepseek32");
+  const std::string k = arch + ".";
+  w.set_string("general.architecture", arch);
   auto u32 = [&](const std::string& key, int64_t v) {
     w.set_u32(k + key, static_cast<uint32_t>(v));
   };
   u32("embedding_length", kE);
+  u32("context_length", 256);
   u32("block_count", kLayers);
   u32("feed_forward_length", kI);
   u32("attention.head_count", kHeads);
@@ -400,7 +403,7 @@ std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t 
       same(b + "ffn_" + m + "_shexp.weight", h + "mlp.shared_experts." + m + "_proj.weight");
     }
   }
-  const std::string path = dir.file("deepseek32.gguf");
+  const std::string path = dir.file(arch + ".gguf");
   EXPECT_TRUE(w.write(path).has_value());
   return path;
 }
@@ -446,6 +449,74 @@ TEST(Deepseek, SynthesizedV32IsBatchInvariantAndSparse) {
   o.q_lora_rank = 0;
   EXPECT_NE(model::synth_model(o, dir.file("bad.gguf")).error().message.find("--q-lora-rank"),
             std::string::npos);
+}
+
+// GLM-5 (GlmMoeDsaForCausalLM): DeepSeek-V3.2's layers, whose indexer rotates neighbouring pairs
+// of its queries' and keys' first values rather than halves. The same weights as a V3.2
+// checkpoint choose other positions, so the logits part once a query chooses.
+TEST(Deepseek, Glm5FormMatchesTheReference) {
+  const DsForm glm{.arch = "GlmMoeDsaForCausalLM", .index_topk = 6};
+  const std::vector<int32_t> prompt = prompt_of(24, static_cast<int32_t>(kVocab), 29);
+  const ModelPtr m = check_form(glm, 15, prompt);
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->spec.has_indexer());
+  EXPECT_FALSE(m->spec.idx_rope_neox);
+  expect_batch_invariant(m);
+  const ModelPtr v32 = check_form({.arch = "DeepseekV32ForCausalLM", .index_topk = 6}, 15, prompt);
+  ASSERT_TRUE(v32);
+  EXPECT_TRUE(v32->spec.idx_rope_neox);
+  const std::vector<float> a = prompt_logits(m, prompt), b = prompt_logits(v32, prompt);
+  const auto V = static_cast<size_t>(kVocab);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 6 * V, b.begin()));
+  EXPECT_FALSE(std::equal(a.begin() + 6 * V, a.end(), b.begin() + 6 * V));
+}
+
+// GLM-5's GGUF (glm-dsa, as llama.cpp converts it) gives its checkpoint's logits bit for bit.
+// Layers that share an earlier layer's choice (GLM-5.2's indexer_types) are refused by name in
+// either form, as is a GLM-5.2-sized file that does not say which layers share.
+TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogitsAndSharedIndexersAreRefused) {
+  const DsForm glm{.arch = "GlmMoeDsaForCausalLM", .index_topk = 6};
+  TempDir hf, gg;
+  write_checkpoint(hf, glm, 16);
+  const std::string gguf = write_deepseek32_gguf(gg, glm, 16, "glm-dsa");
+  auto m = model::load_model(gguf);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  EXPECT_FALSE((*m)->spec.idx_rope_neox);
+  const std::vector<int32_t> prompt = prompt_of(20, static_cast<int32_t>(kVocab), 17);
+  EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), prompt_logits(hf.path(), prompt)));
+  // GLM-5's config as released names every layer full, in any of its three ways.
+  auto c = nlohmann::json::parse(testing::read_text_file(hf.file("config.json")));
+  for (const nlohmann::json& types :
+       {nlohmann::json{{"indexer_types", {"full", "full", "full"}}},
+        nlohmann::json{{"index_topk_pattern", "FFF"}},
+        nlohmann::json{{"index_topk_freq", 1}, {"index_skip_topk_offset", 2}}}) {
+    nlohmann::json e = c;
+    e.update(types);
+    hf.write("config.json", e.dump());
+    EXPECT_EQ(load_error(hf.path()), "loaded") << types.dump();
+    e.update(nlohmann::json{{"indexer_types", {"full", "full", "shared"}},
+                            {"index_topk_pattern", "FFS"},
+                            {"index_topk_freq", 2}});
+    hf.write("config.json", e.dump());
+    EXPECT_NE(load_error(hf.path()).find("layer 2's indexer is \"shared\""), std::string::npos)
+        << load_error(hf.path());
+  }
+  const std::string shared = testing::edited_gguf(gg, "s.gguf", gguf, [](model::GgufWriter& w) {
+    w.set_string_array("glm-dsa.attention.indexer.types",
+                       std::vector<std::string>{"full", "shared", "full"});
+  });
+  EXPECT_NE(load_error(shared).find("layer 1's indexer is shared"), std::string::npos)
+      << load_error(shared);
+  const std::string full = testing::edited_gguf(gg, "f.gguf", gguf, [](model::GgufWriter& w) {
+    w.set_array_u32("glm-dsa.attention.indexer.types", std::vector<uint32_t>{1, 1, 1});
+  });
+  EXPECT_EQ(load_error(full), "loaded");
+  const std::string long_ctx = testing::edited_gguf(gg, "l.gguf", gguf, [](model::GgufWriter& w) {
+    w.set_u32("glm-dsa.context_length", 1048576);
+  });
+  EXPECT_NE(load_error(long_ctx).find("without glm-dsa.attention.indexer.types"),
+            std::string::npos)
+      << load_error(long_ctx);
 }
 
 TEST(Deepseek, V32WithoutItsIndexerIsRefusedByName) {
