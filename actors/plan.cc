@@ -297,6 +297,52 @@ void check_scheduler(const Plan& p, const model::ModelSpec& spec) {
   // fewer micro-batches in flight when fewer sequences run.
 }
 
+/// GLM-5.2's shared-indexer layers reuse the positions the last layer before them with an
+/// indexer chose, which must then run in the same stage. A run of auto stages with a boundary on
+/// a shared layer takes, for each boundary in turn, the nearest layer with an indexer that leaves
+/// enough for the boundaries after it; a stage that still starts on a shared layer (an explicit
+/// range, or too few layers with indexers) is an error naming both layers.
+void align_to_indexers(Plan& p, const model::ModelSpec& spec, const std::vector<bool>& was_auto) {
+  if (spec.layers.size() != static_cast<size_t>(spec.n_layer)) return;  // a spec without layers
+  auto shared = [&](int64_t l) { return spec.layers[static_cast<size_t>(l)].idx_shared; };
+  const size_t n = p.stages.size();
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j < n && was_auto[j]) ++j;
+    bool on_shared = false;
+    for (size_t k = i + 1; k < j; ++k) on_shared = on_shared || shared(p.stages[k].layer_begin);
+    std::vector<int64_t> starts;  // layers inside the run where a stage may start
+    if (on_shared)
+      for (int64_t l = p.stages[i].layer_begin + 1; l < p.stages[j - 1].layer_end; ++l)
+        if (!shared(l)) starts.push_back(l);
+    if (on_shared && starts.size() + 1 >= j - i) {
+      size_t from = 0;
+      for (size_t k = i + 1; k < j; ++k) {
+        const size_t after = j - k - 1;  // boundaries still to place
+        const int64_t want = p.stages[k].layer_begin;
+        size_t best = from;
+        for (size_t x = from; x + after < starts.size(); ++x)
+          if (std::abs(starts[x] - want) < std::abs(starts[best] - want)) best = x;
+        p.stages[k - 1].layer_end = p.stages[k].layer_begin = starts[best];
+        from = best + 1;
+      }
+    }
+    i = std::max(j, i + 1);
+  }
+  for (size_t i = 1; i < n; ++i) {
+    const int64_t b = p.stages[i].layer_begin;
+    if (!shared(b)) continue;
+    int64_t full = b;
+    while (full > 0 && shared(full)) --full;
+    invalid(p, p.stages[i].line,
+            "stage " + std::to_string(i) + " starts at layer " + std::to_string(b) +
+                ", which has no indexer of its own and reuses the positions layer " +
+                std::to_string(full) +
+                " chose (GLM-5.2's shared indexers): a stage must start at a layer with its own "
+                "indexer");
+  }
+}
+
 void resolve(Plan& p, const model::ModelSpec& spec) {
   check_bounds(p);
   if (static_cast<int64_t>(p.stages.size()) > p.num_stages)
@@ -314,7 +360,10 @@ void resolve(Plan& p, const model::ModelSpec& spec) {
   // Linear-attention layers keep a state per sequence that a cached KV prefix does not hold: a
   // hit would skip positions they must see, so their models run without the prefix cache.
   if (spec.has_recurrent_layers()) p.scheduler.prefix_cache = false;
+  std::vector<bool> was_auto;
+  for (const StagePlan& s : p.stages) was_auto.push_back(layers_auto(s));
   resolve_layers(p, spec.n_layer);
+  align_to_indexers(p, spec, was_auto);
   resolve_experts(p, spec);
   resolve_kv(p);
 }

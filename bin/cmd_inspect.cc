@@ -139,11 +139,20 @@ void print_spec(const model::ModelSpec& s) {
   if (s.n_expert > 0 && (moe < s.n_layer - s.n_leading_dense || s.moe_weight_input))
     std::printf("  %lld of %lld layers MoE%s\n", (long long)moe, (long long)s.n_layer,
                 s.moe_weight_input ? "; the router's weight scales the expert's input" : "");
-  if (s.has_indexer())
+  if (s.has_indexer()) {
+    int64_t shared = 0;
+    for (const auto& L : s.layers) shared += L.idx_shared ? 1 : 0;
     std::printf(
         "  sparse attention (DeepSeek-V3.2's indexer): %lld heads of %lld, %lld positions "
-        "per query\n",
-        (long long)s.idx_n_head, (long long)s.idx_head_dim, (long long)s.idx_top_k);
+        "per query, rotated %s",
+        (long long)s.idx_n_head, (long long)s.idx_head_dim, (long long)s.idx_top_k,
+        s.idx_rope_neox ? "in halves" : "in neighbouring pairs");
+    if (shared > 0)
+      std::printf("; %lld of %lld layers reuse the choice of the last layer before them with "
+                  "an indexer",
+                  (long long)shared, (long long)s.n_layer);
+    std::printf("\n");
+  }
   if (s.is_mla())
     std::printf("  MLA: q_lora %lld, kv_lora %lld, qk nope/rope %lld/%lld, v %lld\n",
                 (long long)s.q_lora_rank, (long long)s.kv_lora_rank, (long long)s.qk_nope_dim,

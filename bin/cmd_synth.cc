@@ -18,8 +18,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: troupe synth --arch llama|mixtral|qwen2|qwen3|qwen2moe|qwen3moe|deepseek2|deepseek32|\n"
-    "                           glm4moe|minimax-m2|bailingmoe2|gpt-oss|gemma3|llama4|qwen3next\n"
-    "                           |qwen35moe|qwen35|phi3|ernie4_5|ernie4_5-moe --out FILE\n"
+    "                           glm-dsa|glm4moe|minimax-m2|bailingmoe2|gpt-oss|gemma3|llama4|\n"
+    "                           qwen3next|qwen35moe|qwen35|phi3|ernie4_5|ernie4_5-moe --out FILE\n"
     "  [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] [--n-ff N] [--head-dim N]\n"
     "  [--n-expert N] [--n-expert-used N] [--n-ff-exp N] [--n-ff-shexp N]\n"
     "  [--q-lora-rank N] [--kv-lora-rank N] [--qk-rope-dim N] [--qk-nope-dim N] [--v-head-dim N]\n"
@@ -41,7 +41,9 @@ constexpr const char* kUsage =
     "its head to the embedding; llama4 routes each token to one of 8 experts plus a shared one,\n"
     "in every --moe-layer-step-th layer (2), its fourth layers global without rotary;\n"
     "deepseek32 is deepseek2 with DeepSeek-V3.2's lightning indexer (--index-heads 4 of\n"
-    "--index-dim 2 x --qk-rope-dim, --index-top-k 2048 positions per query); qwen3next has\n"
+    "--index-dim 2 x --qk-rope-dim, --index-top-k 2048 positions per query); glm-dsa is GLM-5.2's\n"
+    "layout of it (the indexer rotating neighbouring pairs; from layer 2 on, three layers in four\n"
+    "reuse the last indexer's choice); qwen3next has\n"
     "Gated DeltaNet linear attention (--linear-k-heads 2, --linear-v-heads 4 of\n"
     "--linear-head-dim 32) in three layers of every --full-attn-interval 4, gated full\n"
     "attention in the fourth, 8 experts plus a gated shared one of --n-ff-shexp 64; qwen35moe\n"

@@ -164,6 +164,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
       return Error{1, strfmt("engine: layer range [%lld, %lld) is not inside [0, %lld)",
                              static_cast<long long>(range.begin), static_cast<long long>(range.end),
                              static_cast<long long>(s.n_layer))};
+    if (s.layers[static_cast<size_t>(range.begin)].idx_shared)
+      return Error{1, strfmt("engine: layer %lld reuses the positions an earlier layer's indexer "
+                             "chose, so the layers [%lld, %lld) cannot start there: a stage "
+                             "must start at a layer with its own indexer",
+                             static_cast<long long>(range.begin),
+                             static_cast<long long>(range.begin),
+                             static_cast<long long>(range.end))};
     std::unique_ptr<Engine> e(new Engine());
     e->model_ = std::move(model);
     e->pool_ = std::make_unique<ThreadPool>(opts.n_threads);
@@ -625,7 +632,9 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
     const SeqStep& q = seqs[static_cast<size_t>(S.tok_seq[static_cast<size_t>(t)])];
     kv_->store(kv_layer(il), q.blocks[static_cast<size_t>(pos / bs)], pos % bs, 0, row, kw);
   }
-  if (s.has_indexer()) indexer(il, seqs);
+  // A shared layer (GLM-5.2) keeps the choice the last full layer of this step made (S.sel):
+  // create() refuses a range that starts with one.
+  if (s.has_indexer() && !L.idx_shared) indexer(il, seqs);
   // Absorb k_b into the query: q_abs[t][h] = [wk_b[h] * q_nope[t][h], q_pe[t][h]], every
   // head's product in one run.
   const int64_t l = kv_layer(il);

@@ -98,6 +98,7 @@ class HfSpecBuilder {
     chunk_ = std::move(h.chunk);
     qk_l2_norm_ = h.qk_l2_norm;
     recurrent_ = std::move(h.recurrent);
+    idx_shared_ = std::move(h.idx_shared);
     qwen35_ = h.qwen35;
     tied_ = h.tied;
   }
@@ -284,6 +285,9 @@ class HfSpecBuilder {
     L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.v_head_dim});
     split_kv_b(a + "kv_b_proj.weight", g, L);
     if (!s.has_indexer()) return;
+    const auto il = static_cast<size_t>(std::stoll(g.substr(4)));  // g: "blk.N."
+    L.idx_shared = il < idx_shared_.size() && idx_shared_[il];
+    if (L.idx_shared) return;  // GLM-5.2: no indexer of its own
     const std::string x = a + "indexer.", gx = g + "indexer.";
     const int64_t Hi = s.idx_n_head, Di = s.idx_head_dim;
     L.idx_wq_b = take(x + "wq_b.weight", gx + "attn_q_b.weight", {Hi * Di, s.q_lora_rank});
@@ -646,6 +650,7 @@ class HfSpecBuilder {
   std::vector<int64_t> chunk_;   // per layer (Llama 4)
   bool qk_l2_norm_ = false;      // Llama 4
   std::vector<bool> recurrent_;  // per layer (Qwen3-Next)
+  std::vector<bool> idx_shared_;  // per layer: no indexer of its own (GLM-5.2)
   bool qwen35_ = false;          // Qwen3.5's names for the linear layers' projections
   bool tied_ = false;
   detail::Fp8Format fp8_;

@@ -261,7 +261,7 @@ class GgufSpecBuilder {
       }
       if (arch == "glm-dsa") {  // GLM-5 rotates its indexer in neighbouring pairs
         s.idx_rope_neox = false;
-        check_glm_indexer_types(s, p);
+        read_glm_indexer_types(s, p);
       }
     }
 
@@ -389,36 +389,33 @@ class GgufSpecBuilder {
                         std::sqrt(static_cast<double>(s.n_embd / s.n_head));
   }
 
-  /// GLM-5's attention.indexer.types: per layer "full" (1) or "shared" (0: the layer reuses the
-  /// top-k of an earlier one, GLM-5.2's); absent, every layer runs its own indexer, as GLM-5 and
-  /// 5.1 (llama.cpp's rule: a file trained for under 1M positions). Shared layers are refused.
-  void check_glm_indexer_types(const ModelSpec& s, const std::string& p) const {
+  /// GLM-5's attention.indexer.types (idx_full_): per layer "full" (1) or "shared" (0: the layer
+  /// has no indexer and reuses the top-k of the last full one before it, GLM-5.2's). Absent, as
+  /// llama.cpp: every layer full in a file trained for under 1M positions (GLM-5, 5.1), else
+  /// GLM-5.2's pattern (layers 0 and 1 full, then one of every four from layer 2).
+  void read_glm_indexer_types(const ModelSpec& s, const std::string& p) {
     const char* path = g_.path().c_str();
+    const auto n = static_cast<size_t>(s.n_layer);
+    idx_full_.assign(n, true);
     const GgufValue* v = g_.find(p + "attention.indexer.types");
     if (v == nullptr) {
       if (s.n_ctx_train >= 1048576)
-        TROUPE_INPUT_ERROR(
-            "%s: a glm-dsa file for %lld positions (GLM-5.2's) without %sattention.indexer.types: "
-            "its layers may share their indexers' top-k, which troupe does not run yet",
-            path, ll(s.n_ctx_train), p.c_str());
+        for (size_t il = 2; il < n; ++il) idx_full_[il] = (il - 2) % 4 == 0;
       return;
     }
-    if (v->type != GgufType::kArray || v->count != static_cast<uint64_t>(s.n_layer))
+    if (v->type != GgufType::kArray || v->count != static_cast<uint64_t>(n))
       TROUPE_INPUT_ERROR("%s: %sattention.indexer.types must hold an entry per layer (%lld)", path,
                          p.c_str(), ll(s.n_layer));
-    for (uint64_t il = 0; il < v->count; ++il) {
-      const bool full = v->elem_type == GgufType::kString ? v->strings[il] == "full"
-                                                          : v->array_i64(il) != 0;
-      if (v->elem_type == GgufType::kString && !full && v->strings[il] != "shared")
-        TROUPE_INPUT_ERROR("%s: %sattention.indexer.types[%llu] is '%.*s' (full or shared)", path,
-                           p.c_str(), static_cast<unsigned long long>(il),
-                           static_cast<int>(v->strings[il].size()), v->strings[il].data());
-      if (!full)
-        TROUPE_INPUT_ERROR(
-            "%s: layer %llu's indexer is shared (it reuses an earlier layer's top-k, as "
-            "GLM-5.2's): troupe runs every layer's own indexer only, for now",
-            path, static_cast<unsigned long long>(il));
+    for (size_t il = 0; il < n; ++il) {
+      const bool str = v->elem_type == GgufType::kString;
+      idx_full_[il] = str ? v->strings[il] == "full" : v->array_i64(il) != 0;
+      if (str && !idx_full_[il] && v->strings[il] != "shared")
+        TROUPE_INPUT_ERROR("%s: %sattention.indexer.types[%zu] is '%.*s' (full or shared)", path,
+                           p.c_str(), il, static_cast<int>(v->strings[il].size()),
+                           v->strings[il].data());
     }
+    if (n > 0 && !idx_full_[0])
+      TROUPE_INPUT_ERROR("%s: layer 0's indexer is shared, but no full layer precedes it", path);
   }
 
   /// ERNIE 4.5 as llama.cpp converts it: Llama's graph (q/k rows as the checkpoint has them,
@@ -596,7 +593,8 @@ class GgufSpecBuilder {
             g_.path().c_str(), b.c_str());
       L.wk_b = req(b + "attn_k_b.weight");
       L.wv_b = req(b + "attn_v_b.weight");
-      if (s.has_indexer()) {
+      L.idx_shared = !idx_full_.empty() && !idx_full_[static_cast<size_t>(il)];
+      if (s.has_indexer() && !L.idx_shared) {
         L.idx_wq_b = req(b + "indexer.attn_q_b.weight");
         L.idx_wk = req(b + "indexer.attn_k.weight");
         L.idx_k_norm = req(b + "indexer.k_norm.weight");
@@ -757,6 +755,7 @@ class GgufSpecBuilder {
   int64_t window_ = 0;           // gpt-oss's, Gemma 3's and Phi-3's sliding window
   bool phi3_ = false;            // GGUF arch phi3 (Arch::kLlama with Phi-3's layout)
   bool ernie_ = false;           // GGUF arch ernie4_5 or ernie4_5-moe (Arch::kLlama)
+  std::vector<bool> idx_full_;   // glm-dsa: per layer, whether it runs its own indexer
   int64_t moe_step_ = 1;         // Llama 4, ERNIE 4.5: every moe_step_-th layer has experts
   std::vector<bool> recurrent_;  // Qwen3-Next, Qwen3.5: per layer, linear attention
 };
@@ -841,6 +840,10 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
         "of at least the rotary %lld (got %lld heads of %lld, q_lora %lld)",
         src.c_str(), static_cast<long long>(s.n_rot), static_cast<long long>(s.idx_n_head),
         static_cast<long long>(s.idx_head_dim), static_cast<long long>(s.q_lora_rank));
+  for (size_t il = 0; il < s.layers.size(); ++il)
+    if (s.layers[il].idx_shared && (!s.has_indexer() || il == 0))
+      TROUPE_INPUT_ERROR("%s: layer %zu reuses an earlier indexer's choice, but %s", src.c_str(),
+                         il, il == 0 ? "it is the first layer" : "the model has no indexer");
   if (static_cast<int64_t>(s.layers.size()) != s.n_layer)
     TROUPE_INPUT_ERROR("%s: %zu layers, expected %lld", src.c_str(), s.layers.size(),
                        static_cast<long long>(s.n_layer));
@@ -888,7 +891,7 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect(src, L.wk_b, s.qk_nope_dim, s.kv_lora_rank, s.n_head);
       expect(src, L.wv_b, s.kv_lora_rank, s.v_head_dim, s.n_head);
       expect(src, L.wo, s.n_head * s.v_head_dim, E);
-      if (s.has_indexer()) {
+      if (s.has_indexer() && !L.idx_shared) {
         expect(src, L.idx_wq_b, s.q_lora_rank, s.idx_n_head * s.idx_head_dim);
         expect(src, L.idx_wk, E, s.idx_head_dim);
         expect(src, L.idx_k_norm, s.idx_head_dim, 1);

@@ -231,6 +231,9 @@ struct LayerSpec {
   WeightView idx_wk;                    // [idx_head_dim rows, n_embd cols]
   WeightView idx_k_norm, idx_k_norm_b;  // f32 [idx_head_dim]: the keys' LayerNorm
   WeightView idx_proj;                  // [idx_n_head rows, n_embd cols]: per-head weights
+  // GLM-5.2: the layer has no indexer of its own and reuses the positions chosen by the last
+  // layer before it that has one (the first layer never shares).
+  bool idx_shared = false;
   // Qwen3-Next's full attention: wq's rows hold, per head, the query and then as many gate rows;
   // the attention's output is multiplied by sigmoid(gate) before wo (head_dim_k == head_dim_v).
   bool attn_gate = false;

@@ -265,7 +265,7 @@ std::vector<PlannedTensor> plan_tensors(const Config& c, int64_t n_vocab, GgmlTy
       p.matrix(b + "attn_k_b.weight", {c.nope_dim, c.kv_lora, c.n_head});
       p.matrix(b + "attn_v_b.weight", {c.kv_lora, c.v_dim, c.n_head});
       p.matrix(b + "attn_output.weight", {c.n_head * c.v_dim, e});
-      if (c.index_top_k > 0) {  // DeepSeek-V3.2's lightning indexer
+      if (c.index_top_k > 0 && !synth_indexer_shared(c, il)) {  // the lightning indexer
         p.matrix(b + "indexer.attn_q_b.weight", {c.q_lora, c.index_heads * c.index_dim});
         p.matrix(b + "indexer.attn_k.weight", {e, c.index_dim});
         p.norm(b + "indexer.k_norm.weight", c.index_dim);

@@ -19,7 +19,9 @@ struct SynthOptions {
   std::string arch = "llama";  // llama | mixtral | qwen2 | qwen3 | qwen2moe | qwen3moe | deepseek2
                                // | glm4moe | minimax-m2 | bailingmoe2 | gpt-oss | gemma3
                                // | llama4 | deepseek32 (deepseek2 with V3.2's indexer)
-                               // | qwen3next | qwen35moe | qwen35
+                               // | glm-dsa (GLM-5.2's: deepseek32's layers, shared indexers)
+                               // | qwen3next | qwen35moe | qwen35 | phi3 | ernie4_5
+                               // | ernie4_5-moe
   std::string name;            // general.name; default "synth-<arch>"
   std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
   std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width
@@ -28,8 +30,8 @@ struct SynthOptions {
   std::optional<int64_t> n_group, n_group_used;          // deepseek2, bailingmoe2
   std::optional<int64_t> sliding_window;                 // gpt-oss (every other layer's)
   std::optional<int64_t> moe_layer_step;                 // llama4: interleave_moe_layer_step
-  std::optional<int64_t> index_top_k;             // deepseek32: positions a query keeps (2048)
-  std::optional<int64_t> index_heads, index_dim;  // deepseek32: the indexer's (4, 2 x rope)
+  std::optional<int64_t> index_top_k;             // deepseek32, glm-dsa: positions kept (2048)
+  std::optional<int64_t> index_heads, index_dim;  // deepseek32, glm-dsa: the indexer's sizes
   // qwen3next: the linear attention's key heads, value heads and head width (2, 4, 32), and
   // every how many layers one has full attention (4).
   std::optional<int64_t> linear_k_heads, linear_v_heads, linear_head_dim, full_attn_interval;

@@ -830,8 +830,8 @@ class HparamsReader {
     read_sigmoid_routing(/*glm=*/false);
   }
 
-  /// GLM-5's indexer_types: per layer "full" (it runs its indexer) or "shared" (it reuses the
-  /// top-k of the last full layer before it: GLM-5.2), else index_topk_pattern's F and S, else
+  /// GLM-5's indexer_types (HfHparams::idx_shared): per layer "full" (it runs its indexer) or
+  /// "shared" (it has none and reuses the top-k of the last full layer before it: GLM-5.2), else index_topk_pattern's F and S, else
   /// index_topk_freq and index_skip_topk_offset (a layer is full when max(l - offset + 1, 0) is a
   /// multiple of freq; the defaults make every layer full, as GLM-5 and 5.1).
   void read_glm_indexer_types() {
@@ -866,12 +866,7 @@ class HparamsReader {
     if (n > 0 && shared[0])
       TROUPE_INPUT_ERROR("%s: layer 0's indexer is \"shared\", but no full layer precedes it",
                          path);
-    for (int64_t il = 0; il < n; ++il)
-      if (shared[static_cast<size_t>(il)])
-        TROUPE_INPUT_ERROR(
-            "%s: layer %lld's indexer is \"shared\" (it reuses an earlier layer's top-k, as "
-            "GLM-5.2's): troupe runs every layer's own indexer only, for now",
-            path, static_cast<long long>(il));
+    h_.idx_shared = std::move(shared);
   }
 
   const HfConfig& cfg_;

@@ -51,6 +51,7 @@ struct HfHparams {
   std::vector<int64_t> chunk;   ///< per layer: attention chunk (0: none; Llama 4)
   bool qk_l2_norm = false;      ///< weightless q/k norms on the rotary layers (Llama 4)
   std::vector<bool> recurrent;  ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
+  std::vector<bool> idx_shared;  ///< per layer: reuses an earlier indexer's choice (GLM-5.2)
   /// Qwen3.5's layout of the same layers: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a apart
   /// (value heads grouped by key head, as Qwen3-Next's), experts stacked or one by one.
   bool qwen35 = false;

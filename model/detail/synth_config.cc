@@ -22,7 +22,7 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "mixtral") return SynthArch::kMixtral;
   if (a == "qwen3moe") return SynthArch::kQwen3Moe;
   if (a == "qwen2moe") return SynthArch::kQwen2Moe;
-  if (a == "deepseek2" || a == "deepseek32") return SynthArch::kDeepseek2;
+  if (a == "deepseek2" || a == "deepseek32" || a == "glm-dsa") return SynthArch::kDeepseek2;
   if (a == "qwen2") return SynthArch::kQwen2;
   if (a == "qwen3") return SynthArch::kQwen3;
   if (a == "glm4moe") return SynthArch::kGlm4Moe;
@@ -39,7 +39,7 @@ SynthArch parse_arch(const std::string& a) {
   if (a == "ernie4_5-moe") return SynthArch::kErnie45Moe;
   TROUPE_INPUT_ERROR(
       "unknown --arch '%s' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-      "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
+      "deepseek32, glm-dsa, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
       "qwen35moe, qwen35, phi3, ernie4_5, ernie4_5-moe)",
       a.c_str());
 }
@@ -270,8 +270,9 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
   check_positive("--v-head-dim", c.v_dim);
   if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
   c.head_dim = c.nope_dim + c.rope_dim;
-  if (o.arch == "deepseek32") {  // V3.2's indexer: 4 heads of 2 x the rotary width
-    if (c.q_lora == 0) TROUPE_INPUT_ERROR("--arch deepseek32 needs --q-lora-rank above 0");
+  if (o.arch == "deepseek32" || o.arch == "glm-dsa") {  // the indexer: 4 heads of 2 x rotary
+    if (c.q_lora == 0)
+      TROUPE_INPUT_ERROR("--arch %s needs --q-lora-rank above 0", o.arch.c_str());
     c.index_top_k = o.index_top_k.value_or(2048);
     check_positive("--index-top-k", c.index_top_k);
     c.index_heads = o.index_heads.value_or(4);
@@ -280,7 +281,8 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
     if (c.index_dim < c.rope_dim || c.index_dim > (int64_t{1} << 16))
       TROUPE_INPUT_ERROR("--index-dim must be between --qk-rope-dim and 65536");
   } else if (o.index_top_k || o.index_heads || o.index_dim) {
-    TROUPE_INPUT_ERROR("--index-top-k, --index-heads and --index-dim apply to --arch deepseek32");
+    TROUPE_INPUT_ERROR(
+        "--index-top-k, --index-heads and --index-dim apply to --arch deepseek32 and glm-dsa");
   }
   resolve_sigmoid_routing(o, c);
 }
@@ -292,7 +294,7 @@ SynthConfig resolve_synth_config(const SynthOptions& o) {
   c.arch = parse_arch(o.arch);
   check_applicable(o, c.arch);
   c.gguf_arch = c.arch == SynthArch::kLlama || c.arch == SynthArch::kMixtral ? "llama" : o.arch;
-  if (o.arch == "deepseek32") c.gguf_arch = "deepseek32";
+  if (o.arch == "deepseek32" || o.arch == "glm-dsa") c.gguf_arch = o.arch;
   resolve_common(o, c);
   resolve_moe(o, c);
   if (c.arch == SynthArch::kDeepseek2) resolve_mla(o, c);
@@ -348,6 +350,10 @@ uint32_t synth_file_type(
     default:
       return 0;
   }
+}
+
+bool synth_indexer_shared(const SynthConfig& c, int64_t il) {
+  return c.gguf_arch == "glm-dsa" && il >= 2 && (il - 2) % 4 != 0;
 }
 
 int64_t phi3_original_context(int64_t n_ctx) { return std::max<int64_t>(2, n_ctx / 4); }
@@ -519,6 +525,12 @@ void write_synth_hparams(GgufWriter& w, const SynthConfig& c, const SynthOptions
         u32("attention.indexer.head_count", c.index_heads);
         u32("attention.indexer.key_length", c.index_dim);
         u32("attention.indexer.top_k", c.index_top_k);
+      }
+      if (c.gguf_arch == "glm-dsa") {
+        std::vector<uint32_t> types;
+        for (int64_t il = 0; il < c.n_layer; ++il)
+          types.push_back(synth_indexer_shared(c, il) ? 0 : 1);
+        w.set_array_u32(k + "attention.indexer.types", types);
       }
       break;
   }

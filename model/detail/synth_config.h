@@ -82,6 +82,10 @@ SynthConfig resolve_synth_config(const SynthOptions& o);
 int64_t phi3_original_context(int64_t n_ctx);
 float phi3_attn_factor(int64_t n_ctx);
 
+/// glm-dsa (GLM-5.2's layout): layer il has no indexer of its own and reuses the last full
+/// layer's choice: every layer from 2 on but one in four (llama.cpp's GLM-5.2 pattern).
+bool synth_indexer_shared(const SynthConfig& c, int64_t il);
+
 /// general.file_type (llama_ftype) of a file whose matrices are mostly `t`.
 uint32_t synth_file_type(GgmlType t);
 /// Writes the architecture's hyperparameter keys (llama.cpp's names, each file's order).

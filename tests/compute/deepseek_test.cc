@@ -69,6 +69,11 @@ struct DsForm {
   // DeepSeek-V3.2's indexer (with arch DeepseekV32ForCausalLM): positions a query keeps (0: no
   // indexer), its heads and their width.
   int64_t index_topk = 0, index_heads = 3, index_dim = 12;
+  // GLM-5.2's indexer_types (GlmMoeDsaForCausalLM): a "shared" layer has no indexer of its own.
+  std::vector<std::string> indexer_types = {};
+  bool shared_indexer(int64_t l) const {
+    return !indexer_types.empty() && indexer_types[static_cast<size_t>(l)] == "shared";
+  }
 };
 
 constexpr int64_t kVocab = 96, kE = 64, kLayers = 3, kHeads = 4, kNope = 16, kRope = 8, kV = 12,
@@ -114,7 +119,7 @@ std::vector<StTensor> checkpoint_tensors(const DsForm& f, uint64_t seed) {
     norm(a + "kv_a_layernorm.weight", kKvLora);
     linear(a + "kv_b_proj.weight", kHeads * (kNope + kV), kKvLora);
     linear(a + "o_proj.weight", kE, kHeads * kV);
-    if (f.index_topk > 0) {
+    if (f.index_topk > 0 && !f.shared_indexer(l)) {
       const std::string x = a + "indexer.";
       linear(x + "wq_b.weight", f.index_heads * f.index_dim, f.q_lora);
       linear(x + "wk.weight", f.index_dim, kE);
@@ -176,6 +181,7 @@ nlohmann::json checkpoint_config(const DsForm& f) {
     c["index_n_heads"] = f.index_heads;
     c["index_head_dim"] = f.index_dim;
   }
+  if (!f.indexer_types.empty()) c["indexer_types"] = f.indexer_types;
   return c;
 }
 
@@ -339,6 +345,7 @@ std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t 
   u32("attention.indexer.head_count", f.index_heads);
   u32("attention.indexer.key_length", f.index_dim);
   u32("attention.indexer.top_k", f.index_topk);
+  if (!f.indexer_types.empty()) w.set_string_array(k + "attention.indexer.types", f.indexer_types);
   std::vector<std::vector<float>> keep;  // the tensors' floats, alive until write()
   auto add = [&](const std::string& name, std::vector<int64_t> ne, std::vector<float> v) {
     keep.push_back(std::move(v));
@@ -378,11 +385,13 @@ std::string write_deepseek32_gguf(const TempDir& dir, const DsForm& f, uint64_t 
     add(b + "attn_k_b.weight", {kNope, kKvLora, kHeads}, kb);
     add(b + "attn_v_b.weight", {kKvLora, kV, kHeads}, vb);
     same(b + "attn_output.weight", a + "o_proj.weight");
-    same(b + "indexer.attn_q_b.weight", a + "indexer.wq_b.weight");
-    same(b + "indexer.attn_k.weight", a + "indexer.wk.weight");
-    same(b + "indexer.k_norm.weight", a + "indexer.k_norm.weight");
-    same(b + "indexer.k_norm.bias", a + "indexer.k_norm.bias");
-    same(b + "indexer.proj.weight", a + "indexer.weights_proj.weight");
+    if (!f.shared_indexer(l)) {
+      same(b + "indexer.attn_q_b.weight", a + "indexer.wq_b.weight");
+      same(b + "indexer.attn_k.weight", a + "indexer.wk.weight");
+      same(b + "indexer.k_norm.weight", a + "indexer.k_norm.weight");
+      same(b + "indexer.k_norm.bias", a + "indexer.k_norm.bias");
+      same(b + "indexer.proj.weight", a + "indexer.weights_proj.weight");
+    }
     same(b + "ffn_norm.weight", h + "post_attention_layernorm.weight");
     if (l == 0) {
       for (const char* m : {"gate", "up", "down"})
@@ -471,10 +480,9 @@ TEST(Deepseek, Glm5FormMatchesTheReference) {
   EXPECT_FALSE(std::equal(a.begin() + 6 * V, a.end(), b.begin() + 6 * V));
 }
 
-// GLM-5's GGUF (glm-dsa, as llama.cpp converts it) gives its checkpoint's logits bit for bit.
-// Layers that share an earlier layer's choice (GLM-5.2's indexer_types) are refused by name in
-// either form, as is a GLM-5.2-sized file that does not say which layers share.
-TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogitsAndSharedIndexersAreRefused) {
+// GLM-5's GGUF (glm-dsa, as llama.cpp converts it) gives its checkpoint's logits bit for bit;
+// the config's three ways of naming every layer's indexer full (GLM-5 and 5.1) load alike.
+TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogits) {
   const DsForm glm{.arch = "GlmMoeDsaForCausalLM", .index_topk = 6};
   TempDir hf, gg;
   write_checkpoint(hf, glm, 16);
@@ -483,8 +491,8 @@ TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogitsAndSharedIndexersAreRefused) {
   ASSERT_TRUE(m.has_value()) << m.error().message;
   EXPECT_FALSE((*m)->spec.idx_rope_neox);
   const std::vector<int32_t> prompt = prompt_of(20, static_cast<int32_t>(kVocab), 17);
-  EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), prompt_logits(hf.path(), prompt)));
-  // GLM-5's config as released names every layer full, in any of its three ways.
+  const std::vector<float> want = prompt_logits(hf.path(), prompt);
+  EXPECT_TRUE(bit_equal(prompt_logits(*m, prompt), want));
   auto c = nlohmann::json::parse(testing::read_text_file(hf.file("config.json")));
   for (const nlohmann::json& types :
        {nlohmann::json{{"indexer_types", {"full", "full", "full"}}},
@@ -493,30 +501,95 @@ TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogitsAndSharedIndexersAreRefused) {
     nlohmann::json e = c;
     e.update(types);
     hf.write("config.json", e.dump());
-    EXPECT_EQ(load_error(hf.path()), "loaded") << types.dump();
-    e.update(nlohmann::json{{"indexer_types", {"full", "full", "shared"}},
-                            {"index_topk_pattern", "FFS"},
-                            {"index_topk_freq", 2}});
-    hf.write("config.json", e.dump());
-    EXPECT_NE(load_error(hf.path()).find("layer 2's indexer is \"shared\""), std::string::npos)
-        << load_error(hf.path());
+    EXPECT_TRUE(bit_equal(prompt_logits(hf.path(), prompt), want)) << types.dump();
   }
-  const std::string shared = testing::edited_gguf(gg, "s.gguf", gguf, [](model::GgufWriter& w) {
-    w.set_string_array("glm-dsa.attention.indexer.types",
-                       std::vector<std::string>{"full", "shared", "full"});
-  });
-  EXPECT_NE(load_error(shared).find("layer 1's indexer is shared"), std::string::npos)
-      << load_error(shared);
-  const std::string full = testing::edited_gguf(gg, "f.gguf", gguf, [](model::GgufWriter& w) {
-    w.set_array_u32("glm-dsa.attention.indexer.types", std::vector<uint32_t>{1, 1, 1});
-  });
-  EXPECT_EQ(load_error(full), "loaded");
-  const std::string long_ctx = testing::edited_gguf(gg, "l.gguf", gguf, [](model::GgufWriter& w) {
+}
+
+// GLM-5.2: a "shared" layer has no indexer and attends to the positions the last layer before it
+// with an indexer chose. Two shared layers after a full one, against the reference, in every
+// chunking and batch; and full, full, shared as GGUF, bit for bit as its checkpoint.
+TEST(Deepseek, Glm52SharedIndexersMatchTheReference) {
+  const DsForm fss{.arch = "GlmMoeDsaForCausalLM",
+                   .index_topk = 6,
+                   .indexer_types = {"full", "shared", "shared"}};
+  const ModelPtr m = check_form(fss, 17);
+  ASSERT_TRUE(m);
+  EXPECT_FALSE(m->spec.layers[0].idx_shared);
+  EXPECT_TRUE(m->spec.layers[1].idx_shared && m->spec.layers[2].idx_shared);
+  EXPECT_FALSE(m->spec.layers[1].idx_wq_b.present());
+  expect_batch_invariant(m);
+  const DsForm ffs{.arch = "GlmMoeDsaForCausalLM",
+                   .index_topk = 5,
+                   .indexer_types = {"full", "full", "shared"}};
+  const std::vector<int32_t> prompt = prompt_of(22, static_cast<int32_t>(kVocab), 19);
+  const ModelPtr h = check_form(ffs, 18, prompt);
+  ASSERT_TRUE(h);
+  TempDir hf, gg;
+  write_checkpoint(hf, ffs, 18);
+  auto g = model::load_model(write_deepseek32_gguf(gg, ffs, 18, "glm-dsa"));
+  ASSERT_TRUE(g.has_value()) << g.error().message;
+  EXPECT_TRUE((*g)->spec.layers[2].idx_shared);
+  EXPECT_TRUE(bit_equal(prompt_logits(*g, prompt), prompt_logits(h, prompt)));
+  // A stage cannot start at a shared layer: its choice is made in the layer before.
+  EngineOptions o;
+  o.max_tokens_in_cache = 64;
+  o.range = {2, 3};
+  auto e = Engine::create(h, o);
+  ASSERT_FALSE(e.has_value());
+  EXPECT_NE(e.error().message.find("layer 2 reuses the positions an earlier layer's indexer"),
+            std::string::npos)
+      << e.error().message;
+  o.range = {1, 3};
+  EXPECT_TRUE(Engine::create(h, o).has_value());
+}
+
+// Malformed indexer types are refused by name: an unknown kind, a first layer that shares, a
+// list of the wrong length; in GGUF too. A GGUF of GLM-5.2's context (1M) without the key takes
+// llama.cpp's GLM-5.2 pattern, one of shorter context every layer full.
+TEST(Deepseek, Glm5IndexerTypesAreCheckedAndDefaultAsLlamaCpp) {
+  TempDir hf;
+  write_checkpoint(hf, {.arch = "GlmMoeDsaForCausalLM", .index_topk = 6}, 19);
+  auto c = nlohmann::json::parse(testing::read_text_file(hf.file("config.json")));
+  const std::pair<nlohmann::json, const char*> bad[] = {
+      {{"full", "half", "full"}, "indexer_types[1] is \"half\""},
+      {{"shared", "full", "full"}, "layer 0's indexer is \"shared\""},
+      {{"full", "full"}, "'indexer_types' must be a list of 3 entries"}};
+  for (const auto& [types, want] : bad) {
+    nlohmann::json e = c;
+    e["indexer_types"] = types;
+    hf.write("config.json", e.dump());
+    EXPECT_NE(load_error(hf.path()).find(want), std::string::npos) << load_error(hf.path());
+  }
+  TempDir dir;
+  model::SynthOptions o;
+  o.arch = "glm-dsa";
+  o.n_layer = 6;
+  o.index_top_k = 4;
+  o.n_ctx = 256;
+  const std::string path = dir.file("g.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  std::vector<bool> shared;
+  for (const auto& L : (*m)->spec.layers) shared.push_back(L.idx_shared);
+  EXPECT_EQ(shared, (std::vector<bool>{false, false, false, true, true, true}));
+  const std::string no_key_long = testing::edited_gguf(dir, "l.gguf", path, [](auto& w) {
+    w.remove_key("glm-dsa.attention.indexer.types");
     w.set_u32("glm-dsa.context_length", 1048576);
   });
-  EXPECT_NE(load_error(long_ctx).find("without glm-dsa.attention.indexer.types"),
+  auto l = model::load_model(no_key_long);
+  ASSERT_TRUE(l.has_value()) << l.error().message;
+  for (size_t il = 0; il < 6; ++il) EXPECT_EQ((*l)->spec.layers[il].idx_shared, shared[il]) << il;
+  const std::string no_key = testing::edited_gguf(
+      dir, "n.gguf", path, [](auto& w) { w.remove_key("glm-dsa.attention.indexer.types"); });
+  EXPECT_NE(load_error(no_key).find("missing tensor 'blk.3.indexer.attn_q_b.weight'"),
             std::string::npos)
-      << load_error(long_ctx);
+      << load_error(no_key);
+  const std::string first = testing::edited_gguf(dir, "f.gguf", path, [](auto& w) {
+    w.set_array_u32("glm-dsa.attention.indexer.types", std::vector<uint32_t>{0, 1, 1, 0, 0, 0});
+  });
+  EXPECT_NE(load_error(first).find("layer 0's indexer is shared"), std::string::npos)
+      << load_error(first);
 }
 
 TEST(Deepseek, V32WithoutItsIndexerIsRefusedByName) {
