@@ -111,6 +111,37 @@ TEST(BailingMoe2Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(hf.path());
 }
 
+// GLM-5.2 (glm-dsa, 6 layers: the last three reuse layer 2's indexer choice): its stages start
+// at layers with their own indexer (an auto plan's boundaries move there), and give the
+// single process's tokens and logits; the plan says so.
+TEST(Glm5Cluster, SharedIndexersStayInTheirFullLayersStage) {
+  testing::TempDir dir;
+  model::SynthOptions o;
+  o.arch = "glm-dsa";
+  o.seed = 26;
+  o.n_layer = 6;
+  o.n_ctx = 256;
+  o.index_top_k = 6;
+  const std::string path = dir.file("glm5.gguf");
+  ASSERT_TRUE(model::synth_model(o, path).has_value());
+  auto m = model::load_model(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  const auto reqs = testing::cluster_requests((*m)->spec.n_vocab, 3, 14, 901);
+  const auto want = testing::local_results(path, reqs);
+  for (const int stages : {2, 3}) {
+    Plan plan = even_plan(path, stages, 2);
+    plan.scheduler.max_sequences = 8;
+    plan.scheduler.max_model_len = 256;
+    ASSERT_TRUE(resolve_plan(plan, (*m)->spec).has_value());
+    std::vector<int64_t> begins;
+    for (const StagePlan& s : plan.stages) begins.push_back(s.layer_begin);
+    EXPECT_EQ(begins, stages == 2 ? (std::vector<int64_t>{0, 2}) : (std::vector<int64_t>{0, 1, 2}));
+    auto lc = LocalCluster::start(plan, *m);
+    ASSERT_TRUE(lc) << lc.error().message;
+    testing::expect_same((*lc)->generate_many(reqs), want);
+  }
+}
+
 // ERNIE 4.5: the softmax router's selection bias and the shared experts, in shards and stages.
 TEST(Ernie45Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   testing::TempDir dir, hf;

@@ -409,6 +409,35 @@ layers = [3, 5]
   EXPECT_EQ(layer_ranges(p), (Ranges{{0, 3}, {3, 5}, {5, 8}, {8, 10}}));
 }
 
+// GLM-5.2's layers that reuse an earlier indexer's choice must share a stage with it: auto
+// boundaries move to the nearest layers with their own indexer (here 0, 1, 2, 6, 10 of 12),
+// leaving enough for the boundaries after; explicit ones that fall on a shared layer, or more
+// stages than such layers, are refused naming the layers.
+TEST(PlanResolve, StagesStartAtLayersWithTheirOwnIndexer) {
+  model::ModelSpec spec = make_spec(12, 0);
+  for (int64_t il = 2; il < 12; ++il)
+    spec.layers[static_cast<size_t>(il)].idx_shared = (il - 2) % 4 != 0;
+  EXPECT_EQ(layer_ranges(resolve_ok("stages.count = 2\n", spec)), (Ranges{{0, 6}, {6, 12}}));
+  EXPECT_EQ(layer_ranges(resolve_ok("stages.count = 3\n", spec)),
+            (Ranges{{0, 2}, {2, 6}, {6, 12}}));
+  EXPECT_EQ(layer_ranges(resolve_ok("stages.count = 5\n", spec)),
+            (Ranges{{0, 1}, {1, 2}, {2, 6}, {6, 10}, {10, 12}}));
+  EXPECT_CONTAINS(resolve_error("stages.count = 6\n", spec),
+                  "stage 2 starts at layer 4, which has no indexer of its own and reuses the "
+                  "positions layer 2 chose");
+  EXPECT_CONTAINS(resolve_error(R"([[stage]]
+layers = [0, 4]
+[[stage]]
+layers = [4, 12]
+)",
+                                spec),
+                  "stage 1 starts at layer 4, which has no indexer of its own and reuses the "
+                  "positions layer 2 chose");
+  // Without shared layers the split is the plain one.
+  EXPECT_EQ(layer_ranges(resolve_ok("stages.count = 3\n", make_spec(12, 0))),
+            (Ranges{{0, 4}, {4, 8}, {8, 12}}));
+}
+
 TEST(PlanResolve, SplitsEightExpertsOverThreeShardsContiguously) {
   Plan p = resolve_ok("expert_shards.count = 3\n", make_spec(2, 8));
   EXPECT_EQ(expert_sets(p), (std::vector<std::vector<int32_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7}}));
