@@ -148,9 +148,10 @@ void print_spec(const model::ModelSpec& s) {
         (long long)s.idx_n_head, (long long)s.idx_head_dim, (long long)s.idx_top_k,
         s.idx_rope_neox ? "in halves" : "in neighbouring pairs");
     if (shared > 0)
-      std::printf("; %lld of %lld layers reuse the choice of the last layer before them with "
-                  "an indexer",
-                  (long long)shared, (long long)s.n_layer);
+      std::printf(
+          "; %lld of %lld layers reuse the choice of the last layer before them with "
+          "an indexer",
+          (long long)shared, (long long)s.n_layer);
     std::printf("\n");
   }
   if (s.is_mla())

@@ -165,12 +165,12 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
                              static_cast<long long>(range.begin), static_cast<long long>(range.end),
                              static_cast<long long>(s.n_layer))};
     if (s.layers[static_cast<size_t>(range.begin)].idx_shared)
-      return Error{1, strfmt("engine: layer %lld reuses the positions an earlier layer's indexer "
-                             "chose, so the layers [%lld, %lld) cannot start there: a stage "
-                             "must start at a layer with its own indexer",
-                             static_cast<long long>(range.begin),
-                             static_cast<long long>(range.begin),
-                             static_cast<long long>(range.end))};
+      return Error{1,
+                   strfmt("engine: layer %lld reuses the positions an earlier layer's indexer "
+                          "chose, so the layers [%lld, %lld) cannot start there: a stage "
+                          "must start at a layer with its own indexer",
+                          static_cast<long long>(range.begin), static_cast<long long>(range.begin),
+                          static_cast<long long>(range.end))};
     std::unique_ptr<Engine> e(new Engine());
     e->model_ = std::move(model);
     e->pool_ = std::make_unique<ThreadPool>(opts.n_threads);

@@ -645,13 +645,13 @@ class HfSpecBuilder {
   const std::string prefix_;
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
-  std::vector<int64_t> window_;  // per layer (gpt-oss, Gemma 3)
-  std::vector<bool> nope_;       // per layer (Llama 4)
-  std::vector<int64_t> chunk_;   // per layer (Llama 4)
-  bool qk_l2_norm_ = false;      // Llama 4
-  std::vector<bool> recurrent_;  // per layer (Qwen3-Next)
+  std::vector<int64_t> window_;   // per layer (gpt-oss, Gemma 3)
+  std::vector<bool> nope_;        // per layer (Llama 4)
+  std::vector<int64_t> chunk_;    // per layer (Llama 4)
+  bool qk_l2_norm_ = false;       // Llama 4
+  std::vector<bool> recurrent_;   // per layer (Qwen3-Next)
   std::vector<bool> idx_shared_;  // per layer: no indexer of its own (GLM-5.2)
-  bool qwen35_ = false;          // Qwen3.5's names for the linear layers' projections
+  bool qwen35_ = false;           // Qwen3.5's names for the linear layers' projections
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

@@ -135,8 +135,8 @@ class HparamsReader {
           cfg_.path().c_str(), static_cast<long long>(s.n_head),
           static_cast<long long>(s.n_head_kv));
     s.n_ctx_train = cfg_.get_int_or("max_position_embeddings", 2048);
-    s.rms_eps = static_cast<float>(
-        cfg_.get_float_or("rms_norm_eps", mixtral || glm || oss || llama4 || glm_dsa_ ? 1e-5 : 1e-6));
+    s.rms_eps = static_cast<float>(cfg_.get_float_or(
+        "rms_norm_eps", mixtral || glm || oss || llama4 || glm_dsa_ ? 1e-5 : 1e-6));
     s.rope_theta = static_cast<float>(read_rope(mixtral || gemma  ? 1e6
                                                 : oss             ? 150000.0
                                                 : llama4 || ernie ? 500000.0
@@ -321,8 +321,10 @@ class HparamsReader {
     s.n_expert_shared = cfg_.get_int_or("n_shared_experts", glm || glm_dsa_ ? 1 : 0);
     s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
     // GlmMoeDsaConfig's default: three dense layers (GLM-5's).
-    s.n_leading_dense = std::min(
-        cfg_.get_int_or("first_k_dense_replace", glm ? 1 : glm_dsa_ ? 3 : 0), s.n_layer);
+    s.n_leading_dense = std::min(cfg_.get_int_or("first_k_dense_replace", glm        ? 1
+                                                                          : glm_dsa_ ? 3
+                                                                                     : 0),
+                                 s.n_layer);
     s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.0));
     s.norm_topk = cfg_.get_bool_or("norm_topk_prob", v3);
     // GLM's router has no such keys: always sigmoid scores and DeepSeek-V3's group limit.
@@ -831,9 +833,10 @@ class HparamsReader {
   }
 
   /// GLM-5's indexer_types (HfHparams::idx_shared): per layer "full" (it runs its indexer) or
-  /// "shared" (it has none and reuses the top-k of the last full layer before it: GLM-5.2), else index_topk_pattern's F and S, else
-  /// index_topk_freq and index_skip_topk_offset (a layer is full when max(l - offset + 1, 0) is a
-  /// multiple of freq; the defaults make every layer full, as GLM-5 and 5.1).
+  /// "shared" (it has none and reuses the top-k of the last full layer before it: GLM-5.2), else
+  /// index_topk_pattern's F and S, else index_topk_freq and index_skip_topk_offset (a layer is full
+  /// when max(l - offset + 1, 0) is a multiple of freq; the defaults make every layer full, as
+  /// GLM-5 and 5.1).
   void read_glm_indexer_types() {
     const char* path = cfg_.path().c_str();
     const int64_t n = h_.spec.n_layer;

@@ -40,17 +40,17 @@ enum class HfFamily : uint8_t {
 
 struct HfHparams {
   HfFamily family = HfFamily::kLlama;
-  ModelSpec spec;               ///< hyperparameters only: no weights, no layers
-  std::vector<bool> is_moe;     ///< per layer
-  bool attention_bias = false;  ///< q/k/v projections carry biases
-  bool qk_norm = false;         ///< q/k RMSNorm weights
-  bool router_bias = false;     ///< every router has a selection bias (required)
-  bool output_bias = false;     ///< o_proj carries a bias (gpt-oss)
-  std::vector<int64_t> window;  ///< per layer: sliding window (0: the whole context)
-  std::vector<bool> nope;       ///< per layer: no rotary (Llama 4)
-  std::vector<int64_t> chunk;   ///< per layer: attention chunk (0: none; Llama 4)
-  bool qk_l2_norm = false;      ///< weightless q/k norms on the rotary layers (Llama 4)
-  std::vector<bool> recurrent;  ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
+  ModelSpec spec;                ///< hyperparameters only: no weights, no layers
+  std::vector<bool> is_moe;      ///< per layer
+  bool attention_bias = false;   ///< q/k/v projections carry biases
+  bool qk_norm = false;          ///< q/k RMSNorm weights
+  bool router_bias = false;      ///< every router has a selection bias (required)
+  bool output_bias = false;      ///< o_proj carries a bias (gpt-oss)
+  std::vector<int64_t> window;   ///< per layer: sliding window (0: the whole context)
+  std::vector<bool> nope;        ///< per layer: no rotary (Llama 4)
+  std::vector<int64_t> chunk;    ///< per layer: attention chunk (0: none; Llama 4)
+  bool qk_l2_norm = false;       ///< weightless q/k norms on the rotary layers (Llama 4)
+  std::vector<bool> recurrent;   ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
   std::vector<bool> idx_shared;  ///< per layer: reuses an earlier indexer's choice (GLM-5.2)
   /// Qwen3.5's layout of the same layers: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a apart
   /// (value heads grouped by key head, as Qwen3-Next's), experts stacked or one by one.

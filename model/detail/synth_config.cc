@@ -271,8 +271,7 @@ void resolve_mla(const SynthOptions& o, SynthConfig& c) {
   if (c.rope_dim % 2 != 0) TROUPE_INPUT_ERROR("--qk-rope-dim must be even");
   c.head_dim = c.nope_dim + c.rope_dim;
   if (o.arch == "deepseek32" || o.arch == "glm-dsa") {  // the indexer: 4 heads of 2 x rotary
-    if (c.q_lora == 0)
-      TROUPE_INPUT_ERROR("--arch %s needs --q-lora-rank above 0", o.arch.c_str());
+    if (c.q_lora == 0) TROUPE_INPUT_ERROR("--arch %s needs --q-lora-rank above 0", o.arch.c_str());
     c.index_top_k = o.index_top_k.value_or(2048);
     check_positive("--index-top-k", c.index_top_k);
     c.index_heads = o.index_heads.value_or(4);

@@ -518,9 +518,8 @@ TEST(Deepseek, Glm52SharedIndexersMatchTheReference) {
   EXPECT_TRUE(m->spec.layers[1].idx_shared && m->spec.layers[2].idx_shared);
   EXPECT_FALSE(m->spec.layers[1].idx_wq_b.present());
   expect_batch_invariant(m);
-  const DsForm ffs{.arch = "GlmMoeDsaForCausalLM",
-                   .index_topk = 5,
-                   .indexer_types = {"full", "full", "shared"}};
+  const DsForm ffs{
+      .arch = "GlmMoeDsaForCausalLM", .index_topk = 5, .indexer_types = {"full", "full", "shared"}};
   const std::vector<int32_t> prompt = prompt_of(22, static_cast<int32_t>(kVocab), 19);
   const ModelPtr h = check_form(ffs, 18, prompt);
   ASSERT_TRUE(h);

@@ -478,10 +478,11 @@ TEST(Synth, BadOptionsFailWithOneLine) {
   };
   SynthOptions o;
   o.arch = "gpt5";
-  EXPECT_EQ(err(o),
-            "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
-            "deepseek32, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
-            "qwen35moe, qwen35, phi3, ernie4_5, ernie4_5-moe)");
+  EXPECT_EQ(
+      err(o),
+      "unknown --arch 'gpt5' (llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, "
+      "deepseek32, glm-dsa, glm4moe, minimax-m2, bailingmoe2, gpt-oss, gemma3, llama4, qwen3next, "
+      "qwen35moe, qwen35, phi3, ernie4_5, ernie4_5-moe)");
   o = {};
   o.arch = "minimax-m2";
   o.n_ff_exp = 16;  // its experts are --n-ff wide
