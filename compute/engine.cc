@@ -696,10 +696,9 @@ void Engine::attention_mla(int64_t il, std::span<const SeqStep> seqs) {
 // DeepSeek-V3.2's lightning indexer, as llama.cpp's deepseek32 graph computes it (no FP8
 // rounding of its queries and keys, whose Hadamard rotation then changes no score and is left
 // out): each token's key, LayerNormed and rotated NeoX-style (GLM-5: in neighbouring pairs) on
-// its first n_rot values, stored
-// in the V part of its KV row; for each token that sees more than idx_top_k positions, the
-// idx_top_k with the largest sum over heads of relu(q_h . k) * w_h (ties: the earlier), in
-// position order. A token's choice depends on its own sequence only.
+// its first n_rot values, stored in the V part of its KV row; for each token that sees more
+// than idx_top_k positions, the idx_top_k with the largest sum over heads of relu(q_h . k) * w_h
+// (ties: the earlier), in position order. A token's choice depends on its own sequence only.
 void Engine::indexer(int64_t il, std::span<const SeqStep> seqs) {
   const ModelSpec& s = spec();
   const LayerSpec& L = s.layers[static_cast<size_t>(il)];

@@ -503,6 +503,14 @@ TEST(Deepseek, Glm5GgufGivesTheCheckpointsLogits) {
     hf.write("config.json", e.dump());
     EXPECT_TRUE(bit_equal(prompt_logits(hf.path(), prompt), want)) << types.dump();
   }
+  // mlp_layer_types, where a config gives it, says which layers are MoE.
+  c["mlp_layer_types"] = {"dense", "sparse", "sparse"};
+  hf.write("config.json", c.dump());
+  EXPECT_TRUE(bit_equal(prompt_logits(hf.path(), prompt), want));
+  c["mlp_layer_types"] = {"dense", "dense", "sparse"};
+  hf.write("config.json", c.dump());
+  EXPECT_NE(load_error(hf.path()).find("model.layers.1.mlp.gate_proj.weight"), std::string::npos)
+      << load_error(hf.path());
 }
 
 // GLM-5.2: a "shared" layer has no indexer and attends to the positions the last layer before it

@@ -224,10 +224,11 @@ TEST(Ernie45, UnsupportedOrBrokenSettingsAreRefusedByName) {
       {"use_bias", true},        {"moe_gate_act", "sigmoid"},    {"moe_k", 9},
       {"moe_layer_interval", 0}, {"moe_num_shared_experts", -1},
   };
-  for (const auto& [key, value] : cases) {
+  for (const auto& setting : cases) {  // (not bound by name: clang 14 cannot capture bindings)
+    const char* key = setting.first;
     TempDir hf;
     write_hf_twin(gguf, hf);
-    edit_config(hf, [&](nlohmann::json& c) { c[key] = value; });
+    edit_config(hf, [&](nlohmann::json& c) { c[key] = setting.second; });
     const std::string err = load_error(hf.path());
     EXPECT_NE(err.find(key), std::string::npos) << key << ": " << err;
   }
