@@ -125,6 +125,8 @@ class HfSpecBuilder {
       L.ffn_norm = take_norm(h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E});
     }
     const std::string a = h + "self_attn.";
+    // GLM-5.2: no indexer of its own (build_mla reads none).
+    L.idx_shared = !idx_shared_.empty() && idx_shared_[static_cast<size_t>(il)];
     if (!recurrent_.empty() && recurrent_[static_cast<size_t>(il)]) {
       build_linear_attention(h + "linear_attn.", g, L);
     } else if (is_mla()) {
@@ -284,10 +286,7 @@ class HfSpecBuilder {
         take_f32(a + "kv_a_layernorm.weight", g + "attn_kv_a_norm.weight", {s.kv_lora_rank});
     L.wo = take(a + "o_proj.weight", g + "attn_output.weight", {E, s.n_head * s.v_head_dim});
     split_kv_b(a + "kv_b_proj.weight", g, L);
-    if (!s.has_indexer()) return;
-    const auto il = static_cast<size_t>(std::stoll(g.substr(4)));  // g: "blk.N."
-    L.idx_shared = il < idx_shared_.size() && idx_shared_[il];
-    if (L.idx_shared) return;  // GLM-5.2: no indexer of its own
+    if (!s.has_indexer() || L.idx_shared) return;
     const std::string x = a + "indexer.", gx = g + "indexer.";
     const int64_t Hi = s.idx_n_head, Di = s.idx_head_dim;
     L.idx_wq_b = take(x + "wq_b.weight", gx + "attn_q_b.weight", {Hi * Di, s.q_lora_rank});

@@ -400,7 +400,8 @@ class GgufSpecBuilder {
     const GgufValue* v = g_.find(p + "attention.indexer.types");
     if (v == nullptr) {
       if (s.n_ctx_train >= 1048576)
-        for (size_t il = 2; il < n; ++il) idx_full_[il] = (il - 2) % 4 == 0;
+        for (size_t il = 0; il < n; ++il)
+          idx_full_[il] = !ModelSpec::glm52_indexer_shared(static_cast<int64_t>(il));
       return;
     }
     if (v->type != GgufType::kArray || v->count != static_cast<uint64_t>(n))

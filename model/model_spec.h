@@ -335,6 +335,9 @@ struct ModelSpec {
   // style; GLM-5's in neighbouring pairs: idx_rope_neox false), how many positions a query keeps.
   int64_t idx_n_head = 0, idx_head_dim = 0, idx_top_k = 0;
   bool idx_rope_neox = true;
+  /// GLM-5.2's default pattern of shared indexers (llama.cpp's, for a file that does not list
+  /// them): layers 0 and 1 full, then from layer 2 one full layer in four.
+  static bool glm52_indexer_shared(int64_t il) { return il >= 2 && (il - 2) % 4 != 0; }
   // Gated DeltaNet (0: none): key heads and width, value heads and width, convolution kernel.
   int64_t ssm_k_heads = 0, ssm_k_dim = 0, ssm_v_heads = 0, ssm_v_dim = 0, ssm_conv_kernel = 0;
   /// Value head h reads key head h % ssm_k_heads (llama.cpp's Qwen3.5 files, whose converter

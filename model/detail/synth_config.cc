@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "model/gguf_writer.h"
+#include "model/model_spec.h"
 
 namespace troupe::model::detail {
 namespace {
@@ -352,7 +353,7 @@ uint32_t synth_file_type(
 }
 
 bool synth_indexer_shared(const SynthConfig& c, int64_t il) {
-  return c.gguf_arch == "glm-dsa" && il >= 2 && (il - 2) % 4 != 0;
+  return c.gguf_arch == "glm-dsa" && ModelSpec::glm52_indexer_shared(il);
 }
 
 int64_t phi3_original_context(int64_t n_ctx) { return std::max<int64_t>(2, n_ctx / 4); }

@@ -83,7 +83,7 @@ int64_t phi3_original_context(int64_t n_ctx);
 float phi3_attn_factor(int64_t n_ctx);
 
 /// glm-dsa (GLM-5.2's layout): layer il has no indexer of its own and reuses the last full
-/// layer's choice: every layer from 2 on but one in four (llama.cpp's GLM-5.2 pattern).
+/// layer's choice (ModelSpec::glm52_indexer_shared, llama.cpp's GLM-5.2 pattern).
 bool synth_indexer_shared(const SynthConfig& c, int64_t il);
 
 /// general.file_type (llama_ftype) of a file whose matrices are mostly `t`.
