@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "base/check.h"
+#include "compute/detail/engine_scratch.h"
 #include "compute/detail/ops.h"
 #include "compute/ffn.h"
 #include "compute/matmul.h"
@@ -20,78 +21,19 @@
 
 namespace troupe::compute {
 
+using detail::f32;
+using detail::grow;
+using detail::head_part;
 using model::LayerSpec;
 using model::ModelSpec;
 using model::WeightView;
 
-struct Engine::Scratch {
-  int64_t T = 0;
-  std::vector<int64_t> tok_pos;           // [T]
-  std::vector<int32_t> tok_seq;           // [T] index into the step's SeqStep list
-  std::vector<int64_t> seq_first;         // [seqs + 1]: each sequence's first token, then T
-  std::vector<float> rope_cos, rope_sin;  // [T, n_rot / 2]: each token's rotary angles
-  model::RopeFrequencies rope;            // the model's, scaling applied (set once)
-  // Layers with local_rope (Gemma 3's sliding ones): their own base, unscaled.
-  std::vector<float> rope_cos_local, rope_sin_local;
-  model::RopeFrequencies rope_local;
-  bool any_local_rope = false;
-  std::vector<float> x, h, tmp;           // [T, n_embd]
-  std::vector<float> q, k, v;             // attention projections
-  std::vector<float> attn;                // [T, n_head * head_dim_v]
-  std::vector<float> qa, kva, qabs, lat;  // MLA
-  // DeepSeek-V3.2's indexer: queries [T, heads, width], keys [T, width], head weights [T, heads];
-  // the positions each token attends to (sel_at[t] .. sel_at[t + 1] of sel; none: all).
-  std::vector<float> iq, ik, iw, ikeys, iscore;  // ... and a sequence's keys, its scores
-  std::vector<int64_t> sel_at;
-  std::vector<int32_t> sel;
-  std::vector<float> attn_gate;  // Qwen3-Next: [T, n_head * head_dim] (q's second half)
-  // Gated DeltaNet: the projections' q, k, v before and after the convolution [T, conv_dim],
-  // z [T, nv * dv], b and a [T, 2 nv]; with ssm_in, its output before being split.
-  std::vector<float> lin_x, lin_y, lin_z, lin_ba, lin_in;
-  std::vector<float> gate, up;  // FFN
-  // MoE
-  std::vector<float> router;    // [T, n_expert]
-  std::vector<int32_t> sel_id;  // [T, k]
-  std::vector<float> sel_w;     // [T, k]
-  std::vector<float> slot_out;  // [T, k, n_embd]
-  std::vector<float> xe, ge, ue, de;
-  std::vector<float> shared_out;
-  std::span<const SeqStep> seqs;
-  // MLA: each layer's k_b and v_b as one matrix per head (WeightView::slice), made once, and
-  // the per-head products of a step, run together (matmul_many).
-  std::vector<std::vector<WeightView>> k_b_heads, v_b_heads;  // [layer - range.begin][head]
-  std::vector<MatmulProduct> products;
-};
-
 namespace {
-
-void grow(std::vector<float>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
-
-const float* f32(const WeightView& w) {
-  TROUPE_CHECK(w.type == model::GgmlType::kF32, "%s: norm/bias weights must be f32, are %s",
-               w.name.c_str(), model::type_name(w.type).c_str());
-  return reinterpret_cast<const float*>(w.data);
-}
 
 // Each of n rows of y (width e) RMS-normalized in place by w (a no-op without w).
 void post_norm(const WeightView& w, float* y, int64_t n, int64_t e, float eps) {
   if (!w.present()) return;
   for (int64_t r = 0; r < n; ++r) detail::rms_norm(y + r * e, f32(w), y + r * e, e, eps);
-}
-
-// Query heads per piece of attention work: the g heads of a KV head share each K/V row read,
-// so the largest divisor of g up to `most` -- but smaller while the step's T tokens x h heads
-// would give the threads fewer than two pieces each (a decode step on a many-core CPU). A
-// head's result does not depend on its piece (Attention tests), so this changes speed only.
-// GQA pieces hold up to 8 (the by-dimension score kernel's widest pass); MLA's 16 to 128 heads
-// share one latent KV, and 32 per piece read it a quarter as often as 8 (128 heads at 4096
-// positions: 1.7x faster, docs/benchmarks.md "Engine, session 37"); more gained nothing.
-int64_t head_part(int64_t g, int64_t T, int64_t h, int n_threads, int64_t most = 8) {
-  for (int64_t p = std::min<int64_t>(g, most); p > 1; --p)
-    if (g % p == 0 && T * (h / p) >= 2 * static_cast<int64_t>(n_threads)) return p;
-  return 1;
 }
 
 // How many positions the token at `pos` of step q attends to: those up to itself, or with
@@ -143,7 +85,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     auto need_f32 = [&](const WeightView& w) -> bool {
       return !w.present() || w.type == model::GgmlType::kF32;
     };
-    bool ok = need_f32(s.output_norm);
+    bool ok = need_f32(s.output_norm) && need_f32(s.hc_head_fn) && need_f32(s.hc_head_base) &&
+              need_f32(s.hc_head_scale);
     for (const LayerSpec& L : s.layers) {
       ok = ok && need_f32(L.attn_norm) && need_f32(L.ffn_norm) && need_f32(L.bq) &&
            need_f32(L.bk) && need_f32(L.bv) && need_f32(L.q_norm) && need_f32(L.k_norm) &&
@@ -152,7 +95,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
            need_f32(L.shared.gate_b) && need_f32(L.shared.up_b) && need_f32(L.shared.down_b) &&
            need_f32(L.attn_post_norm) && need_f32(L.ffn_post_norm) && need_f32(L.idx_k_norm) &&
            need_f32(L.idx_k_norm_b) && need_f32(L.ssm_conv) && need_f32(L.ssm_dt) &&
-           need_f32(L.ssm_a) && need_f32(L.ssm_norm);
+           need_f32(L.ssm_a) && need_f32(L.ssm_norm) && need_f32(L.hc_attn_fn) &&
+           need_f32(L.hc_attn_base) && need_f32(L.hc_attn_scale) && need_f32(L.hc_ffn_fn) &&
+           need_f32(L.hc_ffn_base) && need_f32(L.hc_ffn_scale) && need_f32(L.cmp_ape) &&
+           need_f32(L.cmp_norm) && need_f32(L.idx_cmp_ape) && need_f32(L.idx_cmp_norm);
       for (const model::ExpertFfn& X : L.experts)
         ok = ok && need_f32(X.gate_b) && need_f32(X.up_b) && need_f32(X.down_b);
     }
@@ -199,6 +145,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mode
     for (int64_t il = range.begin; il < range.end; ++il)
       e->s_->any_local_rope = e->s_->any_local_rope || s.layers[static_cast<size_t>(il)].local_rope;
     if (e->s_->any_local_rope) e->s_->rope_local = model::rope_frequencies_local(s);
+    if (s.is_v4()) {
+      for (int64_t il = range.begin; il < range.end; ++il) {
+        const LayerSpec& L = s.layers[static_cast<size_t>(il)];
+        auto& groups = e->s_->wo_a_groups.emplace_back();
+        for (int64_t g = 0; g < s.o_groups; ++g) groups.push_back(L.wo_a.slice(g));
+      }
+    }
     if (s.is_mla()) {
       for (int64_t il = range.begin; il < range.end; ++il) {
         const LayerSpec& L = s.layers[static_cast<size_t>(il)];
@@ -355,7 +308,8 @@ KvCacheConfig kv_cache_config(const model::ModelSpec& s, const LayerRange& range
   kc.block_size = block_size;
   kc.num_blocks = num_blocks;
   kc.type = type;
-  kc.k_by_dim = !s.is_mla();  // MLA's values are read from its keys' rows
+  // MLA's values are read from its keys' rows; DeepSeek-V4's rows are read field by field.
+  kc.k_by_dim = !s.is_mla() && !s.is_v4();
   return kc;
 }
 
@@ -383,7 +337,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
                      std::vector<float>* hidden_out) {
   const ModelSpec& s = spec();
   Scratch& S = *s_;
-  const int64_t E = s.n_embd;
+  const int64_t E = s.n_embd, HW = s.hidden_width();
   int64_t T = 0;
   for (const SeqStep& q : seqs) T += static_cast<int64_t>(q.tokens.size());
   S.T = T;
@@ -402,7 +356,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
     }
     S.seq_first[seqs.size()] = t;
   }
-  grow(S.x, T * E);
+  grow(S.x, T * HW);
   grow(S.h, T * E);
   grow(S.tmp, T * E);
   // Rotary cos/sin once per token for all layers and heads (model/rope.h: scaling applied).
@@ -432,11 +386,23 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
           for (int64_t i = 0; i < E; ++i) x[i] *= s.embd_scale;
       }
     }
+    if (HW != E)  // DeepSeek-V4: every stream starts as the embedding
+      for (int64_t t = T - 1; t >= 0; --t)
+        for (int64_t j = HW / E - 1; j >= 0; --j)
+          std::memmove(&S.x[t * HW + j * E], &S.x[t * E], static_cast<size_t>(E) * sizeof(float));
   } else {
-    std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * E) * sizeof(float));
+    std::memcpy(S.x.data(), hidden_in, static_cast<size_t>(T * HW) * sizeof(float));
+  }
+  if (s.is_v4()) {
+    S.tok_id.clear();
+    for (const SeqStep& q : seqs) S.tok_id.insert(S.tok_id.end(), q.tokens.begin(), q.tokens.end());
   }
 
   for (int64_t il = range_.begin; il < range_.end; ++il) {
+    if (s.is_v4()) {
+      layer_v4(il, seqs);
+      continue;
+    }
     const LayerSpec& L = s.layers[static_cast<size_t>(il)];
     const float* an = f32(L.attn_norm);
     for (int64_t t = 0; t < T; ++t) detail::rms_norm(&S.x[t * E], an, &S.h[t * E], E, s.rms_eps);
@@ -465,7 +431,7 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   // Output head for the rows that asked for logits.
   out->n_vocab = s.n_vocab;
   if (!range_.head) {
-    hidden_out->assign(S.x.begin(), S.x.begin() + T * E);
+    hidden_out->assign(S.x.begin(), S.x.begin() + T * HW);
     out->row_begin.assign(seqs.size(), 0);
     out->row_count.assign(seqs.size(), 0);
     out->logits.clear();
@@ -492,9 +458,13 @@ void Engine::forward(std::span<const SeqStep> seqs, StepResult* out, const float
   const int64_t R = static_cast<int64_t>(rows.size());
   out->logits.resize(static_cast<size_t>(R * s.n_vocab));
   if (R == 0) return;
-  const float* on = f32(s.output_norm);
-  for (int64_t r = 0; r < R; ++r)
-    detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
+  if (s.is_v4()) {
+    head_v4(rows);
+  } else {
+    const float* on = f32(s.output_norm);
+    for (int64_t r = 0; r < R; ++r)
+      detail::rms_norm(&S.x[rows[r] * E], on, &S.h[r * E], E, s.rms_eps);
+  }
   matmul(s.output, S.h.data(), R, out->logits.data(), pool_.get());
   if (s.final_logit_softcap > 0) {
     const float c = s.final_logit_softcap;
@@ -955,7 +925,7 @@ void Engine::moe(int64_t il) {
   matmul(L.router, S.h.data(), T, S.router.data(), pool_.get());
   S.sel_id.resize(static_cast<size_t>(T * K));
   S.sel_w.resize(static_cast<size_t>(T * K));
-  route_experts(s, L, S.router.data(), T, S.sel_id.data(), S.sel_w.data());
+  route_experts(s, L, S.router.data(), T, S.sel_id.data(), S.sel_w.data(), S.tok_id.data());
   // Gather the rows routed to each expert, let the runner compute them, then weight.
   grow(S.slot_out, T * K * E);
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(NE));  // entries: t * K + k

@@ -130,9 +130,10 @@ class Engine {
   /// Runs one batched step. Validates every SeqStep (token ids in range or kEmbedded with one
   /// embd row each, block tables long enough, block ids in range) and returns an Error without
   /// computing when one is bad.
-  /// hidden_in: f32 [num_tokens, n_embd] when the range does not embed (else ignored).
-  /// hidden_out: receives f32 [num_tokens, n_embd] when the range has no head (then `out` only
-  /// gets its row bookkeeping and no logits).
+  /// hidden_in: f32 [num_tokens, hidden_width] when the range does not embed (else ignored);
+  /// hidden_width is ModelSpec::hidden_width(): n_embd, or DeepSeek-V4's hc_mult streams of it.
+  /// hidden_out: receives f32 [num_tokens, hidden_width] when the range has no head (then `out`
+  /// only gets its row bookkeeping and no logits).
   Status step(std::span<const SeqStep> seqs, StepResult* out, const float* hidden_in = nullptr,
               std::vector<float>* hidden_out = nullptr);
 
@@ -167,6 +168,18 @@ class Engine {
   void attention_mla(int64_t il, std::span<const SeqStep> seqs);
   void indexer(int64_t il, std::span<const SeqStep> seqs);
   void linear_attention(int64_t il, std::span<const SeqStep> seqs);
+  // DeepSeek-V4 (compute/engine_v4.cc): a whole layer, its attention, its compressed entries and
+  // its indexer's choice; the hyper-connection into a block (the streams' weighted sum, normed
+  // by `norm`, into the block input) and out of it (the block output and the mixed streams); the
+  // final collapse of the streams of `rows` into normed head inputs.
+  void layer_v4(int64_t il, std::span<const SeqStep> seqs);
+  void attention_v4(int64_t il, std::span<const SeqStep> seqs);
+  void compress_v4(int64_t il, std::span<const SeqStep> seqs, bool indexer);
+  void select_v4(int64_t il, std::span<const SeqStep> seqs);
+  void hc_pre(const model::WeightView& fn, const model::WeightView& base,
+              const model::WeightView& scale, const model::WeightView& norm);
+  void hc_post();
+  void head_v4(std::span<const int64_t> rows);
   Status check_states(std::span<const SeqStep> seqs) const;
   /// Layer il's layer in the KV pool.
   int64_t kv_layer(int64_t il) const { return kv_layer_[static_cast<size_t>(il - range_.begin)]; }

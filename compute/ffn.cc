@@ -22,8 +22,7 @@ constexpr int64_t kMinParallelActivations = 32768;
 // Element by element (the same result on any split): on the pool once there is enough of it,
 // as at 16 sequences (90k exp() per layer of the 1.1B shape; SiLU in SIMD, silu_mul, ~10x the
 // scalar loop: docs/benchmarks.md "Engine, session 27").
-void ffn_activation(const model::ModelSpec& s, float* g, const float* u, int64_t n,
-                    ThreadPool* pool) {
+void ffn_activation(const model::ModelSpec& s, float* g, float* u, int64_t n, ThreadPool* pool) {
   const float alpha = s.act_alpha, limit = s.act_limit;
   auto act = [&](int64_t b, int64_t e) {
     if (s.ffn_act == model::FfnAct::kSwigluOai) {
@@ -31,6 +30,12 @@ void ffn_activation(const model::ModelSpec& s, float* g, const float* u, int64_t
         const float gi = std::min(g[i], limit), ui = std::clamp(u[i], -limit, limit);
         g[i] = gi * detail::sigmoid(alpha * gi) * (ui + 1.0f);
       }
+    } else if (s.ffn_act == model::FfnAct::kSiluClamp) {  // DeepSeek-V4: clamped, then SwiGLU
+      for (int64_t i = b; i < e; ++i) {
+        g[i] = std::min(g[i], limit);
+        u[i] = std::clamp(u[i], -limit, limit);
+      }
+      silu_mul(g + b, u + b, e - b);
     } else if (s.ffn_act == model::FfnAct::kGeluTanh) {
       for (int64_t i = b; i < e; ++i) g[i] = detail::gelu_tanh(g[i]) * u[i];
     } else {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/check.h"
 #include "compute/detail/ops.h"
 
 namespace troupe::compute {
@@ -47,10 +48,11 @@ void limit_groups(const model::ModelSpec& s, std::vector<float>& selp) {
 }  // namespace
 
 void route_experts(const model::ModelSpec& s, const model::LayerSpec& L, const float* logits,
-                   int64_t T, int32_t* ids, float* weights) {
+                   int64_t T, int32_t* ids, float* weights, const int32_t* tokens) {
   const int64_t NE = s.n_expert, K = s.n_expert_used;
   const float* sel_bias = f32_or_null(L.router_bias);
   const float* logit_bias = f32_or_null(L.router_logit_bias);
+  const auto* hash = reinterpret_cast<const int32_t*>(L.hash_experts.data);
   std::vector<float> lg(static_cast<size_t>(NE)), probs(static_cast<size_t>(NE)),
       selp(static_cast<size_t>(NE));
   std::vector<int32_t> order(static_cast<size_t>(NE));
@@ -77,19 +79,36 @@ void route_experts(const model::ModelSpec& s, const model::LayerSpec& L, const f
       case model::Gating::kSoftmaxTopk:  // chosen by logit; weighted by a softmax below
         probs = lg;
         break;
+      case model::Gating::kSqrtSoftplus:  // softplus as torch's: the identity above 20
+        for (int64_t e = 0; e < NE; ++e) {
+          const float x = lg[static_cast<size_t>(e)];
+          probs[static_cast<size_t>(e)] = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
+        }
+        break;
     }
-    for (int64_t e = 0; e < NE; ++e)
-      selp[static_cast<size_t>(e)] = probs[static_cast<size_t>(e)] + (sel_bias ? sel_bias[e] : 0.f);
-    if (s.n_group > 1 && s.n_group_used < s.n_group) limit_groups(s, selp);
-    for (int64_t e = 0; e < NE; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return selp[static_cast<size_t>(a)] > selp[static_cast<size_t>(b)];
-    });
     int32_t* id = ids + t * K;
     float* w = weights + t * K;
-    for (int64_t k = 0; k < K; ++k) {
-      id[k] = order[static_cast<size_t>(k)];
-      w[k] = probs[static_cast<size_t>(id[k])];
+    if (hash != nullptr) {  // DeepSeek-V4's first layers: the experts of the input token
+      TROUPE_CHECK(tokens != nullptr && tokens[t] >= 0 && tokens[t] < s.n_vocab,
+                   "%s: hash routing needs the token id of every position (token %d)",
+                   L.hash_experts.name.c_str(), tokens != nullptr ? tokens[t] : -1);
+      for (int64_t k = 0; k < K; ++k) {
+        id[k] = hash[static_cast<int64_t>(tokens[t]) * K + k];
+        w[k] = probs[static_cast<size_t>(id[k])];
+      }
+    } else {
+      for (int64_t e = 0; e < NE; ++e)
+        selp[static_cast<size_t>(e)] =
+            probs[static_cast<size_t>(e)] + (sel_bias ? sel_bias[e] : 0.f);
+      if (s.n_group > 1 && s.n_group_used < s.n_group) limit_groups(s, selp);
+      for (int64_t e = 0; e < NE; ++e) order[static_cast<size_t>(e)] = static_cast<int32_t>(e);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return selp[static_cast<size_t>(a)] > selp[static_cast<size_t>(b)];
+      });
+      for (int64_t k = 0; k < K; ++k) {
+        id[k] = order[static_cast<size_t>(k)];
+        w[k] = probs[static_cast<size_t>(id[k])];
+      }
     }
     if (s.gating == model::Gating::kSoftmaxTopk) {
       const float mx = w[0];  // the largest (selection order)

@@ -55,6 +55,7 @@ class HfSpecBuilder {
 
   ModelSpec build() {
     read_hparams();
+    if (fam_ == Family::kDeepseekV4) return build_v4();
     ModelSpec& s = s_;
     s.token_embd = take(prefix_ + (fam_ == Family::kBailingMoeV2 ? "word_embeddings.weight"
                                                                  : "embed_tokens.weight"),
@@ -99,6 +100,9 @@ class HfSpecBuilder {
     qk_l2_norm_ = h.qk_l2_norm;
     recurrent_ = std::move(h.recurrent);
     idx_shared_ = std::move(h.idx_shared);
+    compress_ = std::move(h.compress);
+    compress_overlap_ = std::move(h.compress_overlap);
+    hash_moe_ = std::move(h.hash_moe);
     qwen35_ = h.qwen35;
     tied_ = h.tied;
   }
@@ -502,6 +506,135 @@ class HfSpecBuilder {
     return make_view(gguf_name, t.type, {in, out, n}, dst);
   }
 
+  // ---- DeepSeek-V4 ----
+
+  /// DeepSeek-V4 in the names its checkpoints are stored under (DeepSeek's own: embed, head,
+  /// layers.N.attn.wq_a, layers.N.ffn.experts.E.w1, hc_attn_fn, ...; transformers renames them
+  /// only in memory), with or without a leading "model.".
+  ModelSpec build_v4() {
+    ModelSpec& s = s_;
+    const int64_t E = s.n_embd, hc = s.hc_mult;
+    const std::string p = st_.find(prefix_ + "embed.weight") != nullptr ? prefix_ : "";
+    s.token_embd = take(p + "embed.weight", "token_embd.weight", {s.n_vocab, E});
+    s.output_norm = take_f32(p + "norm.weight", "output_norm.weight", {E});
+    s.output = tied_ ? s.token_embd : take(p + "head.weight", "output.weight", {s.n_vocab, E});
+    s.hc_head_fn = take_f32(p + "hc_head_fn", "output_hc_fn.weight", {hc, hc * E});
+    s.hc_head_base = take_f32(p + "hc_head_base", "output_hc_base.weight", {hc});
+    s.hc_head_scale = take_f32(p + "hc_head_scale", "output_hc_scale.weight", {1});
+    s.layers.resize(static_cast<size_t>(s.n_layer));
+    for (int64_t il = 0; il < s.n_layer; ++il)
+      build_v4_layer(p + "layers." + std::to_string(il) + ".", il,
+                     s.layers[static_cast<size_t>(il)]);
+    return std::move(s_);
+  }
+
+  void build_v4_layer(const std::string& h, int64_t il, LayerSpec& L) {
+    const ModelSpec& s = s_;
+    const int64_t E = s.n_embd, hc = s.hc_mult, mix = (2 + hc) * hc, D = s.head_dim_k;
+    const auto i = static_cast<size_t>(il);
+    const std::string g = "blk." + std::to_string(il) + ".";
+    L.attn_norm = take_f32(h + "attn_norm.weight", g + "attn_norm.weight", {E});
+    L.ffn_norm = take_f32(h + "ffn_norm.weight", g + "ffn_norm.weight", {E});
+    L.hc_attn_fn = take_f32(h + "hc_attn_fn", g + "hc_attn_fn.weight", {mix, hc * E});
+    L.hc_attn_base = take_f32(h + "hc_attn_base", g + "hc_attn_base.weight", {mix});
+    L.hc_attn_scale = take_f32(h + "hc_attn_scale", g + "hc_attn_scale.weight", {3});
+    L.hc_ffn_fn = take_f32(h + "hc_ffn_fn", g + "hc_ffn_fn.weight", {mix, hc * E});
+    L.hc_ffn_base = take_f32(h + "hc_ffn_base", g + "hc_ffn_base.weight", {mix});
+    L.hc_ffn_scale = take_f32(h + "hc_ffn_scale", g + "hc_ffn_scale.weight", {3});
+    const std::string a = h + "attn.";
+    L.wq_a = take(a + "wq_a.weight", g + "attn_q_a.weight", {s.q_lora_rank, E});
+    L.q_a_norm = take_f32(a + "q_norm.weight", g + "attn_q_a_norm.weight", {s.q_lora_rank});
+    L.wq_b = take(a + "wq_b.weight", g + "attn_q_b.weight", {s.n_head * D, s.q_lora_rank});
+    L.wkv_a = take(a + "wkv.weight", g + "attn_kv.weight", {D, E});
+    L.kv_a_norm = take_f32(a + "kv_norm.weight", g + "attn_kv_a_norm.weight", {D});
+    const int64_t per_group = s.n_head * D / s.o_groups;
+    L.wo_a = with_shape(take(a + "wo_a.weight", g + "attn_output_a.weight",
+                             {s.o_groups * s.o_lora_rank, per_group}),
+                        {s.o_groups, s.o_lora_rank, per_group});
+    L.wo = take(a + "wo_b.weight", g + "attn_output_b.weight", {E, s.o_groups * s.o_lora_rank});
+    L.sinks = take_f32(a + "attn_sink", g + "attn_sinks.weight", {s.n_head});
+    L.window = window_[i];
+    L.compress = compress_[i];
+    L.compress_overlap = compress_overlap_[i];
+    // Sliding-only layers rotate with rope_theta, unscaled; compressing ones with the model's.
+    L.local_rope = L.compress == 0;
+    if (L.compress > 0) {
+      const int64_t coff = L.compress_overlap ? 2 : 1;
+      const std::string c = a + "compressor.", gc = g + "attn_compressor_";
+      L.cmp_kv = take(c + "wkv.weight", gc + "kv.weight", {coff * D, E});
+      L.cmp_gate = take(c + "wgate.weight", gc + "gate.weight", {coff * D, E});
+      L.cmp_ape = take_f32(c + "ape", gc + "ape.weight", {L.compress, coff * D});
+      L.cmp_norm = take_f32(c + "norm.weight", gc + "norm.weight", {D});
+    }
+    if (L.compress_overlap) {
+      const int64_t Di = s.idx_head_dim, Hi = s.idx_n_head;
+      const std::string x = a + "indexer.", gx = g + "indexer.";
+      L.idx_wq_b = take(x + "wq_b.weight", gx + "attn_q_b.weight", {Hi * Di, s.q_lora_rank});
+      L.idx_proj = take(x + "weights_proj.weight", gx + "proj.weight", {Hi, E});
+      L.idx_cmp_kv = take(x + "compressor.wkv.weight", gx + "compressor_kv.weight", {2 * Di, E});
+      L.idx_cmp_gate =
+          take(x + "compressor.wgate.weight", gx + "compressor_gate.weight", {2 * Di, E});
+      L.idx_cmp_ape =
+          take_f32(x + "compressor.ape", gx + "compressor_ape.weight", {L.compress, 2 * Di});
+      L.idx_cmp_norm = take_f32(x + "compressor.norm.weight", gx + "compressor_norm.weight", {Di});
+    }
+    // The experts: every layer's.
+    const std::string m = h + "ffn.";
+    const int64_t N = s.n_expert;
+    L.is_moe = true;
+    L.router = take_f32(m + "gate.weight", g + "ffn_gate_inp.weight", {N, E});
+    if (hash_moe_[i]) {
+      L.hash_experts = take_expert_ids(m + "gate.tid2eid", g + "ffn_gate_tid2eid.weight");
+    } else {
+      L.router_bias = take_f32(m + "gate.bias", g + "exp_probs_b.bias", {N});
+    }
+    L.experts.resize(static_cast<size_t>(N));
+    build_expert_list(m, g, /*mixtral=*/true, L);
+    if (s.n_ff_shexp > 0) {
+      const std::string x = m + "shared_experts.";
+      const int64_t S = s.n_ff_shexp;
+      L.shared.gate = take(x + "w1.weight", g + "ffn_gate_shexp.weight", {S, E});
+      L.shared.up = take(x + "w3.weight", g + "ffn_up_shexp.weight", {S, E});
+      L.shared.down = take(x + "w2.weight", g + "ffn_down_shexp.weight", {E, S});
+    }
+  }
+
+  /// A hash layer's token-to-experts table [n_vocab, n_expert_used] as I32 (stored as I32 or
+  /// I64), every id checked to name an expert.
+  WeightView take_expert_ids(const std::string& hf_name, const std::string& gguf_name) {
+    const ModelSpec& s = s_;
+    const SafetensorsTensor* t = st_.find(hf_name);
+    if (!t) TROUPE_INPUT_ERROR("%s: missing tensor '%s'", dir_of_config().c_str(), hf_name.c_str());
+    const std::vector<int64_t> shape = {s.n_vocab, s.n_expert_used};
+    if ((t->dtype != "I32" && t->dtype != "I64") || t->shape != shape)
+      TROUPE_INPUT_ERROR(
+          "%s: tensor '%s' is %s %s; expected I32 or I64 %s (n_vocab x "
+          "num_experts_per_tok)",
+          t->file->c_str(), hf_name.c_str(), t->dtype.c_str(), t->shape_string().c_str(),
+          shape_str(shape).c_str());
+    const int64_t n = s.n_vocab * s.n_expert_used;
+    auto* ids = reinterpret_cast<int32_t*>(alloc(static_cast<uint64_t>(n) * 4));
+    const bool wide = t->dtype == "I64";
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t v;
+      if (wide) {
+        std::memcpy(&v, t->data + j * 8, 8);
+      } else {
+        int32_t v32;
+        std::memcpy(&v32, t->data + j * 4, 4);
+        v = v32;
+      }
+      if (v < 0 || v >= s.n_expert)
+        TROUPE_INPUT_ERROR("%s: tensor '%s' routes token %lld to expert %lld, outside 0..%lld",
+                           t->file->c_str(), hf_name.c_str(),
+                           static_cast<long long>(j / s.n_expert_used), static_cast<long long>(v),
+                           static_cast<long long>(s.n_expert - 1));
+      ids[j] = static_cast<int32_t>(v);
+    }
+    return make_view(gguf_name, GgmlType::kI32, {s.n_expert_used, s.n_vocab},
+                     reinterpret_cast<const uint8_t*>(ids));
+  }
+
   // ---- tensors ----
 
   /// The tensor `hf_name`, which must have exactly `shape` and a supported dtype.
@@ -644,13 +777,15 @@ class HfSpecBuilder {
   const std::string prefix_;
   Family fam_ = Family::kLlama;
   bool attention_bias_ = false, qk_norm_ = false, router_bias_ = false, output_bias_ = false;
-  std::vector<int64_t> window_;   // per layer (gpt-oss, Gemma 3)
-  std::vector<bool> nope_;        // per layer (Llama 4)
-  std::vector<int64_t> chunk_;    // per layer (Llama 4)
-  bool qk_l2_norm_ = false;       // Llama 4
-  std::vector<bool> recurrent_;   // per layer (Qwen3-Next)
-  std::vector<bool> idx_shared_;  // per layer: no indexer of its own (GLM-5.2)
-  bool qwen35_ = false;           // Qwen3.5's names for the linear layers' projections
+  std::vector<int64_t> window_;    // per layer (gpt-oss, Gemma 3)
+  std::vector<bool> nope_;         // per layer (Llama 4)
+  std::vector<int64_t> chunk_;     // per layer (Llama 4)
+  bool qk_l2_norm_ = false;        // Llama 4
+  std::vector<bool> recurrent_;    // per layer (Qwen3-Next)
+  std::vector<bool> idx_shared_;   // per layer: no indexer of its own (GLM-5.2)
+  std::vector<int64_t> compress_;  // per layer (DeepSeek-V4)
+  std::vector<bool> compress_overlap_, hash_moe_;
+  bool qwen35_ = false;  // Qwen3.5's names for the linear layers' projections
   bool tied_ = false;
   detail::Fp8Format fp8_;
   detail::CompressedFormat compressed_;  // compressed-tensors (its FP8 scheme, if any, in fp8_)

@@ -44,6 +44,8 @@ const char* arch_name(Arch a) {
       return "qwen35";
     case Arch::kQwen35Moe:
       return "qwen35moe";
+    case Arch::kDeepseek4:
+      return "deepseek4";
   }
   return "?";
 }
@@ -239,6 +241,9 @@ class GgufSpecBuilder {
           TROUPE_INPUT_ERROR("%s: %sattention.sliding_window must be positive, got %lld",
                              g_.path().c_str(), p.c_str(), static_cast<long long>(window_));
         break;
+      case Arch::kDeepseek4:  // read from Hugging Face checkpoints only
+        TROUPE_INPUT_ERROR("%s: DeepSeek-V4 is read from its Hugging Face checkpoint",
+                           g_.path().c_str());
     }
     if (ernie_) read_ernie45(s, p, arch == "ernie4_5-moe");
     if (s.arch == Arch::kDeepseek2) {
@@ -796,6 +801,52 @@ void apply_v2_gate_weights(ModelSpec& s) {
   }
 }
 
+namespace {
+
+// DeepSeek-V4's hyper-connections and attention (ModelSpec::is_v4).
+void validate_v4_layer(const ModelSpec& s, const LayerSpec& L, const std::string& src) {
+  const int64_t E = s.n_embd, hc = s.hc_mult, mix = (2 + hc) * hc, D = s.head_dim_k;
+  for (const WeightView* fn : {&L.hc_attn_fn, &L.hc_ffn_fn}) expect(src, *fn, hc * E, mix);
+  for (const WeightView* b : {&L.hc_attn_base, &L.hc_ffn_base}) expect(src, *b, mix, 1);
+  for (const WeightView* sc : {&L.hc_attn_scale, &L.hc_ffn_scale}) expect(src, *sc, 3, 1);
+  expect(src, L.wq_a, E, s.q_lora_rank);
+  expect(src, L.q_a_norm, s.q_lora_rank, 1);
+  expect(src, L.wq_b, s.q_lora_rank, s.n_head * D);
+  expect(src, L.wkv_a, E, D);
+  expect(src, L.kv_a_norm, D, 1);
+  expect(src, L.wo_a, s.n_head * D / s.o_groups, s.o_lora_rank, s.o_groups);
+  expect(src, L.wo, s.o_groups * s.o_lora_rank, E);
+  expect(src, L.sinks, s.n_head, 1);
+  if (L.window <= 0 || L.compress < 0 || (L.compress_overlap && L.compress == 0))
+    TROUPE_INPUT_ERROR(
+        "%s: a DeepSeek-V4 layer needs a positive window and a compression rate "
+        "(got %lld, %lld)",
+        src.c_str(), static_cast<long long>(L.window), static_cast<long long>(L.compress));
+  if (L.compress > 0) {
+    const int64_t coff = L.compress_overlap ? 2 : 1;
+    expect(src, L.cmp_kv, E, coff * D);
+    expect(src, L.cmp_gate, E, coff * D);
+    expect(src, L.cmp_ape, coff * D, L.compress);
+    expect(src, L.cmp_norm, D, 1);
+  }
+  if (L.compress_overlap) {
+    const int64_t Di = s.idx_head_dim;
+    expect(src, L.idx_wq_b, s.q_lora_rank, s.idx_n_head * Di);
+    expect(src, L.idx_proj, E, s.idx_n_head);
+    expect(src, L.idx_cmp_kv, E, 2 * Di);
+    expect(src, L.idx_cmp_gate, E, 2 * Di);
+    expect(src, L.idx_cmp_ape, 2 * Di, L.compress);
+    expect(src, L.idx_cmp_norm, Di, 1);
+  }
+  if (L.hash_experts.present() &&
+      (L.hash_experts.type != GgmlType::kI32 || L.hash_experts.cols() != s.n_expert_used ||
+       L.hash_experts.rows() != s.n_vocab))
+    TROUPE_INPUT_ERROR("%s: %s must be I32 [%lld, %lld]", src.c_str(), L.hash_experts.name.c_str(),
+                       static_cast<long long>(s.n_vocab), static_cast<long long>(s.n_expert_used));
+}
+
+}  // namespace
+
 void validate_spec(const ModelSpec& s, const std::string& src) {
   const int64_t E = s.n_embd;
   if (s.n_vocab <= 0) TROUPE_INPUT_ERROR("%s: empty vocabulary", src.c_str());
@@ -809,6 +860,19 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
   expect(src, s.token_embd, E, s.n_vocab);
   expect(src, s.output_norm, E, 1);
   expect(src, s.output, E, s.n_vocab);
+  if (s.is_v4()) {
+    if (s.hc_mult < 1 || s.o_groups < 1 || s.o_lora_rank < 1 || s.q_lora_rank < 1 ||
+        s.n_head_kv != 1 || s.head_dim_k != s.head_dim_v || (s.n_head * s.head_dim_k) % s.o_groups)
+      TROUPE_INPUT_ERROR(
+          "%s: bad DeepSeek-V4 sizes (hc %lld, %lld output groups of %lld, q_lora "
+          "%lld, %lld KV heads)",
+          src.c_str(), static_cast<long long>(s.hc_mult), static_cast<long long>(s.o_groups),
+          static_cast<long long>(s.o_lora_rank), static_cast<long long>(s.q_lora_rank),
+          static_cast<long long>(s.n_head_kv));
+    expect(src, s.hc_head_fn, s.hc_mult * E, s.hc_mult);
+    expect(src, s.hc_head_base, s.hc_mult, 1);
+    expect(src, s.hc_head_scale, 1, 1);
+  }
   if (s.n_expert > 0) {
     if (s.n_expert_used <= 0 || s.n_expert_used > s.n_expert)
       TROUPE_INPUT_ERROR("%s: expert_used_count %lld must be in 1..expert_count %lld", src.c_str(),
@@ -834,8 +898,8 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
                        src.c_str(), static_cast<double>(s.attn_temp_scale),
                        static_cast<long long>(s.attn_temp_floor));
   if (s.has_indexer() &&
-      (!s.is_mla() || s.q_lora_rank <= 0 || s.idx_n_head <= 0 || s.idx_head_dim < s.n_rot ||
-       s.idx_head_dim > 65536 || s.idx_n_head > 65536))
+      (!(s.is_mla() || s.is_v4()) || s.q_lora_rank <= 0 || s.idx_n_head <= 0 ||
+       s.idx_head_dim < s.n_rot || s.idx_head_dim > 65536 || s.idx_n_head > 65536))
     TROUPE_INPUT_ERROR(
         "%s: the sparse-attention indexer needs MLA with a compressed q, heads and a head width "
         "of at least the rotary %lld (got %lld heads of %lld, q_lora %lld)",
@@ -878,6 +942,8 @@ void validate_spec(const ModelSpec& s, const std::string& src) {
       expect(src, L.ssm_a, nv, 1);
       expect(src, L.ssm_norm, s.ssm_v_dim, 1);
       expect(src, L.wo, vw, E);
+    } else if (s.is_v4()) {
+      validate_v4_layer(s, L, src);
     } else if (s.is_mla()) {
       const int64_t qk = s.qk_nope_dim + s.qk_rope_dim;
       if (L.wq_a.present()) {

@@ -3,6 +3,7 @@
 // that the owning Model keeps alive (a file mapping or a converted buffer).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -148,6 +149,12 @@ enum class Arch : uint8_t {
   /// text positions only (their multimodal rope then equals NeoX rope on the rotated quarter)
   kQwen35 = 13,
   kQwen35Moe = 14,
+  /// DeepSeek-V4 (V4-Flash, V4-Pro): hc_mult residual streams mixed by manifold-constrained
+  /// hyper-connections; attention of one shared key-and-value head over a sliding window plus
+  /// compressed entries (every ratio-th position's window pooled into one; ratio-4 layers choose
+  /// theirs with a lightning indexer), per-head sinks, a grouped low-rank output projection;
+  /// sqrt-softplus routing, the first layers' experts chosen by token id, clamped SwiGLU
+  kDeepseek4 = 15,
 };
 const char* arch_name(Arch a);
 
@@ -158,7 +165,8 @@ enum class RopeStyle : uint8_t {
 
 /// How router logits become expert weights: kSoftmax (over all experts, then the top-k),
 /// kSigmoid (each alone), kSoftmaxTopk (top-k of the logits, then a softmax over those k: gpt-oss).
-enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxTopk = 2 };
+/// kSqrtSoftplus (DeepSeek-V4): each alone, sqrt(softplus(logit)).
+enum class Gating : uint8_t { kSoftmax = 0, kSigmoid = 1, kSoftmaxTopk = 2, kSqrtSoftplus = 3 };
 
 /// A group's score in group-limited routing: the sum of its two best selection scores
 /// (DeepSeek-V3's noaux_tc, GLM-4.5, Ling-2.0; llama.cpp's graph for every model) or its best
@@ -168,8 +176,9 @@ enum class GroupScore : uint8_t { kTopTwoSum = 0, kMax = 1 };
 /// The FFN's gated activation: kSilu: silu(gate) * up; kSwigluOai (gpt-oss): with
 /// g = min(gate, limit), u = clamp(up, -limit, limit): g * sigmoid(alpha * g) * (u + 1);
 /// kGeluTanh (Gemma): gelu(gate) * up, GELU's tanh form
-/// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
-enum class FfnAct : uint8_t { kSilu = 0, kSwigluOai = 1, kGeluTanh = 2 };
+/// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))); kSiluClamp (DeepSeek-V4):
+/// silu(min(gate, limit)) * clamp(up, -limit, limit).
+enum class FfnAct : uint8_t { kSilu = 0, kSwigluOai = 1, kGeluTanh = 2, kSiluClamp = 3 };
 
 /// How a model stretches its rotary frequencies past its training context (model/rope.h).
 enum class RopeScalingType : uint8_t {
@@ -263,6 +272,28 @@ struct LayerSpec {
   std::vector<ExpertFfn> experts;  // n_expert entries
   ExpertFfn shared;                // optional shared expert(s), merged as one FFN
   WeightView shared_gate;          // optional [1 row, n_embd]: sigmoid gate of the shared expert
+  // DeepSeek-V4's hash routing: I32 [n_expert_used cols, n_vocab rows], the experts of each
+  // input token (its first layers); the router then only weighs them.
+  WeightView hash_experts;
+
+  // DeepSeek-V4 (Arch::kDeepseek4). The hyper-connections before the attention and before the
+  // FFN: fn [(2 + hc) hc rows, hc n_embd cols], base f32 [(2 + hc) hc], scale f32 [3].
+  WeightView hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  // The attention: wq_a, q_a_norm, wq_b as MLA's (q heads of head_dim_k); wkv_a [head_dim_k rows,
+  // n_embd] and kv_a_norm [head_dim_k]: the one key-and-value head; wo_a [o_groups] x
+  // [o_lora_rank rows, n_head head_dim_k / o_groups cols], then wo [n_embd, o_groups o_lora_rank];
+  // sinks. `window` is the sliding window over the raw rows.
+  WeightView wo_a;
+  // Compressed entries (compress > 0): one per `compress` positions, pooled from the projections
+  // cmp_kv and cmp_gate [coff head_dim_k rows, n_embd] by a softmax over the window (gate plus
+  // cmp_ape f32 [compress rows, coff head_dim_k]), RMS-normed by cmp_norm f32 [head_dim_k];
+  // with compress_overlap (coff 2) each entry also pools the window before (first halves).
+  int64_t compress = 0;
+  bool compress_overlap = false;
+  WeightView cmp_kv, cmp_gate, cmp_ape, cmp_norm;
+  // The indexer of an overlapping layer: its own pooled keys (idx_cmp_*, idx_head_dim wide),
+  // queries from idx_wq_b, head weights from idx_proj.
+  WeightView idx_cmp_kv, idx_cmp_gate, idx_cmp_ape, idx_cmp_norm;
 };
 
 struct ModelSpec {
@@ -338,6 +369,13 @@ struct ModelSpec {
   /// GLM-5.2's default pattern of shared indexers (llama.cpp's, for a file that does not list
   /// them): layers 0 and 1 full, then from layer 2 one full layer in four.
   static bool glm52_indexer_shared(int64_t il) { return il >= 2 && (il - 2) % 4 != 0; }
+  // DeepSeek-V4: residual streams (0: the plain residual), Sinkhorn iterations and epsilon of
+  // the hyper-connections; the final collapse of the streams (hc_head_fn [hc rows, hc n_embd],
+  // base f32 [hc], scale f32 [1]); the grouped output projection's groups and their width.
+  int64_t hc_mult = 0, hc_sinkhorn_iters = 0;
+  float hc_eps = 0.0f;
+  WeightView hc_head_fn, hc_head_base, hc_head_scale;
+  int64_t o_groups = 0, o_lora_rank = 0;
   // Gated DeltaNet (0: none): key heads and width, value heads and width, convolution kernel.
   int64_t ssm_k_heads = 0, ssm_k_dim = 0, ssm_v_heads = 0, ssm_v_dim = 0, ssm_conv_kernel = 0;
   /// Value head h reads key head h % ssm_k_heads (llama.cpp's Qwen3.5 files, whose converter
@@ -350,12 +388,34 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
 
   bool is_mla() const { return arch == Arch::kDeepseek2; }
+  bool is_v4() const { return arch == Arch::kDeepseek4; }
+  /// Floats of one token's state between layers: hc_mult streams of n_embd (DeepSeek-V4), else
+  /// n_embd.
+  int64_t hidden_width() const { return (hc_mult > 0 ? hc_mult : 1) * n_embd; }
   /// Width of one token's K and V cache rows per layer (MLA: the compressed latent + rope key).
+  /// (DeepSeek-V4: v4_row_width(), all of it K.)
   int64_t kv_k_width() const {
-    return is_mla() ? kv_lora_rank + qk_rope_dim : n_head_kv * head_dim_k;
+    return is_v4()    ? v4_row_width()
+           : is_mla() ? kv_lora_rank + qk_rope_dim
+                      : n_head_kv * head_dim_k;
   }
   /// (MLA: the indexer's key, when there is one.)
-  int64_t kv_v_width() const { return is_mla() ? idx_head_dim : n_head_kv * head_dim_v; }
+  int64_t kv_v_width() const {
+    return is_v4() ? 0 : is_mla() ? idx_head_dim : n_head_kv * head_dim_v;
+  }
+  /// DeepSeek-V4's KV row of one position in one layer (compute/engine.cc's V4Row): its key,
+  /// then in a compressing layer the entry of the window it ends and its two pooled
+  /// projections, then with an indexer the same three for the indexer's keys; the widest layer's.
+  int64_t v4_row_width() const {
+    int64_t most = 0;
+    for (const LayerSpec& L : layers) {
+      const int64_t coff = L.compress_overlap ? 2 : 1;
+      int64_t w = L.compress > 0 ? head_dim_k * (1 + 2 * coff) : 0;
+      if (L.compress_overlap) w += idx_head_dim * 5;
+      most = std::max(most, w);
+    }
+    return head_dim_k + most;
+  }
   bool has_indexer() const { return idx_top_k > 0; }
   /// Linear-attention sizes are set (Qwen3-Next's family, whatever its layers are).
   bool has_recurrent() const { return ssm_v_heads > 0; }

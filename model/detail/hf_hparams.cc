@@ -26,6 +26,8 @@ class HparamsReader {
     read_common(arch);
     if (mla()) {
       read_mla(arch == "DeepseekV32ForCausalLM" || glm_dsa_);
+    } else if (h_.family == HfFamily::kDeepseekV4) {
+      read_deepseek_v4();
     } else {
       read_attention(arch);
       read_moe_counts();
@@ -38,6 +40,8 @@ class HparamsReader {
       rope_params_["original_max_position_embeddings"] =
           cfg_.get_int("original_max_position_embeddings");
     apply_hf_rope_scaling(rope_params_, cfg_.path(), mla(), h_.spec);
+    // DeepSeek-V4's compressed layers take YaRN's frequencies without its magnitude factor.
+    if (h_.family == HfFamily::kDeepseekV4) h_.spec.rope_scaling.attn_factor = v4_attention_factor_;
     ModelSpec& s = h_.spec;
     if (s.n_expert > 0 && (s.n_expert_used <= 0 || s.n_ff_exp <= 0))
       TROUPE_INPUT_ERROR("%s: MoE model needs num_experts_per_tok and the expert FFN width",
@@ -73,6 +77,7 @@ class HparamsReader {
         {"DeepseekV3ForCausalLM", HfFamily::kDeepseekV3},
         {"DeepseekV32ForCausalLM", HfFamily::kDeepseekV3},  // V3 with the sparse attention
         {"GlmMoeDsaForCausalLM", HfFamily::kDeepseekV3},    // GLM-5: V3.2's layers (read_mla)
+        {"DeepseekV4ForCausalLM", HfFamily::kDeepseekV4},
         {"Glm4MoeForCausalLM", HfFamily::kGlm4Moe},
         {"MiniMaxM2ForCausalLM", HfFamily::kMinimaxM2},
         {"BailingMoeV2ForCausalLM", HfFamily::kBailingMoeV2},
@@ -304,6 +309,8 @@ class HparamsReader {
       case HfFamily::kDeepseekV2:
       case HfFamily::kDeepseekV3:
         break;  // read_mla
+      case HfFamily::kDeepseekV4:
+        break;  // read_deepseek_v4
     }
   }
 
@@ -799,6 +806,204 @@ class HparamsReader {
     return theta;
   }
 
+  /// DeepSeek-V4, with DeepseekV4Config's defaults (V4-Flash's): every layer MoE (the first
+  /// num_hash_layers, or mlp_layer_types' "hash_moe", choosing experts by token id), one shared
+  /// key-and-value head of head_dim, a sliding window in every layer and, by layer_types (or the
+  /// older compress_ratios), compressed entries: "compressed_sparse_attention" every
+  /// compress_rates' rate (4) positions, overlapping the window before, chosen by the indexer;
+  /// "heavily_compressed_attention" every 128, all attended. Rotary: the last qk_rope_head_dim
+  /// values of a head in neighbouring pairs, rope_theta in sliding-only layers, compress_rope_theta
+  /// with the YaRN of rope_scaling (no magnitude factor) in compressing ones: the engine's
+  /// local rope and its model rope. The MTP block (num_nextn_predict_layers) is not read.
+  void read_deepseek_v4() {
+    ModelSpec& s = h_.spec;
+    const char* path = cfg_.path().c_str();
+    const auto L = static_cast<size_t>(s.n_layer);
+    s.arch = Arch::kDeepseek4;
+    s.rope_style = RopeStyle::kNormal;
+    const int64_t D = cfg_.has("head_dim") ? cfg_.get_dim("head_dim") : 512;
+    s.head_dim_k = s.head_dim_v = D;
+    if (s.n_head_kv != 1 && cfg_.has("num_key_value_heads"))
+      TROUPE_INPUT_ERROR(
+          "%s: num_key_value_heads %lld: DeepSeek-V4 has one shared key-and-value "
+          "head",
+          path, static_cast<long long>(s.n_head_kv));
+    s.n_head_kv = 1;
+    if (cfg_.has("qk_rope_head_dim")) {
+      s.n_rot = cfg_.get_dim("qk_rope_head_dim");
+    } else {
+      const double partial = cfg_.get_float_or("partial_rotary_factor", 64.0 / 512.0);
+      s.n_rot = static_cast<int64_t>(static_cast<double>(D) * partial);
+    }
+    if (s.n_rot <= 0 || s.n_rot % 2 != 0 || s.n_rot > D)
+      TROUPE_INPUT_ERROR("%s: qk_rope_head_dim %lld must be even and in 2..head_dim (%lld)", path,
+                         static_cast<long long>(s.n_rot), static_cast<long long>(D));
+    s.q_lora_rank = cfg_.get_int_or("q_lora_rank", 1024);
+    s.o_groups = cfg_.get_int_or("o_groups", 8);
+    s.o_lora_rank = cfg_.get_int_or("o_lora_rank", 1024);
+    if (s.q_lora_rank <= 0 || s.o_lora_rank <= 0 || s.o_groups <= 0 ||
+        (s.n_head * D) % s.o_groups != 0)
+      TROUPE_INPUT_ERROR(
+          "%s: q_lora_rank %lld and o_lora_rank %lld must be positive and o_groups "
+          "%lld must divide num_attention_heads x head_dim (%lld)",
+          path, static_cast<long long>(s.q_lora_rank), static_cast<long long>(s.o_lora_rank),
+          static_cast<long long>(s.o_groups), static_cast<long long>(s.n_head * D));
+    if (cfg_.get_bool_or("attention_bias", false))
+      TROUPE_INPUT_ERROR("%s: attention_bias is not supported for DeepSeek-V4", path);
+    // Hyper-connections.
+    s.hc_mult = cfg_.get_int_or("hc_mult", 4);
+    s.hc_sinkhorn_iters = cfg_.get_int_or("hc_sinkhorn_iters", 20);
+    s.hc_eps = static_cast<float>(cfg_.get_float_or("hc_eps", 1e-6));
+    if (s.hc_mult < 1 || s.hc_mult > 64 || s.hc_sinkhorn_iters < 1 || s.hc_sinkhorn_iters > 1000 ||
+        !(s.hc_eps >= 0))
+      TROUPE_INPUT_ERROR(
+          "%s: hc_mult %lld must be in 1..64, hc_sinkhorn_iters %lld in 1..1000 and "
+          "hc_eps non-negative",
+          path, static_cast<long long>(s.hc_mult), static_cast<long long>(s.hc_sinkhorn_iters));
+    // Attention kinds.
+    int64_t csa = 4, hca = 128;
+    if (const json* rates = cfg_.find("compress_rates")) {
+      if (!rates->is_object()) TROUPE_INPUT_ERROR("%s: 'compress_rates' must be an object", path);
+      auto rate = [&](const char* key, int64_t def) {
+        auto it = rates->find(key);
+        return it != rates->end() && it->is_number_integer() ? it->get<int64_t>() : def;
+      };
+      csa = rate("compressed_sparse_attention", csa);
+      hca = rate("heavily_compressed_attention", hca);
+    }
+    csa = cfg_.get_int_or("compress_rate_csa", csa);
+    hca = cfg_.get_int_or("compress_rate_hca", hca);
+    if (csa < 1 || csa > 65536 || hca < 1 || hca > 65536)
+      TROUPE_INPUT_ERROR("%s: compression rates %lld and %lld must be in 1..65536", path,
+                         static_cast<long long>(csa), static_cast<long long>(hca));
+    std::vector<std::string> types(L);
+    if (const json* lt = cfg_.find("layer_types")) {
+      if (!lt->is_array() || lt->size() < L)
+        TROUPE_INPUT_ERROR("%s: 'layer_types' must be a list of %lld entries", path,
+                           static_cast<long long>(s.n_layer));
+      for (size_t il = 0; il < L; ++il)
+        types[il] = (*lt)[il].is_string() ? (*lt)[il].get<std::string>() : (*lt)[il].dump();
+    } else if (const json* cr = cfg_.find("compress_ratios")) {
+      if (!cr->is_array() || cr->size() < L)
+        TROUPE_INPUT_ERROR("%s: 'compress_ratios' must be a list of %lld entries", path,
+                           static_cast<long long>(s.n_layer));
+      for (size_t il = 0; il < L; ++il) {
+        const json& r = (*cr)[il];
+        const int64_t v = r.is_number_integer() ? r.get<int64_t>() : -1;
+        if (v != 0 && v != 4 && v != 128)
+          TROUPE_INPUT_ERROR("%s: compress_ratios[%zu] is %s (0, 4 or 128)", path, il,
+                             r.dump().c_str());
+        types[il] = v == 0   ? "sliding_attention"
+                    : v == 4 ? "compressed_sparse_attention"
+                             : "heavily_compressed_attention";
+      }
+    } else {  // DeepseekV4Config's: two heavily compressed layers, then CSA and HCA in turn
+      for (size_t il = 0; il < L; ++il)
+        types[il] = il >= 2 && (il - 2) % 2 == 1 ? "compressed_sparse_attention"
+                                                 : "heavily_compressed_attention";
+    }
+    const int64_t window = cfg_.get_int_or("sliding_window", 128);
+    if (window < 1)
+      TROUPE_INPUT_ERROR("%s: sliding_window must be positive, got %lld", path,
+                         static_cast<long long>(window));
+    h_.window.assign(L, window);
+    h_.compress.assign(L, 0);
+    h_.compress_overlap.assign(L, false);
+    for (size_t il = 0; il < L; ++il) {
+      if (types[il] == "compressed_sparse_attention") {
+        h_.compress[il] = csa;
+        h_.compress_overlap[il] = true;
+      } else if (types[il] == "heavily_compressed_attention") {
+        h_.compress[il] = hca;
+      } else if (types[il] != "sliding_attention") {
+        TROUPE_INPUT_ERROR(
+            "%s: layer_types[%zu] is '%s' (sliding_attention, "
+            "compressed_sparse_attention or heavily_compressed_attention)",
+            path, il, types[il].c_str());
+      }
+    }
+    s.idx_n_head = cfg_.get_int_or("index_n_heads", 64);
+    s.idx_head_dim = cfg_.get_int_or("index_head_dim", 128);
+    s.idx_top_k = cfg_.get_int_or("index_topk", 512);
+    if (s.idx_n_head < 1 || s.idx_head_dim < s.n_rot || s.idx_top_k < 1)
+      TROUPE_INPUT_ERROR(
+          "%s: index_n_heads %lld and index_topk %lld must be positive and "
+          "index_head_dim %lld at least qk_rope_head_dim",
+          path, static_cast<long long>(s.idx_n_head), static_cast<long long>(s.idx_top_k),
+          static_cast<long long>(s.idx_head_dim));
+    // Rotary: rope_parameters' "main" and "compress" (as transformers saves them), else
+    // rope_theta, compress_rope_theta and rope_scaling.
+    json compress = json::object();
+    double main_theta = s.rope_theta;
+    if (rope_params_.contains("compress") && rope_params_["compress"].is_object()) {
+      compress = rope_params_["compress"];
+      if (rope_params_.contains("main") && rope_params_["main"].is_object() &&
+          rope_params_["main"].contains("rope_theta"))
+        main_theta = rope_params_["main"]["rope_theta"].get<double>();
+    } else {
+      for (const auto& [k, v] : rope_params_.items())
+        if (k != "main" && k != "rope_theta") compress[k] = v;
+    }
+    const double ctheta = compress.contains("rope_theta") && compress["rope_theta"].is_number()
+                              ? compress["rope_theta"].get<double>()
+                              : cfg_.get_float_or("compress_rope_theta", 160000.0);
+    if (!(main_theta > 0) || !(ctheta > 0))
+      TROUPE_INPUT_ERROR("%s: rope_theta and compress_rope_theta must be positive", path);
+    s.rope_theta_local = static_cast<float>(main_theta);
+    s.rope_theta = static_cast<float>(ctheta);
+    v4_attention_factor_ =
+        compress.contains("attention_factor") && compress["attention_factor"].is_number()
+            ? compress["attention_factor"].get<double>()
+            : 1.0;
+    rope_params_ = compress;
+    // Experts.
+    s.n_expert = cfg_.get_int_or("n_routed_experts", 256);
+    s.n_expert_used = cfg_.get_int_or("num_experts_per_tok", 6);
+    s.n_ff_exp = cfg_.get_int_or("moe_intermediate_size", 2048);
+    s.n_expert_shared = cfg_.get_int_or("n_shared_experts", 1);
+    if (s.n_expert < 1 || s.n_expert > 65536 || s.n_expert_used < 1 ||
+        s.n_expert_used > s.n_expert || s.n_expert_shared < 0 || s.n_expert_shared > 64)
+      TROUPE_INPUT_ERROR(
+          "%s: num_experts_per_tok %lld must be in 1..n_routed_experts (%lld) and "
+          "n_shared_experts in 0..64",
+          path, static_cast<long long>(s.n_expert_used), static_cast<long long>(s.n_expert));
+    s.n_ff_shexp = s.n_ff_exp * s.n_expert_shared;
+    s.routed_scale = static_cast<float>(cfg_.get_float_or("routed_scaling_factor", 1.5));
+    s.norm_topk = true;  // DeepseekV4's routers always renormalize the chosen weights
+    const std::string scoring = cfg_.get_string_or("scoring_func", "sqrtsoftplus");
+    if (scoring == "sqrtsoftplus") {
+      s.gating = Gating::kSqrtSoftplus;
+    } else if (scoring == "sigmoid") {
+      s.gating = Gating::kSigmoid;
+    } else {
+      TROUPE_INPUT_ERROR(
+          "%s: scoring_func '%s' is not supported for DeepSeek-V4 (sqrtsoftplus, "
+          "sigmoid)",
+          path, scoring.c_str());
+    }
+    const double limit = cfg_.get_float_or("swiglu_limit", 10.0);
+    if (!(limit > 0 && limit < 1e30))
+      TROUPE_INPUT_ERROR("%s: swiglu_limit %g must be positive and finite", path, limit);
+    s.ffn_act = FfnAct::kSiluClamp;
+    s.act_limit = static_cast<float>(limit);
+    h_.hash_moe.assign(L, false);
+    if (const json* mt = cfg_.find("mlp_layer_types")) {
+      if (!mt->is_array() || mt->size() < L)
+        TROUPE_INPUT_ERROR("%s: 'mlp_layer_types' must be a list of %lld entries", path,
+                           static_cast<long long>(s.n_layer));
+      for (size_t il = 0; il < L; ++il) {
+        const json& t = (*mt)[il];
+        if (t != "hash_moe" && t != "moe")
+          TROUPE_INPUT_ERROR("%s: mlp_layer_types[%zu] is %s (\"hash_moe\" or \"moe\")", path, il,
+                             t.dump().c_str());
+        h_.hash_moe[il] = t == "hash_moe";
+      }
+    } else {
+      const int64_t n_hash = cfg_.get_int_or("num_hash_layers", 3);
+      for (size_t il = 0; il < L; ++il) h_.hash_moe[il] = static_cast<int64_t>(il) < n_hash;
+    }
+  }
+
   void read_mla(bool sparse) {
     ModelSpec& s = h_.spec;
     s.arch = Arch::kDeepseek2;
@@ -876,6 +1081,7 @@ class HparamsReader {
   HfHparams h_;
   json rope_params_ = json::object();  // rope_scaling and rope_parameters, merged
   bool ernie_moe_ = false;             // Ernie4_5_MoeForCausalLM
+  double v4_attention_factor_ = 1.0;   // DeepSeek-V4's compress rope: YaRN's cos/sin factor
   bool glm_dsa_ = false;               // GlmMoeDsaForCausalLM (GLM-5)
 };
 

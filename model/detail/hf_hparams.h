@@ -36,6 +36,7 @@ enum class HfFamily : uint8_t {
   kErnie45,       ///< Ernie4_5ForCausalLM (ERNIE-4.5-0.3B) and Ernie4_5_MoeForCausalLM
                   ///< (ERNIE-4.5-21B-A3B, -300B-A47B): Llama's decoder with interleaved rotary;
                   ///< softmax routing with a selection bias, shared experts
+  kDeepseekV4,    ///< DeepseekV4ForCausalLM (DeepSeek-V4-Flash, -Pro): read_deepseek_v4
 };
 
 struct HfHparams {
@@ -52,6 +53,10 @@ struct HfHparams {
   bool qk_l2_norm = false;       ///< weightless q/k norms on the rotary layers (Llama 4)
   std::vector<bool> recurrent;   ///< per layer: Gated DeltaNet linear attention (Qwen3-Next)
   std::vector<bool> idx_shared;  ///< per layer: reuses an earlier indexer's choice (GLM-5.2)
+  /// DeepSeek-V4, per layer: positions per compressed entry (0: none), whether entries overlap
+  /// the window before (compressed sparse attention, with its indexer), hash-routed experts.
+  std::vector<int64_t> compress;
+  std::vector<bool> compress_overlap, hash_moe;
   /// Qwen3.5's layout of the same layers: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a apart
   /// (value heads grouped by key head, as Qwen3-Next's), experts stacked or one by one.
   bool qwen35 = false;

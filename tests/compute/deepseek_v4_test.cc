@@ -1,0 +1,183 @@
+// DeepSeek-V4 (Hugging Face DeepseekV4ForCausalLM, in the names its checkpoints are stored
+// under) through the engine, against the independent float64 forward pass of
+// tests/deepseek_v4_reference.h on random-weight checkpoints (tests/deepseek_v4_model.h): the
+// hyper-connection streams, attention over a sliding window plus compressed entries (overlapping
+// ratio-4 windows chosen by the lightning indexer, plain ratio-m windows all attended), sinks,
+// the grouped output, sqrt-softplus and token-id routing, the clamped SwiGLU. Windows of 8 and
+// rates of 4 and 8 over ~50 tokens: every kind of entry and choice is in play.
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "tests/compute/engine_test_util.h"
+#include "tests/deepseek_v4_model.h"
+#include "tests/deepseek_v4_reference.h"
+#include "tests/test_support.h"
+
+namespace troupe::compute {
+namespace {
+
+using testing::TempDir;
+using testing::V4Options;
+
+std::vector<double> reference(const std::string& dir, const std::vector<int32_t>& tokens) {
+  std::vector<double> flat;
+  for (const auto& row : testing::deepseek_v4_ref::logits(dir, tokens))
+    flat.insert(flat.end(), row.begin(), row.end());
+  return flat;
+}
+
+std::shared_ptr<const model::Model> load(const std::string& dir) {
+  auto m = model::load_model(dir);
+  EXPECT_TRUE(m.has_value()) << m.error().message;
+  return m ? *m : nullptr;
+}
+
+void edit_config(const TempDir& dir, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(dir.file("config.json"));
+  nlohmann::json c = nlohmann::json::parse(in);
+  edit(c);
+  dir.write("config.json", c.dump(2));
+}
+
+TEST(DeepseekV4, ReadsTheCheckpointsLayout) {
+  TempDir dir;
+  V4Options o;
+  testing::write_deepseek_v4(dir.path(), o);
+  auto m = load(dir.path());
+  ASSERT_TRUE(m);
+  const model::ModelSpec& s = m->spec;
+  EXPECT_EQ(s.arch, model::Arch::kDeepseek4);
+  EXPECT_EQ(s.hc_mult, 4);
+  EXPECT_EQ(s.hidden_width(), 4 * s.n_embd);
+  EXPECT_EQ(s.n_head_kv, 1);
+  EXPECT_EQ(s.head_dim_k, 64);
+  EXPECT_EQ(s.n_rot, 16);
+  EXPECT_EQ(s.o_groups, 2);
+  EXPECT_EQ(s.gating, model::Gating::kSqrtSoftplus);
+  EXPECT_EQ(s.ffn_act, model::FfnAct::kSiluClamp);
+  EXPECT_FLOAT_EQ(s.rope_theta, 160000.0f);  // the compressing layers' base
+  EXPECT_FLOAT_EQ(s.rope_theta_local, 10000.0f);
+  EXPECT_EQ(s.rope_scaling.type, model::RopeScalingType::kYarn);
+  EXPECT_EQ(s.rope_scaling.attn_factor, 1.0);  // no YaRN magnitude factor
+  ASSERT_EQ(s.layers.size(), 4u);
+  for (size_t il = 0; il < 4; ++il) {
+    const model::LayerSpec& L = s.layers[il];
+    EXPECT_EQ(L.window, 8) << il;
+    EXPECT_EQ(L.compress, il % 2 == 0 ? 4 : 8) << il;
+    EXPECT_EQ(L.compress_overlap, il % 2 == 0) << il;
+    EXPECT_EQ(L.idx_wq_b.present(), il % 2 == 0) << il;
+    EXPECT_FALSE(L.local_rope) << il;
+    EXPECT_EQ(L.hash_experts.present(), il == 0) << il;
+    EXPECT_EQ(L.router_bias.present(), il != 0) << il;
+    EXPECT_TRUE(L.is_moe) << il;
+  }
+  // Each position's KV row: key, entry and two projections of 2 x 64, then the indexer's 5 x 32.
+  EXPECT_EQ(s.kv_k_width(), 64 + 64 * 5 + 32 * 5);
+}
+
+TEST(DeepseekV4, MatchesTheReference) {
+  TempDir dir;
+  V4Options o;
+  testing::write_deepseek_v4(dir.path(), o);
+  auto m = load(dir.path());
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> prompt = prompt_of(50, static_cast<int32_t>(o.vocab), 11);
+  expect_engine_near_reference(m, prompt, reference(dir.path(), prompt));
+}
+
+TEST(DeepseekV4, IsBatchInvariant) {
+  TempDir dir;
+  testing::write_deepseek_v4(dir.path(), V4Options{});
+  auto m = load(dir.path());
+  ASSERT_TRUE(m);
+  expect_batch_invariant(m);
+}
+
+// Sliding-only layers (their own rope base), the older compress_ratios (rates 4 and 128 over
+// 140 positions: one heavily compressed entry), I64 token tables, two hash layers, a clamp that
+// bites and no YaRN.
+TEST(DeepseekV4, OtherLayoutsMatchTheReference) {
+  TempDir dir;
+  V4Options o;
+  o.layer_types = {"sliding_attention", "compressed_sparse_attention",
+                   "heavily_compressed_attention", "sliding_attention"};
+  o.legacy_ratios = true;
+  o.tid2eid_i64 = true;
+  o.num_hash_layers = 2;
+  o.swiglu_limit = 0.5;
+  o.yarn = false;
+  o.index_topk = 8;
+  o.seed = 5;
+  testing::write_deepseek_v4(dir.path(), o);
+  auto m = load(dir.path());
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->spec.layers[0].local_rope);
+  EXPECT_EQ(m->spec.layers[2].compress, 128);
+  const std::vector<int32_t> prompt = prompt_of(140, static_cast<int32_t>(o.vocab), 13);
+  EngineOptions eo;
+  eo.max_tokens_in_cache = 256;
+  eo.kv_block_size = 16;
+  auto eng = Engine::create(m, eo);
+  ASSERT_TRUE(eng.has_value()) << eng.error().message;
+  const std::vector<float> got = run_chunks(**eng, prompt, {64, 1, 75});
+  expect_near_reference(got, reference(dir.path(), prompt), o.vocab);
+}
+
+// bf16 rows are not the f32 cache's bits, but near the reference: with every entry attended,
+// since a rounded index key may tip the indexer's choice (a jump no tolerance bounds).
+TEST(DeepseekV4, HalfPrecisionKvStaysNearTheReference) {
+  TempDir dir;
+  V4Options vo;
+  vo.index_topk = 100;
+  testing::write_deepseek_v4(dir.path(), vo);
+  auto m = load(dir.path());
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> prompt = prompt_of(30, 256, 7);
+  EngineOptions o;
+  o.max_tokens_in_cache = 128;
+  o.kv_type = KvType::kBF16;
+  auto eng = Engine::create(m, o);
+  ASSERT_TRUE(eng.has_value()) << eng.error().message;
+  expect_near_reference(run_chunks(**eng, prompt, {30}), reference(dir.path(), prompt), 256, 3e-2,
+                        false);
+}
+
+TEST(DeepseekV4, BadCheckpointsAreRefusedByName) {
+  TempDir dir;
+  testing::write_deepseek_v4(dir.path(), V4Options{});
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    TempDir d;
+    testing::write_deepseek_v4(d.path(), V4Options{});
+    edit_config(d, edit);
+    return load_error(d.path());
+  };
+  EXPECT_NE(with([](nlohmann::json& c) {
+              c["layer_types"][1] = "full_attention";
+            }).find("layer_types[1] is 'full_attention'"),
+            std::string::npos);
+  EXPECT_NE(with([](nlohmann::json& c) {
+              c["num_key_value_heads"] = 2;
+            }).find("one shared key-and-value head"),
+            std::string::npos);
+  EXPECT_NE(
+      with([](nlohmann::json& c) { c["scoring_func"] = "softmax"; }).find("scoring_func 'softmax'"),
+      std::string::npos);
+  EXPECT_NE(with([](nlohmann::json& c) { c["o_groups"] = 3; }).find("o_groups 3"),
+            std::string::npos);
+  // A layer whose compressor is missing (the config says it compresses).
+  EXPECT_NE(with([](nlohmann::json& c) {
+              c["layer_types"][3] = "compressed_sparse_attention";
+            }).find("layers.3.attn.compressor.wkv.weight"),
+            std::string::npos);
+  EXPECT_EQ(load_error(dir.path()), "loaded");
+}
+
+}  // namespace
+}  // namespace troupe::compute
