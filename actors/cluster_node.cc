@@ -77,7 +77,7 @@ void route_step(NodeSelf* self, const MessagePtr& m) {
   auto& st = self->state;
   const auto& spec = st.model->spec;
   StepLimits lim;
-  lim.n_embd = spec.n_embd;
+  lim.n_embd = spec.hidden_width();  // DeepSeek-V4's stages hand on all its streams
   lim.n_vocab = spec.n_vocab;
   lim.block_size = st.plan.kv_block_size;
   lim.max_positions = st.plan.scheduler.max_model_len;

@@ -89,6 +89,7 @@ std::vector<std::span<const uint8_t>> owned_weights(const model::ModelSpec& spec
     if (sp.has_output_head) {
       add(spec.output_norm);
       if (spec.output.data != spec.token_embd.data || !sp.has_embedding) add(spec.output);
+      for (const auto* w : {&spec.hc_head_fn, &spec.hc_head_base, &spec.hc_head_scale}) add(*w);
     }
     for (uint32_t l = sp.layer_begin; l < sp.layer_end && l < spec.layers.size(); ++l) {
       const model::LayerSpec& L = spec.layers[l];
@@ -404,7 +405,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     } else if (k + 1 < num_stages) {
       StageActor proxy =
           spawn_remote_stage(sys, st.link, name_of(pl.stages[k + 1].node_id),
-                             static_cast<uint32_t>(k + 1), spec.n_embd, to_scheduler);
+                             static_cast<uint32_t>(k + 1), spec.hidden_width(), to_scheduler);
       st.stage_proxies.push_back(proxy);
       next = proxy;
     }
@@ -432,7 +433,7 @@ void finish_placement(NodeSelf* self, uint64_t version, const std::string& error
     StageActor first = pl.stages[0].node_id == me
                            ? st.stages[0]
                            : spawn_remote_stage(sys, st.link, name_of(pl.stages[0].node_id), 0,
-                                                spec.n_embd, st.scheduler);
+                                                spec.hidden_width(), st.scheduler);
     if (pl.stages[0].node_id != me) st.stage_proxies.push_back(first);
     self->send(st.scheduler, stage_atom::value, StageInputActor{first});
   }

@@ -94,8 +94,11 @@ void print_spec(const model::ModelSpec& s) {
         "gating %s, norm_topk %d, scale %g, groups %lld/%lld%s\n",
         (long long)s.n_expert, (long long)s.n_expert_used, (long long)s.n_ff_exp,
         (long long)s.n_expert_shared, (long long)shared_ff, (long long)s.n_leading_dense,
-        s.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax", s.norm_topk ? 1 : 0,
-        s.routed_scale, (long long)s.n_group_used, (long long)s.n_group,
+        s.gating == model::Gating::kSigmoid        ? "sigmoid"
+        : s.gating == model::Gating::kSqrtSoftplus ? "sqrt-softplus"
+        : s.gating == model::Gating::kSoftmaxTopk  ? "softmax over the top k"
+                                                   : "softmax",
+        s.norm_topk ? 1 : 0, s.routed_scale, (long long)s.n_group_used, (long long)s.n_group,
         s.n_group_used < s.n_group
             ? (s.group_score == model::GroupScore::kMax ? " (ranked by best score)"
                                                         : " (ranked by two best scores)")
@@ -139,7 +142,31 @@ void print_spec(const model::ModelSpec& s) {
   if (s.n_expert > 0 && (moe < s.n_layer - s.n_leading_dense || s.moe_weight_input))
     std::printf("  %lld of %lld layers MoE%s\n", (long long)moe, (long long)s.n_layer,
                 s.moe_weight_input ? "; the router's weight scales the expert's input" : "");
-  if (s.has_indexer()) {
+  if (s.is_v4()) {
+    int64_t csa = 0, hca = 0, hashed = 0, rate_c = 0, rate_h = 0;
+    for (const auto& L : s.layers) {
+      if (L.compress_overlap) {
+        ++csa;
+        rate_c = L.compress;
+      } else if (L.compress > 0) {
+        ++hca;
+        rate_h = L.compress;
+      }
+      hashed += L.hash_experts.present();
+    }
+    std::printf(
+        "  DeepSeek-V4: %lld residual streams (hyper-connections, %lld Sinkhorn steps); one "
+        "key-and-value head, window %lld, local rope base %g; %lld layers compressed every %lld "
+        "positions with overlap, their indexer %lld heads of %lld keeping %lld entries; %lld "
+        "every %lld; %lld sliding only; output in %lld groups of %lld; %lld layers route by "
+        "token id; SwiGLU clamped at %g\n",
+        (long long)s.hc_mult, (long long)s.hc_sinkhorn_iters,
+        (long long)(s.layers.empty() ? 0 : s.layers[0].window), (double)s.rope_theta_local,
+        (long long)csa, (long long)rate_c, (long long)s.idx_n_head, (long long)s.idx_head_dim,
+        (long long)s.idx_top_k, (long long)hca, (long long)rate_h,
+        (long long)(s.n_layer - csa - hca), (long long)s.o_groups, (long long)s.o_lora_rank,
+        (long long)hashed, (double)s.act_limit);
+  } else if (s.has_indexer()) {
     int64_t shared = 0;
     for (const auto& L : s.layers) shared += L.idx_shared ? 1 : 0;
     std::printf(

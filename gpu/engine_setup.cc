@@ -135,6 +135,10 @@ void GpuEngine::Impl::init_dims(const GpuEngineOptions& o) {
   mla = s.is_mla();
   n_layers = range.end - range.begin;
   if (E < 1 || V < 1 || H < 1) TROUPE_INPUT_ERROR("GpuEngine: model has an empty shape");
+  if (s.is_v4())
+    TROUPE_INPUT_ERROR(
+        "GpuEngine: DeepSeek-V4 (hyper-connection streams, compressed and sparse attention, "
+        "hash routing) is not supported yet; the CPU engine runs it");
   // gpt-oss's parts the GPU kernels do not have yet (the CPU engine runs them).
   bool gpt_oss_parts =
       s.ffn_act == model::FfnAct::kSwigluOai || s.gating == model::Gating::kSoftmaxTopk;

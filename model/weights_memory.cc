@@ -74,7 +74,23 @@ void visit_layer(Layer& L, const Fn& fn) {
                   &L.router,
                   &L.router_bias,
                   &L.router_logit_bias,
-                  &L.shared_gate})
+                  &L.shared_gate,
+                  &L.hash_experts,
+                  &L.hc_attn_fn,
+                  &L.hc_attn_base,
+                  &L.hc_attn_scale,
+                  &L.hc_ffn_fn,
+                  &L.hc_ffn_base,
+                  &L.hc_ffn_scale,
+                  &L.wo_a,
+                  &L.cmp_kv,
+                  &L.cmp_gate,
+                  &L.cmp_ape,
+                  &L.cmp_norm,
+                  &L.idx_cmp_kv,
+                  &L.idx_cmp_gate,
+                  &L.idx_cmp_ape,
+                  &L.idx_cmp_norm})
     fn(*w);
   visit_ffn<View>(L.shared, fn);
 }
@@ -88,6 +104,7 @@ void visit(Spec& spec, const Fn& fn) {
   fn(spec.token_embd);
   fn(spec.output_norm);
   fn(spec.output);
+  for (auto* w : {&spec.hc_head_fn, &spec.hc_head_base, &spec.hc_head_scale}) fn(*w);
 }
 
 // A file mapping of this process, from /proc/self/maps: the bytes at [begin, end) are the file's

@@ -28,6 +28,7 @@
 #include "model/synth.h"
 #include "tests/actors/cluster_nodes.h"
 #include "tests/cluster_test_util.h"
+#include "tests/deepseek_v4_model.h"
 #include "tests/hf_twin_model.h"
 #include "tests/test_support.h"
 #include "transport/transport.h"
@@ -149,6 +150,16 @@ TEST(ClusterNode, DenseStagesOnThreeNodesAreBitIdentical) {
 
 TEST(ClusterNode, MoeStagesAndExpertShardsAcrossNodesAreBitIdentical) {
   run_exactness("models/synth/mixtral-moe/model.gguf", {{"b", "c"}, {"c", "a", "b"}});
+}
+
+// DeepSeek-V4 (Hugging Face form): each position's four hyper-connection streams go between the
+// stages' nodes as the hidden state (4 x n_embd wide), expert rows as n_embd.
+TEST(ClusterNode, DeepseekV4StreamsCrossNodesBitIdentical) {
+  testing::TempDir dir;
+  testing::V4Options o;
+  o.seed = 31;
+  testing::write_deepseek_v4(dir.path(), o);
+  run_exactness_at(dir.path(), {{"b", "c"}, {"c", "a"}});
 }
 
 // [cluster] payload_checksums = false: the same results without the transport's payload sums.

@@ -1,9 +1,9 @@
 // Architectures ../shared has no files of (GLM-4.5's glm4moe, MiniMax-M2, Ling-2.0's
-// bailingmoe2, ERNIE 4.5, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2), synthesized, as GGUF and in
-// Hugging Face form (gpt-oss's with MXFP4 experts), through the actor system with stages and expert
-// shards spread out: every token and logit bit-identical to the single-process run. Qwen3-Next and
-// Qwen3.5 keep a recurrent state per sequence in every stage: the same, also against the plain
-// engine, and through crashed actors, whose steps' sequences are recomputed.
+// bailingmoe2, ERNIE 4.5, gpt-oss, Gemma 3, Llama 4, DeepSeek-V3.2, DeepSeek-V4), synthesized, as
+// GGUF and in Hugging Face form (gpt-oss's with MXFP4 experts), through the actor system with
+// stages and expert shards spread out: every token and logit bit-identical to the single-process
+// run. Qwen3-Next and Qwen3.5 keep a recurrent state per sequence in every stage: the same, also
+// against the plain engine, and through crashed actors, whose steps' sequences are recomputed.
 #include <string>
 #include <vector>
 
@@ -18,6 +18,7 @@
 #include "model/synth.h"
 #include "tests/actors/solo_reference.h"
 #include "tests/cluster_test_util.h"
+#include "tests/deepseek_v4_model.h"
 #include "tests/gemma3_hf_twin.h"
 #include "tests/gpt_oss_hf_twin.h"
 #include "tests/hf_twin_model.h"
@@ -149,6 +150,19 @@ TEST(Ernie45Cluster, GgufAndHuggingFaceFormAcrossStagesAndExpertShards) {
   expect_plans_match_one_process(gguf);
   testing::write_hf_twin(gguf, hf);
   expect_plans_match_one_process(hf.path());
+}
+
+// DeepSeek-V4: its four hyper-connection streams per position cross the stage boundaries, its
+// hash-routed layers read token ids in whichever stage they land, its compressed entries and the
+// indexer's keys live in each stage's KV rows; the shards run the clamped experts.
+TEST(DeepseekV4Cluster, HuggingFaceFormAcrossStagesAndExpertShards) {
+  testing::TempDir dir;
+  testing::V4Options o;
+  o.seed = 30;
+  o.num_hash_layers = 2;
+  o.swiglu_limit = 0.5;
+  testing::write_deepseek_v4(dir.path(), o);
+  expect_plans_match_one_process(dir.path());
 }
 
 // gpt-oss: expert shards run the biased, clamped experts; stages carry the sliding window.
