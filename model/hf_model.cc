@@ -547,10 +547,13 @@ class HfSpecBuilder {
     L.wq_b = take(a + "wq_b.weight", g + "attn_q_b.weight", {s.n_head * D, s.q_lora_rank});
     L.wkv_a = take(a + "wkv.weight", g + "attn_kv.weight", {D, E});
     L.kv_a_norm = take_f32(a + "kv_norm.weight", g + "attn_kv_a_norm.weight", {D});
+    // wo_a's groups are its consecutive blocks of o_lora_rank rows (a 3-D view); scale blocks
+    // that straddle two groups become exact f32 first (as kv_b_proj).
     const int64_t per_group = s.n_head * D / s.o_groups;
-    L.wo_a = with_shape(take(a + "wo_a.weight", g + "attn_output_a.weight",
-                             {s.o_groups * s.o_lora_rank, per_group}),
-                        {s.o_groups, s.o_lora_rank, per_group});
+    WeightView wo_a = take(a + "wo_a.weight", g + "attn_output_a.weight",
+                           {s.o_groups * s.o_lora_rank, per_group});
+    if (wo_a.scaled() && s.o_lora_rank % wo_a.scale_block[0] != 0) wo_a = to_f32(wo_a);
+    L.wo_a = with_shape(wo_a, {s.o_groups, s.o_lora_rank, per_group});
     L.wo = take(a + "wo_b.weight", g + "attn_output_b.weight", {E, s.o_groups * s.o_lora_rank});
     L.sinks = take_f32(a + "attn_sink", g + "attn_sinks.weight", {s.n_head});
     L.window = window_[i];

@@ -94,7 +94,8 @@ inline void write_copy_and_twin(const TempDir& copy, const TempDir& twin,
 /// are copied. config.json gains quantization_config in the FP8 copy only.
 class Fp8Copy {
  public:
-  /// `compressed`: "" for DeepSeek's form (quant_method "fp8", "_scale_inv" grids); "block",
+  /// `compressed`: "" for DeepSeek's form (quant_method "fp8", "_scale_inv" grids); "ue8m0" for
+  /// DeepSeek-V4's (power-of-two scales as F8_E8M0 grids named "X.scale" for "X.weight"); "block",
   /// "channel" or "tensor" for compressed-tensors "float-quantized" (scales "_scale": blocks of
   /// br x bc, one per row, or one per tensor; tensors whose columns per scale are not a multiple
   /// of 16 stay F32, as troupe needs).
@@ -105,7 +106,14 @@ class Fp8Copy {
     EXPECT_TRUE(set.has_value()) << set.error().message;
     if (!set) return;
     std::vector<StTensor> fp8, twin;
+    const bool ue8m0 = compressed == "ue8m0";
     for (const auto& [name, t] : (*set)->tensors()) {
+      if (t->dtype == "I32" || t->dtype == "I64") {  // integer tables (DeepSeek-V4's) as they are
+        const std::string bytes(reinterpret_cast<const char*>(t->data), t->nbytes);
+        fp8.push_back({name, t->dtype, t->shape, bytes});
+        twin.push_back(fp8.back());
+        continue;
+      }
       EXPECT_EQ(t->dtype, "F32") << name;
       std::vector<float> v(static_cast<size_t>(t->num_elements()));
       std::memcpy(v.data(), t->data, v.size() * sizeof(float));
@@ -138,7 +146,11 @@ class Fp8Copy {
             for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c)
               amax = std::max(amax,
                               std::fabs(static_cast<double>(v[static_cast<size_t>(r * cols + c)])));
-          const float s = amax > 0 ? static_cast<float>(amax / 448.0) : 1.f;
+          // ue8m0: the power of two at or above amax / 448 (DeepSeek-V4's).
+          const float s =
+              amax <= 0 ? 1.f
+              : ue8m0   ? std::ldexp(1.0f, static_cast<int>(std::ceil(std::log2(amax / 448.0))))
+                        : static_cast<float>(amax / 448.0);
           scales[static_cast<size_t>(bi * gc + bj)] = s;
           for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
             for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
@@ -150,7 +162,12 @@ class Fp8Copy {
             }
         }
       fp8.push_back({name, "F8_E4M3", t->shape, codes});
-      if (compressed.empty())
+      if (ue8m0) {
+        std::string e(scales.size(), '\0');
+        for (size_t i = 0; i < scales.size(); ++i)
+          e[i] = static_cast<char>(127 + std::ilogb(scales[i]));
+        fp8.push_back({name.substr(0, name.size() - 7) + ".scale", "F8_E8M0", {gr, gc}, e});
+      } else if (compressed.empty())
         fp8.push_back({name + "_scale_inv", "F32", {gr, gc}, f32_bytes(scales)});
       else
         fp8.push_back(
@@ -162,7 +179,13 @@ class Fp8Copy {
     std::ifstream in(src_dir + "/config.json");
     nlohmann::json cfg = nlohmann::json::parse(in);
     const nlohmann::json twin_cfg = cfg;
-    if (compressed.empty()) {
+    if (ue8m0) {
+      cfg["quantization_config"] = {{"quant_method", "fp8"},
+                                    {"fmt", "e4m3"},
+                                    {"scale_fmt", "ue8m0"},
+                                    {"activation_scheme", "dynamic"},
+                                    {"weight_block_size", {br, bc}}};
+    } else if (compressed.empty()) {
       cfg["quantization_config"] = {{"quant_method", "fp8"},
                                     {"fmt", "e4m3"},
                                     {"activation_scheme", "dynamic"},

@@ -111,8 +111,14 @@ const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, co
         t.file->c_str(), t.name.c_str(), config_path.c_str());
   int64_t rows = 0, cols = 0;
   matrix_shape(t, &rows, &cols);
-  const std::string sname = t.name + f.scale_suffix;
+  std::string sname = t.name + f.scale_suffix;
   const SafetensorsTensor* s = st.find(sname);
+  // DeepSeek-V4's checkpoints name the grid of "X.weight" "X.scale".
+  if (s == nullptr && t.name.ends_with(".weight")) {
+    const std::string v4 = t.name.substr(0, t.name.size() - 7) + ".scale";
+    s = st.find(v4);
+    if (s != nullptr) sname = v4;
+  }
   if (s == nullptr)
     TROUPE_INPUT_ERROR("%s: F8_E4M3 tensor '%s' has no scales ('%s' is missing)", t.file->c_str(),
                        t.name.c_str(), sname.c_str());
@@ -139,16 +145,19 @@ const float* fp8_scales(const SafetensorsSet& st, const SafetensorsTensor& t, co
         s->file->c_str(), sname.c_str(), s->shape_string().c_str(), t.shape_string().c_str(),
         static_cast<long long>(br), static_cast<long long>(bc), static_cast<long long>(grid_rows),
         static_cast<long long>(grid_cols));
-  if (!s->supported || s->type == GgmlType::kF8_E4M3)
-    TROUPE_INPUT_ERROR("%s: scales '%s' have dtype %s; troupe reads F32, BF16 or F16 scales",
-                       s->file->c_str(), sname.c_str(), s->dtype.c_str());
+  // F8_E8M0 (DeepSeek-V4's "ue8m0" scales): each byte a power of two.
+  const bool e8m0 = s->dtype == "F8_E8M0";
+  if (!e8m0 && (!s->supported || s->type == GgmlType::kF8_E4M3))
+    TROUPE_INPUT_ERROR(
+        "%s: scales '%s' have dtype %s; troupe reads F32, BF16, F16 or F8_E8M0 scales",
+        s->file->c_str(), sname.c_str(), s->dtype.c_str());
   const auto n = static_cast<size_t>(grid_rows * grid_cols);
   const float* out = nullptr;
   if (s->type == GgmlType::kF32 && reinterpret_cast<uintptr_t>(s->data) % alignof(float) == 0) {
     out = reinterpret_cast<const float*>(s->data);
   } else {
     auto* conv = reinterpret_cast<float*>(alloc(n * sizeof(float)));
-    scales_to_f32(s->data, s->type, static_cast<int64_t>(n), conv);
+    scales_to_f32(s->data, e8m0 ? GgmlType::kE8M0 : s->type, static_cast<int64_t>(n), conv);
     out = conv;
   }
   for (size_t i = 0; i < n; ++i)

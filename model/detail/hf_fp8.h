@@ -2,8 +2,9 @@
 // releases): config.json's quantization_config {"quant_method": "fp8", "fmt": "e4m3",
 // "weight_block_size": [rows, cols]}, and beside each F8_E4M3 weight W the tensor
 // "W_scale_inv" of ceil(rows / block rows) x ceil(cols / block cols) scales; a value is
-// fp8 * its block's scale (the "_inv" is the quantizer's: the scale multiplies). Used by
-// model/hf_model.cc only.
+// fp8 * its block's scale (the "_inv" is the quantizer's: the scale multiplies). DeepSeek-V4's
+// checkpoints call the grid of "X.weight" "X.scale" and store it as F8_E8M0 (powers of two,
+// "scale_fmt": "ue8m0"). Used by model/hf_model.cc only.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ Fp8Format read_fp8_format(const HfConfig& cfg);
 using Allocator = std::function<uint8_t*(uint64_t bytes)>;
 
 /// The scales of the F8_E4M3 tensor `t` ([rows, cols], or [n] as one row), checked: the file
-/// declares fp8, "<name><scale_suffix>" exists with the shape `f` gives, is F32, BF16 or F16,
+/// declares fp8, "<name><scale_suffix>" (or DeepSeek-V4's "<stem>.scale") exists with the shape
+/// `f` gives, is F32, BF16, F16 or F8_E8M0,
 /// and every scale is finite with magnitude at most 2^64; the scale blocks' columns are a
 /// multiple of 16 (the kernels' lanes). F32 and aligned: a pointer into the
 /// mapping; else converted to f32 in `alloc`'d memory. Throws InputError naming the tensor.

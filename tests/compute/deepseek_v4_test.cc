@@ -18,6 +18,7 @@
 #include "tests/compute/engine_test_util.h"
 #include "tests/deepseek_v4_model.h"
 #include "tests/deepseek_v4_reference.h"
+#include "tests/fp8_model.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -147,6 +148,38 @@ TEST(DeepseekV4, HalfPrecisionKvStaysNearTheReference) {
   ASSERT_TRUE(eng.has_value()) << eng.error().message;
   expect_near_reference(run_chunks(**eng, prompt, {30}), reference(dir.path(), prompt), 256, 3e-2,
                         false);
+}
+
+// As DeepSeek-V4-Flash ships its attention and shared experts (and, in its FP8 form, its routed
+// experts): F8_E4M3 with a power-of-two F8_E8M0 grid "X.scale" beside each "X.weight"
+// (quantization_config scale_fmt "ue8m0"). Logits bit for bit those of the f32 twin holding
+// fp8 x scale; with o_lora_rank 16 under blocks of 32 rows, wo_a's groups cut its scale blocks and
+// it is read as that exact f32.
+TEST(DeepseekV4, Ue8m0Fp8CheckpointGivesItsTwinsLogits) {
+  for (const int64_t o_lora : {32, 16}) {
+    SCOPED_TRACE("o_lora_rank " + std::to_string(o_lora));
+    TempDir src;
+    V4Options o;
+    o.o_lora = o_lora;
+    testing::write_deepseek_v4(src.path(), o);
+    const testing::Fp8Copy fp8(
+        src.path(), 32, 32,
+        [](const std::string& name) {
+          return name.find(".attn.w") != std::string::npos ||
+                 name.find(".experts.") != std::string::npos ||
+                 name.find("shared_experts") != std::string::npos;
+        },
+        "ue8m0");
+    EXPECT_GT(fp8.quantized(), 20);
+    auto q = load(fp8.fp8_path());
+    ASSERT_TRUE(q);
+    EXPECT_EQ(q->spec.layers[1].wq_b.type, model::GgmlType::kF8_E4M3);
+    EXPECT_EQ(q->spec.layers[1].wo_a.type,
+              o_lora == 32 ? model::GgmlType::kF8_E4M3 : model::GgmlType::kF32);
+    const std::vector<int32_t> prompt = prompt_of(40, 256, 9);
+    expect_quantized_logits(prompt_logits(q, prompt), prompt_logits(fp8.twin_path(), prompt),
+                            prompt_logits(src.path(), prompt), 0);
+  }
 }
 
 TEST(DeepseekV4, BadCheckpointsAreRefusedByName) {
