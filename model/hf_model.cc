@@ -592,14 +592,47 @@ class HfSpecBuilder {
       L.router_bias = take_f32(m + "gate.bias", g + "exp_probs_b.bias", {N});
     }
     L.experts.resize(static_cast<size_t>(N));
-    build_expert_list(m, g, /*mixtral=*/true, L);
+    const int64_t E2 = s.n_embd, F = s.n_ff_exp;
+    for (int64_t e = 0; e < N; ++e) {
+      const std::string x = m + "experts." + std::to_string(e) + ".";
+      const std::string idx = strfmt("[%lld]", static_cast<long long>(e));
+      ExpertFfn& X = L.experts[static_cast<size_t>(e)];
+      X.gate = take_v4(x + "w1.weight", g + "ffn_gate_exps.weight" + idx, F, E2);
+      X.up = take_v4(x + "w3.weight", g + "ffn_up_exps.weight" + idx, F, E2);
+      X.down = take_v4(x + "w2.weight", g + "ffn_down_exps.weight" + idx, E2, F);
+    }
     if (s.n_ff_shexp > 0) {
       const std::string x = m + "shared_experts.";
       const int64_t S = s.n_ff_shexp;
-      L.shared.gate = take(x + "w1.weight", g + "ffn_gate_shexp.weight", {S, E});
-      L.shared.up = take(x + "w3.weight", g + "ffn_up_shexp.weight", {S, E});
-      L.shared.down = take(x + "w2.weight", g + "ffn_down_shexp.weight", {E, S});
+      L.shared.gate = take_v4(x + "w1.weight", g + "ffn_gate_shexp.weight", S, E);
+      L.shared.up = take_v4(x + "w3.weight", g + "ffn_up_shexp.weight", S, E);
+      L.shared.down = take_v4(x + "w2.weight", g + "ffn_down_shexp.weight", E, S);
     }
+  }
+
+  /// A [rows, cols] matrix of a DeepSeek-V4 FFN: as take(), or DeepSeek's FP4 form (its routed
+  /// experts as released: "expert_dtype": "fp4"), read in place as a kFP4_PACKED view: "X.weight"
+  /// I8 (or F4, or U8) [rows, cols / 2], two E2M1 codes to a byte, the lower nibble first, and
+  /// "X.scale" F8_E8M0 [rows, cols / 32], a power of two per 32 values of a row.
+  WeightView take_v4(const std::string& hf_name, const std::string& gguf_name, int64_t rows,
+                     int64_t cols) {
+    const SafetensorsTensor* t = st_.find(hf_name);
+    if (t == nullptr || (t->dtype != "I8" && t->dtype != "U8" && t->dtype != "F4"))
+      return take(hf_name, gguf_name, {rows, cols});
+    const std::string sname = hf_name.substr(0, hf_name.size() - 7) + ".scale";
+    const SafetensorsTensor* sc = st_.find(sname);
+    const std::vector<int64_t> want = {rows, cols / 2}, want_s = {rows, cols / 32};
+    const std::string got_s = sc == nullptr ? "missing" : sc->dtype + " " + sc->shape_string();
+    if (cols % 32 != 0 || t->shape != want || sc == nullptr || sc->dtype != "F8_E8M0" ||
+        sc->shape != want_s)
+      TROUPE_INPUT_ERROR(
+          "%s: '%s' is %s %s: as packed FP4 it must be [%lld, %lld] beside "
+          "F8_E8M0 scales '%s' [%lld, %lld] (%s)",
+          t->file->c_str(), hf_name.c_str(), t->dtype.c_str(), t->shape_string().c_str(),
+          static_cast<long long>(rows), static_cast<long long>(cols / 2), sname.c_str(),
+          static_cast<long long>(rows), static_cast<long long>(cols / 32), got_s.c_str());
+    return WeightView::grouped(gguf_name, GgmlType::kFP4_PACKED, rows, cols, 1, t->data, sc->data,
+                               GgmlType::kE8M0, 32);
   }
 
   /// A hash layer's token-to-experts table [n_vocab, n_expert_used] as I32 (stored as I32 or

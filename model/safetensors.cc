@@ -30,14 +30,24 @@ struct DtypeInfo {
 // Every byte-sized dtype the format defines; only the float ones can become weights (F8_E4M3
 // with its block scales: model/detail/hf_fp8.h).
 constexpr DtypeInfo kDtypes[] = {
-    {"F32", 4, true, GgmlType::kF32},     {"F16", 2, true, GgmlType::kF16},
-    {"BF16", 2, true, GgmlType::kBF16},   {"F64", 8, false, GgmlType::kF64},
-    {"I64", 8, false, GgmlType::kI64},    {"U64", 8, false, GgmlType::kI64},
-    {"I32", 4, false, GgmlType::kI32},    {"U32", 4, false, GgmlType::kI32},
-    {"I16", 2, false, GgmlType::kI16},    {"U16", 2, false, GgmlType::kI16},
-    {"I8", 1, false, GgmlType::kI8},      {"U8", 1, false, GgmlType::kI8},
-    {"BOOL", 1, false, GgmlType::kI8},    {"F8_E4M3", 1, true, GgmlType::kF8_E4M3},
-    {"F8_E5M2", 1, false, GgmlType::kI8}, {"F8_E8M0", 1, false, GgmlType::kI8},
+    {"F32", 4, true, GgmlType::kF32},
+    {"F16", 2, true, GgmlType::kF16},
+    {"BF16", 2, true, GgmlType::kBF16},
+    {"F64", 8, false, GgmlType::kF64},
+    {"I64", 8, false, GgmlType::kI64},
+    {"U64", 8, false, GgmlType::kI64},
+    {"I32", 4, false, GgmlType::kI32},
+    {"U32", 4, false, GgmlType::kI32},
+    {"I16", 2, false, GgmlType::kI16},
+    {"U16", 2, false, GgmlType::kI16},
+    {"I8", 1, false, GgmlType::kI8},
+    {"U8", 1, false, GgmlType::kI8},
+    {"BOOL", 1, false, GgmlType::kI8},
+    {"F8_E4M3", 1, true, GgmlType::kF8_E4M3},
+    {"F8_E5M2", 1, false, GgmlType::kI8},
+    {"F8_E8M0", 1, false, GgmlType::kI8},
+    // Two E2M1 values to a byte (PyTorch's float4_e2m1fn_x2): one element per byte.
+    {"F4", 1, false, GgmlType::kI8},
 };
 
 const DtypeInfo* find_dtype(std::string_view s) {

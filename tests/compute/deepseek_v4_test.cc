@@ -5,9 +5,12 @@
 // ratio-4 windows chosen by the lightning indexer, plain ratio-m windows all attended), sinks,
 // the grouped output, sqrt-softplus and token-id routing, the clamped SwiGLU. Windows of 8 and
 // rates of 4 and 8 over ~50 tokens: every kind of entry and choice is in play.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,10 +18,12 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/deepseek_v4_model.h"
 #include "tests/deepseek_v4_reference.h"
 #include "tests/fp8_model.h"
+#include "tests/safetensors_writer.h"
 #include "tests/test_support.h"
 
 namespace troupe::compute {
@@ -180,6 +185,106 @@ TEST(DeepseekV4, Ue8m0Fp8CheckpointGivesItsTwinsLogits) {
     expect_quantized_logits(prompt_logits(q, prompt), prompt_logits(fp8.twin_path(), prompt),
                             prompt_logits(src.path(), prompt), 0);
   }
+}
+
+// FP4 (E2M1) magnitudes by code 0..7; codes 8..15 are their negatives.
+constexpr double kE2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+
+/// The checkpoint in in_dir with each routed expert matrix "...ffn.experts.E.wK.weight" (F32)
+/// in DeepSeek-V4's FP4 form into `out` (I8 [rows, cols / 2], value 2j in byte j's low nibble,
+/// 2j + 1 in its high one; F8_E8M0 "...wK.scale" [rows, cols / 32], the power of two at or above
+/// a group's amax / 6), or with `exact` the f32 values that form decodes to. Everything else is
+/// copied as it is.
+void write_fp4_experts(const std::string& in_dir, const TempDir& out, bool exact) {
+  auto set = model::SafetensorsSet::open_dir(in_dir);
+  ASSERT_TRUE(set.has_value()) << set.error().message;
+  std::vector<testing::StTensor> tensors;
+  for (const auto& [name, t] : (*set)->tensors()) {
+    const std::string bytes(reinterpret_cast<const char*>(t->data), t->nbytes);
+    if (name.find(".ffn.experts.") == std::string::npos || !name.ends_with(".weight")) {
+      tensors.push_back({name, t->dtype, t->shape, bytes});
+      continue;
+    }
+    ASSERT_EQ(t->dtype, "F32") << name;
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    std::vector<float> v(static_cast<size_t>(rows * cols)), twin(v.size());
+    std::memcpy(v.data(), t->data, v.size() * 4);
+    std::string codes(static_cast<size_t>(rows * cols / 2), '\0');
+    std::string scales(static_cast<size_t>(rows * cols / 32), '\0');
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < cols / 32; ++g) {
+        double amax = 0;
+        for (int64_t c = g * 32; c < (g + 1) * 32; ++c)
+          amax =
+              std::max(amax, std::fabs(static_cast<double>(v[static_cast<size_t>(r * cols + c)])));
+        const int ex = amax > 0 ? static_cast<int>(std::ceil(std::log2(amax / 6.0))) : 0;
+        scales[static_cast<size_t>(r * cols / 32 + g)] = static_cast<char>(127 + ex);
+        for (int64_t c = g * 32; c < (g + 1) * 32; ++c) {
+          const auto i = static_cast<size_t>(r * cols + c);
+          const double x = std::ldexp(static_cast<double>(v[i]), -ex);
+          int best = 0;
+          for (int k = 1; k < 8; ++k)
+            if (std::fabs(std::fabs(x) - kE2m1[k]) < std::fabs(std::fabs(x) - kE2m1[best]))
+              best = k;
+          const int code = best | (x < 0 && best != 0 ? 8 : 0);
+          twin[i] = static_cast<float>(std::ldexp((code & 8 ? -1 : 1) * kE2m1[code & 7], ex));
+          char& byte = codes[i / 2];
+          byte = static_cast<char>(i % 2 == 0 ? (byte & 0xf0) | code : (byte & 0x0f) | (code << 4));
+        }
+      }
+    if (exact) {
+      tensors.push_back({name, "F32", t->shape, testing::f32_bytes(twin)});
+    } else {
+      tensors.push_back({name, "I8", {rows, cols / 2}, codes});
+      tensors.push_back(
+          {name.substr(0, name.size() - 7) + ".scale", "F8_E8M0", {rows, cols / 32}, scales});
+    }
+  }
+  std::ifstream in(in_dir + "/config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  if (!exact) c["expert_dtype"] = "fp4";
+  out.write("config.json", c.dump(2));
+  out.write("model.safetensors", testing::safetensors_image(tensors));
+}
+
+// DeepSeek-V4-Flash's released form: FP8 attention and shared experts (ue8m0 grids), FP4 routed
+// experts read in place. Logits bit for bit those of the f32 twin of both encodings.
+TEST(DeepseekV4, Fp4ExpertsGiveTheirTwinsLogits) {
+  TempDir src, packed, twin;
+  testing::write_deepseek_v4(src.path(), V4Options{});
+  const testing::Fp8Copy fp8(
+      src.path(), 32, 32,
+      [](const std::string& name) {
+        return name.find(".attn.w") != std::string::npos ||
+               name.find("shared_experts") != std::string::npos;
+      },
+      "ue8m0");
+  write_fp4_experts(fp8.fp8_path(), packed, false);
+  write_fp4_experts(fp8.twin_path(), twin, true);
+  auto q = load(packed.path());
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->spec.layers[2].experts[5].down.type, model::GgmlType::kFP4_PACKED);
+  EXPECT_EQ(q->spec.layers[2].shared.up.type, model::GgmlType::kF8_E4M3);
+  const std::vector<int32_t> prompt = prompt_of(40, 256, 5);
+  expect_quantized_logits(prompt_logits(q, prompt), prompt_logits(twin.path(), prompt),
+                          prompt_logits(src.path(), prompt), 0);
+  // A packed matrix without its scales is refused by name.
+  TempDir broken;
+  {
+    auto set = model::SafetensorsSet::open_dir(packed.path());
+    ASSERT_TRUE(set.has_value());
+    std::vector<testing::StTensor> kept;
+    for (const auto& [name, t] : (*set)->tensors())
+      if (name != "layers.1.ffn.experts.3.w2.scale")
+        kept.push_back({name, t->dtype, t->shape,
+                        std::string(reinterpret_cast<const char*>(t->data), t->nbytes)});
+    std::ifstream in(packed.file("config.json"));
+    broken.write("config.json", std::string(std::istreambuf_iterator<char>(in), {}));
+    broken.write("model.safetensors", testing::safetensors_image(kept));
+  }
+  const std::string err = load_error(broken.path());
+  EXPECT_NE(err.find("'layers.1.ffn.experts.3.w2.weight' is I8"), std::string::npos) << err;
+  EXPECT_NE(err.find("missing"), std::string::npos) << err;
 }
 
 TEST(DeepseekV4, BadCheckpointsAreRefusedByName) {
