@@ -70,13 +70,16 @@ PerToken weights_per_token(const model::ModelSpec& s) {
     t.params += times * static_cast<double>(w.rows() * w.cols() * w.ne[2]);
   };
   add(s.output, 1);
+  if (s.hc_head_fn.present()) add(s.hc_head_fn, 1);
   t.bytes += static_cast<double>(s.token_embd.row_bytes());
   for (const auto& L : s.layers) {
     for (const model::WeightView* w :
-         {&L.wq,     &L.wk,          &L.wv,        &L.wo,          &L.wq_a,   &L.wq_b,
-          &L.wkv_a,  &L.wk_b,        &L.wv_b,      &L.ffn_gate,    &L.ffn_up, &L.ffn_down,
-          &L.router, &L.shared.gate, &L.shared.up, &L.shared.down, &L.ssm_in, &L.ssm_qkv,
-          &L.ssm_z,  &L.ssm_ba,      &L.ssm_beta,  &L.ssm_alpha})
+         {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wk_b, &L.wv_b, &L.ffn_gate,
+          &L.ffn_up, &L.ffn_down, &L.router, &L.shared.gate, &L.shared.up, &L.shared.down,
+          &L.ssm_in, &L.ssm_qkv, &L.ssm_z, &L.ssm_ba, &L.ssm_beta, &L.ssm_alpha,
+          // the sparse attention's indexers (V3.2's, V4's) and DeepSeek-V4's other parts
+          &L.idx_wq_b, &L.idx_wk, &L.idx_proj, &L.idx_cmp_kv, &L.idx_cmp_gate, &L.wo_a, &L.cmp_kv,
+          &L.cmp_gate, &L.hc_attn_fn, &L.hc_ffn_fn})
       if (w->present()) add(*w, 1);
     if (L.is_moe && !L.experts.empty()) {
       const auto& e = L.experts[0];

@@ -13,6 +13,7 @@
 
 #include "base/check.h"
 #include "model/detail/synth_config.h"
+#include "model/detail/synth_deepseek4.h"
 #include "model/detail/synth_random.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -475,6 +476,8 @@ std::string SynthSummary::line() const {
 }
 
 Result<SynthSummary> synth_model_summary(const SynthOptions& opts, const std::string& out_path) {
+  if (opts.arch == "deepseek4" && !out_path.empty())
+    return detail::synth_deepseek4(opts, out_path);  // a Hugging Face directory
   try {
     const auto t0 = std::chrono::steady_clock::now();
     if (out_path.empty()) TROUPE_INPUT_ERROR("no output path (--out)");

@@ -21,7 +21,8 @@ struct SynthOptions {
                                // | llama4 | deepseek32 (deepseek2 with V3.2's indexer)
                                // | glm-dsa (GLM-5.2's: deepseek32's layers, shared indexers)
                                // | qwen3next | qwen35moe | qwen35 | phi3 | ernie4_5
-                               // | ernie4_5-moe
+                               // | ernie4_5-moe | deepseek4 (a Hugging Face directory:
+                               //   model/detail/synth_deepseek4.h)
   std::string name;            // general.name; default "synth-<arch>"
   std::optional<int64_t> n_embd, n_layer, n_head, n_head_kv, n_ff;
   std::optional<int64_t> head_dim;  // qwen3moe: per-head q/k/v width

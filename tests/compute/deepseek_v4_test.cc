@@ -19,6 +19,7 @@
 
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/synth.h"
 #include "tests/compute/engine_test_util.h"
 #include "tests/deepseek_v4_model.h"
 #include "tests/deepseek_v4_reference.h"
@@ -285,6 +286,53 @@ TEST(DeepseekV4, Fp4ExpertsGiveTheirTwinsLogits) {
   const std::string err = load_error(broken.path());
   EXPECT_NE(err.find("'layers.1.ffn.experts.3.w2.weight' is I8"), std::string::npos) << err;
   EXPECT_NE(err.find("missing"), std::string::npos) << err;
+}
+
+// `troupe synth --arch deepseek4`: V4-Flash's layout at a small size (layers: heavily compressed
+// three times, then compressed-sparse; rates 128 and 4), in f32 and bf16, as the reference reads
+// it; 140 positions reach a heavily compressed entry. Same options and seed, same bytes.
+TEST(DeepseekV4, SynthWritesWhatTheReferenceReads) {
+  for (const model::GgmlType dtype : {model::GgmlType::kF32, model::GgmlType::kBF16}) {
+    SCOPED_TRACE(model::type_name(dtype));
+    TempDir dir, again;
+    model::SynthOptions o;
+    o.arch = "deepseek4";
+    o.n_embd = 64;
+    o.n_head = 4;
+    o.head_dim = 32;
+    o.q_lora_rank = 32;
+    o.index_heads = 2;
+    o.index_top_k = 4;
+    o.sliding_window = 8;
+    o.n_vocab = 300;
+    o.dtype = dtype;
+    o.seed = 3;
+    auto sum = model::synth_model_summary(o, dir.path());
+    ASSERT_TRUE(sum.has_value()) << sum.error().message;
+    ASSERT_TRUE(model::synth_model(o, again.path()).has_value());
+    std::ifstream a(dir.file("model.safetensors"), std::ios::binary),
+        b(again.file("model.safetensors"), std::ios::binary);
+    EXPECT_TRUE(
+        std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}));
+    auto m = load(dir.path());
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->spec.layers.size(), 4u);
+    EXPECT_EQ(m->spec.layers[2].compress, 128);
+    EXPECT_TRUE(m->spec.layers[3].compress_overlap);
+    const std::vector<int32_t> prompt = prompt_of(140, 300, 17);
+    EngineOptions eo;
+    eo.max_tokens_in_cache = 256;
+    auto eng = Engine::create(m, eo);
+    ASSERT_TRUE(eng.has_value()) << eng.error().message;
+    expect_near_reference(run_chunks(**eng, prompt, {140}), reference(dir.path(), prompt), 300);
+  }
+  model::SynthOptions bad;
+  bad.arch = "deepseek4";
+  bad.n_ff = 64;
+  TempDir d;
+  auto r = model::synth_model_summary(bad, d.path());
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("--arch deepseek4 takes"), std::string::npos);
 }
 
 TEST(DeepseekV4, BadCheckpointsAreRefusedByName) {

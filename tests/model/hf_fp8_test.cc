@@ -222,7 +222,7 @@ TEST_F(BadFp8, ScaleGrids) {
       }),
       "scales '" + s + "' have shape [1, 2]; [64, 64] with blocks of 128 x 128 needs [1, 1]");
   EXPECT_HAS(with_tensors([&](auto& t) { find(t, s).dtype = "I32"; }),
-             "scales '" + s + "' have dtype I32; troupe reads F32, BF16 or F16 scales");
+             "scales '" + s + "' have dtype I32; troupe reads F32, BF16, F16 or F8_E8M0 scales");
   for (float bad : {NAN, INFINITY, 1e30f}) {
     EXPECT_HAS(with_tensors([&](auto& t) { find(t, s).bytes = testing::f32_bytes({bad}); }),
                "scales '" + s + "': scale 0 is ");
