@@ -3,7 +3,7 @@
 // key-and-value head over a sliding window plus compressed entries, the MoE. Every per-token
 // result depends on its own sequence only (batch-invariant, as compute/engine.cc).
 //
-// A layer's KV row per position (ModelSpec::v4_row_width): the rotated key; in a compressing
+// A layer's KV row per position (ModelSpec::v4_row): the rotated key; in a compressing
 // layer, the entry of the window this position ends (written when it is the window's last) and
 // the compressor's two projections of this position (gate already plus its position bias); with
 // an indexer, the same three for the indexer's keys. Entries are pooled from rows, so chunked
@@ -31,22 +31,6 @@ using model::ModelSpec;
 using model::WeightView;
 
 namespace {
-
-// Where the fields of a layer's KV row start, in values.
-struct V4Row {
-  int64_t entry = 0, proj = 0;    // the compressor's entry, its kv then gate projections
-  int64_t ientry = 0, iproj = 0;  // the indexer's
-};
-
-V4Row v4_row(const ModelSpec& s, const LayerSpec& L) {
-  const int64_t D = s.head_dim_k, Di = s.idx_head_dim, coff = L.compress_overlap ? 2 : 1;
-  V4Row r;
-  r.entry = D;
-  r.proj = 2 * D;
-  r.ientry = r.proj + 2 * coff * D;
-  r.iproj = r.ientry + Di;
-  return r;
-}
 
 // One token's hyper-connection weights from its mixes: pre [hc], post [hc] and comb [hc, hc]
 // (row j: input stream j, column k: output stream k), Sinkhorn-normalized to be doubly
@@ -210,7 +194,7 @@ void Engine::attention_v4(int64_t il, std::span<const SeqStep> seqs) {
   const int64_t T = S.T, E = s.n_embd, H = s.n_head, D = s.head_dim_k, R = s.n_rot;
   const int64_t ql = s.q_lora_rank, m = L.compress, coff = L.compress_overlap ? 2 : 1;
   const int64_t Di = s.idx_head_dim, Hi = s.idx_n_head, half = R / 2;
-  const V4Row row = v4_row(s, L);
+  const ModelSpec::V4Row row = s.v4_row(L);
   const int64_t l = kv_layer(il), bs = kv_->block_size();
   grow(S.qa, T * ql);
   grow(S.kva, T * D);
@@ -331,7 +315,7 @@ void Engine::compress_v4(int64_t il, std::span<const SeqStep> seqs, bool indexer
   Scratch& S = *s_;
   const int64_t m = L.compress, coff = L.compress_overlap ? 2 : 1, R = s.n_rot;
   const int64_t W = indexer ? s.idx_head_dim : s.head_dim_k;
-  const V4Row row = v4_row(s, L);
+  const ModelSpec::V4Row row = s.v4_row(L);
   const int64_t proj = indexer ? row.iproj : row.proj, out = indexer ? row.ientry : row.entry;
   const float* nw = f32(indexer ? L.idx_cmp_norm : L.cmp_norm);
   const int64_t l = kv_layer(il), bs = kv_->block_size();
@@ -390,7 +374,7 @@ void Engine::select_v4(int64_t il, std::span<const SeqStep> seqs) {
   Scratch& S = *s_;
   const int64_t T = S.T, Hi = s.idx_n_head, Di = s.idx_head_dim, R = s.n_rot, half = R / 2;
   const int64_t m = L.compress, top = s.idx_top_k;
-  const V4Row row = v4_row(s, L);
+  const ModelSpec::V4Row row = s.v4_row(L);
   const int64_t l = kv_layer(il), bs = kv_->block_size();
   grow(S.iq, T * Hi * Di);
   matmul(L.idx_wq_b, S.qa.data(), T, S.iq.data(), pool_.get());

@@ -403,18 +403,29 @@ struct ModelSpec {
   int64_t kv_v_width() const {
     return is_v4() ? 0 : is_mla() ? idx_head_dim : n_head_kv * head_dim_v;
   }
-  /// DeepSeek-V4's KV row of one position in one layer (compute/engine.cc's V4Row): its key,
-  /// then in a compressing layer the entry of the window it ends and its two pooled
-  /// projections, then with an indexer the same three for the indexer's keys; the widest layer's.
+  /// Where the fields of DeepSeek-V4's KV row of one position in layer L start, in values: its
+  /// key at 0 (head_dim_k); in a compressing layer the entry of the window the position ends
+  /// (head_dim_k), then the compressor's kv and gate projections of it (coff head_dim_k each,
+  /// coff 2 with overlap); with an indexer its entry (idx_head_dim), then its kv and gate
+  /// projections (2 idx_head_dim each). `end`: the row's width in that layer.
+  struct V4Row {
+    int64_t entry = 0, proj = 0, ientry = 0, iproj = 0, end = 0;
+  };
+  V4Row v4_row(const LayerSpec& L) const {
+    const int64_t D = head_dim_k, coff = L.compress_overlap ? 2 : 1;
+    V4Row r;
+    r.entry = D;
+    r.proj = 2 * D;
+    r.ientry = r.proj + 2 * coff * D;
+    r.iproj = r.ientry + idx_head_dim;
+    r.end = L.compress_overlap ? r.iproj + 4 * idx_head_dim : L.compress > 0 ? r.ientry : D;
+    return r;
+  }
+  /// The widest layer's V4 row: the KV cache's row width.
   int64_t v4_row_width() const {
-    int64_t most = 0;
-    for (const LayerSpec& L : layers) {
-      const int64_t coff = L.compress_overlap ? 2 : 1;
-      int64_t w = L.compress > 0 ? head_dim_k * (1 + 2 * coff) : 0;
-      if (L.compress_overlap) w += idx_head_dim * 5;
-      most = std::max(most, w);
-    }
-    return head_dim_k + most;
+    int64_t most = head_dim_k;
+    for (const LayerSpec& L : layers) most = std::max(most, v4_row(L).end);
+    return most;
   }
   bool has_indexer() const { return idx_top_k > 0; }
   /// Linear-attention sizes are set (Qwen3-Next's family, whatever its layers are).
