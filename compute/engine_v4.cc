@@ -99,12 +99,12 @@ void Engine::hc_pre(const WeightView& fn, const WeightView& base, const WeightVi
   for (int64_t t = 0; t < T; ++t)
     detail::rms_norm_plain(&S.x[t * HW], &S.hc_norm[t * HW], HW, s.rms_eps);
   matmul(fn, S.hc_norm.data(), T, S.hc_mix.data(), pool_.get());
-  const float* nw = f32(norm);
+  const float *nw = f32(norm), *bw = f32(base), *sw = f32(scale);
   pool_->parallel_for(T, 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> pre;
     pre.resize(static_cast<size_t>(hc));
     for (int64_t t = b; t < e; ++t) {
-      hc_weights(s, &S.hc_mix[t * mix], f32(base), f32(scale), pre.data(), &S.hc_post[t * hc],
+      hc_weights(s, &S.hc_mix[t * mix], bw, sw, pre.data(), &S.hc_post[t * hc],
                  &S.hc_comb[t * hc * hc]);
       float* c = &S.tmp[t * E];
       weighted_streams(&S.x[t * HW], pre.data(), hc, E, c);
@@ -153,6 +153,7 @@ void Engine::head_v4(std::span<const int64_t> rows) {
   matmul(s.hc_head_fn, S.hc_norm.data(), R, S.hc_mix.data(), pool_.get());
   const float* base = f32(s.hc_head_base);
   const float scale = f32(s.hc_head_scale)[0];
+  const float* on = f32(s.output_norm);
   std::vector<float> pre(static_cast<size_t>(hc));
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t j = 0; j < hc; ++j)
@@ -160,7 +161,7 @@ void Engine::head_v4(std::span<const int64_t> rows) {
           1.0 / (1.0 + std::exp(-(static_cast<double>(S.hc_mix[r * hc + j]) * scale + base[j]))) +
           s.hc_eps);
     weighted_streams(&S.x[rows[static_cast<size_t>(r)] * HW], pre.data(), hc, E, &S.tmp[r * E]);
-    detail::rms_norm(&S.tmp[r * E], f32(s.output_norm), &S.h[r * E], E, s.rms_eps);
+    detail::rms_norm(&S.tmp[r * E], on, &S.h[r * E], E, s.rms_eps);
   }
 }
 

@@ -1,6 +1,7 @@
 // Expert routing: a MoE layer's router logits → each token's chosen experts and their weights,
 // by the model's gating (softmax, sigmoid with a selection bias and group limits, softmax over
-// the top-k logits, DeepSeek-V4's sqrt-softplus and token-id tables). Per token, in a fixed order: batch-invariant.
+// the top-k logits, DeepSeek-V4's sqrt-softplus and token-id tables). Per token, in a fixed order:
+// batch-invariant.
 #pragma once
 
 #include <cstdint>
