@@ -352,6 +352,29 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      [=](submit_atom, const LocalRequestPtr& lr) {
+        auto& s = self->state;
+        std::string why = !s.head || !s.gateway ? "this node is not the cluster's head"
+                          : s.leaving            ? "the cluster is shutting down"
+                                                 : head_refusal(self);
+        if (why.empty()) return self->send(s.gateway, submit_atom::value, lr);
+        GenerateResult r;
+        r.finish_reason = "error";
+        r.error = std::move(why);
+        if (lr->callbacks.on_finish) lr->callbacks.on_finish(r);
+      },
+      [=](cancel_atom, uint64_t id) {
+        if (self->state.gateway) self->send(self->state.gateway, cancel_atom::value, id);
+      },
+      [=](stats_atom) -> caf::result<std::string> {
+        auto& s = self->state;
+        if (!s.head || !s.scheduler) return std::string("{}");
+        auto rp = self->make_response_promise<std::string>();
+        self->request(s.scheduler, std::chrono::seconds(5), stats_atom::value)
+            .then([rp](const std::string& j) mutable { rp.deliver(j); },
+                  [rp](caf::error&) mutable { rp.deliver(std::string("{}")); });
+        return rp;
+      },
   };
 }
 
@@ -368,6 +391,8 @@ struct ClusterNode::Impl {
   std::shared_ptr<std::atomic<bool>> stop_joining = std::make_shared<std::atomic<bool>>(false);
   bool head = false;
   bool left = false;
+  std::shared_ptr<const model::Model> model;
+  std::atomic<uint64_t> next_request{1};
   std::chrono::milliseconds drain_timeout{30000};
 
   ~Impl() {
@@ -470,6 +495,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
   nc.link = im.link;
   nc.shared = im.shared;
   nc.model = *model;
+  im.model = *model;
   nc.model_hash = model_file_hash(plan.model_path);
   nc.started = started;
   if (im.head && !plan.mmproj.empty()) {
@@ -619,6 +645,35 @@ Status ClusterNode::inject_fault(const std::string& actor) {
 
 void ClusterNode::set_faults(transport::FaultRules rules) {
   if (impl_->tx) impl_->tx->set_faults(std::move(rules));
+}
+
+Result<uint64_t> ClusterNode::submit(GenerateRequest req, RequestCallbacks cb) {
+  Impl& im = *impl_;
+  if (!im.head) return Error{1, "this node is not the cluster's head: submit requests there"};
+  if (!im.sys || !im.node) return Error{1, "the node has stopped"};
+  auto lr = std::make_shared<LocalRequest>();
+  lr->id = im.next_request++;
+  lr->request = std::make_shared<const GenerateRequest>(std::move(req));
+  lr->callbacks = std::move(cb);
+  caf::anon_send(im.node, submit_atom::value, LocalRequestPtr(lr));
+  return lr->id;
+}
+
+void ClusterNode::cancel(uint64_t id) {
+  Impl& im = *impl_;
+  if (im.sys && im.node) caf::anon_send(im.node, cancel_atom::value, id);
+}
+
+std::shared_ptr<const model::Model> ClusterNode::model() const { return impl_->model; }
+
+std::string ClusterNode::scheduler_stats_json() {
+  Impl& im = *impl_;
+  std::string out = "{}";
+  if (!im.sys || !im.node) return out;
+  caf::scoped_actor self{*im.sys};
+  self->request(im.node, std::chrono::seconds(5), stats_atom::value)
+      .receive([&](const std::string& s) { out = s; }, [](const caf::error&) {});
+  return out;
 }
 
 std::string ClusterNode::status_json() {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,15 @@
 #include "transport/fault.h"
 
 namespace troupe::actors {
+
+/// What a request submitted in this process (ClusterNode::submit: the HTTP gateway) receives:
+/// the pieces of its stream, then its end, exactly once. Both are called on one of the node's
+/// actor threads, in order for one request: they must return quickly, and never block or call
+/// back into the node.
+struct RequestCallbacks {
+  std::function<void(const std::string& delta, int32_t token)> on_piece;
+  std::function<void(const GenerateResult& result)> on_finish;
+};
 
 struct NodeOptions {
   std::string name;  // which [[node]] of the plan this process is
@@ -51,6 +61,21 @@ class ClusterNode {
   /// once; requests whose pipeline ran through it end with an error naming it), then closes its
   /// links. Idempotent.
   void leave(const std::string& reason);
+
+  /// The head: hands `req` to the router as a client over the transport would; its stream and
+  /// end go to `cb`. While the cluster is not serving (forming, re-placing with no room, draining)
+  /// it ends at once with an error result saying why. The id it returns names it to cancel().
+  /// Another node: an error.
+  Result<uint64_t> submit(GenerateRequest req, RequestCallbacks cb);
+  /// Stops a submitted request (its end comes to on_finish as "cancelled"; its KV is freed). An
+  /// unknown or finished id is ignored.
+  void cancel(uint64_t id);
+  /// The head's scheduler's counters as JSON: running, waiting, steps, preemptions, recomputes,
+  /// step_timeouts, tokens_generated, kv_usage_perc (0-1), prefix_hit_tokens,
+  /// prefix_query_tokens, step_wall_seconds, step_compute_seconds. "{}" on another node.
+  std::string scheduler_stats_json();
+  /// The model this node loaded (the head's tokenizer and chat template for a gateway).
+  std::shared_ptr<const model::Model> model() const;
 
   /// Fault injection (tests): "stage/N" or "expert/N" placed on this node throws while handling
   /// its next message; the node restarts it and the outputs stay identical.

@@ -27,6 +27,8 @@ struct GatewayState {
   int64_t next_tag = 1;
   std::map<int64_t, ClientTag> by_tag;                                  // router tag -> client
   std::map<std::pair<transport::PeerId, uint64_t>, int64_t> by_client;  // client -> router tag
+  std::map<int64_t, LocalRequestPtr> local_by_tag;  // router tag -> request from this process
+  std::map<uint64_t, int64_t> local_by_id;          // its id -> router tag
   static inline const char* name = "gateway";
 };
 using GatewaySelf = GatewayActor::stateful_base<GatewayState>;
@@ -47,7 +49,38 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
   self->state.link = std::move(link);
   self->state.router = std::move(router);
   self->state.n_vocab = n_vocab;
+  self->set_exit_handler([self](caf::exit_msg& m) {
+    // Requests from this process must hear their end: their callers wait for it.
+    auto& st = self->state;
+    GenerateResult r;
+    r.finish_reason = "error";
+    r.error = "the cluster is shutting down";
+    for (auto& [rtag, lr] : st.local_by_tag)
+      if (lr->callbacks.on_finish) lr->callbacks.on_finish(r);
+    st.local_by_tag.clear();
+    st.local_by_id.clear();
+    self->quit(m.reason);
+  });
   return {
+      [=](submit_atom, const LocalRequestPtr& lr) {
+        auto& st = self->state;
+        if (st.local_by_id.count(lr->id)) {
+          GenerateResult r;
+          r.finish_reason = "error";
+          r.error = "request " + std::to_string(lr->id) + " is already in flight";
+          if (lr->callbacks.on_finish) lr->callbacks.on_finish(r);
+          return;
+        }
+        const int64_t rtag = st.next_tag++;
+        st.local_by_tag[rtag] = lr;
+        st.local_by_id[lr->id] = rtag;
+        self->send(st.router, submit_atom::value, lr->request, rtag);
+      },
+      [=](cancel_atom, uint64_t id) {
+        auto& st = self->state;
+        auto it = st.local_by_id.find(id);
+        if (it != st.local_by_id.end()) self->send(st.router, cancel_atom::value, it->second);
+      },
       [=](submit_atom, transport::PeerId peer, uint64_t tag, const GenerateRequestPtr& req) {
         auto& st = self->state;
         if (st.by_client.count({peer, tag})) {
@@ -68,7 +101,9 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
         auto it = st.by_client.find({peer, tag});
         if (it != st.by_client.end()) self->send(st.router, cancel_atom::value, it->second);
       },
-      [=](drain_atom) -> int64_t { return static_cast<int64_t>(self->state.by_tag.size()); },
+      [=](drain_atom) -> int64_t {
+        return static_cast<int64_t>(self->state.by_tag.size() + self->state.local_by_tag.size());
+      },
       [=](linkdown_atom, transport::PeerId peer) {
         // The client is gone: stop its requests (their KV is freed), nothing to answer.
         auto& st = self->state;
@@ -77,6 +112,10 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
       },
       [=](token_atom, int64_t rtag, const StreamPiecePtr& p) {
         auto& st = self->state;
+        if (auto l = st.local_by_tag.find(rtag); l != st.local_by_tag.end()) {
+          if (l->second->callbacks.on_piece) l->second->callbacks.on_piece(p->delta, p->token);
+          return;
+        }
         auto it = st.by_tag.find(rtag);
         if (it == st.by_tag.end()) return;
         GenerateEventMsg e;
@@ -87,6 +126,13 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
       },
       [=](finish_atom, int64_t rtag, const GenerateResultPtr& r) {
         auto& st = self->state;
+        if (auto l = st.local_by_tag.find(rtag); l != st.local_by_tag.end()) {
+          const LocalRequestPtr lr = l->second;
+          st.local_by_id.erase(lr->id);
+          st.local_by_tag.erase(l);
+          if (lr->callbacks.on_finish) lr->callbacks.on_finish(*r);
+          return;
+        }
         auto it = st.by_tag.find(rtag);
         if (it == st.by_tag.end()) return;
         GenerateEventMsg e;
@@ -382,6 +428,20 @@ void head_init(NodeSelf* self) {
   maybe_place(self);
 }
 
+std::string head_refusal(NodeSelf* self) {
+  auto& st = self->state;
+  if (st.draining) return "the cluster is shutting down";
+  if (st.serving) return "";
+  if (!st.not_serving_why.empty()) return "the cluster is not serving: " + st.not_serving_why;
+  std::string waiting;
+  {
+    std::lock_guard<std::mutex> lk(st.shared->mu);
+    waiting = st.shared->waiting_for;
+  }
+  return "the cluster is not serving" +
+         (waiting.empty() ? std::string() : " (waiting for " + waiting + ")");
+}
+
 std::string head_condition(NodeSelf* self) {
   auto& st = self->state;
   if (st.draining) return "draining: the head is shutting down";
@@ -533,24 +593,13 @@ void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m) {
       ClientLimits lim;  // token ids are the router's to check: it answers with an error result
       auto r = decode_generate_request(m->data(), lim);
       if (!r) return drop_malformed(self, m, "generate request", r.error().message);
-      if (!st.serving || st.draining) {
+      if (std::string why = head_refusal(self); !why.empty()) {
         GenerateEventMsg e;
         e.header.cluster_epoch = st.link->epoch();
         e.tag = r->tag;
         e.finished = true;
         e.result.finish_reason = "error";
-        std::string waiting;
-        {
-          std::lock_guard<std::mutex> lk(st.shared->mu);
-          waiting = st.shared->waiting_for;
-        }
-        if (st.draining)
-          e.result.error = "the cluster is shutting down";
-        else if (!st.not_serving_why.empty())
-          e.result.error = "the cluster is not serving: " + st.not_serving_why;
-        else
-          e.result.error = "the cluster is not serving" +
-                           (waiting.empty() ? std::string() : " (waiting for " + waiting + ")");
+        e.result.error = std::move(why);
         auto f = encode(e, st.model->spec.n_vocab, st.link->send_info(ActorRole::kGateway));
         if (f) (void)st.link->send(m->peer, ControlMsg::kGenerateEvent, *f);
         return;

@@ -13,6 +13,7 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "actors/cluster_node.h"
 #include "actors/interfaces.h"
 #include "transport/transport.h"
 
@@ -29,6 +30,14 @@ using leave_atom = caf::atom_constant<caf::atom("leave")>;        // orderly lea
 using status_atom = caf::atom_constant<caf::atom("status")>;      // -> JSON
 
 using MessagePtr = std::shared_ptr<const transport::Message>;
+
+/// A request from this process (ClusterNode::submit): id for cancel, request, callbacks.
+struct LocalRequest {
+  uint64_t id = 0;
+  GenerateRequestPtr request;
+  RequestCallbacks callbacks;
+};
+using LocalRequestPtr = std::shared_ptr<const LocalRequest>;
 
 /// The stand-in for every expert shard of one other node (detail/remote.h): an ExpertShardActor
 /// to the stages, plus what the node actor hands it:
@@ -52,10 +61,14 @@ using RemoteImageActor = ImageWorkerActor::extend<caf::reacts_to<combine_atom, M
 ///   (submit, PeerId, uint64 tag, GenerateRequestPtr)  hand a client's request to the router
 ///   (cancel, PeerId, uint64 tag)                      stop that client's request
 ///   (linkdown, PeerId)                                the client is gone: cancel its requests
+///   (submit, LocalRequestPtr)                         a request from this process
+///   (cancel, uint64 id)                               stop that request
 ///   (drain) -> int64                                  the number of client requests in flight
+/// When it stops, requests from this process still in flight end with an error.
 using GatewayActor = RouterClientActor::extend<
     caf::reacts_to<submit_atom, transport::PeerId, uint64_t, GenerateRequestPtr>,
     caf::reacts_to<cancel_atom, transport::PeerId, uint64_t>,
+    caf::reacts_to<submit_atom, LocalRequestPtr>, caf::reacts_to<cancel_atom, uint64_t>,
     caf::reacts_to<linkdown_atom, transport::PeerId>, caf::replies_to<drain_atom>::with<int64_t>>;
 
 /// The node actor (cluster_node.cc; detail/node_state.h), which owns a node daemon's state:
@@ -73,6 +86,11 @@ using GatewayActor = RouterClientActor::extend<
 ///   (crash, string "stage/N" | "expert/N") -> bool
 ///                                            fault injection on a local actor; false if no such
 ///   (drain) -> int64                         the head stops admitting; -> requests in flight
+///   (submit, LocalRequestPtr)                a request from this process: to the gateway, or
+///                                            refused at once when not serving
+///   (cancel, uint64 id)                      stop that request
+///   (stats) -> string                        the head's scheduler's counters (JSON); "{}"
+///                                            elsewhere
 using NodeActor = RouterClientActor::extend<
     caf::reacts_to<wire_atom, MessagePtr>,
     caf::reacts_to<peer_atom, uint64_t, bool, std::string, std::string>,
@@ -81,8 +99,10 @@ using NodeActor = RouterClientActor::extend<
     caf::reacts_to<tick_atom>, caf::replies_to<leave_atom, std::string>::with<bool>,
     caf::replies_to<status_atom>::with<std::string>,
     caf::replies_to<crash_atom, std::string>::with<bool>,
-    caf::replies_to<drain_atom>::with<int64_t>>;
+    caf::replies_to<drain_atom>::with<int64_t>, caf::reacts_to<submit_atom, LocalRequestPtr>,
+    caf::reacts_to<cancel_atom, uint64_t>, caf::replies_to<stats_atom>::with<std::string>>;
 
 }  // namespace troupe::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::MessagePtr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::LocalRequestPtr)

@@ -324,6 +324,8 @@ MembershipMsg membership_of(NodeSelf* self);
 void head_tick(NodeSelf* self);
 /// Why the head does not serve requests right now, in words; "" when it does (status snapshot).
 std::string head_condition(NodeSelf* self);
+/// Why the head refuses a client's request now ("" when it admits it): draining, not serving.
+std::string head_refusal(NodeSelf* self);
 void head_on_wire(NodeSelf* self, ControlMsg kind, const MessagePtr& m);
 /// The warm-up generation finished: the head serves (or fails with its error).
 void head_warmed_up(NodeSelf* self, const GenerateResult& r);

@@ -1,0 +1,546 @@
+// The HTTP gateway (see http_gateway.h): Boost.Beast over Asio with C++20 coroutines, one I/O
+// thread. A generation request's choices are submitted to the head; their callbacks (on actor
+// threads) queue events under a lock and wake the request's coroutine through the I/O thread.
+#include "serve/http_gateway.h"
+
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/cluster_node.h"
+#include "serve/metrics.h"
+#include "serve/openai.h"
+
+namespace troupe::serve {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Request = http::request<http::string_body>;
+
+namespace {
+
+// Whether the I/O context may still be posted to; the callbacks of requests in flight check it.
+struct Alive {
+  std::mutex mu;
+  net::io_context* ioc = nullptr;
+};
+
+struct Event {
+  size_t choice = 0;
+  bool finished = false;
+  std::string delta;
+  actors::GenerateResult result;
+};
+
+// One generation request's choices in flight: filled by callbacks, drained by its coroutine. The
+// callbacks may outlive the coroutine (and the gateway): they hold this, never the coroutine's
+// timer, which `wake` points to only while the coroutine waits on it.
+struct Exchange {
+  std::mutex mu;
+  std::deque<Event> events;
+  net::steady_timer* wake = nullptr;
+};
+
+// The coroutine's side of an Exchange: its timer registered for wake-ups, and, when the coroutine
+// ends early (the client left, the time ran out, the gateway stopped), its unfinished choices
+// cancelled.
+struct InFlight {
+  actors::ClusterNode* node;
+  std::shared_ptr<Exchange> ex;
+  std::vector<uint64_t> ids;
+  std::vector<bool> done;
+  InFlight(actors::ClusterNode* n, std::shared_ptr<Exchange> e, net::steady_timer* t)
+      : node(n), ex(std::move(e)) {
+    std::lock_guard<std::mutex> lk(ex->mu);
+    ex->wake = t;
+  }
+  ~InFlight() {
+    {
+      std::lock_guard<std::mutex> lk(ex->mu);
+      ex->wake = nullptr;
+    }
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!done[i]) node->cancel(ids[i]);
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+};
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char b[40];
+  std::snprintf(b, sizeof b, "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
+  return b;
+}
+
+}  // namespace
+
+struct HttpGateway::Impl {
+  actors::ClusterNode* node = nullptr;
+  GatewayOptions opts;
+  ServedModel served;
+  int64_t created = 0;
+  std::unique_ptr<net::io_context> ioc_owner = std::make_unique<net::io_context>(1);
+  net::io_context& ioc = *ioc_owner;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::thread io;
+  std::shared_ptr<Alive> alive = std::make_shared<Alive>();
+  std::set<std::shared_ptr<beast::tcp_stream>> conns;  // I/O thread only
+  GatewayMetrics metrics;
+  uint16_t port = 0;
+  bool stopped = false;
+
+  net::awaitable<void> accept_loop();
+  net::awaitable<void> serve_connection(std::shared_ptr<beast::tcp_stream> s);
+  // Answers one request; false: close the connection after it.
+  net::awaitable<bool> handle(beast::tcp_stream& s, Request& req);
+  net::awaitable<bool> generate(beast::tcp_stream& s, const Request& req, Endpoint ep);
+  net::awaitable<bool> send(beast::tcp_stream& s, const Request& req, http::status st,
+                            std::string body, const char* type = "application/json",
+                            int retry_after_s = 0);
+  net::awaitable<bool> send_error(beast::tcp_stream& s, const Request& req, const ApiError& e,
+                                  int retry_after_s = 0);
+  bool serving_now(std::string* why);
+};
+
+// --- answers ---------------------------------------------------------------------------------
+
+net::awaitable<bool> HttpGateway::Impl::send(beast::tcp_stream& s, const Request& req,
+                                             http::status st, std::string body, const char* type,
+                                             int retry_after_s) {
+  http::response<http::string_body> res{st, req.version()};
+  res.set(http::field::server, "troupe");
+  res.set(http::field::content_type, type);
+  if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  metrics.count_status(static_cast<int>(st));
+  beast::error_code ec;
+  co_await http::async_write(s, res, net::redirect_error(net::use_awaitable, ec));
+  co_return !ec && req.keep_alive();
+}
+
+net::awaitable<bool> HttpGateway::Impl::send_error(beast::tcp_stream& s, const Request& req,
+                                                   const ApiError& e, int retry_after_s) {
+  co_return co_await send(s, req, static_cast<http::status>(e.status), error_body(e),
+                          "application/json", retry_after_s);
+}
+
+bool HttpGateway::Impl::serving_now(std::string* why) {
+  const auto j = nlohmann::json::parse(node->status_json(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    *why = "the head did not answer its status";
+    return false;
+  }
+  const bool serving = j.value("serving", false);
+  *why = j.value("condition", std::string());
+  if (!serving && why->empty()) *why = "the cluster is not serving yet";
+  return serving && why->empty();
+}
+
+// --- generation ------------------------------------------------------------------------------
+
+// The error a failed choice answers with: overload and a cluster that does not serve are 503s
+// (the client may retry), the rest 500s.
+ApiError result_error(const actors::GenerateResult& r, int* retry_after_s) {
+  ApiError e;
+  e.message = r.error.empty() ? "the request failed" : r.error;
+  const bool unavailable = r.finish_reason == "overloaded" ||
+                           r.error.rfind("the cluster is not serving", 0) == 0 ||
+                           r.error.rfind("the cluster is shutting down", 0) == 0;
+  e.status = unavailable ? 503 : 500;
+  e.type = unavailable ? "service_unavailable" : "server_error";
+  *retry_after_s = unavailable ? 1 : 0;
+  return e;
+}
+
+net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Request& req,
+                                                 Endpoint ep) {
+  ApiRequest ar;
+  ApiError err;
+  if (!parse_request(ep, req.body(), served, &ar, &err)) co_return co_await send_error(s, req, err);
+  const auto t0 = Clock::now();
+  const size_t n = ar.choices.size();
+  auto ex = std::make_shared<Exchange>();
+  net::steady_timer wake_timer(ioc);
+  InFlight fl(node, ex, &wake_timer);
+  std::vector<uint64_t>& ids = fl.ids;
+  for (size_t i = 0; i < n; ++i) {
+    actors::RequestCallbacks cb;
+    auto wake = [ex, a = alive](Event e) {
+      {
+        std::lock_guard<std::mutex> lk(ex->mu);
+        ex->events.push_back(std::move(e));
+      }
+      std::lock_guard<std::mutex> lk(a->mu);
+      if (a->ioc)
+        net::post(*a->ioc, [ex] {
+          std::lock_guard<std::mutex> lk2(ex->mu);
+          if (ex->wake) ex->wake->cancel();
+        });
+    };
+    cb.on_piece = [wake, i](const std::string& delta, int32_t) {
+      Event e;
+      e.choice = i;
+      e.delta = delta;
+      wake(std::move(e));
+    };
+    cb.on_finish = [wake, i](const actors::GenerateResult& r) {
+      Event e;
+      e.choice = i;
+      e.finished = true;
+      e.result = r;
+      wake(std::move(e));
+    };
+    auto id = node->submit(ar.choices[i], std::move(cb));
+    if (!id) {
+      ApiError e;
+      e.status = 503;
+      e.type = "service_unavailable";
+      e.message = id.error().message;
+      co_return co_await send_error(s, req, e, 1);
+    }
+    ids.push_back(*id);
+    fl.done.push_back(false);
+  }
+  ++metrics.in_flight;
+  const std::string rid = random_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  std::vector<actors::GenerateResult> results(n);
+  std::vector<bool>& done = fl.done;
+  std::vector<bool> first(n, true);       // no chunk of the choice streamed yet
+  std::vector<bool> got_token(n, false);  // no token of the choice seen yet
+  std::vector<Clock::time_point> last_token(n, t0);
+  size_t remaining = n;
+  bool ok = true;  // the connection still works
+  bool header_sent = false;
+  const auto deadline = t0 + opts.request_timeout;
+  http::response<http::empty_body> head{http::status::ok, req.version()};
+  http::response_serializer<http::empty_body> sr{head};
+  auto write_event = [&](const std::string& data) -> net::awaitable<bool> {
+    beast::error_code ec;
+    const std::string frame = "data: " + data + "\n\n";
+    co_await net::async_write(s, http::make_chunk(net::buffer(frame)),
+                              net::redirect_error(net::use_awaitable, ec));
+    co_return !ec;
+  };
+  if (ar.stream) {
+    head.set(http::field::server, "troupe");
+    head.set(http::field::content_type, "text/event-stream");
+    head.set(http::field::cache_control, "no-cache");
+    head.keep_alive(req.keep_alive());
+    head.chunked(true);
+    beast::error_code ec;
+    co_await http::async_write_header(s, sr, net::redirect_error(net::use_awaitable, ec));
+    ok = !ec;
+    header_sent = true;
+    metrics.count_status(200);
+    for (size_t i = 0; ok && i < ar.echo_text.size(); ++i)
+      ok = co_await write_event(
+          chunk_body(ep, rid, created, served.id, i, ar.echo_text[i], false, ""));
+  }
+  bool timed_out = false;
+  while (remaining > 0 && ok) {
+    std::deque<Event> batch;
+    {
+      std::lock_guard<std::mutex> lk(ex->mu);
+      batch.swap(ex->events);
+    }
+    if (batch.empty()) {
+      if (Clock::now() >= deadline) {
+        timed_out = true;
+        break;
+      }
+      beast::error_code ec;
+      wake_timer.expires_at(deadline);
+      co_await wake_timer.async_wait(net::redirect_error(net::use_awaitable, ec));
+      continue;
+    }
+    for (Event& e : batch) {
+      const size_t i = e.choice;
+      if (done[i]) continue;
+      if (!e.finished) {
+        const auto now = Clock::now();
+        if (!got_token[i])
+          metrics.ttft.observe(std::chrono::duration<double>(now - t0).count());
+        else
+          metrics.per_token.observe(std::chrono::duration<double>(now - last_token[i]).count());
+        got_token[i] = true;
+        last_token[i] = now;
+        if (ar.stream && ok && !e.delta.empty()) {
+          ok = co_await write_event(
+              chunk_body(ep, rid, created, served.id, i, e.delta, first[i], ""));
+          first[i] = false;
+        }
+        continue;
+      }
+      done[i] = true;
+      --remaining;
+      results[i] = std::move(e.result);
+      const std::string reason = api_finish_reason(results[i]);
+      metrics.count_finish(reason);
+      metrics.prompt_tokens += results[i].prompt_tokens.size();
+      if (ar.stream && ok) {
+        if (!results[i].ok()) {
+          int retry = 0;
+          ok = co_await write_event(error_body(result_error(results[i], &retry)));
+        } else {
+          ok = co_await write_event(
+              chunk_body(ep, rid, created, served.id, i, "", first[i], reason));
+        }
+      }
+    }
+  }
+  --metrics.in_flight;
+  for (size_t i = 0; i < n; ++i)
+    if (!done[i]) metrics.count_finish("cancelled");  // by `fl`, below
+  metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+  // Choices not done (the client left, the time ran out) are cancelled by `fl` as it ends.
+  if (ar.stream) {
+    if (!ok) co_return false;
+    if (timed_out) {
+      ApiError e;
+      e.status = 504;
+      e.type = "timeout";
+      e.message = "the request did not finish within " +
+                  std::to_string(opts.request_timeout.count()) + " ms";
+      ok = co_await write_event(error_body(e));
+    }
+    if (ok && ar.include_usage)
+      ok = co_await write_event(usage_chunk_body(ep, rid, created, served.id, results));
+    if (ok) ok = co_await write_event("[DONE]");
+    beast::error_code ec;
+    if (ok)
+      co_await net::async_write(s, http::make_chunk_last(),
+                                net::redirect_error(net::use_awaitable, ec));
+    (void)header_sent;
+    co_return ok && !ec && req.keep_alive();
+  }
+  if (timed_out) {
+    ApiError e;
+    e.status = 504;
+    e.type = "timeout";
+    e.message =
+        "the request did not finish within " + std::to_string(opts.request_timeout.count()) + " ms";
+    co_return co_await send_error(s, req, e);
+  }
+  for (const auto& r : results)
+    if (!r.ok()) {
+      int retry = 0;
+      const ApiError e = result_error(r, &retry);
+      co_return co_await send_error(s, req, e, retry);
+    }
+  co_return co_await send(s, req, http::status::ok,
+                          response_body(ar, rid, created, served.id, results));
+}
+
+// --- routing ---------------------------------------------------------------------------------
+
+net::awaitable<bool> HttpGateway::Impl::handle(beast::tcp_stream& s, Request& req) {
+  std::string target(req.target());
+  if (const size_t q = target.find('?'); q != std::string::npos) target.resize(q);
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const bool get = req.method() == http::verb::get;
+  const bool post = req.method() == http::verb::post;
+  auto wrong_method = [&](const char* allowed) {
+    ApiError e;
+    e.status = 405;
+    e.message = "method " + std::string(req.method_string()) + " is not allowed on " + target +
+                " (use " + allowed + ")";
+    return e;
+  };
+  if (target.rfind("/v1/", 0) == 0 && !opts.api_key.empty()) {
+    const auto auth = req[http::field::authorization];
+    if (auth != "Bearer " + opts.api_key) {
+      ApiError e;
+      e.status = 401;
+      e.code = "invalid_api_key";
+      e.message = auth.empty() ? "no API key given: send 'Authorization: Bearer <key>'"
+                               : "the API key is not valid";
+      co_return co_await send_error(s, req, e);
+    }
+  }
+  if (target == "/health") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    co_return co_await send(s, req, http::status::ok, "{\"status\":\"ok\"}");
+  }
+  if (target == "/ready") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    std::string why;
+    if (serving_now(&why))
+      co_return co_await send(s, req, http::status::ok, "{\"status\":\"ready\"}");
+    ApiError e;
+    e.status = 503;
+    e.type = "service_unavailable";
+    e.message = why;
+    co_return co_await send_error(s, req, e, 1);
+  }
+  if (target == "/metrics") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    std::string why;
+    const bool serving = serving_now(&why);
+    co_return co_await send(s, req, http::status::ok,
+                            metrics.text(serving, node->scheduler_stats_json()),
+                            "text/plain; version=0.0.4");
+  }
+  if (target == "/v1/models") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    co_return co_await send(s, req, http::status::ok, models_body(served.id, created));
+  }
+  if (target == "/v1/completions" || target == "/v1/chat/completions") {
+    if (!post) co_return co_await send_error(s, req, wrong_method("POST"));
+    co_return co_await generate(
+        s, req, target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
+  }
+  ApiError e;
+  e.status = 404;
+  e.type = "not_found_error";
+  e.message = "no route " + target +
+              " (this server has /v1/completions, /v1/chat/completions, /v1/models, /health, "
+              "/ready and /metrics)";
+  co_return co_await send_error(s, req, e);
+}
+
+net::awaitable<void> HttpGateway::Impl::serve_connection(std::shared_ptr<beast::tcp_stream> s) {
+  beast::flat_buffer buf;
+  while (true) {
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(static_cast<uint64_t>(opts.max_body_bytes));
+    s->expires_after(opts.idle_timeout);
+    beast::error_code ec;
+    co_await http::async_read(*s, buf, parser, net::redirect_error(net::use_awaitable, ec));
+    if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
+        ec == beast::error::timeout || ec == net::error::eof || ec == net::error::connection_reset)
+      break;
+    s->expires_never();
+    if (ec) {
+      // A malformed or oversized request: say so, then close (the stream cannot be resynced).
+      Request dummy;
+      dummy.version(11);
+      dummy.keep_alive(false);
+      ApiError e;
+      e.status = ec == http::error::body_limit ? 413 : 400;
+      e.message = ec == http::error::body_limit
+                      ? "the body is larger than " + std::to_string(opts.max_body_bytes) + " bytes"
+                      : "malformed HTTP request: " + ec.message();
+      co_await send_error(*s, dummy, e);
+      break;
+    }
+    Request req = parser.release();
+    if (!co_await handle(*s, req)) break;
+  }
+  beast::error_code ec;
+  s->socket().shutdown(tcp::socket::shutdown_both, ec);
+  s->close();
+  conns.erase(s);
+}
+
+net::awaitable<void> HttpGateway::Impl::accept_loop() {
+  while (true) {
+    beast::error_code ec;
+    tcp::socket sock = co_await acceptor->async_accept(net::redirect_error(net::use_awaitable, ec));
+    if (ec == net::error::operation_aborted || !acceptor->is_open()) co_return;
+    if (ec) continue;
+    auto s = std::make_shared<beast::tcp_stream>(std::move(sock));
+    conns.insert(s);
+    net::co_spawn(ioc, serve_connection(s), net::detached);
+  }
+}
+
+// --- HttpGateway -----------------------------------------------------------------------------
+
+HttpGateway::HttpGateway() : impl_(std::make_unique<Impl>()) {}
+
+HttpGateway::~HttpGateway() { stop(); }
+
+Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& node,
+                                                        GatewayOptions opts) {
+  if (!node.is_head()) return Error{1, "the HTTP gateway runs on the cluster's head node only"};
+  std::unique_ptr<HttpGateway> g(new HttpGateway());
+  Impl& im = *g->impl_;
+  im.node = &node;
+  im.served.model = node.model();
+  im.served.id = opts.model_id;
+  if (im.served.id.empty()) {
+    std::filesystem::path p(im.served.model->path);
+    while (p.has_parent_path() && p.filename().empty()) p = p.parent_path();
+    im.served.id = p.filename().string();
+  }
+  im.served.max_model_len = opts.max_model_len;
+  im.served.max_choices = opts.max_choices;
+  im.opts = std::move(opts);
+  im.opts.model_id = im.served.id;
+  im.created = static_cast<int64_t>(std::time(nullptr));
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(im.opts.host, ec);
+  if (ec) return Error{1, "--http: '" + im.opts.host + "' is not an IP address"};
+  im.acceptor = std::make_unique<tcp::acceptor>(im.ioc);
+  const tcp::endpoint ep{addr, im.opts.port};
+  im.acceptor->open(ep.protocol(), ec);
+  if (!ec) im.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) im.acceptor->bind(ep, ec);
+  if (!ec) im.acceptor->listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    return Error{1, "cannot listen for HTTP on " + im.opts.host + ":" +
+                        std::to_string(im.opts.port) + ": " + ec.message()};
+  im.port = im.acceptor->local_endpoint().port();
+  {
+    std::lock_guard<std::mutex> lk(im.alive->mu);
+    im.alive->ioc = &im.ioc;
+  }
+  net::co_spawn(im.ioc, im.accept_loop(), net::detached);
+  im.io = std::thread([&im] {
+    auto guard = net::make_work_guard(im.ioc);
+    im.ioc.run();
+  });
+  return g;
+}
+
+uint16_t HttpGateway::port() const { return impl_->port; }
+const std::string& HttpGateway::model_id() const { return impl_->served.id; }
+
+void HttpGateway::stop() {
+  Impl& im = *impl_;
+  if (im.stopped) return;
+  im.stopped = true;
+  // Close the listener and the connections on the I/O thread: their coroutines end (cancelling
+  // what they had in flight), then the context stops.
+  // Callbacks of requests in flight post no more; the I/O thread stops; then the connections,
+  // the listener and the context go, the context last: it destroys the coroutines still
+  // suspended, whose InFlight guards cancel their requests.
+  {
+    std::lock_guard<std::mutex> lk(im.alive->mu);
+    im.alive->ioc = nullptr;
+  }
+  im.ioc.stop();
+  if (im.io.joinable()) im.io.join();
+  beast::error_code ec;
+  if (im.acceptor) im.acceptor->close(ec);
+  for (const auto& s : im.conns) s->socket().close(ec);
+  im.conns.clear();
+  im.acceptor.reset();
+  im.ioc_owner.reset();
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,478 @@
+// OpenAI-compatible bodies (see openai.h): validation field by field, each error naming its
+// field; prompts tokenized and chat messages rendered; answers and stream chunks as JSON.
+#include "serve/openai.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+#include "serve/chat_format.h"
+
+namespace troupe::serve {
+
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside parsing only; parse_request turns it into its ApiError.
+struct BadField {
+  ApiError e;
+};
+
+[[noreturn]] void fail(const std::string& param, const std::string& message, int status = 400,
+                       const std::string& code = "") {
+  ApiError e;
+  e.status = status;
+  e.message = message;
+  e.param = param;
+  e.code = code;
+  throw BadField{std::move(e)};
+}
+
+std::string type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
+  }
+}
+
+// Optional fields: absent and null mean "not given".
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string shortest(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
+double number(const json& body, const char* name, double def, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number())
+    fail(name, std::string("'") + name + "' must be a number, got " + type_name(*v));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    fail(name, std::string("'") + name + "' must be in [" + shortest(lo) + ", " + shortest(hi) +
+                   "], got " + v->dump());
+  return x;
+}
+
+int64_t integer(const json& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number_integer() &&
+      !(v->is_number_float() && std::trunc(v->get<double>()) == v->get<double>() &&
+        std::fabs(v->get<double>()) < 9e15))
+    fail(name, std::string("'") + name + "' must be an integer, got " + type_name(*v) +
+                   (v->is_number() ? " (" + v->dump() + ")" : ""));
+  const int64_t x =
+      v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
+    fail(name, std::string("'") + name + "' must be at most " + std::to_string(hi) + ", got " +
+                   v->dump());
+  if (x < lo || x > hi)
+    fail(name, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "], got " + v->dump());
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool def) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean())
+    fail(name, std::string("'") + name + "' must be a boolean, got " + type_name(*v));
+  return v->get<bool>();
+}
+
+std::vector<int32_t> token_ids(const json& v, const std::string& param, int32_t n_vocab) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& t = v[i];
+    if (!t.is_number_integer())
+      fail(param, "'" + param + "[" + std::to_string(i) +
+                      "]' must be a token id (an integer), got " + type_name(t));
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= n_vocab || (t.is_number_unsigned() && t.get<uint64_t>() >= 1u << 31))
+      fail(param, "'" + param + "[" + std::to_string(i) + "]' = " + t.dump() +
+                      " is not a token id of this model (0 to " + std::to_string(n_vocab - 1) +
+                      ")");
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+// Fields of the API troupe does not implement: refused when given a value that asks for them.
+void refuse_unsupported(const json& body, Endpoint ep) {
+  auto given = [&](const char* name) { return field(body, name) != nullptr; };
+  if (given("logprobs") && body["logprobs"] != json(false) && body["logprobs"] != json(0))
+    fail("logprobs", "'logprobs' is not supported yet");
+  if (given("top_logprobs")) fail("top_logprobs", "'top_logprobs' is not supported yet");
+  if (given("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+    fail("logit_bias", "'logit_bias' is not supported yet");
+  if (given("suffix") && body["suffix"] != json(""))
+    fail("suffix", "'suffix' is not supported (no fill-in-the-middle)");
+  if (given("best_of") && body["best_of"] != json(1) && body["best_of"] != body.value("n", json(1)))
+    fail("best_of", "'best_of' other than n is not supported");
+  if (ep == Endpoint::kChat) {
+    if (given("tools") && !(body["tools"].is_array() && body["tools"].empty()))
+      fail("tools", "'tools' (function calling) is not supported yet");
+    if (given("tool_choice") && body["tool_choice"] != json("none") &&
+        body["tool_choice"] != json("auto"))
+      fail("tool_choice", "'tool_choice' is not supported yet");
+    if (given("response_format")) {
+      const json& f = body["response_format"];
+      if (!f.is_object() || f.value("type", json("")) != json("text"))
+        fail("response_format",
+             "'response_format' other than {\"type\": \"text\"} is not "
+             "supported yet");
+    }
+  }
+}
+
+compute::SamplingParams sampling_of(const json& body, int32_t n_vocab) {
+  compute::SamplingParams sp;
+  sp.temperature = static_cast<float>(number(body, "temperature", 1.0, 0.0, 2.0));
+  sp.top_p = static_cast<float>(number(body, "top_p", 1.0, 0.0, 1.0));
+  if (sp.top_p <= 0) fail("top_p", "'top_p' must be greater than 0, got " + body["top_p"].dump());
+  const int64_t top_k = integer(body, "top_k", 0, -1, n_vocab);
+  sp.top_k = static_cast<int32_t>(top_k < 0 ? 0 : top_k);  // -1: off (vLLM)
+  sp.min_p = static_cast<float>(number(body, "min_p", 0.0, 0.0, 1.0));
+  sp.presence_penalty = static_cast<float>(number(body, "presence_penalty", 0.0, -2.0, 2.0));
+  sp.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  sp.repetition_penalty = static_cast<float>(number(body, "repetition_penalty", 1.0, 0.0, 1e9));
+  if (sp.repetition_penalty <= 0)
+    fail("repetition_penalty", "'repetition_penalty' must be greater than 0");
+  sp.ignore_eos = boolean(body, "ignore_eos", false);
+  if (const json* s = field(body, "stop")) {
+    if (s->is_string()) {
+      sp.stop_strings.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (size_t i = 0; i < s->size(); ++i) {
+        if (!(*s)[i].is_string())
+          fail("stop",
+               "'stop[" + std::to_string(i) + "]' must be a string, got " + type_name((*s)[i]));
+        sp.stop_strings.push_back((*s)[i].get<std::string>());
+      }
+      if (s->size() > 16) fail("stop", "'stop' holds at most 16 strings");
+    } else {
+      fail("stop", "'stop' must be a string or an array of strings, got " + type_name(*s));
+    }
+    for (const auto& x : sp.stop_strings)
+      if (x.empty()) fail("stop", "'stop' strings must not be empty");
+  }
+  if (const json* s = field(body, "stop_token_ids")) {
+    if (!s->is_array())
+      fail("stop_token_ids",
+           "'stop_token_ids' must be an array of token ids, got " + type_name(*s));
+    sp.stop_token_ids = token_ids(*s, "stop_token_ids", n_vocab);
+  }
+  return sp;
+}
+
+// The prompts of /v1/completions: a string, an array of token ids, or an array of either.
+std::vector<actors::GenerateRequest> completion_prompts(const json& body,
+                                                        const model::Tokenizer* tok,
+                                                        int32_t n_vocab,
+                                                        std::vector<std::string>* texts) {
+  const json* p = field(body, "prompt");
+  if (!p) fail("prompt", "'prompt' is required");
+  std::vector<json> items;
+  if (p->is_string() || (p->is_array() && !p->empty() && (*p)[0].is_number()))
+    items.push_back(*p);
+  else if (p->is_array())
+    items.assign(p->begin(), p->end());
+  else
+    fail("prompt", "'prompt' must be a string, an array of token ids, or an array of those; got " +
+                       type_name(*p));
+  if (items.empty()) fail("prompt", "'prompt' is empty");
+  std::vector<actors::GenerateRequest> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const json& it = items[i];
+    const std::string param = items.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+    actors::GenerateRequest r;
+    if (it.is_string()) {
+      if (!tok) fail(param, "this model has no vocabulary: send the prompt as token ids");
+      const std::string text = it.get<std::string>();
+      r.prompt_tokens = tok->encode(text, /*add_special=*/true, /*parse_special=*/true);
+      texts->push_back(text);
+    } else if (it.is_array()) {
+      r.prompt_tokens = token_ids(it, param, n_vocab);
+      texts->push_back(tok ? tok->decode(r.prompt_tokens) : std::string());
+    } else {
+      fail(param,
+           "'" + param + "' must be a string or an array of token ids, got " + type_name(it));
+    }
+    if (r.prompt_tokens.empty()) fail(param, "'" + param + "' has no tokens");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string content_text(const json& c, const std::string& param) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array())
+    fail(param,
+         "'" + param + "' must be a string or an array of content parts, got " + type_name(c));
+  std::string text;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const json& part = c[i];
+    const std::string pp = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      fail(pp, "'" + pp + "' must be an object with a 'type'");
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text")
+      fail(pp, "'" + pp + "': content parts of type '" + type +
+                   "' are not supported yet (only 'text')");
+    if (!part.contains("text") || !part["text"].is_string())
+      fail(pp, "'" + pp + "' of type 'text' must have a string 'text'");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+actors::GenerateRequest chat_prompt(const json& body, const model::Model& m) {
+  const json* msgs = field(body, "messages");
+  if (!msgs) fail("messages", "'messages' is required");
+  if (!msgs->is_array()) fail("messages", "'messages' must be an array, got " + type_name(*msgs));
+  std::vector<ChatMessage> list;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& x = (*msgs)[i];
+    const std::string pm = "messages[" + std::to_string(i) + "]";
+    if (!x.is_object()) fail(pm, "'" + pm + "' must be an object, got " + type_name(x));
+    if (!x.contains("role") || !x["role"].is_string())
+      fail(pm + ".role", "'" + pm + ".role' must be a string");
+    if (x.contains("tool_calls") && !x["tool_calls"].is_null())
+      fail(pm + ".tool_calls", "'tool_calls' in messages are not supported yet");
+    ChatMessage cm;
+    cm.role = x["role"].get<std::string>();
+    if (x.contains("content") && !x["content"].is_null())
+      cm.content = content_text(x["content"], pm + ".content");
+    else if (cm.role != "assistant")
+      fail(pm + ".content", "'" + pm + ".content' is required");
+    list.push_back(std::move(cm));
+  }
+  if (!m.tokenizer) fail("messages", "this model has no vocabulary: use /v1/completions");
+  const ChatFormat f = detect_chat_format(m.chat_template);
+  if (f == ChatFormat::kNone)
+    fail("messages", m.chat_template.empty()
+                         ? "this model has no chat template: use /v1/completions"
+                         : "this model's chat template is of no family troupe knows (chatml, "
+                           "llama3, llama2, mistral, gemma, deepseek, phi3): use "
+                           "/v1/completions");
+  for (std::string_view t : chat_format_tokens(f))
+    if (m.tokenizer->find_token(t) < 0)
+      fail("messages", "this model's chat template looks like " + std::string(chat_format_name(f)) +
+                           "'s, but its vocabulary has no " + std::string(t) +
+                           " token: use /v1/completions");
+  auto text = render_chat(f, list);
+  if (!text) fail("messages", text.error().message);
+  actors::GenerateRequest r;
+  r.prompt_tokens = m.tokenizer->encode(*text, /*add_special=*/false, /*parse_special=*/true);
+  return r;
+}
+
+void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, ApiRequest* out) {
+  json body = json::parse(text.begin(), text.end(), nullptr, false);
+  if (body.is_discarded()) fail("", "the body is not valid JSON");
+  if (!body.is_object()) fail("", "the body must be a JSON object, got " + type_name(body));
+  const json* model = field(body, "model");
+  if (!model) fail("model", "'model' is required (this server serves '" + served.id + "')");
+  if (!model->is_string()) fail("model", "'model' must be a string, got " + type_name(*model));
+  if (model->get<std::string>() != served.id)
+    fail("model",
+         "The model '" + model->get<std::string>() + "' does not exist (this server serves '" +
+             served.id + "')",
+         404, "model_not_found");
+  refuse_unsupported(body, ep);
+  const model::Model& m = *served.model;
+  const int32_t n_vocab = static_cast<int32_t>(m.spec.n_vocab);
+  out->endpoint = ep;
+  out->stream = boolean(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object())
+      fail("stream_options", "'stream_options' must be an object, got " + type_name(*so));
+    if (!out->stream) fail("stream_options", "'stream_options' is only allowed with stream");
+    out->include_usage = boolean(*so, "include_usage", false);
+  }
+  const int64_t n = integer(body, "n", 1, 1, served.max_choices);
+  const compute::SamplingParams sp = sampling_of(body, n_vocab);
+  const json* seed = field(body, "seed");
+  const int64_t seed_value = seed ? integer(body, "seed", 0, std::numeric_limits<int64_t>::min(),
+                                            std::numeric_limits<int64_t>::max())
+                                  : 0;
+  std::vector<actors::GenerateRequest> prompts;
+  std::vector<std::string> texts;
+  const bool echo = ep == Endpoint::kCompletions && boolean(body, "echo", false);
+  if (ep == Endpoint::kCompletions)
+    prompts = completion_prompts(body, m.tokenizer.get(), n_vocab, &texts);
+  else
+    prompts.push_back(chat_prompt(body, m));
+  if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
+    fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +
+                  std::to_string(served.max_choices) + " in one request");
+  // max_tokens: completions default to 16 (the API's), chats to the rest of the context.
+  const char* max_name = ep == Endpoint::kChat && field(body, "max_completion_tokens")
+                             ? "max_completion_tokens"
+                             : "max_tokens";
+  const json* max_given = field(body, max_name);
+  const int64_t limit = served.max_model_len > 0 ? served.max_model_len : int64_t{1} << 30;
+  const int64_t max_tokens = integer(body, max_name, 16, 0, limit);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    actors::GenerateRequest& r = prompts[i];
+    const int64_t plen = static_cast<int64_t>(r.prompt_tokens.size());
+    if (plen >= limit)
+      fail(ep == Endpoint::kChat ? "messages" : "prompt",
+           "This model's maximum context length is " + std::to_string(limit) +
+               " tokens. However, your prompt has " + std::to_string(plen) + " tokens",
+           400, "context_length_exceeded");
+    int64_t mt = max_tokens;
+    if (!max_given && ep == Endpoint::kChat) mt = limit - plen;
+    if (plen + mt > limit)
+      fail(max_name,
+           "This model's maximum context length is " + std::to_string(limit) +
+               " tokens. However, you requested " + std::to_string(plen + mt) + " tokens (" +
+               std::to_string(plen) + " in the prompt, " + std::to_string(mt) +
+               " in the completion). Please reduce the prompt or '" + max_name + "'",
+           400, "context_length_exceeded");
+    r.max_tokens = mt;
+    r.sampling = sp;
+    r.add_bos = false;  // tokenized here
+    for (int64_t k = 0; k < n; ++k) {
+      actors::GenerateRequest c = r;
+      // A given seed makes every choice reproducible; choice k draws from seed + k so that the
+      // n choices differ. Without one the router picks a seed per choice.
+      if (seed) c.sampling.seed = static_cast<uint64_t>(seed_value) + static_cast<uint64_t>(k);
+      out->choices.push_back(std::move(c));
+      if (echo) out->echo_text.push_back(texts[i]);
+    }
+  }
+}
+
+json usage_of(const std::vector<actors::GenerateResult>& results) {
+  // Prompts shared by n choices count once, as the API does.
+  int64_t prompt = 0, completion = 0;
+  const std::vector<int32_t>* last = nullptr;
+  for (const auto& r : results) {
+    if (!last || *last != r.prompt_tokens) prompt += static_cast<int64_t>(r.prompt_tokens.size());
+    last = &r.prompt_tokens;
+    completion += static_cast<int64_t>(r.tokens.size());
+  }
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& served,
+                   ApiRequest* out, ApiError* err) {
+  *out = ApiRequest{};
+  try {
+    parse_body(endpoint, body, served, out);
+    return true;
+  } catch (BadField& b) {
+    *err = std::move(b.e);
+  } catch (const json::exception& e) {
+    err->status = 400;
+    err->message = std::string("malformed request: ") + e.what();
+  }
+  return false;
+}
+
+std::string api_finish_reason(const actors::GenerateResult& r) {
+  if (r.finish_reason == "eos" || r.finish_reason == "stop") return "stop";
+  return r.finish_reason;
+}
+
+std::string response_body(const ApiRequest& req, const std::string& id, int64_t created,
+                          const std::string& model_id,
+                          const std::vector<actors::GenerateResult>& results) {
+  const bool chat = req.endpoint == Endpoint::kChat;
+  json choices = json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    json c = {{"index", i}, {"finish_reason", api_finish_reason(r)}};
+    if (chat) {
+      c["message"] = {{"role", "assistant"}, {"content", r.text}};
+    } else {
+      c["text"] = (i < req.echo_text.size() ? req.echo_text[i] : std::string()) + r.text;
+      c["logprobs"] = nullptr;
+    }
+    choices.push_back(std::move(c));
+  }
+  json out = {{"id", id},
+              {"object", chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", model_id},
+              {"choices", std::move(choices)},
+              {"usage", usage_of(results)}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                       const std::string& model_id, size_t index, const std::string& delta,
+                       bool first, const std::string& finish_reason) {
+  const bool chat = endpoint == Endpoint::kChat;
+  json c = {{"index", index},
+            {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  if (chat) {
+    json d = json::object();
+    if (first) d["role"] = "assistant";
+    if (!delta.empty() || (first && finish_reason.empty())) d["content"] = delta;
+    c["delta"] = std::move(d);
+  } else {
+    c["text"] = delta;
+    c["logprobs"] = nullptr;
+  }
+  json out = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model_id},
+              {"choices", json::array({std::move(c)})}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                             const std::string& model_id,
+                             const std::vector<actors::GenerateResult>& results) {
+  json out = {{"id", id},
+              {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model_id},
+              {"choices", json::array()},
+              {"usage", usage_of(results)}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string models_body(const std::string& model_id, int64_t created) {
+  json m = {{"id", model_id}, {"object", "model"}, {"created", created}, {"owned_by", "troupe"}};
+  return json{{"object", "list"}, {"data", json::array({m})}}.dump();
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,76 @@
+// The OpenAI-compatible API's request bodies and answers, without any HTTP: a JSON body of
+// /v1/completions or /v1/chat/completions becomes the cluster's GenerateRequests (one per choice),
+// or an ApiError naming the field; results and streamed pieces become the API's JSON. Used by
+// serve/http_gateway.cc; pure functions, callable from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/local_cluster.h"
+#include "model/model.h"
+
+namespace troupe::serve {
+
+/// An error as the OpenAI API reports it: the HTTP status and the body's error object.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";  // or "not_found_error", "server_error", ...
+  std::string param;                           // the offending field; "" gives null
+  std::string code;                            // "" gives null
+};
+/// {"error": {"message", "type", "param", "code"}}
+std::string error_body(const ApiError& e);
+
+enum class Endpoint { kCompletions, kChat };
+
+/// What the parser needs to know of the model it serves.
+struct ServedModel {
+  std::string id;  // the name clients give as "model"
+  std::shared_ptr<const model::Model> model;
+  int64_t max_model_len = 0;  // prompt + completion tokens a sequence may hold
+  int64_t max_choices = 16;   // prompts x n in one request
+};
+
+/// A parsed request: one GenerateRequest per choice (prompts x n, choice i = prompt i / n).
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::vector<actors::GenerateRequest> choices;
+  std::vector<std::string> echo_text;  // completions with echo: each choice's prompt text
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+/// Parses and validates a body. Prompts are tokenized here (special-token texts recognized, as
+/// Hugging Face tokenizers do); a chat's messages go through the model's chat template
+/// (serve/chat_format.h). Returns false with *err set (status 400, or 404 for an unknown model).
+bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& served,
+                   ApiRequest* out, ApiError* err);
+
+/// The "finish_reason" the API reports for a result's ("eos" and "stop" are "stop").
+std::string api_finish_reason(const actors::GenerateResult& r);
+
+/// The whole answer (stream false): an object "text_completion" or "chat.completion".
+std::string response_body(const ApiRequest& req, const std::string& id, int64_t created,
+                          const std::string& model_id,
+                          const std::vector<actors::GenerateResult>& results);
+
+/// One server-sent event's JSON (stream true): a "text_completion" or "chat.completion.chunk"
+/// holding `delta` for choice `index` (with the role on a chat's first chunk), or its end
+/// (finish_reason set, delta empty).
+std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                       const std::string& model_id, size_t index, const std::string& delta,
+                       bool first, const std::string& finish_reason);
+/// The usage chunk that ends a stream with stream_options.include_usage (choices empty).
+std::string usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                             const std::string& model_id,
+                             const std::vector<actors::GenerateResult>& results);
+
+/// GET /v1/models: the one model served.
+std::string models_body(const std::string& model_id, int64_t created);
+
+}  // namespace troupe::serve

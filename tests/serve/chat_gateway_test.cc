@@ -1,0 +1,191 @@
+// /v1/chat/completions end to end: a random-weight Llama written by synth with Phi-3's real
+// vocabulary and chat template (../shared), served by a one-node cluster. The chat's prompt must
+// be the template's text tokenized with its control tokens, and its answer the completion of
+// exactly those tokens.
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/cluster_node.h"
+#include "actors/plan.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+#include "serve/chat_format.h"
+#include "serve/http_gateway.h"
+#include "tests/cluster_test_util.h"
+#include "tests/serve/http_client.h"
+#include "tests/test_support.h"
+
+namespace troupe::serve {
+namespace {
+
+using nlohmann::json;
+using testing::http;
+using namespace std::chrono_literals;
+
+class ChatGateway : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string shared = troupe::testing::shared_dir();
+    if (shared.empty()) return;
+    char tmpl[] = "/tmp/troupe-chat-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    model::SynthOptions so;
+    so.arch = "llama";
+    so.n_embd = 64;
+    so.n_layer = 2;
+    so.n_head = 4;
+    so.n_head_kv = 2;
+    so.n_ff = 128;
+    so.seed = 3;
+    so.vocab_donor = shared + "/models/llama.cpp-vocab/ggml-vocab-phi-3.gguf";
+    const std::string path = dir_ + "/phi3-vocab.gguf";
+    auto s = model::synth_model(so, path);
+    ASSERT_TRUE(s) << s.error().message;
+    const std::string toml = "[model]\npath = \"" + path +
+                             "\"\n[cluster]\ntoken = \"t\"\nhead = \"a\"\nucx_net_devices = "
+                             "\"lo\"\n[[node]]\nname = \"a\"\naddress = \"127.0.0.1:" +
+                             std::to_string(troupe::testing::free_port()) +
+                             "\"\n[[stage]]\nnode = \"a\"\n[stages]\nkv_blocks = 64\n"
+                             "[scheduler]\nmax_sequences = 4\nmax_model_len = 256\n";
+    auto plan = actors::parse_plan_string(toml, "chat-test.toml");
+    ASSERT_TRUE(plan) << plan.error().message;
+    actors::NodeOptions o;
+    o.name = "a";
+    auto node = actors::ClusterNode::start(*plan, o);
+    ASSERT_TRUE(node) << node.error().message;
+    node_ = node->release();
+    auto r = node_->wait_ready(60s);
+    ASSERT_TRUE(r) << r.error().message;
+    GatewayOptions g;
+    g.port = 0;
+    g.model_id = "phi";
+    g.max_model_len = 256;
+    auto gw = HttpGateway::start(*node_, g);
+    ASSERT_TRUE(gw) << gw.error().message;
+    gateway_ = gw->release();
+  }
+  static void TearDownTestSuite() {
+    delete gateway_;
+    gateway_ = nullptr;
+    delete node_;
+    node_ = nullptr;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  void SetUp() override {
+    TROUPE_SHARED_OR_SKIP(shared);
+    ASSERT_NE(gateway_, nullptr) << "the cluster or its gateway did not start";
+  }
+  static json post(const std::string& path, const json& body, int want = 200) {
+    const auto a = http(gateway_->port(), "POST", path, body.dump());
+    EXPECT_EQ(a.status, want) << a.body;
+    if (a.headers.count("content-type") && a.headers.at("content-type") == "text/event-stream") {
+      json events = json::array();
+      for (const auto& e : a.events())
+        events.push_back(e == "[DONE]" ? json("[DONE]") : json::parse(e));
+      return events;
+    }
+    return json::parse(a.body, nullptr, false);
+  }
+
+  static inline std::string dir_;
+  static inline actors::ClusterNode* node_ = nullptr;
+  static inline HttpGateway* gateway_ = nullptr;
+};
+
+const json kMessages = json::array({{{"role", "user"}, {"content", "Name a colour."}},
+                                    {{"role", "assistant"}, {"content", "Blue."}},
+                                    {{"role", "user"}, {"content", "Another?"}}});
+
+TEST_F(ChatGateway, ThePromptIsTheTemplatesTokensAndTheAnswerTheirCompletion) {
+  const json chat = post("/v1/chat/completions", {{"model", "phi"},
+                                                  {"messages", kMessages},
+                                                  {"max_tokens", 12},
+                                                  {"temperature", 0},
+                                                  {"ignore_eos", true}});
+  ASSERT_TRUE(chat.is_object());
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  ASSERT_EQ(chat["choices"].size(), 1u);
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+
+  // The prompt the gateway built: the template's text with control tokens as single tokens.
+  const auto& tok = *node_->model()->tokenizer;
+  auto text =
+      render_chat(ChatFormat::kPhi3,
+                  {{"user", "Name a colour."}, {"assistant", "Blue."}, {"user", "Another?"}});
+  ASSERT_TRUE(text);
+  const std::vector<int32_t> ids = tok.encode(*text, false, true);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(chat["usage"]["completion_tokens"], 12);
+
+  // The same tokens as a completion's prompt give the same answer.
+  const json comp = post("/v1/completions", {{"model", "phi"},
+                                             {"prompt", ids},
+                                             {"max_tokens", 12},
+                                             {"temperature", 0},
+                                             {"ignore_eos", true}});
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]);
+
+  // Streamed: the role first, then the same content, then [DONE].
+  const json events = post("/v1/chat/completions", {{"model", "phi"},
+                                                    {"messages", kMessages},
+                                                    {"max_tokens", 12},
+                                                    {"temperature", 0},
+                                                    {"ignore_eos", true},
+                                                    {"stream", true}});
+  ASSERT_TRUE(events.is_array());
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json& d = events[i]["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (i > 0) {
+      EXPECT_FALSE(d.contains("role")) << "the role comes once";
+    }
+  }
+  EXPECT_EQ(content, chat["choices"][0]["message"]["content"]);
+  EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(ChatGateway, RefusesWhatTheTemplateCannotHold) {
+  const json sys =
+      post("/v1/chat/completions",
+           {{"model", "phi"},
+            {"messages",
+             {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}},
+           400);
+  EXPECT_EQ(sys["error"]["param"], "messages");
+  EXPECT_NE(sys["error"]["message"].get<std::string>().find("no place for a system message"),
+            std::string::npos);
+  const json img =
+      post("/v1/chat/completions",
+           {{"model", "phi"},
+            {"messages",
+             {{{"role", "user"},
+               {"content", {{{"type", "image_url"}, {"image_url", {{"url", "data:x"}}}}}}}}}},
+           400);
+  EXPECT_EQ(img["error"]["param"], "messages[0].content[0]");
+  const json tools =
+      post("/v1/chat/completions",
+           {{"model", "phi"}, {"messages", kMessages}, {"tools", {{{"type", "function"}}}}}, 400);
+  EXPECT_EQ(tools["error"]["param"], "tools");
+  // max_tokens absent: a chat may use the rest of the context.
+  const json rest = post("/v1/chat/completions", {{"model", "phi"},
+                                                  {"messages", kMessages},
+                                                  {"temperature", 0},
+                                                  {"stop_token_ids", {0, 1, 2}}});
+  EXPECT_TRUE(rest.contains("choices")) << rest.dump();
+}
+
+}  // namespace
+}  // namespace troupe::serve
