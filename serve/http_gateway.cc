@@ -3,6 +3,7 @@
 // threads) queue events under a lock and wake the request's coroutine through the I/O thread.
 #include "serve/http_gateway.h"
 
+#include <cerrno>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/socket.h>
 
 #include "actors/cluster_node.h"
 #include "serve/metrics.h"
@@ -113,8 +115,9 @@ struct HttpGateway::Impl {
   net::awaitable<void> accept_loop();
   net::awaitable<void> serve_connection(std::shared_ptr<beast::tcp_stream> s);
   // Answers one request; false: close the connection after it.
-  net::awaitable<bool> handle(beast::tcp_stream& s, Request& req);
-  net::awaitable<bool> generate(beast::tcp_stream& s, const Request& req, Endpoint ep);
+  net::awaitable<bool> handle(const std::shared_ptr<beast::tcp_stream>& sp, Request& req);
+  net::awaitable<bool> generate(std::shared_ptr<beast::tcp_stream> sp, const Request& req,
+                                Endpoint ep);
   net::awaitable<bool> send(beast::tcp_stream& s, const Request& req, http::status st,
                             std::string body, const char* type = "application/json",
                             int retry_after_s = 0);
@@ -175,8 +178,31 @@ ApiError result_error(const actors::GenerateResult& r, int* retry_after_s) {
   return e;
 }
 
-net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Request& req,
-                                                 Endpoint ep) {
+// Watches an idle connection while a whole (not streamed) answer is computed: a client that
+// closes it meanwhile has its request cancelled, as a streamed one is when a write fails. Bytes
+// that arrive instead (a pipelined request) end the watch: they are the next read's.
+struct HangUpWatch {
+  bool done = false;  // the answer is being written: stop watching
+  bool gone = false;  // the client closed the connection
+};
+
+net::awaitable<void> watch_hang_up(std::shared_ptr<beast::tcp_stream> sp,
+                                   std::shared_ptr<HangUpWatch> w, std::shared_ptr<Exchange> ex) {
+  beast::error_code ec;
+  co_await sp->socket().async_wait(tcp::socket::wait_read,
+                                   net::redirect_error(net::use_awaitable, ec));
+  if (w->done || ec) co_return;
+  char c;
+  const ssize_t n = ::recv(sp->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) co_return;
+  w->gone = true;
+  std::lock_guard<std::mutex> lk(ex->mu);
+  if (ex->wake) ex->wake->cancel();
+}
+
+net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stream> sp,
+                                                 const Request& req, Endpoint ep) {
+  beast::tcp_stream& s = *sp;
   ApiRequest ar;
   ApiError err;
   if (!parse_request(ep, req.body(), served, &ar, &err)) co_return co_await send_error(s, req, err);
@@ -260,8 +286,10 @@ net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Req
       ok = co_await write_event(
           chunk_body(ep, rid, created, served.id, i, ar.echo_text[i], false, ""));
   }
+  auto hang_up = std::make_shared<HangUpWatch>();
+  if (!ar.stream) net::co_spawn(ioc, watch_hang_up(sp, hang_up, ex), net::detached);
   bool timed_out = false;
-  while (remaining > 0 && ok) {
+  while (remaining > 0 && ok && !hang_up->gone) {
     std::deque<Event> batch;
     {
       std::lock_guard<std::mutex> lk(ex->mu);
@@ -312,6 +340,11 @@ net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Req
       }
     }
   }
+  if (!ar.stream && !hang_up->gone) {
+    hang_up->done = true;
+    beast::error_code ec;
+    sp->socket().cancel(ec);  // ends the watch's wait
+  }
   --metrics.in_flight;
   for (size_t i = 0; i < n; ++i)
     if (!done[i]) metrics.count_finish("cancelled");  // by `fl`, below
@@ -337,6 +370,7 @@ net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Req
     (void)header_sent;
     co_return ok && !ec && req.keep_alive();
   }
+  if (hang_up->gone) co_return false;
   if (timed_out) {
     ApiError e;
     e.status = 504;
@@ -357,7 +391,9 @@ net::awaitable<bool> HttpGateway::Impl::generate(beast::tcp_stream& s, const Req
 
 // --- routing ---------------------------------------------------------------------------------
 
-net::awaitable<bool> HttpGateway::Impl::handle(beast::tcp_stream& s, Request& req) {
+net::awaitable<bool> HttpGateway::Impl::handle(const std::shared_ptr<beast::tcp_stream>& sp,
+                                               Request& req) {
+  beast::tcp_stream& s = *sp;
   std::string target(req.target());
   if (const size_t q = target.find('?'); q != std::string::npos) target.resize(q);
   while (target.size() > 1 && target.back() == '/') target.pop_back();
@@ -411,7 +447,7 @@ net::awaitable<bool> HttpGateway::Impl::handle(beast::tcp_stream& s, Request& re
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (!post) co_return co_await send_error(s, req, wrong_method("POST"));
     co_return co_await generate(
-        s, req, target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
+        sp, req, target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
   }
   ApiError e;
   e.status = 404;
@@ -448,7 +484,7 @@ net::awaitable<void> HttpGateway::Impl::serve_connection(std::shared_ptr<beast::
       break;
     }
     Request req = parser.release();
-    if (!co_await handle(*s, req)) break;
+    if (!co_await handle(s, req)) break;
   }
   beast::error_code ec;
   s->socket().shutdown(tcp::socket::shutdown_both, ec);

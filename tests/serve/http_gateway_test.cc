@@ -306,6 +306,36 @@ TEST_F(Gateway, AClientThatLeavesHasItsRequestCancelled) {
   EXPECT_GE(m.value("troupe:request_success_total{finished_reason=\"cancelled\"}", 0.0), 1);
 }
 
+TEST_F(Gateway, AClientThatLeavesBeforeAWholeAnswerHasItsRequestCancelled) {
+  const double generated0 = scheduler_metrics().value("troupe:generation_tokens_total", -1.0);
+  ASSERT_GE(generated0, 0);
+  const std::string body = json{
+      {"model", kModelId},
+      {"prompt", "Once"},
+      {"max_tokens", 500},
+      {"temperature", 0.8},
+      {"ignore_eos", true}}.dump();
+  const int fd = testing::connect_loopback(port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(testing::send_all(
+      fd,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body));
+  ::close(fd);  // gone before any answer
+  json m;
+  for (int i = 0; i < 200; ++i) {
+    m = scheduler_metrics();
+    if (m.value("troupe:num_requests_running", 1.0) == 0 &&
+        m.value("troupe:gateway_requests_in_flight", 1.0) == 0)
+      break;
+    std::this_thread::sleep_for(25ms);
+  }
+  EXPECT_EQ(m.value("troupe:num_requests_running", -1.0), 0);
+  EXPECT_EQ(m.value("troupe:gateway_requests_in_flight", -1.0), 0);
+  EXPECT_LT(m.value("troupe:generation_tokens_total", 1e9) - generated0, 250);
+}
+
 TEST_F(Gateway, HealthReadyModelsAndMetrics) {
   const auto h = http(port_, "GET", "/health");
   EXPECT_EQ(h.status, 200);
