@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "tests/cluster_test_util.h"
 #include "tests/hf_twin_model.h"
+#include "tests/serve/http_client.h"
 #include "tests/test_support.h"
 
 namespace troupe {
@@ -195,6 +196,41 @@ void run_loopback(const std::string& rel, const std::vector<std::string>& stages
       EXPECT_TRUE(wait_log(*ds[0], "node " + nodes[i].name + " is left", 5s)) << ds[0]->output();
     }
   }
+}
+
+// `troupe serve --model`: a one-node cluster in one process, answering over HTTP, leaving cleanly
+// on SIGTERM; its options refused where they do not belong.
+TEST(ServeProcess, ServeModelAnswersOverHttpAndLeavesOnSigterm) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string model = shared + "/models/stories260K/stories260K.gguf";
+  const uint16_t port = free_port();
+  auto d = spawn({},
+                 {"serve", "--model", model, "--http", "127.0.0.1:" + std::to_string(port),
+                  "--served-model-name", "tiny"},
+                 "serve-model");
+  ASSERT_TRUE(wait_log(*d, "the cluster is serving", 60s)) << d->output();
+  EXPECT_NE(d->output().find("HTTP API on http://127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << d->output();
+  EXPECT_EQ(serve::testing::http(port, "GET", "/ready").status, 200);
+  const auto a = serve::testing::http(
+      port, "POST", "/v1/completions",
+      R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})");
+  ASSERT_EQ(a.status, 200) << a.body;
+  const auto j = nlohmann::json::parse(a.body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(d->terminate(), 0) << d->output();
+  EXPECT_NE(d->output().find("leaving (SIGTERM)"), std::string::npos) << d->output();
+
+  const std::string dir = temp_dir().string();
+  const std::string troupe = testing::binary_dir() + "/bin/troupe";
+  auto bad = testing::run_process(troupe, {"serve", "--model", model, "--http", "nowhere"}, dir);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--http: expected HOST:PORT"), std::string::npos) << bad.err;
+  bad = testing::run_process(
+      troupe, {"node", "--config", "x.toml", "--name", "a", "--http", "127.0.0.1:1"}, dir);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--http is an option of `troupe serve`"), std::string::npos) << bad.err;
 }
 
 TEST(ClusterProcesses, DenseOnThreeLoopbackDaemonsIsBitIdentical) {
