@@ -29,6 +29,7 @@
 #include "actors/cluster_node.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
+#include "web/assets.h"
 
 namespace troupe::serve {
 
@@ -119,21 +120,69 @@ struct HttpGateway::Impl {
   net::awaitable<bool> generate(std::shared_ptr<beast::tcp_stream> sp, const Request& req,
                                 Endpoint ep);
   net::awaitable<bool> send(beast::tcp_stream& s, const Request& req, http::status st,
-                            std::string body, const char* type = "application/json",
+                            std::string body, std::string_view type = "application/json",
                             int retry_after_s = 0);
   net::awaitable<bool> send_error(beast::tcp_stream& s, const Request& req, const ApiError& e,
                                   int retry_after_s = 0);
   bool serving_now(std::string* why);
+  // The console's state (JSON), refreshed at most every 250 ms: the status and scheduler queries
+  // block the I/O thread for their round trip to the node's actors.
+  const std::string& console_state();
+  net::awaitable<bool> console_feed(beast::tcp_stream& s, const Request& req);
+  std::string state_cache;
+  Clock::time_point state_at;
 };
+
+const std::string& HttpGateway::Impl::console_state() {
+  const auto now = Clock::now();
+  if (!state_cache.empty() && now - state_at < std::chrono::milliseconds(250)) return state_cache;
+  const model::Model& m = *served.model;
+  nlohmann::json model = {{"id", served.id},           {"path", m.path},
+                          {"format", m.format},        {"arch", model::arch_name(m.spec.arch)},
+                          {"n_layer", m.spec.n_layer}, {"n_embd", m.spec.n_embd},
+                          {"n_vocab", m.spec.n_vocab}, {"max_model_len", served.max_model_len}};
+  const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  state_cache = "{\"time_ms\":" + std::to_string(wall.count()) + ",\"model\":" + model.dump() +
+                ",\"cluster\":" + node->status_json() +
+                ",\"scheduler\":" + node->scheduler_stats_json() +
+                ",\"gateway\":" + metrics.json() + "}";
+  state_at = now;
+  return state_cache;
+}
+
+// Server-sent events: the console's state every feed_period until the client goes.
+net::awaitable<bool> HttpGateway::Impl::console_feed(beast::tcp_stream& s, const Request& req) {
+  http::response<http::empty_body> head{http::status::ok, req.version()};
+  head.set(http::field::server, "troupe");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.chunked(true);
+  http::response_serializer<http::empty_body> sr{head};
+  beast::error_code ec;
+  co_await http::async_write_header(s, sr, net::redirect_error(net::use_awaitable, ec));
+  metrics.count_status(200);
+  net::steady_timer timer(ioc);
+  while (!ec) {
+    const std::string frame = "data: " + console_state() + "\n\n";
+    co_await net::async_write(s, http::make_chunk(net::buffer(frame)),
+                              net::redirect_error(net::use_awaitable, ec));
+    if (ec) break;
+    timer.expires_after(opts.console_period);
+    beast::error_code tec;
+    co_await timer.async_wait(net::redirect_error(net::use_awaitable, tec));
+  }
+  co_return false;
+}
 
 // --- answers ---------------------------------------------------------------------------------
 
 net::awaitable<bool> HttpGateway::Impl::send(beast::tcp_stream& s, const Request& req,
-                                             http::status st, std::string body, const char* type,
-                                             int retry_after_s) {
+                                             http::status st, std::string body,
+                                             std::string_view type, int retry_after_s) {
   http::response<http::string_body> res{st, req.version()};
   res.set(http::field::server, "troupe");
-  res.set(http::field::content_type, type);
+  res.set(http::field::content_type, beast::string_view(type.data(), type.size()));
   if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
   res.keep_alive(req.keep_alive());
   res.body() = std::move(body);
@@ -440,6 +489,18 @@ net::awaitable<bool> HttpGateway::Impl::handle(const std::shared_ptr<beast::tcp_
                             metrics.text(serving, node->scheduler_stats_json()),
                             "text/plain; version=0.0.4");
   }
+  if (target == "/console/state") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    co_return co_await send(s, req, http::status::ok, console_state());
+  }
+  if (target == "/console/feed") {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    co_return co_await console_feed(s, req);
+  }
+  if (const web::Asset* a = web::find_asset(target)) {
+    if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
+    co_return co_await send(s, req, http::status::ok, std::string(a->body), a->content_type);
+  }
   if (target == "/v1/models") {
     if (!get) co_return co_await send_error(s, req, wrong_method("GET"));
     co_return co_await send(s, req, http::status::ok, models_body(served.id, created));
@@ -454,7 +515,7 @@ net::awaitable<bool> HttpGateway::Impl::handle(const std::shared_ptr<beast::tcp_
   e.type = "not_found_error";
   e.message = "no route " + target +
               " (this server has /v1/completions, /v1/chat/completions, /v1/models, /health, "
-              "/ready and /metrics)";
+              "/ready, /metrics and /console)";
   co_return co_await send_error(s, req, e);
 }
 

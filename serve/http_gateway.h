@@ -1,6 +1,8 @@
 // HttpGateway: the cluster's HTTP front on the head node (`troupe serve --http`): the
 // OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models; streamed as
-// server-sent events), /health, /ready and /metrics (Prometheus text). Requests go to the
+// server-sent events), /health, /ready, /metrics (Prometheus text), and the console: /console
+// (web/console.*), /console/state (the cluster's state as JSON) and /console/feed (that state
+// as server-sent events). Requests go to the
 // cluster through ClusterNode::submit; a client that goes away mid-stream has its requests
 // cancelled. Light header: Boost.Beast stays in http_gateway.cc.
 // Thread safety: one I/O thread of its own serves every connection; start/stop from any thread.
@@ -30,6 +32,7 @@ struct GatewayOptions {
   int64_t max_body_bytes = int64_t{8} << 20;          // larger bodies: 413
   std::chrono::milliseconds request_timeout{600000};  // a request not done by then: 504
   std::chrono::milliseconds idle_timeout{60000};      // a keep-alive connection's silence
+  std::chrono::milliseconds console_period{1000};     // between /console/feed's updates
 };
 
 class HttpGateway {

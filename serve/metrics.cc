@@ -54,6 +54,33 @@ std::string Histogram::text(const std::string& name, const std::string& help) co
   return out;
 }
 
+double Histogram::sum() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return sum_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return count_;
+}
+
+std::string GatewayMetrics::json() const {
+  nlohmann::json j = {{"in_flight", in_flight.load()},
+                      {"prompt_tokens", prompt_tokens.load()},
+                      {"finished_stop", finished_stop.load()},
+                      {"finished_length", finished_length.load()},
+                      {"finished_cancelled", finished_cancelled.load()},
+                      {"finished_error", finished_error.load()},
+                      {"http_2xx", http_2xx.load()},
+                      {"http_4xx", http_4xx.load()},
+                      {"http_5xx", http_5xx.load()},
+                      {"ttft_sum", ttft.sum()},
+                      {"ttft_count", ttft.count()},
+                      {"e2e_sum", e2e.sum()},
+                      {"e2e_count", e2e.count()}};
+  return j.dump();
+}
+
 GatewayMetrics::GatewayMetrics()
     : ttft({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
             20, 40, 80}),

@@ -19,6 +19,8 @@ class Histogram {
   void observe(double v);
   /// Prometheus text lines of `name` (with _bucket, _sum and _count).
   std::string text(const std::string& name, const std::string& help) const;
+  double sum() const;
+  uint64_t count() const;
 
  private:
   std::vector<double> bounds_;
@@ -43,6 +45,10 @@ struct GatewayMetrics {
   /// Everything above, `serving` (the cluster's state when asked) as a gauge, and the head's
   /// scheduler's counters (ClusterNode::scheduler_stats_json; "{}" leaves them out).
   std::string text(bool serving, const std::string& scheduler_json) const;
+  /// The gateway's own numbers as one JSON object (the console's "gateway"): in_flight,
+  /// prompt_tokens, finished_{stop,length,cancelled,error}, http_{2xx,4xx,5xx},
+  /// {ttft,e2e}_{sum,count}.
+  std::string json() const;
 };
 
 }  // namespace troupe::serve
