@@ -526,7 +526,15 @@ net::awaitable<void> HttpGateway::Impl::serve_connection(std::shared_ptr<beast::
     parser.body_limit(static_cast<uint64_t>(opts.max_body_bytes));
     s->expires_after(opts.idle_timeout);
     beast::error_code ec;
-    co_await http::async_read(*s, buf, parser, net::redirect_error(net::use_awaitable, ec));
+    co_await http::async_read_header(*s, buf, parser, net::redirect_error(net::use_awaitable, ec));
+    if (!ec && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+      // The client waits for leave to send its body (curl does so past 1 KiB, for a second).
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      co_await net::async_write(*s, net::buffer(kContinue),
+                                net::redirect_error(net::use_awaitable, ec));
+    }
+    if (!ec && !parser.is_done())
+      co_await http::async_read(*s, buf, parser, net::redirect_error(net::use_awaitable, ec));
     if (ec == http::error::end_of_stream || ec == net::error::operation_aborted ||
         ec == beast::error::timeout || ec == net::error::eof || ec == net::error::connection_reset)
       break;

@@ -336,6 +336,44 @@ TEST_F(Gateway, AClientThatLeavesBeforeAWholeAnswerHasItsRequestCancelled) {
   EXPECT_LT(m.value("troupe:generation_tokens_total", 1e9) - generated0, 250);
 }
 
+TEST_F(Gateway, ExpectContinueAndKeepAlive) {
+  // A client that asks before sending its body (curl past 1 KiB) is told to go on at once.
+  const std::string body =
+      json{{"model", kModelId}, {"prompt", "Once"}, {"max_tokens", 3}, {"temperature", 0}}.dump();
+  const int fd = testing::connect_loopback(port_);
+  ASSERT_GE(fd, 0);
+  const timeval wait{10, 0};  // a server that never says "continue" fails the test in 10 s
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  ASSERT_TRUE(testing::send_all(fd,
+                                "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                "Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                                "Content-Length: " +
+                                    std::to_string(body.size()) + "\r\n\r\n"));
+  char buf[4096];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)), "HTTP/1.1 100 Continue\r\n\r\n");
+  // The body, then a second request on the same connection (keep-alive), then close.
+  ASSERT_TRUE(testing::send_all(fd, body));
+  ASSERT_TRUE(
+      testing::send_all(fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::string rest;
+  while (true) {
+    const ssize_t k = ::recv(fd, buf, sizeof buf, 0);
+    if (k <= 0) break;
+    rest.append(buf, static_cast<size_t>(k));
+  }
+  ::close(fd);
+  const size_t second = rest.find("HTTP/1.1", 1);
+  ASSERT_NE(second, std::string::npos) << rest;
+  const auto a = testing::parse_answer(rest.substr(0, second));
+  const auto b = testing::parse_answer(rest.substr(second));
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(body_of(a)["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(b.status, 200);
+  EXPECT_EQ(body_of(b)["data"][0]["id"], kModelId);
+}
+
 TEST_F(Gateway, HealthReadyModelsAndMetrics) {
   const auto h = http(port_, "GET", "/health");
   EXPECT_EQ(h.status, 200);
