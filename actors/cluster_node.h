@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
@@ -24,7 +25,10 @@ namespace troupe::actors {
 /// actor threads, in order for one request: they must return quickly, and never block or call
 /// back into the node.
 struct RequestCallbacks {
-  std::function<void(const std::string& delta, int32_t token)> on_piece;
+  /// `logits`: f32 [n_vocab] of `token` when the request set return_logits, else empty; token
+  /// -1: text flushed at the end (no token).
+  std::function<void(const std::string& delta, int32_t token, const std::vector<float>& logits)>
+      on_piece;
   std::function<void(const GenerateResult& result)> on_finish;
 };
 

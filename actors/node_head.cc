@@ -113,7 +113,7 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
       [=](token_atom, int64_t rtag, const StreamPiecePtr& p) {
         auto& st = self->state;
         if (auto l = st.local_by_tag.find(rtag); l != st.local_by_tag.end()) {
-          if (l->second->callbacks.on_piece) l->second->callbacks.on_piece(p->delta, p->token);
+          if (l->second->callbacks.on_piece) l->second->callbacks.on_piece(p->delta, p->token, p->logits);
           return;
         }
         auto it = st.by_tag.find(rtag);

@@ -71,7 +71,7 @@ Round direct(actors::ClusterNode& node, const std::vector<std::vector<int32_t>>&
     r.max_tokens = gen;
     r.sampling.ignore_eos = true;
     actors::RequestCallbacks cb;
-    cb.on_piece = [&, i](const std::string&, int32_t) {
+    cb.on_piece = [&, i](const std::string&, int32_t, const std::vector<float>&) {
       std::lock_guard<std::mutex> lk(mu);
       if (ttft[i] < 0) ttft[i] = secs(Clock::now() - t0);
     };

@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 
 #include "actors/cluster_node.h"
+#include "model/tokenizer.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
 #include "web/assets.h"
@@ -52,6 +53,8 @@ struct Event {
   size_t choice = 0;
   bool finished = false;
   std::string delta;
+  bool has_logprob = false;  // the request wants logprobs and this piece is a token's
+  TokenLogprob logprob;
   actors::GenerateResult result;
 };
 
@@ -275,10 +278,16 @@ net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stre
           if (ex->wake) ex->wake->cancel();
         });
     };
-    cb.on_piece = [wake, i](const std::string& delta, int32_t) {
+    cb.on_piece = [wake, i, top_n = ar.logprobs](const std::string& delta, int32_t token,
+                                                 const std::vector<float>& logits) {
       Event e;
       e.choice = i;
       e.delta = delta;
+      if (top_n >= 0 && token >= 0 && !logits.empty()) {
+        // Here, on the actor's thread: the row is not copied, only its summary kept.
+        e.has_logprob = true;
+        e.logprob = token_logprob(logits, token, top_n);
+      }
       wake(std::move(e));
     };
     cb.on_finish = [wake, i](const actors::GenerateResult& r) {
@@ -306,6 +315,9 @@ net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stre
   std::vector<bool>& done = fl.done;
   std::vector<bool> first(n, true);       // no chunk of the choice streamed yet
   std::vector<bool> got_token(n, false);  // no token of the choice seen yet
+  std::vector<std::vector<TokenLogprob>> logprobs(ar.logprobs >= 0 ? n : 0);
+  std::vector<size_t> text_len(n, 0);  // bytes of each choice's text streamed so far
+  const model::Tokenizer* tok = served.model->tokenizer.get();
   std::vector<Clock::time_point> last_token(n, t0);
   size_t remaining = n;
   bool ok = true;  // the connection still works
@@ -365,11 +377,23 @@ net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stre
           metrics.per_token.observe(std::chrono::duration<double>(now - last_token[i]).count());
         got_token[i] = true;
         last_token[i] = now;
-        if (ar.stream && ok && !e.delta.empty()) {
-          ok = co_await write_event(
-              chunk_body(ep, rid, created, served.id, i, e.delta, first[i], ""));
+        if (ar.stream && ok && (!e.delta.empty() || e.has_logprob)) {
+          const size_t offset =
+              text_len[i] + (i < ar.echo_text.size() ? ar.echo_text[i].size() : 0);
+          // Built before the co_await: g++ 12 miscompiles an initializer list inside one.
+          std::string lp_json;
+          if (e.has_logprob) {
+            std::vector<TokenLogprob> one(1, e.logprob);
+            lp_json = logprobs_json(ep, tok, one, offset);
+          }
+          std::string chunk =
+              chunk_body(ep, rid, created, served.id, i, e.delta, first[i], "", lp_json);
+          ok = co_await write_event(chunk);
           first[i] = false;
+        } else if (e.has_logprob) {
+          logprobs[i].push_back(std::move(e.logprob));
         }
+        text_len[i] += e.delta.size();
         continue;
       }
       done[i] = true;
@@ -435,7 +459,7 @@ net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stre
       co_return co_await send_error(s, req, e, retry);
     }
   co_return co_await send(s, req, http::status::ok,
-                          response_body(ar, rid, created, served.id, results));
+                          response_body(ar, rid, created, served.id, results, logprobs, tok));
 }
 
 // --- routing ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // field; prompts tokenized and chat messages rendered; answers and stream chunks as JSON.
 #include "serve/openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -122,9 +123,6 @@ std::vector<int32_t> token_ids(const json& v, const std::string& param, int32_t 
 // Fields of the API troupe does not implement: refused when given a value that asks for them.
 void refuse_unsupported(const json& body, Endpoint ep) {
   auto given = [&](const char* name) { return field(body, name) != nullptr; };
-  if (given("logprobs") && body["logprobs"] != json(false) && body["logprobs"] != json(0))
-    fail("logprobs", "'logprobs' is not supported yet");
-  if (given("top_logprobs")) fail("top_logprobs", "'top_logprobs' is not supported yet");
   if (given("logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
     fail("logit_bias", "'logit_bias' is not supported yet");
   if (given("suffix") && body["suffix"] != json(""))
@@ -313,6 +311,15 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
     out->include_usage = boolean(*so, "include_usage", false);
   }
   const int64_t n = integer(body, "n", 1, 1, served.max_choices);
+  if (ep == Endpoint::kCompletions) {
+    out->logprobs = static_cast<int>(integer(body, "logprobs", -1, 0, 20));
+  } else {
+    const bool want = boolean(body, "logprobs", false);
+    const int64_t top = integer(body, "top_logprobs", 0, 0, 20);
+    if (field(body, "top_logprobs") && !want)
+      fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    out->logprobs = want ? static_cast<int>(top) : -1;
+  }
   const compute::SamplingParams sp = sampling_of(body, n_vocab);
   const json* seed = field(body, "seed");
   const int64_t seed_value = seed ? integer(body, "seed", 0, std::numeric_limits<int64_t>::min(),
@@ -354,6 +361,7 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
            400, "context_length_exceeded");
     r.max_tokens = mt;
     r.sampling = sp;
+    r.return_logits = out->logprobs >= 0;
     r.add_bos = false;  // tokenized here
     for (int64_t k = 0; k < n; ++k) {
       actors::GenerateRequest c = r;
@@ -405,6 +413,90 @@ bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& 
   return false;
 }
 
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top_n) {
+  TokenLogprob out;
+  out.token = token;
+  if (logits.empty()) return out;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float x : logits)
+    if (x > mx) mx = x;
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+  const double log_z = static_cast<double>(mx) + std::log(sum);
+  auto lp = [&](int32_t id) {
+    return static_cast<double>(logits[static_cast<size_t>(id)]) - log_z;
+  };
+  if (token >= 0 && static_cast<size_t>(token) < logits.size()) out.logprob = lp(token);
+  const size_t k = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = logits[static_cast<size_t>(a)];
+                      const float lb = logits[static_cast<size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], lp(ids[i]));
+  return out;
+}
+
+namespace {
+
+std::string piece_of(const model::Tokenizer* tok, int32_t id) {
+  return tok ? tok->token_to_piece(id, /*render_special=*/true) : std::to_string(id);
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json logprobs_value(Endpoint endpoint, const model::Tokenizer* tok,
+                    const std::vector<TokenLogprob>& lps, size_t text_offset) {
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const auto& t : lps) {
+      const std::string piece = piece_of(tok, t.token);
+      json top = json::array();
+      for (const auto& [id, lp] : t.top) {
+        const std::string p = piece_of(tok, id);
+        top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(piece)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  size_t at = text_offset;
+  for (const auto& t : lps) {
+    const std::string piece = piece_of(tok, t.token);
+    tokens.push_back(piece);
+    token_lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[piece_of(tok, id)] = lp;
+    tops.push_back(top);
+    offsets.push_back(at);
+    at += piece.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+}  // namespace
+
+std::string logprobs_json(Endpoint endpoint, const model::Tokenizer* tok,
+                          const std::vector<TokenLogprob>& lps, size_t text_offset) {
+  return logprobs_value(endpoint, tok, lps, text_offset)
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string api_finish_reason(const actors::GenerateResult& r) {
   if (r.finish_reason == "eos" || r.finish_reason == "stop") return "stop";
   return r.finish_reason;
@@ -412,18 +504,22 @@ std::string api_finish_reason(const actors::GenerateResult& r) {
 
 std::string response_body(const ApiRequest& req, const std::string& id, int64_t created,
                           const std::string& model_id,
-                          const std::vector<actors::GenerateResult>& results) {
+                          const std::vector<actors::GenerateResult>& results,
+                          const std::vector<std::vector<TokenLogprob>>& logprobs,
+                          const model::Tokenizer* tok) {
   const bool chat = req.endpoint == Endpoint::kChat;
   json choices = json::array();
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     json c = {{"index", i}, {"finish_reason", api_finish_reason(r)}};
-    if (chat) {
+    const std::string echo = !chat && i < req.echo_text.size() ? req.echo_text[i] : "";
+    if (chat)
       c["message"] = {{"role", "assistant"}, {"content", r.text}};
-    } else {
-      c["text"] = (i < req.echo_text.size() ? req.echo_text[i] : std::string()) + r.text;
-      c["logprobs"] = nullptr;
-    }
+    else
+      c["text"] = echo + r.text;
+    c["logprobs"] = i < logprobs.size()
+                        ? logprobs_value(req.endpoint, tok, logprobs[i], echo.size())
+                        : json(nullptr);
     choices.push_back(std::move(c));
   }
   json out = {{"id", id},
@@ -437,7 +533,8 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
 
 std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model_id, size_t index, const std::string& delta,
-                       bool first, const std::string& finish_reason) {
+                       bool first, const std::string& finish_reason,
+                       const std::string& logprobs_object) {
   const bool chat = endpoint == Endpoint::kChat;
   json c = {{"index", index},
             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
@@ -448,8 +545,8 @@ std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created
     c["delta"] = std::move(d);
   } else {
     c["text"] = delta;
-    c["logprobs"] = nullptr;
   }
+  c["logprobs"] = logprobs_object.empty() ? json(nullptr) : json::parse(logprobs_object);
   json out = {{"id", id},
               {"object", chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created},

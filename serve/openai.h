@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "actors/local_cluster.h"
@@ -43,7 +45,26 @@ struct ApiRequest {
   std::vector<std::string> echo_text;  // completions with echo: each choice's prompt text
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  /// Log-probabilities of the generated tokens with this many alternatives each (completions:
+  /// "logprobs": N; chats: "logprobs": true with "top_logprobs": N); -1: none.
+  int logprobs = -1;
 };
+
+/// One generated token's log-probability and the most likely tokens at its step: the log-softmax
+/// of the model's raw logits (before penalties and temperature), as the API reports them.
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0;
+  std::vector<std::pair<int32_t, double>> top;  // most likely first; ties to the lower id
+};
+/// From the logits row that `token` was drawn from: its logprob and the `top_n` most likely.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top_n);
+
+/// The "logprobs" object of a choice or chunk for `lps`. Completions: tokens, token_logprobs,
+/// top_logprobs, text_offset (from `text_offset`, the characters of the choice's text before
+/// these tokens); chats: content (token, logprob, bytes, top_logprobs).
+std::string logprobs_json(Endpoint endpoint, const model::Tokenizer* tok,
+                          const std::vector<TokenLogprob>& lps, size_t text_offset);
 
 /// Parses and validates a body. Prompts are tokenized here (special-token texts recognized, as
 /// Hugging Face tokenizers do); a chat's messages go through the model's chat template
@@ -55,16 +76,21 @@ bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& 
 std::string api_finish_reason(const actors::GenerateResult& r);
 
 /// The whole answer (stream false): an object "text_completion" or "chat.completion".
+/// `logprobs`: per choice, when the request asked for them (else empty).
 std::string response_body(const ApiRequest& req, const std::string& id, int64_t created,
                           const std::string& model_id,
-                          const std::vector<actors::GenerateResult>& results);
+                          const std::vector<actors::GenerateResult>& results,
+                          const std::vector<std::vector<TokenLogprob>>& logprobs = {},
+                          const model::Tokenizer* tok = nullptr);
 
 /// One server-sent event's JSON (stream true): a "text_completion" or "chat.completion.chunk"
 /// holding `delta` for choice `index` (with the role on a chat's first chunk), or its end
 /// (finish_reason set, delta empty).
+/// `logprobs_object`: the chunk's "logprobs" (logprobs_json), "" for null.
 std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model_id, size_t index, const std::string& delta,
-                       bool first, const std::string& finish_reason);
+                       bool first, const std::string& finish_reason,
+                       const std::string& logprobs_object = "");
 /// The usage chunk that ends a stream with stream_options.include_usage (choices empty).
 std::string usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                              const std::string& model_id,

@@ -133,6 +133,34 @@ TEST_F(ChatGateway, ThePromptIsTheTemplatesTokensAndTheAnswerTheirCompletion) {
                                              {"ignore_eos", true}});
   EXPECT_EQ(chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]);
 
+  // Chat logprobs: OpenAI's chat shape, the numbers of the completion of the same tokens.
+  const json lc = post("/v1/chat/completions", {{"model", "phi"},
+                                                {"messages", kMessages},
+                                                {"max_tokens", 6},
+                                                {"temperature", 0},
+                                                {"ignore_eos", true},
+                                                {"logprobs", true},
+                                                {"top_logprobs", 2}});
+  const json lk = post("/v1/completions", {{"model", "phi"},
+                                           {"prompt", ids},
+                                           {"max_tokens", 6},
+                                           {"temperature", 0},
+                                           {"ignore_eos", true},
+                                           {"logprobs", 2}});
+  const json& lp_content = lc["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp_content.size(), 6u) << lc.dump();
+  for (size_t s = 0; s < 6; ++s) {
+    EXPECT_EQ(lp_content[s]["token"], lk["choices"][0]["logprobs"]["tokens"][s]);
+    EXPECT_EQ(lp_content[s]["logprob"], lk["choices"][0]["logprobs"]["token_logprobs"][s]);
+    EXPECT_EQ(lp_content[s]["top_logprobs"].size(), 2u);
+    std::string bytes;
+    for (const auto& b : lp_content[s]["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(bytes, lp_content[s]["token"].get<std::string>());
+  }
+  const json bad = post("/v1/chat/completions",
+                        {{"model", "phi"}, {"messages", kMessages}, {"top_logprobs", 2}}, 400);
+  EXPECT_EQ(bad["error"]["param"], "top_logprobs");
+
   // Streamed: the role first, then the same content, then [DONE].
   const json events = post("/v1/chat/completions", {{"model", "phi"},
                                                     {"messages", kMessages},

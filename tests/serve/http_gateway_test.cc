@@ -5,13 +5,16 @@
 // client leaves, the API key, and the metrics.
 #include "serve/http_gateway.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
+#include "model/tokenizer.h"
 #include "tests/cluster_test_util.h"
 #include "tests/serve/http_client.h"
 #include "tests/test_support.h"
@@ -137,6 +140,68 @@ TEST_F(Gateway, GreedyCompletionFromBosIsTheReferenceStory) {
   EXPECT_EQ(j["usage"]["total_tokens"], 257);
 }
 
+TEST_F(Gateway, LogprobsAreTheReferenceLogitsLogSoftmax) {
+  // llama.cpp's logits of each greedy step (../shared/golden), log-softmaxed here in double: the
+  // logprob of each generated token and the five most likely tokens must be theirs.
+  const std::string dir = troupe::testing::shared_dir() + "/golden/stories260K/once_upon_a_time";
+  const json c = json::parse(troupe::testing::read_text_file(dir + "/case.json"));
+  const std::vector<float> rows = troupe::testing::read_f32_file(dir + "/step_logits.f32");
+  const size_t vocab = c["vocab"], steps = c["n_gen"];
+  ASSERT_EQ(rows.size(), vocab * steps);
+  const auto a = post("/v1/completions", {{"model", kModelId},
+                                          {"prompt", c["prompt_tokens"]},
+                                          {"max_tokens", steps},
+                                          {"temperature", 0},
+                                          {"ignore_eos", true},
+                                          {"logprobs", 5}});
+  ASSERT_EQ(a.status, 200) << a.body;
+  const json lp = body_of(a)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), steps);
+  const auto& tok = *node_->model()->tokenizer;
+  for (size_t s = 0; s < steps; ++s) {
+    const float* row = rows.data() + s * vocab;
+    double mx = row[0], big = 0;
+    for (size_t v = 0; v < vocab; ++v) {
+      mx = std::max<double>(mx, row[v]);
+      big = std::max<double>(big, std::fabs(row[v]));
+    }
+    double sum = 0;
+    for (size_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
+    const double log_z = mx + std::log(sum);
+    const double tol = 2e-4 * big;  // the golden tolerance on logits, twice: log_z moves too
+    const int32_t want = c["greedy_tokens"][s];
+    EXPECT_EQ(lp["tokens"][s], tok.token_to_piece(want, true)) << "step " << s;
+    EXPECT_NEAR(lp["token_logprobs"][s].get<double>(), row[want] - log_z, tol) << "step " << s;
+    // The five most likely, each with its logprob.
+    std::vector<int32_t> ids(vocab);
+    for (size_t v = 0; v < vocab; ++v) ids[v] = static_cast<int32_t>(v);
+    std::partial_sort(ids.begin(), ids.begin() + 6, ids.end(),
+                      [&](int32_t x, int32_t y) { return row[x] > row[y]; });
+    const json& top = lp["top_logprobs"][s];
+    EXPECT_EQ(top.size(), 5u);
+    for (size_t k = 0; k < 5; ++k) {
+      if (row[ids[k]] - row[ids[k + 1]] < 2 * tol) break;  // a near-tie may go either way
+      const std::string piece = tok.token_to_piece(ids[k], true);
+      ASSERT_TRUE(top.contains(piece)) << "step " << s << ": " << piece << " missing from " << top;
+      EXPECT_NEAR(top[piece].get<double>(), row[ids[k]] - log_z, tol) << "step " << s;
+    }
+  }
+  // The stream carries the same numbers, one token a chunk.
+  const auto st = post("/v1/completions", {{"model", kModelId},
+                                           {"prompt", c["prompt_tokens"]},
+                                           {"max_tokens", 4},
+                                           {"temperature", 0},
+                                           {"logprobs", 0},
+                                           {"stream", true}});
+  ASSERT_EQ(st.status, 200);
+  const auto events = st.events();
+  for (size_t s = 0; s < 4; ++s) {
+    const json e = json::parse(events.at(s));
+    EXPECT_EQ(e["choices"][0]["logprobs"]["token_logprobs"][0], lp["token_logprobs"][s]);
+    EXPECT_TRUE(e["choices"][0]["logprobs"]["top_logprobs"][0].empty());  // logprobs 0
+  }
+}
+
 TEST_F(Gateway, StreamCarriesTheSameTextAsTheWholeAnswer) {
   const json req = {{"model", kModelId},
                     {"prompt", "Once upon a time"},
@@ -240,7 +305,8 @@ TEST_F(Gateway, BadRequestsGetOpenAiErrors) {
   expect_error(with("stop", {1}), 400, "stop", "must be a string");
   expect_error(with("stop", ""), 400, "stop", "must not be empty");
   expect_error(with("n", 0), 400, "n", "[1, 16]");
-  expect_error(with("logprobs", 2), 400, "logprobs", "not supported");
+  expect_error(with("logprobs", 21), 400, "logprobs", "at most 20");
+  expect_error(with("logprobs", true), 400, "logprobs", "integer");
   expect_error(with("stream", "yes"), 400, "stream", "boolean");
   expect_error(with("stream_options", {{"include_usage", true}}), 400, "stream_options",
                "only allowed with stream");
