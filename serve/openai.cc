@@ -328,6 +328,8 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
   std::vector<actors::GenerateRequest> prompts;
   std::vector<std::string> texts;
   const bool echo = ep == Endpoint::kCompletions && boolean(body, "echo", false);
+  if (echo && out->logprobs >= 0)
+    fail("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported yet");
   if (ep == Endpoint::kCompletions)
     prompts = completion_prompts(body, m.tokenizer.get(), n_vocab, &texts);
   else

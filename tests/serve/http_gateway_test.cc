@@ -307,6 +307,12 @@ TEST_F(Gateway, BadRequestsGetOpenAiErrors) {
   expect_error(with("n", 0), 400, "n", "[1, 16]");
   expect_error(with("logprobs", 21), 400, "logprobs", "at most 20");
   expect_error(with("logprobs", true), 400, "logprobs", "integer");
+  {
+    json b = ok;
+    b["echo"] = true;
+    b["logprobs"] = 1;
+    expect_error(post("/v1/completions", b), 400, "echo", "prompt's logprobs");
+  }
   expect_error(with("stream", "yes"), 400, "stream", "boolean");
   expect_error(with("stream_options", {{"include_usage", true}}), 400, "stream_options",
                "only allowed with stream");
