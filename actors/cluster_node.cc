@@ -355,8 +355,8 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
       [=](submit_atom, const LocalRequestPtr& lr) {
         auto& s = self->state;
         std::string why = !s.head || !s.gateway ? "this node is not the cluster's head"
-                          : s.leaving            ? "the cluster is shutting down"
-                                                 : head_refusal(self);
+                          : s.leaving           ? "the cluster is shutting down"
+                                                : head_refusal(self);
         if (why.empty()) return self->send(s.gateway, submit_atom::value, lr);
         GenerateResult r;
         r.finish_reason = "error";
@@ -392,6 +392,7 @@ struct ClusterNode::Impl {
   bool head = false;
   bool left = false;
   std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const model::VisionModel> vision;
   std::atomic<uint64_t> next_request{1};
   std::chrono::milliseconds drain_timeout{30000};
 
@@ -505,6 +506,7 @@ Result<std::unique_ptr<ClusterNode>> ClusterNode::start(Plan plan, const NodeOpt
     auto vision = model::load_vision_model(plan.mmproj);
     if (!vision) return Error{1, plan.source + ": [model] mmproj: " + vision.error().message};
     nc.vision = *vision;
+    im.vision = *vision;
     EncoderConfig ec;
     ec.vision = *vision;
     ec.model = *model;
@@ -665,6 +667,7 @@ void ClusterNode::cancel(uint64_t id) {
 }
 
 std::shared_ptr<const model::Model> ClusterNode::model() const { return impl_->model; }
+std::shared_ptr<const model::VisionModel> ClusterNode::vision() const { return impl_->vision; }
 
 std::string ClusterNode::scheduler_stats_json() {
   Impl& im = *impl_;

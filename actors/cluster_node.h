@@ -16,6 +16,7 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "base/result.h"
+#include "model/vision.h"
 #include "transport/fault.h"
 
 namespace troupe::actors {
@@ -80,6 +81,9 @@ class ClusterNode {
   std::string scheduler_stats_json();
   /// The model this node loaded (the head's tokenizer and chat template for a gateway).
   std::shared_ptr<const model::Model> model() const;
+  /// The head's vision encoder ([model] mmproj), which lays out requests with image files; null
+  /// without one (such requests are refused) and on other nodes.
+  std::shared_ptr<const model::VisionModel> vision() const;
 
   /// Fault injection (tests): "stage/N" or "expert/N" placed on this node throws while handling
   /// its next message; the node restarts it and the outputs stay identical.

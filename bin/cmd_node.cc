@@ -41,6 +41,8 @@ constexpr const char* kNodeHelp =
     "                       file's or directory's name)\n"
     "  --max-model-len N    serve --model: prompt + completion tokens per sequence (default 2048)\n"
     "  --max-sequences N    serve --model: sequences decoded at once (default the plan's)\n"
+    "  --mmproj PATH        serve --model: a vision encoder (llama.cpp mmproj GGUF) for chats\n"
+    "                       with images\n"
     "  --fault RULES        fault-injection rules, ';'-separated (tests), e.g.\n"
     "                       'drop:peer=node-b:p=0.1:seed=7;delay:delay_ms=50:dir=in'\n"
     "  --ready-timeout S    give up when not serving after S seconds (default 600)\n";
@@ -83,6 +85,8 @@ Result<actors::Plan> one_node_plan(const ArgParser& ap) {
   std::snprintf(token, sizeof token, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
   const std::string model = std::filesystem::absolute(ap.str("model")).string();
   std::string t = "[model]\npath = " + toml_string(model) + "\n";
+  if (ap.has("mmproj"))
+    t += "mmproj = " + toml_string(std::filesystem::absolute(ap.str("mmproj")).string()) + "\n";
   t += "[cluster]\ntoken = \"" + std::string(token) + "\"\nhead = \"local\"\n";
   t += "[[node]]\nname = \"local\"\naddress = \"127.0.0.1:" + std::to_string(free_loopback_port()) +
        "\"\n";
@@ -111,17 +115,18 @@ int run_node(const Args& args, bool serve) {
   }
   ArgParser ap(args,
                {"config", "name", "model", "fault", "ready-timeout", "http", "api-key",
-                "served-model-name", "max-model-len", "max-sequences"},
+                "served-model-name", "max-model-len", "max-sequences", "mmproj"},
                {});
   const bool quick = serve && !ap.has("config") && ap.has("model");
   if (!serve)
     for (const char* o : {"http", "api-key", "served-model-name", "max-model-len", "max-sequences"})
       if (ap.has(o)) throw CliError(std::string("--") + o + " is an option of `troupe serve`");
   if (!quick)
-    for (const char* o : {"max-model-len", "max-sequences"})
+    for (const char* o : {"max-model-len", "max-sequences", "mmproj"})
       if (ap.has(o))
-        throw CliError(std::string("--") + o +
-                       " is for `serve --model` (with --config, set it in the plan's [scheduler])");
+        throw CliError(
+            std::string("--") + o + " is for `serve --model` (with --config, set it in " +
+            (o == std::string("mmproj") ? "the plan's [model])" : "the plan's [scheduler])"));
   auto plan = quick ? one_node_plan(ap) : actors::parse_plan_file(ap.required("config"));
   if (!plan) throw CliError(plan.error().message);
   if (ap.has("model") && !quick) plan->model_path = ap.str("model");

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/image.h"
 #include "model/tokenizer.h"
 #include "serve/chat_format.h"
 
@@ -224,7 +225,66 @@ std::vector<actors::GenerateRequest> completion_prompts(const json& body,
   return out;
 }
 
-std::string content_text(const json& c, const std::string& param) {
+// The image marker of the cluster's multimodal prompts (compute/multimodal_prompt.h).
+constexpr std::string_view kMediaMarker = "<__media__>";
+
+// RFC 4648 base64 (padding optional, no whitespace); false on any other byte.
+bool base64_decode(std::string_view in, std::string* out) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
+  out->clear();
+  out->reserve(in.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    const int v = val(c);
+    if (v < 0) return false;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out->push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return bits < 6;  // a lone trailing character holds no whole byte
+}
+
+// An image_url part's file: a data: URL of a PNG or JPEG (the gateway fetches nothing).
+std::string image_bytes(const json& part, const std::string& pp) {
+  const json* iu = part.contains("image_url") ? &part["image_url"] : nullptr;
+  const json* url = iu && iu->is_object() && iu->contains("url") ? &(*iu)["url"]
+                    : iu && iu->is_string()                      ? iu
+                                                                 : nullptr;
+  if (!url || !url->is_string())
+    fail(pp, "'" + pp + "' of type 'image_url' must have 'image_url': {'url': ...}");
+  const std::string u = url->get<std::string>();
+  const size_t comma = u.find(',');
+  if (u.rfind("data:", 0) != 0 || comma == std::string::npos)
+    fail(pp, "'" + pp +
+                 "': only data: URLs are taken (data:image/png;base64,...); the server "
+                 "fetches no URLs");
+  const std::string meta = u.substr(5, comma - 5);
+  if (meta.size() < 7 || meta.compare(meta.size() - 7, 7, ";base64") != 0)
+    fail(pp, "'" + pp + "': the data: URL must be base64 (data:image/png;base64,...)");
+  std::string bytes;
+  if (!base64_decode(std::string_view(u).substr(comma + 1), &bytes) || bytes.empty())
+    fail(pp, "'" + pp + "': the data: URL's base64 is malformed");
+  // Decoded here once to tell the client what is wrong with a bad file (a 400 naming the part);
+  // the encoder decodes it again for its pixels.
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (auto img = model::decode_image({data, bytes.size()}, pp); !img) fail(pp, img.error().message);
+  return bytes;
+}
+
+std::string content_text(const json& c, const std::string& param,
+                         std::vector<std::string>* images) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array())
     fail(param,
@@ -236,9 +296,15 @@ std::string content_text(const json& c, const std::string& param) {
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
       fail(pp, "'" + pp + "' must be an object with a 'type'");
     const std::string type = part["type"].get<std::string>();
+    if (type == "image_url") {
+      if (!images) fail(pp, "'" + pp + "': images are taken in user messages only");
+      images->push_back(image_bytes(part, pp));
+      text += kMediaMarker;
+      continue;
+    }
     if (type != "text")
       fail(pp, "'" + pp + "': content parts of type '" + type +
-                   "' are not supported yet (only 'text')");
+                   "' are not supported (only 'text' and 'image_url')");
     if (!part.contains("text") || !part["text"].is_string())
       fail(pp, "'" + pp + "' of type 'text' must have a string 'text'");
     text += part["text"].get<std::string>();
@@ -246,7 +312,11 @@ std::string content_text(const json& c, const std::string& param) {
   return text;
 }
 
-actors::GenerateRequest chat_prompt(const json& body, const model::Model& m) {
+// A chat's request and its prompt's length in tokens (with images: their rows counted).
+actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
+                                    int64_t* prompt_len) {
+  const model::Model& m = *served.model;
+  std::vector<std::string> images;
   const json* msgs = field(body, "messages");
   if (!msgs) fail("messages", "'messages' is required");
   if (!msgs->is_array()) fail("messages", "'messages' must be an array, got " + type_name(*msgs));
@@ -261,10 +331,20 @@ actors::GenerateRequest chat_prompt(const json& body, const model::Model& m) {
       fail(pm + ".tool_calls", "'tool_calls' in messages are not supported yet");
     ChatMessage cm;
     cm.role = x["role"].get<std::string>();
+    const size_t images_before = images.size();
     if (x.contains("content") && !x["content"].is_null())
-      cm.content = content_text(x["content"], pm + ".content");
+      cm.content =
+          content_text(x["content"], pm + ".content", cm.role == "user" ? &images : nullptr);
     else if (cm.role != "assistant")
       fail(pm + ".content", "'" + pm + ".content' is required");
+    // Each image marker in the text must be one of the message's image parts.
+    size_t markers = 0;
+    for (size_t at = cm.content.find(kMediaMarker); at != std::string::npos;
+         at = cm.content.find(kMediaMarker, at + 1))
+      ++markers;
+    if (markers != images.size() - images_before)
+      fail(pm + ".content", "'" + pm + ".content' holds " + std::string(kMediaMarker) +
+                                ", the image marker: give images as image_url parts");
     list.push_back(std::move(cm));
   }
   if (!m.tokenizer) fail("messages", "this model has no vocabulary: use /v1/completions");
@@ -283,7 +363,23 @@ actors::GenerateRequest chat_prompt(const json& body, const model::Model& m) {
   auto text = render_chat(f, list);
   if (!text) fail("messages", text.error().message);
   actors::GenerateRequest r;
-  r.prompt_tokens = m.tokenizer->encode(*text, /*add_special=*/false, /*parse_special=*/true);
+  if (images.empty()) {
+    r.prompt_tokens = m.tokenizer->encode(*text, /*add_special=*/false, /*parse_special=*/true);
+    *prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
+    return r;
+  }
+  if (!served.vision)
+    fail("messages",
+         "this server has no vision encoder for images ([model] mmproj, or `troupe "
+         "serve --mmproj`)");
+  r.prompt = *text;
+  r.add_bos = false;  // the template writes it
+  r.image_files = std::make_shared<const std::vector<std::string>>(std::move(images));
+  // The text's tokens (each marker counted as its few characters' tokens) and each image's rows
+  // with the two tokens that may bracket them: a bound, for the length check.
+  *prompt_len =
+      static_cast<int64_t>(m.tokenizer->encode(*text, false, true).size()) +
+      static_cast<int64_t>(r.image_files->size()) * (served.vision->spec.n_image_tokens() + 2);
   return r;
 }
 
@@ -326,14 +422,19 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
                                             std::numeric_limits<int64_t>::max())
                                   : 0;
   std::vector<actors::GenerateRequest> prompts;
+  std::vector<int64_t> lens;
   std::vector<std::string> texts;
   const bool echo = ep == Endpoint::kCompletions && boolean(body, "echo", false);
   if (echo && out->logprobs >= 0)
     fail("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported yet");
-  if (ep == Endpoint::kCompletions)
+  if (ep == Endpoint::kCompletions) {
     prompts = completion_prompts(body, m.tokenizer.get(), n_vocab, &texts);
-  else
-    prompts.push_back(chat_prompt(body, m));
+    for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.prompt_tokens.size()));
+  } else {
+    int64_t len = 0;
+    prompts.push_back(chat_prompt(body, served, &len));
+    lens.push_back(len);
+  }
   if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
     fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +
                   std::to_string(served.max_choices) + " in one request");
@@ -346,7 +447,7 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
   const int64_t max_tokens = integer(body, max_name, 16, 0, limit);
   for (size_t i = 0; i < prompts.size(); ++i) {
     actors::GenerateRequest& r = prompts[i];
-    const int64_t plen = static_cast<int64_t>(r.prompt_tokens.size());
+    const int64_t plen = lens[i];
     if (plen >= limit)
       fail(ep == Endpoint::kChat ? "messages" : "prompt",
            "This model's maximum context length is " + std::to_string(limit) +

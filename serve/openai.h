@@ -14,6 +14,7 @@
 
 #include "actors/local_cluster.h"
 #include "model/model.h"
+#include "model/vision.h"
 
 namespace troupe::serve {
 
@@ -36,6 +37,8 @@ struct ServedModel {
   std::shared_ptr<const model::Model> model;
   int64_t max_model_len = 0;  // prompt + completion tokens a sequence may hold
   int64_t max_choices = 16;   // prompts x n in one request
+  /// The head's vision encoder: chats may hold images (data: URLs). Null: they may not.
+  std::shared_ptr<const model::VisionModel> vision;
 };
 
 /// A parsed request: one GenerateRequest per choice (prompts x n, choice i = prompt i / n).
@@ -68,7 +71,9 @@ std::string logprobs_json(Endpoint endpoint, const model::Tokenizer* tok,
 
 /// Parses and validates a body. Prompts are tokenized here (special-token texts recognized, as
 /// Hugging Face tokenizers do); a chat's messages go through the model's chat template
-/// (serve/chat_format.h). Returns false with *err set (status 400, or 404 for an unknown model).
+/// (serve/chat_format.h). A chat's images (image_url parts with data: URLs of PNG or JPEG files)
+/// stay in its text as image markers and go with it as files: the cluster's encoder lays the
+/// prompt out. Returns false with *err set (status 400, or 404 for an unknown model).
 bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& served,
                    ApiRequest* out, ApiError* err);
 

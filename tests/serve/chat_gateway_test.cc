@@ -202,7 +202,34 @@ TEST_F(ChatGateway, RefusesWhatTheTemplateCannotHold) {
              {{{"role", "user"},
                {"content", {{{"type", "image_url"}, {"image_url", {{"url", "data:x"}}}}}}}}}},
            400);
-  EXPECT_EQ(img["error"]["param"], "messages[0].content[0]");
+  EXPECT_EQ(img["error"]["param"], "messages[0].content[0]");  // not a data: URL of an image
+  // A real PNG, but this server has no vision encoder.
+  const std::string png = troupe::testing::read_text_file(troupe::testing::shared_dir() +
+                                                          "/golden/vlm/images/checker_50x40.png");
+  std::string b64;
+  {
+    static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    uint32_t acc = 0;
+    int bits = 0;
+    for (unsigned char c : png) {
+      acc = (acc << 8) | c;
+      bits += 8;
+      while (bits >= 6) {
+        bits -= 6;
+        b64 += k[(acc >> bits) & 63];
+      }
+    }
+    if (bits > 0) b64 += k[(acc << (6 - bits)) & 63];
+  }
+  json msg = {{"role", "user"}};
+  msg["content"] = json::array(
+      {{{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64," + b64}}}}});
+  json body = {{"model", "phi"}};
+  body["messages"] = json::array({msg});
+  const json novision = post("/v1/chat/completions", body, 400);
+  EXPECT_NE(novision["error"]["message"].get<std::string>().find("no vision encoder"),
+            std::string::npos)
+      << novision.dump();
   const json tools =
       post("/v1/chat/completions",
            {{"model", "phi"}, {"messages", kMessages}, {"tools", {{{"type", "function"}}}}}, 400);
