@@ -1,105 +1,57 @@
 // The HTTP gateway (see http_gateway.h): Boost.Beast over Asio with C++20 coroutines, one I/O
-// thread. A generation request's choices are submitted to the head; their callbacks (on actor
-// threads) queue events under a lock and wake the request's coroutine through the I/O thread.
+// thread: the listener, connections, routing, probes, metrics and the console. Generation
+// requests are generation.cc's.
 #include "serve/http_gateway.h"
 
-#include <cerrno>
 #include <ctime>
-#include <deque>
 #include <filesystem>
-#include <mutex>
-#include <random>
 #include <set>
 #include <thread>
-#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
-#include <sys/socket.h>
 
 #include "actors/cluster_node.h"
-#include "model/tokenizer.h"
-#include "serve/metrics.h"
-#include "serve/openai.h"
+#include "serve/detail/gateway_io.h"
 #include "web/assets.h"
 
 namespace troupe::serve {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
+using namespace detail;  // NOLINT: the Asio and Beast aliases of gateway_io.h
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
-using Request = http::request<http::string_body>;
 
-namespace {
+namespace detail {
 
-// Whether the I/O context may still be posted to; the callbacks of requests in flight check it.
-struct Alive {
-  std::mutex mu;
-  net::io_context* ioc = nullptr;
-};
-
-struct Event {
-  size_t choice = 0;
-  bool finished = false;
-  std::string delta;
-  bool has_logprob = false;  // the request wants logprobs and this piece is a token's
-  TokenLogprob logprob;
-  actors::GenerateResult result;
-};
-
-// One generation request's choices in flight: filled by callbacks, drained by its coroutine. The
-// callbacks may outlive the coroutine (and the gateway): they hold this, never the coroutine's
-// timer, which `wake` points to only while the coroutine waits on it.
-struct Exchange {
-  std::mutex mu;
-  std::deque<Event> events;
-  net::steady_timer* wake = nullptr;
-};
-
-// The coroutine's side of an Exchange: its timer registered for wake-ups, and, when the coroutine
-// ends early (the client left, the time ran out, the gateway stopped), its unfinished choices
-// cancelled.
-struct InFlight {
-  actors::ClusterNode* node;
-  std::shared_ptr<Exchange> ex;
-  std::vector<uint64_t> ids;
-  std::vector<bool> done;
-  InFlight(actors::ClusterNode* n, std::shared_ptr<Exchange> e, net::steady_timer* t)
-      : node(n), ex(std::move(e)) {
-    std::lock_guard<std::mutex> lk(ex->mu);
-    ex->wake = t;
-  }
-  ~InFlight() {
-    {
-      std::lock_guard<std::mutex> lk(ex->mu);
-      ex->wake = nullptr;
-    }
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (!done[i]) node->cancel(ids[i]);
-  }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-};
-
-std::string random_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  char b[40];
-  std::snprintf(b, sizeof b, "%s%016llx", prefix, static_cast<unsigned long long>(rng()));
-  return b;
+net::awaitable<bool> send(beast::tcp_stream& s, const Request& req, http::status st,
+                          std::string body, std::string_view type, int retry_after_s,
+                          GatewayMetrics& metrics) {
+  http::response<http::string_body> res{st, req.version()};
+  res.set(http::field::server, "troupe");
+  res.set(http::field::content_type, beast::string_view(type.data(), type.size()));
+  if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  metrics.count_status(static_cast<int>(st));
+  beast::error_code ec;
+  co_await http::async_write(s, res, net::redirect_error(net::use_awaitable, ec));
+  co_return !ec && req.keep_alive();
 }
 
-}  // namespace
+net::awaitable<bool> send_error(beast::tcp_stream& s, const Request& req, const ApiError& e,
+                                GatewayMetrics& metrics, int retry_after_s) {
+  co_return co_await send(s, req, static_cast<http::status>(e.status), error_body(e),
+                          "application/json", retry_after_s, metrics);
+}
+
+}  // namespace detail
 
 struct HttpGateway::Impl {
   actors::ClusterNode* node = nullptr;
@@ -120,13 +72,16 @@ struct HttpGateway::Impl {
   net::awaitable<void> serve_connection(std::shared_ptr<beast::tcp_stream> s);
   // Answers one request; false: close the connection after it.
   net::awaitable<bool> handle(const std::shared_ptr<beast::tcp_stream>& sp, Request& req);
-  net::awaitable<bool> generate(std::shared_ptr<beast::tcp_stream> sp, const Request& req,
-                                Endpoint ep);
   net::awaitable<bool> send(beast::tcp_stream& s, const Request& req, http::status st,
                             std::string body, std::string_view type = "application/json",
-                            int retry_after_s = 0);
+                            int retry_after_s = 0) {
+    return detail::send(s, req, st, std::move(body), type, retry_after_s, metrics);
+  }
   net::awaitable<bool> send_error(beast::tcp_stream& s, const Request& req, const ApiError& e,
-                                  int retry_after_s = 0);
+                                  int retry_after_s = 0) {
+    return detail::send_error(s, req, e, metrics, retry_after_s);
+  }
+  GenerationContext generation;  // set at start
   bool serving_now(std::string* why);
   // The console's state (JSON), refreshed at most every 250 ms: the status and scheduler queries
   // block the I/O thread for their round trip to the node's actors.
@@ -178,30 +133,6 @@ net::awaitable<bool> HttpGateway::Impl::console_feed(beast::tcp_stream& s, const
   co_return false;
 }
 
-// --- answers ---------------------------------------------------------------------------------
-
-net::awaitable<bool> HttpGateway::Impl::send(beast::tcp_stream& s, const Request& req,
-                                             http::status st, std::string body,
-                                             std::string_view type, int retry_after_s) {
-  http::response<http::string_body> res{st, req.version()};
-  res.set(http::field::server, "troupe");
-  res.set(http::field::content_type, beast::string_view(type.data(), type.size()));
-  if (retry_after_s > 0) res.set(http::field::retry_after, std::to_string(retry_after_s));
-  res.keep_alive(req.keep_alive());
-  res.body() = std::move(body);
-  res.prepare_payload();
-  metrics.count_status(static_cast<int>(st));
-  beast::error_code ec;
-  co_await http::async_write(s, res, net::redirect_error(net::use_awaitable, ec));
-  co_return !ec && req.keep_alive();
-}
-
-net::awaitable<bool> HttpGateway::Impl::send_error(beast::tcp_stream& s, const Request& req,
-                                                   const ApiError& e, int retry_after_s) {
-  co_return co_await send(s, req, static_cast<http::status>(e.status), error_body(e),
-                          "application/json", retry_after_s);
-}
-
 bool HttpGateway::Impl::serving_now(std::string* why) {
   const auto j = nlohmann::json::parse(node->status_json(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
@@ -212,254 +143,6 @@ bool HttpGateway::Impl::serving_now(std::string* why) {
   *why = j.value("condition", std::string());
   if (!serving && why->empty()) *why = "the cluster is not serving yet";
   return serving && why->empty();
-}
-
-// --- generation ------------------------------------------------------------------------------
-
-// The error a failed choice answers with: overload and a cluster that does not serve are 503s
-// (the client may retry), the rest 500s.
-ApiError result_error(const actors::GenerateResult& r, int* retry_after_s) {
-  ApiError e;
-  e.message = r.error.empty() ? "the request failed" : r.error;
-  const bool unavailable = r.finish_reason == "overloaded" ||
-                           r.error.rfind("the cluster is not serving", 0) == 0 ||
-                           r.error.rfind("the cluster is shutting down", 0) == 0;
-  e.status = unavailable ? 503 : 500;
-  e.type = unavailable ? "service_unavailable" : "server_error";
-  *retry_after_s = unavailable ? 1 : 0;
-  return e;
-}
-
-// Watches an idle connection while a whole (not streamed) answer is computed: a client that
-// closes it meanwhile has its request cancelled, as a streamed one is when a write fails. Bytes
-// that arrive instead (a pipelined request) end the watch: they are the next read's.
-struct HangUpWatch {
-  bool done = false;  // the answer is being written: stop watching
-  bool gone = false;  // the client closed the connection
-};
-
-net::awaitable<void> watch_hang_up(std::shared_ptr<beast::tcp_stream> sp,
-                                   std::shared_ptr<HangUpWatch> w, std::shared_ptr<Exchange> ex) {
-  beast::error_code ec;
-  co_await sp->socket().async_wait(tcp::socket::wait_read,
-                                   net::redirect_error(net::use_awaitable, ec));
-  if (w->done || ec) co_return;
-  char c;
-  const ssize_t n = ::recv(sp->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) co_return;
-  w->gone = true;
-  std::lock_guard<std::mutex> lk(ex->mu);
-  if (ex->wake) ex->wake->cancel();
-}
-
-net::awaitable<bool> HttpGateway::Impl::generate(std::shared_ptr<beast::tcp_stream> sp,
-                                                 const Request& req, Endpoint ep) {
-  beast::tcp_stream& s = *sp;
-  ApiRequest ar;
-  ApiError err;
-  if (!parse_request(ep, req.body(), served, &ar, &err)) co_return co_await send_error(s, req, err);
-  const auto t0 = Clock::now();
-  const size_t n = ar.choices.size();
-  auto ex = std::make_shared<Exchange>();
-  net::steady_timer wake_timer(ioc);
-  InFlight fl(node, ex, &wake_timer);
-  std::vector<uint64_t>& ids = fl.ids;
-  for (size_t i = 0; i < n; ++i) {
-    actors::RequestCallbacks cb;
-    auto wake = [ex, a = alive](Event e) {
-      {
-        std::lock_guard<std::mutex> lk(ex->mu);
-        ex->events.push_back(std::move(e));
-      }
-      std::lock_guard<std::mutex> lk(a->mu);
-      if (a->ioc)
-        net::post(*a->ioc, [ex] {
-          std::lock_guard<std::mutex> lk2(ex->mu);
-          if (ex->wake) ex->wake->cancel();
-        });
-    };
-    cb.on_piece = [wake, i, top_n = ar.logprobs](const std::string& delta, int32_t token,
-                                                 const std::vector<float>& logits) {
-      Event e;
-      e.choice = i;
-      e.delta = delta;
-      if (top_n >= 0 && token >= 0 && !logits.empty()) {
-        // Here, on the actor's thread: the row is not copied, only its summary kept.
-        e.has_logprob = true;
-        e.logprob = token_logprob(logits, token, top_n);
-      }
-      wake(std::move(e));
-    };
-    cb.on_finish = [wake, i](const actors::GenerateResult& r) {
-      Event e;
-      e.choice = i;
-      e.finished = true;
-      e.result = r;
-      wake(std::move(e));
-    };
-    auto id = node->submit(ar.choices[i], std::move(cb));
-    if (!id) {
-      ApiError e;
-      e.status = 503;
-      e.type = "service_unavailable";
-      e.message = id.error().message;
-      co_return co_await send_error(s, req, e, 1);
-    }
-    ids.push_back(*id);
-    fl.done.push_back(false);
-  }
-  ++metrics.in_flight;
-  const std::string rid = random_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
-  const int64_t created = static_cast<int64_t>(std::time(nullptr));
-  std::vector<actors::GenerateResult> results(n);
-  std::vector<bool>& done = fl.done;
-  std::vector<bool> first(n, true);       // no chunk of the choice streamed yet
-  std::vector<bool> got_token(n, false);  // no token of the choice seen yet
-  std::vector<std::vector<TokenLogprob>> logprobs(ar.logprobs >= 0 ? n : 0);
-  std::vector<size_t> text_len(n, 0);  // bytes of each choice's text streamed so far
-  const model::Tokenizer* tok = served.model->tokenizer.get();
-  std::vector<Clock::time_point> last_token(n, t0);
-  size_t remaining = n;
-  bool ok = true;  // the connection still works
-  bool header_sent = false;
-  const auto deadline = t0 + opts.request_timeout;
-  http::response<http::empty_body> head{http::status::ok, req.version()};
-  http::response_serializer<http::empty_body> sr{head};
-  auto write_event = [&](const std::string& data) -> net::awaitable<bool> {
-    beast::error_code ec;
-    const std::string frame = "data: " + data + "\n\n";
-    co_await net::async_write(s, http::make_chunk(net::buffer(frame)),
-                              net::redirect_error(net::use_awaitable, ec));
-    co_return !ec;
-  };
-  if (ar.stream) {
-    head.set(http::field::server, "troupe");
-    head.set(http::field::content_type, "text/event-stream");
-    head.set(http::field::cache_control, "no-cache");
-    head.keep_alive(req.keep_alive());
-    head.chunked(true);
-    beast::error_code ec;
-    co_await http::async_write_header(s, sr, net::redirect_error(net::use_awaitable, ec));
-    ok = !ec;
-    header_sent = true;
-    metrics.count_status(200);
-    for (size_t i = 0; ok && i < ar.echo_text.size(); ++i)
-      ok = co_await write_event(
-          chunk_body(ep, rid, created, served.id, i, ar.echo_text[i], false, ""));
-  }
-  auto hang_up = std::make_shared<HangUpWatch>();
-  if (!ar.stream) net::co_spawn(ioc, watch_hang_up(sp, hang_up, ex), net::detached);
-  bool timed_out = false;
-  while (remaining > 0 && ok && !hang_up->gone) {
-    std::deque<Event> batch;
-    {
-      std::lock_guard<std::mutex> lk(ex->mu);
-      batch.swap(ex->events);
-    }
-    if (batch.empty()) {
-      if (Clock::now() >= deadline) {
-        timed_out = true;
-        break;
-      }
-      beast::error_code ec;
-      wake_timer.expires_at(deadline);
-      co_await wake_timer.async_wait(net::redirect_error(net::use_awaitable, ec));
-      continue;
-    }
-    for (Event& e : batch) {
-      const size_t i = e.choice;
-      if (done[i]) continue;
-      if (!e.finished) {
-        const auto now = Clock::now();
-        if (!got_token[i])
-          metrics.ttft.observe(std::chrono::duration<double>(now - t0).count());
-        else
-          metrics.per_token.observe(std::chrono::duration<double>(now - last_token[i]).count());
-        got_token[i] = true;
-        last_token[i] = now;
-        if (ar.stream && ok && (!e.delta.empty() || e.has_logprob)) {
-          const size_t offset =
-              text_len[i] + (i < ar.echo_text.size() ? ar.echo_text[i].size() : 0);
-          // Built before the co_await: g++ 12 miscompiles an initializer list inside one.
-          std::string lp_json;
-          if (e.has_logprob) {
-            std::vector<TokenLogprob> one(1, e.logprob);
-            lp_json = logprobs_json(ep, tok, one, offset);
-          }
-          std::string chunk =
-              chunk_body(ep, rid, created, served.id, i, e.delta, first[i], "", lp_json);
-          ok = co_await write_event(chunk);
-          first[i] = false;
-        } else if (e.has_logprob) {
-          logprobs[i].push_back(std::move(e.logprob));
-        }
-        text_len[i] += e.delta.size();
-        continue;
-      }
-      done[i] = true;
-      --remaining;
-      results[i] = std::move(e.result);
-      const std::string reason = api_finish_reason(results[i]);
-      metrics.count_finish(reason);
-      metrics.prompt_tokens += results[i].prompt_tokens.size();
-      if (ar.stream && ok) {
-        if (!results[i].ok()) {
-          int retry = 0;
-          ok = co_await write_event(error_body(result_error(results[i], &retry)));
-        } else {
-          ok = co_await write_event(
-              chunk_body(ep, rid, created, served.id, i, "", first[i], reason));
-        }
-      }
-    }
-  }
-  if (!ar.stream && !hang_up->gone) {
-    hang_up->done = true;
-    beast::error_code ec;
-    sp->socket().cancel(ec);  // ends the watch's wait
-  }
-  --metrics.in_flight;
-  for (size_t i = 0; i < n; ++i)
-    if (!done[i]) metrics.count_finish("cancelled");  // by `fl`, below
-  metrics.e2e.observe(std::chrono::duration<double>(Clock::now() - t0).count());
-  // Choices not done (the client left, the time ran out) are cancelled by `fl` as it ends.
-  if (ar.stream) {
-    if (!ok) co_return false;
-    if (timed_out) {
-      ApiError e;
-      e.status = 504;
-      e.type = "timeout";
-      e.message = "the request did not finish within " +
-                  std::to_string(opts.request_timeout.count()) + " ms";
-      ok = co_await write_event(error_body(e));
-    }
-    if (ok && ar.include_usage)
-      ok = co_await write_event(usage_chunk_body(ep, rid, created, served.id, results));
-    if (ok) ok = co_await write_event("[DONE]");
-    beast::error_code ec;
-    if (ok)
-      co_await net::async_write(s, http::make_chunk_last(),
-                                net::redirect_error(net::use_awaitable, ec));
-    (void)header_sent;
-    co_return ok && !ec && req.keep_alive();
-  }
-  if (hang_up->gone) co_return false;
-  if (timed_out) {
-    ApiError e;
-    e.status = 504;
-    e.type = "timeout";
-    e.message =
-        "the request did not finish within " + std::to_string(opts.request_timeout.count()) + " ms";
-    co_return co_await send_error(s, req, e);
-  }
-  for (const auto& r : results)
-    if (!r.ok()) {
-      int retry = 0;
-      const ApiError e = result_error(r, &retry);
-      co_return co_await send_error(s, req, e, retry);
-    }
-  co_return co_await send(s, req, http::status::ok,
-                          response_body(ar, rid, created, served.id, results, logprobs, tok));
 }
 
 // --- routing ---------------------------------------------------------------------------------
@@ -531,8 +214,9 @@ net::awaitable<bool> HttpGateway::Impl::handle(const std::shared_ptr<beast::tcp_
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (!post) co_return co_await send_error(s, req, wrong_method("POST"));
-    co_return co_await generate(
-        sp, req, target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
+    co_return co_await detail::generate(
+        generation, sp, req,
+        target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
   }
   ApiError e;
   e.status = 404;
@@ -635,6 +319,12 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
     return Error{1, "cannot listen for HTTP on " + im.opts.host + ":" +
                         std::to_string(im.opts.port) + ": " + ec.message()};
   im.port = im.acceptor->local_endpoint().port();
+  im.generation.node = im.node;
+  im.generation.served = &im.served;
+  im.generation.metrics = &im.metrics;
+  im.generation.alive = im.alive;
+  im.generation.ioc = &im.ioc;
+  im.generation.request_timeout = im.opts.request_timeout;
   {
     std::lock_guard<std::mutex> lk(im.alive->mu);
     im.alive->ioc = &im.ioc;
