@@ -294,7 +294,7 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
   Impl& im = *g->impl_;
   im.node = &node;
   im.served.model = node.model();
-  im.served.vision = node.vision();
+  if (const auto v = node.vision()) im.served.image_tokens = v->spec.n_image_tokens();
   im.served.id = opts.model_id;
   if (im.served.id.empty()) {
     std::filesystem::path p(im.served.model->path);

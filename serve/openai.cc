@@ -369,7 +369,7 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
     *prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
     return r;
   }
-  if (!served.vision)
+  if (served.image_tokens <= 0)
     fail("messages",
          "this server has no vision encoder for images ([model] mmproj, or `troupe "
          "serve --mmproj`)");
@@ -378,9 +378,8 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   r.image_files = std::make_shared<const std::vector<std::string>>(std::move(images));
   // The text's tokens (each marker counted as its few characters' tokens) and each image's rows
   // with the two tokens that may bracket them: a bound, for the length check.
-  *prompt_len =
-      static_cast<int64_t>(m.tokenizer->encode(*text, false, true).size()) +
-      static_cast<int64_t>(r.image_files->size()) * (served.vision->spec.n_image_tokens() + 2);
+  *prompt_len = static_cast<int64_t>(m.tokenizer->encode(*text, false, true).size()) +
+                static_cast<int64_t>(r.image_files->size()) * (served.image_tokens + 2);
   return r;
 }
 

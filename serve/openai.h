@@ -14,7 +14,6 @@
 
 #include "actors/local_cluster.h"
 #include "model/model.h"
-#include "model/vision.h"
 
 namespace troupe::serve {
 
@@ -37,8 +36,9 @@ struct ServedModel {
   std::shared_ptr<const model::Model> model;
   int64_t max_model_len = 0;  // prompt + completion tokens a sequence may hold
   int64_t max_choices = 16;   // prompts x n in one request
-  /// The head's vision encoder: chats may hold images (data: URLs). Null: they may not.
-  std::shared_ptr<const model::VisionModel> vision;
+  /// The prompt positions one image takes (the head's vision encoder's rows); 0: the head has
+  /// no vision encoder and chats may not hold images.
+  int64_t image_tokens = 0;
 };
 
 /// A parsed request: one GenerateRequest per choice (prompts x n, choice i = prompt i / n).
