@@ -193,6 +193,16 @@ TEST(BenchTools, ClusterBenchesRun) {
   EXPECT_EQ(lines_starting(multi.out, "| 2 daemons | 1 |"), 1) << multi.out;
   EXPECT_EQ(lines_starting(multi.out, "| 2 daemons | 4 |"), 1) << multi.out;
 
+  const auto web = bench("http_bench", {stories, "--gen", "4", "--prompt", "4", "--concurrency",
+                                        "1,3", "--rounds", "1"});
+  ASSERT_EQ(web.rc, 0) << web.err << web.out;
+  int web_rows = 0;
+  for (const auto& row : rows_of(web.out))  // concurrency, tok/s direct, tok/s http, ...
+    if (row.size() >= 7 && (row[0] == "1" || row[0] == "3") && number(row[1]) > 0 &&
+        number(row[2]) > 0)
+      ++web_rows;
+  EXPECT_EQ(web_rows, 2) << web.out;
+
   const std::string llava = shared + "/models/synth/llava-tiny/";
   const auto enc = bench("encoder_bench", {"--model", llava + "model.gguf", "--mmproj",
                                            llava + "mmproj.gguf", "--runs", "1", "--images", "2"});
@@ -265,6 +275,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
       {"transport_bench", {"--reps", "3x"}, "--reps takes an integer"},
       {"transport_bench", {"--bw-scale", "big"}, "--bw-scale takes a number"},
       {"transport_bench", {"--only", "latency"}, "--only takes lat or bw"},
+      {"http_bench", {"m.gguf", "--rounds", "0"}, "--rounds takes an integer in 1.."},
   };
   for (const BadCall& c : calls) {
     SCOPED_TRACE(c.tool);
@@ -275,7 +286,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
   EXPECT_NE(missing.err.find("/nonexistent/m.gguf"), std::string::npos) << missing.err;
   for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench",
                            "cluster_bench", "encoder_bench", "image_chat_bench", "vision_bench",
-                           "multihost_bench", "transport_bench"}) {
+                           "multihost_bench", "transport_bench", "http_bench"}) {
     const auto help = bench(tool, {"--help"});
     EXPECT_EQ(help.rc, 0) << tool;
     EXPECT_EQ(help.out.rfind(std::string("usage: ") + tool, 0), 0u) << tool << ": " << help.out;
