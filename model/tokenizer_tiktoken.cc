@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/base64.h"
 #include "base/check.h"
 #include "model/detail/tokenizer_vocab.h"
 #include "model/detail/unicode.h"
@@ -19,41 +20,6 @@ namespace troupe::model::detail {
 namespace {
 
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
-
-// Standard base64 (RFC 4648, '=' padding); false on any other character or a bad length.
-bool base64_decode(std::string_view in, std::string* out) {
-  out->clear();
-  if (in.empty() || in.size() % 4 != 0) return false;
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  for (size_t i = 0; i < in.size(); i += 4) {
-    const bool last = i + 4 == in.size();
-    int v[4];
-    int pad = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = in[i + static_cast<size_t>(k)];
-      if (c == '=' && last && k >= 2) {
-        v[k] = 0;
-        ++pad;
-      } else {
-        if (pad > 0) return false;  // data after padding
-        v[k] = value(c);
-        if (v[k] < 0) return false;
-      }
-    }
-    const uint32_t w = static_cast<uint32_t>(v[0] << 18 | v[1] << 12 | v[2] << 6 | v[3]);
-    out->push_back(static_cast<char>(w >> 16));
-    if (pad < 2) out->push_back(static_cast<char>(w >> 8 & 0xff));
-    if (pad < 1) out->push_back(static_cast<char>(w & 0xff));
-  }
-  return true;
-}
 
 std::string byte_chars(std::string_view bytes) {
   std::string s;

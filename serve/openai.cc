@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/base64.h"
 #include "model/image.h"
 #include "model/tokenizer.h"
 #include "serve/chat_format.h"
@@ -228,34 +229,6 @@ std::vector<actors::GenerateRequest> completion_prompts(const json& body,
 
 // The image marker of the cluster's multimodal prompts (compute/multimodal_prompt.h).
 constexpr std::string_view kMediaMarker = "<__media__>";
-
-// RFC 4648 base64 (padding optional, no whitespace); false on any other byte.
-bool base64_decode(std::string_view in, std::string* out) {
-  auto val = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
-  out->clear();
-  out->reserve(in.size() * 3 / 4);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = val(c);
-    if (v < 0) return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out->push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return bits < 6;  // a lone trailing character holds no whole byte
-}
 
 // An image_url part's file: a data: URL of a PNG or JPEG (the gateway fetches nothing).
 std::string image_bytes(const json& part, const std::string& pp) {

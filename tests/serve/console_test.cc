@@ -14,6 +14,7 @@
 #include "serve/http_gateway.h"
 #include "tests/cluster_test_util.h"
 #include "tests/serve/http_client.h"
+#include "tests/serve/served_cluster.h"
 #include "tests/test_support.h"
 
 namespace troupe::serve {
@@ -34,42 +35,24 @@ class Console : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string shared = troupe::testing::shared_dir();
     if (shared.empty()) return;
-    const std::string toml = "[model]\npath = \"" + shared +
-                             "/models/stories260K/stories260K.gguf\"\n[cluster]\nname = "
-                             "\"console-test\"\ntoken = \"t\"\nhead = \"a\"\nucx_net_devices = "
-                             "\"lo\"\n[[node]]\nname = \"a\"\naddress = \"127.0.0.1:" +
-                             std::to_string(troupe::testing::free_port()) +
-                             "\"\n[[stage]]\nnode = \"a\"\n[stages]\nkv_blocks = 64\n"
-                             "[scheduler]\nmax_sequences = 4\nmax_model_len = 512\n";
-    auto plan = actors::parse_plan_string(toml, "console-test.toml");
-    ASSERT_TRUE(plan) << plan.error().message;
-    actors::NodeOptions o;
-    o.name = "a";
-    auto node = actors::ClusterNode::start(*plan, o);
-    ASSERT_TRUE(node) << node.error().message;
-    node_ = node->release();
-    auto r = node_->wait_ready(60s);
-    ASSERT_TRUE(r) << r.error().message;
-    GatewayOptions g;
-    g.port = 0;
-    g.model_id = "stories";
-    g.max_model_len = 512;
-    g.console_period = 200ms;
-    auto gw = HttpGateway::start(*node_, g);
-    ASSERT_TRUE(gw) << gw.error().message;
-    gateway_ = gw->release();
+    testing::ServedSpec spec;
+    spec.model = shared + "/models/stories260K/stories260K.gguf";
+    spec.model_id = "stories";
+    spec.max_sequences = 4;
+    spec.gateway.console_period = 200ms;
+    served_ = testing::ServedCluster::start(spec).release();
+    if (served_) gateway_ = served_->gateway.get();
   }
   static void TearDownTestSuite() {
-    delete gateway_;
+    delete served_;
+    served_ = nullptr;
     gateway_ = nullptr;
-    delete node_;
-    node_ = nullptr;
   }
   void SetUp() override {
     TROUPE_SHARED_OR_SKIP(shared);
     ASSERT_NE(gateway_, nullptr) << "the cluster or its gateway did not start";
   }
-  static inline actors::ClusterNode* node_ = nullptr;
+  static inline testing::ServedCluster* served_ = nullptr;
   static inline HttpGateway* gateway_ = nullptr;
 };
 

@@ -59,11 +59,8 @@ inline bool send_all(int fd, const std::string& s) {
   return true;
 }
 
-/// Sends raw bytes and reads until the server closes.
-inline std::string raw_exchange(uint16_t port, const std::string& request) {
-  const int fd = connect_loopback(port);
-  if (fd < 0) return "";
-  send_all(fd, request);
+/// Reads until the server closes (or the socket's receive timeout), then closes `fd`.
+inline std::string read_all(int fd) {
   std::string out;
   char buf[65536];
   while (true) {
@@ -73,6 +70,14 @@ inline std::string raw_exchange(uint16_t port, const std::string& request) {
   }
   ::close(fd);
   return out;
+}
+
+/// Sends raw bytes and reads until the server closes.
+inline std::string raw_exchange(uint16_t port, const std::string& request) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return "";
+  send_all(fd, request);
+  return read_all(fd);
 }
 
 inline HttpAnswer parse_answer(const std::string& raw) {

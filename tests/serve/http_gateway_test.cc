@@ -17,6 +17,7 @@
 #include "model/tokenizer.h"
 #include "tests/cluster_test_util.h"
 #include "tests/serve/http_client.h"
+#include "tests/serve/served_cluster.h"
 #include "tests/test_support.h"
 
 namespace troupe::serve {
@@ -33,36 +34,21 @@ class Gateway : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string shared = troupe::testing::shared_dir();
     if (shared.empty()) return;
-    const std::string toml = "[model]\npath = \"" + shared +
-                             "/models/stories260K/stories260K.gguf\"\n"
-                             "[cluster]\ntoken = \"t\"\nhead = \"a\"\nucx_net_devices = \"lo\"\n"
-                             "[[node]]\nname = \"a\"\naddress = \"127.0.0.1:" +
-                             std::to_string(troupe::testing::free_port()) +
-                             "\"\n[[stage]]\nnode = \"a\"\n[stages]\nkv_blocks = 64\n"
-                             "[scheduler]\nmax_sequences = 8\nmax_model_len = 512\n";
-    auto plan = actors::parse_plan_string(toml, "gateway-test.toml");
-    ASSERT_TRUE(plan) << plan.error().message;
-    actors::NodeOptions o;
-    o.name = "a";
-    auto node = actors::ClusterNode::start(*plan, o);
-    ASSERT_TRUE(node) << node.error().message;
-    node_ = node->release();
-    auto s = node_->wait_ready(60s);
-    ASSERT_TRUE(s) << s.error().message;
-    GatewayOptions g;
-    g.port = 0;
-    g.model_id = kModelId;
-    g.max_model_len = 512;
-    g.max_body_bytes = 1 << 16;
-    auto gw = HttpGateway::start(*node_, g);
-    ASSERT_TRUE(gw) << gw.error().message;
-    gateway_ = gw->release();
-    port_ = gateway_->port();
+    testing::ServedSpec spec;
+    spec.model = shared + "/models/stories260K/stories260K.gguf";
+    spec.model_id = kModelId;
+    spec.gateway.max_body_bytes = 1 << 16;
+    served_ = testing::ServedCluster::start(spec).release();
+    if (served_) {
+      node_ = served_->node.get();
+      gateway_ = served_->gateway.get();
+      port_ = gateway_->port();
+    }
   }
   static void TearDownTestSuite() {
-    delete gateway_;
+    delete served_;
+    served_ = nullptr;
     gateway_ = nullptr;
-    delete node_;
     node_ = nullptr;
   }
   void SetUp() override {
@@ -111,6 +97,20 @@ class Gateway : public ::testing::Test {
     return out;
   }
 
+  // The metrics once nothing runs (neither in the scheduler nor the gateway), or after 5 s.
+  static json metrics_when_idle() {
+    json m;
+    for (int i = 0; i < 200; ++i) {
+      m = scheduler_metrics();
+      if (m.value("troupe:num_requests_running", 1.0) == 0 &&
+          m.value("troupe:gateway_requests_in_flight", 1.0) == 0)
+        break;
+      std::this_thread::sleep_for(25ms);
+    }
+    return m;
+  }
+
+  static inline testing::ServedCluster* served_ = nullptr;
   static inline actors::ClusterNode* node_ = nullptr;
   static inline HttpGateway* gateway_ = nullptr;
   static inline uint16_t port_ = 0;
@@ -364,14 +364,7 @@ TEST_F(Gateway, AClientThatLeavesHasItsRequestCancelled) {
   ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
   ::close(fd);
   // The scheduler drops the sequence: nothing runs any more, and far fewer than 500 tokens came.
-  json m;
-  for (int i = 0; i < 200; ++i) {
-    m = scheduler_metrics();
-    if (m.value("troupe:num_requests_running", 1.0) == 0 &&
-        m.value("troupe:gateway_requests_in_flight", 1.0) == 0)
-      break;
-    std::this_thread::sleep_for(25ms);
-  }
+  const json m = metrics_when_idle();
   EXPECT_EQ(m.value("troupe:num_requests_running", -1.0), 0);
   EXPECT_EQ(m.value("troupe:gateway_requests_in_flight", -1.0), 0);
   EXPECT_LT(m.value("troupe:generation_tokens_total", 1e9) - generated0, 250);
@@ -395,14 +388,7 @@ TEST_F(Gateway, AClientThatLeavesBeforeAWholeAnswerHasItsRequestCancelled) {
       "Content-Length: " +
           std::to_string(body.size()) + "\r\n\r\n" + body));
   ::close(fd);  // gone before any answer
-  json m;
-  for (int i = 0; i < 200; ++i) {
-    m = scheduler_metrics();
-    if (m.value("troupe:num_requests_running", 1.0) == 0 &&
-        m.value("troupe:gateway_requests_in_flight", 1.0) == 0)
-      break;
-    std::this_thread::sleep_for(25ms);
-  }
+  const json m = metrics_when_idle();
   EXPECT_EQ(m.value("troupe:num_requests_running", -1.0), 0);
   EXPECT_EQ(m.value("troupe:gateway_requests_in_flight", -1.0), 0);
   EXPECT_LT(m.value("troupe:generation_tokens_total", 1e9) - generated0, 250);

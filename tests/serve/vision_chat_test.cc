@@ -15,6 +15,7 @@
 #include "tests/cluster_test_util.h"
 #include "tests/edited_model.h"
 #include "tests/serve/http_client.h"
+#include "tests/serve/served_cluster.h"
 #include "tests/test_support.h"
 
 namespace troupe::serve {
@@ -51,39 +52,25 @@ class VisionChat : public ::testing::Test {
     if (shared.empty()) return;
     dir_ = new troupe::testing::TempDir();
     const std::string pair = shared + "/models/synth/llava-tiny";
-    const std::string model = troupe::testing::edited_gguf(
+    testing::ServedSpec spec;
+    spec.model = troupe::testing::edited_gguf(
         *dir_, "llava-chat.gguf", pair + "/model.gguf", [](model::GgufWriter& w) {
           w.set_string("tokenizer.chat_template", "{{ bos_token + '[INST] <<SYS>>' }}");
         });
-    ASSERT_FALSE(model.empty());
-    const std::string toml = "[model]\npath = \"" + model + "\"\nmmproj = \"" + pair +
-                             "/mmproj.gguf\"\n[cluster]\ntoken = \"t\"\nhead = \"a\"\n"
-                             "ucx_net_devices = \"lo\"\n[[node]]\nname = \"a\"\naddress = "
-                             "\"127.0.0.1:" +
-                             std::to_string(troupe::testing::free_port()) +
-                             "\"\n[[stage]]\nnode = \"a\"\n[stages]\nkv_blocks = 64\n"
-                             "[scheduler]\nmax_sequences = 4\nmax_model_len = 512\n";
-    auto plan = actors::parse_plan_string(toml, "vision-chat-test.toml");
-    ASSERT_TRUE(plan) << plan.error().message;
-    actors::NodeOptions o;
-    o.name = "a";
-    auto node = actors::ClusterNode::start(*plan, o);
-    ASSERT_TRUE(node) << node.error().message;
-    node_ = node->release();
-    auto r = node_->wait_ready(60s);
-    ASSERT_TRUE(r) << r.error().message;
-    GatewayOptions g;
-    g.port = 0;
-    g.model_id = "llava";
-    g.max_model_len = 512;
-    auto gw = HttpGateway::start(*node_, g);
-    ASSERT_TRUE(gw) << gw.error().message;
-    gateway_ = gw->release();
+    ASSERT_FALSE(spec.model.empty());
+    spec.model_extra = "mmproj = \"" + pair + "/mmproj.gguf\"\n";
+    spec.model_id = "llava";
+    spec.max_sequences = 4;
+    served_ = testing::ServedCluster::start(spec).release();
+    if (served_) {
+      node_ = served_->node.get();
+      gateway_ = served_->gateway.get();
+    }
   }
   static void TearDownTestSuite() {
-    delete gateway_;
+    delete served_;
+    served_ = nullptr;
     gateway_ = nullptr;
-    delete node_;
     node_ = nullptr;
     delete dir_;
     dir_ = nullptr;
@@ -104,6 +91,7 @@ class VisionChat : public ::testing::Test {
   }
 
   static inline troupe::testing::TempDir* dir_ = nullptr;
+  static inline testing::ServedCluster* served_ = nullptr;
   static inline actors::ClusterNode* node_ = nullptr;
   static inline HttpGateway* gateway_ = nullptr;
 };
