@@ -354,9 +354,10 @@ NodeActor::behavior_type detail::node_behavior(NodeSelf* self, NodeConfig cfg) {
       },
       [=](submit_atom, const LocalRequestPtr& lr) {
         auto& s = self->state;
-        std::string why = !s.head || !s.gateway ? "this node is not the cluster's head"
-                          : s.leaving           ? "the cluster is shutting down"
-                                                : head_refusal(self);
+        // Only the head has a gateway (ClusterNode::submit refuses on other nodes).
+        std::string why = !s.gateway  ? "this node is not the cluster's head"
+                          : s.leaving ? "the cluster is shutting down"
+                                      : head_refusal(self);
         if (why.empty()) return self->send(s.gateway, submit_atom::value, lr);
         GenerateResult r;
         r.finish_reason = "error";

@@ -63,14 +63,7 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
   });
   return {
       [=](submit_atom, const LocalRequestPtr& lr) {
-        auto& st = self->state;
-        if (st.local_by_id.count(lr->id)) {
-          GenerateResult r;
-          r.finish_reason = "error";
-          r.error = "request " + std::to_string(lr->id) + " is already in flight";
-          if (lr->callbacks.on_finish) lr->callbacks.on_finish(r);
-          return;
-        }
+        auto& st = self->state;  // ids come from ClusterNode's counter: never one in flight
         const int64_t rtag = st.next_tag++;
         st.local_by_tag[rtag] = lr;
         st.local_by_id[lr->id] = rtag;
@@ -113,7 +106,8 @@ GatewayActor::behavior_type gateway_behavior(GatewaySelf* self, std::shared_ptr<
       [=](token_atom, int64_t rtag, const StreamPiecePtr& p) {
         auto& st = self->state;
         if (auto l = st.local_by_tag.find(rtag); l != st.local_by_tag.end()) {
-          if (l->second->callbacks.on_piece) l->second->callbacks.on_piece(p->delta, p->token, p->logits);
+          if (l->second->callbacks.on_piece)
+            l->second->callbacks.on_piece(p->delta, p->token, p->logits);
           return;
         }
         auto it = st.by_tag.find(rtag);

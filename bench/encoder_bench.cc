@@ -33,12 +33,15 @@
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
 #include "bench/detail/args.h"
+#include "bench/detail/median.h"
 #include "bench/detail/pictures.h"
+#include "bench/detail/ports.h"
 #include "model/synth.h"
 
 namespace {
 
 using namespace troupe;  // NOLINT(google-build-using-namespace): a benchmark's main file
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void die(const std::string& why) {
@@ -48,16 +51,9 @@ using Clock = std::chrono::steady_clock;
 
 // A loopback port nobody listens on now.
 uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    die("cannot find a free loopback port");
-  close(fd);
-  return ntohs(a.sin_port);
+  const uint16_t p = bench::free_loopback_port();
+  if (p == 0) die("cannot find a free loopback port");
+  return p;
 }
 
 struct Burst {
@@ -120,11 +116,6 @@ Burst run(const std::string& model, const std::string& mmproj, const std::string
   client->reset();
   for (size_t i = nodes.size(); i-- > 0;) nodes[i].reset();
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 
 #include "bench/detail/args.h"
 #include "bench/detail/cpu_info.h"
+#include "bench/detail/median.h"
 #include "bench/detail/membw.h"
 #include "bench/detail/peaks.h"
 #include "compute/engine.h"
@@ -36,6 +37,7 @@
 #include "model/model.h"
 
 using namespace troupe;
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -48,11 +50,6 @@ bool run_step(compute::Engine& eng, std::span<const compute::SeqStep> steps,
   auto r = eng.step(steps, res);
   if (!r) std::fprintf(stderr, "engine_bench: step failed: %s\n", r.error().message.c_str());
   return static_cast<bool>(r);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Weights one decode token reads: every matrix, except embeddings (one row) and, for MoE

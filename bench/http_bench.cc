@@ -25,32 +25,18 @@
 #include "actors/cluster_node.h"
 #include "actors/plan.h"
 #include "bench/detail/args.h"
+#include "bench/detail/median.h"
+#include "bench/detail/ports.h"
 #include "serve/http_gateway.h"
 #include "tests/serve/http_client.h"
 
 using namespace troupe;
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 struct Round {
   double wall = 0;         // first request sent to last one finished
@@ -106,11 +92,8 @@ Round over_http(uint16_t port, const std::string& model_id,
                                               {"stream", true},
                                               {"stream_options", {{"include_usage", true}}}}
                                    .dump();
-      const int fd = serve::testing::connect_loopback(port);
-      serve::testing::send_all(fd,
-                               "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                               "Content-Type: application/json\r\nContent-Length: " +
-                                   std::to_string(body.size()) + "\r\n\r\n" + body);
+      const int fd = serve::testing::send_request(
+          port, serve::testing::request_text("POST", "/v1/completions", body));
       std::string raw;
       char buf[65536];
       while (true) {
@@ -168,7 +151,7 @@ int main(int argc, char** argv) {
       "[model]\npath = \"" + model +
       "\"\n[cluster]\ntoken = \"bench\"\nhead = \"a\"\nucx_net_devices = \"lo\"\n"
       "[[node]]\nname = \"a\"\naddress = \"127.0.0.1:" +
-      std::to_string(free_port()) +
+      std::to_string(bench::free_loopback_port()) +
       "\"\n[[stage]]\nnode = \"a\"\n[scheduler]\nmax_sequences = " + std::to_string(max_c) +
       "\nmax_model_len = " + std::to_string(plen + gen + 16) + "\n";
   auto plan = actors::parse_plan_string(toml, "http_bench");

@@ -20,6 +20,7 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "bench/detail/args.h"
+#include "bench/detail/median.h"
 #include "bench/detail/pictures.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -28,6 +29,7 @@
 namespace {
 
 using namespace troupe;  // NOLINT(google-build-using-namespace): a benchmark's main file
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void die(const std::string& why) {
@@ -61,11 +63,6 @@ Turn turn(actors::LocalCluster& lc, const std::string& prompt, const std::string
   t.hit = prefix_hits(lc) - before;
   t.text = res.text;
   return t;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 #include "actors/local_cluster.h"
 #include "actors/plan.h"
 #include "bench/detail/args.h"
+#include "bench/detail/ports.h"
 #include "compute/matmul.h"
 #include "model/model.h"
 
@@ -96,16 +97,9 @@ std::string tail(const std::string& s, size_t n) {
 
 // A port that was free a moment ago (the daemons bind it; a race is reported as a start failure).
 uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-    fail("cannot find a free loopback port");
-  ::close(fd);
-  return ntohs(sa.sin_port);
+  const uint16_t p = bench::free_loopback_port();
+  if (p == 0) fail("cannot find a free loopback port");
+  return p;
 }
 
 struct Options {

@@ -27,14 +27,6 @@ std::string bracket_markers(std::string_view text, const model::VisionSpec& v) {
   return out;
 }
 
-size_t count_markers(std::string_view text) {
-  size_t n = 0;
-  for (size_t at = 0; (at = text.find(kMediaMarker, at)) != std::string_view::npos;
-       at += kMediaMarker.size())
-    ++n;
-  return n;
-}
-
 Status check_image_tokens(const model::Tokenizer& tok, const model::VisionSpec& v) {
   if (v.projector != model::Projector::kGemma3 ||
       (tok.find_token("<start_of_image>") >= 0 && tok.find_token("<end_of_image>") >= 0))
@@ -60,7 +52,7 @@ Status check_vision_pair(const model::Tokenizer* tok, int64_t n_embd,
 Result<MultimodalPrompt> build_multimodal_prompt(const model::Tokenizer& tok, std::string_view text,
                                                  std::span<const std::vector<float>> images,
                                                  const model::VisionSpec& vision, bool add_bos) {
-  const size_t n_markers = count_markers(text);
+  const size_t n_markers = count_media_markers(text);
   std::string with_markers;
   if (n_markers == 0) {
     for (size_t i = 0; i < images.size(); ++i) with_markers.append(kMediaMarker);

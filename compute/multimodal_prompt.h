@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -20,6 +21,15 @@ namespace troupe::compute {
 
 /// Where an image goes in a prompt's text (llama.cpp's default media marker).
 inline constexpr std::string_view kMediaMarker = "<__media__>";
+
+/// How many image markers `text` holds.
+inline size_t count_media_markers(std::string_view text) {
+  size_t n = 0;
+  for (size_t at = 0; (at = text.find(kMediaMarker, at)) != std::string_view::npos;
+       at += kMediaMarker.size())
+    ++n;
+  return n;
+}
 
 struct MultimodalPrompt {
   struct Span {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/base64.h"
+#include "compute/multimodal_prompt.h"
 #include "model/image.h"
 #include "model/tokenizer.h"
 #include "serve/chat_format.h"
@@ -189,6 +190,7 @@ compute::SamplingParams sampling_of(const json& body, int32_t n_vocab) {
 }
 
 // The prompts of /v1/completions: a string, an array of token ids, or an array of either.
+// `texts` (echo only; else null): each prompt's text.
 std::vector<actors::GenerateRequest> completion_prompts(const json& body,
                                                         const model::Tokenizer* tok,
                                                         int32_t n_vocab,
@@ -213,10 +215,10 @@ std::vector<actors::GenerateRequest> completion_prompts(const json& body,
       if (!tok) fail(param, "this model has no vocabulary: send the prompt as token ids");
       const std::string text = it.get<std::string>();
       r.prompt_tokens = tok->encode(text, /*add_special=*/true, /*parse_special=*/true);
-      texts->push_back(text);
+      if (texts) texts->push_back(text);
     } else if (it.is_array()) {
       r.prompt_tokens = token_ids(it, param, n_vocab);
-      texts->push_back(tok ? tok->decode(r.prompt_tokens) : std::string());
+      if (texts) texts->push_back(tok ? tok->decode(r.prompt_tokens) : std::string());
     } else {
       fail(param,
            "'" + param + "' must be a string or an array of token ids, got " + type_name(it));
@@ -227,8 +229,7 @@ std::vector<actors::GenerateRequest> completion_prompts(const json& body,
   return out;
 }
 
-// The image marker of the cluster's multimodal prompts (compute/multimodal_prompt.h).
-constexpr std::string_view kMediaMarker = "<__media__>";
+using compute::kMediaMarker;  // where an image goes in a prompt's text
 
 // An image_url part's file: a data: URL of a PNG or JPEG (the gateway fetches nothing).
 std::string image_bytes(const json& part, const std::string& pp) {
@@ -312,11 +313,7 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
     else if (cm.role != "assistant")
       fail(pm + ".content", "'" + pm + ".content' is required");
     // Each image marker in the text must be one of the message's image parts.
-    size_t markers = 0;
-    for (size_t at = cm.content.find(kMediaMarker); at != std::string::npos;
-         at = cm.content.find(kMediaMarker, at + 1))
-      ++markers;
-    if (markers != images.size() - images_before)
+    if (compute::count_media_markers(cm.content) != images.size() - images_before)
       fail(pm + ".content", "'" + pm + ".content' holds " + std::string(kMediaMarker) +
                                 ", the image marker: give images as image_url parts");
     list.push_back(std::move(cm));
@@ -401,7 +398,7 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
   if (echo && out->logprobs >= 0)
     fail("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported yet");
   if (ep == Endpoint::kCompletions) {
-    prompts = completion_prompts(body, m.tokenizer.get(), n_vocab, &texts);
+    prompts = completion_prompts(body, m.tokenizer.get(), n_vocab, echo ? &texts : nullptr);
     for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.prompt_tokens.size()));
   } else {
     int64_t len = 0;

@@ -53,16 +53,21 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top
     return static_cast<double>(logits[static_cast<size_t>(id)]) - log_z;
   };
   if (token >= 0 && static_cast<size_t>(token) < logits.size()) out.logprob = lp(token);
+  // The k best by one pass, kept sorted (k <= 20; most logits fail against the k-th at once):
+  // no vocabulary-sized buffer per token. Ties go to the lower id (the earlier one stays first).
   const size_t k = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
-                    [&](int32_t a, int32_t b) {
-                      const float la = logits[static_cast<size_t>(a)];
-                      const float lb = logits[static_cast<size_t>(b)];
-                      return la > lb || (la == lb && a < b);
-                    });
-  for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], lp(ids[i]));
+  std::vector<int32_t> ids;
+  ids.reserve(k + 1);
+  for (size_t v = 0; v < logits.size() && k > 0; ++v) {
+    const float x = logits[v];
+    if (ids.size() == k && !(x > logits[static_cast<size_t>(ids.back())])) continue;
+    auto at = std::upper_bound(ids.begin(), ids.end(), x, [&](float val, int32_t id) {
+      return val > logits[static_cast<size_t>(id)];
+    });
+    ids.insert(at, static_cast<int32_t>(v));
+    if (ids.size() > k) ids.pop_back();
+  }
+  for (int32_t id : ids) out.top.emplace_back(id, lp(id));
   return out;
 }
 

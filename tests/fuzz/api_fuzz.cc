@@ -81,7 +81,8 @@ void check(Endpoint ep, std::string_view body, const ServedModel& served) {
   std::vector<troupe::actors::GenerateResult> results;
   std::vector<std::vector<TokenLogprob>> logprobs;
   for (const auto& c : req.choices) {
-    for (int32_t t : c.prompt_tokens) require(t >= 0 && t < n_vocab, "a prompt id outside the vocabulary");
+    for (int32_t t : c.prompt_tokens)
+      require(t >= 0 && t < n_vocab, "a prompt id outside the vocabulary");
     require(c.max_tokens >= 0, "negative max_tokens");
     if (!c.image_files)
       require(static_cast<int64_t>(c.prompt_tokens.size()) + c.max_tokens <= served.max_model_len,
@@ -95,8 +96,7 @@ void check(Endpoint ep, std::string_view body, const ServedModel& served) {
     std::vector<float> logits(static_cast<size_t>(n_vocab), 0.5f);
     logprobs.push_back({token_logprob(logits, 1, req.logprobs < 0 ? 0 : req.logprobs)});
   }
-  require(!response_body(req, "id", 0, served.id, results, logprobs,
-                         served.model->tokenizer.get())
+  require(!response_body(req, "id", 0, served.id, results, logprobs, served.model->tokenizer.get())
                .empty(),
           "no answer");
   require(!chunk_body(ep, "id", 0, served.id, 0, "x", true, "",

@@ -39,12 +39,7 @@ int start_stream(uint16_t port, int max_tokens) {
       json{{"model", "stories"}, {"prompt", "Once"},   {"max_tokens", max_tokens},
            {"temperature", 0.8}, {"ignore_eos", true}, {"stream", true}}
           .dump();
-  const int fd = testing::connect_loopback(port);
-  testing::send_all(fd,
-                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                    "Content-Type: application/json\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\n\r\n" + body);
-  return fd;
+  return testing::send_request(port, testing::request_text("POST", "/v1/completions", body));
 }
 
 TEST(GatewayDrain, RequestsInFlightFinishThenNewOnesAre503) {

@@ -117,16 +117,33 @@ inline HttpAnswer parse_answer(const std::string& raw) {
   return a;
 }
 
-/// One request with "Connection: close"; `headers` are extra lines ("Name: value").
-inline HttpAnswer http(uint16_t port, const std::string& method, const std::string& target,
-                       const std::string& body = "", const std::vector<std::string>& headers = {}) {
+/// A request's bytes, with "Connection: close"; `headers` are extra lines ("Name: value"); a POST
+/// (or a body) is sent as JSON.
+inline std::string request_text(const std::string& method, const std::string& target,
+                                const std::string& body = "",
+                                const std::vector<std::string>& headers = {}) {
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   for (const auto& h : headers) req += h + "\r\n";
   if (!body.empty() || method == "POST")
     req +=
         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  req += "\r\n" + body;
-  return parse_answer(raw_exchange(port, req));
+  return req + "\r\n" + body;
+}
+
+/// Sends `request` on a new connection; the socket to read the answer from, or -1.
+inline int send_request(uint16_t port, const std::string& request) {
+  const int fd = connect_loopback(port);
+  if (fd >= 0 && !send_all(fd, request)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// One request, its answer read to the end.
+inline HttpAnswer http(uint16_t port, const std::string& method, const std::string& target,
+                       const std::string& body = "", const std::vector<std::string>& headers = {}) {
+  return parse_answer(raw_exchange(port, request_text(method, target, body, headers)));
 }
 
 }  // namespace troupe::serve::testing

@@ -353,13 +353,9 @@ TEST_F(Gateway, AClientThatLeavesHasItsRequestCancelled) {
   const std::string body = json{{"model", kModelId},  {"prompt", "Once"},   {"max_tokens", 500},
                                 {"temperature", 0.8}, {"ignore_eos", true}, {"stream", true}}
                                .dump();
-  const int fd = testing::connect_loopback(port_);
+  const int fd =
+      testing::send_request(port_, testing::request_text("POST", "/v1/completions", body));
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(testing::send_all(
-      fd,
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-          std::to_string(body.size()) + "\r\n\r\n" + body));
   char buf[256];
   ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
   ::close(fd);
@@ -380,13 +376,9 @@ TEST_F(Gateway, AClientThatLeavesBeforeAWholeAnswerHasItsRequestCancelled) {
       {"max_tokens", 500},
       {"temperature", 0.8},
       {"ignore_eos", true}}.dump();
-  const int fd = testing::connect_loopback(port_);
+  const int fd =
+      testing::send_request(port_, testing::request_text("POST", "/v1/completions", body));
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(testing::send_all(
-      fd,
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-          std::to_string(body.size()) + "\r\n\r\n" + body));
   ::close(fd);  // gone before any answer
   const json m = metrics_when_idle();
   EXPECT_EQ(m.value("troupe:num_requests_running", -1.0), 0);
