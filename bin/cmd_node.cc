@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -39,6 +41,8 @@ constexpr const char* kNodeHelp =
     "                       environment's TROUPE_API_KEY; none: open)\n"
     "  --served-model-name N  serve: the name clients give as \"model\" (default: the model\n"
     "                       file's or directory's name)\n"
+    "  --chat-template FILE serve: the Jinja chat template for /v1/chat/completions in place\n"
+    "                       of the model's own (default: the model's)\n"
     "  --max-model-len N    serve --model: prompt + completion tokens per sequence (default 2048)\n"
     "  --max-sequences N    serve --model: sequences decoded at once (default the plan's)\n"
     "  --mmproj PATH        serve --model: a vision encoder (llama.cpp mmproj GGUF) for chats\n"
@@ -115,11 +119,12 @@ int run_node(const Args& args, bool serve) {
   }
   ArgParser ap(args,
                {"config", "name", "model", "fault", "ready-timeout", "http", "api-key",
-                "served-model-name", "max-model-len", "max-sequences", "mmproj"},
+                "served-model-name", "chat-template", "max-model-len", "max-sequences", "mmproj"},
                {});
   const bool quick = serve && !ap.has("config") && ap.has("model");
   if (!serve)
-    for (const char* o : {"http", "api-key", "served-model-name", "max-model-len", "max-sequences"})
+    for (const char* o : {"http", "api-key", "served-model-name", "chat-template", "max-model-len",
+                          "max-sequences"})
       if (ap.has(o)) throw CliError(std::string("--") + o + " is an option of `troupe serve`");
   if (!quick)
     for (const char* o : {"max-model-len", "max-sequences", "mmproj"})
@@ -166,6 +171,15 @@ int run_node(const Args& args, bool serve) {
     http.api_key =
         ap.str("api-key", std::getenv("TROUPE_API_KEY") ? std::getenv("TROUPE_API_KEY") : "");
     http.model_id = ap.str("served-model-name");
+    if (ap.has("chat-template")) {
+      std::ifstream in(ap.str("chat-template"), std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in || text.str().empty())
+        throw CliError("--chat-template: cannot read '" + ap.str("chat-template") +
+                       "' (or it is empty)");
+      http.chat_template = text.str();
+    }
     http.max_model_len = plan->scheduler.max_model_len;
   }
   auto node = actors::ClusterNode::start(std::move(*plan), opts);

@@ -3,6 +3,7 @@
 // requests are generation.cc's.
 #include "serve/http_gateway.h"
 
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <set>
@@ -300,6 +301,14 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
     std::filesystem::path p(im.served.model->path);
     while (p.has_parent_path() && p.filename().empty()) p = p.parent_path();
     im.served.id = p.filename().string();
+  }
+  if (!opts.chat_template.empty()) {
+    if (auto st = set_chat_template(&im.served, opts.chat_template); !st)
+      return Error{1, "--chat-template: " + st.error().message};
+  } else if (auto st = set_chat_template(&im.served, im.served.model->chat_template); !st) {
+    // Completions are still served; chats say why they are not.
+    std::fprintf(stderr, "troupe serve: chat completions are refused: the model's %s\n",
+                 st.error().message.c_str());
   }
   im.served.max_model_len = opts.max_model_len;
   im.served.max_choices = opts.max_choices;

@@ -25,6 +25,7 @@ struct GatewayOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;       // 0: any free port (port() tells which)
   std::string model_id;       // the name clients give as "model"; "" = the model file's name
+  std::string chat_template;  // a Jinja chat template's source in place of the model's ("": its)
   int64_t max_model_len = 0;  // the plan's scheduler.max_model_len (prompt + completion)
   int64_t max_choices = 16;   // prompts x n in one request
   /// When set, /v1/ routes need "Authorization: Bearer <api_key>" (401 otherwise).

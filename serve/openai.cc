@@ -6,21 +6,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "base/base64.h"
 #include "compute/multimodal_prompt.h"
+#include "model/chat_template.h"
 #include "model/image.h"
 #include "model/tokenizer.h"
-#include "serve/chat_format.h"
 
 namespace troupe::serve {
 
 namespace {
 
-using nlohmann::json;
+// Ordered: objects keep their members' order into the chat template (tojson of a message).
+using json = nlohmann::ordered_json;
 
 // Thrown inside parsing only; parse_request turns it into its ApiError.
 struct BadField {
@@ -287,15 +289,22 @@ std::string content_text(const json& c, const std::string& param,
   return text;
 }
 
-// A chat's request and its prompt's length in tokens (with images: their rows counted).
-actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
-                                    int64_t* prompt_len) {
-  const model::Model& m = *served.model;
-  std::vector<std::string> images;
+// The chat template's variables for a chat request: the messages (content as text, images as
+// markers in it), add_generation_prompt, the vocabulary's special-token texts and the request's
+// chat_template_kwargs, as transformers' apply_chat_template passes them.
+json chat_context(const json& body, const ServedModel& served, std::vector<std::string>* images) {
   const json* msgs = field(body, "messages");
   if (!msgs) fail("messages", "'messages' is required");
   if (!msgs->is_array()) fail("messages", "'messages' must be an array, got " + type_name(*msgs));
-  std::vector<ChatMessage> list;
+  if (msgs->empty()) fail("messages", "'messages' is empty");
+  json context = json::object();
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object())
+      fail("chat_template_kwargs",
+           "'chat_template_kwargs' must be an object, got " + type_name(*kw));
+    for (const auto& [k, v] : kw->items()) context[k] = v;
+  }
+  json list = json::array();
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& x = (*msgs)[i];
     const std::string pm = "messages[" + std::to_string(i) + "]";
@@ -304,36 +313,70 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
       fail(pm + ".role", "'" + pm + ".role' must be a string");
     if (x.contains("tool_calls") && !x["tool_calls"].is_null())
       fail(pm + ".tool_calls", "'tool_calls' in messages are not supported yet");
-    ChatMessage cm;
-    cm.role = x["role"].get<std::string>();
-    const size_t images_before = images.size();
-    if (x.contains("content") && !x["content"].is_null())
-      cm.content =
-          content_text(x["content"], pm + ".content", cm.role == "user" ? &images : nullptr);
-    else if (cm.role != "assistant")
+    std::string role = x["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name; templates know "system"
+    json m = json::object();
+    m["role"] = role;
+    const size_t images_before = images->size();
+    if (x.contains("content") && !x["content"].is_null()) {
+      const std::string text =
+          content_text(x["content"], pm + ".content", role == "user" ? images : nullptr);
+      // Each image marker in the text must be one of the message's image parts.
+      if (compute::count_media_markers(text) != images->size() - images_before)
+        fail(pm + ".content", "'" + pm + ".content' holds " + std::string(kMediaMarker) +
+                                  ", the image marker: give images as image_url parts");
+      m["content"] = text;
+    } else if (role != "assistant") {
       fail(pm + ".content", "'" + pm + ".content' is required");
-    // Each image marker in the text must be one of the message's image parts.
-    if (compute::count_media_markers(cm.content) != images.size() - images_before)
-      fail(pm + ".content", "'" + pm + ".content' holds " + std::string(kMediaMarker) +
-                                ", the image marker: give images as image_url parts");
-    list.push_back(std::move(cm));
+    } else {
+      m["content"] = nullptr;
+    }
+    for (const char* extra : {"name", "tool_call_id", "reasoning_content"})
+      if (x.contains(extra) && x[extra].is_string()) m[extra] = x[extra];
+    list.push_back(std::move(m));
   }
+  context["messages"] = std::move(list);
+  context["add_generation_prompt"] = boolean(body, "add_generation_prompt", true);
+  const model::Tokenizer& tok = *served.model->tokenizer;
+  auto special = [&](const char* name, int32_t id) {
+    if (id >= 0) context[name] = std::string(tok.token_text(id));
+  };
+  special("bos_token", tok.bos_id());
+  special("eos_token", tok.eos_id());
+  return context;
+}
+
+// A chat's request and its prompt's length in tokens (with images: their rows counted).
+actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
+                                    int64_t* prompt_len) {
+  const model::Model& m = *served.model;
   if (!m.tokenizer) fail("messages", "this model has no vocabulary: use /v1/completions");
-  const ChatFormat f = detect_chat_format(m.chat_template);
-  if (f == ChatFormat::kNone)
-    fail("messages", m.chat_template.empty()
-                         ? "this model has no chat template: use /v1/completions"
-                         : "this model's chat template is of no family troupe knows (chatml, "
-                           "llama3, llama2, mistral, gemma, deepseek, phi3): use "
-                           "/v1/completions");
-  for (std::string_view t : chat_format_tokens(f))
-    if (m.tokenizer->find_token(t) < 0)
-      fail("messages", "this model's chat template looks like " + std::string(chat_format_name(f)) +
-                           "'s, but its vocabulary has no " + std::string(t) +
-                           " token: use /v1/completions");
-  auto text = render_chat(f, list);
-  if (!text) fail("messages", text.error().message);
+  std::vector<std::string> images;
+  const json context = chat_context(body, served, &images);
+  if (!served.chat_template) fail("messages", served.chat_template_error);
+  auto text = served.chat_template->render(context, static_cast<int64_t>(std::time(nullptr)));
+  if (!text) {
+    if (text.error().code == static_cast<int>(model::TemplateErrc::kRaised))
+      fail("messages", "the model's chat template refused the messages: " + text.error().message);
+    fail("messages", "the model's " + text.error().message);
+  }
+  // Nothing is lost silently: a template that leaves a system message out (Phi-3's does) is
+  // refused rather than followed.
+  const json& list = context["messages"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i]["role"] != "system" || !list[i]["content"].is_string()) continue;
+    std::string c = list[i]["content"].get<std::string>();
+    const size_t b = c.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) continue;
+    c = c.substr(b, c.find_last_not_of(" \t\r\n") - b + 1);
+    if (text->find(c) == std::string::npos)
+      fail("messages[" + std::to_string(i) + "]",
+           "the model's chat template leaves out messages[" + std::to_string(i) +
+               "] (a system message): put its text in the first user message");
+  }
   actors::GenerateRequest r;
+  // The template writes the prompt's special tokens (BOS included) itself, as Hugging Face
+  // tokenizes a rendered chat: no BOS added, control-token texts recognized.
   if (images.empty()) {
     r.prompt_tokens = m.tokenizer->encode(*text, /*add_special=*/false, /*parse_special=*/true);
     *prompt_len = static_cast<int64_t>(r.prompt_tokens.size());
@@ -448,6 +491,23 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
 }
 
 }  // namespace
+
+Status set_chat_template(ServedModel* served, std::string_view source) {
+  served->chat_template.reset();
+  if (source.empty()) {
+    served->chat_template_error =
+        "this model has no chat template: use /v1/completions, or give one (--chat-template)";
+    return Ok{};
+  }
+  auto t = model::ChatTemplate::compile(source);
+  if (!t) {
+    served->chat_template_error = "the model's " + t.error().message;
+    return t.error();
+  }
+  served->chat_template = std::make_shared<const model::ChatTemplate>(std::move(*t));
+  served->chat_template_error.clear();
+  return Ok{};
+}
 
 bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& served,
                    ApiRequest* out, ApiError* err) {

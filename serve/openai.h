@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "actors/local_cluster.h"
+#include "base/result.h"
+#include "model/chat_template.h"
 #include "model/model.h"
 
 namespace troupe::serve {
@@ -39,7 +41,16 @@ struct ServedModel {
   /// The prompt positions one image takes (the head's vision encoder's rows); 0: the head has
   /// no vision encoder and chats may not hold images.
   int64_t image_tokens = 0;
+  /// The template chats are rendered with (set_chat_template); null: chats are refused with
+  /// chat_template_error.
+  std::shared_ptr<const model::ChatTemplate> chat_template;
+  std::string chat_template_error = "this model has no chat template: use /v1/completions";
 };
+
+/// Compiles `source` (the model's chat template, or one given in its place) for `served`. An
+/// empty source, or one that does not compile (the error is returned, naming its line), leaves
+/// chats refused with a message that says why; completions are served either way.
+Status set_chat_template(ServedModel* served, std::string_view source);
 
 /// A parsed request: one GenerateRequest per choice (prompts x n, choice i = prompt i / n).
 struct ApiRequest {
@@ -71,9 +82,10 @@ std::string logprobs_json(Endpoint endpoint, const model::Tokenizer* tok,
 
 /// Parses and validates a body. Prompts are tokenized here (special-token texts recognized, as
 /// Hugging Face tokenizers do); a chat's messages go through the model's chat template
-/// (serve/chat_format.h). A chat's images (image_url parts with data: URLs of PNG or JPEG files)
-/// stay in its text as image markers and go with it as files: the cluster's encoder lays the
-/// prompt out. Returns false with *err set (status 400, or 404 for an unknown model).
+/// (model/chat_template.h), with the request's chat_template_kwargs and add_generation_prompt. A
+/// chat's images (image_url parts with data: URLs of PNG or JPEG files) stay in its text as image
+/// markers and go with it as files: the cluster's encoder lays the prompt out. Returns false with
+/// *err set (status 400, or 404 for an unknown model).
 bool parse_request(Endpoint endpoint, std::string_view body, const ServedModel& served,
                    ApiRequest* out, ApiError* err);
 

@@ -28,6 +28,7 @@ std::string shared_dir() {
 }
 
 std::string binary_dir() { return TROUPE_BINARY_DIR; }
+std::string source_dir() { return TROUPE_SOURCE_DIR; }
 
 int count_lines(const std::string& s) {
   int n = 0;

@@ -14,6 +14,8 @@ namespace troupe::testing {
 std::string shared_dir();
 /// The build directory (for finding the troupe binary).
 std::string binary_dir();
+/// The checkout (for test data kept beside the tests).
+std::string source_dir();
 /// True when $TROUPE_REQUIRE_SHARED=1 (CI sets it): a missing ../shared is then a failure.
 bool shared_required();
 

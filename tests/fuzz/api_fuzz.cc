@@ -63,6 +63,9 @@ Served load(const std::string& path, bool with_template) {
   s.served.model = s.model;
   s.served.max_model_len = 256;
   s.served.max_choices = 8;
+  if (with_template)
+    require(static_cast<bool>(set_chat_template(&s.served, s.model->chat_template)),
+            "the vocabulary's chat template does not compile");
   return s;
 }
 

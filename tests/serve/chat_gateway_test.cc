@@ -4,6 +4,7 @@
 // exactly those tokens.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -14,7 +15,6 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "model/tokenizer.h"
-#include "serve/chat_format.h"
 #include "serve/http_gateway.h"
 #include "tests/cluster_test_util.h"
 #include "tests/serve/http_client.h"
@@ -107,11 +107,14 @@ TEST_F(ChatGateway, ThePromptIsTheTemplatesTokensAndTheAnswerTheirCompletion) {
 
   // The prompt the gateway built: the template's text with control tokens as single tokens.
   const auto& tok = *node_->model()->tokenizer;
-  auto text =
-      render_chat(ChatFormat::kPhi3,
-                  {{"user", "Name a colour."}, {"assistant", "Blue."}, {"user", "Another?"}});
-  ASSERT_TRUE(text);
-  const std::vector<int32_t> ids = tok.encode(*text, false, true);
+  // The text is what python jinja2 renders from Phi-3's template for these messages
+  // (tests/model/chat_template_test.cc checks our renderer against jinja2 on that template).
+  const std::string text =
+      "<s><|user|>\nName a colour.<|end|>\n<|assistant|>\nBlue.<|end|>\n<|user|>\nAnother?"
+      "<|end|>\n<|assistant|>\n";
+  const std::vector<int32_t> ids = tok.encode(text, false, true);
+  ASSERT_EQ(ids[0], tok.bos_id());
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.bos_id()), 1) << "one BOS, the template's";
   EXPECT_EQ(chat["usage"]["prompt_tokens"], ids.size());
   EXPECT_EQ(chat["usage"]["completion_tokens"], 12);
 
@@ -182,9 +185,22 @@ TEST_F(ChatGateway, RefusesWhatTheTemplateCannotHold) {
             {"messages",
              {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}},
            400);
-  EXPECT_EQ(sys["error"]["param"], "messages");
-  EXPECT_NE(sys["error"]["message"].get<std::string>().find("no place for a system message"),
-            std::string::npos);
+  EXPECT_EQ(sys["error"]["param"], "messages[0]");
+  EXPECT_NE(sys["error"]["message"].get<std::string>().find(
+                "the model's chat template leaves out messages[0] (a system message)"),
+            std::string::npos)
+      << sys.dump();
+  const json kw =
+      post("/v1/chat/completions",
+           {{"model", "phi"}, {"messages", kMessages}, {"chat_template_kwargs", 3}}, 400);
+  EXPECT_EQ(kw["error"]["param"], "chat_template_kwargs");
+  const json none =
+      post("/v1/chat/completions", {{"model", "phi"}, {"messages", json::array()}}, 400);
+  EXPECT_EQ(none["error"]["message"], "'messages' is empty");
+  const json gen =
+      post("/v1/chat/completions",
+           {{"model", "phi"}, {"messages", kMessages}, {"add_generation_prompt", 1}}, 400);
+  EXPECT_EQ(gen["error"]["param"], "add_generation_prompt");
   const json img =
       post("/v1/chat/completions",
            {{"model", "phi"},

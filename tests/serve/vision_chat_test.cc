@@ -55,7 +55,11 @@ class VisionChat : public ::testing::Test {
     testing::ServedSpec spec;
     spec.model = troupe::testing::edited_gguf(
         *dir_, "llava-chat.gguf", pair + "/model.gguf", [](model::GgufWriter& w) {
-          w.set_string("tokenizer.chat_template", "{{ bos_token + '[INST] <<SYS>>' }}");
+          // A Llama 2 style template of our own: [INST] user [/INST] answer </s>.
+          w.set_string("tokenizer.chat_template",
+                       "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}"
+                       "{{ '[INST] ' + m.content | trim + ' [/INST]' }}{% else %}"
+                       "{{ ' ' + m.content | trim + ' ' + eos_token }}{% endif %}{% endfor %}");
         });
     ASSERT_FALSE(spec.model.empty());
     spec.model_extra = "mmproj = \"" + pair + "/mmproj.gguf\"\n";
