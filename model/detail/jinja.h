@@ -31,22 +31,23 @@ struct None {};
 /// A Jinja value. Lists and dicts are shared and never changed once built (the immutable
 /// sandbox), except a namespace's attributes.
 struct Value {
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
-               std::shared_ptr<Dict>, std::shared_ptr<const Callable>>
+  // Strings are shared, not copied, as values move through scopes and lists.
+  std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<const List>, std::shared_ptr<Dict>, std::shared_ptr<const Callable>>
       v;
   bool is_tuple = false;
 
   Value() = default;
-  Value(None n) : v(n) {}                                           // NOLINT
-  Value(bool b) : v(b) {}                                           // NOLINT
-  Value(int64_t i) : v(i) {}                                        // NOLINT
-  Value(int i) : v(static_cast<int64_t>(i)) {}                      // NOLINT
-  Value(double d) : v(d) {}                                         // NOLINT
-  Value(std::string s) : v(std::move(s)) {}                         // NOLINT
-  Value(const char* s) : v(std::string(s)) {}                       // NOLINT
-  Value(List l) : v(std::make_shared<const List>(std::move(l))) {}  // NOLINT
-  Value(std::shared_ptr<Dict> d) : v(std::move(d)) {}               // NOLINT
-  Value(std::shared_ptr<const Callable> c) : v(std::move(c)) {}     // NOLINT
+  Value(None n) : v(n) {}                                                         // NOLINT
+  Value(bool b) : v(b) {}                                                         // NOLINT
+  Value(int64_t i) : v(i) {}                                                      // NOLINT
+  Value(int i) : v(static_cast<int64_t>(i)) {}                                    // NOLINT
+  Value(double d) : v(d) {}                                                       // NOLINT
+  Value(std::string s) : v(std::make_shared<const std::string>(std::move(s))) {}  // NOLINT
+  Value(const char* s) : Value(std::string(s)) {}                                 // NOLINT
+  Value(List l) : v(std::make_shared<const List>(std::move(l))) {}                // NOLINT
+  Value(std::shared_ptr<Dict> d) : v(std::move(d)) {}                             // NOLINT
+  Value(std::shared_ptr<const Callable> c) : v(std::move(c)) {}                   // NOLINT
   /// A tuple: a list that prints as (a, b).
   static Value tuple(List l) {
     Value x(std::move(l));
@@ -70,7 +71,7 @@ struct Value {
   bool is_dict() const { return v.index() == 7; }
   bool is_callable() const { return v.index() == 8; }
 
-  const std::string& str() const { return std::get<5>(v); }
+  const std::string& str() const { return *std::get<5>(v); }
   const List& list() const { return *std::get<6>(v); }
   Dict& dict() const { return *std::get<7>(v); }
   const Callable& callable() const { return *std::get<8>(v); }

@@ -223,6 +223,17 @@ void json_value(const Value& v, const JsonStyle& st, int level, std::string* out
 }
 
 // Code points of a UTF-8 string, each as its bytes (Python's str iterates characters).
+size_t utf8_len(unsigned char c) {
+  return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+}
+
+// The number of code points of a UTF-8 string (Python's len of a str).
+size_t count_chars(const std::string& s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); i += utf8_len(static_cast<unsigned char>(s[i]))) ++n;
+  return n;
+}
+
 List characters(const std::string& s) {
   List out;
   for (size_t i = 0; i < s.size();) {
@@ -522,7 +533,7 @@ Value string_method(const std::string& s, const std::string& name) {
     return make_method(name, [s, name](Args& a) {
       const std::string sub = str_arg(a, 0, "sub", name.c_str());
       if (name == "count") {
-        if (sub.empty()) return Value(static_cast<int64_t>(characters(s).size() + 1));
+        if (sub.empty()) return Value(static_cast<int64_t>(count_chars(s) + 1));
         int64_t n = 0;
         for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
         return Value(n);
@@ -532,7 +543,7 @@ Value string_method(const std::string& s, const std::string& name) {
         if (name == "index") fail("substring not found");
         return Value(int64_t{-1});
       }
-      return Value(static_cast<int64_t>(characters(s.substr(0, p)).size()));
+      return Value(static_cast<int64_t>(count_chars(s.substr(0, p))));
     });
   if (name == "join")
     return make_method(name, [s](Args& a) {
@@ -859,7 +870,9 @@ Value get_item(const Value& obj, const Value& key) {
   if (obj.is_undefined()) undefined_error(obj);
   if (obj.is_dict()) {
     if (key.is_list() || key.is_dict()) fail("unhashable type: '" + type_name(key) + "'");
-    if (const Value* v = obj.dict().find(dict_key(key))) return *v;
+    if (const Value* v =
+            key.is_string() ? obj.dict().find(key.str()) : obj.dict().find(dict_key(key)))
+      return *v;
     return Value::undefined(to_str(key));
   }
   if (obj.is_list() || obj.is_string()) {
@@ -999,7 +1012,7 @@ Value apply_filter(Renderer& r, const std::string& name, const Value& in, Args& 
   }
   if (name == "trim") return Value(strip_chars(need_str(in), arg(a, 0, "chars"), true, true));
   if (name == "length" || name == "count") {
-    if (in.is_string()) return Value(static_cast<int64_t>(characters(in.str()).size()));
+    if (in.is_string()) return Value(static_cast<int64_t>(count_chars(in.str())));
     if (in.is_list() || in.is_dict() || in.is_undefined())
       return Value(static_cast<int64_t>(iterate(in).size()));
     fail("object of type '" + type_name(in) + "' has no len()");
@@ -1219,7 +1232,7 @@ Value apply_filter(Renderer& r, const std::string& name, const Value& in, Args& 
   if (name == "center") {
     const int64_t width = int_arg(a, 0, "width", 80);
     std::string s = need_str(in);
-    const auto len = static_cast<int64_t>(characters(s).size());
+    const auto len = static_cast<int64_t>(count_chars(s));
     if (len >= width) return Value(s);
     const int64_t total = width - len;
     const int64_t left = total / 2 + (total & width & 1);

@@ -210,18 +210,22 @@ class Render final : public Renderer {
     const Value seq = eval(*n.expr);
     if (!seq.is_undefined() && !seq.is_list() && !seq.is_dict() && !seq.is_string())
       fail("'" + type_name(seq) + "' object is not iterable");
-    List items = iterate(seq);
+    // A list is iterated in place (it never changes); strings and dicts give their items.
+    std::shared_ptr<const List> shared =
+        seq.is_list() ? std::get<6>(seq.v) : std::make_shared<const List>(iterate(seq));
+    const List* all = shared.get();
+    List kept;
     if (n.cond) {  // `for x in xs if c`: the loop sees only the items that pass
-      List kept;
-      for (const Value& item : items) {
+      for (const Value& item : *all) {
         frames_.emplace_back();
         bind_targets(n, item);
         const bool keep = truthy(eval(*n.cond));
         frames_.pop_back();
         if (keep) kept.push_back(item);
       }
-      items = std::move(kept);
+      all = &kept;
     }
+    const List& items = *all;
     if (items.empty()) {
       if (n.bodies.size() > 1) exec(n.bodies[1], out);
       return;
@@ -546,26 +550,48 @@ class Render final : public Renderer {
     if (seq.is_undefined()) fail("'" + std::get<Undefined>(seq.v).name + "' is undefined");
     if (!seq.is_list() && !seq.is_string())
       fail("'" + type_name(seq) + "' object is not subscriptable");
-    // Strings slice by characters (code points), as Python's str does.
-    List items = seq.is_list() ? seq.list() : iterate(seq);
-    const auto len = static_cast<int64_t>(items.size());
+    // Strings slice by characters (code points), as Python's str does: their byte offsets.
+    std::vector<size_t> offsets;
+    if (seq.is_string()) {
+      const std::string& str = seq.str();
+      for (size_t i = 0; i < str.size();) {
+        offsets.push_back(i);
+        const auto c = static_cast<unsigned char>(str[i]);
+        i += c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      }
+      offsets.push_back(str.size());
+    }
+    const auto len = static_cast<int64_t>(seq.is_list() ? seq.list().size() : offsets.size() - 1);
     int64_t step = step_v.is_none() ? 1 : (step_v.is_int() ? step_v.as_int() : 0);
     if (step == 0) fail("slice step cannot be zero");
-    List out;
+    std::vector<int64_t> picked;
     if (step > 0) {
-      int64_t lo = std::clamp<int64_t>(slice_index(start_v, len, 0), 0, len);
-      int64_t hi = std::clamp<int64_t>(slice_index(stop_v, len, len), 0, len);
-      for (int64_t i = lo; i < hi; i += step) out.push_back(items[static_cast<size_t>(i)]);
+      const int64_t lo = std::clamp<int64_t>(slice_index(start_v, len, 0), 0, len);
+      const int64_t hi = std::clamp<int64_t>(slice_index(stop_v, len, len), 0, len);
+      for (int64_t i = lo; i < hi; i += step) picked.push_back(i);
     } else {
-      int64_t lo = std::clamp<int64_t>(slice_index(start_v, len, len - 1), -1, len - 1);
-      int64_t hi =
+      const int64_t lo = std::clamp<int64_t>(slice_index(start_v, len, len - 1), -1, len - 1);
+      const int64_t hi =
           stop_v.is_none() ? -1 : std::clamp<int64_t>(slice_index(stop_v, len, -1), -1, len - 1);
-      for (int64_t i = lo; i > hi; i += step) out.push_back(items[static_cast<size_t>(i)]);
+      for (int64_t i = lo; i > hi; i += step) picked.push_back(i);
     }
-    if (seq.is_list()) return Value(std::move(out));
-    std::string s;
-    for (const Value& c : out) s += c.str();
-    return Value(std::move(s));
+    if (seq.is_list()) {
+      List out;
+      out.reserve(picked.size());
+      for (int64_t i : picked) out.push_back(seq.list()[static_cast<size_t>(i)]);
+      return Value(std::move(out));
+    }
+    const std::string& str = seq.str();
+    std::string out;
+    if (step == 1 && !picked.empty())
+      return Value(str.substr(offsets[static_cast<size_t>(picked.front())],
+                              offsets[static_cast<size_t>(picked.back()) + 1] -
+                                  offsets[static_cast<size_t>(picked.front())]));
+    for (int64_t i : picked) {
+      const auto k = static_cast<size_t>(i);
+      out.append(str, offsets[k], offsets[k + 1] - offsets[k]);
+    }
+    return Value(std::move(out));
   }
 
   // ---- globals ----

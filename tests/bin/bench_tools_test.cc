@@ -276,6 +276,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
       {"transport_bench", {"--bw-scale", "big"}, "--bw-scale takes a number"},
       {"transport_bench", {"--only", "latency"}, "--only takes lat or bw"},
       {"http_bench", {"m.gguf", "--rounds", "0"}, "--rounds takes an integer in 1.."},
+      {"chat_template_bench", {"dir", "--turns", "0"}, "--turns and --runs must be at least 1"},
   };
   for (const BadCall& c : calls) {
     SCOPED_TRACE(c.tool);
@@ -284,12 +285,27 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
   const auto missing = bench("engine_bench", {"/nonexistent/m.gguf", "--runs", "1"});
   EXPECT_EQ(missing.rc, 1);
   EXPECT_NE(missing.err.find("/nonexistent/m.gguf"), std::string::npos) << missing.err;
-  for (const char* tool : {"engine_bench", "matmul_bench", "attention_bench", "membw_bench",
-                           "cluster_bench", "encoder_bench", "image_chat_bench", "vision_bench",
-                           "multihost_bench", "transport_bench", "http_bench"}) {
+  for (const char* tool :
+       {"engine_bench", "matmul_bench", "attention_bench", "membw_bench", "cluster_bench",
+        "encoder_bench", "image_chat_bench", "vision_bench", "multihost_bench", "transport_bench",
+        "http_bench", "chat_template_bench"}) {
     const auto help = bench(tool, {"--help"});
     EXPECT_EQ(help.rc, 0) << tool;
     EXPECT_EQ(help.out.rfind(std::string("usage: ") + tool, 0), 0u) << tool << ": " << help.out;
+  }
+}
+
+// Every template of tests/model/chat_templates compiled, rendered and timed, each text the same
+// as jinja2's (the bench exits 1 otherwise).
+TEST(BenchTools, ChatTemplateBenchRendersAsJinja2Does) {
+  const auto r =
+      bench("chat_template_bench",
+            {testing::source_dir() + "/tests/model/chat_templates", "--turns", "3", "--runs", "2"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("chatml_tools.jinja"), std::string::npos) << r.out;
+  if (r.err.find("troupe only") == std::string::npos) {
+    EXPECT_NE(r.out.find("yes"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(" NO"), std::string::npos) << r.out;
   }
 }
 

@@ -12,6 +12,7 @@ renders its body unchanged, as AssistantTracker does when no assistant mask is
 asked for.
 
 Usage: python3 render_reference.py TEMPLATE.jinja CONTEXTS.json [--now EPOCH_SECONDS]
+       [--repeat N]  (also the median seconds of N renderings, for bench/chat_template_bench)
 
 CONTEXTS.json is a JSON array of {"name": ..., "context": {...}}.  The template
 is rendered once per context with template.render(**context); stdout gets one
@@ -23,6 +24,7 @@ import argparse
 import datetime
 import json
 import sys
+import time
 
 import jinja2
 import jinja2.ext
@@ -57,6 +59,8 @@ def main():
     parser.add_argument("template")
     parser.add_argument("contexts")
     parser.add_argument("--now", type=int, default=1785067200)
+    parser.add_argument("--repeat", type=int, default=0,
+                        help="also time each rendering: the median of this many, in seconds")
     args = parser.parse_args()
 
     now = datetime.datetime.fromtimestamp(args.now, tz=datetime.timezone.utc)
@@ -87,6 +91,14 @@ def main():
             results.append({"name": name, "text": template.render(**case["context"])})
         except Exception as e:  # TemplateError from raise_exception: str(e) is its message
             results.append({"name": name, "error": str(e)})
+            continue
+        if args.repeat > 0:  # for bench/chat_template_bench
+            times = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                template.render(**case["context"])
+                times.append(time.perf_counter() - start)
+            results[-1]["seconds"] = sorted(times)[len(times) // 2]
 
     sys.stdout.reconfigure(encoding="utf-8")
     print(json.dumps(results, ensure_ascii=False, indent=1))
