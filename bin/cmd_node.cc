@@ -43,6 +43,9 @@ constexpr const char* kNodeHelp =
     "                       file's or directory's name)\n"
     "  --chat-template FILE serve: the Jinja chat template for /v1/chat/completions in place\n"
     "                       of the model's own (default: the model's)\n"
+    "  --tool-call-parser F serve: the format tool calls are parsed from replies in: hermes,\n"
+    "                       llama3_json, mistral, deepseek_v3, kimi_k2, glm45 (default: the one\n"
+    "                       the chat template writes)\n"
     "  --max-model-len N    serve --model: prompt + completion tokens per sequence (default 2048)\n"
     "  --max-sequences N    serve --model: sequences decoded at once (default the plan's)\n"
     "  --mmproj PATH        serve --model: a vision encoder (llama.cpp mmproj GGUF) for chats\n"
@@ -117,14 +120,15 @@ int run_node(const Args& args, bool serve) {
     std::fputs(kNodeHelp, stdout);
     return 0;
   }
-  ArgParser ap(args,
-               {"config", "name", "model", "fault", "ready-timeout", "http", "api-key",
-                "served-model-name", "chat-template", "max-model-len", "max-sequences", "mmproj"},
-               {});
+  ArgParser ap(
+      args,
+      {"config", "name", "model", "fault", "ready-timeout", "http", "api-key", "served-model-name",
+       "chat-template", "tool-call-parser", "max-model-len", "max-sequences", "mmproj"},
+      {});
   const bool quick = serve && !ap.has("config") && ap.has("model");
   if (!serve)
-    for (const char* o : {"http", "api-key", "served-model-name", "chat-template", "max-model-len",
-                          "max-sequences"})
+    for (const char* o : {"http", "api-key", "served-model-name", "chat-template",
+                          "tool-call-parser", "max-model-len", "max-sequences"})
       if (ap.has(o)) throw CliError(std::string("--") + o + " is an option of `troupe serve`");
   if (!quick)
     for (const char* o : {"max-model-len", "max-sequences", "mmproj"})
@@ -180,6 +184,7 @@ int run_node(const Args& args, bool serve) {
                        "' (or it is empty)");
       http.chat_template = text.str();
     }
+    http.tool_call_parser = ap.str("tool-call-parser");
     http.max_model_len = plan->scheduler.max_model_len;
   }
   auto node = actors::ClusterNode::start(std::move(*plan), opts);

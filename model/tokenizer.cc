@@ -124,7 +124,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_hf_dir(const std::string& dir
 std::string StreamDecoder::push(int32_t id) {
   // Generated text continues a prompt, so every piece keeps its leading space (decode() drops
   // the SentencePiece prefix space of a sequence's first token; a stream has no first token).
-  pending_ += tok_.token_to_piece(id);
+  pending_ += tok_.token_to_piece(id, render_special_);
   std::string out;
   size_t i = 0;
   while (i < pending_.size()) {

@@ -65,7 +65,9 @@ class Tokenizer {
 /// continues a prompt, so pieces keep their leading spaces.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  /// render_special: control tokens give their text (as markers to parse) instead of "".
+  explicit StreamDecoder(const Tokenizer& tok, bool render_special = false)
+      : tok_(tok), render_special_(render_special) {}
   /// Appends a token; returns the text that is now complete (possibly empty).
   std::string push(int32_t id);
   /// Returns what is still held back (invalid bytes become U+FFFD).
@@ -73,6 +75,7 @@ class StreamDecoder {
 
  private:
   const Tokenizer& tok_;
+  bool render_special_ = false;
   std::string pending_;
 };
 

@@ -35,6 +35,7 @@ struct Event {
   size_t choice = 0;
   bool finished = false;
   std::string delta;
+  int32_t token = -1;
   bool has_logprob = false;  // the request wants logprobs and this piece is a token's
   TokenLogprob logprob;
   actors::GenerateResult result;
@@ -144,7 +145,10 @@ class Generation {
         got_token_(n_, false),
         logprobs_(ar_.logprobs >= 0 ? n_ : 0),
         text_len_(n_, 0),
-        last_token_(n_, t0_) {}
+        last_token_(n_, t0_) {
+    if (ar_.stream && ar_.tool_format != ToolFormat::kNone)
+      for (size_t i = 0; i < n_; ++i) tools_.emplace_back(*ctx_.served->model->tokenizer);
+  }
 
   // Hands every choice to the head; an error (the node cannot take requests) answers at once.
   std::optional<ApiError> submit();
@@ -178,6 +182,15 @@ class Generation {
   std::vector<std::vector<TokenLogprob>> logprobs_;  // whole answers: per choice
   std::vector<size_t> text_len_;                     // bytes of each choice's text so far
   std::vector<Clock::time_point> last_token_;
+  // Streamed chats with tools: each choice's reply with its markers, and how much of it has gone
+  // out as content (what may begin a tool call is held back until the call is whole).
+  struct ToolStream {
+    explicit ToolStream(const model::Tokenizer& tok) : decoder(tok, /*render_special=*/true) {}
+    model::StreamDecoder decoder;
+    std::string reply;
+    size_t streamed = 0;
+  };
+  std::vector<ToolStream> tools_;
   size_t remaining_ = n_;
   bool ok_ = true;  // the connection still works
   bool timed_out_ = false;
@@ -205,6 +218,7 @@ actors::RequestCallbacks Generation::callbacks(size_t i) {
     Event e;
     e.choice = i;
     e.delta = delta;
+    e.token = token;
     if (top_n >= 0 && token >= 0 && !logits.empty()) {
       // Here, on the actor's thread: the row is not copied, only its summary kept.
       e.has_logprob = true;
@@ -273,6 +287,13 @@ net::awaitable<void> Generation::take(Event& e) {
       m.per_token.observe(std::chrono::duration<double>(now - last_token_[i]).count());
     got_token_[i] = true;
     last_token_[i] = now;
+    if (!tools_.empty() && e.token >= 0) {  // the content that cannot begin a call
+      ToolStream& t = tools_[i];
+      t.reply += t.decoder.push(e.token);
+      const size_t safe = streamable_prefix(ar_.tool_format, t.reply);
+      e.delta = safe > t.streamed ? t.reply.substr(t.streamed, safe - t.streamed) : "";
+      t.streamed = std::max(t.streamed, safe);
+    }
     if (ar_.stream && ok_ && (!e.delta.empty() || e.has_logprob)) {
       const size_t offset = text_len_[i] + (i < ar_.echo_text.size() ? ar_.echo_text[i].size() : 0);
       // Built before the co_await: g++ 12 miscompiles an initializer list inside one.
@@ -299,8 +320,35 @@ net::awaitable<void> Generation::take(Event& e) {
   m.prompt_tokens += results_[i].prompt_tokens.size();
   if (!ar_.stream || !ok_) co_return;
   int retry = 0;
+  std::string finish = reason;
+  if (!tools_.empty() && results_[i].ok()) {
+    // The reply is whole: what was held back goes out as content, or as the tool calls.
+    ToolStream& t = tools_[i];
+    t.reply += t.decoder.flush();
+    const ParsedReply p = parse_tool_calls(ar_.tool_format, t.reply);
+    std::string rest;
+    if (p.calls.empty()) {
+      rest = t.reply.substr(std::min(t.streamed, t.reply.size()));
+    } else {
+      const size_t start = std::min(streamable_prefix(ar_.tool_format, t.reply), t.reply.size());
+      if (start > t.streamed) rest = t.reply.substr(t.streamed, start - t.streamed);
+      while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back())))
+        rest.pop_back();
+      finish = "tool_calls";
+    }
+    if (!rest.empty()) {
+      std::string chunk = chunk_body(ep_, id_, created_, model_id(), i, rest, first_[i], "");
+      ok_ = co_await write_event(chunk);
+      first_[i] = false;
+    }
+    if (ok_ && !p.calls.empty()) {
+      std::string chunk = tool_calls_chunk_body(id_, created_, model_id(), i, p.calls);
+      ok_ = co_await write_event(chunk);
+    }
+    if (!ok_) co_return;
+  }
   std::string data = results_[i].ok()
-                         ? chunk_body(ep_, id_, created_, model_id(), i, "", first_[i], reason)
+                         ? chunk_body(ep_, id_, created_, model_id(), i, "", first_[i], finish)
                          : error_body(result_error(results_[i], &retry));
   ok_ = co_await write_event(data);
 }

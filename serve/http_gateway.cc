@@ -310,6 +310,10 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
     std::fprintf(stderr, "troupe serve: chat completions are refused: the model's %s\n",
                  st.error().message.c_str());
   }
+  if (!opts.tool_call_parser.empty() &&
+      !tool_format_by_name(opts.tool_call_parser, &im.served.tool_format))
+    return Error{1, "--tool-call-parser: '" + opts.tool_call_parser +
+                        "' is none of hermes, llama3_json, mistral, deepseek_v3, kimi_k2, glm45"};
   im.served.max_model_len = opts.max_model_len;
   im.served.max_choices = opts.max_choices;
   im.opts = std::move(opts);

@@ -26,6 +26,9 @@ struct GatewayOptions {
   uint16_t port = 8000;       // 0: any free port (port() tells which)
   std::string model_id;       // the name clients give as "model"; "" = the model file's name
   std::string chat_template;  // a Jinja chat template's source in place of the model's ("": its)
+  /// The tool-call format replies are parsed in ("hermes", "llama3_json", "mistral",
+  /// "deepseek_v3", "kimi_k2", "glm45"); "": the one the chat template shows.
+  std::string tool_call_parser;
   int64_t max_model_len = 0;  // the plan's scheduler.max_model_len (prompt + completion)
   int64_t max_choices = 16;   // prompts x n in one request
   /// When set, /v1/ routes need "Authorization: Bearer <api_key>" (401 otherwise).

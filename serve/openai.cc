@@ -136,11 +136,11 @@ void refuse_unsupported(const json& body, Endpoint ep) {
   if (given("best_of") && body["best_of"] != json(1) && body["best_of"] != body.value("n", json(1)))
     fail("best_of", "'best_of' other than n is not supported");
   if (ep == Endpoint::kChat) {
-    if (given("tools") && !(body["tools"].is_array() && body["tools"].empty()))
-      fail("tools", "'tools' (function calling) is not supported yet");
     if (given("tool_choice") && body["tool_choice"] != json("none") &&
         body["tool_choice"] != json("auto"))
-      fail("tool_choice", "'tool_choice' is not supported yet");
+      fail("tool_choice",
+           "'tool_choice' other than \"auto\" and \"none\" (a call forced) is not supported "
+           "yet");
     if (given("response_format")) {
       const json& f = body["response_format"];
       if (!f.is_object() || f.value("type", json("")) != json("text"))
@@ -289,6 +289,55 @@ std::string content_text(const json& c, const std::string& param,
   return text;
 }
 
+// An assistant message's tool_calls as templates take them: each function's arguments as an
+// object (the API sends a JSON string; Hugging Face templates read the object, as vLLM passes it).
+json message_tool_calls(const json& calls, const std::string& param) {
+  if (!calls.is_array()) fail(param, "'" + param + "' must be an array, got " + type_name(calls));
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string pk = param + "[" + std::to_string(k) + "]";
+    const json& c = calls[k];
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+        !c["function"].contains("name") || !c["function"]["name"].is_string())
+      fail(pk, "'" + pk + "' must be an object with a 'function' holding a string 'name'");
+    json call = c;
+    const json& f = c["function"];
+    if (f.contains("arguments") && f["arguments"].is_string()) {
+      const std::string& a = f["arguments"].get_ref<const std::string&>();
+      json parsed = json::parse(a, nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        fail(pk + ".function.arguments",
+             "'" + pk + ".function.arguments' must be a JSON object's text");
+      call["function"]["arguments"] = std::move(parsed);
+    }
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// The request's tools when the template is to see them (tool_choice not "none"), checked;
+// null when there are none.
+const json* tools_of(const json& body) {
+  const json* t = field(body, "tools");
+  if (!t) return nullptr;
+  if (!t->is_array()) fail("tools", "'tools' must be an array, got " + type_name(*t));
+  for (size_t k = 0; k < t->size(); ++k) {
+    const std::string pk = "tools[" + std::to_string(k) + "]";
+    const json& x = (*t)[k];
+    if (!x.is_object() || x.value("type", json("")) != json("function") ||
+        !x.contains("function") || !x["function"].is_object() || !x["function"].contains("name") ||
+        !x["function"]["name"].is_string())
+      fail(pk, "'" + pk +
+                   "' must be {\"type\": \"function\", \"function\": {\"name\": ..., "
+                   "\"parameters\": {...}}}");
+    if (x["function"].contains("parameters") && !x["function"]["parameters"].is_object())
+      fail(pk + ".function.parameters", "'" + pk + ".function.parameters' must be an object");
+  }
+  if (t->empty()) return nullptr;
+  if (const json* c = field(body, "tool_choice"); c && *c == json("none")) return nullptr;
+  return t;
+}
+
 // The chat template's variables for a chat request: the messages (content as text, images as
 // markers in it), add_generation_prompt, the vocabulary's special-token texts and the request's
 // chat_template_kwargs, as transformers' apply_chat_template passes them.
@@ -311,8 +360,6 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
     if (!x.is_object()) fail(pm, "'" + pm + "' must be an object, got " + type_name(x));
     if (!x.contains("role") || !x["role"].is_string())
       fail(pm + ".role", "'" + pm + ".role' must be a string");
-    if (x.contains("tool_calls") && !x["tool_calls"].is_null())
-      fail(pm + ".tool_calls", "'tool_calls' in messages are not supported yet");
     std::string role = x["role"].get<std::string>();
     if (role == "developer") role = "system";  // OpenAI's newer name; templates know "system"
     json m = json::object();
@@ -333,9 +380,12 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
     }
     for (const char* extra : {"name", "tool_call_id", "reasoning_content"})
       if (x.contains(extra) && x[extra].is_string()) m[extra] = x[extra];
+    if (x.contains("tool_calls") && !x["tool_calls"].is_null())
+      m["tool_calls"] = message_tool_calls(x["tool_calls"], pm + ".tool_calls");
     list.push_back(std::move(m));
   }
   context["messages"] = std::move(list);
+  if (const json* t = tools_of(body)) context["tools"] = *t;
   context["add_generation_prompt"] = boolean(body, "add_generation_prompt", true);
   const model::Tokenizer& tok = *served.model->tokenizer;
   auto special = [&](const char* name, int32_t id) {
@@ -354,6 +404,15 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   std::vector<std::string> images;
   const json context = chat_context(body, served, &images);
   if (!served.chat_template) fail("messages", served.chat_template_error);
+  if (context.contains("tools")) {
+    if (!served.template_takes_tools)
+      fail("tools", "this model's chat template does not take tools");
+    if (served.tool_format == ToolFormat::kNone)
+      fail("tools",
+           "this model's chat template writes tool calls in no format troupe knows: give one "
+           "with `troupe serve --tool-call-parser` (hermes, llama3_json, mistral, deepseek_v3, "
+           "kimi_k2, glm45)");
+  }
   auto text = served.chat_template->render(context, static_cast<int64_t>(std::time(nullptr)));
   if (!text) {
     if (text.error().code == static_cast<int>(model::TemplateErrc::kRaised))
@@ -447,6 +506,7 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
     int64_t len = 0;
     prompts.push_back(chat_prompt(body, served, &len));
     lens.push_back(len);
+    if (tools_of(body)) out->tool_format = served.tool_format;
   }
   if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
     fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +
@@ -506,6 +566,8 @@ Status set_chat_template(ServedModel* served, std::string_view source) {
   }
   served->chat_template = std::make_shared<const model::ChatTemplate>(std::move(*t));
   served->chat_template_error.clear();
+  served->tool_format = detect_tool_format(source);
+  served->template_takes_tools = source.find("tools") != std::string_view::npos;
   return Ok{};
 }
 

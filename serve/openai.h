@@ -16,6 +16,7 @@
 #include "base/result.h"
 #include "model/chat_template.h"
 #include "model/model.h"
+#include "serve/tool_calls.h"
 
 namespace troupe::serve {
 
@@ -45,6 +46,10 @@ struct ServedModel {
   /// chat_template_error.
   std::shared_ptr<const model::ChatTemplate> chat_template;
   std::string chat_template_error = "this model has no chat template: use /v1/completions";
+  /// How the model writes tool calls: from its template (set_chat_template), or named by
+  /// `--tool-call-parser`; kNone refuses requests with tools.
+  ToolFormat tool_format = ToolFormat::kNone;
+  bool template_takes_tools = false;  // the template reads `tools`
 };
 
 /// Compiles `source` (the model's chat template, or one given in its place) for `served`. An
@@ -62,6 +67,9 @@ struct ApiRequest {
   /// Log-probabilities of the generated tokens with this many alternatives each (completions:
   /// "logprobs": N; chats: "logprobs": true with "top_logprobs": N); -1: none.
   int logprobs = -1;
+  /// Chats with tools (tool_choice auto): the format the reply's tool calls are parsed from;
+  /// kNone: the reply is all content.
+  ToolFormat tool_format = ToolFormat::kNone;
 };
 
 /// One generated token's log-probability and the most likely tokens at its step: the log-softmax
@@ -108,6 +116,15 @@ std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created
                        const std::string& model_id, size_t index, const std::string& delta,
                        bool first, const std::string& finish_reason,
                        const std::string& logprobs_object = "");
+/// The chunk of a stream that carries a choice's tool calls (whole, each with its arguments).
+std::string tool_calls_chunk_body(const std::string& id, int64_t created,
+                                  const std::string& model_id, size_t index,
+                                  const std::vector<ToolCall>& calls);
+
+/// A reply's text with control tokens written out (the markers some formats' tool calls are
+/// made of, such as Mistral's [TOOL_CALLS]), decoded as the stream decodes it.
+std::string reply_with_markers(const model::Tokenizer& tok, const std::vector<int32_t>& tokens);
+
 /// The usage chunk that ends a stream with stream_options.include_usage (choices empty).
 std::string usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                              const std::string& model_id,

@@ -144,9 +144,24 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
     const auto& r = results[i];
     json c = {{"index", i}, {"finish_reason", api_finish_reason(r)}};
     const std::string echo = !chat && i < req.echo_text.size() ? req.echo_text[i] : "";
-    if (chat)
+    if (chat && req.tool_format != ToolFormat::kNone && tok) {
+      ParsedReply p = parse_tool_calls(req.tool_format, reply_with_markers(*tok, r.tokens));
+      if (p.calls.empty()) {
+        c["message"] = {{"role", "assistant"}, {"content", r.text}};
+      } else {
+        json calls = json::array();
+        for (const ToolCall& t : p.calls)
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        c["message"] = {{"role", "assistant"},
+                        {"content", p.content.empty() ? json(nullptr) : json(p.content)},
+                        {"tool_calls", std::move(calls)}};
+        c["finish_reason"] = "tool_calls";
+      }
+    } else if (chat) {
       c["message"] = {{"role", "assistant"}, {"content", r.text}};
-    else
+    } else
       c["text"] = echo + r.text;
     c["logprobs"] = i < logprobs.size()
                         ? logprobs_value(req.endpoint, tok, logprobs[i], echo.size())
@@ -184,6 +199,34 @@ std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created
               {"model", model_id},
               {"choices", json::array({std::move(c)})}};
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string tool_calls_chunk_body(const std::string& id, int64_t created,
+                                  const std::string& model_id, size_t index,
+                                  const std::vector<ToolCall>& calls) {
+  json list = json::array();
+  for (size_t k = 0; k < calls.size(); ++k)
+    list.push_back({{"index", k},
+                    {"id", calls[k].id},
+                    {"type", "function"},
+                    {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}});
+  json c = {{"index", index},
+            {"finish_reason", nullptr},
+            {"delta", {{"tool_calls", std::move(list)}}},
+            {"logprobs", nullptr}};
+  json out = {{"id", id},
+              {"object", "chat.completion.chunk"},
+              {"created", created},
+              {"model", model_id},
+              {"choices", json::array({std::move(c)})}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string reply_with_markers(const model::Tokenizer& tok, const std::vector<int32_t>& tokens) {
+  model::StreamDecoder d(tok, /*render_special=*/true);
+  std::string out;
+  for (int32_t t : tokens) out += d.push(t);
+  return out + d.flush();
 }
 
 std::string usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "serve/openai.h"
+#include "serve/tool_calls.h"
 
 namespace {
 
@@ -120,11 +121,24 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The input as a model's reply, in every tool-call format: a reply without calls is all content,
+// and the streamed prefix never passes the reply or the first call.
+void check_tool_parsers(std::string_view reply) {
+  for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral,
+                       ToolFormat::kDeepseekV3, ToolFormat::kKimiK2, ToolFormat::kGlm45}) {
+    const ParsedReply p = parse_tool_calls(f, reply);
+    if (p.calls.empty()) require(p.content == reply, "a reply without calls lost text");
+    for (const ToolCall& c : p.calls) require(!c.name.empty(), "a tool call without a name");
+    require(streamable_prefix(f, reply) <= reply.size(), "a streamed prefix past the reply");
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   for (const Served& s : *g_served) {
     check(Endpoint::kCompletions, body, s.served);
     check(Endpoint::kChat, body, s.served);
   }
+  check_tool_parsers(body);
   return 0;
 }

@@ -237,10 +237,19 @@ TEST_F(ChatGateway, RefusesWhatTheTemplateCannotHold) {
   EXPECT_NE(novision["error"]["message"].get<std::string>().find("no vision encoder"),
             std::string::npos)
       << novision.dump();
-  const json tools =
-      post("/v1/chat/completions",
-           {{"model", "phi"}, {"messages", kMessages}, {"tools", {{{"type", "function"}}}}}, 400);
+  // Phi-3's template never reads `tools`: a chat with tools would lose them.
+  const json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  const json tools = post("/v1/chat/completions",
+                          {{"model", "phi"}, {"messages", kMessages}, {"tools", {tool}}}, 400);
   EXPECT_EQ(tools["error"]["param"], "tools");
+  EXPECT_NE(tools["error"]["message"].get<std::string>().find("does not take tools"),
+            std::string::npos);
+  // With tool_choice "none" the tools are not the template's business.
+  post("/v1/chat/completions", {{"model", "phi"},
+                                {"messages", kMessages},
+                                {"tools", {tool}},
+                                {"tool_choice", "none"},
+                                {"max_tokens", 1}});
   // max_tokens absent: a chat may use the rest of the context.
   const json rest = post("/v1/chat/completions", {{"model", "phi"},
                                                   {"messages", kMessages},

@@ -1,0 +1,212 @@
+// Chats with tools end to end: stories260K served with a ChatML template that takes tools
+// (tests/model/chat_templates/chatml_tools.jinja, given as --chat-template would give it). The
+// tools must reach the template (the prompt is the template's rendering with them), tool_choice
+// "none" must keep them out, bad tools and tool calls get 400s naming the field, and a reply
+// holding a Hermes tool call becomes the API's tool_calls.
+#include <nlohmann/json.hpp>
+
+#include "actors/cluster_node.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "serve/http_gateway.h"
+#include "serve/openai.h"
+#include "tests/serve/http_client.h"
+#include "tests/serve/served_cluster.h"
+#include "tests/test_support.h"
+
+namespace troupe::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+using testing::http;
+
+const json kTools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+  "description": "The weather in a city.", "parameters": {"type": "object",
+  "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+
+class ToolChat : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string shared = troupe::testing::shared_dir();
+    if (shared.empty()) return;
+    testing::ServedSpec spec;
+    spec.model = shared + "/models/stories260K/stories260K.gguf";
+    spec.model_id = "tiny";
+    spec.max_model_len = 2048;  // a 512-token vocabulary spells the tools' JSON out
+    spec.kv_blocks = 256;
+    spec.gateway.chat_template = troupe::testing::read_text_file(
+        troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja");
+    served_ = testing::ServedCluster::start(spec).release();
+  }
+  static void TearDownTestSuite() {
+    delete served_;
+    served_ = nullptr;
+  }
+  void SetUp() override {
+    TROUPE_SHARED_OR_SKIP(shared);
+    ASSERT_NE(served_, nullptr) << "the cluster or its gateway did not start";
+  }
+  static json post(const json& body, int want = 200) {
+    const auto a = http(served_->port(), "POST", "/v1/chat/completions", body.dump());
+    EXPECT_EQ(a.status, want) << a.body;
+    return json::parse(a.body, nullptr, false);
+  }
+  // The prompt's length the template gives `messages` (with `tools` when not null).
+  static int64_t prompt_len(const json& messages, const json& tools) {
+    const model::Tokenizer& tok = *served_->node->model()->tokenizer;
+    json ctx = {{"messages", messages},
+                {"add_generation_prompt", true},
+                {"bos_token", std::string(tok.token_text(tok.bos_id()))},
+                {"eos_token", std::string(tok.token_text(tok.eos_id()))}};
+    if (!tools.is_null()) ctx["tools"] = tools;
+    auto t = model::ChatTemplate::compile(troupe::testing::read_text_file(
+        troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja"));
+    EXPECT_TRUE(t);
+    auto text = t->render(ctx, 0);
+    EXPECT_TRUE(text) << text.error().message;
+    return static_cast<int64_t>(tok.encode(*text, false, true).size());
+  }
+
+  static inline testing::ServedCluster* served_ = nullptr;
+};
+
+const json kAsk = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+
+TEST_F(ToolChat, TheToolsReachTheTemplateUnlessToolChoiceIsNone) {
+  const json with =
+      post({{"model", "tiny"}, {"messages", kAsk}, {"tools", kTools}, {"max_tokens", 2}});
+  EXPECT_EQ(with["usage"]["prompt_tokens"], prompt_len(kAsk, kTools)) << with.dump();
+  const json none = post({{"model", "tiny"},
+                          {"messages", kAsk},
+                          {"tools", kTools},
+                          {"tool_choice", "none"},
+                          {"max_tokens", 2}});
+  EXPECT_EQ(none["usage"]["prompt_tokens"], prompt_len(kAsk, nullptr)) << none.dump();
+  EXPECT_GT(with["usage"]["prompt_tokens"].get<int64_t>(),
+            none["usage"]["prompt_tokens"].get<int64_t>() + 20);
+
+  // A conversation that went through a call: the assistant's call (arguments as the API's JSON
+  // text) and the tool's answer, as the template writes them.
+  json history = kAsk;
+  history.push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "call_1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}});
+  history.push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "Sunny, 21 C"}});
+  const json after =
+      post({{"model", "tiny"}, {"messages", history}, {"tools", kTools}, {"max_tokens", 2}});
+  json expected = history;  // the template sees the arguments as an object
+  expected[1]["tool_calls"][0]["function"]["arguments"] = {{"city", "Paris"}};
+  EXPECT_EQ(after["usage"]["prompt_tokens"], prompt_len(expected, kTools)) << after.dump();
+}
+
+// With tools a stream holds back what may begin a call and sends the rest at the end: the
+// content it sends is the whole answer's.
+TEST_F(ToolChat, AStreamWithToolsSendsTheWholeAnswersContent) {
+  const json body = {{"model", "tiny"},  {"messages", kAsk}, {"tools", kTools},
+                     {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}};
+  const json whole = post(body);
+  json sbody = body;
+  sbody["stream"] = true;
+  const auto a = http(served_->port(), "POST", "/v1/chat/completions", sbody.dump());
+  ASSERT_EQ(a.status, 200) << a.body;
+  std::string content, finish;
+  for (const auto& e : a.events()) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e);
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    EXPECT_FALSE(d.contains("tool_calls")) << e;
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+  EXPECT_EQ(finish, "length");
+}
+
+TEST_F(ToolChat, BadToolsAndToolCallsAreNamed) {
+  const json forced = post(
+      {{"model", "tiny"}, {"messages", kAsk}, {"tools", kTools}, {"tool_choice", "required"}}, 400);
+  EXPECT_EQ(forced["error"]["param"], "tool_choice");
+  const json bad_tool = post({{"model", "tiny"},
+                              {"messages", kAsk},
+                              {"tools", {{{"type", "function"}, {"function", {{"x", 1}}}}}}},
+                             400);
+  EXPECT_EQ(bad_tool["error"]["param"], "tools[0]");
+  const json not_list =
+      post({{"model", "tiny"}, {"messages", kAsk}, {"tools", "get_weather"}}, 400);
+  EXPECT_EQ(not_list["error"]["param"], "tools");
+  json history = kAsk;
+  history.push_back({{"role", "assistant"},
+                     {"tool_calls",
+                      {{{"id", "c"},
+                        {"type", "function"},
+                        {"function", {{"name", "f"}, {"arguments", "{not json"}}}}}}});
+  const json bad_args = post({{"model", "tiny"}, {"messages", history}}, 400);
+  EXPECT_EQ(bad_args["error"]["param"], "messages[1].tool_calls[0].function.arguments");
+}
+
+TEST_F(ToolChat, AReplyHoldingACallBecomesToolCalls) {
+  const model::Tokenizer& tok = *served_->node->model()->tokenizer;
+  ApiRequest req;
+  req.endpoint = Endpoint::kChat;
+  req.tool_format = ToolFormat::kHermes;
+  actors::GenerateResult r;
+  r.finish_reason = "stop";
+  r.text =
+      "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>";
+  r.tokens = tok.encode(r.text, false, false);
+  json body = json::parse(response_body(req, "chatcmpl-1", 0, "tiny", {r}, {}, &tok));
+  const json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "I will look.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << body.dump();
+  const json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+
+  // Without a call the reply is content, with the finish reason the cluster gave.
+  r.text = "Just text <tool";
+  r.tokens = tok.encode(r.text, false, false);
+  body = json::parse(response_body(req, "chatcmpl-2", 0, "tiny", {r}, {}, &tok));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Just text <tool");
+  EXPECT_FALSE(body["choices"][0]["message"].contains("tool_calls"));
+
+  // The stream's chunk for the calls.
+  const json chunk = json::parse(tool_calls_chunk_body(
+      "chatcmpl-3", 0, "tiny", 0, {{"call_x", "get_weather", "{\"city\": \"Oslo\"}"}}));
+  EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+}
+
+TEST_F(ToolChat, AnUnknownParserOrATemplateWithoutToolsIsRefused) {
+  GatewayOptions g;
+  g.port = 0;
+  g.tool_call_parser = "qwen";
+  auto bad = HttpGateway::start(*served_->node, g);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("--tool-call-parser: 'qwen' is none of"), std::string::npos)
+      << bad.error().message;
+  // The same model with a template that never reads `tools`: a chat with tools is refused.
+  GatewayOptions plain;
+  plain.port = 0;
+  plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  auto gw = HttpGateway::start(*served_->node, plain);
+  ASSERT_TRUE(gw) << gw.error().message;
+  const auto a =
+      http((*gw)->port(), "POST", "/v1/chat/completions",
+           json({{"model", (*gw)->model_id()}, {"messages", kAsk}, {"tools", kTools}}).dump());
+  EXPECT_EQ(a.status, 400) << a.body;
+  EXPECT_NE(a.body.find("does not take tools"), std::string::npos) << a.body;
+}
+
+}  // namespace
+}  // namespace troupe::serve
