@@ -105,7 +105,7 @@ void json_string(const std::string& s, const JsonStyle& st, std::string* out) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80 && st.ensure_ascii) {
       // \uXXXX, as surrogate pairs past the BMP (Python's ensure_ascii).
-      const size_t n = (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      const size_t n = utf8_seq_len(c);
       uint32_t cp = n == 2 ? c & 0x1Fu : n == 3 ? c & 0x0Fu : n == 4 ? c & 0x07u : c;
       for (size_t k = 1; k < n && i + k < s.size(); ++k)
         cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
@@ -223,23 +223,17 @@ void json_value(const Value& v, const JsonStyle& st, int level, std::string* out
 }
 
 // Code points of a UTF-8 string, each as its bytes (Python's str iterates characters).
-size_t utf8_len(unsigned char c) {
-  return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-}
-
 // The number of code points of a UTF-8 string (Python's len of a str).
 size_t count_chars(const std::string& s) {
   size_t n = 0;
-  for (size_t i = 0; i < s.size(); i += utf8_len(static_cast<unsigned char>(s[i]))) ++n;
+  for (size_t i = 0; i < s.size(); i += utf8_seq_len(static_cast<unsigned char>(s[i]))) ++n;
   return n;
 }
 
 List characters(const std::string& s) {
   List out;
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    n = std::min(n, s.size() - i);
+    const size_t n = std::min(utf8_seq_len(static_cast<unsigned char>(s[i])), s.size() - i);
     out.push_back(Value(s.substr(i, n)));
     i += n;
   }
@@ -294,19 +288,6 @@ uint32_t other_case(uint32_t cp, bool upper) {
     return span(0x400, 0x40F, 0x50);
   }
   return 0;
-}
-
-void put_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // Python's str.upper()/lower() for the scripts other_case knows (and upper("ß") = "SS").

@@ -556,8 +556,7 @@ class Render final : public Renderer {
       const std::string& str = seq.str();
       for (size_t i = 0; i < str.size();) {
         offsets.push_back(i);
-        const auto c = static_cast<unsigned char>(str[i]);
-        i += c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        i += utf8_seq_len(static_cast<unsigned char>(str[i]));
       }
       offsets.push_back(str.size());
     }
@@ -624,25 +623,19 @@ class Render final : public Renderer {
       }
       return Value(std::move(l));
     });
-    add_function("namespace", [](Renderer&, Args& a) -> Value {
-      auto d = std::make_shared<Dict>();
-      d->is_namespace = true;
-      for (const Value& p : a.pos) {
-        if (!p.is_dict()) fail("namespace() takes a dict or keyword arguments");
-        for (const auto& [k, v] : p.dict().items) d->set_key(p.dict().key_value(k), v);
-      }
-      for (auto& [k, v] : a.kw) d->set(k, v);
-      return Value(std::move(d));
-    });
-    add_function("dict", [](Renderer&, Args& a) -> Value {
-      auto d = std::make_shared<Dict>();
-      for (const Value& p : a.pos) {
-        if (!p.is_dict()) fail("dict() takes a dict or keyword arguments");
-        for (const auto& [k, v] : p.dict().items) d->set_key(p.dict().key_value(k), v);
-      }
-      for (auto& [k, v] : a.kw) d->set(k, v);
-      return Value(std::move(d));
-    });
+    // namespace(...) and dict(...): from dicts and keyword arguments.
+    for (const bool ns : {true, false})
+      add_function(ns ? "namespace" : "dict", [ns](Renderer&, Args& a) -> Value {
+        auto d = std::make_shared<Dict>();
+        d->is_namespace = ns;
+        for (const Value& p : a.pos) {
+          if (!p.is_dict())
+            fail(std::string(ns ? "namespace" : "dict") + "() takes a dict or keyword arguments");
+          for (const auto& [k, v] : p.dict().items) d->set_key(p.dict().key_value(k), v);
+        }
+        for (auto& [k, v] : a.kw) d->set(k, v);
+        return Value(std::move(d));
+      });
     add_function("raise_exception", [](Renderer&, Args& a) -> Value {
       throw JinjaError{a.pos.empty() ? std::string() : to_str(a.pos[0]), true};
     });
