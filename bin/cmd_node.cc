@@ -46,6 +46,8 @@ constexpr const char* kNodeHelp =
     "  --tool-call-parser F serve: the format tool calls are parsed from replies in: hermes,\n"
     "                       llama3_json, mistral, deepseek_v3, kimi_k2, glm45 (default: the one\n"
     "                       the chat template writes)\n"
+    "  --reasoning-parser P serve: deepseek_r1, qwen3 or think: a chat reply's <think>...\n"
+    "                       </think> is answered as reasoning_content (default: content)\n"
     "  --max-model-len N    serve --model: prompt + completion tokens per sequence (default 2048)\n"
     "  --max-sequences N    serve --model: sequences decoded at once (default the plan's)\n"
     "  --mmproj PATH        serve --model: a vision encoder (llama.cpp mmproj GGUF) for chats\n"
@@ -128,7 +130,7 @@ int run_node(const Args& args, bool serve) {
   const bool quick = serve && !ap.has("config") && ap.has("model");
   if (!serve)
     for (const char* o : {"http", "api-key", "served-model-name", "chat-template",
-                          "tool-call-parser", "max-model-len", "max-sequences"})
+                          "tool-call-parser", "reasoning-parser", "max-model-len", "max-sequences"})
       if (ap.has(o)) throw CliError(std::string("--") + o + " is an option of `troupe serve`");
   if (!quick)
     for (const char* o : {"max-model-len", "max-sequences", "mmproj"})
@@ -185,6 +187,7 @@ int run_node(const Args& args, bool serve) {
       http.chat_template = text.str();
     }
     http.tool_call_parser = ap.str("tool-call-parser");
+    http.reasoning_parser = ap.str("reasoning-parser");
     http.max_model_len = plan->scheduler.max_model_len;
   }
   auto node = actors::ClusterNode::start(std::move(*plan), opts);

@@ -146,8 +146,9 @@ class Generation {
         logprobs_(ar_.logprobs >= 0 ? n_ : 0),
         text_len_(n_, 0),
         last_token_(n_, t0_) {
-    if (ar_.stream && ar_.tool_format != ToolFormat::kNone)
-      for (size_t i = 0; i < n_; ++i) tools_.emplace_back(*ctx_.served->model->tokenizer);
+    if (ar_.stream && ar_.reply.active())
+      for (size_t i = 0; i < n_; ++i)
+        replies_.emplace_back(*ctx_.served->model->tokenizer, ar_.reply);
   }
 
   // Hands every choice to the head; an error (the node cannot take requests) answers at once.
@@ -182,15 +183,15 @@ class Generation {
   std::vector<std::vector<TokenLogprob>> logprobs_;  // whole answers: per choice
   std::vector<size_t> text_len_;                     // bytes of each choice's text so far
   std::vector<Clock::time_point> last_token_;
-  // Streamed chats with tools: each choice's reply with its markers, and how much of it has gone
-  // out as content (what may begin a tool call is held back until the call is whole).
-  struct ToolStream {
-    explicit ToolStream(const model::Tokenizer& tok) : decoder(tok, /*render_special=*/true) {}
+  // Streamed chats whose replies are split (tools, reasoning): each choice's reply decoded with
+  // its markers, split as it arrives (what may begin </think> or a call is held back).
+  struct SplitStream {
+    SplitStream(const model::Tokenizer& tok, ReplyFormat f)
+        : decoder(tok, /*render_special=*/true), split(f) {}
     model::StreamDecoder decoder;
-    std::string reply;
-    size_t streamed = 0;
+    ReplyStream split;
   };
-  std::vector<ToolStream> tools_;
+  std::vector<SplitStream> replies_;
   size_t remaining_ = n_;
   bool ok_ = true;  // the connection still works
   bool timed_out_ = false;
@@ -287,14 +288,14 @@ net::awaitable<void> Generation::take(Event& e) {
       m.per_token.observe(std::chrono::duration<double>(now - last_token_[i]).count());
     got_token_[i] = true;
     last_token_[i] = now;
-    if (!tools_.empty() && e.token >= 0) {  // the content that cannot begin a call
-      ToolStream& t = tools_[i];
-      t.reply += t.decoder.push(e.token);
-      const size_t safe = streamable_prefix(ar_.tool_format, t.reply);
-      e.delta = safe > t.streamed ? t.reply.substr(t.streamed, safe - t.streamed) : "";
-      t.streamed = std::max(t.streamed, safe);
+    std::string reasoning;
+    if (!replies_.empty() && e.token >= 0) {  // split: reasoning, and content that is not a call
+      SplitStream& t = replies_[i];
+      ReplyStream::Delta d = t.split.push(t.decoder.push(e.token));
+      e.delta = std::move(d.content);
+      reasoning = std::move(d.reasoning);
     }
-    if (ar_.stream && ok_ && (!e.delta.empty() || e.has_logprob)) {
+    if (ar_.stream && ok_ && (!e.delta.empty() || !reasoning.empty() || e.has_logprob)) {
       const size_t offset = text_len_[i] + (i < ar_.echo_text.size() ? ar_.echo_text[i].size() : 0);
       // Built before the co_await: g++ 12 miscompiles an initializer list inside one.
       std::string lp_json;
@@ -303,7 +304,7 @@ net::awaitable<void> Generation::take(Event& e) {
         lp_json = logprobs_json(ep_, ctx_.served->model->tokenizer.get(), one, offset);
       }
       std::string chunk =
-          chunk_body(ep_, id_, created_, model_id(), i, e.delta, first_[i], "", lp_json);
+          chunk_body(ep_, id_, created_, model_id(), i, e.delta, first_[i], "", lp_json, reasoning);
       ok_ = co_await write_event(chunk);
       first_[i] = false;
     } else if (e.has_logprob) {
@@ -321,29 +322,23 @@ net::awaitable<void> Generation::take(Event& e) {
   if (!ar_.stream || !ok_) co_return;
   int retry = 0;
   std::string finish = reason;
-  if (!tools_.empty() && results_[i].ok()) {
-    // The reply is whole: what was held back goes out as content, or as the tool calls.
-    ToolStream& t = tools_[i];
-    t.reply += t.decoder.flush();
-    const ParsedReply p = parse_tool_calls(ar_.tool_format, t.reply);
-    std::string rest;
-    if (p.calls.empty()) {
-      rest = t.reply.substr(std::min(t.streamed, t.reply.size()));
-    } else {
-      const size_t start = std::min(streamable_prefix(ar_.tool_format, t.reply), t.reply.size());
-      if (start > t.streamed) rest = t.reply.substr(t.streamed, start - t.streamed);
-      while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back())))
-        rest.pop_back();
-      finish = "tool_calls";
-    }
-    if (!rest.empty()) {
-      std::string chunk = chunk_body(ep_, id_, created_, model_id(), i, rest, first_[i], "");
+  if (!replies_.empty() && results_[i].ok()) {
+    // The reply is whole: what was held back goes out as content or reasoning, and the calls.
+    SplitStream& t = replies_[i];
+    const ReplyStream::Delta last = t.split.push(t.decoder.flush());
+    const ReplyStream::End end = t.split.finish();
+    const std::string rest = last.content + end.rest.content;
+    const std::string rest_reasoning = last.reasoning + end.rest.reasoning;
+    if (!rest.empty() || !rest_reasoning.empty()) {
+      std::string chunk =
+          chunk_body(ep_, id_, created_, model_id(), i, rest, first_[i], "", "", rest_reasoning);
       ok_ = co_await write_event(chunk);
       first_[i] = false;
     }
-    if (ok_ && !p.calls.empty()) {
-      std::string chunk = tool_calls_chunk_body(id_, created_, model_id(), i, p.calls);
+    if (ok_ && !end.calls.empty()) {
+      std::string chunk = tool_calls_chunk_body(id_, created_, model_id(), i, end.calls);
       ok_ = co_await write_event(chunk);
+      finish = "tool_calls";
     }
     if (!ok_) co_return;
   }

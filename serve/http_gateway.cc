@@ -314,6 +314,13 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
       !tool_format_by_name(opts.tool_call_parser, &im.served.tool_format))
     return Error{1, "--tool-call-parser: '" + opts.tool_call_parser +
                         "' is none of hermes, llama3_json, mistral, deepseek_v3, kimi_k2, glm45"};
+  if (!opts.reasoning_parser.empty()) {
+    if (opts.reasoning_parser != "deepseek_r1" && opts.reasoning_parser != "qwen3" &&
+        opts.reasoning_parser != "think")
+      return Error{1, "--reasoning-parser: '" + opts.reasoning_parser +
+                          "' is none of deepseek_r1, qwen3, think (all read <think>...</think>)"};
+    im.served.reasoning = true;
+  }
   im.served.max_model_len = opts.max_model_len;
   im.served.max_choices = opts.max_choices;
   im.opts = std::move(opts);

@@ -29,6 +29,9 @@ struct GatewayOptions {
   /// The tool-call format replies are parsed in ("hermes", "llama3_json", "mistral",
   /// "deepseek_v3", "kimi_k2", "glm45"); "": the one the chat template shows.
   std::string tool_call_parser;
+  /// "deepseek_r1", "qwen3" or "think": a chat reply's <think>...</think> is its
+  /// reasoning_content (streamed as delta.reasoning_content); "": all of it is content.
+  std::string reasoning_parser;
   int64_t max_model_len = 0;  // the plan's scheduler.max_model_len (prompt + completion)
   int64_t max_choices = 16;   // prompts x n in one request
   /// When set, /v1/ routes need "Authorization: Bearer <api_key>" (401 otherwise).

@@ -398,7 +398,7 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
 
 // A chat's request and its prompt's length in tokens (with images: their rows counted).
 actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
-                                    int64_t* prompt_len) {
+                                    int64_t* prompt_len, bool* opens_thinking) {
   const model::Model& m = *served.model;
   if (!m.tokenizer) fail("messages", "this model has no vocabulary: use /v1/completions");
   std::vector<std::string> images;
@@ -433,6 +433,11 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
            "the model's chat template leaves out messages[" + std::to_string(i) +
                "] (a system message): put its text in the first user message");
   }
+  // A prompt ending in <think> (DeepSeek-R1's, Qwen3's with thinking) has the reply begin
+  // inside the reasoning.
+  const size_t last = text->find_last_not_of(" \t\r\n");
+  *opens_thinking =
+      last != std::string::npos && last + 1 >= 7 && text->compare(last + 1 - 7, 7, "<think>") == 0;
   actors::GenerateRequest r;
   // The template writes the prompt's special tokens (BOS included) itself, as Hugging Face
   // tokenizes a rendered chat: no BOS added, control-token texts recognized.
@@ -504,9 +509,12 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
     for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.prompt_tokens.size()));
   } else {
     int64_t len = 0;
-    prompts.push_back(chat_prompt(body, served, &len));
+    bool prompt_opens_thinking = false;
+    prompts.push_back(chat_prompt(body, served, &len, &prompt_opens_thinking));
     lens.push_back(len);
-    if (tools_of(body)) out->tool_format = served.tool_format;
+    if (tools_of(body)) out->reply.tools = served.tool_format;
+    out->reply.reasoning = served.reasoning;
+    out->reply.starts_in_reasoning = served.reasoning && prompt_opens_thinking;
   }
   if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
     fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +

@@ -16,6 +16,7 @@
 #include "base/result.h"
 #include "model/chat_template.h"
 #include "model/model.h"
+#include "serve/reply_stream.h"
 #include "serve/tool_calls.h"
 
 namespace troupe::serve {
@@ -50,6 +51,8 @@ struct ServedModel {
   /// `--tool-call-parser`; kNone refuses requests with tools.
   ToolFormat tool_format = ToolFormat::kNone;
   bool template_takes_tools = false;  // the template reads `tools`
+  /// `--reasoning-parser`: a chat reply's <think>...</think> is its reasoning_content.
+  bool reasoning = false;
 };
 
 /// Compiles `source` (the model's chat template, or one given in its place) for `served`. An
@@ -67,9 +70,10 @@ struct ApiRequest {
   /// Log-probabilities of the generated tokens with this many alternatives each (completions:
   /// "logprobs": N; chats: "logprobs": true with "top_logprobs": N); -1: none.
   int logprobs = -1;
-  /// Chats with tools (tool_choice auto): the format the reply's tool calls are parsed from;
-  /// kNone: the reply is all content.
-  ToolFormat tool_format = ToolFormat::kNone;
+  /// Chats: how each reply is split into reasoning, content and tool calls (tools when the
+  /// request has them with tool_choice auto; reasoning with --reasoning-parser); inactive: the
+  /// reply is all content.
+  ReplyFormat reply;
 };
 
 /// One generated token's log-probability and the most likely tokens at its step: the log-softmax
@@ -111,11 +115,12 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
 /// One server-sent event's JSON (stream true): a "text_completion" or "chat.completion.chunk"
 /// holding `delta` for choice `index` (with the role on a chat's first chunk), or its end
 /// (finish_reason set, delta empty).
-/// `logprobs_object`: the chunk's "logprobs" (logprobs_json), "" for null.
+/// `logprobs_object`: the chunk's "logprobs" (logprobs_json), "" for null. `reasoning`: a chat
+/// chunk's reasoning_content.
 std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model_id, size_t index, const std::string& delta,
                        bool first, const std::string& finish_reason,
-                       const std::string& logprobs_object = "");
+                       const std::string& logprobs_object = "", const std::string& reasoning = "");
 /// The chunk of a stream that carries a choice's tool calls (whole, each with its arguments).
 std::string tool_calls_chunk_body(const std::string& id, int64_t created,
                                   const std::string& model_id, size_t index,

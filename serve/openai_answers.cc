@@ -144,21 +144,23 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
     const auto& r = results[i];
     json c = {{"index", i}, {"finish_reason", api_finish_reason(r)}};
     const std::string echo = !chat && i < req.echo_text.size() ? req.echo_text[i] : "";
-    if (chat && req.tool_format != ToolFormat::kNone && tok) {
-      ParsedReply p = parse_tool_calls(req.tool_format, reply_with_markers(*tok, r.tokens));
-      if (p.calls.empty()) {
-        c["message"] = {{"role", "assistant"}, {"content", r.text}};
-      } else {
+    if (chat && req.reply.active() && tok) {
+      const auto split = ReplyStream::split(req.reply, reply_with_markers(*tok, r.tokens));
+      json m = {{"role", "assistant"},
+                {"content", split.content.empty() && !split.calls.empty() ? json(nullptr)
+                                                                          : json(split.content)}};
+      if (req.reply.reasoning)
+        m["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
+      if (!split.calls.empty()) {
         json calls = json::array();
-        for (const ToolCall& t : p.calls)
+        for (const ToolCall& t : split.calls)
           calls.push_back({{"id", t.id},
                            {"type", "function"},
                            {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-        c["message"] = {{"role", "assistant"},
-                        {"content", p.content.empty() ? json(nullptr) : json(p.content)},
-                        {"tool_calls", std::move(calls)}};
+        m["tool_calls"] = std::move(calls);
         c["finish_reason"] = "tool_calls";
       }
+      c["message"] = std::move(m);
     } else if (chat) {
       c["message"] = {{"role", "assistant"}, {"content", r.text}};
     } else
@@ -180,14 +182,16 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
 std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model_id, size_t index, const std::string& delta,
                        bool first, const std::string& finish_reason,
-                       const std::string& logprobs_object) {
+                       const std::string& logprobs_object, const std::string& reasoning) {
   const bool chat = endpoint == Endpoint::kChat;
   json c = {{"index", index},
             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
   if (chat) {
     json d = json::object();
     if (first) d["role"] = "assistant";
-    if (!delta.empty() || (first && finish_reason.empty())) d["content"] = delta;
+    if (!reasoning.empty()) d["reasoning_content"] = reasoning;
+    if (!delta.empty() || (first && finish_reason.empty() && reasoning.empty()))
+      d["content"] = delta;
     c["delta"] = std::move(d);
   } else {
     c["text"] = delta;
