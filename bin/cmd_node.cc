@@ -122,11 +122,11 @@ int run_node(const Args& args, bool serve) {
     std::fputs(kNodeHelp, stdout);
     return 0;
   }
-  ArgParser ap(
-      args,
-      {"config", "name", "model", "fault", "ready-timeout", "http", "api-key", "served-model-name",
-       "chat-template", "tool-call-parser", "max-model-len", "max-sequences", "mmproj"},
-      {});
+  ArgParser ap(args,
+               {"config", "name", "model", "fault", "ready-timeout", "http", "api-key",
+                "served-model-name", "chat-template", "tool-call-parser", "reasoning-parser",
+                "max-model-len", "max-sequences", "mmproj"},
+               {});
   const bool quick = serve && !ap.has("config") && ap.has("model");
   if (!serve)
     for (const char* o : {"http", "api-key", "served-model-name", "chat-template",

@@ -206,7 +206,9 @@ TEST(ServeProcess, ServeModelAnswersOverHttpAndLeavesOnSigterm) {
   const uint16_t port = free_port();
   auto d = spawn({},
                  {"serve", "--model", model, "--http", "127.0.0.1:" + std::to_string(port),
-                  "--served-model-name", "tiny"},
+                  "--served-model-name", "tiny", "--chat-template",
+                  testing::source_dir() + "/tests/model/chat_templates/llama2_sys.jinja",
+                  "--reasoning-parser", "deepseek_r1"},
                  "serve-model");
   ASSERT_TRUE(wait_log(*d, "the cluster is serving", 60s)) << d->output();
   EXPECT_NE(d->output().find("HTTP API on http://127.0.0.1:" + std::to_string(port)),
@@ -219,6 +221,12 @@ TEST(ServeProcess, ServeModelAnswersOverHttpAndLeavesOnSigterm) {
   ASSERT_EQ(a.status, 200) << a.body;
   const auto j = nlohmann::json::parse(a.body);
   EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  // stories260K has no chat template: --chat-template gives it one.
+  const auto chat = serve::testing::http(
+      port, "POST", "/v1/chat/completions",
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(nlohmann::json::parse(chat.body)["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(d->terminate(), 0) << d->output();
   EXPECT_NE(d->output().find("leaving (SIGTERM)"), std::string::npos) << d->output();
 
@@ -227,6 +235,11 @@ TEST(ServeProcess, ServeModelAnswersOverHttpAndLeavesOnSigterm) {
   auto bad = testing::run_process(troupe, {"serve", "--model", model, "--http", "nowhere"}, dir);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("--http: expected HOST:PORT"), std::string::npos) << bad.err;
+  bad = testing::run_process(
+      troupe, {"serve", "--model", model, "--chat-template", "/nonexistent.jinja"}, dir);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--chat-template: cannot read '/nonexistent.jinja'"), std::string::npos)
+      << bad.err;
   bad = testing::run_process(
       troupe, {"node", "--config", "x.toml", "--name", "a", "--http", "127.0.0.1:1"}, dir);
   EXPECT_EQ(bad.rc, 2);

@@ -217,6 +217,13 @@ TEST_F(ToolChat, AnUnknownParserOrATemplateWithoutToolsIsRefused) {
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message.find("--tool-call-parser: 'qwen' is none of"), std::string::npos)
       << bad.error().message;
+  GatewayOptions think;
+  think.port = 0;
+  think.reasoning_parser = "o1";
+  auto bad_think = HttpGateway::start(*served_->node, think);
+  ASSERT_FALSE(bad_think);
+  EXPECT_NE(bad_think.error().message.find("--reasoning-parser: 'o1' is none of"),
+            std::string::npos);
   // The same model with a template that never reads `tools`: a chat with tools is refused.
   GatewayOptions plain;
   plain.port = 0;
