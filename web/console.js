@@ -30,7 +30,11 @@ function stateCell(s) { return '<span class="state-' + text(s) + '">' + text(s) 
 
 function render(st) {
   const c = st.cluster || {}, s = st.scheduler || {}, g = st.gateway || {}, m = st.model || {};
-  $("model").textContent = m.id + " · " + m.arch + " · " + m.n_layer + " layers · " + m.format;
+  const chat = !m.chat ? "" : m.chat.template !== "ok" ? " · chats refused: " + m.chat.template
+      : " · chats" + (m.chat.tool_calls !== "none" ? " + tools (" + m.chat.tool_calls + ")" : "") +
+        (m.chat.reasoning ? " + reasoning" : "");
+  $("model").textContent =
+      m.id + " · " + m.arch + " · " + m.n_layer + " layers · " + m.format + chat;
   const serving = c.serving && !c.condition;
   $("serving").textContent = serving ? "serving" : "not serving";
   $("serving").className = "badge " + (serving ? "ok" : "bad");

@@ -67,6 +67,11 @@ TEST_F(Console, StateAndFeedDescribeTheCluster) {
   const json st = json::parse(a.body);
   EXPECT_EQ(st["model"]["id"], "stories");
   EXPECT_EQ(st["model"]["arch"], "llama");
+  // stories260K has no chat template: the console says why chats are refused.
+  EXPECT_NE(st["model"]["chat"]["template"].get<std::string>().find("no chat template"),
+            std::string::npos)
+      << st["model"].dump();
+  EXPECT_EQ(st["model"]["chat"]["tool_calls"], "none");
   EXPECT_EQ(st["cluster"]["serving"], true);
   ASSERT_EQ(st["cluster"]["members"].size(), 1u);
   EXPECT_EQ(st["cluster"]["members"][0]["name"], "a");
@@ -130,7 +135,7 @@ TEST_F(Console, AHeadlessBrowserShowsTheCluster) {
     EXPECT_NE(dom.find(s), std::string::npos) << "the page lacks: " << s << "\n" << dom;
   };
   has(R"(id="serving" class="badge ok">serving<)");
-  has(R"(id="model" class="muted">stories · llama · 5 layers · gguf<)");
+  has(R"(id="model" class="muted">stories · llama · 5 layers · gguf · chats refused: this model has no chat template)");
   has(R"(id="feed" class="muted">stopped after 2 updates<)");
   has(R"(<td>a</td><td>127.0.0.1:)");                // the node row
   has(R"(<span class="state-alive">alive</span>)");  // its state
