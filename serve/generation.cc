@@ -336,8 +336,9 @@ net::awaitable<void> Generation::take(Event& e) {
       first_[i] = false;
     }
     if (ok_ && !end.calls.empty()) {
-      std::string chunk = tool_calls_chunk_body(id_, created_, model_id(), i, end.calls);
+      std::string chunk = tool_calls_chunk_body(id_, created_, model_id(), i, end.calls, first_[i]);
       ok_ = co_await write_event(chunk);
+      first_[i] = false;
       finish = "tool_calls";
     }
     if (!ok_) co_return;

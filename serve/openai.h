@@ -122,9 +122,10 @@ std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created
                        bool first, const std::string& finish_reason,
                        const std::string& logprobs_object = "", const std::string& reasoning = "");
 /// The chunk of a stream that carries a choice's tool calls (whole, each with its arguments).
+/// `first`: no chunk of the choice went out yet (this one then carries the role).
 std::string tool_calls_chunk_body(const std::string& id, int64_t created,
                                   const std::string& model_id, size_t index,
-                                  const std::vector<ToolCall>& calls);
+                                  const std::vector<ToolCall>& calls, bool first = false);
 
 /// A reply's text with control tokens written out (the markers some formats' tool calls are
 /// made of, such as Mistral's [TOOL_CALLS]), decoded as the stream decodes it.

@@ -207,16 +207,19 @@ std::string chunk_body(Endpoint endpoint, const std::string& id, int64_t created
 
 std::string tool_calls_chunk_body(const std::string& id, int64_t created,
                                   const std::string& model_id, size_t index,
-                                  const std::vector<ToolCall>& calls) {
+                                  const std::vector<ToolCall>& calls, bool first) {
   json list = json::array();
   for (size_t k = 0; k < calls.size(); ++k)
     list.push_back({{"index", k},
                     {"id", calls[k].id},
                     {"type", "function"},
                     {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}});
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  delta["tool_calls"] = std::move(list);
   json c = {{"index", index},
             {"finish_reason", nullptr},
-            {"delta", {{"tool_calls", std::move(list)}}},
+            {"delta", std::move(delta)},
             {"logprobs", nullptr}};
   json out = {{"id", id},
               {"object", "chat.completion.chunk"},

@@ -207,6 +207,10 @@ TEST_F(ToolChat, AReplyHoldingACallBecomesToolCalls) {
       "chatcmpl-3", 0, "tiny", 0, {{"call_x", "get_weather", "{\"city\": \"Oslo\"}"}}));
   EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_FALSE(chunk["choices"][0]["delta"].contains("role"));
+  const json opening = json::parse(
+      tool_calls_chunk_body("chatcmpl-3", 0, "tiny", 0, {{"call_x", "f", "{}"}}, /*first=*/true));
+  EXPECT_EQ(opening["choices"][0]["delta"]["role"], "assistant") << "a reply that is only a call";
 }
 
 TEST_F(ToolChat, AnUnknownParserOrATemplateWithoutToolsIsRefused) {
