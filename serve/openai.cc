@@ -386,7 +386,20 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
   }
   context["messages"] = std::move(list);
   if (const json* t = tools_of(body)) context["tools"] = *t;
-  context["add_generation_prompt"] = boolean(body, "add_generation_prompt", true);
+  // continue_final_message (vLLM's): the reply goes on from the last (assistant) message, so the
+  // template opens no new turn.
+  const bool cont = boolean(body, "continue_final_message", false);
+  if (cont) {
+    if (field(body, "add_generation_prompt") && boolean(body, "add_generation_prompt", true))
+      fail("continue_final_message",
+           "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    const json& last = context["messages"].back();
+    if (last["role"] != "assistant" || !last["content"].is_string() ||
+        last["content"].get_ref<const std::string&>().empty())
+      fail("continue_final_message",
+           "'continue_final_message' needs the last message to be the assistant's, with text");
+  }
+  context["add_generation_prompt"] = !cont && boolean(body, "add_generation_prompt", true);
   const model::Tokenizer& tok = *served.model->tokenizer;
   auto special = [&](const char* name, int32_t id) {
     if (id >= 0) context[name] = std::string(tok.token_text(id));
@@ -432,6 +445,16 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
       fail("messages[" + std::to_string(i) + "]",
            "the model's chat template leaves out messages[" + std::to_string(i) +
                "] (a system message): put its text in the first user message");
+  }
+  if (boolean(body, "continue_final_message", false)) {
+    // The prompt ends where the final message's text ends (its turn's closing tokens cut).
+    const std::string& final_text = list.back()["content"].get_ref<const std::string&>();
+    const size_t at = text->rfind(final_text);
+    if (at == std::string::npos)
+      fail("continue_final_message",
+           "the model's chat template does not write the final message's text as given, so it "
+           "cannot be continued");
+    text->resize(at + final_text.size());
   }
   // A prompt ending in <think> (DeepSeek-R1's, Qwen3's with thinking) has the reply begin
   // inside the reasoning.

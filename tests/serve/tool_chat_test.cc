@@ -133,6 +133,41 @@ TEST_F(ToolChat, AStreamWithToolsSendsTheWholeAnswersContent) {
   EXPECT_EQ(finish, "length");
 }
 
+// continue_final_message: the prompt is the conversation's rendering up to the end of the final
+// assistant message's text, and the reply goes on from there.
+TEST_F(ToolChat, AFinalAssistantMessageIsContinued) {
+  json msgs = kAsk;
+  msgs.push_back({{"role", "assistant"}, {"content", "Once upon a"}});
+  const json a = post({{"model", "tiny"},
+                       {"messages", msgs},
+                       {"continue_final_message", true},
+                       {"add_generation_prompt", false},
+                       {"max_tokens", 3}});
+  const model::Tokenizer& tok = *served_->node->model()->tokenizer;
+  json ctx = {{"messages", msgs},
+              {"add_generation_prompt", false},
+              {"bos_token", std::string(tok.token_text(tok.bos_id()))},
+              {"eos_token", std::string(tok.token_text(tok.eos_id()))}};
+  auto t = model::ChatTemplate::compile(troupe::testing::read_text_file(
+      troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja"));
+  ASSERT_TRUE(t);
+  std::string text = *t->render(ctx, 0);
+  const size_t end = text.rfind("Once upon a") + std::string("Once upon a").size();
+  ASSERT_LT(end, text.size()) << "the template closes the turn after the text";
+  text.resize(end);
+  EXPECT_EQ(a["usage"]["prompt_tokens"], tok.encode(text, false, true).size()) << a.dump();
+
+  const json both = post({{"model", "tiny"},
+                          {"messages", msgs},
+                          {"continue_final_message", true},
+                          {"add_generation_prompt", true}},
+                         400);
+  EXPECT_EQ(both["error"]["param"], "continue_final_message");
+  const json user_last =
+      post({{"model", "tiny"}, {"messages", kAsk}, {"continue_final_message", true}}, 400);
+  EXPECT_EQ(user_last["error"]["param"], "continue_final_message");
+}
+
 TEST_F(ToolChat, BadToolsAndToolCallsAreNamed) {
   const json forced = post(
       {{"model", "tiny"}, {"messages", kAsk}, {"tools", kTools}, {"tool_choice", "required"}}, 400);
