@@ -340,8 +340,10 @@ const json* tools_of(const json& body) {
 
 // The chat template's variables for a chat request: the messages (content as text, images as
 // markers in it), add_generation_prompt, the vocabulary's special-token texts and the request's
-// chat_template_kwargs, as transformers' apply_chat_template passes them.
-json chat_context(const json& body, const ServedModel& served, std::vector<std::string>* images) {
+// chat_template_kwargs, as transformers' apply_chat_template passes them. `cont`: the request's
+// continue_final_message.
+json chat_context(const json& body, const ServedModel& served, bool cont,
+                  std::vector<std::string>* images) {
   const json* msgs = field(body, "messages");
   if (!msgs) fail("messages", "'messages' is required");
   if (!msgs->is_array()) fail("messages", "'messages' must be an array, got " + type_name(*msgs));
@@ -388,7 +390,6 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
   if (const json* t = tools_of(body)) context["tools"] = *t;
   // continue_final_message (vLLM's): the reply goes on from the last (assistant) message, so the
   // template opens no new turn.
-  const bool cont = boolean(body, "continue_final_message", false);
   if (cont) {
     if (field(body, "add_generation_prompt") && boolean(body, "add_generation_prompt", true))
       fail("continue_final_message",
@@ -409,13 +410,15 @@ json chat_context(const json& body, const ServedModel& served, std::vector<std::
   return context;
 }
 
-// A chat's request and its prompt's length in tokens (with images: their rows counted).
+// A chat's request, its prompt's length in tokens (with images: their rows counted) and how its
+// reply is to be split (tools when the template gets them, reasoning as the server parses it).
 actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
-                                    int64_t* prompt_len, bool* opens_thinking) {
+                                    int64_t* prompt_len, ReplyFormat* reply) {
   const model::Model& m = *served.model;
   if (!m.tokenizer) fail("messages", "this model has no vocabulary: use /v1/completions");
   std::vector<std::string> images;
-  const json context = chat_context(body, served, &images);
+  const bool cont = boolean(body, "continue_final_message", false);
+  const json context = chat_context(body, served, cont, &images);
   if (!served.chat_template) fail("messages", served.chat_template_error);
   if (context.contains("tools")) {
     if (!served.template_takes_tools)
@@ -446,7 +449,7 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
            "the model's chat template leaves out messages[" + std::to_string(i) +
                "] (a system message): put its text in the first user message");
   }
-  if (boolean(body, "continue_final_message", false)) {
+  if (cont) {
     // The prompt ends where the final message's text ends (its turn's closing tokens cut).
     const std::string& final_text = list.back()["content"].get_ref<const std::string&>();
     const size_t at = text->rfind(final_text);
@@ -459,8 +462,10 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   // A prompt ending in <think> (DeepSeek-R1's, Qwen3's with thinking) has the reply begin
   // inside the reasoning.
   const size_t last = text->find_last_not_of(" \t\r\n");
-  *opens_thinking =
-      last != std::string::npos && last + 1 >= 7 && text->compare(last + 1 - 7, 7, "<think>") == 0;
+  reply->tools = context.contains("tools") ? served.tool_format : ToolFormat::kNone;
+  reply->reasoning = served.reasoning;
+  reply->starts_in_reasoning = served.reasoning && last != std::string::npos && last + 1 >= 7 &&
+                               text->compare(last + 1 - 7, 7, "<think>") == 0;
   actors::GenerateRequest r;
   // The template writes the prompt's special tokens (BOS included) itself, as Hugging Face
   // tokenizes a rendered chat: no BOS added, control-token texts recognized.
@@ -532,12 +537,8 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
     for (const auto& p : prompts) lens.push_back(static_cast<int64_t>(p.prompt_tokens.size()));
   } else {
     int64_t len = 0;
-    bool prompt_opens_thinking = false;
-    prompts.push_back(chat_prompt(body, served, &len, &prompt_opens_thinking));
+    prompts.push_back(chat_prompt(body, served, &len, &out->reply));
     lens.push_back(len);
-    if (tools_of(body)) out->reply.tools = served.tool_format;
-    out->reply.reasoning = served.reasoning;
-    out->reply.starts_in_reasoning = served.reasoning && prompt_opens_thinking;
   }
   if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
     fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +

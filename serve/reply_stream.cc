@@ -76,7 +76,7 @@ ReplyStream::Delta ReplyStream::push(std::string_view piece) {
     text.erase(0, b);
   }
   content_ += text;
-  size_t safe = streamable_prefix(f_.tools, content_);
+  size_t safe = streamable_prefix(f_.tools, content_, sent_);
   // With tools, whitespace that may end the text before a call waits for what follows it.
   if (f_.tools != ToolFormat::kNone)
     while (safe > sent_ && is_space(content_[safe - 1])) --safe;

@@ -13,12 +13,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-struct Markers {
-  ToolFormat format;
-  const char* name;
-  const char* start;  // where the calls begin in a reply
-};
-
 // The DeepSeek markers hold U+FF5C (fullwidth bar) and U+2581 (lower one-eighth block).
 constexpr const char* kDsCallsBegin =
     "<\xEF\xBD\x9Ctool\xE2\x96\x81"
@@ -33,21 +27,6 @@ constexpr const char* kDsCallEnd =
     "call\xE2\x96\x81"
     "end\xEF\xBD\x9C>";
 constexpr const char* kDsSep = "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>";
-
-constexpr Markers kFormats[] = {
-    {ToolFormat::kHermes, "hermes", "<tool_call>"},
-    {ToolFormat::kLlama3Json, "llama3_json", "<|python_tag|>"},
-    {ToolFormat::kMistral, "mistral", "[TOOL_CALLS]"},
-    {ToolFormat::kDeepseekV3, "deepseek_v3", kDsCallsBegin},
-    {ToolFormat::kKimiK2, "kimi_k2", "<|tool_calls_section_begin|>"},
-    {ToolFormat::kGlm45, "glm45", "<tool_call>"},
-};
-
-const Markers* markers(ToolFormat f) {
-  for (const Markers& m : kFormats)
-    if (m.format == f) return &m;
-  return nullptr;
-}
 
 std::string make_call_id() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -109,8 +88,8 @@ bool parse_hermes(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
 }
 
 // {..} or [{..}, ..] or {..}; {..} (after an optional <|python_tag|>).
-bool parse_llama3(std::string_view r, std::vector<ToolCall>* calls) {
-  std::string_view s = trim(r);
+bool parse_llama3(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+  std::string_view s = trim(r.substr(at));
   if (s.substr(0, 14) == "<|python_tag|>") s = trim(s.substr(14));
   json o;
   if (parse_json(s, &o)) {
@@ -259,8 +238,32 @@ bool parse_glm(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
   return !calls->empty();
 }
 
-// Where the calls start in a reply (npos: none).
-size_t calls_start(ToolFormat f, std::string_view r) {
+// Each format: its name, the text its calls begin with, and its parser (the reply, where the
+// calls begin, the calls found; false when they do not parse).
+struct Markers {
+  ToolFormat format;
+  const char* name;
+  const char* start;
+  bool (*parse)(std::string_view reply, size_t at, std::vector<ToolCall>* calls);
+};
+
+constexpr Markers kFormats[] = {
+    {ToolFormat::kHermes, "hermes", "<tool_call>", parse_hermes},
+    {ToolFormat::kLlama3Json, "llama3_json", "<|python_tag|>", parse_llama3},
+    {ToolFormat::kMistral, "mistral", "[TOOL_CALLS]", parse_mistral},
+    {ToolFormat::kDeepseekV3, "deepseek_v3", kDsCallsBegin, parse_deepseek},
+    {ToolFormat::kKimiK2, "kimi_k2", "<|tool_calls_section_begin|>", parse_kimi},
+    {ToolFormat::kGlm45, "glm45", "<tool_call>", parse_glm},
+};
+
+const Markers* markers(ToolFormat f) {
+  for (const Markers& m : kFormats)
+    if (m.format == f) return &m;
+  return nullptr;
+}
+
+// Where the calls start in a reply (npos: none); none starts before `from`.
+size_t calls_start(ToolFormat f, std::string_view r, size_t from = 0) {
   if (f == ToolFormat::kLlama3Json) {
     const std::string_view t = trim(r);
     if (t.empty() || (t[0] != '{' && t[0] != '[' && t.substr(0, 14) != "<|python_tag|>"))
@@ -268,7 +271,7 @@ size_t calls_start(ToolFormat f, std::string_view r) {
     return r.find_first_not_of(" \t\r\n");
   }
   const Markers* m = markers(f);
-  return m ? r.find(m->start) : std::string_view::npos;
+  return m ? r.find(m->start, std::min(from, r.size())) : std::string_view::npos;
 }
 
 }  // namespace
@@ -310,29 +313,7 @@ ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply) {
     out.content = std::string(reply);
     return out;
   }
-  bool ok = false;
-  switch (f) {
-    case ToolFormat::kHermes:
-      ok = parse_hermes(reply, at, &out.calls);
-      break;
-    case ToolFormat::kLlama3Json:
-      ok = parse_llama3(reply.substr(at), &out.calls);
-      break;
-    case ToolFormat::kMistral:
-      ok = parse_mistral(reply, at, &out.calls);
-      break;
-    case ToolFormat::kDeepseekV3:
-      ok = parse_deepseek(reply, at, &out.calls);
-      break;
-    case ToolFormat::kKimiK2:
-      ok = parse_kimi(reply, at, &out.calls);
-      break;
-    case ToolFormat::kGlm45:
-      ok = parse_glm(reply, at, &out.calls);
-      break;
-    case ToolFormat::kNone:
-      break;
-  }
+  const bool ok = markers(f)->parse(reply, at, &out.calls);
   if (!ok) {
     out.calls.clear();
     out.content = std::string(reply);
@@ -342,9 +323,9 @@ ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply) {
   return out;
 }
 
-size_t streamable_prefix(ToolFormat f, std::string_view r) {
+size_t streamable_prefix(ToolFormat f, std::string_view r, size_t from) {
   if (f == ToolFormat::kNone) return r.size();
-  const size_t at = calls_start(f, r);
+  const size_t at = calls_start(f, r, from);
   if (at != std::string_view::npos) return at;
   if (f == ToolFormat::kLlama3Json) {
     // The reply is a call when it starts with '{' or '[' or <|python_tag|>: hold back while it

@@ -47,7 +47,9 @@ struct ParsedReply {
 ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply);
 
 /// How many bytes of `reply_so_far` may be streamed as content now: everything before the first
-/// call's start, and before any tail that could still become one.
-size_t streamable_prefix(ToolFormat f, std::string_view reply_so_far);
+/// call's start, and before any tail that could still become one. `from`: what an earlier call
+/// found streamable (no call starts before it), where the search for one begins, so a stream
+/// does not rescan its whole reply at every token.
+size_t streamable_prefix(ToolFormat f, std::string_view reply_so_far, size_t from = 0);
 
 }  // namespace troupe::serve

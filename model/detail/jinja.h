@@ -223,31 +223,6 @@ struct RenderLimits {
 Result<std::string> render_jinja(const Program& program, const Dict& globals, int64_t now_unix,
                                  const RenderLimits& limits);
 
-// ---- UTF-8, as Python's str sees text ----
-
-/// The bytes of the character a UTF-8 lead byte starts (1 for a stray byte).
-inline size_t utf8_seq_len(unsigned char lead) {
-  return lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
-}
-/// Appends code point `cp` (at most U+10FFFF) as UTF-8.
-inline void put_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 // ---- Built-ins (jinja_builtins.cc), used by the renderer ----
 
 /// Python truthiness.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "model/detail/jinja.h"
+#include "model/detail/unicode.h"
 
 namespace troupe::model::detail {
 namespace {
@@ -105,7 +106,7 @@ void json_string(const std::string& s, const JsonStyle& st, std::string* out) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80 && st.ensure_ascii) {
       // \uXXXX, as surrogate pairs past the BMP (Python's ensure_ascii).
-      const size_t n = utf8_seq_len(c);
+      const size_t n = utf8_len_from_lead(c);
       uint32_t cp = n == 2 ? c & 0x1Fu : n == 3 ? c & 0x0Fu : n == 4 ? c & 0x07u : c;
       for (size_t k = 1; k < n && i + k < s.size(); ++k)
         cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
@@ -226,14 +227,14 @@ void json_value(const Value& v, const JsonStyle& st, int level, std::string* out
 // The number of code points of a UTF-8 string (Python's len of a str).
 size_t count_chars(const std::string& s) {
   size_t n = 0;
-  for (size_t i = 0; i < s.size(); i += utf8_seq_len(static_cast<unsigned char>(s[i]))) ++n;
+  for (size_t i = 0; i < s.size(); i += utf8_len_from_lead(static_cast<uint8_t>(s[i]))) ++n;
   return n;
 }
 
 List characters(const std::string& s) {
   List out;
   for (size_t i = 0; i < s.size();) {
-    const size_t n = std::min(utf8_seq_len(static_cast<unsigned char>(s[i])), s.size() - i);
+    const size_t n = std::min(utf8_len_from_lead(static_cast<uint8_t>(s[i])), s.size() - i);
     out.push_back(Value(s.substr(i, n)));
     i += n;
   }
@@ -306,7 +307,7 @@ std::string change_case(const std::string& s, bool upper) {
       if (upper && cp == 0xDF) {
         out += "SS";
       } else if (const uint32_t o = other_case(cp, upper)) {
-        put_utf8(&out, o);
+        append_utf8(&out, o);
       } else {
         out.append(s, i, 2);
       }

@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "model/detail/jinja.h"
+#include "model/detail/unicode.h"
 
 namespace troupe::model::detail {
 namespace {
@@ -158,15 +159,7 @@ class Render final : public Renderer {
       ns.dict().set(n.attr, std::move(v));
       return;
     }
-    if (n.targets.size() == 1) {
-      frames_.back().set(n.targets[0], std::move(v));
-      return;
-    }
-    List items = iterate(v);
-    if (items.size() != n.targets.size())
-      fail("cannot unpack " + std::to_string(items.size()) + " values into " +
-           std::to_string(n.targets.size()) + " names");
-    for (size_t i = 0; i < items.size(); ++i) frames_.back().set(n.targets[i], items[i]);
+    bind_targets(n, v, "names");
   }
 
   Value make_loop(const List& items, size_t i) {
@@ -194,7 +187,9 @@ class Render final : public Renderer {
     return Value(std::move(loop));
   }
 
-  void bind_targets(const Node& n, const Value& item) {
+  // Sets n's targets in the innermost scope: one takes `item`, several unpack it (`what` names
+  // them in the error: "names", "loop variables").
+  void bind_targets(const Node& n, const Value& item, const char* what) {
     if (n.targets.size() == 1) {
       frames_.back().set(n.targets[0], item);
       return;
@@ -202,7 +197,7 @@ class Render final : public Renderer {
     List parts = iterate(item);
     if (parts.size() != n.targets.size())
       fail("cannot unpack " + std::to_string(parts.size()) + " values into " +
-           std::to_string(n.targets.size()) + " loop variables");
+           std::to_string(n.targets.size()) + " " + what);
     for (size_t k = 0; k < parts.size(); ++k) frames_.back().set(n.targets[k], parts[k]);
   }
 
@@ -218,7 +213,7 @@ class Render final : public Renderer {
     if (n.cond) {  // `for x in xs if c`: the loop sees only the items that pass
       for (const Value& item : *all) {
         frames_.emplace_back();
-        bind_targets(n, item);
+        bind_targets(n, item, "loop variables");
         const bool keep = truthy(eval(*n.cond));
         frames_.pop_back();
         if (keep) kept.push_back(item);
@@ -237,7 +232,7 @@ class Render final : public Renderer {
         ~Pop() { f->pop_back(); }
       } pop{&frames_};
       frames_.back().set("loop", make_loop(items, i));
-      bind_targets(n, items[i]);
+      bind_targets(n, items[i], "loop variables");
       try {
         exec(n.bodies[0], out);
       } catch (const BreakSignal&) {
@@ -556,7 +551,7 @@ class Render final : public Renderer {
       const std::string& str = seq.str();
       for (size_t i = 0; i < str.size();) {
         offsets.push_back(i);
-        i += utf8_seq_len(static_cast<unsigned char>(str[i]));
+        i += utf8_len_from_lead(static_cast<uint8_t>(str[i]));
       }
       offsets.push_back(str.size());
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/detail/jinja.h"
+#include "model/detail/unicode.h"
 
 namespace troupe::model::detail {
 namespace {
@@ -325,7 +326,7 @@ class Lexer {
           }
           if (!ok || cp > 0x10FFFF)
             throw SyntaxError{t->line, "a bad \\" + std::string(1, e) + " escape"};
-          put_utf8(&v, cp);
+          append_utf8(&v, cp);
           pos += n;
           break;
         }

@@ -135,6 +135,8 @@ TEST(ToolCalls, TheStreamedPrefixStopsWhereACallMayBegin) {
     const size_t p = streamable_prefix(ToolFormat::kHermes, std::string_view(reply).substr(0, n));
     EXPECT_LE(p, std::min(n, start)) << n;
     EXPECT_GE(p, last) << "the streamed prefix never shrinks";
+    EXPECT_EQ(streamable_prefix(ToolFormat::kHermes, std::string_view(reply).substr(0, n), last), p)
+        << "searching from the last prefix finds what a whole search finds";
     last = p;
     // Only a tail that could still grow into the marker is held back.
     if (n <= start && p < n) {

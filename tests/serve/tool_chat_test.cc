@@ -34,8 +34,7 @@ class ToolChat : public ::testing::Test {
     spec.model_id = "tiny";
     spec.max_model_len = 2048;  // a 512-token vocabulary spells the tools' JSON out
     spec.kv_blocks = 256;
-    spec.gateway.chat_template = troupe::testing::read_text_file(
-        troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja");
+    spec.gateway.chat_template = template_source();
     served_ = testing::ServedCluster::start(spec).release();
   }
   static void TearDownTestSuite() {
@@ -51,20 +50,29 @@ class ToolChat : public ::testing::Test {
     EXPECT_EQ(a.status, want) << a.body;
     return json::parse(a.body, nullptr, false);
   }
-  // The prompt's length the template gives `messages` (with `tools` when not null).
-  static int64_t prompt_len(const json& messages, const json& tools) {
-    const model::Tokenizer& tok = *served_->node->model()->tokenizer;
+  static std::string template_source() {
+    return troupe::testing::read_text_file(troupe::testing::source_dir() +
+                                           "/tests/model/chat_templates/chatml_tools.jinja");
+  }
+  static const model::Tokenizer& tok() { return *served_->node->model()->tokenizer; }
+  // The served template's text for `messages` (with `tools` when not null).
+  static std::string rendered(const json& messages, const json& tools,
+                              bool add_generation_prompt = true) {
     json ctx = {{"messages", messages},
-                {"add_generation_prompt", true},
-                {"bos_token", std::string(tok.token_text(tok.bos_id()))},
-                {"eos_token", std::string(tok.token_text(tok.eos_id()))}};
+                {"add_generation_prompt", add_generation_prompt},
+                {"bos_token", std::string(tok().token_text(tok().bos_id()))},
+                {"eos_token", std::string(tok().token_text(tok().eos_id()))}};
     if (!tools.is_null()) ctx["tools"] = tools;
-    auto t = model::ChatTemplate::compile(troupe::testing::read_text_file(
-        troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja"));
+    auto t = model::ChatTemplate::compile(template_source());
     EXPECT_TRUE(t);
+    if (!t) return "";
     auto text = t->render(ctx, 0);
     EXPECT_TRUE(text) << text.error().message;
-    return static_cast<int64_t>(tok.encode(*text, false, true).size());
+    return text ? *text : "";
+  }
+  // The prompt's length the template gives `messages`.
+  static int64_t prompt_len(const json& messages, const json& tools) {
+    return static_cast<int64_t>(tok().encode(rendered(messages, tools), false, true).size());
   }
 
   static inline testing::ServedCluster* served_ = nullptr;
@@ -143,19 +151,11 @@ TEST_F(ToolChat, AFinalAssistantMessageIsContinued) {
                        {"continue_final_message", true},
                        {"add_generation_prompt", false},
                        {"max_tokens", 3}});
-  const model::Tokenizer& tok = *served_->node->model()->tokenizer;
-  json ctx = {{"messages", msgs},
-              {"add_generation_prompt", false},
-              {"bos_token", std::string(tok.token_text(tok.bos_id()))},
-              {"eos_token", std::string(tok.token_text(tok.eos_id()))}};
-  auto t = model::ChatTemplate::compile(troupe::testing::read_text_file(
-      troupe::testing::source_dir() + "/tests/model/chat_templates/chatml_tools.jinja"));
-  ASSERT_TRUE(t);
-  std::string text = *t->render(ctx, 0);
+  std::string text = rendered(msgs, nullptr, /*add_generation_prompt=*/false);
   const size_t end = text.rfind("Once upon a") + std::string("Once upon a").size();
   ASSERT_LT(end, text.size()) << "the template closes the turn after the text";
   text.resize(end);
-  EXPECT_EQ(a["usage"]["prompt_tokens"], tok.encode(text, false, true).size()) << a.dump();
+  EXPECT_EQ(a["usage"]["prompt_tokens"], tok().encode(text, false, true).size()) << a.dump();
 
   const json both = post({{"model", "tiny"},
                           {"messages", msgs},
