@@ -256,6 +256,12 @@ SeqWork make_work(Self* self, int64_t id, Seq& s, int64_t n) {
                  [](int32_t t) { return t != compute::SeqStep::kEmbedded; });
     w.history = std::move(h);
   }
+  if (w.sample && !sp.grammar.empty()) {
+    // The reply so far: what the grammar has matched (a replay's prompt ends with its start).
+    const size_t begin = s.req->prompt.size() - static_cast<size_t>(s.req->num_generated);
+    w.output =
+        std::make_shared<const std::vector<int32_t>>(s.tokens.begin() + begin, s.tokens.end());
+  }
   s.in_flight = true;
   s.in_flight_tokens = n;
   return w;
@@ -424,6 +430,10 @@ void on_done(Self* self, const StepOutcomePtr& out) {
       st.kv->commit(r.seq_id, cache_view(s), s.num_computed);
     if (s.cancelled) {
       finish(self, r.seq_id, "cancelled");
+      continue;
+    }
+    if (!r.error.empty()) {
+      finish(self, r.seq_id, "error", r.error);
       continue;
     }
     if (r.token < 0) continue;  // a prefill chunk that did not reach the end of the prompt

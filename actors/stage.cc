@@ -19,6 +19,7 @@
 #include "actors/detail/messages.h"
 #include "actors/plan.h"
 #include "base/check.h"
+#include "compute/grammar_sampling.h"
 
 namespace troupe::actors {
 
@@ -168,6 +169,8 @@ struct StageState {
   std::string create_error;
   StageInputActor next;  // the next stage; null on the last stage (it reports to cfg.scheduler)
   bool crash_next = false;
+  // Constrained sequences' matchers and masks (the last stage; made at the first grammar).
+  std::unique_ptr<compute::GrammarSampling> grammars;
   static inline const char* name = "stage";
 };
 
@@ -184,6 +187,20 @@ void fail_step(Self* self, const StepBatch& b, const std::string& err) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A draw under the sequence's grammar (compute/grammar_sampling.h).
+Result<int32_t> sample_constrained(StageState& st, const SeqWork& w, compute::Sampler& sampler,
+                                   std::span<const float> row, std::span<const int32_t> history) {
+  if (!st.grammars) {
+    if (!st.cfg.model->tokenizer)
+      return make_error(0, "the model has no vocabulary: a grammar cannot be followed");
+    st.grammars = std::make_unique<compute::GrammarSampling>(
+        compute::TokenVocab::of(*st.cfg.model->tokenizer));
+  }
+  static const std::vector<int32_t> kNone;
+  return st.grammars->sample(w.seq_id, *w.sampling, w.output ? *w.output : kNone, sampler, row,
+                             history);
 }
 
 void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {
@@ -232,10 +249,18 @@ void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double comp
       compute::Sampler sampler(*w.sampling);
       if (auto ok = sampler.set_state(w.rng); !ok) return fail_step(self, *b, ok.error().message);
       static const std::vector<int32_t> kNoHistory;
-      r.token = sampler.sample(row, w.history ? *w.history : kNoHistory);
+      const auto& history = w.history ? *w.history : kNoHistory;
+      if (w.sampling->grammar.empty()) {
+        r.token = sampler.sample(row, history);
+      } else if (auto t = sample_constrained(st, w, sampler, row, history)) {
+        r.token = *t;
+      } else {
+        r.error = t.error().message;  // this sequence ends; the step's others go on
+      }
       r.rng = sampler.state();
     }
   }
+  if (st.grammars) st.grammars->end_step();
   out->compute_seconds = compute_s + now_s() - t0;  // sampling counts as compute
   self->send(st.cfg.scheduler, done_atom::value, StepOutcomePtr(std::move(out)));
 }

@@ -68,6 +68,7 @@ using wire_internal::decode_frame;
 using wire_internal::fail;
 using wire_internal::in_field;
 using wire_internal::kMaxU32;
+using wire_internal::one_line;
 using wire_internal::read_error;
 using wire_internal::read_sampling;
 using wire_internal::read_state;
@@ -160,6 +161,12 @@ Status write_seq(schemas::SequenceStep::Builder dst, const SeqWork& w, uint32_t 
   write_state(dst.initSamplerState(), w.rng);
   if (!w.sampling) return Ok{};
   write_sampling(dst.initSampling(), *w.sampling);
+  if (w.output && w.sample && !w.sampling->grammar.empty()) {
+    if (w.output->size() > kMaxU32)
+      return fail(WireErrc::kUnencodable, strfmt("seqs[%zu]: reply too long", idx));
+    auto out = dst.initReplyTokens(static_cast<unsigned>(w.output->size()));
+    for (size_t i = 0; i < w.output->size(); ++i) out.set(unsigned(i), (*w.output)[i]);
+  }
   if (!w.history || !penalties_on(*w.sampling)) return Ok{};
   // The sampler reads only the last penalty_last_n tokens (compute/sampler.cc penalize()).
   std::span<const int32_t> h(*w.history);
@@ -248,6 +255,16 @@ Status read_sampling_part(schemas::SequenceStep::Reader src, const StepLimits& l
   if (auto st = check_len(where + ".penaltyHistory", hist.size(), max_hist); !st) return st;
   if (auto st = check_ids(hist, lim.n_vocab, where + ".penaltyHistory", "token id"); !st) return st;
   if (hist.size() > 0) w.history = std::make_shared<const std::vector<int32_t>>(to_vector(hist));
+  auto reply = src.getReplyTokens();
+  if (reply.size() > 0 && (p->grammar.empty() || !w.sample)) {
+    return fail(WireErrc::kInvalid,
+                where + ".replyTokens: only a sampled sequence with a grammar carries them");
+  }
+  if (auto st = check_len(where + ".replyTokens", reply.size(), size_t(lim.max_positions)); !st)
+    return st;
+  if (auto st = check_ids(reply, lim.n_vocab, where + ".replyTokens", "token id"); !st) return st;
+  if (!p->grammar.empty() && w.sample)
+    w.output = std::make_shared<const std::vector<int32_t>>(to_vector(reply));
   w.sampling = std::make_shared<const compute::SamplingParams>(std::move(*p));
   return Ok{};
 }
@@ -500,6 +517,7 @@ Result<WireFrame> encode_step_outcome(const StepOutcome& out, int64_t n_vocab,
           s.setRequestId(static_cast<uint64_t>(r.seq_id) + 1);
           s.setSeqId(static_cast<uint32_t>(r.seq_id));
           s.setSampledToken(r.token);
+          if (!r.error.empty()) s.setError(r.error.substr(0, kMaxErrorBytes));
           write_state(s.initSamplerState(), r.rng);
           s.setLogitsRowBegin(static_cast<uint32_t>(logits.size() / size_t(n_vocab)));
           s.setLogitsRowCount(r.logits.empty() ? 0 : 1);
@@ -540,6 +558,17 @@ Status read_results(capnp::List<schemas::SequenceResult>::Reader seqs,
     auto rng = read_state(s.getSamplerState(), where + ".samplerState");
     if (!rng) return rng.error();
     r.rng = *rng;
+    if (s.hasError()) {
+      const auto e = s.getError();
+      r.error =
+          one_line(Error{0, std::string(e.cStr(), std::min<size_t>(e.size(), kMaxErrorBytes))})
+              .message;
+      if (r.error.empty()) r.error = "the last stage ended the sequence without saying why";
+      if (r.token != -1) {
+        return fail(WireErrc::kInvalid, strfmt("%s: an error with sampled token %d, expected -1",
+                                               where.c_str(), r.token));
+      }
+    }
     const uint64_t begin = s.getLogitsRowBegin();
     const uint64_t count = s.getLogitsRowCount();
     if (count > 1 || begin + count > num_rows) {

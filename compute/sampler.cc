@@ -54,6 +54,10 @@ Status SamplingParams::validate() const {
       return bad_param(strfmt("stop_token_ids[%zu] must be >= 0, got %d", i, stop_token_ids[i]));
   for (size_t i = 0; i < stop_strings.size(); ++i)
     if (stop_strings[i].empty()) return bad_param(strfmt("stop_strings[%zu] is empty", i));
+  if (!grammar.empty() && ignore_eos)
+    return bad_param(
+        "ignore_eos cannot be used with a grammar: a constrained reply ends with "
+        "an end-of-generation token once the grammar is complete");
   return Ok{};
 }
 

@@ -27,10 +27,15 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;    // generation ends after any of these tokens
   std::vector<std::string> stop_strings;  // generation ends before any of these strings
   bool ignore_eos = false;                // if true, the model's EOS tokens do not end generation
+  /// GBNF (compute/grammar.h) the reply must be a sentence of; "" = none. The last stage masks
+  /// what the grammar forbids before the draw (compute/grammar_sampling.h); the Sampler itself
+  /// does not read it.
+  std::string grammar;
 
   /// OK, or an error naming the first bad field and its value: NaN or infinite floats,
   /// temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
-  /// repetition_penalty <= 0, penalty_last_n < -1, a negative stop token id, an empty stop string.
+  /// repetition_penalty <= 0, penalty_last_n < -1, a negative stop token id, an empty stop string,
+  /// a grammar with ignore_eos (a grammar's reply ends with an end-of-generation token).
   /// Presence and frequency penalties may be any finite value (OpenAI's [-2, 2] is the gateway's).
   Status validate() const;
 

@@ -50,6 +50,8 @@ struct SamplingParams {
   # true: the model's EOS tokens do not end generation
   numLogprobs @11 :UInt16;
   # how many most likely tokens to return with each sampled token; 0 = none (max 20)
+  grammar @12 :Text;
+  # GBNF (compute/grammar.h) the reply must be a sentence of; empty = none. At most 1 MiB.
 }
 
 struct SamplerState {
@@ -119,6 +121,9 @@ struct SequenceStep {
   # the sequence's recurrent state slot at every stage, in [0, slots) (models with linear-attention
   # layers, whose state per sequence lives in the stages); -1 = none. Scheduler-assigned, like
   # the block tables. A step at pos0 0 starts the state afresh; any other continues it.
+  replyTokens @15 :List(Int32);
+  # with a grammar and `sample`: the reply's tokens so far (what the grammar has matched), oldest
+  # first; empty otherwise
 }
 
 struct BatchDescriptor {
@@ -169,6 +174,9 @@ struct SequenceResult {
   # natural log of the sampled token's probability; 0 when nothing was drawn
   topLogprobs @8 :List(TokenLogprob);
   # the numLogprobs most likely tokens, most likely first; empty when numLogprobs = 0
+  error @9 :Text;
+  # non-empty: this sequence cannot go on (its grammar allows no token, ...) and ends with this
+  # error; sampledToken is -1. The step's other sequences stand.
 }
 
 struct StepResult {

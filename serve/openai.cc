@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "base/base64.h"
+#include "compute/grammar.h"
 #include "compute/multimodal_prompt.h"
 #include "model/chat_template.h"
 #include "model/image.h"
 #include "model/tokenizer.h"
+#include "serve/json_schema.h"
 
 namespace troupe::serve {
 
@@ -136,18 +138,6 @@ void refuse_unsupported(const json& body, Endpoint ep) {
   if (given("best_of") && body["best_of"] != json(1) && body["best_of"] != body.value("n", json(1)))
     fail("best_of", "'best_of' other than n is not supported");
   if (ep == Endpoint::kChat) {
-    if (given("tool_choice") && body["tool_choice"] != json("none") &&
-        body["tool_choice"] != json("auto"))
-      fail("tool_choice",
-           "'tool_choice' other than \"auto\" and \"none\" (a call forced) is not supported "
-           "yet");
-    if (given("response_format")) {
-      const json& f = body["response_format"];
-      if (!f.is_object() || f.value("type", json("")) != json("text"))
-        fail("response_format",
-             "'response_format' other than {\"type\": \"text\"} is not "
-             "supported yet");
-    }
   }
 }
 
@@ -338,6 +328,170 @@ const json* tools_of(const json& body) {
   return t;
 }
 
+// ---- constrained replies ----
+
+// A schema given as an object, or as a JSON object's text (vLLM's guided_json takes both).
+json schema_of(const json& v, const std::string& param) {
+  if (v.is_object()) return v;
+  if (v.is_string()) {
+    const std::string& t = v.get_ref<const std::string&>();
+    json parsed = json::parse(t.begin(), t.end(), nullptr, false);
+    if (!parsed.is_discarded() && parsed.is_object()) return parsed;
+  }
+  fail(param, "'" + param + "' must be a JSON schema (an object, or its JSON text)");
+}
+
+std::string schema_grammar(const json& schema, const std::string& param) {
+  auto g = json_schema_grammar(schema);
+  if (!g) fail(param, "'" + param + "': " + g.error().message);
+  return std::move(*g);
+}
+
+// A GBNF literal of text.
+std::string gbnf_literal(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      out += strfmt("\\x%02X", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string choice_grammar(const json& v, const std::string& param) {
+  if (!v.is_array() || v.empty())
+    fail(param, "'" + param + "' must be a non-empty array of strings");
+  std::string g = "root ::= ";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string() || v[i].get_ref<const std::string&>().empty())
+      fail(param, "'" + param + "[" + std::to_string(i) + "]' must be a non-empty string");
+    g += (i ? " | " : "") + gbnf_literal(v[i].get<std::string>());
+  }
+  return g + "\n";
+}
+
+std::string gbnf_of(const json& v, const std::string& param) {
+  if (!v.is_string()) fail(param, "'" + param + "' must be a string of GBNF rules");
+  return v.get<std::string>();
+}
+
+// tool_choice "required": a JSON array of one or more {"name", "parameters"} objects (one with
+// parallel_tool_calls false), each a tool of the request's with arguments its schema accepts.
+std::string required_calls_grammar(const json& tools, bool parallel) {
+  json any = json::array();
+  for (const json& t : tools) {
+    const json& f = t["function"];
+    json params = f.contains("parameters") ? f["parameters"] : json::object();
+    json call = {{"type", "object"},
+                 {"properties", {{"name", {{"const", f["name"]}}}, {"parameters", params}}},
+                 {"required", {"name", "parameters"}}};
+    any.push_back(std::move(call));
+  }
+  json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+  if (!parallel) schema["maxItems"] = 1;
+  return schema_grammar(schema, "tools");
+}
+
+// The grammar the reply must follow (GBNF; "" for none): from response_format (json_object,
+// json_schema), a forced tool call (tool_choice "required" or a named function: the reply is
+// then the calls' JSON, split into tool_calls by *reply), troupe's `grammar` (GBNF, llama.cpp's
+// name), or vLLM's guided_json / guided_choice / structured_outputs. At most one of them.
+std::string reply_grammar(const json& body, Endpoint ep, ReplyFormat* reply) {
+  std::vector<std::pair<std::string, std::string>> found;  // (param, grammar)
+  if (const json* f = field(body, "response_format")) {
+    const json type = f->is_object() ? f->value("type", json()) : json();
+    if (type == json("json_object")) {
+      found.push_back({"response_format", json_object_grammar()});
+    } else if (type == json("json_schema")) {
+      const json* js = f->contains("json_schema") ? &(*f)["json_schema"] : nullptr;
+      if (!js || !js->is_object() || !js->contains("schema"))
+        fail("response_format",
+             "'response_format' of type json_schema needs {\"json_schema\": {\"name\": ..., "
+             "\"schema\": {...}}}");
+      found.push_back(
+          {"response_format",
+           schema_grammar(schema_of((*js)["schema"], "response_format.json_schema.schema"),
+                          "response_format.json_schema.schema")});
+    } else if (type != json("text")) {
+      fail("response_format",
+           "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+           "{\"type\": \"json_schema\", \"json_schema\": {...}}");
+    }
+  }
+  if (const json* g = field(body, "grammar")) found.push_back({"grammar", gbnf_of(*g, "grammar")});
+  if (const json* g = field(body, "guided_json"))
+    found.push_back({"guided_json", schema_grammar(schema_of(*g, "guided_json"), "guided_json")});
+  if (const json* g = field(body, "guided_choice"))
+    found.push_back({"guided_choice", choice_grammar(*g, "guided_choice")});
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) fail("structured_outputs", "'structured_outputs' must be an object");
+    for (const auto& [k, v] : so->items()) {
+      const std::string param = "structured_outputs." + k;
+      if (v.is_null()) continue;
+      if (k == "json")
+        found.push_back({param, schema_grammar(schema_of(v, param), param)});
+      else if (k == "choice")
+        found.push_back({param, choice_grammar(v, param)});
+      else if (k == "grammar")
+        found.push_back({param, gbnf_of(v, param)});
+      else
+        fail(param, "'" + param + "' is not supported (json, choice and grammar are)");
+    }
+  }
+  const json* choice = ep == Endpoint::kChat ? field(body, "tool_choice") : nullptr;
+  if (choice && *choice != json("none") && *choice != json("auto")) {
+    const json* tools = field(body, "tools");
+    if (!tools || !tools->is_array() || tools->empty())
+      fail("tool_choice", "'tool_choice' forces a call, but the request has no 'tools'");
+    if (*choice == json("required")) {
+      found.push_back({"tool_choice",
+                       required_calls_grammar(*tools, boolean(body, "parallel_tool_calls", true))});
+      reply->tools = ToolFormat::kForcedCalls;
+    } else {
+      const json* name = choice->is_object() && choice->contains("function") &&
+                                 (*choice)["function"].is_object() &&
+                                 (*choice)["function"].contains("name")
+                             ? &(*choice)["function"]["name"]
+                             : nullptr;
+      if (!name || !name->is_string())
+        fail("tool_choice",
+             "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+             "\"function\", \"function\": {\"name\": ...}}");
+      const json* tool = nullptr;
+      for (const json& t : *tools)
+        if (t["function"]["name"] == *name) tool = &t;
+      if (!tool)
+        fail("tool_choice",
+             "'tool_choice' names the function " + name->dump() + ", which is not among 'tools'");
+      const json& f = (*tool)["function"];
+      found.push_back({"tool_choice",
+                       schema_grammar(f.contains("parameters") ? f["parameters"] : json::object(),
+                                      "tool_choice")});
+      reply->tools = ToolFormat::kNone;
+      reply->forced_function = name->get<std::string>();
+    }
+  }
+  if (found.empty()) return {};
+  if (found.size() > 1)
+    fail(found[1].first, "'" + found[0].first + "' and '" + found[1].first +
+                             "' both constrain the reply: give one");
+  const auto& [param, grammar] = found[0];
+  if (auto g = compute::Grammar::compile(grammar); !g)
+    fail(param, "'" + param + "': " + g.error().message);
+  if (boolean(body, "ignore_eos", false))
+    fail("ignore_eos", "'ignore_eos' cannot be used with '" + param +
+                           "': a constrained reply ends once its grammar is complete");
+  // The reply is the grammar's sentence: no reasoning before it.
+  reply->reasoning = false;
+  reply->starts_in_reasoning = false;
+  return grammar;
+}
+
 // The chat template's variables for a chat request: the messages (content as text, images as
 // markers in it), add_generation_prompt, the vocabulary's special-token texts and the request's
 // chat_template_kwargs, as transformers' apply_chat_template passes them. `cont`: the request's
@@ -521,7 +675,7 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
       fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     out->logprobs = want ? static_cast<int>(top) : -1;
   }
-  const compute::SamplingParams sp = sampling_of(body, n_vocab);
+  compute::SamplingParams sp = sampling_of(body, n_vocab);
   const json* seed = field(body, "seed");
   const int64_t seed_value = seed ? integer(body, "seed", 0, std::numeric_limits<int64_t>::min(),
                                             std::numeric_limits<int64_t>::max())
@@ -540,6 +694,9 @@ void parse_body(Endpoint ep, std::string_view text, const ServedModel& served, A
     prompts.push_back(chat_prompt(body, served, &len, &out->reply));
     lens.push_back(len);
   }
+  sp.grammar = reply_grammar(body, ep, &out->reply);
+  if (!sp.grammar.empty() && !m.tokenizer)
+    fail("grammar", "this model has no vocabulary: a reply cannot be constrained");
   if (static_cast<int64_t>(prompts.size()) * n > served.max_choices)
     fail("n", "prompts x n = " + std::to_string(prompts.size() * n) + " choices; at most " +
                   std::to_string(served.max_choices) + " in one request");

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 namespace troupe::serve {
 namespace {
 
@@ -76,6 +78,7 @@ ReplyStream::Delta ReplyStream::push(std::string_view piece) {
     text.erase(0, b);
   }
   content_ += text;
+  if (!f_.forced_function.empty()) return d;  // the reply is one call's arguments: held whole
   size_t safe = streamable_prefix(f_.tools, content_, sent_);
   // With tools, whitespace that may end the text before a call waits for what follows it.
   if (f_.tools != ToolFormat::kNone)
@@ -97,6 +100,16 @@ ReplyStream::End ReplyStream::finish() {
       content_ += pending_;
     }
     pending_.clear();
+  }
+  if (!f_.forced_function.empty()) {
+    // The arguments of the named function; a reply cut short (max_tokens) stays content.
+    const auto args = nlohmann::json::parse(content_, nullptr, false);
+    if (!args.is_discarded() && args.is_object()) {
+      const size_t b = content_.find_first_not_of(" \t\r\n");
+      const size_t last = content_.find_last_not_of(" \t\r\n");
+      e.calls.push_back({new_tool_call_id(), f_.forced_function, content_.substr(b, last - b + 1)});
+      return e;
+    }
   }
   const ParsedReply p = parse_tool_calls(f_.tools, content_);
   if (p.calls.empty()) {

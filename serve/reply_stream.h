@@ -17,7 +17,12 @@ struct ReplyFormat {
   ToolFormat tools = ToolFormat::kNone;  // parse tool calls from the content
   bool reasoning = false;                // <think>...</think> is reasoning_content
   bool starts_in_reasoning = false;      // the prompt opened <think>: the reply begins inside it
-  bool active() const { return tools != ToolFormat::kNone || reasoning; }
+  /// tool_choice named this function: the whole reply is its arguments (a JSON object, as the
+  /// request's grammar writes it), answered as one call.
+  std::string forced_function;
+  bool active() const {
+    return tools != ToolFormat::kNone || reasoning || !forced_function.empty();
+  }
 };
 
 class ReplyStream {

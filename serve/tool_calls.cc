@@ -28,7 +28,7 @@ constexpr const char* kDsCallEnd =
     "end\xEF\xBD\x9C>";
 constexpr const char* kDsSep = "<\xEF\xBD\x9Ctool\xE2\x96\x81sep\xEF\xBD\x9C>";
 
-std::string make_call_id() {
+std::string new_call_id() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   std::string id = "call_";
@@ -59,7 +59,7 @@ bool call_from_object(const json& o, ToolCall* out) {
   } else {
     out->arguments = args->dump();
   }
-  out->id = make_call_id();
+  out->id = new_call_id();
   return true;
 }
 
@@ -138,7 +138,7 @@ bool parse_mistral(std::string_view r, size_t at, std::vector<ToolCall>* calls) 
     c.name = std::string(trim(rest.substr(0, args)));
     if (c.name.empty()) return false;
     c.arguments = o.dump(-1, ' ', false, json::error_handler_t::replace);
-    c.id = make_call_id();
+    c.id = new_call_id();
     calls->push_back(std::move(c));
     if (next == rest.npos) break;
     rest = rest.substr(next + 12);
@@ -172,7 +172,7 @@ bool parse_deepseek(std::string_view r, size_t at, std::vector<ToolCall>* calls)
     json o;
     if (c.name.empty() || !parse_json(trim(tail), &o) || !o.is_object()) return false;
     c.arguments = o.dump(-1, ' ', false, json::error_handler_t::replace);
-    c.id = make_call_id();
+    c.id = new_call_id();
     calls->push_back(std::move(c));
     if (end == r.npos) break;
   }
@@ -230,10 +230,22 @@ bool parse_glm(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
       args[key] = parse_json(v, &parsed) && !parsed.is_string() ? parsed : json(std::string(v));
     }
     c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-    c.id = make_call_id();
+    c.id = new_call_id();
     calls->push_back(std::move(c));
     if (end == r.npos) break;
     at = r.find("<tool_call>", end);
+  }
+  return !calls->empty();
+}
+
+// [{"name": .., "parameters": {..}}, ..]: the whole reply (tool_choice "required").
+bool parse_forced(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+  json o;
+  if (!parse_json(trim(r.substr(at)), &o) || !o.is_array()) return false;
+  for (const json& x : o) {
+    ToolCall c;
+    if (!call_from_object(x, &c)) return false;
+    calls->push_back(std::move(c));
   }
   return !calls->empty();
 }
@@ -254,6 +266,7 @@ constexpr Markers kFormats[] = {
     {ToolFormat::kDeepseekV3, "deepseek_v3", kDsCallsBegin, parse_deepseek},
     {ToolFormat::kKimiK2, "kimi_k2", "<|tool_calls_section_begin|>", parse_kimi},
     {ToolFormat::kGlm45, "glm45", "<tool_call>", parse_glm},
+    {ToolFormat::kForcedCalls, "tool_choice_required", "[", parse_forced},
 };
 
 const Markers* markers(ToolFormat f) {
@@ -264,6 +277,7 @@ const Markers* markers(ToolFormat f) {
 
 // Where the calls start in a reply (npos: none); none starts before `from`.
 size_t calls_start(ToolFormat f, std::string_view r, size_t from = 0) {
+  if (f == ToolFormat::kForcedCalls) return r.empty() ? std::string_view::npos : 0;
   if (f == ToolFormat::kLlama3Json) {
     const std::string_view t = trim(r);
     if (t.empty() || (t[0] != '{' && t[0] != '[' && t.substr(0, 14) != "<|python_tag|>"))
@@ -276,6 +290,8 @@ size_t calls_start(ToolFormat f, std::string_view r, size_t from = 0) {
 
 }  // namespace
 
+std::string new_tool_call_id() { return new_call_id(); }
+
 std::string_view tool_format_name(ToolFormat f) {
   const Markers* m = markers(f);
   return m ? m->name : "none";
@@ -283,7 +299,7 @@ std::string_view tool_format_name(ToolFormat f) {
 
 bool tool_format_by_name(std::string_view name, ToolFormat* out) {
   for (const Markers& m : kFormats)
-    if (name == m.name) {
+    if (name == m.name && m.format != ToolFormat::kForcedCalls) {
       *out = m.format;
       return true;
     }
@@ -325,6 +341,7 @@ ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply) {
 
 size_t streamable_prefix(ToolFormat f, std::string_view r, size_t from) {
   if (f == ToolFormat::kNone) return r.size();
+  if (f == ToolFormat::kForcedCalls) return 0;  // the whole reply is the calls
   const size_t at = calls_start(f, r, from);
   if (at != std::string_view::npos) return at;
   if (f == ToolFormat::kLlama3Json) {

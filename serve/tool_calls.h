@@ -21,9 +21,13 @@ enum class ToolFormat {
                 // ..```
   kKimiK2,  // <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0 ...
   kGlm45,   // <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>
+  // Not a model's format: the reply of a request with tool_choice "required", which its grammar
+  // makes a JSON array of {"name": .., "parameters": {..}} (serve/openai.cc).
+  kForcedCalls,
 };
 
-/// "hermes", "llama3_json", "mistral", "deepseek_v3", "kimi_k2", "glm45"; "none".
+/// "hermes", "llama3_json", "mistral", "deepseek_v3", "kimi_k2", "glm45"; "none";
+/// "tool_choice_required" (kForcedCalls, which tool_format_by_name does not give).
 std::string_view tool_format_name(ToolFormat f);
 /// The format of a name tool_format_name gives; false for an unknown name.
 bool tool_format_by_name(std::string_view name, ToolFormat* out);
@@ -36,6 +40,9 @@ struct ToolCall {
   std::string name;
   std::string arguments;  // a JSON object's text, as the API gives it
 };
+
+/// A new call id: "call_" + 24 letters and digits.
+std::string new_tool_call_id();
 
 struct ParsedReply {
   std::string content;  // the text outside the calls

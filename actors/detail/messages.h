@@ -31,6 +31,8 @@ struct SeqWork {
   std::shared_ptr<const compute::SamplingParams> sampling;
   compute::SamplerState rng;  // the request's RNG state before this sample
   std::shared_ptr<const std::vector<int32_t>> history;  // prompt + generated (penalties)
+  /// The reply's tokens so far, when the request has a grammar (compute/grammar_sampling.h).
+  std::shared_ptr<const std::vector<int32_t>> output;
   /// f32 [number of SeqStep::kEmbedded tokens in `tokens`, n_embd]: their input rows, for the
   /// stage that embeds; null when the step has no image positions.
   std::shared_ptr<const std::vector<float>> image_rows;
@@ -57,6 +59,9 @@ struct SeqResult {
   int32_t token = -1;         // sampled token, -1 when the step did not sample
   compute::SamplerState rng;  // RNG state after the sample
   std::vector<float> logits;  // f32 [n_vocab] when want_logits
+  /// Non-empty: this sequence cannot go on (its grammar allows no token, ...); it ends with this
+  /// error while the rest of the step stands.
+  std::string error;
 };
 
 struct StepOutcome {

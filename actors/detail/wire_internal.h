@@ -144,7 +144,11 @@ inline void write_sampling(schemas::SamplingParams::Builder dst, const compute::
   for (size_t i = 0; i < p.stop_token_ids.size(); ++i) stops.set(unsigned(i), p.stop_token_ids[i]);
   dst.setIgnoreEos(p.ignore_eos);
   dst.setNumLogprobs(0);
+  if (!p.grammar.empty()) dst.setGrammar(p.grammar);
 }
+
+/// The longest grammar a request may carry (compute::GrammarLimits' default source limit).
+inline constexpr size_t kMaxGrammarBytes = size_t{1} << 20;
 
 inline void write_state(schemas::SamplerState::Builder dst, const compute::SamplerState& s) {
   dst.setS0(s.s[0]);
@@ -253,6 +257,10 @@ inline Result<compute::SamplingParams> read_sampling(schemas::SamplingParams::Re
   if (auto st = check_len(where + ".stopTokenIds", stops.size(), max_stops); !st) return st.error();
   p.stop_token_ids = to_vector(stops);
   p.ignore_eos = src.getIgnoreEos();
+  const auto grammar = src.getGrammar();
+  if (auto st = check_len(where + ".grammar", grammar.size(), kMaxGrammarBytes); !st)
+    return st.error();
+  p.grammar.assign(grammar.begin(), grammar.end());
   if (src.getNumLogprobs() != 0) {
     return fail(WireErrc::kUnsupported,
                 strfmt("%s.numLogprobs: expected 0 (this build returns no logprobs), got %u",

@@ -193,6 +193,42 @@ TEST(WireStep, RoundTripKeepsEveryField) {
   EXPECT_EQ(*d->hidden, *hidden);
 }
 
+// A constrained sequence: its grammar and the reply's tokens so far travel; a sequence without
+// a grammar sends no reply tokens, and a frame that gives them to one is refused.
+TEST(WireStep, GrammarAndReplyTokensTravelWithAConstrainedSequence) {
+  StepBatch b = make_batch();
+  auto p = std::make_shared<compute::SamplingParams>(*b.seqs[1].sampling);
+  p->grammar = "root ::= [a-z]+ \"!\"\n";
+  p->ignore_eos = false;  // refused with a grammar
+  b.seqs[1].sampling = p;
+  b.seqs[1].output = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{3, 1, 4});
+  b.seqs[2].output = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{9});
+  auto f = encode_step(b, make_hidden(num_tokens(b)), kEmbd, 1, kSend);
+  ASSERT_TRUE(f) << f.error().message;
+  const Bytes bytes = f->flatten();
+  auto d = decode_step(bytes, step_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  const auto& seqs = d->batch->seqs;
+  EXPECT_EQ(seqs[1].sampling->grammar, p->grammar);
+  ASSERT_TRUE(seqs[1].output);
+  EXPECT_EQ(*seqs[1].output, (std::vector<int32_t>{3, 1, 4}));
+  EXPECT_TRUE(seqs[2].sampling->grammar.empty());
+  EXPECT_FALSE(seqs[2].output);  // no grammar: not sent
+  Bytes stray = mutate<schemas::BatchDescriptor>(
+      bytes, [](auto root) { root.getSequences()[2].initReplyTokens(2); });
+  expect_error(decode_step(stray, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[2].replyTokens: only a sampled sequence with a grammar carries them");
+  Bytes bad_id = mutate<schemas::BatchDescriptor>(
+      bytes, [](auto root) { root.getSequences()[1].getReplyTokens().set(1, kVocab); });
+  expect_error(decode_step(bad_id, step_limits()), wire(WireErrc::kInvalid),
+               "sequences[1].replyTokens[1]: token id 50 is outside [0, 50)");
+  Bytes huge = mutate<schemas::BatchDescriptor>(bytes, [](auto root) {
+    root.getSequences()[1].getSampling().setGrammar(std::string((1 << 20) + 1, 'x'));
+  });
+  expect_error(decode_step(huge, step_limits()), wire(WireErrc::kTooLong),
+               "sequences[1].sampling.grammar: 1048577 entries exceed the limit of 1048576");
+}
+
 TEST(WireStep, LogitsModeIsLastAndReturnLogitsCarriesWantLogits) {
   StepBatch b = make_batch();
   b.seqs[0].want_logits = true;  // a prefill chunk that returns its row without sampling
@@ -706,6 +742,32 @@ TEST(WireOutcome, ErrorRoundTripsWithoutSequences) {
   d = decode_step_outcome(f->flatten(), outcome_limits());
   ASSERT_TRUE(d);
   EXPECT_EQ(d->outcome->error.size(), kMaxErrorBytes);
+}
+
+TEST(WireOutcome, ASequencesErrorEndsOnlyIt) {
+  StepOutcome o = make_outcome();
+  o.results[1].token = -1;
+  o.results[1].error = "the grammar allows no token of the vocabulary after the reply's 3 tokens";
+  auto f = encode_step_outcome(o, kVocab, kSend);
+  ASSERT_TRUE(f) << f.error().message;
+  const Bytes bytes = f->flatten();
+  auto d = decode_step_outcome(bytes, outcome_limits());
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_TRUE(d->outcome->error.empty());
+  EXPECT_EQ(d->outcome->results[1].error, o.results[1].error);
+  EXPECT_EQ(d->outcome->results[1].token, -1);
+  EXPECT_TRUE(d->outcome->results[0].error.empty());
+  EXPECT_EQ(d->outcome->results[2].token, o.results[2].token);
+  // An error beside a sampled token is refused; control characters in one become spaces.
+  Bytes both =
+      mutate<schemas::StepResult>(bytes, [](auto root) { root.getSequences()[2].setError("no"); });
+  expect_error(decode_step_outcome(both, outcome_limits()), wire(WireErrc::kInvalid),
+               "StepResult.sequences[2]: an error with sampled token 12, expected -1");
+  Bytes ctl = mutate<schemas::StepResult>(
+      bytes, [](auto root) { root.getSequences()[1].setError("bad\nline"); });
+  auto c = decode_step_outcome(ctl, outcome_limits());
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->outcome->results[1].error, "bad line");
 }
 
 TEST(WireOutcome, RejectsBadResults) {

@@ -18,10 +18,10 @@ struct Case {
 const std::string kCall = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
 
 std::vector<Case> cases() {
-  const ReplyFormat think{ToolFormat::kNone, true, false};
-  const ReplyFormat opened{ToolFormat::kNone, true, true};
-  const ReplyFormat tools{ToolFormat::kHermes, false, false};
-  const ReplyFormat both{ToolFormat::kHermes, true, false};
+  const ReplyFormat think{ToolFormat::kNone, true, false, {}};
+  const ReplyFormat opened{ToolFormat::kNone, true, true, {}};
+  const ReplyFormat tools{ToolFormat::kHermes, false, false, {}};
+  const ReplyFormat both{ToolFormat::kHermes, true, false, {}};
   return {
       {think,
        "<think>\nI should check.\n</think>\n\nHello there.",

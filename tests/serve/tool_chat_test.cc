@@ -169,9 +169,16 @@ TEST_F(ToolChat, AFinalAssistantMessageIsContinued) {
 }
 
 TEST_F(ToolChat, BadToolsAndToolCallsAreNamed) {
-  const json forced = post(
-      {{"model", "tiny"}, {"messages", kAsk}, {"tools", kTools}, {"tool_choice", "required"}}, 400);
+  // A forced call (tests/serve/structured_output_test.cc) must name one of the tools.
+  const json forced = post({{"model", "tiny"},
+                            {"messages", kAsk},
+                            {"tools", kTools},
+                            {"tool_choice", {{"type", "function"}, {"function", {{"name", "x"}}}}}},
+                           400);
   EXPECT_EQ(forced["error"]["param"], "tool_choice");
+  const json odd =
+      post({{"model", "tiny"}, {"messages", kAsk}, {"tools", kTools}, {"tool_choice", 5}}, 400);
+  EXPECT_EQ(odd["error"]["param"], "tool_choice");
   const json bad_tool = post({{"model", "tiny"},
                               {"messages", kAsk},
                               {"tools", {{{"type", "function"}, {"function", {{"x", 1}}}}}}},
