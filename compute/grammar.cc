@@ -745,14 +745,85 @@ std::shared_ptr<const TokenVocab> TokenVocab::of(const model::Tokenizer& tok) {
   return std::make_shared<const TokenVocab>(std::move(pieces), std::move(eog));
 }
 
+// ---- GrammarDfa ----
+
+namespace {
+
+uint64_t node_key(int32_t pos, int32_t parent) {
+  return (uint64_t(uint32_t(pos)) << 32) | uint32_t(parent);
+}
+
+// The matcher's own nodes: a vector where equal nodes are made once (as in a GrammarDfa), so
+// equal stacks are one stack and count once against max_heads, wherever they are made.
+struct VectorArena {
+  explicit VectorArena(std::vector<StackNode>& nodes) : v(nodes) {
+    ids.reserve(v.size() * 2);
+    for (size_t i = 0; i < v.size(); ++i) ids.emplace(node_key(v[i].pos, v[i].parent), int32_t(i));
+  }
+  int32_t add(int32_t pos, int32_t parent) {
+    auto [it, fresh] = ids.emplace(node_key(pos, parent), static_cast<int32_t>(v.size()));
+    if (fresh) v.push_back({pos, parent});
+    return it->second;
+  }
+  const StackNode& node(int32_t id) const { return v[size_t(id)]; }
+  std::vector<StackNode>& v;
+  std::unordered_map<uint64_t, int32_t> ids;
+};
+
+// A move packed in 32 bits: the next state + 1 (0: not made yet), and three flags.
+constexpr uint32_t kStateMask = (uint32_t{1} << 28) - 1;
+constexpr uint32_t kAccept = uint32_t{1} << 28;  // a way ended the grammar on this byte
+constexpr uint32_t kCutBit = uint32_t{1} << 29;  // a way popped below a cut
+constexpr uint32_t kOver = uint32_t{1} << 30;    // more stacks than max_heads
+
+}  // namespace
+
+GrammarDfa::GrammarDfa(std::shared_ptr<const Grammar> grammar, size_t max_states)
+    : g_(std::move(grammar)), max_states_(std::min<size_t>(max_states, kStateMask - 1)) {}
+
+void GrammarDfa::clear() {
+  nodes_.clear();
+  node_ids_.clear();
+  state_heads_.clear();
+  state_ids_.clear();
+  dense_.clear();
+  sparse_.clear();
+}
+
+int32_t GrammarDfa::add(int32_t pos, int32_t parent) {
+  auto [it, fresh] = node_ids_.emplace(node_key(pos, parent), static_cast<int32_t>(nodes_.size()));
+  if (fresh) nodes_.push_back({pos, parent});
+  return it->second;
+}
+
+int32_t GrammarDfa::state(std::vector<int32_t> heads) {
+  std::sort(heads.begin(), heads.end());
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+  std::string key(reinterpret_cast<const char*>(heads.data()), heads.size() * sizeof(int32_t));
+  auto [it, fresh] = state_ids_.emplace(std::move(key), static_cast<int32_t>(state_heads_.size()));
+  if (fresh) {
+    state_heads_.push_back(std::move(heads));
+    if (dense_.size() < kDense) {
+      dense_.push_back(std::make_unique<uint32_t[]>(256));  // zeroed: no move made yet
+    }
+  }
+  return it->second;
+}
+
+uint32_t& GrammarDfa::move(int32_t state, uint8_t byte) {
+  if (size_t(state) < dense_.size()) return dense_[size_t(state)][byte];
+  return sparse_[(uint64_t(uint32_t(state)) << 8) | byte];
+}
+
 // ---- GrammarMatcher ----
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)) {
   TROUPE_CHECK(g_ != nullptr, "GrammarMatcher needs a grammar");
   nodes_.reserve(64);
   bool cut = false;
+  VectorArena arena{nodes_};
   for (int32_t a : g_->alternatives(g_->root())) {
-    if (!closure(a, -1, nodes_, heads_, accepting_, cut)) {
+    if (!closure(a, -1, arena, heads_, accepting_, cut)) {
       heads_.clear();  // more than max_heads at the start: nothing can be matched
       accepting_ = false;
       break;
@@ -760,17 +831,19 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : g_(std:
   }
 }
 
-bool GrammarMatcher::closure(int32_t pos, int32_t parent, std::vector<Node>& nodes,
-                             std::vector<int32_t>& out, bool& accepting, bool& cut) const {
+template <class Arena>
+bool GrammarMatcher::closure(int32_t pos, int32_t parent, Arena& arena, std::vector<int32_t>& out,
+                             bool& accepting, bool& cut) const {
   const auto& el = g_->elems();
   for (;;) {
     const Grammar::Elem e = el[size_t(pos)];
     if (e.kind == Grammar::Kind::kBytes) {
-      for (int32_t h : out)
-        if (nodes[size_t(h)].pos == pos && nodes[size_t(h)].parent == parent) return true;
+      for (int32_t h : out) {
+        const Node& n = arena.node(h);
+        if (n.pos == pos && n.parent == parent) return true;
+      }
       if (out.size() >= g_->limits().max_heads) return false;
-      nodes.push_back({pos, parent});
-      out.push_back(static_cast<int32_t>(nodes.size() - 1));
+      out.push_back(arena.add(pos, parent));
       return true;
     }
     if (e.kind == Grammar::Kind::kEnd) {
@@ -782,7 +855,7 @@ bool GrammarMatcher::closure(int32_t pos, int32_t parent, std::vector<Node>& nod
         accepting = true;
         return true;
       }
-      const Node p = nodes[size_t(parent)];
+      const Node p = arena.node(parent);
       pos = p.pos + 1;
       parent = p.parent;
       continue;
@@ -791,27 +864,24 @@ bool GrammarMatcher::closure(int32_t pos, int32_t parent, std::vector<Node>& nod
     // ends its alternative -- wherever that alternative's end would continue (a tail call, so
     // right recursion does not grow the stack).
     int32_t cont = parent;
-    if (el[size_t(pos) + 1].kind != Grammar::Kind::kEnd) {
-      nodes.push_back({pos, parent});
-      cont = static_cast<int32_t>(nodes.size() - 1);
-    }
+    if (el[size_t(pos) + 1].kind != Grammar::Kind::kEnd) cont = arena.add(pos, parent);
     for (int32_t a : g_->alternatives(e.arg))
-      if (!closure(a, cont, nodes, out, accepting, cut)) return false;
+      if (!closure(a, cont, arena, out, accepting, cut)) return false;
     return true;
   }
 }
 
-bool GrammarMatcher::step(const std::vector<Node>& nodes_in, const std::vector<int32_t>& heads_in,
-                          uint8_t byte, std::vector<Node>& nodes, std::vector<int32_t>& heads,
-                          bool& accepting, bool& cut) const {
+template <class Arena>
+bool GrammarMatcher::step(Arena& arena, const std::vector<int32_t>& heads_in, uint8_t byte,
+                          std::vector<int32_t>& heads, bool& accepting, bool& cut) const {
   const auto& el = g_->elems();
   const auto& sets = g_->byte_sets();
   heads.clear();
   accepting = false;
   for (int32_t h : heads_in) {
-    const Node n = nodes_in[size_t(h)];
+    const Node n = arena.node(h);
     if (!sets[size_t(el[size_t(n.pos)].arg)].has(byte)) continue;
-    if (!closure(n.pos + 1, n.parent, nodes, heads, accepting, cut)) return false;
+    if (!closure(n.pos + 1, n.parent, arena, heads, accepting, cut)) return false;
   }
   return true;
 }
@@ -819,10 +889,11 @@ bool GrammarMatcher::step(const std::vector<Node>& nodes_in, const std::vector<i
 bool GrammarMatcher::accept_bytes(std::string_view bytes) {
   if (ended_) return bytes.empty();
   std::vector<Node> nodes = nodes_;
+  VectorArena arena{nodes};
   std::vector<int32_t> heads = heads_, next;
   bool accepting = accepting_, cut = false;
   for (char c : bytes) {
-    if (!step(nodes, heads, static_cast<uint8_t>(c), nodes, next, accepting, cut)) return false;
+    if (!step(arena, heads, static_cast<uint8_t>(c), next, accepting, cut)) return false;
     if (next.empty() && !accepting) return false;
     heads.swap(next);
   }
@@ -876,13 +947,40 @@ void GrammarMatcher::compact() {
   nodes_ = std::move(kept);
 }
 
+uint32_t GrammarMatcher::dfa_move(GrammarDfa& dfa, int32_t state, uint8_t byte) const {
+  if (const uint32_t m = dfa.move(state, byte)) return m;
+  const std::vector<int32_t> in = dfa.state_heads_[size_t(state)];
+  std::vector<int32_t> out;
+  bool acc = false, cut = false;
+  const bool within = step(dfa, in, byte, out, acc, cut);
+  const int32_t next = dfa.state(within ? std::move(out) : std::vector<int32_t>{});
+  const uint32_t m =
+      (uint32_t(next) + 1) | (acc ? kAccept : 0) | (cut ? kCutBit : 0) | (within ? 0 : kOver);
+  dfa.move(state, byte) = m;  // (taken again: making the state may have moved the map's slots)
+  return m;
+}
+
 template <class Verdict>
-void GrammarMatcher::walk(std::vector<Node> nodes, const std::vector<int32_t>& heads,
+void GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
                           const TokenVocab& vocab, const std::vector<int32_t>* subset,
-                          Verdict&& verdict) const {
-  // Tokens in byte order: level[k] holds the heads after a token's first k bytes, shared with
-  // the next token as far as their common prefix goes (nodes made past it are dropped: the arena
-  // is cut back to where that level ended). cut_at[k]: a way popped below a cut in those bytes.
+                          GrammarDfa* shared, Verdict&& verdict) const {
+  std::unique_ptr<GrammarDfa> own;
+  if (!shared || shared->grammar() != g_) own = std::make_unique<GrammarDfa>(g_);
+  GrammarDfa& dfa = own ? *own : *shared;
+  if (dfa.num_states() >= dfa.max_states_) dfa.clear();
+  // The start: each stack's nodes made in the DFA, bottom first.
+  std::vector<int32_t> start;
+  for (int32_t h : heads) {
+    std::vector<int32_t> chain;
+    for (int32_t n = h; n >= 0; n = nodes[size_t(n)].parent) chain.push_back(n);
+    int32_t parent = nodes[size_t(chain.back())].parent;  // -1 (root) or kCut
+    for (size_t j = chain.size(); j-- > 0;) parent = dfa.add(nodes[size_t(chain[j])].pos, parent);
+    start.push_back(parent);
+  }
+  const int32_t empty = dfa.state({});
+  // Tokens in byte order: state[k] is the DFA state after a token's first k bytes, shared with
+  // the next token as far as their common prefix goes; cut_at[k]: a way popped below a cut in
+  // those bytes.
   const auto& order = vocab.order();
   const size_t n = subset ? subset->size() : order.size();
   auto order_at = [&](size_t i) { return subset ? size_t((*subset)[i]) : i; };
@@ -895,34 +993,26 @@ void GrammarMatcher::walk(std::vector<Node> nodes, const std::vector<int32_t>& h
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     return k;
   };
-  std::vector<std::vector<int32_t>> level(1, heads);
-  std::vector<size_t> arena_end(1, nodes.size());
+  std::vector<int32_t> state(1, dfa.state(std::move(start)));
   std::vector<uint8_t> cut_at(1, 0);
-  size_t valid = 0;  // levels 0..valid hold the last token's prefixes
-  bool acc = false;
+  size_t valid = 0;  // state[0..valid] hold the last token's prefixes
   for (size_t i = 0; i < n;) {
     const size_t oi = order_at(i);
     const std::string& p = vocab.piece(order[oi]);
     size_t k = std::min(common(i), valid);
-    nodes.resize(arena_end[k]);
     bool ok = true;
-    bool cut = false;
     for (; k < p.size(); ++k) {
-      if (level.size() <= k + 1) {
-        level.emplace_back();
-        arena_end.push_back(0);
+      if (state.size() <= k + 1) {
+        state.push_back(0);
         cut_at.push_back(0);
       }
-      cut = cut_at[k] != 0;
-      const bool within =
-          step(nodes, level[k], static_cast<uint8_t>(p[k]), nodes, level[k + 1], acc, cut);
-      cut_at[k + 1] = cut;
-      if (!within) cut_at[k + 1] = 1;  // too many stacks: leave it to the whole state
-      if (!within || (level[k + 1].empty() && !acc)) {
+      const uint32_t m = dfa_move(dfa, state[k], static_cast<uint8_t>(p[k]));
+      state[k + 1] = static_cast<int32_t>((m & kStateMask) - 1);
+      cut_at[k + 1] = cut_at[k] || (m & (kCutBit | kOver)) != 0;
+      if ((m & kOver) || (state[k + 1] == empty && !(m & kAccept))) {
         ok = false;
         break;
       }
-      arena_end[k + 1] = nodes.size();
     }
     if (ok) {
       verdict(oi, true, cut_at[p.size()] != 0);
@@ -938,7 +1028,8 @@ void GrammarMatcher::walk(std::vector<Node> nodes, const std::vector<int32_t>& h
   }
 }
 
-int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed) const {
+int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed,
+                                  GrammarDfa* dfa) const {
   allowed->assign(static_cast<size_t>(vocab.size()), 0);
   int64_t count = 0;
   if (ended_) return 0;
@@ -948,7 +1039,7 @@ int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>*
   }
   if (heads_.empty()) return count;
   const auto& order = vocab.order();
-  walk(nodes_, heads_, vocab, nullptr, [&](size_t oi, bool ok, bool) {
+  walk(nodes_, heads_, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool) {
     if (!ok) return;
     (*allowed)[size_t(order[oi])] = 1;
     ++count;
@@ -957,11 +1048,11 @@ int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>*
 }
 
 int64_t GrammarMatcher::fill_mask_of(const TokenVocab& vocab, const std::vector<int32_t>& order_idx,
-                                     std::vector<uint8_t>* allowed) const {
+                                     std::vector<uint8_t>* allowed, GrammarDfa* dfa) const {
   if (ended_ || heads_.empty() || order_idx.empty()) return 0;
   int64_t count = 0;
   const auto& order = vocab.order();
-  walk(nodes_, heads_, vocab, &order_idx, [&](size_t oi, bool ok, bool) {
+  walk(nodes_, heads_, vocab, &order_idx, dfa, [&](size_t oi, bool ok, bool) {
     if (!ok) return;
     (*allowed)[size_t(order[oi])] = 1;
     ++count;
@@ -969,8 +1060,8 @@ int64_t GrammarMatcher::fill_mask_of(const TokenVocab& vocab, const std::vector<
   return count;
 }
 
-void GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int frames,
-                                   TopMask* out) const {
+void GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
+                                   GrammarDfa* dfa) const {
   out->allowed.assign(static_cast<size_t>(vocab.size()), 0);
   out->undecided.clear();
   out->allowed_count = 0;
@@ -988,7 +1079,7 @@ void GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int fr
     parent = static_cast<int32_t>(nodes.size() - 1);
   }
   const auto& order = vocab.order();
-  walk(std::move(nodes), {parent}, vocab, nullptr, [&](size_t oi, bool ok, bool cut) {
+  walk(nodes, {parent}, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool cut) {
     if (ok) {
       out->allowed[size_t(order[oi])] = 1;
       ++out->allowed_count;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "base/result.h"
@@ -114,6 +115,43 @@ class TokenVocab {
   std::vector<uint32_t> lcp_;
 };
 
+/// One node of a parse stack: a place in the grammar and the node below it.
+struct StackNode {
+  int32_t pos;     // index into elems(): a kBytes element awaiting a byte, or a return point
+  int32_t parent;  // the node to continue at (its pos + 1) when this alternative ends; -1: root
+};
+
+/// The parse states met while masks are built, and their moves byte by byte: a DFA over one
+/// grammar's stacks, built as walks need it (equal stacks are one node, equal sets of stacks one
+/// state). Walks that share one pay for a move once: the second time through a JSON string costs
+/// a table lookup per byte. One owner; not thread-safe. Emptied before a walk once it holds
+/// max_states.
+class GrammarDfa {
+ public:
+  explicit GrammarDfa(std::shared_ptr<const Grammar> grammar, size_t max_states = size_t{1} << 18);
+  size_t num_states() const { return state_heads_.size(); }
+  size_t num_nodes() const { return nodes_.size(); }
+  const std::shared_ptr<const Grammar>& grammar() const { return g_; }
+
+ private:
+  friend class GrammarMatcher;
+  static constexpr size_t kDense = 4096;  // states with a 256-entry move table (others: a map)
+  void clear();
+  int32_t add(int32_t pos, int32_t parent);  // the node (pos, parent), made once
+  const StackNode& node(int32_t id) const { return nodes_[size_t(id)]; }
+  int32_t state(std::vector<int32_t> heads);  // the state of these head nodes, made once
+  uint32_t& move(int32_t state, uint8_t byte);
+
+  std::shared_ptr<const Grammar> g_;
+  size_t max_states_;
+  std::vector<StackNode> nodes_;
+  std::unordered_map<uint64_t, int32_t> node_ids_;
+  std::vector<std::vector<int32_t>> state_heads_;  // sorted head node ids
+  std::unordered_map<std::string, int32_t> state_ids_;
+  std::vector<std::unique_ptr<uint32_t[]>> dense_;  // moves of the first kDense states
+  std::unordered_map<uint64_t, uint32_t> sparse_;   // moves of the others
+};
+
 /// Where one request's reply stands in its grammar: the set of parse stacks that the bytes so far
 /// leave open. Copyable (a copy is an independent state).
 class GrammarMatcher {
@@ -138,7 +176,9 @@ class GrammarMatcher {
 
   /// allowed[i] = 1 if token i may come next, else 0 (resized to vocab.size()). End-of-generation
   /// tokens are allowed exactly when can_end(). Returns how many are allowed.
-  int64_t fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed) const;
+  /// `dfa` (optional, for this grammar): moves shared with other walks.
+  int64_t fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed,
+                    GrammarDfa* dfa = nullptr) const;
 
   /// A canonical description of the state (equal for equal states).
   std::string state_key() const;
@@ -158,32 +198,36 @@ class GrammarMatcher {
   size_t num_stacks() const { return heads_.size(); }
   /// Stack i cut to `frames` nodes: what its TopMask is cached by.
   std::string stack_key(size_t i, int frames) const;
-  void fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out) const;
+  void fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
+                     GrammarDfa* dfa = nullptr) const;
   /// allowed[id] = 1 for each token of `order_idx` (indices into vocab.order(), ascending) that
   /// this state allows; other entries are left as they are. Returns how many it set.
   int64_t fill_mask_of(const TokenVocab& vocab, const std::vector<int32_t>& order_idx,
-                       std::vector<uint8_t>* allowed) const;
+                       std::vector<uint8_t>* allowed, GrammarDfa* dfa = nullptr) const;
 
   const std::shared_ptr<const Grammar>& grammar() const { return g_; }
 
  private:
-  struct Node {
-    int32_t pos;     // index into elems(): a kBytes element awaiting a byte, or a return point
-    int32_t parent;  // the node to continue at (its pos + 1) when this alternative ends; -1: root
-  };
+  using Node = StackNode;
   static constexpr int32_t kCut = -2;  // a parent below a stack's cut (fill_top_mask)
-  // Adds to `out` the heads reached from (pos, parent) without consuming a byte. Sets `cut` when
-  // a way pops to kCut (and drops it). False when max_heads would be passed.
-  bool closure(int32_t pos, int32_t parent, std::vector<Node>& nodes, std::vector<int32_t>& out,
+  // Adds to `out` the heads reached from (pos, parent) without consuming a byte, making nodes in
+  // `arena` (the matcher's own vector, or a GrammarDfa). Sets `cut` when a way pops to kCut (and
+  // drops it). False when max_heads would be passed.
+  template <class Arena>
+  bool closure(int32_t pos, int32_t parent, Arena& arena, std::vector<int32_t>& out,
                bool& accepting, bool& cut) const;
-  bool step(const std::vector<Node>& nodes_in, const std::vector<int32_t>& heads_in, uint8_t byte,
-            std::vector<Node>& nodes, std::vector<int32_t>& heads, bool& accepting,
-            bool& cut) const;
-  // Walks tokens from (nodes, heads): all of vocab.order(), or `subset` of it (ascending order
-  // indices). verdict(order_index, allowed, cut): cut when some way through popped below a cut.
+  template <class Arena>
+  bool step(Arena& arena, const std::vector<int32_t>& heads_in, uint8_t byte,
+            std::vector<int32_t>& heads, bool& accepting, bool& cut) const;
+  // dfa's move from `state` on `byte` (made when new): packed as GrammarDfa stores it.
+  uint32_t dfa_move(GrammarDfa& dfa, int32_t state, uint8_t byte) const;
+  // Walks tokens from the stacks of `heads` (in `nodes`): all of vocab.order(), or `subset` of
+  // it (ascending order indices). verdict(order_index, allowed, cut): cut when some way through
+  // popped below a cut.
   template <class Verdict>
-  void walk(std::vector<Node> nodes, const std::vector<int32_t>& heads, const TokenVocab& vocab,
-            const std::vector<int32_t>* subset, Verdict&& verdict) const;
+  void walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
+            const TokenVocab& vocab, const std::vector<int32_t>* subset, GrammarDfa* dfa,
+            Verdict&& verdict) const;
   void compact();
 
   std::shared_ptr<const Grammar> g_;

@@ -23,7 +23,7 @@ Result<GrammarSampling::Compiled> GrammarSampling::compiled(const std::string& t
   auto g = Grammar::compile(text);
   if (!g) return g.error();
   if (grammars_.size() >= kMaxCompiledGrammars) grammars_.clear();  // sequences keep theirs
-  Compiled c{*g, next_grammar_id_++};
+  Compiled c{*g, next_grammar_id_++, std::make_shared<GrammarDfa>(*g)};
   grammars_.emplace(text, c);
   return c;
 }
@@ -43,6 +43,7 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
     }
     s.text = text;
     s.grammar_id = c->id;
+    s.dfa = c->dfa;
     s.matcher = std::make_unique<GrammarMatcher>(c->grammar);
     s.consumed.clear();
     ++stats_.rebuilds;
@@ -78,7 +79,7 @@ int64_t GrammarSampling::build_mask(const SeqState& s) {
       ++stats_.mask_hits;
     } else {
       GrammarMatcher::TopMask top;
-      m.fill_top_mask(*vocab_, i, top_frames_, &top);
+      m.fill_top_mask(*vocab_, i, top_frames_, &top, s.dfa.get());
       ++stats_.masks_built;
       const size_t bytes = top.allowed.size() + top.undecided.size() * sizeof(int32_t) + key.size();
       if (mask_bytes_ + bytes > mask_cache_bytes_) {
@@ -99,7 +100,7 @@ int64_t GrammarSampling::build_mask(const SeqState& s) {
                                  [&](int32_t oi) { return mask_[size_t(order[size_t(oi)])] != 0; }),
                   undecided.end());
   stats_.undecided += static_cast<int64_t>(undecided.size());
-  m.fill_mask_of(*vocab_, undecided, &mask_);
+  m.fill_mask_of(*vocab_, undecided, &mask_, s.dfa.get());
   if (m.can_end())
     for (int32_t id : vocab_->eog()) mask_[size_t(id)] = 1;
   int64_t allowed = 0;

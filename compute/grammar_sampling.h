@@ -60,10 +60,12 @@ class GrammarSampling {
   struct Compiled {
     std::shared_ptr<const Grammar> grammar;
     uint64_t id = 0;
+    std::shared_ptr<GrammarDfa> dfa;  // moves shared by every mask built for this grammar
   };
   struct SeqState {
     std::string text;  // the grammar's source
     uint64_t grammar_id = 0;
+    std::shared_ptr<GrammarDfa> dfa;
     std::unique_ptr<GrammarMatcher> matcher;
     std::vector<int32_t> consumed;  // the reply's tokens the matcher has taken
     uint64_t last_step = 0;
