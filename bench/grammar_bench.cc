@@ -34,10 +34,15 @@ double ms_since(Clock::time_point t0) {
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "grammar_bench: %s\nusage: grammar_bench VOCAB.gguf... [--runs R] "
-               "[--tokens N] [--frames F]\n",
+               "grammar_bench: %s (usage: grammar_bench VOCAB.gguf... [--runs R] [--tokens N] "
+               "[--frames F])\n",
                why);
   std::exit(2);
+}
+
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "grammar_bench: %s\n", why.c_str());
+  std::exit(1);
 }
 
 const char* kSchema = R"({"type": "object", "properties": {
@@ -97,9 +102,9 @@ int main(int argc, char** argv) {
   }
   if (vocabs.empty()) usage("give at least one GGUF vocabulary");
   auto gbnf = serve::json_schema_grammar(nlohmann::ordered_json::parse(kSchema));
-  if (!gbnf) usage(gbnf.error().message.c_str());
+  if (!gbnf) fail(gbnf.error().message);
   auto grammar = compute::Grammar::compile(*gbnf);
-  if (!grammar) usage(grammar.error().message.c_str());
+  if (!grammar) fail(grammar.error().message);
   std::printf("grammar_bench: a 5-property JSON schema (%zu grammar rules), medians of %d runs\n",
               (*grammar)->num_rules(), runs);
   for (const auto& path : vocabs) {
@@ -133,7 +138,7 @@ int main(int argc, char** argv) {
                 "top mask ms", "undecided", "undecided ms");
     for (const State& s : states) {
       compute::GrammarMatcher m(*grammar);
-      if (!m.accept_bytes(s.prefix)) usage("bench state outside the grammar");
+      if (!m.accept_bytes(s.prefix)) fail("a bench state is outside the grammar");
       std::vector<double> whole, top_ms, rest_ms;
       int64_t allowed = 0;
       std::vector<int32_t> undecided;
@@ -163,7 +168,7 @@ int main(int argc, char** argv) {
         rest_ms.push_back(ms_since(t0));
         if (m.can_end())
           for (int32_t id : vocab->eog()) u[size_t(id)] = 1;
-        if (u != mask) usage("the top masks and the undecided tokens disagree with the whole walk");
+        if (u != mask) fail("the top masks and the undecided tokens disagree with the whole walk");
       }
       std::printf("  %-18s %8lld %14.3f %14.3f %10zu %16.3f\n", s.what,
                   static_cast<long long>(allowed), bench::median(whole), bench::median(top_ms),
@@ -191,7 +196,7 @@ int main(int argc, char** argv) {
           t0 = Clock::now();
           auto t = gs.sample(1, p, output, constrained, row, {});
           c_ms += ms_since(t0);
-          if (!t) usage(t.error().message.c_str());
+          if (!t) fail(t.error().message);
           const auto& row2 = rows2.next(static_cast<size_t>(vocab->size()));
           t0 = Clock::now();
           (void)free.sample(row2, {});

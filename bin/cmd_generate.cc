@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <span>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,8 @@
 #include "bin/commands.h"
 #include "bin/common.h"
 #include "compute/engine.h"
+#include "compute/grammar.h"
+#include "compute/grammar_sampling.h"
 #include "compute/multimodal_prompt.h"
 #include "compute/sampler.h"
 #include "compute/thread_pool.h"
@@ -22,6 +26,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "model/vision.h"
+#include "serve/json_schema.h"
 
 namespace troupe::cli {
 
@@ -33,6 +38,31 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// --grammar FILE or --json-schema FILE as GBNF (checked: it compiles); "" for neither.
+std::string grammar_option(const ArgParser& ap) {
+  if (ap.has("grammar") && ap.has("json-schema"))
+    throw CliError("give one of --grammar and --json-schema");
+  std::string text;
+  const char* opt = ap.has("grammar") ? "grammar" : "json-schema";
+  if (!ap.has(opt)) return text;
+  const std::string file = ap.str(opt);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw CliError("--" + std::string(opt) + ": cannot read " + file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  text = ss.str();
+  if (ap.has("json-schema")) {
+    const auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (schema.is_discarded()) throw CliError("--json-schema: " + file + " is not JSON");
+    auto g = serve::json_schema_grammar(schema);
+    if (!g) throw CliError("--json-schema: " + file + ": " + g.error().message);
+    text = std::move(*g);
+  }
+  if (auto g = compute::Grammar::compile(text); !g)
+    throw CliError("--" + std::string(opt) + ": " + file + ": " + g.error().message);
+  return text;
+}
+
 constexpr const char* kGenerateHelp =
     "usage: troupe generate --model PATH (--prompt TEXT | --prompt-tokens 1,2,3) [options]\n"
     "  --max-tokens N       tokens to generate (default 128)\n"
@@ -41,6 +71,10 @@ constexpr const char* kGenerateHelp =
     "  --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
     "  --seed S             sampling seed (default 0)\n"
     "  --stop TEXT          end the output just before this text\n"
+    "  --grammar FILE       the output must be a sentence of this GBNF grammar (root rule\n"
+    "                       `root`; compute/grammar.h)\n"
+    "  --json-schema FILE   the output must be JSON this schema accepts (the subset of\n"
+    "                       docs/http-api.md, Structured outputs)\n"
     "  --ignore-eos         keep generating after end-of-generation tokens\n"
     "  --no-bos             do not add the BOS token to a text prompt\n"
     "  --threads N|auto     compute threads (default auto: the CPUs this process may use;\n"
@@ -75,31 +109,34 @@ int cmd_generate(const Args& args) {
     std::fputs(kGenerateHelp, stdout);
     return 0;
   }
-  ArgParser ap(args, {"model",
-                      "prompt",
-                      "prompt-tokens",
-                      "max-tokens",
-                      "temperature",
-                      "top-k",
-                      "top-p",
-                      "min-p",
-                      "repeat-penalty",
-                      "presence-penalty",
-                      "frequency-penalty",
-                      "seed",
-                      "stop",
-                      "threads",
-                      "config",
-                      "stages",
-                      "expert-shards",
-                      "concurrency",
-                      "prompt-file",
-                      "head",
-                      "token",
-                      "weights",
-                      "kv-type",
-                      "mmproj",
-                      "image"},
+  ArgParser ap(args,
+               {"model",
+                "prompt",
+                "prompt-tokens",
+                "max-tokens",
+                "temperature",
+                "top-k",
+                "top-p",
+                "min-p",
+                "repeat-penalty",
+                "presence-penalty",
+                "frequency-penalty",
+                "seed",
+                "stop",
+                "grammar",
+                "json-schema",
+                "threads",
+                "config",
+                "stages",
+                "expert-shards",
+                "concurrency",
+                "prompt-file",
+                "head",
+                "token",
+                "weights",
+                "kv-type",
+                "mmproj",
+                "image"},
                {"json", "stats", "ignore-eos", "no-bos"}, 0, {"image"});
   const bool with_images = ap.has("image") || ap.has("mmproj");
   const bool use_plan =
@@ -125,6 +162,7 @@ int cmd_generate(const Args& args) {
   sp.seed = static_cast<uint64_t>(ap.integer("seed", 0, 0, INT64_MAX));
   sp.ignore_eos = ap.flag("ignore-eos");
   if (ap.has("stop")) sp.stop_strings.push_back(ap.str("stop"));
+  sp.grammar = grammar_option(ap);
   if (auto st = sp.validate(); !st) throw CliError(st.error().message);
   if (ap.has("mmproj") && ap.has("head"))
     throw CliError(
@@ -172,6 +210,11 @@ int cmd_generate(const Args& args) {
     throw CliError("KV cache too small");
 
   compute::Sampler sampler(sp);
+  std::unique_ptr<compute::GrammarSampling> constrained;
+  if (!sp.grammar.empty()) {
+    if (!tok) throw CliError(path + " has no vocabulary: a grammar cannot be followed");
+    constrained = std::make_unique<compute::GrammarSampling>(compute::TokenVocab::of(*tok));
+  }
   std::vector<int32_t> history, generated;  // penalties see the prompt's tokens, not its images
   std::copy_if(prompt.begin(), prompt.end(), std::back_inserter(history),
                [](int32_t id) { return id != compute::SeqStep::kEmbedded; });
@@ -212,7 +255,15 @@ int cmd_generate(const Args& args) {
   const auto t1 = Clock::now();
   bool stopped = false;
   for (int64_t i = 0; i < max_tokens && !stopped; ++i) {
-    const int32_t next = sampler.sample({res.row(0), static_cast<size_t>(res.n_vocab)}, history);
+    const std::span<const float> row(res.row(0), static_cast<size_t>(res.n_vocab));
+    int32_t next = 0;
+    if (constrained) {
+      auto t = constrained->sample(0, sp, generated, sampler, row, history);
+      if (!t) throw CliError(t.error().message);
+      next = *t;
+    } else {
+      next = sampler.sample(row, history);
+    }
     history.push_back(next);
     const bool eog = (!sp.ignore_eos && tok && tok->is_eog(next)) ||
                      std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), next) !=

@@ -277,6 +277,8 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
       {"transport_bench", {"--only", "latency"}, "--only takes lat or bw"},
       {"http_bench", {"m.gguf", "--rounds", "0"}, "--rounds takes an integer in 1.."},
       {"chat_template_bench", {"dir", "--turns", "0"}, "--turns and --runs must be at least 1"},
+      {"grammar_bench", {"v.gguf", "--runs", "0"}, "--runs takes an integer >= 1"},
+      {"grammar_bench", {}, "give at least one GGUF vocabulary"},
   };
   for (const BadCall& c : calls) {
     SCOPED_TRACE(c.tool);
@@ -288,7 +290,7 @@ TEST(BenchTools, BadOptionsGiveOneLineErrors) {
   for (const char* tool :
        {"engine_bench", "matmul_bench", "attention_bench", "membw_bench", "cluster_bench",
         "encoder_bench", "image_chat_bench", "vision_bench", "multihost_bench", "transport_bench",
-        "http_bench", "chat_template_bench"}) {
+        "http_bench", "chat_template_bench", "grammar_bench"}) {
     const auto help = bench(tool, {"--help"});
     EXPECT_EQ(help.rc, 0) << tool;
     EXPECT_EQ(help.out.rfind(std::string("usage: ") + tool, 0), 0u) << tool << ": " << help.out;
@@ -313,6 +315,18 @@ TEST(BenchTools, ChatTemplateBenchRendersAsJinja2Does) {
     EXPECT_NE(r.out.find("yes"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find(" NO"), std::string::npos) << r.out;
   }
+}
+
+// Constrained decoding on a real vocabulary: the bench checks that the stage's way of building a
+// mask (top masks and undecided tokens) gives the whole walk's mask at every state it times, and
+// exits 1 otherwise.
+TEST(BenchTools, GrammarBenchMasksAgree) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const auto r = bench("grammar_bench", {shared + "/models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf",
+                                         "--runs", "1", "--tokens", "30"});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("inside a string"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per token"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // End-to-end tests of the `troupe` command: real processes, real model files. Bad input must
 // give one line on stderr and a non-zero exit; good input the reference tokens and logits.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -236,6 +237,69 @@ TEST(Cli, GenerateJsonMatchesGoldenGreedyTokens) {
   // Every recorded margin of this case is far above the tolerance bound, so all tokens must match.
   EXPECT_EQ(out.at("tokens").get<std::vector<int32_t>>(), greedy);
   EXPECT_FALSE(out.at("text").get<std::string>().empty());
+}
+
+// --grammar and --json-schema: the output is what they allow, alone and through the actor
+// system (--stages 2) alike, token for token; bad grammar files are one-line errors.
+TEST(Cli, GrammarAndJsonSchemaConstrainTheOutput) {
+  TROUPE_SHARED_OR_SKIP(shared);
+  const std::string model = shared + "/models/stories260K/stories260K.gguf";
+  const fs::path gbnf = temp_dir() / "hero.gbnf";
+  std::ofstream(gbnf) << "root ::= \"{\\\"hero\\\": \\\"\" [A-Z] [a-z]{2,8} \"\\\"}\"\n";
+  const fs::path schema = temp_dir() / "person.json";
+  std::ofstream(schema) << R"({"type": "object", "properties": {"name": {"type": "string",
+      "maxLength": 10}, "happy": {"type": "boolean"}}, "required": ["name", "happy"]})";
+  for (int seed = 1; seed <= 3; ++seed) {
+    CliRun r = troupe({"generate", "--model", model, "--prompt", "Once upon a time", "--grammar",
+                       gbnf.string(), "--temperature", "0.9", "--seed", std::to_string(seed),
+                       "--max-tokens", "40", "--json"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto out = nlohmann::json::parse(r.out);
+    const auto v = nlohmann::json::parse(out.at("text").get<std::string>());
+    const std::string hero = v.at("hero").get<std::string>();
+    EXPECT_TRUE(hero.size() >= 3 && hero.size() <= 9 && std::isupper(hero[0])) << hero;
+  }
+  std::vector<std::vector<int32_t>> runs;
+  for (bool staged : {false, true}) {
+    std::vector<std::string> args = {"generate",
+                                     "--model",
+                                     model,
+                                     "--prompt",
+                                     "Once upon a time",
+                                     "--json-schema",
+                                     schema.string(),
+                                     "--temperature",
+                                     "0.8",
+                                     "--seed",
+                                     "4",
+                                     "--max-tokens",
+                                     "80",
+                                     "--json"};
+    if (staged) args.insert(args.end(), {"--stages", "2"});
+    CliRun r = troupe(args);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto out = nlohmann::json::parse(r.out);
+    const auto v = nlohmann::json::parse(out.at("text").get<std::string>());
+    EXPECT_TRUE(v.at("name").is_string() && v.at("happy").is_boolean() && v.size() == 2)
+        << v.dump();
+    runs.push_back(out.at("tokens").get<std::vector<int32_t>>());
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  expect_one_line_error(
+      troupe({"generate", "--model", model, "--prompt", "x", "--grammar", schema.string()}),
+      "grammar line 1: expected a rule name");
+  expect_one_line_error(
+      troupe({"generate", "--model", model, "--prompt", "x", "--json-schema", gbnf.string()}),
+      "is not JSON");
+  expect_one_line_error(troupe({"generate", "--model", model, "--prompt", "x", "--grammar",
+                                gbnf.string(), "--json-schema", schema.string()}),
+                        "give one of --grammar and --json-schema");
+  expect_one_line_error(
+      troupe({"generate", "--model", model, "--prompt", "x", "--grammar", "/nonexistent.gbnf"}),
+      "cannot read /nonexistent.gbnf");
+  expect_one_line_error(troupe({"generate", "--model", model, "--prompt", "x", "--grammar",
+                                gbnf.string(), "--ignore-eos"}),
+                        "ignore_eos cannot be used with a grammar");
 }
 
 // An image prompt from the command line: the PNG, the mmproj and the text with its media
