@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < runs; ++r) {
         t0 = Clock::now();
         allowed = m.fill_mask(*vocab, &mask);
+        if (allowed < 0) fail("a mask needs more parse states than the grammar's limit");
         whole.push_back(ms_since(t0));
         // As GrammarSampling builds it: the union of the stacks' top masks, then the undecided.
         t0 = Clock::now();
@@ -152,7 +153,8 @@ int main(int argc, char** argv) {
         undecided.clear();
         for (size_t i = 0; i < m.num_stacks(); ++i) {
           compute::GrammarMatcher::TopMask top;
-          m.fill_top_mask(*vocab, i, frames, &top);
+          if (!m.fill_top_mask(*vocab, i, frames, &top))
+            fail("a top mask needs more parse states than the grammar's limit");
           for (size_t t = 0; t < u.size(); ++t) u[t] |= top.allowed[t];
           undecided.insert(undecided.end(), top.undecided.begin(), top.undecided.end());
         }

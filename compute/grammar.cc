@@ -961,7 +961,7 @@ uint32_t GrammarMatcher::dfa_move(GrammarDfa& dfa, int32_t state, uint8_t byte) 
 }
 
 template <class Verdict>
-void GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
+bool GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
                           const TokenVocab& vocab, const std::vector<int32_t>* subset,
                           GrammarDfa* shared, Verdict&& verdict) const {
   std::unique_ptr<GrammarDfa> own;
@@ -978,6 +978,7 @@ void GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int3
     start.push_back(parent);
   }
   const int32_t empty = dfa.state({});
+  const size_t most_states = dfa.num_states() + g_->limits().max_walk_states;
   // Tokens in byte order: state[k] is the DFA state after a token's first k bytes, shared with
   // the next token as far as their common prefix goes; cut_at[k]: a way popped below a cut in
   // those bytes.
@@ -1007,6 +1008,7 @@ void GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int3
         cut_at.push_back(0);
       }
       const uint32_t m = dfa_move(dfa, state[k], static_cast<uint8_t>(p[k]));
+      if (dfa.num_states() > most_states) return false;
       state[k + 1] = static_cast<int32_t>((m & kStateMask) - 1);
       cut_at[k + 1] = cut_at[k] || (m & (kCutBit | kOver)) != 0;
       if ((m & kOver) || (state[k + 1] == empty && !(m & kAccept))) {
@@ -1026,6 +1028,7 @@ void GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int3
     valid = k;
     for (++i; i < n && common(i) > k; ++i) verdict(order_at(i), false, c);
   }
+  return true;
 }
 
 int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed,
@@ -1039,12 +1042,12 @@ int64_t GrammarMatcher::fill_mask(const TokenVocab& vocab, std::vector<uint8_t>*
   }
   if (heads_.empty()) return count;
   const auto& order = vocab.order();
-  walk(nodes_, heads_, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool) {
+  const bool done = walk(nodes_, heads_, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool) {
     if (!ok) return;
     (*allowed)[size_t(order[oi])] = 1;
     ++count;
   });
-  return count;
+  return done ? count : -1;
 }
 
 int64_t GrammarMatcher::fill_mask_of(const TokenVocab& vocab, const std::vector<int32_t>& order_idx,
@@ -1052,20 +1055,20 @@ int64_t GrammarMatcher::fill_mask_of(const TokenVocab& vocab, const std::vector<
   if (ended_ || heads_.empty() || order_idx.empty()) return 0;
   int64_t count = 0;
   const auto& order = vocab.order();
-  walk(nodes_, heads_, vocab, &order_idx, dfa, [&](size_t oi, bool ok, bool) {
+  const bool done = walk(nodes_, heads_, vocab, &order_idx, dfa, [&](size_t oi, bool ok, bool) {
     if (!ok) return;
     (*allowed)[size_t(order[oi])] = 1;
     ++count;
   });
-  return count;
+  return done ? count : -1;
 }
 
-void GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
+bool GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
                                    GrammarDfa* dfa) const {
   out->allowed.assign(static_cast<size_t>(vocab.size()), 0);
   out->undecided.clear();
   out->allowed_count = 0;
-  if (ended_ || stack >= heads_.size()) return;
+  if (ended_ || stack >= heads_.size()) return true;
   // The stack's top `frames` nodes, the last one's parent kCut (or -1 where it is no deeper).
   std::vector<int32_t> chain;
   for (int32_t n = heads_[stack]; n >= 0 && int(chain.size()) < std::max(frames, 1);
@@ -1079,7 +1082,7 @@ void GrammarMatcher::fill_top_mask(const TokenVocab& vocab, size_t stack, int fr
     parent = static_cast<int32_t>(nodes.size() - 1);
   }
   const auto& order = vocab.order();
-  walk(nodes, {parent}, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool cut) {
+  return walk(nodes, {parent}, vocab, nullptr, dfa, [&](size_t oi, bool ok, bool cut) {
     if (ok) {
       out->allowed[size_t(order[oi])] = 1;
       ++out->allowed_count;

@@ -41,7 +41,8 @@ struct GrammarLimits {
   size_t max_source_bytes = 1 << 20;  // the grammar's text
   size_t max_elements = 1 << 20;      // compiled symbols (repetitions expand into copies)
   int64_t max_repeat = 4096;          // n and m of x{n,m}
-  size_t max_heads = 4096;            // parse stacks alive at once (an ambiguous grammar's cost)
+  size_t max_heads = 256;             // parse stacks alive at once (an ambiguous grammar's cost)
+  size_t max_walk_states = 1 << 17;   // parse states one mask may make (GrammarDfa)
 };
 
 class Grammar {
@@ -175,8 +176,9 @@ class GrammarMatcher {
   bool ended() const { return ended_; }
 
   /// allowed[i] = 1 if token i may come next, else 0 (resized to vocab.size()). End-of-generation
-  /// tokens are allowed exactly when can_end(). Returns how many are allowed.
-  /// `dfa` (optional, for this grammar): moves shared with other walks.
+  /// tokens are allowed exactly when can_end(). Returns how many are allowed, or -1 when the
+  /// walk would make more than the grammar's max_walk_states parse states (the mask is then
+  /// unknown). `dfa` (optional, for this grammar): moves shared with other walks.
   int64_t fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed,
                     GrammarDfa* dfa = nullptr) const;
 
@@ -198,10 +200,12 @@ class GrammarMatcher {
   size_t num_stacks() const { return heads_.size(); }
   /// Stack i cut to `frames` nodes: what its TopMask is cached by.
   std::string stack_key(size_t i, int frames) const;
-  void fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
+  /// False when the walk would pass max_walk_states (as fill_mask's -1).
+  bool fill_top_mask(const TokenVocab& vocab, size_t stack, int frames, TopMask* out,
                      GrammarDfa* dfa = nullptr) const;
   /// allowed[id] = 1 for each token of `order_idx` (indices into vocab.order(), ascending) that
-  /// this state allows; other entries are left as they are. Returns how many it set.
+  /// this state allows; other entries are left as they are. Returns how many it set, or -1 as
+  /// fill_mask does.
   int64_t fill_mask_of(const TokenVocab& vocab, const std::vector<int32_t>& order_idx,
                        std::vector<uint8_t>* allowed, GrammarDfa* dfa = nullptr) const;
 
@@ -223,9 +227,9 @@ class GrammarMatcher {
   uint32_t dfa_move(GrammarDfa& dfa, int32_t state, uint8_t byte) const;
   // Walks tokens from the stacks of `heads` (in `nodes`): all of vocab.order(), or `subset` of
   // it (ascending order indices). verdict(order_index, allowed, cut): cut when some way through
-  // popped below a cut.
+  // popped below a cut. False (verdicts incomplete) past max_walk_states.
   template <class Verdict>
-  void walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
+  bool walk(const std::vector<Node>& nodes, const std::vector<int32_t>& heads,
             const TokenVocab& vocab, const std::vector<int32_t>* subset, GrammarDfa* dfa,
             Verdict&& verdict) const;
   void compact();

@@ -10,7 +10,13 @@ namespace troupe::compute {
 
 namespace {
 constexpr size_t kMaxCompiledGrammars = 64;
+
+Error too_complex(const GrammarMatcher& m) {
+  return make_error(0, strfmt("the grammar is too ambiguous to mask: one mask needs more than "
+                              "%zu parse states",
+                              m.grammar()->limits().max_walk_states));
 }
+}  // namespace
 
 GrammarSampling::GrammarSampling(std::shared_ptr<const TokenVocab> vocab, size_t mask_cache_bytes,
                                  int top_frames)
@@ -61,7 +67,7 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
   return &s;
 }
 
-int64_t GrammarSampling::build_mask(const SeqState& s) {
+Result<int64_t> GrammarSampling::build_mask(const SeqState& s) {
   const auto t0 = std::chrono::steady_clock::now();
   const GrammarMatcher& m = *s.matcher;
   mask_.assign(static_cast<size_t>(vocab_->size()), 0);
@@ -79,7 +85,7 @@ int64_t GrammarSampling::build_mask(const SeqState& s) {
       ++stats_.mask_hits;
     } else {
       GrammarMatcher::TopMask top;
-      m.fill_top_mask(*vocab_, i, top_frames_, &top, s.dfa.get());
+      if (!m.fill_top_mask(*vocab_, i, top_frames_, &top, s.dfa.get())) return too_complex(m);
       ++stats_.masks_built;
       const size_t bytes = top.allowed.size() + top.undecided.size() * sizeof(int32_t) + key.size();
       if (mask_bytes_ + bytes > mask_cache_bytes_) {
@@ -100,7 +106,7 @@ int64_t GrammarSampling::build_mask(const SeqState& s) {
                                  [&](int32_t oi) { return mask_[size_t(order[size_t(oi)])] != 0; }),
                   undecided.end());
   stats_.undecided += static_cast<int64_t>(undecided.size());
-  m.fill_mask_of(*vocab_, undecided, &mask_, s.dfa.get());
+  if (m.fill_mask_of(*vocab_, undecided, &mask_, s.dfa.get()) < 0) return too_complex(m);
   if (m.can_end())
     for (int32_t id : vocab_->eog()) mask_[size_t(id)] = 1;
   int64_t allowed = 0;
@@ -126,7 +132,9 @@ Result<int32_t> GrammarSampling::sample(int64_t seq_id, const SamplingParams& pa
       return best;
     }
   }
-  const int64_t allowed = build_mask(s);
+  auto built = build_mask(s);
+  if (!built) return built.error();
+  const int64_t allowed = *built;
   const std::vector<uint8_t>& mask = mask_;
   if (allowed == 0) {
     return make_error(0, strfmt("the grammar allows no token of the vocabulary after the reply's "

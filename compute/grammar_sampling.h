@@ -74,7 +74,7 @@ class GrammarSampling {
   Result<SeqState*> state_for(int64_t seq_id, const std::string& text,
                               std::span<const int32_t> output);
   // The mask of s's state in mask_: its top mask (cached) and the undecided tokens checked.
-  int64_t build_mask(const SeqState& s);
+  Result<int64_t> build_mask(const SeqState& s);
 
   std::shared_ptr<const TokenVocab> vocab_;
   size_t mask_cache_bytes_;

@@ -307,6 +307,34 @@ TEST(GrammarTest, MasksEqualTokenByTokenChecksOnARandomVocabulary) {
   EXPECT_EQ(m.fill_mask(vocab, &mask), 0);
 }
 
+TEST(GrammarTest, AWalkPastItsStateLimitSaysSo) {
+  GrammarLimits lim;
+  lim.max_walk_states = 3;
+  auto g = Grammar::compile(kJsonish, lim);
+  ASSERT_TRUE(g) << g.error().message;
+  std::vector<std::string> pieces = {"{", "\"", "a", "ab", "abc", "\"}", "x\":1}"};
+  TokenVocab vocab(pieces, {});
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.accept_bytes("{\"k"));
+  std::vector<uint8_t> mask;
+  EXPECT_EQ(m.fill_mask(vocab, &mask), -1);
+  lim.max_walk_states = 1;  // a top walk inside a string makes few states: one is too few
+  auto tight = Grammar::compile(kJsonish, lim);
+  ASSERT_TRUE(tight);
+  GrammarMatcher t(*tight);
+  ASSERT_TRUE(t.accept_bytes("{\"k"));
+  GrammarMatcher::TopMask top;
+  bool refused = false;
+  for (size_t i = 0; i < t.num_stacks(); ++i) refused |= !t.fill_top_mask(vocab, i, 3, &top);
+  EXPECT_TRUE(refused);
+  lim.max_walk_states = 1000;
+  auto roomy = Grammar::compile(kJsonish, lim);
+  ASSERT_TRUE(roomy);
+  GrammarMatcher r(*roomy);
+  ASSERT_TRUE(r.accept_bytes("{\"k"));
+  EXPECT_EQ(r.fill_mask(vocab, &mask), 6);  // all but "{"
+}
+
 TEST(GrammarTest, StateKeysAreEqualForEqualStates) {
   auto g = compile(kJsonish);
   ASSERT_TRUE(g);

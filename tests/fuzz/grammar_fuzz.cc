@@ -49,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> mask;
   for (size_t i = 0; i <= text.size() && i < 64; ++i) {
     const int64_t n = m.fill_mask(vocab(), &mask);
+    if (n < 0) break;  // past max_walk_states: the mask is unknown (said so)
     int64_t count = 0;
     for (int32_t id = 0; id < vocab().size(); ++id) {
       if ((mask[size_t(id)] != 0) != m.allows(vocab(), id)) {
