@@ -950,6 +950,7 @@ void GrammarMatcher::compact() {
 uint32_t GrammarMatcher::dfa_move(GrammarDfa& dfa, int32_t state, uint8_t byte) const {
   if (const uint32_t m = dfa.move(state, byte)) return m;
   const std::vector<int32_t> in = dfa.state_heads_[size_t(state)];
+  dfa.work_ += in.size();
   std::vector<int32_t> out;
   bool acc = false, cut = false;
   const bool within = step(dfa, in, byte, out, acc, cut);
@@ -979,6 +980,7 @@ bool GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int3
   }
   const int32_t empty = dfa.state({});
   const size_t most_states = dfa.num_states() + g_->limits().max_walk_states;
+  const uint64_t most_work = dfa.work_ + g_->limits().max_walk_work;
   // Tokens in byte order: state[k] is the DFA state after a token's first k bytes, shared with
   // the next token as far as their common prefix goes; cut_at[k]: a way popped below a cut in
   // those bytes.
@@ -1008,7 +1010,7 @@ bool GrammarMatcher::walk(const std::vector<Node>& nodes, const std::vector<int3
         cut_at.push_back(0);
       }
       const uint32_t m = dfa_move(dfa, state[k], static_cast<uint8_t>(p[k]));
-      if (dfa.num_states() > most_states) return false;
+      if (dfa.num_states() > most_states || dfa.work_ > most_work) return false;
       state[k + 1] = static_cast<int32_t>((m & kStateMask) - 1);
       cut_at[k + 1] = cut_at[k] || (m & (kCutBit | kOver)) != 0;
       if ((m & kOver) || (state[k + 1] == empty && !(m & kAccept))) {

@@ -41,8 +41,9 @@ struct GrammarLimits {
   size_t max_source_bytes = 1 << 20;  // the grammar's text
   size_t max_elements = 1 << 20;      // compiled symbols (repetitions expand into copies)
   int64_t max_repeat = 4096;          // n and m of x{n,m}
-  size_t max_heads = 256;             // parse stacks alive at once (an ambiguous grammar's cost)
+  size_t max_heads = 4096;            // parse stacks alive at once (an ambiguous grammar's cost)
   size_t max_walk_states = 1 << 17;   // parse states one mask may make (GrammarDfa)
+  size_t max_walk_work = 1 << 24;     // stacks one mask may move by a byte (~0.5 s of work)
 };
 
 class Grammar {
@@ -151,6 +152,7 @@ class GrammarDfa {
   std::unordered_map<std::string, int32_t> state_ids_;
   std::vector<std::unique_ptr<uint32_t[]>> dense_;  // moves of the first kDense states
   std::unordered_map<uint64_t, uint32_t> sparse_;   // moves of the others
+  uint64_t work_ = 0;                               // stacks moved to make moves, ever
 };
 
 /// Where one request's reply stands in its grammar: the set of parse stacks that the bytes so far
@@ -177,7 +179,7 @@ class GrammarMatcher {
 
   /// allowed[i] = 1 if token i may come next, else 0 (resized to vocab.size()). End-of-generation
   /// tokens are allowed exactly when can_end(). Returns how many are allowed, or -1 when the
-  /// walk would make more than the grammar's max_walk_states parse states (the mask is then
+  /// walk would pass the grammar's max_walk_states or max_walk_work (the mask is then
   /// unknown). `dfa` (optional, for this grammar): moves shared with other walks.
   int64_t fill_mask(const TokenVocab& vocab, std::vector<uint8_t>* allowed,
                     GrammarDfa* dfa = nullptr) const;

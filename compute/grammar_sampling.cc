@@ -12,9 +12,10 @@ namespace {
 constexpr size_t kMaxCompiledGrammars = 64;
 
 Error too_complex(const GrammarMatcher& m) {
+  const GrammarLimits& l = m.grammar()->limits();
   return make_error(0, strfmt("the grammar is too ambiguous to mask: one mask needs more than "
-                              "%zu parse states",
-                              m.grammar()->limits().max_walk_states));
+                              "%zu parse states or %zu stack moves",
+                              l.max_walk_states, l.max_walk_work));
 }
 }  // namespace
 

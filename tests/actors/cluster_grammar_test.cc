@@ -3,6 +3,8 @@
 // step's grammar and reply tokens cross the wire. Replies are sentences of their grammar,
 // identical to the single-process actor system's, rebuilt exactly after the last stage restarts;
 // a grammar that cannot go on ends its own sequence with finish reason "error".
+#include <chrono>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>

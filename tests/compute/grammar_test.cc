@@ -327,6 +327,13 @@ TEST(GrammarTest, AWalkPastItsStateLimitSaysSo) {
   bool refused = false;
   for (size_t i = 0; i < t.num_stacks(); ++i) refused |= !t.fill_top_mask(vocab, i, 3, &top);
   EXPECT_TRUE(refused);
+  GrammarLimits little_work;
+  little_work.max_walk_work = 2;  // stacks moved: the first token's bytes pass it
+  auto busy = Grammar::compile(kJsonish, little_work);
+  ASSERT_TRUE(busy);
+  GrammarMatcher b(*busy);
+  ASSERT_TRUE(b.accept_bytes("{\"k"));
+  EXPECT_EQ(b.fill_mask(vocab, &mask), -1);
   lim.max_walk_states = 1000;
   auto roomy = Grammar::compile(kJsonish, lim);
   ASSERT_TRUE(roomy);
