@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <stdexcept>
 
 #include <caf/send.hpp>
@@ -189,18 +190,41 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The stage's GrammarSampling, made at the first grammar; error when the model has no vocabulary.
+Status ensure_grammars(StageState& st) {
+  if (st.grammars) return Ok{};
+  if (!st.cfg.model->tokenizer)
+    return make_error(0, "the model has no vocabulary: a grammar cannot be followed");
+  st.grammars =
+      std::make_unique<compute::GrammarSampling>(compute::TokenVocab::of(*st.cfg.model->tokenizer));
+  return Ok{};
+}
+
+const std::vector<int32_t>& reply_tokens(const SeqWork& w) {
+  static const std::vector<int32_t> kNone;
+  return w.output ? *w.output : kNone;
+}
+
 // A draw under the sequence's grammar (compute/grammar_sampling.h).
 Result<int32_t> sample_constrained(StageState& st, const SeqWork& w, compute::Sampler& sampler,
                                    std::span<const float> row, std::span<const int32_t> history) {
-  if (!st.grammars) {
-    if (!st.cfg.model->tokenizer)
-      return make_error(0, "the model has no vocabulary: a grammar cannot be followed");
-    st.grammars = std::make_unique<compute::GrammarSampling>(
-        compute::TokenVocab::of(*st.cfg.model->tokenizer));
-  }
-  static const std::vector<int32_t> kNone;
-  return st.grammars->sample(w.seq_id, *w.sampling, w.output ? *w.output : kNone, sampler, row,
-                             history);
+  if (auto ok = ensure_grammars(st); !ok) return ok.error();
+  return st.grammars->sample(w.seq_id, *w.sampling, reply_tokens(w), sampler, row, history);
+}
+
+// Builds the masks of the step's constrained draws on a thread of its own while the forward pass
+// runs (the grammar state is known before the logits are). Greedy draws are left out: their best
+// token is usually allowed, and then no mask is needed. The future must be waited on before
+// st.grammars is used again.
+std::future<void> prepare_masks(StageState& st, const StepBatch& b) {
+  std::vector<const SeqWork*> todo;
+  for (const SeqWork& w : b.seqs)
+    if (w.sample && w.sampling && !w.sampling->grammar.empty() && w.sampling->temperature > 0)
+      todo.push_back(&w);
+  if (todo.empty() || !ensure_grammars(st)) return {};
+  return std::async(std::launch::async, [&st, todo = std::move(todo)] {
+    for (const SeqWork* w : todo) st.grammars->prepare(w->seq_id, *w->sampling, reply_tokens(*w));
+  });
 }
 
 void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double compute_s) {
@@ -230,7 +254,9 @@ void run_step(Self* self, const StepBatchPtr& b, const HiddenPtr& h, double comp
     return;
   }
   const double t0 = now_s();
+  std::future<void> masks = prepare_masks(st, *b);
   auto s = st.engine->step(steps, &res, h ? h->data() : nullptr, nullptr);
+  if (masks.valid()) masks.get();
   if (!s) return fail_step(self, *b, s.error().message);
   auto out = std::make_shared<StepOutcome>();
   out->epoch = b->epoch;

@@ -53,6 +53,7 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
     s.dfa = c->dfa;
     s.matcher = std::make_unique<GrammarMatcher>(c->grammar);
     s.consumed.clear();
+    s.prepared_allowed = -1;
     ++stats_.rebuilds;
   }
   for (size_t i = s.consumed.size(); i < output.size(); ++i) {
@@ -68,10 +69,10 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
   return &s;
 }
 
-Result<int64_t> GrammarSampling::build_mask(const SeqState& s) {
+Result<int64_t> GrammarSampling::build_mask(const SeqState& s, std::vector<uint8_t>& out) {
   const auto t0 = std::chrono::steady_clock::now();
   const GrammarMatcher& m = *s.matcher;
-  mask_.assign(static_cast<size_t>(vocab_->size()), 0);
+  out.assign(static_cast<size_t>(vocab_->size()), 0);
   // The union of the stacks' top masks (cached); then the tokens some top left undecided and
   // none allowed, checked on the whole state.
   std::vector<int32_t> undecided;
@@ -90,28 +91,28 @@ Result<int64_t> GrammarSampling::build_mask(const SeqState& s) {
       ++stats_.masks_built;
       const size_t bytes = top.allowed.size() + top.undecided.size() * sizeof(int32_t) + key.size();
       if (mask_bytes_ + bytes > mask_cache_bytes_) {
-        masks_.clear();  // (the masks of this state already merged stay in mask_)
+        masks_.clear();  // (the masks of this state already merged stay in `out`)
         mask_bytes_ = 0;
       }
       mask_bytes_ += bytes;
       it = masks_.emplace(std::move(key), std::move(top)).first;
     }
     const GrammarMatcher::TopMask& top = it->second;
-    for (size_t t = 0; t < mask_.size(); ++t) mask_[t] |= top.allowed[t];
+    for (size_t t = 0; t < out.size(); ++t) out[t] |= top.allowed[t];
     undecided.insert(undecided.end(), top.undecided.begin(), top.undecided.end());
   }
   std::sort(undecided.begin(), undecided.end());
   undecided.erase(std::unique(undecided.begin(), undecided.end()), undecided.end());
   const auto& order = vocab_->order();
   undecided.erase(std::remove_if(undecided.begin(), undecided.end(),
-                                 [&](int32_t oi) { return mask_[size_t(order[size_t(oi)])] != 0; }),
+                                 [&](int32_t oi) { return out[size_t(order[size_t(oi)])] != 0; }),
                   undecided.end());
   stats_.undecided += static_cast<int64_t>(undecided.size());
-  if (m.fill_mask_of(*vocab_, undecided, &mask_, s.dfa.get()) < 0) return too_complex(m);
+  if (m.fill_mask_of(*vocab_, undecided, &out, s.dfa.get()) < 0) return too_complex(m);
   if (m.can_end())
-    for (int32_t id : vocab_->eog()) mask_[size_t(id)] = 1;
+    for (int32_t id : vocab_->eog()) out[size_t(id)] = 1;
   int64_t allowed = 0;
-  for (uint8_t b : mask_) allowed += b;
+  for (uint8_t b : out) allowed += b;
   stats_.mask_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return allowed;
@@ -133,9 +134,17 @@ Result<int32_t> GrammarSampling::sample(int64_t seq_id, const SamplingParams& pa
       return best;
     }
   }
-  auto built = build_mask(s);
-  if (!built) return built.error();
-  const int64_t allowed = *built;
+  int64_t allowed = 0;
+  if (s.prepared_allowed >= 0 && s.prepared_at == s.consumed.size()) {
+    mask_.swap(s.prepared);
+    allowed = s.prepared_allowed;
+    ++stats_.prepared;
+  } else {
+    auto built = build_mask(s, mask_);
+    if (!built) return built.error();
+    allowed = *built;
+  }
+  s.prepared_allowed = -1;
   const std::vector<uint8_t>& mask = mask_;
   if (allowed == 0) {
     return make_error(0, strfmt("the grammar allows no token of the vocabulary after the reply's "
@@ -154,6 +163,16 @@ Result<int32_t> GrammarSampling::sample(int64_t seq_id, const SamplingParams& pa
     return make_error(0, "every token the grammar allows has a logit of -inf or NaN");
   }
   return tok;
+}
+
+void GrammarSampling::prepare(int64_t seq_id, const SamplingParams& params,
+                              std::span<const int32_t> output) {
+  auto st = state_for(seq_id, params.grammar, output);
+  if (!st) return;  // sample() says why
+  SeqState& s = **st;
+  auto built = build_mask(s, s.prepared);
+  s.prepared_allowed = built ? *built : -1;
+  s.prepared_at = s.consumed.size();
 }
 
 void GrammarSampling::end_step(uint64_t idle_steps) {

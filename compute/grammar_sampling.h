@@ -29,6 +29,7 @@ struct GrammarSamplingStats {
   int64_t undecided = 0;    // tokens top masks left to the whole state, summed over masks
   double mask_seconds = 0;  // time spent on masks (top masks and the undecided tokens)
   int64_t rebuilds = 0;     // matchers rebuilt from a reply's tokens
+  int64_t prepared = 0;     // draws whose mask prepare() had built
 };
 
 class GrammarSampling {
@@ -47,6 +48,11 @@ class GrammarSampling {
   Result<int32_t> sample(int64_t seq_id, const SamplingParams& params,
                          std::span<const int32_t> output, Sampler& sampler,
                          std::span<const float> logits, std::span<const int32_t> history);
+
+  /// Builds the mask sample() will need for this sequence's next draw, ahead of its logits: the
+  /// last stage calls it on a thread of its own while the forward pass runs. Errors are left for
+  /// sample() to report. Not concurrently with any other call.
+  void prepare(int64_t seq_id, const SamplingParams& params, std::span<const int32_t> output);
 
   /// Ends a step: sequences no draw has named in the last `idle_steps` steps are forgotten
   /// (finished, or moved to another stage; a later draw rebuilds them).
@@ -69,12 +75,16 @@ class GrammarSampling {
     std::unique_ptr<GrammarMatcher> matcher;
     std::vector<int32_t> consumed;  // the reply's tokens the matcher has taken
     uint64_t last_step = 0;
+    std::vector<uint8_t> prepared;  // prepare()'s mask, for the state after consumed.size() tokens
+    int64_t prepared_allowed = -1;  // its allowed tokens; -1: none prepared
+    size_t prepared_at = 0;
   };
   Result<Compiled> compiled(const std::string& text);
   Result<SeqState*> state_for(int64_t seq_id, const std::string& text,
                               std::span<const int32_t> output);
-  // The mask of s's state in mask_: its top mask (cached) and the undecided tokens checked.
-  Result<int64_t> build_mask(const SeqState& s);
+  // The mask of s's state in `out`: its stacks' top masks (cached) and the undecided tokens
+  // checked. Returns how many tokens it allows.
+  Result<int64_t> build_mask(const SeqState& s, std::vector<uint8_t>& out);
 
   std::shared_ptr<const TokenVocab> vocab_;
   size_t mask_cache_bytes_;

@@ -394,6 +394,8 @@ void check_draws(const std::shared_ptr<const Grammar>& g, const std::string& sou
     for (int t = 0; t < max_tokens; ++t) {
       std::vector<float> logits(static_cast<size_t>(vocab->size()));
       for (float& v : logits) v = static_cast<float>(rng.next() % 1000) * 0.01f;
+      // Every other draw has its mask built ahead (as the stage does during the forward pass).
+      if (t % 2 == 0) gs.prepare(1000 + r, p, output);
       auto got = gs.sample(1000 + r, p, output, ours, logits, {});
       ASSERT_TRUE(got) << got.error().message;
       m.fill_mask(*vocab, &mask);
@@ -410,6 +412,7 @@ void check_draws(const std::shared_ptr<const Grammar>& g, const std::string& sou
     gs.end_step();
   }
   EXPECT_GT(gs.stats().mask_hits + gs.stats().greedy_fast, 0);
+  EXPECT_GT(gs.stats().prepared, 0);
 }
 
 TEST(GrammarSamplingTest, DrawsEqualTheWholeWalksMaskedDraws) {
