@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "model/detail/unicode.h"
 #include "model/tokenizer.h"
 
 namespace troupe::compute {
@@ -22,24 +23,6 @@ bool is_name_char(char c) {
          c == '-';
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 // A code point range [lo, hi] of one UTF-8 length as byte ranges, one per byte of the encoding:
 // each range of the input splits until every byte position varies independently.
 struct ByteRange {
@@ -51,7 +34,7 @@ int utf8_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10
 
 std::string encode(uint32_t cp) {
   std::string s;
-  append_utf8(s, cp);
+  model::detail::append_utf8(&s, cp);
   return s;
 }
 
@@ -515,7 +498,7 @@ class GrammarBuilder {
         bytes = std::string(1, static_cast<char>(*cp));
       } else {
         if (auto st = check_scalar(*cp); !st) return st.error();
-        append_utf8(bytes, *cp);
+        model::detail::append_utf8(&bytes, *cp);
       }
       for (unsigned char b : bytes) out.push_back(bytes_elem({b, b}));
     }

@@ -1,7 +1,7 @@
 // UTF-8 decoding/encoding with llama.cpp's lenient rules, Unicode class lookups (generated tables
-// in unicode_tables.cc) and the GPT-2 byte<->character map. Used by the tokenizers and the chat
-// templates' interpreter (model/detail/jinja*.cc). All functions are pure or read immutable
-// tables; any thread may call them.
+// in unicode_tables.cc) and the GPT-2 byte<->character map. Used by the tokenizers, the chat
+// templates' interpreter (model/detail/jinja*.cc) and the grammar compiler (compute/grammar.cc).
+// All functions are pure or read immutable tables; any thread may call them.
 #pragma once
 
 #include <cstddef>

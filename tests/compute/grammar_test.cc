@@ -82,30 +82,21 @@ TEST(GrammarTest, RegularGrammarsMatchWhatStdRegexMatches) {
 TEST(GrammarTest, ContextFreeGrammarMatchesBalancedBrackets) {
   auto g = compile("root ::= (\"(\" root \")\" | \"[\" root \"]\")*");
   ASSERT_TRUE(g);
-  auto balanced = [](const std::string& s) {
+  // How many brackets s leaves open, or -1 when one closes what it did not open.
+  auto open_count = [](const std::string& s) {
     std::string stack;
     for (char c : s) {
       if (c == '(' || c == '[') {
         stack += c;
       } else {
-        if (stack.empty() || stack.back() != (c == ')' ? '(' : '[')) return false;
+        if (stack.empty() || stack.back() != (c == ')' ? '(' : '[')) return -1;
         stack.pop_back();
       }
     }
-    return stack.empty();
+    return static_cast<int>(stack.size());
   };
-  auto can_balance = [](const std::string& s) {  // a prefix of some balanced string
-    std::string stack;
-    for (char c : s) {
-      if (c == '(' || c == '[') {
-        stack += c;
-      } else {
-        if (stack.empty() || stack.back() != (c == ')' ? '(' : '[')) return false;
-        stack.pop_back();
-      }
-    }
-    return true;
-  };
+  auto balanced = [&](const std::string& s) { return open_count(s) == 0; };
+  auto can_balance = [&](const std::string& s) { return open_count(s) >= 0; };
   for (const auto& s : all_strings("()[]", 8)) {
     ASSERT_EQ(matches(g, s), balanced(s)) << s;
     ASSERT_EQ(prefix(g, s), can_balance(s)) << s;
