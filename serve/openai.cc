@@ -428,6 +428,10 @@ std::string reply_grammar(const json& body, Endpoint ep, ReplyFormat* reply) {
     found.push_back({"guided_json", schema_grammar(schema_of(*g, "guided_json"), "guided_json")});
   if (const json* g = field(body, "guided_choice"))
     found.push_back({"guided_choice", choice_grammar(*g, "guided_choice")});
+  if (const json* g = field(body, "guided_grammar"))
+    found.push_back({"guided_grammar", gbnf_of(*g, "guided_grammar")});
+  if (field(body, "guided_regex"))
+    fail("guided_regex", "'guided_regex' is not supported (json, choice and grammar are)");
   if (const json* so = field(body, "structured_outputs")) {
     if (!so->is_object()) fail("structured_outputs", "'structured_outputs' must be an object");
     for (const auto& [k, v] : so->items()) {

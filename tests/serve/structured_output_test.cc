@@ -320,6 +320,8 @@ TEST_F(StructuredOutput, BadConstraintsAreRefusedByName) {
           "tool_choice", "\"nope\"");
   refused(complete({{"structured_outputs", {{"regex", "a+"}}}}, 400), "structured_outputs.regex",
           "not supported");
+  refused(complete({{"guided_regex", "a+"}}, 400), "guided_regex", "not supported");
+  refused(complete({{"guided_grammar", "root ::= x"}}, 400), "guided_grammar", "rule 'x'");
 }
 
 }  // namespace
