@@ -316,8 +316,8 @@ Result<std::unique_ptr<HttpGateway>> HttpGateway::start(actors::ClusterNode& nod
   }
   if (!opts.tool_call_parser.empty() &&
       !tool_format_by_name(opts.tool_call_parser, &im.served.tool_format))
-    return Error{1, "--tool-call-parser: '" + opts.tool_call_parser +
-                        "' is none of hermes, llama3_json, mistral, deepseek_v3, kimi_k2, glm45"};
+    return Error{
+        1, "--tool-call-parser: '" + opts.tool_call_parser + "' is none of " + tool_format_names()};
   if (!opts.reasoning_parser.empty()) {
     if (opts.reasoning_parser != "deepseek_r1" && opts.reasoning_parser != "qwen3" &&
         opts.reasoning_parser != "think")

@@ -496,6 +496,32 @@ std::string reply_grammar(const json& body, Endpoint ep, ReplyFormat* reply) {
   return grammar;
 }
 
+// The JSON Schema types of the tools' parameters (the first non-null one of a type list).
+std::shared_ptr<const ToolParamTypes> param_types_of(const json& tools) {
+  auto types = std::make_shared<ToolParamTypes>();
+  for (const json& t : tools) {
+    const json& f = t["function"];
+    if (!f.contains("parameters") || !f["parameters"].contains("properties") ||
+        !f["parameters"]["properties"].is_object())
+      continue;
+    auto& params = (*types)[f["name"].get<std::string>()];
+    for (const auto& [k, v] : f["parameters"]["properties"].items()) {
+      if (!v.is_object() || !v.contains("type")) continue;
+      const json& ty = v["type"];
+      if (ty.is_string()) {
+        params[k] = ty.get<std::string>();
+      } else if (ty.is_array()) {
+        for (const json& x : ty)
+          if (x.is_string() && x != "null") {
+            params[k] = x.get<std::string>();
+            break;
+          }
+      }
+    }
+  }
+  return types;
+}
+
 // The chat template's variables for a chat request: the messages (content as text, images as
 // markers in it), add_generation_prompt, the vocabulary's special-token texts and the request's
 // chat_template_kwargs, as transformers' apply_chat_template passes them. `cont`: the request's
@@ -584,8 +610,8 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
     if (served.tool_format == ToolFormat::kNone)
       fail("tools",
            "this model's chat template writes tool calls in no format troupe knows: give one "
-           "with `troupe serve --tool-call-parser` (hermes, llama3_json, mistral, deepseek_v3, "
-           "kimi_k2, glm45)");
+           "with `troupe serve --tool-call-parser` (" +
+               tool_format_names() + ")");
   }
   auto text = served.chat_template->render(context, static_cast<int64_t>(std::time(nullptr)));
   if (!text) {
@@ -621,6 +647,7 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   // inside the reasoning.
   const size_t last = text->find_last_not_of(" \t\r\n");
   reply->tools = context.contains("tools") ? served.tool_format : ToolFormat::kNone;
+  if (context.contains("tools")) reply->param_types = param_types_of(context["tools"]);
   reply->reasoning = served.reasoning;
   reply->starts_in_reasoning = served.reasoning && last != std::string::npos && last + 1 >= 7 &&
                                text->compare(last + 1 - 7, 7, "<think>") == 0;

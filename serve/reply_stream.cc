@@ -111,7 +111,7 @@ ReplyStream::End ReplyStream::finish() {
       return e;
     }
   }
-  const ParsedReply p = parse_tool_calls(f_.tools, content_);
+  const ParsedReply p = parse_tool_calls(f_.tools, content_, f_.param_types.get());
   if (p.calls.empty()) {
     if (sent_ < content_.size()) e.rest.content = content_.substr(sent_);
     return e;

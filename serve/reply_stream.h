@@ -4,6 +4,7 @@
 // serve/openai_answers.cc; one per choice, one thread.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,8 @@ struct ReplyFormat {
   /// tool_choice named this function: the whole reply is its arguments (a JSON object, as the
   /// request's grammar writes it), answered as one call.
   std::string forced_function;
+  /// The request's tools' parameter types, for formats that write values as bare text.
+  std::shared_ptr<const ToolParamTypes> param_types;
   bool active() const {
     return tools != ToolFormat::kNone || reasoning || !forced_function.empty();
   }

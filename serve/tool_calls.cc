@@ -69,7 +69,8 @@ bool parse_json(std::string_view text, json* out) {
 }
 
 // <tool_call>{json}</tool_call> ... (the last closing tag may be missing at the reply's end).
-bool parse_hermes(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_hermes(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                  std::vector<ToolCall>* calls) {
   while (at != std::string_view::npos) {
     const size_t body = at + std::strlen("<tool_call>");
     size_t end = r.find("</tool_call>", body);
@@ -88,7 +89,8 @@ bool parse_hermes(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
 }
 
 // {..} or [{..}, ..] or {..}; {..} (after an optional <|python_tag|>).
-bool parse_llama3(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_llama3(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                  std::vector<ToolCall>* calls) {
   std::string_view s = trim(r.substr(at));
   if (s.substr(0, 14) == "<|python_tag|>") s = trim(s.substr(14));
   json o;
@@ -115,7 +117,8 @@ bool parse_llama3(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
 }
 
 // [TOOL_CALLS][{..}] or [TOOL_CALLS]name[ARGS]{..}[TOOL_CALLS]name2[ARGS]{..}
-bool parse_mistral(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_mistral(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                   std::vector<ToolCall>* calls) {
   std::string_view rest = r.substr(at + 12);
   json o;
   if (parse_json(trim(rest), &o)) {
@@ -148,7 +151,8 @@ bool parse_mistral(std::string_view r, size_t at, std::vector<ToolCall>* calls) 
 
 // <｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{..}\n```<｜tool▁call▁end｜> (V3, R1)
 // or <｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜> (V3.1, V3.2).
-bool parse_deepseek(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_deepseek(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                    std::vector<ToolCall>* calls) {
   for (size_t b = r.find(kDsCallBegin, at); b != r.npos; b = r.find(kDsCallBegin, b + 1)) {
     const size_t body = b + std::strlen(kDsCallBegin);
     const size_t end = r.find(kDsCallEnd, body);
@@ -180,7 +184,8 @@ bool parse_deepseek(std::string_view r, size_t at, std::vector<ToolCall>* calls)
 }
 
 // <|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{..}<|tool_call_end|>
-bool parse_kimi(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_kimi(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                std::vector<ToolCall>* calls) {
   static constexpr std::string_view kBegin = "<|tool_call_begin|>";
   static constexpr std::string_view kArgs = "<|tool_call_argument_begin|>";
   static constexpr std::string_view kEnd = "<|tool_call_end|>";
@@ -209,7 +214,275 @@ bool parse_kimi(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
 
 // <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call>; a value that
 // is JSON (a number, an object, ...) is taken as such, any other as a string.
-bool parse_glm(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+// A bare argument value as JSON: by its parameter's schema type when the request gives it, else
+// JSON when it parses as a non-string value, else the text as a string. A value that is not of
+// its type stays the text it was written as.
+json typed_value(std::string_view v, const ToolParamTypes* types, const std::string& fn,
+                 const std::string& key) {
+  std::string type;
+  if (types) {
+    if (auto f = types->find(fn); f != types->end())
+      if (auto k = f->second.find(key); k != f->second.end()) type = k->second;
+  }
+  if (type == "string") return json(std::string(v));
+  json parsed;
+  const bool ok = parse_json(trim(v), &parsed);
+  if (type.empty()) return ok && !parsed.is_string() ? parsed : json(std::string(v));
+  if (ok &&
+      ((type == "integer" && parsed.is_number_integer()) ||
+       (type == "number" && parsed.is_number()) || (type == "boolean" && parsed.is_boolean()) ||
+       (type == "object" && parsed.is_object()) || (type == "array" && parsed.is_array()) ||
+       (type == "null" && parsed.is_null())))
+    return parsed;
+  if (type == "boolean" && (trim(v) == "True" || trim(v) == "False")) return trim(v) == "True";
+  return json(std::string(v));
+}
+
+// One newline each side goes: templates write such values on lines of their own.
+std::string_view strip_newlines(std::string_view v) {
+  if (!v.empty() && v.front() == '\n') v.remove_prefix(1);
+  if (!v.empty() && v.back() == '\n') v.remove_suffix(1);
+  return v;
+}
+
+std::string_view unquote(std::string_view v) {
+  v = trim(v);
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') return v.substr(1, v.size() - 2);
+  return v;
+}
+
+// OPEN\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\nCLOSE: Qwen3-Coder's
+// <tool_call>...</tool_call>, Seed-OSS's <seed:tool_call>...</seed:tool_call>.
+bool parse_functions(std::string_view r, size_t at, const ToolParamTypes* types,
+                     std::vector<ToolCall>* calls, std::string_view open, std::string_view close) {
+  while (at != r.npos) {
+    const size_t end = r.find(close, at);
+    if (end == r.npos) return false;  // cut short
+    const std::string_view call = r.substr(at + open.size(), end - at - open.size());
+    const size_t f = call.find("<function=");
+    const size_t fe = f == call.npos ? f : call.find('>', f);
+    if (fe == call.npos) return false;
+    ToolCall c;
+    c.name = std::string(trim(call.substr(f + 10, fe - f - 10)));
+    if (c.name.empty()) return false;
+    json args = json::object();
+    for (size_t p = call.find("<parameter=", fe); p != call.npos;
+         p = call.find("<parameter=", p + 1)) {
+      const size_t pe = call.find('>', p);
+      const size_t ve = pe == call.npos ? pe : call.find("</parameter>", pe);
+      if (ve == call.npos) return false;
+      const std::string key(trim(call.substr(p + 11, pe - p - 11)));
+      args[key] = typed_value(strip_newlines(call.substr(pe + 1, ve - pe - 1)), types, c.name, key);
+      p = ve;
+    }
+    c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+    c.id = new_call_id();
+    calls->push_back(std::move(c));
+    at = r.find(open, end);
+  }
+  return !calls->empty();
+}
+
+bool parse_qwen3_coder(std::string_view r, size_t at, const ToolParamTypes* types,
+                       std::vector<ToolCall>* calls) {
+  return parse_functions(r, at, types, calls, "<tool_call>", "</tool_call>");
+}
+
+bool parse_seed_oss(std::string_view r, size_t at, const ToolParamTypes* types,
+                    std::vector<ToolCall>* calls) {
+  return parse_functions(r, at, types, calls, "<seed:tool_call>", "</seed:tool_call>");
+}
+
+// <minimax:tool_call>\n<invoke name="n">\n<parameter name="k">v</parameter>\n</invoke>\n...
+// </minimax:tool_call>
+bool parse_minimax(std::string_view r, size_t at, const ToolParamTypes* types,
+                   std::vector<ToolCall>* calls) {
+  constexpr std::string_view kOpen = "<minimax:tool_call>", kClose = "</minimax:tool_call>";
+  while (at != r.npos) {
+    const size_t end = r.find(kClose, at);
+    if (end == r.npos) return false;  // cut short
+    const std::string_view block = r.substr(at + kOpen.size(), end - at - kOpen.size());
+    for (size_t i = block.find("<invoke name="); i != block.npos;
+         i = block.find("<invoke name=", i + 1)) {
+      const size_t ie = block.find('>', i);
+      const size_t close = ie == block.npos ? ie : block.find("</invoke>", ie);
+      if (close == block.npos) return false;
+      ToolCall c;
+      c.name = std::string(unquote(block.substr(i + 13, ie - i - 13)));
+      if (c.name.empty()) return false;
+      json args = json::object();
+      const std::string_view body = block.substr(ie + 1, close - ie - 1);
+      for (size_t p = body.find("<parameter name="); p != body.npos;
+           p = body.find("<parameter name=", p + 1)) {
+        const size_t pe = body.find('>', p);
+        const size_t ve = pe == body.npos ? pe : body.find("</parameter>", pe);
+        if (ve == body.npos) return false;
+        const std::string key(unquote(body.substr(p + 16, pe - p - 16)));
+        args[key] =
+            typed_value(strip_newlines(body.substr(pe + 1, ve - pe - 1)), types, c.name, key);
+        p = ve;
+      }
+      c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+      c.id = new_call_id();
+      calls->push_back(std::move(c));
+      i = close;
+    }
+    at = r.find(kOpen, end);
+  }
+  return !calls->empty();
+}
+
+// ---- pythonic: [name(k=v, ...), ...] ----
+
+bool is_ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.';
+}
+
+void skip_ws(std::string_view s, size_t* i) {
+  while (*i < s.size() && (s[*i] == ' ' || s[*i] == '\t' || s[*i] == '\n' || s[*i] == '\r')) ++*i;
+}
+
+// A Python literal at s[*i] (str, int, float, True/False/None, list, tuple, dict with string
+// keys) as JSON; false when there is none.
+bool py_value(std::string_view s, size_t* i, json* out, int depth) {
+  if (depth > 32) return false;
+  skip_ws(s, i);
+  if (*i >= s.size()) return false;
+  const char c = s[*i];
+  if (c == '\'' || c == '"') {
+    std::string v;
+    for (++*i; *i < s.size() && s[*i] != c; ++*i) {
+      char ch = s[*i];
+      if (ch == '\\' && *i + 1 < s.size()) {
+        const char e = s[++*i];
+        ch = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+      }
+      v += ch;
+    }
+    if (*i >= s.size()) return false;
+    ++*i;
+    *out = v;
+    return true;
+  }
+  if (c == '[' || c == '(') {
+    const char close = c == '[' ? ']' : ')';
+    *out = json::array();
+    ++*i;
+    for (;;) {
+      skip_ws(s, i);
+      if (*i < s.size() && s[*i] == close) break;
+      json item;
+      if (!py_value(s, i, &item, depth + 1)) return false;
+      out->push_back(std::move(item));
+      skip_ws(s, i);
+      if (*i < s.size() && s[*i] == ',')
+        ++*i;
+      else if (*i >= s.size() || s[*i] != close)
+        return false;
+    }
+    ++*i;
+    return true;
+  }
+  if (c == '{') {
+    *out = json::object();
+    ++*i;
+    for (;;) {
+      skip_ws(s, i);
+      if (*i < s.size() && s[*i] == '}') break;
+      json key, val;
+      if (!py_value(s, i, &key, depth + 1) || !key.is_string()) return false;
+      skip_ws(s, i);
+      if (*i >= s.size() || s[*i] != ':') return false;
+      ++*i;
+      if (!py_value(s, i, &val, depth + 1)) return false;
+      (*out)[key.get<std::string>()] = std::move(val);
+      skip_ws(s, i);
+      if (*i < s.size() && s[*i] == ',')
+        ++*i;
+      else if (*i >= s.size() || s[*i] != '}')
+        return false;
+    }
+    ++*i;
+    return true;
+  }
+  size_t e = *i;
+  while (e < s.size() && (is_ident_char(s[e]) || s[e] == '-' || s[e] == '+')) ++e;
+  const std::string_view word = s.substr(*i, e - *i);
+  if (word.empty()) return false;
+  *i = e;
+  if (word == "True") return *out = true, true;
+  if (word == "False") return *out = false, true;
+  if (word == "None") return *out = nullptr, true;
+  return parse_json(word, out) && out->is_number();
+}
+
+bool parse_pythonic(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                    std::vector<ToolCall>* calls) {
+  std::string_view s = trim(r.substr(at));
+  if (s.substr(0, 16) == "<|python_start|>") s = trim(s.substr(16));
+  if (s.size() >= 14 && s.substr(s.size() - 14) == "<|python_end|>")
+    s = trim(s.substr(0, s.size() - 14));
+  if (s.empty() || s.front() != '[' || s.back() != ']') return false;
+  size_t i = 1;
+  for (;;) {
+    skip_ws(s, &i);
+    size_t e = i;
+    while (e < s.size() && is_ident_char(s[e])) ++e;
+    ToolCall c;
+    c.name = std::string(s.substr(i, e - i));
+    if (c.name.empty() || e >= s.size() || s[e] != '(') return false;
+    i = e + 1;
+    json args = json::object();
+    for (;;) {
+      skip_ws(s, &i);
+      if (i < s.size() && s[i] == ')') break;
+      size_t k = i;
+      while (k < s.size() && is_ident_char(s[k])) ++k;
+      const std::string key(s.substr(i, k - i));
+      i = k;
+      skip_ws(s, &i);
+      if (key.empty() || i >= s.size() || s[i] != '=') return false;
+      ++i;
+      json v;
+      if (!py_value(s, &i, &v, 0)) return false;
+      args[key] = std::move(v);
+      skip_ws(s, &i);
+      if (i < s.size() && s[i] == ',')
+        ++i;
+      else if (i >= s.size() || s[i] != ')')
+        return false;
+    }
+    ++i;  // )
+    c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+    c.id = new_call_id();
+    calls->push_back(std::move(c));
+    skip_ws(s, &i);
+    if (i < s.size() && s[i] == ',') {
+      ++i;
+      continue;
+    }
+    return i + 1 == s.size() && s[i] == ']';
+  }
+}
+
+// Where a pythonic call list begins: the reply (after whitespace) opens with `[name(` or
+// <|python_start|>; npos otherwise.
+size_t pythonic_start(std::string_view r) {
+  const size_t b = r.find_first_not_of(" \t\r\n");
+  if (b == r.npos) return r.npos;
+  const std::string_view t = r.substr(b);
+  if (t.substr(0, 16) == "<|python_start|>") return b;
+  if (t.empty() || t[0] != '[') return r.npos;
+  size_t i = 1;
+  skip_ws(t, &i);
+  const size_t name = i;
+  while (i < t.size() && is_ident_char(t[i])) ++i;
+  return i > name && i < t.size() && t[i] == '(' ? b : r.npos;
+}
+
+bool parse_glm(std::string_view r, size_t at, const ToolParamTypes* types,
+               std::vector<ToolCall>* calls) {
   while (at != r.npos) {
     const size_t body = at + 11;
     const size_t end = r.find("</tool_call>", body);
@@ -226,8 +499,7 @@ bool parse_glm(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
       if (ke == call.npos || vb == call.npos || ve == call.npos) return false;
       const std::string key(trim(call.substr(k + 9, ke - k - 9)));
       const std::string_view v = call.substr(vb + 11, ve - vb - 11);
-      json parsed;
-      args[key] = parse_json(v, &parsed) && !parsed.is_string() ? parsed : json(std::string(v));
+      args[key] = typed_value(v, types, c.name, key);
     }
     c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
     c.id = new_call_id();
@@ -239,7 +511,8 @@ bool parse_glm(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
 }
 
 // [{"name": .., "parameters": {..}}, ..]: the whole reply (tool_choice "required").
-bool parse_forced(std::string_view r, size_t at, std::vector<ToolCall>* calls) {
+bool parse_forced(std::string_view r, size_t at, const ToolParamTypes* /*types*/,
+                  std::vector<ToolCall>* calls) {
   json o;
   if (!parse_json(trim(r.substr(at)), &o) || !o.is_array()) return false;
   for (const json& x : o) {
@@ -256,7 +529,8 @@ struct Markers {
   ToolFormat format;
   const char* name;
   const char* start;
-  bool (*parse)(std::string_view reply, size_t at, std::vector<ToolCall>* calls);
+  bool (*parse)(std::string_view reply, size_t at, const ToolParamTypes* types,
+                std::vector<ToolCall>* calls);
 };
 
 constexpr Markers kFormats[] = {
@@ -266,6 +540,10 @@ constexpr Markers kFormats[] = {
     {ToolFormat::kDeepseekV3, "deepseek_v3", kDsCallsBegin, parse_deepseek},
     {ToolFormat::kKimiK2, "kimi_k2", "<|tool_calls_section_begin|>", parse_kimi},
     {ToolFormat::kGlm45, "glm45", "<tool_call>", parse_glm},
+    {ToolFormat::kQwen3Coder, "qwen3_coder", "<tool_call>", parse_qwen3_coder},
+    {ToolFormat::kSeedOss, "seed_oss", "<seed:tool_call>", parse_seed_oss},
+    {ToolFormat::kMinimaxM2, "minimax_m2", "<minimax:tool_call>", parse_minimax},
+    {ToolFormat::kPythonic, "pythonic", "[", parse_pythonic},
     {ToolFormat::kForcedCalls, "tool_choice_required", "[", parse_forced},
 };
 
@@ -278,6 +556,7 @@ const Markers* markers(ToolFormat f) {
 // Where the calls start in a reply (npos: none); none starts before `from`.
 size_t calls_start(ToolFormat f, std::string_view r, size_t from = 0) {
   if (f == ToolFormat::kForcedCalls) return r.empty() ? std::string_view::npos : 0;
+  if (f == ToolFormat::kPythonic) return pythonic_start(r);
   if (f == ToolFormat::kLlama3Json) {
     const std::string_view t = trim(r);
     if (t.empty() || (t[0] != '{' && t[0] != '[' && t.substr(0, 14) != "<|python_tag|>"))
@@ -297,6 +576,16 @@ std::string_view tool_format_name(ToolFormat f) {
   return m ? m->name : "none";
 }
 
+std::string tool_format_names() {
+  std::string out;
+  for (const Markers& m : kFormats) {
+    if (m.format == ToolFormat::kForcedCalls) continue;
+    if (!out.empty()) out += ", ";
+    out += m.name;
+  }
+  return out;
+}
+
 bool tool_format_by_name(std::string_view name, ToolFormat* out) {
   for (const Markers& m : kFormats)
     if (name == m.name && m.format != ToolFormat::kForcedCalls) {
@@ -313,6 +602,10 @@ bool tool_format_by_name(std::string_view name, ToolFormat* out) {
 ToolFormat detect_tool_format(std::string_view t) {
   auto has = [&](std::string_view s) { return t.find(s) != std::string_view::npos; };
   if (has("<arg_key>")) return ToolFormat::kGlm45;
+  if (has("<minimax:tool_call>")) return ToolFormat::kMinimaxM2;
+  if (has("<seed:tool_call>")) return ToolFormat::kSeedOss;
+  if (has("<function=") && has("<parameter=")) return ToolFormat::kQwen3Coder;
+  if (has("func_name1(")) return ToolFormat::kPythonic;
   if (has("<|tool_calls_section_begin|>")) return ToolFormat::kKimiK2;
   if (has(kDsCallsBegin)) return ToolFormat::kDeepseekV3;
   if (has("[TOOL_CALLS]")) return ToolFormat::kMistral;
@@ -322,14 +615,14 @@ ToolFormat detect_tool_format(std::string_view t) {
   return ToolFormat::kNone;
 }
 
-ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply) {
+ParsedReply parse_tool_calls(ToolFormat f, std::string_view reply, const ToolParamTypes* types) {
   ParsedReply out;
   const size_t at = calls_start(f, reply);
   if (at == std::string_view::npos) {
     out.content = std::string(reply);
     return out;
   }
-  const bool ok = markers(f)->parse(reply, at, &out.calls);
+  const bool ok = markers(f)->parse(reply, at, types, &out.calls);
   if (!ok) {
     out.calls.clear();
     out.content = std::string(reply);
@@ -349,6 +642,18 @@ size_t streamable_prefix(ToolFormat f, std::string_view r, size_t from) {
     // is only whitespace or a start of the tag.
     const std::string_view t = trim(r);
     if (t.empty() || std::string_view("<|python_tag|>").substr(0, t.size()) == t) return 0;
+    return r.size();
+  }
+  if (f == ToolFormat::kPythonic) {
+    // Calls open the reply: hold back while it may still become `[name(` or <|python_start|>.
+    const std::string_view t = trim(r);
+    if (t.empty() || std::string_view("<|python_start|>").substr(0, t.size()) == t) return 0;
+    if (t[0] == '[') {
+      size_t i = 1;
+      skip_ws(t, &i);
+      while (i < t.size() && is_ident_char(t[i])) ++i;
+      if (i == t.size()) return 0;
+    }
     return r.size();
   }
   // Hold back a tail that is the start of the marker.

@@ -124,9 +124,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 // The input as a model's reply, in every tool-call format: a reply without calls is all content,
 // and the streamed prefix never passes the reply or the first call.
 void check_tool_parsers(std::string_view reply) {
-  for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral,
-                       ToolFormat::kDeepseekV3, ToolFormat::kKimiK2, ToolFormat::kGlm45}) {
-    const ParsedReply p = parse_tool_calls(f, reply);
+  static const ToolParamTypes types = {{"f", {{"a", "integer"}, {"b", "string"}, {"c", "object"}}}};
+  for (ToolFormat f :
+       {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral, ToolFormat::kDeepseekV3,
+        ToolFormat::kKimiK2, ToolFormat::kGlm45, ToolFormat::kQwen3Coder, ToolFormat::kSeedOss,
+        ToolFormat::kMinimaxM2, ToolFormat::kPythonic, ToolFormat::kForcedCalls}) {
+    const ParsedReply p = parse_tool_calls(f, reply, reply.size() % 2 ? &types : nullptr);
     if (p.calls.empty()) require(p.content == reply, "a reply without calls lost text");
     for (const ToolCall& c : p.calls) require(!c.name.empty(), "a tool call without a name");
     require(streamable_prefix(f, reply) <= reply.size(), "a streamed prefix past the reply");

@@ -18,10 +18,17 @@ struct Case {
 const std::string kCall = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
 
 std::vector<Case> cases() {
-  const ReplyFormat think{ToolFormat::kNone, true, false, {}};
-  const ReplyFormat opened{ToolFormat::kNone, true, true, {}};
-  const ReplyFormat tools{ToolFormat::kHermes, false, false, {}};
-  const ReplyFormat both{ToolFormat::kHermes, true, false, {}};
+  auto fmt = [](ToolFormat t, bool reasoning, bool starts_in_reasoning) {
+    ReplyFormat f;
+    f.tools = t;
+    f.reasoning = reasoning;
+    f.starts_in_reasoning = starts_in_reasoning;
+    return f;
+  };
+  const ReplyFormat think = fmt(ToolFormat::kNone, true, false);
+  const ReplyFormat opened = fmt(ToolFormat::kNone, true, true);
+  const ReplyFormat tools = fmt(ToolFormat::kHermes, false, false);
+  const ReplyFormat both = fmt(ToolFormat::kHermes, true, false);
   return {
       {think,
        "<think>\nI should check.\n</think>\n\nHello there.",

@@ -34,6 +34,14 @@ TEST(ToolCalls, DetectsTheFormatByTheTemplatesMarkers) {
   EXPECT_EQ(detect_tool_format("{{'" + ds("tool calls begin") + "'}}"), ToolFormat::kDeepseekV3);
   EXPECT_EQ(detect_tool_format("<|start_header_id|>{{ '\"parameters\": ' }}"),
             ToolFormat::kLlama3Json);
+  EXPECT_EQ(detect_tool_format("<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>"),
+            ToolFormat::kQwen3Coder);
+  EXPECT_EQ(detect_tool_format("{{ '<minimax:tool_call>' }}<invoke name="), ToolFormat::kMinimaxM2);
+  EXPECT_EQ(detect_tool_format("'<seed:tool_call>'\n<function=x>\n<parameter=y>"),
+            ToolFormat::kSeedOss);
+  EXPECT_EQ(detect_tool_format("<|start_header_id|>format of [func_name1(params_name1=params_value1"
+                               "...)] \"parameters\""),
+            ToolFormat::kPythonic);
   EXPECT_EQ(detect_tool_format("<|im_start|>{{ m.content }}"), ToolFormat::kNone);
   ToolFormat f;
   ASSERT_TRUE(tool_format_by_name("deepseek_v3", &f));
@@ -109,6 +117,58 @@ TEST(ToolCalls, SplitsEachFormatsReplies) {
   expect_call(r.calls[0], "get_weather", {{"city", "Beijing"}, {"days", 2}});
 }
 
+// Formats whose argument values are bare text: typed by the tools' schemas when the request has
+// them, else JSON where the text parses as a non-string value.
+TEST(ToolCalls, SplitsTheXmlAndPythonicFormats) {
+  const ToolParamTypes types = {{"get_weather", {{"city", "string"}, {"days", "integer"}}},
+                                {"flags", {{"on", "boolean"}, {"tags", "array"}}}};
+  const std::string qwen =
+      "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n123 Main\n"
+      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n"
+      "<tool_call>\n<function=flags>\n<parameter=on>\nTrue\n</parameter>\n<parameter=tags>\n"
+      "[\"a\", \"b\"]\n</parameter>\n</function>\n</tool_call>";
+  auto r = parse_tool_calls(ToolFormat::kQwen3Coder, qwen, &types);
+  EXPECT_EQ(r.content, "I'll check.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  expect_call(r.calls[0], "get_weather", {{"city", "123 Main"}, {"days", 3}});
+  expect_call(r.calls[1], "flags", {{"on", true}, {"tags", {"a", "b"}}});
+  // Without the types: "3" is a number, "123 Main" stays text; a string-typed "42" stays "42".
+  r = parse_tool_calls(ToolFormat::kQwen3Coder, qwen);
+  expect_call(r.calls[0], "get_weather", {{"city", "123 Main"}, {"days", 3}});
+  r = parse_tool_calls(ToolFormat::kQwen3Coder,
+                       "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>"
+                       "\n</function>\n</tool_call>",
+                       &types);
+  expect_call(r.calls[0], "get_weather", {{"city", "42"}});
+
+  r = parse_tool_calls(
+      ToolFormat::kMinimaxM2,
+      "Sure.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter "
+      "name=\"city\">Paris</parameter>\n<parameter name=\"days\">2</parameter>\n"
+      "</invoke>\n<invoke name=\"flags\">\n<parameter name=\"on\">false</parameter>"
+      "\n</invoke>\n</minimax:tool_call>",
+      &types);
+  EXPECT_EQ(r.content, "Sure.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  expect_call(r.calls[0], "get_weather", {{"city", "Paris"}, {"days", 2}});
+  expect_call(r.calls[1], "flags", {{"on", false}});
+
+  r = parse_tool_calls(
+      ToolFormat::kPythonic,
+      "[get_weather(city='San Francisco', days=3), flags(on=True, tags=['a', \"b\"], "
+      "opts={'x': None, 'y': -1.5}), noargs()]");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 3u);
+  expect_call(r.calls[0], "get_weather", {{"city", "San Francisco"}, {"days", 3}});
+  expect_call(r.calls[1], "flags",
+              {{"on", true}, {"tags", {"a", "b"}}, {"opts", {{"x", nullptr}, {"y", -1.5}}}});
+  expect_call(r.calls[2], "noargs", json::object());
+  r = parse_tool_calls(ToolFormat::kPythonic,
+                       "<|python_start|>[get_weather(city=\"Oslo\")]<|python_end|>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  expect_call(r.calls[0], "get_weather", {{"city", "Oslo"}});
+}
+
 TEST(ToolCalls, WhatOnlyLooksLikeACallStaysContent) {
   for (const auto& [f, reply] : std::vector<std::pair<ToolFormat, std::string>>{
            {ToolFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": "},  // cut
@@ -119,6 +179,13 @@ TEST(ToolCalls, WhatOnlyLooksLikeACallStaysContent) {
            {ToolFormat::kMistral, "[TOOL_CALLS]not json"},
            {ToolFormat::kKimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"},
            {ToolFormat::kGlm45, "<tool_call>f<arg_key>a</arg_key>"},
+           {ToolFormat::kQwen3Coder, "<tool_call>\n<function=f>\n<parameter=a>\n1"},  // cut
+           {ToolFormat::kQwen3Coder, "<tool_call>\n{\"name\": \"f\"}\n</tool_call>"},
+           {ToolFormat::kMinimaxM2, "<minimax:tool_call>\n<invoke name=\"f\">\n"},
+           {ToolFormat::kPythonic, "[1, 2, 3]"},
+           {ToolFormat::kPythonic, "[f(a=1), g(b=)]"},
+           {ToolFormat::kPythonic, "[f(a='open)]"},
+           {ToolFormat::kPythonic, "Call f(a=1) later."},
            {ToolFormat::kNone, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"}}) {
     const ParsedReply r = parse_tool_calls(f, reply);
     EXPECT_TRUE(r.calls.empty()) << reply;
@@ -148,6 +215,11 @@ TEST(ToolCalls, TheStreamedPrefixStopsWhereACallMayBegin) {
   EXPECT_EQ(streamable_prefix(ToolFormat::kLlama3Json, "<|pyth"), 0u);
   EXPECT_EQ(streamable_prefix(ToolFormat::kLlama3Json, "Hello"), 5u);
   EXPECT_EQ(streamable_prefix(ToolFormat::kNone, "<tool_call>"), 11u);
+  EXPECT_EQ(streamable_prefix(ToolFormat::kPythonic, " [get_wea"), 0u);
+  EXPECT_EQ(streamable_prefix(ToolFormat::kPythonic, "[get_weather(ci"), 0u);
+  EXPECT_EQ(streamable_prefix(ToolFormat::kPythonic, "[1, 2]"), 6u);
+  EXPECT_EQ(streamable_prefix(ToolFormat::kPythonic, "Sunny"), 5u);
+  EXPECT_EQ(streamable_prefix(ToolFormat::kMinimaxM2, "ok <minimax:to"), 3u);
 }
 
 }  // namespace

@@ -244,6 +244,21 @@ TEST_F(ToolChat, AReplyHoldingACallBecomesToolCalls) {
                                    "Hmm"))["choices"][0]["delta"]["reasoning_content"],
             "Hmm");
 
+  // A format that writes values as bare text reads them by the tools' parameter types.
+  req.reply.reasoning = false;
+  req.reply.tools = ToolFormat::kQwen3Coder;
+  req.reply.param_types = std::make_shared<const ToolParamTypes>(
+      ToolParamTypes{{"get_weather", {{"city", "string"}, {"days", "integer"}}}});
+  r.text =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\n1984\n</parameter>\n"
+      "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+  r.tokens = tok.encode(r.text, false, false);
+  body = json::parse(response_body(req, "chatcmpl-5", 0, "tiny", {r}, {}, &tok));
+  EXPECT_EQ(json::parse(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+                            .get<std::string>()),
+            json({{"city", "1984"}, {"days", 2}}))
+      << body.dump();
+
   // The stream's chunk for the calls.
   const json chunk = json::parse(tool_calls_chunk_body(
       "chatcmpl-3", 0, "tiny", 0, {{"call_x", "get_weather", "{\"city\": \"Oslo\"}"}}));
