@@ -101,9 +101,11 @@ const std::string& HttpGateway::Impl::console_state() {
                           {"n_layer", m.spec.n_layer}, {"n_embd", m.spec.n_embd},
                           {"n_vocab", m.spec.n_vocab}, {"max_model_len", served.max_model_len}};
   // Chats: whether they are served, and how replies are split.
-  model["chat"] = {{"template", served.chat_template ? "ok" : served.chat_template_error},
-                   {"tool_calls", std::string(tool_format_name(served.tool_format))},
-                   {"reasoning", served.reasoning}};
+  model["chat"] = {
+      {"template", served.chat_template ? "ok" : served.chat_template_error},
+      {"tool_calls",
+       served.harmony ? std::string("harmony") : std::string(tool_format_name(served.tool_format))},
+      {"reasoning", served.reasoning || served.harmony}};
   const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::system_clock::now().time_since_epoch());
   state_cache = "{\"time_ms\":" + std::to_string(wall.count()) + ",\"model\":" + model.dump() +

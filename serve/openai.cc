@@ -490,9 +490,10 @@ std::string reply_grammar(const json& body, Endpoint ep, ReplyFormat* reply) {
   if (boolean(body, "ignore_eos", false))
     fail("ignore_eos", "'ignore_eos' cannot be used with '" + param +
                            "': a constrained reply ends once its grammar is complete");
-  // The reply is the grammar's sentence: no reasoning before it.
+  // The reply is the grammar's sentence: no reasoning or harmony channels before it.
   reply->reasoning = false;
   reply->starts_in_reasoning = false;
+  reply->harmony = false;
   return grammar;
 }
 
@@ -533,6 +534,13 @@ json chat_context(const json& body, const ServedModel& served, bool cont,
   if (!msgs->is_array()) fail("messages", "'messages' must be an array, got " + type_name(*msgs));
   if (msgs->empty()) fail("messages", "'messages' is empty");
   json context = json::object();
+  // OpenAI's reasoning_effort reaches the template as a variable (gpt-oss's reads it);
+  // chat_template_kwargs may still set it.
+  if (const json* e = field(body, "reasoning_effort")) {
+    if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high"))
+      fail("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
+    context["reasoning_effort"] = *e;
+  }
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object())
       fail("chat_template_kwargs",
@@ -607,7 +615,7 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   if (context.contains("tools")) {
     if (!served.template_takes_tools)
       fail("tools", "this model's chat template does not take tools");
-    if (served.tool_format == ToolFormat::kNone)
+    if (served.tool_format == ToolFormat::kNone && !served.harmony)
       fail("tools",
            "this model's chat template writes tool calls in no format troupe knows: give one "
            "with `troupe serve --tool-call-parser` (" +
@@ -646,7 +654,9 @@ actors::GenerateRequest chat_prompt(const json& body, const ServedModel& served,
   // A prompt ending in <think> (DeepSeek-R1's, Qwen3's with thinking) has the reply begin
   // inside the reasoning.
   const size_t last = text->find_last_not_of(" \t\r\n");
-  reply->tools = context.contains("tools") ? served.tool_format : ToolFormat::kNone;
+  reply->tools =
+      context.contains("tools") && !served.harmony ? served.tool_format : ToolFormat::kNone;
+  reply->harmony = served.harmony;
   if (context.contains("tools")) reply->param_types = param_types_of(context["tools"]);
   reply->reasoning = served.reasoning;
   reply->starts_in_reasoning = served.reasoning && last != std::string::npos && last + 1 >= 7 &&
@@ -787,6 +797,8 @@ Status set_chat_template(ServedModel* served, std::string_view source) {
   served->chat_template = std::make_shared<const model::ChatTemplate>(std::move(*t));
   served->chat_template_error.clear();
   served->tool_format = detect_tool_format(source);
+  served->harmony = source.find("<|channel|>") != std::string_view::npos &&
+                    source.find("<|message|>") != std::string_view::npos;
   served->template_takes_tools = source.find("tools") != std::string_view::npos;
   return Ok{};
 }

@@ -53,6 +53,9 @@ struct ServedModel {
   bool template_takes_tools = false;  // the template reads `tools`
   /// `--reasoning-parser`: a chat reply's <think>...</think> is its reasoning_content.
   bool reasoning = false;
+  /// The template writes gpt-oss's harmony messages (<|channel|>...<|message|>): replies are
+  /// split by channel (ReplyFormat::harmony), tool calls included.
+  bool harmony = false;
 };
 
 /// Compiles `source` (the model's chat template, or one given in its place) for `served`. An

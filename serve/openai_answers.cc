@@ -149,7 +149,7 @@ std::string response_body(const ApiRequest& req, const std::string& id, int64_t 
       json m = {{"role", "assistant"},
                 {"content", split.content.empty() && !split.calls.empty() ? json(nullptr)
                                                                           : json(split.content)}};
-      if (req.reply.reasoning)
+      if (req.reply.reasoning || req.reply.harmony)
         m["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
       if (!split.calls.empty()) {
         json calls = json::array();

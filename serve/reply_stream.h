@@ -23,8 +23,11 @@ struct ReplyFormat {
   std::string forced_function;
   /// The request's tools' parameter types, for formats that write values as bare text.
   std::shared_ptr<const ToolParamTypes> param_types;
+  /// gpt-oss's harmony messages: `<|channel|>analysis<|message|>...` is reasoning, the `final`
+  /// channel content, `commentary to=functions.NAME ...<|message|>{..}<|call|>` a tool call.
+  bool harmony = false;
   bool active() const {
-    return tools != ToolFormat::kNone || reasoning || !forced_function.empty();
+    return tools != ToolFormat::kNone || reasoning || !forced_function.empty() || harmony;
   }
 };
 
@@ -64,6 +67,16 @@ class ReplyStream {
   bool seen_start_ = false;         // past a leading <think> (or none can come)
   bool reasoning_started_ = false;  // the reasoning's leading whitespace is behind
   bool after_reasoning_ = false;    // </think> seen: the content's leading whitespace goes
+  // harmony: the text not yet split, whether it is a message's body (else a header), the
+  // message's channel and recipient, a call's arguments so far, and the calls.
+  Delta harmony_push(std::string_view piece, bool at_end);
+  void harmony_emit(std::string_view text, Delta& d);
+  void harmony_end_message();
+  std::string h_buf_;
+  bool h_body_ = false;
+  std::string h_channel_, h_to_, h_args_;
+  std::vector<ToolCall> h_calls_;
+  std::string h_dropped_;  // calls whose arguments are no JSON object: content, at the end
 };
 
 }  // namespace troupe::serve

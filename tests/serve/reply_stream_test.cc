@@ -29,6 +29,11 @@ std::vector<Case> cases() {
   const ReplyFormat opened = fmt(ToolFormat::kNone, true, true);
   const ReplyFormat tools = fmt(ToolFormat::kHermes, false, false);
   const ReplyFormat both = fmt(ToolFormat::kHermes, true, false);
+  ReplyFormat harmony;
+  harmony.harmony = true;
+  const std::string kCallMsg =
+      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+      "<|message|>{\"city\": \"Paris\"}<|call|>";
   return {
       {think,
        "<think>\nI should check.\n</think>\n\nHello there.",
@@ -50,6 +55,32 @@ std::vector<Case> cases() {
       {tools, "<tool_call>{\"name\": cut", "", "<tool_call>{\"name\": cut", {}},
       {both, "<think>\nneed weather\n</think>\n\n" + kCall, "need weather\n", "", {"f"}},
       {both, "<think>x</think>Sure. " + kCall, "x", "Sure.", {"f"}},
+      // gpt-oss's harmony messages.
+      {harmony,
+       "<|channel|>analysis<|message|>The user says hi.<|end|><|start|>assistant<|channel|>final"
+       "<|message|>Hello! a < b <|return|>",
+       "The user says hi.",
+       "Hello! a < b ",
+       {}},
+      {harmony,
+       "<|channel|>analysis<|message|>Need weather.<|end|>" + kCallMsg,
+       "Need weather.",
+       "",
+       {"get_weather"}},
+      {harmony,
+       "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{}<|call|>",
+       "",
+       "",
+       {"get_weather"}},
+      {harmony, "<|channel|>analysis<|message|>cut short", "cut short", "", {}},
+      {harmony, "<|channel|>final<|message|>Done.", "", "Done.", {}},
+      {harmony, "Plain text, no channels.", "", "Plain text, no channels.", {}},
+      {harmony,
+       "<|channel|>commentary to=functions.f<|message|>not json<|call|>",
+       "",
+       "not json",
+       {}},
+      {harmony, "<|channel|>commentary<|message|>Checking now.<|end|>", "", "Checking now.", {}},
   };
 }
 

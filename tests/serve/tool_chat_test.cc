@@ -270,6 +270,63 @@ TEST_F(ToolChat, AReplyHoldingACallBecomesToolCalls) {
   EXPECT_EQ(opening["choices"][0]["delta"]["role"], "assistant") << "a reply that is only a call";
 }
 
+// gpt-oss's harmony messages (a template of our own in its style): the template is recognized,
+// tools need no parser, reasoning_effort reaches the template, and a reply's channels become
+// reasoning_content, content and tool_calls.
+TEST_F(ToolChat, HarmonyRepliesAreSplitByChannel) {
+  ServedModel sm;
+  sm.id = "tiny";
+  sm.model = served_->node->model();
+  sm.max_model_len = 2048;
+  ASSERT_TRUE(set_chat_template(
+      &sm, troupe::testing::read_text_file(troupe::testing::source_dir() +
+                                           "/tests/model/chat_templates/harmony_tools.jinja")));
+  EXPECT_TRUE(sm.harmony);
+  ApiRequest req;
+  ApiError err;
+  const json body = {{"model", "tiny"},
+                     {"messages", kAsk},
+                     {"tools", kTools},
+                     {"reasoning_effort", "high"},
+                     {"max_tokens", 8}};
+  ASSERT_TRUE(parse_request(Endpoint::kChat, body.dump(), sm, &req, &err)) << err.message;
+  EXPECT_TRUE(req.reply.harmony);
+  EXPECT_EQ(req.reply.tools, ToolFormat::kNone);  // the channels say what is a call
+  const std::string prompt = tok().decode(req.choices[0].prompt_tokens);
+  EXPECT_NE(prompt.find("Reasoning: high"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("## get_weather"), std::string::npos) << prompt;
+  json bad = body;
+  bad["reasoning_effort"] = "max";
+  EXPECT_FALSE(parse_request(Endpoint::kChat, bad.dump(), sm, &req, &err));
+  EXPECT_EQ(err.param, "reasoning_effort");
+
+  ASSERT_TRUE(parse_request(Endpoint::kChat, body.dump(), sm, &req, &err)) << err.message;
+  actors::GenerateResult r;
+  r.finish_reason = "stop";
+  r.text =
+      "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>"
+      "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}"
+      "<|call|>";
+  r.tokens = tok().encode(r.text, false, false);
+  json out = json::parse(response_body(req, "chatcmpl-h", 0, "tiny", {r}, {}, &tok()));
+  const json& m = out["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Weather needed.") << out.dump();
+  EXPECT_TRUE(m["content"].is_null()) << out.dump();
+  ASSERT_EQ(m["tool_calls"].size(), 1u) << out.dump();
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "tool_calls");
+  r.text =
+      "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>Sunny.<|return|>";
+  r.tokens = tok().encode(r.text, false, false);
+  out = json::parse(response_body(req, "chatcmpl-h2", 0, "tiny", {r}, {}, &tok()));
+  EXPECT_EQ(out["choices"][0]["message"]["reasoning_content"], "Easy.");
+  EXPECT_EQ(trimmed(out["choices"][0]["message"]["content"]), "Sunny.");
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "stop");
+}
+
 TEST_F(ToolChat, AnUnknownParserOrATemplateWithoutToolsIsRefused) {
   GatewayOptions g;
   g.port = 0;
