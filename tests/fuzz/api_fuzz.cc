@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "serve/openai.h"
+#include "serve/reply_stream.h"
 #include "serve/tool_calls.h"
 
 namespace {
@@ -134,6 +135,22 @@ void check_tool_parsers(std::string_view reply) {
     for (const ToolCall& c : p.calls) require(!c.name.empty(), "a tool call without a name");
     require(streamable_prefix(f, reply) <= reply.size(), "a streamed prefix past the reply");
   }
+  // gpt-oss's harmony channels, whole and in pieces: the same split.
+  ReplyFormat harmony;
+  harmony.harmony = true;
+  const ReplyStream::Split whole = ReplyStream::split(harmony, reply);
+  ReplyStream pieces(harmony);
+  std::string reasoning, content;
+  for (size_t at = 0; at < reply.size(); at += 3) {
+    const ReplyStream::Delta d = pieces.push(reply.substr(at, 3));
+    reasoning += d.reasoning;
+    content += d.content;
+  }
+  const ReplyStream::End end = pieces.finish();
+  require(reasoning + end.rest.reasoning == whole.reasoning &&
+              content + end.rest.content == whole.content && end.calls.size() == whole.calls.size(),
+          "harmony replies split differently in pieces");
+  for (const ToolCall& c : whole.calls) require(!c.name.empty(), "a harmony call without a name");
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
