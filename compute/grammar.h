@@ -132,7 +132,6 @@ class GrammarDfa {
  public:
   explicit GrammarDfa(std::shared_ptr<const Grammar> grammar, size_t max_states = size_t{1} << 18);
   size_t num_states() const { return state_heads_.size(); }
-  size_t num_nodes() const { return nodes_.size(); }
   const std::shared_ptr<const Grammar>& grammar() const { return g_; }
 
  private:

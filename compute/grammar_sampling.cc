@@ -1,7 +1,6 @@
 #include "compute/grammar_sampling.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 
 #include "base/check.h"
@@ -54,7 +53,6 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
     s.matcher = std::make_unique<GrammarMatcher>(c->grammar);
     s.consumed.clear();
     s.prepared_allowed = -1;
-    ++stats_.rebuilds;
   }
   for (size_t i = s.consumed.size(); i < output.size(); ++i) {
     if (!s.matcher->accept_token(*vocab_, output[i])) {
@@ -70,7 +68,6 @@ Result<GrammarSampling::SeqState*> GrammarSampling::state_for(int64_t seq_id,
 }
 
 Result<int64_t> GrammarSampling::build_mask(const SeqState& s, std::vector<uint8_t>& out) {
-  const auto t0 = std::chrono::steady_clock::now();
   const GrammarMatcher& m = *s.matcher;
   out.assign(static_cast<size_t>(vocab_->size()), 0);
   // The union of the stacks' top masks (cached); then the tokens some top left undecided and
@@ -113,8 +110,6 @@ Result<int64_t> GrammarSampling::build_mask(const SeqState& s, std::vector<uint8
     for (int32_t id : vocab_->eog()) out[size_t(id)] = 1;
   int64_t allowed = 0;
   for (uint8_t b : out) allowed += b;
-  stats_.mask_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return allowed;
 }
 
@@ -125,7 +120,6 @@ Result<int32_t> GrammarSampling::sample(int64_t seq_id, const SamplingParams& pa
   auto st = state_for(seq_id, params.grammar, output);
   if (!st) return st.error();
   SeqState& s = **st;
-  ++stats_.draws;
   if (params.temperature == 0) {
     // The best token of all is the best allowed one when the grammar allows it.
     const int32_t best = sampler.sample(logits, history);

@@ -22,13 +22,10 @@
 namespace troupe::compute {
 
 struct GrammarSamplingStats {
-  int64_t draws = 0;        // tokens drawn under a grammar
   int64_t greedy_fast = 0;  // greedy draws whose unmasked best token the grammar allowed
   int64_t masks_built = 0;  // top masks computed by a walk over the vocabulary
   int64_t mask_hits = 0;    // top masks found in the cache
   int64_t undecided = 0;    // tokens top masks left to the whole state, summed over masks
-  double mask_seconds = 0;  // time spent on masks (top masks and the undecided tokens)
-  int64_t rebuilds = 0;     // matchers rebuilt from a reply's tokens
   int64_t prepared = 0;     // draws whose mask prepare() had built
 };
 
@@ -59,8 +56,6 @@ class GrammarSampling {
   void end_step(uint64_t idle_steps = 256);
 
   const GrammarSamplingStats& stats() const { return stats_; }
-  size_t sequences() const { return seqs_.size(); }
-  const TokenVocab& vocab() const { return *vocab_; }
 
  private:
   struct Compiled {

@@ -251,6 +251,24 @@ std::string_view unquote(std::string_view v) {
   return v;
 }
 
+// The `OPEN key>value</parameter>` pairs of a call's body as its arguments (keys quoted or not),
+// each value read by its type; sets c->arguments and c->id. False when one is cut short.
+bool read_parameters(std::string_view body, std::string_view open, const ToolParamTypes* types,
+                     ToolCall* c) {
+  json args = json::object();
+  for (size_t p = body.find(open); p != body.npos; p = body.find(open, p + 1)) {
+    const size_t pe = body.find('>', p);
+    const size_t ve = pe == body.npos ? pe : body.find("</parameter>", pe);
+    if (ve == body.npos) return false;
+    const std::string key(unquote(body.substr(p + open.size(), pe - p - open.size())));
+    args[key] = typed_value(strip_newlines(body.substr(pe + 1, ve - pe - 1)), types, c->name, key);
+    p = ve;
+  }
+  c->arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+  c->id = new_call_id();
+  return true;
+}
+
 // OPEN\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\nCLOSE: Qwen3-Coder's
 // <tool_call>...</tool_call>, Seed-OSS's <seed:tool_call>...</seed:tool_call>.
 bool parse_functions(std::string_view r, size_t at, const ToolParamTypes* types,
@@ -265,18 +283,7 @@ bool parse_functions(std::string_view r, size_t at, const ToolParamTypes* types,
     ToolCall c;
     c.name = std::string(trim(call.substr(f + 10, fe - f - 10)));
     if (c.name.empty()) return false;
-    json args = json::object();
-    for (size_t p = call.find("<parameter=", fe); p != call.npos;
-         p = call.find("<parameter=", p + 1)) {
-      const size_t pe = call.find('>', p);
-      const size_t ve = pe == call.npos ? pe : call.find("</parameter>", pe);
-      if (ve == call.npos) return false;
-      const std::string key(trim(call.substr(p + 11, pe - p - 11)));
-      args[key] = typed_value(strip_newlines(call.substr(pe + 1, ve - pe - 1)), types, c.name, key);
-      p = ve;
-    }
-    c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-    c.id = new_call_id();
+    if (!read_parameters(call.substr(fe + 1), "<parameter=", types, &c)) return false;
     calls->push_back(std::move(c));
     at = r.find(open, end);
   }
@@ -310,20 +317,8 @@ bool parse_minimax(std::string_view r, size_t at, const ToolParamTypes* types,
       ToolCall c;
       c.name = std::string(unquote(block.substr(i + 13, ie - i - 13)));
       if (c.name.empty()) return false;
-      json args = json::object();
-      const std::string_view body = block.substr(ie + 1, close - ie - 1);
-      for (size_t p = body.find("<parameter name="); p != body.npos;
-           p = body.find("<parameter name=", p + 1)) {
-        const size_t pe = body.find('>', p);
-        const size_t ve = pe == body.npos ? pe : body.find("</parameter>", pe);
-        if (ve == body.npos) return false;
-        const std::string key(unquote(body.substr(p + 16, pe - p - 16)));
-        args[key] =
-            typed_value(strip_newlines(body.substr(pe + 1, ve - pe - 1)), types, c.name, key);
-        p = ve;
-      }
-      c.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-      c.id = new_call_id();
+      if (!read_parameters(block.substr(ie + 1, close - ie - 1), "<parameter name=", types, &c))
+        return false;
       calls->push_back(std::move(c));
       i = close;
     }
